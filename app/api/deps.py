@@ -1,0 +1,68 @@
+"""Dependencies: settings, a unit-of-work factory, the dispatcher, and role-checked API keys."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Annotated
+
+from fastapi import Depends, Request
+from sqlalchemy.orm import Session, sessionmaker
+
+from app.db.tables import ApiKey
+from app.dispatch import Dispatcher
+from app.errors import APIError
+from app.security import Role, lookup_key
+from app.settings import Settings
+
+
+def get_settings_dep(request: Request) -> Settings:
+    return request.app.state.settings
+
+
+def get_db(request: Request) -> sessionmaker[Session]:
+    """A session factory; handlers open `with db.begin() as session:` so commits are explicit."""
+    return request.app.state.sessionmaker
+
+
+def get_dispatcher(request: Request) -> Dispatcher:
+    return request.app.state.dispatcher
+
+
+SettingsDep = Annotated[Settings, Depends(get_settings_dep)]
+DbDep = Annotated[sessionmaker[Session], Depends(get_db)]
+DispatcherDep = Annotated[Dispatcher, Depends(get_dispatcher)]
+
+
+def require(*roles: Role) -> Callable[..., ApiKey]:
+    """A dependency admitting keys whose role is in `roles` (admin is always admitted)."""
+    allowed = {Role.admin, *roles}
+
+    def check(request: Request, db: DbDep) -> ApiKey:
+        header = request.headers.get("authorization", "")
+        scheme, _, raw = header.partition(" ")
+        if scheme.lower() != "bearer" or not raw.strip():
+            raise APIError(
+                401, "unauthorized", "missing API key: send 'Authorization: Bearer <key>'"
+            )
+        with db() as session:
+            key = lookup_key(session, raw.strip())
+        if key is None:
+            raise APIError(401, "unauthorized", "invalid or revoked API key")
+        if key.role not in allowed:
+            raise APIError(
+                403,
+                "forbidden",
+                f"role {key.role!r} may not do this",
+                {"allowed_roles": sorted(r.value for r in allowed)},
+            )
+        return key
+
+    return check
+
+
+Admin = Annotated[ApiKey, Depends(require())]
+Requester = Annotated[ApiKey, Depends(require(Role.requester))]
+Auditor = Annotated[ApiKey, Depends(require(Role.auditor))]
+AnyRole = Annotated[ApiKey, Depends(require(Role.requester, Role.auditor, Role.reader))]
+ReaderRole = Annotated[ApiKey, Depends(require(Role.reader))]
+DeletionViewer = Annotated[ApiKey, Depends(require(Role.requester, Role.auditor))]

@@ -1,0 +1,95 @@
+"""The app factory and its lifespan: migrations, first admin key, embedded worker, reconciler."""
+
+from __future__ import annotations
+
+import logging
+import sys
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse
+
+from app.api import audit, datasets, deletions, health, keys, models
+from app.db.migrate import upgrade_to_head
+from app.db.session import session_factory, transaction
+from app.dispatch import InlineDispatcher, Reconciler, make_dispatcher
+from app.errors import error_body, install_error_handlers
+from app.metrics import metrics_middleware, pipeline_registry
+from app.security import Role, create_key, has_any_key
+from app.settings import Settings, get_settings
+
+log = logging.getLogger("lethe")
+
+
+def bootstrap_admin_key(url: str) -> str | None:
+    """On first start create an admin key; returns the secret (shown once) or None."""
+    with transaction(url) as session:
+        if has_any_key(session):
+            return None
+        _, raw = create_key(session, Role.admin, "bootstrap admin")
+        return raw
+
+
+def create_app(settings: Settings | None = None) -> FastAPI:
+    settings = settings or get_settings()
+    url = settings.resolved_database_url
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        if settings.embedded:
+            upgrade_to_head(url)
+        if settings.bootstrap_admin_key and (raw := bootstrap_admin_key(url)):
+            print(
+                f"\n  Lethe admin API key (shown once, store it now):\n\n    {raw}\n",
+                file=sys.stderr,
+                flush=True,
+            )
+        dispatcher = app.state.dispatcher
+        reconciler = None
+        if isinstance(dispatcher, InlineDispatcher):
+            dispatcher.start()
+            reconciler = Reconciler(url, dispatcher, settings.reconcile_seconds)
+            reconciler.start()
+        yield
+        if reconciler is not None:
+            reconciler.stop()
+        if isinstance(dispatcher, InlineDispatcher):
+            dispatcher.stop()
+
+    app = FastAPI(
+        title="Lethe",
+        version="0.1.0",
+        lifespan=lifespan,
+        description="Certified machine unlearning: deletion requests in, "
+        "unlearned models and (ε, δ) certificates out.",
+    )
+    app.state.settings = settings
+    app.state.sessionmaker = session_factory(url)
+    app.state.dispatcher = make_dispatcher(settings)
+    app.state.pipeline_registry = pipeline_registry(url, app.state.dispatcher.depth)
+    install_error_handlers(app)
+
+    @app.middleware("http")
+    async def limit_upload(request: Request, call_next):  # noqa: ANN001, ANN202
+        length = request.headers.get("content-length")
+        if length and length.isdigit() and int(length) > settings.max_upload_bytes + 64 * 1024:
+            return JSONResponse(
+                error_body(
+                    "payload_too_large", f"uploads are limited to {settings.max_upload_bytes} bytes"
+                ),
+                413,
+            )
+        return await call_next(request)
+
+    app.middleware("http")(metrics_middleware)
+    for router in (
+        health.router,
+        datasets.router,
+        models.router,
+        deletions.router,
+        audit.router,
+        keys.router,
+    ):
+        app.include_router(router)
+    return app

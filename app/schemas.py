@@ -1,0 +1,208 @@
+"""Request and response models (pydantic v2). Non-finite floats are refused everywhere."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator
+
+from app.methods import KNOWN_METHODS
+
+
+class In(BaseModel):
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+
+
+class Out(BaseModel):
+    model_config = ConfigDict(from_attributes=True)
+
+
+def _as_str(value: Any) -> Any:
+    return str(value) if isinstance(value, int) and not isinstance(value, bool) else value
+
+
+Identifier = Annotated[str, BeforeValidator(_as_str), Field(min_length=1, max_length=200)]
+
+
+# ---- datasets -------------------------------------------------------------------------------
+
+
+class BuiltinDatasetIn(In):
+    builtin: Literal["digits", "breast_cancer", "synthetic"]
+    name: str | None = Field(None, max_length=200)
+    seed: int = Field(0, ge=0, le=2**31 - 1)
+    test_fraction: float = Field(0.2, gt=0.0, lt=1.0)
+    n_samples: int = Field(2000, ge=10, le=200_000, description="synthetic only")
+    n_features: int = Field(20, ge=1, le=4096, description="synthetic only")
+    n_classes: int = Field(2, ge=2, le=100, description="synthetic only")
+
+
+class DatasetOut(Out):
+    id: int
+    name: str
+    kind: str
+    source: str
+    feature_shape: list[int]
+    n_classes: int
+    n_samples: int
+    counts: dict[str, int] = {}
+    created_at: datetime
+
+
+class SampleOut(Out):
+    external_id: str
+    subject_id: str | None
+    split: str
+    label: int | None
+    status: str
+    erased_at: datetime | None
+
+
+class SamplePage(BaseModel):
+    items: list[SampleOut]
+    total: int
+    offset: int
+    limit: int
+
+
+# ---- models ---------------------------------------------------------------------------------
+
+
+class LogRegSpec(In):
+    type: Literal["logreg"]
+
+
+class MLPSpec(In):
+    type: Literal["mlp"]
+    hidden: list[Annotated[int, Field(ge=1, le=4096)]] = Field([64, 64], min_length=1, max_length=8)
+    activation: Literal["relu", "tanh", "gelu", "sigmoid"] = "relu"
+
+
+Architecture = Annotated[LogRegSpec | MLPSpec, Field(discriminator="type")]
+
+
+class TrainingConfig(In):
+    epochs: int = Field(20, ge=1, le=1000)
+    batch_size: int = Field(64, ge=1, le=65536)
+    learning_rate: float = Field(0.1, gt=0.0, le=10.0)
+    weight_decay: float = Field(1e-4, ge=0.0, le=1.0)
+    momentum: float = Field(0.0, ge=0.0, lt=1.0)
+    seed: int = Field(0, ge=0, le=2**31 - 1)
+
+
+class MethodConfig(BaseModel):
+    """The unlearning method and its own options (each method validates the rest)."""
+
+    model_config = ConfigDict(extra="allow", allow_inf_nan=False)
+    name: str = "retrain"
+
+    @field_validator("name")
+    @classmethod
+    def _known(cls, value: str) -> str:
+        if value not in KNOWN_METHODS:
+            raise ValueError(f"unknown method {value!r}; available: {sorted(KNOWN_METHODS)}")
+        return value
+
+
+class PrivacyPolicy(In):
+    epsilon: float = Field(1.0, gt=0.0, le=100.0, description="per-release target ε")
+    delta: float = Field(1e-5, gt=0.0, lt=1.0, description="per-release target δ")
+    lineage_epsilon: float = Field(10.0, gt=0.0, le=1000.0)
+    lineage_delta: float = Field(1e-4, gt=0.0, lt=1.0)
+    allow_heuristic: bool = False
+
+
+class ModelCreate(In):
+    name: str = Field(..., min_length=1, max_length=200)
+    dataset_id: int
+    architecture: Architecture = Field(default_factory=lambda: LogRegSpec(type="logreg"))
+    training: TrainingConfig = Field(default_factory=TrainingConfig)
+    method: MethodConfig = Field(default_factory=MethodConfig)
+    privacy: PrivacyPolicy = Field(default_factory=PrivacyPolicy)
+
+
+class VersionOut(Out):
+    number: int
+    parent: int | None
+    kind: str
+    weights_sha256: str
+    weights_size: int
+    weights_available: bool
+    metrics: dict[str, Any]
+    n_train: int
+    created_at: datetime
+    erased_at: datetime | None
+
+
+class ModelOut(Out):
+    id: int
+    name: str
+    dataset_id: int
+    status: str
+    progress: dict[str, Any]
+    error: str | None
+    architecture: dict[str, Any]
+    training: dict[str, Any]
+    method: dict[str, Any]
+    privacy: dict[str, Any]
+    current_version: VersionOut | None
+    n_train: int
+    created_at: datetime
+
+
+# ---- deletions ------------------------------------------------------------------------------
+
+
+class DeletionCreate(In):
+    dataset_id: int
+    sample_ids: list[Identifier] = Field(default_factory=list, max_length=100_000)
+    subject_ids: list[Identifier] = Field(default_factory=list, max_length=100_000)
+    method: str | None = None
+    epsilon: float | None = Field(None, gt=0.0)
+    delta: float | None = Field(None, gt=0.0, lt=1.0)
+
+
+class ModelProgress(BaseModel):
+    model_id: int
+    status: str
+    version: int | None
+    certificate_id: int | None
+    n_removed: int
+    error: str | None
+
+
+class AlreadyErased(BaseModel):
+    sample_id: str
+    certificate_ids: list[int]
+
+
+class DeletionOut(BaseModel):
+    id: int
+    status: str
+    dataset_id: int
+    selector: dict[str, Any]
+    n_samples: int
+    already_erased: list[AlreadyErased]
+    models: list[ModelProgress]
+    certificate_ids: list[int]
+    error: str | None
+    created_at: datetime
+    finished_at: datetime | None
+
+
+# ---- keys -----------------------------------------------------------------------------------
+
+
+class KeyCreate(In):
+    role: Literal["admin", "requester", "auditor", "reader"]
+    name: str = Field("api key", min_length=1, max_length=200)
+
+
+class KeyOut(BaseModel):
+    id: int
+    name: str
+    role: str
+    key: str | None = None
+    prefix: str
+    created_at: datetime

@@ -1,0 +1,271 @@
+"""Accepting deletion requests: resolve, validate, commit durably, then signal the workers."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Iterable
+from typing import Any
+
+from sqlalchemy import func, select, update
+from sqlalchemy.orm import Session
+
+from app.db.tables import (
+    DeletionRequest,
+    DeletionTask,
+    Model,
+    ModelSample,
+    ModelVersion,
+    Sample,
+    utcnow,
+)
+from app.errors import conflict, not_found, unprocessable
+from app.methods import KNOWN_METHODS
+from app.schemas import DeletionCreate
+from app.services.datasets import get_dataset
+
+CHUNK = 5000
+
+
+def _chunks(values: list[Any]) -> Iterable[list[Any]]:
+    for start in range(0, len(values), CHUNK):
+        yield values[start : start + CHUNK]
+
+
+def fingerprint(body: DeletionCreate) -> str:
+    return hashlib.sha256(json.dumps(body.model_dump(), sort_keys=True).encode()).hexdigest()
+
+
+def create_deletion(
+    session: Session,
+    body: DeletionCreate,
+    requester_key_id: int | None,
+    idempotency_key: str | None,
+) -> tuple[DeletionRequest, list[int], bool]:
+    """Returns (request, models to signal, replayed). Nothing is written on any error."""
+    if idempotency_key:
+        existing = session.scalar(
+            select(DeletionRequest).where(DeletionRequest.idempotency_key == idempotency_key)
+        )
+        if existing is not None:
+            if existing.fingerprint != fingerprint(body):
+                raise unprocessable(
+                    "idempotency_key_reused",
+                    "this Idempotency-Key was used with a different body",
+                    {"request_id": existing.id},
+                )
+            return existing, [], True
+    get_dataset(session, body.dataset_id)
+    if not body.sample_ids and not body.subject_ids:
+        raise unprocessable("empty_selector", "give sample_ids or subject_ids")
+    samples = _resolve(session, body)
+    erased = [s for s in samples if s.status == "erased"]
+    pending = [s for s in samples if s.status != "erased"]
+    affected = _affected_models(session, [s.id for s in pending])
+    _check_models(affected, body)
+
+    request = DeletionRequest(
+        dataset_id=body.dataset_id,
+        idempotency_key=idempotency_key,
+        fingerprint=fingerprint(body),
+        requester_key_id=requester_key_id,
+        selector={"sample_ids": body.sample_ids, "subject_ids": body.subject_ids},
+        sample_ids=sorted(s.id for s in pending),
+        already_erased=_erased_report(session, erased),
+        method=body.method,
+        epsilon=body.epsilon,
+        delta=body.delta,
+        status="queued",
+    )
+    session.add(request)
+    session.flush()
+    for model in affected:
+        session.add(DeletionTask(request_id=request.id, model_id=model.id, status="queued"))
+    if pending:
+        for chunk in _chunks([s.id for s in pending]):
+            session.execute(
+                update(Sample)
+                .where(Sample.id.in_(chunk), Sample.status == "active")
+                .values(status="erasing")
+            )
+    if not affected:
+        erase_payloads(session, [s.id for s in pending])
+        request.status, request.finished_at = "done", utcnow()
+    return request, [m.id for m in affected], False
+
+
+def _resolve(session: Session, body: DeletionCreate) -> list[Sample]:
+    found: dict[int, Sample] = {}
+    wanted = list(dict.fromkeys(body.sample_ids))
+    known: set[str] = set()
+    for chunk in _chunks(wanted):
+        for s in session.scalars(
+            select(Sample).where(
+                Sample.dataset_id == body.dataset_id, Sample.external_id.in_(chunk)
+            )
+        ):
+            found[s.id] = s
+            known.add(s.external_id)
+    unknown = [x for x in wanted if x not in known]
+    subjects = list(dict.fromkeys(body.subject_ids))
+    seen_subjects: set[str] = set()
+    for chunk in _chunks(subjects):
+        for s in session.scalars(
+            select(Sample).where(Sample.dataset_id == body.dataset_id, Sample.subject_id.in_(chunk))
+        ):
+            found[s.id] = s
+            seen_subjects.add(s.subject_id)
+    unknown_subjects = [x for x in subjects if x not in seen_subjects]
+    if unknown or unknown_subjects:
+        raise not_found(
+            "sample",
+            "ids",
+            unknown_sample_ids=unknown[:1000],
+            unknown_subject_ids=unknown_subjects[:1000],
+            n_unknown=len(unknown) + len(unknown_subjects),
+        )
+    return list(found.values())
+
+
+def _affected_models(session: Session, sample_ids: list[int]) -> list[Model]:
+    """Models (not failed) still holding any of these samples."""
+    model_ids: set[int] = set()
+    for chunk in _chunks(sample_ids):
+        model_ids.update(
+            session.scalars(
+                select(ModelSample.model_id)
+                .distinct()
+                .where(ModelSample.sample_id.in_(chunk), ModelSample.removed_version_id.is_(None))
+            )
+        )
+    if not model_ids:
+        return []
+    models = session.scalars(
+        select(Model).where(Model.id.in_(model_ids), Model.status != "failed").order_by(Model.id)
+    ).all()
+    return list(models)
+
+
+def _check_models(models: list[Model], body: DeletionCreate) -> None:
+    busy = [m.id for m in models if m.status in ("queued", "training")]
+    if busy:
+        raise conflict(
+            "model_training",
+            "a model trained on these samples is still training; retry when it is ready",
+            {"model_ids": busy},
+        )
+    if body.method is not None and body.method not in KNOWN_METHODS:
+        raise unprocessable("unknown_method", f"unknown method {body.method!r}")
+    for m in models:
+        if body.method not in (None, "retrain", m.method.get("name")):
+            raise unprocessable(
+                "method_not_configured",
+                f"model {m.id} is configured for {m.method.get('name')!r}",
+                {"model_id": m.id},
+            )
+        policy = m.privacy
+        if body.epsilon is not None and body.epsilon > policy["epsilon"]:
+            raise unprocessable(
+                "target_looser_than_policy",
+                f"ε={body.epsilon} exceeds model {m.id}'s policy ε={policy['epsilon']}",
+                {"model_id": m.id},
+            )
+        if body.delta is not None and body.delta > policy["delta"]:
+            raise unprocessable(
+                "target_looser_than_policy",
+                f"δ={body.delta} exceeds model {m.id}'s policy δ={policy['delta']}",
+                {"model_id": m.id},
+            )
+
+
+def _erased_report(session: Session, erased: list[Sample]) -> list[dict[str, Any]]:
+    report = []
+    for s in erased:
+        certs = session.scalars(
+            select(ModelSample.removed_certificate_id).where(
+                ModelSample.sample_id == s.id, ModelSample.removed_certificate_id.is_not(None)
+            )
+        ).all()
+        report.append({"sample_id": s.external_id, "certificate_ids": sorted(set(certs))})
+    return report
+
+
+def erase_payloads(session: Session, sample_ids: list[int]) -> int:
+    """Erase features and labels of samples no live model still holds. Returns how many."""
+    erased = 0
+    for chunk in _chunks(sample_ids):
+        held = set(
+            session.scalars(
+                select(ModelSample.sample_id)
+                .distinct()
+                .join(Model, Model.id == ModelSample.model_id)
+                .where(
+                    ModelSample.sample_id.in_(chunk),
+                    ModelSample.removed_version_id.is_(None),
+                    Model.status != "failed",
+                )
+            )
+        )
+        free = [s for s in chunk if s not in held]
+        if free:
+            result = session.execute(
+                update(Sample)
+                .where(Sample.id.in_(free), Sample.status != "erased")
+                .values(payload=None, label=None, status="erased", erased_at=utcnow())
+            )
+            erased += result.rowcount or 0
+    return erased
+
+
+def get_deletion(session: Session, request_id: int) -> DeletionRequest:
+    request = session.get(DeletionRequest, request_id)
+    if request is None:
+        raise not_found("deletion", request_id)
+    return request
+
+
+def deletion_view(session: Session, request: DeletionRequest) -> dict[str, Any]:
+    """Status, per-model progress and certificates of one request."""
+    rows = session.execute(
+        select(DeletionTask, ModelVersion.number)
+        .outerjoin(ModelVersion, ModelVersion.id == DeletionTask.version_id)
+        .where(DeletionTask.request_id == request.id)
+        .order_by(DeletionTask.model_id)
+    ).all()
+    models = [
+        {
+            "model_id": t.model_id,
+            "status": t.status,
+            "version": number,
+            "certificate_id": t.certificate_id,
+            "n_removed": t.n_removed,
+            "error": t.error,
+        }
+        for t, number in rows
+    ]
+    return {
+        "id": request.id,
+        "status": request.status,
+        "dataset_id": request.dataset_id,
+        "selector": request.selector,
+        "n_samples": len(request.sample_ids),
+        "already_erased": request.already_erased,
+        "models": models,
+        "certificate_ids": sorted(
+            {m["certificate_id"] for m in models if m["certificate_id"] is not None}
+        ),
+        "error": request.error,
+        "created_at": request.created_at,
+        "finished_at": request.finished_at,
+    }
+
+
+def queue_stats(session: Session) -> dict[str, float]:
+    """Queued task count and the age in seconds of the oldest queued one."""
+    n, oldest = session.execute(
+        select(func.count(), func.min(DeletionTask.created_at)).where(
+            DeletionTask.status == "queued"
+        )
+    ).one()
+    age = (utcnow() - oldest).total_seconds() if oldest is not None else 0.0
+    return {"queued": float(n), "oldest_age_seconds": max(age, 0.0)}

@@ -1,0 +1,140 @@
+"""Creating models (a training job) and reading their versions and released weights."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sqlalchemy import func, insert, literal, select
+from sqlalchemy.orm import Session
+
+from app.blobstore import DatabaseBlobStore
+from app.db.tables import Model, ModelSample, ModelVersion, Sample
+from app.errors import APIError, not_found, unprocessable
+from app.schemas import ModelCreate
+from app.services.datasets import get_dataset
+
+
+def create_model(session: Session, spec: ModelCreate) -> Model:
+    """Record the model and snapshot its training set (active train samples); status queued."""
+    ds = get_dataset(session, spec.dataset_id)
+    model = Model(
+        name=spec.name,
+        dataset_id=ds.id,
+        architecture=spec.architecture.model_dump(),
+        training=spec.training.model_dump(),
+        method=spec.method.model_dump(),
+        privacy=spec.privacy.model_dump(),
+        status="queued",
+        progress={"stage": "queued"},
+    )
+    session.add(model)
+    session.flush()
+    members = select(literal(model.id), Sample.id).where(
+        Sample.dataset_id == ds.id, Sample.split == "train", Sample.status == "active"
+    )
+    session.execute(insert(ModelSample).from_select(["model_id", "sample_id"], members))
+    n_train = session.scalar(select(func.count()).where(ModelSample.model_id == model.id))
+    if not n_train:
+        raise unprocessable("no_training_data", "the dataset has no active training samples")
+    return model
+
+
+def get_model(session: Session, model_id: int) -> Model:
+    model = session.get(Model, model_id)
+    if model is None:
+        raise not_found("model", model_id)
+    return model
+
+
+def version_view(version: ModelVersion, parent_number: int | None) -> dict[str, Any]:
+    return {
+        "number": version.number,
+        "parent": parent_number,
+        "kind": version.kind,
+        "weights_sha256": version.weights_sha256,
+        "weights_size": version.weights_size,
+        "weights_available": version.weights_key is not None and version.erased_at is None,
+        "metrics": version.metrics,
+        "n_train": version.n_train,
+        "created_at": version.created_at,
+        "erased_at": version.erased_at,
+    }
+
+
+def list_versions(session: Session, model_id: int) -> list[dict[str, Any]]:
+    get_model(session, model_id)
+    versions = session.scalars(
+        select(ModelVersion).where(ModelVersion.model_id == model_id).order_by(ModelVersion.number)
+    ).all()
+    numbers = {v.id: v.number for v in versions}
+    return [version_view(v, numbers.get(v.parent_id)) for v in versions]
+
+
+def model_view(session: Session, model: Model) -> dict[str, Any]:
+    current = (
+        session.get(ModelVersion, model.current_version_id) if model.current_version_id else None
+    )
+    parent = session.get(ModelVersion, current.parent_id) if current and current.parent_id else None
+    n_train = (
+        session.scalar(
+            select(func.count()).where(
+                ModelSample.model_id == model.id, ModelSample.removed_version_id.is_(None)
+            )
+        )
+        or 0
+    )
+    fields = (
+        "id",
+        "name",
+        "dataset_id",
+        "status",
+        "progress",
+        "error",
+        "architecture",
+        "training",
+        "method",
+        "privacy",
+        "created_at",
+    )
+    return {
+        **{f: getattr(model, f) for f in fields},
+        "n_train": n_train,
+        "current_version": version_view(current, parent.number if parent else None)
+        if current
+        else None,
+    }
+
+
+def get_version(session: Session, model_id: int, number: int | None) -> ModelVersion:
+    """The numbered version, or the current one when `number` is None."""
+    model = get_model(session, model_id)
+    if number is None:
+        if model.current_version_id is None:
+            raise APIError(
+                409,
+                "no_version_yet",
+                f"model {model_id} has no version yet (status {model.status})",
+            )
+        return session.get(ModelVersion, model.current_version_id)
+    version = session.scalar(
+        select(ModelVersion).where(ModelVersion.model_id == model_id, ModelVersion.number == number)
+    )
+    if version is None:
+        raise not_found("version", number, model_id=model_id)
+    return version
+
+
+def released_weights(session: Session, version: ModelVersion) -> bytes:
+    """The safetensors bytes users may download; 410 once the version was purged."""
+    if version.erased_at is not None or version.weights_key is None:
+        raise APIError(
+            410,
+            "weights_erased",
+            f"version {version.number} was trained on erased data; its weights "
+            "are purged (metadata and hashes stay for the audit)",
+            {"erased_at": version.erased_at, "sha256": version.weights_sha256},
+        )
+    data = DatabaseBlobStore(session).get(version.weights_key)
+    if data is None:
+        raise APIError(410, "weights_erased", f"version {version.number} has no weights")
+    return data

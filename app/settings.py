@@ -1,0 +1,45 @@
+"""Service configuration, read from LETHE_* environment variables (pydantic-settings)."""
+
+from functools import lru_cache
+from pathlib import Path
+
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+class Settings(BaseSettings):
+    """All knobs of a Lethe deployment. No Redis URL means the embedded inline worker."""
+
+    model_config = SettingsConfigDict(env_prefix="LETHE_", env_file=".env", extra="ignore")
+
+    data_dir: Path = Field(Path(".lethe"), description="Where the embedded SQLite file lives.")
+    database_url: str | None = Field(
+        None, description="SQLAlchemy URL; default sqlite:///<data_dir>/lethe.db"
+    )
+    redis_url: str | None = Field(None, description="Redis URL; unset = embedded inline worker.")
+    queue_name: str = "lethe"
+    max_upload_bytes: int = Field(64 * 1024 * 1024, description="Largest accepted upload.")
+    max_dataset_samples: int = 2_000_000
+    lease_seconds: float = Field(60.0, description="A worker's claim on a model expires after.")
+    heartbeat_seconds: float = 10.0
+    reconcile_seconds: float = Field(5.0, description="Reconciler period.")
+    max_batch_requests: int = Field(256, description="Most deletion requests applied at once.")
+    job_timeout_seconds: int = 3600
+    job_retries: int = 3
+    torch_threads: int = 0
+    bootstrap_admin_key: bool = Field(True, description="Create an admin key on first start.")
+
+    @property
+    def resolved_database_url(self) -> str:
+        if self.database_url:
+            return self.database_url
+        return f"sqlite:///{(self.data_dir / 'lethe.db').resolve()}"
+
+    @property
+    def embedded(self) -> bool:
+        return not self.redis_url
+
+
+@lru_cache
+def get_settings() -> Settings:
+    return Settings()

@@ -1,0 +1,45 @@
+"""Alembic environment: the URL comes from Lethe's settings unless the caller set one."""
+
+from alembic import context
+
+from app.db.session import make_engine
+from app.db.tables import Base
+from app.settings import get_settings
+
+config = context.config
+url = config.get_main_option("sqlalchemy.url") or get_settings().resolved_database_url
+
+
+def run_migrations_offline() -> None:
+    context.configure(
+        url=url, target_metadata=Base.metadata, render_as_batch=True, literal_binds=True
+    )
+    with context.begin_transaction():
+        context.run_migrations()
+
+
+def run_migrations_online() -> None:
+    connectable = config.attributes.get("connection")
+    if connectable is not None:
+        _run(connectable)
+        return
+    engine = make_engine(url)
+    with engine.connect() as connection:
+        _run(connection)
+    engine.dispose()
+
+
+def _run(connection) -> None:  # noqa: ANN001
+    context.configure(
+        connection=connection,
+        target_metadata=Base.metadata,
+        render_as_batch=connection.dialect.name == "sqlite",
+    )
+    with context.begin_transaction():
+        context.run_migrations()
+
+
+if context.is_offline_mode():
+    run_migrations_offline()
+else:
+    run_migrations_online()

@@ -1,0 +1,279 @@
+"""Job entry points (RQ or the inline worker): train_model and process_deletions.
+
+Jobs own transactions: each step is a short unit of work; the compute in between holds none.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+import numpy as np
+import torch
+from safetensors.torch import save as st_save
+from sqlalchemy import select, update
+from sqlalchemy.exc import IntegrityError, OperationalError
+
+from app.blobstore import DatabaseBlobStore
+from app.db.session import transaction
+from app.db.tables import Dataset, DeletionTask, Model, ModelVersion, Sample
+from app.metrics import DELETIONS_PROCESSED, JOB_DURATION
+from app.settings import Settings, get_settings
+from workers import pipeline
+from workers.data import test_arrays, training_arrays
+from workers.lease import WORKER_ID, LeaseLost, ModelLease
+from workers.methods import method_for
+from workers.methods.base import RemovedSamples, RetainedData
+from workers.training import accuracy, train
+
+log = logging.getLogger("lethe.jobs")
+
+
+def _setup(settings: Settings) -> None:
+    if settings.torch_threads > 0:
+        torch.set_num_threads(settings.torch_threads)
+
+
+def _lease(settings: Settings, model_id: int) -> ModelLease:
+    return ModelLease(
+        settings.resolved_database_url,
+        model_id,
+        settings.lease_seconds,
+        settings.heartbeat_seconds,
+        "embedded" if settings.embedded else "rq",
+    )
+
+
+def train_model(model_id: int) -> str:
+    """Train version 1 of a queued model, reporting progress per epoch."""
+    settings = get_settings()
+    url = settings.resolved_database_url
+    _setup(settings)
+    started = time.perf_counter()
+    with _lease(settings, model_id) as lease:
+        if not lease.held:
+            return "busy"
+        with transaction(url) as session:
+            model = session.get(Model, model_id)
+            if model is None or model.status not in ("queued", "training"):
+                return "nothing to do"
+            model.status = "training"
+            model.progress = {"stage": "loading data"}
+            dataset = session.get(Dataset, model.dataset_id)
+            spec = pipeline.model_spec(model, dataset)
+            data = training_arrays(session, model_id, dataset)
+            test = test_arrays(session, dataset)
+        try:
+            state, metrics = _train_and_measure(url, model_id, spec, data, test)
+            _commit_trained(url, model_id, state, metrics)
+        except LeaseLost:
+            raise
+        except Exception as exc:
+            with transaction(url) as session:
+                session.execute(
+                    update(Model)
+                    .where(Model.id == model_id, Model.lease_owner == WORKER_ID)
+                    .values(
+                        status="failed",
+                        error=f"training failed: {exc}",
+                        progress={"stage": "failed"},
+                    )
+                )
+            raise
+    JOB_DURATION.labels("train_model").observe(time.perf_counter() - started)
+    return "trained"
+
+
+def _train_and_measure(url: str, model_id: int, spec: Any, data: Any, test: Any):  # noqa: ANN202
+    last = [0.0]
+
+    def progress(epoch: int, epochs: int, loss: float) -> None:
+        now = time.perf_counter()
+        if epoch < epochs and now - last[0] < 0.5:
+            return
+        last[0] = now
+        with transaction(url) as session:
+            session.execute(
+                update(Model)
+                .where(Model.id == model_id)
+                .values(
+                    progress={
+                        "stage": "training",
+                        "epoch": epoch,
+                        "epochs": epochs,
+                        "loss": round(loss, 6),
+                    }
+                )
+            )
+
+    start = time.perf_counter()
+    state = train(spec.architecture, spec.training, data.X, data.y, spec.n_classes, progress)
+    seconds = time.perf_counter() - start
+    metrics = {
+        "train_seconds": seconds,
+        "n_train": len(data),
+        "train_accuracy": accuracy(spec.architecture, state, data.X, data.y, spec.n_classes),
+        "test_accuracy": accuracy(spec.architecture, state, test.X, test.y, spec.n_classes),
+    }
+    return state, metrics
+
+
+def _commit_trained(
+    url: str, model_id: int, state: dict[str, torch.Tensor], metrics: dict[str, Any]
+) -> None:
+    with transaction(url) as session:
+        model = session.get(Model, model_id)
+        if model.lease_owner != WORKER_ID:
+            raise LeaseLost(f"model {model_id} lease lost during training")
+        store = DatabaseBlobStore(session)
+        weights = st_save(state)
+        wkey, wsha = store.put(weights, f"model-{model_id}/weights")
+        skey, _ = store.put(weights, f"model-{model_id}/state")
+        version = ModelVersion(
+            model_id=model_id,
+            number=1,
+            parent_id=None,
+            kind="trained",
+            weights_key=wkey,
+            weights_sha256=wsha,
+            weights_size=len(weights),
+            state_key=skey,
+            metrics=metrics,
+            n_train=metrics["n_train"],
+        )
+        session.add(version)
+        session.flush()
+        model.current_version_id, model.status, model.error = version.id, "ready", None
+        model.progress = {
+            "stage": "ready",
+            "epoch": model.training["epochs"],
+            "epochs": model.training["epochs"],
+        }
+
+
+def process_deletions(model_id: int) -> str:
+    """Apply every queued deletion task of the model, coalesced, one update per batch."""
+    settings = get_settings()
+    _setup(settings)
+    applied = 0
+    while True:
+        with _lease(settings, model_id) as lease:
+            if not lease.held:
+                return f"busy (applied {applied})"
+            while batch := _claim(settings, model_id, lease):
+                _run_batch(settings, model_id, batch)
+                applied += len(batch)
+        # Re-check after releasing: a request committed while we held the lease may have had
+        # its signal dropped by a worker that saw the model busy.
+        if not _has_queued(settings, model_id):
+            return f"applied {applied}"
+
+
+def _claim(settings: Settings, model_id: int, lease: ModelLease) -> list[pipeline.ClaimedTask]:
+    with transaction(settings.resolved_database_url) as session:
+        if session.get(Model, model_id).status != "ready":
+            return []
+        return pipeline.claim_tasks(
+            session, model_id, settings.max_batch_requests, lease.deadline()
+        )
+
+
+def _has_queued(settings: Settings, model_id: int) -> bool:
+    with transaction(settings.resolved_database_url) as session:
+        return (
+            session.scalar(
+                select(DeletionTask.id)
+                .where(DeletionTask.model_id == model_id, DeletionTask.status == "queued")
+                .limit(1)
+            )
+            is not None
+        )
+
+
+def _run_batch(settings: Settings, model_id: int, tasks: list[pipeline.ClaimedTask]) -> None:
+    url = settings.resolved_database_url
+    started = time.perf_counter()
+    try:
+        with transaction(url) as session:
+            batch = pipeline.load_batch(session, model_id, tasks)
+            external = dict(
+                session.execute(
+                    select(Sample.id, Sample.external_id).where(
+                        Sample.id.in_(batch.removed or [-1])
+                    )
+                ).all()
+            )
+            update_, metrics = _compute(session, batch)
+        _commit_with_retry(url, batch, update_, metrics, external)
+    except Exception as exc:
+        with transaction(url) as session:
+            final = pipeline.fail_tasks(
+                session,
+                [t.task_id for t in tasks],
+                f"{type(exc).__name__}: {exc}",
+                settings.job_retries + 1,
+            )
+        log.exception("deletion batch for model %s failed (final=%s)", model_id, final)
+        raise
+    DELETIONS_PROCESSED.labels(batch.method_name).inc(len(tasks))
+    JOB_DURATION.labels("process_deletions").observe(time.perf_counter() - started)
+
+
+def _compute(session: Any, batch: pipeline.Batch):  # noqa: ANN202
+    """Run the method on what it declares it needs; nothing here writes."""
+    if not batch.removed:
+        return None, {}
+    method = method_for(batch.method_name, batch.spec)
+    removed_set = set(batch.removed)
+    everything = training_arrays(session, batch.model_id, batch.dataset)
+    keep = torch.tensor([s not in removed_set for s in everything.sample_ids])
+    retained = RetainedData(
+        [s for s in everything.sample_ids if s not in removed_set],
+        everything.X[keep],
+        everything.y[keep],
+    )
+    removed = RemovedSamples(
+        [s for s in everything.sample_ids if s in removed_set],
+        everything.X[~keep],
+        everything.y[~keep],
+    )
+    test = test_arrays(session, batch.dataset)
+    start = time.perf_counter()
+    update_ = method.unlearn(
+        batch.state, removed, batch.target(), retained if method.needs_retained_data else None
+    )
+    seconds = time.perf_counter() - start
+    arch, k = batch.spec.architecture, batch.spec.n_classes
+    metrics = {
+        **update_.metrics,
+        "unlearn_seconds": seconds,
+        "n_train": len(retained.y),
+        "n_removed": len(removed.y),
+        "method": batch.method_name,
+        "test_accuracy": accuracy(arch, update_.release, test.X, test.y, k),
+        "retain_accuracy": accuracy(arch, update_.release, retained.X, retained.y, k),
+        "forget_accuracy": accuracy(arch, update_.release, removed.X, removed.y, k),
+    }
+    if not all(np.isfinite(v.numpy()).all() for v in update_.release.values()):
+        raise ValueError("the update produced non-finite weights; nothing is released")
+    return update_, metrics
+
+
+def _commit_with_retry(
+    url: str,
+    batch: pipeline.Batch,
+    update_: Any,
+    metrics: dict[str, Any],
+    external: dict[int, str],
+    attempts: int = 5,
+) -> None:
+    for attempt in range(attempts):
+        try:
+            with transaction(url) as session:
+                pipeline.commit_update(session, batch, update_, metrics, external)
+            return
+        except (IntegrityError, OperationalError):  # chain head moved or lock timeout: retry
+            if attempt == attempts - 1:
+                raise
+            time.sleep(0.05 * 2**attempt)

@@ -1,0 +1,89 @@
+"""The one interface every unlearning method implements (DESIGN §7)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Literal, Protocol
+
+import torch
+
+GuaranteeKind = Literal["exact", "rigorous", "conditional", "none"]
+ModelState = dict[str, torch.Tensor]
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """What a method needs to know about the model it serves."""
+
+    architecture: dict[str, Any]
+    training: dict[str, Any]
+    method: dict[str, Any]
+    n_features: int
+    n_classes: int
+
+
+@dataclass(frozen=True)
+class PrivacyTarget:
+    epsilon: float
+    delta: float
+
+
+@dataclass
+class RemovedSamples:
+    sample_ids: list[int]
+    X: torch.Tensor
+    y: torch.Tensor
+
+
+@dataclass
+class RetainedData:
+    sample_ids: list[int]
+    X: torch.Tensor
+    y: torch.Tensor
+
+
+@dataclass
+class Constant:
+    """A number a certificate relies on, and whether it was measured or declared."""
+
+    value: float
+    source: Literal["measured", "declared"]
+    meaning: str
+
+
+@dataclass
+class CertificateFields:
+    guarantee: GuaranteeKind
+    epsilon: float
+    delta: float
+    sigma: float
+    sensitivity: float
+    accountant: str
+    sentence: str
+    constants: dict[str, Constant] = field(default_factory=dict)
+    compares: str = "the released model vs. retraining without the removed samples"
+    resets_lineage: bool = False
+
+
+@dataclass
+class Update:
+    next_state: ModelState  # noise-free; starts the next update; never downloadable
+    release: ModelState  # what users download
+    certificate: CertificateFields
+    statistics_to_delete: list[int]  # sample ids whose per-sample rows this update consumed
+    version_kind: Literal["unlearned", "retrained"] = "unlearned"
+    metrics: dict[str, Any] = field(default_factory=dict)
+
+
+class UnlearningMethod(Protocol):
+    name: str
+    guarantee: GuaranteeKind
+    needs_retained_data: bool
+
+    def unlearn(
+        self,
+        state: ModelState,
+        removed: RemovedSamples,
+        target: PrivacyTarget,
+        data: RetainedData | None,
+    ) -> Update: ...

@@ -1,0 +1,72 @@
+"""Deterministic minibatch training (seeded init and batch order) with progress callbacks."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from workers.nets import build_net, state_of
+
+ProgressFn = Callable[[int, int, float], None]
+
+
+def seeded_net(
+    architecture: dict[str, Any], n_features: int, n_classes: int, seed: int
+) -> nn.Module:
+    torch.manual_seed(seed)
+    return build_net(architecture, n_features, n_classes)
+
+
+def train(
+    architecture: dict[str, Any],
+    config: dict[str, Any],
+    X: torch.Tensor,
+    y: torch.Tensor,
+    n_classes: int,
+    progress: ProgressFn | None = None,
+) -> dict[str, torch.Tensor]:
+    """SGD with weight decay over seeded shuffles; returns the final parameters."""
+    n_features = int(np.prod(X.shape[1:]))
+    net = seeded_net(architecture, n_features, n_classes, config["seed"])
+    opt = torch.optim.SGD(
+        net.parameters(),
+        lr=config["learning_rate"],
+        momentum=config.get("momentum", 0.0),
+        weight_decay=config.get("weight_decay", 0.0),
+    )
+    gen = torch.Generator().manual_seed(config["seed"])
+    loss_fn = nn.CrossEntropyLoss()
+    epochs, batch = config["epochs"], config["batch_size"]
+    for epoch in range(epochs):
+        order = torch.randperm(len(y), generator=gen)
+        total = 0.0
+        for start in range(0, len(y), batch):
+            idx = order[start : start + batch]
+            opt.zero_grad(set_to_none=True)
+            loss = loss_fn(net(X[idx]), y[idx])
+            loss.backward()
+            opt.step()
+            total += float(loss) * len(idx)
+        if progress is not None:
+            progress(epoch + 1, epochs, total / max(len(y), 1))
+    return state_of(net)
+
+
+@torch.no_grad()
+def accuracy(
+    architecture: dict[str, Any],
+    state: dict[str, torch.Tensor],
+    X: torch.Tensor,
+    y: torch.Tensor,
+    n_classes: int,
+) -> float | None:
+    if len(y) == 0:
+        return None
+    net = build_net(architecture, int(np.prod(X.shape[1:])), n_classes)
+    net.load_state_dict(state)
+    net.eval()
+    return float((net(X).argmax(1) == y).float().mean())
