@@ -17,7 +17,7 @@ from app.dispatch import InlineDispatcher, Reconciler, make_dispatcher
 from app.errors import error_body, install_error_handlers
 from app.metrics import metrics_middleware, pipeline_registry
 from app.security import Role, create_key, has_any_key
-from app.settings import Settings, get_settings
+from app.settings import Settings, get_settings, use_settings
 
 log = logging.getLogger("lethe")
 
@@ -33,6 +33,7 @@ def bootstrap_admin_key(url: str) -> str | None:
 
 def create_app(settings: Settings | None = None) -> FastAPI:
     settings = settings or get_settings()
+    use_settings(settings)  # the embedded worker's jobs read the same configuration
     url = settings.resolved_database_url
 
     @asynccontextmanager

@@ -40,6 +40,19 @@ class Settings(BaseSettings):
         return not self.redis_url
 
 
+_override: Settings | None = None
+
+
+def use_settings(settings: Settings) -> None:
+    """Make `settings` the process-wide configuration (the app factory and tests call this)."""
+    global _override
+    _override = settings
+
+
 @lru_cache
-def get_settings() -> Settings:
+def _from_environment() -> Settings:
     return Settings()
+
+
+def get_settings() -> Settings:
+    return _override or _from_environment()

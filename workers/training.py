@@ -50,7 +50,7 @@ def train(
             loss = loss_fn(net(X[idx]), y[idx])
             loss.backward()
             opt.step()
-            total += float(loss) * len(idx)
+            total += loss.item() * len(idx)
         if progress is not None:
             progress(epoch + 1, epochs, total / max(len(y), 1))
     return state_of(net)

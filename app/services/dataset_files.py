@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import math
 import io
 import zipfile
 from dataclasses import dataclass
@@ -25,14 +26,21 @@ class ParsedDataset:
 
 
 def seeded_split(y: np.ndarray, test_fraction: float, seed: int) -> list[str]:
-    """A seeded, stratified train/test split (plain random when a class is too small)."""
+    """A seeded train/test split, stratified when every class has two or more samples.
+
+    Tiny datasets keep at least one training sample (a single sample is all train).
+    """
     from sklearn.model_selection import train_test_split
 
-    idx = np.arange(len(y))
+    n = len(y)
+    n_test = min(max(math.ceil(n * test_fraction), 1), n - 1)
+    if n_test <= 0:
+        return ["train"] * n
     counts = np.bincount(y)
-    stratify = y if counts[counts > 0].min() >= 2 else None
-    _, test = train_test_split(idx, test_size=test_fraction, random_state=seed, stratify=stratify)
-    split = np.array(["train"] * len(y), dtype=object)
+    stratify = y if counts[counts > 0].min() >= 2 and n_test >= (counts > 0).sum() else None
+    _, test = train_test_split(np.arange(n), test_size=n_test, random_state=seed,
+                               stratify=stratify)
+    split = np.array(["train"] * n, dtype=object)
     split[test] = "test"
     return split.tolist()
 

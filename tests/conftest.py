@@ -1,0 +1,135 @@
+"""Fixtures: every API test runs on a real SQLite file and on the real PostgreSQL server.
+
+PostgreSQL gets one fresh database per test session, migrated to head with Alembic; tables
+are truncated between tests (jobs commit from worker threads, so a rolled-back outer
+transaction, as in Polar's fixtures, cannot hold them).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import sqlalchemy as sa
+from fastapi.testclient import TestClient
+
+from app.db.migrate import upgrade_to_head
+from app.db.session import engine_for, transaction
+from app.db.tables import Base
+from app.main import create_app
+from app.security import Role, create_key
+from app.settings import Settings
+
+PG_ADMIN_URL = os.environ.get("LETHE_TEST_PG_ADMIN",
+                              "postgresql+psycopg://postgres@127.0.0.1:5432/postgres")
+PG_BASE = PG_ADMIN_URL.rsplit("/", 1)[0]
+REDIS_URL = os.environ.get("LETHE_TEST_REDIS", "redis://127.0.0.1:6379/0")
+
+
+@pytest.fixture(scope="session")
+def pg_url() -> Iterator[str]:
+    """A fresh PostgreSQL database for this test session, migrated to head."""
+    name = f"lethe_test_{uuid.uuid4().hex[:8]}"
+    admin = sa.create_engine(PG_ADMIN_URL, isolation_level="AUTOCOMMIT")
+    with admin.connect() as conn:
+        conn.exec_driver_sql(f'CREATE DATABASE "{name}"')
+    url = f"{PG_BASE}/{name}"
+    upgrade_to_head(url)
+    yield url
+    engine_for(url).dispose()
+    with admin.connect() as conn:
+        conn.exec_driver_sql(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    admin.dispose()
+
+
+def truncate_all(url: str) -> None:
+    names = ", ".join(t.name for t in Base.metadata.sorted_tables)
+    with engine_for(url).begin() as conn:
+        conn.exec_driver_sql(f"TRUNCATE {names} RESTART IDENTITY CASCADE")
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def db_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
+    if request.param == "sqlite":
+        url = f"sqlite:///{tmp_path / 'lethe.db'}"
+        upgrade_to_head(url)
+        yield url
+        engine_for(url).dispose()
+    else:
+        url = request.getfixturevalue("pg_url")
+        truncate_all(url)
+        yield url
+
+
+@dataclass
+class Api:
+    """A running app (TestClient, embedded inline worker) and one key per role."""
+
+    client: TestClient
+    url: str
+    keys: dict[str, str]
+
+    def h(self, role: str = "admin") -> dict[str, str]:
+        return {"Authorization": f"Bearer {self.keys[role]}"}
+
+    def get(self, path: str, role: str = "admin", **kw):  # noqa: ANN003, ANN201
+        return self.client.get(path, headers=self.h(role), **kw)
+
+    def post(self, path: str, role: str = "admin", headers: dict | None = None, **kw):  # noqa: ANN003, ANN201
+        return self.client.post(path, headers={**self.h(role), **(headers or {})}, **kw)
+
+    def wait(self, path: str, done: tuple[str, ...], timeout: float = 120.0) -> dict:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            body = self.get(path).json()
+            if body["status"] in done:
+                return body
+            time.sleep(0.05)
+        raise AssertionError(f"{path} still {body['status']} after {timeout}s: {body}")
+
+
+def make_keys(url: str) -> dict[str, str]:
+    keys = {}
+    with transaction(url) as session:
+        for role in Role:
+            keys[role.value] = create_key(session, role, f"test {role.value}")[1]
+    return keys
+
+
+@pytest.fixture
+def settings(db_url: str, tmp_path: Path) -> Settings:
+    return Settings(data_dir=tmp_path, database_url=db_url, redis_url=None,
+                    max_upload_bytes=2_000_000, reconcile_seconds=0.5, heartbeat_seconds=1.0,
+                    lease_seconds=10.0, bootstrap_admin_key=False)
+
+
+@pytest.fixture
+def api(settings: Settings) -> Iterator[Api]:
+    app = create_app(settings)
+    with TestClient(app) as client:
+        yield Api(client=client, url=settings.resolved_database_url,
+                  keys=make_keys(settings.resolved_database_url))
+
+
+SMALL_TRAINING = {"epochs": 3, "batch_size": 64, "learning_rate": 0.1, "seed": 0}
+
+
+@pytest.fixture
+def digits(api: Api) -> dict:
+    response = api.post("/v1/datasets", json={"builtin": "digits"})
+    assert response.status_code == 201, response.text
+    return response.json()
+
+
+@pytest.fixture
+def ready_model(api: Api, digits: dict) -> dict:
+    response = api.post("/v1/models", json={"name": "m", "dataset_id": digits["id"],
+                                            "architecture": {"type": "logreg"},
+                                            "training": SMALL_TRAINING})
+    assert response.status_code == 202, response.text
+    return api.wait(f"/v1/models/{response.json()['id']}", ("ready", "failed"))

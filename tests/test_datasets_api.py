@@ -1,0 +1,138 @@
+"""Registering datasets: builtins, .npz and CSV uploads, and every kind of bad file."""
+
+from __future__ import annotations
+
+import io
+
+import numpy as np
+import pytest
+from sqlalchemy import func, select
+
+from app.db.session import transaction
+from app.db.tables import Dataset, Sample
+from tests.conftest import Api
+
+
+def npz_bytes(**arrays: np.ndarray) -> bytes:
+    buf = io.BytesIO()
+    np.savez(buf, **arrays)
+    return buf.getvalue()
+
+
+def upload(api: Api, data: bytes, filename: str = "d.npz", **fields: str):  # noqa: ANN201
+    return api.post("/v1/datasets", files={"file": (filename, data)}, data=fields)
+
+
+def n_datasets(api: Api) -> int:
+    with transaction(api.url) as session:
+        return session.scalar(select(func.count()).select_from(Dataset))
+
+
+def test_builtin_digits_has_seeded_80_20_split(api: Api, digits: dict) -> None:
+    assert digits["n_samples"] == 1797 and digits["n_classes"] == 10
+    assert digits["feature_shape"] == [8, 8]
+    assert digits["counts"]["train"] == 1437 and digits["counts"]["test"] == 360
+    again = api.post("/v1/datasets", json={"builtin": "digits"}).json()
+    first = api.get(f"/v1/datasets/{digits['id']}/samples", params={"split": "test"}).json()
+    second = api.get(f"/v1/datasets/{again['id']}/samples", params={"split": "test"}).json()
+    assert [s["external_id"] for s in first["items"]] == \
+        [s["external_id"] for s in second["items"]]
+
+
+def test_builtin_breast_cancer(api: Api) -> None:
+    body = api.post("/v1/datasets", json={"builtin": "breast_cancer"}).json()
+    assert body["n_samples"] == 569 and body["n_classes"] == 2 and body["feature_shape"] == [30]
+
+
+def test_npz_upload_with_ids_subjects_and_split(api: Api) -> None:
+    rng = np.random.default_rng(0)
+    X = rng.normal(size=(40, 5))
+    y = rng.integers(0, 3, size=40)
+    ids = np.array([f"s{i}" for i in range(40)])
+    subjects = np.array([f"p{i // 4}" for i in range(40)])
+    split = np.array(["train"] * 30 + ["test"] * 10)
+    response = upload(api, npz_bytes(X=X, y=y, ids=ids, subjects=subjects, split=split))
+    assert response.status_code == 201, response.text
+    body = response.json()
+    assert body["counts"] == {"train": 30, "test": 10, "active": 40}
+    page = api.get(f"/v1/datasets/{body['id']}/samples", params={"subject": "p2"}).json()
+    assert page["total"] == 4 and {s["external_id"] for s in page["items"]} == \
+        {"s8", "s9", "s10", "s11"}
+
+
+def test_csv_upload(api: Api) -> None:
+    rows = ["id,f1,f2,label,person"] + [f"r{i},{i * 0.1},{-i},{i % 2},u{i % 5}"
+                                         for i in range(20)]
+    response = upload(api, "\n".join(rows).encode(), "data.csv", id_column="id",
+                      subject_column="person")
+    assert response.status_code == 201, response.text
+    body = response.json()
+    assert body["feature_shape"] == [2] and body["n_classes"] == 2 and body["n_samples"] == 20
+
+
+@pytest.mark.parametrize("arrays,code", [
+    ({"X": np.array([[1.0, np.nan]]), "y": np.array([0])}, "non_finite"),
+    ({"X": np.array([[1.0, np.inf], [0, 0]]), "y": np.array([0, 1])}, "non_finite"),
+    ({"X": np.ones((3, 2)), "y": np.array([0, 1])}, "bad_shape"),
+    ({"X": np.ones(3), "y": np.array([0, 1, 0])}, "bad_shape"),
+    ({"X": np.ones((3, 2)), "y": np.array([0, -1, 0])}, "labels_out_of_range"),
+    ({"X": np.ones((3, 2)), "y": np.array([0.5, 1, 0])}, "bad_labels"),
+    ({"X": np.ones((3, 2)), "y": np.array([0, 1, 0]), "ids": np.array(["a", "b", "a"])},
+     "duplicate_ids"),
+    ({"X": np.ones((3, 2))}, "malformed_npz"),
+    ({"X": np.ones((3, 2)), "y": np.array([0, 1, 0]), "split": np.array(["train", "x", "y"])},
+     "bad_split"),
+    ({"X": np.array([["a", "b"]]), "y": np.array([0])}, "bad_dtype"),
+])
+def test_bad_npz_is_422_and_writes_nothing(api: Api, arrays: dict, code: str) -> None:
+    response = upload(api, npz_bytes(**arrays))
+    assert response.status_code == 422, response.text
+    assert response.json()["error"]["code"] == code
+    assert n_datasets(api) == 0
+
+
+def test_pickled_npz_is_refused(api: Api) -> None:
+    data = npz_bytes(X=np.array([[1.0]], dtype=object), y=np.array([0]))
+    response = upload(api, data)
+    assert response.status_code == 422
+    assert response.json()["error"]["code"] == "malformed_npz"
+
+
+def test_garbage_and_bad_csv(api: Api) -> None:
+    assert upload(api, b"not a zip").json()["error"]["code"] == "malformed_npz"
+    bad = upload(api, b"a,b\n1,2\n", "x.csv")
+    assert bad.status_code == 422 and "label" in bad.json()["error"]["message"]
+    ragged = upload(api, b"a,label\n1,0\n2\n", "x.csv")
+    assert ragged.status_code == 422 and ragged.json()["error"]["details"]["lines"] == [3]
+    nan = upload(api, b"a,label\nnan,0\n", "x.csv")
+    assert nan.json()["error"]["code"] == "non_finite"
+    assert n_datasets(api) == 0
+
+
+def test_upload_over_limit_is_413(api: Api) -> None:
+    big = npz_bytes(X=np.zeros((300_000, 1)), y=np.zeros(300_000, dtype=int))
+    response = upload(api, big)
+    assert response.status_code == 413
+    assert response.json()["error"]["code"] == "payload_too_large"
+    assert n_datasets(api) == 0
+
+
+def test_unknown_dataset_and_bad_builtin(api: Api) -> None:
+    assert api.get("/v1/datasets/999").status_code == 404
+    assert api.get("/v1/datasets/999").json()["error"]["code"] == "dataset_not_found"
+    bad = api.post("/v1/datasets", json={"builtin": "mnist"})
+    assert bad.status_code == 422
+    nan = api.post("/v1/datasets", content=b'{"builtin": "digits", "test_fraction": NaN}',
+                   headers={"Content-Type": "application/json"})
+    assert nan.status_code == 422
+    assert api.post("/v1/datasets", content=b"{", headers={"Content-Type":
+                                                            "application/json"}).status_code == 422
+    assert api.post("/v1/datasets", content=b"x", headers={"Content-Type":
+                                                            "text/plain"}).status_code == 415
+
+
+def test_samples_store_float32_payloads(api: Api, digits: dict) -> None:
+    with transaction(api.url) as session:
+        payload = session.scalar(select(Sample.payload).where(Sample.dataset_id == digits["id"])
+                                 .limit(1))
+    assert len(payload) == 64 * 4
