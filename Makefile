@@ -1,0 +1,37 @@
+# The two commands of the README:
+#   make serve   install everything into .venv and start Lethe (embedded: SQLite + inline worker)
+#   make test    install the test extras and run the whole suite (.ci/run calls this)
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+HOST ?= 127.0.0.1
+PORT ?= 8000
+
+.PHONY: install install-test serve test lint bench
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+
+# torch first and pinned: a range would pull the newest build with gigabytes of CUDA packages.
+$(VENV)/.installed: $(BIN)/python pyproject.toml
+	$(BIN)/pip install -q torch==2.13.0
+	$(BIN)/pip install -q -e .
+	touch $@
+
+$(VENV)/.installed-test: $(VENV)/.installed
+	$(BIN)/pip install -q -e ".[test]"
+	touch $@
+
+install: $(VENV)/.installed
+install-test: $(VENV)/.installed-test
+
+serve: install
+	$(BIN)/lethe serve --host $(HOST) --port $(PORT)
+
+test: install-test
+	$(BIN)/python -m pytest -q
+
+lint: install-test
+	$(BIN)/ruff check app workers tests bench migrations scripts
+	$(BIN)/ruff format --check app workers tests bench migrations scripts

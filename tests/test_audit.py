@@ -1,0 +1,97 @@
+"""The certificate hash chain: verification finds tampering; PostgreSQL refuses edits."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import sqlalchemy as sa
+from sqlalchemy.exc import DBAPIError
+
+from app.audit import GENESIS, append_certificate, verify_chain
+from app.db.session import engine_for, transaction
+from tests.conftest import Api
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def fields(request_id: int, eps: float = 0.0) -> dict:
+    return {"request_id": request_id, "model_id": 1, "from_version": 1, "to_version": 2,
+            "method": "retrain", "guarantee": "exact", "epsilon": eps, "delta": 0.0,
+            "cumulative_epsilon": eps, "cumulative_delta": 0.0, "n_removed": 1,
+            "sentence": "test"}
+
+
+def write_chain(url: str, n: int = 4) -> None:
+    for i in range(n):
+        with transaction(url) as session:
+            append_certificate(session, fields(i + 1))
+
+
+def test_chain_links_and_verifies(db_url: str) -> None:
+    write_chain(db_url)
+    with transaction(db_url) as session:
+        result = verify_chain(session)
+        first = session.execute(sa.text("SELECT prev_hash FROM certificates WHERE seq = 1"))
+        assert first.scalar() == GENESIS
+    assert result["ok"] and result["checked"] == 4
+
+
+def tamper(url: str, sql: str) -> None:
+    engine = engine_for(url)
+    with engine.begin() as conn:
+        if engine.dialect.name == "postgresql":
+            conn.exec_driver_sql("ALTER TABLE certificates DISABLE TRIGGER "
+                                 "certificates_append_only")
+        conn.exec_driver_sql(sql)
+        if engine.dialect.name == "postgresql":
+            conn.exec_driver_sql("ALTER TABLE certificates ENABLE TRIGGER "
+                                 "certificates_append_only")
+
+
+@pytest.mark.parametrize("sql,reason", [
+    ("UPDATE certificates SET epsilon = 5.0 WHERE seq = 3", "column epsilon"),
+    ("UPDATE certificates SET body = replace(body, '\"test\"', '\"edited\"') WHERE seq = 3",
+     "entry_hash"),
+    ("DELETE FROM certificates WHERE seq = 3", "prev_hash"),
+])
+def test_verify_names_first_bad_certificate(db_url: str, sql: str, reason: str) -> None:
+    write_chain(db_url)
+    tamper(db_url, sql)
+    with transaction(db_url) as session:
+        result = verify_chain(session)
+    assert not result["ok"]
+    assert result["first_bad"]["seq"] in (3, 4) and reason in result["first_bad"]["reason"]
+    assert result["checked"] == 2
+
+
+def test_postgres_refuses_update_and_delete(pg_url: str) -> None:
+    from tests.conftest import truncate_all
+
+    truncate_all(pg_url)
+    write_chain(pg_url, 1)
+    for sql in ("UPDATE certificates SET epsilon = 1", "DELETE FROM certificates"):
+        with pytest.raises(DBAPIError, match="append-only"), engine_for(pg_url).begin() as c:
+            c.exec_driver_sql(sql)
+
+
+def test_export_verifies_with_the_standalone_script(api: Api, tmp_path: Path) -> None:
+    write_chain(api.url, 3)
+    response = api.get("/v1/audit/export", role="auditor")
+    lines = response.text.strip().splitlines()
+    assert len(lines) == 3 and json.loads(lines[0])["seq"] == 1
+    path = tmp_path / "audit.jsonl"
+    path.write_text(response.text)
+    script = ROOT / "scripts" / "verify_audit.py"
+    ok = subprocess.run([sys.executable, str(script), str(path)], capture_output=True, text=True)
+    assert ok.returncode == 0 and "chain holds: 3" in ok.stdout
+    row = json.loads(lines[1])
+    row["body"] = row["body"].replace('"test"', '"forged"')
+    path.write_text("\n".join([lines[0], json.dumps(row), lines[2]]) + "\n")
+    bad = subprocess.run([sys.executable, str(script), str(path)], capture_output=True, text=True)
+    assert bad.returncode != 0 and "line 2" in bad.stderr
+    verify = api.get("/v1/audit/verify", role="auditor").json()
+    assert verify["ok"] and verify["checked"] == 3
