@@ -25,8 +25,9 @@ from app.main import create_app
 from app.security import Role, create_key
 from app.settings import Settings
 
-PG_ADMIN_URL = os.environ.get("LETHE_TEST_PG_ADMIN",
-                              "postgresql+psycopg://postgres@127.0.0.1:5432/postgres")
+PG_ADMIN_URL = os.environ.get(
+    "LETHE_TEST_PG_ADMIN", "postgresql+psycopg://postgres@127.0.0.1:5432/postgres"
+)
 PG_BASE = PG_ADMIN_URL.rsplit("/", 1)[0]
 REDIS_URL = os.environ.get("LETHE_TEST_REDIS", "redis://127.0.0.1:6379/0")
 
@@ -103,17 +104,27 @@ def make_keys(url: str) -> dict[str, str]:
 
 @pytest.fixture
 def settings(db_url: str, tmp_path: Path) -> Settings:
-    return Settings(data_dir=tmp_path, database_url=db_url, redis_url=None,
-                    max_upload_bytes=2_000_000, reconcile_seconds=0.5, heartbeat_seconds=1.0,
-                    lease_seconds=10.0, bootstrap_admin_key=False)
+    return Settings(
+        data_dir=tmp_path,
+        database_url=db_url,
+        redis_url=None,
+        max_upload_bytes=2_000_000,
+        reconcile_seconds=0.5,
+        heartbeat_seconds=1.0,
+        lease_seconds=10.0,
+        bootstrap_admin_key=False,
+    )
 
 
 @pytest.fixture
 def api(settings: Settings) -> Iterator[Api]:
     app = create_app(settings)
     with TestClient(app) as client:
-        yield Api(client=client, url=settings.resolved_database_url,
-                  keys=make_keys(settings.resolved_database_url))
+        yield Api(
+            client=client,
+            url=settings.resolved_database_url,
+            keys=make_keys(settings.resolved_database_url),
+        )
 
 
 SMALL_TRAINING = {"epochs": 3, "batch_size": 64, "learning_rate": 0.1, "seed": 0}
@@ -128,8 +139,14 @@ def digits(api: Api) -> dict:
 
 @pytest.fixture
 def ready_model(api: Api, digits: dict) -> dict:
-    response = api.post("/v1/models", json={"name": "m", "dataset_id": digits["id"],
-                                            "architecture": {"type": "logreg"},
-                                            "training": SMALL_TRAINING})
+    response = api.post(
+        "/v1/models",
+        json={
+            "name": "m",
+            "dataset_id": digits["id"],
+            "architecture": {"type": "logreg"},
+            "training": SMALL_TRAINING,
+        },
+    )
     assert response.status_code == 202, response.text
     return api.wait(f"/v1/models/{response.json()['id']}", ("ready", "failed"))

@@ -19,10 +19,20 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def fields(request_id: int, eps: float = 0.0) -> dict:
-    return {"request_id": request_id, "model_id": 1, "from_version": 1, "to_version": 2,
-            "method": "retrain", "guarantee": "exact", "epsilon": eps, "delta": 0.0,
-            "cumulative_epsilon": eps, "cumulative_delta": 0.0, "n_removed": 1,
-            "sentence": "test"}
+    return {
+        "request_id": request_id,
+        "model_id": 1,
+        "from_version": 1,
+        "to_version": 2,
+        "method": "retrain",
+        "guarantee": "exact",
+        "epsilon": eps,
+        "delta": 0.0,
+        "cumulative_epsilon": eps,
+        "cumulative_delta": 0.0,
+        "n_removed": 1,
+        "sentence": "test",
+    }
 
 
 def write_chain(url: str, n: int = 4) -> None:
@@ -44,20 +54,25 @@ def tamper(url: str, sql: str) -> None:
     engine = engine_for(url)
     with engine.begin() as conn:
         if engine.dialect.name == "postgresql":
-            conn.exec_driver_sql("ALTER TABLE certificates DISABLE TRIGGER "
-                                 "certificates_append_only")
+            conn.exec_driver_sql(
+                "ALTER TABLE certificates DISABLE TRIGGER certificates_append_only"
+            )
         conn.exec_driver_sql(sql)
         if engine.dialect.name == "postgresql":
-            conn.exec_driver_sql("ALTER TABLE certificates ENABLE TRIGGER "
-                                 "certificates_append_only")
+            conn.exec_driver_sql("ALTER TABLE certificates ENABLE TRIGGER certificates_append_only")
 
 
-@pytest.mark.parametrize("sql,reason", [
-    ("UPDATE certificates SET epsilon = 5.0 WHERE seq = 3", "column epsilon"),
-    ("UPDATE certificates SET body = replace(body, '\"test\"', '\"edited\"') WHERE seq = 3",
-     "entry_hash"),
-    ("DELETE FROM certificates WHERE seq = 3", "prev_hash"),
-])
+@pytest.mark.parametrize(
+    "sql,reason",
+    [
+        ("UPDATE certificates SET epsilon = 5.0 WHERE seq = 3", "column epsilon"),
+        (
+            "UPDATE certificates SET body = replace(body, '\"test\"', '\"edited\"') WHERE seq = 3",
+            "entry_hash",
+        ),
+        ("DELETE FROM certificates WHERE seq = 3", "prev_hash"),
+    ],
+)
 def test_verify_names_first_bad_certificate(db_url: str, sql: str, reason: str) -> None:
     write_chain(db_url)
     tamper(db_url, sql)

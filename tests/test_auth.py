@@ -12,8 +12,7 @@ from tests.conftest import Api
 def test_health_needs_no_key(api: Api) -> None:
     assert api.client.get("/healthz").json() == {"status": "ok"}
     ready = api.client.get("/readyz")
-    assert ready.status_code == 200 and ready.json()["checks"] == {"database": True,
-                                                                  "queue": True}
+    assert ready.status_code == 200 and ready.json()["checks"] == {"database": True, "queue": True}
     metrics = api.client.get("/metrics").text
     assert "lethe_http_requests_total" in metrics and "lethe_deletion_tasks_queued" in metrics
 
@@ -26,21 +25,23 @@ def test_missing_or_invalid_key_is_401(api: Api, header: str | None) -> None:
     assert response.json()["error"]["code"] == "unauthorized"
 
 
-@pytest.mark.parametrize("role,method,path,allowed", [
-    ("reader", "post", "/v1/datasets", False),
-    ("requester", "post", "/v1/models", False),
-    ("reader", "post", "/v1/deletions", False),
-    ("auditor", "post", "/v1/deletions", False),
-    ("requester", "get", "/v1/audit/verify", False),
-    ("reader", "get", "/v1/audit/verify", False),
-    ("auditor", "get", "/v1/audit/verify", True),
-    ("admin", "get", "/v1/audit/verify", True),
-    ("requester", "post", "/v1/keys", False),
-    ("reader", "get", "/v1/models", True),
-])
+@pytest.mark.parametrize(
+    "role,method,path,allowed",
+    [
+        ("reader", "post", "/v1/datasets", False),
+        ("requester", "post", "/v1/models", False),
+        ("reader", "post", "/v1/deletions", False),
+        ("auditor", "post", "/v1/deletions", False),
+        ("requester", "get", "/v1/audit/verify", False),
+        ("reader", "get", "/v1/audit/verify", False),
+        ("auditor", "get", "/v1/audit/verify", True),
+        ("admin", "get", "/v1/audit/verify", True),
+        ("requester", "post", "/v1/keys", False),
+        ("reader", "get", "/v1/models", True),
+    ],
+)
 def test_roles(api: Api, role: str, method: str, path: str, allowed: bool) -> None:
-    response = getattr(api, method)(path, role=role, **({"json": {}} if method == "post"
-                                                         else {}))
+    response = getattr(api, method)(path, role=role, **({"json": {}} if method == "post" else {}))
     if allowed:
         assert response.status_code == 200, response.text
     else:
@@ -56,8 +57,7 @@ def test_keys_are_stored_hashed_and_revocable(api: Api) -> None:
         assert lookup_key(session, raw).key_hash == hash_key(raw) != raw
     headers = {"Authorization": f"Bearer {raw}"}
     assert api.client.get("/v1/models", headers=headers).status_code == 200
-    assert api.client.delete(f"/v1/keys/{created.json()['id']}",
-                             headers=api.h()).status_code == 204
+    assert api.client.delete(f"/v1/keys/{created.json()['id']}", headers=api.h()).status_code == 204
     assert api.client.get("/v1/models", headers=headers).status_code == 401
 
 

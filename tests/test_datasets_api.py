@@ -35,8 +35,7 @@ def test_builtin_digits_has_seeded_80_20_split(api: Api, digits: dict) -> None:
     again = api.post("/v1/datasets", json={"builtin": "digits"}).json()
     first = api.get(f"/v1/datasets/{digits['id']}/samples", params={"split": "test"}).json()
     second = api.get(f"/v1/datasets/{again['id']}/samples", params={"split": "test"}).json()
-    assert [s["external_id"] for s in first["items"]] == \
-        [s["external_id"] for s in second["items"]]
+    assert [s["external_id"] for s in first["items"]] == [s["external_id"] for s in second["items"]]
 
 
 def test_builtin_breast_cancer(api: Api) -> None:
@@ -56,34 +55,49 @@ def test_npz_upload_with_ids_subjects_and_split(api: Api) -> None:
     body = response.json()
     assert body["counts"] == {"train": 30, "test": 10, "active": 40}
     page = api.get(f"/v1/datasets/{body['id']}/samples", params={"subject": "p2"}).json()
-    assert page["total"] == 4 and {s["external_id"] for s in page["items"]} == \
-        {"s8", "s9", "s10", "s11"}
+    assert page["total"] == 4 and {s["external_id"] for s in page["items"]} == {
+        "s8",
+        "s9",
+        "s10",
+        "s11",
+    }
 
 
 def test_csv_upload(api: Api) -> None:
-    rows = ["id,f1,f2,label,person"] + [f"r{i},{i * 0.1},{-i},{i % 2},u{i % 5}"
-                                         for i in range(20)]
-    response = upload(api, "\n".join(rows).encode(), "data.csv", id_column="id",
-                      subject_column="person")
+    rows = ["id,f1,f2,label,person"] + [f"r{i},{i * 0.1},{-i},{i % 2},u{i % 5}" for i in range(20)]
+    response = upload(
+        api, "\n".join(rows).encode(), "data.csv", id_column="id", subject_column="person"
+    )
     assert response.status_code == 201, response.text
     body = response.json()
     assert body["feature_shape"] == [2] and body["n_classes"] == 2 and body["n_samples"] == 20
 
 
-@pytest.mark.parametrize("arrays,code", [
-    ({"X": np.array([[1.0, np.nan]]), "y": np.array([0])}, "non_finite"),
-    ({"X": np.array([[1.0, np.inf], [0, 0]]), "y": np.array([0, 1])}, "non_finite"),
-    ({"X": np.ones((3, 2)), "y": np.array([0, 1])}, "bad_shape"),
-    ({"X": np.ones(3), "y": np.array([0, 1, 0])}, "bad_shape"),
-    ({"X": np.ones((3, 2)), "y": np.array([0, -1, 0])}, "labels_out_of_range"),
-    ({"X": np.ones((3, 2)), "y": np.array([0.5, 1, 0])}, "bad_labels"),
-    ({"X": np.ones((3, 2)), "y": np.array([0, 1, 0]), "ids": np.array(["a", "b", "a"])},
-     "duplicate_ids"),
-    ({"X": np.ones((3, 2))}, "malformed_npz"),
-    ({"X": np.ones((3, 2)), "y": np.array([0, 1, 0]), "split": np.array(["train", "x", "y"])},
-     "bad_split"),
-    ({"X": np.array([["a", "b"]]), "y": np.array([0])}, "bad_dtype"),
-])
+@pytest.mark.parametrize(
+    "arrays,code",
+    [
+        ({"X": np.array([[1.0, np.nan]]), "y": np.array([0])}, "non_finite"),
+        ({"X": np.array([[1.0, np.inf], [0, 0]]), "y": np.array([0, 1])}, "non_finite"),
+        ({"X": np.ones((3, 2)), "y": np.array([0, 1])}, "bad_shape"),
+        ({"X": np.ones(3), "y": np.array([0, 1, 0])}, "bad_shape"),
+        ({"X": np.ones((3, 2)), "y": np.array([0, -1, 0])}, "labels_out_of_range"),
+        ({"X": np.ones((3, 2)), "y": np.array([0.5, 1, 0])}, "bad_labels"),
+        (
+            {"X": np.ones((3, 2)), "y": np.array([0, 1, 0]), "ids": np.array(["a", "b", "a"])},
+            "duplicate_ids",
+        ),
+        ({"X": np.ones((3, 2))}, "malformed_npz"),
+        (
+            {
+                "X": np.ones((3, 2)),
+                "y": np.array([0, 1, 0]),
+                "split": np.array(["train", "x", "y"]),
+            },
+            "bad_split",
+        ),
+        ({"X": np.array([["a", "b"]]), "y": np.array([0])}, "bad_dtype"),
+    ],
+)
 def test_bad_npz_is_422_and_writes_nothing(api: Api, arrays: dict, code: str) -> None:
     response = upload(api, npz_bytes(**arrays))
     assert response.status_code == 422, response.text
@@ -122,17 +136,27 @@ def test_unknown_dataset_and_bad_builtin(api: Api) -> None:
     assert api.get("/v1/datasets/999").json()["error"]["code"] == "dataset_not_found"
     bad = api.post("/v1/datasets", json={"builtin": "mnist"})
     assert bad.status_code == 422
-    nan = api.post("/v1/datasets", content=b'{"builtin": "digits", "test_fraction": NaN}',
-                   headers={"Content-Type": "application/json"})
+    nan = api.post(
+        "/v1/datasets",
+        content=b'{"builtin": "digits", "test_fraction": NaN}',
+        headers={"Content-Type": "application/json"},
+    )
     assert nan.status_code == 422
-    assert api.post("/v1/datasets", content=b"{", headers={"Content-Type":
-                                                            "application/json"}).status_code == 422
-    assert api.post("/v1/datasets", content=b"x", headers={"Content-Type":
-                                                            "text/plain"}).status_code == 415
+    assert (
+        api.post(
+            "/v1/datasets", content=b"{", headers={"Content-Type": "application/json"}
+        ).status_code
+        == 422
+    )
+    assert (
+        api.post("/v1/datasets", content=b"x", headers={"Content-Type": "text/plain"}).status_code
+        == 415
+    )
 
 
 def test_samples_store_float32_payloads(api: Api, digits: dict) -> None:
     with transaction(api.url) as session:
-        payload = session.scalar(select(Sample.payload).where(Sample.dataset_id == digits["id"])
-                                 .limit(1))
+        payload = session.scalar(
+            select(Sample.payload).where(Sample.dataset_id == digits["id"]).limit(1)
+        )
     assert len(payload) == 64 * 4

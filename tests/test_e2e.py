@@ -36,9 +36,9 @@ def wait_for_key(proc: subprocess.Popen, log: Path, timeout: float = 60) -> str:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         text = log.read_text()
-        if match := re.search(r"lethe_adm_[A-Za-z0-9_-]+", text):
-            if "Application startup complete" in text:
-                return match.group(0)
+        match = re.search(r"lethe_adm_[A-Za-z0-9_-]+", text)
+        if match and "Application startup complete" in text:
+            return match.group(0)
         if proc.poll() is not None:
             raise AssertionError(f"server exited: {text}")
         time.sleep(0.1)
@@ -53,8 +53,9 @@ def server(tmp_path: Path) -> Iterator[tuple[str, str, subprocess.Popen]]:
     env.pop("LETHE_DATABASE_URL", None)
     env.pop("LETHE_REDIS_URL", None)
     with log.open("w") as fh:
-        proc = subprocess.Popen([*LETHE, "serve", "--port", str(port)], stdout=fh, stderr=fh,
-                                env=env)
+        proc = subprocess.Popen(
+            [*LETHE, "serve", "--port", str(port)], stdout=fh, stderr=fh, env=env
+        )
     try:
         key = wait_for_key(proc, log)
         yield f"http://127.0.0.1:{port}", key, proc
@@ -63,13 +64,18 @@ def server(tmp_path: Path) -> Iterator[tuple[str, str, subprocess.Popen]]:
         proc.wait(timeout=30)
 
 
-def test_embedded_server_full_story(server: tuple[str, str, subprocess.Popen],
-                                    tmp_path: Path) -> None:
+def test_embedded_server_full_story(
+    server: tuple[str, str, subprocess.Popen], tmp_path: Path
+) -> None:
     url, key, _ = server
     assert (tmp_path / "data" / "lethe.db").exists()  # the embedded default: a SQLite file
-    demo = subprocess.run([*LETHE, "demo", "--epochs", "5"], capture_output=True, text=True,
-                          env={**os.environ, "LETHE_URL": url, "LETHE_API_KEY": key,
-                               "COLUMNS": "200"}, timeout=300)
+    demo = subprocess.run(
+        [*LETHE, "demo", "--epochs", "5"],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "LETHE_URL": url, "LETHE_API_KEY": key, "COLUMNS": "200"},
+        timeout=300,
+    )
     assert demo.returncode == 0, demo.stdout + demo.stderr
     out = demo.stdout
     assert "sha256 ok: True" in out and "guarantee=exact" in out
@@ -93,8 +99,9 @@ def test_restart_keeps_state_and_does_not_print_a_new_key(tmp_path: Path) -> Non
     for _ in range(2):
         port, log = free_port(), tmp_path / f"serve-{len(keys)}.log"
         with log.open("w") as fh:
-            proc = subprocess.Popen([*LETHE, "serve", "--port", str(port)], stdout=fh,
-                                    stderr=fh, env=env)
+            proc = subprocess.Popen(
+                [*LETHE, "serve", "--port", str(port)], stdout=fh, stderr=fh, env=env
+            )
         try:
             if not keys:
                 keys.append(wait_for_key(proc, log))
@@ -104,8 +111,10 @@ def test_restart_keeps_state_and_does_not_print_a_new_key(tmp_path: Path) -> Non
                     assert time.monotonic() < deadline and proc.poll() is None
                     time.sleep(0.1)
                 assert "lethe_adm_" not in log.read_text()
-                r = httpx.get(f"http://127.0.0.1:{port}/v1/models",
-                              headers={"Authorization": f"Bearer {keys[0]}"})
+                r = httpx.get(
+                    f"http://127.0.0.1:{port}/v1/models",
+                    headers={"Authorization": f"Bearer {keys[0]}"},
+                )
                 assert r.status_code == 200
                 keys.append("checked")
         finally:
@@ -118,12 +127,23 @@ def distributed(pg_url: str, tmp_path: Path) -> Iterator[Api]:
     """API on PostgreSQL with the RQ dispatcher, and a real `lethe worker` process."""
     truncate_all(pg_url)
     queue = f"lethe-test-{uuid.uuid4().hex[:8]}"
-    settings = Settings(data_dir=tmp_path, database_url=pg_url, redis_url=REDIS_URL,
-                        queue_name=queue, bootstrap_admin_key=False, reconcile_seconds=1.0,
-                        heartbeat_seconds=1.0)
-    env = {**os.environ, "LETHE_DATABASE_URL": pg_url, "LETHE_REDIS_URL": REDIS_URL,
-           "LETHE_QUEUE_NAME": queue, "LETHE_RECONCILE_SECONDS": "1",
-           "LETHE_HEARTBEAT_SECONDS": "1"}
+    settings = Settings(
+        data_dir=tmp_path,
+        database_url=pg_url,
+        redis_url=REDIS_URL,
+        queue_name=queue,
+        bootstrap_admin_key=False,
+        reconcile_seconds=1.0,
+        heartbeat_seconds=1.0,
+    )
+    env = {
+        **os.environ,
+        "LETHE_DATABASE_URL": pg_url,
+        "LETHE_REDIS_URL": REDIS_URL,
+        "LETHE_QUEUE_NAME": queue,
+        "LETHE_RECONCILE_SECONDS": "1",
+        "LETHE_HEARTBEAT_SECONDS": "1",
+    }
     log = (tmp_path / "worker.log").open("w")
     worker = subprocess.Popen([*LETHE, "worker"], stdout=log, stderr=log, env=env)
     try:
@@ -140,14 +160,20 @@ def test_distributed_worker_consumes_jobs_from_redis(distributed: Api) -> None:
     api = distributed
     assert api.client.get("/readyz").json()["checks"] == {"database": True, "queue": True}
     ds = api.post("/v1/datasets", json={"builtin": "breast_cancer"}).json()
-    model = api.post("/v1/models", json={"name": "rq", "dataset_id": ds["id"],
-                                         "training": SMALL_TRAINING}).json()
+    model = api.post(
+        "/v1/models", json={"name": "rq", "dataset_id": ds["id"], "training": SMALL_TRAINING}
+    ).json()
     model = api.wait(f"/v1/models/{model['id']}", ("ready", "failed"), timeout=180)
     assert model["status"] == "ready", model
-    ids = [s["external_id"] for s in api.get(f"/v1/datasets/{ds['id']}/samples",
-                                             params={"split": "train", "limit": 4}).json()["items"]]
-    req = api.post("/v1/deletions", role="requester",
-                   json={"dataset_id": ds["id"], "sample_ids": ids}).json()
+    ids = [
+        s["external_id"]
+        for s in api.get(
+            f"/v1/datasets/{ds['id']}/samples", params={"split": "train", "limit": 4}
+        ).json()["items"]
+    ]
+    req = api.post(
+        "/v1/deletions", role="requester", json={"dataset_id": ds["id"], "sample_ids": ids}
+    ).json()
     done = api.wait(f"/v1/deletions/{req['id']}", ("done", "failed"), timeout=180)
     assert done["status"] == "done" and done["models"][0]["version"] == 2
     assert "lethe_worker_heartbeat_timestamp_seconds{" in api.client.get("/metrics").text
@@ -159,7 +185,8 @@ def test_signal_lost_in_redis_is_reconciled(distributed: Api) -> None:
     api = distributed
     ds = api.post("/v1/datasets", json={"builtin": "breast_cancer"}).json()
     api.client.app.state.dispatcher.enqueue = lambda *a: None  # the signal is lost
-    model = api.post("/v1/models", json={"name": "lost", "dataset_id": ds["id"],
-                                         "training": SMALL_TRAINING}).json()
+    model = api.post(
+        "/v1/models", json={"name": "lost", "dataset_id": ds["id"], "training": SMALL_TRAINING}
+    ).json()
     model = api.wait(f"/v1/models/{model['id']}", ("ready", "failed"), timeout=180)
     assert model["status"] == "ready"

@@ -14,8 +14,10 @@ from tests.conftest import SMALL_TRAINING, Api
 
 
 def train_ids(api: Api, dataset_id: int, n: int, offset: int = 0) -> list[str]:
-    page = api.get(f"/v1/datasets/{dataset_id}/samples",
-                   params={"split": "train", "limit": n, "offset": offset}).json()
+    page = api.get(
+        f"/v1/datasets/{dataset_id}/samples",
+        params={"split": "train", "limit": n, "offset": offset},
+    ).json()
     return [s["external_id"] for s in page["items"]]
 
 
@@ -41,8 +43,10 @@ def test_weights_download_with_etag(api: Api, ready_model: dict) -> None:
     assert tensors["1.weight"].shape == (10, 64)
     same = api.get(f"/v1/models/{ready_model['id']}/versions/1/weights", role="reader")
     assert same.content == response.content
-    cached = api.client.get(f"/v1/models/{ready_model['id']}/weights",
-                            headers={**api.h("reader"), "If-None-Match": response.headers["etag"]})
+    cached = api.client.get(
+        f"/v1/models/{ready_model['id']}/weights",
+        headers={**api.h("reader"), "If-None-Match": response.headers["etag"]},
+    )
     assert cached.status_code == 304
 
 
@@ -64,13 +68,17 @@ def test_retrain_deletion_end_to_end(api: Api, digits: dict, ready_model: dict) 
     assert (cert["epsilon"], cert["delta"], cert["guarantee"]) == (0.0, 0.0, "exact")
     assert cert["from_version"] == 1 and cert["to_version"] == 2 and cert["n_removed"] == 3
     assert cert["method"] == "retrain" and "3 samples" in cert["sentence"]
-    ids_hash = hashlib.sha256(f"{cert['removed_ids_salt']}\n".encode()
-                              + "\n".join(sorted(ids)).encode()).hexdigest()
+    ids_hash = hashlib.sha256(
+        f"{cert['removed_ids_salt']}\n".encode() + "\n".join(sorted(ids)).encode()
+    ).hexdigest()
     assert cert["removed_ids_sha256"] == ids_hash
 
     with transaction(api.url) as session:
-        rows = session.execute(select(Sample.payload, Sample.label, Sample.status).where(
-            Sample.dataset_id == digits["id"], Sample.external_id.in_(ids))).all()
+        rows = session.execute(
+            select(Sample.payload, Sample.label, Sample.status).where(
+                Sample.dataset_id == digits["id"], Sample.external_id.in_(ids)
+            )
+        ).all()
         assert all(r.payload is None and r.label is None and r.status == "erased" for r in rows)
         v1 = session.scalar(select(ModelVersion).where(ModelVersion.number == 1))
         assert v1.weights_key is None and v1.erased_at is not None
@@ -86,60 +94,87 @@ def test_retrain_deletion_end_to_end(api: Api, digits: dict, ready_model: dict) 
     assert verify["ok"] and verify["checked"] == 1
 
 
-def test_already_erased_reports_earlier_certificate(api: Api, digits: dict,
-                                                    ready_model: dict) -> None:
+def test_already_erased_reports_earlier_certificate(
+    api: Api, digits: dict, ready_model: dict
+) -> None:
     ids = train_ids(api, digits["id"], 2)
-    first = api.wait(f"/v1/deletions/{delete(api, {'dataset_id': digits['id'], 'sample_ids': ids})['id']}",
-                     ("done",))
+    first = api.wait(
+        f"/v1/deletions/{delete(api, {'dataset_id': digits['id'], 'sample_ids': ids})['id']}",
+        ("done",),
+    )
     again = delete(api, {"dataset_id": digits["id"], "sample_ids": ids})
     assert again["status"] == "done" and again["models"] == []
-    assert again["already_erased"] == [{"sample_id": i, "certificate_ids":
-                                        first["certificate_ids"]} for i in ids]
+    assert again["already_erased"] == [
+        {"sample_id": i, "certificate_ids": first["certificate_ids"]} for i in ids
+    ]
     versions = api.get(f"/v1/models/{ready_model['id']}/versions").json()
     assert len(versions) == 2  # no new version
 
 
-def test_unknown_ids_are_404_and_nothing_is_queued(api: Api, digits: dict,
-                                                   ready_model: dict) -> None:
+def test_unknown_ids_are_404_and_nothing_is_queued(
+    api: Api, digits: dict, ready_model: dict
+) -> None:
     ids = train_ids(api, digits["id"], 1)
-    response = api.post("/v1/deletions", role="requester", json={
-        "dataset_id": digits["id"], "sample_ids": [*ids, "nope-1", "nope-2"],
-        "subject_ids": ["ghost"]})
+    response = api.post(
+        "/v1/deletions",
+        role="requester",
+        json={
+            "dataset_id": digits["id"],
+            "sample_ids": [*ids, "nope-1", "nope-2"],
+            "subject_ids": ["ghost"],
+        },
+    )
     assert response.status_code == 404
     details = response.json()["error"]["details"]
     assert details["unknown_sample_ids"] == ["nope-1", "nope-2"]
     assert details["unknown_subject_ids"] == ["ghost"]
-    assert api.post("/v1/deletions", role="requester",
-                    json={"dataset_id": 999, "sample_ids": ids}).status_code == 404
+    assert (
+        api.post(
+            "/v1/deletions", role="requester", json={"dataset_id": 999, "sample_ids": ids}
+        ).status_code
+        == 404
+    )
     with transaction(api.url) as session:
         assert session.scalar(select(func.count()).select_from(DeletionRequest)) == 0
         assert session.scalar(select(func.count()).where(Sample.status != "active")) == 0
 
 
 def test_deletion_while_training_is_409(api: Api, digits: dict) -> None:
-    model = api.post("/v1/models", json={"name": "slow", "dataset_id": digits["id"],
-                                         "training": {**SMALL_TRAINING, "epochs": 200}}).json()
+    model = api.post(
+        "/v1/models",
+        json={
+            "name": "slow",
+            "dataset_id": digits["id"],
+            "training": {**SMALL_TRAINING, "epochs": 200},
+        },
+    ).json()
     ids = train_ids(api, digits["id"], 1)
-    response = api.post("/v1/deletions", role="requester",
-                        json={"dataset_id": digits["id"], "sample_ids": ids})
+    response = api.post(
+        "/v1/deletions", role="requester", json={"dataset_id": digits["id"], "sample_ids": ids}
+    )
     assert response.status_code == 409
     assert response.json()["error"]["details"]["model_ids"] == [model["id"]]
     with transaction(api.url) as session:
         assert session.scalar(select(func.count()).select_from(DeletionRequest)) == 0
 
 
-def test_idempotency_key_replays_first_response(api: Api, digits: dict,
-                                                ready_model: dict) -> None:
+def test_idempotency_key_replays_first_response(api: Api, digits: dict, ready_model: dict) -> None:
     body = {"dataset_id": digits["id"], "sample_ids": train_ids(api, digits["id"], 1)}
-    first = api.post("/v1/deletions", role="requester", json=body,
-                     headers={"Idempotency-Key": "abc-123"})
-    second = api.post("/v1/deletions", role="requester", json=body,
-                      headers={"Idempotency-Key": "abc-123"})
+    first = api.post(
+        "/v1/deletions", role="requester", json=body, headers={"Idempotency-Key": "abc-123"}
+    )
+    second = api.post(
+        "/v1/deletions", role="requester", json=body, headers={"Idempotency-Key": "abc-123"}
+    )
     assert first.status_code == second.status_code == 202
     assert second.json()["id"] == first.json()["id"]
     assert second.headers.get("idempotent-replayed") == "true"
-    other = api.post("/v1/deletions", role="requester", headers={"Idempotency-Key": "abc-123"},
-                     json={**body, "sample_ids": train_ids(api, digits["id"], 1, offset=5)})
+    other = api.post(
+        "/v1/deletions",
+        role="requester",
+        headers={"Idempotency-Key": "abc-123"},
+        json={**body, "sample_ids": train_ids(api, digits["id"], 1, offset=5)},
+    )
     assert other.status_code == 422
     assert other.json()["error"]["code"] == "idempotency_key_reused"
     api.wait(f"/v1/deletions/{first.json()['id']}", ("done",))
@@ -147,26 +182,33 @@ def test_idempotency_key_replays_first_response(api: Api, digits: dict,
         assert session.scalar(select(func.count()).select_from(DeletionRequest)) == 1
 
 
-@pytest.mark.parametrize("body,status", [
-    ({"sample_ids": []}, 422),
-    ({"sample_ids": ["1"], "epsilon": -1}, 422),
-    ({"sample_ids": ["1"], "delta": 1.5}, 422),
-    ({"sample_ids": ["1"], "epsilon": 50.0}, 422),
-    ({"sample_ids": ["1"], "method": "magic"}, 422),
-    ({"sample_ids": ["1"], "unexpected": True}, 422),
-])
-def test_bad_deletion_bodies(api: Api, digits: dict, ready_model: dict, body: dict,
-                             status: int) -> None:
-    response = api.post("/v1/deletions", role="requester",
-                        json={"dataset_id": digits["id"], **body})
+@pytest.mark.parametrize(
+    "body,status",
+    [
+        ({"sample_ids": []}, 422),
+        ({"sample_ids": ["1"], "epsilon": -1}, 422),
+        ({"sample_ids": ["1"], "delta": 1.5}, 422),
+        ({"sample_ids": ["1"], "epsilon": 50.0}, 422),
+        ({"sample_ids": ["1"], "method": "magic"}, 422),
+        ({"sample_ids": ["1"], "unexpected": True}, 422),
+    ],
+)
+def test_bad_deletion_bodies(
+    api: Api, digits: dict, ready_model: dict, body: dict, status: int
+) -> None:
+    response = api.post(
+        "/v1/deletions", role="requester", json={"dataset_id": digits["id"], **body}
+    )
     assert response.status_code == status, response.text
     assert "error" in response.json()
 
 
 def test_nan_epsilon_is_422(api: Api, digits: dict) -> None:
-    response = api.client.post("/v1/deletions", headers={**api.h("requester"),
-                                                         "Content-Type": "application/json"},
-                               content=b'{"dataset_id": 1, "sample_ids": ["1"], "epsilon": NaN}')
+    response = api.client.post(
+        "/v1/deletions",
+        headers={**api.h("requester"), "Content-Type": "application/json"},
+        content=b'{"dataset_id": 1, "sample_ids": ["1"], "epsilon": NaN}',
+    )
     assert response.status_code == 422
 
 
@@ -174,16 +216,22 @@ def test_subject_deletion_and_fan_out(api: Api) -> None:
     import io
 
     import numpy as np
+
     rng = np.random.default_rng(1)
     buf = io.BytesIO()
-    np.savez(buf, X=rng.normal(size=(60, 4)), y=rng.integers(0, 2, 60),
-             subjects=np.array([f"person{i % 6}" for i in range(60)]),
-             split=np.array(["train"] * 50 + ["test"] * 10))
+    np.savez(
+        buf,
+        X=rng.normal(size=(60, 4)),
+        y=rng.integers(0, 2, 60),
+        subjects=np.array([f"person{i % 6}" for i in range(60)]),
+        split=np.array(["train"] * 50 + ["test"] * 10),
+    )
     ds = api.post("/v1/datasets", files={"file": ("p.npz", buf.getvalue())}).json()
     model_ids = []
     for name in ("a", "b"):
-        m = api.post("/v1/models", json={"name": name, "dataset_id": ds["id"],
-                                         "training": SMALL_TRAINING}).json()
+        m = api.post(
+            "/v1/models", json={"name": name, "dataset_id": ds["id"], "training": SMALL_TRAINING}
+        ).json()
         model_ids.append(api.wait(f"/v1/models/{m['id']}", ("ready",))["id"])
     req = delete(api, {"dataset_id": ds["id"], "subject_ids": ["person3"]})
     done = api.wait(f"/v1/deletions/{req['id']}", ("done", "failed"))
@@ -192,26 +240,43 @@ def test_subject_deletion_and_fan_out(api: Api) -> None:
     assert all(m["status"] == "done" and m["n_removed"] == 8 for m in done["models"])
     assert len(done["certificate_ids"]) == 2
     with transaction(api.url) as session:
-        held = session.scalar(select(func.count()).select_from(ModelSample).join(
-            Sample, Sample.id == ModelSample.sample_id).where(
-            Sample.subject_id == "person3", ModelSample.removed_version_id.is_(None)))
+        held = session.scalar(
+            select(func.count())
+            .select_from(ModelSample)
+            .join(Sample, Sample.id == ModelSample.sample_id)
+            .where(Sample.subject_id == "person3", ModelSample.removed_version_id.is_(None))
+        )
         assert held == 0
-        statuses = set(session.scalars(select(Sample.status).where(
-            Sample.subject_id == "person3")))
+        statuses = set(session.scalars(select(Sample.status).where(Sample.subject_id == "person3")))
         assert statuses == {"erased"}  # train and test samples of the subject
-    subject_certs = api.get("/v1/audit/certificates", role="auditor",
-                            params={"subject": "person3"}).json()["items"]
+    subject_certs = api.get(
+        "/v1/audit/certificates", role="auditor", params={"subject": "person3"}
+    ).json()["items"]
     assert len(subject_certs) == 2
 
 
 def test_model_validation(api: Api, digits: dict) -> None:
-    bad_arch = api.post("/v1/models", json={"name": "x", "dataset_id": digits["id"],
-                                            "architecture": {"type": "mlp", "dropout": 0.5}})
+    bad_arch = api.post(
+        "/v1/models",
+        json={
+            "name": "x",
+            "dataset_id": digits["id"],
+            "architecture": {"type": "mlp", "dropout": 0.5},
+        },
+    )
     assert bad_arch.status_code == 422
     assert api.post("/v1/models", json={"name": "x", "dataset_id": 42}).status_code == 404
-    assert api.post("/v1/models", json={"name": "x", "dataset_id": digits["id"],
-                                        "method": {"name": "nope"}}).status_code == 422
-    assert api.post("/v1/models", json={"name": "x", "dataset_id": digits["id"],
-                                        "training": {"epochs": 0}}).status_code == 422
+    assert (
+        api.post(
+            "/v1/models", json={"name": "x", "dataset_id": digits["id"], "method": {"name": "nope"}}
+        ).status_code
+        == 422
+    )
+    assert (
+        api.post(
+            "/v1/models", json={"name": "x", "dataset_id": digits["id"], "training": {"epochs": 0}}
+        ).status_code
+        == 422
+    )
     assert api.get("/v1/models/77").status_code == 404
     assert api.get("/v1/models/77/weights", role="reader").status_code == 404

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import csv
-import math
 import io
+import math
 import zipfile
 from dataclasses import dataclass
 
@@ -38,8 +38,7 @@ def seeded_split(y: np.ndarray, test_fraction: float, seed: int) -> list[str]:
         return ["train"] * n
     counts = np.bincount(y)
     stratify = y if counts[counts > 0].min() >= 2 and n_test >= (counts > 0).sum() else None
-    _, test = train_test_split(np.arange(n), test_size=n_test, random_state=seed,
-                               stratify=stratify)
+    _, test = train_test_split(np.arange(n), test_size=n_test, random_state=seed, stratify=stratify)
     split = np.array(["train"] * n, dtype=object)
     split[test] = "test"
     return split.tolist()
