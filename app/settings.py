@@ -25,7 +25,8 @@ class Settings(BaseSettings):
     reconcile_seconds: float = Field(5.0, description="Reconciler period.")
     max_batch_requests: int = Field(256, description="Most deletion requests applied at once.")
     job_timeout_seconds: int = 3600
-    job_retries: int = 3
+    job_retries: int = Field(3, ge=0, le=20, description="RQ retries before a request fails")
+    retry_backoff_seconds: list[int] = Field([2, 10, 30], description="RQ retry intervals")
     torch_threads: int = 0
     bootstrap_admin_key: bool = Field(True, description="Create an admin key on first start.")
 

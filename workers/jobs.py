@@ -215,9 +215,20 @@ def _run_batch(settings: Settings, model_id: int, tasks: list[pipeline.ClaimedTa
                 settings.job_retries + 1,
             )
         log.exception("deletion batch for model %s failed (final=%s)", model_id, final)
+        if final:
+            _no_more_retries()
         raise
     DELETIONS_PROCESSED.labels(batch.method_name).inc(len(tasks))
     JOB_DURATION.labels("process_deletions").observe(time.perf_counter() - started)
+
+
+def _no_more_retries() -> None:
+    """The requests failed for good: stop RQ retrying, so the job lands in its failed registry."""
+    from rq import get_current_job
+
+    job = get_current_job()
+    if job is not None:
+        job.retries_left = 0
 
 
 def _compute(session: Any, batch: pipeline.Batch):  # noqa: ANN202

@@ -6,8 +6,10 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, Header
 from fastapi.responses import JSONResponse
+from sqlalchemy.orm import Session
 
 from app.api.deps import DbDep, DeletionViewer, DispatcherDep, Requester
+from app.db.session import run_unit_of_work
 from app.dispatch import DELETE
 from app.schemas import DeletionCreate, DeletionOut
 from app.services.deletions import create_deletion, deletion_view, get_deletion
@@ -24,9 +26,12 @@ def create(
     idempotency_key: Annotated[str | None, Header(max_length=200)] = None,
 ) -> Any:
     """Commit the request, then signal each affected model's worker; 202 with the request."""
-    with db.begin() as session:
+
+    def accept(session: Session) -> tuple[DeletionOut, list[int], bool]:
         request, models, replayed = create_deletion(session, body, key.id, idempotency_key)
-        view = DeletionOut.model_validate(deletion_view(session, request))
+        return DeletionOut.model_validate(deletion_view(session, request)), models, replayed
+
+    view, models, replayed = run_unit_of_work(db, accept, retry_integrity=True)
     for model_id in models:
         dispatcher.enqueue(DELETE, model_id)
     headers = {"Idempotent-Replayed": "true"} if replayed else {}

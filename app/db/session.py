@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from functools import lru_cache
+from typing import TypeVar
 
 from sqlalchemy import Engine, create_engine, event
+from sqlalchemy.exc import DBAPIError, IntegrityError
 from sqlalchemy.orm import Session, sessionmaker
+
+T = TypeVar("T")
 
 
 def make_engine(url: str) -> Engine:
@@ -48,3 +53,38 @@ def transaction(url: str) -> Iterator[Session]:
     """One unit of work: commit on success, roll back on any exception."""
     with session_factory(url)() as session, session.begin():
         yield session
+
+
+RETRYABLE_SQLSTATES = {"40001", "40P01"}  # serialization failure, deadlock detected
+
+
+def is_retryable(exc: BaseException) -> bool:
+    """A transient conflict worth retrying: PostgreSQL deadlock/serialization, SQLite busy."""
+    if not isinstance(exc, DBAPIError):
+        return False
+    orig = getattr(exc, "orig", None)
+    state = getattr(orig, "sqlstate", None) or getattr(orig, "pgcode", None)
+    return state in RETRYABLE_SQLSTATES or "database is locked" in str(orig)
+
+
+def run_unit_of_work(
+    factory: sessionmaker[Session],
+    work: Callable[[Session], T],
+    attempts: int = 4,
+    retry_integrity: bool = False,
+) -> T:
+    """Run `work` in a transaction, retrying transient conflicts with a short backoff.
+
+    With `retry_integrity`, a unique-constraint race (two requests with one Idempotency-Key)
+    is retried too: the second attempt finds the winner's row.
+    """
+    for attempt in range(attempts):
+        try:
+            with factory.begin() as session:
+                return work(session)
+        except DBAPIError as exc:
+            retry = is_retryable(exc) or (retry_integrity and isinstance(exc, IntegrityError))
+            if attempt == attempts - 1 or not retry:
+                raise
+            time.sleep(0.02 * 2**attempt)
+    raise AssertionError("unreachable")

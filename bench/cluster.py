@@ -1,0 +1,112 @@
+"""Run Lethe as real local processes: one `lethe serve` and any number of `lethe worker`s.
+
+Used by the distributed tests and by bench/pipeline.py. Embedded mode when redis_url is None.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import httpx
+
+from bench.common import free_port
+
+LETHE = [sys.executable, "-m", "app.cli"]
+
+
+class Cluster:
+    def __init__(
+        self, data_dir: Path, database_url: str | None, redis_url: str | None, **settings: object
+    ) -> None:
+        self.data_dir = data_dir
+        data_dir.mkdir(parents=True, exist_ok=True)
+        self.queue = f"lethe-{uuid.uuid4().hex[:8]}"
+        env = {
+            k: v
+            for k, v in os.environ.items()
+            if not k.startswith("LETHE_") or k.startswith("LETHE_TEST")
+        }
+        env.update({"LETHE_DATA_DIR": str(data_dir), "LETHE_QUEUE_NAME": self.queue})
+        if database_url:
+            env["LETHE_DATABASE_URL"] = database_url
+        if redis_url:
+            env["LETHE_REDIS_URL"] = redis_url
+        for name, value in settings.items():  # pydantic-settings reads lists as JSON
+            env[f"LETHE_{name.upper()}"] = (
+                json.dumps(value) if isinstance(value, list) else str(value)
+            )
+        self.env = env
+        self.api: subprocess.Popen | None = None
+        self.workers: list[subprocess.Popen] = []
+        self.url = ""
+        self.admin_key = ""
+
+    def start_api(self) -> str:
+        port = free_port()
+        log = self.data_dir / "api.log"
+        with log.open("w") as fh:
+            self.api = subprocess.Popen(
+                [*LETHE, "serve", "--port", str(port)], stdout=fh, stderr=fh, env=self.env
+            )
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            text = log.read_text()
+            if "Application startup complete" in text:
+                match = re.search(r"lethe_adm_[A-Za-z0-9_-]+", text)
+                self.admin_key = match.group(0) if match else self.admin_key
+                self.url = f"http://127.0.0.1:{port}"
+                return self.url
+            if self.api.poll() is not None:
+                raise RuntimeError(f"api exited:\n{text}")
+            time.sleep(0.1)
+        raise RuntimeError(f"api did not start:\n{log.read_text()}")
+
+    def start_worker(self) -> subprocess.Popen:
+        log = (self.data_dir / f"worker-{len(self.workers)}.log").open("w")
+        proc = subprocess.Popen([*LETHE, "worker"], stdout=log, stderr=log, env=self.env)
+        self.workers.append(proc)
+        return proc
+
+    def worker_by_pid(self, pid: int) -> subprocess.Popen:
+        return next(w for w in self.workers if w.pid == pid)
+
+    def kill(self, proc: subprocess.Popen, sig: int = signal.SIGKILL) -> None:
+        proc.send_signal(sig)
+        proc.wait(timeout=30)
+
+    def client(self, key: str | None = None, timeout: float = 60.0) -> httpx.Client:
+        return httpx.Client(
+            base_url=self.url,
+            timeout=timeout,
+            headers={"Authorization": f"Bearer {key or self.admin_key}"},
+        )
+
+    def new_key(self, role: str) -> str:
+        with self.client() as c:
+            response = c.post("/v1/keys", json={"role": role})
+            response.raise_for_status()
+            return response.json()["key"]
+
+    def stop(self) -> None:
+        for proc in [*self.workers, *([self.api] if self.api else [])]:
+            if proc.poll() is None:
+                proc.terminate()
+        for proc in [*self.workers, *([self.api] if self.api else [])]:
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+
+    def __enter__(self) -> Cluster:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()

@@ -1,0 +1,353 @@
+"""DESIGN §6 under concurrency and faults: real PostgreSQL, real Redis, real `lethe serve`
+and `lethe worker` processes (RQ SimpleWorker)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import httpx
+import pytest
+from fastapi.testclient import TestClient
+from redis import Redis
+from rq import Queue
+from rq.registry import FailedJobRegistry
+from sqlalchemy import func, select, text
+
+from app.db.session import engine_for, transaction
+from app.db.tables import (
+    Blob,
+    Certificate,
+    DeletionRequest,
+    DeletionTask,
+    Model,
+    ModelSample,
+    ModelVersion,
+    Sample,
+)
+from app.main import create_app
+from app.settings import Settings
+from bench.cluster import Cluster
+from tests.conftest import REDIS_URL, SMALL_TRAINING, truncate_all
+
+FAST = {
+    "lease_seconds": 3,
+    "heartbeat_seconds": 0.5,
+    "reconcile_seconds": 0.5,
+    "retry_backoff_seconds": [1, 1],
+    "job_retries": 2,
+}
+
+
+@pytest.fixture
+def make_cluster(pg_url: str, tmp_path: Path) -> Iterator:
+    clusters: list[Cluster] = []
+
+    def make(**settings: object) -> Cluster:
+        truncate_all(pg_url)
+        cluster = Cluster(tmp_path / f"c{len(clusters)}", pg_url, REDIS_URL, **{**FAST, **settings})
+        clusters.append(cluster)
+        cluster.start_api()
+        return cluster
+
+    yield make
+    for cluster in clusters:
+        cluster.stop()
+        Redis.from_url(REDIS_URL).delete(f"rq:queue:{cluster.queue}")
+
+
+def wait_until(predicate, timeout: float = 120.0, every: float = 0.1) -> None:  # noqa: ANN001
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        time.sleep(every)
+    raise AssertionError(f"condition not met within {timeout}s")
+
+
+def ready_model(c: httpx.Client, dataset: str = "digits", **model: object) -> tuple[dict, dict]:
+    ds = c.post("/v1/datasets", json={"builtin": dataset}).json()
+    body = {"name": "m", "dataset_id": ds["id"], "training": SMALL_TRAINING, **model}
+    created = c.post("/v1/models", json=body)
+    assert created.status_code == 202, created.text
+    model_id = created.json()["id"]
+    wait_until(lambda: c.get(f"/v1/models/{model_id}").json()["status"] in ("ready", "failed"))
+    m = c.get(f"/v1/models/{model_id}").json()
+    assert m["status"] == "ready", m
+    return ds, m
+
+
+def train_ids(c: httpx.Client, dataset_id: int, n: int) -> list[str]:
+    ids: list[str] = []
+    while len(ids) < n:
+        page = c.get(
+            f"/v1/datasets/{dataset_id}/samples",
+            params={"split": "train", "limit": min(1000, n - len(ids)), "offset": len(ids)},
+        ).json()
+        ids += [s["external_id"] for s in page["items"]]
+    return ids
+
+
+def request_status(url: str, status: str) -> int:
+    with transaction(url) as session:
+        return session.scalar(select(func.count()).where(DeletionRequest.status == status))
+
+
+def assert_single_chain(url: str, model_id: int) -> list[ModelVersion]:
+    with transaction(url) as session:
+        versions = session.scalars(
+            select(ModelVersion)
+            .where(ModelVersion.model_id == model_id)
+            .order_by(ModelVersion.number)
+        ).all()
+    assert [v.number for v in versions] == list(range(1, len(versions) + 1))
+    assert versions[0].parent_id is None
+    for prev, cur in zip(versions, versions[1:], strict=False):
+        assert cur.parent_id == prev.id
+    return list(versions)
+
+
+def test_flushall_loses_nothing(make_cluster, pg_url: str) -> None:
+    cluster = make_cluster()
+    worker = cluster.start_worker()
+    with cluster.client() as c:
+        ds, model = ready_model(c, "breast_cancer")
+        cluster.kill(worker)  # no worker while the signals sit in Redis
+        ids = train_ids(c, ds["id"], 3)
+        reqs = [
+            c.post("/v1/deletions", json={"dataset_id": ds["id"], "sample_ids": [i]}).json()
+            for i in ids
+        ]
+        assert all(r["status"] == "queued" for r in reqs)
+        Redis.from_url(REDIS_URL).flushall()
+        assert request_status(pg_url, "queued") == 3  # the database is the record
+        cluster.start_worker()  # its reconciler re-signals the model at start
+        wait_until(lambda: request_status(pg_url, "done") == 3)
+        assert c.get("/v1/audit/verify").json()["ok"]
+
+
+def test_kill_9_mid_update_completes_exactly_once(make_cluster, pg_url: str) -> None:
+    cluster = make_cluster()
+    for _ in range(2):
+        cluster.start_worker()
+    with cluster.client() as c:
+        ds, model = ready_model(
+            c,
+            architecture={"type": "mlp", "hidden": [64, 64]},
+            training={**SMALL_TRAINING, "epochs": 250},
+        )
+        req = c.post(
+            "/v1/deletions", json={"dataset_id": ds["id"], "sample_ids": train_ids(c, ds["id"], 2)}
+        ).json()
+        wait_until(
+            lambda: c.get(f"/v1/deletions/{req['id']}").json()["models"][0]["status"] == "running",
+            every=0.02,
+        )
+        with transaction(pg_url) as session:
+            owner = session.scalar(select(Model.lease_owner).where(Model.id == model["id"]))
+        victim = cluster.worker_by_pid(int(owner.split(":")[1]))
+        cluster.kill(victim)  # kill -9 in the middle of the retrain
+        wait_until(
+            lambda: c.get(f"/v1/deletions/{req['id']}").json()["status"] in ("done", "failed"),
+            timeout=180,
+        )
+        done = c.get(f"/v1/deletions/{req['id']}").json()
+    assert done["status"] == "done", done
+    versions = assert_single_chain(pg_url, model["id"])
+    assert len(versions) == 2
+    with transaction(pg_url) as session:
+        assert session.scalar(select(func.count()).select_from(Certificate)) == 1
+        task = session.scalar(select(DeletionTask))
+        assert task.attempts == 2 and task.n_removed == 2
+        assert session.scalar(select(func.count()).select_from(Blob)) == 2  # no orphans
+
+
+def test_500_concurrent_requests_form_one_chain(make_cluster, pg_url: str) -> None:
+    cluster = make_cluster()
+    for _ in range(2):
+        cluster.start_worker()
+    requester = None
+    with cluster.client() as c:
+        ds, model = ready_model(c)
+        ids = train_ids(c, ds["id"], 500)
+        requester = cluster.new_key("requester")
+
+    def post(chunk: list[str]) -> list[int]:
+        out = []
+        with cluster.client(requester) as rc:
+            for sample in chunk:
+                r = rc.post("/v1/deletions", json={"dataset_id": ds["id"], "sample_ids": [sample]})
+                assert r.status_code == 202, r.text
+                out.append(r.json()["id"])
+        return out
+
+    with ThreadPoolExecutor(8) as pool:
+        request_ids = [i for part in pool.map(post, [ids[k::8] for k in range(8)]) for i in part]
+    assert len(set(request_ids)) == 500
+    wait_until(lambda: request_status(pg_url, "done") == 500, timeout=300, every=0.5)
+    versions = assert_single_chain(pg_url, model["id"])
+    with transaction(pg_url) as session:
+        per_request = dict(
+            session.execute(
+                select(Certificate.request_id, func.count()).group_by(Certificate.request_id)
+            ).all()
+        )
+        assert sorted(per_request) == sorted(request_ids)
+        assert set(per_request.values()) == {1}
+        assert session.scalar(select(func.sum(Certificate.n_removed))) == 500
+        removed = session.scalar(
+            select(func.count()).where(
+                ModelSample.model_id == model["id"], ModelSample.removed_version_id.is_not(None)
+            )
+        )
+        assert removed == 500
+        cert_versions = set(session.scalars(select(Certificate.to_version)))
+        assert cert_versions == {v.number for v in versions[1:]}
+        erased = session.scalar(select(func.count()).where(Sample.status == "erased"))
+        assert erased == 500
+    assert len(versions) - 1 < 500  # requests were coalesced
+    with cluster.client() as c:
+        assert c.get("/v1/audit/verify").json() | {"head": None} == {
+            "ok": True,
+            "checked": 500,
+            "first_bad": None,
+            "head": None,
+        }
+
+
+def test_coalescing_applies_queued_requests_in_one_update(make_cluster, pg_url: str) -> None:
+    for max_batch, expected_versions in ((256, 1), (2, 3)):
+        cluster = make_cluster(max_batch_requests=max_batch)
+        worker = cluster.start_worker()
+        with cluster.client() as c:
+            ds, model = ready_model(c, "breast_cancer")
+            cluster.kill(worker)
+            ids = train_ids(c, ds["id"], 5)
+            reqs = [
+                c.post("/v1/deletions", json={"dataset_id": ds["id"], "sample_ids": [i]}).json()[
+                    "id"
+                ]
+                for i in ids
+            ]
+            cluster.start_worker()
+            wait_until(lambda: request_status(pg_url, "done") == 5)
+            versions = assert_single_chain(pg_url, model["id"])
+            assert len(versions) - 1 == expected_versions
+            for rid in reqs:
+                view = c.get(f"/v1/deletions/{rid}").json()
+                cert = c.get(f"/v1/audit/certificates/{view['certificate_ids'][0]}").json()
+                assert cert["to_version"] == view["models"][0]["version"]
+            if max_batch == 256:
+                assert cert["coalesced_requests"] == sorted(reqs)
+        cluster.stop()
+
+
+def test_fan_out_idempotency_and_erasure_sweep(make_cluster, pg_url: str) -> None:
+    cluster = make_cluster()
+    worker = cluster.start_worker()
+    with cluster.client() as c:
+        ds, first = ready_model(c, "breast_cancer")
+        second = c.post(
+            "/v1/models",
+            json={
+                "name": "b",
+                "dataset_id": ds["id"],
+                "architecture": {"type": "mlp", "hidden": [8]},
+                "training": SMALL_TRAINING,
+            },
+        ).json()
+        wait_until(lambda: c.get(f"/v1/models/{second['id']}").json()["status"] == "ready")
+        cluster.kill(worker)
+        sample = train_ids(c, ds["id"], 1)
+        body = {"dataset_id": ds["id"], "sample_ids": sample}
+        req = c.post("/v1/deletions", json=body, headers={"Idempotency-Key": "k1"}).json()
+        replay = c.post("/v1/deletions", json=body, headers={"Idempotency-Key": "k1"}).json()
+        assert replay["id"] == req["id"] and len(req["models"]) == 2
+        with transaction(pg_url) as session:  # not erased while a model still holds it
+            s = session.scalar(select(Sample).where(Sample.external_id == sample[0]))
+            assert s.payload is not None and s.status == "erasing"
+        cluster.start_worker()
+        wait_until(lambda: c.get(f"/v1/deletions/{req['id']}").json()["status"] == "done")
+        done = c.get(f"/v1/deletions/{req['id']}").json()
+        assert {m["model_id"] for m in done["models"]} == {first["id"], second["id"]}
+        assert all(m["status"] == "done" and m["version"] == 2 for m in done["models"])
+        with transaction(pg_url) as session:
+            s = session.scalar(select(Sample).where(Sample.external_id == sample[0]))
+            assert s.payload is None and s.status == "erased"
+        again = c.post("/v1/deletions", json=body).json()
+        assert (
+            again["status"] == "done"
+            and again["already_erased"][0]["certificate_ids"] == done["certificate_ids"]
+        )
+        for m in (first, second):
+            assert c.get(f"/v1/models/{m['id']}/versions/1/weights").status_code == 410
+            assert c.get(f"/v1/models/{m['id']}/versions/2/weights").status_code == 200
+            v1 = c.get(f"/v1/models/{m['id']}/versions/1").json()
+            assert v1["weights_sha256"] and v1["erased_at"] and not v1["weights_available"]
+
+
+def test_final_failure_lands_in_rq_failed_registry(make_cluster, pg_url: str) -> None:
+    cluster = make_cluster()
+    cluster.start_worker()
+    with cluster.client() as c:
+        ds, model = ready_model(c, "breast_cancer")
+        with transaction(pg_url) as session:  # storage corruption: the state is unreadable
+            key = session.scalar(select(ModelVersion.state_key))
+            session.execute(
+                text("UPDATE blobs SET data = :d WHERE key = :k"), {"d": b"corrupt", "k": key}
+            )
+        req = c.post(
+            "/v1/deletions", json={"dataset_id": ds["id"], "sample_ids": train_ids(c, ds["id"], 1)}
+        ).json()
+        wait_until(
+            lambda: c.get(f"/v1/deletions/{req['id']}").json()["status"] in ("done", "failed"),
+            timeout=120,
+        )
+        failed = c.get(f"/v1/deletions/{req['id']}").json()
+    assert failed["status"] == "failed"
+    assert "SafetensorError" in failed["error"] or "Error" in failed["error"]
+    assert failed["models"][0]["status"] == "failed"
+    registry = FailedJobRegistry(queue=Queue(cluster.queue, connection=Redis.from_url(REDIS_URL)))
+    wait_until(lambda: registry.count >= 1, timeout=30)
+    with transaction(pg_url) as session:
+        assert session.scalar(select(func.count()).select_from(Certificate)) == 0
+        assert session.scalar(select(func.count()).select_from(ModelVersion)) == 1
+
+
+def test_metrics_show_queue_and_heartbeats(make_cluster) -> None:
+    cluster = make_cluster()
+    worker = cluster.start_worker()
+    with cluster.client() as c:
+        ds, _ = ready_model(c, "breast_cancer")
+        cluster.kill(worker)
+        c.post(
+            "/v1/deletions", json={"dataset_id": ds["id"], "sample_ids": train_ids(c, ds["id"], 1)}
+        )
+        time.sleep(0.3)
+        metrics = c.get("/metrics").text
+    lines = {
+        ln.split(" ")[0]: float(ln.split(" ")[1])
+        for ln in metrics.splitlines()
+        if ln.startswith("lethe_") and " " in ln
+    }
+    assert lines["lethe_deletion_tasks_queued"] == 1.0
+    assert lines["lethe_oldest_queued_age_seconds"] > 0.0
+    assert any(k.startswith("lethe_worker_heartbeat_timestamp_seconds{") for k in lines)
+
+
+@pytest.mark.parametrize("broken", ["redis", "database"])
+def test_readyz_fails_when_a_dependency_is_down(pg_url: str, tmp_path: Path, broken: str) -> None:
+    dead_pg = "postgresql+psycopg://postgres@127.0.0.1:1/test"
+    settings = Settings(
+        data_dir=tmp_path,
+        bootstrap_admin_key=False,
+        database_url=dead_pg if broken == "database" else pg_url,
+        redis_url="redis://127.0.0.1:1/0" if broken == "redis" else REDIS_URL,
+    )
+    with TestClient(create_app(settings)) as client:
+        response = client.get("/readyz")
+    assert response.status_code == 503
+    assert response.json()["checks"][broken if broken == "database" else "queue"] is False
+    engine_for(settings.resolved_database_url).dispose()
