@@ -85,6 +85,8 @@ datasets = typer.Typer(help="Datasets")
 models = typer.Typer(help="Models")
 deletions = typer.Typer(help="Deletion requests")
 audit = typer.Typer(help="Audit log")
+privacy = typer.Typer(help="Privacy accounting")
+app.add_typer(privacy, name="privacy")
 app.add_typer(datasets, name="datasets")
 app.add_typer(models, name="models")
 app.add_typer(deletions, name="deletions")
@@ -226,6 +228,41 @@ def deletions_create(
 @deletions.command("get")
 def deletions_get(request_id: int, url: Url = None, key: Key = None) -> None:
     _show(_client(url, key).get(f"/v1/deletions/{request_id}"))
+
+
+@privacy.command("preview")
+def privacy_preview(
+    model: int,
+    epsilon: float | None = None,
+    delta: float | None = None,
+    url: Url = None,
+    key: Key = None,
+) -> None:
+    """Noise σ, feasibility and lineage budget of a model's next release."""
+    params = {
+        "model": model,
+        **({"epsilon": epsilon} if epsilon is not None else {}),
+        **({"delta": delta} if delta is not None else {}),
+    }
+    p = _client(url, key).get("/v1/privacy/preview", params=params)
+    table = Table("quantity", "value", title=f"model {model}: next release ({p['method']})")
+    lin = p["lineage"]
+    for name, value in [
+        ("target", f"ε={p['target']['epsilon']:g}, δ={p['target']['delta']:g}"),
+        ("guarantee", p["guarantee"]),
+        ("noise σ", f"{p['sigma']:.6g}"),
+        ("sensitivity Δ", f"{p['sensitivity']:.6g}"),
+        ("feasible", str(p["feasible"])),
+        (
+            "lineage spent",
+            f"ε={lin['spent_epsilon']:.4g} of {lin['budget_epsilon']:g} "
+            f"(δ={lin['budget_delta']:g}, {lin['releases_since_reset']} releases)",
+        ),
+        ("after this release", f"ε={lin['epsilon_after_release']:.4g}"),
+        ("would retrain exactly", str(p["would_retrain_exactly"])),
+    ]:
+        table.add_row(name, value)
+    console.print(table)
 
 
 @audit.command("verify")

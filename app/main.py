@@ -10,7 +10,7 @@ from contextlib import asynccontextmanager
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 
-from app.api import audit, datasets, deletions, health, keys, models
+from app.api import audit, datasets, deletions, health, keys, models, privacy
 from app.db.migrate import upgrade_to_head
 from app.db.session import session_factory, transaction
 from app.dispatch import InlineDispatcher, Reconciler, make_dispatcher
@@ -91,6 +91,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         deletions.router,
         audit.router,
         keys.router,
+        privacy.router,
     ):
         app.include_router(router)
     return app

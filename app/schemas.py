@@ -5,9 +5,16 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    field_validator,
+    model_validator,
+)
 
-from app.methods import KNOWN_METHODS
+from app.methods import KNOWN_METHODS, validate_options
 
 
 class In(BaseModel):
@@ -103,6 +110,13 @@ class MethodConfig(BaseModel):
         if value not in KNOWN_METHODS:
             raise ValueError(f"unknown method {value!r}; available: {sorted(KNOWN_METHODS)}")
         return value
+
+    @model_validator(mode="after")
+    def _options(self) -> MethodConfig:
+        options = validate_options(self.name, dict(self.model_extra or {}))
+        for key, value in options.items():
+            setattr(self, key, value)
+        return self
 
 
 class PrivacyPolicy(In):

@@ -19,12 +19,14 @@ from app.blobstore import DatabaseBlobStore
 from app.db.session import transaction
 from app.db.tables import Dataset, DeletionTask, Model, ModelVersion, Sample
 from app.metrics import DELETIONS_PROCESSED, JOB_DURATION
+from app.privacy.lineage import compose
+from app.services.privacy import lineage_multipliers
 from app.settings import Settings, get_settings
 from workers import pipeline
 from workers.data import test_arrays, training_arrays
 from workers.lease import WORKER_ID, LeaseLost, ModelLease
 from workers.methods import method_for
-from workers.methods.base import RemovedSamples, RetainedData
+from workers.methods.base import RemovedSamples, RetainedData, TargetInfeasible
 from workers.training import accuracy, train
 
 log = logging.getLogger("lethe.jobs")
@@ -232,10 +234,11 @@ def _no_more_retries() -> None:
 
 
 def _compute(session: Any, batch: pipeline.Batch):  # noqa: ANN202
-    """Run the method on what it declares it needs; nothing here writes."""
+    """Run the method on what it declares it needs; fall back to exact retraining when it
+    cannot meet the target or its release would exceed the lineage budget. Nothing here
+    writes."""
     if not batch.removed:
         return None, {}
-    method = method_for(batch.method_name, batch.spec)
     removed_set = set(batch.removed)
     everything = training_arrays(session, batch.model_id, batch.dataset)
     keep = torch.tensor([s not in removed_set for s in everything.sample_ids])
@@ -249,12 +252,19 @@ def _compute(session: Any, batch: pipeline.Batch):  # noqa: ANN202
         everything.X[~keep],
         everything.y[~keep],
     )
-    test = test_arrays(session, batch.dataset)
     start = time.perf_counter()
-    update_ = method.unlearn(
-        batch.state, removed, batch.target(), retained if method.needs_retained_data else None
-    )
+    update_, reason = _try_method(session, batch, removed, retained)
+    if reason is not None:
+        log.warning(
+            "model %s: exact retrain instead of %s: %s", batch.model_id, batch.method_name, reason
+        )
+        batch.method_name = "retrain"
+        update_ = method_for("retrain", batch.spec).unlearn(
+            batch.state, removed, batch.target(), retained
+        )
+        update_.certificate.fallback_reason = reason
     seconds = time.perf_counter() - start
+    test = test_arrays(session, batch.dataset)
     arch, k = batch.spec.architecture, batch.spec.n_classes
     metrics = {
         **update_.metrics,
@@ -262,6 +272,7 @@ def _compute(session: Any, batch: pipeline.Batch):  # noqa: ANN202
         "n_train": len(retained.y),
         "n_removed": len(removed.y),
         "method": batch.method_name,
+        "fallback_reason": reason,
         "test_accuracy": accuracy(arch, update_.release, test.X, test.y, k),
         "retain_accuracy": accuracy(arch, update_.release, retained.X, retained.y, k),
         "forget_accuracy": accuracy(arch, update_.release, removed.X, removed.y, k),
@@ -269,6 +280,39 @@ def _compute(session: Any, batch: pipeline.Batch):  # noqa: ANN202
     if not all(np.isfinite(v.numpy()).all() for v in update_.release.values()):
         raise ValueError("the update produced non-finite weights; nothing is released")
     return update_, metrics
+
+
+def _try_method(
+    session: Any, batch: pipeline.Batch, removed: RemovedSamples, retained: RetainedData
+) -> tuple[Any, str | None]:
+    """The configured method's update and its lineage spend, or the reason to retrain."""
+    method = method_for(batch.method_name, batch.spec)
+    if method.guarantee == "exact":
+        return method.unlearn(batch.state, removed, batch.target(), retained), None
+    try:
+        update_ = method.unlearn(
+            batch.state, removed, batch.target(), retained if method.needs_retained_data else None
+        )
+    except TargetInfeasible as exc:
+        return (
+            None,
+            f"{batch.method_name} cannot meet (ε={batch.target().epsilon:g}, "
+            f"δ={batch.target().delta:g}): {exc}",
+        )
+    cert = update_.certificate
+    if cert.guarantee == "none" and not batch.policy.get("allow_heuristic"):
+        return None, "the method's guarantee is heuristic and the policy does not allow it"
+    if cert.guarantee != "exact" and cert.sigma > 0 and cert.sensitivity > 0:
+        history = lineage_multipliers(session, batch.model_id)
+        spend = compose([*history, cert.sigma / cert.sensitivity], batch.policy["lineage_delta"])
+        if spend.epsilon > batch.policy["lineage_epsilon"]:
+            return None, (
+                f"this release would bring the lineage to ε={spend.epsilon:.4g} "
+                f"(δ={spend.delta:g}), past its budget "
+                f"ε={batch.policy['lineage_epsilon']:g}"
+            )
+        update_.lineage = spend
+    return update_, None
 
 
 def _commit_with_retry(

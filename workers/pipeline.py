@@ -30,6 +30,7 @@ from app.db.tables import (
     SampleStatistic,
     utcnow,
 )
+from app.privacy import DP_ACCOUNTING_VERSION
 from app.services.deletions import erase_payloads
 from workers.lease import WORKER_ID, LeaseLost
 from workers.methods.base import ModelSpec, ModelState, PrivacyTarget, Update
@@ -227,9 +228,19 @@ def _certify(
     external_ids: dict[int, str],
 ) -> Certificate:
     c = update_.certificate
-    cum_eps, cum_delta = _lineage(session, batch.model_id, c.epsilon, c.delta, c.resets_lineage)
+    spend = update_.lineage
+    cum_eps, cum_delta = (spend.epsilon, spend.delta) if spend and spend.releases else (0.0, 0.0)
     salt, digest = removed_ids_digest([external_ids[s] for s in removed])
     target = batch.target()
+    sentence = c.sentence
+    if spend and spend.releases:
+        sentence += (
+            f" Since its last exact retrain this model has made {spend.releases} "
+            f"noisy release(s), together (ε={spend.epsilon:.4g}, δ={spend.delta:.3g}) "
+            f"of its lineage budget ε={batch.policy['lineage_epsilon']:g}."
+        )
+    if c.fallback_reason:
+        sentence += f" Exact retraining was used because {c.fallback_reason}."
     fields = {
         "request_id": task.request_id,
         "model_id": batch.model_id,
@@ -242,13 +253,23 @@ def _certify(
         "sigma": _finite(c.sigma),
         "sensitivity": _finite(c.sensitivity),
         "accountant": c.accountant,
+        "accountant_versions": {
+            "dp-accounting": DP_ACCOUNTING_VERSION,
+            "lineage": spend.accountant if spend else None,
+        },
         "constants": {
             k: {"value": _finite(v.value), "source": v.source, "meaning": v.meaning}
             for k, v in c.constants.items()
         },
-        "cumulative_epsilon": cum_eps,
-        "cumulative_delta": cum_delta,
+        "cumulative_epsilon": _finite(cum_eps),
+        "cumulative_delta": _finite(cum_delta),
+        "lineage": {
+            "releases_since_reset": spend.releases if spend else 0,
+            "budget_epsilon": batch.policy["lineage_epsilon"],
+            "budget_delta": batch.policy["lineage_delta"],
+        },
         "lineage_reset": c.resets_lineage,
+        "fallback_reason": c.fallback_reason,
         "target": {"epsilon": target.epsilon, "delta": target.delta},
         "n_removed": len(removed),
         "n_removed_in_update": len(batch.removed),
@@ -257,25 +278,9 @@ def _certify(
         "removed_ids_sha256": digest,
         "release_sha256": version.weights_sha256,
         "compares": c.compares,
-        "sentence": c.sentence,
+        "sentence": sentence,
     }
     return append_certificate(session, fields)
-
-
-def _lineage(
-    session: Session, model_id: int, eps: float, delta: float, reset: bool
-) -> tuple[float, float]:
-    """Cumulative (ε, δ) of the lineage since its last exact retrain (basic composition)."""
-    if reset:
-        return float(eps), float(delta)
-    last = session.execute(
-        select(Certificate.cumulative_epsilon, Certificate.cumulative_delta)
-        .where(Certificate.model_id == model_id)
-        .order_by(Certificate.seq.desc())
-        .limit(1)
-    ).first()
-    base_eps, base_delta = (last.cumulative_epsilon, last.cumulative_delta) if last else (0, 0)
-    return float(base_eps + eps), float(min(1.0, base_delta + delta))
 
 
 def _finite(x: float) -> float:

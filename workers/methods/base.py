@@ -51,6 +51,10 @@ class Constant:
     meaning: str
 
 
+class TargetInfeasible(RuntimeError):
+    """The method cannot meet the target; the pipeline retrains exactly instead."""
+
+
 @dataclass
 class CertificateFields:
     guarantee: GuaranteeKind
@@ -63,6 +67,7 @@ class CertificateFields:
     constants: dict[str, Constant] = field(default_factory=dict)
     compares: str = "the released model vs. retraining without the removed samples"
     resets_lineage: bool = False
+    fallback_reason: str | None = None
 
 
 @dataclass
@@ -73,6 +78,7 @@ class Update:
     statistics_to_delete: list[int]  # sample ids whose per-sample rows this update consumed
     version_kind: Literal["unlearned", "retrained"] = "unlearned"
     metrics: dict[str, Any] = field(default_factory=dict)
+    lineage: Any = None  # app.privacy.lineage.LineageSpend, set by the job before commit
 
 
 class UnlearningMethod(Protocol):
