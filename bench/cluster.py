@@ -5,6 +5,7 @@ Used by the distributed tests and by bench/pipeline.py. Embedded mode when redis
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -71,7 +72,10 @@ class Cluster:
 
     def start_worker(self) -> subprocess.Popen:
         log = (self.data_dir / f"worker-{len(self.workers)}.log").open("w")
-        proc = subprocess.Popen([*LETHE, "worker"], stdout=log, stderr=log, env=self.env)
+        # Own session: RQ forks its scheduler as a child; stopping the group stops both.
+        proc = subprocess.Popen(
+            [*LETHE, "worker"], stdout=log, stderr=log, env=self.env, start_new_session=True
+        )
         self.workers.append(proc)
         return proc
 
@@ -79,7 +83,9 @@ class Cluster:
         return next(w for w in self.workers if w.pid == pid)
 
     def kill(self, proc: subprocess.Popen, sig: int = signal.SIGKILL) -> None:
-        proc.send_signal(sig)
+        """Signal a worker's whole process group (the worker and its RQ scheduler)."""
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, sig)
         proc.wait(timeout=30)
 
     def client(self, key: str | None = None, timeout: float = 60.0) -> httpx.Client:
@@ -96,14 +102,19 @@ class Cluster:
             return response.json()["key"]
 
     def stop(self) -> None:
-        for proc in [*self.workers, *([self.api] if self.api else [])]:
-            if proc.poll() is None:
-                proc.terminate()
+        if self.api and self.api.poll() is None:
+            self.api.terminate()
+        for proc in self.workers:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGTERM)
         for proc in [*self.workers, *([self.api] if self.api else [])]:
             try:
                 proc.wait(timeout=30)
             except subprocess.TimeoutExpired:
                 proc.kill()
+        for proc in self.workers:  # the scheduler child may outlive its parent
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
 
     def __enter__(self) -> Cluster:
         return self

@@ -4,8 +4,10 @@ PostgreSQL + Redis."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
+import signal
 import socket
 import subprocess
 import sys
@@ -145,13 +147,17 @@ def distributed(pg_url: str, tmp_path: Path) -> Iterator[Api]:
         "LETHE_HEARTBEAT_SECONDS": "1",
     }
     log = (tmp_path / "worker.log").open("w")
-    worker = subprocess.Popen([*LETHE, "worker"], stdout=log, stderr=log, env=env)
+    worker = subprocess.Popen(
+        [*LETHE, "worker"], stdout=log, stderr=log, env=env, start_new_session=True
+    )
     try:
         with TestClient(create_app(settings)) as client:
             yield Api(client=client, url=pg_url, keys=make_keys(pg_url))
     finally:
-        worker.terminate()
+        os.killpg(worker.pid, signal.SIGTERM)
         worker.wait(timeout=30)
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(worker.pid, signal.SIGKILL)  # RQ's forked scheduler, if still there
         log.close()
         Redis.from_url(REDIS_URL).delete(f"rq:queue:{queue}")
 

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
+import os
+import threading
 import time
+import weakref
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from functools import lru_cache
 from typing import TypeVar
 
 from sqlalchemy import Engine, create_engine, event
@@ -36,12 +39,40 @@ def make_engine(url: str) -> Engine:
             conn.exec_driver_sql("BEGIN IMMEDIATE")
 
         return engine
-    return create_engine(url, pool_pre_ping=True, pool_size=10, max_overflow=20)
+    engine = create_engine(url, pool_pre_ping=True, pool_size=10, max_overflow=20)
+    event.listen(engine, "connect", lambda dbapi_conn, _record: _SERVER_CONNECTIONS.add(dbapi_conn))
+    return engine
 
 
-@lru_cache(maxsize=8)
+# Connections to a database server, so a forked child can drop its copies of their sockets.
+_SERVER_CONNECTIONS: weakref.WeakSet = weakref.WeakSet()
+
+
+def _close_inherited_connections() -> None:
+    """In a forked child (RQ forks its scheduler from the worker), close the inherited server
+    sockets and forget the pools. Otherwise a parent killed mid-transaction leaves the child
+    holding the socket open, and the server keeps that transaction's locks forever."""
+    for conn in list(_SERVER_CONNECTIONS):
+        with contextlib.suppress(Exception):
+            os.close(conn.fileno())
+    _SERVER_CONNECTIONS.clear()
+    for engine in list(_ENGINES.values()):
+        engine.dispose(close=False)
+
+
+os.register_at_fork(after_in_child=_close_inherited_connections)
+
+
+_ENGINES: dict[str, Engine] = {}
+_ENGINES_LOCK = threading.Lock()
+
+
 def engine_for(url: str) -> Engine:
-    return make_engine(url)
+    """One engine per URL per process."""
+    with _ENGINES_LOCK:
+        if url not in _ENGINES:
+            _ENGINES[url] = make_engine(url)
+        return _ENGINES[url]
 
 
 def session_factory(url: str) -> sessionmaker[Session]:
