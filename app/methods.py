@@ -6,7 +6,7 @@ and the schema of its options, so requests are validated without importing torch
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -25,12 +25,42 @@ class OutputPerturbationOptions(BaseModel):
     finetune_learning_rate: float = Field(0.05, gt=0.0, le=10.0)
 
 
+class RecollectionOptions(BaseModel):
+    """Seed 003: training records one recollection vector per sample; a deletion adds them."""
+
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+    C: float = Field(10.0, gt=0.0, le=1e6, description="batch-gradient clipping norm")
+    q: float = Field(0.995, gt=0.0, le=1.0, description="per-step learning-rate decay")
+    storage_dtype: Literal["float32", "float16"] = "float32"
+    per_subject: bool = Field(False, description="one summed vector per data subject")
+    rho_checks: int = Field(10, ge=1, le=1000, description="steps where ρ is measured")
+    power_iterations: int = Field(20, ge=5, le=500)
+    max_sigma: float | None = Field(None, gt=0.0, description="retrain exactly above this σ")
+    max_relative_noise: float | None = Field(
+        1.0,
+        gt=0.0,
+        description="retrain exactly when the noise norm σ√d exceeds this multiple "
+        "of the weights' norm (the release would be useless); null disables the guard",
+    )
+    evaluate: bool = Field(
+        False,
+        description="evaluate each update against the coupled "
+        "retrain (costs one retrain per update)",
+    )
+
+
 KNOWN_METHODS: dict[str, dict[str, Any]] = {
     "retrain": {"guarantee": "exact", "module": "workers.methods.retrain", "options": NoOptions},
     "output_perturbation": {
         "guarantee": "rigorous",
         "module": "workers.methods.output_perturbation",
         "options": OutputPerturbationOptions,
+    },
+    "recollection": {
+        "guarantee": "conditional",
+        "module": "workers.methods.recollection",
+        "options": RecollectionOptions,
+        "deterministic_trajectory": True,
     },
 }
 

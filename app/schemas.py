@@ -84,6 +84,7 @@ class MLPSpec(In):
     type: Literal["mlp"]
     hidden: list[Annotated[int, Field(ge=1, le=4096)]] = Field([64, 64], min_length=1, max_length=8)
     activation: Literal["relu", "tanh", "gelu", "sigmoid"] = "relu"
+    dropout: float = Field(0.0, ge=0.0, lt=1.0, description="dropout after each hidden layer")
 
 
 Architecture = Annotated[LogRegSpec | MLPSpec, Field(discriminator="type")]

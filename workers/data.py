@@ -18,6 +18,7 @@ class Arrays:
     external_ids: list[str]
     X: torch.Tensor
     y: torch.Tensor
+    subjects: list[str | None]
 
     def __len__(self) -> int:
         return len(self.sample_ids)
@@ -33,6 +34,7 @@ def _decode(rows: list, shape: list[int]) -> Arrays:
         external_ids=[r.external_id for r in rows],
         X=torch.from_numpy(X.reshape(len(rows), *shape)) if rows else torch.zeros((0, *shape)),
         y=torch.tensor([r.label for r in rows], dtype=torch.long),
+        subjects=[r.subject_id for r in rows],
     )
 
 
@@ -41,7 +43,7 @@ def training_arrays(
 ) -> Arrays:
     """Samples the model still holds (ordered by id), minus `exclude`."""
     rows = session.execute(
-        select(Sample.id, Sample.external_id, Sample.payload, Sample.label)
+        select(Sample.id, Sample.external_id, Sample.payload, Sample.label, Sample.subject_id)
         .join(ModelSample, ModelSample.sample_id == Sample.id)
         .where(ModelSample.model_id == model_id, ModelSample.removed_version_id.is_(None))
         .order_by(Sample.id)
@@ -56,8 +58,37 @@ def training_arrays(
 
 def test_arrays(session: Session, dataset: Dataset) -> Arrays:
     rows = session.execute(
-        select(Sample.id, Sample.external_id, Sample.payload, Sample.label)
+        select(Sample.id, Sample.external_id, Sample.payload, Sample.label, Sample.subject_id)
         .where(Sample.dataset_id == dataset.id, Sample.split == "test", Sample.payload.is_not(None))
         .order_by(Sample.id)
     ).all()
     return _decode(rows, dataset.feature_shape)
+
+
+def arrays_for(session: Session, dataset: Dataset, sample_ids: list[int]) -> Arrays:
+    """These samples in this order; erased payloads become zeros (for replays that exclude
+    them anyway, like the coupled retrain)."""
+    rows = {
+        r.id: r
+        for r in session.execute(
+            select(
+                Sample.id, Sample.external_id, Sample.payload, Sample.label, Sample.subject_id
+            ).where(Sample.id.in_(sample_ids))
+        )
+    }
+    shape = dataset.feature_shape
+    n_feat = int(np.prod(shape)) if shape else 1
+    X = np.zeros((len(sample_ids), n_feat), dtype=np.float32)
+    y = np.zeros(len(sample_ids), dtype=np.int64)
+    for i, sid in enumerate(sample_ids):
+        row = rows.get(sid)
+        if row is not None and row.payload is not None:
+            X[i] = np.frombuffer(row.payload, dtype=np.float32)
+            y[i] = row.label
+    return Arrays(
+        sample_ids=list(sample_ids),
+        external_ids=[rows[s].external_id if s in rows else "" for s in sample_ids],
+        X=torch.from_numpy(X.reshape(len(sample_ids), *shape)),
+        y=torch.from_numpy(y),
+        subjects=[rows[s].subject_id if s in rows else None for s in sample_ids],
+    )

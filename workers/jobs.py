@@ -9,7 +9,6 @@ import logging
 import time
 from typing import Any
 
-import numpy as np
 import torch
 from safetensors.torch import save as st_save
 from sqlalchemy import select, update
@@ -19,15 +18,15 @@ from app.blobstore import DatabaseBlobStore
 from app.db.session import transaction
 from app.db.tables import Dataset, DeletionTask, Model, ModelVersion, Sample
 from app.metrics import DELETIONS_PROCESSED, JOB_DURATION
-from app.privacy.lineage import compose
-from app.services.privacy import lineage_multipliers
 from app.settings import Settings, get_settings
 from workers import pipeline
 from workers.data import test_arrays, training_arrays
 from workers.lease import WORKER_ID, LeaseLost, ModelLease
-from workers.methods import method_for
-from workers.methods.base import RemovedSamples, RetainedData, TargetInfeasible
-from workers.training import accuracy, train
+from workers.methods import fit
+from workers.methods.base import RetainedData, Trained
+from workers.statistics import write_block
+from workers.training import accuracy
+from workers.updates import compute_update
 
 log = logging.getLogger("lethe.jobs")
 
@@ -48,7 +47,7 @@ def _lease(settings: Settings, model_id: int) -> ModelLease:
 
 
 def train_model(model_id: int) -> str:
-    """Train version 1 of a queued model, reporting progress per epoch."""
+    """Train version 1 of a queued model (with its method's recording), reporting progress."""
     settings = get_settings()
     url = settings.resolved_database_url
     _setup(settings)
@@ -67,8 +66,22 @@ def train_model(model_id: int) -> str:
             data = training_arrays(session, model_id, dataset)
             test = test_arrays(session, dataset)
         try:
-            state, metrics = _train_and_measure(url, model_id, spec, data, test)
-            _commit_trained(url, model_id, state, metrics)
+            trained = fit(
+                spec,
+                RetainedData(data.sample_ids, data.X, data.y, data.subjects),
+                _progress_writer(url, model_id),
+            )
+            metrics = {
+                **trained.metrics,
+                "n_train": len(data),
+                "train_accuracy": accuracy(
+                    spec.architecture, trained.state, data.X, data.y, spec.n_classes
+                ),
+                "test_accuracy": accuracy(
+                    spec.architecture, trained.state, test.X, test.y, spec.n_classes
+                ),
+            }
+            _commit_trained(url, model_id, trained, metrics)
         except LeaseLost:
             raise
         except Exception as exc:
@@ -87,7 +100,8 @@ def train_model(model_id: int) -> str:
     return "trained"
 
 
-def _train_and_measure(url: str, model_id: int, spec: Any, data: Any, test: Any):  # noqa: ANN202
+def _progress_writer(url: str, model_id: int):  # noqa: ANN202
+    """Record 'epoch k of E' at most twice a second (and at the last epoch)."""
     last = [0.0]
 
     def progress(epoch: int, epochs: int, loss: float) -> None:
@@ -109,29 +123,20 @@ def _train_and_measure(url: str, model_id: int, spec: Any, data: Any, test: Any)
                 )
             )
 
-    start = time.perf_counter()
-    state = train(spec.architecture, spec.training, data.X, data.y, spec.n_classes, progress)
-    seconds = time.perf_counter() - start
-    metrics = {
-        "train_seconds": seconds,
-        "n_train": len(data),
-        "train_accuracy": accuracy(spec.architecture, state, data.X, data.y, spec.n_classes),
-        "test_accuracy": accuracy(spec.architecture, state, test.X, test.y, spec.n_classes),
-    }
-    return state, metrics
+    return progress
 
 
-def _commit_trained(
-    url: str, model_id: int, state: dict[str, torch.Tensor], metrics: dict[str, Any]
-) -> None:
+def _commit_trained(url: str, model_id: int, trained: Trained, metrics: dict[str, Any]) -> None:
     with transaction(url) as session:
         model = session.get(Model, model_id)
         if model.lease_owner != WORKER_ID:
             raise LeaseLost(f"model {model_id} lease lost during training")
         store = DatabaseBlobStore(session)
-        weights = st_save(state)
+        weights = st_save(trained.state)
         wkey, wsha = store.put(weights, f"model-{model_id}/weights")
         skey, _ = store.put(weights, f"model-{model_id}/state")
+        if trained.record:
+            metrics = {**metrics, "record": trained.record}
         version = ModelVersion(
             model_id=model_id,
             number=1,
@@ -145,6 +150,8 @@ def _commit_trained(
             n_train=metrics["n_train"],
         )
         session.add(version)
+        if trained.statistics is not None:
+            write_block(session, model_id, trained.statistics, replace=True)
         session.flush()
         model.current_version_id, model.status, model.error = version.id, "ready", None
         model.progress = {
@@ -206,7 +213,7 @@ def _run_batch(settings: Settings, model_id: int, tasks: list[pipeline.ClaimedTa
                     )
                 ).all()
             )
-            update_, metrics = _compute(session, batch)
+            update_, metrics = compute_update(session, batch)
         _commit_with_retry(url, batch, update_, metrics, external)
     except Exception as exc:
         with transaction(url) as session:
@@ -231,88 +238,6 @@ def _no_more_retries() -> None:
     job = get_current_job()
     if job is not None:
         job.retries_left = 0
-
-
-def _compute(session: Any, batch: pipeline.Batch):  # noqa: ANN202
-    """Run the method on what it declares it needs; fall back to exact retraining when it
-    cannot meet the target or its release would exceed the lineage budget. Nothing here
-    writes."""
-    if not batch.removed:
-        return None, {}
-    removed_set = set(batch.removed)
-    everything = training_arrays(session, batch.model_id, batch.dataset)
-    keep = torch.tensor([s not in removed_set for s in everything.sample_ids])
-    retained = RetainedData(
-        [s for s in everything.sample_ids if s not in removed_set],
-        everything.X[keep],
-        everything.y[keep],
-    )
-    removed = RemovedSamples(
-        [s for s in everything.sample_ids if s in removed_set],
-        everything.X[~keep],
-        everything.y[~keep],
-    )
-    start = time.perf_counter()
-    update_, reason = _try_method(session, batch, removed, retained)
-    if reason is not None:
-        log.warning(
-            "model %s: exact retrain instead of %s: %s", batch.model_id, batch.method_name, reason
-        )
-        batch.method_name = "retrain"
-        update_ = method_for("retrain", batch.spec).unlearn(
-            batch.state, removed, batch.target(), retained
-        )
-        update_.certificate.fallback_reason = reason
-    seconds = time.perf_counter() - start
-    test = test_arrays(session, batch.dataset)
-    arch, k = batch.spec.architecture, batch.spec.n_classes
-    metrics = {
-        **update_.metrics,
-        "unlearn_seconds": seconds,
-        "n_train": len(retained.y),
-        "n_removed": len(removed.y),
-        "method": batch.method_name,
-        "fallback_reason": reason,
-        "test_accuracy": accuracy(arch, update_.release, test.X, test.y, k),
-        "retain_accuracy": accuracy(arch, update_.release, retained.X, retained.y, k),
-        "forget_accuracy": accuracy(arch, update_.release, removed.X, removed.y, k),
-    }
-    if not all(np.isfinite(v.numpy()).all() for v in update_.release.values()):
-        raise ValueError("the update produced non-finite weights; nothing is released")
-    return update_, metrics
-
-
-def _try_method(
-    session: Any, batch: pipeline.Batch, removed: RemovedSamples, retained: RetainedData
-) -> tuple[Any, str | None]:
-    """The configured method's update and its lineage spend, or the reason to retrain."""
-    method = method_for(batch.method_name, batch.spec)
-    if method.guarantee == "exact":
-        return method.unlearn(batch.state, removed, batch.target(), retained), None
-    try:
-        update_ = method.unlearn(
-            batch.state, removed, batch.target(), retained if method.needs_retained_data else None
-        )
-    except TargetInfeasible as exc:
-        return (
-            None,
-            f"{batch.method_name} cannot meet (ε={batch.target().epsilon:g}, "
-            f"δ={batch.target().delta:g}): {exc}",
-        )
-    cert = update_.certificate
-    if cert.guarantee == "none" and not batch.policy.get("allow_heuristic"):
-        return None, "the method's guarantee is heuristic and the policy does not allow it"
-    if cert.guarantee != "exact" and cert.sigma > 0 and cert.sensitivity > 0:
-        history = lineage_multipliers(session, batch.model_id)
-        spend = compose([*history, cert.sigma / cert.sensitivity], batch.policy["lineage_delta"])
-        if spend.epsilon > batch.policy["lineage_epsilon"]:
-            return None, (
-                f"this release would bring the lineage to ε={spend.epsilon:.4g} "
-                f"(δ={spend.delta:g}), past its budget "
-                f"ε={batch.policy['lineage_epsilon']:g}"
-            )
-        update_.lineage = spend
-    return update_, None
 
 
 def _commit_with_retry(

@@ -34,6 +34,7 @@ from app.privacy import DP_ACCOUNTING_VERSION
 from app.services.deletions import erase_payloads
 from workers.lease import WORKER_ID, LeaseLost
 from workers.methods.base import ModelSpec, ModelState, PrivacyTarget, Update
+from workers.statistics import write_block
 
 
 @dataclass
@@ -59,6 +60,7 @@ class Batch:
     parent_number: int
     state: ModelState
     tasks: list[ClaimedTask]
+    previously_removed: list[int] = field(default_factory=list)
     removed_by_task: dict[int, list[int]] = field(default_factory=dict)
 
     @property
@@ -71,14 +73,39 @@ class Batch:
         return PrivacyTarget(epsilon=eps, delta=dlt)
 
 
-def model_spec(model: Model, dataset: Dataset) -> ModelSpec:
+def model_spec(
+    model: Model,
+    dataset: Dataset,
+    record: dict[str, Any] | None = None,
+) -> ModelSpec:
     return ModelSpec(
         architecture=model.architecture,
         training=model.training,
         method=model.method,
         n_features=int(np.prod(dataset.feature_shape)),
         n_classes=dataset.n_classes,
+        record=record,
     )
+
+
+def training_record(session: Session, model_id: int) -> tuple[dict[str, Any] | None, list[int]]:
+    """The newest version's training record, and the samples removed since it was made."""
+    versions = session.execute(
+        select(ModelVersion.id, ModelVersion.number, ModelVersion.metrics)
+        .where(ModelVersion.model_id == model_id)
+        .order_by(ModelVersion.number.desc())
+    ).all()
+    for _, number, metrics in versions:
+        if metrics and metrics.get("record"):
+            later = [vid for vid, n, _ in versions if n > number]
+            removed = session.scalars(
+                select(ModelSample.sample_id).where(
+                    ModelSample.model_id == model_id,
+                    ModelSample.removed_version_id.in_(later or [-1]),
+                )
+            ).all()
+            return metrics["record"], sorted(removed)
+    return None, []
 
 
 def claim_tasks(session: Session, model_id: int, limit: int, deadline: Any) -> list[ClaimedTask]:
@@ -128,9 +155,11 @@ def load_batch(session: Session, model_id: int, tasks: list[ClaimedTask]) -> Bat
         )
     requested = {t.method for t in tasks if t.method}
     method_name = "retrain" if "retrain" in requested else model.method["name"]
+    record, previously_removed = training_record(session, model_id)
     batch = Batch(
         model_id=model_id,
-        spec=model_spec(model, dataset),
+        spec=model_spec(model, dataset, record),
+        previously_removed=previously_removed,
         dataset=dataset,
         policy=model.privacy,
         method_name=method_name,
@@ -181,12 +210,15 @@ def commit_update(
             None,
         )
     if version is not None:
-        session.execute(
-            delete(SampleStatistic).where(
-                SampleStatistic.model_id == batch.model_id,
-                SampleStatistic.sample_id.in_(update_.statistics_to_delete or [-1]),
+        if update_.replace_statistics is not None:  # a retrain re-recorded everything
+            write_block(session, batch.model_id, update_.replace_statistics, replace=True)
+        else:
+            session.execute(
+                delete(SampleStatistic).where(
+                    SampleStatistic.model_id == batch.model_id,
+                    SampleStatistic.sample_id.in_(update_.statistics_to_delete or [-1]),
+                )
             )
-        )
         _purge_older_versions(session, batch.model_id, version.id)
         model.current_version_id = version.id
     session.flush()
@@ -210,7 +242,7 @@ def _write_version(
         weights_sha256=wsha,
         weights_size=len(weights),
         state_key=skey,
-        metrics=metrics,
+        metrics={**metrics, **({"record": update_.record} if update_.record else {})},
         n_train=int(metrics.get("n_train", 0)),
     )
     session.add(version)

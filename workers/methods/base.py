@@ -20,6 +20,7 @@ class ModelSpec:
     method: dict[str, Any]
     n_features: int
     n_classes: int
+    record: dict[str, Any] | None = None  # what training recorded for the statistics in use
 
 
 @dataclass(frozen=True)
@@ -33,6 +34,8 @@ class RemovedSamples:
     sample_ids: list[int]
     X: torch.Tensor
     y: torch.Tensor
+    statistics: dict[int, torch.Tensor] = field(default_factory=dict)  # sample id -> vector
+    previously_removed: list[int] = field(default_factory=list)  # since the record was made
 
 
 @dataclass
@@ -40,6 +43,28 @@ class RetainedData:
     sample_ids: list[int]
     X: torch.Tensor
     y: torch.Tensor
+    subjects: list[str | None] = field(default_factory=list)
+
+
+@dataclass
+class StatisticsBlock:
+    """Per-sample (or per-subject) vectors to store; row i belongs to `sample_ids[i]`."""
+
+    kind: str
+    sample_ids: list[int]
+    kinds: list[str]
+    vectors: torch.Tensor
+    dtype: str = "float32"
+
+
+@dataclass
+class Trained:
+    """What a method's own training produced (methods that record during training)."""
+
+    state: dict[str, torch.Tensor]
+    statistics: StatisticsBlock | None
+    record: dict[str, Any]
+    metrics: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass
@@ -79,6 +104,8 @@ class Update:
     version_kind: Literal["unlearned", "retrained"] = "unlearned"
     metrics: dict[str, Any] = field(default_factory=dict)
     lineage: Any = None  # app.privacy.lineage.LineageSpend, set by the job before commit
+    replace_statistics: StatisticsBlock | None = None  # a retrain re-records everything
+    record: dict[str, Any] | None = None  # the new training record, if statistics changed
 
 
 class UnlearningMethod(Protocol):

@@ -1,4 +1,8 @@
-"""Exact retraining on the retained data with the model's own configuration and seed."""
+"""Exact retraining on the retained data with the model's own configuration and seed.
+
+For a method that records statistics while training (recollection), the retrain records them
+anew, so the next update starts from fresh, valid vectors.
+"""
 
 from __future__ import annotations
 
@@ -13,7 +17,6 @@ from workers.methods.base import (
     RetainedData,
     Update,
 )
-from workers.training import train
 
 
 class Method:
@@ -33,9 +36,11 @@ class Method:
         target: PrivacyTarget,
         data: RetainedData | None,
     ) -> Update:
+        from workers.methods import fit
+
         assert data is not None, "retrain needs the retained data"
         start = time.perf_counter()
-        new = train(self.spec.architecture, self.spec.training, data.X, data.y, self.spec.n_classes)
+        trained = fit(self.spec, data)
         n = len(removed.sample_ids)
         sentence = (
             f"Exact: retrained from scratch on the {len(data.sample_ids)} retained "
@@ -53,10 +58,12 @@ class Method:
             resets_lineage=True,
         )
         return Update(
-            next_state=new,
-            release=new,
+            next_state=trained.state,
+            release=trained.state,
             certificate=cert,
             statistics_to_delete=list(removed.sample_ids),
             version_kind="retrained",
-            metrics={"unlearn_seconds": time.perf_counter() - start},
+            metrics={**trained.metrics, "unlearn_seconds": time.perf_counter() - start},
+            replace_statistics=trained.statistics,
+            record=trained.record or None,
         )

@@ -1,0 +1,109 @@
+"""The evaluation every method shares: accuracies, a membership-inference AUC, and the
+distance to a retrained reference (DESIGN §8).
+
+Forget-set metrics need the removed samples' features, which are erased when the update
+commits, so they are computed inside the deletion job, before the commit.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import torch
+from sklearn.linear_model import LogisticRegression
+from sklearn.metrics import roc_auc_score
+from sklearn.model_selection import StratifiedKFold, cross_val_predict
+from torch import nn
+
+from workers.nets import build_net, flat
+from workers.training import accuracy
+
+
+@torch.no_grad()
+def per_sample_losses(
+    architecture: dict[str, Any],
+    state: dict[str, torch.Tensor],
+    X: torch.Tensor,
+    y: torch.Tensor,
+    n_classes: int,
+) -> np.ndarray:
+    net = build_net(architecture, int(np.prod(X.shape[1:])), n_classes)
+    net.load_state_dict(state)
+    net.eval()
+    return nn.functional.cross_entropy(net(X), y, reduction="none").numpy()
+
+
+def membership_auc(forget_losses: np.ndarray, test_losses: np.ndarray) -> float | None:
+    """AUC of a logistic regression on per-sample losses telling forget-set members (1) from
+    held-out test samples (0), from out-of-fold predictions. 0.5 = no membership signal."""
+    n_pos, n_neg = len(forget_losses), len(test_losses)
+    if n_pos < 2 or n_neg < 2:
+        return None
+    features = np.log1p(np.concatenate([forget_losses, test_losses])).reshape(-1, 1)
+    labels = np.concatenate([np.ones(n_pos), np.zeros(n_neg)])
+    folds = StratifiedKFold(n_splits=min(5, n_pos, n_neg), shuffle=True, random_state=0)
+    proba = cross_val_predict(
+        LogisticRegression(class_weight="balanced"),
+        features,
+        labels,
+        cv=folds,
+        method="predict_proba",
+    )[:, 1]
+    return float(roc_auc_score(labels, proba))
+
+
+def distance(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
+    return float((flat(a).double() - flat(b).double()).norm())
+
+
+def evaluate(
+    architecture: dict[str, Any],
+    n_classes: int,
+    *,
+    release: dict[str, torch.Tensor],
+    noise_free: dict[str, torch.Tensor],
+    original: dict[str, torch.Tensor],
+    reference: dict[str, torch.Tensor] | None,
+    forget: tuple,
+    retain: tuple,
+    test: tuple,
+) -> dict[str, Any]:
+    """Accuracies and MIA AUC of the release (and the reference), and distances to it."""
+
+    def acc(state: dict[str, torch.Tensor], data: tuple) -> float | None:
+        return accuracy(architecture, state, data[0], data[1], n_classes)
+
+    def auc(state: dict[str, torch.Tensor]) -> float | None:
+        return membership_auc(
+            per_sample_losses(architecture, state, *forget, n_classes),
+            per_sample_losses(architecture, state, *test, n_classes),
+        )
+
+    out: dict[str, Any] = {
+        "test_accuracy": acc(release, test),
+        "forget_accuracy": acc(release, forget),
+        "retain_accuracy": acc(release, retain),
+        "mia_auc": auc(release),
+        "noise_free": {
+            "test_accuracy": acc(noise_free, test),
+            "forget_accuracy": acc(noise_free, forget),
+            "mia_auc": auc(noise_free),
+        },
+        "original": {"forget_accuracy": acc(original, forget), "mia_auc": auc(original)},
+    }
+    if reference is not None:
+        gap = distance(original, reference)
+        out["reference"] = {
+            "test_accuracy": acc(reference, test),
+            "forget_accuracy": acc(reference, forget),
+            "retain_accuracy": acc(reference, retain),
+            "mia_auc": auc(reference),
+            "distance_release": distance(release, reference),
+            "distance_noise_free": distance(noise_free, reference),
+            "distance_original": gap,
+            "relative_distance_noise_free": distance(noise_free, reference) / gap
+            if gap > 0
+            else None,
+        }
+    return out

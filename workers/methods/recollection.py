@@ -1,0 +1,273 @@
+"""Hessian-free recollection (seed 003): w_det ← w_det + Σ_{u∈U} a_u, released with Gaussian
+noise calibrated by the analytic Gaussian mechanism on the Theorem 2 bound (note 003 §5,
+unfolded sum) for every sample removed since the vectors were recorded.
+
+Conditional: it holds if the first-order remainder bound of Theorem 2 holds with the measured
+ρ (power iteration on sampled batch Hessians of the trajectory; a heuristic estimate).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections import defaultdict
+
+import torch
+
+from app.privacy.gaussian import epsilon_for, sigma_for
+from app.privacy.sensitivity import recollection_sensitivity_schedule
+from workers.methods.base import (
+    CertificateFields,
+    Constant,
+    ModelSpec,
+    ModelState,
+    PrivacyTarget,
+    RemovedSamples,
+    RetainedData,
+    StatisticsBlock,
+    TargetInfeasible,
+    Trained,
+    Update,
+)
+from workers.methods.noise import secure_generator
+from workers.nets import build_net
+from workers.recollection import FlatModel, batch_schedule, train_recollection
+
+KIND, SUBJECT_KIND = "recollection", "recollection_subject"
+
+
+class Method:
+    name = "recollection"
+    guarantee = "conditional"
+    needs_retained_data = False
+    statistics_kind = KIND
+
+    def __init__(self, spec: ModelSpec) -> None:
+        self.spec = spec
+        self.options = spec.method
+
+    def _flat(self) -> FlatModel:
+        return FlatModel(
+            build_net(self.spec.architecture, self.spec.n_features, self.spec.n_classes)
+        )
+
+    def train(self, data: RetainedData, progress=None) -> Trained:  # noqa: ANN001
+        """Train while recording every sample's recollection vector (Stage I + II online)."""
+        o, cfg = self.options, self.spec.training
+        run = train_recollection(
+            self.spec.architecture,
+            cfg,
+            o["C"],
+            o["q"],
+            data.X,
+            data.y,
+            self.spec.n_classes,
+            record=True,
+            rho_checks=o["rho_checks"],
+            power_iterations=o["power_iterations"],
+            progress=progress,
+        )
+        block, groups = self._block(run.vectors, data)
+        record = {
+            "method": KIND,
+            "train_sample_ids": list(data.sample_ids),
+            "rho": run.rho,
+            "rho_trace": run.rho_trace,
+            "C": o["C"],
+            "q": o["q"],
+            "eta": cfg["learning_rate"],
+            "epochs": cfg["epochs"],
+            "batch_size": cfg["batch_size"],
+            "seed": cfg["seed"],
+            "weight_decay": cfg.get("weight_decay", 0.0),
+            "steps": run.schedule.steps,
+            "clipped_steps": run.clipped_steps,
+            "precompute_seconds": run.seconds,
+            "d": int(run.vectors.shape[1]),
+            "storage_dtype": block.dtype,
+            "rows": len(block.sample_ids),
+            "subject_groups": groups,
+        }
+        metrics = {
+            "train_seconds": run.seconds,
+            "n_train": len(data.y),
+            "statistics_rows": len(block.sample_ids),
+            "statistics_bytes": len(block.sample_ids)
+            * record["d"]
+            * (2 if block.dtype == "float16" else 4),
+        }
+        return Trained(state=run.state, statistics=block, record=record, metrics=metrics)
+
+    def _block(
+        self, vectors: torch.Tensor, data: RetainedData
+    ) -> tuple[StatisticsBlock, dict[str, list[int]]]:
+        """One row per sample, or one summed row per subject (additivity, Theorem 1)."""
+        dtype = self.options["storage_dtype"]
+        if not self.options["per_subject"]:
+            return StatisticsBlock(
+                KIND, list(data.sample_ids), [KIND] * len(data.sample_ids), vectors, dtype
+            ), {}
+        members: dict[str, list[int]] = defaultdict(list)
+        for i, subject in enumerate(data.subjects):
+            members[subject if subject is not None else f"\0{data.sample_ids[i]}"].append(i)
+        ids, kinds, rows, groups = [], [], [], {}
+        for subject, idx in members.items():
+            rep = min(data.sample_ids[i] for i in idx)
+            ids.append(rep)
+            rows.append(vectors[idx].sum(0))
+            if subject.startswith("\0"):
+                kinds.append(KIND)
+            else:
+                kinds.append(SUBJECT_KIND)
+                groups[str(rep)] = sorted(data.sample_ids[i] for i in idx)
+        return StatisticsBlock(KIND, ids, kinds, torch.stack(rows), dtype), groups
+
+    def _sum_vectors(self, removed: RemovedSamples) -> torch.Tensor:
+        groups = (self.spec.record or {}).get("subject_groups") or {}
+        wanted = set(removed.sample_ids)
+        covered: set[int] = set()
+        total = None
+        for sample_id, vector in removed.statistics.items():
+            members = groups.get(str(sample_id), [sample_id])
+            if not set(members) <= wanted:
+                raise TargetInfeasible(
+                    "a per-subject vector cannot remove only part of its "
+                    f"subject (samples {sorted(set(members) - wanted)[:5]} "
+                    "are not in this request)"
+                )
+            covered.update(members)
+            total = vector.double() if total is None else total + vector.double()
+        missing = wanted - covered
+        if missing or total is None:
+            raise TargetInfeasible(f"no recollection vector for samples {sorted(missing)[:5]}")
+        return total
+
+    def sensitivity(self, removed_total: list[int]) -> float:
+        """Theorem 2 (unfolded) for every sample removed since the vectors were recorded."""
+        rec = self.spec.record
+        pos = {s: i for i, s in enumerate(rec["train_sample_ids"])}
+        sched = batch_schedule(
+            len(pos), rec["epochs"], rec["batch_size"], rec["seed"], rec["eta"], rec["q"]
+        )
+        steps = sched.steps_of([pos[s] for s in removed_total])
+        return recollection_sensitivity_schedule(
+            sched.etas, rec["C"], rec["rho"], steps, [len(b) for b in sched.batches]
+        )
+
+    def unlearn(
+        self,
+        state: ModelState,
+        removed: RemovedSamples,
+        target: PrivacyTarget,
+        data: RetainedData | None,
+    ) -> Update:
+        start = time.perf_counter()
+        if not self.spec.record or self.spec.record.get("method") != KIND:
+            raise TargetInfeasible("this model has no recollection record")
+        flat = self._flat()
+        w_det = torch.cat([state[n].reshape(-1).double() for n in flat.names])
+        w_det = w_det + self._sum_vectors(removed)
+        compute_seconds = time.perf_counter() - start
+        removed_total = sorted(set(removed.previously_removed) | set(removed.sample_ids))
+        sensitivity = self.sensitivity(removed_total)
+        if not math.isfinite(sensitivity) or sensitivity <= 0:
+            raise TargetInfeasible(
+                f"the Theorem 2 bound is {sensitivity} (ρ={self.spec.record['rho']:.4g})"
+            )
+        sigma = sigma_for(sensitivity, target.epsilon, target.delta)
+        cap = self.options.get("max_sigma")
+        if cap is not None and sigma > cap:
+            raise TargetInfeasible(f"σ={sigma:.4g} exceeds the configured max_sigma={cap:g}")
+        ratio = sigma * math.sqrt(w_det.numel()) / max(float(w_det.norm()), 1e-12)
+        limit = self.options.get("max_relative_noise")
+        if limit is not None and ratio > limit:
+            raise TargetInfeasible(
+                f"the certified noise (σ={sigma:.4g}, Δ={sensitivity:.4g}) "
+                f"would be {ratio:.3g}× the weights' norm, above "
+                f"max_relative_noise={limit:g}"
+            )
+        noise = sigma * torch.randn(w_det.shape, generator=secure_generator(), dtype=torch.float64)
+        next_state = flat.state(w_det.float())
+        release = flat.state((w_det + noise).float())
+        epsilon = epsilon_for(sensitivity, sigma, target.delta)
+        return Update(
+            next_state=next_state,
+            release=release,
+            certificate=self._certificate(
+                epsilon,
+                target.delta,
+                sigma,
+                sensitivity,
+                len(removed.sample_ids),
+                len(removed_total),
+            ),
+            statistics_to_delete=list(removed.statistics),
+            metrics={
+                "unlearn_compute_seconds": compute_seconds,
+                "sigma": sigma,
+                "sensitivity": sensitivity,
+                "removed_since_record": len(removed_total),
+            },
+        )
+
+    def _certificate(
+        self, epsilon: float, delta: float, sigma: float, sensitivity: float, n: int, n_total: int
+    ) -> CertificateFields:
+        rec = self.spec.record
+        rho_note = (
+            f"ρ={rec['rho']:.6g} measured by {self.options['power_iterations']}-step "
+            f"power iteration on {len(rec['rho_trace'])} of {rec['steps']} batch "
+            "Hessians of the trajectory"
+        )
+        sentence = (
+            f"(ε={epsilon:.4g}, δ={delta:.3g})-indistinguishable from retraining "
+            f"without these {n} samples (the coupled retrain: same batch order, "
+            f"{n_total} samples removed since the vectors were recorded), plus the same "
+            f"Gaussian noise σ={sigma:.4g}, provided the first-order remainder bound of "
+            f"seed 003 Theorem 2 holds with {rho_note}."
+        )
+        constants = {
+            "rho": Constant(rec["rho"], "measured", rho_note),
+            "C": Constant(rec["C"], "declared", "gradient clipping norm (enforced in training)"),
+            "eta": Constant(rec["eta"], "declared", "initial step size"),
+            "q": Constant(rec["q"], "declared", "per-step step-size decay"),
+            "T": Constant(rec["steps"], "measured", "SGD steps of the recorded trajectory"),
+            "batch_size": Constant(rec["batch_size"], "declared", "|B|, denominator kept"),
+            "removed_since_record": Constant(
+                n_total, "measured", "m in Theorem 2 (all removals since recording)"
+            ),
+        }
+        return CertificateFields(
+            guarantee="conditional",
+            epsilon=epsilon,
+            delta=delta,
+            sigma=sigma,
+            sensitivity=sensitivity,
+            accountant="analytic Gaussian mechanism (Balle & Wang "
+            "2018) on the seed 003 Theorem 2 bound (unfolded sum, note 003 §5)",
+            sentence=sentence,
+            constants=constants,
+            compares="release vs. the coupled retrain without all samples removed since "
+            "recording, plus the same noise (seed 003 Definition 1)",
+        )
+
+
+def coupled_retrain(
+    spec: ModelSpec, X: torch.Tensor, y: torch.Tensor, exclude: torch.Tensor
+) -> ModelState:
+    """Note 003 §1.1: replay the recorded batch order without the excluded samples, keeping
+    the batch denominator |B|. X, y are in the record's training order."""
+    o = spec.method
+    return train_recollection(
+        spec.architecture,
+        spec.training,
+        o["C"],
+        o["q"],
+        X,
+        y,
+        spec.n_classes,
+        record=False,
+        exclude=exclude,
+        rho_checks=1,
+        power_iterations=5,
+    ).state

@@ -1,0 +1,231 @@
+"""Training with recollection (seed 003, note 003 §3): SGD with batch-gradient clipping at C and
+step decay η_t = η·q^t, computing every training sample's recollection vector a_i online.
+
+Forward recursion, at each step t with batch B_t (HVP first, then the new gradient term: the
+exact first-order linearisation of note §3):
+
+    a_i ← a_i − η_t·J_t·(H̄_t + λI)·a_i            for every sample already visited
+    a_i ← a_i + (η_t/|B_t|)·J_t·∇ℓ(w_t; z_i)       for i ∈ B_t
+
+where J_t is the Jacobian of the clipping map at the batch gradient (the identity when the
+gradient is not clipped), so the recursion linearises exactly the update that training made.
+H̄_t is applied to all visited vectors in chunks with torch.func (vmap over jvp of grad).
+
+The same function with `exclude` and no recording is the coupled retrain of note §1.1: the same
+batches with the removed samples taken out and the denominator |B_t| kept.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+from torch.func import functional_call, grad, jvp, vmap
+
+from workers.training import seeded_net
+
+CHUNK = 2048  # vectors per vmap call: larger chunks amortise torch.func overhead
+
+
+@dataclass
+class Schedule:
+    """The deterministic batch order and step sizes of a training run."""
+
+    batches: list[torch.Tensor]
+    etas: list[float]
+    batch_size: int
+    batches_per_epoch: int
+
+    @property
+    def steps(self) -> int:
+        return len(self.batches)
+
+    def steps_of(self, positions: list[int]) -> list[list[int]]:
+        """For each training-order position, the global steps whose batch contains it."""
+        where: dict[int, list[int]] = {p: [] for p in positions}
+        for t, batch in enumerate(self.batches):
+            for p in batch.tolist():
+                if p in where:
+                    where[p].append(t)
+        return [where[p] for p in positions]
+
+
+def batch_schedule(
+    n: int, epochs: int, batch_size: int, seed: int, eta: float, q: float
+) -> Schedule:
+    gen = torch.Generator().manual_seed(seed)
+    batches = []
+    for _ in range(epochs):
+        order = torch.randperm(n, generator=gen)
+        batches += [order[s : s + batch_size] for s in range(0, n, batch_size)]
+    per_epoch = math.ceil(n / batch_size)
+    return Schedule(batches, [eta * q**t for t in range(len(batches))], batch_size, per_epoch)
+
+
+class FlatModel:
+    """A network seen as a function of one flat parameter vector (for torch.func)."""
+
+    def __init__(self, net: nn.Module) -> None:
+        self.net = net
+        self.names = [k for k, _ in net.named_parameters()]
+        self.shapes = [p.shape for _, p in net.named_parameters()]
+        self.numels = [p.numel() for _, p in net.named_parameters()]
+
+    def flat(self) -> torch.Tensor:
+        return torch.cat([p.detach().reshape(-1) for p in self.net.parameters()])
+
+    def unflatten(self, w: torch.Tensor) -> dict[str, torch.Tensor]:
+        return {
+            n: c.reshape(s)
+            for n, c, s in zip(self.names, torch.split(w, self.numels), self.shapes, strict=True)
+        }
+
+    def state(self, w: torch.Tensor) -> dict[str, torch.Tensor]:
+        return {k: v.detach().clone().contiguous() for k, v in self.unflatten(w).items()}
+
+    def logits(self, w: torch.Tensor, X: torch.Tensor) -> torch.Tensor:
+        return functional_call(self.net, self.unflatten(w), (X,))
+
+
+@dataclass
+class RecollectionRun:
+    state: dict[str, torch.Tensor]
+    vectors: torch.Tensor | None  # (n, d) in training order, float32
+    schedule: Schedule
+    rho: float  # max over checked steps of ‖I − η_t(H̄_t + λI)‖
+    rho_trace: list[tuple[int, float]] = field(default_factory=list)
+    clipped_steps: int = 0
+    seconds: float = 0.0
+
+
+def _clip_jacobian(g: torch.Tensor, C: float) -> Callable[[torch.Tensor], torch.Tensor]:
+    """J of x ↦ x·min(1, C/‖x‖) at g, applied to rows of a matrix."""
+    norm = float(g.norm())
+    if norm <= C:
+        return lambda V: V
+    ghat = g / norm
+
+    def apply(V: torch.Tensor) -> torch.Tensor:
+        return (C / norm) * (V - (V @ ghat).unsqueeze(-1) * ghat)
+
+    return apply
+
+
+def _spectral_rho(
+    hvp: Callable[[torch.Tensor], torch.Tensor],
+    d: int,
+    eta: float,
+    iters: int,
+    gen: torch.Generator,
+) -> float:
+    """ρ_t = max(|1 − η λ_min|, |1 − η λ_max|) of H̄ + λI by power iteration (Lemma 2)."""
+
+    def power(op: Callable[[torch.Tensor], torch.Tensor]) -> float:
+        v = torch.randn(d, generator=gen)
+        v /= v.norm()
+        value = 0.0
+        for _ in range(iters):
+            w = op(v)
+            value = float(v @ w)
+            n = float(w.norm())
+            if n == 0:
+                return 0.0
+            v = w / n
+        return value
+
+    lam_max = power(hvp)
+    shift = abs(lam_max)
+    lam_min = lam_max - power(lambda v: shift * v - hvp(v)) if shift > 0 else 0.0
+    return max(abs(1 - eta * lam_min), abs(1 - eta * lam_max))
+
+
+def train_recollection(
+    architecture: dict[str, Any],
+    config: dict[str, Any],
+    C: float,
+    q: float,
+    X: torch.Tensor,
+    y: torch.Tensor,
+    n_classes: int,
+    record: bool = True,
+    exclude: torch.Tensor | None = None,
+    rho_checks: int = 10,
+    power_iterations: int = 20,
+    progress: Callable[[int, int, float], None] | None = None,
+) -> RecollectionRun:
+    """Train (seeded init, seeded batch order) and, if `record`, every sample's a_i."""
+    start = time.perf_counter()
+    n = len(y)
+    n_features = int(np.prod(X.shape[1:]))
+    net = seeded_net(architecture, n_features, n_classes, config["seed"])
+    model = FlatModel(net)
+    w = model.flat()
+    d = w.numel()
+    lam = float(config.get("weight_decay", 0.0))
+    sched = batch_schedule(
+        n, config["epochs"], config["batch_size"], config["seed"], config["learning_rate"], q
+    )
+    keep = torch.ones(n, dtype=torch.bool) if exclude is None else ~exclude
+    A = torch.zeros((n, d)) if record else None
+    visited = torch.zeros(n, dtype=torch.bool)
+    check_every = max(1, sched.steps // max(rho_checks, 1))
+    gen = torch.Generator().manual_seed(config["seed"] + 1)
+    rho_trace: list[tuple[int, float]] = []
+    clipped = 0
+
+    def ce_single(wv: torch.Tensor, x: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+        return nn.functional.cross_entropy(model.logits(wv, x.unsqueeze(0)), t.unsqueeze(0))
+
+    per_sample_grad = vmap(grad(ce_single), in_dims=(None, 0, 0))
+
+    for t, batch in enumerate(sched.batches):
+        eta_t, size = sched.etas[t], len(batch)
+        members = batch[keep[batch]]
+        Xb, yb = X[members], y[members]
+
+        def batch_loss(
+            wv: torch.Tensor, Xb: torch.Tensor = Xb, yb: torch.Tensor = yb, size: int = size
+        ) -> torch.Tensor:
+            ce = (
+                nn.functional.cross_entropy(model.logits(wv, Xb), yb, reduction="sum")
+                if len(yb)
+                else wv.sum() * 0.0
+            )
+            return ce / size + 0.5 * lam * (wv @ wv)
+
+        grad_fn = grad(batch_loss)
+        g = grad_fn(w)
+        J = _clip_jacobian(g, C)
+        clipped += int(float(g.norm()) > C)
+        if record or t % check_every == 0:
+
+            def hvp(v: torch.Tensor, grad_fn=grad_fn, w: torch.Tensor = w) -> torch.Tensor:  # noqa: ANN001
+                return jvp(grad_fn, (w,), (v,))[1]
+
+            if t % check_every == 0:
+                rho_trace.append((t, _spectral_rho(hvp, d, eta_t, power_iterations, gen)))
+            if record:
+                rows = torch.nonzero(visited).flatten()
+                for s in range(0, len(rows), CHUNK):
+                    idx = rows[s : s + CHUNK]
+                    A[idx] -= eta_t * J(vmap(hvp)(A[idx]))
+                A[members] += (eta_t / size) * J(per_sample_grad(w, Xb, yb))
+                visited[members] = True
+        w = w - eta_t * g * min(1.0, C / max(float(g.norm()), 1e-30))
+        if progress is not None and (t + 1) % sched.batches_per_epoch == 0:
+            progress((t + 1) // sched.batches_per_epoch, config["epochs"], float(batch_loss(w)))
+    return RecollectionRun(
+        state=model.state(w),
+        vectors=A,
+        schedule=sched,
+        rho=max(r for _, r in rho_trace),
+        rho_trace=rho_trace,
+        clipped_steps=clipped,
+        seconds=time.perf_counter() - start,
+    )
