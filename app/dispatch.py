@@ -99,8 +99,10 @@ class RQDispatcher:
                 *args,
                 job_timeout=self.settings.job_timeout_seconds,
                 retry=Retry(
-                    max=self.settings.job_retries, interval=[2, 10, 30][: self.settings.job_retries]
-                ),
+                    max=self.settings.job_retries, interval=self.settings.retry_backoff_seconds
+                )
+                if self.settings.job_retries > 0
+                else None,
                 failure_ttl=7 * 24 * 3600,
                 result_ttl=3600,
             )

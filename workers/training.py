@@ -28,10 +28,20 @@ def train(
     y: torch.Tensor,
     n_classes: int,
     progress: ProgressFn | None = None,
+    init_state: dict[str, torch.Tensor] | None = None,
+    project_radius: float | None = None,
 ) -> dict[str, torch.Tensor]:
-    """SGD with weight decay over seeded shuffles; returns the final parameters."""
+    """SGD with weight decay over seeded shuffles; returns the final parameters.
+
+    From a seeded initialisation, or from `init_state` (fine-tuning with a fresh optimizer);
+    with `project_radius`, projected SGD onto the ball ‖w‖ ≤ C after every step.
+    """
     n_features = int(np.prod(X.shape[1:]))
     net = seeded_net(architecture, n_features, n_classes, config["seed"])
+    if init_state is not None:
+        net.load_state_dict(init_state)
+    if project_radius is not None:
+        _project(net, project_radius)
     opt = torch.optim.SGD(
         net.parameters(),
         lr=config["learning_rate"],
@@ -41,6 +51,7 @@ def train(
     gen = torch.Generator().manual_seed(config["seed"])
     loss_fn = nn.CrossEntropyLoss()
     epochs, batch = config["epochs"], config["batch_size"]
+    net.train()
     for epoch in range(epochs):
         order = torch.randperm(len(y), generator=gen)
         total = 0.0
@@ -50,10 +61,21 @@ def train(
             loss = loss_fn(net(X[idx]), y[idx])
             loss.backward()
             opt.step()
+            if project_radius is not None:
+                _project(net, project_radius)
             total += loss.item() * len(idx)
         if progress is not None:
             progress(epoch + 1, epochs, total / max(len(y), 1))
     return state_of(net)
+
+
+@torch.no_grad()
+def _project(net: nn.Module, radius: float) -> None:
+    """Projected SGD (seed 004 §2.1): the whole parameter vector back onto ‖w‖ ≤ C."""
+    norm = float(torch.sqrt(sum((p.double() ** 2).sum() for p in net.parameters())))
+    if norm > radius:
+        for p in net.parameters():
+            p.mul_(radius / norm)
 
 
 @torch.no_grad()
