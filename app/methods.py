@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 
 class NoOptions(BaseModel):
@@ -79,6 +79,35 @@ class NewtonOptions(BaseModel):
     evaluate: bool = False
 
 
+class NoisyFinetuneOptions(BaseModel):
+    """Seed 002: T noisy SGD steps on the retained data from the clipped model, then optional
+    noiseless fine-tuning. Give σ (T is found) or T (σ is found), or both (checked)."""
+
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+    variant: Literal["gradient_clipping", "model_clipping"] = "gradient_clipping"
+    C0: float = Field(1.0, gt=0.0, le=1e6, description="initial model clip")
+    C1: float = Field(10.0, gt=0.0, le=1e6, description="gradient clip (gradient clipping)")
+    C2: float = Field(1.0, gt=0.0, le=1e6, description="projection radius (model clipping)")
+    lam: float = Field(0.0, ge=0.0, le=1e6, description="L2 factor λ")
+    gamma: float = Field(1e-2, gt=0.0, le=10.0, description="step size γ")
+    sigma: float | None = Field(None, gt=0.0, le=1e6)
+    T: int | None = Field(None, ge=1, le=100_000)
+    T_max: int = Field(1000, ge=1, le=100_000)
+    sigma0: float = Field(0.0, ge=0.0, description="initial noise (model clipping)")
+    tight: bool = Field(False, description="model clipping: the repo's tighter recursion")
+    batch_size: int = Field(64, ge=1, le=65536)
+    finetune_epochs: int = Field(0, ge=0, le=1000)
+    finetune_learning_rate: float = Field(0.05, gt=0.0, le=10.0)
+
+    @model_validator(mode="after")
+    def _consistent(self) -> NoisyFinetuneOptions:
+        if self.sigma is None and self.T is None:
+            raise ValueError("give sigma (the steps T are found) or T (σ is found)")
+        if self.variant == "gradient_clipping" and self.gamma * self.lam >= 1:
+            raise ValueError("Theorem A.9 needs γ·λ < 1")
+        return self
+
+
 KNOWN_METHODS: dict[str, dict[str, Any]] = {
     "retrain": {"guarantee": "exact", "module": "workers.methods.retrain", "options": NoOptions},
     "output_perturbation": {
@@ -90,12 +119,19 @@ KNOWN_METHODS: dict[str, dict[str, Any]] = {
         "guarantee": "conditional",
         "module": "workers.methods.recollection",
         "options": RecollectionOptions,
+        "records_training": True,
         "deterministic_trajectory": True,
     },
     "newton": {
         "guarantee": "conditional",
         "module": "workers.methods.newton",
         "options": NewtonOptions,
+        "records_training": True,
+    },
+    "noisy_finetune": {
+        "guarantee": "rigorous",
+        "module": "workers.methods.noisy_finetune",
+        "options": NoisyFinetuneOptions,
     },
 }
 

@@ -10,6 +10,7 @@ import time
 from typing import Any
 
 import torch
+from safetensors.torch import load as st_load
 from safetensors.torch import save as st_save
 from sqlalchemy import select, update
 from sqlalchemy.exc import IntegrityError, OperationalError
@@ -24,6 +25,7 @@ from workers.data import test_arrays, training_arrays
 from workers.lease import WORKER_ID, LeaseLost, ModelLease
 from workers.methods import fit
 from workers.methods.base import RetainedData, Trained
+from workers.nets import build_net
 from workers.statistics import write_block
 from workers.training import accuracy
 from workers.updates import compute_update
@@ -66,10 +68,15 @@ def train_model(model_id: int) -> str:
             data = training_arrays(session, model_id, dataset)
             test = test_arrays(session, dataset)
         try:
-            trained = fit(
-                spec,
-                RetainedData(data.sample_ids, data.X, data.y, data.subjects),
-                _progress_writer(url, model_id),
+            imported = spec.training.get("imported")
+            trained = (
+                _load_imported(url, spec, imported)
+                if imported
+                else fit(
+                    spec,
+                    RetainedData(data.sample_ids, data.X, data.y, data.subjects),
+                    _progress_writer(url, model_id),
+                )
             )
             metrics = {
                 **trained.metrics,
@@ -98,6 +105,23 @@ def train_model(model_id: int) -> str:
             raise
     JOB_DURATION.labels("train_model").observe(time.perf_counter() - started)
     return "trained"
+
+
+def _load_imported(url: str, spec: Any, imported: dict[str, str]) -> Trained:
+    """Weights trained elsewhere, loaded without pickle and checked against the spec."""
+    with transaction(url) as session:
+        data = DatabaseBlobStore(session).get(imported["blob"])
+    tensors = {k: v.float().contiguous() for k, v in st_load(data).items()}
+    net = build_net(spec.architecture, spec.n_features, spec.n_classes)
+    net.load_state_dict(tensors, strict=True)
+    if not all(torch.isfinite(v).all() for v in tensors.values()):
+        raise ValueError("the imported weights contain NaN or infinite values")
+    return Trained(
+        state=tensors,
+        statistics=None,
+        record={},
+        metrics={"imported": True, "imported_sha256": imported["sha256"]},
+    )
 
 
 def _progress_writer(url: str, model_id: int):  # noqa: ANN202
@@ -137,11 +161,14 @@ def _commit_trained(url: str, model_id: int, trained: Trained, metrics: dict[str
         skey, _ = store.put(weights, f"model-{model_id}/state")
         if trained.record:
             metrics = {**metrics, "record": trained.record}
+        imported = model.training.get("imported")
+        if imported:
+            store.delete([imported["blob"]])
         version = ModelVersion(
             model_id=model_id,
             number=1,
             parent_id=None,
-            kind="trained",
+            kind="imported" if imported else "trained",
             weights_key=wkey,
             weights_sha256=wsha,
             weights_size=len(weights),

@@ -301,6 +301,7 @@ def _certify(
             "budget_delta": batch.policy["lineage_delta"],
         },
         "lineage_reset": c.resets_lineage,
+        "lineage_event": c.lineage_event,
         "fallback_reason": c.fallback_reason,
         "target": {"epsilon": target.epsilon, "delta": target.delta},
         "n_removed": len(removed),

@@ -11,8 +11,8 @@ import numpy as np
 import torch
 from sqlalchemy.orm import Session
 
-from app.privacy.lineage import compose
-from app.services.privacy import lineage_multipliers
+from app.privacy.lineage import compose_events, gaussian_event
+from app.services.privacy import lineage_events
 from workers import pipeline
 from workers.data import Arrays, arrays_for, test_arrays, training_arrays
 from workers.evaluation import evaluate
@@ -97,13 +97,21 @@ def _try_method(
     if cert.guarantee == "none" and not batch.policy.get("allow_heuristic"):
         return None, "the method's guarantee is heuristic and the policy does not allow it"
     if cert.guarantee != "exact" and cert.sigma > 0 and cert.sensitivity > 0:
-        history = lineage_multipliers(session, batch.model_id)
-        spend = compose([*history, cert.sigma / cert.sensitivity], batch.policy["lineage_delta"])
-        if spend.epsilon > batch.policy["lineage_epsilon"]:
+        if cert.lineage_event is None:
+            cert.lineage_event = gaussian_event(
+                cert.sigma, cert.sensitivity, cert.epsilon, cert.delta
+            )
+        history = lineage_events(session, batch.model_id)
+        spend = compose_events([*history, cert.lineage_event], batch.policy["lineage_delta"])
+        if (
+            spend.epsilon > batch.policy["lineage_epsilon"]
+            or spend.delta > batch.policy["lineage_delta"]
+        ):
             return None, (
                 f"this release would bring the lineage to ε={spend.epsilon:.4g} "
                 f"(δ={spend.delta:g}), past its budget "
-                f"ε={batch.policy['lineage_epsilon']:g}"
+                f"ε={batch.policy['lineage_epsilon']:g}, "
+                f"δ={batch.policy['lineage_delta']:g}"
             )
         update_.lineage = spend
     return update_, None

@@ -2,20 +2,25 @@
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from fastapi import APIRouter, Request
+from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import Response
+from pydantic import ValidationError
 from sqlalchemy import select
 
-from app.api.deps import Admin, AnyRole, DbDep, DispatcherDep, ReaderRole
+from app.api.deps import Admin, AnyRole, DbDep, DispatcherDep, ReaderRole, SettingsDep
 from app.db.tables import Model
 from app.dispatch import TRAIN
+from app.errors import APIError, unprocessable
 from app.schemas import ModelCreate, ModelOut, VersionOut
 from app.services.models import (
     create_model,
     get_model,
     get_version,
+    import_model,
     list_versions,
     model_view,
     released_weights,
@@ -31,6 +36,76 @@ def create(spec: ModelCreate, _: Admin, db: DbDep, dispatcher: DispatcherDep) ->
         model = create_model(session, spec)
         view = model_view(session, model)
     dispatcher.enqueue(TRAIN, model.id)
+    return view
+
+
+IMPORT_DOC = {
+    "requestBody": {
+        "content": {
+            "multipart/form-data": {
+                "schema": {
+                    "type": "object",
+                    "required": ["weights", "name", "dataset_id", "architecture", "method"],
+                    "properties": {
+                        "weights": {"type": "string", "format": "binary"},
+                        "name": {"type": "string"},
+                        "dataset_id": {"type": "integer"},
+                        "architecture": {"type": "string", "description": "JSON spec"},
+                        "method": {"type": "string", "description": "JSON method config"},
+                        "privacy": {"type": "string", "description": "JSON policy"},
+                        "training": {
+                            "type": "string",
+                            "description": "JSON (fine-tuning, retrain)",
+                        },
+                    },
+                }
+            }
+        }
+    }
+}
+
+
+@router.post("/import", status_code=202, response_model=ModelOut, openapi_extra=IMPORT_DOC)
+async def import_weights(
+    request: Request, _: Admin, db: DbDep, dispatcher: DispatcherDep, settings: SettingsDep
+) -> dict[str, Any]:
+    """Bring a model trained elsewhere: safetensors weights, an architecture spec, a dataset.
+    Only methods that need no training-time recording can serve it."""
+    form = await request.form(max_files=1, max_fields=20)
+    upload = form.get("weights")
+    if upload is None or isinstance(upload, str):
+        raise unprocessable("missing_file", "multipart field 'weights' is required")
+    data = await upload.read(settings.max_upload_bytes + 1)
+    if len(data) > settings.max_upload_bytes:
+        raise APIError(413, "payload_too_large", "weights exceed the upload limit")
+    fields = {k: v for k, v in form.items() if isinstance(v, str)}
+    try:
+        body = {
+            "name": fields.get("name", ""),
+            "dataset_id": fields.get("dataset_id"),
+            **{
+                k: json.loads(fields[k])
+                for k in ("architecture", "method", "privacy", "training")
+                if k in fields
+            },
+        }
+        spec = ModelCreate.model_validate(body)
+    except json.JSONDecodeError as exc:
+        raise unprocessable("invalid_request", f"a JSON field is malformed: {exc}") from exc
+    except ValidationError as exc:
+        raise unprocessable(
+            "invalid_request",
+            "invalid model spec",
+            [{"loc": list(e["loc"]), "msg": e["msg"]} for e in exc.errors()],
+        ) from exc
+
+    def store() -> tuple[int, dict[str, Any]]:
+        with db.begin() as session:
+            model = import_model(session, spec, data)
+            return model.id, model_view(session, model)
+
+    model_id, view = await run_in_threadpool(store)
+    dispatcher.enqueue(TRAIN, model_id)
     return view
 
 

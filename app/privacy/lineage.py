@@ -66,3 +66,48 @@ def exact_gaussian_composition(multipliers: list[float]) -> float:
     """k Gaussian releases compose exactly into one with multiplier (Σ z_i⁻²)^(-1/2)
     (Dong, Roth & Su 2022, Cor. 3.3): a closed form to cross-check the PLD accountant."""
     return 1.0 / math.sqrt(sum(1.0 / z**2 for z in _events(multipliers).elements()))
+
+
+BASIC_NAME = "basic composition of the releases' (ε, δ) (a hockey-stick release is present)"
+SLOPE_NAME = (
+    f"dp-accounting {DP_ACCOUNTING_VERSION} RDP conversion of the summed slopes "
+    "(a Rényi-slope release is present)"
+)
+
+
+def gaussian_event(sigma: float, sensitivity: float, epsilon: float, delta: float) -> dict:
+    """A release x + N(0, σ²I) with L2 sensitivity Δ."""
+    return {"kind": "gaussian", "z": sigma / sensitivity, "epsilon": epsilon, "delta": delta}
+
+
+def slope_event(slope: float, epsilon: float, delta: float) -> dict:
+    """A release with D_α ≤ α·R for all α (privacy amplification by iteration)."""
+    return {"kind": "rdp_slope", "slope": slope, "epsilon": epsilon, "delta": delta}
+
+
+def approx_event(epsilon: float, delta: float) -> dict:
+    """A release known only as (ε, δ) (e.g. hockey-stick contraction)."""
+    return {"kind": "approx", "epsilon": epsilon, "delta": delta}
+
+
+def compose_events(events: list[dict], delta: float) -> LineageSpend:
+    """Compose a lineage's releases with the tightest accountant that covers all of them:
+    PLD when every release is Gaussian; summed Rényi slopes (a Gaussian with multiplier z has
+    slope 1/(2z²)) when some are slope bounds; basic composition when any is only (ε, δ)."""
+    check_delta(delta)
+    kinds = {e["kind"] for e in events}
+    if not events or kinds == {"gaussian"}:
+        return compose([e["z"] for e in events], delta)
+    if "approx" not in kinds:
+        from app.privacy.rdp import epsilon_from_slope
+
+        total = sum(
+            e["slope"] if e["kind"] == "rdp_slope" else 1 / (2 * e["z"] ** 2) for e in events
+        )
+        return LineageSpend(epsilon_from_slope(total, delta), delta, len(events), SLOPE_NAME)
+    return LineageSpend(
+        float(sum(e["epsilon"] for e in events)),
+        float(min(1.0, sum(e["delta"] for e in events))),
+        len(events),
+        BASIC_NAME,
+    )

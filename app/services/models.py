@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from sqlalchemy import func, insert, literal, select
 from sqlalchemy.orm import Session
 
+from app.architectures import check_weights
 from app.blobstore import DatabaseBlobStore
 from app.db.tables import Model, ModelSample, ModelVersion, Sample
 from app.errors import APIError, not_found, unprocessable
@@ -154,3 +156,28 @@ def released_weights(session: Session, version: ModelVersion) -> bytes:
     if data is None:
         raise APIError(410, "weights_erased", f"version {version.number} has no weights")
     return data
+
+
+def import_model(session: Session, spec: ModelCreate, weights: bytes) -> Model:
+    """A model trained elsewhere: its weights are checked against the architecture now and
+    loaded by the worker (status queued → ready). Only methods that need nothing recorded
+    during training can serve it."""
+    method = KNOWN_METHODS[spec.method.name]
+    if method.get("records_training"):
+        raise unprocessable(
+            "method_needs_training",
+            f"{spec.method.name!r} needs Lethe to record or constrain training; "
+            "an imported model can use: "
+            + ", ".join(
+                sorted(k for k, v in KNOWN_METHODS.items() if not v.get("records_training"))
+            ),
+        )
+    ds = get_dataset(session, spec.dataset_id)
+    check_weights(
+        weights, spec.architecture.model_dump(), int(math.prod(ds.feature_shape)), ds.n_classes
+    )
+    model = create_model(session, spec)
+    key, digest = DatabaseBlobStore(session).put(weights, f"model-{model.id}/import")
+    model.training = {**model.training, "imported": {"blob": key, "sha256": digest}}
+    model.progress = {"stage": "importing"}
+    return model

@@ -10,24 +10,29 @@ from sqlalchemy.orm import Session
 
 from app.db.tables import Certificate
 from app.errors import unprocessable
-from app.privacy.lineage import compose
+from app.privacy.lineage import compose_events, gaussian_event
 from app.privacy.plans import release_plan
 from app.privacy.validate import PrivacyParameterError
 from app.services.models import get_model
 
 
-def lineage_multipliers(session: Session, model_id: int) -> list[float]:
-    """σ/Δ of every noisy release since the model's last exact retrain, from the audit log."""
+def lineage_events(session: Session, model_id: int) -> list[dict[str, Any]]:
+    """Every noisy release since the model's last exact retrain, from the audit log (one per
+    version: coalesced requests share a release)."""
     bodies = session.scalars(
         select(Certificate.body).where(Certificate.model_id == model_id).order_by(Certificate.seq)
     ).all()
-    releases: dict[int, float] = {}
+    releases: dict[int, dict[str, Any]] = {}
     for body in bodies:
         doc = json.loads(body)
         if doc.get("lineage_reset") or doc.get("guarantee") == "exact":
             releases.clear()
+        elif doc.get("lineage_event"):
+            releases[doc["to_version"]] = doc["lineage_event"]
         elif doc.get("sensitivity", 0) > 0 and doc.get("sigma", 0) > 0:
-            releases[doc["to_version"]] = doc["sigma"] / doc["sensitivity"]
+            releases[doc["to_version"]] = gaussian_event(
+                doc["sigma"], doc["sensitivity"], doc["epsilon"], doc["delta"]
+            )
     return list(releases.values())
 
 
@@ -49,14 +54,14 @@ def preview(
             f"(ε={eps:g}, δ={dlt:g}) is looser than model {model_id}'s policy "
             f"(ε={policy['epsilon']:g}, δ={policy['delta']:g})",
         )
-    history = lineage_multipliers(session, model_id)
-    spent = compose(history, policy["lineage_delta"])
-    after = (
-        compose([*history, plan.noise_multiplier], policy["lineage_delta"])
-        if plan.noise_multiplier
-        else spent
+    history = lineage_events(session, model_id)
+    spent = compose_events(history, policy["lineage_delta"])
+    after = compose_events([*history, plan.event], policy["lineage_delta"]) if plan.event else spent
+    fallback = (
+        (not plan.feasible)
+        or after.epsilon > policy["lineage_epsilon"]
+        or after.delta > policy["lineage_delta"]
     )
-    fallback = (not plan.feasible) or after.epsilon > policy["lineage_epsilon"]
     return {
         "model_id": model_id,
         "method": plan.method,

@@ -93,6 +93,7 @@ class CertificateFields:
     compares: str = "the released model vs. retraining without the removed samples"
     resets_lineage: bool = False
     fallback_reason: str | None = None
+    lineage_event: dict[str, Any] | None = None  # default: a Gaussian event from σ and Δ
 
 
 @dataclass
