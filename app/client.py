@@ -59,5 +59,5 @@ class Client:
             req = self.get(f"/v1/deletions/{request_id}")
             if req["status"] in ("done", "failed", "rejected"):
                 return req
-            time.sleep(0.2)
+            time.sleep(0.05)
         raise TimeoutError(f"deletion {request_id} not finished after {timeout}s")

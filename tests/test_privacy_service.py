@@ -79,7 +79,7 @@ def test_tight_budget_makes_the_third_deletion_an_exact_retrain(
     assert first["constants"]["clipped_norm"]["source"] == "measured"
     assert first["constants"]["clipped_norm"]["value"] <= 1.0 + 1e-6
     assert "dp-accounting" in first["accountant_versions"]
-    assert "PLD" in second["accountant_versions"]["lineage"]
+    assert "exact Gaussian composition" in second["accountant_versions"]["lineage"]
     assert "ε=1" in first["sentence"] and "1 samples" in first["sentence"]
     assert api.get("/v1/audit/verify", role="auditor").json()["ok"]
 

@@ -1,8 +1,8 @@
 """Lineage accounting: after the first deletion every release of a model is a Gaussian
 mechanism on the erased data, so a lineage's releases compose.
 
-The accountant's state is the list of noise multipliers σ/Δ of the releases since the last
-exact retrain. Lethe derives it from the certificates (each stores σ and Δ), so it survives
+The accountant's state is the list of releases (lineage events) since the last exact
+retrain. Lethe derives it from the certificates (each stores σ and Δ), so it survives
 restarts and is as tamper-evident as the hash-chained audit log itself.
 """
 
@@ -21,6 +21,10 @@ from app.privacy.validate import check_delta, check_positive
 
 PLD_NAME = f"dp-accounting {DP_ACCOUNTING_VERSION} PLD (Gaussian releases composed)"
 RDP_NAME = f"dp-accounting {DP_ACCOUNTING_VERSION} RDP (fallback)"
+EXACT_NAME = (
+    f"exact Gaussian composition (Dong, Roth & Su 2022), ε by dp-accounting "
+    f"{DP_ACCOUNTING_VERSION} analytic Gaussian"
+)
 
 
 @dataclass(frozen=True)
@@ -38,14 +42,26 @@ def _events(multipliers: list[float]) -> Counter:
 
 
 def compose(multipliers: list[float], delta: float) -> LineageSpend:
-    """ε at δ of the composition of Gaussian releases with noise multipliers σ_i/Δ_i.
+    """ε at δ of the composition of Gaussian releases with noise multipliers z_i = σ_i/Δ_i.
 
-    dp-accounting's PLD accountant (Koskela et al. / Doroshenko et al. 2022); its RDP
-    accountant is the fallback if the PLD computation fails numerically.
+    Gaussian releases compose exactly into one Gaussian with z = (Σ z_i⁻²)^(-1/2) (Dong, Roth
+    & Su 2022, Cor. 3.3), whose ε is dp-accounting's analytic Gaussian: exact, and O(1) where
+    the PLD accountant needs a convolution per distinct release (`compose_pld` agrees to 0.2%
+    in the tests and remains the cross-check).
     """
     check_delta(delta)
     if not multipliers:
-        return LineageSpend(0.0, 0.0, 0, PLD_NAME)
+        return LineageSpend(0.0, 0.0, 0, EXACT_NAME)
+    z = exact_gaussian_composition(multipliers)
+    eps = float(dp_accounting.get_epsilon_gaussian(z, delta))
+    if not math.isfinite(eps):
+        raise ValueError("lineage ε is not finite")
+    return LineageSpend(eps, delta, len(multipliers), EXACT_NAME)
+
+
+def compose_pld(multipliers: list[float], delta: float) -> LineageSpend:
+    """The same composition with dp-accounting's PLD accountant (RDP as its fallback)."""
+    check_delta(delta)
     events = _events(multipliers)
     try:
         accountant = PLDAccountant()
@@ -57,8 +73,6 @@ def compose(multipliers: list[float], delta: float) -> LineageSpend:
         for z, count in events.items():
             accountant.compose(dp_accounting.GaussianDpEvent(z), count)
         eps, name = float(accountant.get_epsilon(delta)), RDP_NAME
-    if not math.isfinite(eps):
-        raise ValueError("lineage ε is not finite")
     return LineageSpend(eps, delta, len(multipliers), name)
 
 
