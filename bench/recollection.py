@@ -11,6 +11,7 @@ Writes bench/results/recollection.json and bench/results/recollection.md.
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import sqlite3
 import tempfile
@@ -359,6 +360,12 @@ def main() -> None:
         for name in args.archs.split(","):
             results.append(run_arch(name, args.epochs, Path(tmp)))
             print(f"{name}: done", flush=True)
+    previous = RESULTS / "recollection.json"
+    if previous.exists():  # keep the other architectures' results from earlier runs
+        ran = {r["architecture"] for r in results}
+        kept = [r for r in json.loads(previous.read_text()).get("results", [])
+                if r["architecture"] not in ran]
+        results = kept + results
     path = write_result("recollection", {"results": results})
     (RESULTS / "recollection.md").write_text(markdown(results))
     print(f"wrote {path}")
