@@ -271,3 +271,11 @@ def test_dropout_is_refused_for_recollection(api: Api) -> None:
         },
     )
     assert ok.status_code == 202  # other methods may use dropout
+
+
+def test_preview_for_a_data_dependent_method(api: Api) -> None:
+    ds = synthetic(api)
+    model = recollection_model(api, ds["id"])
+    preview = api.get("/v1/privacy/preview", params={"model": model["id"]}).json()
+    assert preview["feasible"] is None and "depends on the removed samples" in preview["reason"]
+    assert preview["would_retrain_exactly"] is False

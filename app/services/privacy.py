@@ -58,7 +58,7 @@ def preview(
     spent = compose_events(history, policy["lineage_delta"])
     after = compose_events([*history, plan.event], policy["lineage_delta"]) if plan.event else spent
     fallback = (
-        (not plan.feasible)
+        plan.feasible is False
         or after.epsilon > policy["lineage_epsilon"]
         or after.delta > policy["lineage_delta"]
     )
