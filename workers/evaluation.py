@@ -30,7 +30,7 @@ def per_sample_losses(
 ) -> np.ndarray:
     net = build_net(architecture, int(np.prod(X.shape[1:])), n_classes)
     net.load_state_dict(state)
-    net.eval()
+    net.train(False)  # inference mode
     return nn.functional.cross_entropy(net(X), y, reduction="none").numpy()
 
 

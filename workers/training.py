@@ -90,5 +90,5 @@ def accuracy(
         return None
     net = build_net(architecture, int(np.prod(X.shape[1:])), n_classes)
     net.load_state_dict(state)
-    net.eval()
+    net.train(False)  # inference mode
     return float((net(X).argmax(1) == y).float().mean())
