@@ -137,8 +137,14 @@ def at_scale(n: int, forget_fraction: float) -> dict:
     """Timing only: digits is too small for retraining to cost anything (DESIGN §8)."""
     from sklearn.datasets import make_classification
 
-    X, y = make_classification(n_samples=n, n_features=64, n_informative=20, n_classes=10,
-                               n_clusters_per_class=1, random_state=0)
+    X, y = make_classification(
+        n_samples=n,
+        n_features=64,
+        n_informative=20,
+        n_classes=10,
+        n_clusters_per_class=1,
+        random_state=0,
+    )
     X, y = torch.tensor(X, dtype=torch.float32), torch.tensor(y)
     n_u = int(forget_fraction * n)
     config = {**TRAINING, "batch_size": 256}
@@ -150,13 +156,21 @@ def at_scale(n: int, forget_fraction: float) -> dict:
     retrain_seconds = time.perf_counter() - t0
     method = Method(ModelSpec(ARCH, config, OPTIONS, 64, 10))
     t0 = time.perf_counter()
-    method.unlearn(original, RemovedSamples(list(range(n_u)), X[:n_u], y[:n_u]),
-                   PrivacyTarget(1.0, DELTA), RetainedData(list(range(n_u, n)), X[n_u:],
-                                                           y[n_u:]))
+    method.unlearn(
+        original,
+        RemovedSamples(list(range(n_u)), X[:n_u], y[:n_u]),
+        PrivacyTarget(1.0, DELTA),
+        RetainedData(list(range(n_u, n)), X[n_u:], y[n_u:]),
+    )
     unlearn_seconds = time.perf_counter() - t0
-    return {"n": n, "n_forget": n_u, "training_seconds": original_seconds,
-            "retrain_seconds": retrain_seconds, "unlearn_seconds": unlearn_seconds,
-            "speedup": retrain_seconds / unlearn_seconds}
+    return {
+        "n": n,
+        "n_forget": n_u,
+        "training_seconds": original_seconds,
+        "retrain_seconds": retrain_seconds,
+        "unlearn_seconds": unlearn_seconds,
+        "speedup": retrain_seconds / unlearn_seconds,
+    }
 
 
 def main() -> None:
@@ -211,8 +225,10 @@ def main() -> None:
         f"σ for ε=1: {result['sigma_for_epsilon_1'][0]:.3g}"
     )
     if scale:
-        print(f"at scale (synthetic n={scale['n']}): retrain {scale['retrain_seconds']:.1f}s, "
-              f"unlearn {scale['unlearn_seconds']:.1f}s, speedup {scale['speedup']:.2f}×")
+        print(
+            f"at scale (synthetic n={scale['n']}): retrain {scale['retrain_seconds']:.1f}s, "
+            f"unlearn {scale['unlearn_seconds']:.1f}s, speedup {scale['speedup']:.2f}×"
+        )
     print("| model | D_u | D_r | D_t | MIA AUC | ‖w − w_retrain‖ |")
     print("|---|---|---|---|---|---|")
     for name, m in summary.items():

@@ -28,8 +28,7 @@ from bench.common import RESULTS, write_result
 from workers.methods.base import ModelSpec, RetainedData
 from workers.methods.noise import add_gaussian, clip_to_ball, secure_generator
 from workers.methods.noisy_finetune import Method
-from workers.nets import build_net
-from workers.recollection import FlatModel
+from workers.nets import FlatModel, build_net
 from workers.training import accuracy, train
 
 ARCH = {"type": "mlp", "hidden": [64, 64], "activation": "relu"}

@@ -26,8 +26,8 @@ from sklearn.datasets import load_digits
 from app.client import Client
 from bench.common import RESULTS, embedded_server, percentiles, write_result
 from workers.evaluation import membership_auc, per_sample_losses
-from workers.nets import build_net
-from workers.recollection import FlatModel, train_recollection
+from workers.nets import FlatModel, build_net
+from workers.recollection import train_recollection
 from workers.training import accuracy, train
 
 ARCHS = {
@@ -363,8 +363,11 @@ def main() -> None:
     previous = RESULTS / "recollection.json"
     if previous.exists():  # keep the other architectures' results from earlier runs
         ran = {r["architecture"] for r in results}
-        kept = [r for r in json.loads(previous.read_text()).get("results", [])
-                if r["architecture"] not in ran]
+        kept = [
+            r
+            for r in json.loads(previous.read_text()).get("results", [])
+            if r["architecture"] not in ran
+        ]
         results = kept + results
     path = write_result("recollection", {"results": results})
     (RESULTS / "recollection.md").write_text(markdown(results))

@@ -261,7 +261,7 @@ def test_model_validation(api: Api, digits: dict) -> None:
         json={
             "name": "x",
             "dataset_id": digits["id"],
-            "architecture": {"type": "mlp", "dropout": 0.5},
+            "architecture": {"type": "mlp", "batchnorm": True},
         },
     )
     assert bad_arch.status_code == 422

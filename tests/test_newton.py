@@ -15,9 +15,8 @@ from app.db.session import transaction
 from app.db.tables import Dataset, Model, ModelVersion
 from tests.conftest import Api
 from workers.data import training_arrays
-from workers.nets import build_net
+from workers.nets import FlatModel, build_net
 from workers.newton import lissa, objective
-from workers.recollection import FlatModel
 from workers.training import train
 
 

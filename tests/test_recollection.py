@@ -16,8 +16,8 @@ from app.blobstore import DatabaseBlobStore
 from app.db.session import transaction
 from app.db.tables import Model, ModelVersion, Sample, SampleStatistic
 from tests.conftest import Api
-from workers.nets import build_net
-from workers.recollection import FlatModel, train_recollection
+from workers.nets import FlatModel, build_net
+from workers.recollection import train_recollection
 
 CONFIG = {"epochs": 10, "batch_size": 64, "learning_rate": 0.05, "weight_decay": 1e-3, "seed": 0}
 LOGREG = {"type": "logreg"}

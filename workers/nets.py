@@ -6,6 +6,7 @@ from typing import Any
 
 import torch
 from torch import nn
+from torch.func import functional_call
 
 ACTIVATIONS = {"relu": nn.ReLU, "tanh": nn.Tanh, "gelu": nn.GELU, "sigmoid": nn.Sigmoid}
 
@@ -35,3 +36,28 @@ def state_of(net: nn.Module) -> dict[str, torch.Tensor]:
 
 def flat(state: dict[str, torch.Tensor]) -> torch.Tensor:
     return torch.cat([state[k].reshape(-1) for k in sorted(state)])
+
+
+class FlatModel:
+    """A network seen as a function of one flat parameter vector (for torch.func)."""
+
+    def __init__(self, net: nn.Module) -> None:
+        self.net = net
+        self.names = [k for k, _ in net.named_parameters()]
+        self.shapes = [p.shape for _, p in net.named_parameters()]
+        self.numels = [p.numel() for _, p in net.named_parameters()]
+
+    def flat(self) -> torch.Tensor:
+        return torch.cat([p.detach().reshape(-1) for p in self.net.parameters()])
+
+    def unflatten(self, w: torch.Tensor) -> dict[str, torch.Tensor]:
+        return {
+            n: c.reshape(s)
+            for n, c, s in zip(self.names, torch.split(w, self.numels), self.shapes, strict=True)
+        }
+
+    def state(self, w: torch.Tensor) -> dict[str, torch.Tensor]:
+        return {k: v.detach().clone().contiguous() for k, v in self.unflatten(w).items()}
+
+    def logits(self, w: torch.Tensor, X: torch.Tensor) -> torch.Tensor:
+        return functional_call(self.net, self.unflatten(w), (X,))

@@ -10,7 +10,7 @@ import torch
 from torch import nn
 from torch.func import grad, jvp, vmap
 
-from workers.recollection import FlatModel
+from workers.nets import FlatModel
 
 
 class LissaDiverged(RuntimeError):

@@ -26,8 +26,9 @@ from typing import Any
 import numpy as np
 import torch
 from torch import nn
-from torch.func import functional_call, grad, jvp, vmap
+from torch.func import grad, jvp, vmap
 
+from workers.nets import FlatModel
 from workers.training import seeded_net
 
 CHUNK = 2048  # vectors per vmap call: larger chunks amortise torch.func overhead
@@ -66,31 +67,6 @@ def batch_schedule(
         batches += [order[s : s + batch_size] for s in range(0, n, batch_size)]
     per_epoch = math.ceil(n / batch_size)
     return Schedule(batches, [eta * q**t for t in range(len(batches))], batch_size, per_epoch)
-
-
-class FlatModel:
-    """A network seen as a function of one flat parameter vector (for torch.func)."""
-
-    def __init__(self, net: nn.Module) -> None:
-        self.net = net
-        self.names = [k for k, _ in net.named_parameters()]
-        self.shapes = [p.shape for _, p in net.named_parameters()]
-        self.numels = [p.numel() for _, p in net.named_parameters()]
-
-    def flat(self) -> torch.Tensor:
-        return torch.cat([p.detach().reshape(-1) for p in self.net.parameters()])
-
-    def unflatten(self, w: torch.Tensor) -> dict[str, torch.Tensor]:
-        return {
-            n: c.reshape(s)
-            for n, c, s in zip(self.names, torch.split(w, self.numels), self.shapes, strict=True)
-        }
-
-    def state(self, w: torch.Tensor) -> dict[str, torch.Tensor]:
-        return {k: v.detach().clone().contiguous() for k, v in self.unflatten(w).items()}
-
-    def logits(self, w: torch.Tensor, X: torch.Tensor) -> torch.Tensor:
-        return functional_call(self.net, self.unflatten(w), (X,))
 
 
 @dataclass

@@ -69,6 +69,22 @@ def train(
     return state_of(net)
 
 
+def finetune(
+    spec: Any,
+    state: dict[str, torch.Tensor],
+    X: torch.Tensor,
+    y: torch.Tensor,
+    epochs: int,
+    learning_rate: float,
+) -> dict[str, torch.Tensor]:
+    """Noiseless SGD on retained data from `state` with a fresh optimizer (seed 002: post-
+    processing of a noisy release, so the certificate still holds)."""
+    if not epochs or len(y) == 0:
+        return state
+    config = {**spec.training, "epochs": epochs, "learning_rate": learning_rate, "momentum": 0.0}
+    return train(spec.architecture, config, X, y, spec.n_classes, init_state=state)
+
+
 @torch.no_grad()
 def _project(net: nn.Module, radius: float) -> None:
     """Projected SGD (seed 004 §2.1): the whole parameter vector back onto ‖w‖ ≤ C."""

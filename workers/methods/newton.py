@@ -30,9 +30,8 @@ from workers.methods.base import (
     Update,
 )
 from workers.methods.noise import secure_generator
-from workers.nets import build_net
+from workers.nets import FlatModel, build_net
 from workers.newton import LissaDiverged, extreme_eigenvalues, lissa, mean_gradient
-from workers.recollection import FlatModel
 from workers.training import train
 
 

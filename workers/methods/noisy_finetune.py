@@ -28,9 +28,8 @@ from workers.methods.base import (
     Update,
 )
 from workers.methods.noise import secure_generator
-from workers.nets import build_net
-from workers.recollection import FlatModel
-from workers.training import train
+from workers.nets import FlatModel, build_net
+from workers.training import finetune
 
 
 def _clip(x: torch.Tensor, radius: float) -> torch.Tensor:
@@ -65,21 +64,14 @@ class Method:
         x = _clip(torch.cat([state[n].reshape(-1) for n in model.names]), self.o["C0"])
         noisy = self.noisy_phase(model, x, data, plan.sigma, plan.steps)
         release = model.state(noisy)
-        if self.o["finetune_epochs"]:
-            config = {
-                **self.spec.training,
-                "epochs": self.o["finetune_epochs"],
-                "learning_rate": self.o["finetune_learning_rate"],
-                "momentum": 0.0,
-            }
-            release = train(
-                self.spec.architecture,
-                config,
-                data.X,
-                data.y,
-                self.spec.n_classes,
-                init_state=release,
-            )
+        release = finetune(
+            self.spec,
+            release,
+            data.X,
+            data.y,
+            self.o["finetune_epochs"],
+            self.o["finetune_learning_rate"],
+        )
         cert = self._certificate(plan, len(removed.sample_ids))
         return Update(
             next_state=release,

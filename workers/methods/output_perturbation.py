@@ -25,7 +25,7 @@ from workers.methods.base import (
     Update,
 )
 from workers.methods.noise import add_gaussian, clip_to_ball, global_norm, secure_generator
-from workers.training import train
+from workers.training import finetune
 
 
 class Method:
@@ -52,19 +52,14 @@ class Method:
         base = clip_to_ball(state, c0)
         release = add_gaussian(base, plan.sigma, secure_generator())
         epochs = int(self.options.get("finetune_epochs", 0))
-        if epochs and data is not None and len(data.y):
-            config = {
-                **self.spec.training,
-                "epochs": epochs,
-                "learning_rate": self.options.get("finetune_learning_rate", 0.05),
-            }
-            release = train(
-                self.spec.architecture,
-                config,
+        if data is not None:
+            release = finetune(
+                self.spec,
+                release,
                 data.X,
                 data.y,
-                self.spec.n_classes,
-                init_state=release,
+                epochs,
+                self.options.get("finetune_learning_rate", 0.05),
             )
         n = len(removed.sample_ids)
         epsilon = epsilon_for(plan.sensitivity, plan.sigma, target.delta)

@@ -30,8 +30,8 @@ from workers.methods.base import (
     Update,
 )
 from workers.methods.noise import secure_generator
-from workers.nets import build_net
-from workers.recollection import FlatModel, batch_schedule, train_recollection
+from workers.nets import FlatModel, build_net
+from workers.recollection import batch_schedule, train_recollection
 
 KIND, SUBJECT_KIND = "recollection", "recollection_subject"
 
