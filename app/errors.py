@@ -9,6 +9,7 @@ from fastapi import FastAPI, Request
 from fastapi.encoders import jsonable_encoder
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from sqlalchemy.exc import DataError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 log = logging.getLogger("lethe.errors")
@@ -75,6 +76,17 @@ def install_error_handlers(app: FastAPI) -> None:
             exc.status_code,
             headers=getattr(exc, "headers", None),
         )
+
+    @app.exception_handler(DataError)
+    async def _data(_: Request, exc: DataError) -> JSONResponse:
+        # The database refused a client value (e.g. an integer beyond BIGINT): bad input.
+        return JSONResponse(
+            error_body("value_out_of_range", "a value is out of range for storage"), 422
+        )
+
+    @app.exception_handler(OverflowError)
+    async def _overflow(_: Request, exc: OverflowError) -> JSONResponse:
+        return JSONResponse(error_body("value_out_of_range", "a number is too large"), 422)
 
     @app.exception_handler(Exception)
     async def _unexpected(_: Request, exc: Exception) -> JSONResponse:

@@ -160,3 +160,23 @@ def test_samples_store_float32_payloads(api: Api, digits: dict) -> None:
             select(Sample.payload).where(Sample.dataset_id == digits["id"]).limit(1)
         )
     assert len(payload) == 64 * 4
+
+
+def test_extreme_split_and_out_of_range_numbers_are_not_server_errors(api: Api) -> None:
+    """Found by fuzzing the OpenAPI schema (schemathesis): both used to answer 500."""
+    tiny_train = api.post(
+        "/v1/datasets", json={"builtin": "digits", "test_fraction": 0.9999999999999999}
+    )
+    assert tiny_train.status_code == 201 and tiny_train.json()["counts"]["train"] == 1
+    huge = 112086311194753744896
+    for path, params in [
+        ("/v1/datasets/1/samples", {"offset": huge}),
+        (f"/v1/models/{huge}", {}),
+        (f"/v1/datasets/{huge}", {}),
+        ("/v1/audit/certificates", {"model": huge}),
+    ]:
+        response = api.get(path, params=params)
+        assert response.status_code in (404, 422), (path, response.status_code)
+        assert "error" in response.json()
+    body = api.post("/v1/models", json={"name": "x", "dataset_id": huge})
+    assert body.status_code in (404, 422) and "error" in body.json()

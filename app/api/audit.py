@@ -24,7 +24,7 @@ def certificates(
     model: int | None = None,
     subject: str | None = Query(None, max_length=200),
     since: datetime | None = None,
-    offset: int = Query(0, ge=0),
+    offset: int = Query(0, ge=0, le=2**53),
     limit: int = Query(100, ge=1, le=1000),
 ) -> dict[str, Any]:
     """Certificates, newest last; filter by model, data subject, or creation time."""

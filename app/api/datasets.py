@@ -132,7 +132,7 @@ def read_samples(
     split: str | None = Query(None, pattern="^(train|test)$"),
     status: str | None = Query(None, pattern="^(active|erasing|erased)$"),
     subject: str | None = None,
-    offset: int = Query(0, ge=0),
+    offset: int = Query(0, ge=0, le=2**53),
     limit: int = Query(100, ge=1, le=1000),
 ) -> dict[str, Any]:
     with db() as session:

@@ -26,7 +26,7 @@ class ParsedDataset:
 
 
 def seeded_split(y: np.ndarray, test_fraction: float, seed: int) -> list[str]:
-    """A seeded train/test split, stratified when every class has two or more samples.
+    """A seeded train/test split, stratified when the classes allow it, else plain random.
 
     Tiny datasets keep at least one training sample (a single sample is all train).
     """
@@ -36,9 +36,10 @@ def seeded_split(y: np.ndarray, test_fraction: float, seed: int) -> list[str]:
     n_test = min(max(math.ceil(n * test_fraction), 1), n - 1)
     if n_test <= 0:
         return ["train"] * n
-    counts = np.bincount(y)
-    stratify = y if counts[counts > 0].min() >= 2 and n_test >= (counts > 0).sum() else None
-    _, test = train_test_split(np.arange(n), test_size=n_test, random_state=seed, stratify=stratify)
+    try:  # stratified when every class can appear on both sides
+        _, test = train_test_split(np.arange(n), test_size=n_test, random_state=seed, stratify=y)
+    except ValueError:
+        _, test = train_test_split(np.arange(n), test_size=n_test, random_state=seed)
     split = np.array(["train"] * n, dtype=object)
     split[test] = "test"
     return split.tolist()
