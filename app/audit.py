@@ -13,7 +13,7 @@ import secrets
 from collections.abc import Iterator
 from typing import Any
 
-from sqlalchemy import select
+from sqlalchemy import event, select
 from sqlalchemy.orm import Session
 
 from app.db.tables import Certificate, utcnow
@@ -54,14 +54,24 @@ def removed_ids_digest(external_ids: list[str]) -> tuple[str, str]:
 
 
 def append_certificate(session: Session, fields: dict[str, Any]) -> Certificate:
-    """Append one certificate at the chain's head inside the caller's transaction."""
-    if session.get_bind().dialect.name == "postgresql":
-        # Serialise appenders; the unique prev_hash would catch a race anyway.
-        session.connection().exec_driver_sql("SELECT pg_advisory_xact_lock(7461686501)")
-    head = session.execute(
-        select(Certificate.seq, Certificate.entry_hash).order_by(Certificate.seq.desc()).limit(1)
-    ).first()
-    seq, prev = (head.seq + 1, head.entry_hash) if head else (1, GENESIS)
+    """Append one certificate at the chain's head inside the caller's transaction.
+
+    The head is read once per transaction (under an advisory lock on PostgreSQL) and then
+    carried in `session.info`, so a coalesced update appending many certificates does not
+    re-read it each time.
+    """
+    head = session.info.get("audit_head")
+    if head is None:
+        if session.get_bind().dialect.name == "postgresql":
+            # Serialise appenders; the unique prev_hash would catch a race anyway.
+            session.connection().exec_driver_sql("SELECT pg_advisory_xact_lock(7461686501)")
+        row = session.execute(
+            select(Certificate.seq, Certificate.entry_hash)
+            .order_by(Certificate.seq.desc())
+            .limit(1)
+        ).first()
+        head = (row.seq, row.entry_hash) if row else (0, GENESIS)
+    seq, prev = head[0] + 1, head[1]
     created = utcnow()
     doc = {**fields, "seq": seq, "prev_hash": prev, "created_at": created.isoformat()}
     body = canonical_json(doc)
@@ -74,7 +84,15 @@ def append_certificate(session: Session, fields: dict[str, Any]) -> Certificate:
     )
     session.add(cert)
     session.flush()
+    session.info["audit_head"] = (seq, cert.entry_hash)
     return cert
+
+
+@event.listens_for(Session, "after_transaction_end")
+def _forget_head(session: Session, transaction: Any) -> None:
+    """The cached head is only valid inside the transaction that read it."""
+    if transaction.parent is None:
+        session.info.pop("audit_head", None)
 
 
 def certificate_document(cert: Certificate) -> dict[str, Any]:

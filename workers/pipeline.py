@@ -192,14 +192,29 @@ def commit_update(
     version = None
     if update_ is not None:
         version = _write_version(session, batch, update_, metrics)
+    rows = {
+        t.id: t
+        for t in session.scalars(
+            select(DeletionTask).where(DeletionTask.id.in_([t.task_id for t in batch.tasks]))
+        )
+    }
+    removals: list[dict[str, int]] = []
     for task in batch.tasks:
         removed = batch.removed_by_task[task.task_id]
-        row = session.get(DeletionTask, task.task_id)
+        row = rows[task.task_id]
         if row.status != "running" or row.lease_owner != WORKER_ID:
             raise LeaseLost(f"task {task.task_id} was reclaimed")
         if removed and version is not None:
             cert = _certify(session, batch, task, update_, version, removed, external_ids)
-            _mark_removed(session, batch.model_id, removed, version.id, cert.id)
+            removals += [
+                {
+                    "model_id": batch.model_id,
+                    "sample_id": s,
+                    "removed_version_id": version.id,
+                    "removed_certificate_id": cert.id,
+                }
+                for s in removed
+            ]
             row.certificate_id, row.version_id = cert.id, version.id
         else:
             row.certificate_id = _earlier_certificate(session, batch.model_id, task.sample_ids)
@@ -209,6 +224,8 @@ def commit_update(
             None,
             None,
         )
+    if removals:  # bulk UPDATE by primary key; these samples were held (checked under lease)
+        session.execute(update(ModelSample), removals)
     if version is not None:
         if update_.replace_statistics is not None:  # a retrain re-recorded everything
             write_block(session, batch.model_id, update_.replace_statistics, replace=True)
@@ -322,21 +339,6 @@ def _finite(x: float) -> float:
     return float(x)
 
 
-def _mark_removed(
-    session: Session, model_id: int, sample_ids: list[int], version_id: int, certificate_id: int
-) -> None:
-    for start in range(0, len(sample_ids), 5000):
-        session.execute(
-            update(ModelSample)
-            .where(
-                ModelSample.model_id == model_id,
-                ModelSample.removed_version_id.is_(None),
-                ModelSample.sample_id.in_(sample_ids[start : start + 5000]),
-            )
-            .values(removed_version_id=version_id, removed_certificate_id=certificate_id)
-        )
-
-
 def _earlier_certificate(session: Session, model_id: int, sample_ids: list[int]) -> int | None:
     """The certificate that already removed these samples from the model (applied once)."""
     if not sample_ids:
@@ -369,18 +371,27 @@ def _purge_older_versions(session: Session, model_id: int, keep_id: int) -> None
 
 def finish_requests(session: Session, request_ids: set[int]) -> None:
     """A request is done when all its models are; only then are its payloads erased."""
-    for request_id in sorted(request_ids):
-        request = session.get(DeletionRequest, request_id)
-        statuses = set(
-            session.scalars(
-                select(DeletionTask.status).where(DeletionTask.request_id == request_id)
-            )
+    if not request_ids:
+        return
+    statuses: dict[int, set[str]] = {r: set() for r in request_ids}
+    for request_id, status in session.execute(
+        select(DeletionTask.request_id, DeletionTask.status).where(
+            DeletionTask.request_id.in_(request_ids)
         )
-        if statuses <= {"done"}:
-            erase_payloads(session, list(request.sample_ids))
-            request.status, request.finished_at = "done", utcnow()
-        elif "failed" in statuses and not statuses & {"queued", "running"}:
-            request.status, request.finished_at = "failed", utcnow()
+    ):
+        statuses[request_id].add(status)
+    requests = session.scalars(
+        select(DeletionRequest).where(DeletionRequest.id.in_(request_ids))
+    ).all()
+    done = [r for r in requests if statuses[r.id] <= {"done"}]
+    erase_payloads(session, sorted({s for r in done for s in r.sample_ids}))
+    now = utcnow()
+    for request in requests:
+        seen = statuses[request.id]
+        if seen <= {"done"}:
+            request.status, request.finished_at = "done", now
+        elif "failed" in seen and not seen & {"queued", "running"}:
+            request.status, request.finished_at = "failed", now
 
 
 def fail_tasks(session: Session, task_ids: list[int], error: str, max_attempts: int) -> bool:
