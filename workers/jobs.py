@@ -16,7 +16,7 @@ from sqlalchemy import select, update
 from sqlalchemy.exc import IntegrityError, OperationalError
 
 from app.blobstore import DatabaseBlobStore
-from app.db.session import transaction
+from app.db.session import read_transaction, transaction
 from app.db.tables import Dataset, DeletionTask, Model, ModelVersion, Sample
 from app.metrics import DELETIONS_PROCESSED, JOB_DURATION
 from app.settings import Settings, get_settings
@@ -231,7 +231,7 @@ def _run_batch(settings: Settings, model_id: int, tasks: list[pipeline.ClaimedTa
     url = settings.resolved_database_url
     started = time.perf_counter()
     try:
-        with transaction(url) as session:
+        with read_transaction(url) as session:  # no write lock while computing
             batch = pipeline.load_batch(session, model_id, tasks)
             external = dict(
                 session.execute(

@@ -18,8 +18,12 @@ from sqlalchemy.orm import Session, sessionmaker
 T = TypeVar("T")
 
 
-def make_engine(url: str) -> Engine:
-    """Create an engine tuned for the backend behind `url`."""
+def make_engine(url: str, readonly: bool = False) -> Engine:
+    """Create an engine tuned for the backend behind `url`.
+
+    On SQLite, write transactions take the write lock up front (BEGIN IMMEDIATE); a
+    `readonly` engine uses deferred transactions, which in WAL mode block no writer.
+    """
     if url.startswith("sqlite"):
         engine = create_engine(url, connect_args={"timeout": 30, "check_same_thread": False})
 
@@ -36,7 +40,7 @@ def make_engine(url: str) -> Engine:
         def _sqlite_begin(conn):  # noqa: ANN001
             # Take the write lock up front: a deferred transaction that later upgrades can
             # fail at once with SQLITE_BUSY_SNAPSHOT when API and worker write concurrently.
-            conn.exec_driver_sql("BEGIN IMMEDIATE")
+            conn.exec_driver_sql("BEGIN" if readonly else "BEGIN IMMEDIATE")
 
         return engine
     engine = create_engine(url, pool_pre_ping=True, pool_size=10, max_overflow=20)
@@ -67,12 +71,13 @@ _ENGINES: dict[str, Engine] = {}
 _ENGINES_LOCK = threading.Lock()
 
 
-def engine_for(url: str) -> Engine:
-    """One engine per URL per process."""
+def engine_for(url: str, readonly: bool = False) -> Engine:
+    """One engine per URL (and, on SQLite, per read/write role) per process."""
+    key = f"{url}#ro" if readonly and url.startswith("sqlite") else url
     with _ENGINES_LOCK:
-        if url not in _ENGINES:
-            _ENGINES[url] = make_engine(url)
-        return _ENGINES[url]
+        if key not in _ENGINES:
+            _ENGINES[key] = make_engine(url, readonly=key.endswith("#ro"))
+        return _ENGINES[key]
 
 
 def session_factory(url: str) -> sessionmaker[Session]:
@@ -84,6 +89,18 @@ def transaction(url: str) -> Iterator[Session]:
     """One unit of work: commit on success, roll back on any exception."""
     with session_factory(url)() as session, session.begin():
         yield session
+
+
+@contextmanager
+def read_transaction(url: str) -> Iterator[Session]:
+    """A read-only unit of work (rolled back at the end) that never holds SQLite's write lock:
+    the worker loads and computes an update in one of these while the API keeps writing."""
+    factory = sessionmaker(bind=engine_for(url, readonly=True), expire_on_commit=False)
+    with factory() as session:
+        try:
+            yield session
+        finally:
+            session.rollback()
 
 
 RETRYABLE_SQLSTATES = {"40001", "40P01"}  # serialization failure, deadlock detected
