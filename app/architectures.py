@@ -21,7 +21,7 @@ def parameter_shapes(spec: dict[str, Any], n_features: int, n_classes: int) -> d
     index, width = 1, n_features
     for hidden in spec.get("hidden", [64, 64]):
         shapes[f"{index}.weight"], shapes[f"{index}.bias"] = [hidden, width], [hidden]
-        index += 3 if spec.get("dropout", 0.0) > 0 else 2
+        index += 2  # Linear, activation
         width = hidden
     shapes[f"{index}.weight"], shapes[f"{index}.bias"] = [n_classes, width], [n_classes]
     return shapes

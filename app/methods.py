@@ -120,7 +120,6 @@ KNOWN_METHODS: dict[str, dict[str, Any]] = {
         "module": "workers.methods.recollection",
         "options": RecollectionOptions,
         "records_training": True,
-        "deterministic_trajectory": True,
     },
     "newton": {
         "guarantee": "conditional",

@@ -13,6 +13,7 @@ from pydantic import (
     field_validator,
     model_validator,
 )
+from pydantic_core import PydanticCustomError
 
 from app.methods import KNOWN_METHODS, validate_options
 
@@ -76,6 +77,9 @@ class SamplePage(BaseModel):
 # ---- models ---------------------------------------------------------------------------------
 
 
+NONDETERMINISTIC_LAYERS = {"dropout", "batchnorm", "batch_norm", "augmentation"}
+
+
 class LogRegSpec(In):
     type: Literal["logreg"]
 
@@ -84,7 +88,6 @@ class MLPSpec(In):
     type: Literal["mlp"]
     hidden: list[Annotated[int, Field(ge=1, le=4096)]] = Field([64, 64], min_length=1, max_length=8)
     activation: Literal["relu", "tanh", "gelu", "sigmoid"] = "relu"
-    dropout: float = Field(0.0, ge=0.0, lt=1.0, description="dropout after each hidden layer")
 
 
 Architecture = Annotated[LogRegSpec | MLPSpec, Field(discriminator="type")]
@@ -135,6 +138,23 @@ class ModelCreate(In):
     training: TrainingConfig = Field(default_factory=TrainingConfig)
     method: MethodConfig = Field(default_factory=MethodConfig)
     privacy: PrivacyPolicy = Field(default_factory=PrivacyPolicy)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _deterministic_layers_only(cls, data: Any) -> Any:
+        """Lethe builds deterministic layers only: methods replay or linearise the training
+        trajectory, and dropout or batch statistics would make it irreproducible."""
+        arch = data.get("architecture") if isinstance(data, dict) else None
+        if isinstance(arch, dict):
+            asked = sorted(NONDETERMINISTIC_LAYERS & set(arch))
+            if asked:
+                raise PydanticCustomError(
+                    "nondeterministic_architecture",
+                    "Lethe builds deterministic layers only; {layers} would make the training "
+                    "trajectory non-deterministic (recollection could not replay it)",
+                    {"layers": ", ".join(asked)},
+                )
+        return data
 
 
 class VersionOut(Out):

@@ -248,29 +248,22 @@ def test_float16_storage_and_subject_vectors(api: Api) -> None:
     assert cert["guarantee"] == "exact" and "part of its subject" in cert["fallback_reason"]
 
 
-def test_dropout_is_refused_for_recollection(api: Api) -> None:
+def test_nondeterministic_layers_are_refused(api: Api) -> None:
     ds = synthetic(api)
-    response = api.post(
-        "/v1/models",
-        json={
-            "name": "x",
-            "dataset_id": ds["id"],
-            "architecture": {"type": "mlp", "hidden": [8], "dropout": 0.5},
-            "method": {"name": "recollection"},
-        },
-    )
-    assert response.status_code == 422
-    assert response.json()["error"]["code"] == "nondeterministic_architecture"
-    ok = api.post(
-        "/v1/models",
-        json={
-            "name": "x",
-            "dataset_id": ds["id"],
-            "training": CONFIG,
-            "architecture": {"type": "mlp", "hidden": [8], "dropout": 0.5},
-        },
-    )
-    assert ok.status_code == 202  # other methods may use dropout
+    for method in ("recollection", "retrain"):
+        response = api.post(
+            "/v1/models",
+            json={
+                "name": "x",
+                "dataset_id": ds["id"],
+                "architecture": {"type": "mlp", "hidden": [8], "dropout": 0.5},
+                "method": {"name": method},
+            },
+        )
+        assert response.status_code == 422
+        detail = response.json()["error"]["details"][0]
+        assert detail["type"] == "nondeterministic_architecture"
+        assert "deterministic layers only" in detail["msg"] and "dropout" in detail["msg"]
 
 
 def test_preview_for_a_data_dependent_method(api: Api) -> None:

@@ -21,8 +21,6 @@ def build_net(spec: dict[str, Any], n_features: int, n_classes: int) -> nn.Modul
         width = n_features
         for hidden in spec.get("hidden", [64, 64]):
             layers += [nn.Linear(width, int(hidden)), ACTIVATIONS[spec.get("activation", "relu")]()]
-            if spec.get("dropout", 0.0) > 0:
-                layers.append(nn.Dropout(spec["dropout"]))
             width = int(hidden)
         layers.append(nn.Linear(width, n_classes))
         return nn.Sequential(*layers)

@@ -20,7 +20,6 @@ from app.services.datasets import get_dataset
 def create_model(session: Session, spec: ModelCreate) -> Model:
     """Record the model and snapshot its training set (active train samples); status queued."""
     ds = get_dataset(session, spec.dataset_id)
-    _check_method_fits(spec)
     model = Model(
         name=spec.name,
         dataset_id=ds.id,
@@ -41,20 +40,6 @@ def create_model(session: Session, spec: ModelCreate) -> Model:
     if not n_train:
         raise unprocessable("no_training_data", "the dataset has no active training samples")
     return model
-
-
-def _check_method_fits(spec: ModelCreate) -> None:
-    """Methods that replay the training trajectory need it to be deterministic."""
-    method = KNOWN_METHODS[spec.method.name]
-    dropout = getattr(spec.architecture, "dropout", 0.0)
-    if method.get("deterministic_trajectory") and dropout > 0:
-        raise unprocessable(
-            "nondeterministic_architecture",
-            f"{spec.method.name!r} replays the training trajectory, which must be "
-            f"deterministic: remove dropout (got {dropout}) or pick another "
-            "method",
-            {"architecture": spec.architecture.model_dump()},
-        )
 
 
 def get_model(session: Session, model_id: int) -> Model:
