@@ -19,7 +19,7 @@ from app.db.tables import (
     Sample,
     utcnow,
 )
-from app.errors import conflict, not_found, unprocessable
+from app.errors import APIError, conflict, not_found, unprocessable
 from app.methods import KNOWN_METHODS
 from app.schemas import DeletionCreate
 from app.services.datasets import get_dataset
@@ -117,12 +117,16 @@ def _resolve(session: Session, body: DeletionCreate) -> list[Sample]:
             seen_subjects.add(s.subject_id)
     unknown_subjects = [x for x in subjects if x not in seen_subjects]
     if unknown or unknown_subjects:
-        raise not_found(
-            "sample",
-            "ids",
-            unknown_sample_ids=unknown[:1000],
-            unknown_subject_ids=unknown_subjects[:1000],
-            n_unknown=len(unknown) + len(unknown_subjects),
+        n = len(unknown) + len(unknown_subjects)
+        raise APIError(
+            404,
+            "sample_not_found",
+            f"{n} unknown sample or subject id(s) in dataset {body.dataset_id}; nothing was queued",
+            {
+                "unknown_sample_ids": unknown[:1000],
+                "unknown_subject_ids": unknown_subjects[:1000],
+                "n_unknown": n,
+            },
         )
     return list(found.values())
 
