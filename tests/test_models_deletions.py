@@ -280,3 +280,15 @@ def test_model_validation(api: Api, digits: dict) -> None:
     )
     assert api.get("/v1/models/77").status_code == 404
     assert api.get("/v1/models/77/weights", role="reader").status_code == 404
+
+
+def test_idempotency_keys_are_scoped_to_the_api_key(
+    api: Api, digits: dict, ready_model: dict
+) -> None:
+    body = {"dataset_id": digits["id"], "sample_ids": train_ids(api, digits["id"], 1)}
+    mine = api.post(
+        "/v1/deletions", role="requester", json=body, headers={"Idempotency-Key": "same"}
+    ).json()
+    theirs = api.post("/v1/deletions", role="admin", json=body, headers={"Idempotency-Key": "same"})
+    assert theirs.status_code == 202 and theirs.json()["id"] != mine["id"]
+    assert theirs.headers.get("idempotent-replayed") is None

@@ -44,6 +44,8 @@ def create_deletion(
 ) -> tuple[DeletionRequest, list[int], bool]:
     """Returns (request, models to signal, replayed). Nothing is written on any error."""
     if idempotency_key:
+        # Keys are scoped to the API key that sent them: another client's key never collides.
+        idempotency_key = f"{requester_key_id}:{idempotency_key}"
         existing = session.scalar(
             select(DeletionRequest).where(DeletionRequest.idempotency_key == idempotency_key)
         )
