@@ -12,7 +12,7 @@ from fastapi.responses import JSONResponse
 
 from app.api import audit, datasets, deletions, health, keys, models, privacy
 from app.db.migrate import upgrade_to_head
-from app.db.session import session_factory, transaction
+from app.db.session import Database, transaction
 from app.dispatch import InlineDispatcher, Reconciler, make_dispatcher
 from app.errors import error_body, install_error_handlers
 from app.metrics import metrics_middleware, pipeline_registry
@@ -66,7 +66,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         "unlearned models and (ε, δ) certificates out.",
     )
     app.state.settings = settings
-    app.state.sessionmaker = session_factory(url)
+    app.state.db = Database(url)
     app.state.dispatcher = make_dispatcher(settings)
     app.state.pipeline_registry = pipeline_registry(url, app.state.dispatcher.depth)
     install_error_handlers(app)

@@ -33,7 +33,7 @@ def certificates(
         query = query.where(Certificate.model_id == model)
     if since is not None:
         query = query.where(Certificate.created_at >= since)
-    with db() as session:
+    with db.read() as session:
         if subject is not None:
             query = query.where(Certificate.request_id.in_(_requests_for_subject(session, subject)))
         rows = session.scalars(query.offset(offset).limit(limit)).all()
@@ -54,7 +54,7 @@ def _requests_for_subject(session: Any, subject: str) -> list[int]:
 
 @router.get("/certificates/{certificate_id}")
 def certificate(certificate_id: int, _: Auditor, db: DbDep) -> dict[str, Any]:
-    with db() as session:
+    with db.read() as session:
         cert = session.get(Certificate, certificate_id)
         if cert is None:
             raise not_found("certificate", certificate_id)
@@ -64,7 +64,7 @@ def certificate(certificate_id: int, _: Auditor, db: DbDep) -> dict[str, Any]:
 @router.get("/verify")
 def verify(_: Auditor, db: DbDep) -> dict[str, Any]:
     """Recompute every entry hash and link; name the first certificate that does not hold."""
-    with db() as session:
+    with db.read() as session:
         return verify_chain(session)
 
 
@@ -73,7 +73,7 @@ def export(_: Auditor, db: DbDep) -> StreamingResponse:
     """JSONL, verifiable offline with scripts/verify_audit.py."""
 
     def lines():  # noqa: ANN202
-        with db() as session:
+        with db.read() as session:
             yield from export_lines(session)
 
     return StreamingResponse(lines(), media_type="application/x-ndjson")

@@ -73,7 +73,7 @@ async def register_dataset(
         parsed = parse()
         if len(parsed.y) > settings.max_dataset_samples:
             raise APIError(413, "too_many_samples", f"at most {settings.max_dataset_samples}")
-        with db.begin() as session:
+        with db.write() as session:
             ds = create_dataset(session, name, source, parsed)
             return dataset_view(session, ds)
 
@@ -120,7 +120,7 @@ async def _from_upload(request: Request, limit: int):  # noqa: ANN202
 
 @router.get("/{dataset_id}", response_model=DatasetOut)
 def read_dataset(dataset_id: int, _: AnyRole, db: DbDep) -> dict[str, Any]:
-    with db() as session:
+    with db.read() as session:
         return dataset_view(session, get_dataset(session, dataset_id))
 
 
@@ -135,7 +135,7 @@ def read_samples(
     offset: int = Query(0, ge=0, le=2**53),
     limit: int = Query(100, ge=1, le=1000),
 ) -> dict[str, Any]:
-    with db() as session:
+    with db.read() as session:
         items, total = list_samples(
             session,
             dataset_id,

@@ -31,7 +31,7 @@ def create(
         request, models, replayed = create_deletion(session, body, key.id, idempotency_key)
         return DeletionOut.model_validate(deletion_view(session, request)), models, replayed
 
-    view, models, replayed = run_unit_of_work(db, accept, retry_integrity=True)
+    view, models, replayed = run_unit_of_work(db.writer, accept, retry_integrity=True)
     for model_id in models:
         dispatcher.enqueue(DELETE, model_id)
     headers = {"Idempotent-Replayed": "true"} if replayed else {}
@@ -40,5 +40,5 @@ def create(
 
 @router.get("/{request_id}", response_model=DeletionOut)
 def read(request_id: int, _: DeletionViewer, db: DbDep) -> dict[str, Any]:
-    with db() as session:
+    with db.read() as session:
         return deletion_view(session, get_deletion(session, request_id))

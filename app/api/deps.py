@@ -6,8 +6,8 @@ from collections.abc import Callable
 from typing import Annotated
 
 from fastapi import Depends, Request
-from sqlalchemy.orm import Session, sessionmaker
 
+from app.db.session import Database
 from app.db.tables import ApiKey
 from app.dispatch import Dispatcher
 from app.errors import APIError
@@ -19,9 +19,9 @@ def get_settings_dep(request: Request) -> Settings:
     return request.app.state.settings
 
 
-def get_db(request: Request) -> sessionmaker[Session]:
-    """A session factory; handlers open `with db.begin() as session:` so commits are explicit."""
-    return request.app.state.sessionmaker
+def get_db(request: Request) -> Database:
+    """Units of work: `with db.read() as session:` or `with db.write() as session:`."""
+    return request.app.state.db
 
 
 def get_dispatcher(request: Request) -> Dispatcher:
@@ -29,7 +29,7 @@ def get_dispatcher(request: Request) -> Dispatcher:
 
 
 SettingsDep = Annotated[Settings, Depends(get_settings_dep)]
-DbDep = Annotated[sessionmaker[Session], Depends(get_db)]
+DbDep = Annotated[Database, Depends(get_db)]
 DispatcherDep = Annotated[Dispatcher, Depends(get_dispatcher)]
 
 
@@ -44,7 +44,7 @@ def require(*roles: Role) -> Callable[..., ApiKey]:
             raise APIError(
                 401, "unauthorized", "missing API key: send 'Authorization: Bearer <key>'"
             )
-        with db() as session:
+        with db.read() as session:
             key = lookup_key(session, raw.strip())
         if key is None:
             raise APIError(401, "unauthorized", "invalid or revoked API key")

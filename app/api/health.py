@@ -28,7 +28,7 @@ def readyz(db: DbDep, dispatcher: DispatcherDep) -> JSONResponse:
 
 def _db_ok(db: DbDep) -> bool:
     try:
-        with db() as session:
+        with db.read() as session:
             session.execute(text("SELECT 1"))
         return True
     except Exception:

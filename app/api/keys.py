@@ -17,7 +17,7 @@ router = APIRouter(prefix="/v1/keys", tags=["keys"])
 
 @router.post("", status_code=201, response_model=KeyOut)
 def create(body: KeyCreate, _: Admin, db: DbDep) -> dict[str, Any]:
-    with db.begin() as session:
+    with db.write() as session:
         key, raw = create_key(session, Role(body.role), body.name)
         return {
             "id": key.id,
@@ -31,7 +31,7 @@ def create(body: KeyCreate, _: Admin, db: DbDep) -> dict[str, Any]:
 
 @router.delete("/{key_id}", status_code=204)
 def revoke(key_id: int, _: Admin, db: DbDep) -> None:
-    with db.begin() as session:
+    with db.write() as session:
         key = session.get(ApiKey, key_id)
         if key is None:
             raise not_found("key", key_id)

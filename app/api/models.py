@@ -32,7 +32,7 @@ router = APIRouter(prefix="/v1/models", tags=["models"])
 @router.post("", status_code=202, response_model=ModelOut)
 def create(spec: ModelCreate, _: Admin, db: DbDep, dispatcher: DispatcherDep) -> dict[str, Any]:
     """Register a model and queue its training; poll GET /v1/models/{id} for progress."""
-    with db.begin() as session:
+    with db.write() as session:
         model = create_model(session, spec)
         view = model_view(session, model)
     dispatcher.enqueue(TRAIN, model.id)
@@ -100,7 +100,7 @@ async def import_weights(
         ) from exc
 
     def store() -> tuple[int, dict[str, Any]]:
-        with db.begin() as session:
+        with db.write() as session:
             model = import_model(session, spec, data)
             return model.id, model_view(session, model)
 
@@ -111,25 +111,25 @@ async def import_weights(
 
 @router.get("", response_model=list[ModelOut])
 def list_models(_: AnyRole, db: DbDep) -> list[dict[str, Any]]:
-    with db() as session:
+    with db.read() as session:
         return [model_view(session, m) for m in session.scalars(select(Model).order_by(Model.id))]
 
 
 @router.get("/{model_id}", response_model=ModelOut)
 def read(model_id: int, _: AnyRole, db: DbDep) -> dict[str, Any]:
-    with db() as session:
+    with db.read() as session:
         return model_view(session, get_model(session, model_id))
 
 
 @router.get("/{model_id}/versions", response_model=list[VersionOut])
 def versions(model_id: int, _: AnyRole, db: DbDep) -> list[dict[str, Any]]:
-    with db() as session:
+    with db.read() as session:
         return list_versions(session, model_id)
 
 
 @router.get("/{model_id}/versions/{number}", response_model=VersionOut)
 def version(model_id: int, number: int, _: AnyRole, db: DbDep) -> dict[str, Any]:
-    with db() as session:
+    with db.read() as session:
         get_version(session, model_id, number)  # 404 for an unknown model or version
         return next(v for v in list_versions(session, model_id) if v["number"] == number)
 
@@ -152,7 +152,7 @@ def version_weights(
 
 
 def _weights(request: Request, db: DbDep, model_id: int, number: int | None) -> Response:
-    with db() as session:
+    with db.read() as session:
         v = get_version(session, model_id, number)
         etag = f'"{v.weights_sha256}"'
         headers = {

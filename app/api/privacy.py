@@ -21,5 +21,5 @@ def preview(
     delta: float | None = Query(None),
 ) -> dict[str, Any]:
     """Noise σ, feasibility for the model's method and the lineage budget it would use."""
-    with db() as session:
+    with db.read() as session:
         return preview_release(session, model, epsilon, delta)

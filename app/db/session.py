@@ -84,6 +84,21 @@ def session_factory(url: str) -> sessionmaker[Session]:
     return sessionmaker(bind=engine_for(url), expire_on_commit=False)
 
 
+class Database:
+    """Units of work for the HTTP layer: `read()` never takes SQLite's write lock (deferred,
+    WAL), `write()` is a transaction that commits on success and rolls back on error."""
+
+    def __init__(self, url: str) -> None:
+        self.writer = session_factory(url)
+        self.reader = sessionmaker(bind=engine_for(url, readonly=True), expire_on_commit=False)
+
+    def read(self) -> Session:
+        return self.reader()
+
+    def write(self):  # noqa: ANN201
+        return self.writer.begin()
+
+
 @contextmanager
 def transaction(url: str) -> Iterator[Session]:
     """One unit of work: commit on success, roll back on any exception."""
