@@ -5,10 +5,7 @@ from __future__ import annotations
 import json
 import os
 import platform
-import re
 import socket
-import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -26,37 +23,12 @@ def free_port() -> int:
 
 
 @contextmanager
-def embedded_server(
-    data_dir: Path,
-    env: dict[str, str] | None = None,
-) -> Iterator[tuple[str, str]]:
-    """Run `lethe serve` on a fresh SQLite file; yield (url, admin key)."""
-    port = free_port()
-    log = data_dir / "serve.log"
-    data_dir.mkdir(parents=True, exist_ok=True)
-    full_env = {**os.environ, "LETHE_DATA_DIR": str(data_dir), **(env or {})}
-    with log.open("w") as fh:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "app.cli", "serve", "--port", str(port)],
-            stdout=fh,
-            stderr=fh,
-            env=full_env,
-        )
-    try:
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline:
-            text = log.read_text()
-            match = re.search(r"lethe_adm_[A-Za-z0-9_-]+", text)
-            if match and "Application startup complete" in text:
-                yield f"http://127.0.0.1:{port}", match.group(0)
-                return
-            if proc.poll() is not None:
-                raise RuntimeError(text)
-            time.sleep(0.1)
-        raise RuntimeError("server did not start")
-    finally:
-        proc.terminate()
-        proc.wait(timeout=30)
+def embedded_server(data_dir: Path) -> Iterator[tuple[str, str]]:
+    """Run `lethe serve` on a fresh SQLite file (embedded mode); yield (url, admin key)."""
+    from bench.cluster import Cluster
+
+    with Cluster(data_dir, None, None) as cluster:
+        yield cluster.start_api(), cluster.admin_key
 
 
 def percentiles(values: list[float]) -> dict[str, float]:

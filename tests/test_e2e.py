@@ -23,6 +23,7 @@ from redis import Redis
 
 from app.main import create_app
 from app.settings import Settings
+from bench.cluster import Cluster
 from tests.conftest import REDIS_URL, SMALL_TRAINING, Api, make_keys, truncate_all
 
 LETHE = [sys.executable, "-m", "app.cli"]
@@ -48,28 +49,13 @@ def wait_for_key(proc: subprocess.Popen, log: Path, timeout: float = 60) -> str:
 
 
 @pytest.fixture
-def server(tmp_path: Path) -> Iterator[tuple[str, str, subprocess.Popen]]:
-    port = free_port()
-    log = tmp_path / "serve.log"
-    env = {**os.environ, "LETHE_DATA_DIR": str(tmp_path / "data")}
-    env.pop("LETHE_DATABASE_URL", None)
-    env.pop("LETHE_REDIS_URL", None)
-    with log.open("w") as fh:
-        proc = subprocess.Popen(
-            [*LETHE, "serve", "--port", str(port)], stdout=fh, stderr=fh, env=env
-        )
-    try:
-        key = wait_for_key(proc, log)
-        yield f"http://127.0.0.1:{port}", key, proc
-    finally:
-        proc.terminate()
-        proc.wait(timeout=30)
+def server(tmp_path: Path) -> Iterator[tuple[str, str]]:
+    with Cluster(tmp_path / "data", None, None) as cluster:
+        yield cluster.start_api(), cluster.admin_key
 
 
-def test_embedded_server_full_story(
-    server: tuple[str, str, subprocess.Popen], tmp_path: Path
-) -> None:
-    url, key, _ = server
+def test_embedded_server_full_story(server: tuple[str, str], tmp_path: Path) -> None:
+    url, key = server
     assert (tmp_path / "data" / "lethe.db").exists()  # the embedded default: a SQLite file
     demo = subprocess.run(
         [*LETHE, "demo", "--epochs", "5"],

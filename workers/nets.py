@@ -48,6 +48,10 @@ class FlatModel:
     def flat(self) -> torch.Tensor:
         return torch.cat([p.detach().reshape(-1) for p in self.net.parameters()])
 
+    def vector(self, state: dict[str, torch.Tensor]) -> torch.Tensor:
+        """A state dict as one vector in parameter order (the inverse of `state`)."""
+        return torch.cat([state[n].reshape(-1) for n in self.names])
+
     def unflatten(self, w: torch.Tensor) -> dict[str, torch.Tensor]:
         return {
             n: c.reshape(s)

@@ -28,6 +28,7 @@ import torch
 from torch import nn
 from torch.func import grad, jvp, vmap
 
+from workers.methods.noise import clip_vector
 from workers.nets import FlatModel
 from workers.training import seeded_net
 
@@ -193,7 +194,7 @@ def train_recollection(
                     A[idx] -= eta_t * J(vmap(hvp)(A[idx]))
                 A[members] += (eta_t / size) * J(per_sample_grad(w, Xb, yb))
                 visited[members] = True
-        w = w - eta_t * g * min(1.0, C / max(float(g.norm()), 1e-30))
+        w = w - eta_t * clip_vector(g, C)
         if progress is not None and (t + 1) % sched.batches_per_epoch == 0:
             progress((t + 1) // sched.batches_per_epoch, config["epochs"], float(batch_loss(w)))
     return RecollectionRun(

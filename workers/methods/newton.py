@@ -29,7 +29,7 @@ from workers.methods.base import (
     Trained,
     Update,
 )
-from workers.methods.noise import secure_generator
+from workers.methods.noise import clip_vector, secure_generator
 from workers.nets import FlatModel, build_net
 from workers.newton import LissaDiverged, extreme_eigenvalues, lissa, mean_gradient
 from workers.training import train
@@ -80,7 +80,7 @@ class Method:
         model = FlatModel(
             build_net(self.spec.architecture, self.spec.n_features, self.spec.n_classes)
         )
-        w = torch.cat([state[n].reshape(-1) for n in model.names])
+        w = model.vector(state)
         n_r, n_u = len(data.y), len(removed.y)
         X_all, y_all = torch.cat([data.X, removed.X]), torch.cat([data.y, removed.y])
         grad_all = mean_gradient(model, w, X_all, y_all, wd)
@@ -91,9 +91,7 @@ class Method:
         G = max(float(grad_all.norm()), float(grad_r.norm()))
         lam, scale, ihvp, ratio, attempts = self._solve(model, w, v, data)
         w_tilde = w - ihvp
-        norm = float(w_tilde.norm())
-        if norm > o["C"]:
-            w_tilde = w_tilde * (o["C"] / norm)
+        w_tilde = clip_vector(w_tilde, o["C"])
         gen = torch.Generator().manual_seed(int(time.time_ns()) % 2**63)
         h_max, h_min = extreme_eigenvalues(model, w, data.X, data.y, wd, o["power_iterations"], gen)
         compute_seconds = time.perf_counter() - start

@@ -13,6 +13,12 @@ def global_norm(state: ModelState) -> float:
     return float(torch.sqrt(sum((v.double() ** 2).sum() for v in state.values())))
 
 
+def clip_vector(x: torch.Tensor, radius: float) -> torch.Tensor:
+    """Π_C(x) = x·min(1, C/‖x‖) for one flat vector (gradients, or a model as a vector)."""
+    norm = float(x.norm())
+    return x * (radius / norm) if norm > radius else x
+
+
 def clip_to_ball(state: ModelState, radius: float) -> ModelState:
     """Π_C(x) = x·min(1, C/‖x‖) over the whole parameter vector (seed 002 §1.1)."""
     scale = min(1.0, radius / max(global_norm(state), 1e-30))

@@ -27,14 +27,9 @@ from workers.methods.base import (
     TargetInfeasible,
     Update,
 )
-from workers.methods.noise import secure_generator
+from workers.methods.noise import clip_vector, secure_generator
 from workers.nets import FlatModel, build_net
 from workers.training import finetune
-
-
-def _clip(x: torch.Tensor, radius: float) -> torch.Tensor:
-    norm = float(x.norm())
-    return x * (radius / norm) if norm > radius else x
 
 
 class Method:
@@ -61,7 +56,7 @@ class Method:
         model = FlatModel(
             build_net(self.spec.architecture, self.spec.n_features, self.spec.n_classes)
         )
-        x = _clip(torch.cat([state[n].reshape(-1) for n in model.names]), self.o["C0"])
+        x = clip_vector(model.vector(state), self.o["C0"])
         noisy = self.noisy_phase(model, x, data, plan.sigma, plan.steps)
         release = model.state(noisy)
         release = finetune(
@@ -107,9 +102,9 @@ class Method:
             )
             g = gradient(x, data.X[idx], data.y[idx])
             if o["variant"] == "gradient_clipping":
-                x = x - o["gamma"] * (_clip(g, o["C1"]) + o["lam"] * x)
+                x = x - o["gamma"] * (clip_vector(g, o["C1"]) + o["lam"] * x)
             else:
-                x = _clip(x - o["gamma"] * (g + o["lam"] * x), o["C2"])
+                x = clip_vector(x - o["gamma"] * (g + o["lam"] * x), o["C2"])
             x = x + sigma * torch.randn(x.shape, generator=noise)
         return x
 

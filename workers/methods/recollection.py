@@ -165,7 +165,7 @@ class Method:
         if not self.spec.record or self.spec.record.get("method") != KIND:
             raise TargetInfeasible("this model has no recollection record")
         flat = self._flat()
-        w_det = torch.cat([state[n].reshape(-1).double() for n in flat.names])
+        w_det = flat.vector(state).double()
         w_det = w_det + self._sum_vectors(removed)
         compute_seconds = time.perf_counter() - start
         removed_total = sorted(set(removed.previously_removed) | set(removed.sample_ids))
