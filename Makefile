@@ -1,13 +1,15 @@
 # The two commands of the README:
 #   make serve   install everything into .venv and start Lethe (embedded: SQLite + inline worker)
 #   make test    install the test extras and run the whole suite (.ci/run calls this)
+#   make unit    the fast layer: no PostgreSQL, no Redis, no worker processes
+#   make lint    ruff (lint + format check) and mypy on app/ and workers/
 PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 HOST ?= 127.0.0.1
 PORT ?= 8000
 
-.PHONY: install install-test serve test lint bench
+.PHONY: install install-test serve test unit lint bench
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -29,9 +31,13 @@ install-test: $(VENV)/.installed-test
 serve: install
 	$(BIN)/lethe serve --host $(HOST) --port $(PORT)
 
-test: install-test
+test: install-test lint
 	$(BIN)/python -m pytest -q
+
+unit: install-test
+	$(BIN)/python -m pytest -q -m "not postgres and not integration"
 
 lint: install-test
 	$(BIN)/ruff check app workers tests bench migrations scripts
 	$(BIN)/ruff format --check app workers tests bench migrations scripts
+	$(BIN)/mypy

@@ -53,6 +53,14 @@ def removed_ids_digest(external_ids: list[str]) -> tuple[str, str]:
     return salt, hashlib.sha256(f"{salt}\n{joined}".encode()).hexdigest()
 
 
+def certificate_documents(session: Session, model_id: int) -> list[dict[str, Any]]:
+    """A model's certificates as documents, in chain order."""
+    bodies = session.scalars(
+        select(Certificate.body).where(Certificate.model_id == model_id).order_by(Certificate.seq)
+    ).all()
+    return [json.loads(body) for body in bodies]
+
+
 def append_certificate(session: Session, fields: dict[str, Any]) -> Certificate:
     """Append one certificate at the chain's head inside the caller's transaction.
 

@@ -62,7 +62,7 @@ def create_key_cmd(
     role: Annotated[str, typer.Option(help="admin|requester|auditor|reader")], name: str = "cli key"
 ) -> None:
     """Create an API key directly in the database; prints the secret once."""
-    from app.db.session import transaction
+    from app.db.session import database
     from app.security import Role, create_key
     from app.settings import get_settings
 
@@ -70,7 +70,7 @@ def create_key_cmd(
         role_value = Role(role)
     except ValueError as exc:
         raise typer.BadParameter(f"role must be one of {[r.value for r in Role]}") from exc
-    with transaction(get_settings().resolved_database_url) as session:
+    with database(get_settings().resolved_database_url).write() as session:
         key, raw = create_key(session, role_value, name)
     console.print(f"key {key.id} ({key.role}): {raw}")
 

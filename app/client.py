@@ -8,6 +8,8 @@ from typing import Any
 
 import httpx
 
+from app.states import FINISHED_REQUEST, ModelStatus
+
 
 class LetheError(RuntimeError):
     def __init__(self, status: int, body: Any) -> None:
@@ -48,7 +50,7 @@ class Client:
             model = self.get(f"/v1/models/{model_id}")
             if on_progress:
                 on_progress(model)
-            if model["status"] in ("ready", "failed"):
+            if model["status"] in (ModelStatus.ready, ModelStatus.failed):
                 return model
             time.sleep(0.3)
         raise TimeoutError(f"model {model_id} not ready after {timeout}s")
@@ -57,7 +59,7 @@ class Client:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             req = self.get(f"/v1/deletions/{request_id}")
-            if req["status"] in ("done", "failed", "rejected"):
+            if req["status"] in FINISHED_REQUEST:
                 return req
             time.sleep(0.05)
         raise TimeoutError(f"deletion {request_id} not finished after {timeout}s")

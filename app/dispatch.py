@@ -15,9 +15,10 @@ from typing import Protocol
 from sqlalchemy import or_, select, update
 from sqlalchemy.orm import Session
 
-from app.db.session import transaction
+from app.db.session import database
 from app.db.tables import DeletionTask, Model, utcnow
 from app.settings import Settings
+from app.states import ModelStatus, TaskStatus
 
 log = logging.getLogger("lethe.dispatch")
 
@@ -80,29 +81,26 @@ class InlineDispatcher:
 
 
 class RQDispatcher:
-    """Distributed mode: RQ on Redis, with job timeouts and retries with backoff."""
+    """Distributed mode: RQ on Redis carries signals with a job timeout. A failed attempt is
+    put back in the database with a backoff and re-signalled by the reconciler, so there is
+    one retry policy in both modes."""
 
     def __init__(self, settings: Settings) -> None:
         from redis import Redis
         from rq import Queue
 
+        if not settings.redis_url:
+            raise ValueError("the RQ dispatcher needs LETHE_REDIS_URL")
         self.settings = settings
         self.redis = Redis.from_url(settings.redis_url, socket_timeout=5, socket_connect_timeout=5)
         self.queue = Queue(settings.queue_name, connection=self.redis)
 
     def enqueue(self, job: str, *args: int) -> None:
-        from rq import Retry
-
-        try:
+        try:  # no RQ retries: failed attempts are retried from the database (fail_tasks)
             self.queue.enqueue(
                 job,
                 *args,
                 job_timeout=self.settings.job_timeout_seconds,
-                retry=Retry(
-                    max=self.settings.job_retries, interval=self.settings.retry_backoff_seconds
-                )
-                if self.settings.job_retries > 0
-                else None,
                 failure_ttl=7 * 24 * 3600,
                 result_ttl=3600,
             )
@@ -129,28 +127,32 @@ def make_dispatcher(settings: Settings) -> InlineDispatcher | RQDispatcher:
 
 
 def reconcile(session: Session) -> dict[str, list[int]]:
-    """Requeue expired leases and list the models that need a training or deletion job."""
+    """Requeue expired leases and list the models that need a training or deletion job (a
+    task waiting out its retry backoff is signalled once it is due)."""
     now = utcnow()
     session.execute(
         update(DeletionTask)
-        .where(DeletionTask.status == "running", DeletionTask.lease_expires_at < now)
-        .values(status="queued", lease_owner=None, lease_expires_at=None)
+        .where(DeletionTask.status == TaskStatus.running, DeletionTask.lease_expires_at < now)
+        .values(status=TaskStatus.queued, lease_owner=None, lease_expires_at=None)
     )
     free = or_(Model.lease_expires_at.is_(None), Model.lease_expires_at < now)
     to_train = session.scalars(
-        select(Model.id).where(Model.status.in_(("queued", "training")), free)
+        select(Model.id).where(Model.status.in_((ModelStatus.queued, ModelStatus.training)), free)
     ).all()
+    due = or_(DeletionTask.not_before.is_(None), DeletionTask.not_before <= now)
     to_delete = session.scalars(
         select(DeletionTask.model_id)
         .distinct()
         .join(Model, Model.id == DeletionTask.model_id)
-        .where(DeletionTask.status == "queued", Model.status == "ready", free)
+        .where(
+            DeletionTask.status == TaskStatus.queued, due, Model.status == ModelStatus.ready, free
+        )
     ).all()
     return {"train": sorted(to_train), "delete": sorted(to_delete)}
 
 
 def reconcile_and_signal(url: str, dispatcher: Dispatcher) -> dict[str, list[int]]:
-    with transaction(url) as session:
+    with database(url).write() as session:
         work = reconcile(session)
     for model_id in work["train"]:
         dispatcher.enqueue(TRAIN, model_id)

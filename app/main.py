@@ -11,10 +11,11 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 
 from app.api import audit, datasets, deletions, health, keys, models, privacy
+from app.api.errors import install_error_handlers
 from app.db.migrate import upgrade_to_head
-from app.db.session import Database, transaction
+from app.db.session import database
 from app.dispatch import InlineDispatcher, Reconciler, make_dispatcher
-from app.errors import error_body, install_error_handlers
+from app.errors import error_body
 from app.metrics import metrics_middleware, pipeline_registry
 from app.security import Role, create_key, has_any_key
 from app.settings import Settings, get_settings, use_settings
@@ -24,7 +25,7 @@ log = logging.getLogger("lethe")
 
 def bootstrap_admin_key(url: str) -> str | None:
     """On first start create an admin key; returns the secret (shown once) or None."""
-    with transaction(url) as session:
+    with database(url).write() as session:
         if has_any_key(session):
             return None
         _, raw = create_key(session, Role.admin, "bootstrap admin")
@@ -66,13 +67,13 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         "unlearned models and (ε, δ) certificates out.",
     )
     app.state.settings = settings
-    app.state.db = Database(url)
+    app.state.db = database(url)
     app.state.dispatcher = make_dispatcher(settings)
     app.state.pipeline_registry = pipeline_registry(url, app.state.dispatcher.depth)
     install_error_handlers(app)
 
     @app.middleware("http")
-    async def limit_upload(request: Request, call_next):  # noqa: ANN001, ANN202
+    async def limit_upload(request: Request, call_next):
         length = request.headers.get("content-length")
         if length and length.isdigit() and int(length) > settings.max_upload_bytes + 64 * 1024:
             return JSONResponse(

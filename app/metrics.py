@@ -1,4 +1,6 @@
-"""Prometheus metrics: HTTP traffic here, queue and worker gauges read from the database."""
+"""Prometheus metrics of the API process: HTTP traffic, and queue and worker gauges read from
+the database at scrape time (a read-only unit of work: a scrape never takes a write lock).
+The workers' own counters are in workers/metrics.py."""
 
 from __future__ import annotations
 
@@ -11,22 +13,13 @@ from sqlalchemy import select
 from starlette.requests import Request
 from starlette.responses import Response
 
-from app.db.session import transaction
+from app.db.session import database
 from app.db.tables import WorkerHeartbeat
-from app.services.deletions import queue_stats
+from app.services.queue import queue_stats
 
 HTTP_REQUESTS = Counter("lethe_http_requests_total", "HTTP requests", ["method", "route", "status"])
 HTTP_LATENCY = Histogram(
     "lethe_http_request_duration_seconds", "HTTP request latency", ["method", "route"]
-)
-DELETIONS_PROCESSED = Counter(
-    "lethe_deletions_processed_total", "Deletion requests applied to a model", ["method"]
-)
-JOB_DURATION = Histogram(
-    "lethe_job_duration_seconds",
-    "Worker job duration",
-    ["job"],
-    buckets=(0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 900),
 )
 
 
@@ -46,7 +39,7 @@ class PipelineCollector:
         self.url, self.queue_depth = url, queue_depth
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
-        with transaction(self.url) as session:
+        with database(self.url).read() as session:
             stats = queue_stats(session)
             workers = session.execute(
                 select(WorkerHeartbeat.id, WorkerHeartbeat.mode, WorkerHeartbeat.heartbeat_at)

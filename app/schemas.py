@@ -15,7 +15,8 @@ from pydantic import (
 )
 from pydantic_core import PydanticCustomError
 
-from app.methods import KNOWN_METHODS, validate_options
+from app.methods import method_names, method_of
+from app.specs import Architecture, LogRegSpec, PrivacyPolicy, TrainingConfig
 
 
 class In(BaseModel):
@@ -80,28 +81,6 @@ class SamplePage(BaseModel):
 NONDETERMINISTIC_LAYERS = {"dropout", "batchnorm", "batch_norm", "augmentation"}
 
 
-class LogRegSpec(In):
-    type: Literal["logreg"]
-
-
-class MLPSpec(In):
-    type: Literal["mlp"]
-    hidden: list[Annotated[int, Field(ge=1, le=4096)]] = Field([64, 64], min_length=1, max_length=8)
-    activation: Literal["relu", "tanh", "gelu", "sigmoid"] = "relu"
-
-
-Architecture = Annotated[LogRegSpec | MLPSpec, Field(discriminator="type")]
-
-
-class TrainingConfig(In):
-    epochs: int = Field(20, ge=1, le=1000)
-    batch_size: int = Field(64, ge=1, le=65536)
-    learning_rate: float = Field(0.1, gt=0.0, le=10.0)
-    weight_decay: float = Field(1e-4, ge=0.0, le=1.0)
-    momentum: float = Field(0.0, ge=0.0, lt=1.0)
-    seed: int = Field(0, ge=0, le=2**31 - 1)
-
-
 class MethodConfig(BaseModel):
     """The unlearning method and its own options (each method validates the rest)."""
 
@@ -111,24 +90,16 @@ class MethodConfig(BaseModel):
     @field_validator("name")
     @classmethod
     def _known(cls, value: str) -> str:
-        if value not in KNOWN_METHODS:
-            raise ValueError(f"unknown method {value!r}; available: {sorted(KNOWN_METHODS)}")
+        if value not in method_names():
+            raise ValueError(f"unknown method {value!r}; available: {method_names()}")
         return value
 
     @model_validator(mode="after")
     def _options(self) -> MethodConfig:
-        options = validate_options(self.name, dict(self.model_extra or {}))
-        for key, value in options.items():
+        options = method_of({"name": self.name, **(self.model_extra or {})}).options
+        for key, value in options.model_dump().items():
             setattr(self, key, value)
         return self
-
-
-class PrivacyPolicy(In):
-    epsilon: float = Field(1.0, gt=0.0, le=100.0, description="per-release target ε")
-    delta: float = Field(1e-5, gt=0.0, lt=1.0, description="per-release target δ")
-    lineage_epsilon: float = Field(10.0, gt=0.0, le=1000.0)
-    lineage_delta: float = Field(1e-4, gt=0.0, lt=1.0)
-    allow_heuristic: bool = False
 
 
 class ModelCreate(In):

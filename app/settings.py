@@ -25,8 +25,19 @@ class Settings(BaseSettings):
     reconcile_seconds: float = Field(5.0, description="Reconciler period.")
     max_batch_requests: int = Field(256, description="Most deletion requests applied at once.")
     job_timeout_seconds: int = 3600
-    job_retries: int = Field(3, ge=0, le=20, description="RQ retries before a request fails")
-    retry_backoff_seconds: list[int] = Field([2, 10, 30], description="RQ retry intervals")
+    job_retries: int = Field(
+        3, ge=0, le=20, description="retries of a failed update before its requests fail"
+    )
+    retry_backoff_seconds: list[int] = Field(
+        [2, 10, 30], description="wait before retry k (the last repeats); kept in the database"
+    )
+    worker_metrics_port: int | None = Field(
+        None, ge=1, le=65535, description="`lethe worker` serves its Prometheus metrics here"
+    )
+    pause_dir: Path | None = Field(
+        None, description="tests only: folder of named pause points (workers/pause.py)"
+    )
+    pause_at: list[str] = Field([], description="tests only: the pause points that hold")
     torch_threads: int = 0
     bootstrap_admin_key: bool = Field(True, description="Create an admin key on first start.")
 

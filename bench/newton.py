@@ -20,10 +20,10 @@ from sklearn.datasets import load_digits
 from sklearn.model_selection import train_test_split
 
 from app.privacy.gaussian import epsilon_for, sigma_for
-from bench.common import write_result
+from bench.common import model_spec, update_inputs, write_result
 from workers.evaluation import membership_auc, per_sample_losses
-from workers.methods.base import ModelSpec, PrivacyTarget, RemovedSamples, RetainedData
-from workers.methods.newton import Method
+from workers.methods.base import PrivacyTarget, RemovedSamples, RetainedData
+from workers.methods.newton import Newton
 from workers.nets import flat
 from workers.training import accuracy, train
 
@@ -79,16 +79,17 @@ def run(seed: int, forget_fraction: float) -> dict:
     retrained = train(ARCH, config, Xr, yr, 10, project_radius=10.0)
     retrain_seconds = time.perf_counter() - t0
 
-    spec = ModelSpec(
-        architecture=ARCH, training=config, method=OPTIONS, n_features=64, n_classes=10
-    )
-    method = Method(spec)
+    spec = model_spec(ARCH, config, OPTIONS, 64, 10)
+    method = Newton(spec)
     t0 = time.perf_counter()
     update = method.unlearn(
-        original,
-        RemovedSamples(list(forget), Xf, yf),
-        PrivacyTarget(1.0, DELTA),
-        RetainedData(list(retain), Xr, yr),
+        update_inputs(
+            spec,
+            original,
+            RemovedSamples(list(forget), Xf, yf),
+            RetainedData(list(retain), Xr, yr),
+            PrivacyTarget(1.0, DELTA),
+        )
     )
     unlearn_seconds = time.perf_counter() - t0
     cert = update.certificate
@@ -127,7 +128,7 @@ def run(seed: int, forget_fraction: float) -> dict:
             "retrain": row(retrained),
             "newton_noise_free": row(update.next_state),
             "newton_sigma_1e-2": row(at_paper_sigma),
-            "newton_epsilon_1": row(update.release),
+            "newton_epsilon_1": row(update.weights),
         },
         "certificate_sentence": cert.sentence,
     }
@@ -154,13 +155,17 @@ def at_scale(n: int, forget_fraction: float) -> dict:
     t0 = time.perf_counter()
     train(ARCH, config, X[n_u:], y[n_u:], 10, project_radius=10.0)
     retrain_seconds = time.perf_counter() - t0
-    method = Method(ModelSpec(ARCH, config, OPTIONS, 64, 10))
+    spec = model_spec(ARCH, config, OPTIONS, 64, 10)
+    method = Newton(spec)
     t0 = time.perf_counter()
     method.unlearn(
-        original,
-        RemovedSamples(list(range(n_u)), X[:n_u], y[:n_u]),
-        PrivacyTarget(1.0, DELTA),
-        RetainedData(list(range(n_u, n)), X[n_u:], y[n_u:]),
+        update_inputs(
+            spec,
+            original,
+            RemovedSamples(list(range(n_u)), X[:n_u], y[:n_u]),
+            RetainedData(list(range(n_u, n)), X[n_u:], y[n_u:]),
+            PrivacyTarget(1.0, DELTA),
+        )
     )
     unlearn_seconds = time.perf_counter() - t0
     return {

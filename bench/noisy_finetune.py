@@ -22,13 +22,14 @@ import torch
 from sklearn.datasets import load_digits
 from sklearn.model_selection import train_test_split
 
-from app.privacy.plans import release_plan
+from app.methods import method_of
 from app.privacy.rdp import epsilon_from_slope, slope_budget
-from bench.common import RESULTS, write_result
-from workers.methods.base import ModelSpec, RetainedData
-from workers.methods.noise import add_gaussian, clip_to_ball, secure_generator
-from workers.methods.noisy_finetune import Method
+from bench.common import RESULTS, model_spec, write_result
+from workers.methods.base import RetainedData
+from workers.methods.noise import add_gaussian, secure_generator
+from workers.methods.noisy_finetune import NoisyFinetune
 from workers.nets import FlatModel, build_net
+from workers.norms import clip_to_ball
 from workers.training import accuracy, train
 
 ARCH = {"type": "mlp", "hidden": [64, 64], "activation": "relu"}
@@ -101,7 +102,7 @@ def run(budget: int, forget_fraction: float) -> dict:
 
     op_curves = []
     for c0 in OP_GRID:
-        plan = release_plan({"name": "output_perturbation", "C0": c0}, 1.0, DELTA)
+        plan = method_of({"name": "output_perturbation", "C0": c0}).plan(1.0, DELTA)
         start = add_gaussian(clip_to_ball(original, c0), plan.sigma, secure_generator())
         op_curves.append(curve(start, Xr, yr, Xt, yt, budget, 0.0))
 
@@ -141,11 +142,11 @@ def run(budget: int, forget_fraction: float) -> dict:
             eps = 1.0
             if convention == "paper":  # the paper's slope-as-ε: R = 1 is a true ε ≈ 7.08
                 eps = epsilon_from_slope(1.0, DELTA)
-            plan = release_plan(method, eps, DELTA)
-            if not plan.feasible:
+            plan = method_of(method).plan(eps, DELTA)
+            if not plan.feasible or plan.event is None or plan.steps is None:
                 continue
-            spec = ModelSpec(ARCH, CONFIG, method, 64, 10)
-            nf = Method(spec)
+            spec = model_spec(ARCH, CONFIG, method, 64, 10)
+            nf = NoisyFinetune(spec)
             model = FlatModel(build_net(ARCH, 64, 10))
             x = torch.cat(
                 [clip_to_ball(original, method["C0"])[n].reshape(-1) for n in model.names]
@@ -160,8 +161,8 @@ def run(budget: int, forget_fraction: float) -> dict:
                     "params": opts,
                     "sigma": plan.sigma,
                     "T": plan.steps,
-                    "true_epsilon": plan.event["epsilon"],
-                    "delta": plan.event["delta"],
+                    "true_epsilon": plan.event.epsilon,
+                    "delta": plan.event.delta,
                 }
             )
         return curves, used

@@ -26,7 +26,7 @@ import sqlalchemy as sa
 from sqlalchemy import func, select
 
 from app.db.migrate import upgrade_to_head
-from app.db.session import engine_for, transaction
+from app.db.session import database, engine_for
 from app.db.tables import DeletionRequest, ModelVersion
 from bench.cluster import Cluster
 from bench.common import percentiles, write_result
@@ -67,13 +67,13 @@ def run(cluster: Cluster, db_url: str, n_requests: int, n_clients: int) -> dict:
         list(pool.map(client, [ids[k::n_clients] for k in range(n_clients)]))
     post_seconds = time.time() - start
     while True:
-        with transaction(db_url) as session:
+        with database(db_url).write() as session:
             done = session.scalar(select(func.count()).where(DeletionRequest.status == "done"))
             failed = session.scalar(select(func.count()).where(DeletionRequest.status == "failed"))
         if done + failed >= n_requests:
             break
         time.sleep(0.2)
-    with transaction(db_url) as session:
+    with database(db_url).write() as session:
         finished = dict(
             session.execute(select(DeletionRequest.id, DeletionRequest.finished_at)).all()
         )

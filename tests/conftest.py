@@ -8,6 +8,8 @@ transaction, as in Polar's fixtures, cannot hold them).
 from __future__ import annotations
 
 import os
+import socket
+import subprocess
 import time
 import uuid
 from collections.abc import Iterator
@@ -17,9 +19,11 @@ from pathlib import Path
 import pytest
 import sqlalchemy as sa
 from fastapi.testclient import TestClient
+from redis import Redis
+from redis.exceptions import ConnectionError as RedisConnectionError
 
 from app.db.migrate import upgrade_to_head
-from app.db.session import engine_for, transaction
+from app.db.session import database, engine_for
 from app.db.tables import Base
 from app.main import create_app
 from app.security import Role, create_key
@@ -29,7 +33,51 @@ PG_ADMIN_URL = os.environ.get(
     "LETHE_TEST_PG_ADMIN", "postgresql+psycopg://postgres@127.0.0.1:5432/postgres"
 )
 PG_BASE = PG_ADMIN_URL.rsplit("/", 1)[0]
-REDIS_URL = os.environ.get("LETHE_TEST_REDIS", "redis://127.0.0.1:6379/0")
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@pytest.fixture(scope="session")
+def redis_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """A redis-server of our own on a free port: tests may FLUSHALL it, nobody else's."""
+    port = free_port()
+    folder = tmp_path_factory.mktemp("redis")
+    proc = subprocess.Popen(
+        [
+            "redis-server",
+            "--port",
+            str(port),
+            "--bind",
+            "127.0.0.1",
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+            "--dir",
+            str(folder),
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    url = f"redis://127.0.0.1:{port}/0"
+    client = Redis.from_url(url)
+    deadline = time.monotonic() + 20
+    while True:
+        try:
+            client.ping()
+            break
+        except RedisConnectionError:
+            if time.monotonic() > deadline or proc.poll() is not None:
+                proc.kill()
+                raise
+            time.sleep(0.05)
+    yield url
+    proc.terminate()
+    proc.wait(timeout=10)
 
 
 @pytest.fixture(scope="session")
@@ -54,7 +102,7 @@ def truncate_all(url: str) -> None:
         conn.exec_driver_sql(f"TRUNCATE {names} RESTART IDENTITY CASCADE")
 
 
-@pytest.fixture(params=["sqlite", "postgres"])
+@pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
 def db_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
     if request.param == "sqlite":
         url = f"sqlite:///{tmp_path / 'lethe.db'}"
@@ -78,10 +126,10 @@ class Api:
     def h(self, role: str = "admin") -> dict[str, str]:
         return {"Authorization": f"Bearer {self.keys[role]}"}
 
-    def get(self, path: str, role: str = "admin", **kw):  # noqa: ANN003, ANN201
+    def get(self, path: str, role: str = "admin", **kw):
         return self.client.get(path, headers=self.h(role), **kw)
 
-    def post(self, path: str, role: str = "admin", headers: dict | None = None, **kw):  # noqa: ANN003, ANN201
+    def post(self, path: str, role: str = "admin", headers: dict | None = None, **kw):
         return self.client.post(path, headers={**self.h(role), **(headers or {})}, **kw)
 
     def wait(self, path: str, done: tuple[str, ...], timeout: float = 120.0) -> dict:
@@ -96,7 +144,7 @@ class Api:
 
 def make_keys(url: str) -> dict[str, str]:
     keys = {}
-    with transaction(url) as session:
+    with database(url).write() as session:
         for role in Role:
             keys[role.value] = create_key(session, role, f"test {role.value}")[1]
     return keys
@@ -150,3 +198,10 @@ def ready_model(api: Api, digits: dict) -> dict:
     )
     assert response.status_code == 202, response.text
     return api.wait(f"/v1/models/{response.json()['id']}", ("ready", "failed"))
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Mark every test that uses the PostgreSQL server `postgres` (for `make unit`)."""
+    for item in items:
+        if "pg_url" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.postgres)

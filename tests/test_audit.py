@@ -12,7 +12,7 @@ import sqlalchemy as sa
 from sqlalchemy.exc import DBAPIError
 
 from app.audit import GENESIS, append_certificate, verify_chain
-from app.db.session import engine_for, transaction
+from app.db.session import database, engine_for
 from tests.conftest import Api
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -37,13 +37,13 @@ def fields(request_id: int, eps: float = 0.0) -> dict:
 
 def write_chain(url: str, n: int = 4) -> None:
     for i in range(n):
-        with transaction(url) as session:
+        with database(url).write() as session:
             append_certificate(session, fields(i + 1))
 
 
 def test_chain_links_and_verifies(db_url: str) -> None:
     write_chain(db_url)
-    with transaction(db_url) as session:
+    with database(db_url).write() as session:
         result = verify_chain(session)
         first = session.execute(sa.text("SELECT prev_hash FROM certificates WHERE seq = 1"))
         assert first.scalar() == GENESIS
@@ -76,7 +76,7 @@ def tamper(url: str, sql: str) -> None:
 def test_verify_names_first_bad_certificate(db_url: str, sql: str, reason: str) -> None:
     write_chain(db_url)
     tamper(db_url, sql)
-    with transaction(db_url) as session:
+    with database(db_url).write() as session:
         result = verify_chain(session)
     assert not result["ok"]
     assert result["first_bad"]["seq"] in (3, 4) and reason in result["first_bad"]["reason"]

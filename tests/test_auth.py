@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from app.db.session import transaction
+from app.db.session import database
 from app.security import Role, create_key, hash_key, lookup_key
 from tests.conftest import Api
 
@@ -53,7 +53,7 @@ def test_keys_are_stored_hashed_and_revocable(api: Api) -> None:
     created = api.post("/v1/keys", json={"role": "reader", "name": "serving"})
     assert created.status_code == 201
     raw = created.json()["key"]
-    with transaction(api.url) as session:
+    with database(api.url).write() as session:
         assert lookup_key(session, raw).key_hash == hash_key(raw) != raw
     headers = {"Authorization": f"Bearer {raw}"}
     assert api.client.get("/v1/models", headers=headers).status_code == 200
@@ -62,6 +62,6 @@ def test_keys_are_stored_hashed_and_revocable(api: Api) -> None:
 
 
 def test_create_key_function_returns_secret_once(api: Api) -> None:
-    with transaction(api.url) as session:
+    with database(api.url).write() as session:
         key, raw = create_key(session, Role.auditor, "x")
         assert raw.startswith("lethe_aud_") and key.prefix == raw[:14]

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from sqlalchemy import func, select
 
-from app.db.session import transaction
+from app.db.session import database
 from app.db.tables import Dataset, Sample
 from tests.conftest import Api
 
@@ -19,12 +19,12 @@ def npz_bytes(**arrays: np.ndarray) -> bytes:
     return buf.getvalue()
 
 
-def upload(api: Api, data: bytes, filename: str = "d.npz", **fields: str):  # noqa: ANN201
+def upload(api: Api, data: bytes, filename: str = "d.npz", **fields: str):
     return api.post("/v1/datasets", files={"file": (filename, data)}, data=fields)
 
 
 def n_datasets(api: Api) -> int:
-    with transaction(api.url) as session:
+    with database(api.url).write() as session:
         return session.scalar(select(func.count()).select_from(Dataset))
 
 
@@ -155,7 +155,7 @@ def test_unknown_dataset_and_bad_builtin(api: Api) -> None:
 
 
 def test_samples_store_float32_payloads(api: Api, digits: dict) -> None:
-    with transaction(api.url) as session:
+    with database(api.url).write() as session:
         payload = session.scalar(
             select(Sample.payload).where(Sample.dataset_id == digits["id"]).limit(1)
         )

@@ -24,7 +24,9 @@ from redis import Redis
 from app.main import create_app
 from app.settings import Settings
 from bench.cluster import Cluster
-from tests.conftest import REDIS_URL, SMALL_TRAINING, Api, make_keys, truncate_all
+from tests.conftest import SMALL_TRAINING, Api, make_keys, truncate_all
+
+pytestmark = pytest.mark.integration
 
 LETHE = [sys.executable, "-m", "app.cli"]
 
@@ -111,14 +113,14 @@ def test_restart_keeps_state_and_does_not_print_a_new_key(tmp_path: Path) -> Non
 
 
 @pytest.fixture
-def distributed(pg_url: str, tmp_path: Path) -> Iterator[Api]:
+def distributed(pg_url: str, redis_url: str, tmp_path: Path) -> Iterator[Api]:
     """API on PostgreSQL with the RQ dispatcher, and a real `lethe worker` process."""
     truncate_all(pg_url)
     queue = f"lethe-test-{uuid.uuid4().hex[:8]}"
     settings = Settings(
         data_dir=tmp_path,
         database_url=pg_url,
-        redis_url=REDIS_URL,
+        redis_url=redis_url,
         queue_name=queue,
         bootstrap_admin_key=False,
         reconcile_seconds=1.0,
@@ -127,7 +129,7 @@ def distributed(pg_url: str, tmp_path: Path) -> Iterator[Api]:
     env = {
         **os.environ,
         "LETHE_DATABASE_URL": pg_url,
-        "LETHE_REDIS_URL": REDIS_URL,
+        "LETHE_redis_url": redis_url,
         "LETHE_QUEUE_NAME": queue,
         "LETHE_RECONCILE_SECONDS": "1",
         "LETHE_HEARTBEAT_SECONDS": "1",
@@ -145,7 +147,7 @@ def distributed(pg_url: str, tmp_path: Path) -> Iterator[Api]:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(worker.pid, signal.SIGKILL)  # RQ's forked scheduler, if still there
         log.close()
-        Redis.from_url(REDIS_URL).delete(f"rq:queue:{queue}")
+        Redis.from_url(redis_url).delete(f"rq:queue:{queue}")
 
 
 def test_distributed_worker_consumes_jobs_from_redis(distributed: Api) -> None:

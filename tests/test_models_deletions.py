@@ -3,14 +3,19 @@
 from __future__ import annotations
 
 import hashlib
+import time
+from pathlib import Path
 
 import pytest
+from fastapi.testclient import TestClient
 from safetensors.torch import load as st_load
 from sqlalchemy import func, select
 
-from app.db.session import transaction
+from app.db.session import database
 from app.db.tables import Blob, DeletionRequest, ModelSample, ModelVersion, Sample
-from tests.conftest import SMALL_TRAINING, Api
+from app.main import create_app
+from app.settings import Settings
+from tests.conftest import SMALL_TRAINING, Api, make_keys
 
 
 def train_ids(api: Api, dataset_id: int, n: int, offset: int = 0) -> list[str]:
@@ -73,7 +78,7 @@ def test_retrain_deletion_end_to_end(api: Api, digits: dict, ready_model: dict) 
     ).hexdigest()
     assert cert["removed_ids_sha256"] == ids_hash
 
-    with transaction(api.url) as session:
+    with database(api.url).write() as session:
         rows = session.execute(
             select(Sample.payload, Sample.label, Sample.status).where(
                 Sample.dataset_id == digits["id"], Sample.external_id.in_(ids)
@@ -134,27 +139,33 @@ def test_unknown_ids_are_404_and_nothing_is_queued(
         ).status_code
         == 404
     )
-    with transaction(api.url) as session:
+    with database(api.url).write() as session:
         assert session.scalar(select(func.count()).select_from(DeletionRequest)) == 0
         assert session.scalar(select(func.count()).where(Sample.status != "active")) == 0
 
 
-def test_deletion_while_training_is_409(api: Api, digits: dict) -> None:
-    model = api.post(
-        "/v1/models",
-        json={
-            "name": "slow",
-            "dataset_id": digits["id"],
-            "training": {**SMALL_TRAINING, "epochs": 200},
-        },
-    ).json()
-    ids = train_ids(api, digits["id"], 1)
-    response = api.post(
-        "/v1/deletions", role="requester", json={"dataset_id": digits["id"], "sample_ids": ids}
-    )
+def test_deletion_while_training_is_409(settings: Settings, tmp_path: Path) -> None:
+    settings.pause_dir, settings.pause_at = tmp_path, ["training"]  # held until the test ends
+    with TestClient(create_app(settings)) as client:
+        api = Api(client, settings.resolved_database_url, make_keys(settings.resolved_database_url))
+        digits = api.post("/v1/datasets", json={"builtin": "digits"}).json()
+        model = api.post(
+            "/v1/models",
+            json={"name": "slow", "dataset_id": digits["id"], "training": SMALL_TRAINING},
+        ).json()
+        reached = tmp_path / f"training-{model['id']}.reached"
+        deadline = time.monotonic() + 60
+        while not reached.exists() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert api.get(f"/v1/models/{model['id']}").json()["status"] == "training"
+        ids = train_ids(api, digits["id"], 1)
+        response = api.post(
+            "/v1/deletions", role="requester", json={"dataset_id": digits["id"], "sample_ids": ids}
+        )
+        (tmp_path / f"training-{model['id']}.go").touch()
     assert response.status_code == 409
     assert response.json()["error"]["details"]["model_ids"] == [model["id"]]
-    with transaction(api.url) as session:
+    with database(api.url).read() as session:
         assert session.scalar(select(func.count()).select_from(DeletionRequest)) == 0
 
 
@@ -178,7 +189,7 @@ def test_idempotency_key_replays_first_response(api: Api, digits: dict, ready_mo
     assert other.status_code == 422
     assert other.json()["error"]["code"] == "idempotency_key_reused"
     api.wait(f"/v1/deletions/{first.json()['id']}", ("done",))
-    with transaction(api.url) as session:
+    with database(api.url).write() as session:
         assert session.scalar(select(func.count()).select_from(DeletionRequest)) == 1
 
 
@@ -239,7 +250,7 @@ def test_subject_deletion_and_fan_out(api: Api) -> None:
     assert sorted(m["model_id"] for m in done["models"]) == model_ids
     assert all(m["status"] == "done" and m["n_removed"] == 8 for m in done["models"])
     assert len(done["certificate_ids"]) == 2
-    with transaction(api.url) as session:
+    with database(api.url).write() as session:
         held = session.scalar(
             select(func.count())
             .select_from(ModelSample)

@@ -11,7 +11,7 @@ from safetensors.torch import load as st_load
 from sklearn.datasets import make_classification
 
 from app.blobstore import DatabaseBlobStore
-from app.db.session import transaction
+from app.db.session import database
 from app.db.tables import Dataset, Model, ModelVersion
 from tests.conftest import Api
 from workers.data import training_arrays
@@ -126,7 +126,7 @@ def test_newton_step_lands_near_the_convex_retrained_optimum(api: Api) -> None:
     original = st_load(api.get(f"/v1/models/{model['id']}/weights", role="reader").content)
     cert = delete(api, ds["id"], 50)
     assert cert["method"] == "newton" and cert["guarantee"] == "conditional"
-    with transaction(api.url) as session:
+    with database(api.url).write() as session:
         m = session.get(Model, model["id"])
         v = session.get(ModelVersion, m.current_version_id)
         noise_free = st_load(DatabaseBlobStore(session).get(v.state_key))

@@ -110,7 +110,7 @@ def weights_for(shapes: dict[str, tuple[int, ...]]) -> bytes:
     return st_save({k: 0.1 * torch.randn(s, generator=gen) for k, s in shapes.items()})
 
 
-def import_form(ds: dict, method: dict, data: bytes, arch: str = '{"type": "logreg"}'):  # noqa: ANN201
+def import_form(ds: dict, method: dict, data: bytes, arch: str = '{"type": "logreg"}'):
     import json
 
     return {

@@ -16,13 +16,12 @@ from rq import Queue
 from rq.registry import FailedJobRegistry
 from sqlalchemy import func, select, text
 
-from app.db.session import engine_for, transaction
+from app.db.session import database, engine_for
 from app.db.tables import (
     Blob,
     Certificate,
     DeletionRequest,
     DeletionTask,
-    Model,
     ModelSample,
     ModelVersion,
     Sample,
@@ -30,7 +29,9 @@ from app.db.tables import (
 from app.main import create_app
 from app.settings import Settings
 from bench.cluster import Cluster
-from tests.conftest import REDIS_URL, SMALL_TRAINING, truncate_all
+from tests.conftest import SMALL_TRAINING, free_port, truncate_all
+
+pytestmark = pytest.mark.integration
 
 FAST = {
     "lease_seconds": 3,
@@ -42,12 +43,12 @@ FAST = {
 
 
 @pytest.fixture
-def make_cluster(pg_url: str, tmp_path: Path) -> Iterator:
+def make_cluster(pg_url: str, redis_url: str, tmp_path: Path) -> Iterator:
     clusters: list[Cluster] = []
 
     def make(**settings: object) -> Cluster:
         truncate_all(pg_url)
-        cluster = Cluster(tmp_path / f"c{len(clusters)}", pg_url, REDIS_URL, **{**FAST, **settings})
+        cluster = Cluster(tmp_path / f"c{len(clusters)}", pg_url, redis_url, **{**FAST, **settings})
         clusters.append(cluster)
         cluster.start_api()
         return cluster
@@ -55,10 +56,10 @@ def make_cluster(pg_url: str, tmp_path: Path) -> Iterator:
     yield make
     for cluster in clusters:
         cluster.stop()
-        Redis.from_url(REDIS_URL).delete(f"rq:queue:{cluster.queue}")
+        Redis.from_url(redis_url).delete(f"rq:queue:{cluster.queue}")
 
 
-def wait_until(predicate, timeout: float = 120.0, every: float = 0.1) -> None:  # noqa: ANN001
+def wait_until(predicate, timeout: float = 120.0, every: float = 0.1) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if predicate():
@@ -91,12 +92,12 @@ def train_ids(c: httpx.Client, dataset_id: int, n: int) -> list[str]:
 
 
 def request_status(url: str, status: str) -> int:
-    with transaction(url) as session:
+    with database(url).write() as session:
         return session.scalar(select(func.count()).where(DeletionRequest.status == status))
 
 
 def assert_single_chain(url: str, model_id: int) -> list[ModelVersion]:
-    with transaction(url) as session:
+    with database(url).write() as session:
         versions = session.scalars(
             select(ModelVersion)
             .where(ModelVersion.model_id == model_id)
@@ -109,7 +110,7 @@ def assert_single_chain(url: str, model_id: int) -> list[ModelVersion]:
     return list(versions)
 
 
-def test_flushall_loses_nothing(make_cluster, pg_url: str) -> None:
+def test_flushall_loses_nothing(make_cluster, pg_url: str, redis_url: str) -> None:
     cluster = make_cluster()
     worker = cluster.start_worker()
     with cluster.client() as c:
@@ -121,34 +122,34 @@ def test_flushall_loses_nothing(make_cluster, pg_url: str) -> None:
             for i in ids
         ]
         assert all(r["status"] == "queued" for r in reqs)
-        Redis.from_url(REDIS_URL).flushall()
+        Redis.from_url(redis_url).flushall()  # our own redis-server (conftest)
         assert request_status(pg_url, "queued") == 3  # the database is the record
         cluster.start_worker()  # its reconciler re-signals the model at start
         wait_until(lambda: request_status(pg_url, "done") == 3)
         assert c.get("/v1/audit/verify").json()["ok"]
 
 
-def test_kill_9_mid_update_completes_exactly_once(make_cluster, pg_url: str) -> None:
-    cluster = make_cluster()
+def test_kill_9_mid_update_completes_exactly_once(
+    make_cluster, pg_url: str, tmp_path: Path
+) -> None:
+    pauses = tmp_path / "pauses"
+    pauses.mkdir()
+    cluster = make_cluster(pause_dir=pauses, pause_at=["before-commit"])
     for _ in range(2):
         cluster.start_worker()
     with cluster.client() as c:
-        ds, model = ready_model(
-            c,
-            architecture={"type": "mlp", "hidden": [64, 64]},
-            training={**SMALL_TRAINING, "epochs": 250},
-        )
+        ds, model = ready_model(c, architecture={"type": "mlp", "hidden": [64, 64]})
         req = c.post(
             "/v1/deletions", json={"dataset_id": ds["id"], "sample_ids": train_ids(c, ds["id"], 2)}
         ).json()
-        wait_until(
-            lambda: c.get(f"/v1/deletions/{req['id']}").json()["models"][0]["status"] == "running",
-            every=0.02,
-        )
-        with transaction(pg_url) as session:
-            owner = session.scalar(select(Model.lease_owner).where(Model.id == model["id"]))
-        victim = cluster.worker_by_pid(int(owner.split(":")[1]))
-        cluster.kill(victim)  # kill -9 in the middle of the retrain
+        reached = pauses / f"before-commit-{model['id']}.reached"
+        wait_until(reached.exists, every=0.02)  # computed, not committed: the pause point
+        victim_pid = int(reached.read_text())
+        reached.unlink()
+        cluster.kill(cluster.worker_by_pid(victim_pid))  # kill -9 between compute and commit
+        wait_until(reached.exists, timeout=120, every=0.02)  # the other worker took over
+        assert int(reached.read_text()) != victim_pid
+        (pauses / f"before-commit-{model['id']}.go").touch()
         wait_until(
             lambda: c.get(f"/v1/deletions/{req['id']}").json()["status"] in ("done", "failed"),
             timeout=180,
@@ -157,7 +158,7 @@ def test_kill_9_mid_update_completes_exactly_once(make_cluster, pg_url: str) -> 
     assert done["status"] == "done", done
     versions = assert_single_chain(pg_url, model["id"])
     assert len(versions) == 2
-    with transaction(pg_url) as session:
+    with database(pg_url).read() as session:
         assert session.scalar(select(func.count()).select_from(Certificate)) == 1
         task = session.scalar(select(DeletionTask))
         assert task.attempts == 2 and task.n_removed == 2
@@ -188,7 +189,7 @@ def test_500_concurrent_requests_form_one_chain(make_cluster, pg_url: str) -> No
     assert len(set(request_ids)) == 500
     wait_until(lambda: request_status(pg_url, "done") == 500, timeout=300, every=0.5)
     versions = assert_single_chain(pg_url, model["id"])
-    with transaction(pg_url) as session:
+    with database(pg_url).write() as session:
         per_request = dict(
             session.execute(
                 select(Certificate.request_id, func.count()).group_by(Certificate.request_id)
@@ -265,7 +266,7 @@ def test_fan_out_idempotency_and_erasure_sweep(make_cluster, pg_url: str) -> Non
         req = c.post("/v1/deletions", json=body, headers={"Idempotency-Key": "k1"}).json()
         replay = c.post("/v1/deletions", json=body, headers={"Idempotency-Key": "k1"}).json()
         assert replay["id"] == req["id"] and len(req["models"]) == 2
-        with transaction(pg_url) as session:  # not erased while a model still holds it
+        with database(pg_url).write() as session:  # not erased while a model still holds it
             s = session.scalar(select(Sample).where(Sample.external_id == sample[0]))
             assert s.payload is not None and s.status == "erasing"
         cluster.start_worker()
@@ -273,7 +274,7 @@ def test_fan_out_idempotency_and_erasure_sweep(make_cluster, pg_url: str) -> Non
         done = c.get(f"/v1/deletions/{req['id']}").json()
         assert {m["model_id"] for m in done["models"]} == {first["id"], second["id"]}
         assert all(m["status"] == "done" and m["version"] == 2 for m in done["models"])
-        with transaction(pg_url) as session:
+        with database(pg_url).write() as session:
             s = session.scalar(select(Sample).where(Sample.external_id == sample[0]))
             assert s.payload is None and s.status == "erased"
         again = c.post("/v1/deletions", json=body).json()
@@ -288,12 +289,14 @@ def test_fan_out_idempotency_and_erasure_sweep(make_cluster, pg_url: str) -> Non
             assert v1["weights_sha256"] and v1["erased_at"] and not v1["weights_available"]
 
 
-def test_final_failure_lands_in_rq_failed_registry(make_cluster, pg_url: str) -> None:
+def test_final_failure_lands_in_rq_failed_registry(
+    make_cluster, pg_url: str, redis_url: str
+) -> None:
     cluster = make_cluster()
     cluster.start_worker()
     with cluster.client() as c:
         ds, model = ready_model(c, "breast_cancer")
-        with transaction(pg_url) as session:  # storage corruption: the state is unreadable
+        with database(pg_url).write() as session:  # storage corruption: the state is unreadable
             key = session.scalar(select(ModelVersion.state_key))
             session.execute(
                 text("UPDATE blobs SET data = :d WHERE key = :k"), {"d": b"corrupt", "k": key}
@@ -309,11 +312,20 @@ def test_final_failure_lands_in_rq_failed_registry(make_cluster, pg_url: str) ->
     assert failed["status"] == "failed"
     assert "SafetensorError" in failed["error"] or "Error" in failed["error"]
     assert failed["models"][0]["status"] == "failed"
-    registry = FailedJobRegistry(queue=Queue(cluster.queue, connection=Redis.from_url(REDIS_URL)))
+    registry = FailedJobRegistry(queue=Queue(cluster.queue, connection=Redis.from_url(redis_url)))
     wait_until(lambda: registry.count >= 1, timeout=30)
-    with transaction(pg_url) as session:
+    with database(pg_url).write() as session:
         assert session.scalar(select(func.count()).select_from(Certificate)) == 0
         assert session.scalar(select(func.count()).select_from(ModelVersion)) == 1
+
+
+def scrape(c: httpx.Client, url: str = "/metrics") -> dict[str, float]:
+    """The lethe_* samples of a Prometheus text page."""
+    return {
+        ln.split(" ")[0]: float(ln.split(" ")[1])
+        for ln in c.get(url).text.splitlines()
+        if ln.startswith("lethe_") and " " in ln
+    }
 
 
 def test_metrics_show_queue_and_heartbeats(make_cluster) -> None:
@@ -325,29 +337,45 @@ def test_metrics_show_queue_and_heartbeats(make_cluster) -> None:
         c.post(
             "/v1/deletions", json={"dataset_id": ds["id"], "sample_ids": train_ids(c, ds["id"], 1)}
         )
-        time.sleep(0.3)
-        metrics = c.get("/metrics").text
-    lines = {
-        ln.split(" ")[0]: float(ln.split(" ")[1])
-        for ln in metrics.splitlines()
-        if ln.startswith("lethe_") and " " in ln
-    }
+        wait_until(lambda: scrape(c)["lethe_oldest_queued_age_seconds"] > 0.0, every=0.05)
+        lines = scrape(c)
     assert lines["lethe_deletion_tasks_queued"] == 1.0
     assert lines["lethe_oldest_queued_age_seconds"] > 0.0
     assert any(k.startswith("lethe_worker_heartbeat_timestamp_seconds{") for k in lines)
 
 
 @pytest.mark.parametrize("broken", ["redis", "database"])
-def test_readyz_fails_when_a_dependency_is_down(pg_url: str, tmp_path: Path, broken: str) -> None:
+def test_readyz_fails_when_a_dependency_is_down(
+    pg_url: str, redis_url: str, tmp_path: Path, broken: str
+) -> None:
     dead_pg = "postgresql+psycopg://postgres@127.0.0.1:1/test"
     settings = Settings(
         data_dir=tmp_path,
         bootstrap_admin_key=False,
         database_url=dead_pg if broken == "database" else pg_url,
-        redis_url="redis://127.0.0.1:1/0" if broken == "redis" else REDIS_URL,
+        redis_url="redis://127.0.0.1:1/0" if broken == "redis" else redis_url,
     )
     with TestClient(create_app(settings)) as client:
         response = client.get("/readyz")
     assert response.status_code == 503
     assert response.json()["checks"][broken if broken == "database" else "queue"] is False
     engine_for(settings.resolved_database_url).dispose()
+
+
+def test_worker_metrics_reach_prometheus(make_cluster) -> None:
+    """A `lethe worker` serves its own counters (the API process cannot see them)."""
+    port = free_port()
+    cluster = make_cluster(worker_metrics_port=port)
+    cluster.start_worker()
+    with cluster.client() as c:
+        ds, _ = ready_model(c, "breast_cancer")
+        req = c.post(
+            "/v1/deletions", json={"dataset_id": ds["id"], "sample_ids": train_ids(c, ds["id"], 1)}
+        ).json()
+        wait_until(lambda: c.get(f"/v1/deletions/{req['id']}").json()["status"] == "done")
+        api_side = scrape(c)
+    with httpx.Client(base_url=f"http://127.0.0.1:{port}") as w:
+        worker_side = scrape(w)
+    assert worker_side['lethe_deletions_processed_total{method="retrain"}'] == 1.0
+    assert worker_side['lethe_job_duration_seconds_count{job="train_model"}'] == 1.0
+    assert not any(k.startswith("lethe_deletions_processed_total") for k in api_side)

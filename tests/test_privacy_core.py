@@ -9,9 +9,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from app.methods import method_of
 from app.privacy.gaussian import epsilon_for, sigma_for
 from app.privacy.lineage import compose, compose_pld, exact_gaussian_composition
-from app.privacy.plans import release_plan
 from app.privacy.rdp import epsilon_from_slope, mironov_epsilon, slope_budget
 from app.privacy.validate import PrivacyParameterError
 
@@ -82,18 +82,18 @@ def test_compose_mixed_multipliers_matches_closed_form() -> None:
         lambda: epsilon_for(1.0, math.nan, 1e-5),
         lambda: epsilon_from_slope(-1.0, 1e-5),
         lambda: compose([0.0], 1e-5),
-        lambda: release_plan({"name": "retrain"}, 1.0, 2.0),
+        lambda: method_of({"name": "retrain"}).plan(1.0, 2.0),
     ],
 )
-def test_bad_parameters_raise(call) -> None:  # noqa: ANN001
+def test_bad_parameters_raise(call) -> None:
     with pytest.raises(PrivacyParameterError):
         call()
 
 
 def test_output_perturbation_plan() -> None:
-    plan = release_plan({"name": "output_perturbation", "C0": 0.5}, 1.0, 1e-5)
+    plan = method_of({"name": "output_perturbation", "C0": 0.5}).plan(1.0, 1e-5)
     assert plan.sensitivity == 1.0 and plan.sigma == pytest.approx(3.7306, abs=5e-5)
     assert plan.guarantee == "rigorous" and plan.feasible
     assert plan.constants["C0"]["source"] == "declared"
-    exact = release_plan({"name": "retrain"}, 1.0, 1e-5)
+    exact = method_of({"name": "retrain"}).plan(1.0, 1e-5)
     assert (exact.sigma, exact.sensitivity, exact.guarantee) == (0.0, 0.0, "exact")

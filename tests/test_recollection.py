@@ -13,7 +13,7 @@ from sklearn.datasets import make_classification
 from sqlalchemy import func, select
 
 from app.blobstore import DatabaseBlobStore
-from app.db.session import transaction
+from app.db.session import database
 from app.db.tables import Model, ModelVersion, Sample, SampleStatistic
 from tests.conftest import Api
 from workers.nets import FlatModel, build_net
@@ -142,7 +142,7 @@ def delete(api: Api, dataset_id: int, ids: list[str]) -> dict:
 
 
 def noise_free_state(api: Api, model_id: int) -> dict[str, torch.Tensor]:
-    with transaction(api.url) as session:
+    with database(api.url).write() as session:
         model = session.get(Model, model_id)
         version = session.get(ModelVersion, model.current_version_id)
         return dict(st_load(DatabaseBlobStore(session).get(version.state_key)))
@@ -176,7 +176,7 @@ def test_vectors_are_consumed_and_certificate_is_conditional(api: Api) -> None:
     record = model["current_version"]["metrics"]["record"]
     assert record["rows"] == 300 and record["d"] == 63
     ids = train_external_ids(api, ds["id"], 3)
-    with transaction(api.url) as session:
+    with database(api.url).write() as session:
         sample_ids = session.scalars(
             select(Sample.id).where(Sample.dataset_id == ds["id"], Sample.external_id.in_(ids))
         ).all()
@@ -185,7 +185,7 @@ def test_vectors_are_consumed_and_certificate_is_conditional(api: Api) -> None:
             == 3
         )
     done = delete(api, ds["id"], ids)
-    with transaction(api.url) as session:
+    with database(api.url).write() as session:
         assert (
             session.scalar(select(func.count()).where(SampleStatistic.sample_id.in_(sample_ids)))
             == 0
@@ -210,7 +210,7 @@ def test_vacuous_bound_falls_back_to_exact_retrain(api: Api) -> None:
     done = delete(api, ds["id"], train_external_ids(api, ds["id"], 1))
     cert = api.get(f"/v1/audit/certificates/{done['certificate_ids'][0]}", role="auditor").json()
     assert cert["guarantee"] == "exact" and "weights' norm" in cert["fallback_reason"]
-    with transaction(api.url) as session:  # the retrain recorded fresh vectors
+    with database(api.url).write() as session:  # the retrain recorded fresh vectors
         assert (
             session.scalar(select(func.count()).where(SampleStatistic.model_id == model["id"]))
             == 299

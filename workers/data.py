@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
@@ -24,7 +26,7 @@ class Arrays:
         return len(self.sample_ids)
 
 
-def _decode(rows: list, shape: list[int]) -> Arrays:
+def _decode(rows: Sequence[Any], shape: list[int]) -> Arrays:
     n_feat = int(np.prod(shape)) if shape else 1
     X = np.empty((len(rows), n_feat), dtype=np.float32)
     for i, row in enumerate(rows):

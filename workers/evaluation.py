@@ -16,13 +16,17 @@ from sklearn.metrics import roc_auc_score
 from sklearn.model_selection import StratifiedKFold, cross_val_predict
 from torch import nn
 
+from app.specs import ArchitectureSpec
 from workers.nets import build_net, flat
 from workers.training import accuracy
+
+Split = tuple[torch.Tensor, torch.Tensor]
+Arch = ArchitectureSpec | dict[str, Any]
 
 
 @torch.no_grad()
 def per_sample_losses(
-    architecture: dict[str, Any],
+    architecture: Arch,
     state: dict[str, torch.Tensor],
     X: torch.Tensor,
     y: torch.Tensor,
@@ -58,26 +62,26 @@ def distance(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
 
 
 def evaluate(
-    architecture: dict[str, Any],
+    architecture: Arch,
     n_classes: int,
     *,
     release: dict[str, torch.Tensor],
     noise_free: dict[str, torch.Tensor],
     original: dict[str, torch.Tensor],
     reference: dict[str, torch.Tensor] | None,
-    forget: tuple,
-    retain: tuple,
-    test: tuple,
+    forget: Split,
+    retain: Split,
+    test: Split,
 ) -> dict[str, Any]:
     """Accuracies and MIA AUC of the release (and the reference), and distances to it."""
 
-    def acc(state: dict[str, torch.Tensor], data: tuple) -> float | None:
+    def acc(state: dict[str, torch.Tensor], data: Split) -> float | None:
         return accuracy(architecture, state, data[0], data[1], n_classes)
 
     def auc(state: dict[str, torch.Tensor]) -> float | None:
         return membership_auc(
-            per_sample_losses(architecture, state, *forget, n_classes),
-            per_sample_losses(architecture, state, *test, n_classes),
+            per_sample_losses(architecture, state, forget[0], forget[1], n_classes),
+            per_sample_losses(architecture, state, test[0], test[1], n_classes),
         )
 
     out: dict[str, Any] = {

@@ -17,8 +17,9 @@ from sqlalchemy import or_, update
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 
-from app.db.session import transaction
+from app.db.session import database, rowcount
 from app.db.tables import DeletionTask, Model, WorkerHeartbeat, utcnow
+from app.states import TaskStatus
 
 WORKER_ID = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
 
@@ -29,7 +30,7 @@ class LeaseLost(RuntimeError):
 
 def beat(url: str, mode: str) -> None:
     """Record that this worker process is alive."""
-    with transaction(url) as session:
+    with database(url).write() as session:
         dialect = session.get_bind().dialect.name
         ins = (pg_insert if dialect == "postgresql" else sqlite_insert)(WorkerHeartbeat)
         now = utcnow()
@@ -76,14 +77,14 @@ class ModelLease:
         if self._thread is not None:
             self._thread.join(timeout=5)
         if self.held:
-            with transaction(self.url) as session:
+            with database(self.url).write() as session:
                 session.execute(
                     update(Model)
                     .where(Model.id == self.model_id, Model.lease_owner == WORKER_ID)
                     .values(lease_owner=None, lease_expires_at=None)
                 )
 
-    def deadline(self):  # noqa: ANN201
+    def deadline(self):
         return utcnow() + timedelta(seconds=self.seconds)
 
     def _claim(self, take: bool) -> bool:
@@ -92,23 +93,23 @@ class ModelLease:
         cond = (
             or_(mine, Model.lease_owner.is_(None), Model.lease_expires_at < now) if take else mine
         )
-        with transaction(self.url) as session:
+        with database(self.url).write() as session:
             result = session.execute(
                 update(Model)
                 .where(Model.id == self.model_id, cond)
                 .values(lease_owner=WORKER_ID, lease_expires_at=self.deadline())
             )
-            if result.rowcount == 1 and not take:
+            if rowcount(result) == 1 and not take:
                 session.execute(
                     update(DeletionTask)
                     .where(
                         DeletionTask.model_id == self.model_id,
-                        DeletionTask.status == "running",
+                        DeletionTask.status == TaskStatus.running,
                         DeletionTask.lease_owner == WORKER_ID,
                     )
                     .values(lease_expires_at=self.deadline())
                 )
-            return result.rowcount == 1
+            return rowcount(result) == 1
 
     def _renew_loop(self) -> None:
         while not self._stop.wait(self.heartbeat):

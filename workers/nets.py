@@ -8,23 +8,27 @@ import torch
 from torch import nn
 from torch.func import functional_call
 
+from app.specs import ArchitectureSpec, MLPSpec, architecture_of
+
 ACTIVATIONS = {"relu": nn.ReLU, "tanh": nn.Tanh, "gelu": nn.GELU, "sigmoid": nn.Sigmoid}
 
 
-def build_net(spec: dict[str, Any], n_features: int, n_classes: int) -> nn.Module:
-    """`logreg`: one linear layer; `mlp`: linear layers with the chosen activation."""
-    kind = spec.get("type")
-    if kind == "logreg":
+def build_net(
+    spec: ArchitectureSpec | dict[str, Any], n_features: int, n_classes: int
+) -> nn.Module:
+    """`logreg`: one linear layer; `mlp`: linear layers with the chosen activation. The
+    parameter names and shapes are mirrored by app.architectures.parameter_shapes (a test
+    pins the two together)."""
+    arch = architecture_of(spec)
+    if not isinstance(arch, MLPSpec):
         return nn.Sequential(nn.Flatten(), nn.Linear(n_features, n_classes))
-    if kind == "mlp":
-        layers: list[nn.Module] = [nn.Flatten()]
-        width = n_features
-        for hidden in spec.get("hidden", [64, 64]):
-            layers += [nn.Linear(width, int(hidden)), ACTIVATIONS[spec.get("activation", "relu")]()]
-            width = int(hidden)
-        layers.append(nn.Linear(width, n_classes))
-        return nn.Sequential(*layers)
-    raise ValueError(f"unknown architecture type {kind!r}")
+    layers: list[nn.Module] = [nn.Flatten()]
+    width = n_features
+    for hidden in arch.hidden:
+        layers += [nn.Linear(width, hidden), ACTIVATIONS[arch.activation]()]
+        width = hidden
+    layers.append(nn.Linear(width, n_classes))
+    return nn.Sequential(*layers)
 
 
 def state_of(net: nn.Module) -> dict[str, torch.Tensor]:

@@ -10,6 +10,7 @@ import torch
 from torch import nn
 from torch.func import grad, jvp, vmap
 
+from workers.linalg import extreme_eigenvalues
 from workers.nets import FlatModel
 
 
@@ -25,7 +26,7 @@ class LissaResult:
     max_ratio: float  # max_j ‖P_j‖ / ((j+1)‖v‖): ≤ 1 while the recursion contracts
 
 
-def objective(model: FlatModel, weight_decay: float):  # noqa: ANN201
+def objective(model: FlatModel, weight_decay: float):
     """Mean cross-entropy plus the training L2 term: the loss whose optimum retraining finds."""
 
     def loss(w: torch.Tensor, X: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
@@ -97,7 +98,7 @@ def lissa(
     return LissaResult(ihvp=(P / scale).mean(0), max_ratio=worst)
 
 
-def extreme_eigenvalues(
+def hessian_extremes(
     model: FlatModel,
     w: torch.Tensor,
     X: torch.Tensor,
@@ -115,19 +116,4 @@ def extreme_eigenvalues(
     def hvp(p: torch.Tensor) -> torch.Tensor:
         return jvp(lambda wv: grad(loss)(wv, Xs, ys), (w,), (p,))[1]
 
-    def power(op) -> float:  # noqa: ANN001
-        v = torch.randn(w.numel(), generator=gen, dtype=w.dtype)
-        v /= v.norm()
-        value = 0.0
-        for _ in range(iters):
-            u = op(v)
-            value = float(v @ u)
-            if float(u.norm()) == 0:
-                return 0.0
-            v = u / u.norm()
-        return value
-
-    lam_max = power(hvp)
-    shift = abs(lam_max)
-    lam_min = lam_max - power(lambda p: shift * p - hvp(p)) if shift > 0 else 0.0
-    return lam_max, lam_min
+    return extreme_eigenvalues(hvp, w.numel(), iters, gen, w.dtype)

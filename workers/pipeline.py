@@ -1,43 +1,57 @@
 """The transactions of the deletion pipeline (DESIGN §6): claim, load, commit, fail.
 
-Each function is one unit of work. `commit_update` writes the new version, one chained
-certificate per request, the removals, the purge of older versions and the request states
-together, or nothing at all.
+Each function is one unit of work. `load_batch` reads everything an update needs in one short
+read; `commit_update` writes the new version, one chained certificate per request, the
+removals, the purge of older versions and the request states together, or nothing at all.
 """
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
+from datetime import datetime, timedelta
 from typing import Any
 
 import numpy as np
+import torch
 from safetensors.torch import load as st_load
 from safetensors.torch import save as st_save
-from sqlalchemy import delete, select, update
+from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 
 from app.audit import append_certificate, removed_ids_digest
 from app.blobstore import DatabaseBlobStore
+from app.db.chunks import chunked
 from app.db.tables import (
-    Certificate,
     Dataset,
     DeletionRequest,
     DeletionTask,
     Model,
     ModelSample,
     ModelVersion,
-    SampleStatistic,
+    Sample,
     utcnow,
 )
-from app.privacy import DP_ACCOUNTING_VERSION
-from app.services.deletions import erase_payloads
+from app.erasure import erase_payloads
+from app.methods import get_method, method_of
+from app.services.privacy import lineage_history
+from app.specs import PrivacyPolicy, architecture_of, policy_of, training_of
+from app.states import RequestStatus, TaskStatus, VersionKind
+from workers.certify import CertificateContext, certificate_fields
+from workers.data import test_arrays, training_arrays
 from workers.lease import WORKER_ID, LeaseLost
-from workers.methods.base import ModelSpec, ModelState, PrivacyTarget, Update
-from workers.statistics import write_block
+from workers.methods.base import (
+    ModelSpec,
+    ModelState,
+    PrivacyTarget,
+    RemovedSamples,
+    RetainedData,
+    UpdateInputs,
+)
+from workers.statistics import delete_rows, read_vectors, write_block
+from workers.updates import Outcome
 
 
-@dataclass
+@dataclass(frozen=True)
 class ClaimedTask:
     task_id: int
     request_id: int
@@ -47,45 +61,78 @@ class ClaimedTask:
     delta: float | None
 
 
-@dataclass
+@dataclass(frozen=True)
 class Batch:
-    """What one coalesced update needs, loaded in one read transaction."""
+    """What committing one coalesced update needs besides its outcome."""
 
     model_id: int
-    spec: ModelSpec
-    dataset: Dataset
-    policy: dict[str, Any]
-    method_name: str
+    policy: PrivacyPolicy
     parent_id: int
     parent_number: int
-    state: ModelState
     tasks: list[ClaimedTask]
-    previously_removed: list[int] = field(default_factory=list)
     removed_by_task: dict[int, list[int]] = field(default_factory=dict)
+    external_ids: dict[int, str] = field(default_factory=dict)
 
     @property
     def removed(self) -> list[int]:
         return sorted({s for ids in self.removed_by_task.values() for s in ids})
 
     def target(self) -> PrivacyTarget:
-        eps = min([self.policy["epsilon"], *[t.epsilon for t in self.tasks if t.epsilon]])
-        dlt = min([self.policy["delta"], *[t.delta for t in self.tasks if t.delta]])
+        """The strictest target among the policy and the coalesced requests."""
+        eps = min([self.policy.epsilon, *[t.epsilon for t in self.tasks if t.epsilon]])
+        dlt = min([self.policy.delta, *[t.delta for t in self.tasks if t.delta]])
         return PrivacyTarget(epsilon=eps, delta=dlt)
 
 
-def model_spec(
-    model: Model,
-    dataset: Dataset,
-    record: dict[str, Any] | None = None,
-) -> ModelSpec:
+def model_spec(model: Model, dataset: Dataset) -> ModelSpec:
     return ModelSpec(
-        architecture=model.architecture,
-        training=model.training,
-        method=model.method,
+        architecture=architecture_of(model.architecture),
+        training=training_of(model.training),
+        method=method_of(model.method),
         n_features=int(np.prod(dataset.feature_shape)),
         n_classes=dataset.n_classes,
-        record=record,
     )
+
+
+def check_lease(session: Session, model_id: int) -> Model:
+    """The model row, if this worker still holds its lease (else LeaseLost: do not commit)."""
+    model = session.get(Model, model_id)
+    if model is None or model.lease_owner != WORKER_ID:
+        owner = model.lease_owner if model is not None else None
+        raise LeaseLost(f"model {model_id} is now leased by {owner}")
+    return model
+
+
+def write_version(
+    session: Session,
+    model_id: int,
+    number: int,
+    parent_id: int | None,
+    kind: VersionKind,
+    weights: ModelState,
+    next_state: ModelState,
+    metrics: dict[str, Any],
+) -> ModelVersion:
+    """Store a version's downloadable weights and its noise-free state as blobs."""
+    store = DatabaseBlobStore(session)
+    data = st_save(weights)
+    wkey, wsha = store.put(data, f"model-{model_id}/weights")
+    skey, _ = store.put(st_save(next_state), f"model-{model_id}/state")
+    version = ModelVersion(
+        model_id=model_id,
+        number=number,
+        parent_id=parent_id,
+        kind=kind,
+        weights_key=wkey,
+        weights_sha256=wsha,
+        weights_size=len(data),
+        state_key=skey,
+        metrics=metrics,
+        n_train=int(metrics.get("n_train", 0)),
+    )
+    session.add(version)
+    session.flush()
+    return version
 
 
 def training_record(session: Session, model_id: int) -> tuple[dict[str, Any] | None, list[int]]:
@@ -108,21 +155,32 @@ def training_record(session: Session, model_id: int) -> tuple[dict[str, Any] | N
     return None, []
 
 
-def claim_tasks(session: Session, model_id: int, limit: int, deadline: Any) -> list[ClaimedTask]:
-    """Mark up to `limit` queued tasks of the model running under our lease (coalescing)."""
+def claim_tasks(
+    session: Session, model_id: int, limit: int, deadline: datetime
+) -> list[ClaimedTask]:
+    """Mark up to `limit` due queued tasks of the model running under our lease (coalescing)."""
+    now = utcnow()
     rows = session.execute(
         select(DeletionTask, DeletionRequest)
         .join(DeletionRequest, DeletionRequest.id == DeletionTask.request_id)
-        .where(DeletionTask.model_id == model_id, DeletionTask.status == "queued")
+        .where(
+            DeletionTask.model_id == model_id,
+            DeletionTask.status == TaskStatus.queued,
+            (DeletionTask.not_before.is_(None)) | (DeletionTask.not_before <= now),
+        )
         .order_by(DeletionTask.id)
         .limit(limit)
     ).all()
     claimed = []
     for task, request in rows:
-        task.status, task.lease_owner, task.lease_expires_at = "running", WORKER_ID, deadline
+        task.status, task.lease_owner, task.lease_expires_at = (
+            TaskStatus.running,
+            WORKER_ID,
+            deadline,
+        )
         task.attempts += 1
-        if request.status == "queued":
-            request.status = "running"
+        if request.status == RequestStatus.queued:
+            request.status = RequestStatus.running
         claimed.append(
             ClaimedTask(
                 task.id,
@@ -136,62 +194,117 @@ def claim_tasks(session: Session, model_id: int, limit: int, deadline: Any) -> l
     return claimed
 
 
-def load_batch(session: Session, model_id: int, tasks: list[ClaimedTask]) -> Batch:
+def load_batch(
+    session: Session, model_id: int, tasks: list[ClaimedTask]
+) -> tuple[Batch, UpdateInputs]:
+    """Everything the update needs, in one read: no database access happens after this."""
     model = session.get(Model, model_id)
+    assert model is not None and model.current_version_id is not None
     dataset = session.get(Dataset, model.dataset_id)
     parent = session.get(ModelVersion, model.current_version_id)
+    assert dataset is not None and parent is not None and parent.state_key is not None
     state_bytes = DatabaseBlobStore(session).get(parent.state_key)
-    wanted = sorted({s for t in tasks for s in t.sample_ids})
+    if state_bytes is None:
+        raise LookupError(f"the state of version {parent.number} is missing")
+    held = _held(session, model_id, sorted({s for t in tasks for s in t.sample_ids}))
+    removed_by_task: dict[int, list[int]] = {}
+    claimed: set[int] = set()
+    for t in tasks:  # a sample asked for twice is removed once, credited to the first request
+        mine = [s for s in t.sample_ids if s in held and s not in claimed]
+        claimed.update(mine)
+        removed_by_task[t.task_id] = mine
+    spec = model_spec(model, dataset)
+    requested = {t.method for t in tasks if t.method}
+    method = method_of({"name": "retrain"}) if "retrain" in requested else spec.method
+    record, previously_removed = training_record(session, model_id)
+    everything = training_arrays(session, model_id, dataset)
+    keep = torch.tensor([s not in claimed for s in everything.sample_ids], dtype=torch.bool)
+    removed_ids = [s for s in everything.sample_ids if s in claimed]
+    statistics = (
+        read_vectors(session, model_id, removed_ids)
+        if get_method(method.name).uses_statistics
+        else {}
+    )
+    test = test_arrays(session, dataset)
+    batch = Batch(
+        model_id=model_id,
+        policy=policy_of(model.privacy),
+        parent_id=parent.id,
+        parent_number=parent.number,
+        tasks=tasks,
+        removed_by_task=removed_by_task,
+        external_ids=_external_ids(session, sorted(claimed)),
+    )
+    inputs = UpdateInputs(
+        model_id=model_id,
+        spec=spec,
+        method=method,
+        policy=batch.policy,
+        target=batch.target(),
+        state=dict(st_load(state_bytes)),
+        removed=RemovedSamples(
+            removed_ids,
+            everything.X[~keep],
+            everything.y[~keep],
+            statistics=statistics,
+            previously_removed=previously_removed,
+        ),
+        retained=RetainedData(
+            [s for s in everything.sample_ids if s not in claimed],
+            everything.X[keep],
+            everything.y[keep],
+            [s for s, k in zip(everything.subjects, keep.tolist(), strict=True) if k],
+        ),
+        test=RetainedData(test.sample_ids, test.X, test.y, test.subjects),
+        history=lineage_history(session, model_id),
+        record=record,
+    )
+    return batch, inputs
+
+
+def _held(session: Session, model_id: int, sample_ids: list[int]) -> set[int]:
+    """Those of `sample_ids` the model still holds."""
     held: set[int] = set()
-    for start in range(0, len(wanted), 5000):
+    for chunk in chunked(sample_ids):
         held.update(
             session.scalars(
                 select(ModelSample.sample_id).where(
                     ModelSample.model_id == model_id,
                     ModelSample.removed_version_id.is_(None),
-                    ModelSample.sample_id.in_(wanted[start : start + 5000]),
+                    ModelSample.sample_id.in_(chunk),
                 )
             )
         )
-    requested = {t.method for t in tasks if t.method}
-    method_name = "retrain" if "retrain" in requested else model.method["name"]
-    record, previously_removed = training_record(session, model_id)
-    batch = Batch(
-        model_id=model_id,
-        spec=model_spec(model, dataset, record),
-        previously_removed=previously_removed,
-        dataset=dataset,
-        policy=model.privacy,
-        method_name=method_name,
-        parent_id=parent.id,
-        parent_number=parent.number,
-        state=dict(st_load(state_bytes)),
-        tasks=tasks,
-    )
-    claimed: set[int] = set()
-    for t in tasks:  # a sample asked for twice is removed once, credited to the first request
-        mine = [s for s in t.sample_ids if s in held and s not in claimed]
-        claimed.update(mine)
-        batch.removed_by_task[t.task_id] = mine
-    return batch
+    return held
 
 
-def commit_update(
-    session: Session,
-    batch: Batch,
-    update_: Update | None,
-    metrics: dict[str, Any],
-    external_ids: dict[int, str],
-) -> int | None:
+def _external_ids(session: Session, sample_ids: list[int]) -> dict[int, str]:
+    out: dict[int, str] = {}
+    for chunk in chunked(sample_ids):
+        rows = session.execute(select(Sample.id, Sample.external_id).where(Sample.id.in_(chunk)))
+        out.update({sample_id: external for sample_id, external in rows})
+    return out
+
+
+def commit_update(session: Session, batch: Batch, outcome: Outcome | None) -> int | None:
     """Apply the update atomically; returns the new version id (None if nothing to remove)."""
-    model = session.get(Model, batch.model_id)
-    if model.lease_owner != WORKER_ID:
-        raise LeaseLost(f"model {batch.model_id} is now leased by {model.lease_owner}")
+    model = check_lease(session, batch.model_id)
     if model.current_version_id != batch.parent_id:
         raise LeaseLost(f"model {batch.model_id} moved past version {batch.parent_number}")
     version = None
-    if update_ is not None:
-        version = _write_version(session, batch, update_, metrics)
+    if outcome is not None:
+        release = outcome.decision.release
+        metrics = {**outcome.metrics, **({"record": release.record} if release.record else {})}
+        version = write_version(
+            session,
+            batch.model_id,
+            batch.parent_number + 1,
+            batch.parent_id,
+            release.version_kind,
+            release.weights,
+            release.next_state,
+            metrics,
+        )
     rows = {
         t.id: t
         for t in session.scalars(
@@ -202,10 +315,10 @@ def commit_update(
     for task in batch.tasks:
         removed = batch.removed_by_task[task.task_id]
         row = rows[task.task_id]
-        if row.status != "running" or row.lease_owner != WORKER_ID:
+        if row.status != TaskStatus.running or row.lease_owner != WORKER_ID:
             raise LeaseLost(f"task {task.task_id} was reclaimed")
-        if removed and version is not None:
-            cert = _certify(session, batch, task, update_, version, removed, external_ids)
+        if removed and version is not None and outcome is not None:
+            cert = append_certificate(session, _certificate(batch, task, outcome, version, removed))
             removals += [
                 {
                     "model_id": batch.model_id,
@@ -218,24 +331,16 @@ def commit_update(
             row.certificate_id, row.version_id = cert.id, version.id
         else:
             row.certificate_id = _earlier_certificate(session, batch.model_id, task.sample_ids)
-        row.status, row.n_removed, row.lease_owner, row.lease_expires_at = (
-            "done",
-            len(removed),
-            None,
-            None,
-        )
+        row.status, row.n_removed = TaskStatus.done, len(removed)
+        row.lease_owner = row.lease_expires_at = None
     if removals:  # bulk UPDATE by primary key; these samples were held (checked under lease)
         session.execute(update(ModelSample), removals)
-    if version is not None:
-        if update_.replace_statistics is not None:  # a retrain re-recorded everything
-            write_block(session, batch.model_id, update_.replace_statistics, replace=True)
+    if version is not None and outcome is not None:
+        release = outcome.decision.release
+        if release.replace_statistics is not None:  # a retrain re-recorded everything
+            write_block(session, batch.model_id, release.replace_statistics, replace=True)
         else:
-            session.execute(
-                delete(SampleStatistic).where(
-                    SampleStatistic.model_id == batch.model_id,
-                    SampleStatistic.sample_id.in_(update_.statistics_to_delete or [-1]),
-                )
-            )
+            delete_rows(session, batch.model_id, release.statistics_to_delete)
         _purge_older_versions(session, batch.model_id, version.id)
         model.current_version_id = version.id
     session.flush()
@@ -243,115 +348,40 @@ def commit_update(
     return version.id if version is not None else None
 
 
-def _write_version(
-    session: Session, batch: Batch, update_: Update, metrics: dict[str, Any]
-) -> ModelVersion:
-    store = DatabaseBlobStore(session)
-    weights = st_save(update_.release)
-    wkey, wsha = store.put(weights, f"model-{batch.model_id}/weights")
-    skey, _ = store.put(st_save(update_.next_state), f"model-{batch.model_id}/state")
-    version = ModelVersion(
+def _certificate(
+    batch: Batch, task: ClaimedTask, outcome: Outcome, version: ModelVersion, removed: list[int]
+) -> dict[str, Any]:
+    salt, digest = removed_ids_digest([batch.external_ids[s] for s in removed])
+    ctx = CertificateContext(
+        request_id=task.request_id,
         model_id=batch.model_id,
-        number=batch.parent_number + 1,
-        parent_id=batch.parent_id,
-        kind=update_.version_kind,
-        weights_key=wkey,
-        weights_sha256=wsha,
-        weights_size=len(weights),
-        state_key=skey,
-        metrics={**metrics, **({"record": update_.record} if update_.record else {})},
-        n_train=int(metrics.get("n_train", 0)),
+        from_version=batch.parent_number,
+        to_version=version.number,
+        release_sha256=version.weights_sha256,
+        n_removed=len(removed),
+        n_removed_in_update=len(batch.removed),
+        coalesced_requests=sorted({t.request_id for t in batch.tasks}),
+        removed_ids_salt=salt,
+        removed_ids_sha256=digest,
     )
-    session.add(version)
-    session.flush()
-    return version
-
-
-def _certify(
-    session: Session,
-    batch: Batch,
-    task: ClaimedTask,
-    update_: Update,
-    version: ModelVersion,
-    removed: list[int],
-    external_ids: dict[int, str],
-) -> Certificate:
-    c = update_.certificate
-    spend = update_.lineage
-    cum_eps, cum_delta = (spend.epsilon, spend.delta) if spend and spend.releases else (0.0, 0.0)
-    salt, digest = removed_ids_digest([external_ids[s] for s in removed])
-    target = batch.target()
-    sentence = c.sentence
-    if spend and spend.releases:
-        sentence += (
-            f" Since its last exact retrain this model has made {spend.releases} "
-            f"noisy release(s), together (ε={spend.epsilon:.4g}, δ={spend.delta:.3g}) "
-            f"of its lineage budget ε={batch.policy['lineage_epsilon']:g}."
-        )
-    if c.fallback_reason:
-        sentence += f" Exact retraining was used because {c.fallback_reason}."
-    fields = {
-        "request_id": task.request_id,
-        "model_id": batch.model_id,
-        "from_version": batch.parent_number,
-        "to_version": version.number,
-        "method": batch.method_name,
-        "guarantee": c.guarantee,
-        "epsilon": _finite(c.epsilon),
-        "delta": _finite(c.delta),
-        "sigma": _finite(c.sigma),
-        "sensitivity": _finite(c.sensitivity),
-        "accountant": c.accountant,
-        "accountant_versions": {
-            "dp-accounting": DP_ACCOUNTING_VERSION,
-            "lineage": spend.accountant if spend else None,
-        },
-        "constants": {
-            k: {"value": _finite(v.value), "source": v.source, "meaning": v.meaning}
-            for k, v in c.constants.items()
-        },
-        "cumulative_epsilon": _finite(cum_eps),
-        "cumulative_delta": _finite(cum_delta),
-        "lineage": {
-            "releases_since_reset": spend.releases if spend else 0,
-            "budget_epsilon": batch.policy["lineage_epsilon"],
-            "budget_delta": batch.policy["lineage_delta"],
-        },
-        "lineage_reset": c.resets_lineage,
-        "lineage_event": c.lineage_event,
-        "fallback_reason": c.fallback_reason,
-        "target": {"epsilon": target.epsilon, "delta": target.delta},
-        "n_removed": len(removed),
-        "n_removed_in_update": len(batch.removed),
-        "coalesced_requests": sorted({t.request_id for t in batch.tasks}),
-        "removed_ids_salt": salt,
-        "removed_ids_sha256": digest,
-        "release_sha256": version.weights_sha256,
-        "compares": c.compares,
-        "sentence": sentence,
-    }
-    return append_certificate(session, fields)
-
-
-def _finite(x: float) -> float:
-    if not math.isfinite(float(x)):
-        raise ValueError(f"refusing to certify a non-finite value {x!r}")
-    return float(x)
+    return certificate_fields(outcome.decision, batch.policy, batch.target(), ctx)
 
 
 def _earlier_certificate(session: Session, model_id: int, sample_ids: list[int]) -> int | None:
     """The certificate that already removed these samples from the model (applied once)."""
-    if not sample_ids:
-        return None
-    return session.scalar(
-        select(ModelSample.removed_certificate_id)
-        .where(
-            ModelSample.model_id == model_id,
-            ModelSample.sample_id.in_(sample_ids[:5000]),
-            ModelSample.removed_certificate_id.is_not(None),
+    for chunk in chunked(sample_ids):
+        found = session.scalar(
+            select(ModelSample.removed_certificate_id)
+            .where(
+                ModelSample.model_id == model_id,
+                ModelSample.sample_id.in_(chunk),
+                ModelSample.removed_certificate_id.is_not(None),
+            )
+            .limit(1)
         )
-        .limit(1)
-    )
+        if found is not None:
+            return found
+    return None
 
 
 def _purge_older_versions(session: Session, model_id: int, keep_id: int) -> None:
@@ -383,36 +413,44 @@ def finish_requests(session: Session, request_ids: set[int]) -> None:
     requests = session.scalars(
         select(DeletionRequest).where(DeletionRequest.id.in_(request_ids))
     ).all()
-    done = [r for r in requests if statuses[r.id] <= {"done"}]
+    done = [r for r in requests if statuses[r.id] <= {TaskStatus.done}]
     erase_payloads(session, sorted({s for r in done for s in r.sample_ids}))
     now = utcnow()
     for request in requests:
         seen = statuses[request.id]
-        if seen <= {"done"}:
-            request.status, request.finished_at = "done", now
-        elif "failed" in seen and not seen & {"queued", "running"}:
-            request.status, request.finished_at = "failed", now
+        if seen <= {TaskStatus.done}:
+            request.status, request.finished_at = RequestStatus.done, now
+        elif TaskStatus.failed in seen and not seen & {TaskStatus.queued, TaskStatus.running}:
+            request.status, request.finished_at = RequestStatus.failed, now
 
 
-def fail_tasks(session: Session, task_ids: list[int], error: str, max_attempts: int) -> bool:
-    """Put tasks back to queued, or fail them (and their requests) after `max_attempts`.
-
-    Returns True when the tasks failed for good.
-    """
+def fail_tasks(
+    session: Session, task_ids: list[int], error: str, backoff_seconds: list[int], max_attempts: int
+) -> bool:
+    """Put tasks back to queued, due again after the backoff for their attempt, or fail them
+    (and their requests) after `max_attempts`. Returns True when the tasks failed for good."""
     final = False
     requests: set[int] = set()
+    now = utcnow()
     for task in session.scalars(select(DeletionTask).where(DeletionTask.id.in_(task_ids))):
-        if task.status != "running" or task.lease_owner != WORKER_ID:
+        if task.status != TaskStatus.running or task.lease_owner != WORKER_ID:
             continue
         task.error = error[:2000]
         task.lease_owner = task.lease_expires_at = None
         if task.attempts >= max_attempts:
-            task.status, final = "failed", True
+            task.status, final = TaskStatus.failed, True
             requests.add(task.request_id)
         else:
-            task.status = "queued"
+            task.status = TaskStatus.queued
+            wait = (
+                backoff_seconds[min(task.attempts - 1, len(backoff_seconds) - 1)]
+                if backoff_seconds
+                else 0
+            )
+            task.not_before = now + timedelta(seconds=wait)
     for request_id in requests:
         request = session.get(DeletionRequest, request_id)
-        request.error = error[:2000]
+        if request is not None:
+            request.error = error[:2000]
     finish_requests(session, requests)
     return final

@@ -28,8 +28,10 @@ import torch
 from torch import nn
 from torch.func import grad, jvp, vmap
 
-from workers.methods.noise import clip_vector
+from app.specs import ArchitectureSpec, TrainingConfig, training_of
+from workers.linalg import extreme_eigenvalues
 from workers.nets import FlatModel
+from workers.norms import clip_vector
 from workers.training import seeded_net
 
 CHUNK = 2048  # vectors per vmap call: larger chunks amortise torch.func overhead
@@ -102,29 +104,13 @@ def _spectral_rho(
     gen: torch.Generator,
 ) -> float:
     """ρ_t = max(|1 − η λ_min|, |1 − η λ_max|) of H̄ + λI by power iteration (Lemma 2)."""
-
-    def power(op: Callable[[torch.Tensor], torch.Tensor]) -> float:
-        v = torch.randn(d, generator=gen)
-        v /= v.norm()
-        value = 0.0
-        for _ in range(iters):
-            w = op(v)
-            value = float(v @ w)
-            n = float(w.norm())
-            if n == 0:
-                return 0.0
-            v = w / n
-        return value
-
-    lam_max = power(hvp)
-    shift = abs(lam_max)
-    lam_min = lam_max - power(lambda v: shift * v - hvp(v)) if shift > 0 else 0.0
+    lam_max, lam_min = extreme_eigenvalues(hvp, d, iters, gen)
     return max(abs(1 - eta * lam_min), abs(1 - eta * lam_max))
 
 
 def train_recollection(
-    architecture: dict[str, Any],
-    config: dict[str, Any],
+    architecture: ArchitectureSpec | dict[str, Any],
+    config: TrainingConfig | dict[str, Any],
     C: float,
     q: float,
     X: torch.Tensor,
@@ -138,21 +124,20 @@ def train_recollection(
 ) -> RecollectionRun:
     """Train (seeded init, seeded batch order) and, if `record`, every sample's a_i."""
     start = time.perf_counter()
+    cfg = training_of(config)
     n = len(y)
     n_features = int(np.prod(X.shape[1:]))
-    net = seeded_net(architecture, n_features, n_classes, config["seed"])
+    net = seeded_net(architecture, n_features, n_classes, cfg.seed)
     model = FlatModel(net)
     w = model.flat()
     d = w.numel()
-    lam = float(config.get("weight_decay", 0.0))
-    sched = batch_schedule(
-        n, config["epochs"], config["batch_size"], config["seed"], config["learning_rate"], q
-    )
+    lam = cfg.weight_decay
+    sched = batch_schedule(n, cfg.epochs, cfg.batch_size, cfg.seed, cfg.learning_rate, q)
     keep = torch.ones(n, dtype=torch.bool) if exclude is None else ~exclude
     A = torch.zeros((n, d)) if record else None
     visited = torch.zeros(n, dtype=torch.bool)
     check_every = max(1, sched.steps // max(rho_checks, 1))
-    gen = torch.Generator().manual_seed(config["seed"] + 1)
+    gen = torch.Generator().manual_seed(cfg.seed + 1)
     rho_trace: list[tuple[int, float]] = []
     clipped = 0
 
@@ -182,12 +167,12 @@ def train_recollection(
         clipped += int(float(g.norm()) > C)
         if record or t % check_every == 0:
 
-            def hvp(v: torch.Tensor, grad_fn=grad_fn, w: torch.Tensor = w) -> torch.Tensor:  # noqa: ANN001
+            def hvp(v: torch.Tensor, grad_fn=grad_fn, w: torch.Tensor = w) -> torch.Tensor:
                 return jvp(grad_fn, (w,), (v,))[1]
 
             if t % check_every == 0:
                 rho_trace.append((t, _spectral_rho(hvp, d, eta_t, power_iterations, gen)))
-            if record:
+            if A is not None:
                 rows = torch.nonzero(visited).flatten()
                 for s in range(0, len(rows), CHUNK):
                     idx = rows[s : s + CHUNK]
@@ -196,7 +181,7 @@ def train_recollection(
                 visited[members] = True
         w = w - eta_t * clip_vector(g, C)
         if progress is not None and (t + 1) % sched.batches_per_epoch == 0:
-            progress((t + 1) // sched.batches_per_epoch, config["epochs"], float(batch_loss(w)))
+            progress((t + 1) // sched.batches_per_epoch, cfg.epochs, float(batch_loss(w)))
     return RecollectionRun(
         state=model.state(w),
         vectors=A,

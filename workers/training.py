@@ -9,21 +9,23 @@ import numpy as np
 import torch
 from torch import nn
 
+from app.specs import ArchitectureSpec, TrainingConfig, training_of
 from workers.nets import build_net, state_of
+from workers.norms import project_parameters_
 
 ProgressFn = Callable[[int, int, float], None]
 
 
 def seeded_net(
-    architecture: dict[str, Any], n_features: int, n_classes: int, seed: int
+    architecture: ArchitectureSpec | dict[str, Any], n_features: int, n_classes: int, seed: int
 ) -> nn.Module:
     torch.manual_seed(seed)
     return build_net(architecture, n_features, n_classes)
 
 
 def train(
-    architecture: dict[str, Any],
-    config: dict[str, Any],
+    architecture: ArchitectureSpec | dict[str, Any],
+    config: TrainingConfig | dict[str, Any],
     X: torch.Tensor,
     y: torch.Tensor,
     n_classes: int,
@@ -36,21 +38,19 @@ def train(
     From a seeded initialisation, or from `init_state` (fine-tuning with a fresh optimizer);
     with `project_radius`, projected SGD onto the ball ‖w‖ ≤ C after every step.
     """
+    cfg = training_of(config)
     n_features = int(np.prod(X.shape[1:]))
-    net = seeded_net(architecture, n_features, n_classes, config["seed"])
+    net = seeded_net(architecture, n_features, n_classes, cfg.seed)
     if init_state is not None:
         net.load_state_dict(init_state)
     if project_radius is not None:
-        _project(net, project_radius)
+        project_parameters_(net, project_radius)
     opt = torch.optim.SGD(
-        net.parameters(),
-        lr=config["learning_rate"],
-        momentum=config.get("momentum", 0.0),
-        weight_decay=config.get("weight_decay", 0.0),
+        net.parameters(), lr=cfg.learning_rate, momentum=cfg.momentum, weight_decay=cfg.weight_decay
     )
-    gen = torch.Generator().manual_seed(config["seed"])
+    gen = torch.Generator().manual_seed(cfg.seed)
     loss_fn = nn.CrossEntropyLoss()
-    epochs, batch = config["epochs"], config["batch_size"]
+    epochs, batch = cfg.epochs, cfg.batch_size
     net.train()
     for epoch in range(epochs):
         order = torch.randperm(len(y), generator=gen)
@@ -62,7 +62,7 @@ def train(
             loss.backward()
             opt.step()
             if project_radius is not None:
-                _project(net, project_radius)
+                project_parameters_(net, project_radius)
             total += loss.item() * len(idx)
         if progress is not None:
             progress(epoch + 1, epochs, total / max(len(y), 1))
@@ -70,7 +70,9 @@ def train(
 
 
 def finetune(
-    spec: Any,
+    architecture: ArchitectureSpec,
+    config: TrainingConfig,
+    n_classes: int,
     state: dict[str, torch.Tensor],
     X: torch.Tensor,
     y: torch.Tensor,
@@ -81,22 +83,15 @@ def finetune(
     processing of a noisy release, so the certificate still holds)."""
     if not epochs or len(y) == 0:
         return state
-    config = {**spec.training, "epochs": epochs, "learning_rate": learning_rate, "momentum": 0.0}
-    return train(spec.architecture, config, X, y, spec.n_classes, init_state=state)
-
-
-@torch.no_grad()
-def _project(net: nn.Module, radius: float) -> None:
-    """Projected SGD (seed 004 §2.1): the whole parameter vector back onto ‖w‖ ≤ C."""
-    norm = float(torch.sqrt(sum((p.double() ** 2).sum() for p in net.parameters())))
-    if norm > radius:
-        for p in net.parameters():
-            p.mul_(radius / norm)
+    tuned = config.model_copy(
+        update={"epochs": epochs, "learning_rate": learning_rate, "momentum": 0.0}
+    )
+    return train(architecture, tuned, X, y, n_classes, init_state=state)
 
 
 @torch.no_grad()
 def accuracy(
-    architecture: dict[str, Any],
+    architecture: ArchitectureSpec | dict[str, Any],
     state: dict[str, torch.Tensor],
     X: torch.Tensor,
     y: torch.Tensor,

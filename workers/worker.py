@@ -1,4 +1,5 @@
-"""`lethe worker`: an RQ SimpleWorker (no fork, so CUDA works) plus the reconciler."""
+"""`lethe worker`: an RQ SimpleWorker (no fork, so CUDA works), the reconciler, and the
+worker's Prometheus metrics on LETHE_WORKER_METRICS_PORT. Imports no web framework."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import threading
 
 from app.dispatch import Reconciler, RQDispatcher, reconcile_and_signal
 from app.settings import get_settings
+from workers import metrics
 from workers.lease import WORKER_ID, beat
 
 log = logging.getLogger("lethe.worker")
@@ -19,6 +21,8 @@ def run(burst: bool = False) -> None:
     if not settings.redis_url:
         raise SystemExit("lethe worker needs LETHE_REDIS_URL (embedded mode runs its own worker)")
     url = settings.resolved_database_url
+    if settings.worker_metrics_port:
+        metrics.serve(settings.worker_metrics_port)
     dispatcher = RQDispatcher(settings)
     beat(url, "rq")
     reconcile_and_signal(url, dispatcher)

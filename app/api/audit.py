@@ -72,7 +72,7 @@ def verify(_: Auditor, db: DbDep) -> dict[str, Any]:
 def export(_: Auditor, db: DbDep) -> StreamingResponse:
     """JSONL, verifiable offline with scripts/verify_audit.py."""
 
-    def lines():  # noqa: ANN202
+    def lines():
         with db.read() as session:
             yield from export_lines(session)
 

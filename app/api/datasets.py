@@ -80,7 +80,7 @@ async def register_dataset(
     return await run_in_threadpool(store)
 
 
-async def _from_upload(request: Request, limit: int):  # noqa: ANN202
+async def _from_upload(request: Request, limit: int):
     form = await request.form(max_files=1, max_fields=20)
     upload = form.get("file")
     if upload is None or isinstance(upload, str):

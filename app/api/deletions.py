@@ -9,7 +9,6 @@ from fastapi.responses import JSONResponse
 from sqlalchemy.orm import Session
 
 from app.api.deps import DbDep, DeletionViewer, DispatcherDep, Requester
-from app.db.session import run_unit_of_work
 from app.dispatch import DELETE
 from app.schemas import DeletionCreate, DeletionOut
 from app.services.deletions import create_deletion, deletion_view, get_deletion
@@ -31,7 +30,7 @@ def create(
         request, models, replayed = create_deletion(session, body, key.id, idempotency_key)
         return DeletionOut.model_validate(deletion_view(session, request)), models, replayed
 
-    view, models, replayed = run_unit_of_work(db.writer, accept, retry_integrity=True)
+    view, models, replayed = db.run(accept, retry_integrity=True)
     for model_id in models:
         dispatcher.enqueue(DELETE, model_id)
     headers = {"Idempotent-Replayed": "true"} if replayed else {}

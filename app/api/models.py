@@ -80,7 +80,7 @@ async def import_weights(
         raise APIError(413, "payload_too_large", "weights exceed the upload limit")
     fields = {k: v for k, v in form.items() if isinstance(v, str)}
     try:
-        body = {
+        body: dict[str, Any] = {
             "name": fields.get("name", ""),
             "dataset_id": fields.get("dataset_id"),
             **{

@@ -28,7 +28,7 @@ def make_engine(url: str, readonly: bool = False) -> Engine:
         engine = create_engine(url, connect_args={"timeout": 30, "check_same_thread": False})
 
         @event.listens_for(engine, "connect")
-        def _sqlite_pragmas(dbapi_conn, _record):  # noqa: ANN001
+        def _sqlite_pragmas(dbapi_conn, _record):
             dbapi_conn.isolation_level = None  # we emit BEGIN ourselves, below
             cur = dbapi_conn.cursor()
             cur.execute("PRAGMA journal_mode=WAL")
@@ -37,7 +37,7 @@ def make_engine(url: str, readonly: bool = False) -> Engine:
             cur.close()
 
         @event.listens_for(engine, "begin")
-        def _sqlite_begin(conn):  # noqa: ANN001
+        def _sqlite_begin(conn):
             # Take the write lock up front: a deferred transaction that later upgrades can
             # fail at once with SQLITE_BUSY_SNAPSHOT when API and worker write concurrently.
             conn.exec_driver_sql("BEGIN" if readonly else "BEGIN IMMEDIATE")
@@ -68,7 +68,7 @@ os.register_at_fork(after_in_child=_close_inherited_connections)
 
 
 _ENGINES: dict[str, Engine] = {}
-_ENGINES_LOCK = threading.Lock()
+_ENGINES_LOCK = threading.RLock()
 
 
 def engine_for(url: str, readonly: bool = False) -> Engine:
@@ -80,49 +80,67 @@ def engine_for(url: str, readonly: bool = False) -> Engine:
         return _ENGINES[key]
 
 
-def session_factory(url: str) -> sessionmaker[Session]:
-    return sessionmaker(bind=engine_for(url), expire_on_commit=False)
-
-
 class Database:
-    """Units of work for the HTTP layer: `read()` never takes SQLite's write lock (deferred,
-    WAL), `write()` is a transaction that commits on success and rolls back on error."""
+    """The one way to a database: units of work, the same in the API and the workers.
+
+    `read()` is a read-only session that never takes SQLite's write lock (deferred, WAL),
+    closed at the end (loaded objects stay readable, detached); `write()` is a transaction
+    that commits on success and rolls back on error; `run(work)` is `write()` retried on
+    transient conflicts (the one retry policy; the reconciler covers everything longer)."""
 
     def __init__(self, url: str) -> None:
-        self.writer = session_factory(url)
-        self.reader = sessionmaker(bind=engine_for(url, readonly=True), expire_on_commit=False)
+        self.url = url
+        self._writer = sessionmaker(bind=engine_for(url), expire_on_commit=False)
+        self._reader = sessionmaker(bind=engine_for(url, readonly=True), expire_on_commit=False)
 
-    def read(self) -> Session:
-        return self.reader()
-
-    def write(self):  # noqa: ANN201
-        return self.writer.begin()
-
-
-@contextmanager
-def transaction(url: str) -> Iterator[Session]:
-    """One unit of work: commit on success, roll back on any exception."""
-    with session_factory(url)() as session, session.begin():
-        yield session
-
-
-@contextmanager
-def read_transaction(url: str) -> Iterator[Session]:
-    """A read-only unit of work (rolled back at the end) that never holds SQLite's write lock:
-    the worker loads and computes an update in one of these while the API keeps writing."""
-    factory = sessionmaker(bind=engine_for(url, readonly=True), expire_on_commit=False)
-    with factory() as session:
-        try:
+    @contextmanager
+    def read(self) -> Iterator[Session]:
+        with self._reader() as session:  # closing returns the connection, ending its snapshot
             yield session
-        finally:
-            session.rollback()
+
+    @contextmanager
+    def write(self) -> Iterator[Session]:
+        with self._writer() as session, session.begin():
+            yield session
+
+    def run(
+        self, work: Callable[[Session], T], attempts: int = 5, retry_integrity: bool = False
+    ) -> T:
+        """Run `work` in a transaction, retrying transient conflicts with a short backoff.
+
+        With `retry_integrity`, a unique-constraint race is retried too: an Idempotency-Key
+        used twice at once (the second attempt finds the winner's row), or the audit chain's
+        head moving under a commit (the next attempt appends after it).
+        """
+        for attempt in range(attempts):
+            try:
+                with self.write() as session:
+                    return work(session)
+            except DBAPIError as exc:
+                retry = is_retryable(exc) or (retry_integrity and isinstance(exc, IntegrityError))
+                if attempt == attempts - 1 or not retry:
+                    raise
+                time.sleep(0.02 * 2**attempt)
+        raise AssertionError("unreachable")
 
 
-RETRYABLE_SQLSTATES = {"40001", "40P01"}  # serialization failure, deadlock detected
+_DATABASES: dict[str, Database] = {}
+
+
+def database(url: str) -> Database:
+    """The process's Database for `url` (engines and pools are shared)."""
+    with _ENGINES_LOCK:
+        if url not in _DATABASES:
+            _DATABASES[url] = Database(url)
+        return _DATABASES[url]
+
+
+RETRYABLE_SQLSTATES = {"40001", "40P01", "55P03"}  # serialization, deadlock, lock timeout
 
 
 def is_retryable(exc: BaseException) -> bool:
-    """A transient conflict worth retrying: PostgreSQL deadlock/serialization, SQLite busy."""
+    """A transient conflict worth retrying: PostgreSQL deadlock/serialization, SQLite busy or
+    a lock timeout."""
     if not isinstance(exc, DBAPIError):
         return False
     orig = getattr(exc, "orig", None)
@@ -130,24 +148,6 @@ def is_retryable(exc: BaseException) -> bool:
     return state in RETRYABLE_SQLSTATES or "database is locked" in str(orig)
 
 
-def run_unit_of_work(
-    factory: sessionmaker[Session],
-    work: Callable[[Session], T],
-    attempts: int = 4,
-    retry_integrity: bool = False,
-) -> T:
-    """Run `work` in a transaction, retrying transient conflicts with a short backoff.
-
-    With `retry_integrity`, a unique-constraint race (two requests with one Idempotency-Key)
-    is retried too: the second attempt finds the winner's row.
-    """
-    for attempt in range(attempts):
-        try:
-            with factory.begin() as session:
-                return work(session)
-        except DBAPIError as exc:
-            retry = is_retryable(exc) or (retry_integrity and isinstance(exc, IntegrityError))
-            if attempt == attempts - 1 or not retry:
-                raise
-            time.sleep(0.02 * 2**attempt)
-    raise AssertionError("unreachable")
+def rowcount(result: object) -> int:
+    """Rows matched by an UPDATE or DELETE (a CursorResult's rowcount; 0 if unknown)."""
+    return int(getattr(result, "rowcount", 0) or 0)

@@ -83,7 +83,7 @@ class Sample(Base):
     split: Mapped[str] = mapped_column(String(10))
     payload: Mapped[bytes | None] = mapped_column(LargeBinary)
     label: Mapped[int | None]
-    status: Mapped[str] = mapped_column(String(10), default="active")  # active|erasing|erased
+    status: Mapped[str] = mapped_column(String(10), default="active")  # app.states.SampleStatus
     erased_at: Mapped[datetime | None]
 
 
@@ -199,10 +199,11 @@ class DeletionTask(Base):
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
     request_id: Mapped[int] = mapped_column(ForeignKey("deletion_requests.id", ondelete="CASCADE"))
     model_id: Mapped[int] = mapped_column(ForeignKey("models.id", ondelete="CASCADE"))
-    status: Mapped[str] = mapped_column(String(10), default="queued")  # queued|running|done|failed
+    status: Mapped[str] = mapped_column(String(10), default="queued")  # app.states.TaskStatus
     attempts: Mapped[int] = mapped_column(default=0)
     lease_owner: Mapped[str | None] = mapped_column(String(100))
     lease_expires_at: Mapped[datetime | None]
+    not_before: Mapped[datetime | None]  # after a failed attempt: retry no earlier than this
     version_id: Mapped[int | None] = mapped_column(Integer)
     certificate_id: Mapped[int | None] = mapped_column(Integer)
     n_removed: Mapped[int] = mapped_column(default=0)

@@ -1,22 +1,27 @@
-"""Lineage accounting: after the first deletion every release of a model is a Gaussian
+"""Lineage accounting, in one place: after the first deletion every release of a model is a
 mechanism on the erased data, so a lineage's releases compose.
 
-The accountant's state is the list of releases (lineage events) since the last exact
-retrain. Lethe derives it from the certificates (each stores σ and Δ), so it survives
-restarts and is as tamper-evident as the hash-chained audit log itself.
+The accountant's state is the list of releases (typed lineage events) since the last exact
+retrain. Lethe derives it from the certificates (`history_from_certificates`), so it survives
+restarts and is as tamper-evident as the hash-chained audit log itself. `admit` is the one rule
+that decides whether a release fits a policy's lineage budget: the preview and the worker both
+call it.
 """
 
 from __future__ import annotations
 
 import math
 from collections import Counter
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from typing import Any, Literal
 
 import dp_accounting
 from dp_accounting.pld import PLDAccountant
 from dp_accounting.rdp import RdpAccountant
 
 from app.privacy import DP_ACCOUNTING_VERSION
+from app.privacy.rdp import epsilon_from_slope
 from app.privacy.validate import check_delta, check_positive
 
 PLD_NAME = f"dp-accounting {DP_ACCOUNTING_VERSION} PLD (Gaussian releases composed)"
@@ -89,39 +94,166 @@ SLOPE_NAME = (
 )
 
 
-def gaussian_event(sigma: float, sensitivity: float, epsilon: float, delta: float) -> dict:
+@dataclass(frozen=True)
+class GaussianRelease:
+    """A release x + N(0, σ²I) with L2 sensitivity Δ: dp-accounting's GaussianDpEvent(σ/Δ)."""
+
+    z: float
+    epsilon: float
+    delta: float
+    kind: Literal["gaussian"] = "gaussian"
+
+    def dp_event(self) -> dp_accounting.DpEvent:
+        return dp_accounting.GaussianDpEvent(self.z)
+
+
+@dataclass(frozen=True)
+class SlopeRelease:
+    """A release with D_α ≤ α·R for every α (privacy amplification by iteration, seed 002
+    Theorem A.9): R-zCDP, dp-accounting's ZCDpEvent(R)."""
+
+    slope: float
+    epsilon: float
+    delta: float
+    kind: Literal["rdp_slope"] = "rdp_slope"
+
+    def dp_event(self) -> dp_accounting.DpEvent:
+        return dp_accounting.ZCDpEvent(self.slope)
+
+
+@dataclass(frozen=True)
+class ApproxRelease:
+    """A release known only as (ε, δ) (hockey-stick contraction, seed 002 Theorem 4.2).
+
+    dp-accounting has no (ε, δ) event type, so these compose by basic composition."""
+
+    epsilon: float
+    delta: float
+    kind: Literal["approx"] = "approx"
+
+    def dp_event(self) -> dp_accounting.DpEvent:
+        return dp_accounting.UnsupportedDpEvent()
+
+
+LineageEvent = GaussianRelease | SlopeRelease | ApproxRelease
+
+
+def gaussian_event(
+    sigma: float, sensitivity: float, epsilon: float, delta: float
+) -> GaussianRelease:
     """A release x + N(0, σ²I) with L2 sensitivity Δ."""
-    return {"kind": "gaussian", "z": sigma / sensitivity, "epsilon": epsilon, "delta": delta}
+    return GaussianRelease(sigma / sensitivity, epsilon, delta)
 
 
-def slope_event(slope: float, epsilon: float, delta: float) -> dict:
-    """A release with D_α ≤ α·R for all α (privacy amplification by iteration)."""
-    return {"kind": "rdp_slope", "slope": slope, "epsilon": epsilon, "delta": delta}
+def slope_event(slope: float, epsilon: float, delta: float) -> SlopeRelease:
+    return SlopeRelease(slope, epsilon, delta)
 
 
-def approx_event(epsilon: float, delta: float) -> dict:
-    """A release known only as (ε, δ) (e.g. hockey-stick contraction)."""
-    return {"kind": "approx", "epsilon": epsilon, "delta": delta}
+def approx_event(epsilon: float, delta: float) -> ApproxRelease:
+    return ApproxRelease(epsilon, delta)
 
 
-def compose_events(events: list[dict], delta: float) -> LineageSpend:
+def event_to_json(event: LineageEvent) -> dict[str, Any]:
+    """The certificate's `lineage_event` field (the format every stored certificate uses)."""
+    if isinstance(event, GaussianRelease):
+        return {"kind": event.kind, "z": event.z, "epsilon": event.epsilon, "delta": event.delta}
+    if isinstance(event, SlopeRelease):
+        return {
+            "kind": event.kind,
+            "slope": event.slope,
+            "epsilon": event.epsilon,
+            "delta": event.delta,
+        }
+    return {"kind": event.kind, "epsilon": event.epsilon, "delta": event.delta}
+
+
+def event_from_json(doc: Mapping[str, Any]) -> LineageEvent:
+    kind = doc.get("kind")
+    if kind == "gaussian":
+        return GaussianRelease(float(doc["z"]), float(doc["epsilon"]), float(doc["delta"]))
+    if kind == "rdp_slope":
+        return SlopeRelease(float(doc["slope"]), float(doc["epsilon"]), float(doc["delta"]))
+    if kind == "approx":
+        return ApproxRelease(float(doc["epsilon"]), float(doc["delta"]))
+    raise ValueError(f"unknown lineage event kind {kind!r}")
+
+
+def history_from_certificates(bodies: Iterable[Mapping[str, Any]]) -> list[LineageEvent]:
+    """Every noisy release since the last exact retrain, from a model's certificates in chain
+    order (one per version: coalesced requests share a release)."""
+    releases: dict[int, LineageEvent] = {}
+    for doc in bodies:
+        if doc.get("lineage_reset") or doc.get("guarantee") == "exact":
+            releases.clear()
+        elif doc.get("lineage_event"):
+            releases[doc["to_version"]] = event_from_json(doc["lineage_event"])
+        elif doc.get("sensitivity", 0) > 0 and doc.get("sigma", 0) > 0:
+            releases[doc["to_version"]] = gaussian_event(
+                doc["sigma"], doc["sensitivity"], doc["epsilon"], doc["delta"]
+            )
+    return list(releases.values())
+
+
+def compose_events(events: list[LineageEvent], delta: float) -> LineageSpend:
     """Compose a lineage's releases with the tightest accountant that covers all of them:
-    PLD when every release is Gaussian; summed Rényi slopes (a Gaussian with multiplier z has
-    slope 1/(2z²)) when some are slope bounds; basic composition when any is only (ε, δ)."""
+    exact Gaussian composition when every release is Gaussian; summed Rényi slopes (a Gaussian
+    with multiplier z has slope 1/(2z²)) when some are slope bounds; basic composition when any
+    is only (ε, δ)."""
     check_delta(delta)
-    kinds = {e["kind"] for e in events}
-    if not events or kinds == {"gaussian"}:
-        return compose([e["z"] for e in events], delta)
-    if "approx" not in kinds:
-        from app.privacy.rdp import epsilon_from_slope
-
-        total = sum(
-            e["slope"] if e["kind"] == "rdp_slope" else 1 / (2 * e["z"] ** 2) for e in events
-        )
+    if all(isinstance(e, GaussianRelease) for e in events):
+        return compose([e.z for e in events if isinstance(e, GaussianRelease)], delta)
+    if not any(isinstance(e, ApproxRelease) for e in events):
+        total = sum(e.slope if isinstance(e, SlopeRelease) else _gaussian_slope(e) for e in events)
         return LineageSpend(epsilon_from_slope(total, delta), delta, len(events), SLOPE_NAME)
     return LineageSpend(
-        float(sum(e["epsilon"] for e in events)),
-        float(min(1.0, sum(e["delta"] for e in events))),
+        float(sum(e.epsilon for e in events)),
+        float(min(1.0, sum(e.delta for e in events))),
         len(events),
         BASIC_NAME,
     )
+
+
+def _gaussian_slope(event: LineageEvent) -> float:
+    assert isinstance(event, GaussianRelease)
+    return 1.0 / (2.0 * event.z**2)
+
+
+@dataclass(frozen=True)
+class LineageBudget:
+    epsilon: float
+    delta: float
+
+
+@dataclass(frozen=True)
+class Admission:
+    """The lineage before and after a release, and whether the release fits the budget."""
+
+    spent: LineageSpend
+    after: LineageSpend
+    budget: LineageBudget
+    admitted: bool
+
+    @property
+    def reason(self) -> str:
+        """Why the release was refused (empty when admitted)."""
+        if self.admitted:
+            return ""
+        return (
+            f"this release would bring the lineage to ε={self.after.epsilon:.4g} "
+            f"(δ={self.after.delta:g}), past its budget ε={self.budget.epsilon:g}, "
+            f"δ={self.budget.delta:g}"
+        )
+
+
+def admit(
+    budget: LineageBudget, history: list[LineageEvent], event: LineageEvent | None
+) -> Admission:
+    """Admit or refuse one more release for a lineage with this history and budget.
+
+    A release without noise (exact retraining) is always admitted and resets the lineage."""
+    spent = compose_events(history, budget.delta)
+    if event is None:
+        return Admission(spent, LineageSpend(0.0, 0.0, 0, EXACT_NAME), budget, True)
+    after = compose_events([*history, event], budget.delta)
+    fits = after.epsilon <= budget.epsilon and after.delta <= budget.delta
+    return Admission(spent, after, budget, fits)

@@ -150,7 +150,9 @@ def recollection_sensitivity(
     check_positive("ρ", rho, allow_zero=True)
     etas = eta * q ** np.arange(T, dtype=float)
     removed = [np.arange(b, T, B) for b in positions]
-    return recollection_sensitivity_schedule(etas, C, rho, removed, batch_size)
+    return recollection_sensitivity_schedule(
+        etas.tolist(), C, rho, [r.tolist() for r in removed], batch_size
+    )
 
 
 # --------------------------------------------------------------------------------------------

@@ -95,7 +95,8 @@ def parse_npz(data: bytes, seed: int, test_fraction: float) -> ParsedDataset:
     n = X.shape[0]
     y = _labels(arrays["y"], n)
     ids = _strings(arrays.get("ids"), n, "ids") or [str(i) for i in range(n)]
-    subjects = _strings(arrays.get("subjects"), n, "subjects") or [None] * n
+    named = _strings(arrays.get("subjects"), n, "subjects")
+    subjects: list[str | None] = list(named) if named is not None else [None] * n
     split = _split(arrays.get("split"), y, seed, test_fraction)
     return _finish(X, y, ids, subjects, split, "image" if X.ndim > 2 else "tabular")
 
@@ -142,13 +143,13 @@ def parse_csv(
 
     try:
         X = np.array([[float(r[i]) for i in feature_cols] for r in body], dtype=np.float64)
-        y_raw = np.array([float(v) for v in column(label_column)])
+        y_raw = np.array([float(v) for v in column(label_column) or []])
     except ValueError as exc:
         raise unprocessable("malformed_csv", f"non-numeric value: {exc}") from exc
     n = len(body)
     y = _labels(y_raw, n)
     ids = column(id_column) or [str(i) for i in range(n)]
-    subjects = [s or None for s in column(subject_column)] if subject_column else [None] * n
+    subjects: list[str | None] = [s or None for s in column(subject_column) or []] or [None] * n
     split_values = column(split_column)
     split = _split(np.array(split_values) if split_values else None, y, seed, test_fraction)
     return _finish(_numeric(X, "features"), y, ids, subjects, split, "tabular")
@@ -222,7 +223,10 @@ def _finish(
     if len(y) == 0:
         raise unprocessable("empty_dataset", "the dataset has no samples")
     seen: set[str] = set()
-    dupes = sorted({i for i in ids if i in seen or seen.add(i)})
+    repeated: set[str] = set()
+    for i in ids:
+        (repeated if i in seen else seen).add(i)
+    dupes = sorted(repeated)
     if dupes:
         raise unprocessable(
             "duplicate_ids",

@@ -10,6 +10,7 @@ from sqlalchemy.orm import Session
 from app.db.tables import Dataset, Sample
 from app.errors import not_found
 from app.services.dataset_files import ParsedDataset
+from app.states import SampleStatus
 
 INSERT_CHUNK = 5000
 
@@ -34,7 +35,7 @@ def create_dataset(session: Session, name: str, source: str, parsed: ParsedDatas
             "split": parsed.split[i],
             "payload": parsed.X[i].tobytes(),
             "label": int(parsed.y[i]),
-            "status": "active",
+            "status": SampleStatus.active,
         }
         for i in range(len(parsed.y))
     ]

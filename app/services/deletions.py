@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Iterable
 from typing import Any
 
-from sqlalchemy import func, select, update
+from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 
+from app.db.chunks import chunked
 from app.db.tables import (
     DeletionRequest,
     DeletionTask,
@@ -19,17 +19,12 @@ from app.db.tables import (
     Sample,
     utcnow,
 )
+from app.erasure import erase_payloads
 from app.errors import APIError, conflict, not_found, unprocessable
-from app.methods import KNOWN_METHODS
+from app.methods import method_names
 from app.schemas import DeletionCreate
 from app.services.datasets import get_dataset
-
-CHUNK = 5000
-
-
-def _chunks(values: list[Any]) -> Iterable[list[Any]]:
-    for start in range(0, len(values), CHUNK):
-        yield values[start : start + CHUNK]
+from app.states import ModelStatus, RequestStatus, SampleStatus, TaskStatus
 
 
 def fingerprint(body: DeletionCreate) -> str:
@@ -61,8 +56,8 @@ def create_deletion(
     if not body.sample_ids and not body.subject_ids:
         raise unprocessable("empty_selector", "give sample_ids or subject_ids")
     samples = _resolve(session, body)
-    erased = [s for s in samples if s.status == "erased"]
-    pending = [s for s in samples if s.status != "erased"]
+    erased = [s for s in samples if s.status == SampleStatus.erased]
+    pending = [s for s in samples if s.status != SampleStatus.erased]
     affected = _affected_models(session, [s.id for s in pending])
     _check_models(affected, body)
 
@@ -77,22 +72,24 @@ def create_deletion(
         method=body.method,
         epsilon=body.epsilon,
         delta=body.delta,
-        status="queued",
+        status=RequestStatus.queued,
     )
     session.add(request)
     session.flush()
     for model in affected:
-        session.add(DeletionTask(request_id=request.id, model_id=model.id, status="queued"))
+        session.add(
+            DeletionTask(request_id=request.id, model_id=model.id, status=TaskStatus.queued)
+        )
     if pending:
-        for chunk in _chunks([s.id for s in pending]):
+        for chunk in chunked([s.id for s in pending]):
             session.execute(
                 update(Sample)
-                .where(Sample.id.in_(chunk), Sample.status == "active")
-                .values(status="erasing")
+                .where(Sample.id.in_(chunk), Sample.status == SampleStatus.active)
+                .values(status=SampleStatus.erasing)
             )
     if not affected:
         erase_payloads(session, [s.id for s in pending])
-        request.status, request.finished_at = "done", utcnow()
+        request.status, request.finished_at = RequestStatus.done, utcnow()
     return request, [m.id for m in affected], False
 
 
@@ -100,7 +97,7 @@ def _resolve(session: Session, body: DeletionCreate) -> list[Sample]:
     found: dict[int, Sample] = {}
     wanted = list(dict.fromkeys(body.sample_ids))
     known: set[str] = set()
-    for chunk in _chunks(wanted):
+    for chunk in chunked(wanted):
         for s in session.scalars(
             select(Sample).where(
                 Sample.dataset_id == body.dataset_id, Sample.external_id.in_(chunk)
@@ -111,12 +108,13 @@ def _resolve(session: Session, body: DeletionCreate) -> list[Sample]:
     unknown = [x for x in wanted if x not in known]
     subjects = list(dict.fromkeys(body.subject_ids))
     seen_subjects: set[str] = set()
-    for chunk in _chunks(subjects):
+    for chunk in chunked(subjects):
         for s in session.scalars(
             select(Sample).where(Sample.dataset_id == body.dataset_id, Sample.subject_id.in_(chunk))
         ):
             found[s.id] = s
-            seen_subjects.add(s.subject_id)
+            if s.subject_id is not None:
+                seen_subjects.add(s.subject_id)
     unknown_subjects = [x for x in subjects if x not in seen_subjects]
     if unknown or unknown_subjects:
         n = len(unknown) + len(unknown_subjects)
@@ -136,7 +134,7 @@ def _resolve(session: Session, body: DeletionCreate) -> list[Sample]:
 def _affected_models(session: Session, sample_ids: list[int]) -> list[Model]:
     """Models (not failed) still holding any of these samples."""
     model_ids: set[int] = set()
-    for chunk in _chunks(sample_ids):
+    for chunk in chunked(sample_ids):
         model_ids.update(
             session.scalars(
                 select(ModelSample.model_id)
@@ -147,20 +145,22 @@ def _affected_models(session: Session, sample_ids: list[int]) -> list[Model]:
     if not model_ids:
         return []
     models = session.scalars(
-        select(Model).where(Model.id.in_(model_ids), Model.status != "failed").order_by(Model.id)
+        select(Model)
+        .where(Model.id.in_(model_ids), Model.status != ModelStatus.failed)
+        .order_by(Model.id)
     ).all()
     return list(models)
 
 
 def _check_models(models: list[Model], body: DeletionCreate) -> None:
-    busy = [m.id for m in models if m.status in ("queued", "training")]
+    busy = [m.id for m in models if m.status in (ModelStatus.queued, ModelStatus.training)]
     if busy:
         raise conflict(
             "model_training",
             "a model trained on these samples is still training; retry when it is ready",
             {"model_ids": busy},
         )
-    if body.method is not None and body.method not in KNOWN_METHODS:
+    if body.method is not None and body.method not in method_names():
         raise unprocessable("unknown_method", f"unknown method {body.method!r}")
     for m in models:
         if body.method not in (None, "retrain", m.method.get("name")):
@@ -192,35 +192,9 @@ def _erased_report(session: Session, erased: list[Sample]) -> list[dict[str, Any
                 ModelSample.sample_id == s.id, ModelSample.removed_certificate_id.is_not(None)
             )
         ).all()
-        report.append({"sample_id": s.external_id, "certificate_ids": sorted(set(certs))})
+        ids = sorted({c for c in certs if c is not None})
+        report.append({"sample_id": s.external_id, "certificate_ids": ids})
     return report
-
-
-def erase_payloads(session: Session, sample_ids: list[int]) -> int:
-    """Erase features and labels of samples no live model still holds. Returns how many."""
-    erased = 0
-    for chunk in _chunks(sample_ids):
-        held = set(
-            session.scalars(
-                select(ModelSample.sample_id)
-                .distinct()
-                .join(Model, Model.id == ModelSample.model_id)
-                .where(
-                    ModelSample.sample_id.in_(chunk),
-                    ModelSample.removed_version_id.is_(None),
-                    Model.status != "failed",
-                )
-            )
-        )
-        free = [s for s in chunk if s not in held]
-        if free:
-            result = session.execute(
-                update(Sample)
-                .where(Sample.id.in_(free), Sample.status != "erased")
-                .values(payload=None, label=None, status="erased", erased_at=utcnow())
-            )
-            erased += result.rowcount or 0
-    return erased
 
 
 def get_deletion(session: Session, request_id: int) -> DeletionRequest:
@@ -264,14 +238,3 @@ def deletion_view(session: Session, request: DeletionRequest) -> dict[str, Any]:
         "created_at": request.created_at,
         "finished_at": request.finished_at,
     }
-
-
-def queue_stats(session: Session) -> dict[str, float]:
-    """Queued task count and the age in seconds of the oldest queued one."""
-    n, oldest = session.execute(
-        select(func.count(), func.min(DeletionTask.created_at)).where(
-            DeletionTask.status == "queued"
-        )
-    ).one()
-    age = (utcnow() - oldest).total_seconds() if oldest is not None else 0.0
-    return {"queued": float(n), "oldest_age_seconds": max(age, 0.0)}

@@ -12,9 +12,10 @@ from app.architectures import check_weights
 from app.blobstore import DatabaseBlobStore
 from app.db.tables import Model, ModelSample, ModelVersion, Sample
 from app.errors import APIError, not_found, unprocessable
-from app.methods import KNOWN_METHODS
+from app.methods import get_method, method_names
 from app.schemas import ModelCreate
 from app.services.datasets import get_dataset
+from app.states import ModelStatus, SampleStatus
 
 
 def create_model(session: Session, spec: ModelCreate) -> Model:
@@ -27,13 +28,13 @@ def create_model(session: Session, spec: ModelCreate) -> Model:
         training=spec.training.model_dump(),
         method=spec.method.model_dump(),
         privacy=spec.privacy.model_dump(),
-        status="queued",
+        status=ModelStatus.queued,
         progress={"stage": "queued"},
     )
     session.add(model)
     session.flush()
     members = select(literal(model.id), Sample.id).where(
-        Sample.dataset_id == ds.id, Sample.split == "train", Sample.status == "active"
+        Sample.dataset_id == ds.id, Sample.split == "train", Sample.status == SampleStatus.active
     )
     session.execute(insert(ModelSample).from_select(["model_id", "sample_id"], members))
     n_train = session.scalar(select(func.count()).where(ModelSample.model_id == model.id))
@@ -70,7 +71,9 @@ def list_versions(session: Session, model_id: int) -> list[dict[str, Any]]:
         select(ModelVersion).where(ModelVersion.model_id == model_id).order_by(ModelVersion.number)
     ).all()
     numbers = {v.id: v.number for v in versions}
-    return [version_view(v, numbers.get(v.parent_id)) for v in versions]
+    return [
+        version_view(v, numbers[v.parent_id] if v.parent_id is not None else None) for v in versions
+    ]
 
 
 def model_view(session: Session, model: Model) -> dict[str, Any]:
@@ -118,7 +121,9 @@ def get_version(session: Session, model_id: int, number: int | None) -> ModelVer
                 "no_version_yet",
                 f"model {model_id} has no version yet (status {model.status})",
             )
-        return session.get(ModelVersion, model.current_version_id)
+        current = session.get(ModelVersion, model.current_version_id)
+        assert current is not None
+        return current
     version = session.scalar(
         select(ModelVersion).where(ModelVersion.model_id == model_id, ModelVersion.number == number)
     )
@@ -147,15 +152,12 @@ def import_model(session: Session, spec: ModelCreate, weights: bytes) -> Model:
     """A model trained elsewhere: its weights are checked against the architecture now and
     loaded by the worker (status queued → ready). Only methods that need nothing recorded
     during training can serve it."""
-    method = KNOWN_METHODS[spec.method.name]
-    if method.get("records_training"):
+    if get_method(spec.method.name).records_training:
+        usable = [n for n in method_names() if not get_method(n).records_training]
         raise unprocessable(
             "method_needs_training",
             f"{spec.method.name!r} needs Lethe to record or constrain training; "
-            "an imported model can use: "
-            + ", ".join(
-                sorted(k for k, v in KNOWN_METHODS.items() if not v.get("records_training"))
-            ),
+            "an imported model can use: " + ", ".join(usable),
         )
     ds = get_dataset(session, spec.dataset_id)
     check_weights(

@@ -1,13 +1,21 @@
-"""The one interface every unlearning method implements (DESIGN §7)."""
+"""The one interface every unlearning method implements (DESIGN §7), and the values that
+cross it: a method reads `UpdateInputs` and returns an immutable `Release`; it never touches
+the database."""
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
-from typing import Any, Literal, Protocol
+from typing import Any, ClassVar, Literal
 
 import torch
 
-GuaranteeKind = Literal["exact", "rigorous", "conditional", "none"]
+from app.methods import MethodChoice, MethodSpec
+from app.privacy.lineage import LineageEvent
+from app.specs import ArchitectureSpec, PrivacyPolicy, TrainingConfig
+from app.states import Guarantee, VersionKind
+from workers.training import ProgressFn, train
+
 ModelState = dict[str, torch.Tensor]
 
 
@@ -15,12 +23,11 @@ ModelState = dict[str, torch.Tensor]
 class ModelSpec:
     """What a method needs to know about the model it serves."""
 
-    architecture: dict[str, Any]
-    training: dict[str, Any]
-    method: dict[str, Any]
+    architecture: ArchitectureSpec
+    training: TrainingConfig
+    method: MethodChoice  # the model's configured method (its training recipe)
     n_features: int
     n_classes: int
-    record: dict[str, Any] | None = None  # what training recorded for the statistics in use
 
 
 @dataclass(frozen=True)
@@ -29,7 +36,17 @@ class PrivacyTarget:
     delta: float
 
 
-@dataclass
+@dataclass(frozen=True)
+class RetainedData:
+    """Samples as tensors, rows in `sample_ids` order."""
+
+    sample_ids: list[int]
+    X: torch.Tensor
+    y: torch.Tensor
+    subjects: list[str | None] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
 class RemovedSamples:
     sample_ids: list[int]
     X: torch.Tensor
@@ -38,15 +55,24 @@ class RemovedSamples:
     previously_removed: list[int] = field(default_factory=list)  # since the record was made
 
 
-@dataclass
-class RetainedData:
-    sample_ids: list[int]
-    X: torch.Tensor
-    y: torch.Tensor
-    subjects: list[str | None] = field(default_factory=list)
+@dataclass(frozen=True)
+class UpdateInputs:
+    """Everything one coalesced update needs, read in one short transaction (DESIGN §6)."""
+
+    model_id: int
+    spec: ModelSpec
+    method: MethodChoice  # the method to apply: the model's, or `retrain` when asked for
+    policy: PrivacyPolicy
+    target: PrivacyTarget
+    state: ModelState  # the current noise-free state
+    removed: RemovedSamples
+    retained: RetainedData
+    test: RetainedData
+    history: list[LineageEvent]  # noisy releases since the last exact retrain
+    record: dict[str, Any] | None = None  # what training recorded for the statistics in use
 
 
-@dataclass
+@dataclass(frozen=True)
 class StatisticsBlock:
     """Per-sample (or per-subject) vectors to store; row i belongs to `sample_ids[i]`."""
 
@@ -57,17 +83,17 @@ class StatisticsBlock:
     dtype: str = "float32"
 
 
-@dataclass
+@dataclass(frozen=True)
 class Trained:
-    """What a method's own training produced (methods that record during training)."""
+    """What training produced: the state, per-sample statistics and the training record."""
 
-    state: dict[str, torch.Tensor]
+    state: ModelState
     statistics: StatisticsBlock | None
     record: dict[str, Any]
     metrics: dict[str, Any] = field(default_factory=dict)
 
 
-@dataclass
+@dataclass(frozen=True)
 class Constant:
     """A number a certificate relies on, and whether it was measured or declared."""
 
@@ -80,9 +106,11 @@ class TargetInfeasible(RuntimeError):
     """The method cannot meet the target; the pipeline retrains exactly instead."""
 
 
-@dataclass
+@dataclass(frozen=True)
 class CertificateFields:
-    guarantee: GuaranteeKind
+    """A method's own statement about its release; the pipeline adds the lineage."""
+
+    guarantee: Guarantee
     epsilon: float
     delta: float
     sigma: float
@@ -92,32 +120,56 @@ class CertificateFields:
     constants: dict[str, Constant] = field(default_factory=dict)
     compares: str = "the released model vs. retraining without the removed samples"
     resets_lineage: bool = False
-    fallback_reason: str | None = None
-    lineage_event: dict[str, Any] | None = None  # default: a Gaussian event from σ and Δ
 
 
-@dataclass
-class Update:
+@dataclass(frozen=True)
+class Release:
+    """One update's result, never patched afterwards."""
+
     next_state: ModelState  # noise-free; starts the next update; never downloadable
-    release: ModelState  # what users download
+    weights: ModelState  # what users download
     certificate: CertificateFields
+    event: LineageEvent | None  # the release as a lineage event; None: no noise (exact)
     statistics_to_delete: list[int]  # sample ids whose per-sample rows this update consumed
-    version_kind: Literal["unlearned", "retrained"] = "unlearned"
+    version_kind: VersionKind = VersionKind.unlearned
     metrics: dict[str, Any] = field(default_factory=dict)
-    lineage: Any = None  # app.privacy.lineage.LineageSpend, set by the job before commit
     replace_statistics: StatisticsBlock | None = None  # a retrain re-records everything
     record: dict[str, Any] | None = None  # the new training record, if statistics changed
 
 
-class UnlearningMethod(Protocol):
-    name: str
-    guarantee: GuaranteeKind
-    needs_retained_data: bool
+class UnlearningMethod:
+    """Base of every compute half. Subclasses set `spec` (the app half), implement `unlearn`,
+    and may override `train` (to record or constrain training) and `reference` (what an
+    evaluation compares a release with)."""
 
-    def unlearn(
-        self,
-        state: ModelState,
-        removed: RemovedSamples,
-        target: PrivacyTarget,
-        data: RetainedData | None,
-    ) -> Update: ...
+    spec: ClassVar[MethodSpec[Any]]
+
+    def __init__(self, model: ModelSpec) -> None:
+        self.model = model
+
+    def unlearn(self, inputs: UpdateInputs) -> Release:
+        raise NotImplementedError
+
+    def train(self, data: RetainedData, progress: ProgressFn | None = None) -> Trained:
+        """Plain seeded SGD (DESIGN §5); methods that record during training override this."""
+        start = time.perf_counter()
+        state = train(
+            self.model.architecture,
+            self.model.training,
+            data.X,
+            data.y,
+            self.model.n_classes,
+            progress,
+        )
+        return Trained(
+            state=state,
+            statistics=None,
+            record={},
+            metrics={"train_seconds": time.perf_counter() - start, "n_train": len(data.y)},
+        )
+
+    def reference(self, inputs: UpdateInputs, release: Release) -> ModelState:
+        """The retrained model an evaluation compares the release with: seeded retraining
+        on the retained data."""
+        m = self.model
+        return train(m.architecture, m.training, inputs.retained.X, inputs.retained.y, m.n_classes)

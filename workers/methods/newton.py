@@ -9,52 +9,54 @@ added to δ. L, M and λ_min are declared; G, ‖H‖ and λ_min are measured an
 
 from __future__ import annotations
 
-import math
 import time
+from typing import Any
 
 import torch
 
+from app.methods.newton import SPEC, NewtonOptions
 from app.privacy.gaussian import epsilon_for, sigma_for
+from app.privacy.lineage import gaussian_event
 from app.privacy.sensitivity import lissa_min_depth, newton_sensitivity
 from app.privacy.validate import PrivacyParameterError
+from app.states import Guarantee
 from workers.methods.base import (
     CertificateFields,
     Constant,
-    ModelSpec,
-    ModelState,
-    PrivacyTarget,
-    RemovedSamples,
+    Release,
     RetainedData,
     TargetInfeasible,
     Trained,
-    Update,
+    UnlearningMethod,
+    UpdateInputs,
 )
-from workers.methods.noise import clip_vector, secure_generator
+from workers.methods.noise import check_relative_noise, secure_generator
+from workers.methods.registry import register
 from workers.nets import FlatModel, build_net
-from workers.newton import LissaDiverged, extreme_eigenvalues, lissa, mean_gradient
-from workers.training import train
+from workers.newton import LissaDiverged, hessian_extremes, lissa, mean_gradient
+from workers.norms import clip_vector
+from workers.training import ProgressFn, train
 
 
-class Method:
-    name = "newton"
-    guarantee = "conditional"
-    needs_retained_data = True
+@register
+class Newton(UnlearningMethod):
+    spec = SPEC
 
-    def __init__(self, spec: ModelSpec) -> None:
-        self.spec = spec
-        self.o = spec.method
+    @property
+    def o(self) -> NewtonOptions:
+        return self.model.method.options
 
-    def train(self, data: RetainedData, progress=None) -> Trained:  # noqa: ANN001
-        """Projected training onto ‖w‖ ≤ C (seed 004 §2.1); retraining does the same."""
+    def train(self, data: RetainedData, progress: ProgressFn | None = None) -> Trained:
+        """Projected training onto ‖w‖ ≤ C (note 004 §2.1); retraining does the same."""
         start = time.perf_counter()
         state = train(
-            self.spec.architecture,
-            self.spec.training,
+            self.model.architecture,
+            self.model.training,
             data.X,
             data.y,
-            self.spec.n_classes,
+            self.model.n_classes,
             progress,
-            project_radius=self.o["C"],
+            project_radius=self.o.C,
         )
         return Trained(
             state=state,
@@ -63,56 +65,46 @@ class Method:
             metrics={
                 "train_seconds": time.perf_counter() - start,
                 "n_train": len(data.y),
-                "projection_radius": self.o["C"],
+                "projection_radius": self.o.C,
             },
         )
 
-    def unlearn(
-        self,
-        state: ModelState,
-        removed: RemovedSamples,
-        target: PrivacyTarget,
-        data: RetainedData | None,
-    ) -> Update:
-        assert data is not None
+    def unlearn(self, inputs: UpdateInputs) -> Release:
         start = time.perf_counter()
-        o, wd = self.o, float(self.spec.training.get("weight_decay", 0.0))
+        data, removed, target = inputs.retained, inputs.removed, inputs.target
+        o, wd = self.o, self.model.training.weight_decay
         model = FlatModel(
-            build_net(self.spec.architecture, self.spec.n_features, self.spec.n_classes)
+            build_net(self.model.architecture, self.model.n_features, self.model.n_classes)
         )
-        w = model.vector(state)
+        w = model.vector(inputs.state)
         n_r, n_u = len(data.y), len(removed.y)
         X_all, y_all = torch.cat([data.X, removed.X]), torch.cat([data.y, removed.y])
         grad_all = mean_gradient(model, w, X_all, y_all, wd)
         grad_r = mean_gradient(model, w, data.X, data.y, wd)
-        shortcut = float(grad_all.norm()) <= o["residual_tolerance"]
+        shortcut = float(grad_all.norm()) <= o.residual_tolerance
         # At a stationary point ∇L(w, D_r) = −(n_u/n_r)·∇L(w, D_u) (seed 004 Eq. 10), L2 included.
         v = -(n_u / n_r) * mean_gradient(model, w, removed.X, removed.y, wd) if shortcut else grad_r
         G = max(float(grad_all.norm()), float(grad_r.norm()))
         lam, scale, ihvp, ratio, attempts = self._solve(model, w, v, data)
-        w_tilde = w - ihvp
-        w_tilde = clip_vector(w_tilde, o["C"])
-        gen = torch.Generator().manual_seed(int(time.time_ns()) % 2**63)
-        h_max, h_min = extreme_eigenvalues(model, w, data.X, data.y, wd, o["power_iterations"], gen)
+        w_tilde = clip_vector(w - ihvp, o.C)
+        h_max, h_min = hessian_extremes(
+            model, w, data.X, data.y, wd, o.power_iterations, secure_generator()
+        )
         compute_seconds = time.perf_counter() - start
-        rho = o["rho"] if o["rho"] is not None else target.delta / 2
+        rho = o.rho if o.rho is not None else target.delta / 2
         if rho >= target.delta:
             raise TargetInfeasible(f"LiSSA failure probability ρ={rho:g} ≥ δ={target.delta:g}")
         try:
             sensitivity = newton_sensitivity(
-                o["C"], o["M"], o["L"], lam, o["lam_min"], G, d=w.numel(), rho=rho, s=o["depth"]
+                o.C, o.M, o.L, lam, o.lam_min, G, d=w.numel(), rho=rho, s=o.depth
             )
         except PrivacyParameterError as exc:
             raise TargetInfeasible(f"Proposition 4.1 does not apply: {exc}") from exc
         delta_mech = target.delta - rho
         sigma = sigma_for(sensitivity, target.epsilon, delta_mech)
-        ratio_noise = sigma * math.sqrt(w.numel()) / max(float(w_tilde.norm()), 1e-12)
-        if o["max_relative_noise"] is not None and ratio_noise > o["max_relative_noise"]:
-            raise TargetInfeasible(
-                f"the certified noise (σ={sigma:.4g}, Δ={sensitivity:.4g}) "
-                f"would be {ratio_noise:.3g}× the weights' norm, above "
-                f"max_relative_noise={o['max_relative_noise']:g}"
-            )
+        check_relative_noise(
+            sigma, sensitivity, w.numel(), float(w_tilde.norm()), o.max_relative_noise
+        )
         noise = sigma * torch.randn(w.shape, generator=secure_generator(), dtype=w.dtype)
         epsilon = epsilon_for(sensitivity, sigma, delta_mech)
         measured = {
@@ -126,10 +118,11 @@ class Method:
             "shortcut": shortcut,
         }
         cert = self._certificate(epsilon, delta_mech, rho, sigma, sensitivity, n_u, measured)
-        return Update(
+        return Release(
             next_state=model.state(w_tilde),
-            release=model.state(w_tilde + noise),
+            weights=model.state(w_tilde + noise),
             certificate=cert,
+            event=gaussian_event(sigma, sensitivity, cert.epsilon, cert.delta),
             statistics_to_delete=list(removed.sample_ids),
             metrics={
                 "unlearn_compute_seconds": compute_seconds,
@@ -145,9 +138,10 @@ class Method:
         """LiSSA with the divergence guard: on divergence raise λ or H_sc as configured and
         retry; after `guard_retries` the update never ships (TargetInfeasible)."""
         o = self.o
-        lam, scale = o["lam"], o["H_sc"]
-        gen = torch.Generator().manual_seed(int(time.time_ns()) % 2**63)
-        for attempt in range(o["guard_retries"] + 1):
+        lam, scale = o.lam, o.H_sc
+        gen = secure_generator()
+        last: LissaDiverged | None = None
+        for attempt in range(o.guard_retries + 1):
             try:
                 result = lissa(
                     model,
@@ -157,22 +151,22 @@ class Method:
                     data.y,
                     lam=lam,
                     scale=scale,
-                    depth=o["depth"],
-                    chains=o["chains"],
-                    batch=o["hvp_batch"],
-                    weight_decay=float(self.spec.training.get("weight_decay", 0)),
+                    depth=o.depth,
+                    chains=o.chains,
+                    batch=o.hvp_batch,
+                    weight_decay=self.model.training.weight_decay,
                     gen=gen,
-                    guard=o["guard"],
+                    guard=o.guard,
                 )
                 return lam, scale, result.ihvp, result.max_ratio, attempt + 1
             except LissaDiverged as exc:
                 last = exc
-                if o["guard_raise"] == "H_sc":
+                if o.guard_raise == "H_sc":
                     scale *= 4
                 else:
                     lam = lam * 10 if lam > 0 else 1.0
         raise TargetInfeasible(
-            f"LiSSA diverged after {o['guard_retries'] + 1} attempt(s) "
+            f"LiSSA diverged after {o.guard_retries + 1} attempt(s) "
             f"(last λ={lam:g}, H_sc={scale:g}): {last}"
         )
 
@@ -184,17 +178,17 @@ class Method:
         sigma: float,
         sensitivity: float,
         n: int,
-        m: dict,
+        m: dict[str, Any],
     ) -> CertificateFields:
         o = self.o
         condition = m["lam"] > m["hessian_norm"]
-        depth_ok = o["depth"] >= lissa_min_depth(o["L"], m["lam"], o["lam_min"])
+        depth_ok = o.depth >= lissa_min_depth(o.L, m["lam"], o.lam_min)
         sentence = (
             f"(ε={epsilon:.4g}, δ={delta_mech + rho:.3g})-indistinguishable from "
-            f"retraining without these {n} samples inside ‖w‖ ≤ C={o['C']:g} plus the "
+            f"retraining without these {n} samples inside ‖w‖ ≤ C={o.C:g} plus the "
             f"same noise σ={sigma:.4g}, with probability 1−ρ over LiSSA (ρ={rho:.3g}, "
-            f"included in δ), provided the declared constants hold: L={o['L']:g}, "
-            f"M={o['M']:g}, λ_min={o['lam_min']:g}, and ‖∇L(w̃*, D_r)‖ ≤ G="
+            f"included in δ), provided the declared constants hold: L={o.L:g}, "
+            f"M={o.M:g}, λ_min={o.lam_min:g}, and ‖∇L(w̃*, D_r)‖ ≤ G="
             f"{m['G']:.4g} (measured on the current model)."
         )
         if not condition:
@@ -202,29 +196,29 @@ class Method:
                 f" The theorem's condition λ > ‖H‖ FAILS: λ={m['lam']:g} but the "
                 f"measured ‖H‖ is {m['hessian_norm']:.4g}."
             )
-        if m["lam_min"] < o["lam_min"]:
+        if m["lam_min"] < o.lam_min:
             sentence += (
-                f" The measured λ_min={m['lam_min']:.4g} is below the declared {o['lam_min']:g}."
+                f" The measured λ_min={m['lam_min']:.4g} is below the declared {o.lam_min:g}."
             )
         constants = {
-            "C": Constant(o["C"], "declared", "parameter-norm ball, enforced by projection"),
-            "L": Constant(o["L"], "declared", "gradient-Lipschitz constant (Assumption 3.1)"),
-            "M": Constant(o["M"], "declared", "Hessian-Lipschitz constant (Assumption 3.2)"),
-            "lam_min": Constant(o["lam_min"], "declared", "smallest Hessian eigenvalue used in Δ"),
+            "C": Constant(o.C, "declared", "parameter-norm ball, enforced by projection"),
+            "L": Constant(o.L, "declared", "gradient-Lipschitz constant (Assumption 3.1)"),
+            "M": Constant(o.M, "declared", "Hessian-Lipschitz constant (Assumption 3.2)"),
+            "lam_min": Constant(o.lam_min, "declared", "smallest Hessian eigenvalue used in Δ"),
             "lam_min_measured": Constant(m["lam_min"], "measured", "power iteration on HVPs"),
             "hessian_norm": Constant(m["hessian_norm"], "measured", "‖H‖ by power iteration"),
             "G": Constant(m["G"], "measured", "max(‖∇L(w, D)‖, ‖∇L(w, D_r)‖)"),
             "lambda": Constant(m["lam"], "declared", "local convex coefficient used"),
             "H_sc": Constant(m["H_sc"], "declared", "LiSSA scale used"),
             "s": Constant(
-                o["depth"],
+                o.depth,
                 "declared",
                 "LiSSA depth" + ("" if depth_ok else " (BELOW the 2κ ln κ condition)"),
             ),
             "rho": Constant(rho, "declared", "LiSSA failure probability, added to δ"),
         }
         return CertificateFields(
-            guarantee="conditional",
+            guarantee=Guarantee.conditional,
             epsilon=epsilon,
             delta=delta_mech + rho,
             sigma=sigma,

@@ -1,32 +1,18 @@
-"""Shared tensor helpers for noisy releases: global-norm clipping and fresh Gaussian noise."""
+"""Fresh Gaussian noise for releases, and the guard against releases drowned in it."""
 
 from __future__ import annotations
 
+import math
 import secrets
 
 import torch
 
-from workers.methods.base import ModelState
-
-
-def global_norm(state: ModelState) -> float:
-    return float(torch.sqrt(sum((v.double() ** 2).sum() for v in state.values())))
-
-
-def clip_vector(x: torch.Tensor, radius: float) -> torch.Tensor:
-    """Π_C(x) = x·min(1, C/‖x‖) for one flat vector (gradients, or a model as a vector)."""
-    norm = float(x.norm())
-    return x * (radius / norm) if norm > radius else x
-
-
-def clip_to_ball(state: ModelState, radius: float) -> ModelState:
-    """Π_C(x) = x·min(1, C/‖x‖) over the whole parameter vector (seed 002 §1.1)."""
-    scale = min(1.0, radius / max(global_norm(state), 1e-30))
-    return {k: (v * scale).contiguous() for k, v in state.items()}
+from workers.methods.base import ModelState, TargetInfeasible
 
 
 def secure_generator() -> torch.Generator:
-    """A generator seeded from the OS's secure source; the seed is never stored."""
+    """A generator seeded from the OS's secure source; the seed is never stored. Used for
+    every random draw of an update (noise, LiSSA batches, power-iteration starts)."""
     return torch.Generator().manual_seed(secrets.randbits(63))
 
 
@@ -36,3 +22,17 @@ def add_gaussian(state: ModelState, sigma: float, gen: torch.Generator) -> Model
         k: (v + sigma * torch.randn(v.shape, generator=gen, dtype=v.dtype)).contiguous()
         for k, v in state.items()
     }
+
+
+def check_relative_noise(
+    sigma: float, sensitivity: float, d: int, weights_norm: float, limit: float | None
+) -> None:
+    """Refuse (TargetInfeasible, hence an exact retrain) a release whose expected noise norm
+    σ√d exceeds `limit` times the weights' norm: it would be useless."""
+    ratio = sigma * math.sqrt(d) / max(weights_norm, 1e-12)
+    if limit is not None and ratio > limit:
+        raise TargetInfeasible(
+            f"the certified noise (σ={sigma:.4g}, Δ={sensitivity:.4g}) "
+            f"would be {ratio:.3g}× the weights' norm, above "
+            f"max_relative_noise={limit:g}"
+        )

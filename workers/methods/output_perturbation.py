@@ -11,69 +11,65 @@ from __future__ import annotations
 
 import time
 
+from app.methods.output_perturbation import SPEC, OutputPerturbationOptions
 from app.privacy.gaussian import epsilon_for
-from app.privacy.plans import release_plan
+from app.privacy.lineage import gaussian_event
+from app.states import Guarantee
 from workers.methods.base import (
     CertificateFields,
     Constant,
-    ModelSpec,
-    ModelState,
-    PrivacyTarget,
-    RemovedSamples,
-    RetainedData,
+    Release,
     TargetInfeasible,
-    Update,
+    UnlearningMethod,
+    UpdateInputs,
 )
-from workers.methods.noise import add_gaussian, clip_to_ball, global_norm, secure_generator
+from workers.methods.noise import add_gaussian, secure_generator
+from workers.methods.registry import register
+from workers.norms import clip_to_ball, global_norm
 from workers.training import finetune
 
 
-class Method:
-    name = "output_perturbation"
-    guarantee = "rigorous"
-    needs_retained_data = True
+@register
+class OutputPerturbation(UnlearningMethod):
+    spec = SPEC
 
-    def __init__(self, spec: ModelSpec) -> None:
-        self.spec = spec
-        self.options = spec.method
-
-    def unlearn(
-        self,
-        state: ModelState,
-        removed: RemovedSamples,
-        target: PrivacyTarget,
-        data: RetainedData | None,
-    ) -> Update:
+    def unlearn(self, inputs: UpdateInputs) -> Release:
         start = time.perf_counter()
-        plan = release_plan(self.options, target.epsilon, target.delta)
+        o: OutputPerturbationOptions = self.model.method.options
+        target, m = inputs.target, self.model
+        plan = self.spec.plan(o, target.epsilon, target.delta)
         if not plan.feasible:
             raise TargetInfeasible(plan.reason or "σ below the numerical floor")
-        c0 = float(self.options["C0"])
-        base = clip_to_ball(state, c0)
-        release = add_gaussian(base, plan.sigma, secure_generator())
-        epochs = int(self.options.get("finetune_epochs", 0))
-        if data is not None:
-            release = finetune(
-                self.spec,
-                release,
-                data.X,
-                data.y,
-                epochs,
-                self.options.get("finetune_learning_rate", 0.05),
-            )
-        n = len(removed.sample_ids)
+        base = clip_to_ball(inputs.state, o.C0)
+        noisy = add_gaussian(base, plan.sigma, secure_generator())
+        data = inputs.retained
+        weights = finetune(
+            m.architecture,
+            m.training,
+            m.n_classes,
+            noisy,
+            data.X,
+            data.y,
+            o.finetune_epochs,
+            o.finetune_learning_rate,
+        )
+        n = len(inputs.removed.sample_ids)
         epsilon = epsilon_for(plan.sensitivity, plan.sigma, target.delta)
         sentence = (
             f"(ε={epsilon:.4g}, δ={target.delta:.3g})-indistinguishable from "
             f"running the same procedure on a model retrained without these {n} "
-            f"samples: the model was clipped to norm C0={c0:g} and Gaussian noise "
+            f"samples: the model was clipped to norm C0={o.C0:g} and Gaussian noise "
             f"σ={plan.sigma:.4g} was added (sensitivity Δ=2·C0={plan.sensitivity:g}, "
             "analytic Gaussian mechanism)"
-            + (f", then fine-tuned {epochs} epochs on retained data only" if epochs else "")
+            + (
+                f", then fine-tuned {o.finetune_epochs} epochs on retained data only"
+                if o.finetune_epochs
+                else ""
+            )
             + ". No unverifiable constant is assumed."
         )
         cert = CertificateFields(
-            guarantee="rigorous",
+            guarantee=Guarantee.rigorous,
             epsilon=epsilon,
             delta=target.delta,
             sigma=plan.sigma,
@@ -81,18 +77,19 @@ class Method:
             accountant="analytic Gaussian mechanism (Balle & Wang 2018) via dp-accounting",
             sentence=sentence,
             constants={
-                "C0": Constant(c0, "declared", "clipping radius, enforced by projection"),
+                "C0": Constant(o.C0, "declared", "clipping radius, enforced by projection"),
                 "clipped_norm": Constant(
-                    global_norm(base), "measured", "‖Π_C0(x)‖ of the noise-free state"
+                    global_norm(base.values()), "measured", "‖Π_C0(x)‖ of the noise-free state"
                 ),
             },
             compares="release vs. the same procedure on the model retrained without the "
             "removed samples (seed 002, Definition 2.1)",
         )
-        return Update(
+        return Release(
             next_state=base,
-            release=release,
+            weights=weights,
             certificate=cert,
-            statistics_to_delete=list(removed.sample_ids),
+            event=gaussian_event(plan.sigma, plan.sensitivity, epsilon, target.delta),
+            statistics_to_delete=list(inputs.removed.sample_ids),
             metrics={"unlearn_seconds": time.perf_counter() - start, "sigma": plan.sigma},
         )

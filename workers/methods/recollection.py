@@ -11,79 +11,86 @@ from __future__ import annotations
 import math
 import time
 from collections import defaultdict
+from typing import Any
 
 import torch
 
+from app.methods.recollection import SPEC, RecollectionOptions
 from app.privacy.gaussian import epsilon_for, sigma_for
+from app.privacy.lineage import gaussian_event
 from app.privacy.sensitivity import recollection_sensitivity_schedule
+from app.states import Guarantee
 from workers.methods.base import (
     CertificateFields,
     Constant,
     ModelSpec,
     ModelState,
-    PrivacyTarget,
+    Release,
     RemovedSamples,
     RetainedData,
     StatisticsBlock,
     TargetInfeasible,
     Trained,
-    Update,
+    UnlearningMethod,
+    UpdateInputs,
 )
-from workers.methods.noise import secure_generator
+from workers.methods.noise import check_relative_noise, secure_generator
+from workers.methods.registry import register
 from workers.nets import FlatModel, build_net
 from workers.recollection import batch_schedule, train_recollection
+from workers.training import ProgressFn
 
 KIND, SUBJECT_KIND = "recollection", "recollection_subject"
 
 
-class Method:
-    name = "recollection"
-    guarantee = "conditional"
-    needs_retained_data = False
-    statistics_kind = KIND
+@register
+class Recollection(UnlearningMethod):
+    spec = SPEC
 
-    def __init__(self, spec: ModelSpec) -> None:
-        self.spec = spec
-        self.options = spec.method
+    @property
+    def options(self) -> RecollectionOptions:
+        return self.model.method.options
 
     def _flat(self) -> FlatModel:
         return FlatModel(
-            build_net(self.spec.architecture, self.spec.n_features, self.spec.n_classes)
+            build_net(self.model.architecture, self.model.n_features, self.model.n_classes)
         )
 
-    def train(self, data: RetainedData, progress=None) -> Trained:  # noqa: ANN001
+    def train(self, data: RetainedData, progress: ProgressFn | None = None) -> Trained:
         """Train while recording every sample's recollection vector (Stage I + II online)."""
-        o, cfg = self.options, self.spec.training
+        o, cfg = self.options, self.model.training
         run = train_recollection(
-            self.spec.architecture,
+            self.model.architecture,
             cfg,
-            o["C"],
-            o["q"],
+            o.C,
+            o.q,
             data.X,
             data.y,
-            self.spec.n_classes,
+            self.model.n_classes,
             record=True,
-            rho_checks=o["rho_checks"],
-            power_iterations=o["power_iterations"],
+            rho_checks=o.rho_checks,
+            power_iterations=o.power_iterations,
             progress=progress,
         )
+        assert run.vectors is not None, "training was asked to record"
+        d = int(run.vectors.shape[1])
         block, groups = self._block(run.vectors, data)
         record = {
             "method": KIND,
             "train_sample_ids": list(data.sample_ids),
             "rho": run.rho,
             "rho_trace": run.rho_trace,
-            "C": o["C"],
-            "q": o["q"],
-            "eta": cfg["learning_rate"],
-            "epochs": cfg["epochs"],
-            "batch_size": cfg["batch_size"],
-            "seed": cfg["seed"],
-            "weight_decay": cfg.get("weight_decay", 0.0),
+            "C": o.C,
+            "q": o.q,
+            "eta": cfg.learning_rate,
+            "epochs": cfg.epochs,
+            "batch_size": cfg.batch_size,
+            "seed": cfg.seed,
+            "weight_decay": cfg.weight_decay,
             "steps": run.schedule.steps,
             "clipped_steps": run.clipped_steps,
             "precompute_seconds": run.seconds,
-            "d": int(run.vectors.shape[1]),
+            "d": d,
             "storage_dtype": block.dtype,
             "rows": len(block.sample_ids),
             "subject_groups": groups,
@@ -92,9 +99,7 @@ class Method:
             "train_seconds": run.seconds,
             "n_train": len(data.y),
             "statistics_rows": len(block.sample_ids),
-            "statistics_bytes": len(block.sample_ids)
-            * record["d"]
-            * (2 if block.dtype == "float16" else 4),
+            "statistics_bytes": len(block.sample_ids) * d * (2 if block.dtype == "float16" else 4),
         }
         return Trained(state=run.state, statistics=block, record=record, metrics=metrics)
 
@@ -102,15 +107,18 @@ class Method:
         self, vectors: torch.Tensor, data: RetainedData
     ) -> tuple[StatisticsBlock, dict[str, list[int]]]:
         """One row per sample, or one summed row per subject (additivity, Theorem 1)."""
-        dtype = self.options["storage_dtype"]
-        if not self.options["per_subject"]:
+        dtype = self.options.storage_dtype
+        if not self.options.per_subject:
             return StatisticsBlock(
                 KIND, list(data.sample_ids), [KIND] * len(data.sample_ids), vectors, dtype
             ), {}
         members: dict[str, list[int]] = defaultdict(list)
         for i, subject in enumerate(data.subjects):
             members[subject if subject is not None else f"\0{data.sample_ids[i]}"].append(i)
-        ids, kinds, rows, groups = [], [], [], {}
+        ids: list[int] = []
+        kinds: list[str] = []
+        rows: list[torch.Tensor] = []
+        groups: dict[str, list[int]] = {}
         for subject, idx in members.items():
             rep = min(data.sample_ids[i] for i in idx)
             ids.append(rep)
@@ -122,11 +130,11 @@ class Method:
                 groups[str(rep)] = sorted(data.sample_ids[i] for i in idx)
         return StatisticsBlock(KIND, ids, kinds, torch.stack(rows), dtype), groups
 
-    def _sum_vectors(self, removed: RemovedSamples) -> torch.Tensor:
-        groups = (self.spec.record or {}).get("subject_groups") or {}
+    def _sum_vectors(self, removed: RemovedSamples, record: dict[str, Any]) -> torch.Tensor:
+        groups = record.get("subject_groups") or {}
         wanted = set(removed.sample_ids)
         covered: set[int] = set()
-        total = None
+        total: torch.Tensor | None = None
         for sample_id, vector in removed.statistics.items():
             members = groups.get(str(sample_id), [sample_id])
             if not set(members) <= wanted:
@@ -142,9 +150,10 @@ class Method:
             raise TargetInfeasible(f"no recollection vector for samples {sorted(missing)[:5]}")
         return total
 
-    def sensitivity(self, removed_total: list[int]) -> float:
+    @staticmethod
+    def sensitivity(record: dict[str, Any], removed_total: list[int]) -> float:
         """Theorem 2 (unfolded) for every sample removed since the vectors were recorded."""
-        rec = self.spec.record
+        rec = record
         pos = {s: i for i, s in enumerate(rec["train_sample_ids"])}
         sched = batch_schedule(
             len(pos), rec["epochs"], rec["batch_size"], rec["seed"], rec["eta"], rec["q"]
@@ -154,46 +163,36 @@ class Method:
             sched.etas, rec["C"], rec["rho"], steps, [len(b) for b in sched.batches]
         )
 
-    def unlearn(
-        self,
-        state: ModelState,
-        removed: RemovedSamples,
-        target: PrivacyTarget,
-        data: RetainedData | None,
-    ) -> Update:
+    def unlearn(self, inputs: UpdateInputs) -> Release:
         start = time.perf_counter()
-        if not self.spec.record or self.spec.record.get("method") != KIND:
+        record, removed, target = inputs.record, inputs.removed, inputs.target
+        if not record or record.get("method") != KIND:
             raise TargetInfeasible("this model has no recollection record")
         flat = self._flat()
-        w_det = flat.vector(state).double()
-        w_det = w_det + self._sum_vectors(removed)
+        w_det = flat.vector(inputs.state).double()
+        w_det = w_det + self._sum_vectors(removed, record)
         compute_seconds = time.perf_counter() - start
         removed_total = sorted(set(removed.previously_removed) | set(removed.sample_ids))
-        sensitivity = self.sensitivity(removed_total)
+        sensitivity = self.sensitivity(record, removed_total)
         if not math.isfinite(sensitivity) or sensitivity <= 0:
-            raise TargetInfeasible(
-                f"the Theorem 2 bound is {sensitivity} (ρ={self.spec.record['rho']:.4g})"
-            )
+            raise TargetInfeasible(f"the Theorem 2 bound is {sensitivity} (ρ={record['rho']:.4g})")
         sigma = sigma_for(sensitivity, target.epsilon, target.delta)
-        cap = self.options.get("max_sigma")
+        cap = self.options.max_sigma
         if cap is not None and sigma > cap:
             raise TargetInfeasible(f"σ={sigma:.4g} exceeds the configured max_sigma={cap:g}")
-        ratio = sigma * math.sqrt(w_det.numel()) / max(float(w_det.norm()), 1e-12)
-        limit = self.options.get("max_relative_noise")
-        if limit is not None and ratio > limit:
-            raise TargetInfeasible(
-                f"the certified noise (σ={sigma:.4g}, Δ={sensitivity:.4g}) "
-                f"would be {ratio:.3g}× the weights' norm, above "
-                f"max_relative_noise={limit:g}"
-            )
+        check_relative_noise(
+            sigma, sensitivity, w_det.numel(), float(w_det.norm()), self.options.max_relative_noise
+        )
         noise = sigma * torch.randn(w_det.shape, generator=secure_generator(), dtype=torch.float64)
         next_state = flat.state(w_det.float())
         release = flat.state((w_det + noise).float())
         epsilon = epsilon_for(sensitivity, sigma, target.delta)
-        return Update(
+        return Release(
             next_state=next_state,
-            release=release,
+            weights=release,
+            event=gaussian_event(sigma, sensitivity, epsilon, target.delta),
             certificate=self._certificate(
+                record,
                 epsilon,
                 target.delta,
                 sigma,
@@ -211,11 +210,17 @@ class Method:
         )
 
     def _certificate(
-        self, epsilon: float, delta: float, sigma: float, sensitivity: float, n: int, n_total: int
+        self,
+        rec: dict[str, Any],
+        epsilon: float,
+        delta: float,
+        sigma: float,
+        sensitivity: float,
+        n: int,
+        n_total: int,
     ) -> CertificateFields:
-        rec = self.spec.record
         rho_note = (
-            f"ρ={rec['rho']:.6g} measured by {self.options['power_iterations']}-step "
+            f"ρ={rec['rho']:.6g} measured by {self.options.power_iterations}-step "
             f"power iteration on {len(rec['rho_trace'])} of {rec['steps']} batch "
             "Hessians of the trajectory"
         )
@@ -238,7 +243,7 @@ class Method:
             ),
         }
         return CertificateFields(
-            guarantee="conditional",
+            guarantee=Guarantee.conditional,
             epsilon=epsilon,
             delta=delta,
             sigma=sigma,
@@ -251,18 +256,43 @@ class Method:
             "recording, plus the same noise (seed 003 Definition 1)",
         )
 
+    def reference(self, inputs: UpdateInputs, release: Release) -> ModelState:
+        """The coupled retrain (note 003 §1.1): the recorded batch order without every sample
+        removed since recording, the batch denominator kept."""
+        if not inputs.record:
+            return super().reference(inputs, release)
+        order = inputs.record["train_sample_ids"]
+        X, y, exclude = _in_record_order(order, inputs.retained, inputs.removed)
+        return coupled_retrain(self.model, X, y, exclude)
+
+
+def _in_record_order(
+    order: list[int], retained: RetainedData, removed: RemovedSamples
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Features and labels in the record's order; rows no longer held (erased, or removed now)
+    are zeros and excluded."""
+    rows = {s: i for i, s in enumerate(retained.sample_ids)}
+    X = torch.zeros((len(order), *retained.X.shape[1:]), dtype=retained.X.dtype)
+    y = torch.zeros(len(order), dtype=torch.long)
+    exclude = torch.ones(len(order), dtype=torch.bool)
+    for i, sample_id in enumerate(order):
+        row = rows.get(sample_id)
+        if row is not None:
+            X[i], y[i], exclude[i] = retained.X[row], retained.y[row], False
+    return X, y, exclude
+
 
 def coupled_retrain(
     spec: ModelSpec, X: torch.Tensor, y: torch.Tensor, exclude: torch.Tensor
 ) -> ModelState:
     """Note 003 §1.1: replay the recorded batch order without the excluded samples, keeping
     the batch denominator |B|. X, y are in the record's training order."""
-    o = spec.method
+    o: RecollectionOptions = spec.method.options
     return train_recollection(
         spec.architecture,
         spec.training,
-        o["C"],
-        o["q"],
+        o.C,
+        o.q,
         X,
         y,
         spec.n_classes,

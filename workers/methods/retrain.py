@@ -8,47 +8,36 @@ from __future__ import annotations
 
 import time
 
+from app.methods.retrain import SPEC
+from app.states import Guarantee, VersionKind
 from workers.methods.base import (
     CertificateFields,
-    ModelSpec,
     ModelState,
-    PrivacyTarget,
-    RemovedSamples,
-    RetainedData,
-    Update,
+    Release,
+    UnlearningMethod,
+    UpdateInputs,
 )
+from workers.methods.registry import method_for, register
 
 
-class Method:
+@register
+class Retrain(UnlearningMethod):
     """ε = δ = 0: the output is distributed exactly as training without the removed samples."""
 
-    name = "retrain"
-    guarantee = "exact"
-    needs_retained_data = True
+    spec = SPEC
 
-    def __init__(self, spec: ModelSpec) -> None:
-        self.spec = spec
-
-    def unlearn(
-        self,
-        state: ModelState,
-        removed: RemovedSamples,
-        target: PrivacyTarget,
-        data: RetainedData | None,
-    ) -> Update:
-        from workers.methods import fit
-
-        assert data is not None, "retrain needs the retained data"
+    def unlearn(self, inputs: UpdateInputs) -> Release:
         start = time.perf_counter()
-        trained = fit(self.spec, data)
-        n = len(removed.sample_ids)
+        retained = inputs.retained
+        trained = method_for(self.model.method.name, self.model).train(retained)
+        n = len(inputs.removed.sample_ids)
         sentence = (
-            f"Exact: retrained from scratch on the {len(data.sample_ids)} retained "
+            f"Exact: retrained from scratch on the {len(retained.sample_ids)} retained "
             f"samples with the same configuration and seed, so the model is "
             f"(ε=0, δ=0)-indistinguishable from retraining without these {n} samples."
         )
         cert = CertificateFields(
-            guarantee="exact",
+            guarantee=Guarantee.exact,
             epsilon=0.0,
             delta=0.0,
             sigma=0.0,
@@ -57,13 +46,18 @@ class Method:
             sentence=sentence,
             resets_lineage=True,
         )
-        return Update(
+        return Release(
             next_state=trained.state,
-            release=trained.state,
+            weights=trained.state,
             certificate=cert,
-            statistics_to_delete=list(removed.sample_ids),
-            version_kind="retrained",
+            event=None,
+            statistics_to_delete=list(inputs.removed.sample_ids),
+            version_kind=VersionKind.retrained,
             metrics={**trained.metrics, "unlearn_seconds": time.perf_counter() - start},
             replace_statistics=trained.statistics,
             record=trained.record or None,
         )
+
+    def reference(self, inputs: UpdateInputs, release: Release) -> ModelState:
+        """An exact retrain is its own reference."""
+        return release.weights

@@ -1,0 +1,150 @@
+"""`compute(inputs)` on in-memory inputs, no database: every method's decision, release and
+certificate, and the pipeline's fallbacks (target infeasible, lineage budget)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from app.methods import method_of
+from app.privacy.lineage import GaussianRelease, SlopeRelease, gaussian_event
+from app.specs import PrivacyPolicy, TrainingConfig, architecture_of
+from app.states import Guarantee, VersionKind
+from workers.certify import CertificateContext, certificate_fields
+from workers.methods import fit
+from workers.methods.base import (
+    ModelSpec,
+    PrivacyTarget,
+    RemovedSamples,
+    RetainedData,
+    UpdateInputs,
+)
+from workers.norms import global_norm
+from workers.updates import Fallback, Released, compute
+
+N, P, K = 150, 8, 3
+TRAINING = TrainingConfig(epochs=3, batch_size=32, learning_rate=0.1, weight_decay=1e-3, seed=0)
+
+
+def data() -> tuple[torch.Tensor, torch.Tensor]:
+    gen = torch.Generator().manual_seed(0)
+    centers = torch.randn(K, P, generator=gen) * 2
+    y = torch.arange(N) % K
+    return centers[y] + torch.randn(N, P, generator=gen), y
+
+
+def inputs_for(
+    method: dict, history: list | None = None, policy: PrivacyPolicy | None = None
+) -> UpdateInputs:
+    """Train the model as its method requires, then remove the first three samples."""
+    X, y = data()
+    ids = list(range(100, 100 + N))
+    spec = ModelSpec(architecture_of({"type": "logreg"}), TRAINING, method_of(method), P, K)
+    trained = fit(spec, RetainedData(ids, X, y, [None] * N))
+    stats = trained.statistics
+    vectors = {s: stats.vectors[i] for i, s in enumerate(stats.sample_ids)} if stats else {}
+    gone = ids[:3]
+    policy = policy or PrivacyPolicy()
+    return UpdateInputs(
+        model_id=1,
+        spec=spec,
+        method=spec.method,
+        policy=policy,
+        target=PrivacyTarget(policy.epsilon, policy.delta),
+        state=trained.state,
+        removed=RemovedSamples(gone, X[:3], y[:3], {s: vectors[s] for s in gone if s in vectors}),
+        retained=RetainedData(ids[3:], X[3:], y[3:], [None] * (N - 3)),
+        test=RetainedData(ids[:30], X[:30], y[:30]),
+        history=history or [],
+        record=trained.record or None,
+    )
+
+
+def finite(state: dict[str, torch.Tensor]) -> bool:
+    return all(bool(torch.isfinite(v).all()) for v in state.values())
+
+
+def test_retrain_is_exact_and_resets_the_lineage() -> None:
+    outcome = compute(inputs_for({"name": "retrain"}))
+    decision = outcome.decision
+    assert isinstance(decision, Released) and decision.admission is None
+    release = decision.release
+    assert release.certificate.guarantee == Guarantee.exact and release.certificate.epsilon == 0
+    assert release.event is None and release.certificate.resets_lineage
+    assert release.version_kind == VersionKind.retrained
+    assert outcome.metrics["n_train"] == N - 3 and outcome.metrics["n_removed"] == 3
+
+
+def test_output_perturbation_releases_a_gaussian_within_the_ball() -> None:
+    inputs = inputs_for({"name": "output_perturbation", "C0": 0.5})
+    decision = compute(inputs).decision
+    assert isinstance(decision, Released) and decision.admission is not None
+    release = decision.release
+    cert = release.certificate
+    assert cert.guarantee == Guarantee.rigorous and cert.sensitivity == 1.0
+    assert global_norm(release.next_state.values()) <= 0.5 + 1e-6
+    assert isinstance(release.event, GaussianRelease)
+    assert release.event.z == pytest.approx(cert.sigma / cert.sensitivity)
+    assert release.weights["1.weight"].ne(release.next_state["1.weight"]).any()  # noise drawn
+    assert decision.admission.after.releases == 1
+
+
+def test_noisy_finetune_gradient_clipping_is_a_slope_release() -> None:
+    inputs = inputs_for({"name": "noisy_finetune", "T": 5, "batch_size": 16})
+    decision = compute(inputs).decision
+    assert isinstance(decision, Released)
+    assert isinstance(decision.release.event, SlopeRelease)
+    assert decision.release.certificate.epsilon <= inputs.target.epsilon + 1e-9
+    assert decision.release.metrics["noisy_steps"] == 5
+    assert finite(decision.release.weights)
+
+
+def test_recollection_adds_the_vectors_and_certifies_conditionally() -> None:
+    inputs = inputs_for({"name": "recollection", "max_relative_noise": None, "rho_checks": 2})
+    decision = compute(inputs).decision
+    assert isinstance(decision, Released)
+    release = decision.release
+    assert release.certificate.guarantee == Guarantee.conditional
+    assert release.certificate.constants["rho"].source == "measured"
+    assert sorted(release.statistics_to_delete) == inputs.removed.sample_ids
+    assert finite(release.weights)
+
+
+def test_recollection_noise_guard_falls_back_to_an_exact_retrain() -> None:
+    inputs = inputs_for({"name": "recollection", "max_relative_noise": 1e-9, "rho_checks": 2})
+    decision = compute(inputs).decision
+    assert isinstance(decision, Fallback) and decision.requested == "recollection"
+    assert "max_relative_noise" in decision.reason
+    assert decision.release.certificate.guarantee == Guarantee.exact
+    assert decision.release.replace_statistics is not None  # the retrain re-recorded vectors
+
+
+def test_newton_step_certifies_with_measured_constants() -> None:
+    method = {"name": "newton", "max_relative_noise": None, "depth": 50, "chains": 2}
+    decision = compute(inputs_for(method)).decision
+    assert isinstance(decision, Released)
+    constants = decision.release.certificate.constants
+    assert constants["G"].source == "measured" and constants["L"].source == "declared"
+    assert math.isfinite(decision.release.certificate.sigma)
+
+
+def test_a_release_past_the_lineage_budget_retrains_exactly() -> None:
+    spent = [gaussian_event(1.0, 1.0, 1.0, 1e-5)] * 50  # a lineage already far past ε = 10
+    decision = compute(inputs_for({"name": "output_perturbation"}, history=spent)).decision
+    assert isinstance(decision, Fallback)
+    assert "past its budget" in decision.reason
+    assert decision.release.certificate.guarantee == Guarantee.exact
+
+
+def test_certificate_of_a_fallback_says_why() -> None:
+    spent = [gaussian_event(1.0, 1.0, 1.0, 1e-5)] * 50
+    inputs = inputs_for({"name": "output_perturbation"}, history=spent)
+    decision = compute(inputs).decision
+    ctx = CertificateContext(1, 1, 1, 2, "0" * 64, 3, 3, [1], "s", "d")
+    fields = certificate_fields(decision, inputs.policy, inputs.target, ctx)
+    assert fields["method"] == "retrain" and fields["guarantee"] == "exact"
+    assert fields["fallback_reason"] == decision.reason
+    assert "Exact retraining was used because" in fields["sentence"]
+    assert fields["cumulative_epsilon"] == 0.0 and fields["lineage_event"] is None

@@ -1,0 +1,69 @@
+"""The method socket: every method has both halves, workers import no web framework, and the
+torch-free parameter layout matches the networks the workers build."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from app.architectures import parameter_shapes
+from app.methods import get_method, method_names, method_of
+from app.specs import TrainingConfig, architecture_of
+from workers.methods import compute_names, method_for
+from workers.methods.base import ModelSpec
+from workers.nets import build_net
+
+
+def test_every_method_has_a_spec_and_a_compute_half() -> None:
+    assert method_names() == compute_names()
+    assert {"retrain", "recollection", "newton", "noisy_finetune", "output_perturbation"} <= set(
+        method_names()
+    )
+
+
+@pytest.mark.parametrize("name", method_names())
+def test_compute_half_is_bound_to_its_spec(name: str) -> None:
+    spec = get_method(name)
+    model = ModelSpec(
+        architecture=architecture_of({"type": "logreg"}),
+        training=TrainingConfig(),
+        method=method_of({"name": name, **({"sigma": 1.0} if name == "noisy_finetune" else {})}),
+        n_features=4,
+        n_classes=3,
+    )
+    method = method_for(name, model)
+    assert method.spec is spec
+    assert spec.options.model_config.get("extra") == "forbid"
+
+
+def test_unknown_method_names_the_known_ones() -> None:
+    with pytest.raises(KeyError, match="available"):
+        get_method("nope")
+
+
+def test_worker_processes_import_no_web_framework() -> None:
+    code = (
+        "import sys, workers.jobs, workers.worker, workers.pipeline\n"
+        "bad = sorted(m for m in sys.modules if m.split('.')[0] in ('fastapi', 'starlette'))\n"
+        "print(bad)\n"
+        "sys.exit(1 if bad else 0)\n"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+@pytest.mark.parametrize(
+    "arch",
+    [
+        {"type": "logreg"},
+        {"type": "mlp", "hidden": [7], "activation": "tanh"},
+        {"type": "mlp", "hidden": [5, 3, 2], "activation": "gelu"},
+    ],
+)
+def test_parameter_layout_matches_the_built_network(arch: dict) -> None:
+    """app/architectures.py mirrors workers/nets.py without torch; this pins them together."""
+    net = build_net(arch, 6, 4)
+    built = {k: list(v.shape) for k, v in net.state_dict().items()}
+    assert built == parameter_shapes(arch, 6, 4)
