@@ -1,4 +1,4 @@
-"""The one function that turns an update's decision into a certificate's fields (DESIGN §9)."""
+"""The one function that turns an update's decision into a certificate's fields (DESIGN §6–7)."""
 
 from __future__ import annotations
 

@@ -134,7 +134,7 @@ class ModelVersion(Base):
     model_id: Mapped[int] = mapped_column(ForeignKey("models.id", ondelete="CASCADE"))
     number: Mapped[int]
     parent_id: Mapped[int | None] = mapped_column(Integer)
-    kind: Mapped[str] = mapped_column(String(12))  # trained|unlearned|retrained
+    kind: Mapped[str] = mapped_column(String(12))  # app.states.VersionKind
     weights_key: Mapped[str | None] = mapped_column(String(100))
     weights_sha256: Mapped[str] = mapped_column(String(64))
     weights_size: Mapped[int]

@@ -5,7 +5,8 @@
 - noisy_finetune: accountants of seed 002 (gradient clipping, model clipping, output
   perturbation).
 - sensitivity: Δ of recollection (seed 003, Thm 2) and certified Newton (seed 004, Prop 4.1).
-- lineage: composition of a model's releases with the PLD accountant.
+- lineage: typed release events, their composition (exact Gaussian, summed Rényi slopes or
+  basic composition; dp-accounting's PLD as the cross-check) and the budget admission rule.
 """
 
 from importlib.metadata import version

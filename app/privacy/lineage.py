@@ -96,29 +96,23 @@ SLOPE_NAME = (
 
 @dataclass(frozen=True)
 class GaussianRelease:
-    """A release x + N(0, σ²I) with L2 sensitivity Δ: dp-accounting's GaussianDpEvent(σ/Δ)."""
+    """A release x + N(0, σ²I) with L2 sensitivity Δ (dp-accounting's GaussianDpEvent(σ/Δ))."""
 
     z: float
     epsilon: float
     delta: float
     kind: Literal["gaussian"] = "gaussian"
 
-    def dp_event(self) -> dp_accounting.DpEvent:
-        return dp_accounting.GaussianDpEvent(self.z)
-
 
 @dataclass(frozen=True)
 class SlopeRelease:
     """A release with D_α ≤ α·R for every α (privacy amplification by iteration, seed 002
-    Theorem A.9): R-zCDP, dp-accounting's ZCDpEvent(R)."""
+    Theorem A.9): R-zCDP (dp-accounting's ZCDpEvent(R))."""
 
     slope: float
     epsilon: float
     delta: float
     kind: Literal["rdp_slope"] = "rdp_slope"
-
-    def dp_event(self) -> dp_accounting.DpEvent:
-        return dp_accounting.ZCDpEvent(self.slope)
 
 
 @dataclass(frozen=True)
@@ -130,9 +124,6 @@ class ApproxRelease:
     epsilon: float
     delta: float
     kind: Literal["approx"] = "approx"
-
-    def dp_event(self) -> dp_accounting.DpEvent:
-        return dp_accounting.UnsupportedDpEvent()
 
 
 LineageEvent = GaussianRelease | SlopeRelease | ApproxRelease

@@ -151,7 +151,7 @@ class UnlearningMethod:
         raise NotImplementedError
 
     def train(self, data: RetainedData, progress: ProgressFn | None = None) -> Trained:
-        """Plain seeded SGD (DESIGN §5); methods that record during training override this."""
+        """Plain seeded SGD; methods that record during training override this."""
         start = time.perf_counter()
         state = train(
             self.model.architecture,
