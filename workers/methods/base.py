@@ -150,23 +150,32 @@ class UnlearningMethod:
     def unlearn(self, inputs: UpdateInputs) -> Release:
         raise NotImplementedError
 
+    def projection_radius(self) -> float | None:
+        """The ball ‖w‖ ≤ C that training projects onto after every step (None: none)."""
+        return None
+
     def train(self, data: RetainedData, progress: ProgressFn | None = None) -> Trained:
-        """Plain seeded SGD; methods that record during training override this."""
+        """Seeded SGD (projected when `projection_radius` says so); methods that record
+        during training override this."""
         start = time.perf_counter()
+        radius = self.projection_radius()
+        m = self.model
         state = train(
-            self.model.architecture,
-            self.model.training,
+            m.architecture,
+            m.training,
             data.X,
             data.y,
-            self.model.n_classes,
+            m.n_classes,
             progress,
+            project_radius=radius,
         )
-        return Trained(
-            state=state,
-            statistics=None,
-            record={},
-            metrics={"train_seconds": time.perf_counter() - start, "n_train": len(data.y)},
-        )
+        metrics: dict[str, Any] = {
+            "train_seconds": time.perf_counter() - start,
+            "n_train": len(data.y),
+        }
+        if radius is not None:
+            metrics["projection_radius"] = radius
+        return Trained(state=state, statistics=None, record={}, metrics=metrics)
 
     def reference(self, inputs: UpdateInputs, release: Release) -> ModelState:
         """The retrained model an evaluation compares the release with: seeded retraining

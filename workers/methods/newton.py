@@ -26,7 +26,6 @@ from workers.methods.base import (
     Release,
     RetainedData,
     TargetInfeasible,
-    Trained,
     UnlearningMethod,
     UpdateInputs,
 )
@@ -35,7 +34,6 @@ from workers.methods.registry import register
 from workers.nets import FlatModel, build_net
 from workers.newton import LissaDiverged, hessian_extremes, lissa, mean_gradient
 from workers.norms import clip_vector
-from workers.training import ProgressFn, train
 
 
 @register
@@ -46,28 +44,9 @@ class Newton(UnlearningMethod):
     def o(self) -> NewtonOptions:
         return self.model.method.options
 
-    def train(self, data: RetainedData, progress: ProgressFn | None = None) -> Trained:
+    def projection_radius(self) -> float | None:
         """Projected training onto ‖w‖ ≤ C (note 004 §2.1); retraining does the same."""
-        start = time.perf_counter()
-        state = train(
-            self.model.architecture,
-            self.model.training,
-            data.X,
-            data.y,
-            self.model.n_classes,
-            progress,
-            project_radius=self.o.C,
-        )
-        return Trained(
-            state=state,
-            statistics=None,
-            record={},
-            metrics={
-                "train_seconds": time.perf_counter() - start,
-                "n_train": len(data.y),
-                "projection_radius": self.o.C,
-            },
-        )
+        return self.o.C
 
     def unlearn(self, inputs: UpdateInputs) -> Release:
         start = time.perf_counter()
