@@ -16,7 +16,7 @@ from sqlalchemy import or_, select, update
 from sqlalchemy.orm import Session
 
 from app.db.session import database
-from app.db.tables import DeletionTask, Model, utcnow
+from app.db.tables import DeletionTask, Model, task_is_due, utcnow
 from app.settings import Settings
 from app.states import ModelStatus, TaskStatus
 
@@ -139,13 +139,15 @@ def reconcile(session: Session) -> dict[str, list[int]]:
     to_train = session.scalars(
         select(Model.id).where(Model.status.in_((ModelStatus.queued, ModelStatus.training)), free)
     ).all()
-    due = or_(DeletionTask.not_before.is_(None), DeletionTask.not_before <= now)
     to_delete = session.scalars(
         select(DeletionTask.model_id)
         .distinct()
         .join(Model, Model.id == DeletionTask.model_id)
         .where(
-            DeletionTask.status == TaskStatus.queued, due, Model.status == ModelStatus.ready, free
+            DeletionTask.status == TaskStatus.queued,
+            task_is_due(now),
+            Model.status == ModelStatus.ready,
+            free,
         )
     ).all()
     return {"train": sorted(to_train), "delete": sorted(to_delete)}

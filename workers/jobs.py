@@ -17,7 +17,7 @@ from sqlalchemy import select, update
 
 from app.blobstore import DatabaseBlobStore
 from app.db.session import Database, database
-from app.db.tables import Dataset, DeletionTask, Model, utcnow
+from app.db.tables import Dataset, DeletionTask, Model, task_is_due, utcnow
 from app.settings import Settings, get_settings
 from app.specs import ImportedWeights, imported_of
 from app.states import ModelStatus, TaskStatus, VersionKind
@@ -250,7 +250,7 @@ def _has_due(db: Database, model_id: int) -> bool:
                 .where(
                     DeletionTask.model_id == model_id,
                     DeletionTask.status == TaskStatus.queued,
-                    DeletionTask.not_before.is_(None) | (DeletionTask.not_before <= now),
+                    task_is_due(now),
                 )
                 .limit(1)
             )

@@ -29,6 +29,7 @@ from app.db.tables import (
     ModelSample,
     ModelVersion,
     Sample,
+    task_is_due,
     utcnow,
 )
 from app.erasure import erase_payloads
@@ -166,7 +167,7 @@ def claim_tasks(
         .where(
             DeletionTask.model_id == model_id,
             DeletionTask.status == TaskStatus.queued,
-            (DeletionTask.not_before.is_(None)) | (DeletionTask.not_before <= now),
+            task_is_due(now),
         )
         .order_by(DeletionTask.id)
         .limit(limit)

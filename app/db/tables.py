@@ -8,6 +8,7 @@ from typing import Any
 from sqlalchemy import (
     JSON,
     BigInteger,
+    ColumnElement,
     DateTime,
     Float,
     ForeignKey,
@@ -19,6 +20,7 @@ from sqlalchemy import (
     Text,
     TypeDecorator,
     UniqueConstraint,
+    or_,
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
@@ -210,6 +212,11 @@ class DeletionTask(Base):
     error: Mapped[str | None] = mapped_column(Text)
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
     updated_at: Mapped[datetime] = mapped_column(default=utcnow, onupdate=utcnow)
+
+
+def task_is_due(now: datetime) -> ColumnElement[bool]:
+    """A deletion task not waiting out a retry backoff (claim, reconcile and re-check agree)."""
+    return or_(DeletionTask.not_before.is_(None), DeletionTask.not_before <= now)
 
 
 class Certificate(Base):
