@@ -31,5 +31,9 @@ def conflict(code: str, message: str, details: Any = None) -> APIError:
     return APIError(409, code, message, details)
 
 
+# Seconds a client is told to wait (`Retry-After`) when the database or the queue is down.
+RETRY_AFTER_SECONDS = 5
+
+
 def error_body(code: str, message: str, details: Any = None) -> dict[str, Any]:
     return {"error": {"code": code, "message": message, "details": to_jsonable_python(details)}}

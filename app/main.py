@@ -7,15 +7,15 @@ import sys
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
-from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse
+from fastapi import FastAPI
 
+from app import accesslog
 from app.api import audit, datasets, deletions, health, keys, models, privacy
-from app.api.errors import install_error_handlers
+from app.api.errors import DependencyGuard, install_error_handlers
+from app.api.limits import IngressLimitMiddleware
 from app.db.migrate import upgrade_to_head
 from app.db.session import database
 from app.dispatch import InlineDispatcher, Reconciler, make_dispatcher
-from app.errors import error_body
 from app.metrics import metrics_middleware, pipeline_registry
 from app.security import Role, create_key, has_any_key
 from app.settings import Settings, get_settings, use_settings
@@ -34,7 +34,8 @@ def bootstrap_admin_key(url: str) -> str | None:
 
 def create_app(settings: Settings | None = None) -> FastAPI:
     settings = settings or get_settings()
-    use_settings(settings)  # the embedded worker's jobs read the same configuration
+    use_settings(settings)
+    accesslog.install()  # the embedded worker's jobs read the same configuration
     url = settings.resolved_database_url
 
     @asynccontextmanager
@@ -72,18 +73,13 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.state.pipeline_registry = pipeline_registry(url, app.state.dispatcher.depth)
     install_error_handlers(app)
 
-    @app.middleware("http")
-    async def limit_upload(request: Request, call_next):
-        length = request.headers.get("content-length")
-        if length and length.isdigit() and int(length) > settings.max_upload_bytes + 64 * 1024:
-            return JSONResponse(
-                error_body(
-                    "payload_too_large", f"uploads are limited to {settings.max_upload_bytes} bytes"
-                ),
-                413,
-            )
-        return await call_next(request)
-
+    # Inside the metrics middleware (its 401s and 413s are counted), outside the routes.
+    app.add_middleware(
+        IngressLimitMiddleware,
+        max_json_bytes=settings.max_json_bytes,
+        max_upload_bytes=settings.max_upload_bytes,
+    )
+    app.add_middleware(DependencyGuard)  # 503, not 500, when the ingress check finds no database
     app.middleware("http")(metrics_middleware)
     for router in (
         health.router,

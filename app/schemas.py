@@ -6,6 +6,7 @@ from datetime import datetime
 from typing import Annotated, Any, Literal
 
 from pydantic import (
+    AfterValidator,
     BaseModel,
     BeforeValidator,
     ConfigDict,
@@ -15,12 +16,59 @@ from pydantic import (
 )
 from pydantic_core import PydanticCustomError
 
-from app.methods import method_names, method_of
+from app.methods import get_method, method_names, method_of
 from app.specs import Architecture, LogRegSpec, PrivacyPolicy, TrainingConfig
 
 
+def unstorable_text(value: Any, path: str = "") -> str | None:
+    """Where in `value` (nested dicts, lists; keys too) a string is not storable text: not
+    encodable as UTF-8 (a lone surrogate, sent as a JSON escape like "\\ud800") or holding
+    a NUL character (PostgreSQL text cannot). None when every string is fine."""
+    if isinstance(value, str):
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            return path or "(value)"
+        if "\x00" in value:
+            return path or "(value)"
+        return None
+    if isinstance(value, dict):
+        for key, item in value.items():
+            where = f"{path}.{key}" if path else str(key)
+            if (bad := unstorable_text(key, where)) or (bad := unstorable_text(item, where)):
+                return bad
+    elif isinstance(value, list | tuple):
+        for i, item in enumerate(value):
+            if bad := unstorable_text(item, f"{path}[{i}]"):
+                return bad
+    return None
+
+
+def _storable(value: Any) -> Any:
+    if (where := unstorable_text(value)) is not None:
+        raise PydanticCustomError(
+            "invalid_text",
+            "text must be valid Unicode without NUL characters (no lone surrogates such as "
+            "\\ud800); {where} is not",
+            {"where": where.encode("utf-8", "backslashreplace").decode("utf-8")},
+        )
+    return value
+
+
+# A string a client sends outside a JSON body (a query parameter): storable text only.
+Text = Annotated[str, AfterValidator(_storable)]
+
+
 class In(BaseModel):
+    """A request body. Every string in it, dictionary keys and nested values included, must
+    be storable text (`unstorable_text`), checked once on the raw input."""
+
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _storable_text(cls, data: Any) -> Any:
+        return _storable(data)
 
 
 class Out(BaseModel):
@@ -32,6 +80,9 @@ def _as_str(value: Any) -> Any:
 
 
 Identifier = Annotated[str, BeforeValidator(_as_str), Field(min_length=1, max_length=200)]
+
+# The largest id accepted: exact in every JSON client (and far below the databases' BIGINT).
+MAX_ID = 2**53 - 1
 
 
 # ---- datasets -------------------------------------------------------------------------------
@@ -60,7 +111,9 @@ class DatasetOut(Out):
 
 
 class SampleOut(Out):
-    external_id: str
+    """A sample as readers see it; once erased its ids and label are gone (null)."""
+
+    external_id: str | None
     subject_id: str | None
     split: str
     label: int | None
@@ -81,10 +134,32 @@ class SamplePage(BaseModel):
 NONDETERMINISTIC_LAYERS = {"dropout", "batchnorm", "batch_norm", "augmentation"}
 
 
+def _method_variants(schema: dict[str, Any]) -> None:
+    """In OpenAPI, one variant per method: its `name` and exactly its options (`name` may
+    be left out for the default, retrain)."""
+    variants = []
+    for name in method_names():
+        options = get_method(name).options.model_json_schema()
+        variant: dict[str, Any] = {
+            "type": "object",
+            "title": name,
+            "properties": {"name": {"const": name}, **options.get("properties", {})},
+            "additionalProperties": False,
+        }
+        if name != "retrain":
+            variant["required"] = ["name"]
+        variants.append(variant)
+    description = schema.get("description", "")
+    schema.clear()
+    schema.update({"title": "MethodConfig", "description": description, "oneOf": variants})
+
+
 class MethodConfig(BaseModel):
     """The unlearning method and its own options (each method validates the rest)."""
 
-    model_config = ConfigDict(extra="allow", allow_inf_nan=False)
+    model_config = ConfigDict(
+        extra="allow", allow_inf_nan=False, json_schema_extra=_method_variants
+    )
     name: str = "retrain"
 
     @field_validator("name")
@@ -104,7 +179,7 @@ class MethodConfig(BaseModel):
 
 class ModelCreate(In):
     name: str = Field(..., min_length=1, max_length=200)
-    dataset_id: int
+    dataset_id: int = Field(le=MAX_ID)
     architecture: Architecture = Field(default_factory=lambda: LogRegSpec(type="logreg"))
     training: TrainingConfig = Field(default_factory=TrainingConfig)
     method: MethodConfig = Field(default_factory=MethodConfig)
@@ -161,10 +236,20 @@ class ModelOut(Out):
 
 
 class DeletionCreate(In):
-    dataset_id: int
+    """Give sample ids, subject ids, or both (at least one id)."""
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "anyOf": [
+                {"required": ["sample_ids"], "properties": {"sample_ids": {"minItems": 1}}},
+                {"required": ["subject_ids"], "properties": {"subject_ids": {"minItems": 1}}},
+            ]
+        }
+    )
+    dataset_id: int = Field(le=MAX_ID)
     sample_ids: list[Identifier] = Field(default_factory=list, max_length=100_000)
     subject_ids: list[Identifier] = Field(default_factory=list, max_length=100_000)
-    method: str | None = None
+    method: str | None = Field(None, json_schema_extra={"enum": [*method_names(), None]})
     epsilon: float | None = Field(None, gt=0.0)
     delta: float | None = Field(None, gt=0.0, lt=1.0)
 

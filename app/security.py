@@ -41,3 +41,9 @@ def lookup_key(session: Session, raw: str) -> ApiKey | None:
 
 def has_any_key(session: Session) -> bool:
     return session.scalar(select(ApiKey.id).limit(1)) is not None
+
+
+def sees_forget_set(key: ApiKey) -> bool:
+    """Admins and auditors see metrics computed on removed samples; others could learn from
+    them who was removed (issue 11)."""
+    return key.role in (Role.admin, Role.auditor)

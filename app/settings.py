@@ -2,8 +2,9 @@
 
 from functools import lru_cache
 from pathlib import Path
+from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, SecretStr, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 
@@ -20,6 +21,23 @@ class Settings(BaseSettings):
     queue_name: str = "lethe"
     max_upload_bytes: int = Field(64 * 1024 * 1024, description="Largest accepted upload.")
     max_dataset_samples: int = 2_000_000
+    max_json_bytes: int = Field(
+        8 * 1024 * 1024,
+        description="Largest request body on every route but the uploads, counted while it "
+        "streams (chunked bodies too); room for a deletion of 100,000 ids of ~80 characters.",
+    )
+    max_features_per_sample: int = Field(
+        65_536, description="Most features per sample (the product of X.shape[1:])."
+    )
+    max_dataset_cells: int = Field(
+        100_000_000,
+        description="Most samples x features in one dataset (npz, CSV, synthetic); bounds "
+        "the memory a dataset costs to parse.",
+    )
+    max_npz_bytes: int = Field(
+        1024 * 1024 * 1024,
+        description="Most uncompressed bytes read from the arrays of one uploaded .npz.",
+    )
     lease_seconds: float = Field(60.0, description="A worker's claim on a model expires after.")
     heartbeat_seconds: float = 10.0
     reconcile_seconds: float = Field(5.0, description="Reconciler period.")
@@ -38,8 +56,35 @@ class Settings(BaseSettings):
         None, description="tests only: folder of named pause points (workers/pause.py)"
     )
     pause_at: list[str] = Field([], description="tests only: the pause points that hold")
+    master_key: SecretStr | None = Field(
+        None, description="base64 of 32 bytes: wraps every data key (crypto-shredding)"
+    )
+    master_key_file: Path | None = Field(
+        None, description="file holding the master key; default <data_dir>/master.key"
+    )
+    erasure_compaction: bool = Field(
+        True, description="after an erasure, compact the key table (VACUUM FULL / checkpoint)"
+    )
     torch_threads: int = 0
     bootstrap_admin_key: bool = Field(True, description="Create an admin key on first start.")
+    metrics_access: Literal["key", "token", "public", "off"] = Field(
+        "key",
+        description="Who may read /metrics: key = an admin or auditor API key as Bearer; "
+        "token = `Authorization: Bearer <LETHE_METRICS_TOKEN>` (for a Prometheus scraper); "
+        "public = anyone; off = 404.",
+    )
+    metrics_token: SecretStr | None = Field(
+        None, description="The scraper's bearer token when metrics_access is 'token'."
+    )
+
+    @model_validator(mode="after")
+    def _metrics_token_given(self) -> "Settings":
+        token = self.metrics_token.get_secret_value().strip() if self.metrics_token else ""
+        if self.metrics_access == "token" and len(token) < 16:
+            raise ValueError(
+                "LETHE_METRICS_ACCESS=token needs LETHE_METRICS_TOKEN (at least 16 characters)"
+            )
+        return self
 
     @property
     def resolved_database_url(self) -> str:

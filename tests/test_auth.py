@@ -13,7 +13,8 @@ def test_health_needs_no_key(api: Api) -> None:
     assert api.client.get("/healthz").json() == {"status": "ok"}
     ready = api.client.get("/readyz")
     assert ready.status_code == 200 and ready.json()["checks"] == {"database": True, "queue": True}
-    metrics = api.client.get("/metrics").text
+    # /metrics needs an admin or auditor key by default (LETHE_METRICS_ACCESS=key)
+    metrics = api.get("/metrics", role="auditor").text
     assert "lethe_http_requests_total" in metrics and "lethe_deletion_tasks_queued" in metrics
 
 

@@ -8,8 +8,10 @@ import numpy as np
 import pytest
 from sqlalchemy import func, select
 
+from app.crypto import SampleRecord, keyring, open_sealed, sample_aad
 from app.db.session import database
 from app.db.tables import Dataset, Sample
+from app.keystore import load_keys
 from tests.conftest import Api
 
 
@@ -154,12 +156,25 @@ def test_unknown_dataset_and_bad_builtin(api: Api) -> None:
     )
 
 
-def test_samples_store_float32_payloads(api: Api, digits: dict) -> None:
+def test_samples_are_sealed_float32_records(api: Api, digits: dict) -> None:
+    """The payload opens with the sample's own data key to the label, ids and 64 float32
+    features; the database holds neither the raw features nor the raw id."""
+    from sklearn.datasets import load_digits
+
     with database(api.url).write() as session:
-        payload = session.scalar(
-            select(Sample.payload).where(Sample.dataset_id == digits["id"]).limit(1)
-        )
-    assert len(payload) == 64 * 4
+        row = session.execute(
+            select(Sample).where(Sample.dataset_id == digits["id"]).order_by(Sample.id).limit(1)
+        ).scalar_one()
+        ring = keyring()
+        key = load_keys(session, ring, [row.key_id])[row.key_id]
+    assert row.external_id == ring.token("sample", digits["id"], "0")
+    features = (load_digits().images[0] / 16.0).astype(np.float32).tobytes()
+    assert features not in row.payload
+    record = SampleRecord.decode(
+        open_sealed(key, row.payload, sample_aad(digits["id"], row.external_id))
+    )
+    assert (record.external_id, record.subject_id, record.label) == ("0", None, 0)
+    assert record.features == features
 
 
 def test_extreme_split_and_out_of_range_numbers_are_not_server_errors(api: Api) -> None:

@@ -170,7 +170,7 @@ def test_distributed_worker_consumes_jobs_from_redis(distributed: Api) -> None:
     ).json()
     done = api.wait(f"/v1/deletions/{req['id']}", ("done", "failed"), timeout=180)
     assert done["status"] == "done" and done["models"][0]["version"] == 2
-    assert "lethe_worker_heartbeat_timestamp_seconds{" in api.client.get("/metrics").text
+    assert "lethe_worker_heartbeat_timestamp_seconds{" in api.get("/metrics").text
     assert api.get("/v1/audit/verify", role="auditor").json()["ok"]
 
 

@@ -11,6 +11,7 @@ from fastapi.testclient import TestClient
 from safetensors.torch import load as st_load
 from sqlalchemy import func, select
 
+from app.crypto import keyring
 from app.db.session import database
 from app.db.tables import Blob, DeletionRequest, ModelSample, ModelVersion, Sample
 from app.main import create_app
@@ -79,12 +80,14 @@ def test_retrain_deletion_end_to_end(api: Api, digits: dict, ready_model: dict) 
     assert cert["removed_ids_sha256"] == ids_hash
 
     with database(api.url).write() as session:
+        tokens = [keyring().token("sample", digits["id"], i) for i in ids]
         rows = session.execute(
-            select(Sample.payload, Sample.label, Sample.status).where(
-                Sample.dataset_id == digits["id"], Sample.external_id.in_(ids)
+            select(Sample.payload, Sample.key_id, Sample.status).where(
+                Sample.dataset_id == digits["id"], Sample.external_id.in_(tokens)
             )
         ).all()
-        assert all(r.payload is None and r.label is None and r.status == "erased" for r in rows)
+        assert len(rows) == 3
+        assert all(r.payload is None and r.key_id is None and r.status == "erased" for r in rows)
         v1 = session.scalar(select(ModelVersion).where(ModelVersion.number == 1))
         assert v1.weights_key is None and v1.erased_at is not None
         assert session.scalar(select(func.count()).select_from(Blob)) == 2  # v2 weights + state
@@ -250,15 +253,16 @@ def test_subject_deletion_and_fan_out(api: Api) -> None:
     assert sorted(m["model_id"] for m in done["models"]) == model_ids
     assert all(m["status"] == "done" and m["n_removed"] == 8 for m in done["models"])
     assert len(done["certificate_ids"]) == 2
+    person3 = keyring().token("subject", ds["id"], "person3")
     with database(api.url).write() as session:
         held = session.scalar(
             select(func.count())
             .select_from(ModelSample)
             .join(Sample, Sample.id == ModelSample.sample_id)
-            .where(Sample.subject_id == "person3", ModelSample.removed_version_id.is_(None))
+            .where(Sample.subject_id == person3, ModelSample.removed_version_id.is_(None))
         )
         assert held == 0
-        statuses = set(session.scalars(select(Sample.status).where(Sample.subject_id == "person3")))
+        statuses = set(session.scalars(select(Sample.status).where(Sample.subject_id == person3)))
         assert statuses == {"erased"}  # train and test samples of the subject
     subject_certs = api.get(
         "/v1/audit/certificates", role="auditor", params={"subject": "person3"}

@@ -1,4 +1,5 @@
-"""Loading a model's training set and a dataset's test split from the database into tensors."""
+"""Loading a model's training set and a dataset's test split from the database into tensors,
+opening each sample's sealed payload with its data key (app/crypto.py)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,9 @@ import torch
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
+from app.crypto import SampleRecord, keyring, open_sealed, sample_aad
 from app.db.tables import Dataset, ModelSample, Sample
+from app.keystore import load_keys
 
 
 @dataclass
@@ -26,18 +29,38 @@ class Arrays:
         return len(self.sample_ids)
 
 
-def _decode(rows: Sequence[Any], shape: list[int]) -> Arrays:
+def _open_rows(session: Session, rows: Sequence[Any]) -> dict[int, SampleRecord]:
+    """Open the sealed payloads of these rows; a row whose key is destroyed is left out."""
+    ring = keyring()
+    keys = load_keys(session, ring, [r.key_id for r in rows if r.key_id is not None])
+    out: dict[int, SampleRecord] = {}
+    for r in rows:
+        key = keys.get(r.key_id) if r.key_id is not None else None
+        if key is not None and r.payload is not None:
+            plain = open_sealed(key, r.payload, sample_aad(r.dataset_id, r.external_id))
+            out[r.id] = SampleRecord.decode(plain)
+    return out
+
+
+def _decode(session: Session, rows: Sequence[Any], shape: list[int]) -> Arrays:
+    records = _open_rows(session, rows)
+    missing = [r.id for r in rows if r.id not in records]
+    if missing:
+        raise RuntimeError(f"samples {missing[:10]} are erased but were asked for")
     n_feat = int(np.prod(shape)) if shape else 1
     X = np.empty((len(rows), n_feat), dtype=np.float32)
     for i, row in enumerate(rows):
-        X[i] = np.frombuffer(row.payload, dtype=np.float32)
+        X[i] = np.frombuffer(records[row.id].features, dtype=np.float32)
     return Arrays(
         sample_ids=[r.id for r in rows],
-        external_ids=[r.external_id for r in rows],
+        external_ids=[records[r.id].external_id for r in rows],
         X=torch.from_numpy(X.reshape(len(rows), *shape)) if rows else torch.zeros((0, *shape)),
-        y=torch.tensor([r.label for r in rows], dtype=torch.long),
-        subjects=[r.subject_id for r in rows],
+        y=torch.tensor([records[r.id].label for r in rows], dtype=torch.long),
+        subjects=[records[r.id].subject_id for r in rows],
     )
+
+
+COLUMNS = (Sample.id, Sample.dataset_id, Sample.external_id, Sample.payload, Sample.key_id)
 
 
 def training_arrays(
@@ -45,52 +68,43 @@ def training_arrays(
 ) -> Arrays:
     """Samples the model still holds (ordered by id), minus `exclude`."""
     rows = session.execute(
-        select(Sample.id, Sample.external_id, Sample.payload, Sample.label, Sample.subject_id)
+        select(*COLUMNS)
         .join(ModelSample, ModelSample.sample_id == Sample.id)
         .where(ModelSample.model_id == model_id, ModelSample.removed_version_id.is_(None))
         .order_by(Sample.id)
     ).all()
     exclude = exclude or set()
     kept = [r for r in rows if r.id not in exclude]
-    missing = [r.id for r in kept if r.payload is None]
-    if missing:
-        raise RuntimeError(f"payload of samples {missing[:10]} is gone but the model holds them")
-    return _decode(kept, dataset.feature_shape)
+    return _decode(session, kept, dataset.feature_shape)
 
 
 def test_arrays(session: Session, dataset: Dataset) -> Arrays:
     rows = session.execute(
-        select(Sample.id, Sample.external_id, Sample.payload, Sample.label, Sample.subject_id)
-        .where(Sample.dataset_id == dataset.id, Sample.split == "test", Sample.payload.is_not(None))
+        select(*COLUMNS)
+        .where(Sample.dataset_id == dataset.id, Sample.split == "test", Sample.key_id.is_not(None))
         .order_by(Sample.id)
     ).all()
-    return _decode(rows, dataset.feature_shape)
+    return _decode(session, rows, dataset.feature_shape)
 
 
 def arrays_for(session: Session, dataset: Dataset, sample_ids: list[int]) -> Arrays:
     """These samples in this order; erased payloads become zeros (for replays that exclude
     them anyway, like the coupled retrain)."""
-    rows = {
-        r.id: r
-        for r in session.execute(
-            select(
-                Sample.id, Sample.external_id, Sample.payload, Sample.label, Sample.subject_id
-            ).where(Sample.id.in_(sample_ids))
-        )
-    }
+    records = _open_rows(
+        session, session.execute(select(*COLUMNS).where(Sample.id.in_(sample_ids))).all()
+    )
     shape = dataset.feature_shape
     n_feat = int(np.prod(shape)) if shape else 1
     X = np.zeros((len(sample_ids), n_feat), dtype=np.float32)
     y = np.zeros(len(sample_ids), dtype=np.int64)
     for i, sid in enumerate(sample_ids):
-        row = rows.get(sid)
-        if row is not None and row.payload is not None:
-            X[i] = np.frombuffer(row.payload, dtype=np.float32)
-            y[i] = row.label
+        if (record := records.get(sid)) is not None:
+            X[i] = np.frombuffer(record.features, dtype=np.float32)
+            y[i] = record.label
     return Arrays(
         sample_ids=list(sample_ids),
-        external_ids=[rows[s].external_id if s in rows else "" for s in sample_ids],
+        external_ids=[records[s].external_id if s in records else "" for s in sample_ids],
         X=torch.from_numpy(X.reshape(len(sample_ids), *shape)),
         y=torch.from_numpy(y),
-        subjects=[rows[s].subject_id if s in rows else None for s in sample_ids],
+        subjects=[records[s].subject_id if s in records else None for s in sample_ids],
     )

@@ -18,6 +18,7 @@ from sqlalchemy import select, update
 from app.blobstore import DatabaseBlobStore
 from app.db.session import Database, database
 from app.db.tables import Dataset, DeletionTask, Model, task_is_due, utcnow
+from app.erasure import compact_after_erasure
 from app.settings import Settings, get_settings
 from app.specs import ImportedWeights, imported_of
 from app.states import ModelStatus, TaskStatus, VersionKind
@@ -278,6 +279,9 @@ def _run_batch(
         if final:
             raise
         return False
+    compacting = time.perf_counter()
+    compact_after_erasure(db)  # destroyed keys (samples, purged versions) leave the files
+    JOB_DURATION.labels("erasure_compaction").observe(time.perf_counter() - compacting)
     method = outcome.decision.method if outcome is not None else "none"
     if outcome is not None and isinstance(outcome.decision, Fallback):
         FALLBACKS.labels(outcome.decision.requested).inc()

@@ -28,7 +28,6 @@ from app.db.tables import (
     Model,
     ModelSample,
     ModelVersion,
-    Sample,
     task_is_due,
     utcnow,
 )
@@ -234,7 +233,11 @@ def load_batch(
         parent_number=parent.number,
         tasks=tasks,
         removed_by_task=removed_by_task,
-        external_ids=_external_ids(session, sorted(claimed)),
+        external_ids={  # raw ids, opened from the sealed payloads, for the salted digest
+            s: e
+            for s, e in zip(everything.sample_ids, everything.external_ids, strict=True)
+            if s in claimed
+        },
     )
     inputs = UpdateInputs(
         model_id=model_id,
@@ -277,14 +280,6 @@ def _held(session: Session, model_id: int, sample_ids: list[int]) -> set[int]:
             )
         )
     return held
-
-
-def _external_ids(session: Session, sample_ids: list[int]) -> dict[int, str]:
-    out: dict[int, str] = {}
-    for chunk in chunked(sample_ids):
-        rows = session.execute(select(Sample.id, Sample.external_id).where(Sample.id.in_(chunk)))
-        out.update({sample_id: external for sample_id, external in rows})
-    return out
 
 
 def commit_update(session: Session, batch: Batch, outcome: Outcome | None) -> int | None:

@@ -9,15 +9,18 @@ from fastapi.concurrency import run_in_threadpool
 from pydantic import ValidationError
 
 from app.api.deps import Admin, AnyRole, DbDep, SettingsDep
+from app.api.params import PathId
+from app.api.responses import COMMON, errors
 from app.errors import APIError, unprocessable
-from app.schemas import BuiltinDatasetIn, DatasetOut, SamplePage
+from app.schemas import BuiltinDatasetIn, DatasetOut, SamplePage, Text
 from app.services import dataset_files
 from app.services.datasets import create_dataset, dataset_view, get_dataset, list_samples
 
-router = APIRouter(prefix="/v1/datasets", tags=["datasets"])
+router = APIRouter(prefix="/v1/datasets", tags=["datasets"], responses=COMMON)
 
 UPLOAD_DOC = {
     "requestBody": {
+        "required": True,
         "content": {
             "application/json": {"schema": BuiltinDatasetIn.model_json_schema()},
             "multipart/form-data": {
@@ -36,19 +39,26 @@ UPLOAD_DOC = {
                     },
                 }
             },
-        }
+        },
     }
 }
 
 
-@router.post("", status_code=201, response_model=DatasetOut, openapi_extra=UPLOAD_DOC)
+@router.post(
+    "",
+    status_code=201,
+    response_model=DatasetOut,
+    responses=errors(400, 415),
+    openapi_extra=UPLOAD_DOC,
+)
 async def register_dataset(
     request: Request, _: Admin, db: DbDep, settings: SettingsDep
 ) -> dict[str, Any]:
     """Register a builtin (JSON `{"builtin": "digits"}`) or upload an .npz / CSV file."""
     ctype = request.headers.get("content-type", "")
+    limits = dataset_files.Limits.from_settings(settings)
     if ctype.startswith("multipart/form-data"):
-        name, source, parse = await _from_upload(request, settings.max_upload_bytes)
+        name, source, parse = await _from_upload(request, settings.max_upload_bytes, limits)
     elif ctype.startswith("application/json"):
         try:
             spec = BuiltinDatasetIn.model_validate_json(await request.body())
@@ -58,6 +68,7 @@ async def register_dataset(
                 "invalid builtin dataset spec",
                 [{"loc": list(e["loc"]), "msg": e["msg"]} for e in exc.errors()],
             ) from exc
+        dataset_files.check_builtin(spec, limits)
         name, source = spec.name or spec.builtin, f"builtin:{spec.builtin}"
 
         def parse() -> dataset_files.ParsedDataset:
@@ -80,7 +91,7 @@ async def register_dataset(
     return await run_in_threadpool(store)
 
 
-async def _from_upload(request: Request, limit: int):
+async def _from_upload(request: Request, limit: int, limits: dataset_files.Limits):
     form = await request.form(max_files=1, max_fields=20)
     upload = form.get("file")
     if upload is None or isinstance(upload, str):
@@ -100,7 +111,7 @@ async def _from_upload(request: Request, limit: int):
     fmt = fields.get("format") or ("csv" if filename.endswith(".csv") else "npz")
     name = fields.get("name") or upload.filename or "upload"
     if fmt == "npz":
-        return name, "npz", lambda: dataset_files.parse_npz(data, seed, test_fraction)
+        return name, "npz", lambda: dataset_files.parse_npz(data, seed, test_fraction, limits)
     if fmt == "csv":
         return (
             name,
@@ -113,25 +124,26 @@ async def _from_upload(request: Request, limit: int):
                 fields.get("split_column"),
                 seed,
                 test_fraction,
+                limits,
             ),
         )
     raise unprocessable("unknown_format", f"format must be npz or csv, got {fmt!r}")
 
 
-@router.get("/{dataset_id}", response_model=DatasetOut)
-def read_dataset(dataset_id: int, _: AnyRole, db: DbDep) -> dict[str, Any]:
+@router.get("/{dataset_id}", response_model=DatasetOut, responses=errors(404))
+def read_dataset(dataset_id: PathId, _: AnyRole, db: DbDep) -> dict[str, Any]:
     with db.read() as session:
         return dataset_view(session, get_dataset(session, dataset_id))
 
 
-@router.get("/{dataset_id}/samples", response_model=SamplePage)
+@router.get("/{dataset_id}/samples", response_model=SamplePage, responses=errors(404))
 def read_samples(
-    dataset_id: int,
+    dataset_id: PathId,
     _: AnyRole,
     db: DbDep,
     split: str | None = Query(None, pattern="^(train|test)$"),
     status: str | None = Query(None, pattern="^(active|erasing|erased)$"),
-    subject: str | None = None,
+    subject: Text | None = Query(None, max_length=200),
     offset: int = Query(0, ge=0, le=2**53),
     limit: int = Query(100, ge=1, le=1000),
 ) -> dict[str, Any]:

@@ -9,14 +9,17 @@ from fastapi.responses import JSONResponse
 from sqlalchemy.orm import Session
 
 from app.api.deps import DbDep, DeletionViewer, DispatcherDep, Requester
+from app.api.params import PathId
+from app.api.responses import COMMON, errors
 from app.dispatch import DELETE
+from app.erasure import compact_after_erasure
 from app.schemas import DeletionCreate, DeletionOut
-from app.services.deletions import create_deletion, deletion_view, get_deletion
+from app.services.deletions import Names, create_deletion, deletion_view, get_deletion
 
-router = APIRouter(prefix="/v1/deletions", tags=["deletions"])
+router = APIRouter(prefix="/v1/deletions", tags=["deletions"], responses=COMMON)
 
 
-@router.post("", status_code=202, response_model=DeletionOut)
+@router.post("", status_code=202, response_model=DeletionOut, responses=errors(404, 409))
 def create(
     body: DeletionCreate,
     key: Requester,
@@ -28,16 +31,20 @@ def create(
 
     def accept(session: Session) -> tuple[DeletionOut, list[int], bool]:
         request, models, replayed = create_deletion(session, body, key.id, idempotency_key)
-        return DeletionOut.model_validate(deletion_view(session, request)), models, replayed
+        view = deletion_view(session, request, Names.of(body))
+        return DeletionOut.model_validate(view), models, replayed
 
     view, models, replayed = db.run(accept, retry_integrity=True)
+    if view.status == "done" and not replayed:  # nothing held them: erased on acceptance
+        compact_after_erasure(db)
     for model_id in models:
         dispatcher.enqueue(DELETE, model_id)
     headers = {"Idempotent-Replayed": "true"} if replayed else {}
     return JSONResponse(view.model_dump(mode="json"), status_code=202, headers=headers)
 
 
-@router.get("/{request_id}", response_model=DeletionOut)
-def read(request_id: int, _: DeletionViewer, db: DbDep) -> dict[str, Any]:
+@router.get("/{request_id}", response_model=DeletionOut, responses=errors(404))
+def read(request_id: PathId, key: DeletionViewer, db: DbDep) -> dict[str, Any]:
+    """A requester sees only its own requests; auditors and admins see all."""
     with db.read() as session:
-        return deletion_view(session, get_deletion(session, request_id))
+        return deletion_view(session, get_deletion(session, request_id, key))

@@ -12,10 +12,13 @@ from pydantic import ValidationError
 from sqlalchemy import select
 
 from app.api.deps import Admin, AnyRole, DbDep, DispatcherDep, ReaderRole, SettingsDep
+from app.api.params import PathId
+from app.api.responses import COMMON, errors
 from app.db.tables import Model
 from app.dispatch import TRAIN
 from app.errors import APIError, unprocessable
-from app.schemas import ModelCreate, ModelOut, VersionOut
+from app.schemas import MAX_ID, ModelCreate, ModelOut, VersionOut
+from app.security import sees_forget_set
 from app.services.models import (
     create_model,
     get_model,
@@ -26,10 +29,19 @@ from app.services.models import (
     released_weights,
 )
 
-router = APIRouter(prefix="/v1/models", tags=["models"])
+router = APIRouter(prefix="/v1/models", tags=["models"], responses=COMMON)
+
+WEIGHTS_DOC: dict[int | str, dict[str, Any]] = {
+    200: {
+        "description": "safetensors bytes; `ETag` is their sha256",
+        "content": {"application/octet-stream": {"schema": {"type": "string", "format": "binary"}}},
+    },
+    304: {"description": "Not modified (`If-None-Match` names the current ETag)"},
+    **errors(404, 409, 410),
+}
 
 
-@router.post("", status_code=202, response_model=ModelOut)
+@router.post("", status_code=202, response_model=ModelOut, responses=errors(404))
 def create(spec: ModelCreate, _: Admin, db: DbDep, dispatcher: DispatcherDep) -> dict[str, Any]:
     """Register a model and queue its training; poll GET /v1/models/{id} for progress."""
     with db.write() as session:
@@ -41,6 +53,7 @@ def create(spec: ModelCreate, _: Admin, db: DbDep, dispatcher: DispatcherDep) ->
 
 IMPORT_DOC = {
     "requestBody": {
+        "required": True,
         "content": {
             "multipart/form-data": {
                 "schema": {
@@ -49,7 +62,7 @@ IMPORT_DOC = {
                     "properties": {
                         "weights": {"type": "string", "format": "binary"},
                         "name": {"type": "string"},
-                        "dataset_id": {"type": "integer"},
+                        "dataset_id": {"type": "integer", "maximum": MAX_ID},
                         "architecture": {"type": "string", "description": "JSON spec"},
                         "method": {"type": "string", "description": "JSON method config"},
                         "privacy": {"type": "string", "description": "JSON policy"},
@@ -60,12 +73,18 @@ IMPORT_DOC = {
                     },
                 }
             }
-        }
+        },
     }
 }
 
 
-@router.post("/import", status_code=202, response_model=ModelOut, openapi_extra=IMPORT_DOC)
+@router.post(
+    "/import",
+    status_code=202,
+    response_model=ModelOut,
+    responses=errors(400, 404),
+    openapi_extra=IMPORT_DOC,
+)
 async def import_weights(
     request: Request, _: Admin, db: DbDep, dispatcher: DispatcherDep, settings: SettingsDep
 ) -> dict[str, Any]:
@@ -110,42 +129,48 @@ async def import_weights(
 
 
 @router.get("", response_model=list[ModelOut])
-def list_models(_: AnyRole, db: DbDep) -> list[dict[str, Any]]:
+def list_models(key: AnyRole, db: DbDep) -> list[dict[str, Any]]:
     with db.read() as session:
-        return [model_view(session, m) for m in session.scalars(select(Model).order_by(Model.id))]
+        return [
+            model_view(session, m, sees_forget_set(key))
+            for m in session.scalars(select(Model).order_by(Model.id))
+        ]
 
 
-@router.get("/{model_id}", response_model=ModelOut)
-def read(model_id: int, _: AnyRole, db: DbDep) -> dict[str, Any]:
+@router.get("/{model_id:int}", response_model=ModelOut, responses=errors(404))
+def read(model_id: PathId, key: AnyRole, db: DbDep) -> dict[str, Any]:
     with db.read() as session:
-        return model_view(session, get_model(session, model_id))
+        return model_view(session, get_model(session, model_id), sees_forget_set(key))
 
 
-@router.get("/{model_id}/versions", response_model=list[VersionOut])
-def versions(model_id: int, _: AnyRole, db: DbDep) -> list[dict[str, Any]]:
+@router.get("/{model_id:int}/versions", response_model=list[VersionOut], responses=errors(404))
+def versions(model_id: PathId, key: AnyRole, db: DbDep) -> list[dict[str, Any]]:
+    """Every version; forget-set metrics only for admins and auditors."""
     with db.read() as session:
-        return list_versions(session, model_id)
+        return list_versions(session, model_id, sees_forget_set(key))
 
 
-@router.get("/{model_id}/versions/{number}", response_model=VersionOut)
-def version(model_id: int, number: int, _: AnyRole, db: DbDep) -> dict[str, Any]:
+@router.get(
+    "/{model_id:int}/versions/{number:int}", response_model=VersionOut, responses=errors(404)
+)
+def version(model_id: PathId, number: PathId, key: AnyRole, db: DbDep) -> dict[str, Any]:
     with db.read() as session:
         get_version(session, model_id, number)  # 404 for an unknown model or version
-        return next(v for v in list_versions(session, model_id) if v["number"] == number)
+        views = list_versions(session, model_id, sees_forget_set(key))
+        return next(v for v in views if v["number"] == number)
 
 
-@router.get("/{model_id}/weights", responses={200: {"content": {"application/octet-stream": {}}}})
-def current_weights(model_id: int, request: Request, _: ReaderRole, db: DbDep) -> Response:
+@router.get("/{model_id:int}/weights", response_class=Response, responses=WEIGHTS_DOC)
+def current_weights(model_id: PathId, request: Request, _: ReaderRole, db: DbDep) -> Response:
     """The current released weights; `ETag` is the sha256 of the bytes."""
     return _weights(request, db, model_id, None)
 
 
 @router.get(
-    "/{model_id}/versions/{number}/weights",
-    responses={200: {"content": {"application/octet-stream": {}}}, 410: {}},
+    "/{model_id:int}/versions/{number:int}/weights", response_class=Response, responses=WEIGHTS_DOC
 )
 def version_weights(
-    model_id: int, number: int, request: Request, _: ReaderRole, db: DbDep
+    model_id: PathId, number: PathId, request: Request, _: ReaderRole, db: DbDep
 ) -> Response:
     """One version's weights; 410 Gone once it was purged for carrying erased data."""
     return _weights(request, db, model_id, number)

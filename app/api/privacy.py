@@ -2,21 +2,23 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Annotated, Any
 
 from fastapi import APIRouter, Query
 
 from app.api.deps import AnyRole, DbDep
+from app.api.responses import COMMON, errors
+from app.schemas import MAX_ID
 from app.services.privacy import preview as preview_release
 
-router = APIRouter(prefix="/v1/privacy", tags=["privacy"])
+router = APIRouter(prefix="/v1/privacy", tags=["privacy"], responses=COMMON)
 
 
-@router.get("/preview")
+@router.get("/preview", responses=errors(404))
 def preview(
     _: AnyRole,
     db: DbDep,
-    model: int,
+    model: Annotated[int, Query(le=MAX_ID)],
     epsilon: float | None = Query(None),
     delta: float | None = Query(None),
 ) -> dict[str, Any]:

@@ -33,6 +33,7 @@ def make_engine(url: str, readonly: bool = False) -> Engine:
             cur = dbapi_conn.cursor()
             cur.execute("PRAGMA journal_mode=WAL")
             cur.execute("PRAGMA foreign_keys=ON")
+            cur.execute("PRAGMA secure_delete=ON")  # freed cells are zeroed (erasure, issue 11)
             cur.execute("PRAGMA busy_timeout=30000")
             cur.close()
 
@@ -90,6 +91,7 @@ class Database:
 
     def __init__(self, url: str) -> None:
         self.url = url
+        self.engine = engine_for(url)
         self._writer = sessionmaker(bind=engine_for(url), expire_on_commit=False)
         self._reader = sessionmaker(bind=engine_for(url, readonly=True), expire_on_commit=False)
 

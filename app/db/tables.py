@@ -83,8 +83,10 @@ class Sample(Base):
     external_id: Mapped[str] = mapped_column(String(200))
     subject_id: Mapped[str | None] = mapped_column(String(200))
     split: Mapped[str] = mapped_column(String(10))
+    # external_id and subject_id hold keyed tokens (app/crypto.py), never the raw ids; the
+    # payload is a SampleRecord (label, raw ids, features) sealed with the sample's data key.
     payload: Mapped[bytes | None] = mapped_column(LargeBinary)
-    label: Mapped[int | None]
+    key_id: Mapped[int | None] = mapped_column(BigInteger().with_variant(Integer, "sqlite"))
     status: Mapped[str] = mapped_column(String(10), default="active")  # app.states.SampleStatus
     erased_at: Mapped[datetime | None]
 
@@ -150,7 +152,8 @@ class ModelVersion(Base):
 class Blob(Base):
     __tablename__ = "blobs"
     key: Mapped[str] = mapped_column(String(100), primary_key=True)
-    data: Mapped[bytes] = mapped_column(LargeBinary)
+    data: Mapped[bytes] = mapped_column(LargeBinary)  # sealed with the blob's own data key
+    key_id: Mapped[int | None] = mapped_column(BigInteger().with_variant(Integer, "sqlite"))
     size: Mapped[int] = mapped_column(BigInteger)
     sha256: Mapped[str] = mapped_column(String(64))
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
@@ -166,8 +169,17 @@ class SampleStatistic(Base):
     )
     kind: Mapped[str] = mapped_column(String(30), primary_key=True)
     dtype: Mapped[str] = mapped_column(String(10))
-    norm: Mapped[float] = mapped_column(Float)
-    vector: Mapped[bytes] = mapped_column(LargeBinary)
+    vector: Mapped[bytes] = mapped_column(LargeBinary)  # sealed with the sample's data key
+
+
+class DataKey(Base):
+    """Wrapped data keys (crypto-shredding). Destroying a row erases what it sealed; the table
+    is small so that compacting it after an erasure is cheap."""
+
+    __tablename__ = "data_keys"
+    id: Mapped[int] = mapped_column(BigInteger().with_variant(Integer, "sqlite"), primary_key=True)
+    wrapped: Mapped[bytes] = mapped_column(LargeBinary)
+    kek_id: Mapped[str] = mapped_column(String(16))
 
 
 class DeletionRequest(Base):

@@ -6,12 +6,18 @@ import csv
 import io
 import math
 import zipfile
+import zlib
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
+from numpy.lib import format as npy_format
 
-from app.errors import unprocessable
+from app.errors import APIError, unprocessable
 from app.schemas import BuiltinDatasetIn
+
+if TYPE_CHECKING:
+    from app.settings import Settings
 
 
 @dataclass
@@ -23,6 +29,73 @@ class ParsedDataset:
     split: list[str]
     n_classes: int
     kind: str
+
+
+@dataclass(frozen=True)
+class Limits:
+    """How large a dataset may be parsed; checked before the arrays are built."""
+
+    max_samples: int = 2_000_000
+    max_features: int = 65_536  # per sample: the product of X.shape[1:]
+    max_cells: int = 100_000_000  # samples x features
+    max_npz_bytes: int = 1024**3  # uncompressed bytes read from an .npz
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> Limits:
+        return cls(
+            max_samples=settings.max_dataset_samples,
+            max_features=settings.max_features_per_sample,
+            max_cells=settings.max_dataset_cells,
+            max_npz_bytes=settings.max_npz_bytes,
+        )
+
+
+def check_size(n: int, features: int, limits: Limits) -> None:
+    """413 when n samples of `features` features exceed the limits."""
+    if n > limits.max_samples:
+        raise APIError(
+            413, "too_many_samples", f"{n} samples; at most {limits.max_samples}", {"n": n}
+        )
+    if features > limits.max_features:
+        raise APIError(
+            413,
+            "too_many_features",
+            f"{features} features per sample; at most {limits.max_features}",
+            {"features": features},
+        )
+    if n * features > limits.max_cells:
+        raise APIError(
+            413,
+            "dataset_too_large",
+            f"{n} samples x {features} features = {n * features} values; "
+            f"at most {limits.max_cells}",
+            {"n": n, "features": features, "max_cells": limits.max_cells},
+        )
+
+
+def check_builtin(spec: BuiltinDatasetIn, limits: Limits) -> None:
+    """422 for a synthetic spec that asks for more than the limits allow (before building)."""
+    if spec.builtin != "synthetic":
+        return
+    cells = spec.n_samples * spec.n_features
+    if (
+        spec.n_samples > limits.max_samples
+        or spec.n_features > limits.max_features
+        or cells > limits.max_cells
+    ):
+        raise unprocessable(
+            "invalid_request",
+            f"synthetic dataset of {spec.n_samples} x {spec.n_features} = {cells} values "
+            f"exceeds the limits ({limits.max_samples} samples, {limits.max_features} "
+            f"features, {limits.max_cells} values)",
+            {
+                "n_samples": spec.n_samples,
+                "n_features": spec.n_features,
+                "max_samples": limits.max_samples,
+                "max_features": limits.max_features,
+                "max_cells": limits.max_cells,
+            },
+        )
 
 
 def seeded_split(y: np.ndarray, test_fraction: float, seed: int) -> list[str]:
@@ -79,16 +152,29 @@ def load_builtin(spec: BuiltinDatasetIn) -> ParsedDataset:
     )
 
 
-def parse_npz(data: bytes, seed: int, test_fraction: float) -> ParsedDataset:
-    """Arrays X, y and optional ids, subjects, split from an .npz, loaded without pickle."""
+NPZ_ARRAYS = ("X", "y", "ids", "subjects", "split")
+NPY_MAX_HEADER = 10_000
+
+
+def parse_npz(
+    data: bytes, seed: int, test_fraction: float, limits: Limits | None = None
+) -> ParsedDataset:
+    """Arrays X, y and optional ids, subjects, split from an .npz, loaded without pickle.
+
+    Nothing is decompressed before the zip's sizes and every .npy header (shape, dtype)
+    passed the limits: a small compressed file cannot claim gigabytes of memory."""
     try:
-        with np.load(io.BytesIO(data), allow_pickle=False) as npz:
-            arrays = {name: npz[name] for name in npz.files}
-    except (ValueError, OSError, zipfile.BadZipFile, EOFError) as exc:
+        arrays = _read_npz(data, limits or Limits())
+    except (
+        ValueError,
+        OSError,
+        zipfile.BadZipFile,
+        EOFError,
+        RuntimeError,
+        NotImplementedError,
+        zlib.error,
+    ) as exc:
         raise unprocessable("malformed_npz", f"not a readable .npz without pickle: {exc}") from exc
-    missing = {"X", "y"} - arrays.keys()
-    if missing:
-        raise unprocessable("malformed_npz", f"missing arrays: {sorted(missing)}")
     X = _numeric(arrays["X"], "X")
     if X.ndim < 2:
         raise unprocessable("bad_shape", f"X must be (n, features...), got shape {X.shape}")
@@ -101,6 +187,76 @@ def parse_npz(data: bytes, seed: int, test_fraction: float) -> ParsedDataset:
     return _finish(X, y, ids, subjects, split, "image" if X.ndim > 2 else "tabular")
 
 
+def _read_npz(data: bytes, limits: Limits) -> dict[str, np.ndarray]:
+    with zipfile.ZipFile(io.BytesIO(data)) as zf:
+        members: dict[str, zipfile.ZipInfo] = {}
+        for info in zf.infolist():
+            name = info.filename.removesuffix(".npy")
+            if name in NPZ_ARRAYS:
+                if name in members:
+                    raise unprocessable("malformed_npz", f"array {name!r} appears twice")
+                members[name] = info
+        missing = {"X", "y"} - members.keys()
+        if missing:
+            raise unprocessable("malformed_npz", f"missing arrays: {sorted(missing)}")
+        stored = sum(info.file_size for info in members.values())
+        if stored > limits.max_npz_bytes:
+            raise _npz_too_large(stored, limits)
+        headers = {name: _npy_header(zf, name, info) for name, info in members.items()}
+
+        shape, dtype = headers["X"]
+        if dtype.kind not in "biuf" or dtype.itemsize > 8:
+            raise unprocessable("bad_dtype", f"X must be numeric, got dtype {dtype}")
+        if len(shape) < 2:
+            raise unprocessable("bad_shape", f"X must be (n, features...), got shape {shape}")
+        n = shape[0]
+        check_size(n, math.prod(shape[1:]), limits)
+        for name, (shape, _) in headers.items():
+            if name != "X" and math.prod(shape) > n:
+                raise unprocessable(
+                    "bad_shape", f"{name} must have shape ({n},), got {tuple(shape)}"
+                )
+        declared = sum(math.prod(shape) * dtype.itemsize for shape, dtype in headers.values())
+        if declared > limits.max_npz_bytes:
+            raise _npz_too_large(declared, limits)
+
+        arrays = {}
+        for name, info in members.items():
+            with zf.open(info) as fp:
+                arrays[name] = npy_format.read_array(
+                    fp, allow_pickle=False, max_header_size=NPY_MAX_HEADER
+                )
+        return arrays
+
+
+def _npy_header(
+    zf: zipfile.ZipFile, name: str, info: zipfile.ZipInfo
+) -> tuple[tuple[int, ...], np.dtype]:
+    """A member's shape and dtype, read from its .npy header alone."""
+    with zf.open(info) as fp:
+        version = npy_format.read_magic(fp)
+        if version == (1, 0):
+            shape, _, dtype = npy_format.read_array_header_1_0(fp, NPY_MAX_HEADER)
+        elif version == (2, 0):
+            shape, _, dtype = npy_format.read_array_header_2_0(fp, NPY_MAX_HEADER)
+        else:
+            raise unprocessable("malformed_npz", f"{name}: unsupported .npy version {version}")
+    if dtype.hasobject:
+        raise unprocessable(
+            "malformed_npz", f"{name} has an object dtype: it needs pickle, which is refused"
+        )
+    return tuple(shape), dtype
+
+
+def _npz_too_large(size: int, limits: Limits) -> APIError:
+    return APIError(
+        413,
+        "dataset_too_large",
+        f"the .npz arrays hold {size} bytes uncompressed; at most {limits.max_npz_bytes}",
+        {"bytes": size, "max_npz_bytes": limits.max_npz_bytes},
+    )
+
+
 def parse_csv(
     data: bytes,
     label_column: str,
@@ -109,6 +265,7 @@ def parse_csv(
     split_column: str | None,
     seed: int,
     test_fraction: float,
+    limits: Limits | None = None,
 ) -> ParsedDataset:
     """A CSV with a header; every column other than label/id/subject/split is a feature."""
     try:
@@ -127,6 +284,7 @@ def parse_csv(
     if not feature_cols:
         raise unprocessable("malformed_csv", "no feature columns")
     body = rows[1:]
+    check_size(len(body), len(feature_cols), limits or Limits())
     bad = [i + 2 for i, r in enumerate(body) if len(r) != len(header)]
     if bad:
         raise unprocessable(
@@ -142,7 +300,9 @@ def parse_csv(
         return [r[j].strip() for r in body]
 
     try:
-        X = np.array([[float(r[i]) for i in feature_cols] for r in body], dtype=np.float64)
+        X = np.empty((len(body), len(feature_cols)), dtype=np.float64)
+        for k, r in enumerate(body):  # row by row: no list of Python floats for all cells
+            X[k] = [float(r[i]) for i in feature_cols]
         y_raw = np.array([float(v) for v in column(label_column) or []])
     except ValueError as exc:
         raise unprocessable("malformed_csv", f"non-numeric value: {exc}") from exc

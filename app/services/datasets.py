@@ -7,8 +7,10 @@ from typing import Any
 from sqlalchemy import func, insert, select
 from sqlalchemy.orm import Session
 
+from app.crypto import Keyring, SampleRecord, keyring, open_sealed, sample_aad, seal
 from app.db.tables import Dataset, Sample
 from app.errors import not_found
+from app.keystore import create_keys, load_keys
 from app.services.dataset_files import ParsedDataset
 from app.states import SampleStatus
 
@@ -16,7 +18,9 @@ INSERT_CHUNK = 5000
 
 
 def create_dataset(session: Session, name: str, source: str, parsed: ParsedDataset) -> Dataset:
-    """Insert the dataset and all its samples (payload = float32 bytes) in one transaction."""
+    """Insert the dataset and all its samples in one transaction: each sample's label, ids and
+    float32 features sealed with its own data key, its ids stored only as keyed tokens."""
+    ring = keyring()
     ds = Dataset(
         name=name,
         kind=parsed.kind,
@@ -27,21 +31,35 @@ def create_dataset(session: Session, name: str, source: str, parsed: ParsedDatas
     )
     session.add(ds)
     session.flush()
-    rows = [
-        {
-            "dataset_id": ds.id,
-            "external_id": parsed.ids[i],
-            "subject_id": parsed.subjects[i],
-            "split": parsed.split[i],
-            "payload": parsed.X[i].tobytes(),
-            "label": int(parsed.y[i]),
-            "status": SampleStatus.active,
-        }
-        for i in range(len(parsed.y))
-    ]
-    for start in range(0, len(rows), INSERT_CHUNK):
-        session.execute(insert(Sample), rows[start : start + INSERT_CHUNK])
+    for start in range(0, len(parsed.y), INSERT_CHUNK):
+        stop = min(start + INSERT_CHUNK, len(parsed.y))
+        keys = create_keys(session, ring, stop - start)
+        session.execute(
+            insert(Sample),
+            [
+                _sealed_row(ring, ds.id, parsed, i, key)
+                for i, key in zip(range(start, stop), keys, strict=True)
+            ],
+        )
     return ds
+
+
+def _sealed_row(
+    ring: Keyring, dataset_id: int, parsed: ParsedDataset, i: int, key: tuple[int, bytes]
+) -> dict[str, Any]:
+    key_id, raw = key
+    subject = parsed.subjects[i]
+    token = ring.token("sample", dataset_id, parsed.ids[i])
+    record = SampleRecord(int(parsed.y[i]), parsed.ids[i], subject, parsed.X[i].tobytes())
+    return {
+        "dataset_id": dataset_id,
+        "external_id": token,
+        "subject_id": None if subject is None else ring.token("subject", dataset_id, subject),
+        "split": parsed.split[i],
+        "payload": seal(raw, record.encode(), sample_aad(dataset_id, token)),
+        "key_id": key_id,
+        "status": SampleStatus.active,
+    }
 
 
 def get_dataset(session: Session, dataset_id: int) -> Dataset:
@@ -92,15 +110,43 @@ def list_samples(
     subject: str | None,
     offset: int,
     limit: int,
-) -> tuple[list[Sample], int]:
+) -> tuple[list[dict[str, Any]], int]:
+    """A page of samples with their ids and labels opened; an erased sample shows no ids and
+    never matches a subject filter (its key, and with it its identity, is gone)."""
     get_dataset(session, dataset_id)
+    ring = keyring()
     query = select(Sample).where(Sample.dataset_id == dataset_id)
     if split:
         query = query.where(Sample.split == split)
     if status:
         query = query.where(Sample.status == status)
     if subject:
-        query = query.where(Sample.subject_id == subject)
+        query = query.where(
+            Sample.subject_id == ring.token("subject", dataset_id, subject),
+            Sample.status != SampleStatus.erased,
+        )
     total = session.scalar(select(func.count()).select_from(query.subquery())) or 0
-    items = session.scalars(query.order_by(Sample.id).offset(offset).limit(limit)).all()
-    return list(items), total
+    rows = session.scalars(query.order_by(Sample.id).offset(offset).limit(limit)).all()
+    keys = load_keys(session, ring, [r.key_id for r in rows if r.key_id is not None])
+    return [_sample_view(r, keys.get(r.key_id) if r.key_id else None) for r in rows], total
+
+
+def _sample_view(row: Sample, key: bytes | None) -> dict[str, Any]:
+    view: dict[str, Any] = {
+        "external_id": None,
+        "subject_id": None,
+        "split": row.split,
+        "label": None,
+        "status": row.status,
+        "erased_at": row.erased_at,
+    }
+    if key is not None and row.payload is not None:
+        record = SampleRecord.decode(
+            open_sealed(key, row.payload, sample_aad(row.dataset_id, row.external_id))
+        )
+        view |= {
+            "external_id": record.external_id,
+            "subject_id": record.subject_id,
+            "label": record.label,
+        }
+    return view

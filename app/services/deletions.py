@@ -4,13 +4,16 @@ from __future__ import annotations
 
 import hashlib
 import json
+from dataclasses import dataclass
 from typing import Any
 
 from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 
+from app.crypto import keyring
 from app.db.chunks import chunked
 from app.db.tables import (
+    ApiKey,
     DeletionRequest,
     DeletionTask,
     Model,
@@ -23,6 +26,7 @@ from app.erasure import erase_payloads
 from app.errors import APIError, conflict, not_found, unprocessable
 from app.methods import method_names
 from app.schemas import DeletionCreate
+from app.security import Role
 from app.services.datasets import get_dataset
 from app.states import ModelStatus, RequestStatus, SampleStatus, TaskStatus
 
@@ -55,7 +59,8 @@ def create_deletion(
     get_dataset(session, body.dataset_id)
     if not body.sample_ids and not body.subject_ids:
         raise unprocessable("empty_selector", "give sample_ids or subject_ids")
-    samples = _resolve(session, body)
+    names = Names.of(body)
+    samples = _resolve(session, body, names)
     erased = [s for s in samples if s.status == SampleStatus.erased]
     pending = [s for s in samples if s.status != SampleStatus.erased]
     affected = _affected_models(session, [s.id for s in pending])
@@ -66,7 +71,7 @@ def create_deletion(
         idempotency_key=idempotency_key,
         fingerprint=fingerprint(body),
         requester_key_id=requester_key_id,
-        selector={"sample_ids": body.sample_ids, "subject_ids": body.subject_ids},
+        selector=names.selector(),
         sample_ids=sorted(s.id for s in pending),
         already_erased=_erased_report(session, erased),
         method=body.method,
@@ -93,11 +98,34 @@ def create_deletion(
     return request, [m.id for m in affected], False
 
 
-def _resolve(session: Session, body: DeletionCreate) -> list[Sample]:
+@dataclass(frozen=True)
+class Names:
+    """The raw ids of one request body and their keyed tokens: only tokens are stored, so a
+    request row never keeps a person's identifiers (DESIGN §6, issue 11)."""
+
+    samples: dict[str, str]  # token -> raw id, in the body's order
+    subjects: dict[str, str]
+
+    @classmethod
+    def of(cls, body: DeletionCreate) -> Names:
+        ring = keyring()
+        return cls(
+            {ring.token("sample", body.dataset_id, x): x for x in dict.fromkeys(body.sample_ids)},
+            {ring.token("subject", body.dataset_id, x): x for x in dict.fromkeys(body.subject_ids)},
+        )
+
+    def selector(self) -> dict[str, list[str]]:
+        return {"sample_ids": list(self.samples), "subject_ids": list(self.subjects)}
+
+    def name(self, token: str) -> str:
+        """The raw id the client sent for `token` (it knows it), else the token itself."""
+        return self.samples.get(token) or self.subjects.get(token) or token
+
+
+def _resolve(session: Session, body: DeletionCreate, names: Names) -> list[Sample]:
     found: dict[int, Sample] = {}
-    wanted = list(dict.fromkeys(body.sample_ids))
     known: set[str] = set()
-    for chunk in chunked(wanted):
+    for chunk in chunked(list(names.samples)):
         for s in session.scalars(
             select(Sample).where(
                 Sample.dataset_id == body.dataset_id, Sample.external_id.in_(chunk)
@@ -105,17 +133,16 @@ def _resolve(session: Session, body: DeletionCreate) -> list[Sample]:
         ):
             found[s.id] = s
             known.add(s.external_id)
-    unknown = [x for x in wanted if x not in known]
-    subjects = list(dict.fromkeys(body.subject_ids))
+    unknown = [raw for token, raw in names.samples.items() if token not in known]
     seen_subjects: set[str] = set()
-    for chunk in chunked(subjects):
+    for chunk in chunked(list(names.subjects)):
         for s in session.scalars(
             select(Sample).where(Sample.dataset_id == body.dataset_id, Sample.subject_id.in_(chunk))
         ):
             found[s.id] = s
             if s.subject_id is not None:
                 seen_subjects.add(s.subject_id)
-    unknown_subjects = [x for x in subjects if x not in seen_subjects]
+    unknown_subjects = [raw for token, raw in names.subjects.items() if token not in seen_subjects]
     if unknown or unknown_subjects:
         n = len(unknown) + len(unknown_subjects)
         raise APIError(
@@ -197,15 +224,26 @@ def _erased_report(session: Session, erased: list[Sample]) -> list[dict[str, Any
     return report
 
 
-def get_deletion(session: Session, request_id: int) -> DeletionRequest:
+def get_deletion(
+    session: Session, request_id: int, viewer: ApiKey | None = None
+) -> DeletionRequest:
+    """The request, if `viewer` may see it: a requester sees only what its own key sent."""
     request = session.get(DeletionRequest, request_id)
-    if request is None:
+    if request is None or (
+        viewer is not None
+        and viewer.role == Role.requester
+        and request.requester_key_id != viewer.id
+    ):
         raise not_found("deletion", request_id)
     return request
 
 
-def deletion_view(session: Session, request: DeletionRequest) -> dict[str, Any]:
-    """Status, per-model progress and certificates of one request."""
+def deletion_view(
+    session: Session, request: DeletionRequest, names: Names | None = None
+) -> dict[str, Any]:
+    """Status, per-model progress and certificates of one request. Ids show as the stored
+    tokens, except to the client that just sent them (`names`, from its own body)."""
+    name = names.name if names is not None else (lambda token: token)
     rows = session.execute(
         select(DeletionTask, ModelVersion.number)
         .outerjoin(ModelVersion, ModelVersion.id == DeletionTask.version_id)
@@ -227,9 +265,11 @@ def deletion_view(session: Session, request: DeletionRequest) -> dict[str, Any]:
         "id": request.id,
         "status": request.status,
         "dataset_id": request.dataset_id,
-        "selector": request.selector,
+        "selector": {kind: [name(t) for t in tokens] for kind, tokens in request.selector.items()},
         "n_samples": len(request.sample_ids),
-        "already_erased": request.already_erased,
+        "already_erased": [
+            {**entry, "sample_id": name(entry["sample_id"])} for entry in request.already_erased
+        ],
         "models": models,
         "certificate_ids": sorted(
             {m["certificate_id"] for m in models if m["certificate_id"] is not None}

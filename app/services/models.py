@@ -50,7 +50,21 @@ def get_model(session: Session, model_id: int) -> Model:
     return model
 
 
-def version_view(version: ModelVersion, parent_number: int | None) -> dict[str, Any]:
+FORGET_SET_METRICS = frozenset({"forget_accuracy", "mia_auc"})
+
+
+def without_forget_set(metrics: Any) -> Any:
+    """Metrics minus those computed on the forget set: on a handful of samples they reveal
+    who was removed (issue 11), so only admins and auditors see them."""
+    if isinstance(metrics, dict):
+        return {k: without_forget_set(v) for k, v in metrics.items() if k not in FORGET_SET_METRICS}
+    return metrics
+
+
+def version_view(
+    version: ModelVersion, parent_number: int | None, forget_metrics: bool = False
+) -> dict[str, Any]:
+    """A version; `forget_metrics` (admins, auditors) keeps the forget-set metrics."""
     return {
         "number": version.number,
         "parent": parent_number,
@@ -58,25 +72,28 @@ def version_view(version: ModelVersion, parent_number: int | None) -> dict[str, 
         "weights_sha256": version.weights_sha256,
         "weights_size": version.weights_size,
         "weights_available": version.weights_key is not None and version.erased_at is None,
-        "metrics": version.metrics,
+        "metrics": version.metrics if forget_metrics else without_forget_set(version.metrics),
         "n_train": version.n_train,
         "created_at": version.created_at,
         "erased_at": version.erased_at,
     }
 
 
-def list_versions(session: Session, model_id: int) -> list[dict[str, Any]]:
+def list_versions(
+    session: Session, model_id: int, forget_metrics: bool = False
+) -> list[dict[str, Any]]:
     get_model(session, model_id)
     versions = session.scalars(
         select(ModelVersion).where(ModelVersion.model_id == model_id).order_by(ModelVersion.number)
     ).all()
     numbers = {v.id: v.number for v in versions}
     return [
-        version_view(v, numbers[v.parent_id] if v.parent_id is not None else None) for v in versions
+        version_view(v, numbers[v.parent_id] if v.parent_id is not None else None, forget_metrics)
+        for v in versions
     ]
 
 
-def model_view(session: Session, model: Model) -> dict[str, Any]:
+def model_view(session: Session, model: Model, forget_metrics: bool = False) -> dict[str, Any]:
     current = (
         session.get(ModelVersion, model.current_version_id) if model.current_version_id else None
     )
@@ -105,7 +122,7 @@ def model_view(session: Session, model: Model) -> dict[str, Any]:
     return {
         **{f: getattr(model, f) for f in fields},
         "n_train": n_train,
-        "current_version": version_view(current, parent.number if parent else None)
+        "current_version": version_view(current, parent.number if parent else None, forget_metrics)
         if current
         else None,
     }

@@ -1,0 +1,312 @@
+"""Holes found by probing: a database outage, text that is not Unicode, locking every admin
+out, and who may read /metrics."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import sqlalchemy as sa
+from fastapi.testclient import TestClient
+from pydantic import SecretStr, ValidationError
+from redis.exceptions import ConnectionError as RedisConnectionError
+
+from app.db.migrate import upgrade_to_head
+from app.db.session import database, engine_for
+from app.errors import RETRY_AFTER_SECONDS
+from app.main import create_app
+from app.security import lookup_key
+from app.settings import Settings
+from tests.conftest import PG_ADMIN_URL, PG_BASE, Api, free_port, make_keys
+
+DEAD_REDIS = "redis://127.0.0.1:1/0"  # nothing listens on port 1
+
+
+def assert_unavailable(response, code: str = "database_unavailable") -> None:
+    assert response.status_code == 503, response.text
+    assert response.headers["retry-after"] == str(RETRY_AFTER_SECONDS)
+    error = response.json()["error"]
+    assert error["code"] == code and error["message"]
+
+
+def bearer(raw: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {raw}"}
+
+
+# ---- A. the database or the queue cannot be reached -------------------------------------------
+
+
+def test_unreachable_database_is_503_with_retry_after(tmp_path: Path) -> None:
+    """PostgreSQL URL on a port where nothing listens: 503 + Retry-After, never 500, both from
+    the ingress key check (a POST with a body) and from a route's own dependency (a GET)."""
+    settings = Settings(
+        data_dir=tmp_path,
+        database_url=f"postgresql+psycopg://postgres@127.0.0.1:{free_port()}/lethe",
+        redis_url=DEAD_REDIS,  # distributed mode: the lifespan does not migrate
+        bootstrap_admin_key=False,
+    )
+    try:
+        with TestClient(create_app(settings)) as client:
+            headers = bearer("lethe_adm_whatever")
+            body = {"dataset_id": 1, "sample_ids": ["1"]}
+            assert_unavailable(client.post("/v1/deletions", json=body, headers=headers))
+            assert_unavailable(client.get("/v1/deletions/1", headers=headers))
+            assert_unavailable(client.get("/v1/models", headers=headers))
+            assert client.get("/readyz").status_code == 503
+            assert client.get("/healthz").status_code == 200
+    finally:
+        engine_for(settings.resolved_database_url).dispose()
+
+
+@pytest.fixture
+def own_pg_database() -> Iterator[str]:
+    """A PostgreSQL database this test creates (and alone may close and drop)."""
+    name = f"lethe_outage_{uuid.uuid4().hex[:8]}"
+    admin = sa.create_engine(PG_ADMIN_URL, isolation_level="AUTOCOMMIT")
+    with admin.connect() as conn:
+        conn.exec_driver_sql(f'CREATE DATABASE "{name}"')
+    url = f"{PG_BASE}/{name}"
+    try:
+        upgrade_to_head(url)
+        yield url
+    finally:
+        engine_for(url).dispose()
+        with admin.connect() as conn:
+            conn.exec_driver_sql(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        admin.dispose()
+
+
+def set_connectable(url: str, allowed: bool) -> None:
+    """Open or close our own database to new connections; closing also ends the open ones."""
+    name = url.rsplit("/", 1)[1]
+    admin = sa.create_engine(PG_ADMIN_URL, isolation_level="AUTOCOMMIT")
+    with admin.connect() as conn:
+        conn.exec_driver_sql(
+            f'ALTER DATABASE "{name}" WITH ALLOW_CONNECTIONS {"true" if allowed else "false"}'
+        )
+        if not allowed:
+            conn.execute(
+                sa.text(
+                    "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                    "WHERE datname = :name AND pid <> pg_backend_pid()"
+                ),
+                {"name": name},
+            )
+    admin.dispose()
+
+
+@pytest.mark.postgres
+def test_database_outage_is_503_and_recovers(own_pg_database: str, tmp_path: Path) -> None:
+    url = own_pg_database
+    keys = make_keys(url)
+    settings = Settings(
+        data_dir=tmp_path, database_url=url, redis_url=None, bootstrap_admin_key=False
+    )
+    with TestClient(create_app(settings)) as client:
+        ds = client.post(
+            "/v1/datasets",
+            json={"builtin": "synthetic", "n_samples": 20},
+            headers=bearer(keys["admin"]),
+        )
+        assert ds.status_code == 201, ds.text
+        body = {"dataset_id": ds.json()["id"], "sample_ids": ["0"]}
+        assert client.get("/v1/models", headers=bearer(keys["reader"])).status_code == 200
+
+        set_connectable(url, False)
+        try:
+            response = client.post("/v1/deletions", json=body, headers=bearer(keys["requester"]))
+            assert_unavailable(response)
+            assert_unavailable(client.get("/v1/deletions/1", headers=bearer(keys["auditor"])))
+            assert_unavailable(client.get("/v1/models", headers=bearer(keys["reader"])))
+            assert client.get("/readyz").status_code == 503
+        finally:
+            set_connectable(url, True)
+        assert client.get("/v1/models", headers=bearer(keys["reader"])).status_code == 200
+        accepted = client.post("/v1/deletions", json=body, headers=bearer(keys["requester"]))
+        assert accepted.status_code == 202, accepted.text
+
+
+def test_queue_down_after_commit_still_acknowledges(tmp_path: Path) -> None:
+    """Redis unreachable when signalling: the model was committed, so 202 (the reconciler
+    re-signals it later), not 503."""
+    url = f"sqlite:///{tmp_path / 'lethe.db'}"
+    upgrade_to_head(url)
+    keys = make_keys(url)
+    settings = Settings(
+        data_dir=tmp_path, database_url=url, redis_url=DEAD_REDIS, bootstrap_admin_key=False
+    )
+    try:
+        with TestClient(create_app(settings)) as client:
+            admin = bearer(keys["admin"])
+            ds = client.post("/v1/datasets", json={"builtin": "breast_cancer"}, headers=admin)
+            model = client.post(
+                "/v1/models", json={"name": "m", "dataset_id": ds.json()["id"]}, headers=admin
+            )
+            assert model.status_code == 202, model.text
+            stored = client.get(f"/v1/models/{model.json()['id']}", headers=admin).json()
+            assert stored["status"] == "queued"
+            assert client.get("/readyz").json()["checks"]["queue"] is False
+    finally:
+        engine_for(url).dispose()
+
+
+def test_queue_error_escaping_a_route_is_503(tmp_path: Path) -> None:
+    settings = Settings(
+        data_dir=tmp_path,
+        database_url=f"sqlite:///{tmp_path / 'x.db'}",
+        redis_url=DEAD_REDIS,
+        bootstrap_admin_key=False,
+    )
+    app = create_app(settings)
+
+    @app.get("/queue-touching")
+    def _touch() -> None:
+        raise RedisConnectionError("Connection refused")
+
+    with TestClient(app) as client:
+        assert_unavailable(client.get("/queue-touching"), "queue_unavailable")
+
+
+# ---- B. text that is not Unicode: 422, never 500 ----------------------------------------------
+
+SURROGATE = "\\ud800"  # a JSON escape of a lone surrogate, as it appears in the raw body
+
+
+def post_raw(api: Api, path: str, body: str, role: str = "admin"):
+    return api.client.post(
+        path, content=body.encode(), headers={**api.h(role), "Content-Type": "application/json"}
+    )
+
+
+def assert_invalid(response) -> None:
+    assert response.status_code == 422, response.text
+    assert set(response.json()["error"]) == {"code", "message", "details"}
+
+
+TEXT_CASES = [
+    ("/v1/deletions", '{"dataset_id": DS, "sample_ids": ["S"]}'),
+    ("/v1/deletions", '{"dataset_id": DS, "sample_ids": ["ok", "aSb"]}'),
+    ("/v1/deletions", '{"dataset_id": DS, "subject_ids": ["S"]}'),
+    ("/v1/deletions", '{"dataset_id": DS, "sample_ids": ["0"], "method": "S"}'),
+    ("/v1/models", '{"name": "S", "dataset_id": DS}'),
+    ("/v1/models", '{"name": "m", "dataset_id": DS, "method": {"name": "S"}}'),
+    ("/v1/models", '{"name": "m", "dataset_id": DS, "method": {"name": "retrain", "S": 1}}'),
+    ("/v1/models", '{"name": "m", "dataset_id": DS, "architecture": {"type": "S"}}'),
+    ("/v1/keys", '{"role": "reader", "name": "S"}'),
+    ("/v1/keys", '{"role": "S"}'),
+    ("/v1/datasets", '{"builtin": "digits", "name": "S"}'),
+    ("/v1/datasets", '{"builtin": "S"}'),
+]
+
+
+@pytest.mark.parametrize("bad", [SURROGATE, "\\u0000"], ids=["surrogate", "nul"])
+def test_json_text_must_be_unicode(api: Api, digits: dict, bad: str) -> None:
+    """Every JSON route that takes strings: a lone surrogate or a NUL anywhere is 422."""
+    for path, template in TEXT_CASES:
+        body = template.replace("DS", str(digits["id"])).replace("S", bad)
+        role = "requester" if path == "/v1/deletions" else "admin"
+        assert_invalid(post_raw(api, path, body, role))
+    with database(api.url).read() as session:  # nothing was stored
+        assert session.scalar(sa.text("SELECT count(*) FROM deletion_requests")) == 0
+        assert session.scalar(sa.text("SELECT count(*) FROM models")) == 0
+
+
+def test_import_form_json_text_must_be_unicode(api: Api, digits: dict) -> None:
+    response = api.post(
+        "/v1/models/import",
+        files={"weights": ("w.safetensors", b"\x00" * 16)},
+        data={
+            "name": "imported",
+            "dataset_id": str(digits["id"]),
+            "architecture": '{"type": "logreg"}',
+            "method": '{"name": "retrain", "' + SURROGATE + '": 1}',
+        },
+    )
+    assert_invalid(response)
+
+
+@pytest.mark.parametrize(
+    "path",
+    ["/v1/datasets/DS/samples?subject={}", "/v1/audit/certificates?subject={}"],
+)
+def test_query_text(api: Api, digits: dict, path: str) -> None:
+    path = path.replace("DS", str(digits["id"]))
+    # percent-encoded UTF-8 of a lone surrogate decodes to U+FFFD: a harmless unknown subject
+    assert api.get(path.format("%ED%A0%80")).status_code == 200
+    assert_invalid(api.get(path.format("%00")))
+
+
+# ---- C. nobody can lock every admin out ---------------------------------------------------
+
+
+def key_id(api: Api, raw: str) -> int:
+    with database(api.url).read() as session:
+        key = lookup_key(session, raw)
+        assert key is not None
+        return key.id
+
+
+def test_last_admin_key_cannot_be_revoked(api: Api) -> None:
+    response = api.client.delete(f"/v1/keys/{key_id(api, api.keys['admin'])}", headers=api.h())
+    assert response.status_code == 409
+    assert response.json()["error"]["code"] == "last_admin_key"
+    assert api.get("/v1/models").status_code == 200
+
+
+def test_admin_cannot_revoke_its_own_key(api: Api) -> None:
+    other = api.post("/v1/keys", json={"role": "admin", "name": "second admin"}).json()
+    mine = key_id(api, api.keys["admin"])
+    response = api.client.delete(f"/v1/keys/{mine}", headers=api.h())
+    assert response.status_code == 409
+    assert response.json()["error"]["code"] == "own_key"
+    # another admin may revoke it, and then its key may not revoke the last admin left
+    assert api.client.delete(f"/v1/keys/{mine}", headers=bearer(other["key"])).status_code == 204
+    assert api.get("/v1/models").status_code == 401
+    last = api.client.delete(f"/v1/keys/{other['id']}", headers=bearer(other["key"]))
+    assert last.status_code == 409 and last.json()["error"]["code"] == "last_admin_key"
+    # other roles' keys are revoked as before
+    reader = api.client.post("/v1/keys", json={"role": "reader"}, headers=bearer(other["key"]))
+    gone = api.client.delete(f"/v1/keys/{reader.json()['id']}", headers=bearer(other["key"]))
+    assert gone.status_code == 204
+
+
+# ---- D. who may read /metrics -------------------------------------------------------------
+
+
+def metrics_app(settings: Settings, **changes) -> TestClient:
+    return TestClient(create_app(settings.model_copy(update=changes)))
+
+
+def test_metrics_need_an_admin_or_auditor_key_by_default(api: Api) -> None:
+    assert Settings().metrics_access == "key"
+    assert api.client.get("/metrics").status_code == 401
+    assert api.get("/metrics", role="reader").status_code == 403
+    assert api.get("/metrics", role="requester").status_code == 403
+    for role in ("auditor", "admin"):
+        scraped = api.get("/metrics", role=role)
+        assert scraped.status_code == 200 and "lethe_http_requests_total" in scraped.text
+        assert scraped.headers["content-type"].startswith("text/plain")
+
+
+def test_metrics_token_mode(settings: Settings) -> None:
+    with pytest.raises(ValidationError, match="LETHE_METRICS_TOKEN"):
+        Settings(metrics_access="token")
+    token = "scrape-" + uuid.uuid4().hex
+    with metrics_app(settings, metrics_access="token", metrics_token=SecretStr(token)) as client:
+        keys = make_keys(settings.resolved_database_url)
+        assert client.get("/metrics").status_code == 401
+        assert client.get("/metrics", headers=bearer("wrong-token-0123456789")).status_code == 401
+        assert client.get("/metrics", headers=bearer(keys["admin"])).status_code == 401
+        scraped = client.get("/metrics", headers=bearer(token))
+        assert scraped.status_code == 200 and "lethe_deletion_tasks_queued" in scraped.text
+
+
+def test_metrics_public_and_off(settings: Settings) -> None:
+    with metrics_app(settings, metrics_access="public") as client:
+        assert client.get("/metrics").status_code == 200
+    with metrics_app(settings, metrics_access="off") as client:
+        keys = make_keys(settings.resolved_database_url)
+        off = client.get("/metrics", headers=bearer(keys["admin"]))
+        assert off.status_code == 404 and off.json()["error"]["code"] == "not_found"
