@@ -60,10 +60,12 @@ Text = Annotated[str, AfterValidator(_storable)]
 
 
 class In(BaseModel):
-    """A request body. Every string in it, dictionary keys and nested values included, must
-    be storable text (`unstorable_text`), checked once on the raw input."""
+    """A request body: no unknown keys, no NaN/∞, no type coercion (`"1"` or `true` is not
+    an integer, as the OpenAPI schema says). Every string in it, dictionary keys and nested
+    values included, must be storable text (`unstorable_text`), checked once on the raw
+    input."""
 
-    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False, strict=True)
 
     @model_validator(mode="before")
     @classmethod
@@ -158,7 +160,7 @@ class MethodConfig(BaseModel):
     """The unlearning method and its own options (each method validates the rest)."""
 
     model_config = ConfigDict(
-        extra="allow", allow_inf_nan=False, json_schema_extra=_method_variants
+        extra="allow", allow_inf_nan=False, strict=True, json_schema_extra=_method_variants
     )
     name: str = "retrain"
 

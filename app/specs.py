@@ -12,7 +12,10 @@ from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
 
 
 class Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", allow_inf_nan=False, frozen=True)
+    """No unknown keys, no NaN/∞, and no type coercion (`"20"` or `true` is not an integer),
+    as the OpenAPI schema says."""
+
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False, frozen=True, strict=True)
 
 
 class LogRegSpec(Strict):

@@ -18,6 +18,8 @@ from pathlib import Path
 
 import httpx
 
+from app.crypto import Keyring, keyring
+from app.settings import Settings
 from bench.common import free_port
 
 LETHE = [sys.executable, "-m", "app.cli"]
@@ -87,6 +89,12 @@ class Cluster:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, sig)
         proc.wait(timeout=30)
+
+    @property
+    def keyring(self) -> Keyring:
+        """The cluster's keyring (its processes share `<data_dir>/master.key`): tests compute
+        the tokens the database stores for ids."""
+        return keyring(Settings(data_dir=self.data_dir))
 
     def client(self, key: str | None = None, timeout: float = 60.0) -> httpx.Client:
         return httpx.Client(

@@ -13,7 +13,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import sqlite3
 import tempfile
 import time
 from pathlib import Path
@@ -22,12 +21,19 @@ import numpy as np
 import torch
 from safetensors.torch import load as st_load
 from sklearn.datasets import load_digits
+from sqlalchemy import select
 
+from app.blobstore import DatabaseBlobStore
 from app.client import Client
+from app.crypto import keyring
+from app.db.session import Database, database
+from app.db.tables import Model, ModelVersion, Sample
+from app.settings import Settings, use_settings
 from bench.common import RESULTS, embedded_server, percentiles, write_result
 from workers.evaluation import membership_auc, per_sample_losses
 from workers.nets import FlatModel, build_net
 from workers.recollection import train_recollection
+from workers.statistics import read_vectors
 from workers.training import accuracy, train
 
 ARCHS = {
@@ -43,27 +49,38 @@ PAPER_TABLE1 = [  # seed 003 Table 1, "Proposed" rows (note 003 §8.3, exponents
 ]
 
 
+def _database(db: Path) -> Database:
+    """The server's SQLite file, read with its master key (everything in it is sealed)."""
+    use_settings(Settings(data_dir=db.parent))
+    return database(f"sqlite:///{db}")
+
+
 def noise_free_state(db: Path, model_id: int) -> dict[str, torch.Tensor]:
-    con = sqlite3.connect(db)
-    key = con.execute(
-        "SELECT v.state_key FROM models m JOIN model_versions v "
-        "ON v.id = m.current_version_id WHERE m.id = ?",
-        (model_id,),
-    ).fetchone()[0]
-    data = con.execute("SELECT data FROM blobs WHERE key = ?", (key,)).fetchone()[0]
-    con.close()
+    with _database(db).read() as session:
+        model = session.get(Model, model_id)
+        assert model is not None
+        version = session.get(ModelVersion, model.current_version_id)
+        assert version is not None and version.state_key is not None
+        data = DatabaseBlobStore(session).get(version.state_key)
+    assert data is not None
     return dict(st_load(data))
 
 
 def stored_vectors(db: Path, model_id: int, sample_ids: list[int]) -> torch.Tensor:
-    con = sqlite3.connect(db)
-    marks = ",".join("?" * len(sample_ids))
-    rows = con.execute(
-        f"SELECT vector FROM sample_statistics WHERE model_id = ? AND sample_id IN ({marks})",
-        (model_id, *sample_ids),
-    ).fetchall()
-    con.close()
-    return torch.from_numpy(np.stack([np.frombuffer(r[0], dtype=np.float32) for r in rows]))
+    with _database(db).read() as session:
+        vectors = read_vectors(session, model_id, sample_ids)
+    return torch.stack([vectors[s] for s in sample_ids])
+
+
+def sample_ids_by_external(db: Path, dataset_id: int, externals: list[str]) -> dict[str, int]:
+    """External id -> internal id, through the keyed tokens the database stores."""
+    with _database(db).read() as session:
+        ring = keyring()
+        tokens = {ring.token("sample", dataset_id, e): e for e in externals}
+        rows = session.execute(
+            select(Sample.external_id, Sample.id).where(Sample.dataset_id == dataset_id)
+        ).all()
+    return {tokens[t]: sid for t, sid in rows if t in tokens}
 
 
 def run_arch(name: str, epochs: int, tmp: Path) -> dict:
@@ -128,13 +145,9 @@ def run_arch(name: str, epochs: int, tmp: Path) -> dict:
         w0 = noise_free_state(db, model["id"])
 
         # sample ids in the service, in the record's training order
-        con = sqlite3.connect(db)
-        by_external = dict(
-            con.execute(
-                "SELECT external_id, id FROM samples WHERE dataset_id=?", (ds["id"],)
-            ).fetchall()
+        by_external = sample_ids_by_external(
+            db, ds["id"], [s["external_id"] for s in train_page + test_page]
         )
-        con.close()
         order = record["train_sample_ids"]
         position = {sid: i for i, sid in enumerate(order)}
         Xo = torch.stack([X_all[int(e)] for e in _externals(by_external, order)])

@@ -229,6 +229,15 @@ def test_sqlite_keeps_nothing_after_a_clean_stop(settings: Settings) -> None:
     )
 
 
+def test_every_sqlite_connection_zeroes_freed_cells(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'x.db'}"
+    for readonly in (False, True):
+        with engine_for(url, readonly=readonly).connect() as conn:
+            assert conn.exec_driver_sql("PRAGMA secure_delete").scalar_one() == 1
+    engine_for(url).dispose()
+    engine_for(url, readonly=True).dispose()
+
+
 def test_requesters_see_only_their_own_requests(api: Api, digits: dict, ready_model: dict) -> None:
     other = make_keys(api.url)["requester"]
     first = api.get(f"/v1/datasets/{digits['id']}/samples", params={"limit": 1}).json()

@@ -178,7 +178,9 @@ def wait_until(
         if predicate():
             return
         time.sleep(every)
-    raise AssertionError(f"condition not met within {timeout}s: {what if isinstance(what, str) else what()}")
+    raise AssertionError(
+        f"condition not met within {timeout}s: {what if isinstance(what, str) else what()}"
+    )
 
 
 def statuses(url: str, request_ids: list[int]) -> dict[int, str]:
@@ -329,7 +331,10 @@ def test_redis_restart_while_a_worker_is_busy(
             assert_workers_alive(cluster)
 
             own_redis.start()  # empty: every signal is gone
-            wait_until(lambda: all_done(pg_url, accepted), what="re-signalled after the restart")
+            wait_until(
+                lambda: all_done(pg_url, accepted),
+                what=lambda: f"re-signalled after the restart\n{logs(cluster)}",
+            )
             after = post_deletion(c, ds["id"], [ids[6]])
             assert after.status_code == 202, after.text
             accepted.append(after.json()["id"])

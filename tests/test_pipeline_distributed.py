@@ -266,8 +266,9 @@ def test_fan_out_idempotency_and_erasure_sweep(make_cluster, pg_url: str) -> Non
         req = c.post("/v1/deletions", json=body, headers={"Idempotency-Key": "k1"}).json()
         replay = c.post("/v1/deletions", json=body, headers={"Idempotency-Key": "k1"}).json()
         assert replay["id"] == req["id"] and len(req["models"]) == 2
+        token = cluster.keyring.token("sample", ds["id"], sample[0])
         with database(pg_url).write() as session:  # not erased while a model still holds it
-            s = session.scalar(select(Sample).where(Sample.external_id == sample[0]))
+            s = session.scalar(select(Sample).where(Sample.external_id == token))
             assert s.payload is not None and s.status == "erasing"
         cluster.start_worker()
         wait_until(lambda: c.get(f"/v1/deletions/{req['id']}").json()["status"] == "done")
@@ -275,7 +276,7 @@ def test_fan_out_idempotency_and_erasure_sweep(make_cluster, pg_url: str) -> Non
         assert {m["model_id"] for m in done["models"]} == {first["id"], second["id"]}
         assert all(m["status"] == "done" and m["version"] == 2 for m in done["models"])
         with database(pg_url).write() as session:
-            s = session.scalar(select(Sample).where(Sample.external_id == sample[0]))
+            s = session.scalar(select(Sample).where(Sample.external_id == token))
             assert s.payload is None and s.status == "erased"
         again = c.post("/v1/deletions", json=body).json()
         assert (

@@ -13,6 +13,7 @@ from sklearn.datasets import make_classification
 from sqlalchemy import func, select
 
 from app.blobstore import DatabaseBlobStore
+from app.crypto import keyring
 from app.db.session import database
 from app.db.tables import Model, ModelVersion, Sample, SampleStatistic
 from tests.conftest import Api
@@ -178,7 +179,10 @@ def test_vectors_are_consumed_and_certificate_is_conditional(api: Api) -> None:
     ids = train_external_ids(api, ds["id"], 3)
     with database(api.url).write() as session:
         sample_ids = session.scalars(
-            select(Sample.id).where(Sample.dataset_id == ds["id"], Sample.external_id.in_(ids))
+            select(Sample.id).where(
+                Sample.dataset_id == ds["id"],
+                Sample.external_id.in_([keyring().token("sample", ds["id"], i) for i in ids]),
+            )
         ).all()
         assert (
             session.scalar(select(func.count()).where(SampleStatistic.sample_id.in_(sample_ids)))

@@ -101,7 +101,7 @@ async def import_weights(
     try:
         body: dict[str, Any] = {
             "name": fields.get("name", ""),
-            "dataset_id": fields.get("dataset_id"),
+            "dataset_id": _form_int(fields.get("dataset_id")),
             **{
                 k: json.loads(fields[k])
                 for k in ("architecture", "method", "privacy", "training")
@@ -126,6 +126,13 @@ async def import_weights(
     model_id, view = await run_in_threadpool(store)
     dispatcher.enqueue(TRAIN, model_id)
     return view
+
+
+def _form_int(value: str | None) -> int | str | None:
+    """A form field is text: an integer's digits become the integer (the body is strict)."""
+    if value is not None and value.strip().lstrip("-").isdigit():
+        return int(value)
+    return value
 
 
 @router.get("", response_model=list[ModelOut])

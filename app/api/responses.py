@@ -65,6 +65,6 @@ def errors(*codes: int) -> dict[int | str, dict[str, Any]]:
     return out
 
 
-# What any keyed route may answer: no or a bad key, a wrong role, invalid parameters or body,
-# a body over the size limit, the database unreachable.
-COMMON = errors(401, 403, 413, 422, 503)
+# What any keyed route may answer: an unparsable body, no or a bad key, a wrong role, invalid
+# parameters or body, a body over the size limit, the database unreachable.
+COMMON = errors(400, 401, 403, 413, 422, 503)

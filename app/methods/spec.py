@@ -18,9 +18,10 @@ from app.states import Guarantee
 
 
 class MethodOptions(BaseModel):
-    """Base of every method's options: unknown keys and non-finite numbers are refused."""
+    """Base of every method's options: unknown keys, non-finite numbers and values of the
+    wrong JSON type (no coercion) are refused."""
 
-    model_config = ConfigDict(extra="forbid", allow_inf_nan=False, frozen=True)
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False, frozen=True, strict=True)
     evaluate: bool = Field(
         False,
         description="evaluate each update against a retrained reference (costs one retrain "

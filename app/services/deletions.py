@@ -61,7 +61,11 @@ def create_deletion(
         raise unprocessable("empty_selector", "give sample_ids or subject_ids")
     names = Names.of(body)
     samples = _resolve(session, body, names)
-    erased = [s for s in samples if s.status == SampleStatus.erased]
+    order = {token: i for i, token in enumerate(names.samples)}  # report in the body's order
+    erased = sorted(
+        (s for s in samples if s.status == SampleStatus.erased),
+        key=lambda s: (order.get(s.external_id, len(order)), s.id),
+    )
     pending = [s for s in samples if s.status != SampleStatus.erased]
     affected = _affected_models(session, [s.id for s in pending])
     _check_models(affected, body)
