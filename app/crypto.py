@@ -78,8 +78,8 @@ class Keyring:
 
     def token(self, kind: str, dataset_id: int, value: str) -> str:
         """A stable keyed token for an identifier: equal ids give equal tokens, nothing more."""
-        mac = hmac.new(self._pepper, f"{kind}\0{dataset_id}\0{value}".encode(), hashlib.sha256)
-        return TOKEN_PREFIX + base64.urlsafe_b64encode(mac.digest()[:24]).decode()
+        mac = hmac.digest(self._pepper, f"{kind}\0{dataset_id}\0{value}".encode(), "sha256")
+        return TOKEN_PREFIX + base64.urlsafe_b64encode(mac[:24]).decode()
 
 
 @dataclass(frozen=True)

@@ -310,3 +310,79 @@ def test_metrics_public_and_off(settings: Settings) -> None:
         keys = make_keys(settings.resolved_database_url)
         off = client.get("/metrics", headers=bearer(keys["admin"]))
         assert off.status_code == 404 and off.json()["error"]["code"] == "not_found"
+
+
+# ---- found by Schemathesis ---------------------------------------------------------------
+
+
+def test_noise_too_small_to_square_is_refused(api: Api, digits: dict) -> None:
+    """σ = 5e-324 passed σ > 0, then σ² underflowed to 0 and the preview divided by it (500)."""
+    method = {"name": "noisy_finetune", "sigma": 5e-324}
+    response = api.post(
+        "/v1/models", json={"name": "m", "dataset_id": digits["id"], "method": method}
+    )
+    assert_invalid(response)
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        {"name": "m", "dataset_id": "DS"},  # a string is not an integer
+        {"name": "m", "dataset_id": True},
+        {"name": "m", "dataset_id": 1, "privacy": {"allow_heuristic": 0}},
+        {"name": "m", "dataset_id": 1, "training": {"seed": False}},
+        {"name": "m", "dataset_id": 1, "training": {"epochs": 2.0}},
+    ],
+)
+def test_bodies_are_not_coerced(api: Api, body: dict) -> None:
+    """The OpenAPI schema says integer/boolean: `"1"`, `true`, `0` or `2.0` are refused."""
+    assert_invalid(api.post("/v1/models", json=body))
+
+
+def test_405_names_every_method_of_the_path(api: Api) -> None:
+    response = api.client.request("OPTIONS", "/v1/models", headers=api.h())
+    assert response.status_code == 405
+    assert response.headers["allow"] == "GET, POST"
+    # /v1/models/import is not a model id: 405, not a 422 about the id
+    response = api.client.get("/v1/models/import", headers=api.h())
+    assert response.status_code == 405 and response.headers["allow"] == "POST"
+
+
+@pytest.mark.parametrize("since", ["0.5", "1700000000", "yesterday", "2024-01-01"])
+def test_since_is_a_date_time_only(api: Api, since: str) -> None:
+    assert_invalid(api.get("/v1/audit/certificates", params={"since": since}))
+
+
+def test_since_accepts_rfc3339(api: Api) -> None:
+    for since in ("2024-01-31T12:00:00Z", "2024-01-31T12:00:00+02:00", "2024-01-31 12:00"):
+        response = api.get("/v1/audit/certificates", params={"since": since})
+        assert response.status_code == 200, response.text
+
+
+def test_openapi_declares_errors_and_content_types(api: Api) -> None:
+    paths = api.client.get("/openapi.json").json()["paths"]
+    for path, operations in paths.items():
+        for method, operation in operations.items():
+            if path.startswith("/v1/"):
+                codes = set(operation["responses"])
+                assert {"401", "403", "422", "503"} <= codes, (method, path, codes)
+                error = operation["responses"]["503"]
+                assert "Retry-After" in error["headers"]
+                assert "application/json" in error["content"]
+    assert set(paths["/metrics"]["get"]["responses"]["200"]["content"]) == {"text/plain"}
+    export = paths["/v1/audit/export"]["get"]["responses"]["200"]["content"]
+    assert set(export) == {"application/x-ndjson"}
+    weights = paths["/v1/models/{model_id}/weights"]["get"]["responses"]
+    assert set(weights["200"]["content"]) == {"application/octet-stream"}
+    assert {"404", "409", "410"} <= set(weights)
+
+
+def test_empty_idempotency_key_is_refused(api: Api, digits: dict) -> None:
+    """An empty Idempotency-Key was stored unscoped; the second such request hit the unique
+    index on every retry (500)."""
+    body = {"dataset_id": digits["id"], "sample_ids": ["0"]}
+    for _ in range(2):
+        response = api.post(
+            "/v1/deletions", role="requester", json=body, headers={"Idempotency-Key": ""}
+        )
+        assert_invalid(response)

@@ -9,12 +9,11 @@ from typing import Any
 
 import numpy as np
 import torch
-from sqlalchemy import select
+from sqlalchemy import Select, select
 from sqlalchemy.orm import Session
 
 from app.crypto import SampleRecord, keyring, open_sealed, sample_aad
-from app.db.tables import Dataset, ModelSample, Sample
-from app.keystore import load_keys
+from app.db.tables import DataKey, Dataset, ModelSample, Sample
 
 
 @dataclass
@@ -29,21 +28,21 @@ class Arrays:
         return len(self.sample_ids)
 
 
-def _open_rows(session: Session, rows: Sequence[Any]) -> dict[int, SampleRecord]:
-    """Open the sealed payloads of these rows; a row whose key is destroyed is left out."""
+def _open_rows(rows: Sequence[Any]) -> dict[int, SampleRecord]:
+    """Open the sealed payloads of rows selected with `sealed_samples()` (each row carries its
+    wrapped key); a row whose key is destroyed is left out."""
     ring = keyring()
-    keys = load_keys(session, ring, [r.key_id for r in rows if r.key_id is not None])
     out: dict[int, SampleRecord] = {}
     for r in rows:
-        key = keys.get(r.key_id) if r.key_id is not None else None
-        if key is not None and r.payload is not None:
+        if r.wrapped is not None and r.payload is not None:
+            key = ring.unwrap(r.wrapped)
             plain = open_sealed(key, r.payload, sample_aad(r.dataset_id, r.external_id))
             out[r.id] = SampleRecord.decode(plain)
     return out
 
 
-def _decode(session: Session, rows: Sequence[Any], shape: list[int]) -> Arrays:
-    records = _open_rows(session, rows)
+def _decode(rows: Sequence[Any], shape: list[int]) -> Arrays:
+    records = _open_rows(rows)
     missing = [r.id for r in rows if r.id not in records]
     if missing:
         raise RuntimeError(f"samples {missing[:10]} are erased but were asked for")
@@ -60,7 +59,11 @@ def _decode(session: Session, rows: Sequence[Any], shape: list[int]) -> Arrays:
     )
 
 
-COLUMNS = (Sample.id, Sample.dataset_id, Sample.external_id, Sample.payload, Sample.key_id)
+def sealed_samples() -> Select[int, int, str, bytes | None, bytes]:
+    """Samples with their wrapped data keys, in one query (no second round trip for keys)."""
+    return select(
+        Sample.id, Sample.dataset_id, Sample.external_id, Sample.payload, DataKey.wrapped
+    ).outerjoin(DataKey, DataKey.id == Sample.key_id)
 
 
 def training_arrays(
@@ -68,31 +71,29 @@ def training_arrays(
 ) -> Arrays:
     """Samples the model still holds (ordered by id), minus `exclude`."""
     rows = session.execute(
-        select(*COLUMNS)
+        sealed_samples()
         .join(ModelSample, ModelSample.sample_id == Sample.id)
         .where(ModelSample.model_id == model_id, ModelSample.removed_version_id.is_(None))
         .order_by(Sample.id)
     ).all()
     exclude = exclude or set()
     kept = [r for r in rows if r.id not in exclude]
-    return _decode(session, kept, dataset.feature_shape)
+    return _decode(kept, dataset.feature_shape)
 
 
 def test_arrays(session: Session, dataset: Dataset) -> Arrays:
     rows = session.execute(
-        select(*COLUMNS)
+        sealed_samples()
         .where(Sample.dataset_id == dataset.id, Sample.split == "test", Sample.key_id.is_not(None))
         .order_by(Sample.id)
     ).all()
-    return _decode(session, rows, dataset.feature_shape)
+    return _decode(rows, dataset.feature_shape)
 
 
 def arrays_for(session: Session, dataset: Dataset, sample_ids: list[int]) -> Arrays:
     """These samples in this order; erased payloads become zeros (for replays that exclude
     them anyway, like the coupled retrain)."""
-    records = _open_rows(
-        session, session.execute(select(*COLUMNS).where(Sample.id.in_(sample_ids))).all()
-    )
+    records = _open_rows(session.execute(sealed_samples().where(Sample.id.in_(sample_ids))).all())
     shape = dataset.feature_shape
     n_feat = int(np.prod(shape)) if shape else 1
     X = np.zeros((len(sample_ids), n_feat), dtype=np.float32)

@@ -5,6 +5,8 @@ the key, so a statistic's bytes left in free space, WAL or backups can never be 
 
 from __future__ import annotations
 
+from uuid import UUID
+
 import numpy as np
 import torch
 from sqlalchemy import delete, insert, select
@@ -65,7 +67,7 @@ def _insert(session: Session, model_id: int, block: StatisticsBlock) -> int:
 
 def sample_keys(session: Session, sample_ids: list[int]) -> dict[int, bytes]:
     """The raw data keys of these samples (erased samples are absent)."""
-    by_sample: dict[int, int] = {}
+    by_sample: dict[int, UUID] = {}
     for chunk in chunked(sample_ids):
         for sid, key_id in session.execute(
             select(Sample.id, Sample.key_id).where(Sample.id.in_(chunk))

@@ -25,7 +25,7 @@ def create(
     key: Requester,
     db: DbDep,
     dispatcher: DispatcherDep,
-    idempotency_key: Annotated[str | None, Header(max_length=180)] = None,
+    idempotency_key: Annotated[str | None, Header(min_length=1, max_length=180)] = None,
 ) -> Any:
     """Commit the request, then signal each affected model's worker; 202 with the request."""
 

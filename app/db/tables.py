@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import uuid
 from datetime import UTC, datetime
 from typing import Any
 
@@ -20,6 +21,7 @@ from sqlalchemy import (
     Text,
     TypeDecorator,
     UniqueConstraint,
+    Uuid,
     or_,
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
@@ -86,7 +88,7 @@ class Sample(Base):
     # external_id and subject_id hold keyed tokens (app/crypto.py), never the raw ids; the
     # payload is a SampleRecord (label, raw ids, features) sealed with the sample's data key.
     payload: Mapped[bytes | None] = mapped_column(LargeBinary)
-    key_id: Mapped[int | None] = mapped_column(BigInteger().with_variant(Integer, "sqlite"))
+    key_id: Mapped[uuid.UUID | None] = mapped_column(Uuid)
     status: Mapped[str] = mapped_column(String(10), default="active")  # app.states.SampleStatus
     erased_at: Mapped[datetime | None]
 
@@ -153,7 +155,7 @@ class Blob(Base):
     __tablename__ = "blobs"
     key: Mapped[str] = mapped_column(String(100), primary_key=True)
     data: Mapped[bytes] = mapped_column(LargeBinary)  # sealed with the blob's own data key
-    key_id: Mapped[int | None] = mapped_column(BigInteger().with_variant(Integer, "sqlite"))
+    key_id: Mapped[uuid.UUID | None] = mapped_column(Uuid)
     size: Mapped[int] = mapped_column(BigInteger)
     sha256: Mapped[str] = mapped_column(String(64))
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
@@ -177,7 +179,7 @@ class DataKey(Base):
     is small so that compacting it after an erasure is cheap."""
 
     __tablename__ = "data_keys"
-    id: Mapped[int] = mapped_column(BigInteger().with_variant(Integer, "sqlite"), primary_key=True)
+    id: Mapped[uuid.UUID] = mapped_column(Uuid, primary_key=True)  # random: no RETURNING
     wrapped: Mapped[bytes] = mapped_column(LargeBinary)
     kek_id: Mapped[str] = mapped_column(String(16))
 

@@ -24,7 +24,9 @@ class NoisyFinetuneOptions(MethodOptions):
     C2: float = Field(1.0, gt=0.0, le=1e6, description="projection radius (model clipping)")
     lam: float = Field(0.0, ge=0.0, le=1e6, description="L2 factor λ")
     gamma: float = Field(1e-2, gt=0.0, le=10.0, description="step size γ")
-    sigma: float | None = Field(None, gt=0.0, le=1e6)
+    sigma: float | None = Field(
+        None, ge=1e-6, le=1e6, description="noise σ (below 1e-6 no ε is finite; σ² underflows)"
+    )
     T: int | None = Field(None, ge=1, le=100_000)
     T_max: int = Field(1000, ge=1, le=100_000)
     sigma0: float = Field(0.0, ge=0.0, description="initial noise (model clipping)")

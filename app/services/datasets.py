@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 from typing import Any
+from uuid import UUID
 
 from sqlalchemy import func, insert, select
 from sqlalchemy.orm import Session
 
 from app.crypto import Keyring, SampleRecord, keyring, open_sealed, sample_aad, seal
-from app.db.tables import Dataset, Sample
+from app.db.tables import Base, Dataset, Sample
 from app.errors import not_found
 from app.keystore import create_keys, load_keys
 from app.services.dataset_files import ParsedDataset
@@ -34,8 +35,8 @@ def create_dataset(session: Session, name: str, source: str, parsed: ParsedDatas
     for start in range(0, len(parsed.y), INSERT_CHUNK):
         stop = min(start + INSERT_CHUNK, len(parsed.y))
         keys = create_keys(session, ring, stop - start)
-        session.execute(
-            insert(Sample),
+        session.connection().execute(
+            insert(Base.metadata.tables["samples"]),
             [
                 _sealed_row(ring, ds.id, parsed, i, key)
                 for i, key in zip(range(start, stop), keys, strict=True)
@@ -45,7 +46,7 @@ def create_dataset(session: Session, name: str, source: str, parsed: ParsedDatas
 
 
 def _sealed_row(
-    ring: Keyring, dataset_id: int, parsed: ParsedDataset, i: int, key: tuple[int, bytes]
+    ring: Keyring, dataset_id: int, parsed: ParsedDataset, i: int, key: tuple[UUID, bytes]
 ) -> dict[str, Any]:
     key_id, raw = key
     subject = parsed.subjects[i]

@@ -10,6 +10,7 @@ Revises: 0002
 
 from __future__ import annotations
 
+import uuid
 from typing import Any
 
 import sqlalchemy as sa
@@ -22,21 +23,19 @@ down_revision = "0002"
 branch_labels = None
 depends_on = None
 
-BIGINT = sa.BigInteger().with_variant(sa.Integer(), "sqlite")
-
 
 def upgrade() -> None:
     op.create_table(
         "data_keys",
-        sa.Column("id", BIGINT, nullable=False),
+        sa.Column("id", sa.Uuid(), nullable=False),
         sa.Column("wrapped", sa.LargeBinary(), nullable=False),
         sa.Column("kek_id", sa.String(length=16), nullable=False),
         sa.PrimaryKeyConstraint("id", name=op.f("pk_data_keys")),
     )
     with op.batch_alter_table("samples") as batch:
-        batch.add_column(sa.Column("key_id", BIGINT, nullable=True))
+        batch.add_column(sa.Column("key_id", sa.Uuid(), nullable=True))
     with op.batch_alter_table("blobs") as batch:
-        batch.add_column(sa.Column("key_id", BIGINT, nullable=True))
+        batch.add_column(sa.Column("key_id", sa.Uuid(), nullable=True))
     _seal_existing_rows(op.get_bind())
     with op.batch_alter_table("samples") as batch:
         batch.drop_column("label")
@@ -53,18 +52,19 @@ def _seal_existing_rows(conn: sa.Connection) -> None:
         sa.column("subject_id"),
         sa.column("payload"),
         sa.column("label"),
-        sa.column("key_id"),
+        sa.column("key_id", sa.Uuid()),
     )
     if conn.execute(sa.select(sa.func.count()).select_from(samples)).scalar() == 0:
         return  # a fresh database: nothing to seal (and no master key needed yet)
     ring = keyring()
-    keys = sa.table("data_keys", sa.column("id"), sa.column("wrapped"), sa.column("kek_id"))
+    keys = sa.table(
+        "data_keys", sa.column("id", sa.Uuid()), sa.column("wrapped"), sa.column("kek_id")
+    )
 
-    def new_key() -> tuple[int, bytes]:
+    def new_key() -> tuple[uuid.UUID, bytes]:
+        key_id = uuid.uuid4()
         raw, wrapped = ring.new_data_key()
-        key_id = conn.execute(
-            sa.insert(keys).values(wrapped=wrapped, kek_id=ring.kek_id).returning(keys.c.id)
-        ).scalar_one()
+        conn.execute(sa.insert(keys).values(id=key_id, wrapped=wrapped, kek_id=ring.kek_id))
         return key_id, raw
 
     sample_keys: dict[int, bytes] = {}
@@ -103,7 +103,7 @@ def _seal_existing_rows(conn: sa.Connection) -> None:
         )
         conn.execute(sa.update(stats).where(where).values(vector=sealed))
 
-    blobs = sa.table("blobs", sa.column("key"), sa.column("data"), sa.column("key_id"))
+    blobs = sa.table("blobs", sa.column("key"), sa.column("data"), sa.column("key_id", sa.Uuid()))
     for row in conn.execute(sa.select(blobs.c.key, blobs.c.data)).all():
         key_id, raw = new_key()
         conn.execute(

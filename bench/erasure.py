@@ -1,0 +1,160 @@
+"""The cost of crypto-shredding (issue 11) on SQLite and PostgreSQL.
+
+For n samples of d float32 features: registering a dataset sealed (one data key per sample,
+AES-256-GCM) against inserting the same features in plaintext as before; opening every
+payload for a training load against reading plaintext; the bytes each sample costs; and the
+compaction an erasure triggers (SQLite WAL checkpoint, PostgreSQL VACUUM FULL data_keys).
+
+    .venv/bin/python -m bench.erasure [--n 100000] [--d 64]
+"""
+
+from __future__ import annotations
+
+import argparse
+import tempfile
+import time
+import uuid
+from pathlib import Path
+
+import numpy as np
+import sqlalchemy as sa
+from sqlalchemy import insert, select
+
+from app.db.migrate import upgrade_to_head
+from app.db.session import database, engine_for
+from app.db.tables import Dataset, Sample
+from app.erasure import compact, erase_payloads
+from app.services.dataset_files import ParsedDataset
+from app.services.datasets import create_dataset
+from app.settings import Settings, use_settings
+from bench.common import write_result
+from workers.data import _decode, sealed_samples
+
+PG_ADMIN = "postgresql+psycopg://postgres@127.0.0.1:5432/postgres"
+
+
+def parsed_dataset(n: int, d: int) -> ParsedDataset:
+    rng = np.random.default_rng(0)
+    return ParsedDataset(
+        X=rng.normal(size=(n, d)).astype(np.float32),
+        y=rng.integers(0, 10, n),
+        ids=[f"user-{i}" for i in range(n)],
+        subjects=[f"subject-{i // 4}" for i in range(n)],
+        split=["train"] * n,
+        n_classes=10,
+        kind="tabular",
+    )
+
+
+def measure(url: str, parsed: ParsedDataset, erase: int) -> dict[str, float | int]:
+    db = database(url)
+    n, d = parsed.X.shape
+    t0 = time.perf_counter()
+    with db.write() as session:
+        sealed = create_dataset(session, "sealed", "bench", parsed)
+    register_sealed = time.perf_counter() - t0
+
+    t0 = time.perf_counter()  # what registering cost before: plaintext rows, no keys
+    with db.write() as session:
+        plain = Dataset(
+            name="plain", kind="tabular", source="bench", feature_shape=[d], n_classes=10,
+            n_samples=n,
+        )  # fmt: skip
+        session.add(plain)
+        session.flush()
+        for start in range(0, n, 5000):
+            session.execute(
+                insert(Sample),
+                [
+                    {
+                        "dataset_id": plain.id,
+                        "external_id": parsed.ids[i],
+                        "subject_id": parsed.subjects[i],
+                        "split": "train",
+                        "payload": parsed.X[i].tobytes(),
+                        "status": "active",
+                    }
+                    for i in range(start, min(start + 5000, n))
+                ],
+            )
+    register_plain = time.perf_counter() - t0
+
+    with db.read() as session:
+        t0 = time.perf_counter()
+        rows = session.execute(
+            sealed_samples().where(Sample.dataset_id == sealed.id).order_by(Sample.id)
+        ).all()
+        arrays = _decode(rows, [d])
+        load_sealed = time.perf_counter() - t0
+        assert np.array_equal(arrays.X.numpy(), parsed.X)
+        t0 = time.perf_counter()
+        prow = session.execute(
+            select(Sample.id, Sample.payload).where(Sample.dataset_id == plain.id)
+        ).all()
+        X = np.empty((len(prow), d), dtype=np.float32)
+        for i, r in enumerate(prow):
+            X[i] = np.frombuffer(r.payload, dtype=np.float32)
+        load_plain = time.perf_counter() - t0
+        payload_sealed = len(rows[0].payload)
+        ids = [r.id for r in rows[:erase]]
+
+    t0 = time.perf_counter()
+    with db.write() as session:
+        erased = erase_payloads(session, ids)
+    erase_seconds = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    compact(db)
+    compact_seconds = time.perf_counter() - t0
+    assert erased == erase
+    return {
+        "register_sealed_s": register_sealed,
+        "register_plain_s": register_plain,
+        "load_sealed_s": load_sealed,
+        "load_plain_s": load_plain,
+        "payload_bytes_sealed": payload_sealed,
+        "payload_bytes_plain": d * 4,
+        "erase_s": erase_seconds,
+        "compaction_s": compact_seconds,
+        "samples_erased": erased,
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--n", type=int, default=100_000)
+    parser.add_argument("--d", type=int, default=64)
+    parser.add_argument("--erase", type=int, default=100)
+    args = parser.parse_args()
+    parsed = parsed_dataset(args.n, args.d)
+    results: dict[str, object] = {"n": args.n, "d": args.d}
+    with tempfile.TemporaryDirectory() as tmp:
+        use_settings(Settings(data_dir=Path(tmp)))
+        url = f"sqlite:///{Path(tmp) / 'bench.db'}"
+        upgrade_to_head(url)
+        results["sqlite"] = measure(url, parsed, args.erase)
+        engine_for(url).dispose()
+
+        name = f"lethe_bench_{uuid.uuid4().hex[:8]}"
+        admin = sa.create_engine(PG_ADMIN, isolation_level="AUTOCOMMIT")
+        with admin.connect() as conn:
+            conn.exec_driver_sql(f'CREATE DATABASE "{name}"')
+        pg = PG_ADMIN.rsplit("/", 1)[0] + f"/{name}"
+        try:
+            upgrade_to_head(pg)
+            results["postgresql"] = measure(pg, parsed, args.erase)
+            with engine_for(pg).connect() as conn:
+                results["postgresql"]["data_keys_bytes"] = conn.execute(  # type: ignore[index]
+                    sa.text("SELECT pg_total_relation_size('data_keys')")
+                ).scalar_one()
+        finally:
+            engine_for(pg).dispose()
+            with admin.connect() as conn:
+                conn.exec_driver_sql(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+            admin.dispose()
+    for backend in ("sqlite", "postgresql"):
+        print(backend, results[backend])
+    write_result("erasure", results)
+
+
+if __name__ == "__main__":
+    main()
