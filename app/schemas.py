@@ -181,7 +181,7 @@ class MethodConfig(BaseModel):
 
 class ModelCreate(In):
     name: str = Field(..., min_length=1, max_length=200)
-    dataset_id: int = Field(le=MAX_ID)
+    dataset_id: int = Field(ge=1, le=MAX_ID)
     architecture: Architecture = Field(default_factory=lambda: LogRegSpec(type="logreg"))
     training: TrainingConfig = Field(default_factory=TrainingConfig)
     method: MethodConfig = Field(default_factory=MethodConfig)
@@ -248,7 +248,7 @@ class DeletionCreate(In):
             ]
         }
     )
-    dataset_id: int = Field(le=MAX_ID)
+    dataset_id: int = Field(ge=1, le=MAX_ID)
     sample_ids: list[Identifier] = Field(default_factory=list, max_length=100_000)
     subject_ids: list[Identifier] = Field(default_factory=list, max_length=100_000)
     method: str | None = Field(None, json_schema_extra={"enum": [*method_names(), None]})

@@ -25,6 +25,14 @@ from bench.common import free_port
 LETHE = [sys.executable, "-m", "app.cli"]
 
 
+def _answers(url: str) -> bool:
+    """uvicorn logs "startup complete" before it binds: wait until /healthz answers."""
+    try:
+        return httpx.get(f"{url}/healthz", timeout=2).status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
 class Cluster:
     def __init__(
         self, data_dir: Path, database_url: str | None, redis_url: str | None, **settings: object
@@ -62,7 +70,7 @@ class Cluster:
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline:
             text = log.read_text()
-            if "Application startup complete" in text:
+            if "Application startup complete" in text and _answers(f"http://127.0.0.1:{port}"):
                 match = re.search(r"lethe_adm_[A-Za-z0-9_-]+", text)
                 self.admin_key = match.group(0) if match else self.admin_key
                 self.url = f"http://127.0.0.1:{port}"

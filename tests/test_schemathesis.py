@@ -25,7 +25,7 @@ pytestmark = pytest.mark.integration
 
 CONFIG = Path(__file__).with_name("schemathesis.toml")
 SEED = 1
-MAX_EXAMPLES = 8  # per operation and phase: about a minute on two cores
+MAX_EXAMPLES = 10  # per operation and phase: about a minute on two cores
 
 
 def wait_until_serving(url: str, timeout: float = 30.0) -> None:

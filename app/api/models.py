@@ -62,7 +62,7 @@ IMPORT_DOC = {
                     "properties": {
                         "weights": {"type": "string", "format": "binary"},
                         "name": {"type": "string"},
-                        "dataset_id": {"type": "integer", "maximum": MAX_ID},
+                        "dataset_id": {"type": "integer", "minimum": 1, "maximum": MAX_ID},
                         "architecture": {"type": "string", "description": "JSON spec"},
                         "method": {"type": "string", "description": "JSON method config"},
                         "privacy": {"type": "string", "description": "JSON policy"},

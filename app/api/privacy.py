@@ -18,7 +18,7 @@ router = APIRouter(prefix="/v1/privacy", tags=["privacy"], responses=COMMON)
 def preview(
     _: AnyRole,
     db: DbDep,
-    model: Annotated[int, Query(le=MAX_ID)],
+    model: Annotated[int, Query(ge=1, le=MAX_ID)],
     epsilon: float | None = Query(None),
     delta: float | None = Query(None),
 ) -> dict[str, Any]:

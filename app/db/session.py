@@ -44,7 +44,13 @@ def make_engine(url: str, readonly: bool = False) -> Engine:
             conn.exec_driver_sql("BEGIN" if readonly else "BEGIN IMMEDIATE")
 
         return engine
-    engine = create_engine(url, pool_pre_ping=True, pool_size=10, max_overflow=20)
+    engine = create_engine(
+        url,
+        pool_pre_ping=True,
+        pool_size=10,
+        max_overflow=20,
+        connect_args={"connect_timeout": 5},  # an unreachable host is a 503, not a hang
+    )
     event.listen(engine, "connect", lambda dbapi_conn, _record: _SERVER_CONNECTIONS.add(dbapi_conn))
     return engine
 
