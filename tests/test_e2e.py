@@ -129,6 +129,7 @@ def distributed(pg_url: str, redis_url: str, tmp_path: Path) -> Iterator[Api]:
     env = {
         **os.environ,
         "LETHE_DATABASE_URL": pg_url,
+        "LETHE_DATA_DIR": str(tmp_path),  # the same master key file as the API
         "LETHE_redis_url": redis_url,
         "LETHE_QUEUE_NAME": queue,
         "LETHE_RECONCILE_SECONDS": "1",
