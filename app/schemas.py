@@ -204,6 +204,26 @@ class ModelCreate(In):
                 )
         return data
 
+    @model_validator(mode="after")
+    def _convex_head_clips_inputs(self) -> ModelCreate:
+        """convex_head certifies a logistic head on inputs with ‖(x, 1)‖ ≤ R: the model's
+        network clips them, in training and inference alike."""
+        if self.method.name != "convex_head":
+            return self
+        R = method_of(self.method.model_dump()).options.R
+        if not isinstance(self.architecture, LogRegSpec):
+            raise PydanticCustomError(
+                "convex_head_needs_logreg", "convex_head trains a logistic head: use logreg"
+            )
+        if self.architecture.feature_norm not in (None, R):
+            raise PydanticCustomError(
+                "feature_norm_mismatch",
+                "architecture.feature_norm ({given}) must equal the method's R ({R})",
+                {"given": self.architecture.feature_norm, "R": R},
+            )
+        self.architecture = self.architecture.model_copy(update={"feature_norm": R})
+        return self
+
 
 class VersionOut(Out):
     number: int

@@ -20,6 +20,13 @@ class Strict(BaseModel):
 
 class LogRegSpec(Strict):
     type: Literal["logreg"]
+    feature_norm: float | None = Field(
+        None,
+        gt=1.0,
+        le=1e6,
+        description="R: inputs are scaled so that ‖(x, 1)‖ ≤ R (the bias coordinate inside the "
+        "bound), in training and inference alike; set by the convex_head method",
+    )
 
 
 class MLPSpec(Strict):

@@ -21,7 +21,10 @@ def build_net(
     pins the two together)."""
     arch = architecture_of(spec)
     if not isinstance(arch, MLPSpec):
-        return nn.Sequential(nn.Flatten(), nn.Linear(n_features, n_classes))
+        first: nn.Module = (
+            nn.Flatten() if arch.feature_norm is None else ClipFeatures(arch.feature_norm)
+        )
+        return nn.Sequential(first, nn.Linear(n_features, n_classes))
     layers: list[nn.Module] = [nn.Flatten()]
     width = n_features
     for hidden in arch.hidden:
@@ -29,6 +32,25 @@ def build_net(
         width = hidden
     layers.append(nn.Linear(width, n_classes))
     return nn.Sequential(*layers)
+
+
+class ClipFeatures(nn.Module):
+    """Flatten, then scale each row so that ‖(x, 1)‖ ≤ R: ‖x‖ ≤ √(R² − 1), the bias being
+    the constant coordinate inside the bound (convex_head; Guo et al. 2020 assume ‖x‖ ≤ 1)."""
+
+    def __init__(self, R: float) -> None:
+        super().__init__()
+        self.R = R
+        self.radius = (R * R - 1.0) ** 0.5
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return clip_rows(x.flatten(1), self.radius)
+
+
+def clip_rows(x: torch.Tensor, radius: float) -> torch.Tensor:
+    """Rows scaled onto the ball of `radius` where they lie outside it."""
+    norms = x.norm(dim=1, keepdim=True)
+    return x * torch.clamp(radius / norms.clamp_min(1e-300), max=1.0)
 
 
 def state_of(net: nn.Module) -> dict[str, torch.Tensor]:

@@ -4,7 +4,14 @@ To add a method: a spec module here (options, guarantee, plan), a compute module
 workers/methods/ registered under the same name, and a README row (README, "Adding a method").
 """
 
-from app.methods import newton, noisy_finetune, output_perturbation, recollection, retrain
+from app.methods import (
+    convex_head,
+    newton,
+    noisy_finetune,
+    output_perturbation,
+    recollection,
+    retrain,
+)
 from app.methods.spec import (
     MethodChoice,
     MethodOptions,
@@ -18,6 +25,7 @@ __all__ = [
     "MethodChoice",
     "MethodOptions",
     "MethodSpec",
+    "convex_head",
     "get_method",
     "method_names",
     "method_of",

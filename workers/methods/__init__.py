@@ -2,7 +2,14 @@
 
 from __future__ import annotations
 
-from workers.methods import newton, noisy_finetune, output_perturbation, recollection, retrain
+from workers.methods import (
+    convex_head,
+    newton,
+    noisy_finetune,
+    output_perturbation,
+    recollection,
+    retrain,
+)
 from workers.methods.base import ModelSpec, RetainedData, Trained
 from workers.methods.registry import compute_names, method_for
 from workers.training import ProgressFn
@@ -15,6 +22,7 @@ def fit(model: ModelSpec, data: RetainedData, progress: ProgressFn | None = None
 
 __all__ = [
     "compute_names",
+    "convex_head",
     "fit",
     "method_for",
     "newton",
