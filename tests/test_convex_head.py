@@ -1,0 +1,176 @@
+"""convex_head (issue 12): the measured shift bounds the distance to the exact optimum, a
+shift over β retrains, ε is the analytic Gaussian's, and inputs are clipped everywhere."""
+
+from __future__ import annotations
+
+import io
+import math
+
+import dp_accounting
+import numpy as np
+import pytest
+import torch
+from safetensors.torch import load as st_load
+from scipy.optimize import brentq
+from scipy.stats import norm
+from sqlalchemy import select
+
+from app.blobstore import DatabaseBlobStore
+from app.db.session import database
+from app.db.tables import Dataset, Model, ModelVersion
+from app.privacy.lineage import compose_events, gaussian_event
+from tests.conftest import Api
+from workers import convex
+from workers.data import training_arrays
+from workers.methods.convex_head import to_theta
+
+LAM, R = 1e-2, 8.0
+
+
+def convex_model(api: Api, dataset_id: int, **options: object) -> dict:
+    created = api.post(
+        "/v1/models",
+        json={
+            "name": "head",
+            "dataset_id": dataset_id,
+            "architecture": {"type": "logreg"},
+            "method": {"name": "convex_head", "lam": LAM, "R": R, **options},
+        },
+    )
+    assert created.status_code == 202, created.text
+    model = api.wait(f"/v1/models/{created.json()['id']}", ("ready", "failed"))
+    assert model["status"] == "ready", model
+    return model
+
+
+def delete(api: Api, dataset_id: int, ids: list[str]) -> dict:
+    req = api.post(
+        "/v1/deletions", role="requester", json={"dataset_id": dataset_id, "sample_ids": ids}
+    ).json()
+    done = api.wait(f"/v1/deletions/{req['id']}", ("done", "failed"))
+    assert done["status"] == "done", done
+    return done
+
+
+def certificate(api: Api, done: dict) -> dict:
+    return api.get(f"/v1/audit/certificates/{done['certificate_ids'][0]}", role="auditor").json()
+
+
+def noise_free_and_optimum(api: Api, model_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The current noise-free state, and the exact optimum on the retained data solved from
+    scratch to 1e-10 (independently of the service's solve)."""
+    with database(api.url).read() as session:
+        model = session.get(Model, model_id)
+        version = session.get(ModelVersion, model.current_version_id)
+        state = dict(st_load(DatabaseBlobStore(session).get(version.state_key)))
+        dataset = session.get(Dataset, model.dataset_id)
+        data = training_arrays(session, model_id, dataset)
+    problem = convex.Problem.of(data.X, data.y, 2, R, LAM)
+    optimum = convex.solve(problem, 1e-10, 5000)
+    assert optimum.gradient_norm <= 1e-10
+    return to_theta(state), optimum.theta
+
+
+def train_ids(api: Api, dataset_id: int, n: int, offset: int = 0) -> list[str]:
+    page = api.get(
+        f"/v1/datasets/{dataset_id}/samples",
+        params={"split": "train", "limit": n, "offset": offset},
+    ).json()
+    return [s["external_id"] for s in page["items"]]
+
+
+def test_measured_shift_bounds_the_distance_to_the_retrained_optimum(api: Api) -> None:
+    ds = api.post("/v1/datasets", json={"builtin": "breast_cancer"}).json()
+    model = convex_model(api, ds["id"], beta=1.0)
+    offset = 0
+    for n in (1, 10, 100):
+        done = delete(api, ds["id"], train_ids(api, ds["id"], n, offset))
+        offset += n
+        cert = certificate(api, done)
+        assert cert["method"] == "convex_head" and cert["guarantee"] == "rigorous", cert
+        s = cert["constants"]["s"]["value"]
+        assert cert["constants"]["s"]["source"] == "measured"
+        released, optimum = noise_free_and_optimum(api, model["id"])
+        assert float(torch.linalg.norm(released - optimum)) <= s
+        assert s <= 1.0 and cert["n_removed"] == n
+
+
+def test_a_shift_over_the_budget_retrains_exactly(api: Api) -> None:
+    ds = api.post("/v1/datasets", json={"builtin": "breast_cancer"}).json()
+    model = convex_model(api, ds["id"], beta=1e-14, newton_steps=1)
+    done = delete(api, ds["id"], train_ids(api, ds["id"], 3))
+    cert = certificate(api, done)
+    assert cert["method"] == "retrain" and cert["guarantee"] == "exact"
+    assert "exceeds the budget" in cert["fallback_reason"]
+    released, optimum = noise_free_and_optimum(api, model["id"])
+    assert float(torch.linalg.norm(released - optimum)) < 1e-6  # the exact solve
+
+
+def analytic_gaussian_epsilon(z: float, delta: float) -> float:
+    """Balle & Wang 2018, Theorem 8, solved for ε: an independent check of dp-accounting."""
+
+    def excess(eps: float) -> float:
+        return norm.cdf(1 / (2 * z) - eps * z) - math.exp(eps) * norm.cdf(-1 / (2 * z) - eps * z)
+
+    return brentq(lambda e: excess(e) - delta, 1e-9, 100.0)
+
+
+def test_certificate_epsilon_is_the_analytic_gaussian(api: Api) -> None:
+    ds = api.post("/v1/datasets", json={"builtin": "breast_cancer"}).json()
+    convex_model(api, ds["id"], beta=0.5)
+    cert = certificate(api, delete(api, ds["id"], train_ids(api, ds["id"], 2)))
+    assert cert["guarantee"] == "rigorous"
+    z = cert["sigma"] / cert["constants"]["beta"]["value"]
+    assert cert["epsilon"] == pytest.approx(analytic_gaussian_epsilon(z, cert["delta"]), rel=1e-4)
+    assert cert["epsilon"] == pytest.approx(1.0, rel=1e-3)  # the default target
+
+
+def test_twenty_releases_compose_as_dp_accounting_says() -> None:
+    z = 3.7306  # σ/β at (1, 1e-5)
+    events = [gaussian_event(z, 1.0, 1.0, 1e-5) for _ in range(20)]
+    ours = compose_events(events, 1e-5).epsilon
+    accountant = dp_accounting.pld.PLDAccountant()
+    accountant.compose(dp_accounting.GaussianDpEvent(z), 20)
+    assert ours == pytest.approx(accountant.get_epsilon(1e-5), rel=2e-3)
+
+
+def test_inputs_are_clipped_in_training_and_unlearning(api: Api) -> None:
+    rng = np.random.default_rng(3)
+    X = rng.normal(size=(200, 5))
+    X[0] *= 10 * R / np.linalg.norm(X[0])  # ‖x‖ = 10·R
+    y = (X[:, 0] + 0.3 * rng.normal(size=200) > 0).astype(int)
+    buf = io.BytesIO()
+    np.savez(buf, X=X, y=y, split=np.array(["train"] * 160 + ["test"] * 40))
+    ds = api.post("/v1/datasets", files={"file": ("big.npz", buf.getvalue())}).json()
+    model = convex_model(api, ds["id"], beta=1.0)
+    clipped = X[:160].copy()
+    clipped[0] *= math.sqrt(R * R - 1) / np.linalg.norm(clipped[0])
+    problem = convex.Problem.of(torch.tensor(clipped), torch.tensor(y[:160]), 2, R, LAM)
+    assert float(problem.Z.norm(dim=1).max()) <= R * (1 + 1e-12)
+    expected = convex.solve(problem, 1e-10, 5000).theta
+    trained, _ = noise_free_and_optimum(api, model["id"])
+    assert float(torch.linalg.norm(trained - expected)) < 1e-6
+
+    done = delete(api, ds["id"], ["1"])  # a sample next to the big one; then the big one
+    assert certificate(api, done)["guarantee"] == "rigorous"
+    done = delete(api, ds["id"], ["0"])
+    cert = certificate(api, done)
+    assert cert["guarantee"] == "rigorous", cert
+    released, optimum = noise_free_and_optimum(api, model["id"])
+    assert float(torch.linalg.norm(released - optimum)) <= cert["constants"]["s"]["value"]
+    with database(api.url).read() as session:
+        assert session.scalar(select(Model.architecture))["feature_norm"] == R
+
+
+def test_convex_head_needs_a_logistic_head(api: Api) -> None:
+    ds = api.post("/v1/datasets", json={"builtin": "breast_cancer"}).json()
+    response = api.post(
+        "/v1/models",
+        json={
+            "name": "mlp",
+            "dataset_id": ds["id"],
+            "architecture": {"type": "mlp"},
+            "method": {"name": "convex_head"},
+        },
+    )
+    assert response.status_code == 422 and "logreg" in response.text
