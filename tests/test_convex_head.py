@@ -174,3 +174,20 @@ def test_convex_head_needs_a_logistic_head(api: Api) -> None:
         },
     )
     assert response.status_code == 422 and "logreg" in response.text
+
+
+def test_preview_shows_sigma_noise_norm_and_recent_shifts(api: Api) -> None:
+    ds = api.post("/v1/datasets", json={"builtin": "breast_cancer"}).json()
+    model = convex_model(api, ds["id"], beta=0.5)
+    done = delete(api, ds["id"], train_ids(api, ds["id"], 1))
+    view = api.get("/v1/privacy/preview", params={"model": model["id"]}).json()
+    assert view["method"] == "convex_head" and view["feasible"] is True
+    assert view["sigma"] == pytest.approx(0.5 * 3.7306, rel=1e-3)  # β · z(1, 1e-5)
+    shift = view["shift"]
+    assert shift["parameters"] == 2 * 31
+    assert shift["expected_noise_norm"] == pytest.approx(view["sigma"] * math.sqrt(62))
+    assert shift["weight_norm"] > 0
+    s = certificate(api, done)["constants"]["s"]["value"]
+    assert shift["recent"] == [
+        {"request_id": done["id"], "n_removed": 1, "s": s, "s_over_beta": s / 0.5}
+    ]

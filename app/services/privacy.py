@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import math
+from math import prod
 from typing import Any
 
 from sqlalchemy.orm import Session
 
 from app.audit import certificate_documents
+from app.db.tables import Dataset, Model, ModelVersion
 from app.errors import unprocessable
 from app.methods import method_of
 from app.privacy.lineage import LineageBudget, LineageEvent, admit, history_from_certificates
@@ -38,7 +41,8 @@ def preview(
             f"(ε={eps:g}, δ={dlt:g}) is looser than model {model_id}'s policy "
             f"(ε={policy.epsilon:g}, δ={policy.delta:g})",
         )
-    history = lineage_history(session, model_id)
+    documents = certificate_documents(session, model_id)
+    history = history_from_certificates(documents)
     budget = LineageBudget(policy.lineage_epsilon, policy.lineage_delta)
     admission = admit(budget, history, plan.event)
     after = admission.after if plan.event is not None else admission.spent
@@ -63,4 +67,34 @@ def preview(
             "accountant": after.accountant,
         },
         "would_retrain_exactly": plan.feasible is False or not admission.admitted,
+        "shift": _shift_view(session, model, plan.sigma, documents),
+    }
+
+
+def _shift_view(
+    session: Session, model: Model, sigma: float, documents: list[dict[str, Any]]
+) -> dict[str, Any] | None:
+    """For a measured-shift method (convex_head): the expected noise norm σ·√d against the
+    current ‖w‖, and what the last requests measured of β (s/β, newest last)."""
+    if method_of(model.method).name != "convex_head" or model.current_version_id is None:
+        return None
+    version = session.get(ModelVersion, model.current_version_id)
+    dataset = session.get(Dataset, model.dataset_id)
+    assert version is not None and dataset is not None
+    d = dataset.n_classes * (prod(dataset.feature_shape) + 1)
+    recent = [
+        {
+            "request_id": doc.get("request_id"),
+            "n_removed": doc.get("n_removed"),
+            "s": doc["constants"]["s"]["value"],
+            "s_over_beta": doc["constants"]["s"]["value"] / doc["constants"]["beta"]["value"],
+        }
+        for doc in documents
+        if "s" in doc.get("constants", {}) and "beta" in doc.get("constants", {})
+    ][-10:]
+    return {
+        "expected_noise_norm": sigma * math.sqrt(d),
+        "weight_norm": version.metrics.get("weight_norm"),
+        "parameters": d,
+        "recent": recent,
     }
