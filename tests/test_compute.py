@@ -148,3 +148,40 @@ def test_certificate_of_a_fallback_says_why() -> None:
     assert fields["fallback_reason"] == decision.reason
     assert "Exact retraining was used because" in fields["sentence"]
     assert fields["cumulative_epsilon"] == 0.0 and fields["lineage_event"] is None
+
+
+def test_convex_head_releases_on_a_measured_shift_and_retrains_over_budget() -> None:
+    X, y = data()
+    ids = list(range(100, 100 + N))
+
+    def decision(beta: float) -> Released | Fallback:
+        method = method_of({"name": "convex_head", "lam": 1e-2, "R": 10.0, "beta": beta})
+        arch = architecture_of({"type": "logreg", "feature_norm": 10.0})
+        spec = ModelSpec(arch, TRAINING, method, P, K)
+        trained = fit(spec, RetainedData(ids, X, y))
+        assert trained.metrics["gradient_norm"] <= 1e-10
+        policy = PrivacyPolicy()
+        inputs = UpdateInputs(
+            model_id=1,
+            spec=spec,
+            method=method,
+            policy=policy,
+            target=PrivacyTarget(policy.epsilon, policy.delta),
+            state=trained.state,
+            removed=RemovedSamples(ids[:3], X[:3], y[:3]),
+            retained=RetainedData(ids[3:], X[3:], y[3:]),
+            test=RetainedData(ids[:30], X[:30], y[:30]),
+            history=[],
+        )
+        return compute(inputs).decision
+
+    released = decision(beta=1.0)
+    assert isinstance(released, Released) and released.method == "convex_head"
+    cert = released.release.certificate
+    assert cert.guarantee == Guarantee.rigorous and cert.sensitivity == 1.0
+    assert cert.constants["s"].source == "measured" and cert.constants["s"].value <= 1.0
+    assert cert.epsilon == pytest.approx(1.0, rel=1e-3)
+    assert isinstance(released.release.event, GaussianRelease)
+    over = decision(beta=1e-15)
+    assert isinstance(over, Fallback) and "exceeds the budget" in over.reason
+    assert over.release.certificate.guarantee == Guarantee.exact
