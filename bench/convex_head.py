@@ -16,7 +16,10 @@ Writes bench/results/convex_head.json and convex_head.png (s/β over the sequenc
 from __future__ import annotations
 
 import argparse
+import json
+import tempfile
 import time
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -200,6 +203,61 @@ def checkpoint(
     }
 
 
+SERVICE_DATASETS = {
+    "digits": {"builtin": "digits"},
+    "synthetic": {"builtin": "synthetic", "n_samples": 100_000, "n_features": 256, "n_classes": 10},
+}
+
+
+def service(name: str, requests: int, tmp: Path) -> dict[str, Any]:
+    """Through the real service (embedded: SQLite + inline worker): registration, training,
+    and POST→certificate of sequential single-sample requests, convex_head vs asking for an
+    exact retrain (`"method": "retrain"`, the model's own cold solve)."""
+    from app.client import Client
+    from bench.common import embedded_server, percentiles
+
+    out: dict[str, Any] = {}
+    with embedded_server(tmp / name) as (url, key):
+        c = Client(url, key, timeout=3600)
+        t0 = time.perf_counter()
+        ds = c.post("/v1/datasets", json=SERVICE_DATASETS[name])
+        out["register_s"] = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        model = c.post(
+            "/v1/models",
+            json={
+                "name": name,
+                "dataset_id": ds["id"],
+                "architecture": {"type": "logreg"},
+                "method": {"name": "convex_head", **OPTIONS[name]},
+                "privacy": {"epsilon": 1.0, "delta": 1e-5},
+            },
+        )
+        model = c.wait_model(model["id"])
+        out["train_s"] = time.perf_counter() - t0
+        ids = [
+            s["external_id"]
+            for s in c.get(
+                f"/v1/datasets/{ds['id']}/samples",
+                params={"split": "train", "limit": 2 * requests},
+            )["items"]
+        ]
+        for label, method in (("convex_head", None), ("retrain", "retrain")):
+            latencies, methods = [], []
+            for sample in ids[:requests] if method is None else ids[requests:]:
+                body: dict[str, Any] = {"dataset_id": ds["id"], "sample_ids": [sample]}
+                if method:
+                    body["method"] = method
+                t0 = time.perf_counter()
+                done = c.wait_deletion(c.post("/v1/deletions", json=body)["id"])
+                latencies.append(time.perf_counter() - t0)
+                cert = c.get(f"/v1/audit/certificates/{done['certificate_ids'][0]}")
+                methods.append(cert["method"])
+            out[label] = {"post_to_certificate": percentiles(latencies), "methods": methods}
+        print(name, "service", out, flush=True)
+    return out
+
+
 def plot(results: dict[str, Any]) -> None:
     import matplotlib
 
@@ -223,12 +281,25 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--requests", type=int, default=100)
     parser.add_argument("--quick", action="store_true", help="synthetic n = 20,000")
+    parser.add_argument("--service-requests", type=int, default=10)
+    parser.add_argument(
+        "--service-only", action="store_true", help="keep the method runs of the last JSON"
+    )
     args = parser.parse_args()
     results: dict[str, Any] = {"target": {"epsilon": 1.0, "delta": 1e-5}, "datasets": {}}
-    for name in ("breast_cancer", "digits", "synthetic"):
-        results["datasets"][name] = run(name, args.requests, args.quick)
+    if args.service_only:
+        previous = json.loads((RESULTS / "convex_head.json").read_text())
+        results["datasets"] = previous["datasets"]
+    else:
+        for name in ("breast_cancer", "digits", "synthetic"):
+            results["datasets"][name] = run(name, args.requests, args.quick)
+        write_result("convex_head", results)
+        plot(results)
+    results["service"] = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        for name in SERVICE_DATASETS:
+            results["service"][name] = service(name, args.service_requests, Path(tmp))
     write_result("convex_head", results)
-    plot(results)
 
 
 if __name__ == "__main__":
