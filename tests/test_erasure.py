@@ -22,6 +22,7 @@ from sqlalchemy import select
 
 from app.accesslog import DropQueryString
 from app.crypto import Keyring, SealError, keyring, open_sealed, seal
+from app.db.migrate import upgrade_to_head
 from app.db.session import database, engine_for
 from app.db.tables import Blob, DataKey, ModelVersion, Sample
 from app.main import create_app
@@ -198,10 +199,16 @@ def test_byte_search_finds_nothing_of_an_erased_person(api: Api) -> None:
     assert stored["selector"]["subject_ids"] == [ring.token("subject", ds["id"], person)]
 
 
-def test_sqlite_keeps_nothing_after_a_clean_stop(settings: Settings) -> None:
+def test_sqlite_keeps_nothing_after_a_clean_stop(tmp_path: Path) -> None:
     """The service also leaves nothing once stopped (the WAL is checkpointed and gone)."""
-    if not settings.resolved_database_url.startswith("sqlite"):
-        return  # the PostgreSQL case is the test above
+    settings = Settings(
+        data_dir=tmp_path,
+        database_url=f"sqlite:///{tmp_path / 'lethe.db'}",
+        redis_url=None,
+        bootstrap_admin_key=False,
+        reconcile_seconds=0.5,
+    )
+    upgrade_to_head(settings.resolved_database_url)
     app = create_app(settings)
     with TestClient(app) as client:
         api = Api(client, settings.resolved_database_url, make_keys(settings.resolved_database_url))
