@@ -101,14 +101,14 @@ class PostgresServer:
     def __init__(self) -> None:
         bindir = _postgres_bin()
         if bindir is None:
-            pytest.skip("no PostgreSQL server binaries (initdb, pg_ctl)")
+            pytest.fail("no PostgreSQL server binaries (initdb, pg_ctl): install postgresql")
         self.bindir = bindir
         self.owner: pwd.struct_passwd | None = None
         if os.geteuid() == 0:
             try:
                 self.owner = pwd.getpwnam("postgres")
             except KeyError:
-                pytest.skip("running as root and there is no `postgres` user for initdb")
+                pytest.fail("running as root and there is no `postgres` user for initdb")
         # Not under pytest's tmp_path: its parents are private to root.
         self.root = Path(tempfile.mkdtemp(prefix="lethe-pg-"))
         self.data = self.root / "data"
