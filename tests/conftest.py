@@ -8,8 +8,6 @@ transaction, as in Polar's fixtures, cannot hold them).
 from __future__ import annotations
 
 import os
-import socket
-import subprocess
 import time
 import uuid
 from collections.abc import Iterator
@@ -19,8 +17,6 @@ from pathlib import Path
 import pytest
 import sqlalchemy as sa
 from fastapi.testclient import TestClient
-from redis import Redis
-from redis.exceptions import ConnectionError as RedisConnectionError
 
 from app.db.migrate import upgrade_to_head
 from app.db.session import database, engine_for
@@ -28,6 +24,7 @@ from app.db.tables import Base
 from app.main import create_app
 from app.security import Role, create_key
 from app.settings import Settings
+from tests.servers import RedisServer
 
 PG_ADMIN_URL = os.environ.get(
     "LETHE_TEST_PG_ADMIN", "postgresql+psycopg://postgres@127.0.0.1:5432/postgres"
@@ -35,49 +32,13 @@ PG_ADMIN_URL = os.environ.get(
 PG_BASE = PG_ADMIN_URL.rsplit("/", 1)[0]
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 @pytest.fixture(scope="session")
 def redis_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """A redis-server of our own on a free port: tests may FLUSHALL it, nobody else's."""
-    port = free_port()
-    folder = tmp_path_factory.mktemp("redis")
-    proc = subprocess.Popen(
-        [
-            "redis-server",
-            "--port",
-            str(port),
-            "--bind",
-            "127.0.0.1",
-            "--save",
-            "",
-            "--appendonly",
-            "no",
-            "--dir",
-            str(folder),
-        ],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    url = f"redis://127.0.0.1:{port}/0"
-    client = Redis.from_url(url)
-    deadline = time.monotonic() + 20
-    while True:
-        try:
-            client.ping()
-            break
-        except RedisConnectionError:
-            if time.monotonic() > deadline or proc.poll() is not None:
-                proc.kill()
-                raise
-            time.sleep(0.05)
-    yield url
-    proc.terminate()
-    proc.wait(timeout=10)
+    server = RedisServer(tmp_path_factory.mktemp("redis"))
+    server.start()
+    yield server.url
+    server.kill()
 
 
 @pytest.fixture(scope="session")

@@ -23,69 +23,20 @@ import httpx
 import pytest
 import sqlalchemy as sa
 from redis import Redis
-from redis.exceptions import RedisError
 from sqlalchemy import func, select
 
 from app.db.migrate import upgrade_to_head
 from app.db.session import database, engine_for
 from app.db.tables import Certificate, DeletionRequest, DeletionTask
 from bench.cluster import Cluster
-from tests.conftest import free_port, truncate_all
+from tests.conftest import truncate_all
+from tests.servers import RedisServer, free_port
 from tests.test_pipeline_distributed import FAST, assert_single_chain, ready_model, train_ids
 
 pytestmark = pytest.mark.integration
 
 
 # ---- servers the test owns, so it may kill and restart them ---------------------------------
-
-
-class RedisServer:
-    """A redis-server on a fixed free port, no persistence (like production): a restart
-    comes back empty."""
-
-    def __init__(self, folder: Path) -> None:
-        self.folder = folder
-        self.port = free_port()
-        self.url = f"redis://127.0.0.1:{self.port}/0"
-        self.proc: subprocess.Popen | None = None
-
-    def start(self) -> None:
-        self.proc = subprocess.Popen(
-            [
-                "redis-server",
-                "--port",
-                str(self.port),
-                "--bind",
-                "127.0.0.1",
-                "--save",
-                "",
-                "--appendonly",
-                "no",
-                "--dir",
-                str(self.folder),
-            ],
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )
-        client = Redis.from_url(self.url)
-        deadline = time.monotonic() + 20
-        while True:
-            try:
-                client.ping()
-                break
-            except RedisError:
-                if time.monotonic() > deadline or self.proc.poll() is not None:
-                    self.kill()
-                    raise
-                time.sleep(0.05)
-            finally:
-                client.close()
-
-    def kill(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.wait(timeout=10)
-        self.proc = None
 
 
 def _postgres_bin() -> Path | None:

@@ -29,7 +29,8 @@ from app.db.tables import (
 from app.main import create_app
 from app.settings import Settings
 from bench.cluster import Cluster
-from tests.conftest import SMALL_TRAINING, free_port, truncate_all
+from tests.conftest import SMALL_TRAINING, truncate_all
+from tests.servers import free_port
 
 pytestmark = pytest.mark.integration
 
