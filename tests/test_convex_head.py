@@ -102,6 +102,7 @@ def test_a_shift_over_the_budget_retrains_exactly(api: Api) -> None:
     cert = certificate(api, done)
     assert cert["method"] == "retrain" and cert["guarantee"] == "exact"
     assert "exceeds the budget" in cert["fallback_reason"]
+    assert "warm-started" in cert["sentence"] and "within ‖∇F‖/λ" in cert["sentence"]
     released, optimum = noise_free_and_optimum(api, model["id"])
     assert float(torch.linalg.norm(released - optimum)) < 1e-6  # the exact solve
 

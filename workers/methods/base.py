@@ -177,6 +177,11 @@ class UnlearningMethod:
             metrics["projection_radius"] = radius
         return Trained(state=state, statistics=None, record={}, metrics=metrics)
 
+    def retrain(self, inputs: UpdateInputs) -> tuple[Trained, str]:
+        """The exact retrain on the retained data, and how it was made (for the certificate):
+        by default training from scratch with the same configuration and seed."""
+        return self.train(inputs.retained), "retrained from scratch"
+
     def reference(self, inputs: UpdateInputs, release: Release) -> ModelState:
         """The retrained model an evaluation compares the release with: seeded retraining
         on the retained data."""

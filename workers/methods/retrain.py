@@ -29,10 +29,10 @@ class Retrain(UnlearningMethod):
     def unlearn(self, inputs: UpdateInputs) -> Release:
         start = time.perf_counter()
         retained = inputs.retained
-        trained = method_for(self.model.method.name, self.model).train(retained)
+        trained, how = method_for(self.model.method.name, self.model).retrain(inputs)
         n = len(inputs.removed.sample_ids)
         sentence = (
-            f"Exact: retrained from scratch on the {len(retained.sample_ids)} retained "
+            f"Exact: {how} on the {len(retained.sample_ids)} retained "
             f"samples with the same configuration and seed, so the model is "
             f"(ε=0, δ=0)-indistinguishable from retraining without these {n} samples."
         )
