@@ -115,7 +115,15 @@ def solve(
     polish_steps: int = 4,
 ) -> Solution:
     """Full-batch L-BFGS (strong Wolfe) from `start` (zeros by default), then Newton steps
-    with the Hessian on all samples until ‖∇F‖ ≤ tolerance."""
+    with the Hessian on all samples until ‖∇F‖ ≤ tolerance. A warm start tries the Newton
+    steps first: near the optimum they converge quadratically where L-BFGS crawls."""
+    if start is not None:
+        theta, steps = newton_steps(
+            problem, start, hessians(problem, start), polish_steps, tolerance
+        )
+        norm = float(torch.linalg.norm(gradient(problem, theta)))
+        if norm <= tolerance:
+            return Solution(theta, norm, 0, steps)
     k, d = problem.T.shape[1], problem.Z.shape[1]
     theta = (start if start is not None else torch.zeros(k, d, dtype=torch.float64)).clone()
     theta.requires_grad_(True)
