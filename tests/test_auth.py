@@ -66,3 +66,24 @@ def test_create_key_function_returns_secret_once(api: Api) -> None:
     with database(api.url).write() as session:
         key, raw = create_key(session, Role.auditor, "x")
         assert raw.startswith("lethe_aud_") and key.prefix == raw[:14]
+
+
+def test_a_request_with_a_body_looks_its_key_up_once(
+    api: Api, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The ingress gate's lookup is handed to the route's role check (no second query)."""
+    import app.api.deps
+    import app.api.limits
+
+    calls: list[str] = []
+
+    def counting(session, raw):  # type: ignore[no-untyped-def]
+        calls.append(raw)
+        return lookup_key(session, raw)
+
+    monkeypatch.setattr(app.api.deps, "lookup_key", counting)
+    monkeypatch.setattr(app.api.limits, "lookup_key", counting)
+    response = api.post("/v1/datasets", json={"builtin": "breast_cancer"})
+    assert response.status_code == 201 and len(calls) == 1
+    calls.clear()
+    assert api.get("/v1/models").status_code == 200 and len(calls) == 1  # no body: the route

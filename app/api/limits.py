@@ -27,18 +27,20 @@ from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from app.db.session import Database
+from app.db.tables import ApiKey
 from app.errors import error_body
 from app.security import lookup_key
 
 BODYLESS_METHODS = frozenset({"GET", "HEAD", "OPTIONS", "TRACE"})
 UPLOAD_ROUTES = frozenset({"/v1/datasets", "/v1/models/import"})
 MULTIPART_SLACK = 64 * 1024  # boundaries, part headers and the small form fields
+VERIFIED_KEY = "lethe_verified_key"  # request.state: (raw key, ApiKey) the gate looked up
 
 
-def key_is_valid(db: Database, raw: str) -> bool:
+def known_key(db: Database, raw: str) -> ApiKey | None:
     """The same test as the route dependency: a known key that is not revoked."""
     with db.read() as session:
-        return lookup_key(session, raw) is not None
+        return lookup_key(session, raw)
 
 
 def route_path(scope: Scope) -> str:
@@ -83,8 +85,11 @@ class IngressLimitMiddleware:
         if scheme.lower() != "bearer" or not raw.strip():
             return "missing API key: send 'Authorization: Bearer <key>'"
         db: Database = scope["app"].state.db
-        if not await run_in_threadpool(key_is_valid, db, raw.strip()):
+        key = await run_in_threadpool(known_key, db, raw.strip())
+        if key is None:
             return "invalid or revoked API key"
+        # The route's dependency checks the role of this same key without a second lookup.
+        scope.setdefault("state", {})[VERIFIED_KEY] = (raw.strip(), key)
         return None
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
