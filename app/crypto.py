@@ -129,7 +129,12 @@ def load_master_key(settings: Settings) -> bytes:
     created on first use with mode 0600 (every process of a deployment must share it)."""
     if settings.master_key is not None:
         return _decode_key(settings.master_key.get_secret_value(), "LETHE_MASTER_KEY")
-    path = settings.master_key_file or settings.data_dir / "master.key"
+    return _key_from_file((settings.master_key_file or settings.data_dir / "master.key").resolve())
+
+
+@lru_cache(maxsize=8)
+def _key_from_file(path: Path) -> bytes:
+    """Read once per process: every sample load and deletion request needs the key."""
     if not path.exists():
         _create_key_file(path)
     return _decode_key(_read_key_file(path), str(path))

@@ -29,9 +29,11 @@ def create(
 ) -> Any:
     """Commit the request, then signal each affected model's worker; 202 with the request."""
 
+    names = Names.of(body)  # keyed tokens of the ids: computed once, outside the transaction
+
     def accept(session: Session) -> tuple[DeletionOut, list[int], bool]:
-        request, models, replayed = create_deletion(session, body, key.id, idempotency_key)
-        view = deletion_view(session, request, Names.of(body))
+        request, models, replayed = create_deletion(session, body, names, key.id, idempotency_key)
+        view = deletion_view(session, request, names)
         return DeletionOut.model_validate(view), models, replayed
 
     view, models, replayed = db.run(accept, retry_integrity=True)

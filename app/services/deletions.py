@@ -38,6 +38,7 @@ def fingerprint(body: DeletionCreate) -> str:
 def create_deletion(
     session: Session,
     body: DeletionCreate,
+    names: Names,
     requester_key_id: int | None,
     idempotency_key: str | None,
 ) -> tuple[DeletionRequest, list[int], bool]:
@@ -59,7 +60,6 @@ def create_deletion(
     get_dataset(session, body.dataset_id)
     if not body.sample_ids and not body.subject_ids:
         raise unprocessable("empty_selector", "give sample_ids or subject_ids")
-    names = Names.of(body)
     samples = _resolve(session, body, names)
     order = {token: i for i, token in enumerate(names.samples)}  # report in the body's order
     erased = sorted(
