@@ -129,7 +129,13 @@ def load_master_key(settings: Settings) -> bytes:
     created on first use with mode 0600 (every process of a deployment must share it)."""
     if settings.master_key is not None:
         return _decode_key(settings.master_key.get_secret_value(), "LETHE_MASTER_KEY")
-    return _key_from_file((settings.master_key_file or settings.data_dir / "master.key").resolve())
+    return _key_at(settings.master_key_file or settings.data_dir / "master.key")
+
+
+@lru_cache(maxsize=8)
+def _key_at(path: Path) -> bytes:
+    """As given: resolving the path on every call was a system call per request."""
+    return _key_from_file(path.resolve())
 
 
 @lru_cache(maxsize=8)

@@ -80,10 +80,32 @@ class InlineDispatcher:
                 log.exception("inline job %s%s failed", item[0], item[1])
 
 
+def signal_key(queue_name: str, job: str, args: tuple[int, ...]) -> str:
+    """The Redis key that marks a signal as waiting in the queue."""
+    return f"lethe:{queue_name}:pending:{job}:{','.join(map(str, args))}"
+
+
+def take_signal(job: str, *args: int) -> None:
+    """Called by a job as it starts: its signal is no longer waiting, so the next request
+    signals again (it may arrive after this job read the database). No-op inline."""
+    from rq import get_current_job
+
+    current = get_current_job()
+    if current is not None:
+        try:
+            current.connection.delete(signal_key(current.origin, job, args))
+        except Exception:  # Redis gone: the key expires on its own
+            log.warning("could not clear the pending signal of %s%s", job, args, exc_info=True)
+
+
 class RQDispatcher:
     """Distributed mode: RQ on Redis carries signals with a job timeout. A failed attempt is
     put back in the database with a backoff and re-signalled by the reconciler, so there is
-    one retry policy in both modes."""
+    one retry policy in both modes.
+
+    At most one signal per (job, model) waits in the queue (issue 13): `SET NX` on a pending
+    key, cleared by the job as it starts (`take_signal`) and expiring after
+    `signal_ttl_seconds`, so a signal lost with its job is re-sent by the reconciler soon."""
 
     def __init__(self, settings: Settings) -> None:
         from redis import Redis
@@ -97,6 +119,9 @@ class RQDispatcher:
 
     def enqueue(self, job: str, *args: int) -> None:
         try:  # no RQ retries: failed attempts are retried from the database (fail_tasks)
+            pending = signal_key(self.settings.queue_name, job, args)
+            if not self.redis.set(pending, 1, nx=True, ex=self.settings.signal_ttl_seconds):
+                return  # a signal for this model is already waiting: its job will see this
             self.queue.enqueue(
                 job,
                 *args,

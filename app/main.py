@@ -13,11 +13,13 @@ from app import accesslog
 from app.api import audit, datasets, deletions, health, keys, models, privacy
 from app.api.errors import DependencyGuard, install_error_handlers
 from app.api.limits import IngressLimitMiddleware
+from app.db.group_commit import GroupCommitter
 from app.db.migrate import upgrade_to_head
 from app.db.session import database
 from app.dispatch import InlineDispatcher, Reconciler, make_dispatcher
-from app.metrics import metrics_middleware, pipeline_registry
+from app.metrics import MetricsMiddleware, pipeline_registry
 from app.security import Role, create_key, has_any_key
+from app.services.weights_cache import WeightsCache
 from app.settings import Settings, get_settings, use_settings
 
 log = logging.getLogger("lethe")
@@ -55,6 +57,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             reconciler = Reconciler(url, dispatcher, settings.reconcile_seconds)
             reconciler.start()
         yield
+        app.state.committer.stop()
         if reconciler is not None:
             reconciler.stop()
         if isinstance(dispatcher, InlineDispatcher):
@@ -69,6 +72,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     )
     app.state.settings = settings
     app.state.db = database(url)
+    app.state.committer = GroupCommitter(app.state.db)
+    app.state.weights_cache = WeightsCache(settings.weights_cache_bytes)
     app.state.dispatcher = make_dispatcher(settings)
     app.state.pipeline_registry = pipeline_registry(url, app.state.dispatcher.depth)
     install_error_handlers(app)
@@ -80,7 +85,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         max_upload_bytes=settings.max_upload_bytes,
     )
     app.add_middleware(DependencyGuard)  # 503, not 500, when the ingress check finds no database
-    app.middleware("http")(metrics_middleware)
+    app.add_middleware(MetricsMiddleware)
     for router in (
         health.router,
         datasets.router,

@@ -43,6 +43,9 @@ class Settings(BaseSettings):
     reconcile_seconds: float = Field(5.0, description="Reconciler period.")
     max_batch_requests: int = Field(256, description="Most deletion requests applied at once.")
     job_timeout_seconds: int = 3600
+    signal_ttl_seconds: int = Field(
+        60, ge=1, description="A waiting queue signal de-duplicates others this long at most."
+    )
     job_retries: int = Field(
         3, ge=0, le=20, description="retries of a failed update before its requests fail"
     )
@@ -65,7 +68,22 @@ class Settings(BaseSettings):
     erasure_compaction: bool = Field(
         True, description="after an erasure, compact the key table (VACUUM FULL / checkpoint)"
     )
+    key_cache_seconds: float = Field(
+        2.0,
+        ge=0,
+        le=60,
+        description="How long the API remembers a verified key; a revocation in another API "
+        "process takes effect within this (0: look every key up).",
+    )
+    weights_cache_bytes: int = Field(
+        256 * 1024 * 1024, ge=0, description="Memory for released weights served by the API."
+    )
     torch_threads: int = 0
+    device: Literal["auto", "cpu", "cuda"] = Field(
+        "auto",
+        description="Where workers compute (models, data, per-sample statistics): auto = the "
+        "GPU when torch sees one, else the CPU; cuda = a GPU or the worker refuses to start.",
+    )
     bootstrap_admin_key: bool = Field(True, description="Create an admin key on first start.")
     metrics_access: Literal["key", "token", "public", "off"] = Field(
         "key",

@@ -68,12 +68,12 @@ def test_create_key_function_returns_secret_once(api: Api) -> None:
         assert raw.startswith("lethe_aud_") and key.prefix == raw[:14]
 
 
-def test_a_request_with_a_body_looks_its_key_up_once(
+def test_keys_are_looked_up_once_then_remembered_until_revoked(
     api: Api, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The ingress gate's lookup is handed to the route's role check (no second query)."""
-    import app.api.deps
-    import app.api.limits
+    """The ingress gate's lookup is handed to the route's role check, and a verified key is
+    remembered (issue 13); revoking it forgets it at once."""
+    import app.api.keycache
 
     calls: list[str] = []
 
@@ -81,9 +81,16 @@ def test_a_request_with_a_body_looks_its_key_up_once(
         calls.append(raw)
         return lookup_key(session, raw)
 
-    monkeypatch.setattr(app.api.deps, "lookup_key", counting)
-    monkeypatch.setattr(app.api.limits, "lookup_key", counting)
+    app.api.keycache.forget()
+    monkeypatch.setattr(app.api.keycache, "lookup_key", counting)
     response = api.post("/v1/datasets", json={"builtin": "breast_cancer"})
     assert response.status_code == 201 and len(calls) == 1
-    calls.clear()
-    assert api.get("/v1/models").status_code == 200 and len(calls) == 1  # no body: the route
+    assert api.get("/v1/models").status_code == 200 and len(calls) == 1  # remembered
+
+    created = api.post("/v1/keys", json={"role": "reader"}).json()
+    reader = {"Authorization": f"Bearer {created['key']}"}
+    assert api.client.get("/v1/models", headers=reader).status_code == 200
+    assert api.client.get("/v1/models", headers=reader).status_code == 200
+    assert calls.count(created["key"]) == 1
+    assert api.client.delete(f"/v1/keys/{created['id']}", headers=api.h()).status_code == 204
+    assert api.client.get("/v1/models", headers=reader).status_code == 401  # forgotten at once

@@ -8,7 +8,7 @@ from fastapi import APIRouter, Header
 from fastapi.responses import JSONResponse
 from sqlalchemy.orm import Session
 
-from app.api.deps import DbDep, DeletionViewer, DispatcherDep, Requester
+from app.api.deps import CommitterDep, DbDep, DeletionViewer, DispatcherDep, Requester
 from app.api.params import PathId
 from app.api.responses import COMMON, errors
 from app.dispatch import DELETE
@@ -24,10 +24,12 @@ def create(
     body: DeletionCreate,
     key: Requester,
     db: DbDep,
+    committer: CommitterDep,
     dispatcher: DispatcherDep,
     idempotency_key: Annotated[str | None, Header(min_length=1, max_length=180)] = None,
 ) -> Any:
-    """Commit the request, then signal each affected model's worker; 202 with the request."""
+    """Commit the request (in the next group commit), then signal each affected model's
+    worker; 202 with the request."""
 
     names = Names.of(body)  # keyed tokens of the ids: computed once, outside the transaction
 
@@ -36,7 +38,7 @@ def create(
         view = deletion_view(session, request, names)
         return DeletionOut.model_validate(view), models, replayed
 
-    view, models, replayed = db.run(accept, retry_integrity=True)
+    view, models, replayed = committer.submit(accept)
     if view.status == "done" and not replayed:  # nothing held them: erased on acceptance
         compact_after_erasure(db)
     for model_id in models:

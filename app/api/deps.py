@@ -7,12 +7,14 @@ from typing import Annotated
 
 from fastapi import Depends, Request
 
+from app.api.keycache import known_key
 from app.api.limits import VERIFIED_KEY
+from app.db.group_commit import GroupCommitter
 from app.db.session import Database
 from app.db.tables import ApiKey
 from app.dispatch import Dispatcher
 from app.errors import APIError
-from app.security import Role, lookup_key
+from app.security import Role
 from app.settings import Settings
 
 
@@ -25,12 +27,18 @@ def get_db(request: Request) -> Database:
     return request.app.state.db
 
 
+def get_committer(request: Request) -> GroupCommitter:
+    """The single writer path: short units of work committed in groups (issue 13)."""
+    return request.app.state.committer
+
+
 def get_dispatcher(request: Request) -> Dispatcher:
     return request.app.state.dispatcher
 
 
 SettingsDep = Annotated[Settings, Depends(get_settings_dep)]
 DbDep = Annotated[Database, Depends(get_db)]
+CommitterDep = Annotated[GroupCommitter, Depends(get_committer)]
 DispatcherDep = Annotated[Dispatcher, Depends(get_dispatcher)]
 
 
@@ -49,8 +57,7 @@ def require(*roles: Role) -> Callable[..., ApiKey]:
         if verified is not None and verified[0] == raw.strip():
             key = verified[1]
         else:
-            with db.read() as session:
-                key = lookup_key(session, raw.strip())
+            key = known_key(db, raw.strip())
         if key is None:
             raise APIError(401, "unauthorized", "invalid or revoked API key")
         if key.role not in allowed:

@@ -10,6 +10,7 @@ from typing import Any
 from fastapi import APIRouter
 from sqlalchemy import select
 
+from app.api import keycache
 from app.api.deps import Admin, DbDep
 from app.api.params import PathId
 from app.api.responses import COMMON, errors
@@ -63,3 +64,5 @@ def revoke(key_id: PathId, caller: Admin, db: DbDep) -> None:
                 "own_key", "a key cannot revoke itself; revoke it with another admin key"
             )
         key.revoked_at = utcnow()
+        revoked_hash = key.key_hash
+    keycache.forget(revoked_hash)

@@ -26,21 +26,14 @@ from starlette.datastructures import Headers
 from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from app.api.keycache import known_key
 from app.db.session import Database
-from app.db.tables import ApiKey
 from app.errors import error_body
-from app.security import lookup_key
 
 BODYLESS_METHODS = frozenset({"GET", "HEAD", "OPTIONS", "TRACE"})
 UPLOAD_ROUTES = frozenset({"/v1/datasets", "/v1/models/import"})
 MULTIPART_SLACK = 64 * 1024  # boundaries, part headers and the small form fields
 VERIFIED_KEY = "lethe_verified_key"  # request.state: (raw key, ApiKey) the gate looked up
-
-
-def known_key(db: Database, raw: str) -> ApiKey | None:
-    """The same test as the route dependency: a known key that is not revoked."""
-    with db.read() as session:
-        return lookup_key(session, raw)
 
 
 def route_path(scope: Scope) -> str:

@@ -28,6 +28,7 @@ from app.services.models import (
     model_view,
     released_weights,
 )
+from app.services.weights_cache import WeightsCache
 
 router = APIRouter(prefix="/v1/models", tags=["models"], responses=COMMON)
 
@@ -184,16 +185,27 @@ def version_weights(
 
 
 def _weights(request: Request, db: DbDep, model_id: int, number: int | None) -> Response:
+    """Conditional (`If-None-Match`: 304 with no body) and served from the process's cache
+    of released weights by sha256; the version row is read every time, so a purged version
+    is 410 at once."""
+    cache: WeightsCache = request.app.state.weights_cache
     with db.read() as session:
         v = get_version(session, model_id, number)
         etag = f'"{v.weights_sha256}"'
         headers = {
             "ETag": etag,
+            "Cache-Control": "no-cache",  # clients revalidate with If-None-Match
             "X-Lethe-Version": str(v.number),
             "Content-Disposition": f'attachment; filename="model-{model_id}-v{v.number}'
             '.safetensors"',
         }
-        if request.headers.get("if-none-match") == etag and v.erased_at is None:
+        if v.erased_at is not None:
+            cache.forget(v.weights_sha256)
+            released_weights(session, v)  # raises 410
+        if request.headers.get("if-none-match") == etag:
             return Response(status_code=304, headers=headers)
-        data = released_weights(session, v)
+        data = cache.get(v.weights_sha256)
+        if data is None:
+            data = released_weights(session, v)
+            cache.put(v.weights_sha256, data)
     return Response(data, media_type="application/octet-stream", headers=headers)

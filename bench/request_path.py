@@ -1,0 +1,273 @@
+"""The request path (issue 13, goal 1): accepted POST /v1/deletions per second with 16 clients
+on one API process, while the worker applies updates, beside a minimal FastAPI + SQLAlchemy
+endpoint doing the same inserts and commit (bench/minimal_app.py), on the same load generator
+(wrk, a C program, so the client costs the 2 cores little), in the same run. `GET …/weights`
+is measured under that load too (2 more connections), plain and conditional (If-None-Match).
+
+    .venv/bin/python -m bench.request_path [--modes embedded,postgres] [--seconds 20]
+
+Embedded: `lethe serve` on a SQLite file with its inline worker; the minimal endpoint on
+another SQLite file. Postgres: `lethe serve` + 1 `lethe worker` on a fresh PostgreSQL database
+and Redis; the minimal endpoint on another fresh database. Dataset: synthetic 50,000 × 20,
+2 classes; model: logreg with method `retrain` (every batch of deletions is a real retrain).
+Writes bench/results/request_path.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import concurrent.futures as cf
+import contextlib
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import sqlalchemy as sa
+
+from app.db.migrate import upgrade_to_head
+from bench.cluster import Cluster
+from bench.common import free_port, write_result
+
+PG_ADMIN = "postgresql+psycopg://postgres@127.0.0.1:5432/postgres"
+REDIS = "redis://127.0.0.1:6379/0"
+WRK = Path(__file__).resolve().parent / "wrk"
+
+
+def wrk(script: str, url: str, seconds: float, connections: int, env: dict[str, str]) -> dict:
+    """Run wrk with one of bench/wrk/*.lua; its `done` hook writes the summary as JSON."""
+    with tempfile.NamedTemporaryFile(suffix=".json") as out:
+        subprocess.run(
+            [
+                "wrk",
+                "-t1",
+                f"-c{connections}",
+                f"-d{max(1, round(seconds))}s",
+                "--timeout",
+                "30s",
+                "-s",
+                str(WRK / script),
+                url,
+            ],
+            env={**os.environ, **env, "WRK_OUT": out.name},
+            check=True,
+            capture_output=True,
+        )
+        result = json.loads(Path(out.name).read_text())
+    result["per_second"] = result["requests"] / (result["duration_us"] / 1e6)
+    return result
+
+
+def load(
+    url: str,
+    post_path: str,
+    weights_path: str,
+    key: str,
+    reader: str,
+    dataset_id: int,
+    ids_file: Path,
+    seconds: float,
+    clients: int,
+    etag: str,
+) -> dict:
+    """16 clients POSTing deletions, and alongside 2 GETting weights (plain, then conditional)."""
+    post_env = {
+        "WRK_IDS": str(ids_file),
+        "WRK_DATASET": str(dataset_id),
+        "WRK_PATH": post_path,
+        "WRK_KEY": key,
+    }
+    get_env = {"WRK_PATH": weights_path, "WRK_KEY": reader}
+    with cf.ThreadPoolExecutor(2) as pool:
+        posts = pool.submit(wrk, "deletions.lua", url, seconds, clients, post_env)
+        time.sleep(1.0)
+        plain = wrk("get.lua", url, (seconds - 2) / 2, 2, get_env)
+        conditional = wrk("get.lua", url, (seconds - 2) / 2, 2, {**get_env, "WRK_ETAG": etag})
+        return {"posts": posts.result(), "weights": plain, "weights_if_none_match": conditional}
+
+
+@contextlib.contextmanager
+def pg_database() -> Iterator[str]:
+    name = f"lethe_bench_{uuid.uuid4().hex[:8]}"
+    admin = sa.create_engine(PG_ADMIN, isolation_level="AUTOCOMMIT")
+    with admin.connect() as conn:
+        conn.exec_driver_sql(f'CREATE DATABASE "{name}"')
+    try:
+        yield PG_ADMIN.rsplit("/", 1)[0] + f"/{name}"
+    finally:
+        with admin.connect() as conn:
+            conn.exec_driver_sql(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        admin.dispose()
+
+
+def prepare(cluster: Cluster, n_samples: int, tmp: Path) -> dict:
+    """Dataset, a ready retrain model, a requester and a reader key, the ids file, weights."""
+    with cluster.client(timeout=600) as c:
+        ds = c.post(
+            "/v1/datasets",
+            json={"builtin": "synthetic", "n_samples": n_samples, "n_features": 20},
+        ).json()
+        model = c.post(
+            "/v1/models",
+            json={"name": "bench", "dataset_id": ds["id"], "architecture": {"type": "logreg"}},
+        ).json()
+        while (status := c.get(f"/v1/models/{model['id']}").json()["status"]) != "ready":
+            if status == "failed":
+                raise RuntimeError("training failed")
+            time.sleep(0.5)
+        ids: list[str] = []
+        while True:
+            page = c.get(
+                f"/v1/datasets/{ds['id']}/samples",
+                params={"split": "train", "limit": 1000, "offset": len(ids)},
+            ).json()["items"]
+            if not page:
+                break
+            ids += [s["external_id"] for s in page]
+        weights = c.get(f"/v1/models/{model['id']}/weights")
+    ids_file = tmp / "ids.txt"
+    ids_file.write_text("\n".join(ids) + "\n")
+    return {
+        "dataset_id": ds["id"],
+        "model_id": model["id"],
+        "ids": ids,
+        "ids_file": ids_file,
+        "weights": weights.content,
+        "etag": weights.headers["etag"],
+        "requester": cluster.new_key("requester"),
+        "reader": cluster.new_key("reader"),
+    }
+
+
+def versions(cluster: Cluster, model_id: int) -> int:
+    with cluster.client() as c:
+        return len(c.get(f"/v1/models/{model_id}/versions").json())
+
+
+@contextlib.contextmanager
+def minimal_server(url: str, env_extra: dict[str, str], log: Path) -> Iterator[str]:
+    port = free_port()
+    with log.open("w") as fh:
+        proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "uvicorn",
+                "bench.minimal_app:app",
+                "--port",
+                str(port),
+                "--log-level",
+                "info",
+            ],
+            env={**os.environ, "MINIMAL_DATABASE_URL": url, **env_extra},
+            stdout=fh,
+            stderr=fh,
+        )
+    base = f"http://127.0.0.1:{port}"
+    try:
+        for _ in range(200):
+            with contextlib.suppress(httpx.HTTPError):
+                if httpx.get(f"{base}/docs", timeout=1).status_code == 200:
+                    break
+            time.sleep(0.1)
+        yield base
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+
+
+def run_mode(mode: str, seconds: float, clients: int, n_samples: int) -> dict:
+    from bench.minimal_app import seed
+
+    with contextlib.ExitStack() as stack:
+        tmp = Path(stack.enter_context(tempfile.TemporaryDirectory()))
+        if mode == "embedded":
+            lethe_url, redis = None, None
+            minimal_url = f"sqlite:///{tmp / 'minimal.db'}"
+        else:
+            lethe_url = stack.enter_context(pg_database())
+            minimal_url = stack.enter_context(pg_database())
+            redis = REDIS
+            upgrade_to_head(lethe_url)
+        cluster = stack.enter_context(Cluster(tmp / "lethe", lethe_url, redis))
+        base = cluster.start_api()
+        if mode != "embedded":
+            cluster.start_worker()
+        p = prepare(cluster, n_samples, tmp)
+        before = versions(cluster, p["model_id"])
+        lethe = load(
+            base,
+            "/v1/deletions",
+            f"/v1/models/{p['model_id']}/weights",
+            p["requester"],
+            p["reader"],
+            p["dataset_id"],
+            p["ids_file"],
+            seconds,
+            clients,
+            p["etag"],
+        )
+        lethe["new_versions_during_load"] = versions(cluster, p["model_id"]) - before
+        seed(minimal_url, p["ids"], p["weights"])
+        with minimal_server(minimal_url, {}, tmp / "minimal.log") as mbase:
+            with httpx.Client() as hc:
+                metag = hc.get(f"{mbase}/weights").headers["etag"]
+            minimal = load(
+                mbase,
+                "/deletions",
+                "/weights",
+                "unused",
+                "unused",
+                1,
+                p["ids_file"],
+                seconds,
+                clients,
+                metag,
+            )
+        return {
+            "lethe": lethe,
+            "minimal": minimal,
+            "weights_bytes": len(p["weights"]),
+            "p99_ratio": lethe["posts"]["p99_ms"] / minimal["posts"]["p99_ms"],
+        }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--modes", default="embedded,postgres")
+    parser.add_argument("--seconds", type=float, default=20)
+    parser.add_argument("--clients", type=int, default=16)
+    parser.add_argument("--samples", type=int, default=50_000)
+    parser.add_argument("--out", default="request_path")
+    args = parser.parse_args()
+    results: dict = {
+        "setup": f"synthetic {args.samples} x 20, logreg, method retrain; wrk -t1 "
+        f"-c{args.clients} for {args.seconds}s POSTing single-sample deletions; 2 more "
+        "connections GET the weights (plain for half the time, then If-None-Match)",
+        "load_average_before": os.getloadavg(),
+    }
+    for mode in args.modes.split(","):
+        results[mode] = run_mode(mode, args.seconds, args.clients, args.samples)
+        r = results[mode]
+        for who in ("lethe", "minimal"):
+            posts, w = r[who]["posts"], r[who]["weights"]
+            wc = r[who]["weights_if_none_match"]
+            print(
+                f"{mode:9} {who:8} POST {posts['per_second']:7.1f}/s p50 {posts['p50_ms']:7.1f} "
+                f"p99 {posts['p99_ms']:7.1f} ms (non-2xx {posts['non_2xx']}) | weights p50 "
+                f"{w['p50_ms']:.1f} p99 {w['p99_ms']:.1f} ms | 304 p50 {wc['p50_ms']:.1f} "
+                f"p99 {wc['p99_ms']:.1f} ms",
+                flush=True,
+            )
+    path = write_result(args.out, results)
+    print(f"wrote {path}")
+
+
+if __name__ == "__main__":
+    main()

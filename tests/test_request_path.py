@@ -1,0 +1,187 @@
+"""The request path of issue 13: group commit, the in-process SQLite write queue, the weights
+cache with conditional requests, and one pending queue signal per model."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+from redis import Redis
+from rq import Queue, SimpleWorker
+from sqlalchemy import func, select, text
+from sqlalchemy.orm import Session
+
+import app.api.models
+from app.db.group_commit import GroupCommitter
+from app.db.migrate import upgrade_to_head
+from app.db.session import database
+from app.db.tables import ApiKey
+from app.dispatch import DELETE, RQDispatcher, signal_key
+from app.errors import APIError
+from app.settings import Settings
+from tests.conftest import Api
+from tests.servers import RedisServer
+
+
+@pytest.fixture
+def sqlite_url(tmp_path: Path) -> str:
+    url = f"sqlite:///{tmp_path / 'gc.db'}"
+    upgrade_to_head(url)
+    return url
+
+
+def _add_key(name: str, fail: bool = False):  # type: ignore[no-untyped-def]
+    def work(session: Session) -> int:
+        key = ApiKey(name=name, role="reader", key_hash=name, prefix=name[:14])
+        session.add(key)
+        session.flush()
+        if fail:
+            raise APIError(409, "conflict", "this unit fails")
+        return key.id
+
+    return work
+
+
+def test_group_commit_answers_after_commit_and_isolates_failures(sqlite_url: str) -> None:
+    """Every caller's row is committed (visible to another connection) when `submit` returns;
+    a failing unit rolls back alone; concurrent callers share transactions."""
+    db = database(sqlite_url)
+    committer = GroupCommitter(db)
+    groups: list[int] = []
+    attempt = committer._attempt
+
+    def counting(units):  # type: ignore[no-untyped-def]
+        groups.append(len(units))
+        return attempt(units)
+
+    committer._attempt = counting  # type: ignore[method-assign]
+
+    def one(i: int) -> int | str:
+        try:
+            key_id = committer.submit(_add_key(f"k{i}", fail=i % 7 == 0))
+        except APIError as exc:
+            return exc.code
+        with db.read() as session:  # committed: another connection sees it now
+            assert session.get(ApiKey, key_id) is not None
+        return key_id
+
+    with ThreadPoolExecutor(16) as pool:
+        results = list(pool.map(one, range(200)))
+    committer.stop()
+    failed = [r for r in results if r == "conflict"]
+    assert len(failed) == len([i for i in range(200) if i % 7 == 0])
+    with db.read() as session:
+        names = set(session.scalars(select(ApiKey.name)))
+    assert names == {f"k{i}" for i in range(200) if i % 7}
+    assert sum(groups) >= 200 and max(groups) > 1  # grouped, not one transaction each
+
+
+def test_group_commit_reruns_a_unique_race_and_reports_a_database_error(
+    sqlite_url: str,
+) -> None:
+    db = database(sqlite_url)
+    committer = GroupCommitter(db)
+    assert committer.submit(_add_key("same")) > 0
+    tries: list[int] = []
+
+    def duplicate(session: Session) -> int:
+        tries.append(1)
+        session.add(ApiKey(name="x", role="reader", key_hash="same", prefix="x"))
+        session.flush()
+        return 0
+
+    with pytest.raises(Exception, match="UNIQUE"):
+        committer.submit(duplicate)
+    assert len(tries) == 5  # retried as a race, then reported
+
+    def broken(session: Session) -> None:
+        session.execute(text("SELECT * FROM no_such_table"))
+
+    with pytest.raises(Exception, match="no_such_table"):
+        committer.submit(broken)
+    assert committer.submit(_add_key("after")) > 0  # the writer thread survives both
+    committer.stop()
+
+
+def test_sqlite_writers_of_one_process_queue_in_process(sqlite_url: str) -> None:
+    """Threads never meet SQLite's busy handler: the in-process lock serialises them."""
+    db = database(sqlite_url)
+    inside = 0
+    most = 0
+    lock = threading.Lock()
+
+    def write(i: int) -> None:
+        nonlocal inside, most
+        with db.write() as session:
+            with lock:
+                inside += 1
+                most = max(most, inside)
+            session.add(ApiKey(name=f"w{i}", role="reader", key_hash=f"w{i}", prefix="w"))
+            session.flush()
+            with lock:
+                inside -= 1
+
+    with ThreadPoolExecutor(8) as pool:
+        list(pool.map(write, range(64)))
+    assert most == 1
+    with db.read() as session:
+        assert session.scalar(select(func.count()).select_from(ApiKey)) == 64
+
+
+def test_weights_are_cached_by_sha256_and_304_has_no_body(
+    api: Api, ready_model: dict, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    opened: list[int] = []
+    real = app.api.models.released_weights
+
+    def counting(session, version):  # type: ignore[no-untyped-def]
+        opened.append(version.id)
+        return real(session, version)
+
+    monkeypatch.setattr(app.api.models, "released_weights", counting)
+    path = f"/v1/models/{ready_model['id']}/weights"
+    first = api.get(path, role="reader")
+    second = api.get(path, role="reader")
+    assert first.status_code == second.status_code == 200
+    assert first.content == second.content and len(opened) == 1  # the second from memory
+    assert first.headers["cache-control"] == "no-cache"
+    conditional = api.client.get(
+        path, headers={**api.h("reader"), "If-None-Match": first.headers["etag"]}
+    )
+    assert conditional.status_code == 304 and conditional.content == b""
+    assert conditional.headers["etag"] == first.headers["etag"]
+    stale = api.client.get(path, headers={**api.h("reader"), "If-None-Match": '"other"'})
+    assert stale.status_code == 200 and stale.content == first.content
+
+
+@pytest.fixture
+def redis_server(tmp_path: Path) -> Iterator[RedisServer]:
+    server = RedisServer(tmp_path)
+    server.start()
+    yield server
+    server.kill()
+
+
+def test_one_pending_signal_per_model(redis_server: RedisServer, tmp_path: Path) -> None:
+    settings = Settings(data_dir=tmp_path, redis_url=redis_server.url, queue_name="dedup")
+    dispatcher = RQDispatcher(settings)
+    for _ in range(50):
+        dispatcher.enqueue(DELETE, 7)
+    dispatcher.enqueue(DELETE, 8)
+    assert dispatcher.depth() == 2  # one waiting signal per model
+    redis = Redis.from_url(redis_server.url)
+    assert redis.ttl(signal_key("dedup", DELETE, (7,))) > 0  # expires if its job is lost
+
+    # A job taking its signal clears the mark: the next request signals again.
+    queue = Queue("dedup", connection=redis)
+    queue.empty()
+    queue.enqueue("app.dispatch.take_signal", DELETE, 7)
+    SimpleWorker([queue], connection=redis).work(burst=True)
+    assert not redis.exists(signal_key("dedup", DELETE, (7,)))
+    assert redis.exists(signal_key("dedup", DELETE, (8,)))
+    dispatcher.enqueue(DELETE, 7)
+    dispatcher.enqueue(DELETE, 8)
+    assert dispatcher.depth() == 1
