@@ -58,8 +58,9 @@ class Client:
     def wait_deletion(self, request_id: int, timeout: float = 3600) -> dict:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            req = self.get(f"/v1/deletions/{request_id}")
+            read_timeout = self.http.timeout.read or 60.0
+            left = max(0.0, min(20.0, read_timeout - 1.0, deadline - time.monotonic()))
+            req = self.get(f"/v1/deletions/{request_id}", params={"wait": left})  # long poll
             if req["status"] in FINISHED_REQUEST:
                 return req
-            time.sleep(0.05)
         raise TimeoutError(f"deletion {request_id} not finished after {timeout}s")

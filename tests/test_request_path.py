@@ -4,6 +4,7 @@ cache with conditional requests, and one pending queue signal per model."""
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -185,3 +186,19 @@ def test_one_pending_signal_per_model(redis_server: RedisServer, tmp_path: Path)
     dispatcher.enqueue(DELETE, 7)
     dispatcher.enqueue(DELETE, 8)
     assert dispatcher.depth() == 1
+
+
+def test_long_poll_answers_when_the_request_finishes(
+    api: Api, digits: dict, ready_model: dict
+) -> None:
+    """`?wait=` returns as soon as the request is done, with its certificate."""
+    sample = api.get(f"/v1/datasets/{digits['id']}/samples", params={"limit": 1}).json()
+    body = {"dataset_id": digits["id"], "sample_ids": [sample["items"][0]["external_id"]]}
+    created = api.post("/v1/deletions", role="requester", json=body).json()
+    start = time.monotonic()
+    done = api.client.get(
+        f"/v1/deletions/{created['id']}", params={"wait": 60}, headers=api.h("requester")
+    ).json()
+    assert done["status"] == "done" and done["certificate_ids"]
+    assert time.monotonic() - start < 60
+    assert api.get(f"/v1/deletions/{created['id']}", params={"wait": 61}).status_code == 422

@@ -3,6 +3,7 @@ opening each sample's sealed payload with its data key (app/crypto.py)."""
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -13,6 +14,7 @@ from sqlalchemy import Select, select
 from sqlalchemy.orm import Session
 
 from app.crypto import SampleRecord, keyring, open_sealed, sample_aad
+from app.db.chunks import chunked
 from app.db.tables import DataKey, Dataset, ModelSample, Sample
 
 
@@ -66,28 +68,119 @@ def sealed_samples() -> Select[int, int, str, bytes | None, bytes]:
     ).outerjoin(DataKey, DataKey.id == Sample.key_id)
 
 
+class OpenedSamples:
+    """Samples this process has opened, per dataset, as contiguous arrays (issue 13): an update
+    used to decrypt and decode the whole training set each time, most of its cost on small
+    models. Each load reads only ids, opens what is new, and drops every cached sample the
+    database no longer holds a key for, so erased plaintext does not outlive the next load
+    of its dataset in any worker."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._by_dataset: dict[int, _Block] = {}
+
+    def arrays(self, session: Session, dataset: Dataset, ids: list[int]) -> Arrays:
+        """These samples (ids ascending), opened once per process."""
+        live = set(
+            session.scalars(
+                select(Sample.id).where(Sample.dataset_id == dataset.id, Sample.key_id.is_not(None))
+            )
+        )
+        with self._lock:
+            block = self._by_dataset.get(dataset.id) or _Block.empty(dataset.feature_shape)
+            block = block.keep(live)
+            new = sorted(set(ids) - set(block.index))
+            if new:
+                rows: list[Any] = []
+                for chunk in chunked(new):
+                    rows += session.execute(sealed_samples().where(Sample.id.in_(chunk))).all()
+                block = block.merge(
+                    _decode(sorted(rows, key=lambda r: r.id), dataset.feature_shape)
+                )
+            self._by_dataset[dataset.id] = block
+        return block.take(ids)
+
+    def clear(self) -> None:
+        with self._lock:
+            self._by_dataset.clear()
+
+
+@dataclass
+class _Block:
+    """One dataset's opened samples, rows in ascending id order."""
+
+    arrays: Arrays
+    index: dict[int, int]  # sample id -> row
+
+    @classmethod
+    def empty(cls, shape: list[int]) -> _Block:
+        return cls(
+            Arrays([], [], torch.zeros((0, *shape)), torch.zeros(0, dtype=torch.long), []), {}
+        )
+
+    def keep(self, live: set[int]) -> _Block:
+        rows = [i for i, s in enumerate(self.arrays.sample_ids) if s in live]
+        if len(rows) == len(self.arrays):
+            return self
+        return _Block.of(_rows(self.arrays, rows))
+
+    def merge(self, more: Arrays) -> _Block:
+        a = self.arrays
+        both = Arrays(
+            a.sample_ids + more.sample_ids,
+            a.external_ids + more.external_ids,
+            torch.cat([a.X, more.X]),
+            torch.cat([a.y, more.y]),
+            a.subjects + more.subjects,
+        )
+        order = sorted(range(len(both)), key=both.sample_ids.__getitem__)
+        return _Block.of(_rows(both, order))
+
+    def take(self, ids: list[int]) -> Arrays:
+        missing = [s for s in ids if s not in self.index]
+        if missing:
+            raise RuntimeError(f"samples {missing[:10]} are erased but were asked for")
+        return _rows(self.arrays, [self.index[s] for s in ids])
+
+    @classmethod
+    def of(cls, arrays: Arrays) -> _Block:
+        return cls(arrays, {s: i for i, s in enumerate(arrays.sample_ids)})
+
+
+def _rows(a: Arrays, rows: list[int]) -> Arrays:
+    at = torch.tensor(rows, dtype=torch.long)
+    return Arrays(
+        [a.sample_ids[i] for i in rows],
+        [a.external_ids[i] for i in rows],
+        a.X[at],
+        a.y[at],
+        [a.subjects[i] for i in rows],
+    )
+
+
+OPENED = OpenedSamples()
+
+
 def training_arrays(
     session: Session, model_id: int, dataset: Dataset, exclude: set[int] | None = None
 ) -> Arrays:
     """Samples the model still holds (ordered by id), minus `exclude`."""
-    rows = session.execute(
-        sealed_samples()
-        .join(ModelSample, ModelSample.sample_id == Sample.id)
+    ids = session.scalars(
+        select(ModelSample.sample_id)
         .where(ModelSample.model_id == model_id, ModelSample.removed_version_id.is_(None))
-        .order_by(Sample.id)
+        .order_by(ModelSample.sample_id)
     ).all()
     exclude = exclude or set()
-    kept = [r for r in rows if r.id not in exclude]
-    return _decode(kept, dataset.feature_shape)
+    return OPENED.arrays(session, dataset, [s for s in ids if s not in exclude])
 
 
 def test_arrays(session: Session, dataset: Dataset) -> Arrays:
-    rows = session.execute(
-        sealed_samples()
+    ids = session.scalars(
+        select(Sample.id)
         .where(Sample.dataset_id == dataset.id, Sample.split == "test", Sample.key_id.is_not(None))
         .order_by(Sample.id)
     ).all()
-    return _decode(rows, dataset.feature_shape)
+    return OPENED.arrays(session, dataset, list(ids))
 
 
 def arrays_for(session: Session, dataset: Dataset, sample_ids: list[int]) -> Arrays:

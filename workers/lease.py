@@ -30,7 +30,7 @@ class LeaseLost(RuntimeError):
 
 def beat(url: str, mode: str) -> None:
     """Record that this worker process is alive."""
-    with database(url).write() as session:
+    with database(url).write(durable=False) as session:
         dialect = session.get_bind().dialect.name
         ins = (pg_insert if dialect == "postgresql" else sqlite_insert)(WorkerHeartbeat)
         now = utcnow()
@@ -77,7 +77,7 @@ class ModelLease:
         if self._thread is not None:
             self._thread.join(timeout=5)
         if self.held:
-            with database(self.url).write() as session:
+            with database(self.url).write(durable=False) as session:
                 session.execute(
                     update(Model)
                     .where(Model.id == self.model_id, Model.lease_owner == WORKER_ID)
@@ -93,7 +93,7 @@ class ModelLease:
         cond = (
             or_(mine, Model.lease_owner.is_(None), Model.lease_expires_at < now) if take else mine
         )
-        with database(self.url).write() as session:
+        with database(self.url).write(durable=False) as session:
             result = session.execute(
                 update(Model)
                 .where(Model.id == self.model_id, cond)

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import asyncio
+import time
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Header
+from fastapi import APIRouter, Header, Query
 from fastapi.responses import JSONResponse
 from sqlalchemy.orm import Session
+from starlette.concurrency import run_in_threadpool
 
 from app.api.deps import CommitterDep, DbDep, DeletionViewer, DispatcherDep, Requester
 from app.api.params import PathId
@@ -15,6 +18,9 @@ from app.dispatch import DELETE
 from app.erasure import compact_after_erasure
 from app.schemas import DeletionCreate, DeletionOut
 from app.services.deletions import Names, create_deletion, deletion_view, get_deletion
+from app.states import FINISHED_REQUEST
+
+MAX_WAIT_SECONDS = 60.0
 
 router = APIRouter(prefix="/v1/deletions", tags=["deletions"], responses=COMMON)
 
@@ -48,7 +54,33 @@ def create(
 
 
 @router.get("/{request_id}", response_model=DeletionOut, responses=errors(404))
-def read(request_id: PathId, key: DeletionViewer, db: DbDep) -> dict[str, Any]:
-    """A requester sees only its own requests; auditors and admins see all."""
-    with db.read() as session:
-        return deletion_view(session, get_deletion(session, request_id, key))
+async def read(
+    request_id: PathId,
+    key: DeletionViewer,
+    db: DbDep,
+    wait: Annotated[
+        float,
+        Query(
+            ge=0,
+            le=MAX_WAIT_SECONDS,
+            description="Long poll: answer as soon as the request is done or failed, or "
+            "after this many seconds with its status then.",
+        ),
+    ] = 0,
+) -> dict[str, Any]:
+    """A requester sees only its own requests; auditors and admins see all. With `wait`, the
+    answer comes when the request finishes (checked every few milliseconds at first, then
+    less often), so a client learns of its certificate without polling."""
+
+    def view() -> dict[str, Any]:
+        with db.read() as session:
+            return deletion_view(session, get_deletion(session, request_id, key))
+
+    deadline = time.monotonic() + wait
+    pause = 0.002
+    while True:
+        current = await run_in_threadpool(view)
+        if current["status"] in FINISHED_REQUEST or time.monotonic() >= deadline:
+            return current
+        await asyncio.sleep(min(pause, max(0.0, deadline - time.monotonic())))
+        pause = min(pause * 1.5, 0.1)

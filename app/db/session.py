@@ -11,18 +11,20 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import TypeVar
 
-from sqlalchemy import Engine, create_engine, event
+from sqlalchemy import Engine, create_engine, event, text
 from sqlalchemy.exc import DBAPIError, IntegrityError
 from sqlalchemy.orm import Session, sessionmaker
 
 T = TypeVar("T")
 
 
-def make_engine(url: str, readonly: bool = False) -> Engine:
+def make_engine(url: str, readonly: bool = False, bookkeeping: bool = False) -> Engine:
     """Create an engine tuned for the backend behind `url`.
 
     On SQLite, write transactions take the write lock up front (BEGIN IMMEDIATE); a
-    `readonly` engine uses deferred transactions, which in WAL mode block no writer.
+    `readonly` engine uses deferred transactions, which in WAL mode block no writer. A
+    `bookkeeping` engine's commits skip the fsync (synchronous=NORMAL): for leases and claims,
+    which expire if lost, never for what a client was told is committed.
     """
     if url.startswith("sqlite"):
         engine = create_engine(url, connect_args={"timeout": 30, "check_same_thread": False})
@@ -35,6 +37,7 @@ def make_engine(url: str, readonly: bool = False) -> Engine:
             cur.execute("PRAGMA foreign_keys=ON")
             cur.execute("PRAGMA secure_delete=ON")  # freed cells are zeroed (erasure, issue 11)
             cur.execute("PRAGMA busy_timeout=30000")
+            cur.execute(f"PRAGMA synchronous={'NORMAL' if bookkeeping else 'FULL'}")
             cur.close()
 
         @event.listens_for(engine, "begin")
@@ -87,19 +90,37 @@ def engine_for(url: str, readonly: bool = False) -> Engine:
         return _ENGINES[key]
 
 
+def bookkeeping_engine_for(url: str) -> Engine:
+    """SQLite only: the engine of `Database.write(durable=False)`."""
+    key = f"{url}#bk"
+    with _ENGINES_LOCK:
+        if key not in _ENGINES:
+            _ENGINES[key] = make_engine(url, bookkeeping=True)
+        return _ENGINES[key]
+
+
 class Database:
     """The one way to a database: units of work, the same in the API and the workers.
 
     `read()` is a read-only session that never takes SQLite's write lock (deferred, WAL),
     closed at the end (loaded objects stay readable, detached); `write()` is a transaction
     that commits on success and rolls back on error; `run(work)` is `write()` retried on
-    transient conflicts (the one retry policy; the reconciler covers everything longer)."""
+    transient conflicts (the one retry policy; the reconciler covers everything longer).
+    `write(durable=False)` commits without waiting for the disk (SQLite synchronous=NORMAL,
+    PostgreSQL synchronous_commit=off): for bookkeeping that a crash may lose harmlessly,
+    leases and task claims, which expire. Commits stay ordered: a later durable commit makes
+    every earlier one durable too."""
 
     def __init__(self, url: str) -> None:
         self.url = url
         self.engine = engine_for(url)
         self._writer = sessionmaker(bind=engine_for(url), expire_on_commit=False)
         self._reader = sessionmaker(bind=engine_for(url, readonly=True), expire_on_commit=False)
+        self._bookkeeper = (
+            sessionmaker(bind=bookkeeping_engine_for(url), expire_on_commit=False)
+            if url.startswith("sqlite")
+            else self._writer
+        )
         # SQLite has one write lock per file; threads of this process queue for it here, in
         # order, instead of polling it through SQLite's busy handler (whose sleeps grow to
         # 100 ms and made the tail latency of the API seconds long under load; issue 13).
@@ -111,9 +132,12 @@ class Database:
             yield session
 
     @contextmanager
-    def write(self) -> Iterator[Session]:
+    def write(self, durable: bool = True) -> Iterator[Session]:
         lock = self._write_lock or contextlib.nullcontext()
-        with lock, self._writer() as session, session.begin():
+        factory = self._writer if durable else self._bookkeeper
+        with lock, factory() as session, session.begin():
+            if not durable and not self.url.startswith("sqlite"):
+                session.execute(text("SET LOCAL synchronous_commit = off"))
             yield session
 
     def run(
