@@ -10,6 +10,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
+import torch
 from redis import Redis
 from rq import Queue, SimpleWorker
 from sqlalchemy import func, select, text
@@ -202,3 +203,44 @@ def test_long_poll_answers_when_the_request_finishes(
     assert done["status"] == "done" and done["certificate_ids"]
     assert time.monotonic() - start < 60
     assert api.get(f"/v1/deletions/{created['id']}", params={"wait": 61}).status_code == 422
+
+
+def test_opened_samples_are_cached_and_erased_ones_dropped(
+    api: Api, digits: dict, ready_model: dict, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A worker opens each sample once; after an erasure the next load forgets its plaintext;
+    a sample is known by id and key id, so another database's dataset never matches."""
+    import workers.data as data
+    from app.db.tables import Dataset
+
+    opened: list[int] = []
+    real = data._decode
+
+    def counting(rows, shape):  # type: ignore[no-untyped-def]
+        opened.extend(r.id for r in rows)
+        return real(rows, shape)
+
+    monkeypatch.setattr(data, "_decode", counting)
+    data.OPENED.clear()  # training (the inline worker, this process) opened them already
+    url = api.url
+    db = database(url)
+    with db.read() as session:
+        dataset = session.get(Dataset, digits["id"])
+        assert dataset is not None
+        first = data.training_arrays(session, ready_model["id"], dataset)
+        again = data.training_arrays(session, ready_model["id"], dataset)
+    assert len(opened) == len(first) and first.sample_ids == again.sample_ids
+    assert torch.equal(first.X, again.X) and torch.equal(first.y, again.y)
+
+    sample = api.get(f"/v1/datasets/{digits['id']}/samples", params={"limit": 1}).json()
+    body = {"dataset_id": digits["id"], "sample_ids": [sample["items"][0]["external_id"]]}
+    created = api.post("/v1/deletions", role="requester", json=body).json()
+    api.wait(f"/v1/deletions/{created['id']}", ("done",))
+    with db.read() as session:
+        dataset = session.get(Dataset, digits["id"])
+        assert dataset is not None
+        after = data.training_arrays(session, ready_model["id"], dataset)
+    gone = set(first.sample_ids) - set(after.sample_ids)
+    assert len(gone) == 1
+    cached = {s for block in data.OPENED._blocks.values() for s in block.arrays.sample_ids}
+    assert not gone & cached  # the erased sample's plaintext is no longer held

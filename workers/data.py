@@ -4,6 +4,7 @@ opening each sample's sealed payload with its data key (app/crypto.py)."""
 from __future__ import annotations
 
 import threading
+import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -61,70 +62,87 @@ def _decode(rows: Sequence[Any], shape: list[int]) -> Arrays:
     )
 
 
-def sealed_samples() -> Select[int, int, str, bytes | None, bytes]:
+def sealed_samples() -> Select[int, int, str, bytes | None, uuid.UUID | None, bytes]:
     """Samples with their wrapped data keys, in one query (no second round trip for keys)."""
     return select(
-        Sample.id, Sample.dataset_id, Sample.external_id, Sample.payload, DataKey.wrapped
+        Sample.id,
+        Sample.dataset_id,
+        Sample.external_id,
+        Sample.payload,
+        Sample.key_id,
+        DataKey.wrapped,
     ).outerjoin(DataKey, DataKey.id == Sample.key_id)
 
 
 class OpenedSamples:
-    """Samples this process has opened, per dataset, as contiguous arrays (issue 13): an update
-    used to decrypt and decode the whole training set each time, most of its cost on small
-    models. Each load reads only ids, opens what is new, and drops every cached sample the
-    database no longer holds a key for, so erased plaintext does not outlive the next load
-    of its dataset in any worker."""
+    """Samples this process has opened, per database and dataset, as contiguous arrays (issue
+    13): an update used to decrypt and decode the whole training set each time, most of its
+    cost on small models. Each load reads only (id, data key id) pairs, opens what is new, and
+    drops every cached sample whose key the database no longer holds, so erased plaintext does
+    not outlive the next load of its dataset in any worker. A row is known by its id and its
+    random data key id together, so a reused id is never mistaken for the old sample."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._by_dataset: dict[int, _Block] = {}
+        self._blocks: dict[tuple[str, int], _Block] = {}
 
     def arrays(self, session: Session, dataset: Dataset, ids: list[int]) -> Arrays:
         """These samples (ids ascending), opened once per process."""
-        live = set(
-            session.scalars(
-                select(Sample.id).where(Sample.dataset_id == dataset.id, Sample.key_id.is_not(None))
+        live = {
+            sample_id: key_id
+            for sample_id, key_id in session.execute(
+                select(Sample.id, Sample.key_id).where(
+                    Sample.dataset_id == dataset.id, Sample.key_id.is_not(None)
+                )
             )
-        )
+        }
+        where = (session.get_bind().engine.url.render_as_string(), dataset.id)
         with self._lock:
-            block = self._by_dataset.get(dataset.id) or _Block.empty(dataset.feature_shape)
+            block = self._blocks.get(where)
+            if block is None or list(block.arrays.X.shape[1:]) != list(dataset.feature_shape):
+                block = _Block.empty(dataset.feature_shape)  # new, or a recreated dataset id
             block = block.keep(live)
             new = sorted(set(ids) - set(block.index))
             if new:
                 rows: list[Any] = []
                 for chunk in chunked(new):
                     rows += session.execute(sealed_samples().where(Sample.id.in_(chunk))).all()
-                block = block.merge(
-                    _decode(sorted(rows, key=lambda r: r.id), dataset.feature_shape)
-                )
-            self._by_dataset[dataset.id] = block
+                rows.sort(key=lambda r: r.id)
+                opened = _decode(rows, dataset.feature_shape)
+                block = block.merge(opened, [r.key_id for r in rows])
+            self._blocks[where] = block
         return block.take(ids)
 
     def clear(self) -> None:
         with self._lock:
-            self._by_dataset.clear()
+            self._blocks.clear()
 
 
 @dataclass
 class _Block:
-    """One dataset's opened samples, rows in ascending id order."""
+    """One dataset's opened samples, rows in ascending id order, with each row's key id."""
 
     arrays: Arrays
+    keys: list[Any]
     index: dict[int, int]  # sample id -> row
 
     @classmethod
     def empty(cls, shape: list[int]) -> _Block:
-        return cls(
-            Arrays([], [], torch.zeros((0, *shape)), torch.zeros(0, dtype=torch.long), []), {}
-        )
+        nothing = Arrays([], [], torch.zeros((0, *shape)), torch.zeros(0, dtype=torch.long), [])
+        return cls(nothing, [], {})
 
-    def keep(self, live: set[int]) -> _Block:
-        rows = [i for i, s in enumerate(self.arrays.sample_ids) if s in live]
-        if len(rows) == len(self.arrays):
+    @classmethod
+    def of(cls, arrays: Arrays, keys: list[Any]) -> _Block:
+        return cls(arrays, keys, {s: i for i, s in enumerate(arrays.sample_ids)})
+
+    def keep(self, live: dict[int, Any]) -> _Block:
+        ids = self.arrays.sample_ids
+        rows = [i for i, s in enumerate(ids) if live.get(s) == self.keys[i]]
+        if len(rows) == len(ids):
             return self
-        return _Block.of(_rows(self.arrays, rows))
+        return _Block.of(_rows(self.arrays, rows), [self.keys[i] for i in rows])
 
-    def merge(self, more: Arrays) -> _Block:
+    def merge(self, more: Arrays, keys: list[Any]) -> _Block:
         a = self.arrays
         both = Arrays(
             a.sample_ids + more.sample_ids,
@@ -133,18 +151,15 @@ class _Block:
             torch.cat([a.y, more.y]),
             a.subjects + more.subjects,
         )
+        all_keys = self.keys + keys
         order = sorted(range(len(both)), key=both.sample_ids.__getitem__)
-        return _Block.of(_rows(both, order))
+        return _Block.of(_rows(both, order), [all_keys[i] for i in order])
 
     def take(self, ids: list[int]) -> Arrays:
         missing = [s for s in ids if s not in self.index]
         if missing:
             raise RuntimeError(f"samples {missing[:10]} are erased but were asked for")
         return _rows(self.arrays, [self.index[s] for s in ids])
-
-    @classmethod
-    def of(cls, arrays: Arrays) -> _Block:
-        return cls(arrays, {s: i for i, s in enumerate(arrays.sample_ids)})
 
 
 def _rows(a: Arrays, rows: list[int]) -> Arrays:

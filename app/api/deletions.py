@@ -40,9 +40,9 @@ def create(
     names = Names.of(body)  # keyed tokens of the ids: computed once, outside the transaction
 
     def accept(session: Session) -> tuple[DeletionOut, list[int], bool]:
-        request, models, replayed = create_deletion(session, body, names, key.id, idempotency_key)
-        view = deletion_view(session, request, names)
-        return DeletionOut.model_validate(view), models, replayed
+        accepted = create_deletion(session, body, names, key.id, idempotency_key)
+        view = deletion_view(session, accepted.request, names, new_tasks=accepted.tasks)
+        return DeletionOut.model_validate(view), accepted.models, accepted.replayed
 
     view, models, replayed = committer.submit(accept)
     if view.status == "done" and not replayed:  # nothing held them: erased on acceptance

@@ -35,14 +35,27 @@ def fingerprint(body: DeletionCreate) -> str:
     return hashlib.sha256(json.dumps(body.model_dump(), sort_keys=True).encode()).hexdigest()
 
 
+@dataclass(frozen=True)
+class Accepted:
+    request: DeletionRequest
+    tasks: list[DeletionTask] | None  # None for a replay: the stored request is the answer
+    replayed: bool
+
+    @property
+    def models(self) -> list[int]:
+        """Models to signal after the commit."""
+        return [t.model_id for t in self.tasks or []]
+
+
 def create_deletion(
     session: Session,
     body: DeletionCreate,
     names: Names,
     requester_key_id: int | None,
     idempotency_key: str | None,
-) -> tuple[DeletionRequest, list[int], bool]:
-    """Returns (request, models to signal, replayed). Nothing is written on any error."""
+) -> Accepted:
+    """The request (new, or the one this Idempotency-Key created before); nothing is written
+    on any error."""
     if idempotency_key:
         # Keys are scoped to the API key that sent them: another client's key never collides.
         idempotency_key = f"{requester_key_id}:{idempotency_key}"
@@ -56,7 +69,7 @@ def create_deletion(
                     "this Idempotency-Key was used with a different body",
                     {"request_id": existing.id},
                 )
-            return existing, [], True
+            return Accepted(existing, None, replayed=True)
     get_dataset(session, body.dataset_id)
     if not body.sample_ids and not body.subject_ids:
         raise unprocessable("empty_selector", "give sample_ids or subject_ids")
@@ -85,10 +98,11 @@ def create_deletion(
     )
     session.add(request)
     session.flush()
-    for model in affected:
-        session.add(
-            DeletionTask(request_id=request.id, model_id=model.id, status=TaskStatus.queued)
-        )
+    tasks = [
+        DeletionTask(request_id=request.id, model_id=m.id, status=TaskStatus.queued, n_removed=0)
+        for m in affected
+    ]
+    session.add_all(tasks)
     if pending:
         for chunk in chunked([s.id for s in pending]):
             session.execute(
@@ -99,7 +113,7 @@ def create_deletion(
     if not affected:
         erase_payloads(session, [s.id for s in pending])
         request.status, request.finished_at = RequestStatus.done, utcnow()
-    return request, [m.id for m in affected], False
+    return Accepted(request, tasks, replayed=False)
 
 
 @dataclass(frozen=True)
@@ -243,17 +257,29 @@ def get_deletion(
 
 
 def deletion_view(
-    session: Session, request: DeletionRequest, names: Names | None = None
+    session: Session,
+    request: DeletionRequest,
+    names: Names | None = None,
+    new_tasks: list[DeletionTask] | None = None,
 ) -> dict[str, Any]:
     """Status, per-model progress and certificates of one request. Ids show as the stored
-    tokens, except to the client that just sent them (`names`, from its own body)."""
+    tokens, except to the client that just sent them (`names`, from its own body). The tasks
+    of a request created in this session are passed in (`new_tasks`, no version yet): one
+    query less on the request path (issue 13)."""
     name = names.name if names is not None else (lambda token: token)
-    rows = session.execute(
-        select(DeletionTask, ModelVersion.number)
-        .outerjoin(ModelVersion, ModelVersion.id == DeletionTask.version_id)
-        .where(DeletionTask.request_id == request.id)
-        .order_by(DeletionTask.model_id)
-    ).all()
+    rows: list[tuple[DeletionTask, int | None]]
+    if new_tasks is not None:
+        rows = [(t, None) for t in sorted(new_tasks, key=lambda t: t.model_id)]
+    else:
+        rows = [
+            (t, number)
+            for t, number in session.execute(
+                select(DeletionTask, ModelVersion.number)
+                .outerjoin(ModelVersion, ModelVersion.id == DeletionTask.version_id)
+                .where(DeletionTask.request_id == request.id)
+                .order_by(DeletionTask.model_id)
+            )
+        ]
     models = [
         {
             "model_id": t.model_id,
