@@ -36,15 +36,16 @@ from bench.cluster import Cluster
 from bench.common import percentiles, write_result
 from bench.request_path import REDIS, pg_database
 
+BUDGET = {"epsilon": 1.0, "delta": 1e-5, "lineage_epsilon": 1000.0, "lineage_delta": 1e-3}
 METHODS: dict[str, dict[str, Any]] = {
     "recollection": {
         "method": {"name": "recollection", "max_relative_noise": None},
-        "privacy": {"epsilon": 1.0, "delta": 1e-5, "lineage_epsilon": 1000.0, "lineage_delta": 1e-3},
+        "privacy": BUDGET,
     },
     "convex_head": {
         "architecture": {"type": "logreg", "feature_norm": 9.0},
         "method": {"name": "convex_head", "lam": 1e-3, "R": 9.0, "beta": 1e-3},
-        "privacy": {"epsilon": 1.0, "delta": 1e-5, "lineage_epsilon": 1000.0, "lineage_delta": 1e-3},
+        "privacy": BUDGET,
     },
 }
 
