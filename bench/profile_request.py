@@ -1,0 +1,96 @@
+"""Where the API's time goes under load (issue 13): py-spy samples `lethe serve` (embedded)
+while wrk POSTs single-sample deletions with 16 connections, and the busy samples (threads
+waiting on a queue, a condition or a socket left out) are summed per function, inclusive.
+
+    .venv/bin/python -m bench.profile_request [--seconds 15] [--out request_profile]
+
+Writes bench/results/<out>.json: the share of busy samples per function (top 60) and the
+load's throughput. py-spy is a test extra (`pip install py-spy`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import concurrent.futures as cf
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from bench.cluster import Cluster
+from bench.common import write_result
+from bench.request_path import prepare, wrk
+
+IDLE_LEAVES = re.compile(
+    r"^(wait|get|select|poll|epoll|accept|recv|read|sleep|acquire|_worker|run_forever)\b"
+)
+IDLE_FRAMES = ("Condition.wait", "Queue.get", "SimpleQueue.get", "Future.result", "Event.wait")
+
+
+def frame_name(frame: str) -> str:
+    """`func (path/to/file.py:12)` -> `func @file.py`."""
+    match = re.match(r"(.*?) \((.*?):\d+\)$", frame)
+    if not match:
+        return frame
+    return f"{match.group(1)} @{match.group(2).rsplit('/', 1)[-1]}"
+
+
+def busy_shares(raw: Path) -> tuple[int, list[tuple[str, float]]]:
+    inclusive: collections.Counter[str] = collections.Counter()
+    total = 0
+    for line in raw.read_text().splitlines():
+        stack, _, count = line.rpartition(" ")
+        names = [frame_name(f) for f in stack.split(";")[1:]]  # the first is the thread
+        if not names or IDLE_LEAVES.match(names[-1]):
+            continue
+        if any(n.startswith(IDLE_FRAMES) for n in names[-3:]):
+            continue
+        total += int(count)
+        for name in set(names):
+            inclusive[name] += int(count)
+    return total, [(name, n / total) for name, n in inclusive.most_common(60)]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--seconds", type=int, default=15)
+    parser.add_argument("--samples", type=int, default=50_000)
+    parser.add_argument("--out", default="request_profile")
+    args = parser.parse_args()
+    spy = shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy")
+    with tempfile.TemporaryDirectory() as tmp_name:
+        tmp = Path(tmp_name)
+        with Cluster(tmp / "lethe", None, None) as cluster:
+            base = cluster.start_api()
+            p = prepare(cluster, args.samples, tmp)
+            env = {
+                "WRK_IDS": str(p["ids_file"]),
+                "WRK_DATASET": str(p["dataset_id"]),
+                "WRK_PATH": "/v1/deletions",
+                "WRK_KEY": p["requester"],
+            }
+            with cf.ThreadPoolExecutor(1) as pool:
+                load = pool.submit(wrk, "deletions.lua", base, args.seconds, 16, env)
+                time.sleep(1)
+                assert cluster.api is not None
+                subprocess.run(
+                    [spy, "record", "--pid", str(cluster.api.pid), "-d", str(args.seconds - 3)]
+                    + ["-r", "200", "--format", "raw", "--threads", "-o", str(tmp / "raw.txt")],
+                    check=True,
+                    capture_output=True,
+                )
+                posts = load.result()
+        total, shares = busy_shares(tmp / "raw.txt")
+    result = {"posts": posts, "busy_samples": total, "inclusive_share": shares}
+    print(f"{posts['per_second']:.0f} POST/s, p99 {posts['p99_ms']:.0f} ms")
+    for name, share in shares[:40]:
+        print(f"{share:6.1%} {name}")
+    print("wrote", write_result(args.out, result))
+
+
+if __name__ == "__main__":
+    main()
