@@ -5,6 +5,8 @@ Parameters Θ are a (k, p+1) matrix: row a is class a's weights, the last column
 features are z = (x, 1) scaled so that ‖z‖ ≤ R. Class a's objective is
 F_a(θ) = (1/n) Σ_i log(1 + exp(−t_ia θ·z_i)) + (λ/2)‖θ‖², t_ia = ±1; F = Σ_a F_a is
 λ-strongly convex, so ‖Θ − Θ*‖ ≤ ‖∇F(Θ)‖ / λ.
+
+Everything runs on the device of the features given to `Problem.of` (float64 on a GPU too).
 """
 
 from __future__ import annotations
@@ -31,9 +33,10 @@ class Problem:
     @classmethod
     def of(cls, X: torch.Tensor, y: torch.Tensor, n_classes: int, R: float, lam: float) -> Problem:
         x = clip_rows(X.reshape(len(X), -1).double(), math.sqrt(R * R - 1.0))
-        Z = torch.cat([x, torch.ones(len(x), 1, dtype=torch.float64)], dim=1)
-        T = -torch.ones(len(y), n_classes, dtype=torch.float64)
-        T[torch.arange(len(y)), y.long()] = 1.0
+        device = x.device
+        Z = torch.cat([x, torch.ones(len(x), 1, dtype=torch.float64, device=device)], dim=1)
+        T = -torch.ones(len(y), n_classes, dtype=torch.float64, device=device)
+        T[torch.arange(len(y), device=device), y.long().to(device)] = 1.0
         return cls(Z, T, lam)
 
     @property
@@ -73,16 +76,18 @@ def hessians(
 ) -> torch.Tensor:
     """Class Hessians (k, p+1, p+1) at Θ from the samples `rows` (all by default), built in
     float32 (they precondition Newton steps; the certificate never relies on them)."""
+    if rows is not None:
+        rows = rows.to(problem.Z.device)
     Z = problem.Z if rows is None else problem.Z[rows]
     T = problem.T if rows is None else problem.T[rows]
     s = torch.sigmoid(T * (Z @ theta.T))
     weights = (s * (1.0 - s)).float()
     Z32 = Z.float()
     k, d = theta.shape
-    H = torch.empty(k, d, d, dtype=torch.float64)
+    H = torch.empty(k, d, d, dtype=torch.float64, device=Z.device)
     for a in range(k):
         H[a] = ((Z32 * weights[:, a : a + 1]).T @ Z32).double() / len(Z)
-    return H + problem.lam * torch.eye(d, dtype=torch.float64)
+    return H + problem.lam * torch.eye(d, dtype=torch.float64, device=Z.device)
 
 
 def newton_steps(
@@ -125,7 +130,8 @@ def solve(
         if norm <= tolerance:
             return Solution(theta, norm, 0, steps)
     k, d = problem.T.shape[1], problem.Z.shape[1]
-    theta = (start if start is not None else torch.zeros(k, d, dtype=torch.float64)).clone()
+    zeros = torch.zeros(k, d, dtype=torch.float64, device=problem.Z.device)
+    theta = (start if start is not None else zeros).clone()
     theta.requires_grad_(True)
     optimizer = torch.optim.LBFGS(
         [theta],

@@ -32,10 +32,11 @@ def per_sample_losses(
     y: torch.Tensor,
     n_classes: int,
 ) -> np.ndarray:
-    net = build_net(architecture, int(np.prod(X.shape[1:])), n_classes)
+    """Per-sample cross-entropy, computed on the device of X, returned on the host."""
+    net = build_net(architecture, int(np.prod(X.shape[1:])), n_classes).to(X.device)
     net.load_state_dict(state)
     net.train(False)  # inference mode
-    return nn.functional.cross_entropy(net(X), y, reduction="none").numpy()
+    return nn.functional.cross_entropy(net(X), y, reduction="none").cpu().numpy()
 
 
 def membership_auc(forget_losses: np.ndarray, test_losses: np.ndarray) -> float | None:
@@ -58,7 +59,9 @@ def membership_auc(forget_losses: np.ndarray, test_losses: np.ndarray) -> float 
 
 
 def distance(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
-    return float((flat(a).double() - flat(b).double()).norm())
+    """‖a − b‖ in float64, on the device of `a`."""
+    fa = flat(a).double()
+    return float((fa - flat(b).double().to(fa.device)).norm())
 
 
 def evaluate(

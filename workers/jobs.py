@@ -1,7 +1,9 @@
 """Job entry points (RQ or the inline worker): train_model and process_deletions.
 
 Every job is load → compute → commit: one short read loads what the computation needs, the
-computation runs with no transaction open, one write commits the result (DESIGN §6).
+computation runs with no transaction open, one write commits the result (DESIGN §6). The load
+is on CPU; the computation runs on the worker's device (LETHE_DEVICE, workers/device.py) and
+its results come back to CPU before they are committed.
 """
 
 from __future__ import annotations
@@ -18,12 +20,14 @@ from sqlalchemy import select, update
 from app.blobstore import DatabaseBlobStore
 from app.db.session import Database, database
 from app.db.tables import Dataset, DeletionTask, Model, task_is_due, utcnow
+from app.dispatch import DELETE, take_signal
 from app.erasure import compact_after_erasure
 from app.settings import Settings, get_settings
 from app.specs import ImportedWeights, imported_of
 from app.states import ModelStatus, TaskStatus, VersionKind
 from workers import pause, pipeline
 from workers.data import Arrays, test_arrays, training_arrays
+from workers.device import trained_to_cpu, training_inputs_to, worker_device
 from workers.lease import WORKER_ID, LeaseLost, ModelLease
 from workers.methods import fit
 from workers.methods.base import ModelSpec, RetainedData, Trained
@@ -31,14 +35,17 @@ from workers.metrics import DELETIONS_PROCESSED, FALLBACKS, JOB_DURATION
 from workers.nets import build_net
 from workers.statistics import write_block
 from workers.training import ProgressFn, accuracy
-from workers.updates import Fallback, Outcome, compute
+from workers.updates import Fallback, Outcome, compute_on
 
 log = logging.getLogger("lethe.jobs")
 
 
-def _setup(settings: Settings) -> None:
+def _setup(settings: Settings) -> torch.device:
+    """Threads, and the device the job computes on (DeviceUnavailable before any work is
+    claimed when LETHE_DEVICE=cuda finds no GPU)."""
     if settings.torch_threads > 0:
         torch.set_num_threads(settings.torch_threads)
+    return worker_device(settings)
 
 
 def _lease(settings: Settings, model_id: int) -> ModelLease:
@@ -67,7 +74,7 @@ def train_model(model_id: int) -> str:
     """Train version 1 of a queued model (with its method's recording), reporting progress."""
     settings = get_settings()
     db = database(settings.resolved_database_url)
-    _setup(settings)
+    device = _setup(settings)
     started = time.perf_counter()
     with _lease(settings, model_id) as lease:
         if not lease.held:
@@ -78,7 +85,7 @@ def train_model(model_id: int) -> str:
         try:
             with db.read() as session:
                 inputs = _load_training(session, model_id)
-            trained, metrics = _train(inputs, _progress_writer(db, model_id))
+            trained, metrics = _train(inputs, _progress_writer(db, model_id), device)
             db.run(lambda session: _commit_trained(session, model_id, inputs, trained, metrics))
         except LeaseLost:
             raise
@@ -121,7 +128,11 @@ def _load_training(session: Any, model_id: int) -> TrainingInputs:
     )
 
 
-def _train(inputs: TrainingInputs, progress: ProgressFn) -> tuple[Trained, dict[str, Any]]:
+def _train(
+    inputs: TrainingInputs, progress: ProgressFn, device: torch.device
+) -> tuple[Trained, dict[str, Any]]:
+    """Train on `device`; the state and statistics come back on CPU."""
+    inputs = training_inputs_to(inputs, device)
     spec, data, test = inputs.spec, inputs.data, inputs.test
     if inputs.imported is not None:
         trained = _load_imported(spec, inputs.imported, inputs.imported_bytes)
@@ -135,7 +146,7 @@ def _train(inputs: TrainingInputs, progress: ProgressFn) -> tuple[Trained, dict[
         ),
         "test_accuracy": accuracy(spec.architecture, trained.state, test.X, test.y, spec.n_classes),
     }
-    return trained, metrics
+    return trained_to_cpu(trained), metrics
 
 
 def _load_imported(spec: ModelSpec, imported: ImportedWeights, data: bytes | None) -> Trained:
@@ -211,16 +222,17 @@ def _commit_trained(
 
 def process_deletions(model_id: int) -> str:
     """Apply every due deletion task of the model, coalesced, one update per batch."""
+    take_signal(DELETE, model_id)  # before reading: a request committed from now on re-signals
     settings = get_settings()
     db = database(settings.resolved_database_url)
-    _setup(settings)
+    device = _setup(settings)
     applied = 0
     while True:
         with _lease(settings, model_id) as lease:
             if not lease.held:
                 return f"busy (applied {applied})"
             while tasks := _claim(db, settings, model_id, lease):
-                if not _run_batch(db, settings, model_id, tasks):
+                if not _run_batch(db, settings, model_id, tasks, device):
                     return f"applied {applied}; a batch failed and will be retried"
                 applied += len(tasks)
         # Re-check after releasing: a request committed while we held the lease may have had
@@ -232,7 +244,7 @@ def process_deletions(model_id: int) -> str:
 def _claim(
     db: Database, settings: Settings, model_id: int, lease: ModelLease
 ) -> list[pipeline.ClaimedTask]:
-    with db.write() as session:
+    with db.write(durable=False) as session:  # a claim lost in a crash expires with the lease
         model = session.get(Model, model_id)
         if model is None or model.status != ModelStatus.ready:
             return []
@@ -260,7 +272,11 @@ def _has_due(db: Database, model_id: int) -> bool:
 
 
 def _run_batch(
-    db: Database, settings: Settings, model_id: int, tasks: list[pipeline.ClaimedTask]
+    db: Database,
+    settings: Settings,
+    model_id: int,
+    tasks: list[pipeline.ClaimedTask],
+    device: torch.device,
 ) -> bool:
     """Load, compute, commit one batch. Returns False when it failed and was put back (or
     failed for good: then the exception propagates, so RQ records the job as failed)."""
@@ -268,7 +284,7 @@ def _run_batch(
     try:
         with db.read() as session:  # one short read; no transaction while computing
             batch, inputs = pipeline.load_batch(session, model_id, tasks)
-        outcome: Outcome | None = compute(inputs) if batch.removed else None
+        outcome: Outcome | None = compute_on(inputs, device) if batch.removed else None
         pause.point("before-commit", model_id)
         db.run(
             lambda session: pipeline.commit_update(session, batch, outcome), retry_integrity=True

@@ -18,19 +18,23 @@ def build_net(
 ) -> nn.Module:
     """`logreg`: one linear layer; `mlp`: linear layers with the chosen activation. The
     parameter names and shapes are mirrored by app.architectures.parameter_shapes (a test
-    pins the two together)."""
+    pins the two together).
+
+    Always built on CPU, initialised by the CPU generator (the same initial weights whatever
+    the worker's device); move it with `.to(device)`."""
     arch = architecture_of(spec)
+    cpu = torch.device("cpu")
     if not isinstance(arch, MLPSpec):
         first: nn.Module = (
             nn.Flatten() if arch.feature_norm is None else ClipFeatures(arch.feature_norm)
         )
-        return nn.Sequential(first, nn.Linear(n_features, n_classes))
+        return nn.Sequential(first, nn.Linear(n_features, n_classes, device=cpu))
     layers: list[nn.Module] = [nn.Flatten()]
     width = n_features
     for hidden in arch.hidden:
-        layers += [nn.Linear(width, hidden), ACTIVATIONS[arch.activation]()]
+        layers += [nn.Linear(width, hidden, device=cpu), ACTIVATIONS[arch.activation]()]
         width = hidden
-    layers.append(nn.Linear(width, n_classes))
+    layers.append(nn.Linear(width, n_classes, device=cpu))
     return nn.Sequential(*layers)
 
 
@@ -63,7 +67,8 @@ def flat(state: dict[str, torch.Tensor]) -> torch.Tensor:
 
 
 class FlatModel:
-    """A network seen as a function of one flat parameter vector (for torch.func)."""
+    """A network seen as a function of one flat parameter vector (for torch.func). The
+    network's own parameters only give names and shapes: `logits` runs on the device of `w`."""
 
     def __init__(self, net: nn.Module) -> None:
         self.net = net

@@ -1,5 +1,8 @@
 """Maths of certified Newton unlearning (seed 004): full-data gradients, LiSSA inverse-Hessian-
-vector products with torch.func, and power-iteration checks on the declared constants."""
+vector products with torch.func, and power-iteration checks on the declared constants.
+
+Everything runs on the device of `w` and the data; the random mini-batches and power-iteration
+starts are drawn by the (CPU) generator and moved there."""
 
 from __future__ import annotations
 
@@ -87,7 +90,8 @@ def lissa(
         if full:
             P = v + P - vmap(hvp, in_dims=(0, None, None))(P, X, y) / scale
         else:
-            idx = torch.randint(len(y), (chains, batch), generator=gen)
+            idx = torch.randint(len(y), (chains, batch), generator=gen, device=gen.device)
+            idx = idx.to(X.device)
             P = v + P - batched(P, X[idx], y[idx]) / scale
         if j % 10 == 0 or j == depth:
             norm = float(P.norm(dim=1).max())
@@ -109,11 +113,11 @@ def hessian_extremes(
     max_rows: int = 2048,
 ) -> tuple[float, float]:
     """(λ_max, λ_min) of ∇²L(w, D_r) by power iteration on HVPs (λ_min by shifting)."""
-    rows = torch.randperm(len(y), generator=gen)[:max_rows]
+    rows = torch.randperm(len(y), generator=gen, device=gen.device)[:max_rows].to(X.device)
     Xs, ys = X[rows], y[rows]
     loss = objective(model, weight_decay)
 
     def hvp(p: torch.Tensor) -> torch.Tensor:
         return jvp(lambda wv: grad(loss)(wv, Xs, ys), (w,), (p,))[1]
 
-    return extreme_eigenvalues(hvp, w.numel(), iters, gen, w.dtype)
+    return extreme_eigenvalues(hvp, w.numel(), iters, gen, w.dtype, w.device)

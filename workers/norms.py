@@ -12,8 +12,13 @@ ModelState = dict[str, torch.Tensor]
 
 
 def global_norm(tensors: Iterable[torch.Tensor]) -> float:
-    """‖x‖ of the concatenation of `tensors`, accumulated in float64."""
-    return float(torch.sqrt(sum(((t.double() ** 2).sum() for t in tensors), torch.tensor(0.0))))
+    """‖x‖ of the concatenation of `tensors`, accumulated in float64 on their device (one
+    host sync)."""
+    total: torch.Tensor | None = None
+    for t in tensors:
+        square = (t.double() ** 2).sum()
+        total = square if total is None else total + square
+    return 0.0 if total is None else float(torch.sqrt(total))
 
 
 def projection_scale(norm: float, radius: float) -> float:

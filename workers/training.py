@@ -17,10 +17,16 @@ ProgressFn = Callable[[int, int, float], None]
 
 
 def seeded_net(
-    architecture: ArchitectureSpec | dict[str, Any], n_features: int, n_classes: int, seed: int
+    architecture: ArchitectureSpec | dict[str, Any],
+    n_features: int,
+    n_classes: int,
+    seed: int,
+    device: torch.device | None = None,
 ) -> nn.Module:
+    """Initialised on CPU from `seed` (the same weights on every device), then moved."""
     torch.manual_seed(seed)
-    return build_net(architecture, n_features, n_classes)
+    net = build_net(architecture, n_features, n_classes)
+    return net if device is None else net.to(device)
 
 
 def train(
@@ -36,11 +42,12 @@ def train(
     """SGD with weight decay over seeded shuffles; returns the final parameters.
 
     From a seeded initialisation, or from `init_state` (fine-tuning with a fresh optimizer);
-    with `project_radius`, projected SGD onto the ball ‖w‖ ≤ C after every step.
+    with `project_radius`, projected SGD onto the ball ‖w‖ ≤ C after every step. Runs on the
+    device of X; the shuffles come from a seeded CPU generator (the same batches everywhere).
     """
     cfg = training_of(config)
     n_features = int(np.prod(X.shape[1:]))
-    net = seeded_net(architecture, n_features, n_classes, cfg.seed)
+    net = seeded_net(architecture, n_features, n_classes, cfg.seed, X.device)
     if init_state is not None:
         net.load_state_dict(init_state)
     if project_radius is not None:
@@ -53,8 +60,9 @@ def train(
     epochs, batch = cfg.epochs, cfg.batch_size
     net.train()
     for epoch in range(epochs):
-        order = torch.randperm(len(y), generator=gen)
-        total = 0.0
+        order = torch.randperm(len(y), generator=gen, device=gen.device).to(X.device)
+        # the epoch's loss, summed on the device in float64 (no host sync per step)
+        total = torch.zeros((), dtype=torch.float64, device=X.device)
         for start in range(0, len(y), batch):
             idx = order[start : start + batch]
             opt.zero_grad(set_to_none=True)
@@ -63,9 +71,10 @@ def train(
             opt.step()
             if project_radius is not None:
                 project_parameters_(net, project_radius)
-            total += loss.item() * len(idx)
+            if progress is not None:
+                total += loss.detach().double() * len(idx)
         if progress is not None:
-            progress(epoch + 1, epochs, total / max(len(y), 1))
+            progress(epoch + 1, epochs, float(total) / max(len(y), 1))
     return state_of(net)
 
 
@@ -99,7 +108,7 @@ def accuracy(
 ) -> float | None:
     if len(y) == 0:
         return None
-    net = build_net(architecture, int(np.prod(X.shape[1:])), n_classes)
-    net.load_state_dict(state)
+    net = build_net(architecture, int(np.prod(X.shape[1:])), n_classes).to(X.device)
+    net.load_state_dict(state)  # copies across devices: `state` may be on CPU
     net.train(False)  # inference mode
     return float((net(X).argmax(1) == y).float().mean())

@@ -3,6 +3,7 @@ meets the target and fits the lineage budget, else an exact retrain (DESIGN ยง6โ
 
 `compute(inputs) -> Outcome` is pure apart from its random draws: the job loads `UpdateInputs`
 in one short read, calls it with no transaction open, then commits the outcome.
+`compute_on(inputs, device)` is the same on the worker's device (LETHE_DEVICE, workers/device.py).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import torch
 
 from app.privacy.lineage import Admission, LineageBudget, admit
 from app.states import Guarantee
+from workers.device import inputs_to, outcome_to_cpu
 from workers.evaluation import evaluate
 from workers.methods import method_for
 from workers.methods.base import Release, TargetInfeasible, UpdateInputs
@@ -48,6 +50,12 @@ Decision = Released | Fallback
 class Outcome:
     decision: Decision
     metrics: dict[str, Any]
+
+
+def compute_on(inputs: UpdateInputs, device: torch.device) -> Outcome:
+    """`compute` with the inputs moved to `device`; the release comes back on CPU, ready to be
+    serialised and sealed."""
+    return outcome_to_cpu(compute(inputs_to(inputs, device)))
 
 
 def compute(inputs: UpdateInputs) -> Outcome:

@@ -23,6 +23,7 @@ from typing import Any
 from app.dispatch import Reconciler, RQDispatcher, reconcile_and_signal
 from app.settings import get_settings
 from workers import metrics
+from workers.device import DeviceUnavailable, worker_device
 from workers.lease import WORKER_ID, beat
 
 log = logging.getLogger("lethe.worker")
@@ -36,6 +37,10 @@ def run(burst: bool = False) -> None:
     settings = get_settings()
     if not settings.redis_url:
         raise SystemExit("lethe worker needs LETHE_REDIS_URL (embedded mode runs its own worker)")
+    try:
+        device = worker_device(settings)
+    except DeviceUnavailable as exc:  # LETHE_DEVICE=cuda with no GPU: refuse to start
+        raise SystemExit(f"lethe worker: {exc}") from exc
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     url = settings.resolved_database_url
     if settings.worker_metrics_port:
@@ -52,7 +57,9 @@ def run(burst: bool = False) -> None:
     if not burst:
         reconciler.start()
         heart.start()
-    log.info("worker %s listening on queue %r", WORKER_ID, settings.queue_name)
+    log.info(
+        "worker %s listening on queue %r, computing on %s", WORKER_ID, settings.queue_name, device
+    )
     try:
         serve(settings.redis_url, settings.queue_name, burst=burst)
     finally:

@@ -193,7 +193,9 @@ class ConvexHead(UnlearningMethod):
 
 
 def _subsample(n: int, size: int) -> torch.Tensor | None:
-    """A uniform subsample of rows for the Hessian (None: all rows)."""
+    """A uniform subsample of rows for the Hessian (None: all rows), drawn on CPU by a
+    generator seeded with n (the same rows on every device; `convex.hessians` moves them)."""
     if n <= size:
         return None
-    return torch.randperm(n, generator=torch.Generator().manual_seed(n))[:size]
+    gen = torch.Generator().manual_seed(n)
+    return torch.randperm(n, generator=gen, device=gen.device)[:size]

@@ -29,7 +29,7 @@ from workers.methods.base import (
     UnlearningMethod,
     UpdateInputs,
 )
-from workers.methods.noise import check_relative_noise, secure_generator
+from workers.methods.noise import check_relative_noise, draw_gaussian, secure_generator
 from workers.methods.registry import register
 from workers.nets import FlatModel, build_net
 from workers.newton import LissaDiverged, hessian_extremes, lissa, mean_gradient
@@ -84,7 +84,7 @@ class Newton(UnlearningMethod):
         check_relative_noise(
             sigma, sensitivity, w.numel(), float(w_tilde.norm()), o.max_relative_noise
         )
-        noise = sigma * torch.randn(w.shape, generator=secure_generator(), dtype=w.dtype)
+        noise = sigma * draw_gaussian(w.shape, secure_generator(), w.dtype, w.device)
         epsilon = epsilon_for(sensitivity, sigma, delta_mech)
         measured = {
             "G": G,

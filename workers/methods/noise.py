@@ -11,15 +11,28 @@ from workers.methods.base import ModelState, TargetInfeasible
 
 
 def secure_generator() -> torch.Generator:
-    """A generator seeded from the OS's secure source; the seed is never stored. Used for
-    every random draw of an update (noise, LiSSA batches, power-iteration starts)."""
+    """A CPU generator seeded from the OS's secure source; the seed is never stored. Used for
+    every random draw of an update (noise, LiSSA batches, power-iteration starts): the draws
+    are made on CPU and moved to the worker's device, so a generator seeded the same way
+    gives the same draws on every device."""
     return torch.Generator().manual_seed(secrets.randbits(63))
 
 
+def draw_gaussian(
+    shape: torch.Size | tuple[int, ...],
+    gen: torch.Generator,
+    dtype: torch.dtype,
+    device: torch.device,
+) -> torch.Tensor:
+    """N(0, I) of this shape, sampled by `gen` on its own device (CPU) and moved to `device`:
+    reproducible across devices for a seeded generator (a CUDA draw would differ)."""
+    return torch.randn(shape, generator=gen, dtype=dtype, device=gen.device).to(device)
+
+
 def add_gaussian(state: ModelState, sigma: float, gen: torch.Generator) -> ModelState:
-    """x + N(0, σ²I) on every coordinate, biases included."""
+    """x + N(0, σ²I) on every coordinate, biases included, on the device of each tensor."""
     return {
-        k: (v + sigma * torch.randn(v.shape, generator=gen, dtype=v.dtype)).contiguous()
+        k: (v + sigma * draw_gaussian(v.shape, gen, v.dtype, v.device)).contiguous()
         for k, v in state.items()
     }
 

@@ -28,7 +28,7 @@ from workers.methods.base import (
     UnlearningMethod,
     UpdateInputs,
 )
-from workers.methods.noise import secure_generator
+from workers.methods.noise import draw_gaussian, secure_generator
 from workers.methods.registry import register
 from workers.nets import FlatModel, build_net
 from workers.norms import clip_vector
@@ -82,24 +82,28 @@ class NoisyFinetune(UnlearningMethod):
     def noisy_phase(
         self, model: FlatModel, x: torch.Tensor, data: RetainedData, sigma: float, steps: int
     ) -> torch.Tensor:
-        """Eq. (3) (gradient clipping) or eq. (4) (model clipping) for `steps` steps."""
+        """Eq. (3) (gradient clipping) or eq. (4) (model clipping) for `steps` steps, on the
+        device of x and the data (noise and batches drawn on CPU, then moved)."""
         o = self.o
         noise, batches = secure_generator(), secure_generator()
+        device = x.device
 
         def loss(w: torch.Tensor, X: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
             return nn.functional.cross_entropy(model.logits(w, X), y)
 
         gradient = grad(loss)
         if o.variant == "model_clipping" and o.sigma0 > 0:
-            x = x + o.sigma0 * torch.randn(x.shape, generator=noise)
+            x = x + o.sigma0 * draw_gaussian(x.shape, noise, x.dtype, device)
+        size = min(o.batch_size, len(data.y))
         for _ in range(steps):
-            idx = torch.randint(len(data.y), (min(o.batch_size, len(data.y)),), generator=batches)
+            idx = torch.randint(len(data.y), (size,), generator=batches, device=batches.device)
+            idx = idx.to(data.X.device)
             g = gradient(x, data.X[idx], data.y[idx])
             if o.variant == "gradient_clipping":
                 x = x - o.gamma * (clip_vector(g, o.C1) + o.lam * x)
             else:
                 x = clip_vector(x - o.gamma * (g + o.lam * x), o.C2)
-            x = x + sigma * torch.randn(x.shape, generator=noise)
+            x = x + sigma * draw_gaussian(x.shape, noise, x.dtype, device)
         return x
 
     def _certificate(self, plan: ReleasePlan, n: int) -> CertificateFields:

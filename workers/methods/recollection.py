@@ -34,7 +34,7 @@ from workers.methods.base import (
     UnlearningMethod,
     UpdateInputs,
 )
-from workers.methods.noise import check_relative_noise, secure_generator
+from workers.methods.noise import check_relative_noise, draw_gaussian, secure_generator
 from workers.methods.registry import register
 from workers.nets import FlatModel, build_net
 from workers.recollection import batch_schedule, train_recollection
@@ -183,7 +183,7 @@ class Recollection(UnlearningMethod):
         check_relative_noise(
             sigma, sensitivity, w_det.numel(), float(w_det.norm()), self.options.max_relative_noise
         )
-        noise = sigma * torch.randn(w_det.shape, generator=secure_generator(), dtype=torch.float64)
+        noise = sigma * draw_gaussian(w_det.shape, secure_generator(), torch.float64, w_det.device)
         next_state = flat.state(w_det.float())
         release = flat.state((w_det + noise).float())
         epsilon = epsilon_for(sensitivity, sigma, target.delta)
@@ -269,16 +269,18 @@ class Recollection(UnlearningMethod):
 def _in_record_order(
     order: list[int], retained: RetainedData, removed: RemovedSamples
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Features and labels in the record's order; rows no longer held (erased, or removed now)
-    are zeros and excluded."""
+    """Features and labels in the record's order, on the device of the retained data; rows no
+    longer held (erased, or removed now) are zeros and excluded."""
     rows = {s: i for i, s in enumerate(retained.sample_ids)}
-    X = torch.zeros((len(order), *retained.X.shape[1:]), dtype=retained.X.dtype)
-    y = torch.zeros(len(order), dtype=torch.long)
-    exclude = torch.ones(len(order), dtype=torch.bool)
-    for i, sample_id in enumerate(order):
-        row = rows.get(sample_id)
-        if row is not None:
-            X[i], y[i], exclude[i] = retained.X[row], retained.y[row], False
+    device = retained.X.device
+    X = torch.zeros((len(order), *retained.X.shape[1:]), dtype=retained.X.dtype, device=device)
+    y = torch.zeros(len(order), dtype=torch.long, device=device)
+    exclude = torch.ones(len(order), dtype=torch.bool, device=device)
+    held = [(i, rows[s]) for i, s in enumerate(order) if s in rows]
+    if held:
+        to = torch.tensor([i for i, _ in held], dtype=torch.long, device=device)
+        source = torch.tensor([r for _, r in held], dtype=torch.long, device=device)
+        X[to], y[to], exclude[to] = retained.X[source], retained.y[source], False
     return X, y, exclude
 
 

@@ -1,0 +1,348 @@
+"""LETHE_DEVICE (workers/device.py): resolving the setting, and every method's compute path
+going through the device helpers. CI has no GPU, so the device-clean check runs on CPU with
+the default device set to `meta`: a tensor the maths creates without following its inputs'
+device lands on `meta` and the computation fails (meta tensors hold no data), while a
+device-clean computation gives exactly the numbers of a plain run."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import replace
+from typing import Any
+
+import pytest
+import torch
+from pydantic import ValidationError
+
+import app.settings as app_settings
+from app.methods import method_of
+from app.privacy.lineage import gaussian_event
+from app.specs import PrivacyPolicy, architecture_of
+from tests.test_compute import TRAINING, K, N, P, data, inputs_for
+from workers import device as dev
+from workers import jobs, updates, worker
+from workers.data import Arrays
+from workers.methods import convex_head, fit, newton, noise, noisy_finetune, output_perturbation
+from workers.methods import recollection as recollection_method
+from workers.methods.base import (
+    ModelSpec,
+    PrivacyTarget,
+    RemovedSamples,
+    RetainedData,
+    UpdateInputs,
+)
+from workers.updates import Outcome, compute_on
+
+CPU = torch.device("cpu")
+
+METHODS: dict[str, dict[str, Any]] = {
+    "retrain": {"name": "retrain", "evaluate": True},
+    "output_perturbation": {
+        "name": "output_perturbation",
+        "C0": 0.5,
+        "finetune_epochs": 1,
+        "evaluate": True,
+    },
+    "noisy_finetune": {"name": "noisy_finetune", "T": 5, "batch_size": 16, "evaluate": True},
+    "noisy_finetune_model_clipping": {
+        "name": "noisy_finetune",
+        "T": 5,
+        "batch_size": 16,
+        "variant": "model_clipping",
+    },
+    "newton": {
+        "name": "newton",
+        "max_relative_noise": None,
+        "depth": 20,
+        "chains": 2,
+        "hvp_batch": 16,
+        "power_iterations": 5,
+    },
+    "convex_head": {
+        "name": "convex_head",
+        "lam": 1e-2,
+        "R": 10.0,
+        "beta": 1.0,
+        "hessian_samples": 100,
+        "evaluate": True,
+    },
+    "recollection": {
+        "name": "recollection",
+        "max_relative_noise": None,
+        "rho_checks": 1,
+        "power_iterations": 5,
+    },
+}
+
+
+@pytest.fixture
+def cpu_settings(tmp_path) -> Iterator[app_settings.Settings]:
+    """The process's settings with LETHE_DEVICE=cpu, restored afterwards."""
+    previous = app_settings._override
+    settings = app_settings.Settings(data_dir=tmp_path, device="cpu")
+    app_settings.use_settings(settings)
+    yield settings
+    app_settings._override = previous
+
+
+@pytest.fixture
+def seeded_noise(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """Every method's secure generator replaced by seeded ones (1, 2, ... per run), so two
+    runs of an update draw the same noise and batches."""
+    count = [0]
+
+    def seeded() -> torch.Generator:
+        count[0] += 1
+        return torch.Generator().manual_seed(count[0])
+
+    for module in (
+        noise,
+        newton,
+        noisy_finetune,
+        output_perturbation,
+        convex_head,
+        recollection_method,
+    ):
+        monkeypatch.setattr(module, "secure_generator", seeded)
+    return count
+
+
+def update_inputs(name: str) -> UpdateInputs:
+    """The trained model and a removal of three samples (test_compute's inputs)."""
+    method = METHODS[name]
+    if name != "convex_head":
+        return inputs_for(method)
+    X, y = data()
+    ids = list(range(100, 100 + N))
+    arch = architecture_of({"type": "logreg", "feature_norm": 10.0})
+    spec = ModelSpec(arch, TRAINING, method_of(method), P, K)
+    trained = fit(spec, RetainedData(ids, X, y))
+    policy = PrivacyPolicy()
+    return UpdateInputs(
+        model_id=1,
+        spec=spec,
+        method=spec.method,
+        policy=policy,
+        target=PrivacyTarget(policy.epsilon, policy.delta),
+        state=trained.state,
+        removed=RemovedSamples(ids[:3], X[:3], y[:3]),
+        retained=RetainedData(ids[3:], X[3:], y[3:]),
+        test=RetainedData(ids[:30], X[:30], y[:30]),
+        history=[],
+    )
+
+
+def release_tensors(outcome: Outcome) -> dict[str, torch.Tensor]:
+    release = outcome.decision.release
+    out = {f"weights/{k}": v for k, v in release.weights.items()}
+    out |= {f"next_state/{k}": v for k, v in release.next_state.items()}
+    if release.replace_statistics is not None:
+        out["statistics"] = release.replace_statistics.vectors
+    return out
+
+
+# ---- the setting ---------------------------------------------------------------------------
+
+
+def test_cpu_resolves_to_the_cpu() -> None:
+    assert dev.resolve_device("cpu") == CPU
+
+
+def test_auto_takes_the_gpu_only_when_torch_sees_one() -> None:
+    expected = "cuda" if torch.cuda.is_available() else "cpu"
+    assert dev.resolve_device("auto").type == expected
+
+
+def test_cuda_without_a_gpu_is_a_clear_error() -> None:
+    if torch.cuda.is_available():
+        assert dev.resolve_device("cuda").type == "cuda"
+        return
+    with pytest.raises(dev.DeviceUnavailable, match="LETHE_DEVICE=cuda.*no CUDA device"):
+        dev.resolve_device("cuda")
+
+
+def test_an_unknown_device_is_refused() -> None:
+    with pytest.raises(dev.DeviceUnavailable, match="unknown LETHE_DEVICE='tpu'"):
+        dev.resolve_device("tpu")
+
+
+def test_the_setting_is_read_from_lethe_device(monkeypatch: pytest.MonkeyPatch, tmp_path) -> None:
+    assert app_settings.Settings(data_dir=tmp_path).device == "auto"
+    monkeypatch.setenv("LETHE_DEVICE", "cpu")
+    assert app_settings.Settings(data_dir=tmp_path).device == "cpu"
+    monkeypatch.setenv("LETHE_DEVICE", "tpu")
+    with pytest.raises(ValidationError, match="device"):
+        app_settings.Settings(data_dir=tmp_path)
+
+
+def test_jobs_and_the_worker_resolve_the_device_before_any_work(tmp_path) -> None:
+    """A job's setup returns the settings' device; LETHE_DEVICE=cuda on a machine without a
+    GPU stops the job's setup and `lethe worker` at start, naming the setting."""
+    assert jobs._setup(app_settings.Settings(data_dir=tmp_path, device="cpu")) == CPU
+    cuda = app_settings.Settings(
+        data_dir=tmp_path, device="cuda", redis_url="redis://127.0.0.1:1/0"
+    )
+    if torch.cuda.is_available():
+        assert jobs._setup(cuda).type == "cuda"
+        return
+    with pytest.raises(dev.DeviceUnavailable, match="LETHE_DEVICE=cuda"):
+        jobs._setup(cuda)
+    previous = app_settings._override
+    app_settings.use_settings(cuda)
+    try:
+        with pytest.raises(SystemExit, match="lethe worker: LETHE_DEVICE=cuda"):
+            worker.run(burst=True)
+    finally:
+        app_settings._override = previous
+
+
+# ---- the helpers ---------------------------------------------------------------------------
+
+
+def test_inputs_move_and_results_come_back_to_cpu() -> None:
+    X = torch.randn(4, 3)
+    inputs = replace(
+        inputs_for({"name": "retrain"}),
+        removed=RemovedSamples([1], X[:1], torch.tensor([0]), {1: torch.ones(5)}),
+    )
+    meta = torch.device("meta")
+    moved = dev.inputs_to(inputs, meta)
+    tensors = [
+        *moved.state.values(),
+        moved.removed.X,
+        moved.removed.y,
+        *moved.removed.statistics.values(),
+        moved.retained.X,
+        moved.retained.y,
+        moved.test.X,
+        moved.test.y,
+    ]
+    assert tensors and all(t.device == meta for t in tensors)
+    assert moved.retained.sample_ids == inputs.retained.sample_ids  # only tensors move
+    assert dev.inputs_to(inputs, CPU).retained.X is inputs.retained.X  # no copy in place
+    on_cpu = dev.state_to_cpu({"w": torch.ones(2, 3).t()})
+    assert on_cpu["w"].device == CPU and on_cpu["w"].is_contiguous()  # safetensors-ready
+
+
+# ---- every method through the helpers, device-clean ----------------------------------------
+
+
+@pytest.mark.parametrize("name", sorted(METHODS))
+def test_each_method_computes_on_the_settings_device(
+    name: str,
+    cpu_settings: app_settings.Settings,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """What the job runs (`compute_on` with the settings' device): the method sees inputs
+    moved there by the helper, and the release it hands back for committing is on CPU."""
+    inputs = update_inputs(name)
+    seen: list[UpdateInputs] = []
+    plain = updates.compute
+
+    def spy(moved: UpdateInputs) -> Outcome:
+        seen.append(moved)
+        return plain(moved)
+
+    monkeypatch.setattr(updates, "compute", spy)
+    device = dev.worker_device()
+    assert device == CPU
+    outcome = compute_on(inputs, device)
+    assert len(seen) == 1 and seen[0] is not inputs  # moved by inputs_to, not passed through
+    assert seen[0].retained.X.device == device and seen[0].state
+    assert all(v.device == device for v in seen[0].state.values())
+    decision = outcome.decision
+    assert decision.method == METHODS[name]["name"], getattr(decision, "reason", "")
+    tensors = release_tensors(outcome)
+    assert all(t.device == CPU for t in tensors.values())
+    assert all(bool(torch.isfinite(t).all()) for t in tensors.values())
+    assert outcome.metrics["n_removed"] == 3
+
+
+@pytest.mark.parametrize("name", sorted(set(METHODS) - {"recollection"}))
+def test_each_method_is_device_clean_with_unchanged_numbers(
+    name: str, cpu_settings: app_settings.Settings, seeded_noise: list[int]
+) -> None:
+    """With `meta` as torch's default device, a tensor created without the inputs' device
+    holds no data and the update fails; a device-clean update gives bit for bit the release
+    and the evaluation of a plain run. (recollection's training maths, workers/recollection.py,
+    is checked by its own tests.)"""
+    inputs = update_inputs(name)
+    seeded_noise[0] = 0
+    expected = updates.compute(inputs)
+    seeded_noise[0] = 0
+    with torch.device("meta"):
+        outcome = compute_on(inputs, dev.worker_device())
+    assert outcome.decision.method == expected.decision.method
+    got, want = release_tensors(outcome), release_tensors(expected)
+    assert got.keys() == want.keys()
+    for key, tensor in got.items():
+        assert tensor.device == CPU, key
+        assert torch.equal(tensor, want[key]), key
+    if "evaluation" in expected.metrics:
+        evaluation = {k: v for k, v in outcome.metrics["evaluation"].items() if k != "seconds"}
+        assert evaluation == {
+            k: v for k, v in expected.metrics["evaluation"].items() if k != "seconds"
+        }
+
+
+def test_a_lineage_fallback_retrains_on_the_device(cpu_settings: app_settings.Settings) -> None:
+    """The exact retrain the pipeline falls back to runs on the device too."""
+    spent = [gaussian_event(1.0, 1.0, 1.0, 1e-5)] * 50
+    inputs = inputs_for({"name": "output_perturbation"}, history=spent)
+    with torch.device("meta"):
+        outcome = compute_on(inputs, dev.worker_device())
+    assert outcome.decision.method == "retrain"
+    assert all(t.device == CPU for t in release_tensors(outcome).values())
+
+
+@pytest.mark.parametrize(
+    "name", ["retrain", "output_perturbation", "noisy_finetune", "newton", "convex_head"]
+)
+def test_training_jobs_train_on_the_device_and_return_cpu_states(
+    name: str, cpu_settings: app_settings.Settings
+) -> None:
+    """`train_model`'s compute: inputs moved to the device, the state back on CPU, the same
+    numbers as training the plain way (and device-clean: meta is the default device)."""
+    X, y = data()
+    ids = list(range(N))
+    method = METHODS[name]
+    arch = (
+        {"type": "logreg", "feature_norm": 10.0}
+        if name == "convex_head"
+        else {"type": "mlp", "hidden": [16]}
+    )
+    spec = ModelSpec(architecture_of(arch), TRAINING, method_of(method), P, K)
+    arrays = Arrays(ids, [str(i) for i in ids], X, y, [None] * N)
+    inputs = jobs.TrainingInputs(spec, arrays, arrays, None, None)
+    losses: list[float] = []
+    device = jobs._setup(cpu_settings)
+    with torch.device("meta"):
+        trained, metrics = jobs._train(inputs, lambda e, E, loss: losses.append(loss), device)
+    expected = fit(spec, RetainedData(ids, X, y))
+    assert trained.state.keys() == expected.state.keys()
+    for key, tensor in trained.state.items():
+        assert tensor.device == CPU and torch.equal(tensor, expected.state[key]), key
+    assert losses and all(isinstance(v, float) for v in losses)
+    assert 0.0 <= metrics["train_accuracy"] <= 1.0 and metrics["test_accuracy"] is not None
+
+
+def test_recollection_training_returns_cpu_statistics(
+    cpu_settings: app_settings.Settings,
+) -> None:
+    """The per-sample statistics come back on CPU, ready to be sealed (workers/statistics.py)."""
+    X, y = data()
+    ids = list(range(N))
+    spec = ModelSpec(
+        architecture_of({"type": "logreg"}),
+        TRAINING,
+        method_of(METHODS["recollection"]),
+        P,
+        K,
+    )
+    arrays = Arrays(ids, [str(i) for i in ids], X, y, [None] * N)
+    inputs = jobs.TrainingInputs(spec, arrays, arrays, None, None)
+    trained, _ = jobs._train(inputs, lambda *_: None, dev.worker_device())
+    assert trained.statistics is not None
+    assert trained.statistics.vectors.device == CPU
+    assert trained.statistics.vectors.shape == (N, (P + 1) * K)
+    assert all(v.device == CPU for v in trained.state.values())
