@@ -20,7 +20,7 @@ from app.schemas import DeletionCreate, DeletionOut
 from app.services.deletions import Names, create_deletion, deletion_view, get_deletion
 from app.states import FINISHED_REQUEST
 
-MAX_WAIT_SECONDS = 60.0
+MAX_WAIT_SECONDS = 30.0
 
 router = APIRouter(prefix="/v1/deletions", tags=["deletions"], responses=COMMON)
 
