@@ -209,7 +209,7 @@ def test_opened_samples_are_cached_and_erased_ones_dropped(
     api: Api, digits: dict, ready_model: dict, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A worker opens each sample once; after an erasure the next load forgets its plaintext;
-    a sample is known by id and key id, so another database's dataset never matches."""
+    blocks are per database and dataset."""
     import workers.data as data
     from app.db.tables import Dataset
 

@@ -77,39 +77,39 @@ def sealed_samples() -> Select[int, int, str, bytes | None, uuid.UUID | None, by
 class OpenedSamples:
     """Samples this process has opened, per database and dataset, as contiguous arrays (issue
     13): an update used to decrypt and decode the whole training set each time, most of its
-    cost on small models. Each load reads only (id, data key id) pairs, opens what is new, and
-    drops every cached sample whose key the database no longer holds, so erased plaintext does
-    not outlive the next load of its dataset in any worker. A row is known by its id and its
-    random data key id together, so a reused id is never mistaken for the old sample."""
+    cost on small models. Each load reads the ids it needs and the dataset's erased ids, opens
+    what is new, and drops every cached sample whose key is gone, so erased plaintext does not
+    outlive the next load of its dataset in any worker. Blocks are keyed by the dataset's id
+    and creation time, so a reused id is never mistaken for an old dataset's sample."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._blocks: dict[tuple[str, int], _Block] = {}
+        self._blocks: dict[tuple[str, int, str], _Block] = {}
 
     def arrays(self, session: Session, dataset: Dataset, ids: list[int]) -> Arrays:
         """These samples (ids ascending), opened once per process."""
-        live = {
-            sample_id: key_id
-            for sample_id, key_id in session.execute(
-                select(Sample.id, Sample.key_id).where(
-                    Sample.dataset_id == dataset.id, Sample.key_id.is_not(None)
-                )
+        # Only the dataset's erased ids come back (usually few): reading every (id, key id)
+        # pair was most of an update's time at n = 100,000 (bench/scale.py).
+        erased = set(
+            session.scalars(
+                select(Sample.id).where(Sample.dataset_id == dataset.id, Sample.key_id.is_(None))
             )
-        }
-        where = (session.get_bind().engine.url.render_as_string(), dataset.id)
+        )
+        where = (
+            session.get_bind().engine.url.render_as_string(),
+            dataset.id,
+            dataset.created_at.isoformat(),  # a dataset id reused after a delete starts afresh
+        )
         with self._lock:
-            block = self._blocks.get(where)
-            if block is None or list(block.arrays.X.shape[1:]) != list(dataset.feature_shape):
-                block = _Block.empty(dataset.feature_shape)  # new, or a recreated dataset id
-            block = block.keep(live)
+            block = self._blocks.get(where) or _Block.empty(dataset.feature_shape)
+            block = block.drop(erased)
             new = sorted(set(ids) - set(block.index))
             if new:
                 rows: list[Any] = []
                 for chunk in chunked(new):
                     rows += session.execute(sealed_samples().where(Sample.id.in_(chunk))).all()
                 rows.sort(key=lambda r: r.id)
-                opened = _decode(rows, dataset.feature_shape)
-                block = block.merge(opened, [r.key_id for r in rows])
+                block = block.merge(_decode(rows, dataset.feature_shape))
             self._blocks[where] = block
         return block.take(ids)
 
@@ -120,29 +120,27 @@ class OpenedSamples:
 
 @dataclass
 class _Block:
-    """One dataset's opened samples, rows in ascending id order, with each row's key id."""
+    """One dataset's opened samples, rows in ascending id order."""
 
     arrays: Arrays
-    keys: list[Any]
     index: dict[int, int]  # sample id -> row
 
     @classmethod
     def empty(cls, shape: list[int]) -> _Block:
         nothing = Arrays([], [], torch.zeros((0, *shape)), torch.zeros(0, dtype=torch.long), [])
-        return cls(nothing, [], {})
+        return cls(nothing, {})
 
     @classmethod
-    def of(cls, arrays: Arrays, keys: list[Any]) -> _Block:
-        return cls(arrays, keys, {s: i for i, s in enumerate(arrays.sample_ids)})
+    def of(cls, arrays: Arrays) -> _Block:
+        return cls(arrays, {s: i for i, s in enumerate(arrays.sample_ids)})
 
-    def keep(self, live: dict[int, Any]) -> _Block:
-        ids = self.arrays.sample_ids
-        rows = [i for i, s in enumerate(ids) if live.get(s) == self.keys[i]]
-        if len(rows) == len(ids):
+    def drop(self, erased: set[int]) -> _Block:
+        if not erased & self.index.keys():
             return self
-        return _Block.of(_rows(self.arrays, rows), [self.keys[i] for i in rows])
+        rows = [i for i, s in enumerate(self.arrays.sample_ids) if s not in erased]
+        return _Block.of(_rows(self.arrays, rows))
 
-    def merge(self, more: Arrays, keys: list[Any]) -> _Block:
+    def merge(self, more: Arrays) -> _Block:
         a = self.arrays
         both = Arrays(
             a.sample_ids + more.sample_ids,
@@ -151,9 +149,8 @@ class _Block:
             torch.cat([a.y, more.y]),
             a.subjects + more.subjects,
         )
-        all_keys = self.keys + keys
         order = sorted(range(len(both)), key=both.sample_ids.__getitem__)
-        return _Block.of(_rows(both, order), [all_keys[i] for i in order])
+        return _Block.of(_rows(both, order))
 
     def take(self, ids: list[int]) -> Arrays:
         missing = [s for s in ids if s not in self.index]

@@ -7,7 +7,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import select, update
+from sqlalchemy import Row, select, update
 from sqlalchemy.orm import Session
 
 from app.crypto import keyring
@@ -109,6 +109,7 @@ def create_deletion(
                 update(Sample)
                 .where(Sample.id.in_(chunk), Sample.status == SampleStatus.active)
                 .values(status=SampleStatus.erasing)
+                .execution_options(synchronize_session=False)  # no Sample objects are loaded
             )
     if not affected:
         erase_payloads(session, [s.id for s in pending])
@@ -140,12 +141,21 @@ class Names:
         return self.samples.get(token) or self.subjects.get(token) or token
 
 
-def _resolve(session: Session, body: DeletionCreate, names: Names) -> list[Sample]:
-    found: dict[int, Sample] = {}
+# The columns a request needs of a sample (not its sealed payload): rows, not ORM objects,
+# on the request path (issue 13).
+SAMPLE_REF = (Sample.id, Sample.external_id, Sample.subject_id, Sample.status)
+MODEL_REF = (Model.id, Model.status, Model.method, Model.privacy)
+
+
+SampleRef = Row[int, str, str | None, str]
+
+
+def _resolve(session: Session, body: DeletionCreate, names: Names) -> list[SampleRef]:
+    found: dict[int, SampleRef] = {}
     known: set[str] = set()
     for chunk in chunked(list(names.samples)):
-        for s in session.scalars(
-            select(Sample).where(
+        for s in session.execute(
+            select(*SAMPLE_REF).where(
                 Sample.dataset_id == body.dataset_id, Sample.external_id.in_(chunk)
             )
         ):
@@ -154,8 +164,10 @@ def _resolve(session: Session, body: DeletionCreate, names: Names) -> list[Sampl
     unknown = [raw for token, raw in names.samples.items() if token not in known]
     seen_subjects: set[str] = set()
     for chunk in chunked(list(names.subjects)):
-        for s in session.scalars(
-            select(Sample).where(Sample.dataset_id == body.dataset_id, Sample.subject_id.in_(chunk))
+        for s in session.execute(
+            select(*SAMPLE_REF).where(
+                Sample.dataset_id == body.dataset_id, Sample.subject_id.in_(chunk)
+            )
         ):
             found[s.id] = s
             if s.subject_id is not None:
@@ -176,7 +188,7 @@ def _resolve(session: Session, body: DeletionCreate, names: Names) -> list[Sampl
     return list(found.values())
 
 
-def _affected_models(session: Session, sample_ids: list[int]) -> list[Model]:
+def _affected_models(session: Session, sample_ids: list[int]) -> list[Row[Any]]:
     """Models (not failed) still holding any of these samples."""
     model_ids: set[int] = set()
     for chunk in chunked(sample_ids):
@@ -189,15 +201,15 @@ def _affected_models(session: Session, sample_ids: list[int]) -> list[Model]:
         )
     if not model_ids:
         return []
-    models = session.scalars(
-        select(Model)
+    models = session.execute(
+        select(*MODEL_REF)
         .where(Model.id.in_(model_ids), Model.status != ModelStatus.failed)
         .order_by(Model.id)
     ).all()
     return list(models)
 
 
-def _check_models(models: list[Model], body: DeletionCreate) -> None:
+def _check_models(models: list[Row[Any]], body: DeletionCreate) -> None:
     busy = [m.id for m in models if m.status in (ModelStatus.queued, ModelStatus.training)]
     if busy:
         raise conflict(
@@ -229,7 +241,7 @@ def _check_models(models: list[Model], body: DeletionCreate) -> None:
             )
 
 
-def _erased_report(session: Session, erased: list[Sample]) -> list[dict[str, Any]]:
+def _erased_report(session: Session, erased: list[SampleRef]) -> list[dict[str, Any]]:
     report = []
     for s in erased:
         certs = session.scalars(
