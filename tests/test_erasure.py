@@ -23,7 +23,7 @@ from sqlalchemy import select
 from app.accesslog import DropQueryString
 from app.crypto import Keyring, SealError, keyring, open_sealed, seal
 from app.db.migrate import upgrade_to_head
-from app.db.session import database, engine_for
+from app.db.session import database, dispose_engines, engine_for
 from app.db.tables import Blob, DataKey, ModelVersion, Sample
 from app.main import create_app
 from app.settings import Settings
@@ -231,8 +231,7 @@ def test_sqlite_keeps_nothing_after_a_clean_stop(tmp_path: Path) -> None:
             json={"dataset_id": ds["id"], "sample_ids": ["sample-0003-of-person-03-zq"]},
         ).json()
         assert api.wait(f"/v1/deletions/{request['id']}", ("done", "failed"))["status"] == "done"
-    engine_for(api.url).dispose()
-    engine_for(api.url, readonly=True).dispose()
+    dispose_engines(api.url)
     assert wrapped not in database_bytes(api.url)
     assert (
         not Path(f"{api.url.removeprefix('sqlite:///')}-wal").exists()
@@ -245,8 +244,7 @@ def test_every_sqlite_connection_zeroes_freed_cells(tmp_path: Path) -> None:
     for readonly in (False, True):
         with engine_for(url, readonly=readonly).connect() as conn:
             assert conn.exec_driver_sql("PRAGMA secure_delete").scalar_one() == 1
-    engine_for(url).dispose()
-    engine_for(url, readonly=True).dispose()
+    dispose_engines(url)
 
 
 def test_requesters_see_only_their_own_requests(api: Api, digits: dict, ready_model: dict) -> None:

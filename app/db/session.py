@@ -90,6 +90,15 @@ def engine_for(url: str, readonly: bool = False) -> Engine:
         return _ENGINES[key]
 
 
+def dispose_engines(url: str) -> None:
+    """Close every pooled connection to `url` (all roles): the last SQLite connection to
+    close checkpoints and removes the WAL."""
+    with _ENGINES_LOCK:
+        engines = [e for key, e in _ENGINES.items() if key.split("#", 1)[0] == url]
+    for engine in engines:
+        engine.dispose()
+
+
 def bookkeeping_engine_for(url: str) -> Engine:
     """SQLite only: the engine of `Database.write(durable=False)`."""
     key = f"{url}#bk"
