@@ -64,6 +64,7 @@ METHODS: dict[str, dict[str, Any]] = {
         "R": 10.0,
         "beta": 1.0,
         "hessian_samples": 100,
+        "tolerance": 1e-6,  # a quick solve: these tests compare devices, not accuracy
         "evaluate": True,
     },
     "recollection": {
