@@ -9,10 +9,18 @@ exact first-order linearisation of note §3):
 
 where J_t is the Jacobian of the clipping map at the batch gradient (the identity when the
 gradient is not clipped), so the recursion linearises exactly the update that training made.
-H̄_t is applied to all visited vectors in chunks with torch.func (vmap over jvp of grad).
 
-The same function with `exclude` and no recording is the coupled retrain of note §1.1: the same
-batches with the removed samples taken out and the denominator |B_t| kept.
+The cost is Σ_t visited_t HVPs. H̄_t is applied to all visited vectors at once, in chunks, by
+workers.curvature: for logistic regression with the batch Hessian's closed form (two thin GEMMs
+per chunk, fused into an in-place update), for MLPs with the R-operator written out as batched
+GEMMs, for anything else with torch.func (vmap over jvp of grad). The vectors are held in the
+order samples are first visited, so the visited ones are always a contiguous prefix updated in
+place (no gather/scatter); they are put back into training order once, in place, at the end.
+
+The training trajectory itself (the batch gradient, the clipped step) is computed the same way
+with or without recording, so the coupled retrain replays it exactly. The same function with
+`exclude` and no recording is the coupled retrain of note §1.1: the same batches with the removed
+samples taken out and the denominator |B_t| kept. Every tensor lives on X's device.
 """
 
 from __future__ import annotations
@@ -25,16 +33,13 @@ from typing import Any
 
 import numpy as np
 import torch
-from torch import nn
-from torch.func import grad, jvp, vmap
 
 from app.specs import ArchitectureSpec, TrainingConfig, training_of
+from workers.curvature import ClipJacobian, Curvature, StepCurvature, batch_loss_of, curvature_for
 from workers.linalg import extreme_eigenvalues
 from workers.nets import FlatModel
 from workers.norms import clip_vector
 from workers.training import seeded_net
-
-CHUNK = 2048  # vectors per vmap call: larger chunks amortise torch.func overhead
 
 
 @dataclass
@@ -83,29 +88,89 @@ class RecollectionRun:
     seconds: float = 0.0
 
 
-def _clip_jacobian(g: torch.Tensor, C: float) -> Callable[[torch.Tensor], torch.Tensor]:
-    """J of x ↦ x·min(1, C/‖x‖) at g, applied to rows of a matrix."""
-    norm = float(g.norm())
-    if norm <= C:
-        return lambda V: V
-    ghat = g / norm
-
-    def apply(V: torch.Tensor) -> torch.Tensor:
-        return (C / norm) * (V - (V @ ghat).unsqueeze(-1) * ghat)
-
-    return apply
-
-
 def _spectral_rho(
     hvp: Callable[[torch.Tensor], torch.Tensor],
     d: int,
     eta: float,
     iters: int,
     gen: torch.Generator,
+    device: torch.device,
 ) -> float:
-    """ρ_t = max(|1 − η λ_min|, |1 − η λ_max|) of H̄ + λI by power iteration (Lemma 2)."""
-    lam_max, lam_min = extreme_eigenvalues(hvp, d, iters, gen)
+    """ρ_t = max(|1 − η λ_min|, |1 − η λ_max|) of H̄ + λI by power iteration (Lemma 2); the start
+    vectors come from the CPU generator `gen`, moved to `device`."""
+    lam_max, lam_min = extreme_eigenvalues(hvp, d, iters, gen, device=device)
     return max(abs(1 - eta * lam_min), abs(1 - eta * lam_max))
+
+
+def _gradient(loss: Callable[[torch.Tensor], torch.Tensor], w: torch.Tensor) -> torch.Tensor:
+    """∇loss(w) by reverse mode on a leaf copy of w: the same kernels and bits as
+    torch.func.grad (which the trajectory used before), without its per-call overhead."""
+    leaf = w.detach().requires_grad_(True)
+    with torch.enable_grad():
+        (g,) = torch.autograd.grad(loss(leaf), leaf)
+    return g
+
+
+def _first_visits(
+    batches: list[torch.Tensor], keep: torch.Tensor
+) -> tuple[list[torch.Tensor], list[torch.Tensor], list[int], np.ndarray]:
+    """Per step: the members (kept samples of the batch), their rows in the visit-ordered
+    store, and how many rows were visited before the step; and slot[i], the row of sample i
+    (samples never visited get the rows after the visited ones)."""
+    n = len(keep)
+    keep_np = keep.cpu().numpy()
+    slot = np.full(n, -1, dtype=np.int64)
+    members, rows, before = [], [], []
+    k = 0
+    for batch in batches:
+        b = batch.numpy()
+        m = b[keep_np[b]]
+        before.append(k)
+        new = m[slot[m] < 0]
+        slot[new] = np.arange(k, k + len(new))
+        k += len(new)
+        members.append(torch.from_numpy(m))
+        rows.append(torch.from_numpy(slot[m].copy()))
+    unvisited = np.flatnonzero(slot < 0)
+    slot[unvisited] = np.arange(k, k + len(unvisited))
+    return members, rows, before, slot
+
+
+def _permute_rows_(A: torch.Tensor, src: np.ndarray) -> None:
+    """A[i] ← A[src[i]] for every i at once, in place (src a permutation): one row of scratch
+    instead of a second copy of A."""
+    done = src == np.arange(len(src))
+    tmp = torch.empty_like(A[0])
+    for start in np.flatnonzero(~done).tolist():
+        if done[start]:
+            continue
+        tmp.copy_(A[start])
+        i = start
+        while True:
+            done[i] = True
+            j = int(src[i])
+            if j == start:
+                A[i].copy_(tmp)
+                break
+            A[i].copy_(A[j])
+            i = j
+
+
+def _flat_rows_(A: torch.Tensor, curv: Curvature, chunk: int = 4096) -> None:
+    """Rows from the curvature's internal layout back to FlatModel order, in place."""
+    if curv.flat_layout:
+        return
+    for s in range(0, len(A), chunk):
+        A[s : s + chunk] = curv.to_flat(A[s : s + chunk])
+
+
+def _hvp_operator(curv: Curvature, step: StepCurvature) -> Callable[[torch.Tensor], torch.Tensor]:
+    """v ↦ (H̄_t + λI)v on flat vectors, for power iteration."""
+
+    def op(v: torch.Tensor) -> torch.Tensor:
+        return curv.to_flat(step.hvp(curv.to_internal(v).unsqueeze(0)))[0]
+
+    return op
 
 
 def train_recollection(
@@ -121,67 +186,58 @@ def train_recollection(
     rho_checks: int = 10,
     power_iterations: int = 20,
     progress: Callable[[int, int, float], None] | None = None,
+    closed_form: bool = True,
+    chunk: int | None = None,
 ) -> RecollectionRun:
-    """Train (seeded init, seeded batch order) and, if `record`, every sample's a_i."""
+    """Train (seeded init, seeded batch order) and, if `record`, every sample's a_i.
+
+    `closed_form=False` forces the generic torch.func HVPs (the reference the closed forms are
+    tested against); `chunk` overrides the number of vectors per HVP call."""
     start = time.perf_counter()
     cfg = training_of(config)
+    device = X.device
+    y = y.to(device)
     n = len(y)
     n_features = int(np.prod(X.shape[1:]))
-    net = seeded_net(architecture, n_features, n_classes, cfg.seed)
+    net = seeded_net(architecture, n_features, n_classes, cfg.seed, device)
     model = FlatModel(net)
     w = model.flat()
     d = w.numel()
     lam = cfg.weight_decay
     sched = batch_schedule(n, cfg.epochs, cfg.batch_size, cfg.seed, cfg.learning_rate, q)
-    keep = torch.ones(n, dtype=torch.bool) if exclude is None else ~exclude
-    A = torch.zeros((n, d)) if record else None
-    visited = torch.zeros(n, dtype=torch.bool)
+    keep = torch.ones(n, dtype=torch.bool) if exclude is None else ~exclude.cpu()
+    members_of, rows_of, visited_before, slot = _first_visits(sched.batches, keep)
+    curv = curvature_for(architecture, model, X, y, lam, closed_form, chunk)
+    A = torch.zeros((n, d), dtype=w.dtype, device=device) if record else None
     check_every = max(1, sched.steps // max(rho_checks, 1))
     gen = torch.Generator().manual_seed(cfg.seed + 1)
     rho_trace: list[tuple[int, float]] = []
     clipped = 0
 
-    def ce_single(wv: torch.Tensor, x: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
-        return nn.functional.cross_entropy(model.logits(wv, x.unsqueeze(0)), t.unsqueeze(0))
-
-    per_sample_grad = vmap(grad(ce_single), in_dims=(None, 0, 0))
-
-    for t, batch in enumerate(sched.batches):
-        eta_t, size = sched.etas[t], len(batch)
-        members = batch[keep[batch]]
-        Xb, yb = X[members], y[members]
-
-        def batch_loss(
-            wv: torch.Tensor, Xb: torch.Tensor = Xb, yb: torch.Tensor = yb, size: int = size
-        ) -> torch.Tensor:
-            ce = (
-                nn.functional.cross_entropy(model.logits(wv, Xb), yb, reduction="sum")
-                if len(yb)
-                else wv.sum() * 0.0
-            )
-            return ce / size + 0.5 * lam * (wv @ wv)
-
-        grad_fn = grad(batch_loss)
-        g = grad_fn(w)
-        J = _clip_jacobian(g, C)
+    for t in range(sched.steps):
+        eta_t, size = sched.etas[t], len(sched.batches[t])
+        members = members_of[t].to(device)
+        batch_loss = batch_loss_of(model, X[members], y[members], size, lam)
+        g = _gradient(batch_loss, w)
         clipped += int(float(g.norm()) > C)
         if record or t % check_every == 0:
-
-            def hvp(v: torch.Tensor, grad_fn=grad_fn, w: torch.Tensor = w) -> torch.Tensor:
-                return jvp(grad_fn, (w,), (v,))[1]
-
+            step = curv.at(w, members, size)
             if t % check_every == 0:
-                rho_trace.append((t, _spectral_rho(hvp, d, eta_t, power_iterations, gen)))
+                op = _hvp_operator(curv, step)
+                rho = _spectral_rho(op, d, eta_t, power_iterations, gen, device)
+                rho_trace.append((t, rho))
             if A is not None:
-                rows = torch.nonzero(visited).flatten()
-                for s in range(0, len(rows), CHUNK):
-                    idx = rows[s : s + CHUNK]
-                    A[idx] -= eta_t * J(vmap(hvp)(A[idx]))
-                A[members] += (eta_t / size) * J(per_sample_grad(w, Xb, yb))
-                visited[members] = True
+                J = ClipJacobian(curv.to_internal(g), C)
+                if visited_before[t]:
+                    step.descend_(A[: visited_before[t]], eta_t, J)
+                rows = rows_of[t].to(device)
+                A.index_add_(0, rows, J(step.sample_grads()), alpha=eta_t / size)
         w = w - eta_t * clip_vector(g, C)
         if progress is not None and (t + 1) % sched.batches_per_epoch == 0:
             progress((t + 1) // sched.batches_per_epoch, cfg.epochs, float(batch_loss(w)))
+    if A is not None:
+        _permute_rows_(A, slot)
+        _flat_rows_(A, curv)
     return RecollectionRun(
         state=model.state(w),
         vectors=A,
