@@ -122,13 +122,17 @@ class RQDispatcher:
             pending = signal_key(self.settings.queue_name, job, args)
             if not self.redis.set(pending, 1, nx=True, ex=self.settings.signal_ttl_seconds):
                 return  # a signal for this model is already waiting: its job will see this
-            self.queue.enqueue(
-                job,
-                *args,
-                job_timeout=self.settings.job_timeout_seconds,
-                failure_ttl=7 * 24 * 3600,
-                result_ttl=3600,
-            )
+            try:
+                self.queue.enqueue(
+                    job,
+                    *args,
+                    job_timeout=self.settings.job_timeout_seconds,
+                    failure_ttl=7 * 24 * 3600,
+                    result_ttl=3600,
+                )
+            except Exception:
+                self.redis.delete(pending)  # nothing waits: the reconciler may signal again
+                raise
         except Exception:  # Redis down: the request is durable; the reconciler re-signals it
             log.warning(
                 "could not enqueue %s%s; the reconciler will retry", job, args, exc_info=True

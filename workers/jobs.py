@@ -20,7 +20,7 @@ from sqlalchemy import select, update
 from app.blobstore import DatabaseBlobStore
 from app.db.session import Database, database
 from app.db.tables import Dataset, DeletionTask, Model, task_is_due, utcnow
-from app.dispatch import DELETE, take_signal
+from app.dispatch import DELETE, TRAIN, take_signal
 from app.erasure import compact_after_erasure
 from app.settings import Settings, get_settings
 from app.specs import ImportedWeights, imported_of
@@ -72,6 +72,7 @@ class TrainingInputs:
 
 def train_model(model_id: int) -> str:
     """Train version 1 of a queued model (with its method's recording), reporting progress."""
+    take_signal(TRAIN, model_id)  # before reading: a later signal is not de-duplicated away
     settings = get_settings()
     db = database(settings.resolved_database_url)
     device = _setup(settings)
