@@ -6,7 +6,7 @@ import asyncio
 import time
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Header, Query
+from fastapi import APIRouter, Header, Query, Request
 from fastapi.responses import JSONResponse
 from sqlalchemy.orm import Session
 from starlette.concurrency import run_in_threadpool
@@ -58,6 +58,7 @@ async def read(
     request_id: PathId,
     key: DeletionViewer,
     db: DbDep,
+    request: Request,
     wait: Annotated[
         float,
         Query(
@@ -81,6 +82,8 @@ async def read(
     while True:
         current = await run_in_threadpool(view)
         if current["status"] in FINISHED_REQUEST or time.monotonic() >= deadline:
+            return current
+        if await request.is_disconnected():  # nobody is waiting: stop reading the database
             return current
         await asyncio.sleep(min(pause, max(0.0, deadline - time.monotonic())))
         pause = min(pause * 1.5, 0.1)
