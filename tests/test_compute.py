@@ -36,12 +36,16 @@ def data() -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def inputs_for(
-    method: dict, history: list | None = None, policy: PrivacyPolicy | None = None
+    method: dict,
+    history: list | None = None,
+    policy: PrivacyPolicy | None = None,
+    architecture: dict | None = None,
 ) -> UpdateInputs:
     """Train the model as its method requires, then remove the first three samples."""
     X, y = data()
     ids = list(range(100, 100 + N))
-    spec = ModelSpec(architecture_of({"type": "logreg"}), TRAINING, method_of(method), P, K)
+    arch = architecture_of(architecture or {"type": "logreg"})
+    spec = ModelSpec(arch, TRAINING, method_of(method), P, K)
     trained = fit(spec, RetainedData(ids, X, y, [None] * N))
     stats = trained.statistics
     vectors = {s: stats.vectors[i] for i, s in enumerate(stats.sample_ids)} if stats else {}

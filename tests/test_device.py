@@ -17,7 +17,7 @@ from pydantic import ValidationError
 import app.settings as app_settings
 from app.methods import method_of
 from app.privacy.lineage import gaussian_event
-from app.specs import PrivacyPolicy, architecture_of
+from app.specs import architecture_of
 from tests.test_compute import TRAINING, K, N, P, data, inputs_for
 from workers import device as dev
 from workers import jobs, updates, worker
@@ -26,7 +26,6 @@ from workers.methods import convex_head, fit, newton, noise, noisy_finetune, out
 from workers.methods import recollection as recollection_method
 from workers.methods.base import (
     ModelSpec,
-    PrivacyTarget,
     RemovedSamples,
     RetainedData,
     UpdateInputs,
@@ -113,24 +112,7 @@ def update_inputs(name: str) -> UpdateInputs:
     method = METHODS[name]
     if name != "convex_head":
         return inputs_for(method)
-    X, y = data()
-    ids = list(range(100, 100 + N))
-    arch = architecture_of({"type": "logreg", "feature_norm": 10.0})
-    spec = ModelSpec(arch, TRAINING, method_of(method), P, K)
-    trained = fit(spec, RetainedData(ids, X, y))
-    policy = PrivacyPolicy()
-    return UpdateInputs(
-        model_id=1,
-        spec=spec,
-        method=spec.method,
-        policy=policy,
-        target=PrivacyTarget(policy.epsilon, policy.delta),
-        state=trained.state,
-        removed=RemovedSamples(ids[:3], X[:3], y[:3]),
-        retained=RetainedData(ids[3:], X[3:], y[3:]),
-        test=RetainedData(ids[:30], X[:30], y[:30]),
-        history=[],
-    )
+    return inputs_for(method, architecture={"type": "logreg", "feature_norm": 10.0})
 
 
 def release_tensors(outcome: Outcome) -> dict[str, torch.Tensor]:
