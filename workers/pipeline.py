@@ -18,10 +18,11 @@ from safetensors.torch import save as st_save
 from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 
-from app.audit import append_certificate, removed_ids_digest
+from app.audit import append_certificates, removed_ids_digest
 from app.blobstore import DatabaseBlobStore
 from app.db.chunks import chunked
 from app.db.tables import (
+    Certificate,
     Dataset,
     DeletionRequest,
     DeletionTask,
@@ -307,14 +308,27 @@ def commit_update(session: Session, batch: Batch, outcome: Outcome | None) -> in
             select(DeletionTask).where(DeletionTask.id.in_([t.task_id for t in batch.tasks]))
         )
     }
+    for task in batch.tasks:
+        row = rows[task.task_id]
+        if row.status != TaskStatus.running or row.lease_owner != WORKER_ID:
+            raise LeaseLost(f"task {task.task_id} was reclaimed")
+    certified = [t for t in batch.tasks if batch.removed_by_task[t.task_id] and version is not None]
+    certs: dict[int, Certificate] = {}
+    if certified and version is not None and outcome is not None:
+        fields = [
+            _certificate(batch, t, outcome, version, batch.removed_by_task[t.task_id])
+            for t in certified
+        ]
+        certs = {
+            t.task_id: c
+            for t, c in zip(certified, append_certificates(session, fields), strict=True)
+        }
     removals: list[dict[str, int]] = []
     for task in batch.tasks:
         removed = batch.removed_by_task[task.task_id]
         row = rows[task.task_id]
-        if row.status != TaskStatus.running or row.lease_owner != WORKER_ID:
-            raise LeaseLost(f"task {task.task_id} was reclaimed")
-        if removed and version is not None and outcome is not None:
-            cert = append_certificate(session, _certificate(batch, task, outcome, version, removed))
+        cert = certs.get(task.task_id)
+        if cert is not None and version is not None:
             removals += [
                 {
                     "model_id": batch.model_id,
