@@ -13,7 +13,7 @@ import secrets
 from collections.abc import Iterator
 from typing import Any
 
-from sqlalchemy import event, select
+from sqlalchemy import event, func, select
 from sqlalchemy.orm import Session
 
 from app.db.tables import Certificate, utcnow
@@ -57,6 +57,24 @@ def certificate_documents(session: Session, model_id: int) -> list[dict[str, Any
     """A model's certificates as documents, in chain order."""
     bodies = session.scalars(
         select(Certificate.body).where(Certificate.model_id == model_id).order_by(Certificate.seq)
+    ).all()
+    return [json.loads(body) for body in bodies]
+
+
+def release_documents(session: Session, model_id: int) -> list[dict[str, Any]]:
+    """The first certificate of each of a model's versions, in chain order.
+
+    Coalesced requests share one release and carry the same privacy fields, so the lineage's
+    history needs one document per version: O(versions) JSON to decode per update, not
+    O(requests) (that decoding was 11% of a worker's time at 2,000 requests, and growing).
+    """
+    first = (
+        select(func.min(Certificate.seq))
+        .where(Certificate.model_id == model_id)
+        .group_by(Certificate.to_version)
+    )
+    bodies = session.scalars(
+        select(Certificate.body).where(Certificate.seq.in_(first)).order_by(Certificate.seq)
     ).all()
     return [json.loads(body) for body in bodies]
 

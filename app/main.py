@@ -72,7 +72,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     )
     app.state.settings = settings
     app.state.db = database(url)
-    app.state.committer = GroupCommitter(app.state.db)
+    app.state.committer = GroupCommitter.for_database(app.state.db)
     app.state.weights_cache = WeightsCache(settings.weights_cache_bytes)
     app.state.dispatcher = make_dispatcher(settings)
     app.state.pipeline_registry = pipeline_registry(url, app.state.dispatcher.depth)

@@ -5,10 +5,10 @@ sample deletions: POST→certificate (the client long-polls `GET /v1/deletions/{
 `recollection` and `convex_head`.
 
 Throughput: distributed (`lethe serve` + 1 `lethe worker`, fresh PostgreSQL database, Redis),
-one model, N single-sample requests. `capacity`: the requests are accepted while no worker
-runs, then one worker starts: N / (last finished − worker start). `sustained`: N POSTed by 16
-threads while the worker runs: N / (last finished − first POST). Both report the mean batch
-(requests per new version) and the signals the queue carried.
+one model, N single-sample requests. `capacity`: the requests are accepted while the
+(warm, idle) worker is paused with SIGSTOP, then it resumes: N / (last finished − resume).
+`sustained`: N POSTed by 16 threads while the worker runs: N / (last finished − first POST).
+Both report the mean batch (requests per new version) and the signals the queue carried.
 
     .venv/bin/python -m bench.update_path [--requests 40] [--throughput 2000]
 
@@ -19,6 +19,8 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import os
+import signal
 import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -182,14 +184,14 @@ def throughput(method: str, n_requests: int, mode: str) -> dict[str, Any]:
         ids = train_ids(c, ds["id"], n_requests)
         requester = cluster.new_key("requester")
         redis = Redis.from_url(REDIS)
-        if mode == "capacity":
-            for w in list(cluster.workers):
-                cluster.kill(w)
-            cluster.workers.clear()
+        if mode == "capacity":  # the warm worker is paused while the requests arrive
+            for w in cluster.workers:
+                os.killpg(w.pid, signal.SIGSTOP)
             _post_all(cluster, requester, ds["id"], ids)
             depth = redis.llen(f"rq:queue:{cluster.queue}")
             start = time.time()
-            cluster.start_worker()
+            for w in cluster.workers:
+                os.killpg(w.pid, signal.SIGCONT)
         else:
             start = _post_all(cluster, requester, ds["id"], ids)
             depth = None

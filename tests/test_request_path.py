@@ -108,6 +108,31 @@ def test_group_commit_reruns_a_unique_race_and_reports_a_database_error(
     committer.stop()
 
 
+@pytest.mark.postgres
+def test_postgres_callers_commit_in_their_own_transactions(pg_url: str, sqlite_url: str) -> None:
+    """On PostgreSQL `submit` runs each unit in the caller's own transaction (concurrent
+    writers beat one writer thread there); failures stay isolated and nothing is grouped."""
+    db = database(pg_url)
+    committer = GroupCommitter.for_database(db)
+    assert not committer.grouped
+    assert GroupCommitter.for_database(database(sqlite_url)).grouped
+    prefix = f"pg{time.monotonic_ns()}-"
+
+    def one(i: int) -> int | str:
+        try:
+            return committer.submit(_add_key(f"{prefix}{i}", fail=i % 5 == 0))
+        except APIError as exc:
+            return exc.code
+
+    with ThreadPoolExecutor(8) as pool:
+        results = list(pool.map(one, range(40)))
+    assert results.count("conflict") == 8
+    with db.read() as session:
+        names = set(session.scalars(select(ApiKey.name).where(ApiKey.name.like(f"{prefix}%"))))
+    assert names == {f"{prefix}{i}" for i in range(40) if i % 5}
+    assert committer._thread is None  # no writer thread was started
+
+
 def test_sqlite_writers_of_one_process_queue_in_process(sqlite_url: str) -> None:
     """Threads never meet SQLite's busy handler: the in-process lock serialises them."""
     db = database(sqlite_url)

@@ -8,7 +8,7 @@ from typing import Any
 
 from sqlalchemy.orm import Session
 
-from app.audit import certificate_documents
+from app.audit import certificate_documents, release_documents
 from app.db.tables import Dataset, Model, ModelVersion
 from app.errors import unprocessable
 from app.methods import method_of
@@ -20,7 +20,7 @@ from app.specs import policy_of
 
 def lineage_history(session: Session, model_id: int) -> list[LineageEvent]:
     """Every noisy release since the model's last exact retrain, from the audit log."""
-    return history_from_certificates(certificate_documents(session, model_id))
+    return history_from_certificates(release_documents(session, model_id))
 
 
 def preview(
