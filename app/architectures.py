@@ -17,6 +17,14 @@ def parameter_shapes(spec: dict[str, Any], n_features: int, n_classes: int) -> d
     """Names and shapes of the parameters of `build_net(spec, n_features, n_classes)`."""
     if spec["type"] == "logreg":
         return {"1.weight": [n_classes, n_features], "1.bias": [n_classes]}
+    if spec["type"] == "random_features":  # 1.*: the frozen first layer (buffers)
+        width = spec.get("width", 2048)
+        return {
+            "1.weight": [width, n_features],
+            "1.bias": [width],
+            "2.weight": [n_classes, width],
+            "2.bias": [n_classes],
+        }
     shapes: dict[str, list[int]] = {}
     index, width = 1, n_features
     for hidden in spec.get("hidden", [64, 64]):

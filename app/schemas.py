@@ -18,6 +18,7 @@ from pydantic_core import PydanticCustomError
 
 from app.methods import get_method, method_names, method_of
 from app.specs import Architecture, LogRegSpec, PrivacyPolicy, TrainingConfig
+from app.states import Guarantee
 
 
 def unstorable_text(value: Any, path: str = "") -> str | None:
@@ -203,6 +204,21 @@ class ModelCreate(In):
                     {"layers": ", ".join(asked)},
                 )
         return data
+
+    @model_validator(mode="after")
+    def _heuristic_only_when_allowed(self) -> ModelCreate:
+        """A method without a guarantee runs only where the policy says so (it is never a
+        fallback either: Lethe falls back to exact retraining)."""
+        if get_method(self.method.name).guarantee == Guarantee.none and not (
+            self.privacy.allow_heuristic
+        ):
+            raise PydanticCustomError(
+                "heuristic_not_allowed",
+                "{method} is a heuristic: it makes no privacy or exactness claim, so it runs "
+                "only when the model's privacy policy sets allow_heuristic: true",
+                {"method": self.method.name},
+            )
+        return self
 
     @model_validator(mode="after")
     def _convex_head_clips_inputs(self) -> ModelCreate:

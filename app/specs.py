@@ -35,7 +35,22 @@ class MLPSpec(Strict):
     activation: Literal["relu", "tanh", "gelu", "sigmoid"] = "relu"
 
 
-ArchitectureSpec = LogRegSpec | MLPSpec
+class RandomFeaturesSpec(Strict):
+    """A linear model on random features φ(x) = act(A x + b): A and b are frozen, drawn from
+    `seed` (A ~ N(0, scale²/d), b ~ N(0, bias_scale²)), so only the last layer is trained
+    (seed 001's two-layer setting with A fixed, which is linear in the trained layer). A large
+    bias makes ReLU units always on or off, hence linear in x: the features then span little
+    more than the inputs (on digits, b ~ N(0, 1) left rank 900 of 1,437)."""
+
+    type: Literal["random_features"]
+    width: int = Field(2048, ge=1, le=65536, description="h: the number of random features")
+    activation: Literal["relu", "tanh", "cos"] = "relu"
+    scale: float = Field(1.0, gt=0.0, le=1e3, description="scale of the frozen weights A")
+    bias_scale: float = Field(0.1, ge=0.0, le=1e3, description="scale of the frozen bias b")
+    seed: int = Field(0, ge=0, le=2**31 - 1, description="draws the frozen first layer")
+
+
+ArchitectureSpec = LogRegSpec | MLPSpec | RandomFeaturesSpec
 Architecture = Annotated[ArchitectureSpec, Field(discriminator="type")]
 _ARCHITECTURE: TypeAdapter[ArchitectureSpec] = TypeAdapter(Architecture)
 
@@ -66,7 +81,7 @@ class PrivacyPolicy(Strict):
 
 def architecture_of(spec: ArchitectureSpec | dict[str, Any]) -> ArchitectureSpec:
     """A typed architecture from its stored JSON (typed values pass through)."""
-    if isinstance(spec, LogRegSpec | MLPSpec):
+    if isinstance(spec, LogRegSpec | MLPSpec | RandomFeaturesSpec):
         return spec
     return _ARCHITECTURE.validate_python(spec)
 

@@ -60,6 +60,7 @@ def test_worker_processes_import_no_web_framework() -> None:
         {"type": "logreg"},
         {"type": "mlp", "hidden": [7], "activation": "tanh"},
         {"type": "mlp", "hidden": [5, 3, 2], "activation": "gelu"},
+        {"type": "random_features", "width": 9},
     ],
 )
 def test_parameter_layout_matches_the_built_network(arch: dict) -> None:

@@ -9,7 +9,8 @@ from typing import Any
 from app.privacy import DP_ACCOUNTING_VERSION
 from app.privacy.lineage import event_to_json
 from app.specs import PrivacyPolicy
-from workers.methods.base import PrivacyTarget
+from app.states import Guarantee
+from workers.methods.base import CertificateFields, PrivacyTarget
 from workers.updates import Decision, Fallback
 
 
@@ -55,8 +56,8 @@ def certificate_fields(
         "to_version": ctx.to_version,
         "method": decision.method,
         "guarantee": str(cert.guarantee),
-        "epsilon": _finite(cert.epsilon),
-        "delta": _finite(cert.delta),
+        "epsilon": _claim(cert.epsilon),
+        "delta": _claim(cert.delta),
         "sigma": _finite(cert.sigma),
         "sensitivity": _finite(cert.sensitivity),
         "accountant": cert.accountant,
@@ -68,8 +69,8 @@ def certificate_fields(
             k: {"value": _finite(v.value), "source": v.source, "meaning": v.meaning}
             for k, v in cert.constants.items()
         },
-        "cumulative_epsilon": _finite(spend.epsilon if spend is not None and noisy else 0.0),
-        "cumulative_delta": _finite(spend.delta if spend is not None and noisy else 0.0),
+        "cumulative_epsilon": _cumulative(cert, spend.epsilon if spend and noisy else 0.0),
+        "cumulative_delta": _cumulative(cert, spend.delta if spend and noisy else 0.0),
         "lineage": {
             "releases_since_reset": spend.releases if spend is not None else 0,
             "budget_epsilon": policy.lineage_epsilon,
@@ -88,6 +89,17 @@ def certificate_fields(
         "compares": cert.compares,
         "sentence": sentence,
     }
+
+
+def _claim(x: float | None) -> float | None:
+    """A certificate's ε or δ; None only for a heuristic, which claims nothing."""
+    return None if x is None else _finite(x)
+
+
+def _cumulative(cert: CertificateFields, spent: float) -> float | None:
+    """The lineage spend after this release; a heuristic release states none (it is not an
+    (ε, δ) release and leaves the lineage as it was)."""
+    return None if cert.guarantee == Guarantee.none else _finite(spent)
 
 
 def _finite(x: float) -> float:

@@ -17,7 +17,7 @@ from sklearn.model_selection import StratifiedKFold, cross_val_predict
 from torch import nn
 
 from app.specs import ArchitectureSpec
-from workers.nets import build_net, flat
+from workers.nets import build_net, flat, parameters_of
 from workers.training import accuracy
 
 Split = tuple[torch.Tensor, torch.Tensor]
@@ -34,7 +34,7 @@ def per_sample_losses(
 ) -> np.ndarray:
     """Per-sample cross-entropy, computed on the device of X, returned on the host."""
     net = build_net(architecture, int(np.prod(X.shape[1:])), n_classes).to(X.device)
-    net.load_state_dict(state)
+    net.load_state_dict(parameters_of(net, state))
     net.train(False)  # inference mode
     return nn.functional.cross_entropy(net(X), y, reduction="none").cpu().numpy()
 
@@ -76,7 +76,11 @@ def evaluate(
     retain: Split,
     test: Split,
 ) -> dict[str, Any]:
-    """Accuracies and MIA AUC of the release (and the reference), and distances to it."""
+    """Accuracies and MIA AUC of the release (and the reference), and distances to it, over
+    the released parameters (a noise-free state may hold method state beside them)."""
+    noise_free = {k: noise_free[k] for k in release}
+    original = {k: original[k] for k in release}
+    reference = None if reference is None else {k: reference[k] for k in release}
 
     def acc(state: dict[str, torch.Tensor], data: Split) -> float | None:
         return accuracy(architecture, state, data[0], data[1], n_classes)

@@ -208,7 +208,7 @@ def _commit_trained(
         parent_id=None,
         kind=VersionKind.imported if inputs.imported else VersionKind.trained,
         weights=trained.state,
-        next_state=trained.state,
+        next_state=trained.next_state,
         metrics=metrics,
     )
     if trained.statistics is not None:

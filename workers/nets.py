@@ -8,7 +8,7 @@ import torch
 from torch import nn
 from torch.func import functional_call
 
-from app.specs import ArchitectureSpec, MLPSpec, architecture_of
+from app.specs import ArchitectureSpec, MLPSpec, RandomFeaturesSpec, architecture_of
 
 ACTIVATIONS = {"relu": nn.ReLU, "tanh": nn.Tanh, "gelu": nn.GELU, "sigmoid": nn.Sigmoid}
 
@@ -24,6 +24,9 @@ def build_net(
     the worker's device); move it with `.to(device)`."""
     arch = architecture_of(spec)
     cpu = torch.device("cpu")
+    if isinstance(arch, RandomFeaturesSpec):
+        features = RandomFeatures(n_features, arch)
+        return nn.Sequential(nn.Flatten(), features, nn.Linear(arch.width, n_classes, device=cpu))
     if not isinstance(arch, MLPSpec):
         first: nn.Module = (
             nn.Flatten() if arch.feature_norm is None else ClipFeatures(arch.feature_norm)
@@ -36,6 +39,27 @@ def build_net(
         width = hidden
     layers.append(nn.Linear(width, n_classes, device=cpu))
     return nn.Sequential(*layers)
+
+
+class RandomFeatures(nn.Module):
+    """φ(x) = act(A x + b) with A, b frozen buffers drawn from the spec's own seed (not the
+    training seed): every build of the architecture has the same features."""
+
+    def __init__(self, n_features: int, spec: RandomFeaturesSpec) -> None:
+        super().__init__()
+        gen = torch.Generator().manual_seed(spec.seed)
+        weight = torch.randn(spec.width, n_features, generator=gen) * (spec.scale / n_features**0.5)
+        self.weight: torch.Tensor
+        self.bias: torch.Tensor
+        self.register_buffer("weight", weight)
+        self.register_buffer("bias", torch.randn(spec.width, generator=gen) * spec.bias_scale)
+        self.activation = spec.activation
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        z = nn.functional.linear(x, self.weight.to(x.dtype), self.bias.to(x.dtype))
+        if self.activation == "relu":
+            return torch.relu(z)
+        return torch.tanh(z) if self.activation == "tanh" else torch.cos(z)
 
 
 class ClipFeatures(nn.Module):
@@ -60,6 +84,13 @@ def clip_rows(x: torch.Tensor, radius: float) -> torch.Tensor:
 def state_of(net: nn.Module) -> dict[str, torch.Tensor]:
     """A detached, contiguous copy of the parameters (safetensors-ready)."""
     return {k: v.detach().clone().contiguous() for k, v in net.state_dict().items()}
+
+
+def parameters_of(net: nn.Module, state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """The entries of a noise-free state that are the network's own (a method may keep more
+    beside them, such as minnorm's Gram inverse)."""
+    own = net.state_dict().keys()
+    return {k: v for k, v in state.items() if k in own}
 
 
 def flat(state: dict[str, torch.Tensor]) -> torch.Tensor:

@@ -10,7 +10,7 @@ import torch
 from torch import nn
 
 from app.specs import ArchitectureSpec, TrainingConfig, training_of
-from workers.nets import build_net, state_of
+from workers.nets import build_net, parameters_of, state_of
 from workers.norms import project_parameters_
 
 ProgressFn = Callable[[int, int, float], None]
@@ -109,6 +109,6 @@ def accuracy(
     if len(y) == 0:
         return None
     net = build_net(architecture, int(np.prod(X.shape[1:])), n_classes).to(X.device)
-    net.load_state_dict(state)  # copies across devices: `state` may be on CPU
+    net.load_state_dict(parameters_of(net, state))  # copies across devices and dtypes
     net.train(False)  # inference mode
     return float((net(X).argmax(1) == y).float().mean())

@@ -245,10 +245,11 @@ class Certificate(Base):
     to_version: Mapped[int]
     method: Mapped[str] = mapped_column(String(40))
     guarantee: Mapped[str] = mapped_column(String(12))
-    epsilon: Mapped[float] = mapped_column(Float)
-    delta: Mapped[float] = mapped_column(Float)
-    cumulative_epsilon: Mapped[float] = mapped_column(Float)
-    cumulative_delta: Mapped[float] = mapped_column(Float)
+    # NULL for a heuristic method (guarantee `none`): it makes no privacy claim.
+    epsilon: Mapped[float | None] = mapped_column(Float)
+    delta: Mapped[float | None] = mapped_column(Float)
+    cumulative_epsilon: Mapped[float | None] = mapped_column(Float)
+    cumulative_delta: Mapped[float | None] = mapped_column(Float)
     n_removed: Mapped[int]
     body: Mapped[str] = mapped_column(Text)
     created_at: Mapped[datetime] = mapped_column(default=utcnow)

@@ -6,6 +6,8 @@ workers/methods/ registered under the same name, and a README row (README, "Addi
 
 from app.methods import (
     convex_head,
+    minnorm,
+    minnorm_og,
     newton,
     noisy_finetune,
     output_perturbation,
@@ -26,6 +28,8 @@ __all__ = [
     "MethodOptions",
     "MethodSpec",
     "convex_head",
+    "minnorm",
+    "minnorm_og",
     "get_method",
     "method_names",
     "method_of",

@@ -14,6 +14,7 @@ from typing import Any, Generic, TypeVar
 from pydantic import BaseModel, ConfigDict, Field
 
 from app.privacy.plans import ReleasePlan, data_dependent_plan
+from app.specs import ArchitectureSpec
 from app.states import Guarantee
 
 
@@ -31,6 +32,9 @@ class MethodOptions(BaseModel):
 
 OptionsT = TypeVar("OptionsT", bound=MethodOptions)
 Planner = Callable[[Any, float, float], ReleasePlan]
+# Refuses (raises an APIError) a model the method cannot serve: options, architecture,
+# number of training samples, number of input features.
+ModelCheck = Callable[[Any, ArchitectureSpec, int, int], None]
 
 
 @dataclass(frozen=True)
@@ -44,6 +48,7 @@ class MethodSpec(Generic[OptionsT]):
     records_training: bool = False  # training must run inside Lethe (it records or constrains)
     uses_statistics: bool = False  # the update reads the removed samples' stored statistics
     planner: Planner | None = None  # σ and Δ before any request, when they are data-free
+    check_model: ModelCheck | None = None  # at model creation, before anything is written
 
     def parse(self, raw: dict[str, Any]) -> OptionsT:
         """The options from a model's stored `method` JSON (its `name` key is ignored)."""
@@ -92,6 +97,11 @@ class MethodChoice:
 
     def plan(self, epsilon: float, delta: float) -> ReleasePlan:
         return self.spec.plan(self.options, epsilon, delta)
+
+    def check_model(self, architecture: ArchitectureSpec, n_train: int, n_features: int) -> None:
+        """Raise the method's 422 if it cannot serve such a model."""
+        if self.spec.check_model is not None:
+            self.spec.check_model(self.options, architecture, n_train, n_features)
 
     def to_json(self) -> dict[str, Any]:
         return {"name": self.name, **self.options.model_dump()}

@@ -12,15 +12,27 @@ from app.architectures import check_weights
 from app.blobstore import DatabaseBlobStore
 from app.db.tables import Model, ModelSample, ModelVersion, Sample
 from app.errors import APIError, not_found, unprocessable
-from app.methods import get_method, method_names
+from app.methods import get_method, method_names, method_of
 from app.schemas import ModelCreate
 from app.services.datasets import get_dataset
 from app.states import ModelStatus, SampleStatus
 
 
 def create_model(session: Session, spec: ModelCreate) -> Model:
-    """Record the model and snapshot its training set (active train samples); status queued."""
+    """Record the model and snapshot its training set (active train samples); status queued.
+    The method may refuse the model first (e.g. minnorm when n ≥ p): nothing is written."""
     ds = get_dataset(session, spec.dataset_id)
+    active_train = (
+        Sample.dataset_id == ds.id,
+        Sample.split == "train",
+        Sample.status == SampleStatus.active,
+    )
+    n_train = session.scalar(select(func.count()).where(*active_train)) or 0
+    if not n_train:
+        raise unprocessable("no_training_data", "the dataset has no active training samples")
+    method_of(spec.method.model_dump()).check_model(
+        spec.architecture, n_train, math.prod(ds.feature_shape)
+    )
     model = Model(
         name=spec.name,
         dataset_id=ds.id,
@@ -33,13 +45,8 @@ def create_model(session: Session, spec: ModelCreate) -> Model:
     )
     session.add(model)
     session.flush()
-    members = select(literal(model.id), Sample.id).where(
-        Sample.dataset_id == ds.id, Sample.split == "train", Sample.status == SampleStatus.active
-    )
+    members = select(literal(model.id), Sample.id).where(*active_train)
     session.execute(insert(ModelSample).from_select(["model_id", "sample_id"], members))
-    n_train = session.scalar(select(func.count()).where(ModelSample.model_id == model.id))
-    if not n_train:
-        raise unprocessable("no_training_data", "the dataset has no active training samples")
     return model
 
 

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from workers.methods import (
     convex_head,
+    minnorm,
+    minnorm_og,
     newton,
     noisy_finetune,
     output_perturbation,
@@ -23,6 +25,8 @@ def fit(model: ModelSpec, data: RetainedData, progress: ProgressFn | None = None
 __all__ = [
     "compute_names",
     "convex_head",
+    "minnorm",
+    "minnorm_og",
     "fit",
     "method_for",
     "newton",

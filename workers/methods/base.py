@@ -91,6 +91,13 @@ class Trained:
     statistics: StatisticsBlock | None
     record: dict[str, Any]
     metrics: dict[str, Any] = field(default_factory=dict)
+    # Method state kept beside the parameters in the noise-free state (never downloadable,
+    # purged with its version): minnorm's Gram inverse. Keys never collide with a layer's.
+    extra_state: ModelState = field(default_factory=dict)
+
+    @property
+    def next_state(self) -> ModelState:
+        return {**self.state, **self.extra_state}
 
 
 @dataclass(frozen=True)
@@ -111,8 +118,8 @@ class CertificateFields:
     """A method's own statement about its release; the pipeline adds the lineage."""
 
     guarantee: Guarantee
-    epsilon: float
-    delta: float
+    epsilon: float | None  # None: a heuristic (guarantee `none`) makes no claim
+    delta: float | None
     sigma: float
     sensitivity: float
     accountant: str

@@ -97,6 +97,7 @@ class Newton(UnlearningMethod):
             "shortcut": shortcut,
         }
         cert = self._certificate(epsilon, delta_mech, rho, sigma, sensitivity, n_u, measured)
+        assert cert.epsilon is not None and cert.delta is not None
         return Release(
             next_state=model.state(w_tilde),
             weights=model.state(w_tilde + noise),

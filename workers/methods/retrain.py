@@ -47,7 +47,7 @@ class Retrain(UnlearningMethod):
             resets_lineage=True,
         )
         return Release(
-            next_state=trained.state,
+            next_state=trained.next_state,
             weights=trained.state,
             certificate=cert,
             event=None,
