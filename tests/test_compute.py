@@ -57,7 +57,7 @@ def inputs_for(
         method=spec.method,
         policy=policy,
         target=PrivacyTarget(policy.epsilon, policy.delta),
-        state=trained.state,
+        state=trained.next_state,  # what the pipeline loads: the state and any method state
         removed=RemovedSamples(gone, X[:3], y[:3], {s: vectors[s] for s in gone if s in vectors}),
         retained=RetainedData(ids[3:], X[3:], y[3:], [None] * (N - 3)),
         test=RetainedData(ids[:30], X[:30], y[:30]),

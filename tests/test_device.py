@@ -17,7 +17,7 @@ from pydantic import ValidationError
 import app.settings as app_settings
 from app.methods import method_of
 from app.privacy.lineage import gaussian_event
-from app.specs import architecture_of
+from app.specs import PrivacyPolicy, architecture_of
 from tests.test_compute import TRAINING, K, N, P, data, inputs_for
 from workers import device as dev
 from workers import jobs, updates, worker
@@ -72,6 +72,8 @@ METHODS: dict[str, dict[str, Any]] = {
         "rho_checks": 1,
         "power_iterations": 5,
     },
+    "minnorm": {"name": "minnorm", "evaluate": True},
+    "minnorm_og": {"name": "minnorm_og", "epochs": 3, "descent_only_epochs": 1, "n_pert": 8},
 }
 
 
@@ -110,9 +112,14 @@ def seeded_noise(monkeypatch: pytest.MonkeyPatch) -> list[int]:
 def update_inputs(name: str) -> UpdateInputs:
     """The trained model and a removal of three samples (test_compute's inputs)."""
     method = METHODS[name]
-    if name != "convex_head":
-        return inputs_for(method)
-    return inputs_for(method, architecture={"type": "logreg", "feature_norm": 10.0})
+    if name == "convex_head":
+        return inputs_for(method, architecture={"type": "logreg", "feature_norm": 10.0})
+    if name == "minnorm":  # overparameterized: 256 random features for 150 samples
+        return inputs_for(method, architecture={"type": "random_features", "width": 256})
+    if name == "minnorm_og":
+        heuristic = PrivacyPolicy(allow_heuristic=True)
+        return inputs_for(method, policy=heuristic, architecture={"type": "mlp", "hidden": [16]})
+    return inputs_for(method)
 
 
 def release_tensors(outcome: Outcome) -> dict[str, torch.Tensor]:

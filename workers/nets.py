@@ -48,11 +48,14 @@ class RandomFeatures(nn.Module):
     def __init__(self, n_features: int, spec: RandomFeaturesSpec) -> None:
         super().__init__()
         gen = torch.Generator().manual_seed(spec.seed)
-        weight = torch.randn(spec.width, n_features, generator=gen) * (spec.scale / n_features**0.5)
+        cpu = gen.device  # drawn on CPU: the same features on every device
+        weight = torch.randn(spec.width, n_features, generator=gen, device=cpu)
+        weight = weight * (spec.scale / n_features**0.5)
         self.weight: torch.Tensor
         self.bias: torch.Tensor
         self.register_buffer("weight", weight)
-        self.register_buffer("bias", torch.randn(spec.width, generator=gen) * spec.bias_scale)
+        bias = torch.randn(spec.width, generator=gen, device=cpu) * spec.bias_scale
+        self.register_buffer("bias", bias)
         self.activation = spec.activation
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

@@ -71,7 +71,7 @@ class MinNormOG(UnlearningMethod):
         output_grads = vmap(grad(logit), in_dims=(None, 0, 0))
         opt = torch.optim.AdamW(net.parameters(), lr=o.learning_rate, weight_decay=o.weight_decay)
         gen = torch.Generator().manual_seed(o.seed)
-        order = torch.randperm(len(y), generator=gen).to(X.device)
+        order = torch.randperm(len(y), generator=gen, device=gen.device).to(X.device)
         batches = max(1, math.ceil(len(inputs.removed.sample_ids) / o.batch_size))
         cursor, kappa, projections, loss_fn = 0, o.kappa, 0, nn.CrossEntropyLoss()
         net.train()
