@@ -17,7 +17,7 @@ from pydantic import (
 from pydantic_core import PydanticCustomError
 
 from app.methods import get_method, method_names, method_of
-from app.specs import Architecture, LogRegSpec, PrivacyPolicy, TrainingConfig
+from app.specs import Architecture, LogRegSpec, PrivacyPolicy, TopicModelSpec, TrainingConfig
 from app.states import Guarantee
 
 
@@ -92,13 +92,19 @@ MAX_ID = 2**53 - 1
 
 
 class BuiltinDatasetIn(In):
-    builtin: Literal["digits", "breast_cancer", "synthetic"]
+    builtin: Literal["digits", "breast_cancer", "synthetic", "synthetic_corpus"]
     name: str | None = Field(None, max_length=200)
     seed: int = Field(0, ge=0, le=2**31 - 1)
     test_fraction: float = Field(0.2, gt=0.0, lt=1.0)
     n_samples: int = Field(2000, ge=10, le=200_000, description="synthetic only")
     n_features: int = Field(20, ge=1, le=4096, description="synthetic only")
     n_classes: int = Field(2, ge=2, le=100, description="synthetic only")
+    vocabulary: int = Field(2000, ge=3, le=20_000, description="synthetic_corpus only")
+    topics: int = Field(20, ge=2, le=500, description="synthetic_corpus only")
+    document_length: int = Field(100, ge=2, le=10_000, description="synthetic_corpus only")
+    separability: float = Field(
+        0.05, gt=0.0, le=1.0, description="synthetic_corpus only: anchor-word mass p"
+    )
 
 
 class DatasetOut(Out):
@@ -110,6 +116,7 @@ class DatasetOut(Out):
     n_classes: int
     n_samples: int
     counts: dict[str, int] = {}
+    text: dict[str, Any] | None = None
     created_at: datetime
 
 
@@ -204,6 +211,18 @@ class ModelCreate(In):
                     {"layers": ", ".join(asked)},
                 )
         return data
+
+    @model_validator(mode="after")
+    def _topic_models_learn_by_anchor_words(self) -> ModelCreate:
+        """A topic model is trained and unlearned by `anchor_topics` only (it is not a
+        network the other methods could train)."""
+        if isinstance(self.architecture, TopicModelSpec) and self.method.name != "anchor_topics":
+            raise PydanticCustomError(
+                "topic_model_needs_anchor_topics",
+                "a topic_model is learned by the anchor-word algorithm: use the "
+                "anchor_topics method (a request may still ask for an exact retrain)",
+            )
+        return self
 
     @model_validator(mode="after")
     def _heuristic_only_when_allowed(self) -> ModelCreate:

@@ -50,7 +50,24 @@ class RandomFeaturesSpec(Strict):
     seed: int = Field(0, ge=0, le=2**31 - 1, description="draws the frozen first layer")
 
 
-ArchitectureSpec = LogRegSpec | MLPSpec | RandomFeaturesSpec
+class TopicModelSpec(Strict):
+    """A topic model on a text corpus (seed 000): the word–topic matrix A (vocabulary ×
+    topics, columns on the simplex) and the topic covariance R, learned by the anchor-word
+    algorithm (Arora et al. 2012). Not a classifier: it has no accuracy."""
+
+    type: Literal["topic_model"]
+    topics: int = Field(20, ge=2, le=500, description="r: the number of topics")
+    projection_dim: int | None = Field(
+        None,
+        ge=2,
+        le=10_000,
+        description="random-projection dimension for anchor finding (default: the vocabulary, "
+        "capped at 1,000)",
+    )
+    seed: int = Field(0, ge=0, le=2**31 - 1, description="draws the random projection")
+
+
+ArchitectureSpec = LogRegSpec | MLPSpec | RandomFeaturesSpec | TopicModelSpec
 Architecture = Annotated[ArchitectureSpec, Field(discriminator="type")]
 _ARCHITECTURE: TypeAdapter[ArchitectureSpec] = TypeAdapter(Architecture)
 
@@ -81,7 +98,7 @@ class PrivacyPolicy(Strict):
 
 def architecture_of(spec: ArchitectureSpec | dict[str, Any]) -> ArchitectureSpec:
     """A typed architecture from its stored JSON (typed values pass through)."""
-    if isinstance(spec, LogRegSpec | MLPSpec | RandomFeaturesSpec):
+    if isinstance(spec, LogRegSpec | MLPSpec | RandomFeaturesSpec | TopicModelSpec):
         return spec
     return _ARCHITECTURE.validate_python(spec)
 

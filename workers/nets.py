@@ -8,7 +8,13 @@ import torch
 from torch import nn
 from torch.func import functional_call
 
-from app.specs import ArchitectureSpec, MLPSpec, RandomFeaturesSpec, architecture_of
+from app.specs import (
+    ArchitectureSpec,
+    MLPSpec,
+    RandomFeaturesSpec,
+    TopicModelSpec,
+    architecture_of,
+)
 
 ACTIVATIONS = {"relu": nn.ReLU, "tanh": nn.Tanh, "gelu": nn.GELU, "sigmoid": nn.Sigmoid}
 
@@ -24,6 +30,8 @@ def build_net(
     the worker's device); move it with `.to(device)`."""
     arch = architecture_of(spec)
     cpu = torch.device("cpu")
+    if isinstance(arch, TopicModelSpec):
+        raise TypeError("a topic model is not a network: workers/topics.py computes it")
     if isinstance(arch, RandomFeaturesSpec):
         features = RandomFeatures(n_features, arch)
         return nn.Sequential(nn.Flatten(), features, nn.Linear(arch.width, n_classes, device=cpu))

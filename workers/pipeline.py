@@ -92,6 +92,7 @@ def model_spec(model: Model, dataset: Dataset) -> ModelSpec:
         method=method_of(model.method),
         n_features=int(np.prod(dataset.feature_shape)),
         n_classes=dataset.n_classes,
+        vocabulary=tuple(dataset.text["words"]) if dataset.text else None,
     )
 
 

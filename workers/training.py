@@ -9,7 +9,13 @@ import numpy as np
 import torch
 from torch import nn
 
-from app.specs import ArchitectureSpec, TrainingConfig, training_of
+from app.specs import (
+    ArchitectureSpec,
+    TopicModelSpec,
+    TrainingConfig,
+    architecture_of,
+    training_of,
+)
 from workers.nets import build_net, parameters_of, state_of
 from workers.norms import project_parameters_
 
@@ -98,6 +104,11 @@ def finetune(
     return train(architecture, tuned, X, y, n_classes, init_state=state)
 
 
+def is_classifier(architecture: ArchitectureSpec | dict[str, Any]) -> bool:
+    """Every architecture but the topic model maps inputs to class logits."""
+    return not isinstance(architecture_of(architecture), TopicModelSpec)
+
+
 @torch.no_grad()
 def accuracy(
     architecture: ArchitectureSpec | dict[str, Any],
@@ -106,7 +117,7 @@ def accuracy(
     y: torch.Tensor,
     n_classes: int,
 ) -> float | None:
-    if len(y) == 0:
+    if len(y) == 0 or not is_classifier(architecture):
         return None
     net = build_net(architecture, int(np.prod(X.shape[1:])), n_classes).to(X.device)
     net.load_state_dict(parameters_of(net, state))  # copies across devices and dtypes

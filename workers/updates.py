@@ -20,7 +20,7 @@ from workers.device import inputs_to, outcome_to_cpu
 from workers.evaluation import evaluate
 from workers.methods import method_for
 from workers.methods.base import Release, TargetInfeasible, UpdateInputs
-from workers.training import accuracy
+from workers.training import accuracy, is_classifier
 
 
 @dataclass(frozen=True)
@@ -75,7 +75,7 @@ def compute(inputs: UpdateInputs) -> Outcome:
         "method": decision.method,
         "fallback_reason": decision.reason if isinstance(decision, Fallback) else None,
     }
-    if inputs.method.options.evaluate:
+    if inputs.method.options.evaluate and is_classifier(inputs.spec.architecture):
         metrics["evaluation"] = _evaluate(inputs, decision)
     return Outcome(decision, metrics)
 

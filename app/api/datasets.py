@@ -30,6 +30,14 @@ UPLOAD_DOC = {
                     "properties": {
                         "file": {"type": "string", "format": "binary"},
                         "name": {"type": "string"},
+                        "format": {
+                            "type": "string",
+                            "enum": ["npz", "csv", "text_csv", "sparse_npz"],
+                            "description": "text_csv: a corpus with a text column; "
+                            "sparse_npz: a document-term matrix from scipy's save_npz",
+                        },
+                        "text_column": {"type": "string", "default": "text"},
+                        "min_count": {"type": "integer", "default": 1},
                         "label_column": {"type": "string", "default": "label"},
                         "id_column": {"type": "string"},
                         "subject_column": {"type": "string"},
@@ -112,6 +120,35 @@ async def _from_upload(request: Request, limit: int, limits: dataset_files.Limit
     name = fields.get("name") or upload.filename or "upload"
     if fmt == "npz":
         return name, "npz", lambda: dataset_files.parse_npz(data, seed, test_fraction, limits)
+    if fmt == "sparse_npz":
+        return (
+            name,
+            "sparse_npz",
+            lambda: dataset_files.parse_sparse_npz(data, seed, test_fraction, limits),
+        )
+    if fmt == "text_csv":
+        try:
+            min_count = int(fields.get("min_count", 1))
+        except ValueError as exc:
+            raise unprocessable("invalid_request", "min_count must be an integer") from exc
+        if not 1 <= min_count <= 1_000_000:
+            raise unprocessable("invalid_request", "min_count in [1, 1000000]")
+        return (
+            name,
+            "text_csv",
+            lambda: dataset_files.parse_text_csv(
+                data,
+                fields.get("text_column", "text"),
+                fields.get("label_column"),
+                fields.get("id_column"),
+                fields.get("subject_column"),
+                fields.get("split_column"),
+                seed,
+                test_fraction,
+                min_count,
+                limits,
+            ),
+        )
     if fmt == "csv":
         return (
             name,
@@ -127,7 +164,9 @@ async def _from_upload(request: Request, limit: int, limits: dataset_files.Limit
                 limits,
             ),
         )
-    raise unprocessable("unknown_format", f"format must be npz or csv, got {fmt!r}")
+    raise unprocessable(
+        "unknown_format", f"format must be npz, csv, text_csv or sparse_npz, got {fmt!r}"
+    )
 
 
 @router.get("/{dataset_id}", response_model=DatasetOut, responses=errors(404))

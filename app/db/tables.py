@@ -70,6 +70,8 @@ class Dataset(Base):
     feature_shape: Mapped[list[Any]]
     n_classes: Mapped[int]
     n_samples: Mapped[int]
+    # A corpus (kind "text"): its fixed vocabulary and counts (app/text.py); None otherwise.
+    text: Mapped[dict[str, Any] | None] = mapped_column(JSON)
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
 
 

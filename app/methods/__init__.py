@@ -5,6 +5,7 @@ workers/methods/ registered under the same name, and a README row (README, "Addi
 """
 
 from app.methods import (
+    anchor_topics,
     convex_head,
     minnorm,
     minnorm_og,
@@ -27,6 +28,7 @@ __all__ = [
     "MethodChoice",
     "MethodOptions",
     "MethodSpec",
+    "anchor_topics",
     "convex_head",
     "minnorm",
     "minnorm_og",

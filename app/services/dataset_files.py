@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 from numpy.lib import format as npy_format
 
+from app import text
 from app.errors import APIError, unprocessable
 from app.schemas import BuiltinDatasetIn
 
@@ -29,6 +30,7 @@ class ParsedDataset:
     split: list[str]
     n_classes: int
     kind: str
+    text: dict[str, object] | None = None  # a corpus: its vocabulary and counts (app/text.py)
 
 
 @dataclass(frozen=True)
@@ -75,6 +77,9 @@ def check_size(n: int, features: int, limits: Limits) -> None:
 
 def check_builtin(spec: BuiltinDatasetIn, limits: Limits) -> None:
     """422 for a synthetic spec that asks for more than the limits allow (before building)."""
+    if spec.builtin == "synthetic_corpus":
+        check_size(spec.n_samples, spec.vocabulary, limits)
+        return
     if spec.builtin != "synthetic":
         return
     cells = spec.n_samples * spec.n_features
@@ -122,6 +127,8 @@ def load_builtin(spec: BuiltinDatasetIn) -> ParsedDataset:
     """scikit-learn's bundled datasets (no download) or a seeded Gaussian mixture."""
     from sklearn import datasets as skd
 
+    if spec.builtin == "synthetic_corpus":
+        return _synthetic_corpus(spec)
     if spec.builtin == "digits":
         bunch = skd.load_digits()
         X, y, kind = bunch.images / 16.0, bunch.target, "image"
@@ -402,3 +409,125 @@ def _finish(
         n_classes=int(y.max()) + 1,
         kind=kind,
     )
+
+
+# ---- text corpora (seed 000) -----------------------------------------------------------------
+
+
+def _synthetic_corpus(spec: BuiltinDatasetIn) -> ParsedDataset:
+    """Seed 000's generative model with known A*, R* (regenerated from the same spec)."""
+    corpus = text.synthetic_corpus(
+        spec.vocabulary,
+        spec.topics,
+        spec.n_samples,
+        spec.document_length,
+        spec.separability,
+        spec.seed,
+    )
+    words = [f"w{i}" for i in range(spec.vocabulary)]
+    y = np.zeros(spec.n_samples, dtype=np.int64)
+    split = seeded_split(y, spec.test_fraction, spec.seed)
+    parsed = _finish(
+        corpus.counts, y, [str(i) for i in range(len(y))], [None] * len(y), split, "text"
+    )
+    short = int((corpus.counts.sum(1) < 2).sum())
+    return _with_text(parsed, text.Corpus(corpus.counts, words, short).meta(1))
+
+
+def parse_text_csv(
+    data: bytes,
+    text_column: str,
+    label_column: str | None,
+    id_column: str | None,
+    subject_column: str | None,
+    split_column: str | None,
+    seed: int,
+    test_fraction: float,
+    min_count: int,
+    limits: Limits | None = None,
+) -> ParsedDataset:
+    """A CSV with a text column (plus optional label, id, subject and split columns): each
+    document becomes its word counts over a vocabulary fixed now (app/text.py)."""
+    try:
+        rows = list(csv.reader(io.StringIO(data.decode("utf-8-sig"))))
+    except (UnicodeDecodeError, csv.Error) as exc:
+        raise unprocessable("malformed_csv", f"not a UTF-8 CSV: {exc}") from exc
+    if not rows:
+        raise unprocessable("empty_corpus", "the CSV is empty")
+    header = [h.strip() for h in rows[0]]
+    if text_column not in header:
+        raise unprocessable(
+            "malformed_csv", f"text column {text_column!r} not in header", {"header": header}
+        )
+    body = [r for r in rows[1:] if r]
+    if not body:
+        raise unprocessable("empty_corpus", "the CSV has no documents")
+    bad = [i + 2 for i, r in enumerate(body) if len(r) != len(header)]
+    if bad:
+        raise unprocessable(
+            "malformed_csv", "rows with the wrong number of fields", {"lines": bad[:20]}
+        )
+
+    def column(name: str | None) -> list[str] | None:
+        if not name:
+            return None
+        if name not in header:
+            raise unprocessable("malformed_csv", f"column {name!r} not in header")
+        j = header.index(name)
+        return [r[j].strip() for r in body]
+
+    corpus = text.count_documents(column(text_column) or [], min_count)
+    n = len(body)
+    check_size(n, len(corpus.vocabulary), limits or Limits())
+    labels = column(label_column) if label_column and label_column in header else None
+    try:
+        y = _labels(np.array([float(v) for v in labels]), n) if labels else np.zeros(n, np.int64)
+    except ValueError as exc:
+        raise unprocessable("malformed_csv", f"non-numeric label: {exc}") from exc
+    ids = column(id_column) or [str(i) for i in range(n)]
+    subjects: list[str | None] = [s or None for s in column(subject_column) or []] or [None] * n
+    split_values = column(split_column)
+    split = _split(np.array(split_values) if split_values else None, y, seed, test_fraction)
+    parsed = _finish(corpus.counts, y, ids, subjects, split, "text")
+    return _with_text(parsed, corpus.meta(min_count))
+
+
+SPARSE_MEMBERS = {"data", "indices", "indptr", "shape", "format"}
+
+
+def parse_sparse_npz(
+    data: bytes, seed: int, test_fraction: float, limits: Limits | None = None
+) -> ParsedDataset:
+    """A document-term matrix saved by scipy's `save_npz` (CSR or CSC, read without pickle):
+    rows are documents, columns the vocabulary (words named `w0`, `w1`, ...)."""
+    import scipy.sparse
+
+    limits = limits or Limits()
+    try:
+        with zipfile.ZipFile(io.BytesIO(data)) as zf:
+            names = {i.filename.removesuffix(".npy") for i in zf.infolist()}
+            if not names >= SPARSE_MEMBERS:
+                raise unprocessable(
+                    "malformed_npz",
+                    f"not a scipy sparse matrix: missing {sorted(SPARSE_MEMBERS - names)}",
+                )
+            if sum(i.file_size for i in zf.infolist()) > limits.max_npz_bytes:
+                raise _npz_too_large(sum(i.file_size for i in zf.infolist()), limits)
+        matrix = scipy.sparse.load_npz(io.BytesIO(data))  # np.load with allow_pickle=False
+    except (ValueError, OSError, zipfile.BadZipFile, EOFError, zlib.error) as exc:
+        raise unprocessable("malformed_npz", f"not a readable sparse .npz: {exc}") from exc
+    n, vocabulary = matrix.shape
+    check_size(n, vocabulary, limits)
+    counts = np.asarray(matrix.toarray(), dtype=np.float64)
+    text.check_corpus(counts)
+    y = np.zeros(n, dtype=np.int64)
+    split = seeded_split(y, test_fraction, seed)
+    parsed = _finish(counts, y, [str(i) for i in range(n)], [None] * n, split, "text")
+    short = int((counts.sum(1) < 2).sum())
+    words = [f"w{i}" for i in range(vocabulary)]
+    return _with_text(parsed, text.Corpus(counts.astype(np.float32), words, short).meta(1))
+
+
+def _with_text(parsed: ParsedDataset, meta: dict[str, object]) -> ParsedDataset:
+    parsed.text = meta
+    return parsed

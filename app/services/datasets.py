@@ -29,6 +29,7 @@ def create_dataset(session: Session, name: str, source: str, parsed: ParsedDatas
         feature_shape=list(parsed.X.shape[1:]),
         n_classes=parsed.n_classes,
         n_samples=len(parsed.y),
+        text=parsed.text,
     )
     session.add(ds)
     session.flush()
@@ -99,6 +100,20 @@ def dataset_view(session: Session, ds: Dataset) -> dict[str, Any]:
             )
         },
         "counts": dataset_counts(session, ds.id),
+        "text": None if ds.text is None else text_summary(ds.text),
+    }
+
+
+def text_summary(meta: dict[str, Any]) -> dict[str, Any]:
+    """A corpus's vocabulary size and counts (the words themselves appear as topics' top
+    words on a topic model's versions)."""
+    return {
+        "vocabulary_size": len(meta["words"]),
+        "rare_token": meta.get("rare_token"),
+        "min_count": meta.get("min_count"),
+        "documents_under_two_tokens": meta.get("documents_under_two_tokens", 0),
+        "note": "documents with fewer than two tokens are kept but contribute nothing to the "
+        "co-occurrence statistic (L(L − 1) = 0)",
     }
 
 

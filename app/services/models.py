@@ -15,6 +15,7 @@ from app.errors import APIError, not_found, unprocessable
 from app.methods import get_method, method_names, method_of
 from app.schemas import ModelCreate
 from app.services.datasets import get_dataset
+from app.specs import TopicModelSpec
 from app.states import ModelStatus, SampleStatus
 
 
@@ -30,6 +31,11 @@ def create_model(session: Session, spec: ModelCreate) -> Model:
     n_train = session.scalar(select(func.count()).where(*active_train)) or 0
     if not n_train:
         raise unprocessable("no_training_data", "the dataset has no active training samples")
+    if isinstance(spec.architecture, TopicModelSpec) and ds.kind != "text":
+        raise unprocessable(
+            "topic_model_needs_text",
+            f"a topic_model learns from a text corpus; dataset {ds.id} is {ds.kind}",
+        )
     method_of(spec.method.model_dump()).check_model(
         spec.architecture, n_train, math.prod(ds.feature_shape)
     )

@@ -67,7 +67,27 @@ def preview(
             "accountant": after.accountant,
         },
         "would_retrain_exactly": plan.feasible is False or not admission.admitted,
+        "deletion_capacity": _capacity_view(session, model),
         "shift": _shift_view(session, model, plan.sigma, documents),
+    }
+
+
+def _capacity_view(session: Session, model: Model) -> dict[str, Any] | None:
+    """For a method with a deletion capacity (anchor_topics): documents removed since the last
+    training against the capacity the current version was released under."""
+    if model.current_version_id is None:
+        return None
+    version = session.get(ModelVersion, model.current_version_id)
+    limit = (version.metrics or {}).get("deletion_capacity") if version else None
+    if not limit or version is None:
+        return None
+    used = int(version.metrics.get("removed_documents_cumulative", 0))
+    return {
+        "capacity_documents": limit["documents"],
+        "terms": limit,
+        "removed_since_training": used,
+        "left": max(0.0, limit["documents"] - used),
+        "then": "past the capacity Lethe retrains exactly and the count restarts at 0",
     }
 
 

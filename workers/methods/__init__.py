@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from workers.methods import (
+    anchor_topics,
     convex_head,
     minnorm,
     minnorm_og,
@@ -24,6 +25,7 @@ def fit(model: ModelSpec, data: RetainedData, progress: ProgressFn | None = None
 
 __all__ = [
     "compute_names",
+    "anchor_topics",
     "convex_head",
     "minnorm",
     "minnorm_og",

@@ -28,6 +28,7 @@ class ModelSpec:
     method: MethodChoice  # the model's configured method (its training recipe)
     n_features: int
     n_classes: int
+    vocabulary: tuple[str, ...] | None = None  # a text corpus's words, in feature order
 
 
 @dataclass(frozen=True)
