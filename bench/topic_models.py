@@ -154,7 +154,7 @@ def run(documents: int, vocabulary: int, topics: int, length: int, p: float) -> 
         row["corpus_size_for_sigma_below_1_over_n"] = useful_size(constants, vocabulary, topics)
         row["sigma_by_corpus_size"] = [
             {"m": int(mm), "sigma": sigma_at(constants, vocabulary, topics, int(mm), 1)}
-            for mm in np.logspace(4, 16, 25)
+            for mm in np.logspace(4, 25, 43)
         ]
         results[calibrate] = row
     return results
