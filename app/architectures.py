@@ -17,6 +17,8 @@ def parameter_shapes(spec: dict[str, Any], n_features: int, n_classes: int) -> d
     """Names and shapes of the parameters of `build_net(spec, n_features, n_classes)`."""
     if spec["type"] == "logreg":
         return {"1.weight": [n_classes, n_features], "1.bias": [n_classes]}
+    if spec["type"] == "topic_head":
+        return {"B": [n_features, n_classes], "bias": [n_classes]}
     if spec["type"] == "topic_model":
         topics = spec.get("topics", 20)
         return {"A": [n_features, topics], "R": [topics, topics]}

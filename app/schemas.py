@@ -17,7 +17,14 @@ from pydantic import (
 from pydantic_core import PydanticCustomError
 
 from app.methods import get_method, method_names, method_of
-from app.specs import Architecture, LogRegSpec, PrivacyPolicy, TopicModelSpec, TrainingConfig
+from app.specs import (
+    Architecture,
+    LogRegSpec,
+    PrivacyPolicy,
+    TopicHeadSpec,
+    TopicModelSpec,
+    TrainingConfig,
+)
 from app.states import Guarantee
 
 
@@ -216,6 +223,11 @@ class ModelCreate(In):
     def _topic_models_learn_by_anchor_words(self) -> ModelCreate:
         """A topic model is trained and unlearned by `anchor_topics` only (it is not a
         network the other methods could train)."""
+        if isinstance(self.architecture, TopicHeadSpec) and self.method.name != "topic_head":
+            raise PydanticCustomError(
+                "topic_head_needs_topic_head_method",
+                "a topic_head is trained and unlearned by the topic_head method",
+            )
         if isinstance(self.architecture, TopicModelSpec) and self.method.name != "anchor_topics":
             raise PydanticCustomError(
                 "topic_model_needs_anchor_topics",

@@ -67,7 +67,21 @@ class TopicModelSpec(Strict):
     seed: int = Field(0, ge=0, le=2**31 - 1, description="draws the random projection")
 
 
-ArchitectureSpec = LogRegSpec | MLPSpec | RandomFeaturesSpec | TopicModelSpec
+class TopicHeadSpec(Strict):
+    """A classifier on a topic model (seed 000 §A.6): a logistic head w on topic features
+    n·x̄ᵀA_S (x̄ the document's word frequencies, n the vocabulary size), served as
+    B = n·A_S w (vocabulary × classes) plus a bias: logits x̄ᵀB + bias. `base_model` names an `anchor_topics` model on the same corpus; its topics,
+    projection and seed are copied at creation, and the head learns A_S as that model does
+    (Algorithm 6: 𝒜_base(S), then the head)."""
+
+    type: Literal["topic_head"]
+    base_model: int = Field(ge=1, le=2**53 - 1, description="an anchor_topics model")
+    topics: int = Field(20, ge=2, le=500, description="copied from the base model")
+    projection_dim: int | None = Field(None, ge=2, le=10_000, description="copied from it")
+    seed: int = Field(0, ge=0, le=2**31 - 1, description="copied from the base model")
+
+
+ArchitectureSpec = LogRegSpec | MLPSpec | RandomFeaturesSpec | TopicModelSpec | TopicHeadSpec
 Architecture = Annotated[ArchitectureSpec, Field(discriminator="type")]
 _ARCHITECTURE: TypeAdapter[ArchitectureSpec] = TypeAdapter(Architecture)
 
@@ -98,7 +112,7 @@ class PrivacyPolicy(Strict):
 
 def architecture_of(spec: ArchitectureSpec | dict[str, Any]) -> ArchitectureSpec:
     """A typed architecture from its stored JSON (typed values pass through)."""
-    if isinstance(spec, LogRegSpec | MLPSpec | RandomFeaturesSpec | TopicModelSpec):
+    if isinstance(spec, LogRegSpec | MLPSpec | RandomFeaturesSpec | TopicModelSpec | TopicHeadSpec):
         return spec
     return _ARCHITECTURE.validate_python(spec)
 

@@ -83,6 +83,7 @@ class SyntheticCorpus:
     A: np.ndarray  # vocabulary × topics, columns on the simplex
     R: np.ndarray  # topics × topics, E[W Wᵀ] of the Dirichlet mixtures
     anchors: list[int]  # the anchor word of each topic
+    labels: np.ndarray  # each document's dominant topic (a topic-classification task)
 
 
 def synthetic_corpus(
@@ -113,4 +114,5 @@ def synthetic_corpus(
     R = (np.diag(alpha) + np.outer(alpha, alpha)) / (alpha.sum() * (alpha.sum() + 1))
     word_probabilities = W @ A.T  # documents × vocabulary
     counts = np.stack([rng.multinomial(length, p / p.sum()) for p in word_probabilities])
-    return SyntheticCorpus(counts.astype(np.float32), A, R, anchors)
+    labels = W.argmax(1).astype(np.int64)
+    return SyntheticCorpus(counts.astype(np.float32), A, R, anchors, labels)

@@ -16,10 +16,14 @@ from app.db.session import database
 from app.db.tables import Dataset, Model, ModelVersion, Sample
 from app.text import count_documents, synthetic_corpus
 from tests.conftest import Api
+from workers import convex
 from workers import topics as tp
 from workers.data import training_arrays
-from workers.methods import anchor_topics
+from workers.methods import anchor_topics, topic_head
 from workers.methods.anchor_topics import ANCHORS, REMOVED, STATISTIC
+from workers.methods.topic_head import ANCHORS as HEAD_ANCHORS
+from workers.methods.topic_head import BASE, frequencies
+from workers.methods.topic_head import HEAD as W_S
 
 CORPUS = {
     "builtin": "synthetic_corpus",
@@ -71,9 +75,10 @@ def delete(api: Api, dataset_id: int, ids: list[str]) -> dict:
     return done
 
 
-def train_ids(api: Api, dataset_id: int, n: int) -> list[str]:
+def train_ids(api: Api, dataset_id: int, n: int, offset: int = 0) -> list[str]:
     page = api.get(
-        f"/v1/datasets/{dataset_id}/samples", params={"split": "train", "limit": n}
+        f"/v1/datasets/{dataset_id}/samples",
+        params={"split": "train", "limit": n, "offset": offset},
     ).json()
     return [s["external_id"] for s in page["items"]]
 
@@ -269,3 +274,88 @@ def test_count_documents_is_exact() -> None:
     assert corpus_.vocabulary == ["cat", "dog", "the"]
     assert corpus_.counts.tolist() == [[2, 0, 2], [0, 1, 0]]
     assert corpus_.short_documents == 1
+
+
+HEAD = {"name": "topic_head", "c": 1000.0, "a": 1.0, "gamma": 20.0, "p": 1.0, "q": 0.1}
+
+
+def head_model(api: Api, dataset_id: int, base_id: int) -> dict:
+    response = api.post(
+        "/v1/models",
+        json={
+            "name": "head",
+            "dataset_id": dataset_id,
+            "architecture": {"type": "topic_head", "base_model": base_id},
+            "method": HEAD,
+        },
+    )
+    assert response.status_code == 202, response.text
+    model = api.wait(f"/v1/models/{response.json()['id']}", ("ready", "failed"))
+    assert model["status"] == "ready", model
+    return model
+
+
+def test_the_head_releases_b_in_the_old_base_and_says_its_scope(
+    api: Api, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Algorithm 2: with the noise off the released B̃ is n·A_S (A_S)† Ā w̄ (Ā recomputed
+    from the retained documents with the same anchors, w̄ one Newton step from w_S); with it
+    on, B̃ still lies in the column span of A_S; the certificate says A_S is not covered."""
+
+    ds = corpus(api)
+    base = topic_model(api, ds["id"], GENEROUS)
+    head = head_model(api, ds["id"], base["id"])
+    assert head["architecture"]["topics"] == 5  # copied from the base model
+    assert head["current_version"]["metrics"]["test_accuracy"] > 0.5
+
+    monkeypatch.setattr(topic_head, "NOISE", False)
+    _, before = retained(api, head["id"])
+    done = delete(api, ds["id"], train_ids(api, ds["id"], 3))
+    X, state = retained(api, head["id"])
+    with database(api.url).read() as session:
+        dataset = session.get(Dataset, ds["id"])
+        y = training_arrays(session, head["id"], dataset).y
+    A_S, w_S = state[BASE], state[W_S]
+    assert torch.equal(A_S, before[BASE]) and torch.equal(w_S, before[W_S])  # kept as trained
+    S, m = tp.cooccurrence_sum(X)
+    A_bar = tp.recover_topics(S, m, state[HEAD_ANCHORS].tolist()).A
+    problem = convex.Problem.of(frequencies(X) @ A_bar, y, dataset.n_classes, 1e6, HEAD_LAM)
+    w_bar, _ = convex.newton_steps(problem, w_S, convex.hessians(problem, w_S), 1)
+    expected = 300 * A_S @ torch.linalg.pinv(A_S) @ A_bar @ w_bar[:, :-1].T
+    B = released(api, head["id"])["B"]
+    assert float((B - expected).abs().max() / expected.abs().max()) <= 1e-8
+    certs = [
+        api.get(f"/v1/audit/certificates/{c}", role="auditor").json()
+        for c in done["certificate_ids"]
+    ]
+    cert = next(c for c in certs if c["method"] == "topic_head")
+    assert "NOT unlearned" in cert["sentence"] and cert["guarantee"] == "conditional"
+    assert "A_S is not covered" in cert["compares"]
+
+    monkeypatch.setattr(topic_head, "NOISE", True)
+    delete(api, ds["id"], train_ids(api, ds["id"], 1, offset=10))
+    B = released(api, head["id"])["B"]
+    inside = A_S @ (torch.linalg.pinv(A_S) @ B)
+    assert torch.allclose(B, inside, rtol=1e-8, atol=1e-8 * float(B.abs().max()))
+
+
+HEAD_LAM = 1e-2
+
+
+def test_a_head_needs_its_base_on_the_same_corpus(api: Api) -> None:
+    first, second = corpus(api), corpus(api)
+    base = topic_model(api, first["id"], GENEROUS)
+    for dataset_id, base_id, code in [
+        (second["id"], base["id"], "base_model_on_another_corpus"),
+        (first["id"], 999_999, "base_model_not_a_topic_model"),
+    ]:
+        response = api.post(
+            "/v1/models",
+            json={
+                "name": "h",
+                "dataset_id": dataset_id,
+                "architecture": {"type": "topic_head", "base_model": base_id},
+                "method": HEAD,
+            },
+        )
+        assert response.status_code == 422 and response.json()["error"]["code"] == code

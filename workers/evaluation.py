@@ -17,8 +17,8 @@ from sklearn.model_selection import StratifiedKFold, cross_val_predict
 from torch import nn
 
 from app.specs import ArchitectureSpec
-from workers.nets import build_net, flat, parameters_of
-from workers.training import accuracy
+from workers.nets import flat
+from workers.training import accuracy, logits
 
 Split = tuple[torch.Tensor, torch.Tensor]
 Arch = ArchitectureSpec | dict[str, Any]
@@ -33,10 +33,8 @@ def per_sample_losses(
     n_classes: int,
 ) -> np.ndarray:
     """Per-sample cross-entropy, computed on the device of X, returned on the host."""
-    net = build_net(architecture, int(np.prod(X.shape[1:])), n_classes).to(X.device)
-    net.load_state_dict(parameters_of(net, state))
-    net.train(False)  # inference mode
-    return nn.functional.cross_entropy(net(X), y, reduction="none").cpu().numpy()
+    scores = logits(architecture, state, X, n_classes).float()
+    return nn.functional.cross_entropy(scores, y, reduction="none").cpu().numpy()
 
 
 def membership_auc(forget_losses: np.ndarray, test_losses: np.ndarray) -> float | None:

@@ -12,6 +12,7 @@ from app.specs import (
     ArchitectureSpec,
     MLPSpec,
     RandomFeaturesSpec,
+    TopicHeadSpec,
     TopicModelSpec,
     architecture_of,
 )
@@ -30,8 +31,8 @@ def build_net(
     the worker's device); move it with `.to(device)`."""
     arch = architecture_of(spec)
     cpu = torch.device("cpu")
-    if isinstance(arch, TopicModelSpec):
-        raise TypeError("a topic model is not a network: workers/topics.py computes it")
+    if isinstance(arch, TopicModelSpec | TopicHeadSpec):
+        raise TypeError("topic models are not networks: workers/topics.py computes them")
     if isinstance(arch, RandomFeaturesSpec):
         features = RandomFeatures(n_features, arch)
         return nn.Sequential(nn.Flatten(), features, nn.Linear(arch.width, n_classes, device=cpu))

@@ -11,6 +11,7 @@ from torch import nn
 
 from app.specs import (
     ArchitectureSpec,
+    TopicHeadSpec,
     TopicModelSpec,
     TrainingConfig,
     architecture_of,
@@ -109,6 +110,24 @@ def is_classifier(architecture: ArchitectureSpec | dict[str, Any]) -> bool:
     return not isinstance(architecture_of(architecture), TopicModelSpec)
 
 
+def logits(
+    architecture: ArchitectureSpec | dict[str, Any],
+    state: dict[str, torch.Tensor],
+    X: torch.Tensor,
+    n_classes: int,
+) -> torch.Tensor:
+    """Class logits of a released state: the network built from the spec, or a topic head's
+    x̄ᵀB + bias (x̄ the word frequencies; seed 000 §A.6)."""
+    if isinstance(architecture_of(architecture), TopicHeadSpec):
+        counts = X.reshape(len(X), -1).double()
+        frequencies = counts / counts.sum(1, keepdim=True).clamp(min=1.0)
+        return frequencies @ state["B"].to(X.device).double() + state["bias"].to(X.device)
+    net = build_net(architecture, int(np.prod(X.shape[1:])), n_classes).to(X.device)
+    net.load_state_dict(parameters_of(net, state))  # copies across devices and dtypes
+    net.train(False)  # inference mode
+    return net(X)
+
+
 @torch.no_grad()
 def accuracy(
     architecture: ArchitectureSpec | dict[str, Any],
@@ -119,7 +138,4 @@ def accuracy(
 ) -> float | None:
     if len(y) == 0 or not is_classifier(architecture):
         return None
-    net = build_net(architecture, int(np.prod(X.shape[1:])), n_classes).to(X.device)
-    net.load_state_dict(parameters_of(net, state))  # copies across devices and dtypes
-    net.train(False)  # inference mode
-    return float((net(X).argmax(1) == y).float().mean())
+    return float((logits(architecture, state, X, n_classes).argmax(1) == y).float().mean())

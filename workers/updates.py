@@ -112,7 +112,10 @@ def _fallback(inputs: UpdateInputs, reason: str) -> Fallback:
 
 
 def _accuracies(inputs: UpdateInputs, release: Release) -> dict[str, float | None]:
+    """Of a classifier's release (a topic model has none)."""
     arch, k, w = inputs.spec.architecture, inputs.spec.n_classes, release.weights
+    if not is_classifier(arch):
+        return {}
     return {
         "test_accuracy": accuracy(arch, w, inputs.test.X, inputs.test.y, k),
         "retain_accuracy": accuracy(arch, w, inputs.retained.X, inputs.retained.y, k),

@@ -14,6 +14,7 @@ from app.methods import (
     output_perturbation,
     recollection,
     retrain,
+    topic_head,
 )
 from app.methods.spec import (
     MethodChoice,
@@ -40,4 +41,5 @@ __all__ = [
     "output_perturbation",
     "recollection",
     "retrain",
+    "topic_head",
 ]

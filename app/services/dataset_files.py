@@ -425,7 +425,7 @@ def _synthetic_corpus(spec: BuiltinDatasetIn) -> ParsedDataset:
         spec.seed,
     )
     words = [f"w{i}" for i in range(spec.vocabulary)]
-    y = np.zeros(spec.n_samples, dtype=np.int64)
+    y = corpus.labels  # the dominant topic: a label for a downstream head
     split = seeded_split(y, spec.test_fraction, spec.seed)
     parsed = _finish(
         corpus.counts, y, [str(i) for i in range(len(y))], [None] * len(y), split, "text"

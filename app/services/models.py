@@ -15,7 +15,7 @@ from app.errors import APIError, not_found, unprocessable
 from app.methods import get_method, method_names, method_of
 from app.schemas import ModelCreate
 from app.services.datasets import get_dataset
-from app.specs import TopicModelSpec
+from app.specs import TopicHeadSpec, TopicModelSpec
 from app.states import ModelStatus, SampleStatus
 
 
@@ -31,7 +31,9 @@ def create_model(session: Session, spec: ModelCreate) -> Model:
     n_train = session.scalar(select(func.count()).where(*active_train)) or 0
     if not n_train:
         raise unprocessable("no_training_data", "the dataset has no active training samples")
-    if isinstance(spec.architecture, TopicModelSpec) and ds.kind != "text":
+    if isinstance(spec.architecture, TopicHeadSpec):
+        spec = spec.model_copy(update={"architecture": _head_on_base(session, spec, ds)})
+    if isinstance(spec.architecture, TopicModelSpec | TopicHeadSpec) and ds.kind != "text":
         raise unprocessable(
             "topic_model_needs_text",
             f"a topic_model learns from a text corpus; dataset {ds.id} is {ds.kind}",
@@ -54,6 +56,35 @@ def create_model(session: Session, spec: ModelCreate) -> Model:
     members = select(literal(model.id), Sample.id).where(*active_train)
     session.execute(insert(ModelSample).from_select(["model_id", "sample_id"], members))
     return model
+
+
+def _head_on_base(session: Session, spec: ModelCreate, ds: Any) -> TopicHeadSpec:
+    """A topic head names an anchor_topics model on the same corpus; it learns A_S as that
+    model does (its topics, projection and seed are copied) and needs labels."""
+    head = spec.architecture
+    assert isinstance(head, TopicHeadSpec)
+    base = session.get(Model, head.base_model)
+    if base is None or base.method.get("name") != "anchor_topics":
+        raise unprocessable(
+            "base_model_not_a_topic_model",
+            f"base_model {head.base_model} is not an anchor_topics model",
+        )
+    if base.dataset_id != ds.id:
+        raise unprocessable(
+            "base_model_on_another_corpus",
+            f"the head's dataset ({ds.id}) must be the base model's corpus ({base.dataset_id}): "
+            "a removed document leaves both",
+        )
+    if ds.n_classes < 2:
+        raise unprocessable("labels_needed", f"dataset {ds.id} has no labels for a head")
+    arch = base.architecture
+    return head.model_copy(
+        update={
+            "topics": arch["topics"],
+            "projection_dim": arch.get("projection_dim"),
+            "seed": arch.get("seed", 0),
+        }
+    )
 
 
 def get_model(session: Session, model_id: int) -> Model:

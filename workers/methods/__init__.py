@@ -12,6 +12,7 @@ from workers.methods import (
     output_perturbation,
     recollection,
     retrain,
+    topic_head,
 )
 from workers.methods.base import ModelSpec, RetainedData, Trained
 from workers.methods.registry import compute_names, method_for
@@ -36,4 +37,5 @@ __all__ = [
     "output_perturbation",
     "recollection",
     "retrain",
+    "topic_head",
 ]
