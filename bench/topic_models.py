@@ -25,9 +25,10 @@ import numpy as np
 import torch
 
 from app.methods.anchor_topics import sensitivity
+from app.methods.topic_head import head_capacity
 from app.privacy.gaussian import sigma_for
 from app.text import synthetic_corpus
-from bench.common import RESULTS, model_spec, write_result
+from bench.common import RESULTS, model_spec, update_inputs, write_result
 from workers import topics as tp
 from workers.methods import anchor_topics
 from workers.methods.anchor_topics import AnchorTopics
@@ -160,6 +161,75 @@ def run(documents: int, vocabulary: int, topics: int, length: int, p: float) -> 
     return results
 
 
+def head(documents: int, vocabulary: int, topics: int, length: int, p: float) -> dict[str, Any]:
+    """The downstream head (Algorithm 2) on the corpus's dominant-topic labels: 80/20 split,
+    one removed document; accuracy of the release with the bound's σ_v, of the same update
+    without noise, and of the head retrained from scratch. The capacity check is bypassed here
+    (it would hand every request to an exact retrain) to show what the release would be."""
+    from workers.methods import topic_head
+    from workers.methods.topic_head import TopicHead
+    from workers.training import accuracy
+
+    corpus = synthetic_corpus(vocabulary, topics, documents, length, p, seed=0)
+    X, y = torch.from_numpy(corpus.counts), torch.from_numpy(corpus.labels)
+    cut = int(0.8 * documents)
+    train_ids, test = list(range(cut)), RetainedData(list(range(cut, documents)), X[cut:], y[cut:])
+    arch = {"type": "topic_head", "base_model": 1, "topics": topics}
+    spec = model_spec(arch, {}, {"name": "topic_head"}, vocabulary, int(y.max()) + 1)
+    method = TopicHead(spec)
+    start = time.perf_counter()
+    trained = method.train(RetainedData(train_ids, X[:cut], y[:cut]))
+    train_seconds = time.perf_counter() - start
+    k = spec.n_classes
+
+    def acc(state: dict[str, torch.Tensor]) -> float | None:
+        return accuracy(arch, state, test.X, test.y, k)
+
+    removed = RemovedSamples([0], X[:1], y[:1])
+    kept = RetainedData(train_ids[1:], X[1:cut], y[1:cut])
+    inputs = update_inputs(spec, trained.next_state, removed, kept, TARGET, test=test)
+    unlimited = {"noise_term": 1e30, "bias_term": 1e30, "anchor_stability": 1e30, "documents": 1e30}
+    original = (topic_head.head_capacity, topic_head.NOISE)
+    topic_head.head_capacity = lambda *args, **kw: unlimited  # type: ignore[assignment]
+    try:
+        topic_head.NOISE = False
+        noise_free = method.unlearn(inputs)
+        topic_head.NOISE = True
+        start = time.perf_counter()
+        release = method.unlearn(inputs)
+        update_seconds = time.perf_counter() - start
+    finally:
+        topic_head.head_capacity, topic_head.NOISE = original
+    start = time.perf_counter()
+    retrained = method.train(kept)
+    retrain_seconds = time.perf_counter() - start
+    return {
+        "classes": k,
+        "train_seconds": train_seconds,
+        "test_accuracy_trained": acc(trained.state),
+        "update_seconds": update_seconds,
+        "retrain_seconds": retrain_seconds,
+        "sigma_v": release.metrics["sigma"],
+        "test_accuracy_released": acc(release.weights),
+        "test_accuracy_update_without_noise": acc(noise_free.weights),
+        "test_accuracy_retrained": acc(retrained.state),
+        "capacity_bypassed": True,
+        "capacity_with_the_declared_constants": head_capacity(
+            1.0,
+            2.0,
+            0.5,
+            0.05,
+            0.05,
+            1 / (2.0 * topics),
+            vocabulary,
+            topics,
+            cut,
+            TARGET.epsilon,
+            TARGET.delta,
+        ),
+    }
+
+
 def _order(trained: Any, anchors: list[int]) -> list[int]:
     """Column order of a retrained model matching `anchors` (retrains may list them
     differently)."""
@@ -197,6 +267,10 @@ def main() -> None:
     parser.add_argument("--separability", type=float, default=0.05)
     args = parser.parse_args()
     result = run(args.documents, args.vocabulary, args.topics, args.length, args.separability)
+    result["head"] = head(
+        args.documents, args.vocabulary, args.topics, args.length, args.separability
+    )
+    print("head", result["head"])
     path = write_result("topic_models", result)
     plot(result)
     print(f"wrote {path}")
