@@ -70,9 +70,10 @@ class TopicModelSpec(Strict):
 class TopicHeadSpec(Strict):
     """A classifier on a topic model (seed 000 §A.6): a logistic head w on topic features
     n·x̄ᵀA_S (x̄ the document's word frequencies, n the vocabulary size), served as
-    B = n·A_S w (vocabulary × classes) plus a bias: logits x̄ᵀB + bias. `base_model` names an `anchor_topics` model on the same corpus; its topics,
-    projection and seed are copied at creation, and the head learns A_S as that model does
-    (Algorithm 6: 𝒜_base(S), then the head)."""
+    B = n·A_S w (vocabulary × classes) plus a bias: logits x̄ᵀB + bias. `base_model` names
+    an `anchor_topics` model on the same corpus; its topics, projection and seed are copied
+    at creation, and the head learns A_S as that model does (Algorithm 6: 𝒜_base(S), then
+    the head)."""
 
     type: Literal["topic_head"]
     base_model: int = Field(ge=1, le=2**53 - 1, description="an anchor_topics model")
