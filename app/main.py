@@ -10,7 +10,7 @@ from contextlib import asynccontextmanager
 from fastapi import FastAPI
 
 from app import accesslog
-from app.api import audit, datasets, deletions, health, keys, models, privacy
+from app.api import audit, datasets, deletions, health, keys, models, privacy, ui
 from app.api.errors import DependencyGuard, install_error_handlers
 from app.api.limits import IngressLimitMiddleware
 from app.db.group_commit import GroupCommitter
@@ -94,6 +94,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         audit.router,
         keys.router,
         privacy.router,
+        ui.router,
     ):
         app.include_router(router)
+    app.mount("/ui/static", ui.static_files(), name="ui-static")
     return app

@@ -351,6 +351,14 @@ class DeletionOut(BaseModel):
     finished_at: datetime | None
 
 
+class DeletionPage(BaseModel):
+    """A page of deletion requests, newest first."""
+
+    items: list[DeletionOut]
+    offset: int
+    limit: int
+
+
 # ---- keys -----------------------------------------------------------------------------------
 
 

@@ -16,8 +16,14 @@ from app.api.params import PathId
 from app.api.responses import COMMON, errors
 from app.dispatch import DELETE
 from app.erasure import compact_after_erasure
-from app.schemas import DeletionCreate, DeletionOut
-from app.services.deletions import Names, create_deletion, deletion_view, get_deletion
+from app.schemas import DeletionCreate, DeletionOut, DeletionPage
+from app.services.deletions import (
+    Names,
+    create_deletion,
+    deletion_view,
+    get_deletion,
+    list_deletions,
+)
 from app.states import FINISHED_REQUEST
 
 MAX_WAIT_SECONDS = 30.0
@@ -51,6 +57,19 @@ def create(
         dispatcher.enqueue(DELETE, model_id)
     headers = {"Idempotent-Replayed": "true"} if replayed else {}
     return JSONResponse(view.model_dump(mode="json"), status_code=202, headers=headers)
+
+
+@router.get("", response_model=DeletionPage)
+def list_requests(
+    key: DeletionViewer,
+    db: DbDep,
+    offset: Annotated[int, Query(ge=0, le=2**53)] = 0,
+    limit: Annotated[int, Query(ge=1, le=1000)] = 100,
+) -> dict[str, Any]:
+    """Deletion requests, newest first: a requester's own, every one for auditors and admins."""
+    with db.read() as session:
+        items = list_deletions(session, key, offset, limit)
+    return {"items": items, "offset": offset, "limit": limit}
 
 
 @router.get("/{request_id}", response_model=DeletionOut, responses=errors(404))

@@ -11,7 +11,7 @@ from fastapi import APIRouter
 from sqlalchemy import select
 
 from app.api import keycache
-from app.api.deps import Admin, DbDep
+from app.api.deps import Admin, AnyRole, DbDep
 from app.api.params import PathId
 from app.api.responses import COMMON, errors
 from app.db.tables import ApiKey, utcnow
@@ -20,6 +20,18 @@ from app.schemas import KeyCreate, KeyOut
 from app.security import Role, create_key
 
 router = APIRouter(prefix="/v1/keys", tags=["keys"], responses=COMMON)
+
+
+@router.get("/me", response_model=KeyOut)
+def me(key: AnyRole) -> dict[str, Any]:
+    """The calling key (never its secret): the dashboard signs in with it."""
+    return {
+        "id": key.id,
+        "name": key.name,
+        "role": key.role,
+        "prefix": key.prefix,
+        "created_at": key.created_at,
+    }
 
 
 @router.post("", status_code=201, response_model=KeyOut)

@@ -254,6 +254,17 @@ def _erased_report(session: Session, erased: list[SampleRef]) -> list[dict[str, 
     return report
 
 
+def list_deletions(
+    session: Session, viewer: ApiKey, offset: int, limit: int
+) -> list[dict[str, Any]]:
+    """Requests, newest first: a requester's own, or every request for auditors and admins."""
+    query = select(DeletionRequest).order_by(DeletionRequest.id.desc())
+    if viewer.role == Role.requester:
+        query = query.where(DeletionRequest.requester_key_id == viewer.id)
+    rows = session.scalars(query.offset(offset).limit(limit)).all()
+    return [deletion_view(session, r) for r in rows]
+
+
 def get_deletion(
     session: Session, request_id: int, viewer: ApiKey | None = None
 ) -> DeletionRequest:
