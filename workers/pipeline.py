@@ -7,6 +7,7 @@ removals, the purge of older versions and the request states together, or nothin
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
@@ -105,6 +106,30 @@ def check_lease(session: Session, model_id: int) -> Model:
     return model
 
 
+def weights_metadata(
+    session: Session, model_id: int, number: int, parent_id: int | None, kind: VersionKind
+) -> dict[str, str]:
+    """String metadata of a released safetensors file: the architecture spec and the shapes
+    that rebuild it (`lethe.load_model`), and where the version sits in its chain."""
+    model = session.get(Model, model_id)
+    assert model is not None
+    dataset = session.get(Dataset, model.dataset_id)
+    assert dataset is not None
+    parent = session.get(ModelVersion, parent_id) if parent_id is not None else None
+    return {
+        "format": "lethe/1",
+        "model_id": str(model_id),
+        "version": str(number),
+        "kind": str(kind),
+        "parent_sha256": parent.weights_sha256 if parent is not None else "",
+        "architecture": json.dumps(model.architecture, sort_keys=True),
+        "method": str(model.method.get("name", "")),
+        "n_features": str(int(np.prod(dataset.feature_shape))),
+        "feature_shape": json.dumps(list(dataset.feature_shape)),
+        "n_classes": str(dataset.n_classes),
+    }
+
+
 def write_version(
     session: Session,
     model_id: int,
@@ -115,9 +140,10 @@ def write_version(
     next_state: ModelState,
     metrics: dict[str, Any],
 ) -> ModelVersion:
-    """Store a version's downloadable weights and its noise-free state as blobs."""
+    """Store a version's downloadable weights and its noise-free state as blobs. The weights
+    carry what a loader needs in their safetensors metadata (`weights_metadata`)."""
     store = DatabaseBlobStore(session)
-    data = st_save(weights)
+    data = st_save(weights, metadata=weights_metadata(session, model_id, number, parent_id, kind))
     wkey, wsha = store.put(data, f"model-{model_id}/weights")
     skey, _ = store.put(st_save(next_state), f"model-{model_id}/state")
     version = ModelVersion(
