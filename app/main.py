@@ -10,7 +10,7 @@ from contextlib import asynccontextmanager
 from fastapi import FastAPI
 
 from app import accesslog
-from app.api import audit, datasets, deletions, health, keys, models, privacy, ui
+from app.api import audit, datasets, deletions, docs, health, keys, models, privacy, ui
 from app.api.errors import DependencyGuard, install_error_handlers
 from app.api.limits import IngressLimitMiddleware
 from app.db.group_commit import GroupCommitter
@@ -67,6 +67,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         title="Lethe",
         version="0.1.0",
         lifespan=lifespan,
+        docs_url=None,  # app/api/docs.py serves Swagger UI without a CDN
+        redoc_url=None,  # so is ReDoc, at /redoc
         description="Certified machine unlearning: deletion requests in, "
         "unlearned models and (ε, δ) certificates out.",
     )
@@ -95,7 +97,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         keys.router,
         privacy.router,
         ui.router,
+        docs.router,
     ):
         app.include_router(router)
     app.mount("/ui/static", ui.static_files(), name="ui-static")
+    app.mount("/docs/static", docs.static_files(), name="docs-static")
     return app

@@ -188,3 +188,23 @@ def test_training_updates_without_a_reload(
     # ... then refreshed by itself until the training finishes.
     page.wait_for_selector(f'tr[data-model="{model["id"]}"] .status.ready', timeout=120_000)
     assert page.evaluate("() => window.reloaded") is False  # the same document throughout
+
+
+def test_docs_work_offline_with_an_authorize_button(
+    browser: Browser, service: tuple[str, dict[str, str]], tmp_path: Path
+) -> None:
+    """Swagger UI comes from the installed package (no CDN: the page would not render here,
+    where nothing outside the machine answers), and the Bearer scheme gives it Authorize."""
+    url, _ = service
+    html = httpx.get(f"{url}/docs").text
+    assert "/docs/static/swagger-ui-bundle.js" in html and "cdn" not in html.lower()
+    schemes = httpx.get(f"{url}/openapi.json").json()["components"]["securitySchemes"]
+    assert schemes["APIKey"] == {**schemes["APIKey"], "type": "http", "scheme": "bearer"}
+    page = browser.new_page()
+    requested: list[str] = []
+    page.on("request", lambda r: requested.append(r.url))
+    page.goto(f"{url}/docs")
+    page.wait_for_selector(".swagger-ui button.authorize", timeout=30_000)
+    assert page.locator(".opblock").count() > 20  # every operation is listed
+    assert all(r.startswith(url) for r in requested), requested
+    page.screenshot(path=str(tmp_path / "docs.png"))

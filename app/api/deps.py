@@ -5,7 +5,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Annotated
 
-from fastapi import Depends, Request
+from fastapi import Depends, Request, Security
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
 from app.api.keycache import known_key
 from app.api.limits import VERIFIED_KEY
@@ -42,11 +43,25 @@ CommitterDep = Annotated[GroupCommitter, Depends(get_committer)]
 DispatcherDep = Annotated[Dispatcher, Depends(get_dispatcher)]
 
 
+# Declares the scheme in OpenAPI (the Authorize button of /docs); `check` reads the header
+# itself so that a missing or malformed one gets Lethe's own 401 body.
+BEARER = HTTPBearer(
+    auto_error=False,
+    scheme_name="APIKey",
+    description="An API key: `Authorization: Bearer lethe_...`. Roles: admin, requester, "
+    "auditor, reader.",
+)
+
+
 def require(*roles: Role) -> Callable[..., ApiKey]:
     """A dependency admitting keys whose role is in `roles` (admin is always admitted)."""
     allowed = {Role.admin, *roles}
 
-    def check(request: Request, db: DbDep) -> ApiKey:
+    def check(
+        request: Request,
+        db: DbDep,
+        declared: Annotated[HTTPAuthorizationCredentials | None, Security(BEARER)] = None,
+    ) -> ApiKey:
         header = request.headers.get("authorization", "")
         scheme, _, raw = header.partition(" ")
         if scheme.lower() != "bearer" or not raw.strip():

@@ -48,7 +48,7 @@ def create(body: KeyCreate, _: Admin, db: DbDep) -> dict[str, Any]:
         }
 
 
-@router.delete("/{key_id}", status_code=204, responses=errors(404, 409))
+@router.delete("/{key_id:int}", status_code=204, responses=errors(404, 409))
 def revoke(key_id: PathId, caller: Admin, db: DbDep) -> None:
     """Revoke a key (idempotent). 409 for the caller's own key and for the last active
     admin key."""
