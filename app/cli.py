@@ -5,15 +5,23 @@ from __future__ import annotations
 import hashlib
 import importlib
 import json
+import sys
 from pathlib import Path
 from typing import Annotated, Any
 
+import httpx
 import typer
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
+from sqlalchemy.exc import OperationalError, ProgrammingError
 
 from app.client import Client, LetheError
+
+
+class CliError(RuntimeError):
+    """A routine failure: one line on stderr, exit 1 (a traceback only with --debug)."""
+
 
 app = typer.Typer(help="Lethe: certified machine unlearning as a service.", no_args_is_help=True)
 console = Console()
@@ -70,9 +78,33 @@ def create_key_cmd(
         role_value = Role(role)
     except ValueError as exc:
         raise typer.BadParameter(f"role must be one of {[r.value for r in Role]}") from exc
-    with database(get_settings().resolved_database_url).write() as session:
-        key, raw = create_key(session, role_value, name)
+    settings = get_settings()
+    url = settings.resolved_database_url
+    where = _database_description(settings)
+    if url.startswith("sqlite:///") and not Path(url.removeprefix("sqlite:///")).exists():
+        raise CliError(
+            f"no Lethe database at {where}: start `lethe serve` once there, or set "
+            "LETHE_DATA_DIR (embedded) or LETHE_DATABASE_URL to the service's database"
+        )
+    try:
+        with database(url).write() as session:
+            key, raw = create_key(session, role_value, name)
+    except OperationalError as exc:
+        raise CliError(f"cannot use the database at {where}: {_first_line(exc)}") from exc
+    except ProgrammingError as exc:
+        raise CliError(f"the database at {where} has no Lethe tables: run `lethe migrate`") from exc
     console.print(f"key {key.id} ({key.role}): {raw}")
+
+
+def _database_description(settings: Any) -> str:
+    url = settings.resolved_database_url
+    if url.startswith("sqlite:///"):
+        return url.removeprefix("sqlite:///")
+    return url.split("@")[-1]
+
+
+def _first_line(exc: BaseException) -> str:
+    return str(getattr(exc, "orig", exc)).strip().splitlines()[0]
 
 
 @app.command()
@@ -220,8 +252,17 @@ def deletions_create(
         headers=headers,
     )
     if wait:
-        with console.status(f"deletion {req['id']} running"):
-            req = c.wait_deletion(req["id"])
+        with console.status(f"deletion {req['id']}: {req['status']}") as status:
+
+            def on_progress(current: dict) -> None:
+                models = ", ".join(
+                    f"model {m['model_id']} {m['status']}"
+                    + (f" → v{m['version']}" if m.get("version") else "")
+                    for m in current["models"]
+                )
+                status.update(f"deletion {current['id']}: {current['status']} ({models})")
+
+            req = c.wait_deletion(req["id"], on_progress=on_progress, poll=2.0)
     _show(req)
 
 
@@ -355,5 +396,38 @@ def _demo(c: Client, epochs: int) -> None:
     _show(c.get("/v1/audit/verify"))
 
 
+def main() -> None:
+    """The `lethe` entry point: routine errors (the API's own, an unreachable service, a
+    missing file or database) print one line and exit 1; `--debug` shows the traceback."""
+    debug = "--debug" in sys.argv
+    if debug:
+        sys.argv.remove("--debug")
+    try:
+        app()
+    except Exception as exc:  # noqa: BLE001 - classified below; anything else re-raises
+        message = _routine(exc)
+        if debug or message is None:
+            raise
+        print(f"lethe: {message}", file=sys.stderr)
+        raise SystemExit(1) from None
+
+
+def _routine(exc: BaseException) -> str | None:
+    """One line for the failures a user meets in routine use, else None."""
+    if isinstance(exc, CliError):
+        return str(exc)
+    if isinstance(exc, LetheError):
+        return f"the service answered {exc}"
+    if isinstance(exc, httpx.ConnectError | httpx.ConnectTimeout):
+        return f"cannot reach the service ({exc}); is `lethe serve` running? (LETHE_URL)"
+    if isinstance(exc, httpx.TimeoutException):
+        return f"the service did not answer in time ({exc})"
+    if isinstance(exc, FileNotFoundError | IsADirectoryError | PermissionError):
+        return str(exc)
+    if isinstance(exc, OperationalError):
+        return f"cannot use the database: {_first_line(exc)}"
+    return None
+
+
 if __name__ == "__main__":
-    app()
+    main()

@@ -55,12 +55,18 @@ class Client:
             time.sleep(0.3)
         raise TimeoutError(f"model {model_id} not ready after {timeout}s")
 
-    def wait_deletion(self, request_id: int, timeout: float = 3600) -> dict:
+    def wait_deletion(
+        self, request_id: int, timeout: float = 3600, on_progress: Any = None, poll: float = 20.0
+    ) -> dict:
+        """Long-poll until the request is done or failed; `on_progress(request)` sees each
+        answer (every `poll` seconds at most), with its per-model progress."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             read_timeout = self.http.timeout.read or 60.0
-            left = max(0.0, min(20.0, read_timeout - 1.0, deadline - time.monotonic()))
+            left = max(0.0, min(poll, read_timeout - 1.0, deadline - time.monotonic()))
             req = self.get(f"/v1/deletions/{request_id}", params={"wait": left})  # long poll
+            if on_progress:
+                on_progress(req)
             if req["status"] in FINISHED_REQUEST:
                 return req
         raise TimeoutError(f"deletion {request_id} not finished after {timeout}s")

@@ -1,0 +1,67 @@
+"""The CLI's routine errors: one clear line on stderr and exit 1, a traceback only with
+--debug (issue 16, part 4); `create-key` finds the database the settings name."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from bench.cluster import Cluster
+
+LETHE = [sys.executable, "-m", "app.cli"]
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def lethe(*args: str, **env: str) -> subprocess.CompletedProcess[str]:
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("LETHE_")}
+    return subprocess.run(
+        [*LETHE, *args],
+        capture_output=True,
+        text=True,
+        env={**clean, **env},
+        cwd=ROOT,
+        timeout=120,
+    )
+
+
+def one_line_failure(result: subprocess.CompletedProcess[str], text: str) -> None:
+    assert result.returncode == 1, result
+    assert "Traceback" not in result.stderr and "╭" not in result.stderr, result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("lethe: ") and text in lines[0], lines
+
+
+def test_create_key_says_when_there_is_no_database(tmp_path: Path) -> None:
+    result = lethe("create-key", "--role", "reader", LETHE_DATA_DIR=str(tmp_path))
+    one_line_failure(result, f"no Lethe database at {tmp_path / 'lethe.db'}")
+
+
+def test_an_unreachable_service_is_one_line_unless_debug() -> None:
+    result = lethe("models", "get", "1", "--key", "k", LETHE_URL="http://127.0.0.1:9")
+    one_line_failure(result, "cannot reach the service")
+    debug = lethe("--debug", "models", "get", "1", "--key", "k", LETHE_URL="http://127.0.0.1:9")
+    assert debug.returncode != 0 and "ConnectError" in debug.stderr
+
+
+@pytest.fixture
+def served(tmp_path: Path) -> Iterator[tuple[str, str, Path]]:
+    with Cluster(tmp_path / "data", None, None) as cluster:
+        yield cluster.start_api(), cluster.admin_key, tmp_path / "data"
+
+
+@pytest.mark.integration
+def test_api_errors_are_one_line_and_create_key_uses_the_data_dir(
+    served: tuple[str, str, Path],
+) -> None:
+    url, admin, data_dir = served
+    one_line_failure(lethe("models", "get", "1", "--key", "wrong", LETHE_URL=url), "401")
+    one_line_failure(lethe("models", "get", "99", "--key", admin, LETHE_URL=url), "404")
+    created = lethe("create-key", "--role", "reader", LETHE_DATA_DIR=str(data_dir))
+    assert created.returncode == 0, created.stderr
+    reader = created.stdout.split(": ")[-1].strip()
+    one_line_failure(lethe("audit", "verify", "--key", reader, LETHE_URL=url), "403")
