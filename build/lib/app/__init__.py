@@ -1,0 +1,1 @@
+"""Lethe: certified machine unlearning as a service (HTTP layer; imports no torch)."""

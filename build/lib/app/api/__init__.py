@@ -1,0 +1,1 @@
+"""HTTP routers, one per resource. They validate and delegate to app.services."""

@@ -1,0 +1,120 @@
+"""The audit log: certificates, chain verification and JSONL export."""
+
+from __future__ import annotations
+
+import re
+from datetime import UTC, datetime
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Query
+from fastapi.responses import StreamingResponse
+from pydantic import AfterValidator, BeforeValidator
+from sqlalchemy import select
+
+from app.api.deps import Auditor, DbDep
+from app.api.params import PathId, QueryId
+from app.api.responses import COMMON, errors
+from app.audit import certificate_document, export_lines, verify_chain
+from app.crypto import keyring
+from app.db.tables import Certificate, Dataset, DeletionRequest, Sample
+from app.errors import not_found
+from app.schemas import Text
+
+router = APIRouter(prefix="/v1/audit", tags=["audit"], responses=COMMON)
+
+_DATE_TIME = re.compile(
+    r"\d{4}-\d{2}-\d{2}[Tt ]\d{2}:\d{2}(:\d{2}(\.\d+)?)?([Zz]|[+-]\d{2}:?\d{2})?"
+)
+
+
+def _date_time_only(value: object) -> object:
+    """ISO 8601 / RFC 3339 date-times only; pydantic would also read `0.5` or `1700000000`
+    as Unix time, which the OpenAPI `date-time` format does not allow."""
+    if isinstance(value, str) and not _DATE_TIME.fullmatch(value):
+        raise ValueError("expected an ISO 8601 date-time such as 2024-01-31T12:00:00Z")
+    return value
+
+
+def _in_utc(value: datetime) -> datetime:
+    """No offset means UTC; an offset is converted (SQLite compares the stored UTC text)."""
+    return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
+
+
+DateTime = Annotated[datetime, BeforeValidator(_date_time_only), AfterValidator(_in_utc)]
+
+
+@router.get("/certificates")
+def certificates(
+    _: Auditor,
+    db: DbDep,
+    model: QueryId = None,
+    subject: Text | None = Query(None, max_length=200),
+    since: DateTime | None = Query(
+        None, description="ISO 8601 date-time, e.g. 2024-01-31T12:00:00Z (no offset: UTC)"
+    ),
+    offset: int = Query(0, ge=0, le=2**53),
+    limit: int = Query(100, ge=1, le=1000),
+) -> dict[str, Any]:
+    """Certificates, newest last; filter by model, data subject, or creation time."""
+    query = select(Certificate).order_by(Certificate.seq)
+    if model is not None:
+        query = query.where(Certificate.model_id == model)
+    if since is not None:
+        query = query.where(Certificate.created_at >= since)
+    with db.read() as session:
+        if subject is not None:
+            query = query.where(Certificate.request_id.in_(_requests_for_subject(session, subject)))
+        rows = session.scalars(query.offset(offset).limit(limit)).all()
+        return {"items": [certificate_document(c) for c in rows], "offset": offset, "limit": limit}
+
+
+def _requests_for_subject(session: Any, subject: str) -> list[int]:
+    """Requests that named this subject or removed its samples (matched by keyed token: the
+    database holds no raw subject ids)."""
+    ring = keyring()
+    tokens = {ring.token("subject", d, subject) for d in session.scalars(select(Dataset.id))}
+    sample_ids = set(session.scalars(select(Sample.id).where(Sample.subject_id.in_(tokens))))
+    requests = session.execute(
+        select(DeletionRequest.id, DeletionRequest.sample_ids, DeletionRequest.selector)
+    ).all()
+    return [
+        rid
+        for rid, ids, sel in requests
+        if sample_ids.intersection(ids) or tokens.intersection(sel.get("subject_ids", []))
+    ]
+
+
+@router.get("/certificates/{certificate_id}", responses=errors(404))
+def certificate(certificate_id: PathId, _: Auditor, db: DbDep) -> dict[str, Any]:
+    with db.read() as session:
+        cert = session.get(Certificate, certificate_id)
+        if cert is None:
+            raise not_found("certificate", certificate_id)
+        return certificate_document(cert)
+
+
+@router.get("/verify")
+def verify(_: Auditor, db: DbDep) -> dict[str, Any]:
+    """Recompute every entry hash and link; name the first certificate that does not hold."""
+    with db.read() as session:
+        return verify_chain(session)
+
+
+@router.get(
+    "/export",
+    response_class=StreamingResponse,
+    responses={
+        200: {
+            "description": "One JSON document per line (JSON Lines)",
+            "content": {"application/x-ndjson": {"schema": {"type": "string"}}},
+        }
+    },
+)
+def export(_: Auditor, db: DbDep) -> StreamingResponse:
+    """JSONL, verifiable offline with scripts/verify_audit.py."""
+
+    def lines():
+        with db.read() as session:
+            yield from export_lines(session)
+
+    return StreamingResponse(lines(), media_type="application/x-ndjson")

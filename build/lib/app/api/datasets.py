@@ -1,0 +1,199 @@
+"""POST/GET /v1/datasets: builtins by JSON, .npz and CSV by multipart upload."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import APIRouter, Query, Request
+from fastapi.concurrency import run_in_threadpool
+from pydantic import ValidationError
+
+from app.api.deps import Admin, AnyRole, DbDep, SettingsDep
+from app.api.params import PathId
+from app.api.responses import COMMON, errors
+from app.errors import APIError, unprocessable
+from app.schemas import BuiltinDatasetIn, DatasetOut, SamplePage, Text
+from app.services import dataset_files
+from app.services.datasets import create_dataset, dataset_view, get_dataset, list_samples
+
+router = APIRouter(prefix="/v1/datasets", tags=["datasets"], responses=COMMON)
+
+UPLOAD_DOC = {
+    "requestBody": {
+        "required": True,
+        "content": {
+            "application/json": {"schema": BuiltinDatasetIn.model_json_schema()},
+            "multipart/form-data": {
+                "schema": {
+                    "type": "object",
+                    "required": ["file"],
+                    "properties": {
+                        "file": {"type": "string", "format": "binary"},
+                        "name": {"type": "string"},
+                        "format": {
+                            "type": "string",
+                            "enum": ["npz", "csv", "text_csv", "sparse_npz"],
+                            "description": "text_csv: a corpus with a text column; "
+                            "sparse_npz: a document-term matrix from scipy's save_npz",
+                        },
+                        "text_column": {"type": "string", "default": "text"},
+                        "min_count": {"type": "integer", "default": 1},
+                        "label_column": {"type": "string", "default": "label"},
+                        "id_column": {"type": "string"},
+                        "subject_column": {"type": "string"},
+                        "split_column": {"type": "string"},
+                        "seed": {"type": "integer"},
+                        "test_fraction": {"type": "number"},
+                    },
+                }
+            },
+        },
+    }
+}
+
+
+@router.post(
+    "",
+    status_code=201,
+    response_model=DatasetOut,
+    responses=errors(400, 415),
+    openapi_extra=UPLOAD_DOC,
+)
+async def register_dataset(
+    request: Request, _: Admin, db: DbDep, settings: SettingsDep
+) -> dict[str, Any]:
+    """Register a builtin (JSON `{"builtin": "digits"}`) or upload an .npz / CSV file."""
+    ctype = request.headers.get("content-type", "")
+    limits = dataset_files.Limits.from_settings(settings)
+    if ctype.startswith("multipart/form-data"):
+        name, source, parse = await _from_upload(request, settings.max_upload_bytes, limits)
+    elif ctype.startswith("application/json"):
+        try:
+            spec = BuiltinDatasetIn.model_validate_json(await request.body())
+        except ValidationError as exc:
+            raise unprocessable(
+                "invalid_request",
+                "invalid builtin dataset spec",
+                [{"loc": list(e["loc"]), "msg": e["msg"]} for e in exc.errors()],
+            ) from exc
+        dataset_files.check_builtin(spec, limits)
+        name, source = spec.name or spec.builtin, f"builtin:{spec.builtin}"
+
+        def parse() -> dataset_files.ParsedDataset:
+            return dataset_files.load_builtin(spec)
+    else:
+        raise APIError(
+            415,
+            "unsupported_media_type",
+            "send application/json for a builtin or multipart/form-data with a file",
+        )
+
+    def store() -> dict[str, Any]:
+        parsed = parse()
+        if len(parsed.y) > settings.max_dataset_samples:
+            raise APIError(413, "too_many_samples", f"at most {settings.max_dataset_samples}")
+        with db.write() as session:
+            ds = create_dataset(session, name, source, parsed)
+            return dataset_view(session, ds)
+
+    return await run_in_threadpool(store)
+
+
+async def _from_upload(request: Request, limit: int, limits: dataset_files.Limits):
+    form = await request.form(max_files=1, max_fields=20)
+    upload = form.get("file")
+    if upload is None or isinstance(upload, str):
+        raise unprocessable("missing_file", "multipart field 'file' is required")
+    data = await upload.read(limit + 1)
+    if len(data) > limit:
+        raise APIError(413, "payload_too_large", f"uploads are limited to {limit} bytes")
+    fields = {k: v for k, v in form.items() if isinstance(v, str)}
+    try:
+        seed = int(fields.get("seed", 0))
+        test_fraction = float(fields.get("test_fraction", 0.2))
+    except ValueError as exc:
+        raise unprocessable("invalid_request", "seed and test_fraction must be numbers") from exc
+    if not 0.0 < test_fraction < 1.0 or not 0 <= seed < 2**31:
+        raise unprocessable("invalid_request", "test_fraction in (0, 1), seed in [0, 2^31)")
+    filename = (upload.filename or "").lower()
+    fmt = fields.get("format") or ("csv" if filename.endswith(".csv") else "npz")
+    name = fields.get("name") or upload.filename or "upload"
+    if fmt == "npz":
+        return name, "npz", lambda: dataset_files.parse_npz(data, seed, test_fraction, limits)
+    if fmt == "sparse_npz":
+        return (
+            name,
+            "sparse_npz",
+            lambda: dataset_files.parse_sparse_npz(data, seed, test_fraction, limits),
+        )
+    if fmt == "text_csv":
+        try:
+            min_count = int(fields.get("min_count", 1))
+        except ValueError as exc:
+            raise unprocessable("invalid_request", "min_count must be an integer") from exc
+        if not 1 <= min_count <= 1_000_000:
+            raise unprocessable("invalid_request", "min_count in [1, 1000000]")
+        return (
+            name,
+            "text_csv",
+            lambda: dataset_files.parse_text_csv(
+                data,
+                fields.get("text_column", "text"),
+                fields.get("label_column"),
+                fields.get("id_column"),
+                fields.get("subject_column"),
+                fields.get("split_column"),
+                seed,
+                test_fraction,
+                min_count,
+                limits,
+            ),
+        )
+    if fmt == "csv":
+        return (
+            name,
+            "csv",
+            lambda: dataset_files.parse_csv(
+                data,
+                fields.get("label_column", "label"),
+                fields.get("id_column"),
+                fields.get("subject_column"),
+                fields.get("split_column"),
+                seed,
+                test_fraction,
+                limits,
+            ),
+        )
+    raise unprocessable(
+        "unknown_format", f"format must be npz, csv, text_csv or sparse_npz, got {fmt!r}"
+    )
+
+
+@router.get("/{dataset_id}", response_model=DatasetOut, responses=errors(404))
+def read_dataset(dataset_id: PathId, _: AnyRole, db: DbDep) -> dict[str, Any]:
+    with db.read() as session:
+        return dataset_view(session, get_dataset(session, dataset_id))
+
+
+@router.get("/{dataset_id}/samples", response_model=SamplePage, responses=errors(404))
+def read_samples(
+    dataset_id: PathId,
+    _: AnyRole,
+    db: DbDep,
+    split: str | None = Query(None, pattern="^(train|test)$"),
+    status: str | None = Query(None, pattern="^(active|erasing|erased)$"),
+    subject: Text | None = Query(None, max_length=200),
+    offset: int = Query(0, ge=0, le=2**53),
+    limit: int = Query(100, ge=1, le=1000),
+) -> dict[str, Any]:
+    with db.read() as session:
+        items, total = list_samples(
+            session,
+            dataset_id,
+            split=split,
+            status=status,
+            subject=subject,
+            offset=offset,
+            limit=limit,
+        )
+        return {"items": items, "total": total, "offset": offset, "limit": limit}

@@ -1,0 +1,108 @@
+"""Deletion requests: durable before acknowledged, idempotent by `Idempotency-Key`."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Header, Query, Request
+from fastapi.responses import JSONResponse
+from sqlalchemy.orm import Session
+from starlette.concurrency import run_in_threadpool
+
+from app.api.deps import CommitterDep, DbDep, DeletionViewer, DispatcherDep, Requester
+from app.api.params import PathId
+from app.api.responses import COMMON, errors
+from app.dispatch import DELETE
+from app.erasure import compact_after_erasure
+from app.schemas import DeletionCreate, DeletionOut, DeletionPage
+from app.services.deletions import (
+    Names,
+    create_deletion,
+    deletion_view,
+    get_deletion,
+    list_deletions,
+)
+from app.states import FINISHED_REQUEST
+
+MAX_WAIT_SECONDS = 30.0
+
+router = APIRouter(prefix="/v1/deletions", tags=["deletions"], responses=COMMON)
+
+
+@router.post("", status_code=202, response_model=DeletionOut, responses=errors(404, 409))
+def create(
+    body: DeletionCreate,
+    key: Requester,
+    db: DbDep,
+    committer: CommitterDep,
+    dispatcher: DispatcherDep,
+    idempotency_key: Annotated[str | None, Header(min_length=1, max_length=180)] = None,
+) -> Any:
+    """Commit the request (in the next group commit), then signal each affected model's
+    worker; 202 with the request."""
+
+    names = Names.of(body)  # keyed tokens of the ids: computed once, outside the transaction
+
+    def accept(session: Session) -> tuple[DeletionOut, list[int], bool]:
+        accepted = create_deletion(session, body, names, key.id, idempotency_key)
+        view = deletion_view(session, accepted.request, names, new_tasks=accepted.tasks)
+        return DeletionOut.model_validate(view), accepted.models, accepted.replayed
+
+    view, models, replayed = committer.submit(accept)
+    if view.status == "done" and not replayed:  # nothing held them: erased on acceptance
+        compact_after_erasure(db)
+    for model_id in models:
+        dispatcher.enqueue(DELETE, model_id)
+    headers = {"Idempotent-Replayed": "true"} if replayed else {}
+    return JSONResponse(view.model_dump(mode="json"), status_code=202, headers=headers)
+
+
+@router.get("", response_model=DeletionPage)
+def list_requests(
+    key: DeletionViewer,
+    db: DbDep,
+    offset: Annotated[int, Query(ge=0, le=2**53)] = 0,
+    limit: Annotated[int, Query(ge=1, le=1000)] = 100,
+) -> dict[str, Any]:
+    """Deletion requests, newest first: a requester's own, every one for auditors and admins."""
+    with db.read() as session:
+        items = list_deletions(session, key, offset, limit)
+    return {"items": items, "offset": offset, "limit": limit}
+
+
+@router.get("/{request_id}", response_model=DeletionOut, responses=errors(404))
+async def read(
+    request_id: PathId,
+    key: DeletionViewer,
+    db: DbDep,
+    request: Request,
+    wait: Annotated[
+        float,
+        Query(
+            ge=0,
+            le=MAX_WAIT_SECONDS,
+            description="Long poll: answer as soon as the request is done or failed, or "
+            "after this many seconds with its status then.",
+        ),
+    ] = 0,
+) -> dict[str, Any]:
+    """A requester sees only its own requests; auditors and admins see all. With `wait`, the
+    answer comes when the request finishes (checked every few milliseconds at first, then
+    less often), so a client learns of its certificate without polling."""
+
+    def view() -> dict[str, Any]:
+        with db.read() as session:
+            return deletion_view(session, get_deletion(session, request_id, key))
+
+    deadline = time.monotonic() + wait
+    pause = 0.002
+    while True:
+        current = await run_in_threadpool(view)
+        if current["status"] in FINISHED_REQUEST or time.monotonic() >= deadline:
+            return current
+        if await request.is_disconnected():  # nobody is waiting: stop reading the database
+            return current
+        await asyncio.sleep(min(pause, max(0.0, deadline - time.monotonic())))
+        pause = min(pause * 1.5, 0.1)

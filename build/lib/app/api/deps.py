@@ -1,0 +1,95 @@
+"""Dependencies: settings, a unit-of-work factory, the dispatcher, and role-checked API keys."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Annotated
+
+from fastapi import Depends, Request, Security
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+
+from app.api.keycache import known_key
+from app.api.limits import VERIFIED_KEY
+from app.db.group_commit import GroupCommitter
+from app.db.session import Database
+from app.db.tables import ApiKey
+from app.dispatch import Dispatcher
+from app.errors import APIError
+from app.security import Role
+from app.settings import Settings
+
+
+def get_settings_dep(request: Request) -> Settings:
+    return request.app.state.settings
+
+
+def get_db(request: Request) -> Database:
+    """Units of work: `with db.read() as session:` or `with db.write() as session:`."""
+    return request.app.state.db
+
+
+def get_committer(request: Request) -> GroupCommitter:
+    """The single writer path: short units of work committed in groups (issue 13)."""
+    return request.app.state.committer
+
+
+def get_dispatcher(request: Request) -> Dispatcher:
+    return request.app.state.dispatcher
+
+
+SettingsDep = Annotated[Settings, Depends(get_settings_dep)]
+DbDep = Annotated[Database, Depends(get_db)]
+CommitterDep = Annotated[GroupCommitter, Depends(get_committer)]
+DispatcherDep = Annotated[Dispatcher, Depends(get_dispatcher)]
+
+
+# Declares the scheme in OpenAPI (the Authorize button of /docs); `check` reads the header
+# itself so that a missing or malformed one gets Lethe's own 401 body.
+BEARER = HTTPBearer(
+    auto_error=False,
+    scheme_name="APIKey",
+    description="An API key: `Authorization: Bearer lethe_...`. Roles: admin, requester, "
+    "auditor, reader.",
+)
+
+
+def require(*roles: Role) -> Callable[..., ApiKey]:
+    """A dependency admitting keys whose role is in `roles` (admin is always admitted)."""
+    allowed = {Role.admin, *roles}
+
+    def check(
+        request: Request,
+        db: DbDep,
+        declared: Annotated[HTTPAuthorizationCredentials | None, Security(BEARER)] = None,
+    ) -> ApiKey:
+        header = request.headers.get("authorization", "")
+        scheme, _, raw = header.partition(" ")
+        if scheme.lower() != "bearer" or not raw.strip():
+            raise APIError(
+                401, "unauthorized", "missing API key: send 'Authorization: Bearer <key>'"
+            )
+        verified = getattr(request.state, VERIFIED_KEY, None)  # the ingress gate's lookup
+        if verified is not None and verified[0] == raw.strip():
+            key = verified[1]
+        else:
+            key = known_key(db, raw.strip())
+        if key is None:
+            raise APIError(401, "unauthorized", "invalid or revoked API key")
+        if key.role not in allowed:
+            raise APIError(
+                403,
+                "forbidden",
+                f"role {key.role!r} may not do this",
+                {"allowed_roles": sorted(r.value for r in allowed)},
+            )
+        return key
+
+    return check
+
+
+Admin = Annotated[ApiKey, Depends(require())]
+Requester = Annotated[ApiKey, Depends(require(Role.requester))]
+Auditor = Annotated[ApiKey, Depends(require(Role.auditor))]
+AnyRole = Annotated[ApiKey, Depends(require(Role.requester, Role.auditor, Role.reader))]
+ReaderRole = Annotated[ApiKey, Depends(require(Role.reader))]
+DeletionViewer = Annotated[ApiKey, Depends(require(Role.requester, Role.auditor))]

@@ -1,0 +1,211 @@
+"""Models: create (a training job), read, versions, and released weights (safetensors)."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from fastapi import APIRouter, Request
+from fastapi.concurrency import run_in_threadpool
+from fastapi.responses import Response
+from pydantic import ValidationError
+from sqlalchemy import select
+
+from app.api.deps import Admin, AnyRole, DbDep, DispatcherDep, ReaderRole, SettingsDep
+from app.api.params import PathId
+from app.api.responses import COMMON, errors
+from app.db.tables import Model
+from app.dispatch import TRAIN
+from app.errors import APIError, unprocessable
+from app.schemas import MAX_ID, ModelCreate, ModelOut, VersionOut
+from app.security import sees_forget_set
+from app.services.models import (
+    create_model,
+    get_model,
+    get_version,
+    import_model,
+    list_versions,
+    model_view,
+    released_weights,
+)
+from app.services.weights_cache import WeightsCache
+
+router = APIRouter(prefix="/v1/models", tags=["models"], responses=COMMON)
+
+WEIGHTS_DOC: dict[int | str, dict[str, Any]] = {
+    200: {
+        "description": "safetensors bytes; `ETag` is their sha256",
+        "content": {"application/octet-stream": {"schema": {"type": "string", "format": "binary"}}},
+    },
+    304: {"description": "Not modified (`If-None-Match` names the current ETag)"},
+    **errors(404, 409, 410),
+}
+
+
+@router.post("", status_code=202, response_model=ModelOut, responses=errors(404))
+def create(spec: ModelCreate, _: Admin, db: DbDep, dispatcher: DispatcherDep) -> dict[str, Any]:
+    """Register a model and queue its training; poll GET /v1/models/{id} for progress."""
+    with db.write() as session:
+        model = create_model(session, spec)
+        view = model_view(session, model)
+    dispatcher.enqueue(TRAIN, model.id)
+    return view
+
+
+IMPORT_DOC = {
+    "requestBody": {
+        "required": True,
+        "content": {
+            "multipart/form-data": {
+                "schema": {
+                    "type": "object",
+                    "required": ["weights", "name", "dataset_id", "architecture", "method"],
+                    "properties": {
+                        "weights": {"type": "string", "format": "binary"},
+                        "name": {"type": "string"},
+                        "dataset_id": {"type": "integer", "minimum": 1, "maximum": MAX_ID},
+                        "architecture": {"type": "string", "description": "JSON spec"},
+                        "method": {"type": "string", "description": "JSON method config"},
+                        "privacy": {"type": "string", "description": "JSON policy"},
+                        "training": {
+                            "type": "string",
+                            "description": "JSON (fine-tuning, retrain)",
+                        },
+                    },
+                }
+            }
+        },
+    }
+}
+
+
+@router.post(
+    "/import",
+    status_code=202,
+    response_model=ModelOut,
+    responses=errors(400, 404),
+    openapi_extra=IMPORT_DOC,
+)
+async def import_weights(
+    request: Request, _: Admin, db: DbDep, dispatcher: DispatcherDep, settings: SettingsDep
+) -> dict[str, Any]:
+    """Bring a model trained elsewhere: safetensors weights, an architecture spec, a dataset.
+    Only methods that need no training-time recording can serve it."""
+    form = await request.form(max_files=1, max_fields=20)
+    upload = form.get("weights")
+    if upload is None or isinstance(upload, str):
+        raise unprocessable("missing_file", "multipart field 'weights' is required")
+    data = await upload.read(settings.max_upload_bytes + 1)
+    if len(data) > settings.max_upload_bytes:
+        raise APIError(413, "payload_too_large", "weights exceed the upload limit")
+    fields = {k: v for k, v in form.items() if isinstance(v, str)}
+    try:
+        body: dict[str, Any] = {
+            "name": fields.get("name", ""),
+            "dataset_id": _form_int(fields.get("dataset_id")),
+            **{
+                k: json.loads(fields[k])
+                for k in ("architecture", "method", "privacy", "training")
+                if k in fields
+            },
+        }
+        spec = ModelCreate.model_validate(body)
+    except json.JSONDecodeError as exc:
+        raise unprocessable("invalid_request", f"a JSON field is malformed: {exc}") from exc
+    except ValidationError as exc:
+        raise unprocessable(
+            "invalid_request",
+            "invalid model spec",
+            [{"loc": list(e["loc"]), "msg": e["msg"]} for e in exc.errors()],
+        ) from exc
+
+    def store() -> tuple[int, dict[str, Any]]:
+        with db.write() as session:
+            model = import_model(session, spec, data)
+            return model.id, model_view(session, model)
+
+    model_id, view = await run_in_threadpool(store)
+    dispatcher.enqueue(TRAIN, model_id)
+    return view
+
+
+def _form_int(value: str | None) -> int | str | None:
+    """A form field is text: an integer's digits become the integer (the body is strict)."""
+    if value is not None and value.strip().lstrip("-").isdigit():
+        return int(value)
+    return value
+
+
+@router.get("", response_model=list[ModelOut])
+def list_models(key: AnyRole, db: DbDep) -> list[dict[str, Any]]:
+    with db.read() as session:
+        return [
+            model_view(session, m, sees_forget_set(key))
+            for m in session.scalars(select(Model).order_by(Model.id))
+        ]
+
+
+@router.get("/{model_id:int}", response_model=ModelOut, responses=errors(404))
+def read(model_id: PathId, key: AnyRole, db: DbDep) -> dict[str, Any]:
+    with db.read() as session:
+        return model_view(session, get_model(session, model_id), sees_forget_set(key))
+
+
+@router.get("/{model_id:int}/versions", response_model=list[VersionOut], responses=errors(404))
+def versions(model_id: PathId, key: AnyRole, db: DbDep) -> list[dict[str, Any]]:
+    """Every version; forget-set metrics only for admins and auditors."""
+    with db.read() as session:
+        return list_versions(session, model_id, sees_forget_set(key))
+
+
+@router.get(
+    "/{model_id:int}/versions/{number:int}", response_model=VersionOut, responses=errors(404)
+)
+def version(model_id: PathId, number: PathId, key: AnyRole, db: DbDep) -> dict[str, Any]:
+    with db.read() as session:
+        get_version(session, model_id, number)  # 404 for an unknown model or version
+        views = list_versions(session, model_id, sees_forget_set(key))
+        return next(v for v in views if v["number"] == number)
+
+
+@router.get("/{model_id:int}/weights", response_class=Response, responses=WEIGHTS_DOC)
+def current_weights(model_id: PathId, request: Request, _: ReaderRole, db: DbDep) -> Response:
+    """The current released weights; `ETag` is the sha256 of the bytes."""
+    return _weights(request, db, model_id, None)
+
+
+@router.get(
+    "/{model_id:int}/versions/{number:int}/weights", response_class=Response, responses=WEIGHTS_DOC
+)
+def version_weights(
+    model_id: PathId, number: PathId, request: Request, _: ReaderRole, db: DbDep
+) -> Response:
+    """One version's weights; 410 Gone once it was purged for carrying erased data."""
+    return _weights(request, db, model_id, number)
+
+
+def _weights(request: Request, db: DbDep, model_id: int, number: int | None) -> Response:
+    """Conditional (`If-None-Match`: 304 with no body) and served from the process's cache
+    of released weights by sha256; the version row is read every time, so a purged version
+    is 410 at once."""
+    cache: WeightsCache = request.app.state.weights_cache
+    with db.read() as session:
+        v = get_version(session, model_id, number)
+        etag = f'"{v.weights_sha256}"'
+        headers = {
+            "ETag": etag,
+            "Cache-Control": "no-cache",  # clients revalidate with If-None-Match
+            "X-Lethe-Version": str(v.number),
+            "Content-Disposition": f'attachment; filename="model-{model_id}-v{v.number}'
+            '.safetensors"',
+        }
+        if v.erased_at is not None:
+            cache.forget(v.weights_sha256)
+            released_weights(session, v)  # raises 410
+        if request.headers.get("if-none-match") == etag:
+            return Response(status_code=304, headers=headers)
+        data = cache.get(v.weights_sha256)
+        if data is None:
+            data = released_weights(session, v)
+            cache.put(v.weights_sha256, data)
+    return Response(data, media_type="application/octet-stream", headers=headers)

@@ -1,0 +1,27 @@
+"""GET /v1/privacy/preview: what the next release of a model would cost."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Query
+
+from app.api.deps import AnyRole, DbDep
+from app.api.responses import COMMON, errors
+from app.schemas import MAX_ID
+from app.services.privacy import preview as preview_release
+
+router = APIRouter(prefix="/v1/privacy", tags=["privacy"], responses=COMMON)
+
+
+@router.get("/preview", responses=errors(404))
+def preview(
+    _: AnyRole,
+    db: DbDep,
+    model: Annotated[int, Query(ge=1, le=MAX_ID)],
+    epsilon: float | None = Query(None),
+    delta: float | None = Query(None),
+) -> dict[str, Any]:
+    """Noise σ, feasibility for the model's method and the lineage budget it would use."""
+    with db.read() as session:
+        return preview_release(session, model, epsilon, delta)

@@ -1,0 +1,36 @@
+"""GET /ui: the dashboard, our own static HTML, CSS and JavaScript on the JSON API (no CDN,
+no third-party code). The page holds no data: it signs in with an API key kept in the tab's
+sessionStorage and reads everything through the API, so each role sees what its key may."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from fastapi import APIRouter
+from fastapi.responses import FileResponse, RedirectResponse
+from fastapi.staticfiles import StaticFiles
+
+UI = Path(__file__).resolve().parent.parent / "ui"
+# Scripts, styles and requests from this origin only; nothing inline, no frames.
+CSP = (
+    "default-src 'self'; script-src 'self'; style-src 'self' 'unsafe-inline'; "
+    "img-src 'self' data: blob:; connect-src 'self'; frame-ancestors 'none'; base-uri 'none'"
+)
+HEADERS = {"Content-Security-Policy": CSP, "X-Content-Type-Options": "nosniff"}
+
+router = APIRouter(include_in_schema=False)
+
+
+@router.get("/ui")
+def dashboard() -> FileResponse:
+    return FileResponse(UI / "index.html", headers={**HEADERS, "Cache-Control": "no-cache"})
+
+
+@router.get("/ui/")
+def dashboard_slash() -> RedirectResponse:
+    return RedirectResponse("/ui")
+
+
+def static_files() -> StaticFiles:
+    """The dashboard's script and stylesheet, mounted at /ui/static."""
+    return StaticFiles(directory=UI, html=False)

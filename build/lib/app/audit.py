@@ -1,0 +1,196 @@
+"""The certificate hash chain: canonical JSON, append, verify, export.
+
+entry_hash = sha256(prev_hash + "\\n" + body), body the canonical JSON of the certificate's
+fields. prev_hash and seq are unique columns, so two writers can never fork the chain: the
+loser's insert fails and its transaction is retried.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import secrets
+from collections.abc import Iterator
+from typing import Any
+
+from sqlalchemy import event, func, select
+from sqlalchemy.orm import Session
+
+from app.db.tables import Certificate, utcnow
+
+GENESIS = "0" * 64
+# Columns duplicated out of the body for queries; verification checks they still agree.
+INDEXED_FIELDS = (
+    "seq",
+    "request_id",
+    "model_id",
+    "from_version",
+    "to_version",
+    "method",
+    "guarantee",
+    "epsilon",
+    "delta",
+    "cumulative_epsilon",
+    "cumulative_delta",
+    "n_removed",
+)
+
+
+def canonical_json(doc: dict[str, Any]) -> str:
+    return json.dumps(
+        doc, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False
+    )
+
+
+def chain_hash(prev_hash: str, body: str) -> str:
+    return hashlib.sha256(f"{prev_hash}\n{body}".encode()).hexdigest()
+
+
+def removed_ids_digest(external_ids: list[str]) -> tuple[str, str]:
+    """Salted sha256 of the sorted removed ids: a subject holding the salt can check inclusion."""
+    salt = secrets.token_hex(16)
+    joined = "\n".join(sorted(external_ids))
+    return salt, hashlib.sha256(f"{salt}\n{joined}".encode()).hexdigest()
+
+
+def certificate_documents(session: Session, model_id: int) -> list[dict[str, Any]]:
+    """A model's certificates as documents, in chain order."""
+    bodies = session.scalars(
+        select(Certificate.body).where(Certificate.model_id == model_id).order_by(Certificate.seq)
+    ).all()
+    return [json.loads(body) for body in bodies]
+
+
+def release_documents(session: Session, model_id: int) -> list[dict[str, Any]]:
+    """The first certificate of each of a model's versions, in chain order.
+
+    Coalesced requests share one release and carry the same privacy fields, so the lineage's
+    history needs one document per version: O(versions) JSON to decode per update, not
+    O(requests) (that decoding was 11% of a worker's time at 2,000 requests, and growing).
+    """
+    first = (
+        select(func.min(Certificate.seq))
+        .where(Certificate.model_id == model_id)
+        .group_by(Certificate.to_version)
+    )
+    bodies = session.scalars(
+        select(Certificate.body).where(Certificate.seq.in_(first)).order_by(Certificate.seq)
+    ).all()
+    return [json.loads(body) for body in bodies]
+
+
+def append_certificate(session: Session, fields: dict[str, Any]) -> Certificate:
+    """Append one certificate at the chain's head inside the caller's transaction."""
+    return append_certificates(session, [fields])[0]
+
+
+def append_certificates(session: Session, many: list[dict[str, Any]]) -> list[Certificate]:
+    """Append certificates in order at the chain's head, with one flush for all of them.
+
+    The head is read once per transaction (under an advisory lock on PostgreSQL) and then
+    carried in `session.info`, so a coalesced update appending many certificates neither
+    re-reads it nor flushes once per certificate (the flush was 81% of the append's cost).
+    """
+    head = session.info.get("audit_head")
+    if head is None:
+        head = _read_head(session)
+    seq, prev = head
+    certs: list[Certificate] = []
+    for fields in many:
+        seq += 1
+        created = utcnow()
+        doc = {**fields, "seq": seq, "prev_hash": prev, "created_at": created.isoformat()}
+        body = canonical_json(doc)
+        cert = Certificate(
+            **{k: doc[k] for k in INDEXED_FIELDS},
+            body=body,
+            created_at=created,
+            prev_hash=prev,
+            entry_hash=chain_hash(prev, body),
+        )
+        certs.append(cert)
+        prev = cert.entry_hash
+    session.add_all(certs)
+    session.flush()
+    session.info["audit_head"] = (seq, prev)
+    return certs
+
+
+def _read_head(session: Session) -> tuple[int, str]:
+    if session.get_bind().dialect.name == "postgresql":
+        # Serialise appenders; the unique prev_hash would catch a race anyway.
+        session.connection().exec_driver_sql("SELECT pg_advisory_xact_lock(7461686501)")
+    row = session.execute(
+        select(Certificate.seq, Certificate.entry_hash).order_by(Certificate.seq.desc()).limit(1)
+    ).first()
+    return (row.seq, row.entry_hash) if row else (0, GENESIS)
+
+
+@event.listens_for(Session, "after_transaction_end")
+def _forget_head(session: Session, transaction: Any) -> None:
+    """The cached head is only valid inside the transaction that read it."""
+    if transaction.parent is None:
+        session.info.pop("audit_head", None)
+
+
+def certificate_document(cert: Certificate) -> dict[str, Any]:
+    """What the API shows: the hashed body plus its id and hashes."""
+    return {"id": cert.id, **json.loads(cert.body), "entry_hash": cert.entry_hash}
+
+
+def verify_rows(rows: Iterator[Certificate]) -> dict[str, Any]:
+    """Recompute the chain; name the first certificate whose hash or fields do not hold."""
+    prev, checked = GENESIS, 0
+    for cert in rows:
+        reason = _row_problem(cert, prev)
+        if reason:
+            return {
+                "ok": False,
+                "checked": checked,
+                "first_bad": {"id": cert.id, "seq": cert.seq, "reason": reason},
+            }
+        prev, checked = cert.entry_hash, checked + 1
+    return {"ok": True, "checked": checked, "first_bad": None, "head": prev}
+
+
+def _row_problem(cert: Certificate, prev: str) -> str | None:
+    if cert.prev_hash != prev:
+        return "prev_hash does not match the previous entry"
+    if chain_hash(cert.prev_hash, cert.body) != cert.entry_hash:
+        return "entry_hash does not match the body"
+    try:
+        doc = json.loads(cert.body)
+    except ValueError:
+        return "body is not JSON"
+    if doc.get("prev_hash") != cert.prev_hash:
+        return "body prev_hash differs from the column"
+    for name in INDEXED_FIELDS:
+        if doc.get(name) != getattr(cert, name):
+            return f"column {name} differs from the hashed body"
+    return None
+
+
+def verify_chain(session: Session) -> dict[str, Any]:
+    rows = session.scalars(
+        select(Certificate).order_by(Certificate.seq).execution_options(yield_per=500)
+    )
+    return verify_rows(iter(rows))
+
+
+def export_lines(session: Session) -> Iterator[str]:
+    """JSONL, one certificate a line, verifiable by scripts/verify_audit.py."""
+    rows = session.scalars(
+        select(Certificate).order_by(Certificate.seq).execution_options(yield_per=500)
+    )
+    for cert in rows:
+        yield (
+            json.dumps(
+                {
+                    "seq": cert.seq,
+                    "prev_hash": cert.prev_hash,
+                    "entry_hash": cert.entry_hash,
+                    "body": cert.body,
+                }
+            )
+            + "\n"
+        )

@@ -1,0 +1,433 @@
+"""`lethe`: run the service and its workers, manage keys, and talk to a running service."""
+
+from __future__ import annotations
+
+import hashlib
+import importlib
+import json
+import sys
+from pathlib import Path
+from typing import Annotated, Any
+
+import httpx
+import typer
+from rich.console import Console
+from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+from sqlalchemy.exc import OperationalError, ProgrammingError
+
+from app.client import Client, LetheError
+
+
+class CliError(RuntimeError):
+    """A routine failure: one line on stderr, exit 1 (a traceback only with --debug)."""
+
+
+app = typer.Typer(help="Lethe: certified machine unlearning as a service.", no_args_is_help=True)
+console = Console()
+Url = Annotated[str | None, typer.Option(envvar="LETHE_URL", help="Service URL")]
+Key = Annotated[str | None, typer.Option(envvar="LETHE_API_KEY", help="API key")]
+
+
+def _client(url: str | None, key: str | None) -> Client:
+    return Client(url, key)
+
+
+def _show(data: Any) -> None:
+    console.print_json(json.dumps(data, default=str))
+
+
+@app.command()
+def serve(host: str = "127.0.0.1", port: int = 8000) -> None:
+    """Start the API (embedded mode: SQLite file and an in-process worker)."""
+    import uvicorn
+
+    from app.main import create_app
+    from app.settings import get_settings
+
+    settings = get_settings()
+    mode = "embedded (SQLite + inline worker)" if settings.embedded else "distributed (RQ)"
+    console.print(
+        f"[bold]Lethe[/bold] on http://{host}:{port}  mode: {mode}\n"
+        f"database: {settings.resolved_database_url}"
+    )
+    uvicorn.run(create_app(settings), host=host, port=port, log_level="info")
+
+
+@app.command()
+def migrate() -> None:
+    """Bring the database (LETHE_DATABASE_URL) to the newest schema."""
+    from app.db.migrate import upgrade_to_head
+    from app.settings import get_settings
+
+    url = get_settings().resolved_database_url
+    upgrade_to_head(url)
+    console.print(f"migrated {url.split('@')[-1]} to head")
+
+
+@app.command("create-key")
+def create_key_cmd(
+    role: Annotated[str, typer.Option(help="admin|requester|auditor|reader")], name: str = "cli key"
+) -> None:
+    """Create an API key directly in the database; prints the secret once."""
+    from app.db.session import database
+    from app.security import Role, create_key
+    from app.settings import get_settings
+
+    try:
+        role_value = Role(role)
+    except ValueError as exc:
+        raise typer.BadParameter(f"role must be one of {[r.value for r in Role]}") from exc
+    settings = get_settings()
+    url = settings.resolved_database_url
+    where = _database_description(settings)
+    if url.startswith("sqlite:///") and not Path(url.removeprefix("sqlite:///")).exists():
+        raise CliError(
+            f"no Lethe database at {where}: start `lethe serve` once there, or set "
+            "LETHE_DATA_DIR (embedded) or LETHE_DATABASE_URL to the service's database"
+        )
+    try:
+        with database(url).write() as session:
+            key, raw = create_key(session, role_value, name)
+    except OperationalError as exc:
+        raise CliError(f"cannot use the database at {where}: {_first_line(exc)}") from exc
+    except ProgrammingError as exc:
+        raise CliError(f"the database at {where} has no Lethe tables: run `lethe migrate`") from exc
+    console.print(f"key {key.id} ({key.role}): {raw}")
+
+
+def _database_description(settings: Any) -> str:
+    url = settings.resolved_database_url
+    if url.startswith("sqlite:///"):
+        return url.removeprefix("sqlite:///")
+    return url.split("@")[-1]
+
+
+def _first_line(exc: BaseException) -> str:
+    return str(getattr(exc, "orig", exc)).strip().splitlines()[0]
+
+
+@app.command()
+def worker(burst: bool = typer.Option(False, help="Exit when the queue is empty")) -> None:
+    """Start one RQ worker (distributed mode; needs LETHE_REDIS_URL)."""
+    importlib.import_module("workers.worker").run(burst=burst)
+
+
+datasets = typer.Typer(help="Datasets")
+models = typer.Typer(help="Models")
+deletions = typer.Typer(help="Deletion requests")
+audit = typer.Typer(help="Audit log")
+privacy = typer.Typer(help="Privacy accounting")
+app.add_typer(privacy, name="privacy")
+app.add_typer(datasets, name="datasets")
+app.add_typer(models, name="models")
+app.add_typer(deletions, name="deletions")
+app.add_typer(audit, name="audit")
+
+
+@datasets.command("add")
+def datasets_add(
+    builtin: str | None = None,
+    file: Path | None = None,
+    name: str | None = None,
+    label_column: str = "label",
+    url: Url = None,
+    key: Key = None,
+) -> None:
+    """Register a builtin (--builtin digits) or upload an .npz / CSV (--file)."""
+    c = _client(url, key)
+    if builtin:
+        _show(c.post("/v1/datasets", json={"builtin": builtin, **({"name": name} if name else {})}))
+    elif file:
+        with file.open("rb") as fh:
+            _show(
+                c.post(
+                    "/v1/datasets",
+                    files={"file": (file.name, fh)},
+                    data={"name": name or file.stem, "label_column": label_column},
+                )
+            )
+    else:
+        raise typer.BadParameter("give --builtin or --file")
+
+
+@models.command("create")
+def models_create(
+    dataset: int,
+    name: str = "model",
+    arch: str = "logreg",
+    hidden: str = "64,64",
+    epochs: int = 20,
+    batch_size: int = 64,
+    lr: float = 0.1,
+    method: str = "retrain",
+    wait: bool = True,
+    url: Url = None,
+    key: Key = None,
+) -> None:
+    """Create and train a model, with a progress bar while it trains."""
+    c = _client(url, key)
+    arch_spec: dict[str, Any] = {"type": arch}
+    if arch == "mlp":
+        arch_spec["hidden"] = [int(h) for h in hidden.split(",")]
+    model = c.post(
+        "/v1/models",
+        json={
+            "name": name,
+            "dataset_id": dataset,
+            "architecture": arch_spec,
+            "method": {"name": method},
+            "training": {"epochs": epochs, "batch_size": batch_size, "learning_rate": lr},
+        },
+    )
+    if wait:
+        model = train_with_progress(c, model["id"], epochs)
+    _show(model)
+
+
+def train_with_progress(c: Client, model_id: int, epochs: int) -> dict:
+    with Progress(
+        TextColumn("training model {task.fields[model]}"),
+        BarColumn(),
+        TextColumn("epoch {task.completed:.0f}/{task.total:.0f}"),
+        TimeElapsedColumn(),
+        console=console,
+    ) as bar:
+        task = bar.add_task("train", total=epochs, model=model_id)
+
+        def on_progress(model: dict) -> None:
+            bar.update(task, completed=model["progress"].get("epoch", 0))
+
+        return c.wait_model(model_id, on_progress)
+
+
+@models.command("get")
+def models_get(model_id: int, url: Url = None, key: Key = None) -> None:
+    _show(_client(url, key).get(f"/v1/models/{model_id}"))
+
+
+@models.command("versions")
+def models_versions(model_id: int, url: Url = None, key: Key = None) -> None:
+    table = Table("version", "kind", "test acc", "sha256", "weights")
+    for v in _client(url, key).get(f"/v1/models/{model_id}/versions"):
+        acc = v["metrics"].get("test_accuracy")
+        table.add_row(
+            str(v["number"]),
+            v["kind"],
+            f"{acc:.4f}" if acc is not None else "-",
+            v["weights_sha256"][:16],
+            "available" if v["weights_available"] else "erased (410)",
+        )
+    console.print(table)
+
+
+@models.command("weights")
+def models_weights(
+    model_id: int, out: Path, version: int | None = None, url: Url = None, key: Key = None
+) -> None:
+    """Download released weights (safetensors) and check them against the ETag."""
+    path = f"/v1/models/{model_id}" + (f"/versions/{version}" if version else "") + "/weights"
+    response = _client(url, key).request("GET", path)
+    out.write_bytes(response.content)
+    ok = hashlib.sha256(response.content).hexdigest() == response.headers["etag"].strip('"')
+    console.print(f"wrote {len(response.content)} bytes to {out}; sha256 matches ETag: {ok}")
+
+
+@deletions.command("create")
+def deletions_create(
+    dataset: int,
+    sample: Annotated[list[str] | None, typer.Option()] = None,
+    subject: Annotated[list[str] | None, typer.Option()] = None,
+    idempotency_key: str | None = None,
+    wait: bool = True,
+    url: Url = None,
+    key: Key = None,
+) -> None:
+    """Ask for samples (--sample ID ...) or subjects (--subject ID ...) to be forgotten."""
+    c = _client(url, key)
+    headers = {"Idempotency-Key": idempotency_key} if idempotency_key else {}
+    req = c.post(
+        "/v1/deletions",
+        json={"dataset_id": dataset, "sample_ids": sample or [], "subject_ids": subject or []},
+        headers=headers,
+    )
+    if wait:
+        with console.status(f"deletion {req['id']}: {req['status']}") as status:
+
+            def on_progress(current: dict) -> None:
+                models = ", ".join(
+                    f"model {m['model_id']} {m['status']}"
+                    + (f" → v{m['version']}" if m.get("version") else "")
+                    for m in current["models"]
+                )
+                status.update(f"deletion {current['id']}: {current['status']} ({models})")
+
+            req = c.wait_deletion(req["id"], on_progress=on_progress, poll=2.0)
+    _show(req)
+
+
+@deletions.command("get")
+def deletions_get(request_id: int, url: Url = None, key: Key = None) -> None:
+    _show(_client(url, key).get(f"/v1/deletions/{request_id}"))
+
+
+@privacy.command("preview")
+def privacy_preview(
+    model: int,
+    epsilon: float | None = None,
+    delta: float | None = None,
+    url: Url = None,
+    key: Key = None,
+) -> None:
+    """Noise σ, feasibility and lineage budget of a model's next release."""
+    params = {
+        "model": model,
+        **({"epsilon": epsilon} if epsilon is not None else {}),
+        **({"delta": delta} if delta is not None else {}),
+    }
+    p = _client(url, key).get("/v1/privacy/preview", params=params)
+    table = Table("quantity", "value", title=f"model {model}: next release ({p['method']})")
+    lin = p["lineage"]
+    for name, value in [
+        ("target", f"ε={p['target']['epsilon']:g}, δ={p['target']['delta']:g}"),
+        ("guarantee", p["guarantee"]),
+        ("noise σ", f"{p['sigma']:.6g}"),
+        ("sensitivity Δ", f"{p['sensitivity']:.6g}"),
+        ("feasible", str(p["feasible"])),
+        (
+            "lineage spent",
+            f"ε={lin['spent_epsilon']:.4g} of {lin['budget_epsilon']:g} "
+            f"(δ={lin['budget_delta']:g}, {lin['releases_since_reset']} releases)",
+        ),
+        ("after this release", f"ε={lin['epsilon_after_release']:.4g}"),
+        ("would retrain exactly", str(p["would_retrain_exactly"])),
+    ]:
+        table.add_row(name, value)
+    console.print(table)
+
+
+@audit.command("verify")
+def audit_verify(url: Url = None, key: Key = None) -> None:
+    _show(_client(url, key).get("/v1/audit/verify"))
+
+
+@audit.command("certificates")
+def audit_certificates(model: int | None = None, url: Url = None, key: Key = None) -> None:
+    params = {"model": model} if model is not None else {}
+    _show(_client(url, key).get("/v1/audit/certificates", params=params))
+
+
+@audit.command("export")
+def audit_export(out: Path, url: Url = None, key: Key = None) -> None:
+    response = _client(url, key).request("GET", "/v1/audit/export")
+    out.write_bytes(response.content)
+    console.print(f"wrote {out}; verify with: python3 scripts/verify_audit.py {out}")
+
+
+@app.command()
+def demo(url: Url = None, key: Key = None, epochs: int = 20) -> None:
+    """Walk through the whole story against a running service, printing each step."""
+    c = _client(url, key)
+    try:
+        _demo(c, epochs)
+    except LetheError as exc:
+        console.print(f"[red]demo failed:[/red] {exc}")
+        raise typer.Exit(1) from exc
+
+
+def _step(n: int, text: str) -> None:
+    console.rule(f"[bold]{n}. {text}")
+
+
+def _demo(c: Client, epochs: int) -> None:
+    _step(1, "service health")
+    _show(c.get("/readyz"))
+    _step(2, "register scikit-learn's digits (1,797 8x8 images, seeded 80/20 split)")
+    ds = c.post("/v1/datasets", json={"builtin": "digits"})
+    _show(ds)
+    _step(3, "create an MLP (64-64) with the exact `retrain` method; train it")
+    model = c.post(
+        "/v1/models",
+        json={
+            "name": "digits-mlp",
+            "dataset_id": ds["id"],
+            "architecture": {"type": "mlp", "hidden": [64, 64], "activation": "relu"},
+            "training": {"epochs": epochs, "batch_size": 64, "learning_rate": 0.1},
+            "method": {"name": "retrain"},
+        },
+    )
+    model = train_with_progress(c, model["id"], epochs)
+    v1 = model["current_version"]
+    console.print(f"version {v1['number']}: test accuracy {v1['metrics']['test_accuracy']:.4f}")
+    _step(4, "download the released weights; the ETag is their sha256")
+    r = c.request("GET", f"/v1/models/{model['id']}/weights")
+    console.print(
+        f"{len(r.content)} bytes, ETag {r.headers['etag']}, sha256 ok: "
+        f"{hashlib.sha256(r.content).hexdigest() == r.headers['etag'].strip(chr(34))}"
+    )
+    _step(5, "a data subject asks to be forgotten: delete 3 training samples")
+    train_ids = [
+        s["external_id"]
+        for s in c.get(f"/v1/datasets/{ds['id']}/samples", params={"split": "train", "limit": 3})[
+            "items"
+        ]
+    ]
+    req = c.post("/v1/deletions", json={"dataset_id": ds["id"], "sample_ids": train_ids})
+    console.print(f"request {req['id']} accepted ({req['status']}) for samples {train_ids}")
+    with console.status("retraining without them"):
+        req = c.wait_deletion(req["id"])
+    _show(req)
+    _step(6, "the certificate in the audit log")
+    cert = c.get(f"/v1/audit/certificates/{req['certificate_ids'][0]}")
+    console.print(f"[green]{cert['sentence']}[/green]")
+    console.print(
+        f"ε={cert['epsilon']} δ={cert['delta']} guarantee={cert['guarantee']} "
+        f"v{cert['from_version']} → v{cert['to_version']}"
+    )
+    _step(7, "version 1 was trained on erased data: its weights are gone")
+    try:
+        c.request("GET", f"/v1/models/{model['id']}/versions/1/weights")
+        console.print("[red]version 1 weights still served![/red]")
+    except LetheError as exc:
+        console.print(f"GET version 1 weights → {exc}")
+    samples = c.get(f"/v1/datasets/{ds['id']}/samples", params={"status": "erased"})
+    console.print(f"erased samples in the dataset: {samples['total']}")
+    _step(8, "the auditor verifies the hash chain")
+    _show(c.get("/v1/audit/verify"))
+
+
+def main() -> None:
+    """The `lethe` entry point: routine errors (the API's own, an unreachable service, a
+    missing file or database) print one line and exit 1; `--debug` shows the traceback."""
+    debug = "--debug" in sys.argv
+    if debug:
+        sys.argv.remove("--debug")
+    try:
+        app()
+    except Exception as exc:  # noqa: BLE001 - classified below; anything else re-raises
+        message = _routine(exc)
+        if debug or message is None:
+            raise
+        print(f"lethe: {message}", file=sys.stderr)
+        raise SystemExit(1) from None
+
+
+def _routine(exc: BaseException) -> str | None:
+    """One line for the failures a user meets in routine use, else None."""
+    if isinstance(exc, CliError):
+        return str(exc)
+    if isinstance(exc, LetheError):
+        return f"the service answered {exc}"
+    if isinstance(exc, httpx.ConnectError | httpx.ConnectTimeout):
+        return f"cannot reach the service ({exc}); is `lethe serve` running? (LETHE_URL)"
+    if isinstance(exc, httpx.TimeoutException):
+        return f"the service did not answer in time ({exc})"
+    if isinstance(exc, FileNotFoundError | IsADirectoryError | PermissionError):
+        return str(exc)
+    if isinstance(exc, OperationalError):
+        return f"cannot use the database: {_first_line(exc)}"
+    return None
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,1 @@
+"""Database tables and session handling (SQLAlchemy 2)."""

@@ -1,0 +1,199 @@
+"""Engine and session factory; SQLite gets WAL and a busy timeout so API and worker coexist."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import threading
+import time
+import weakref
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import TypeVar
+
+from sqlalchemy import Engine, create_engine, event, text
+from sqlalchemy.exc import DBAPIError, IntegrityError
+from sqlalchemy.orm import Session, sessionmaker
+
+T = TypeVar("T")
+
+
+def make_engine(url: str, readonly: bool = False, bookkeeping: bool = False) -> Engine:
+    """Create an engine tuned for the backend behind `url`.
+
+    On SQLite, write transactions take the write lock up front (BEGIN IMMEDIATE); a
+    `readonly` engine uses deferred transactions, which in WAL mode block no writer. A
+    `bookkeeping` engine's commits skip the fsync (synchronous=NORMAL): for leases and claims,
+    which expire if lost, never for what a client was told is committed.
+    """
+    if url.startswith("sqlite"):
+        engine = create_engine(url, connect_args={"timeout": 30, "check_same_thread": False})
+
+        @event.listens_for(engine, "connect")
+        def _sqlite_pragmas(dbapi_conn, _record):
+            dbapi_conn.isolation_level = None  # we emit BEGIN ourselves, below
+            cur = dbapi_conn.cursor()
+            cur.execute("PRAGMA journal_mode=WAL")
+            cur.execute("PRAGMA foreign_keys=ON")
+            cur.execute("PRAGMA secure_delete=ON")  # freed cells are zeroed (erasure, issue 11)
+            cur.execute("PRAGMA busy_timeout=30000")
+            cur.execute(f"PRAGMA synchronous={'NORMAL' if bookkeeping else 'FULL'}")
+            cur.close()
+
+        @event.listens_for(engine, "begin")
+        def _sqlite_begin(conn):
+            # Take the write lock up front: a deferred transaction that later upgrades can
+            # fail at once with SQLITE_BUSY_SNAPSHOT when API and worker write concurrently.
+            conn.exec_driver_sql("BEGIN" if readonly else "BEGIN IMMEDIATE")
+
+        return engine
+    engine = create_engine(
+        url,
+        pool_pre_ping=True,
+        pool_size=10,
+        max_overflow=20,
+        connect_args={"connect_timeout": 5},  # an unreachable host is a 503, not a hang
+    )
+    event.listen(engine, "connect", lambda dbapi_conn, _record: _SERVER_CONNECTIONS.add(dbapi_conn))
+    return engine
+
+
+# Connections to a database server, so a forked child can drop its copies of their sockets.
+_SERVER_CONNECTIONS: weakref.WeakSet = weakref.WeakSet()
+
+
+def _close_inherited_connections() -> None:
+    """In a forked child (RQ forks its scheduler from the worker), close the inherited server
+    sockets and forget the pools. Otherwise a parent killed mid-transaction leaves the child
+    holding the socket open, and the server keeps that transaction's locks forever."""
+    for conn in list(_SERVER_CONNECTIONS):
+        with contextlib.suppress(Exception):
+            os.close(conn.fileno())
+    _SERVER_CONNECTIONS.clear()
+    for engine in list(_ENGINES.values()):
+        engine.dispose(close=False)
+
+
+os.register_at_fork(after_in_child=_close_inherited_connections)
+
+
+_ENGINES: dict[str, Engine] = {}
+_ENGINES_LOCK = threading.RLock()
+
+
+def engine_for(url: str, readonly: bool = False) -> Engine:
+    """One engine per URL (and, on SQLite, per read/write role) per process."""
+    key = f"{url}#ro" if readonly and url.startswith("sqlite") else url
+    with _ENGINES_LOCK:
+        if key not in _ENGINES:
+            _ENGINES[key] = make_engine(url, readonly=key.endswith("#ro"))
+        return _ENGINES[key]
+
+
+def dispose_engines(url: str) -> None:
+    """Close every pooled connection to `url` (all roles): the last SQLite connection to
+    close checkpoints and removes the WAL."""
+    with _ENGINES_LOCK:
+        engines = [e for key, e in _ENGINES.items() if key.split("#", 1)[0] == url]
+    for engine in engines:
+        engine.dispose()
+
+
+def bookkeeping_engine_for(url: str) -> Engine:
+    """SQLite only: the engine of `Database.write(durable=False)`."""
+    key = f"{url}#bk"
+    with _ENGINES_LOCK:
+        if key not in _ENGINES:
+            _ENGINES[key] = make_engine(url, bookkeeping=True)
+        return _ENGINES[key]
+
+
+class Database:
+    """The one way to a database: units of work, the same in the API and the workers.
+
+    `read()` is a read-only session that never takes SQLite's write lock (deferred, WAL),
+    closed at the end (loaded objects stay readable, detached); `write()` is a transaction
+    that commits on success and rolls back on error; `run(work)` is `write()` retried on
+    transient conflicts (the one retry policy; the reconciler covers everything longer).
+    `write(durable=False)` commits without waiting for the disk (SQLite synchronous=NORMAL,
+    PostgreSQL synchronous_commit=off): for bookkeeping that a crash may lose harmlessly,
+    leases and task claims, which expire. Commits stay ordered: a later durable commit makes
+    every earlier one durable too."""
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+        self.engine = engine_for(url)
+        self._writer = sessionmaker(bind=engine_for(url), expire_on_commit=False)
+        self._reader = sessionmaker(bind=engine_for(url, readonly=True), expire_on_commit=False)
+        self._bookkeeper = (
+            sessionmaker(bind=bookkeeping_engine_for(url), expire_on_commit=False)
+            if url.startswith("sqlite")
+            else self._writer
+        )
+        # SQLite has one write lock per file; threads of this process queue for it here, in
+        # order, instead of polling it through SQLite's busy handler (whose sleeps grow to
+        # 100 ms and made the tail latency of the API seconds long under load; issue 13).
+        self._write_lock = threading.RLock() if url.startswith("sqlite") else None
+
+    @contextmanager
+    def read(self) -> Iterator[Session]:
+        with self._reader() as session:  # closing returns the connection, ending its snapshot
+            yield session
+
+    @contextmanager
+    def write(self, durable: bool = True) -> Iterator[Session]:
+        lock = self._write_lock or contextlib.nullcontext()
+        factory = self._writer if durable else self._bookkeeper
+        with lock, factory() as session, session.begin():
+            if not durable and not self.url.startswith("sqlite"):
+                session.execute(text("SET LOCAL synchronous_commit = off"))
+            yield session
+
+    def run(
+        self, work: Callable[[Session], T], attempts: int = 5, retry_integrity: bool = False
+    ) -> T:
+        """Run `work` in a transaction, retrying transient conflicts with a short backoff.
+
+        With `retry_integrity`, a unique-constraint race is retried too: an Idempotency-Key
+        used twice at once (the second attempt finds the winner's row), or the audit chain's
+        head moving under a commit (the next attempt appends after it).
+        """
+        for attempt in range(attempts):
+            try:
+                with self.write() as session:
+                    return work(session)
+            except DBAPIError as exc:
+                retry = is_retryable(exc) or (retry_integrity and isinstance(exc, IntegrityError))
+                if attempt == attempts - 1 or not retry:
+                    raise
+                time.sleep(0.02 * 2**attempt)
+        raise AssertionError("unreachable")
+
+
+_DATABASES: dict[str, Database] = {}
+
+
+def database(url: str) -> Database:
+    """The process's Database for `url` (engines and pools are shared)."""
+    with _ENGINES_LOCK:
+        if url not in _DATABASES:
+            _DATABASES[url] = Database(url)
+        return _DATABASES[url]
+
+
+RETRYABLE_SQLSTATES = {"40001", "40P01", "55P03"}  # serialization, deadlock, lock timeout
+
+
+def is_retryable(exc: BaseException) -> bool:
+    """A transient conflict worth retrying: PostgreSQL deadlock/serialization, SQLite busy or
+    a lock timeout."""
+    if not isinstance(exc, DBAPIError):
+        return False
+    orig = getattr(exc, "orig", None)
+    state = getattr(orig, "sqlstate", None) or getattr(orig, "pgcode", None)
+    return state in RETRYABLE_SQLSTATES or "database is locked" in str(orig)
+
+
+def rowcount(result: object) -> int:
+    """Rows matched by an UPDATE or DELETE (a CursorResult's rowcount; 0 if unknown)."""
+    return int(getattr(result, "rowcount", 0) or 0)

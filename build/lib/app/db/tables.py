@@ -1,0 +1,280 @@
+"""The tables of DESIGN §4, plus the per-model task rows that make fan-out explicit."""
+
+from __future__ import annotations
+
+import uuid
+from datetime import UTC, datetime
+from typing import Any
+
+from sqlalchemy import (
+    JSON,
+    BigInteger,
+    ColumnElement,
+    DateTime,
+    Float,
+    ForeignKey,
+    Index,
+    Integer,
+    LargeBinary,
+    MetaData,
+    String,
+    Text,
+    TypeDecorator,
+    UniqueConstraint,
+    Uuid,
+    or_,
+)
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+
+NAMING = {
+    "ix": "ix_%(column_0_label)s",
+    "uq": "uq_%(table_name)s_%(column_0_name)s",
+    "ck": "ck_%(table_name)s_%(constraint_name)s",
+    "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
+    "pk": "pk_%(table_name)s",
+}
+
+
+def utcnow() -> datetime:
+    return datetime.now(UTC)
+
+
+class UTCDateTime(TypeDecorator):
+    """Timezone-aware UTC datetimes on every backend (SQLite drops the offset)."""
+
+    impl = DateTime(timezone=True)
+    cache_ok = True
+
+    def process_bind_param(self, value: datetime | None, dialect: Any) -> datetime | None:
+        if value is not None and value.tzinfo is None:
+            value = value.replace(tzinfo=UTC)
+        return value
+
+    def process_result_value(self, value: datetime | None, dialect: Any) -> datetime | None:
+        if value is not None and value.tzinfo is None:
+            value = value.replace(tzinfo=UTC)
+        return value
+
+
+class Base(DeclarativeBase):
+    metadata = MetaData(naming_convention=NAMING)
+    type_annotation_map = {datetime: UTCDateTime, dict[str, Any]: JSON, list[Any]: JSON}
+
+
+class Dataset(Base):
+    __tablename__ = "datasets"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    name: Mapped[str] = mapped_column(String(200))
+    kind: Mapped[str] = mapped_column(String(20))
+    source: Mapped[str] = mapped_column(String(40))
+    feature_shape: Mapped[list[Any]]
+    n_classes: Mapped[int]
+    n_samples: Mapped[int]
+    # A corpus (kind "text"): its fixed vocabulary and counts (app/text.py); None otherwise.
+    text: Mapped[dict[str, Any] | None] = mapped_column(JSON)
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+
+class Sample(Base):
+    __tablename__ = "samples"
+    __table_args__ = (
+        UniqueConstraint("dataset_id", "external_id", name="uq_samples_dataset_external"),
+        Index("ix_samples_dataset_subject", "dataset_id", "subject_id"),
+        Index("ix_samples_dataset_split", "dataset_id", "split"),
+    )
+    id: Mapped[int] = mapped_column(BigInteger().with_variant(Integer, "sqlite"), primary_key=True)
+    dataset_id: Mapped[int] = mapped_column(ForeignKey("datasets.id", ondelete="CASCADE"))
+    external_id: Mapped[str] = mapped_column(String(200))
+    subject_id: Mapped[str | None] = mapped_column(String(200))
+    split: Mapped[str] = mapped_column(String(10))
+    # external_id and subject_id hold keyed tokens (app/crypto.py), never the raw ids; the
+    # payload is a SampleRecord (label, raw ids, features) sealed with the sample's data key.
+    payload: Mapped[bytes | None] = mapped_column(LargeBinary)
+    key_id: Mapped[uuid.UUID | None] = mapped_column(Uuid)
+    status: Mapped[str] = mapped_column(String(10), default="active")  # app.states.SampleStatus
+    erased_at: Mapped[datetime | None]
+
+
+class Model(Base):
+    __tablename__ = "models"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    name: Mapped[str] = mapped_column(String(200))
+    dataset_id: Mapped[int] = mapped_column(ForeignKey("datasets.id"))
+    architecture: Mapped[dict[str, Any]]
+    training: Mapped[dict[str, Any]]
+    method: Mapped[dict[str, Any]]
+    privacy: Mapped[dict[str, Any]]
+    status: Mapped[str] = mapped_column(
+        String(12), default="queued"
+    )  # queued|training|ready|failed
+    progress: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
+    error: Mapped[str | None] = mapped_column(Text)
+    current_version_id: Mapped[int | None] = mapped_column(Integer)
+    lease_owner: Mapped[str | None] = mapped_column(String(100))
+    lease_expires_at: Mapped[datetime | None]
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    updated_at: Mapped[datetime] = mapped_column(default=utcnow, onupdate=utcnow)
+
+
+class ModelSample(Base):
+    """Which samples a model was trained on, and the version/certificate that removed each."""
+
+    __tablename__ = "model_samples"
+    __table_args__ = (Index("ix_model_samples_sample", "sample_id"),)
+    model_id: Mapped[int] = mapped_column(
+        ForeignKey("models.id", ondelete="CASCADE"), primary_key=True
+    )
+    sample_id: Mapped[int] = mapped_column(
+        ForeignKey("samples.id", ondelete="CASCADE"), primary_key=True
+    )
+    removed_version_id: Mapped[int | None] = mapped_column(Integer)
+    removed_certificate_id: Mapped[int | None] = mapped_column(Integer)
+
+
+class ModelVersion(Base):
+    __tablename__ = "model_versions"
+    __table_args__ = (
+        UniqueConstraint("model_id", "number", name="uq_model_versions_number"),
+        # One child per parent: two workers can never fork a model's chain.
+        UniqueConstraint("model_id", "parent_id", name="uq_model_versions_parent"),
+    )
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    model_id: Mapped[int] = mapped_column(ForeignKey("models.id", ondelete="CASCADE"))
+    number: Mapped[int]
+    parent_id: Mapped[int | None] = mapped_column(Integer)
+    kind: Mapped[str] = mapped_column(String(12))  # app.states.VersionKind
+    weights_key: Mapped[str | None] = mapped_column(String(100))
+    weights_sha256: Mapped[str] = mapped_column(String(64))
+    weights_size: Mapped[int]
+    state_key: Mapped[str | None] = mapped_column(String(100))
+    metrics: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
+    n_train: Mapped[int]
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    erased_at: Mapped[datetime | None]
+
+
+class Blob(Base):
+    __tablename__ = "blobs"
+    key: Mapped[str] = mapped_column(String(100), primary_key=True)
+    data: Mapped[bytes] = mapped_column(LargeBinary)  # sealed with the blob's own data key
+    key_id: Mapped[uuid.UUID | None] = mapped_column(Uuid)
+    size: Mapped[int] = mapped_column(BigInteger)
+    sha256: Mapped[str] = mapped_column(String(64))
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+
+class SampleStatistic(Base):
+    __tablename__ = "sample_statistics"
+    model_id: Mapped[int] = mapped_column(
+        ForeignKey("models.id", ondelete="CASCADE"), primary_key=True
+    )
+    sample_id: Mapped[int] = mapped_column(
+        BigInteger().with_variant(Integer, "sqlite"), primary_key=True
+    )
+    kind: Mapped[str] = mapped_column(String(30), primary_key=True)
+    dtype: Mapped[str] = mapped_column(String(10))
+    vector: Mapped[bytes] = mapped_column(LargeBinary)  # sealed with the sample's data key
+
+
+class DataKey(Base):
+    """Wrapped data keys (crypto-shredding). Destroying a row erases what it sealed; the table
+    is small so that compacting it after an erasure is cheap."""
+
+    __tablename__ = "data_keys"
+    id: Mapped[uuid.UUID] = mapped_column(Uuid, primary_key=True)  # random: no RETURNING
+    wrapped: Mapped[bytes] = mapped_column(LargeBinary)
+    kek_id: Mapped[str] = mapped_column(String(16))
+
+
+class DeletionRequest(Base):
+    __tablename__ = "deletion_requests"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    dataset_id: Mapped[int] = mapped_column(ForeignKey("datasets.id"))
+    idempotency_key: Mapped[str | None] = mapped_column(String(200), unique=True)
+    fingerprint: Mapped[str] = mapped_column(String(64))
+    requester_key_id: Mapped[int | None] = mapped_column(Integer)
+    selector: Mapped[dict[str, Any]]
+    sample_ids: Mapped[list[Any]]  # internal ids resolved at acceptance
+    already_erased: Mapped[list[Any]] = mapped_column(JSON, default=list)
+    method: Mapped[str | None] = mapped_column(String(40))
+    epsilon: Mapped[float | None] = mapped_column(Float)
+    delta: Mapped[float | None] = mapped_column(Float)
+    status: Mapped[str] = mapped_column(String(10), default="queued")
+    error: Mapped[str | None] = mapped_column(Text)
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    updated_at: Mapped[datetime] = mapped_column(default=utcnow, onupdate=utcnow)
+    finished_at: Mapped[datetime | None]
+
+
+class DeletionTask(Base):
+    """One (request, model) pair: a request is done when every model it touches is done."""
+
+    __tablename__ = "deletion_tasks"
+    __table_args__ = (
+        UniqueConstraint("request_id", "model_id", name="uq_deletion_tasks_pair"),
+        Index("ix_deletion_tasks_model_status", "model_id", "status"),
+    )
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    request_id: Mapped[int] = mapped_column(ForeignKey("deletion_requests.id", ondelete="CASCADE"))
+    model_id: Mapped[int] = mapped_column(ForeignKey("models.id", ondelete="CASCADE"))
+    status: Mapped[str] = mapped_column(String(10), default="queued")  # app.states.TaskStatus
+    attempts: Mapped[int] = mapped_column(default=0)
+    lease_owner: Mapped[str | None] = mapped_column(String(100))
+    lease_expires_at: Mapped[datetime | None]
+    not_before: Mapped[datetime | None]  # after a failed attempt: retry no earlier than this
+    version_id: Mapped[int | None] = mapped_column(Integer)
+    certificate_id: Mapped[int | None] = mapped_column(Integer)
+    n_removed: Mapped[int] = mapped_column(default=0)
+    error: Mapped[str | None] = mapped_column(Text)
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    updated_at: Mapped[datetime] = mapped_column(default=utcnow, onupdate=utcnow)
+
+
+def task_is_due(now: datetime) -> ColumnElement[bool]:
+    """A deletion task not waiting out a retry backoff (claim, reconcile and re-check agree)."""
+    return or_(DeletionTask.not_before.is_(None), DeletionTask.not_before <= now)
+
+
+class Certificate(Base):
+    """Append-only audit log. `body` is the canonical JSON the hash chain covers."""
+
+    __tablename__ = "certificates"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    seq: Mapped[int] = mapped_column(unique=True)
+    request_id: Mapped[int] = mapped_column(Integer, index=True)
+    model_id: Mapped[int] = mapped_column(Integer, index=True)
+    from_version: Mapped[int | None]
+    to_version: Mapped[int]
+    method: Mapped[str] = mapped_column(String(40))
+    guarantee: Mapped[str] = mapped_column(String(12))
+    # NULL for a heuristic method (guarantee `none`): it makes no privacy claim.
+    epsilon: Mapped[float | None] = mapped_column(Float)
+    delta: Mapped[float | None] = mapped_column(Float)
+    cumulative_epsilon: Mapped[float | None] = mapped_column(Float)
+    cumulative_delta: Mapped[float | None] = mapped_column(Float)
+    n_removed: Mapped[int]
+    body: Mapped[str] = mapped_column(Text)
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    prev_hash: Mapped[str] = mapped_column(String(64), unique=True)
+    entry_hash: Mapped[str] = mapped_column(String(64), unique=True)
+
+
+class ApiKey(Base):
+    __tablename__ = "api_keys"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    name: Mapped[str] = mapped_column(String(200))
+    role: Mapped[str] = mapped_column(String(12))
+    key_hash: Mapped[str] = mapped_column(String(64), unique=True)
+    prefix: Mapped[str] = mapped_column(String(16))
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    revoked_at: Mapped[datetime | None]
+
+
+class WorkerHeartbeat(Base):
+    __tablename__ = "workers"
+    id: Mapped[str] = mapped_column(String(100), primary_key=True)
+    hostname: Mapped[str] = mapped_column(String(200))
+    pid: Mapped[int]
+    mode: Mapped[str] = mapped_column(String(12))
+    started_at: Mapped[datetime] = mapped_column(default=utcnow)
+    heartbeat_at: Mapped[datetime] = mapped_column(default=utcnow)

@@ -1,0 +1,216 @@
+"""Signalling workers that a model has work, and reconciling after Redis loses its queue.
+
+The database is the record; the queue only carries "model M has work" signals, so any signal
+may be lost or duplicated. Jobs are named by dotted path: `app` never imports `workers`.
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+import queue
+import threading
+from typing import Protocol
+
+from sqlalchemy import or_, select, update
+from sqlalchemy.orm import Session
+
+from app.db.session import database
+from app.db.tables import DeletionTask, Model, task_is_due, utcnow
+from app.settings import Settings
+from app.states import ModelStatus, TaskStatus
+
+log = logging.getLogger("lethe.dispatch")
+
+TRAIN = "workers.jobs.train_model"
+DELETE = "workers.jobs.process_deletions"
+
+
+class Dispatcher(Protocol):
+    def enqueue(self, job: str, *args: int) -> None: ...
+    def ping(self) -> bool: ...
+    def depth(self) -> int: ...
+
+
+def run_job(job: str, *args: int) -> None:
+    """Import a job by dotted path and call it (used by the inline worker)."""
+    module, name = job.rsplit(".", 1)
+    getattr(importlib.import_module(module), name)(*args)
+
+
+class InlineDispatcher:
+    """Embedded mode: one in-process worker thread runs the same job functions as RQ."""
+
+    def __init__(self) -> None:
+        self._queue: queue.Queue[tuple[str, tuple[int, ...]] | None] = queue.Queue()
+        self._pending: set[tuple[str, tuple[int, ...]]] = set()
+        self._lock = threading.Lock()
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._loop, name="lethe-inline-worker", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        if self._thread is not None:
+            self._queue.put(None)
+            self._thread.join(timeout=30)
+
+    def enqueue(self, job: str, *args: int) -> None:
+        item = (job, args)
+        with self._lock:
+            if item in self._pending:
+                return  # already waiting: one run will see all the work
+            self._pending.add(item)
+        self._queue.put(item)
+
+    def ping(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+    def depth(self) -> int:
+        return self._queue.qsize()
+
+    def _loop(self) -> None:
+        while (item := self._queue.get()) is not None:
+            with self._lock:
+                self._pending.discard(item)
+            try:
+                run_job(item[0], *item[1])
+            except Exception:  # the reconciler re-signals anything left queued
+                log.exception("inline job %s%s failed", item[0], item[1])
+
+
+def signal_key(queue_name: str, job: str, args: tuple[int, ...]) -> str:
+    """The Redis key that marks a signal as waiting in the queue."""
+    return f"lethe:{queue_name}:pending:{job}:{','.join(map(str, args))}"
+
+
+def take_signal(job: str, *args: int) -> None:
+    """Called by a job as it starts: its signal is no longer waiting, so the next request
+    signals again (it may arrive after this job read the database). No-op inline."""
+    from rq import get_current_job
+
+    current = get_current_job()
+    if current is not None:
+        try:
+            current.connection.delete(signal_key(current.origin, job, args))
+        except Exception:  # Redis gone: the key expires on its own
+            log.warning("could not clear the pending signal of %s%s", job, args, exc_info=True)
+
+
+class RQDispatcher:
+    """Distributed mode: RQ on Redis carries signals with a job timeout. A failed attempt is
+    put back in the database with a backoff and re-signalled by the reconciler, so there is
+    one retry policy in both modes.
+
+    At most one signal per (job, model) waits in the queue (issue 13): `SET NX` on a pending
+    key, cleared by the job as it starts (`take_signal`) and expiring after
+    `signal_ttl_seconds`, so a signal lost with its job is re-sent by the reconciler soon."""
+
+    def __init__(self, settings: Settings) -> None:
+        from redis import Redis
+        from rq import Queue
+
+        if not settings.redis_url:
+            raise ValueError("the RQ dispatcher needs LETHE_REDIS_URL")
+        self.settings = settings
+        self.redis = Redis.from_url(settings.redis_url, socket_timeout=5, socket_connect_timeout=5)
+        self.queue = Queue(settings.queue_name, connection=self.redis)
+
+    def enqueue(self, job: str, *args: int) -> None:
+        try:  # no RQ retries: failed attempts are retried from the database (fail_tasks)
+            pending = signal_key(self.settings.queue_name, job, args)
+            if not self.redis.set(pending, 1, nx=True, ex=self.settings.signal_ttl_seconds):
+                return  # a signal for this model is already waiting: its job will see this
+            try:
+                self.queue.enqueue(
+                    job,
+                    *args,
+                    job_timeout=self.settings.job_timeout_seconds,
+                    failure_ttl=7 * 24 * 3600,
+                    result_ttl=3600,
+                )
+            except Exception:
+                self.redis.delete(pending)  # nothing waits: the reconciler may signal again
+                raise
+        except Exception:  # Redis down: the request is durable; the reconciler re-signals it
+            log.warning(
+                "could not enqueue %s%s; the reconciler will retry", job, args, exc_info=True
+            )
+
+    def ping(self) -> bool:
+        try:
+            return bool(self.redis.ping())
+        except Exception:
+            return False
+
+    def depth(self) -> int:
+        try:
+            return self.queue.count
+        except Exception:
+            return -1
+
+
+def make_dispatcher(settings: Settings) -> InlineDispatcher | RQDispatcher:
+    return InlineDispatcher() if settings.embedded else RQDispatcher(settings)
+
+
+def reconcile(session: Session) -> dict[str, list[int]]:
+    """Requeue expired leases and list the models that need a training or deletion job (a
+    task waiting out its retry backoff is signalled once it is due)."""
+    now = utcnow()
+    session.execute(
+        update(DeletionTask)
+        .where(DeletionTask.status == TaskStatus.running, DeletionTask.lease_expires_at < now)
+        .values(status=TaskStatus.queued, lease_owner=None, lease_expires_at=None)
+    )
+    free = or_(Model.lease_expires_at.is_(None), Model.lease_expires_at < now)
+    to_train = session.scalars(
+        select(Model.id).where(Model.status.in_((ModelStatus.queued, ModelStatus.training)), free)
+    ).all()
+    to_delete = session.scalars(
+        select(DeletionTask.model_id)
+        .distinct()
+        .join(Model, Model.id == DeletionTask.model_id)
+        .where(
+            DeletionTask.status == TaskStatus.queued,
+            task_is_due(now),
+            Model.status == ModelStatus.ready,
+            free,
+        )
+    ).all()
+    return {"train": sorted(to_train), "delete": sorted(to_delete)}
+
+
+def reconcile_and_signal(url: str, dispatcher: Dispatcher) -> dict[str, list[int]]:
+    with database(url).write() as session:
+        work = reconcile(session)
+    for model_id in work["train"]:
+        dispatcher.enqueue(TRAIN, model_id)
+    for model_id in work["delete"]:
+        dispatcher.enqueue(DELETE, model_id)
+    return work
+
+
+class Reconciler:
+    """Runs `reconcile_and_signal` now and every `period` seconds in a daemon thread."""
+
+    def __init__(self, url: str, dispatcher: Dispatcher, period: float) -> None:
+        self.url, self.dispatcher, self.period = url, dispatcher, period
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="lethe-reconciler", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=10)
+
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            try:
+                reconcile_and_signal(self.url, self.dispatcher)
+            except Exception:
+                log.warning("reconcile failed; retrying", exc_info=True)
+            self._stop.wait(self.period)

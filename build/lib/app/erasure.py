@@ -1,0 +1,95 @@
+"""Erasing a sample once no live model holds it (DESIGN §6), and compacting what it leaves.
+
+Erasure is crypto-shredding (app/crypto.py): the sample's data key is destroyed, so its sealed
+payload (label, raw ids, features) and its sealed statistics can never be opened again, wherever
+their bytes survive. `compact_after_erasure` then removes the destroyed keys' own bytes from the
+database files: SQLite zeroes freed cells (`secure_delete`) and the WAL is checkpointed and
+truncated; PostgreSQL rewrites the small key table (`VACUUM FULL data_keys`).
+"""
+
+from __future__ import annotations
+
+import logging
+
+from sqlalchemy import select, text, update
+from sqlalchemy.orm import Session
+
+from app.db.chunks import chunked
+from app.db.session import Database, rowcount
+from app.db.tables import Model, ModelSample, Sample, utcnow
+from app.keystore import destroy_keys
+from app.states import ModelStatus, SampleStatus
+
+log = logging.getLogger("lethe.erasure")
+
+
+def erase_payloads(session: Session, sample_ids: list[int]) -> int:
+    """Destroy the data keys of samples no live model still holds. Returns how many."""
+    erased = 0
+    for chunk in chunked(sample_ids):
+        held = set(
+            session.scalars(
+                select(ModelSample.sample_id)
+                .distinct()
+                .join(Model, Model.id == ModelSample.model_id)
+                .where(
+                    ModelSample.sample_id.in_(chunk),
+                    ModelSample.removed_version_id.is_(None),
+                    Model.status != ModelStatus.failed,
+                )
+            )
+        )
+        free = [s for s in chunk if s not in held]
+        if not free:
+            continue
+        key_ids = session.scalars(
+            select(Sample.key_id).where(
+                Sample.id.in_(free),
+                Sample.status != SampleStatus.erased,
+                Sample.key_id.is_not(None),
+            )
+        ).all()
+        result = session.execute(
+            update(Sample)
+            .where(Sample.id.in_(free), Sample.status != SampleStatus.erased)
+            .values(payload=None, key_id=None, status=SampleStatus.erased, erased_at=utcnow())
+        )
+        destroy_keys(session, [k for k in key_ids if k is not None])
+        erased += rowcount(result)
+    return erased
+
+
+def compact_after_erasure(db: Database) -> None:
+    """Remove destroyed keys' bytes from the database files (run after the erasure commits).
+
+    A failure is logged, not raised: the erasure itself has committed and the next erasure
+    compacts again."""
+    from app.settings import get_settings
+
+    if not get_settings().erasure_compaction:
+        return
+    try:
+        compact(db)
+    except Exception:
+        log.warning("compaction after erasure failed; the next erasure retries", exc_info=True)
+
+
+def compact(db: Database) -> None:
+    """Compact now: SQLite checkpoints and truncates its WAL, PostgreSQL rewrites data_keys."""
+    engine = db.engine
+    if engine.dialect.name == "sqlite":
+        # Every connection runs with secure_delete (app/db/session.py): freed cells are zeroed.
+        # TRUNCATE copies the WAL into the main file and empties it, waiting (busy timeout) for
+        # readers to leave the old snapshot. A raw connection: no BEGIN around the pragma.
+        raw = engine.raw_connection()
+        try:
+            cursor = raw.cursor()
+            busy, _, _ = cursor.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchone()
+            cursor.close()
+        finally:
+            raw.close()
+        if busy:
+            log.info("WAL checkpoint was busy; the next erasure retries")
+    elif engine.dialect.name == "postgresql":
+        with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
+            conn.execute(text("VACUUM FULL data_keys"))

@@ -1,0 +1,45 @@
+"""The `data_keys` table: create, load (unwrapped) and destroy data keys in bulk."""
+
+from __future__ import annotations
+
+from uuid import UUID, uuid4
+
+from sqlalchemy import delete, insert, select
+from sqlalchemy.orm import Session
+
+from app.crypto import Keyring
+from app.db.chunks import chunked
+from app.db.session import rowcount
+from app.db.tables import Base, DataKey
+
+
+def create_keys(session: Session, ring: Keyring, count: int) -> list[tuple[UUID, bytes]]:
+    """`count` fresh data keys, stored wrapped: [(key_id, raw key)]. Ids are random UUIDs, so
+    one bulk insert needs no RETURNING (row-at-a-time on SQLite)."""
+    if count == 0:
+        return []
+    fresh = [(uuid4(), *ring.new_data_key()) for _ in range(count)]
+    session.connection().execute(  # Core executemany: the ORM's bulk path costs more than AES
+        insert(Base.metadata.tables["data_keys"]),
+        [{"id": key_id, "wrapped": wrapped, "kek_id": ring.kek_id} for key_id, _, wrapped in fresh],
+    )
+    return [(key_id, raw) for key_id, raw, _ in fresh]
+
+
+def load_keys(session: Session, ring: Keyring, key_ids: list[UUID]) -> dict[UUID, bytes]:
+    """The raw data keys for these ids; a destroyed key is simply absent."""
+    out: dict[UUID, bytes] = {}
+    for chunk in chunked(sorted(set(key_ids))):
+        for key_id, wrapped in session.execute(
+            select(DataKey.id, DataKey.wrapped).where(DataKey.id.in_(chunk))
+        ):
+            out[key_id] = ring.unwrap(wrapped)
+    return out
+
+
+def destroy_keys(session: Session, key_ids: list[UUID]) -> int:
+    """Delete these keys: what they sealed can no longer be opened. Returns how many."""
+    destroyed = 0
+    for chunk in chunked(sorted(set(key_ids))):
+        destroyed += rowcount(session.execute(delete(DataKey).where(DataKey.id.in_(chunk))))
+    return destroyed

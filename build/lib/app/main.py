@@ -1,0 +1,105 @@
+"""The app factory and its lifespan: migrations, first admin key, embedded worker, reconciler."""
+
+from __future__ import annotations
+
+import logging
+import sys
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+from fastapi import FastAPI
+
+from app import accesslog
+from app.api import audit, datasets, deletions, docs, health, keys, models, privacy, ui
+from app.api.errors import DependencyGuard, install_error_handlers
+from app.api.limits import IngressLimitMiddleware
+from app.db.group_commit import GroupCommitter
+from app.db.migrate import upgrade_to_head
+from app.db.session import database
+from app.dispatch import InlineDispatcher, Reconciler, make_dispatcher
+from app.metrics import MetricsMiddleware, pipeline_registry
+from app.security import Role, create_key, has_any_key
+from app.services.weights_cache import WeightsCache
+from app.settings import Settings, get_settings, use_settings
+
+log = logging.getLogger("lethe")
+
+
+def bootstrap_admin_key(url: str) -> str | None:
+    """On first start create an admin key; returns the secret (shown once) or None."""
+    with database(url).write() as session:
+        if has_any_key(session):
+            return None
+        _, raw = create_key(session, Role.admin, "bootstrap admin")
+        return raw
+
+
+def create_app(settings: Settings | None = None) -> FastAPI:
+    settings = settings or get_settings()
+    use_settings(settings)
+    accesslog.install()  # the embedded worker's jobs read the same configuration
+    url = settings.resolved_database_url
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        if settings.embedded:
+            upgrade_to_head(url)
+        if settings.bootstrap_admin_key and (raw := bootstrap_admin_key(url)):
+            print(
+                f"\n  Lethe admin API key (shown once, store it now):\n\n    {raw}\n",
+                file=sys.stderr,
+                flush=True,
+            )
+        dispatcher = app.state.dispatcher
+        reconciler = None
+        if isinstance(dispatcher, InlineDispatcher):
+            dispatcher.start()
+            reconciler = Reconciler(url, dispatcher, settings.reconcile_seconds)
+            reconciler.start()
+        yield
+        app.state.committer.stop()
+        if reconciler is not None:
+            reconciler.stop()
+        if isinstance(dispatcher, InlineDispatcher):
+            dispatcher.stop()
+
+    app = FastAPI(
+        title="Lethe",
+        version="0.1.0",
+        lifespan=lifespan,
+        docs_url=None,  # app/api/docs.py serves Swagger UI without a CDN
+        redoc_url=None,  # so is ReDoc, at /redoc
+        description="Certified machine unlearning: deletion requests in, "
+        "unlearned models and (ε, δ) certificates out.",
+    )
+    app.state.settings = settings
+    app.state.db = database(url)
+    app.state.committer = GroupCommitter.for_database(app.state.db)
+    app.state.weights_cache = WeightsCache(settings.weights_cache_bytes)
+    app.state.dispatcher = make_dispatcher(settings)
+    app.state.pipeline_registry = pipeline_registry(url, app.state.dispatcher.depth)
+    install_error_handlers(app)
+
+    # Inside the metrics middleware (its 401s and 413s are counted), outside the routes.
+    app.add_middleware(
+        IngressLimitMiddleware,
+        max_json_bytes=settings.max_json_bytes,
+        max_upload_bytes=settings.max_upload_bytes,
+    )
+    app.add_middleware(DependencyGuard)  # 503, not 500, when the ingress check finds no database
+    app.add_middleware(MetricsMiddleware)
+    for router in (
+        health.router,
+        datasets.router,
+        models.router,
+        deletions.router,
+        audit.router,
+        keys.router,
+        privacy.router,
+        ui.router,
+        docs.router,
+    ):
+        app.include_router(router)
+    app.mount("/ui/static", ui.static_files(), name="ui-static")
+    app.mount("/docs/static", docs.static_files(), name="docs-static")
+    return app

@@ -1,0 +1,113 @@
+"""The torch-free half of a method: its options, its guarantee, what it needs, its plan.
+
+The compute half lives in workers/methods/ under the same name; `tests/test_registry.py`
+fails if either half is missing. Modelled on Opacus' accountant registry: a plug-in by name,
+no import strings.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Generic, TypeVar
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from app.privacy.plans import ReleasePlan, data_dependent_plan
+from app.specs import ArchitectureSpec
+from app.states import Guarantee
+
+
+class MethodOptions(BaseModel):
+    """Base of every method's options: unknown keys, non-finite numbers and values of the
+    wrong JSON type (no coercion) are refused."""
+
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False, frozen=True, strict=True)
+    evaluate: bool = Field(
+        False,
+        description="evaluate each update against a retrained reference (costs one retrain "
+        "per update): accuracies, membership-inference AUC, distances",
+    )
+
+
+OptionsT = TypeVar("OptionsT", bound=MethodOptions)
+Planner = Callable[[Any, float, float], ReleasePlan]
+# Refuses (raises an APIError) a model the method cannot serve: options, architecture,
+# number of training samples, number of input features.
+ModelCheck = Callable[[Any, ArchitectureSpec, int, int], None]
+
+
+@dataclass(frozen=True)
+class MethodSpec(Generic[OptionsT]):
+    """What the HTTP layer and the preview know about a method (DESIGN §7)."""
+
+    name: str
+    guarantee: Guarantee
+    options: type[OptionsT]
+    summary: str
+    records_training: bool = False  # training must run inside Lethe (it records or constrains)
+    uses_statistics: bool = False  # the update reads the removed samples' stored statistics
+    planner: Planner | None = None  # σ and Δ before any request, when they are data-free
+    check_model: ModelCheck | None = None  # at model creation, before anything is written
+
+    def parse(self, raw: dict[str, Any]) -> OptionsT:
+        """The options from a model's stored `method` JSON (its `name` key is ignored)."""
+        return self.options.model_validate({k: v for k, v in raw.items() if k != "name"})
+
+    def plan(self, options: OptionsT, epsilon: float, delta: float) -> ReleasePlan:
+        """σ, Δ and the lineage event of the next release at (ε, δ), or, for a method whose
+        Δ is measured during the update, a plan that says so."""
+        if self.planner is not None:
+            return self.planner(options, epsilon, delta)
+        return data_dependent_plan(self.name, self.guarantee, epsilon, delta)
+
+
+_REGISTRY: dict[str, MethodSpec[Any]] = {}
+
+
+def register(spec: MethodSpec[OptionsT]) -> MethodSpec[OptionsT]:
+    if spec.name in _REGISTRY:
+        raise ValueError(f"method {spec.name!r} is registered twice")
+    _REGISTRY[spec.name] = spec
+    return spec
+
+
+def method_names() -> list[str]:
+    return sorted(_REGISTRY)
+
+
+def get_method(name: str) -> MethodSpec[Any]:
+    """The spec registered under `name` (KeyError names the known methods)."""
+    try:
+        return _REGISTRY[name]
+    except KeyError:
+        raise KeyError(f"unknown method {name!r}; available: {method_names()}") from None
+
+
+@dataclass(frozen=True)
+class MethodChoice:
+    """A model's method: its spec and its validated options."""
+
+    spec: MethodSpec[Any]
+    options: Any
+
+    @property
+    def name(self) -> str:
+        return self.spec.name
+
+    def plan(self, epsilon: float, delta: float) -> ReleasePlan:
+        return self.spec.plan(self.options, epsilon, delta)
+
+    def check_model(self, architecture: ArchitectureSpec, n_train: int, n_features: int) -> None:
+        """Raise the method's 422 if it cannot serve such a model."""
+        if self.spec.check_model is not None:
+            self.spec.check_model(self.options, architecture, n_train, n_features)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"name": self.name, **self.options.model_dump()}
+
+
+def method_of(raw: dict[str, Any]) -> MethodChoice:
+    """Parse a stored or requested `{"name": ..., **options}` into a typed choice."""
+    spec = get_method(str(raw.get("name", "retrain")))
+    return MethodChoice(spec, spec.parse(raw))

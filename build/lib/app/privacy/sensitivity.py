@@ -1,0 +1,259 @@
+"""Worst-case L2 sensitivities Δ = sup ‖unlearned − retrained‖ that the Gaussian noise must hide.
+
+- Recollection (seed 003, "Hessian-free recollection", Theorem 2 / App. Eq. 20), in the
+  un-folded sum of note 003 §5.2: the proof's two terms added, not the paper's folded
+  (2η²C/(1−q))·ζ whose second term carries a spurious prefactor.
+- Certified Newton (seed 004, Proposition 4.1, Eq. 11) in its corrected form (with the
+  condition number (λ + L)/(λ + λ_min) in the LiSSA term), and the pre-correction form only to
+  reproduce the paper's Table 3.
+
+Feed Δ to `app.privacy.gaussian.sigma_for` (analytic Gaussian), never to the classical
+√(2 ln(1.25/δ))/ε formula both papers print.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import numpy as np
+
+from app.privacy.validate import PrivacyParameterError, check_positive
+
+__all__ = [
+    "lissa_min_depth",
+    "newton_sensitivity",
+    "newton_sensitivity_paper",
+    "recollection_rho",
+    "recollection_sensitivity",
+    "recollection_sensitivity_schedule",
+]
+
+
+def _finite(name: str, value: float) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        raise PrivacyParameterError(f"{name} must be a finite number, got {value!r}")
+    return float(value)
+
+
+# --------------------------------------------------------------------------------------------
+# Seed 003: Hessian-free recollection, Theorem 2
+# --------------------------------------------------------------------------------------------
+
+
+def recollection_rho(eta: float, lam: float, M: float) -> float:
+    """Seed 003 Lemma 2: ρ = max{|1 − ηλ|, |1 − ηM|}, the contraction of I − ηH̄ when
+    λI ⪯ ∇²ℓ ⪯ MI (λ < 0 for non-convex losses, then ρ > 1)."""
+    check_positive("η", eta)
+    lam = _finite("λ", lam)
+    M = _finite("M", M)
+    if lam > M:
+        raise PrivacyParameterError(f"need λ ≤ M (λI ⪯ ∇²ℓ ⪯ MI), got λ = {lam}, M = {M}")
+    return max(abs(1 - eta * lam), abs(1 - eta * M))
+
+
+def recollection_sensitivity_schedule(
+    etas: Sequence[float],
+    C: float,
+    rho: float | Sequence[float],
+    removed_steps: Sequence[Sequence[int]],
+    batch_sizes: float | Sequence[float],
+) -> float:
+    """Seed 003 Theorem 2, un-folded (note 003 §5.2), for any step-size schedule:
+    Δ_U = Σ_t Π_{k>t}ρ_k·η_t·2C·Σ_{s<t}η_s + Σ_j Σ_{s∈S(u_j)} Π_{k>s}ρ_k·2C·η_s/|B_s|.
+
+    Arguments (note 003 §1, §5.2):
+      etas: η_t, the step size of every training step t = 0..T−1 (T = len(etas)).
+      C: the gradient-clipping norm, ‖∇ℓ(w; z)‖ ≤ C (Lemma 1).
+      rho: ρ of Lemma 2 (`recollection_rho`, or measured, e.g. by power iteration), either one
+        value for all steps or one per step ρ_t; the error of step t is propagated by
+        Π_{k=t+1}^{T−1} ρ_k (ρ^{T−1−t} for a constant ρ).
+      removed_steps: for each removed sample u_j (m = len(removed_steps)), the global steps
+        s = e·B + b(u_j) at which it was in the mini-batch (one per epoch).
+      batch_sizes: |B_s|, the size of the mini-batch of step s (one value or one per step).
+    The first term bounds the dropped Taylor remainders (η_t·‖w_t^{-U} − w_t‖, Lemma 1); the
+    second the removed samples' gradients taken on w instead of w^{-U} (≤ 2C apart). Nothing
+    removed (m = 0) gives exactly 0: then w^{-U} = w and the recollection vector is 0.
+    """
+    eta = np.asarray(etas, dtype=float)
+    if eta.ndim != 1 or eta.size == 0:
+        raise PrivacyParameterError("η_t must be a non-empty 1-D schedule")
+    if not (np.all(np.isfinite(eta)) and np.all(eta >= 0)):
+        raise PrivacyParameterError("every η_t must be finite and ≥ 0")
+    T = eta.size
+    check_positive("C", C, allow_zero=True)
+    try:
+        rho_t = np.broadcast_to(np.asarray(rho, dtype=float), (T,))
+        sizes = np.broadcast_to(np.asarray(batch_sizes, dtype=float), (T,))
+    except ValueError as exc:
+        raise PrivacyParameterError("ρ and |B_s| must be one value or one per step") from exc
+    if not (np.all(np.isfinite(rho_t)) and np.all(rho_t >= 0)):
+        raise PrivacyParameterError("ρ must be finite and ≥ 0")
+    if not (np.all(np.isfinite(sizes)) and np.all(sizes >= 1)):
+        raise PrivacyParameterError("every batch size |B_s| must be finite and ≥ 1")
+    steps: list[np.ndarray] = []
+    for j, used in enumerate(removed_steps):
+        s = np.asarray(used, dtype=int)
+        if s.ndim != 1 or np.any(s < 0) or np.any(s >= T):
+            raise PrivacyParameterError(f"steps of removed sample {j} must lie in [0, {T - 1}]")
+        steps.append(s)
+    if not steps:
+        return 0.0
+    # Π_{k=t+1}^{T−1} ρ_k through log-space sums: ρ > 1 over many steps gives inf, not an error.
+    with np.errstate(divide="ignore", over="ignore", invalid="ignore"):
+        log_rho = np.log(rho_t)
+        prop = np.exp(np.concatenate([np.cumsum(log_rho[::-1])[::-1][1:], [0.0]]))
+
+        def propagated(factor: np.ndarray, where: np.ndarray | slice) -> float:
+            # Σ prop·factor with 0·inf = 0 (a zero term stays zero however far it travels).
+            return float(np.sum(np.where(factor > 0, prop[where] * factor, 0.0)))
+
+        seen = np.concatenate([[0.0], np.cumsum(eta)[:-1]])  # Σ_{s<t} η_s
+        remainder = propagated(eta * 2.0 * C * seen, slice(None))
+        gradients = sum(propagated(2.0 * C * eta[s] / sizes[s], s) for s in steps)
+    return remainder + gradients
+
+
+def recollection_sensitivity(
+    eta: float,
+    q: float,
+    C: float,
+    rho: float,
+    T: int,
+    B: int,
+    batch_size: float,
+    b_u: Sequence[int],
+) -> float:
+    """Seed 003 Theorem 2 (App. Eq. 20) un-folded (note 003 §5.2), geometric decay η_t = ηq^t:
+    Δ_U = (2η²C/(1−q))[(ρ^T−q^T)/(ρ−q) − (ρ^T−q^{2T})/(ρ−q²)]
+          + Σ_j (2Cη/|B|)·(ρ^T−q^T)/(ρ^B−q^B)·ρ^{B−b(u_j)−1}·q^{b(u_j)}.
+
+    Arguments: eta = η (= η_0), q the per-step decay (0 < q ≤ 1), C the gradient clip, rho = ρ
+    (Lemma 2, e.g. `recollection_rho(η, λ, M)`), T the total number of SGD steps ((E+1)·B),
+    B the number of mini-batches per epoch, batch_size = |B| the mini-batch size, b_u the batch
+    index b(u_j) ∈ [0, B) at which each removed sample is used (the same in every epoch, as in
+    the paper); m = len(b_u). Summed term by term (no 0/0 at ρ = q, q², q = 1).
+    """
+    check_positive("η", eta)
+    if not (isinstance(q, int | float) and math.isfinite(q) and 0 < q <= 1):
+        raise PrivacyParameterError(f"q must be in (0, 1], got {q!r}")
+    for name, v in (("T", T), ("B", B)):
+        if isinstance(v, bool) or not isinstance(v, int | np.integer) or v < 1:
+            raise PrivacyParameterError(f"{name} must be an integer ≥ 1, got {v!r}")
+    if T % B:
+        raise PrivacyParameterError(f"T = {T} must be a whole number of epochs of B = {B} steps")
+    positions = list(b_u)
+    if any(isinstance(b, bool) or not isinstance(b, int | np.integer) for b in positions) or any(
+        not 0 <= b < B for b in positions
+    ):
+        raise PrivacyParameterError(f"every b(u) must be an integer in [0, {B - 1}]")
+    check_positive("ρ", rho, allow_zero=True)
+    etas = eta * q ** np.arange(T, dtype=float)
+    removed = [np.arange(b, T, B) for b in positions]
+    return recollection_sensitivity_schedule(
+        etas.tolist(), C, rho, [r.tolist() for r in removed], batch_size
+    )
+
+
+# --------------------------------------------------------------------------------------------
+# Seed 004: certified Newton, Proposition 4.1
+# --------------------------------------------------------------------------------------------
+
+
+def _newton_common(
+    C: float,
+    M: float,
+    L: float,
+    lam: float,
+    lam_min: float,
+    G: float,
+    d: float | None,
+    rho: float | None,
+    sqrt_log_d_over_rho: float | None,
+) -> tuple[float, float]:
+    """Checks the arguments; returns (λ + λ_min, √ln(d/ρ))."""
+    check_positive("C", C)
+    check_positive("M", M, allow_zero=True)
+    check_positive("L", L, allow_zero=True)
+    check_positive("λ", lam, allow_zero=True)
+    check_positive("G", G, allow_zero=True)
+    lam_min = _finite("λ_min", lam_min)
+    k = lam + lam_min
+    if k <= 0:
+        raise PrivacyParameterError(f"need λ + λ_min > 0, got λ = {lam}, λ_min = {lam_min}")
+    if sqrt_log_d_over_rho is not None:
+        if d is not None or rho is not None:
+            raise PrivacyParameterError("give either √ln(d/ρ) or (d, ρ), not both")
+        return k, check_positive("√ln(d/ρ)", sqrt_log_d_over_rho)
+    if d is None or rho is None:
+        raise PrivacyParameterError("give (d, ρ) or √ln(d/ρ)")
+    check_positive("d", d)
+    if not (isinstance(rho, int | float) and math.isfinite(rho) and 0 < rho < 1):
+        raise PrivacyParameterError(f"ρ (LiSSA failure probability) must be in (0, 1), got {rho!r}")
+    if d <= rho:
+        raise PrivacyParameterError(f"need d > ρ so that ln(d/ρ) > 0, got d = {d}, ρ = {rho}")
+    return k, math.sqrt(math.log(d / rho))
+
+
+def lissa_min_depth(L: float, lam: float, lam_min: float) -> float:
+    """Seed 004 corrected Thm 3.6 / Prop 4.1 condition on the LiSSA depth:
+    s ≥ 2κ·ln κ with κ = (L + λ)/(λ + λ_min)."""
+    check_positive("L", L, allow_zero=True)
+    check_positive("λ", lam, allow_zero=True)
+    k = lam + _finite("λ_min", lam_min)
+    if k <= 0:
+        raise PrivacyParameterError(f"need λ + λ_min > 0, got λ = {lam}, λ_min = {lam_min}")
+    kappa = (L + lam) / k
+    return max(0.0, 2 * kappa * math.log(kappa)) if kappa > 0 else 0.0
+
+
+def newton_sensitivity(
+    C: float,
+    M: float,
+    L: float,
+    lam: float,
+    lam_min: float,
+    G: float = 0.0,
+    *,
+    d: float | None = None,
+    rho: float | None = None,
+    sqrt_log_d_over_rho: float | None = None,
+    s: int | None = None,
+) -> float:
+    """Seed 004 Proposition 4.1 (Eq. 11), corrected: Δ = (2C(MC + λ) + G)/(λ + λ_min)
+    + (16√ln(d/ρ)·(λ + L)/(λ + λ_min) + 1/16)·(2LC + G); G = 0 is Theorem 3.6 (Eq. 9).
+
+    Arguments (note 004 §1, §3.5): C the parameter-norm bound (PGD onto ‖w‖ ≤ C), M the Hessian
+    Lipschitz constant, L the gradient Lipschitz constant, lam = λ the local convex coefficient,
+    lam_min = λ_min the smallest Hessian eigenvalue of the retain loss at w* (may be < 0, with
+    λ + λ_min > 0), G the residual-gradient bound (non-convergence), d the parameter count and
+    rho = ρ the LiSSA failure probability (or sqrt_log_d_over_rho = √ln(d/ρ) directly), s the
+    LiSSA depth, checked against `lissa_min_depth` when given. Holds with probability 1 − ρ.
+    """
+    k, root = _newton_common(C, M, L, lam, lam_min, G, d, rho, sqrt_log_d_over_rho)
+    if s is not None and s < lissa_min_depth(L, lam, lam_min):
+        raise PrivacyParameterError(
+            f"LiSSA depth s = {s} below 2κ ln κ = {lissa_min_depth(L, lam, lam_min):.4g}"
+        )
+    exact = (2 * C * (M * C + lam) + G) / k
+    return exact + (16 * root * (lam + L) / k + 1 / 16) * (2 * L * C + G)
+
+
+def newton_sensitivity_paper(
+    C: float,
+    M: float,
+    L: float,
+    lam: float,
+    lam_min: float,
+    G: float = 0.0,
+    *,
+    d: float | None = None,
+    rho: float | None = None,
+    sqrt_log_d_over_rho: float | None = None,
+) -> float:
+    """Seed 004 Proposition 4.1 (Eq. 11) BEFORE the authors' correction (no (λ + L) factor in
+    the LiSSA term): kept only to reproduce the paper's Table 3. Not a valid Δ; use
+    newton_sensitivity."""
+    k, root = _newton_common(C, M, L, lam, lam_min, G, d, rho, sqrt_log_d_over_rho)
+    exact = (2 * C * (M * C + lam) + G) / k
+    return exact + (16 * root / k + 1 / 16) * (2 * L * C + G)

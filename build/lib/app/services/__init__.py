@@ -1,0 +1,1 @@
+"""Domain service functions: the HTTP layer validates, these act on the database."""

@@ -1,0 +1,533 @@
+"""Parsing datasets into validated arrays: builtins, .npz (no pickle) and CSV."""
+
+from __future__ import annotations
+
+import csv
+import io
+import math
+import zipfile
+import zlib
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import numpy as np
+from numpy.lib import format as npy_format
+
+from app import text
+from app.errors import APIError, unprocessable
+from app.schemas import BuiltinDatasetIn
+
+if TYPE_CHECKING:
+    from app.settings import Settings
+
+
+@dataclass
+class ParsedDataset:
+    X: np.ndarray  # float32, shape (n, *feature_shape)
+    y: np.ndarray  # int64, shape (n,)
+    ids: list[str]
+    subjects: list[str | None]
+    split: list[str]
+    n_classes: int
+    kind: str
+    text: dict[str, object] | None = None  # a corpus: its vocabulary and counts (app/text.py)
+
+
+@dataclass(frozen=True)
+class Limits:
+    """How large a dataset may be parsed; checked before the arrays are built."""
+
+    max_samples: int = 2_000_000
+    max_features: int = 65_536  # per sample: the product of X.shape[1:]
+    max_cells: int = 100_000_000  # samples x features
+    max_npz_bytes: int = 1024**3  # uncompressed bytes read from an .npz
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> Limits:
+        return cls(
+            max_samples=settings.max_dataset_samples,
+            max_features=settings.max_features_per_sample,
+            max_cells=settings.max_dataset_cells,
+            max_npz_bytes=settings.max_npz_bytes,
+        )
+
+
+def check_size(n: int, features: int, limits: Limits) -> None:
+    """413 when n samples of `features` features exceed the limits."""
+    if n > limits.max_samples:
+        raise APIError(
+            413, "too_many_samples", f"{n} samples; at most {limits.max_samples}", {"n": n}
+        )
+    if features > limits.max_features:
+        raise APIError(
+            413,
+            "too_many_features",
+            f"{features} features per sample; at most {limits.max_features}",
+            {"features": features},
+        )
+    if n * features > limits.max_cells:
+        raise APIError(
+            413,
+            "dataset_too_large",
+            f"{n} samples x {features} features = {n * features} values; "
+            f"at most {limits.max_cells}",
+            {"n": n, "features": features, "max_cells": limits.max_cells},
+        )
+
+
+def check_builtin(spec: BuiltinDatasetIn, limits: Limits) -> None:
+    """422 for a synthetic spec that asks for more than the limits allow (before building)."""
+    if spec.builtin == "synthetic_corpus":
+        check_size(spec.n_samples, spec.vocabulary, limits)
+        return
+    if spec.builtin != "synthetic":
+        return
+    cells = spec.n_samples * spec.n_features
+    if (
+        spec.n_samples > limits.max_samples
+        or spec.n_features > limits.max_features
+        or cells > limits.max_cells
+    ):
+        raise unprocessable(
+            "invalid_request",
+            f"synthetic dataset of {spec.n_samples} x {spec.n_features} = {cells} values "
+            f"exceeds the limits ({limits.max_samples} samples, {limits.max_features} "
+            f"features, {limits.max_cells} values)",
+            {
+                "n_samples": spec.n_samples,
+                "n_features": spec.n_features,
+                "max_samples": limits.max_samples,
+                "max_features": limits.max_features,
+                "max_cells": limits.max_cells,
+            },
+        )
+
+
+def seeded_split(y: np.ndarray, test_fraction: float, seed: int) -> list[str]:
+    """A seeded train/test split, stratified when the classes allow it, else plain random.
+
+    Tiny datasets keep at least one training sample (a single sample is all train).
+    """
+    from sklearn.model_selection import train_test_split
+
+    n = len(y)
+    n_test = min(max(math.ceil(n * test_fraction), 1), n - 1)
+    if n_test <= 0:
+        return ["train"] * n
+    try:  # stratified when every class can appear on both sides
+        _, test = train_test_split(np.arange(n), test_size=n_test, random_state=seed, stratify=y)
+    except ValueError:
+        _, test = train_test_split(np.arange(n), test_size=n_test, random_state=seed)
+    split = np.array(["train"] * n, dtype=object)
+    split[test] = "test"
+    return split.tolist()
+
+
+def load_builtin(spec: BuiltinDatasetIn) -> ParsedDataset:
+    """scikit-learn's bundled datasets (no download) or a seeded Gaussian mixture."""
+    from sklearn import datasets as skd
+
+    if spec.builtin == "synthetic_corpus":
+        return _synthetic_corpus(spec)
+    if spec.builtin == "digits":
+        bunch = skd.load_digits()
+        X, y, kind = bunch.images / 16.0, bunch.target, "image"
+    elif spec.builtin == "breast_cancer":
+        bunch = skd.load_breast_cancer()
+        X = (bunch.data - bunch.data.mean(0)) / bunch.data.std(0)
+        y, kind = bunch.target, "tabular"
+    else:
+        X, y = skd.make_classification(
+            n_samples=spec.n_samples,
+            n_features=spec.n_features,
+            n_informative=max(2, min(spec.n_features, spec.n_classes * 2)),
+            n_redundant=0,
+            n_classes=spec.n_classes,
+            n_clusters_per_class=1,
+            random_state=spec.seed,
+        )
+        kind = "tabular"
+    y = y.astype(np.int64)
+    return ParsedDataset(
+        X=X.astype(np.float32),
+        y=y,
+        ids=[str(i) for i in range(len(y))],
+        subjects=[None] * len(y),
+        split=seeded_split(y, spec.test_fraction, spec.seed),
+        n_classes=int(y.max()) + 1,
+        kind=kind,
+    )
+
+
+NPZ_ARRAYS = ("X", "y", "ids", "subjects", "split")
+NPY_MAX_HEADER = 10_000
+
+
+def parse_npz(
+    data: bytes, seed: int, test_fraction: float, limits: Limits | None = None
+) -> ParsedDataset:
+    """Arrays X, y and optional ids, subjects, split from an .npz, loaded without pickle.
+
+    Nothing is decompressed before the zip's sizes and every .npy header (shape, dtype)
+    passed the limits: a small compressed file cannot claim gigabytes of memory."""
+    try:
+        arrays = _read_npz(data, limits or Limits())
+    except (
+        ValueError,
+        OSError,
+        zipfile.BadZipFile,
+        EOFError,
+        RuntimeError,
+        NotImplementedError,
+        zlib.error,
+    ) as exc:
+        raise unprocessable("malformed_npz", f"not a readable .npz without pickle: {exc}") from exc
+    X = _numeric(arrays["X"], "X")
+    if X.ndim < 2:
+        raise unprocessable("bad_shape", f"X must be (n, features...), got shape {X.shape}")
+    n = X.shape[0]
+    y = _labels(arrays["y"], n)
+    ids = _strings(arrays.get("ids"), n, "ids") or [str(i) for i in range(n)]
+    named = _strings(arrays.get("subjects"), n, "subjects")
+    subjects: list[str | None] = list(named) if named is not None else [None] * n
+    split = _split(arrays.get("split"), y, seed, test_fraction)
+    return _finish(X, y, ids, subjects, split, "image" if X.ndim > 2 else "tabular")
+
+
+def _read_npz(data: bytes, limits: Limits) -> dict[str, np.ndarray]:
+    with zipfile.ZipFile(io.BytesIO(data)) as zf:
+        members: dict[str, zipfile.ZipInfo] = {}
+        for info in zf.infolist():
+            name = info.filename.removesuffix(".npy")
+            if name in NPZ_ARRAYS:
+                if name in members:
+                    raise unprocessable("malformed_npz", f"array {name!r} appears twice")
+                members[name] = info
+        missing = {"X", "y"} - members.keys()
+        if missing:
+            raise unprocessable("malformed_npz", f"missing arrays: {sorted(missing)}")
+        stored = sum(info.file_size for info in members.values())
+        if stored > limits.max_npz_bytes:
+            raise _npz_too_large(stored, limits)
+        headers = {name: _npy_header(zf, name, info) for name, info in members.items()}
+
+        shape, dtype = headers["X"]
+        if dtype.kind not in "biuf" or dtype.itemsize > 8:
+            raise unprocessable("bad_dtype", f"X must be numeric, got dtype {dtype}")
+        if len(shape) < 2:
+            raise unprocessable("bad_shape", f"X must be (n, features...), got shape {shape}")
+        n = shape[0]
+        check_size(n, math.prod(shape[1:]), limits)
+        for name, (shape, _) in headers.items():
+            if name != "X" and math.prod(shape) > n:
+                raise unprocessable(
+                    "bad_shape", f"{name} must have shape ({n},), got {tuple(shape)}"
+                )
+        declared = sum(math.prod(shape) * dtype.itemsize for shape, dtype in headers.values())
+        if declared > limits.max_npz_bytes:
+            raise _npz_too_large(declared, limits)
+
+        arrays = {}
+        for name, info in members.items():
+            with zf.open(info) as fp:
+                arrays[name] = npy_format.read_array(
+                    fp, allow_pickle=False, max_header_size=NPY_MAX_HEADER
+                )
+        return arrays
+
+
+def _npy_header(
+    zf: zipfile.ZipFile, name: str, info: zipfile.ZipInfo
+) -> tuple[tuple[int, ...], np.dtype]:
+    """A member's shape and dtype, read from its .npy header alone."""
+    with zf.open(info) as fp:
+        version = npy_format.read_magic(fp)
+        if version == (1, 0):
+            shape, _, dtype = npy_format.read_array_header_1_0(fp, NPY_MAX_HEADER)
+        elif version == (2, 0):
+            shape, _, dtype = npy_format.read_array_header_2_0(fp, NPY_MAX_HEADER)
+        else:
+            raise unprocessable("malformed_npz", f"{name}: unsupported .npy version {version}")
+    if dtype.hasobject:
+        raise unprocessable(
+            "malformed_npz", f"{name} has an object dtype: it needs pickle, which is refused"
+        )
+    return tuple(shape), dtype
+
+
+def _npz_too_large(size: int, limits: Limits) -> APIError:
+    return APIError(
+        413,
+        "dataset_too_large",
+        f"the .npz arrays hold {size} bytes uncompressed; at most {limits.max_npz_bytes}",
+        {"bytes": size, "max_npz_bytes": limits.max_npz_bytes},
+    )
+
+
+def parse_csv(
+    data: bytes,
+    label_column: str,
+    id_column: str | None,
+    subject_column: str | None,
+    split_column: str | None,
+    seed: int,
+    test_fraction: float,
+    limits: Limits | None = None,
+) -> ParsedDataset:
+    """A CSV with a header; every column other than label/id/subject/split is a feature."""
+    try:
+        rows = list(csv.reader(io.StringIO(data.decode("utf-8-sig"))))
+    except (UnicodeDecodeError, csv.Error) as exc:
+        raise unprocessable("malformed_csv", f"not a UTF-8 CSV: {exc}") from exc
+    if len(rows) < 2:
+        raise unprocessable("malformed_csv", "a CSV needs a header row and at least one row")
+    header = [h.strip() for h in rows[0]]
+    if label_column not in header:
+        raise unprocessable(
+            "malformed_csv", f"label column {label_column!r} not in header", {"header": header}
+        )
+    special = {c for c in (label_column, id_column, subject_column, split_column) if c}
+    feature_cols = [i for i, h in enumerate(header) if h not in special]
+    if not feature_cols:
+        raise unprocessable("malformed_csv", "no feature columns")
+    body = rows[1:]
+    check_size(len(body), len(feature_cols), limits or Limits())
+    bad = [i + 2 for i, r in enumerate(body) if len(r) != len(header)]
+    if bad:
+        raise unprocessable(
+            "malformed_csv", "rows with the wrong number of fields", {"lines": bad[:20]}
+        )
+
+    def column(name: str | None) -> list[str] | None:
+        if not name:
+            return None
+        if name not in header:
+            raise unprocessable("malformed_csv", f"column {name!r} not in header")
+        j = header.index(name)
+        return [r[j].strip() for r in body]
+
+    try:
+        X = np.empty((len(body), len(feature_cols)), dtype=np.float64)
+        for k, r in enumerate(body):  # row by row: no list of Python floats for all cells
+            X[k] = [float(r[i]) for i in feature_cols]
+        y_raw = np.array([float(v) for v in column(label_column) or []])
+    except ValueError as exc:
+        raise unprocessable("malformed_csv", f"non-numeric value: {exc}") from exc
+    n = len(body)
+    y = _labels(y_raw, n)
+    ids = column(id_column) or [str(i) for i in range(n)]
+    subjects: list[str | None] = [s or None for s in column(subject_column) or []] or [None] * n
+    split_values = column(split_column)
+    split = _split(np.array(split_values) if split_values else None, y, seed, test_fraction)
+    return _finish(_numeric(X, "features"), y, ids, subjects, split, "tabular")
+
+
+def _numeric(arr: np.ndarray, name: str) -> np.ndarray:
+    if arr.dtype.kind not in "biuf":
+        raise unprocessable("bad_dtype", f"{name} must be numeric, got dtype {arr.dtype}")
+    out = arr.astype(np.float64)
+    if not np.isfinite(out).all():
+        raise unprocessable(
+            "non_finite",
+            f"{name} contains NaN or infinite values",
+            {"count": int((~np.isfinite(out)).sum())},
+        )
+    return out
+
+
+def _labels(arr: np.ndarray, n: int) -> np.ndarray:
+    y = _numeric(np.asarray(arr), "y")
+    if y.shape != (n,):
+        raise unprocessable("bad_shape", f"y must have shape ({n},), got {y.shape}")
+    if not np.all(y == np.round(y)):
+        raise unprocessable("bad_labels", "labels must be integers")
+    if y.min() < 0:
+        raise unprocessable(
+            "labels_out_of_range", "labels must be in [0, n_classes)", {"min": int(y.min())}
+        )
+    if y.max() >= 10_000:
+        raise unprocessable("labels_out_of_range", "at most 10,000 classes", {"max": int(y.max())})
+    return y.astype(np.int64)
+
+
+def _strings(arr: np.ndarray | None, n: int, name: str) -> list[str] | None:
+    if arr is None:
+        return None
+    if arr.shape != (n,):
+        raise unprocessable("bad_shape", f"{name} must have shape ({n},), got {arr.shape}")
+    if arr.dtype.kind not in "iuUS":
+        raise unprocessable("bad_dtype", f"{name} must be integers or strings")
+    values = [v.decode() if isinstance(v, bytes) else str(v) for v in arr.tolist()]
+    if any(not v or len(v) > 200 for v in values):
+        raise unprocessable("bad_ids", f"{name} must be non-empty strings of at most 200 chars")
+    return values
+
+
+def _split(arr: np.ndarray | None, y: np.ndarray, seed: int, test_fraction: float) -> list[str]:
+    if arr is None:
+        return seeded_split(y, test_fraction, seed)
+    values = [v.decode() if isinstance(v, bytes) else str(v) for v in np.asarray(arr).tolist()]
+    if len(values) != len(y):
+        raise unprocessable("bad_shape", f"split must have shape ({len(y)},)")
+    unknown = sorted(set(values) - {"train", "test"})
+    if unknown:
+        raise unprocessable(
+            "bad_split", "split values must be 'train' or 'test'", {"unknown": unknown[:20]}
+        )
+    if "train" not in values:
+        raise unprocessable("bad_split", "no training samples")
+    return values
+
+
+def _finish(
+    X: np.ndarray,
+    y: np.ndarray,
+    ids: list[str],
+    subjects: list[str | None],
+    split: list[str],
+    kind: str,
+) -> ParsedDataset:
+    if len(y) == 0:
+        raise unprocessable("empty_dataset", "the dataset has no samples")
+    seen: set[str] = set()
+    repeated: set[str] = set()
+    for i in ids:
+        (repeated if i in seen else seen).add(i)
+    dupes = sorted(repeated)
+    if dupes:
+        raise unprocessable(
+            "duplicate_ids",
+            "external ids must be unique",
+            {"duplicates": dupes[:50], "count": len(dupes)},
+        )
+    return ParsedDataset(
+        X=X.astype(np.float32),
+        y=y,
+        ids=ids,
+        subjects=subjects,
+        split=split,
+        n_classes=int(y.max()) + 1,
+        kind=kind,
+    )
+
+
+# ---- text corpora (seed 000) -----------------------------------------------------------------
+
+
+def _synthetic_corpus(spec: BuiltinDatasetIn) -> ParsedDataset:
+    """Seed 000's generative model with known A*, R* (regenerated from the same spec)."""
+    corpus = text.synthetic_corpus(
+        spec.vocabulary,
+        spec.topics,
+        spec.n_samples,
+        spec.document_length,
+        spec.separability,
+        spec.seed,
+    )
+    words = [f"w{i}" for i in range(spec.vocabulary)]
+    y = corpus.labels  # the dominant topic: a label for a downstream head
+    split = seeded_split(y, spec.test_fraction, spec.seed)
+    parsed = _finish(
+        corpus.counts, y, [str(i) for i in range(len(y))], [None] * len(y), split, "text"
+    )
+    short = int((corpus.counts.sum(1) < 2).sum())
+    return _with_text(parsed, text.Corpus(corpus.counts, words, short).meta(1))
+
+
+def parse_text_csv(
+    data: bytes,
+    text_column: str,
+    label_column: str | None,
+    id_column: str | None,
+    subject_column: str | None,
+    split_column: str | None,
+    seed: int,
+    test_fraction: float,
+    min_count: int,
+    limits: Limits | None = None,
+) -> ParsedDataset:
+    """A CSV with a text column (plus optional label, id, subject and split columns): each
+    document becomes its word counts over a vocabulary fixed now (app/text.py)."""
+    try:
+        rows = list(csv.reader(io.StringIO(data.decode("utf-8-sig"))))
+    except (UnicodeDecodeError, csv.Error) as exc:
+        raise unprocessable("malformed_csv", f"not a UTF-8 CSV: {exc}") from exc
+    if not rows:
+        raise unprocessable("empty_corpus", "the CSV is empty")
+    header = [h.strip() for h in rows[0]]
+    if text_column not in header:
+        raise unprocessable(
+            "malformed_csv", f"text column {text_column!r} not in header", {"header": header}
+        )
+    body = [r for r in rows[1:] if r]
+    if not body:
+        raise unprocessable("empty_corpus", "the CSV has no documents")
+    bad = [i + 2 for i, r in enumerate(body) if len(r) != len(header)]
+    if bad:
+        raise unprocessable(
+            "malformed_csv", "rows with the wrong number of fields", {"lines": bad[:20]}
+        )
+
+    def column(name: str | None) -> list[str] | None:
+        if not name:
+            return None
+        if name not in header:
+            raise unprocessable("malformed_csv", f"column {name!r} not in header")
+        j = header.index(name)
+        return [r[j].strip() for r in body]
+
+    corpus = text.count_documents(column(text_column) or [], min_count)
+    n = len(body)
+    check_size(n, len(corpus.vocabulary), limits or Limits())
+    labels = column(label_column) if label_column and label_column in header else None
+    try:
+        y = _labels(np.array([float(v) for v in labels]), n) if labels else np.zeros(n, np.int64)
+    except ValueError as exc:
+        raise unprocessable("malformed_csv", f"non-numeric label: {exc}") from exc
+    ids = column(id_column) or [str(i) for i in range(n)]
+    subjects: list[str | None] = [s or None for s in column(subject_column) or []] or [None] * n
+    split_values = column(split_column)
+    split = _split(np.array(split_values) if split_values else None, y, seed, test_fraction)
+    parsed = _finish(corpus.counts, y, ids, subjects, split, "text")
+    return _with_text(parsed, corpus.meta(min_count))
+
+
+SPARSE_MEMBERS = {"data", "indices", "indptr", "shape", "format"}
+
+
+def parse_sparse_npz(
+    data: bytes, seed: int, test_fraction: float, limits: Limits | None = None
+) -> ParsedDataset:
+    """A document-term matrix saved by scipy's `save_npz` (CSR or CSC, read without pickle):
+    rows are documents, columns the vocabulary (words named `w0`, `w1`, ...)."""
+    import scipy.sparse
+
+    limits = limits or Limits()
+    try:
+        with zipfile.ZipFile(io.BytesIO(data)) as zf:
+            names = {i.filename.removesuffix(".npy") for i in zf.infolist()}
+            if not names >= SPARSE_MEMBERS:
+                raise unprocessable(
+                    "malformed_npz",
+                    f"not a scipy sparse matrix: missing {sorted(SPARSE_MEMBERS - names)}",
+                )
+            if sum(i.file_size for i in zf.infolist()) > limits.max_npz_bytes:
+                raise _npz_too_large(sum(i.file_size for i in zf.infolist()), limits)
+        matrix = scipy.sparse.load_npz(io.BytesIO(data))  # np.load with allow_pickle=False
+    except (ValueError, OSError, zipfile.BadZipFile, EOFError, zlib.error) as exc:
+        raise unprocessable("malformed_npz", f"not a readable sparse .npz: {exc}") from exc
+    n, vocabulary = matrix.shape
+    check_size(n, vocabulary, limits)
+    counts = np.asarray(matrix.toarray(), dtype=np.float64)
+    text.check_corpus(counts)
+    y = np.zeros(n, dtype=np.int64)
+    split = seeded_split(y, test_fraction, seed)
+    parsed = _finish(counts, y, [str(i) for i in range(n)], [None] * n, split, "text")
+    short = int((counts.sum(1) < 2).sum())
+    words = [f"w{i}" for i in range(vocabulary)]
+    return _with_text(parsed, text.Corpus(counts.astype(np.float32), words, short).meta(1))
+
+
+def _with_text(parsed: ParsedDataset, meta: dict[str, object]) -> ParsedDataset:
+    parsed.text = meta
+    return parsed

@@ -1,0 +1,168 @@
+"""Registering datasets and reading their samples."""
+
+from __future__ import annotations
+
+from typing import Any
+from uuid import UUID
+
+from sqlalchemy import func, insert, select
+from sqlalchemy.orm import Session
+
+from app.crypto import Keyring, SampleRecord, keyring, open_sealed, sample_aad, seal
+from app.db.tables import Base, Dataset, Sample
+from app.errors import not_found
+from app.keystore import create_keys, load_keys
+from app.services.dataset_files import ParsedDataset
+from app.states import SampleStatus
+
+INSERT_CHUNK = 5000
+
+
+def create_dataset(session: Session, name: str, source: str, parsed: ParsedDataset) -> Dataset:
+    """Insert the dataset and all its samples in one transaction: each sample's label, ids and
+    float32 features sealed with its own data key, its ids stored only as keyed tokens."""
+    ring = keyring()
+    ds = Dataset(
+        name=name,
+        kind=parsed.kind,
+        source=source,
+        feature_shape=list(parsed.X.shape[1:]),
+        n_classes=parsed.n_classes,
+        n_samples=len(parsed.y),
+        text=parsed.text,
+    )
+    session.add(ds)
+    session.flush()
+    for start in range(0, len(parsed.y), INSERT_CHUNK):
+        stop = min(start + INSERT_CHUNK, len(parsed.y))
+        keys = create_keys(session, ring, stop - start)
+        session.connection().execute(
+            insert(Base.metadata.tables["samples"]),
+            [
+                _sealed_row(ring, ds.id, parsed, i, key)
+                for i, key in zip(range(start, stop), keys, strict=True)
+            ],
+        )
+    return ds
+
+
+def _sealed_row(
+    ring: Keyring, dataset_id: int, parsed: ParsedDataset, i: int, key: tuple[UUID, bytes]
+) -> dict[str, Any]:
+    key_id, raw = key
+    subject = parsed.subjects[i]
+    token = ring.token("sample", dataset_id, parsed.ids[i])
+    record = SampleRecord(int(parsed.y[i]), parsed.ids[i], subject, parsed.X[i].tobytes())
+    return {
+        "dataset_id": dataset_id,
+        "external_id": token,
+        "subject_id": None if subject is None else ring.token("subject", dataset_id, subject),
+        "split": parsed.split[i],
+        "payload": seal(raw, record.encode(), sample_aad(dataset_id, token)),
+        "key_id": key_id,
+        "status": SampleStatus.active,
+    }
+
+
+def get_dataset(session: Session, dataset_id: int) -> Dataset:
+    ds = session.get(Dataset, dataset_id)
+    if ds is None:
+        raise not_found("dataset", dataset_id)
+    return ds
+
+
+def dataset_counts(session: Session, dataset_id: int) -> dict[str, int]:
+    """Samples per split and per status."""
+    counts: dict[str, int] = {}
+    for split, status, n in session.execute(
+        select(Sample.split, Sample.status, func.count())
+        .where(Sample.dataset_id == dataset_id)
+        .group_by(Sample.split, Sample.status)
+    ):
+        counts[split] = counts.get(split, 0) + n
+        counts[status] = counts.get(status, 0) + n
+    return counts
+
+
+def dataset_view(session: Session, ds: Dataset) -> dict[str, Any]:
+    return {
+        **{
+            c: getattr(ds, c)
+            for c in (
+                "id",
+                "name",
+                "kind",
+                "source",
+                "feature_shape",
+                "n_classes",
+                "n_samples",
+                "created_at",
+            )
+        },
+        "counts": dataset_counts(session, ds.id),
+        "text": None if ds.text is None else text_summary(ds.text),
+    }
+
+
+def text_summary(meta: dict[str, Any]) -> dict[str, Any]:
+    """A corpus's vocabulary size and counts (the words themselves appear as topics' top
+    words on a topic model's versions)."""
+    return {
+        "vocabulary_size": len(meta["words"]),
+        "rare_token": meta.get("rare_token"),
+        "min_count": meta.get("min_count"),
+        "documents_under_two_tokens": meta.get("documents_under_two_tokens", 0),
+        "note": "documents with fewer than two tokens are kept but contribute nothing to the "
+        "co-occurrence statistic (L(L − 1) = 0)",
+    }
+
+
+def list_samples(
+    session: Session,
+    dataset_id: int,
+    *,
+    split: str | None,
+    status: str | None,
+    subject: str | None,
+    offset: int,
+    limit: int,
+) -> tuple[list[dict[str, Any]], int]:
+    """A page of samples with their ids and labels opened; an erased sample shows no ids and
+    never matches a subject filter (its key, and with it its identity, is gone)."""
+    get_dataset(session, dataset_id)
+    ring = keyring()
+    query = select(Sample).where(Sample.dataset_id == dataset_id)
+    if split:
+        query = query.where(Sample.split == split)
+    if status:
+        query = query.where(Sample.status == status)
+    if subject:
+        query = query.where(
+            Sample.subject_id == ring.token("subject", dataset_id, subject),
+            Sample.status != SampleStatus.erased,
+        )
+    total = session.scalar(select(func.count()).select_from(query.subquery())) or 0
+    rows = session.scalars(query.order_by(Sample.id).offset(offset).limit(limit)).all()
+    keys = load_keys(session, ring, [r.key_id for r in rows if r.key_id is not None])
+    return [_sample_view(r, keys.get(r.key_id) if r.key_id else None) for r in rows], total
+
+
+def _sample_view(row: Sample, key: bytes | None) -> dict[str, Any]:
+    view: dict[str, Any] = {
+        "external_id": None,
+        "subject_id": None,
+        "split": row.split,
+        "label": None,
+        "status": row.status,
+        "erased_at": row.erased_at,
+    }
+    if key is not None and row.payload is not None:
+        record = SampleRecord.decode(
+            open_sealed(key, row.payload, sample_aad(row.dataset_id, row.external_id))
+        )
+        view |= {
+            "external_id": record.external_id,
+            "subject_id": record.subject_id,
+            "label": record.label,
+        }
+    return view

@@ -1,0 +1,333 @@
+"""Accepting deletion requests: resolve, validate, commit durably, then signal the workers."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy import Row, select, update
+from sqlalchemy.orm import Session
+
+from app.crypto import keyring
+from app.db.chunks import chunked
+from app.db.tables import (
+    ApiKey,
+    DeletionRequest,
+    DeletionTask,
+    Model,
+    ModelSample,
+    ModelVersion,
+    Sample,
+    utcnow,
+)
+from app.erasure import erase_payloads
+from app.errors import APIError, conflict, not_found, unprocessable
+from app.methods import method_names
+from app.schemas import DeletionCreate
+from app.security import Role
+from app.services.datasets import get_dataset
+from app.states import ModelStatus, RequestStatus, SampleStatus, TaskStatus
+
+
+def fingerprint(body: DeletionCreate) -> str:
+    return hashlib.sha256(json.dumps(body.model_dump(), sort_keys=True).encode()).hexdigest()
+
+
+@dataclass(frozen=True)
+class Accepted:
+    request: DeletionRequest
+    tasks: list[DeletionTask] | None  # None for a replay: the stored request is the answer
+    replayed: bool
+
+    @property
+    def models(self) -> list[int]:
+        """Models to signal after the commit."""
+        return [t.model_id for t in self.tasks or []]
+
+
+def create_deletion(
+    session: Session,
+    body: DeletionCreate,
+    names: Names,
+    requester_key_id: int | None,
+    idempotency_key: str | None,
+) -> Accepted:
+    """The request (new, or the one this Idempotency-Key created before); nothing is written
+    on any error."""
+    if idempotency_key:
+        # Keys are scoped to the API key that sent them: another client's key never collides.
+        idempotency_key = f"{requester_key_id}:{idempotency_key}"
+        existing = session.scalar(
+            select(DeletionRequest).where(DeletionRequest.idempotency_key == idempotency_key)
+        )
+        if existing is not None:
+            if existing.fingerprint != fingerprint(body):
+                raise unprocessable(
+                    "idempotency_key_reused",
+                    "this Idempotency-Key was used with a different body",
+                    {"request_id": existing.id},
+                )
+            return Accepted(existing, None, replayed=True)
+    get_dataset(session, body.dataset_id)
+    if not body.sample_ids and not body.subject_ids:
+        raise unprocessable("empty_selector", "give sample_ids or subject_ids")
+    samples = _resolve(session, body, names)
+    order = {token: i for i, token in enumerate(names.samples)}  # report in the body's order
+    erased = sorted(
+        (s for s in samples if s.status == SampleStatus.erased),
+        key=lambda s: (order.get(s.external_id, len(order)), s.id),
+    )
+    pending = [s for s in samples if s.status != SampleStatus.erased]
+    affected = _affected_models(session, [s.id for s in pending])
+    _check_models(affected, body)
+
+    request = DeletionRequest(
+        dataset_id=body.dataset_id,
+        idempotency_key=idempotency_key,
+        fingerprint=fingerprint(body),
+        requester_key_id=requester_key_id,
+        selector=names.selector(),
+        sample_ids=sorted(s.id for s in pending),
+        already_erased=_erased_report(session, erased),
+        method=body.method,
+        epsilon=body.epsilon,
+        delta=body.delta,
+        status=RequestStatus.queued,
+    )
+    session.add(request)
+    session.flush()
+    tasks = [
+        DeletionTask(request_id=request.id, model_id=m.id, status=TaskStatus.queued, n_removed=0)
+        for m in affected
+    ]
+    session.add_all(tasks)
+    if pending:
+        for chunk in chunked([s.id for s in pending]):
+            session.execute(
+                update(Sample)
+                .where(Sample.id.in_(chunk), Sample.status == SampleStatus.active)
+                .values(status=SampleStatus.erasing)
+                .execution_options(synchronize_session=False)  # no Sample objects are loaded
+            )
+    if not affected:
+        erase_payloads(session, [s.id for s in pending])
+        request.status, request.finished_at = RequestStatus.done, utcnow()
+    return Accepted(request, tasks, replayed=False)
+
+
+@dataclass(frozen=True)
+class Names:
+    """The raw ids of one request body and their keyed tokens: only tokens are stored, so a
+    request row never keeps a person's identifiers (DESIGN §6, issue 11)."""
+
+    samples: dict[str, str]  # token -> raw id, in the body's order
+    subjects: dict[str, str]
+
+    @classmethod
+    def of(cls, body: DeletionCreate) -> Names:
+        ring = keyring()
+        return cls(
+            {ring.token("sample", body.dataset_id, x): x for x in dict.fromkeys(body.sample_ids)},
+            {ring.token("subject", body.dataset_id, x): x for x in dict.fromkeys(body.subject_ids)},
+        )
+
+    def selector(self) -> dict[str, list[str]]:
+        return {"sample_ids": list(self.samples), "subject_ids": list(self.subjects)}
+
+    def name(self, token: str) -> str:
+        """The raw id the client sent for `token` (it knows it), else the token itself."""
+        return self.samples.get(token) or self.subjects.get(token) or token
+
+
+# The columns a request needs of a sample (not its sealed payload): rows, not ORM objects,
+# on the request path (issue 13).
+SAMPLE_REF = (Sample.id, Sample.external_id, Sample.subject_id, Sample.status)
+MODEL_REF = (Model.id, Model.status, Model.method, Model.privacy)
+
+
+SampleRef = Row[int, str, str | None, str]
+
+
+def _resolve(session: Session, body: DeletionCreate, names: Names) -> list[SampleRef]:
+    found: dict[int, SampleRef] = {}
+    known: set[str] = set()
+    for chunk in chunked(list(names.samples)):
+        for s in session.execute(
+            select(*SAMPLE_REF).where(
+                Sample.dataset_id == body.dataset_id, Sample.external_id.in_(chunk)
+            )
+        ):
+            found[s.id] = s
+            known.add(s.external_id)
+    unknown = [raw for token, raw in names.samples.items() if token not in known]
+    seen_subjects: set[str] = set()
+    for chunk in chunked(list(names.subjects)):
+        for s in session.execute(
+            select(*SAMPLE_REF).where(
+                Sample.dataset_id == body.dataset_id, Sample.subject_id.in_(chunk)
+            )
+        ):
+            found[s.id] = s
+            if s.subject_id is not None:
+                seen_subjects.add(s.subject_id)
+    unknown_subjects = [raw for token, raw in names.subjects.items() if token not in seen_subjects]
+    if unknown or unknown_subjects:
+        n = len(unknown) + len(unknown_subjects)
+        raise APIError(
+            404,
+            "sample_not_found",
+            f"{n} unknown sample or subject id(s) in dataset {body.dataset_id}; nothing was queued",
+            {
+                "unknown_sample_ids": unknown[:1000],
+                "unknown_subject_ids": unknown_subjects[:1000],
+                "n_unknown": n,
+            },
+        )
+    return list(found.values())
+
+
+def _affected_models(session: Session, sample_ids: list[int]) -> list[Row[Any]]:
+    """Models (not failed) still holding any of these samples."""
+    model_ids: set[int] = set()
+    for chunk in chunked(sample_ids):
+        model_ids.update(
+            session.scalars(
+                select(ModelSample.model_id)
+                .distinct()
+                .where(ModelSample.sample_id.in_(chunk), ModelSample.removed_version_id.is_(None))
+            )
+        )
+    if not model_ids:
+        return []
+    models = session.execute(
+        select(*MODEL_REF)
+        .where(Model.id.in_(model_ids), Model.status != ModelStatus.failed)
+        .order_by(Model.id)
+    ).all()
+    return list(models)
+
+
+def _check_models(models: list[Row[Any]], body: DeletionCreate) -> None:
+    busy = [m.id for m in models if m.status in (ModelStatus.queued, ModelStatus.training)]
+    if busy:
+        raise conflict(
+            "model_training",
+            "a model trained on these samples is still training; retry when it is ready",
+            {"model_ids": busy},
+        )
+    if body.method is not None and body.method not in method_names():
+        raise unprocessable("unknown_method", f"unknown method {body.method!r}")
+    for m in models:
+        if body.method not in (None, "retrain", m.method.get("name")):
+            raise unprocessable(
+                "method_not_configured",
+                f"model {m.id} is configured for {m.method.get('name')!r}",
+                {"model_id": m.id},
+            )
+        policy = m.privacy
+        if body.epsilon is not None and body.epsilon > policy["epsilon"]:
+            raise unprocessable(
+                "target_looser_than_policy",
+                f"ε={body.epsilon} exceeds model {m.id}'s policy ε={policy['epsilon']}",
+                {"model_id": m.id},
+            )
+        if body.delta is not None and body.delta > policy["delta"]:
+            raise unprocessable(
+                "target_looser_than_policy",
+                f"δ={body.delta} exceeds model {m.id}'s policy δ={policy['delta']}",
+                {"model_id": m.id},
+            )
+
+
+def _erased_report(session: Session, erased: list[SampleRef]) -> list[dict[str, Any]]:
+    report = []
+    for s in erased:
+        certs = session.scalars(
+            select(ModelSample.removed_certificate_id).where(
+                ModelSample.sample_id == s.id, ModelSample.removed_certificate_id.is_not(None)
+            )
+        ).all()
+        ids = sorted({c for c in certs if c is not None})
+        report.append({"sample_id": s.external_id, "certificate_ids": ids})
+    return report
+
+
+def list_deletions(
+    session: Session, viewer: ApiKey, offset: int, limit: int
+) -> list[dict[str, Any]]:
+    """Requests, newest first: a requester's own, or every request for auditors and admins."""
+    query = select(DeletionRequest).order_by(DeletionRequest.id.desc())
+    if viewer.role == Role.requester:
+        query = query.where(DeletionRequest.requester_key_id == viewer.id)
+    rows = session.scalars(query.offset(offset).limit(limit)).all()
+    return [deletion_view(session, r) for r in rows]
+
+
+def get_deletion(
+    session: Session, request_id: int, viewer: ApiKey | None = None
+) -> DeletionRequest:
+    """The request, if `viewer` may see it: a requester sees only what its own key sent."""
+    request = session.get(DeletionRequest, request_id)
+    if request is None or (
+        viewer is not None
+        and viewer.role == Role.requester
+        and request.requester_key_id != viewer.id
+    ):
+        raise not_found("deletion", request_id)
+    return request
+
+
+def deletion_view(
+    session: Session,
+    request: DeletionRequest,
+    names: Names | None = None,
+    new_tasks: list[DeletionTask] | None = None,
+) -> dict[str, Any]:
+    """Status, per-model progress and certificates of one request. Ids show as the stored
+    tokens, except to the client that just sent them (`names`, from its own body). The tasks
+    of a request created in this session are passed in (`new_tasks`, no version yet): one
+    query less on the request path (issue 13)."""
+    name = names.name if names is not None else (lambda token: token)
+    rows: list[tuple[DeletionTask, int | None]]
+    if new_tasks is not None:
+        rows = [(t, None) for t in sorted(new_tasks, key=lambda t: t.model_id)]
+    else:
+        rows = [
+            (t, number)
+            for t, number in session.execute(
+                select(DeletionTask, ModelVersion.number)
+                .outerjoin(ModelVersion, ModelVersion.id == DeletionTask.version_id)
+                .where(DeletionTask.request_id == request.id)
+                .order_by(DeletionTask.model_id)
+            )
+        ]
+    models = [
+        {
+            "model_id": t.model_id,
+            "status": t.status,
+            "version": number,
+            "certificate_id": t.certificate_id,
+            "n_removed": t.n_removed,
+            "error": t.error,
+        }
+        for t, number in rows
+    ]
+    return {
+        "id": request.id,
+        "status": request.status,
+        "dataset_id": request.dataset_id,
+        "selector": {kind: [name(t) for t in tokens] for kind, tokens in request.selector.items()},
+        "n_samples": len(request.sample_ids),
+        "already_erased": [
+            {**entry, "sample_id": name(entry["sample_id"])} for entry in request.already_erased
+        ],
+        "models": models,
+        "certificate_ids": sorted(
+            {m["certificate_id"] for m in models if m["certificate_id"] is not None}
+        ),
+        "error": request.error,
+        "created_at": request.created_at,
+        "finished_at": request.finished_at,
+    }

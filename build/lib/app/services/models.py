@@ -1,0 +1,231 @@
+"""Creating models (a training job) and reading their versions and released weights."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from sqlalchemy import func, insert, literal, select
+from sqlalchemy.orm import Session
+
+from app.architectures import check_weights
+from app.blobstore import DatabaseBlobStore
+from app.db.tables import Model, ModelSample, ModelVersion, Sample
+from app.errors import APIError, not_found, unprocessable
+from app.methods import get_method, method_names, method_of
+from app.schemas import ModelCreate
+from app.services.datasets import get_dataset
+from app.specs import TopicHeadSpec, TopicModelSpec
+from app.states import ModelStatus, SampleStatus
+
+
+def create_model(session: Session, spec: ModelCreate) -> Model:
+    """Record the model and snapshot its training set (active train samples); status queued.
+    The method may refuse the model first (e.g. minnorm when n ≥ p): nothing is written."""
+    ds = get_dataset(session, spec.dataset_id)
+    active_train = (
+        Sample.dataset_id == ds.id,
+        Sample.split == "train",
+        Sample.status == SampleStatus.active,
+    )
+    n_train = session.scalar(select(func.count()).where(*active_train)) or 0
+    if not n_train:
+        raise unprocessable("no_training_data", "the dataset has no active training samples")
+    if isinstance(spec.architecture, TopicHeadSpec):
+        spec = spec.model_copy(update={"architecture": _head_on_base(session, spec, ds)})
+    if isinstance(spec.architecture, TopicModelSpec | TopicHeadSpec) and ds.kind != "text":
+        raise unprocessable(
+            "topic_model_needs_text",
+            f"a topic_model learns from a text corpus; dataset {ds.id} is {ds.kind}",
+        )
+    method_of(spec.method.model_dump()).check_model(
+        spec.architecture, n_train, math.prod(ds.feature_shape)
+    )
+    model = Model(
+        name=spec.name,
+        dataset_id=ds.id,
+        architecture=spec.architecture.model_dump(),
+        training=spec.training.model_dump(),
+        method=spec.method.model_dump(),
+        privacy=spec.privacy.model_dump(),
+        status=ModelStatus.queued,
+        progress={"stage": "queued"},
+    )
+    session.add(model)
+    session.flush()
+    members = select(literal(model.id), Sample.id).where(*active_train)
+    session.execute(insert(ModelSample).from_select(["model_id", "sample_id"], members))
+    return model
+
+
+def _head_on_base(session: Session, spec: ModelCreate, ds: Any) -> TopicHeadSpec:
+    """A topic head names an anchor_topics model on the same corpus; it learns A_S as that
+    model does (its topics, projection and seed are copied) and needs labels."""
+    head = spec.architecture
+    assert isinstance(head, TopicHeadSpec)
+    base = session.get(Model, head.base_model)
+    if base is None or base.method.get("name") != "anchor_topics":
+        raise unprocessable(
+            "base_model_not_a_topic_model",
+            f"base_model {head.base_model} is not an anchor_topics model",
+        )
+    if base.dataset_id != ds.id:
+        raise unprocessable(
+            "base_model_on_another_corpus",
+            f"the head's dataset ({ds.id}) must be the base model's corpus ({base.dataset_id}): "
+            "a removed document leaves both",
+        )
+    if ds.n_classes < 2:
+        raise unprocessable("labels_needed", f"dataset {ds.id} has no labels for a head")
+    arch = base.architecture
+    return head.model_copy(
+        update={
+            "topics": arch["topics"],
+            "projection_dim": arch.get("projection_dim"),
+            "seed": arch.get("seed", 0),
+        }
+    )
+
+
+def get_model(session: Session, model_id: int) -> Model:
+    model = session.get(Model, model_id)
+    if model is None:
+        raise not_found("model", model_id)
+    return model
+
+
+FORGET_SET_METRICS = frozenset({"forget_accuracy", "mia_auc"})
+
+
+def without_forget_set(metrics: Any) -> Any:
+    """Metrics minus those computed on the forget set: on a handful of samples they reveal
+    who was removed (issue 11), so only admins and auditors see them."""
+    if isinstance(metrics, dict):
+        return {k: without_forget_set(v) for k, v in metrics.items() if k not in FORGET_SET_METRICS}
+    return metrics
+
+
+def version_view(
+    version: ModelVersion, parent_number: int | None, forget_metrics: bool = False
+) -> dict[str, Any]:
+    """A version; `forget_metrics` (admins, auditors) keeps the forget-set metrics."""
+    return {
+        "number": version.number,
+        "parent": parent_number,
+        "kind": version.kind,
+        "weights_sha256": version.weights_sha256,
+        "weights_size": version.weights_size,
+        "weights_available": version.weights_key is not None and version.erased_at is None,
+        "metrics": version.metrics if forget_metrics else without_forget_set(version.metrics),
+        "n_train": version.n_train,
+        "created_at": version.created_at,
+        "erased_at": version.erased_at,
+    }
+
+
+def list_versions(
+    session: Session, model_id: int, forget_metrics: bool = False
+) -> list[dict[str, Any]]:
+    get_model(session, model_id)
+    versions = session.scalars(
+        select(ModelVersion).where(ModelVersion.model_id == model_id).order_by(ModelVersion.number)
+    ).all()
+    numbers = {v.id: v.number for v in versions}
+    return [
+        version_view(v, numbers[v.parent_id] if v.parent_id is not None else None, forget_metrics)
+        for v in versions
+    ]
+
+
+def model_view(session: Session, model: Model, forget_metrics: bool = False) -> dict[str, Any]:
+    current = (
+        session.get(ModelVersion, model.current_version_id) if model.current_version_id else None
+    )
+    parent = session.get(ModelVersion, current.parent_id) if current and current.parent_id else None
+    n_train = (
+        session.scalar(
+            select(func.count()).where(
+                ModelSample.model_id == model.id, ModelSample.removed_version_id.is_(None)
+            )
+        )
+        or 0
+    )
+    fields = (
+        "id",
+        "name",
+        "dataset_id",
+        "status",
+        "progress",
+        "error",
+        "architecture",
+        "training",
+        "method",
+        "privacy",
+        "created_at",
+    )
+    return {
+        **{f: getattr(model, f) for f in fields},
+        "n_train": n_train,
+        "current_version": version_view(current, parent.number if parent else None, forget_metrics)
+        if current
+        else None,
+    }
+
+
+def get_version(session: Session, model_id: int, number: int | None) -> ModelVersion:
+    """The numbered version, or the current one when `number` is None."""
+    model = get_model(session, model_id)
+    if number is None:
+        if model.current_version_id is None:
+            raise APIError(
+                409,
+                "no_version_yet",
+                f"model {model_id} has no version yet (status {model.status})",
+            )
+        current = session.get(ModelVersion, model.current_version_id)
+        assert current is not None
+        return current
+    version = session.scalar(
+        select(ModelVersion).where(ModelVersion.model_id == model_id, ModelVersion.number == number)
+    )
+    if version is None:
+        raise not_found("version", number, model_id=model_id)
+    return version
+
+
+def released_weights(session: Session, version: ModelVersion) -> bytes:
+    """The safetensors bytes users may download; 410 once the version was purged."""
+    if version.erased_at is not None or version.weights_key is None:
+        raise APIError(
+            410,
+            "weights_erased",
+            f"version {version.number} was trained on erased data; its weights "
+            "are purged (metadata and hashes stay for the audit)",
+            {"erased_at": version.erased_at, "sha256": version.weights_sha256},
+        )
+    data = DatabaseBlobStore(session).get(version.weights_key)
+    if data is None:
+        raise APIError(410, "weights_erased", f"version {version.number} has no weights")
+    return data
+
+
+def import_model(session: Session, spec: ModelCreate, weights: bytes) -> Model:
+    """A model trained elsewhere: its weights are checked against the architecture now and
+    loaded by the worker (status queued → ready). Only methods that need nothing recorded
+    during training can serve it."""
+    if get_method(spec.method.name).records_training:
+        usable = [n for n in method_names() if not get_method(n).records_training]
+        raise unprocessable(
+            "method_needs_training",
+            f"{spec.method.name!r} needs Lethe to record or constrain training; "
+            "an imported model can use: " + ", ".join(usable),
+        )
+    ds = get_dataset(session, spec.dataset_id)
+    check_weights(
+        weights, spec.architecture.model_dump(), int(math.prod(ds.feature_shape)), ds.n_classes
+    )
+    model = create_model(session, spec)
+    key, digest = DatabaseBlobStore(session).put(weights, f"model-{model.id}/import")
+    model.training = {**model.training, "imported": {"blob": key, "sha256": digest}}
+    model.progress = {"stage": "importing"}
+    return model

@@ -1,0 +1,120 @@
+"""Privacy views that need the database: a model's lineage history and the release preview."""
+
+from __future__ import annotations
+
+import math
+from math import prod
+from typing import Any
+
+from sqlalchemy.orm import Session
+
+from app.audit import certificate_documents, release_documents
+from app.db.tables import Dataset, Model, ModelVersion
+from app.errors import unprocessable
+from app.methods import method_of
+from app.privacy.lineage import LineageBudget, LineageEvent, admit, history_from_certificates
+from app.privacy.validate import PrivacyParameterError
+from app.services.models import get_model
+from app.specs import policy_of
+
+
+def lineage_history(session: Session, model_id: int) -> list[LineageEvent]:
+    """Every noisy release since the model's last exact retrain, from the audit log."""
+    return history_from_certificates(release_documents(session, model_id))
+
+
+def preview(
+    session: Session, model_id: int, epsilon: float | None, delta: float | None
+) -> dict[str, Any]:
+    """σ, feasibility and lineage cost of the model's next release, before any request."""
+    model = get_model(session, model_id)
+    policy = policy_of(model.privacy)
+    eps = policy.epsilon if epsilon is None else epsilon
+    dlt = policy.delta if delta is None else delta
+    try:
+        plan = method_of(model.method).plan(eps, dlt)
+    except PrivacyParameterError as exc:
+        raise unprocessable("invalid_privacy_target", str(exc)) from exc
+    if eps > policy.epsilon or dlt > policy.delta:
+        raise unprocessable(
+            "target_looser_than_policy",
+            f"(ε={eps:g}, δ={dlt:g}) is looser than model {model_id}'s policy "
+            f"(ε={policy.epsilon:g}, δ={policy.delta:g})",
+        )
+    documents = certificate_documents(session, model_id)
+    history = history_from_certificates(documents)
+    budget = LineageBudget(policy.lineage_epsilon, policy.lineage_delta)
+    admission = admit(budget, history, plan.event)
+    after = admission.after if plan.event is not None else admission.spent
+    return {
+        "model_id": model_id,
+        "method": plan.method,
+        "guarantee": plan.guarantee,
+        "target": {"epsilon": eps, "delta": dlt},
+        "sigma": plan.sigma,
+        "sensitivity": plan.sensitivity,
+        "noise_multiplier": plan.noise_multiplier,
+        "feasible": plan.feasible,
+        "reason": plan.reason,
+        "constants": plan.constants,
+        "lineage": {
+            "budget_epsilon": policy.lineage_epsilon,
+            "budget_delta": policy.lineage_delta,
+            "releases_since_reset": len(history),
+            "spent_epsilon": admission.spent.epsilon,
+            "epsilon_after_release": after.epsilon,
+            "budget_used_by_release": after.epsilon - admission.spent.epsilon,
+            "accountant": after.accountant,
+        },
+        "would_retrain_exactly": plan.feasible is False or not admission.admitted,
+        "deletion_capacity": _capacity_view(session, model),
+        "shift": _shift_view(session, model, plan.sigma, documents),
+    }
+
+
+def _capacity_view(session: Session, model: Model) -> dict[str, Any] | None:
+    """For a method with a deletion capacity (anchor_topics): documents removed since the last
+    training against the capacity the current version was released under."""
+    if model.current_version_id is None:
+        return None
+    version = session.get(ModelVersion, model.current_version_id)
+    limit = (version.metrics or {}).get("deletion_capacity") if version else None
+    if not limit or version is None:
+        return None
+    used = int(version.metrics.get("removed_documents_cumulative", 0))
+    return {
+        "capacity_documents": limit["documents"],
+        "terms": limit,
+        "removed_since_training": used,
+        "left": max(0.0, limit["documents"] - used),
+        "then": "past the capacity Lethe retrains exactly and the count restarts at 0",
+    }
+
+
+def _shift_view(
+    session: Session, model: Model, sigma: float, documents: list[dict[str, Any]]
+) -> dict[str, Any] | None:
+    """For a measured-shift method (convex_head): the expected noise norm σ·√d against the
+    current ‖w‖, and what the last requests measured of β (s/β, newest last)."""
+    if method_of(model.method).name != "convex_head" or model.current_version_id is None:
+        return None
+    version = session.get(ModelVersion, model.current_version_id)
+    dataset = session.get(Dataset, model.dataset_id)
+    assert version is not None and dataset is not None
+    d = dataset.n_classes * (prod(dataset.feature_shape) + 1)
+    recent = [
+        {
+            "request_id": doc.get("request_id"),
+            "n_removed": doc.get("n_removed"),
+            "s": doc["constants"]["s"]["value"],
+            "s_over_beta": doc["constants"]["s"]["value"] / doc["constants"]["beta"]["value"],
+        }
+        for doc in documents
+        if "s" in doc.get("constants", {}) and "beta" in doc.get("constants", {})
+    ][-10:]
+    return {
+        "expected_noise_norm": sigma * math.sqrt(d),
+        "weight_norm": version.metrics.get("weight_norm"),
+        "parameters": d,
+        "recent": recent,
+    }

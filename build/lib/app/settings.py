@@ -1,0 +1,133 @@
+"""Service configuration, read from LETHE_* environment variables (pydantic-settings)."""
+
+from functools import lru_cache
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field, SecretStr, model_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+class Settings(BaseSettings):
+    """All knobs of a Lethe deployment. No Redis URL means the embedded inline worker."""
+
+    model_config = SettingsConfigDict(env_prefix="LETHE_", env_file=".env", extra="ignore")
+
+    data_dir: Path = Field(Path(".lethe"), description="Where the embedded SQLite file lives.")
+    database_url: str | None = Field(
+        None, description="SQLAlchemy URL; default sqlite:///<data_dir>/lethe.db"
+    )
+    redis_url: str | None = Field(None, description="Redis URL; unset = embedded inline worker.")
+    queue_name: str = "lethe"
+    max_upload_bytes: int = Field(64 * 1024 * 1024, description="Largest accepted upload.")
+    max_dataset_samples: int = 2_000_000
+    max_json_bytes: int = Field(
+        8 * 1024 * 1024,
+        description="Largest request body on every route but the uploads, counted while it "
+        "streams (chunked bodies too); room for a deletion of 100,000 ids of ~80 characters.",
+    )
+    max_features_per_sample: int = Field(
+        65_536, description="Most features per sample (the product of X.shape[1:])."
+    )
+    max_dataset_cells: int = Field(
+        100_000_000,
+        description="Most samples x features in one dataset (npz, CSV, synthetic); bounds "
+        "the memory a dataset costs to parse.",
+    )
+    max_npz_bytes: int = Field(
+        1024 * 1024 * 1024,
+        description="Most uncompressed bytes read from the arrays of one uploaded .npz.",
+    )
+    lease_seconds: float = Field(60.0, description="A worker's claim on a model expires after.")
+    heartbeat_seconds: float = 10.0
+    reconcile_seconds: float = Field(5.0, description="Reconciler period.")
+    max_batch_requests: int = Field(256, description="Most deletion requests applied at once.")
+    job_timeout_seconds: int = 3600
+    signal_ttl_seconds: int = Field(
+        60, ge=1, description="A waiting queue signal de-duplicates others this long at most."
+    )
+    job_retries: int = Field(
+        3, ge=0, le=20, description="retries of a failed update before its requests fail"
+    )
+    retry_backoff_seconds: list[int] = Field(
+        [2, 10, 30], description="wait before retry k (the last repeats); kept in the database"
+    )
+    worker_metrics_port: int | None = Field(
+        None, ge=1, le=65535, description="`lethe worker` serves its Prometheus metrics here"
+    )
+    pause_dir: Path | None = Field(
+        None, description="tests only: folder of named pause points (workers/pause.py)"
+    )
+    pause_at: list[str] = Field([], description="tests only: the pause points that hold")
+    master_key: SecretStr | None = Field(
+        None, description="base64 of 32 bytes: wraps every data key (crypto-shredding)"
+    )
+    master_key_file: Path | None = Field(
+        None, description="file holding the master key; default <data_dir>/master.key"
+    )
+    erasure_compaction: bool = Field(
+        True, description="after an erasure, compact the key table (VACUUM FULL / checkpoint)"
+    )
+    key_cache_seconds: float = Field(
+        2.0,
+        ge=0,
+        le=60,
+        description="How long the API remembers a verified key; a revocation in another API "
+        "process takes effect within this (0: look every key up).",
+    )
+    weights_cache_bytes: int = Field(
+        256 * 1024 * 1024, ge=0, description="Memory for released weights served by the API."
+    )
+    torch_threads: int = 0
+    device: Literal["auto", "cpu", "cuda"] = Field(
+        "auto",
+        description="Where workers compute (models, data, per-sample statistics): auto = the "
+        "GPU when torch sees one, else the CPU; cuda = a GPU or the worker refuses to start.",
+    )
+    bootstrap_admin_key: bool = Field(True, description="Create an admin key on first start.")
+    metrics_access: Literal["key", "token", "public", "off"] = Field(
+        "key",
+        description="Who may read /metrics: key = an admin or auditor API key as Bearer; "
+        "token = `Authorization: Bearer <LETHE_METRICS_TOKEN>` (for a Prometheus scraper); "
+        "public = anyone; off = 404.",
+    )
+    metrics_token: SecretStr | None = Field(
+        None, description="The scraper's bearer token when metrics_access is 'token'."
+    )
+
+    @model_validator(mode="after")
+    def _metrics_token_given(self) -> "Settings":
+        token = self.metrics_token.get_secret_value().strip() if self.metrics_token else ""
+        if self.metrics_access == "token" and len(token) < 16:
+            raise ValueError(
+                "LETHE_METRICS_ACCESS=token needs LETHE_METRICS_TOKEN (at least 16 characters)"
+            )
+        return self
+
+    @property
+    def resolved_database_url(self) -> str:
+        if self.database_url:
+            return self.database_url
+        return f"sqlite:///{(self.data_dir / 'lethe.db').resolve()}"
+
+    @property
+    def embedded(self) -> bool:
+        return not self.redis_url
+
+
+_override: Settings | None = None
+
+
+def use_settings(settings: Settings) -> None:
+    """Make `settings` the process-wide configuration (the app factory and tests call this)."""
+    global _override
+    _override = settings
+
+
+@lru_cache
+def _from_environment() -> Settings:
+    return Settings()
+
+
+def get_settings() -> Settings:
+    return _override or _from_environment()

@@ -1,0 +1,54 @@
+"""Every state a row can be in, as StrEnums: the database stores their string values."""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+
+class ModelStatus(StrEnum):
+    queued = "queued"
+    training = "training"
+    ready = "ready"
+    failed = "failed"
+
+
+class TaskStatus(StrEnum):
+    """One deletion request's work on one model."""
+
+    queued = "queued"
+    running = "running"
+    done = "done"
+    failed = "failed"
+
+
+class RequestStatus(StrEnum):
+    queued = "queued"
+    running = "running"
+    done = "done"
+    failed = "failed"
+
+
+class SampleStatus(StrEnum):
+    active = "active"
+    erasing = "erasing"
+    erased = "erased"
+
+
+class VersionKind(StrEnum):
+    trained = "trained"
+    imported = "imported"
+    unlearned = "unlearned"
+    retrained = "retrained"
+
+
+class Guarantee(StrEnum):
+    """What a certificate promises (DESIGN §7): exact (ε = δ = 0), rigorous (no unverifiable
+    constant), conditional (declared or estimated constants), none (a heuristic)."""
+
+    exact = "exact"
+    rigorous = "rigorous"
+    conditional = "conditional"
+    none = "none"
+
+
+FINISHED_REQUEST = frozenset({RequestStatus.done, RequestStatus.failed})

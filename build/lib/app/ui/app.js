@@ -1,0 +1,301 @@
+// Lethe's dashboard: plain JavaScript on the JSON API, no third-party code. The API key
+// lives in sessionStorage (this tab only) and goes out as a Bearer header; every value from
+// the API is inserted as text (never as HTML). Charts are SVG built here: each point is a
+// <circle class="point" data-x data-y>, so a test can read back what was drawn.
+"use strict";
+
+const KEY = "lethe.key";
+const LIVE_MS = 2000;
+let timer = null;
+
+function el(tag, attrs = {}, ...children) {
+  const svg = ["svg", "line", "polyline", "circle", "text", "rect", "g"].includes(tag);
+  const node = svg ? document.createElementNS("http://www.w3.org/2000/svg", tag)
+                   : document.createElement(tag);
+  for (const [k, v] of Object.entries(attrs)) {
+    if (v === null || v === undefined) continue;
+    if (k === "onclick" || k === "onsubmit") node.addEventListener(k.slice(2), v);
+    else node.setAttribute(k, String(v));
+  }
+  for (const child of children.flat()) {
+    if (child === null || child === undefined) continue;
+    node.append(child instanceof Node ? child : document.createTextNode(String(child)));
+  }
+  return node;
+}
+
+async function api(path) {
+  const response = await fetch(path, {
+    headers: { Authorization: `Bearer ${sessionStorage.getItem(KEY) || ""}` },
+  });
+  let body = null;
+  try { body = await response.json(); } catch (_) { body = null; }
+  return { status: response.status, ok: response.ok, body };
+}
+
+function errorText(result) {
+  const e = result.body && result.body.error;
+  return e ? `${result.status} ${e.code}: ${e.message}` : `HTTP ${result.status}`;
+}
+
+function fmt(x, digits = 3) {
+  if (x === null || x === undefined) return "—";
+  return typeof x === "number" ? Number(x.toPrecision(digits)).toString() : String(x);
+}
+
+function status(s) { return el("span", { class: `status ${s}` }, s); }
+
+// ---- charts ---------------------------------------------------------------------------------
+
+function lineChart(id, points, { yLabel, xLabel = "version", yMin = null, yMax = null }) {
+  const W = 460, H = 220, L = 48, R = 12, T = 12, B = 36;
+  const svg = el("svg", { class: "chart", id, width: W, height: H, viewBox: `0 0 ${W} ${H}`,
+                          role: "img", "aria-label": `${yLabel} by ${xLabel}` });
+  if (points.length === 0) {
+    svg.append(el("text", { x: W / 2 - 40, y: H / 2 }, "no data yet"));
+    return svg;
+  }
+  const xs = points.map(p => p.x), ys = points.map(p => p.y);
+  const x0 = Math.min(...xs), x1 = Math.max(...xs);
+  const y0 = yMin ?? Math.min(...ys);
+  let y1 = yMax ?? Math.max(...ys);
+  if (y1 === y0) y1 = y0 + (Math.abs(y0) || 1);  // a flat series sits on its own value
+  const sx = x => L + (x1 === x0 ? (W - L - R) / 2 : (x - x0) / (x1 - x0) * (W - L - R));
+  const sy = y => H - B - (y1 === y0 ? (H - T - B) / 2 : (y - y0) / (y1 - y0) * (H - T - B));
+  svg.append(el("line", { class: "axis", x1: L, y1: H - B, x2: W - R, y2: H - B }));
+  svg.append(el("line", { class: "axis", x1: L, y1: T, x2: L, y2: H - B }));
+  svg.append(el("text", { x: 4, y: T + 8 }, fmt(y1)));
+  svg.append(el("text", { x: 4, y: H - B }, fmt(y0)));
+  svg.append(el("text", { x: L, y: H - 8 }, `${xLabel} ${x0}`));
+  svg.append(el("text", { x: W - R - 60, y: H - 8 }, `${xLabel} ${x1}`));
+  svg.append(el("text", { x: L + 8, y: T + 8 }, yLabel));
+  svg.append(el("polyline", { class: "line",
+                              points: points.map(p => `${sx(p.x)},${sy(p.y)}`).join(" ") }));
+  for (const p of points) {
+    svg.append(el("circle", { class: "point", cx: sx(p.x), cy: sy(p.y), r: 4,
+                              "data-x": p.x, "data-y": p.y },
+                  el("title", {}, `${xLabel} ${p.x}: ${fmt(p.y, 4)}`)));
+  }
+  return svg;
+}
+
+function timeline(id, requests) {
+  const W = 700, rowH = 16, L = 70, R = 10;
+  const items = requests.filter(r => r.created_at);
+  const H = Math.max(40, items.length * rowH + 30);
+  const svg = el("svg", { class: "chart", id, width: W, height: H, viewBox: `0 0 ${W} ${H}`,
+                          role: "img", "aria-label": "deletion requests over time" });
+  if (items.length === 0) { svg.append(el("text", { x: 20, y: 24 }, "no requests")); return svg; }
+  const now = Date.now();
+  const t = r => [Date.parse(r.created_at), r.finished_at ? Date.parse(r.finished_at) : now];
+  const t0 = Math.min(...items.map(r => t(r)[0])), t1 = Math.max(...items.map(r => t(r)[1]));
+  const sx = v => L + (t1 === t0 ? 0 : (v - t0) / (t1 - t0) * (W - L - R));
+  items.forEach((r, i) => {
+    const [a, b] = t(r), y = 10 + i * rowH;
+    svg.append(el("text", { x: 4, y: y + 10 }, `#${r.id}`));
+    svg.append(el("rect", { class: "span", x: sx(a), y, height: rowH - 4,
+                            width: Math.max(2, sx(b) - sx(a)), "data-id": r.id,
+                            "data-status": r.status },
+                  el("title", {}, `request ${r.id}: ${r.status}`)));
+  });
+  svg.append(el("text", { x: L, y: H - 4 }, `${((t1 - t0) / 1000).toFixed(1)} s shown`));
+  return svg;
+}
+
+// ---- pages ----------------------------------------------------------------------------------
+
+function signIn(message) {
+  const input = el("input", { id: "key", type: "password", placeholder: "lethe_…",
+                              autocomplete: "off", "aria-label": "API key" });
+  const form = el("form", { class: "signin", onsubmit: async ev => {
+    ev.preventDefault();
+    sessionStorage.setItem(KEY, input.value.trim());
+    const me = await api("/v1/keys/me");
+    if (!me.ok) { sessionStorage.removeItem(KEY); return render(errorText(me)); }
+    sessionStorage.setItem("lethe.role", me.body.role);
+    location.hash = "#/models";
+    render();
+  } }, input, el("button", { type: "submit", id: "signin" }, "Sign in"));
+  return [el("h1", {}, "Sign in with an API key"), form,
+          message ? el("p", { class: "error", id: "signin-error" }, message) : null];
+}
+
+async function modelsPage() {
+  const models = await api("/v1/models");
+  if (!models.ok) return [el("p", { class: "error" }, errorText(models))];
+  const rows = [];
+  for (const m of models.body) {
+    const preview = m.current_version ? await api(`/v1/privacy/preview?model=${m.id}`) : null;
+    const lineage = preview && preview.ok ? preview.body.lineage : null;
+    const used = lineage ? lineage.spent_epsilon / lineage.budget_epsilon : 0;
+    const bar = lineage
+      ? el("span", {}, el("span", { class: `bar${used > 1 ? " over" : ""}`, "data-spent": lineage.spent_epsilon,
+                                    "data-budget": lineage.budget_epsilon },
+                          el("span", { style: `width:${Math.min(100, used * 100)}%` })),
+           ` ${fmt(lineage.spent_epsilon)} / ${fmt(lineage.budget_epsilon)}`)
+      : "—";
+    const progress = m.status === "training" && m.progress.epoch
+      ? ` epoch ${m.progress.epoch} of ${m.progress.epochs}` : "";
+    rows.push(el("tr", { "data-model": m.id },
+      el("td", {}, el("a", { href: `#/models/${m.id}` }, `${m.id} ${m.name}`)),
+      el("td", {}, status(m.status), progress),
+      el("td", {}, m.method.name),
+      el("td", {}, preview && preview.ok ? preview.body.guarantee : "—"),
+      el("td", {}, m.current_version ? `v${m.current_version.number}` : "—"),
+      el("td", {}, bar)));
+  }
+  const live = models.body.some(m => m.status === "queued" || m.status === "training");
+  return { live, nodes: [el("h1", {}, "Models"),
+    el("table", { id: "models" },
+       el("tr", {}, ...["model", "status", "method", "guarantee", "version",
+                        "lineage ε spent / budget"].map(h => el("th", {}, h))),
+       rows)] };
+}
+
+async function modelPage(id) {
+  const [model, versions, preview] = await Promise.all([
+    api(`/v1/models/${id}`), api(`/v1/models/${id}/versions`),
+    api(`/v1/privacy/preview?model=${id}`)]);
+  if (!model.ok) return [el("p", { class: "error" }, errorText(model))];
+  const m = model.body;
+  const nodes = [el("h1", {}, `Model ${m.id}: ${m.name} `, status(m.status))];
+  nodes.push(el("p", {}, `${m.architecture.type} · method ${m.method.name} · dataset ${m.dataset_id}`
+                 + ` · ${m.n_train} training samples`));
+  const vs = versions.ok ? versions.body : [];
+  nodes.push(el("h2", {}, "Version chain"));
+  nodes.push(el("table", { id: "versions" },
+    el("tr", {}, ...["version", "parent", "kind", "test accuracy", "samples", "sha256",
+                     "weights"].map(h => el("th", {}, h))),
+    vs.map(v => el("tr", { "data-version": v.number },
+      el("td", {}, `v${v.number}`), el("td", {}, v.parent ? `v${v.parent}` : "—"),
+      el("td", {}, v.kind), el("td", {}, fmt(v.metrics.test_accuracy)), el("td", {}, v.n_train),
+      el("td", {}, el("code", {}, v.weights_sha256.slice(0, 12))),
+      el("td", {}, v.weights_available ? "available" : "purged")))));
+  const accuracy = vs.filter(v => typeof v.metrics.test_accuracy === "number")
+                     .map(v => ({ x: v.number, y: v.metrics.test_accuracy }));
+  const certificates = await api(`/v1/audit/certificates?model=${id}&limit=1000`);
+  const charts = el("div", { class: "charts" },
+    lineChart("plot-accuracy", accuracy, { yLabel: "test accuracy" }));
+  nodes.push(el("h2", {}, "Test accuracy and cumulative ε by version"), charts);
+  if (certificates.ok) {
+    const byVersion = new Map();
+    for (const c of certificates.body.items) {
+      if (typeof c.cumulative_epsilon === "number") byVersion.set(c.to_version, c.cumulative_epsilon);
+    }
+    const eps = [...byVersion.entries()].map(([x, y]) => ({ x, y })).sort((a, b) => a.x - b.x);
+    charts.append(lineChart("plot-epsilon", eps, { yLabel: "cumulative ε", yMin: 0 }));
+    nodes.push(el("h2", {}, "Certificates"));
+    nodes.push(el("table", { id: "certificates" },
+      el("tr", {}, ...["id", "request", "versions", "guarantee", "ε", "δ", "sentence"]
+                       .map(h => el("th", {}, h))),
+      certificates.body.items.map(c => el("tr", { "data-certificate": c.id },
+        el("td", {}, c.id), el("td", {}, c.request_id),
+        el("td", {}, `v${c.from_version} → v${c.to_version}`), el("td", {}, c.guarantee),
+        el("td", {}, fmt(c.epsilon)), el("td", {}, fmt(c.delta)),
+        el("td", { class: "sentence" }, c.sentence)))));
+  } else {
+    nodes.push(el("p", { class: "notice", id: "certificates-hidden" },
+      `Certificates and the cumulative ε need an auditor or admin key (${errorText(certificates)}).`));
+  }
+  nodes.push(el("h2", {}, "Next release"));
+  if (preview.ok) {
+    const p = preview.body;
+    nodes.push(el("div", { class: "card", id: "preview" },
+      el("p", {}, `${p.method} · guarantee ${p.guarantee} · σ ${fmt(p.sigma)} · target ε ${p.target.epsilon}, δ ${p.target.delta}`),
+      el("p", {}, p.would_retrain_exactly ? "The next request would retrain exactly." : "The next request would be released by the method."),
+      el("p", {}, `Lineage: ${fmt(p.lineage.spent_epsilon)} of ε ${p.lineage.budget_epsilon} spent; after the release ${fmt(p.lineage.epsilon_after_release)}.`),
+      p.reason ? el("p", { class: "notice" }, p.reason) : null));
+  } else {
+    nodes.push(el("p", { class: "notice" }, errorText(preview)));
+  }
+  return { live: m.status === "queued" || m.status === "training", nodes };
+}
+
+async function deletionsPage() {
+  const list = await api("/v1/deletions?limit=200");
+  if (!list.ok) {
+    return [el("h1", {}, "Deletion requests"),
+            el("p", { class: "notice", id: "deletions-hidden" },
+               `Deletion requests need a requester, auditor or admin key (${errorText(list)}).`)];
+  }
+  const items = list.body.items;
+  const live = items.some(r => r.status !== "done" && r.status !== "failed");
+  return { live, nodes: [el("h1", {}, "Deletion requests"),
+    timeline("timeline", items),
+    el("table", { id: "deletions" },
+      el("tr", {}, ...["request", "status", "samples", "per model", "certificates", "created",
+                       "finished"].map(h => el("th", {}, h))),
+      items.map(r => el("tr", { "data-request": r.id },
+        el("td", {}, `#${r.id}`), el("td", {}, status(r.status)), el("td", {}, r.n_samples),
+        el("td", {}, r.models.map(m => el("div", {}, `model ${m.model_id}: `, status(m.status),
+                                            m.version ? ` → v${m.version}` : ""))),
+        el("td", {}, r.certificate_ids.join(", ") || "—"),
+        el("td", {}, new Date(r.created_at).toLocaleTimeString()),
+        el("td", {}, r.finished_at ? new Date(r.finished_at).toLocaleTimeString() : "—"))))] };
+}
+
+async function auditPage() {
+  const verify = await api("/v1/audit/verify");
+  if (!verify.ok) {
+    return [el("h1", {}, "Audit"),
+            el("p", { class: "notice", id: "audit-hidden" },
+               `The audit log needs an auditor or admin key (${errorText(verify)}).`)];
+  }
+  const v = verify.body;
+  const download = el("button", { id: "export", onclick: async () => {
+    const response = await fetch("/v1/audit/export", {
+      headers: { Authorization: `Bearer ${sessionStorage.getItem(KEY)}` } });
+    const url = URL.createObjectURL(await response.blob());
+    const a = el("a", { href: url, download: "lethe-audit.jsonl" });
+    document.body.append(a); a.click(); a.remove();
+  } }, "Export the log (JSON Lines)");
+  return [el("h1", {}, "Audit"),
+    el("div", { class: "card", id: "verify", "data-ok": v.ok, "data-checked": v.checked },
+      el("p", {}, v.ok ? `The hash chain verifies: ${v.checked} certificates checked.`
+                       : `The chain breaks at certificate ${v.first_bad.id}: ${v.first_bad.reason}`),
+      v.head ? el("p", {}, "Head: ", el("code", {}, v.head)) : null),
+    download,
+    el("p", { class: "notice" }, "Check an export offline with scripts/verify_audit.py.")];
+}
+
+// ---- routing --------------------------------------------------------------------------------
+
+function navigation(role) {
+  const here = location.hash || "#/models";
+  const links = [["#/models", "Models"], ["#/deletions", "Deletions"]];
+  if (role === "admin" || role === "auditor") links.push(["#/audit", "Audit"]);
+  const nav = document.getElementById("nav");
+  nav.replaceChildren(...links.map(([href, text]) =>
+    el("a", { href, class: here.startsWith(href) ? "active" : null }, text)));
+  document.getElementById("who").replaceChildren(
+    `signed in as ${role} `,
+    el("a", { href: "#/", id: "signout", onclick: () => {
+      sessionStorage.clear(); render(); } }, "sign out"));
+}
+
+async function render(message) {
+  clearTimeout(timer);
+  const main = document.getElementById("main");
+  const role = sessionStorage.getItem("lethe.role");
+  if (!sessionStorage.getItem(KEY) || !role) {
+    document.getElementById("nav").replaceChildren();
+    document.getElementById("who").replaceChildren();
+    main.replaceChildren(...signIn(message));
+    return;
+  }
+  navigation(role);
+  const hash = location.hash || "#/models";
+  const model = hash.match(/^#\/models\/(\d+)$/);
+  let page;
+  if (model) page = await modelPage(model[1]);
+  else if (hash === "#/deletions") page = await deletionsPage();
+  else if (hash === "#/audit") page = await auditPage();
+  else page = await modelsPage();
+  const nodes = Array.isArray(page) ? page : page.nodes;
+  main.replaceChildren(...nodes);
+  main.setAttribute("data-rendered", String(Date.now()));
+  if (!Array.isArray(page) && page.live) timer = setTimeout(() => render(), LIVE_MS);
+}
+
+window.addEventListener("hashchange", () => render());
+window.addEventListener("DOMContentLoaded", () => render());

@@ -1,0 +1,1 @@
+"""Compute side of Lethe: training, unlearning methods and the jobs that run them (torch)."""

@@ -1,0 +1,108 @@
+"""The one function that turns an update's decision into a certificate's fields (DESIGN §6–7)."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from app.privacy import DP_ACCOUNTING_VERSION
+from app.privacy.lineage import event_to_json
+from app.specs import PrivacyPolicy
+from app.states import Guarantee
+from workers.methods.base import CertificateFields, PrivacyTarget
+from workers.updates import Decision, Fallback
+
+
+@dataclass(frozen=True)
+class CertificateContext:
+    """Where a certificate sits: the request, the versions and what was removed."""
+
+    request_id: int
+    model_id: int
+    from_version: int
+    to_version: int
+    release_sha256: str
+    n_removed: int
+    n_removed_in_update: int
+    coalesced_requests: list[int]
+    removed_ids_salt: str
+    removed_ids_sha256: str
+
+
+def certificate_fields(
+    decision: Decision, policy: PrivacyPolicy, target: PrivacyTarget, ctx: CertificateContext
+) -> dict[str, Any]:
+    """Every field of one request's certificate, every number checked finite."""
+    cert = decision.release.certificate
+    admission = decision.admission
+    spend = admission.after if admission is not None else None
+    noisy = spend is not None and spend.releases > 0
+    sentence = cert.sentence
+    if spend is not None and noisy:
+        sentence += (
+            f" Since its last exact retrain this model has made {spend.releases} "
+            f"noisy release(s), together (ε={spend.epsilon:.4g}, δ={spend.delta:.3g}) "
+            f"of its lineage budget ε={policy.lineage_epsilon:g}."
+        )
+    fallback_reason = decision.reason if isinstance(decision, Fallback) else None
+    if fallback_reason:
+        sentence += f" Exact retraining was used because {fallback_reason}."
+    event = decision.release.event
+    return {
+        "request_id": ctx.request_id,
+        "model_id": ctx.model_id,
+        "from_version": ctx.from_version,
+        "to_version": ctx.to_version,
+        "method": decision.method,
+        "guarantee": str(cert.guarantee),
+        "epsilon": _claim(cert.epsilon),
+        "delta": _claim(cert.delta),
+        "sigma": _finite(cert.sigma),
+        "sensitivity": _finite(cert.sensitivity),
+        "accountant": cert.accountant,
+        "accountant_versions": {
+            "dp-accounting": DP_ACCOUNTING_VERSION,
+            "lineage": spend.accountant if spend is not None else None,
+        },
+        "constants": {
+            k: {"value": _finite(v.value), "source": v.source, "meaning": v.meaning}
+            for k, v in cert.constants.items()
+        },
+        "cumulative_epsilon": _cumulative(cert, spend.epsilon if spend and noisy else 0.0),
+        "cumulative_delta": _cumulative(cert, spend.delta if spend and noisy else 0.0),
+        "lineage": {
+            "releases_since_reset": spend.releases if spend is not None else 0,
+            "budget_epsilon": policy.lineage_epsilon,
+            "budget_delta": policy.lineage_delta,
+        },
+        "lineage_reset": cert.resets_lineage,
+        "lineage_event": event_to_json(event) if event is not None else None,
+        "fallback_reason": fallback_reason,
+        "target": {"epsilon": target.epsilon, "delta": target.delta},
+        "n_removed": ctx.n_removed,
+        "n_removed_in_update": ctx.n_removed_in_update,
+        "coalesced_requests": ctx.coalesced_requests,
+        "removed_ids_salt": ctx.removed_ids_salt,
+        "removed_ids_sha256": ctx.removed_ids_sha256,
+        "release_sha256": ctx.release_sha256,
+        "compares": cert.compares,
+        "sentence": sentence,
+    }
+
+
+def _claim(x: float | None) -> float | None:
+    """A certificate's ε or δ; None only for a heuristic, which claims nothing."""
+    return None if x is None else _finite(x)
+
+
+def _cumulative(cert: CertificateFields, spent: float) -> float | None:
+    """The lineage spend after this release; a heuristic release states none (it is not an
+    (ε, δ) release and leaves the lineage as it was)."""
+    return None if cert.guarantee == Guarantee.none else _finite(spent)
+
+
+def _finite(x: float) -> float:
+    if not math.isfinite(float(x)):
+        raise ValueError(f"refusing to certify a non-finite value {x!r}")
+    return float(x)

@@ -1,0 +1,216 @@
+"""Loading a model's training set and a dataset's test split from the database into tensors,
+opening each sample's sealed payload with its data key (app/crypto.py)."""
+
+from __future__ import annotations
+
+import threading
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+from sqlalchemy import Select, select
+from sqlalchemy.orm import Session
+
+from app.crypto import SampleRecord, keyring, open_sealed, sample_aad
+from app.db.chunks import chunked
+from app.db.tables import DataKey, Dataset, ModelSample, Sample
+
+
+@dataclass
+class Arrays:
+    sample_ids: list[int]
+    external_ids: list[str]
+    X: torch.Tensor
+    y: torch.Tensor
+    subjects: list[str | None]
+
+    def __len__(self) -> int:
+        return len(self.sample_ids)
+
+
+def _open_rows(rows: Sequence[Any]) -> dict[int, SampleRecord]:
+    """Open the sealed payloads of rows selected with `sealed_samples()` (each row carries its
+    wrapped key); a row whose key is destroyed is left out."""
+    ring = keyring()
+    out: dict[int, SampleRecord] = {}
+    for r in rows:
+        if r.wrapped is not None and r.payload is not None:
+            key = ring.unwrap(r.wrapped)
+            plain = open_sealed(key, r.payload, sample_aad(r.dataset_id, r.external_id))
+            out[r.id] = SampleRecord.decode(plain)
+    return out
+
+
+def _decode(rows: Sequence[Any], shape: list[int]) -> Arrays:
+    records = _open_rows(rows)
+    missing = [r.id for r in rows if r.id not in records]
+    if missing:
+        raise RuntimeError(f"samples {missing[:10]} are erased but were asked for")
+    n_feat = int(np.prod(shape)) if shape else 1
+    X = np.empty((len(rows), n_feat), dtype=np.float32)
+    for i, row in enumerate(rows):
+        X[i] = np.frombuffer(records[row.id].features, dtype=np.float32)
+    return Arrays(
+        sample_ids=[r.id for r in rows],
+        external_ids=[records[r.id].external_id for r in rows],
+        X=torch.from_numpy(X.reshape(len(rows), *shape)) if rows else torch.zeros((0, *shape)),
+        y=torch.tensor([records[r.id].label for r in rows], dtype=torch.long),
+        subjects=[records[r.id].subject_id for r in rows],
+    )
+
+
+def sealed_samples() -> Select[int, int, str, bytes | None, uuid.UUID | None, bytes]:
+    """Samples with their wrapped data keys, in one query (no second round trip for keys)."""
+    return select(
+        Sample.id,
+        Sample.dataset_id,
+        Sample.external_id,
+        Sample.payload,
+        Sample.key_id,
+        DataKey.wrapped,
+    ).outerjoin(DataKey, DataKey.id == Sample.key_id)
+
+
+class OpenedSamples:
+    """Samples this process has opened, per database and dataset, as contiguous arrays (issue
+    13): an update used to decrypt and decode the whole training set each time, most of its
+    cost on small models. Each load reads the ids it needs and the dataset's erased ids, opens
+    what is new, and drops every cached sample whose key is gone, so erased plaintext does not
+    outlive the next load of its dataset in any worker. Blocks are keyed by the dataset's id
+    and creation time, so a reused id is never mistaken for an old dataset's sample."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._blocks: dict[tuple[str, int, str], _Block] = {}
+
+    def arrays(self, session: Session, dataset: Dataset, ids: list[int]) -> Arrays:
+        """These samples (ids ascending), opened once per process."""
+        # Only the dataset's erased ids come back (usually few): reading every (id, key id)
+        # pair was most of an update's time at n = 100,000 (bench/scale.py).
+        erased = set(
+            session.scalars(
+                select(Sample.id).where(Sample.dataset_id == dataset.id, Sample.key_id.is_(None))
+            )
+        )
+        where = (
+            session.get_bind().engine.url.render_as_string(),
+            dataset.id,
+            dataset.created_at.isoformat(),  # a dataset id reused after a delete starts afresh
+        )
+        with self._lock:
+            block = self._blocks.get(where) or _Block.empty(dataset.feature_shape)
+            block = block.drop(erased)
+            new = sorted(set(ids) - set(block.index))
+            if new:
+                rows: list[Any] = []
+                for chunk in chunked(new):
+                    rows += session.execute(sealed_samples().where(Sample.id.in_(chunk))).all()
+                rows.sort(key=lambda r: r.id)
+                block = block.merge(_decode(rows, dataset.feature_shape))
+            self._blocks[where] = block
+        return block.take(ids)
+
+    def clear(self) -> None:
+        with self._lock:
+            self._blocks.clear()
+
+
+@dataclass
+class _Block:
+    """One dataset's opened samples, rows in ascending id order."""
+
+    arrays: Arrays
+    index: dict[int, int]  # sample id -> row
+
+    @classmethod
+    def empty(cls, shape: list[int]) -> _Block:
+        nothing = Arrays([], [], torch.zeros((0, *shape)), torch.zeros(0, dtype=torch.long), [])
+        return cls(nothing, {})
+
+    @classmethod
+    def of(cls, arrays: Arrays) -> _Block:
+        return cls(arrays, {s: i for i, s in enumerate(arrays.sample_ids)})
+
+    def drop(self, erased: set[int]) -> _Block:
+        if not erased & self.index.keys():
+            return self
+        rows = [i for i, s in enumerate(self.arrays.sample_ids) if s not in erased]
+        return _Block.of(_rows(self.arrays, rows))
+
+    def merge(self, more: Arrays) -> _Block:
+        a = self.arrays
+        both = Arrays(
+            a.sample_ids + more.sample_ids,
+            a.external_ids + more.external_ids,
+            torch.cat([a.X, more.X]),
+            torch.cat([a.y, more.y]),
+            a.subjects + more.subjects,
+        )
+        order = sorted(range(len(both)), key=both.sample_ids.__getitem__)
+        return _Block.of(_rows(both, order))
+
+    def take(self, ids: list[int]) -> Arrays:
+        missing = [s for s in ids if s not in self.index]
+        if missing:
+            raise RuntimeError(f"samples {missing[:10]} are erased but were asked for")
+        return _rows(self.arrays, [self.index[s] for s in ids])
+
+
+def _rows(a: Arrays, rows: list[int]) -> Arrays:
+    at = torch.tensor(rows, dtype=torch.long)
+    return Arrays(
+        [a.sample_ids[i] for i in rows],
+        [a.external_ids[i] for i in rows],
+        a.X[at],
+        a.y[at],
+        [a.subjects[i] for i in rows],
+    )
+
+
+OPENED = OpenedSamples()
+
+
+def training_arrays(
+    session: Session, model_id: int, dataset: Dataset, exclude: set[int] | None = None
+) -> Arrays:
+    """Samples the model still holds (ordered by id), minus `exclude`."""
+    ids = session.scalars(
+        select(ModelSample.sample_id)
+        .where(ModelSample.model_id == model_id, ModelSample.removed_version_id.is_(None))
+        .order_by(ModelSample.sample_id)
+    ).all()
+    exclude = exclude or set()
+    return OPENED.arrays(session, dataset, [s for s in ids if s not in exclude])
+
+
+def test_arrays(session: Session, dataset: Dataset) -> Arrays:
+    ids = session.scalars(
+        select(Sample.id)
+        .where(Sample.dataset_id == dataset.id, Sample.split == "test", Sample.key_id.is_not(None))
+        .order_by(Sample.id)
+    ).all()
+    return OPENED.arrays(session, dataset, list(ids))
+
+
+def arrays_for(session: Session, dataset: Dataset, sample_ids: list[int]) -> Arrays:
+    """These samples in this order; erased payloads become zeros (for replays that exclude
+    them anyway, like the coupled retrain)."""
+    records = _open_rows(session.execute(sealed_samples().where(Sample.id.in_(sample_ids))).all())
+    shape = dataset.feature_shape
+    n_feat = int(np.prod(shape)) if shape else 1
+    X = np.zeros((len(sample_ids), n_feat), dtype=np.float32)
+    y = np.zeros(len(sample_ids), dtype=np.int64)
+    for i, sid in enumerate(sample_ids):
+        if (record := records.get(sid)) is not None:
+            X[i] = np.frombuffer(record.features, dtype=np.float32)
+            y[i] = record.label
+    return Arrays(
+        sample_ids=list(sample_ids),
+        external_ids=[records[s].external_id if s in records else "" for s in sample_ids],
+        X=torch.from_numpy(X.reshape(len(sample_ids), *shape)),
+        y=torch.from_numpy(y),
+        subjects=[records[s].subject_id if s in records else None for s in sample_ids],
+    )

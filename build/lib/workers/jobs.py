@@ -1,0 +1,322 @@
+"""Job entry points (RQ or the inline worker): train_model and process_deletions.
+
+Every job is load → compute → commit: one short read loads what the computation needs, the
+computation runs with no transaction open, one write commits the result (DESIGN §6). The load
+is on CPU; the computation runs on the worker's device (LETHE_DEVICE, workers/device.py) and
+its results come back to CPU before they are committed.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from safetensors.torch import load as st_load
+from sqlalchemy import select, update
+
+from app.blobstore import DatabaseBlobStore
+from app.db.session import Database, database
+from app.db.tables import Dataset, DeletionTask, Model, task_is_due, utcnow
+from app.dispatch import DELETE, TRAIN, take_signal
+from app.erasure import compact_after_erasure
+from app.settings import Settings, get_settings
+from app.specs import ImportedWeights, imported_of
+from app.states import ModelStatus, TaskStatus, VersionKind
+from workers import pause, pipeline
+from workers.data import Arrays, test_arrays, training_arrays
+from workers.device import trained_to_cpu, training_inputs_to, worker_device
+from workers.lease import WORKER_ID, LeaseLost, ModelLease
+from workers.methods import fit
+from workers.methods.base import ModelSpec, RetainedData, Trained
+from workers.metrics import DELETIONS_PROCESSED, FALLBACKS, JOB_DURATION
+from workers.nets import build_net
+from workers.statistics import write_block
+from workers.training import ProgressFn, accuracy
+from workers.updates import Fallback, Outcome, compute_on
+
+log = logging.getLogger("lethe.jobs")
+
+
+def _setup(settings: Settings) -> torch.device:
+    """Threads, and the device the job computes on (DeviceUnavailable before any work is
+    claimed when LETHE_DEVICE=cuda finds no GPU)."""
+    if settings.torch_threads > 0:
+        torch.set_num_threads(settings.torch_threads)
+    return worker_device(settings)
+
+
+def _lease(settings: Settings, model_id: int) -> ModelLease:
+    return ModelLease(
+        settings.resolved_database_url,
+        model_id,
+        settings.lease_seconds,
+        settings.heartbeat_seconds,
+        "embedded" if settings.embedded else "rq",
+    )
+
+
+# ---- training -------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class TrainingInputs:
+    spec: ModelSpec
+    data: Arrays
+    test: Arrays
+    imported: ImportedWeights | None
+    imported_bytes: bytes | None
+
+
+def train_model(model_id: int) -> str:
+    """Train version 1 of a queued model (with its method's recording), reporting progress."""
+    take_signal(TRAIN, model_id)  # before reading: a later signal is not de-duplicated away
+    settings = get_settings()
+    db = database(settings.resolved_database_url)
+    device = _setup(settings)
+    started = time.perf_counter()
+    with _lease(settings, model_id) as lease:
+        if not lease.held:
+            return "busy"
+        if not _start_training(db, model_id):
+            return "nothing to do"
+        pause.point("training", model_id)
+        try:
+            with db.read() as session:
+                inputs = _load_training(session, model_id)
+            trained, metrics = _train(inputs, _progress_writer(db, model_id), device)
+            db.run(lambda session: _commit_trained(session, model_id, inputs, trained, metrics))
+        except LeaseLost:
+            raise
+        except Exception as exc:
+            with db.write() as session:
+                session.execute(
+                    update(Model)
+                    .where(Model.id == model_id, Model.lease_owner == WORKER_ID)
+                    .values(
+                        status=ModelStatus.failed,
+                        error=f"training failed: {exc}",
+                        progress={"stage": "failed"},
+                    )
+                )
+            raise
+    JOB_DURATION.labels("train_model").observe(time.perf_counter() - started)
+    return "trained"
+
+
+def _start_training(db: Database, model_id: int) -> bool:
+    with db.write() as session:
+        model = session.get(Model, model_id)
+        if model is None or model.status not in (ModelStatus.queued, ModelStatus.training):
+            return False
+        model.status = ModelStatus.training
+        model.progress = {"stage": "loading data"}
+        return True
+
+
+def _load_training(session: Any, model_id: int) -> TrainingInputs:
+    model = session.get(Model, model_id)
+    dataset = session.get(Dataset, model.dataset_id)
+    imported = imported_of(model.training)
+    return TrainingInputs(
+        spec=pipeline.model_spec(model, dataset),
+        data=training_arrays(session, model_id, dataset),
+        test=test_arrays(session, dataset),
+        imported=imported,
+        imported_bytes=DatabaseBlobStore(session).get(imported.blob) if imported else None,
+    )
+
+
+def _train(
+    inputs: TrainingInputs, progress: ProgressFn, device: torch.device
+) -> tuple[Trained, dict[str, Any]]:
+    """Train on `device`; the state and statistics come back on CPU."""
+    inputs = training_inputs_to(inputs, device)
+    spec, data, test = inputs.spec, inputs.data, inputs.test
+    if inputs.imported is not None:
+        trained = _load_imported(spec, inputs.imported, inputs.imported_bytes)
+    else:
+        trained = fit(spec, RetainedData(data.sample_ids, data.X, data.y, data.subjects), progress)
+    metrics = {
+        **trained.metrics,
+        "n_train": len(data),
+        "train_accuracy": accuracy(
+            spec.architecture, trained.state, data.X, data.y, spec.n_classes
+        ),
+        "test_accuracy": accuracy(spec.architecture, trained.state, test.X, test.y, spec.n_classes),
+    }
+    return trained_to_cpu(trained), metrics
+
+
+def _load_imported(spec: ModelSpec, imported: ImportedWeights, data: bytes | None) -> Trained:
+    """Weights trained elsewhere, loaded without pickle and checked against the spec."""
+    if data is None:
+        raise LookupError("the imported weights are missing")
+    tensors = {k: v.float().contiguous() for k, v in st_load(data).items()}
+    net = build_net(spec.architecture, spec.n_features, spec.n_classes)
+    net.load_state_dict(tensors, strict=True)
+    if not all(torch.isfinite(v).all() for v in tensors.values()):
+        raise ValueError("the imported weights contain NaN or infinite values")
+    return Trained(
+        state=tensors,
+        statistics=None,
+        record={},
+        metrics={"imported": True, "imported_sha256": imported.sha256},
+    )
+
+
+def _progress_writer(db: Database, model_id: int) -> ProgressFn:
+    """Record 'epoch k of E' at most twice a second (and at the last epoch)."""
+    last = [0.0]
+
+    def progress(epoch: int, epochs: int, loss: float) -> None:
+        now = time.perf_counter()
+        if epoch < epochs and now - last[0] < 0.5:
+            return
+        last[0] = now
+        with db.write() as session:
+            session.execute(
+                update(Model)
+                .where(Model.id == model_id)
+                .values(
+                    progress={
+                        "stage": "training",
+                        "epoch": epoch,
+                        "epochs": epochs,
+                        "loss": round(loss, 6),
+                    }
+                )
+            )
+
+    return progress
+
+
+def _commit_trained(
+    session: Any, model_id: int, inputs: TrainingInputs, trained: Trained, metrics: dict[str, Any]
+) -> None:
+    model = pipeline.check_lease(session, model_id)
+    if trained.record:
+        metrics = {**metrics, "record": trained.record}
+    if inputs.imported is not None:
+        DatabaseBlobStore(session).delete([inputs.imported.blob])
+    version = pipeline.write_version(
+        session,
+        model_id,
+        number=1,
+        parent_id=None,
+        kind=VersionKind.imported if inputs.imported else VersionKind.trained,
+        weights=trained.state,
+        next_state=trained.next_state,
+        metrics=metrics,
+    )
+    if trained.statistics is not None:
+        write_block(session, model_id, trained.statistics, replace=True)
+    epochs = inputs.spec.training.epochs
+    model.current_version_id, model.status, model.error = version.id, ModelStatus.ready, None
+    model.progress = {"stage": "ready", "epoch": epochs, "epochs": epochs}
+
+
+# ---- deletions ------------------------------------------------------------------------------
+
+
+def process_deletions(model_id: int) -> str:
+    """Apply every due deletion task of the model, coalesced, one update per batch."""
+    take_signal(DELETE, model_id)  # before reading: a request committed from now on re-signals
+    settings = get_settings()
+    db = database(settings.resolved_database_url)
+    device = _setup(settings)
+    applied = 0
+    while True:
+        with _lease(settings, model_id) as lease:
+            if not lease.held:
+                return f"busy (applied {applied})"
+            while tasks := _claim(db, settings, model_id, lease):
+                if not _run_batch(db, settings, model_id, tasks, device):
+                    return f"applied {applied}; a batch failed and will be retried"
+                applied += len(tasks)
+        # Re-check after releasing: a request committed while we held the lease may have had
+        # its signal dropped by a worker that saw the model busy.
+        if not _has_due(db, model_id):
+            return f"applied {applied}"
+
+
+def _claim(
+    db: Database, settings: Settings, model_id: int, lease: ModelLease
+) -> list[pipeline.ClaimedTask]:
+    with db.write(durable=False) as session:  # a claim lost in a crash expires with the lease
+        model = session.get(Model, model_id)
+        if model is None or model.status != ModelStatus.ready:
+            return []
+        return pipeline.claim_tasks(
+            session, model_id, settings.max_batch_requests, lease.deadline()
+        )
+
+
+def _has_due(db: Database, model_id: int) -> bool:
+    """Whether a queued task of the model is due now (not waiting out a retry backoff)."""
+    now = utcnow()
+    with db.read() as session:
+        return (
+            session.scalar(
+                select(DeletionTask.id)
+                .where(
+                    DeletionTask.model_id == model_id,
+                    DeletionTask.status == TaskStatus.queued,
+                    task_is_due(now),
+                )
+                .limit(1)
+            )
+            is not None
+        )
+
+
+def _run_batch(
+    db: Database,
+    settings: Settings,
+    model_id: int,
+    tasks: list[pipeline.ClaimedTask],
+    device: torch.device,
+) -> bool:
+    """Load, compute, commit one batch. Returns False when it failed and was put back (or
+    failed for good: then the exception propagates, so RQ records the job as failed)."""
+    started = time.perf_counter()
+    try:
+        with db.read() as session:  # one short read; no transaction while computing
+            batch, inputs = pipeline.load_batch(session, model_id, tasks)
+        outcome: Outcome | None = compute_on(inputs, device) if batch.removed else None
+        pause.point("before-commit", model_id)
+        db.run(
+            lambda session: pipeline.commit_update(session, batch, outcome), retry_integrity=True
+        )
+    except Exception as exc:
+        final = _fail(db, settings, tasks, exc)
+        log.exception("deletion batch for model %s failed (final=%s)", model_id, final)
+        if final:
+            raise
+        return False
+    compacting = time.perf_counter()
+    compact_after_erasure(db)  # destroyed keys (samples, purged versions) leave the files
+    JOB_DURATION.labels("erasure_compaction").observe(time.perf_counter() - compacting)
+    method = outcome.decision.method if outcome is not None else "none"
+    if outcome is not None and isinstance(outcome.decision, Fallback):
+        FALLBACKS.labels(outcome.decision.requested).inc()
+    DELETIONS_PROCESSED.labels(method).inc(len(tasks))
+    JOB_DURATION.labels("process_deletions").observe(time.perf_counter() - started)
+    return True
+
+
+def _fail(
+    db: Database, settings: Settings, tasks: list[pipeline.ClaimedTask], exc: Exception
+) -> bool:
+    def work(session: Any) -> bool:
+        return pipeline.fail_tasks(
+            session,
+            [t.task_id for t in tasks],
+            f"{type(exc).__name__}: {exc}",
+            settings.retry_backoff_seconds,
+            settings.job_retries + 1,
+        )
+
+    return db.run(work)

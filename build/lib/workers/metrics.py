@@ -1,0 +1,26 @@
+"""The workers' Prometheus counters. In embedded mode they live in the API process and appear
+on its /metrics; a `lethe worker` serves them on its own port (LETHE_WORKER_METRICS_PORT)."""
+
+from __future__ import annotations
+
+from prometheus_client import Counter, Histogram, start_http_server
+
+DELETIONS_PROCESSED = Counter(
+    "lethe_deletions_processed_total", "Deletion requests applied to a model", ["method"]
+)
+JOB_DURATION = Histogram(
+    "lethe_job_duration_seconds",
+    "Worker job duration",
+    ["job"],
+    buckets=(0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 900),
+)
+FALLBACKS = Counter(
+    "lethe_exact_fallbacks_total",
+    "Updates that retrained exactly instead of the configured method",
+    ["method"],
+)
+
+
+def serve(port: int, host: str = "127.0.0.1") -> None:
+    """Expose this process's metrics on http://host:port/metrics (a daemon thread)."""
+    start_http_server(port, addr=host)

@@ -1,0 +1,111 @@
+"""The linear algebra of exact min-norm unlearning (seed 001, Theorem 4.1), with no database.
+
+A linear model θ (C × p) on features φ(x) ∈ R^p (the bias a constant coordinate) is trained to
+the minimum-norm interpolator θᵀ = Φᵀ K⁻¹ Y, K = Φ Φᵀ the Gram matrix of the n < p training
+rows. Removing samples projects θ onto the span S_r of the retained rows:
+P_{S_r} θᵀ = Φ_rᵀ K_r⁻¹ Φ_r θᵀ, which is the minimum-norm interpolator of the retained data.
+
+K_r⁻¹ comes from the stored K⁻¹ by the principal-submatrix identity
+K_r⁻¹ = (K⁻¹)_rr − (K⁻¹)_rf ((K⁻¹)_ff)⁻¹ (K⁻¹)_fr, O(n²·m) for m removed rows instead of a
+fresh O(p·n²) Gram matrix and O(n³) factor. Rounding in the downdated inverse is removed by
+iterative refinement against the retained rows themselves (O(p·n) per step), and the result is
+checked by its interpolation residual; a fresh solve is the fallback.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class MinNormFit:
+    """θ (C × p), the Gram inverse of its rows (None when they are linearly dependent),
+    its numerical rank, and the relative interpolation residual ‖Φθᵀ − Y‖/‖Y‖."""
+
+    theta: torch.Tensor
+    gram_inverse: torch.Tensor | None
+    rank: int
+    residual: float
+
+
+def with_bias(features: torch.Tensor) -> torch.Tensor:
+    """Φ = [φ(x), 1] in float64: the bias is the constant coordinate."""
+    ones = torch.ones(len(features), 1, dtype=torch.float64, device=features.device)
+    return torch.cat([features.double(), ones], dim=1)
+
+
+def gram_inverse(phi: torch.Tensor, rank_tolerance: float) -> torch.Tensor | None:
+    """K⁻¹ for K = Φ Φᵀ, or None when K is numerically singular: its Cholesky fails or a pivot
+    falls below `rank_tolerance` × the largest diagonal entry (dependent rows)."""
+    gram = phi @ phi.T
+    factor, info = torch.linalg.cholesky_ex(gram)
+    if int(info) != 0:
+        return None
+    pivots = factor.diagonal() ** 2
+    if float(pivots.min()) < rank_tolerance * float(gram.diagonal().max()):
+        return None
+    return torch.cholesky_inverse(factor)
+
+
+def fit(phi: torch.Tensor, targets: torch.Tensor, rank_tolerance: float) -> MinNormFit:
+    """The minimum-norm solution of Φ θᵀ = Y: through K⁻¹ when the rows are independent,
+    else the SVD least squares (gelsd) with that rank tolerance (no inverse kept)."""
+    inverse = gram_inverse(phi, rank_tolerance)
+    if inverse is None:
+        return _lstsq(phi, targets, rank_tolerance)
+    theta = (inverse @ targets).T @ phi
+    theta = refine(phi, inverse, theta, targets, steps=1)
+    return MinNormFit(theta, inverse, len(phi), interpolation_residual(phi, theta, targets))
+
+
+def _lstsq(phi: torch.Tensor, targets: torch.Tensor, rank_tolerance: float) -> MinNormFit:
+    rcond = rank_tolerance**0.5  # on singular values of Φ, the square roots of K's
+    solution = torch.linalg.lstsq(phi.cpu(), targets.cpu(), rcond=rcond, driver="gelsd")
+    theta = solution.solution.T.to(phi.device)
+    rank = int(solution.rank) if solution.rank.numel() else len(phi)
+    return MinNormFit(theta, None, rank, interpolation_residual(phi, theta, targets))
+
+
+def downdate(inverse: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
+    """K_r⁻¹ from K⁻¹ by the principal-submatrix identity (`keep`: the retained rows)."""
+    gone = ~keep
+    if not bool(gone.any()):
+        return inverse
+    rr = inverse[keep][:, keep]
+    rf = inverse[keep][:, gone]
+    ff = inverse[gone][:, gone]
+    factor = torch.linalg.cholesky(ff)
+    return rr - rf @ torch.cholesky_solve(rf.T.contiguous(), factor)
+
+
+def refine(
+    phi: torch.Tensor,
+    inverse: torch.Tensor,
+    theta: torch.Tensor,
+    targets: torch.Tensor,
+    steps: int,
+) -> torch.Tensor:
+    """Iterative refinement of θᵀ = Φᵀβ towards Φθᵀ = Y with K⁻¹ as the preconditioner; θ
+    stays in the row span of Φ, so the interpolator it converges to is the minimum-norm one."""
+    for _ in range(steps):
+        correction = inverse @ (targets - phi @ theta.T)
+        theta = theta + correction.T @ phi
+    return theta
+
+
+def project(
+    phi: torch.Tensor, inverse: torch.Tensor, theta: torch.Tensor, steps: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """P_{S_r} θ = the minimum-norm θ' with Φ_r θ'ᵀ = Φ_r θᵀ (the retained predictions kept),
+    and those predictions (the targets its residual is measured against)."""
+    targets = phi @ theta.T
+    projected = (inverse @ targets).T @ phi
+    return refine(phi, inverse, projected, targets, steps), targets
+
+
+def interpolation_residual(phi: torch.Tensor, theta: torch.Tensor, targets: torch.Tensor) -> float:
+    """‖Φθᵀ − Y‖_F / ‖Y‖_F, in float64."""
+    scale = float(torch.linalg.norm(targets)) or 1.0
+    return float(torch.linalg.norm(phi @ theta.T - targets)) / scale

@@ -1,0 +1,31 @@
+"""Named pause points for tests that must act at an exact moment of a job (e.g. kill -9 a
+worker between compute and commit), instead of racing a poll against it.
+
+Off unless LETHE_PAUSE_DIR is set and LETHE_PAUSE_AT names the point. At a point, the worker
+writes `<name>-<model>.reached`
+(holding its pid) into that folder and waits until `<name>-<model>.go` exists.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+from app.settings import get_settings
+
+MAX_WAIT_SECONDS = 300.0
+
+
+def point(name: str, model_id: int) -> None:
+    settings = get_settings()
+    folder = settings.pause_dir
+    if folder is None or name not in settings.pause_at:
+        return
+    stem = Path(folder) / f"{name}-{model_id}"
+    reached = stem.with_suffix(".reached")
+    reached.write_text(str(os.getpid()))
+    deadline = time.monotonic() + MAX_WAIT_SECONDS
+    go = stem.with_suffix(".go")
+    while not go.exists() and time.monotonic() < deadline:
+        time.sleep(0.01)

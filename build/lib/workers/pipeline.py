@@ -1,0 +1,493 @@
+"""The transactions of the deletion pipeline (DESIGN §6): claim, load, commit, fail.
+
+Each function is one unit of work. `load_batch` reads everything an update needs in one short
+read; `commit_update` writes the new version, one chained certificate per request, the
+removals, the purge of older versions and the request states together, or nothing at all.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Any
+
+import numpy as np
+import torch
+from safetensors.torch import load as st_load
+from safetensors.torch import save as st_save
+from sqlalchemy import select, update
+from sqlalchemy.orm import Session
+
+from app.audit import append_certificates, removed_ids_digest
+from app.blobstore import DatabaseBlobStore
+from app.db.chunks import chunked
+from app.db.tables import (
+    Certificate,
+    Dataset,
+    DeletionRequest,
+    DeletionTask,
+    Model,
+    ModelSample,
+    ModelVersion,
+    task_is_due,
+    utcnow,
+)
+from app.erasure import erase_payloads
+from app.methods import get_method, method_of
+from app.services.privacy import lineage_history
+from app.specs import PrivacyPolicy, architecture_of, policy_of, training_of
+from app.states import RequestStatus, TaskStatus, VersionKind
+from workers.certify import CertificateContext, certificate_fields
+from workers.data import test_arrays, training_arrays
+from workers.lease import WORKER_ID, LeaseLost
+from workers.methods.base import (
+    ModelSpec,
+    ModelState,
+    PrivacyTarget,
+    RemovedSamples,
+    RetainedData,
+    UpdateInputs,
+)
+from workers.statistics import delete_rows, read_vectors, write_block
+from workers.updates import Outcome
+
+
+@dataclass(frozen=True)
+class ClaimedTask:
+    task_id: int
+    request_id: int
+    sample_ids: list[int]
+    method: str | None
+    epsilon: float | None
+    delta: float | None
+
+
+@dataclass(frozen=True)
+class Batch:
+    """What committing one coalesced update needs besides its outcome."""
+
+    model_id: int
+    policy: PrivacyPolicy
+    parent_id: int
+    parent_number: int
+    tasks: list[ClaimedTask]
+    removed_by_task: dict[int, list[int]] = field(default_factory=dict)
+    external_ids: dict[int, str] = field(default_factory=dict)
+
+    @property
+    def removed(self) -> list[int]:
+        return sorted({s for ids in self.removed_by_task.values() for s in ids})
+
+    def target(self) -> PrivacyTarget:
+        """The strictest target among the policy and the coalesced requests."""
+        eps = min([self.policy.epsilon, *[t.epsilon for t in self.tasks if t.epsilon]])
+        dlt = min([self.policy.delta, *[t.delta for t in self.tasks if t.delta]])
+        return PrivacyTarget(epsilon=eps, delta=dlt)
+
+
+def model_spec(model: Model, dataset: Dataset) -> ModelSpec:
+    return ModelSpec(
+        architecture=architecture_of(model.architecture),
+        training=training_of(model.training),
+        method=method_of(model.method),
+        n_features=int(np.prod(dataset.feature_shape)),
+        n_classes=dataset.n_classes,
+        vocabulary=tuple(dataset.text["words"]) if dataset.text else None,
+    )
+
+
+def check_lease(session: Session, model_id: int) -> Model:
+    """The model row, if this worker still holds its lease (else LeaseLost: do not commit)."""
+    model = session.get(Model, model_id)
+    if model is None or model.lease_owner != WORKER_ID:
+        owner = model.lease_owner if model is not None else None
+        raise LeaseLost(f"model {model_id} is now leased by {owner}")
+    return model
+
+
+def weights_metadata(
+    session: Session, model_id: int, number: int, parent_id: int | None, kind: VersionKind
+) -> dict[str, str]:
+    """String metadata of a released safetensors file: the architecture spec and the shapes
+    that rebuild it (`lethe.load_model`), and where the version sits in its chain."""
+    model = session.get(Model, model_id)
+    assert model is not None
+    dataset = session.get(Dataset, model.dataset_id)
+    assert dataset is not None
+    parent = session.get(ModelVersion, parent_id) if parent_id is not None else None
+    return {
+        "format": "lethe/1",
+        "model_id": str(model_id),
+        "version": str(number),
+        "kind": str(kind),
+        "parent_sha256": parent.weights_sha256 if parent is not None else "",
+        "architecture": json.dumps(model.architecture, sort_keys=True),
+        "method": str(model.method.get("name", "")),
+        "n_features": str(int(np.prod(dataset.feature_shape))),
+        "feature_shape": json.dumps(list(dataset.feature_shape)),
+        "n_classes": str(dataset.n_classes),
+    }
+
+
+def write_version(
+    session: Session,
+    model_id: int,
+    number: int,
+    parent_id: int | None,
+    kind: VersionKind,
+    weights: ModelState,
+    next_state: ModelState,
+    metrics: dict[str, Any],
+) -> ModelVersion:
+    """Store a version's downloadable weights and its noise-free state as blobs. The weights
+    carry what a loader needs in their safetensors metadata (`weights_metadata`)."""
+    store = DatabaseBlobStore(session)
+    data = st_save(weights, metadata=weights_metadata(session, model_id, number, parent_id, kind))
+    wkey, wsha = store.put(data, f"model-{model_id}/weights")
+    skey, _ = store.put(st_save(next_state), f"model-{model_id}/state")
+    version = ModelVersion(
+        model_id=model_id,
+        number=number,
+        parent_id=parent_id,
+        kind=kind,
+        weights_key=wkey,
+        weights_sha256=wsha,
+        weights_size=len(data),
+        state_key=skey,
+        metrics=metrics,
+        n_train=int(metrics.get("n_train", 0)),
+    )
+    session.add(version)
+    session.flush()
+    return version
+
+
+def training_record(session: Session, model_id: int) -> tuple[dict[str, Any] | None, list[int]]:
+    """The newest version's training record, and the samples removed since it was made."""
+    versions = session.execute(
+        select(ModelVersion.id, ModelVersion.number, ModelVersion.metrics)
+        .where(ModelVersion.model_id == model_id)
+        .order_by(ModelVersion.number.desc())
+    ).all()
+    for _, number, metrics in versions:
+        if metrics and metrics.get("record"):
+            later = [vid for vid, n, _ in versions if n > number]
+            removed = session.scalars(
+                select(ModelSample.sample_id).where(
+                    ModelSample.model_id == model_id,
+                    ModelSample.removed_version_id.in_(later or [-1]),
+                )
+            ).all()
+            return metrics["record"], sorted(removed)
+    return None, []
+
+
+def claim_tasks(
+    session: Session, model_id: int, limit: int, deadline: datetime
+) -> list[ClaimedTask]:
+    """Mark up to `limit` due queued tasks of the model running under our lease (coalescing)."""
+    now = utcnow()
+    rows = session.execute(
+        select(DeletionTask, DeletionRequest)
+        .join(DeletionRequest, DeletionRequest.id == DeletionTask.request_id)
+        .where(
+            DeletionTask.model_id == model_id,
+            DeletionTask.status == TaskStatus.queued,
+            task_is_due(now),
+        )
+        .order_by(DeletionTask.id)
+        .limit(limit)
+    ).all()
+    claimed = []
+    for task, request in rows:
+        task.status, task.lease_owner, task.lease_expires_at = (
+            TaskStatus.running,
+            WORKER_ID,
+            deadline,
+        )
+        task.attempts += 1
+        if request.status == RequestStatus.queued:
+            request.status = RequestStatus.running
+        claimed.append(
+            ClaimedTask(
+                task.id,
+                request.id,
+                list(request.sample_ids),
+                request.method,
+                request.epsilon,
+                request.delta,
+            )
+        )
+    return claimed
+
+
+def load_batch(
+    session: Session, model_id: int, tasks: list[ClaimedTask]
+) -> tuple[Batch, UpdateInputs]:
+    """Everything the update needs, in one read: no database access happens after this."""
+    model = session.get(Model, model_id)
+    assert model is not None and model.current_version_id is not None
+    dataset = session.get(Dataset, model.dataset_id)
+    parent = session.get(ModelVersion, model.current_version_id)
+    assert dataset is not None and parent is not None and parent.state_key is not None
+    state_bytes = DatabaseBlobStore(session).get(parent.state_key)
+    if state_bytes is None:
+        raise LookupError(f"the state of version {parent.number} is missing")
+    held = _held(session, model_id, sorted({s for t in tasks for s in t.sample_ids}))
+    removed_by_task: dict[int, list[int]] = {}
+    claimed: set[int] = set()
+    for t in tasks:  # a sample asked for twice is removed once, credited to the first request
+        mine = [s for s in t.sample_ids if s in held and s not in claimed]
+        claimed.update(mine)
+        removed_by_task[t.task_id] = mine
+    spec = model_spec(model, dataset)
+    requested = {t.method for t in tasks if t.method}
+    method = method_of({"name": "retrain"}) if "retrain" in requested else spec.method
+    record, previously_removed = training_record(session, model_id)
+    everything = training_arrays(session, model_id, dataset)
+    keep = torch.tensor([s not in claimed for s in everything.sample_ids], dtype=torch.bool)
+    removed_ids = [s for s in everything.sample_ids if s in claimed]
+    statistics = (
+        read_vectors(session, model_id, removed_ids)
+        if get_method(method.name).uses_statistics
+        else {}
+    )
+    test = test_arrays(session, dataset)
+    batch = Batch(
+        model_id=model_id,
+        policy=policy_of(model.privacy),
+        parent_id=parent.id,
+        parent_number=parent.number,
+        tasks=tasks,
+        removed_by_task=removed_by_task,
+        external_ids={  # raw ids, opened from the sealed payloads, for the salted digest
+            s: e
+            for s, e in zip(everything.sample_ids, everything.external_ids, strict=True)
+            if s in claimed
+        },
+    )
+    inputs = UpdateInputs(
+        model_id=model_id,
+        spec=spec,
+        method=method,
+        policy=batch.policy,
+        target=batch.target(),
+        state=dict(st_load(state_bytes)),
+        removed=RemovedSamples(
+            removed_ids,
+            everything.X[~keep],
+            everything.y[~keep],
+            statistics=statistics,
+            previously_removed=previously_removed,
+        ),
+        retained=RetainedData(
+            [s for s in everything.sample_ids if s not in claimed],
+            everything.X[keep],
+            everything.y[keep],
+            [s for s, k in zip(everything.subjects, keep.tolist(), strict=True) if k],
+        ),
+        test=RetainedData(test.sample_ids, test.X, test.y, test.subjects),
+        history=lineage_history(session, model_id),
+        record=record,
+    )
+    return batch, inputs
+
+
+def _held(session: Session, model_id: int, sample_ids: list[int]) -> set[int]:
+    """Those of `sample_ids` the model still holds."""
+    held: set[int] = set()
+    for chunk in chunked(sample_ids):
+        held.update(
+            session.scalars(
+                select(ModelSample.sample_id).where(
+                    ModelSample.model_id == model_id,
+                    ModelSample.removed_version_id.is_(None),
+                    ModelSample.sample_id.in_(chunk),
+                )
+            )
+        )
+    return held
+
+
+def commit_update(session: Session, batch: Batch, outcome: Outcome | None) -> int | None:
+    """Apply the update atomically; returns the new version id (None if nothing to remove)."""
+    model = check_lease(session, batch.model_id)
+    if model.current_version_id != batch.parent_id:
+        raise LeaseLost(f"model {batch.model_id} moved past version {batch.parent_number}")
+    version = None
+    if outcome is not None:
+        release = outcome.decision.release
+        metrics = {**outcome.metrics, **({"record": release.record} if release.record else {})}
+        version = write_version(
+            session,
+            batch.model_id,
+            batch.parent_number + 1,
+            batch.parent_id,
+            release.version_kind,
+            release.weights,
+            release.next_state,
+            metrics,
+        )
+    rows = {
+        t.id: t
+        for t in session.scalars(
+            select(DeletionTask).where(DeletionTask.id.in_([t.task_id for t in batch.tasks]))
+        )
+    }
+    for task in batch.tasks:
+        row = rows[task.task_id]
+        if row.status != TaskStatus.running or row.lease_owner != WORKER_ID:
+            raise LeaseLost(f"task {task.task_id} was reclaimed")
+    certified = [t for t in batch.tasks if batch.removed_by_task[t.task_id] and version is not None]
+    certs: dict[int, Certificate] = {}
+    if certified and version is not None and outcome is not None:
+        fields = [
+            _certificate(batch, t, outcome, version, batch.removed_by_task[t.task_id])
+            for t in certified
+        ]
+        certs = {
+            t.task_id: c
+            for t, c in zip(certified, append_certificates(session, fields), strict=True)
+        }
+    removals: list[dict[str, int]] = []
+    for task in batch.tasks:
+        removed = batch.removed_by_task[task.task_id]
+        row = rows[task.task_id]
+        cert = certs.get(task.task_id)
+        if cert is not None and version is not None:
+            removals += [
+                {
+                    "model_id": batch.model_id,
+                    "sample_id": s,
+                    "removed_version_id": version.id,
+                    "removed_certificate_id": cert.id,
+                }
+                for s in removed
+            ]
+            row.certificate_id, row.version_id = cert.id, version.id
+        else:
+            row.certificate_id = _earlier_certificate(session, batch.model_id, task.sample_ids)
+        row.status, row.n_removed = TaskStatus.done, len(removed)
+        row.lease_owner = row.lease_expires_at = None
+    if removals:  # bulk UPDATE by primary key; these samples were held (checked under lease)
+        session.execute(update(ModelSample), removals)
+    if version is not None and outcome is not None:
+        release = outcome.decision.release
+        if release.replace_statistics is not None:  # a retrain re-recorded everything
+            write_block(session, batch.model_id, release.replace_statistics, replace=True)
+        else:
+            delete_rows(session, batch.model_id, release.statistics_to_delete)
+        _purge_older_versions(session, batch.model_id, version.id)
+        model.current_version_id = version.id
+    session.flush()
+    finish_requests(session, {t.request_id for t in batch.tasks})
+    return version.id if version is not None else None
+
+
+def _certificate(
+    batch: Batch, task: ClaimedTask, outcome: Outcome, version: ModelVersion, removed: list[int]
+) -> dict[str, Any]:
+    salt, digest = removed_ids_digest([batch.external_ids[s] for s in removed])
+    ctx = CertificateContext(
+        request_id=task.request_id,
+        model_id=batch.model_id,
+        from_version=batch.parent_number,
+        to_version=version.number,
+        release_sha256=version.weights_sha256,
+        n_removed=len(removed),
+        n_removed_in_update=len(batch.removed),
+        coalesced_requests=sorted({t.request_id for t in batch.tasks}),
+        removed_ids_salt=salt,
+        removed_ids_sha256=digest,
+    )
+    return certificate_fields(outcome.decision, batch.policy, batch.target(), ctx)
+
+
+def _earlier_certificate(session: Session, model_id: int, sample_ids: list[int]) -> int | None:
+    """The certificate that already removed these samples from the model (applied once)."""
+    for chunk in chunked(sample_ids):
+        found = session.scalar(
+            select(ModelSample.removed_certificate_id)
+            .where(
+                ModelSample.model_id == model_id,
+                ModelSample.sample_id.in_(chunk),
+                ModelSample.removed_certificate_id.is_not(None),
+            )
+            .limit(1)
+        )
+        if found is not None:
+            return found
+    return None
+
+
+def _purge_older_versions(session: Session, model_id: int, keep_id: int) -> None:
+    """Every earlier version was trained with the removed samples: delete its bytes."""
+    older = session.scalars(
+        select(ModelVersion).where(
+            ModelVersion.model_id == model_id,
+            ModelVersion.id != keep_id,
+            ModelVersion.erased_at.is_(None),
+        )
+    ).all()
+    store = DatabaseBlobStore(session)
+    for v in older:
+        store.delete([k for k in (v.weights_key, v.state_key) if k])
+        v.weights_key, v.state_key, v.erased_at = None, None, utcnow()
+
+
+def finish_requests(session: Session, request_ids: set[int]) -> None:
+    """A request is done when all its models are; only then are its payloads erased."""
+    if not request_ids:
+        return
+    statuses: dict[int, set[str]] = {r: set() for r in request_ids}
+    for request_id, status in session.execute(
+        select(DeletionTask.request_id, DeletionTask.status).where(
+            DeletionTask.request_id.in_(request_ids)
+        )
+    ):
+        statuses[request_id].add(status)
+    requests = session.scalars(
+        select(DeletionRequest).where(DeletionRequest.id.in_(request_ids))
+    ).all()
+    done = [r for r in requests if statuses[r.id] <= {TaskStatus.done}]
+    erase_payloads(session, sorted({s for r in done for s in r.sample_ids}))
+    now = utcnow()
+    for request in requests:
+        seen = statuses[request.id]
+        if seen <= {TaskStatus.done}:
+            request.status, request.finished_at = RequestStatus.done, now
+        elif TaskStatus.failed in seen and not seen & {TaskStatus.queued, TaskStatus.running}:
+            request.status, request.finished_at = RequestStatus.failed, now
+
+
+def fail_tasks(
+    session: Session, task_ids: list[int], error: str, backoff_seconds: list[int], max_attempts: int
+) -> bool:
+    """Put tasks back to queued, due again after the backoff for their attempt, or fail them
+    (and their requests) after `max_attempts`. Returns True when the tasks failed for good."""
+    final = False
+    requests: set[int] = set()
+    now = utcnow()
+    for task in session.scalars(select(DeletionTask).where(DeletionTask.id.in_(task_ids))):
+        if task.status != TaskStatus.running or task.lease_owner != WORKER_ID:
+            continue
+        task.error = error[:2000]
+        task.lease_owner = task.lease_expires_at = None
+        if task.attempts >= max_attempts:
+            task.status, final = TaskStatus.failed, True
+            requests.add(task.request_id)
+        else:
+            task.status = TaskStatus.queued
+            wait = (
+                backoff_seconds[min(task.attempts - 1, len(backoff_seconds) - 1)]
+                if backoff_seconds
+                else 0
+            )
+            task.not_before = now + timedelta(seconds=wait)
+    for request_id in requests:
+        request = session.get(DeletionRequest, request_id)
+        if request is not None:
+            request.error = error[:2000]
+    finish_requests(session, requests)
+    return final

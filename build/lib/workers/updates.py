@@ -1,0 +1,144 @@
+"""Computing one coalesced update, with no database: the configured method's release if it
+meets the target and fits the lineage budget, else an exact retrain (DESIGN §6–7).
+
+`compute(inputs) -> Outcome` is pure apart from its random draws: the job loads `UpdateInputs`
+in one short read, calls it with no transaction open, then commits the outcome.
+`compute_on(inputs, device)` is the same on the worker's device (LETHE_DEVICE, workers/device.py).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from app.privacy.lineage import Admission, LineageBudget, admit
+from app.states import Guarantee
+from workers.device import inputs_to, outcome_to_cpu
+from workers.evaluation import evaluate
+from workers.methods import method_for
+from workers.methods.base import Release, TargetInfeasible, UpdateInputs
+from workers.training import accuracy, is_classifier
+
+
+@dataclass(frozen=True)
+class Released:
+    """The configured method's release, admitted by the lineage accountant (None: exact)."""
+
+    release: Release
+    method: str
+    admission: Admission | None
+
+
+@dataclass(frozen=True)
+class Fallback:
+    """The configured method could not release; this is the exact retrain made instead."""
+
+    release: Release
+    requested: str
+    reason: str
+    method: str = "retrain"
+    admission: Admission | None = None
+
+
+Decision = Released | Fallback
+
+
+@dataclass(frozen=True)
+class Outcome:
+    decision: Decision
+    metrics: dict[str, Any]
+
+
+def compute_on(inputs: UpdateInputs, device: torch.device) -> Outcome:
+    """`compute` with the inputs moved to `device`; the release comes back on CPU, ready to be
+    serialised and sealed."""
+    return outcome_to_cpu(compute(inputs_to(inputs, device)))
+
+
+def compute(inputs: UpdateInputs) -> Outcome:
+    """Decide, check and measure one update (the job commits it)."""
+    start = time.perf_counter()
+    decision = decide(inputs)
+    seconds = time.perf_counter() - start
+    release = decision.release
+    if not all(torch.isfinite(v).all() for v in release.weights.values()):
+        raise ValueError("the update produced non-finite weights; nothing is released")
+    metrics: dict[str, Any] = {
+        **release.metrics,
+        **_accuracies(inputs, release),
+        "unlearn_seconds": seconds,
+        "n_train": len(inputs.retained.y),
+        "n_removed": len(inputs.removed.y),
+        "method": decision.method,
+        "fallback_reason": decision.reason if isinstance(decision, Fallback) else None,
+    }
+    if inputs.method.options.evaluate and is_classifier(inputs.spec.architecture):
+        metrics["evaluation"] = _evaluate(inputs, decision)
+    return Outcome(decision, metrics)
+
+
+def decide(inputs: UpdateInputs) -> Decision:
+    """The configured method's release, or the exact retrain and the reason for it."""
+    name = inputs.method.name
+    method = method_for(name, inputs.spec)
+    if method.spec.guarantee == Guarantee.exact:
+        return Released(method.unlearn(inputs), name, None)
+    target = inputs.target
+    try:
+        release = method.unlearn(inputs)
+    except TargetInfeasible as exc:
+        return _fallback(
+            inputs, f"{name} cannot meet (ε={target.epsilon:g}, δ={target.delta:g}): {exc}"
+        )
+    if release.certificate.guarantee == Guarantee.none and not inputs.policy.allow_heuristic:
+        return _fallback(
+            inputs, "the method's guarantee is heuristic and the policy does not allow it"
+        )
+    if release.event is None:
+        return Released(release, name, None)
+    budget = LineageBudget(inputs.policy.lineage_epsilon, inputs.policy.lineage_delta)
+    admission = admit(budget, inputs.history, release.event)
+    if not admission.admitted:
+        return _fallback(inputs, admission.reason)
+    return Released(release, name, admission)
+
+
+def _fallback(inputs: UpdateInputs, reason: str) -> Fallback:
+    retrain = method_for("retrain", inputs.spec).unlearn(inputs)
+    return Fallback(retrain, inputs.method.name, reason)
+
+
+def _accuracies(inputs: UpdateInputs, release: Release) -> dict[str, float | None]:
+    """Of a classifier's release (a topic model has none)."""
+    arch, k, w = inputs.spec.architecture, inputs.spec.n_classes, release.weights
+    if not is_classifier(arch):
+        return {}
+    return {
+        "test_accuracy": accuracy(arch, w, inputs.test.X, inputs.test.y, k),
+        "retain_accuracy": accuracy(arch, w, inputs.retained.X, inputs.retained.y, k),
+        "forget_accuracy": accuracy(arch, w, inputs.removed.X, inputs.removed.y, k),
+    }
+
+
+def _evaluate(inputs: UpdateInputs, decision: Decision) -> dict[str, Any]:
+    """Compare the release with the method's reference (the coupled retrain for recollection,
+    the release itself for an exact retrain, else seeded retraining on the retained data)."""
+    start = time.perf_counter()
+    release = decision.release
+    reference = method_for(decision.method, inputs.spec).reference(inputs, release)
+    result = evaluate(
+        inputs.spec.architecture,
+        inputs.spec.n_classes,
+        release=release.weights,
+        noise_free=release.next_state,
+        original=inputs.state,
+        reference=reference,
+        forget=(inputs.removed.X, inputs.removed.y),
+        retain=(inputs.retained.X, inputs.retained.y),
+        test=(inputs.test.X, inputs.test.y),
+    )
+    result["seconds"] = time.perf_counter() - start
+    return result

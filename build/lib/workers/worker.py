@@ -1,0 +1,222 @@
+"""`lethe worker`: an RQ SimpleWorker (no fork, so CUDA works), the reconciler, and the
+worker's Prometheus metrics on LETHE_WORKER_METRICS_PORT. Imports no web framework.
+
+Redis may go away at any moment (it carries only signals; the database is the record). RQ's
+own loop gives up on an error it does not expect ("found an unhandled exception, quitting"),
+e.g. when Redis disappears while a job runs, so `run` keeps a loop around it: when the RQ loop
+ends without a stop request, it waits with capped backoff until Redis answers PING and starts
+a new SimpleWorker. Signals lost with Redis are re-sent by the reconciler thread, which, like
+the heartbeat thread, logs and retries through Redis and database outages.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import signal
+import threading
+import time
+from collections.abc import Callable
+from types import FrameType
+from typing import Any
+
+from app.dispatch import Reconciler, RQDispatcher, reconcile_and_signal
+from app.settings import get_settings
+from workers import metrics
+from workers.device import DeviceUnavailable, worker_device
+from workers.lease import WORKER_ID, beat
+
+log = logging.getLogger("lethe.worker")
+
+RECONNECT_FIRST_SECONDS = 0.5  # first wait before pinging Redis again; doubles each time
+RECONNECT_MAX_SECONDS = 15.0  # the cap of that backoff
+HEALTHY_SECONDS = 60.0  # an RQ loop that ran this long starts the restart backoff afresh
+
+
+def run(burst: bool = False) -> None:
+    settings = get_settings()
+    if not settings.redis_url:
+        raise SystemExit("lethe worker needs LETHE_REDIS_URL (embedded mode runs its own worker)")
+    try:
+        device = worker_device(settings)
+    except DeviceUnavailable as exc:  # LETHE_DEVICE=cuda with no GPU: refuse to start
+        raise SystemExit(f"lethe worker: {exc}") from exc
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    url = settings.resolved_database_url
+    if settings.worker_metrics_port:
+        metrics.serve(settings.worker_metrics_port)
+    dispatcher = RQDispatcher(settings)
+    # Neither the database nor Redis has to be up yet: the threads below retry both.
+    _logged(lambda: beat(url, "rq"), "first heartbeat")
+    _logged(lambda: reconcile_and_signal(url, dispatcher), "first reconcile")
+    stop = threading.Event()
+    reconciler = Reconciler(url, dispatcher, settings.reconcile_seconds)
+    heart = threading.Thread(
+        target=_heartbeat, args=(url, settings.heartbeat_seconds, stop), daemon=True
+    )
+    if not burst:
+        reconciler.start()
+        heart.start()
+    log.info(
+        "worker %s listening on queue %r, computing on %s", WORKER_ID, settings.queue_name, device
+    )
+    try:
+        serve(settings.redis_url, settings.queue_name, burst=burst)
+    finally:
+        stop.set()
+
+
+def _logged(step: Callable[[], object], what: str) -> None:
+    try:
+        step()
+    except Exception:
+        log.warning("%s failed; the background threads retry it", what, exc_info=True)
+
+
+def _heartbeat(url: str, period: float, stop: threading.Event) -> None:
+    while not stop.wait(period):
+        try:
+            beat(url, "rq")
+        except Exception:
+            log.warning("heartbeat failed", exc_info=True)
+
+
+# ---- the RQ loop, restarted after Redis outages ---------------------------------------------
+
+
+class Stopping:
+    """Set by SIGTERM/SIGINT, whoever's handler is installed (RQ's or ours between two RQ
+    loops). A plain flag polled by `wait`: safe to set from a signal handler."""
+
+    def __init__(self) -> None:
+        self.requested = False
+
+    def set(self, signum: int = 0, frame: FrameType | None = None) -> None:
+        self.requested = True
+
+    def install(self) -> None:
+        signal.signal(signal.SIGTERM, self.set)
+        signal.signal(signal.SIGINT, self.set)
+
+    def wait(self, seconds: float) -> bool:
+        deadline = time.monotonic() + seconds
+        while not self.requested and (left := deadline - time.monotonic()) > 0:
+            time.sleep(min(0.2, left))
+        return self.requested
+
+
+def _worker_class() -> type:
+    from redis.exceptions import RedisError
+    from rq import SimpleWorker
+
+    class LetheWorker(SimpleWorker):
+        """A SimpleWorker that tells `serve` whether its loop ended on a stop request."""
+
+        stopping: Stopping
+        # RQ's idle loop retries Redis itself, sleeping up to a minute between tries.
+        max_connection_wait_time = RECONNECT_MAX_SECONDS
+
+        def _install_signal_handlers(self) -> None:
+            super()._install_signal_handlers()
+            if self.stopping.requested:  # a signal came between two RQ loops
+                self._stop_requested = True
+
+        def request_stop(self, signum: int, frame: FrameType | None) -> None:
+            self.stopping.set()
+            try:
+                super().request_stop(signum, frame)
+            except RedisError:  # busy, and Redis is gone: stop after the job all the same
+                self._stop_requested = True
+
+    return LetheWorker
+
+
+def serve(redis_url: str, queue_name: str, burst: bool = False) -> None:
+    """Run RQ SimpleWorkers on `queue_name` one after another until a stop request (or, in
+    burst mode, an empty queue): a loop that ends for any other reason (Redis went away) is
+    followed by a wait for Redis and a new worker."""
+    from redis import Redis
+    from redis.exceptions import RedisError
+    from rq import Queue
+
+    # RQ raises its connection's socket timeout above its blocking dequeue (minutes), so the
+    # RQ loop gets a client of its own, and the PING that waits for Redis a short timeout.
+    connection = Redis.from_url(redis_url, socket_connect_timeout=5)
+    probe = Redis.from_url(redis_url, socket_timeout=5, socket_connect_timeout=5)
+
+    worker_class = _worker_class()
+    stopping = Stopping()
+    base = WORKER_ID.replace(":", "-")
+    suffix = 0
+    delay = RECONNECT_FIRST_SECONDS
+    while True:
+        stopping.install()  # RQ's handlers belong to a finished loop
+        if stopping.requested or not _wait_for_redis(probe, stopping):
+            return
+        name = base if suffix == 0 else f"{base}-{suffix}"
+        started = time.monotonic()
+        worker = None
+        try:
+            worker = worker_class(
+                [Queue(queue_name, connection=connection)], connection=connection, name=name
+            )
+            worker.stopping = stopping
+            worker.work(with_scheduler=True, burst=burst, logging_level="INFO")
+        except ValueError as exc:  # register_birth: "There exists an active worker named ..."
+            if "active worker" not in str(exc):
+                raise
+            suffix += 1
+            log.warning("%s; registering as %s-%d", exc, base, suffix)
+            continue
+        except (RedisError, OSError) as exc:  # from RQ's start-up or teardown
+            log.warning("Redis failed around the RQ loop: %s", _describe(exc))
+        finally:
+            if worker is not None:
+                _discard(worker)
+        if burst or stopping.requested:
+            return
+        delay = RECONNECT_FIRST_SECONDS if time.monotonic() - started > HEALTHY_SECONDS else delay
+        log.warning(
+            "the RQ loop of %s ended without a stop request (Redis outage?); reconnecting in %.1fs",
+            name,
+            delay,
+        )
+        if stopping.wait(delay):
+            return
+        delay = min(delay * 2, RECONNECT_MAX_SECONDS)
+
+
+def _wait_for_redis(connection: Any, stopping: Stopping) -> bool:
+    """Ping Redis with capped backoff until it answers (True) or a stop is requested."""
+    delay = RECONNECT_FIRST_SECONDS
+    while not stopping.requested:
+        try:
+            connection.ping()
+            return True
+        except Exception as exc:
+            log.warning("Redis unreachable (%s); retrying in %.1fs", _describe(exc), delay)
+        if stopping.wait(delay):
+            break
+        delay = min(delay * 2, RECONNECT_MAX_SECONDS)
+    return False
+
+
+def _describe(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {exc}"
+
+
+def _discard(worker: Any) -> None:
+    """What RQ's teardown may have left behind when Redis failed in it: the scheduler child
+    and the pubsub thread (which otherwise retries its dead connection forever)."""
+    process = getattr(worker.scheduler, "_process", None)
+    if process is not None and process.is_alive():
+        with contextlib.suppress(Exception):
+            worker.stop_scheduler()
+    thread = worker.pubsub_thread
+    if thread is not None and thread.is_alive():
+        with contextlib.suppress(Exception):
+            thread.stop()
+        with contextlib.suppress(Exception):
+            thread.join(timeout=1)
+        with contextlib.suppress(Exception):
+            worker.pubsub.close()
