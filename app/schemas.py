@@ -73,7 +73,9 @@ class In(BaseModel):
     values included, must be storable text (`unstorable_text`), checked once on the raw
     input."""
 
-    model_config = ConfigDict(extra="forbid", allow_inf_nan=False, strict=True)
+    model_config = ConfigDict(
+        extra="forbid", allow_inf_nan=False, strict=True, use_attribute_docstrings=True
+    )
 
     @model_validator(mode="before")
     @classmethod
@@ -82,7 +84,9 @@ class In(BaseModel):
 
 
 class Out(BaseModel):
-    model_config = ConfigDict(from_attributes=True)
+    """A response read from the database's rows."""
+
+    model_config = ConfigDict(from_attributes=True, use_attribute_docstrings=True)
 
 
 def _as_str(value: Any) -> Any:
@@ -99,10 +103,17 @@ MAX_ID = 2**53 - 1
 
 
 class BuiltinDatasetIn(In):
+    """A builtin dataset, built on the server: scikit-learn's digits or breast cancer, a seeded
+    Gaussian mixture, or a synthetic text corpus."""
+
     builtin: Literal["digits", "breast_cancer", "synthetic", "synthetic_corpus"]
+    """which builtin"""
     name: str | None = Field(None, max_length=200)
+    """a display name (default: the builtin's)"""
     seed: int = Field(0, ge=0, le=2**31 - 1)
+    """seeds the split and the synthetic draws"""
     test_fraction: float = Field(0.2, gt=0.0, lt=1.0)
+    """share of samples put in the test split"""
     n_samples: int = Field(2000, ge=10, le=200_000, description="synthetic only")
     n_features: int = Field(20, ge=1, le=4096, description="synthetic only")
     n_classes: int = Field(2, ge=2, le=100, description="synthetic only")
@@ -115,34 +126,58 @@ class BuiltinDatasetIn(In):
 
 
 class DatasetOut(Out):
+    """A registered dataset and its sample counts."""
+
     id: int
+    """the dataset's id"""
     name: str
+    """display name"""
     kind: str
+    """image, tabular or text"""
     source: str
+    """builtin:<name>, npz, csv, text_csv or sparse_npz"""
     feature_shape: list[int]
+    """shape of one sample's features (a text corpus: [vocabulary])"""
     n_classes: int
+    """number of labels (1 when unlabelled)"""
     n_samples: int
+    """samples registered"""
     counts: dict[str, int] = {}
+    """samples per split and per status (active, erased)"""
     text: dict[str, Any] | None = None
+    """a corpus's vocabulary size, rare token and short documents (null otherwise)"""
     created_at: datetime
+    """when it was registered (UTC)"""
 
 
 class SampleOut(Out):
     """A sample as readers see it; once erased its ids and label are gone (null)."""
 
     external_id: str | None
+    """the client's id (null once erased)"""
     subject_id: str | None
+    """the data subject's id, if any (null once erased)"""
     split: str
+    """train or test"""
     label: int | None
+    """the label (null once erased)"""
     status: str
+    """active or erased"""
     erased_at: datetime | None
+    """when it was erased"""
 
 
-class SamplePage(BaseModel):
+class SamplePage(Out):
+    """A page of a dataset's samples."""
+
     items: list[SampleOut]
+    """the samples"""
     total: int
+    """samples matching the filter"""
     offset: int
+    """first item's position"""
     limit: int
+    """page size"""
 
 
 # ---- models ---------------------------------------------------------------------------------
@@ -195,12 +230,21 @@ class MethodConfig(BaseModel):
 
 
 class ModelCreate(In):
+    """A model to train on a dataset: its architecture, training, unlearning method and privacy
+    policy."""
+
     name: str = Field(..., min_length=1, max_length=200)
+    """display name"""
     dataset_id: int = Field(ge=1, le=MAX_ID)
+    """the dataset to train on (its active training samples)"""
     architecture: Architecture = Field(default_factory=lambda: LogRegSpec(type="logreg"))
+    """the network, built from this spec (never from code)"""
     training: TrainingConfig = Field(default_factory=TrainingConfig)
+    """the training configuration"""
     method: MethodConfig = Field(default_factory=MethodConfig)
+    """the unlearning method and its options"""
     privacy: PrivacyPolicy = Field(default_factory=PrivacyPolicy)
+    """the per-release target and the lineage budget"""
 
     @model_validator(mode="before")
     @classmethod
@@ -273,32 +317,59 @@ class ModelCreate(In):
 
 
 class VersionOut(Out):
+    """One version of a model: the trained model or an update."""
+
     number: int
+    """1 for the trained model, then one per update"""
     parent: int | None
+    """the version it replaced"""
     kind: str
+    """trained, unlearned, retrained or imported"""
     weights_sha256: str
+    """sha256 of the released safetensors bytes"""
     weights_size: int
+    """bytes of the released file"""
     weights_available: bool
+    """false once purged (it was trained on erased data)"""
     metrics: dict[str, Any]
+    """accuracies, timings, σ and what the method measured"""
     n_train: int
+    """training samples it holds"""
     created_at: datetime
+    """when it was written (UTC)"""
     erased_at: datetime | None
+    """when its weights were purged"""
 
 
 class ModelOut(Out):
+    """A model, its status and its current version."""
+
     id: int
+    """the model's id"""
     name: str
+    """display name"""
     dataset_id: int
+    """the dataset it trains on"""
     status: str
+    """queued, training, ready or failed"""
     progress: dict[str, Any]
+    """training progress: stage, epoch, epochs"""
     error: str | None
+    """why training failed"""
     architecture: dict[str, Any]
+    """the architecture spec"""
     training: dict[str, Any]
+    """the training configuration"""
     method: dict[str, Any]
+    """the unlearning method and its options"""
     privacy: dict[str, Any]
+    """the privacy policy"""
     current_version: VersionOut | None
+    """the version served now"""
     n_train: int
+    """training samples it still holds"""
     created_at: datetime
+    """when it was created (UTC)"""
 
 
 # ---- deletions ------------------------------------------------------------------------------
@@ -316,61 +387,108 @@ class DeletionCreate(In):
         }
     )
     dataset_id: int = Field(ge=1, le=MAX_ID)
+    """the dataset the samples belong to"""
     sample_ids: list[Identifier] = Field(default_factory=list, max_length=100_000)
+    """the clients' sample ids to forget"""
     subject_ids: list[Identifier] = Field(default_factory=list, max_length=100_000)
+    """data subjects whose samples to forget"""
     method: str | None = Field(None, json_schema_extra={"enum": [*method_names(), None]})
+    """force a method for this request (`retrain` or the model's own)"""
     epsilon: float | None = Field(None, gt=0.0)
+    """a tighter per-release ε than the models' policies"""
     delta: float | None = Field(None, gt=0.0, lt=1.0)
+    """a tighter per-release δ than the models' policies"""
 
 
-class ModelProgress(BaseModel):
+class ModelProgress(Out):
+    """One model's part of a deletion request."""
+
     model_id: int
+    """the model"""
     status: str
+    """queued, running, done or failed"""
     version: int | None
+    """the version that removed the samples"""
     certificate_id: int | None
+    """its certificate"""
     n_removed: int
+    """samples this model removed"""
     error: str | None
+    """why it failed"""
 
 
-class AlreadyErased(BaseModel):
+class AlreadyErased(Out):
+    """A sample erased before this request, with the certificates that removed it."""
+
     sample_id: str
+    """the sample"""
     certificate_ids: list[int]
+    """the earlier certificates"""
 
 
-class DeletionOut(BaseModel):
+class DeletionOut(Out):
+    """A deletion request: its status, per-model progress and certificates."""
+
     id: int
+    """the request's id"""
     status: str
+    """queued, running, done or failed"""
     dataset_id: int
+    """the dataset"""
     selector: dict[str, Any]
+    """the sample and subject ids asked for"""
     n_samples: int
+    """samples matched"""
     already_erased: list[AlreadyErased]
+    """samples erased earlier (no new version)"""
     models: list[ModelProgress]
+    """per-model progress"""
     certificate_ids: list[int]
+    """one per model that removed samples"""
     error: str | None
+    """why it failed"""
     created_at: datetime
+    """when it was accepted (UTC)"""
     finished_at: datetime | None
+    """when it finished"""
 
 
-class DeletionPage(BaseModel):
+class DeletionPage(Out):
     """A page of deletion requests, newest first."""
 
     items: list[DeletionOut]
+    """the requests"""
     offset: int
+    """first item's position"""
     limit: int
+    """page size"""
 
 
 # ---- keys -----------------------------------------------------------------------------------
 
 
 class KeyCreate(In):
+    """A new API key."""
+
     role: Literal["admin", "requester", "auditor", "reader"]
+    """admin, requester (asks for deletions), auditor (reads certificates and the log) or reader
+    (reads models, downloads weights)"""
     name: str = Field("api key", min_length=1, max_length=200)
+    """a label for the key"""
 
 
-class KeyOut(BaseModel):
+class KeyOut(Out):
+    """An API key; its secret is shown once, when it is created."""
+
     id: int
+    """the key's id"""
     name: str
+    """its label"""
     role: str
+    """its role"""
     key: str | None = None
+    """the secret (only in the answer that created it)"""
     prefix: str
+    """the first characters, to recognise it"""
     created_at: datetime
+    """when it was created"""

@@ -15,11 +15,20 @@ class Strict(BaseModel):
     """No unknown keys, no NaN/∞, and no type coercion (`"20"` or `true` is not an integer),
     as the OpenAPI schema says."""
 
-    model_config = ConfigDict(extra="forbid", allow_inf_nan=False, frozen=True, strict=True)
+    model_config = ConfigDict(
+        extra="forbid",
+        allow_inf_nan=False,
+        frozen=True,
+        strict=True,
+        use_attribute_docstrings=True,
+    )
 
 
 class LogRegSpec(Strict):
+    """A linear classifier (logistic regression) on the features."""
+
     type: Literal["logreg"]
+    """logreg"""
     feature_norm: float | None = Field(
         None,
         gt=1.0,
@@ -30,9 +39,14 @@ class LogRegSpec(Strict):
 
 
 class MLPSpec(Strict):
+    """A multilayer perceptron: linear layers with one activation between them."""
+
     type: Literal["mlp"]
+    """mlp"""
     hidden: list[Annotated[int, Field(ge=1, le=4096)]] = Field([64, 64], min_length=1, max_length=8)
+    """hidden layer widths"""
     activation: Literal["relu", "tanh", "gelu", "sigmoid"] = "relu"
+    """activation between layers"""
 
 
 class RandomFeaturesSpec(Strict):
@@ -43,8 +57,9 @@ class RandomFeaturesSpec(Strict):
     more than the inputs (on digits, b ~ N(0, 1) left rank 900 of 1,437)."""
 
     type: Literal["random_features"]
+    """random_features"""
     width: int = Field(2048, ge=1, le=65536, description="h: the number of random features")
-    activation: Literal["relu", "tanh", "cos"] = "relu"
+    activation: Literal["relu", "tanh", "cos"] = Field("relu", description="the activation act")
     scale: float = Field(1.0, gt=0.0, le=1e3, description="scale of the frozen weights A")
     bias_scale: float = Field(0.1, ge=0.0, le=1e3, description="scale of the frozen bias b")
     seed: int = Field(0, ge=0, le=2**31 - 1, description="draws the frozen first layer")
@@ -56,6 +71,7 @@ class TopicModelSpec(Strict):
     algorithm (Arora et al. 2012). Not a classifier: it has no accuracy."""
 
     type: Literal["topic_model"]
+    """topic_model"""
     topics: int = Field(20, ge=2, le=500, description="r: the number of topics")
     projection_dim: int | None = Field(
         None,
@@ -76,6 +92,7 @@ class TopicHeadSpec(Strict):
     the head)."""
 
     type: Literal["topic_head"]
+    """topic_head"""
     base_model: int = Field(ge=1, le=2**53 - 1, description="an anchor_topics model")
     topics: int = Field(20, ge=2, le=500, description="copied from the base model")
     projection_dim: int | None = Field(None, ge=2, le=10_000, description="copied from it")
@@ -88,12 +105,20 @@ _ARCHITECTURE: TypeAdapter[ArchitectureSpec] = TypeAdapter(Architecture)
 
 
 class TrainingConfig(Strict):
+    """Seeded minibatch SGD: the same configuration and seed retrain exactly."""
+
     epochs: int = Field(20, ge=1, le=1000)
+    """passes over the data"""
     batch_size: int = Field(64, ge=1, le=65536)
+    """samples per step"""
     learning_rate: float = Field(0.1, gt=0.0, le=10.0)
+    """SGD step size"""
     weight_decay: float = Field(1e-4, ge=0.0, le=1.0)
+    """L2 weight decay"""
     momentum: float = Field(0.0, ge=0.0, lt=1.0)
+    """SGD momentum"""
     seed: int = Field(0, ge=0, le=2**31 - 1)
+    """initialisation and batch order"""
 
 
 class ImportedWeights(Strict):
@@ -104,11 +129,16 @@ class ImportedWeights(Strict):
 
 
 class PrivacyPolicy(Strict):
+    """What each release must meet and how much the lineage may spend."""
+
     epsilon: float = Field(1.0, gt=0.0, le=100.0, description="per-release target ε")
     delta: float = Field(1e-5, gt=0.0, lt=1.0, description="per-release target δ")
     lineage_epsilon: float = Field(10.0, gt=0.0, le=1000.0)
+    """ε budget of all noisy releases since the last exact retrain"""
     lineage_delta: float = Field(1e-4, gt=0.0, lt=1.0)
+    """δ budget of all noisy releases since the last exact retrain"""
     allow_heuristic: bool = False
+    """let a method without a guarantee (minnorm_og) run"""
 
 
 def architecture_of(spec: ArchitectureSpec | dict[str, Any]) -> ArchitectureSpec:

@@ -22,8 +22,20 @@ UPLOAD_DOC = {
     "requestBody": {
         "required": True,
         "content": {
-            "application/json": {"schema": BuiltinDatasetIn.model_json_schema()},
+            "application/json": {
+                "schema": BuiltinDatasetIn.model_json_schema(),
+                "examples": {
+                    "digits": {"value": {"builtin": "digits"}},
+                    "synthetic": {
+                        "value": {"builtin": "synthetic", "n_samples": 50000, "n_features": 256}
+                    },
+                    "corpus": {
+                        "value": {"builtin": "synthetic_corpus", "vocabulary": 2000, "topics": 20}
+                    },
+                },
+            },
             "multipart/form-data": {
+                "example": {"name": "people", "label_column": "label", "id_column": "id"},
                 "schema": {
                     "type": "object",
                     "required": ["file"],
@@ -45,7 +57,7 @@ UPLOAD_DOC = {
                         "seed": {"type": "integer"},
                         "test_fraction": {"type": "number"},
                     },
-                }
+                },
             },
         },
     }

@@ -6,7 +6,7 @@ import asyncio
 import time
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Header, Query, Request
+from fastapi import APIRouter, Body, Header, Query, Request
 from fastapi.responses import JSONResponse
 from sqlalchemy.orm import Session
 from starlette.concurrency import run_in_threadpool
@@ -31,9 +31,25 @@ MAX_WAIT_SECONDS = 30.0
 router = APIRouter(prefix="/v1/deletions", tags=["deletions"], responses=COMMON)
 
 
+DELETION_EXAMPLES: dict[str, Any] = {
+    "samples": {
+        "summary": "forget three samples",
+        "value": {"dataset_id": 1, "sample_ids": ["17", "42", "1001"]},
+    },
+    "subject": {
+        "summary": "forget everything of a data subject",
+        "value": {"dataset_id": 2, "subject_ids": ["person-7"]},
+    },
+    "tighter": {
+        "summary": "a tighter target than the policy, or an exact retrain",
+        "value": {"dataset_id": 1, "sample_ids": ["17"], "epsilon": 0.5, "method": "retrain"},
+    },
+}
+
+
 @router.post("", status_code=202, response_model=DeletionOut, responses=errors(404, 409))
 def create(
-    body: DeletionCreate,
+    body: Annotated[DeletionCreate, Body(openapi_examples=DELETION_EXAMPLES)],
     key: Requester,
     db: DbDep,
     committer: CommitterDep,

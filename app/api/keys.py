@@ -5,9 +5,9 @@ lock every administrator out (the only way back would be the database itself).""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Annotated, Any
 
-from fastapi import APIRouter
+from fastapi import APIRouter, Body
 from sqlalchemy import select
 
 from app.api import keycache
@@ -35,7 +35,22 @@ def me(key: AnyRole) -> dict[str, Any]:
 
 
 @router.post("", status_code=201, response_model=KeyOut)
-def create(body: KeyCreate, _: Admin, db: DbDep) -> dict[str, Any]:
+def create(
+    body: Annotated[
+        KeyCreate,
+        Body(
+            openapi_examples={
+                "auditor": {"summary": "an auditor's key", "value": {"role": "auditor"}},
+                "requester": {
+                    "summary": "a named requester key",
+                    "value": {"role": "requester", "name": "privacy desk"},
+                },
+            }
+        ),
+    ],
+    _: Admin,
+    db: DbDep,
+) -> dict[str, Any]:
     with db.write() as session:
         key, raw = create_key(session, Role(body.role), body.name)
         return {

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import Annotated, Any
 
-from fastapi import APIRouter, Request
+from fastapi import APIRouter, Body, Request
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import Response
 from pydantic import ValidationError
@@ -43,7 +43,12 @@ WEIGHTS_DOC: dict[int | str, dict[str, Any]] = {
 
 
 @router.post("", status_code=202, response_model=ModelOut, responses=errors(404))
-def create(spec: ModelCreate, _: Admin, db: DbDep, dispatcher: DispatcherDep) -> dict[str, Any]:
+def create(
+    spec: Annotated[ModelCreate, Body(openapi_examples=MODEL_EXAMPLES)],
+    _: Admin,
+    db: DbDep,
+    dispatcher: DispatcherDep,
+) -> dict[str, Any]:
     """Register a model and queue its training; poll GET /v1/models/{id} for progress."""
     with db.write() as session:
         model = create_model(session, spec)
@@ -52,11 +57,49 @@ def create(spec: ModelCreate, _: Admin, db: DbDep, dispatcher: DispatcherDep) ->
     return view
 
 
+MODEL_EXAMPLES: dict[str, Any] = {
+    "mlp": {
+        "summary": "an MLP on digits, exact retraining",
+        "value": {
+            "name": "digits-mlp",
+            "dataset_id": 1,
+            "architecture": {"type": "mlp", "hidden": [64, 64], "activation": "relu"},
+            "training": {"epochs": 20, "batch_size": 64, "learning_rate": 0.1, "seed": 0},
+            "method": {"name": "retrain"},
+        },
+    },
+    "convex_head": {
+        "summary": "a certified logistic head on embeddings",
+        "value": {
+            "name": "head",
+            "dataset_id": 1,
+            "architecture": {"type": "logreg"},
+            "method": {"name": "convex_head", "lam": 0.001, "R": 20, "beta": 0.001},
+            "privacy": {"epsilon": 1.0, "delta": 1e-5},
+        },
+    },
+    "minnorm": {
+        "summary": "exact min-norm unlearning on random features",
+        "value": {
+            "name": "rf",
+            "dataset_id": 1,
+            "architecture": {"type": "random_features", "width": 4096},
+            "method": {"name": "minnorm"},
+        },
+    },
+}
+
 IMPORT_DOC = {
     "requestBody": {
         "required": True,
         "content": {
             "multipart/form-data": {
+                "example": {
+                    "name": "imported",
+                    "dataset_id": 1,
+                    "architecture": '{"type": "logreg"}',
+                    "method": '{"name": "output_perturbation", "C0": 1.0}',
+                },
                 "schema": {
                     "type": "object",
                     "required": ["weights", "name", "dataset_id", "architecture", "method"],
@@ -72,7 +115,7 @@ IMPORT_DOC = {
                             "description": "JSON (fine-tuning, retrain)",
                         },
                     },
-                }
+                },
             }
         },
     }
