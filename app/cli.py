@@ -203,20 +203,20 @@ def train_with_progress(c: Client, model_id: int, epochs: int) -> dict:
 
 @models.command("get")
 def models_get(model_id: int, url: Url = None, key: Key = None) -> None:
-    _show(_client(url, key).get(f"/v1/models/{model_id}"))
+    _show(_client(url, key).model(model_id).model_dump(mode="json"))
 
 
 @models.command("versions")
 def models_versions(model_id: int, url: Url = None, key: Key = None) -> None:
     table = Table("version", "kind", "test acc", "sha256", "weights")
-    for v in _client(url, key).get(f"/v1/models/{model_id}/versions"):
-        acc = v["metrics"].get("test_accuracy")
+    for v in _client(url, key).versions(model_id):
+        acc = v.metrics.get("test_accuracy")
         table.add_row(
-            str(v["number"]),
-            v["kind"],
+            str(v.number),
+            v.kind,
             f"{acc:.4f}" if acc is not None else "-",
-            v["weights_sha256"][:16],
-            "available" if v["weights_available"] else "erased (410)",
+            v.weights_sha256[:16],
+            "available" if v.weights_available else "erased (410)",
         )
     console.print(table)
 
@@ -268,7 +268,7 @@ def deletions_create(
 
 @deletions.command("get")
 def deletions_get(request_id: int, url: Url = None, key: Key = None) -> None:
-    _show(_client(url, key).get(f"/v1/deletions/{request_id}"))
+    _show(_client(url, key).deletion(request_id).model_dump(mode="json"))
 
 
 @privacy.command("preview")
@@ -280,12 +280,7 @@ def privacy_preview(
     key: Key = None,
 ) -> None:
     """Noise σ, feasibility and lineage budget of a model's next release."""
-    params = {
-        "model": model,
-        **({"epsilon": epsilon} if epsilon is not None else {}),
-        **({"delta": delta} if delta is not None else {}),
-    }
-    p = _client(url, key).get("/v1/privacy/preview", params=params)
+    p = _client(url, key).preview(model, epsilon, delta)
     table = Table("quantity", "value", title=f"model {model}: next release ({p['method']})")
     lin = p["lineage"]
     for name, value in [
@@ -308,19 +303,17 @@ def privacy_preview(
 
 @audit.command("verify")
 def audit_verify(url: Url = None, key: Key = None) -> None:
-    _show(_client(url, key).get("/v1/audit/verify"))
+    _show(_client(url, key).verify())
 
 
 @audit.command("certificates")
 def audit_certificates(model: int | None = None, url: Url = None, key: Key = None) -> None:
-    params = {"model": model} if model is not None else {}
-    _show(_client(url, key).get("/v1/audit/certificates", params=params))
+    _show(_client(url, key).certificates(model=model, limit=1000))
 
 
 @audit.command("export")
 def audit_export(out: Path, url: Url = None, key: Key = None) -> None:
-    response = _client(url, key).request("GET", "/v1/audit/export")
-    out.write_bytes(response.content)
+    out.write_bytes(_client(url, key).export())
     console.print(f"wrote {out}; verify with: python3 scripts/verify_audit.py {out}")
 
 
