@@ -4,6 +4,7 @@ and the package a non-editable install builds (issue 16, part 8)."""
 from __future__ import annotations
 
 import re
+import shutil
 import subprocess
 import sys
 import zipfile
@@ -48,6 +49,11 @@ def test_the_image_runs_unprivileged_with_dependencies_in_their_own_layer() -> N
 
 
 def test_a_built_wheel_carries_the_dashboard_and_the_loader(tmp_path: Path) -> None:
+    source = tmp_path / "source"  # a copy: setuptools writes build/ beside the sources
+    for name in ("app", "workers", "lethe"):
+        shutil.copytree(ROOT / name, source / name, ignore=shutil.ignore_patterns("__pycache__"))
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy(ROOT / name, source / name)
     subprocess.run(
         [
             sys.executable,
@@ -59,7 +65,7 @@ def test_a_built_wheel_carries_the_dashboard_and_the_loader(tmp_path: Path) -> N
             "-q",
             "-w",
             str(tmp_path),
-            str(ROOT),
+            str(source),
         ],
         check=True,
         timeout=300,

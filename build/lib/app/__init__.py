@@ -1,1 +1,0 @@
-"""Lethe: certified machine unlearning as a service (HTTP layer; imports no torch)."""

@@ -1,1 +1,0 @@
-"""HTTP routers, one per resource. They validate and delegate to app.services."""

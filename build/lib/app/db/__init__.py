@@ -1,1 +1,0 @@
-"""Database tables and session handling (SQLAlchemy 2)."""

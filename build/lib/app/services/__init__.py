@@ -1,1 +1,0 @@
-"""Domain service functions: the HTTP layer validates, these act on the database."""
