@@ -339,17 +339,15 @@ def commit_update(session: Session, batch: Batch, outcome: Outcome | None) -> in
         row = rows[task.task_id]
         if row.status != TaskStatus.running or row.lease_owner != WORKER_ID:
             raise LeaseLost(f"task {task.task_id} was reclaimed")
-    certified = [t for t in batch.tasks if batch.removed_by_task[t.task_id] and version is not None]
-    certs: dict[int, Certificate] = {}
+    certs: dict[int, Certificate] = {}  # task id -> its certificate, one flush for all
+    certified = [t for t in batch.tasks if batch.removed_by_task[t.task_id]]
     if certified and version is not None and outcome is not None:
         fields = [
             _certificate(batch, t, outcome, version, batch.removed_by_task[t.task_id])
             for t in certified
         ]
-        certs = {
-            t.task_id: c
-            for t, c in zip(certified, append_certificates(session, fields), strict=True)
-        }
+        appended = append_certificates(session, fields)
+        certs = {t.task_id: c for t, c in zip(certified, appended, strict=True)}
     removals: list[dict[str, int]] = []
     for task in batch.tasks:
         removed = batch.removed_by_task[task.task_id]

@@ -134,3 +134,17 @@ def _robustness(P: torch.Tensor) -> float:
 def top_words(A: torch.Tensor, k: int = 10) -> list[list[int]]:
     """Each topic's k most probable words (indices into the vocabulary)."""
     return A.topk(min(k, A.shape[0]), dim=0).indices.T.tolist()
+
+
+def estimates(topics: Topics) -> dict[str, float]:
+    """The paper's constants as the learned model suggests them: a (max/min topic mass), p
+    (the smallest anchor weight), γ (the anchor simplex's robustness / p) and q (the smallest
+    topic mass, the task rarity when every topic counts)."""
+    mass = topics.topic_mass / topics.topic_mass.sum()
+    p = max(topics.anchor_weight, 1e-12)
+    return {
+        "a": float(mass.max() / mass.min().clamp(min=1e-300)),
+        "p": p,
+        "gamma": topics.robustness / p,
+        "q": float(mass.min()),
+    }

@@ -149,7 +149,7 @@ class AnchorTopics(UnlearningMethod):
         o = self.options
         if o.calibrate_with == "declared":
             return {"a": o.a, "gamma": o.gamma, "p": o.p}
-        return _estimates(topics)
+        return tp.estimates(topics)
 
     def _capacity(self, topics: tp.Topics, m: int, target: PrivacyTarget) -> dict[str, float]:
         o, k = self.options, self._constants(topics)
@@ -182,7 +182,7 @@ class AnchorTopics(UnlearningMethod):
             "joint_sensitivity": joint,
             "noise": NOISE,
             "calibrated_with": o.calibrate_with,
-            "estimates": _estimates(topics),
+            "estimates": tp.estimates(topics),
             "deletion_capacity": self._capacity(topics, m, target),
             "top_words": self._words(tp.top_words(released["A"])),  # of the noised release
         }
@@ -240,13 +240,3 @@ class AnchorTopics(UnlearningMethod):
             compares="release vs. the topic model retrained on the retained documents with the "
             "same anchors, through the same Gaussian mechanism (seed 000, Def. 4)",
         )
-
-
-def _estimates(topics: tp.Topics) -> dict[str, float]:
-    mass = topics.topic_mass
-    p = max(topics.anchor_weight, 1e-12)
-    return {
-        "a": float(mass.max() / mass.min().clamp(min=1e-300)),
-        "p": p,
-        "gamma": topics.robustness / p,
-    }

@@ -202,7 +202,7 @@ class TopicHead(UnlearningMethod):
                 "noise": NOISE,
                 "removed_documents_cumulative": m_u,
                 "deletion_capacity": limit,
-                "estimates": _estimates(updated),
+                "estimates": tp.estimates(updated),
             },
         )
 
@@ -212,7 +212,7 @@ class TopicHead(UnlearningMethod):
 
     def _constants(self, topics: tp.Topics) -> dict[str, float]:
         o = self.options
-        est = _estimates(topics)
+        est = tp.estimates(topics)
         if o.calibrate_with == "estimated":
             return est
         r = topics.A.shape[1]
@@ -276,14 +276,3 @@ def _served(A_S: torch.Tensor, v: torch.Tensor, bias: torch.Tensor) -> ModelStat
 
 def _source(o: TopicHeadOptions) -> Any:
     return "declared" if o.calibrate_with == "declared" else "measured"
-
-
-def _estimates(topics: tp.Topics) -> dict[str, float]:
-    mass = topics.topic_mass / topics.topic_mass.sum()
-    p = max(topics.anchor_weight, 1e-12)
-    return {
-        "a": float(mass.max() / mass.min().clamp(min=1e-300)),
-        "p": p,
-        "gamma": topics.robustness / p,
-        "q": float(mass.min()),
-    }
