@@ -10,7 +10,7 @@ from sqlalchemy.orm import Session
 
 from app.architectures import check_weights
 from app.blobstore import DatabaseBlobStore
-from app.db.tables import Model, ModelSample, ModelVersion, Sample
+from app.db.tables import Dataset, Model, ModelSample, ModelVersion, Sample
 from app.errors import APIError, not_found, unprocessable
 from app.methods import get_method, method_names, method_of
 from app.schemas import ModelCreate
@@ -58,7 +58,7 @@ def create_model(session: Session, spec: ModelCreate) -> Model:
     return model
 
 
-def _head_on_base(session: Session, spec: ModelCreate, ds: Any) -> TopicHeadSpec:
+def _head_on_base(session: Session, spec: ModelCreate, ds: Dataset) -> TopicHeadSpec:
     """A topic head names an anchor_topics model on the same corpus; it learns A_S as that
     model does (its topics, projection and seed are copied) and needs labels."""
     head = spec.architecture
