@@ -16,6 +16,7 @@ from typing import Any
 from sqlalchemy import event, func, select
 from sqlalchemy.orm import Session
 
+from app import transparency
 from app.db.tables import Certificate, utcnow
 
 GENESIS = "0" * 64
@@ -113,6 +114,8 @@ def append_certificates(session: Session, many: list[dict[str, Any]]) -> list[Ce
     session.add_all(certs)
     session.flush()
     session.info["audit_head"] = (seq, prev)
+    if certs:
+        transparency.append(session, certs)  # the Merkle tree and a signed head, same txn
     return certs
 
 

@@ -311,6 +311,45 @@ def audit_certificates(model: int | None = None, url: Url = None, key: Key = Non
     _show(_client(url, key).certificates(model=model, limit=1000))
 
 
+@audit.command("verify-receipt")
+def audit_verify_receipt(
+    receipt: Annotated[Path, typer.Argument(help="a receipt (from a finished deletion)")],
+    keys: Annotated[Path, typer.Option(help="GET /v1/audit/public-key, saved")],
+    head: Annotated[Path | None, typer.Option(help="a newer head (GET /v1/audit/head)")] = None,
+    consistency: Annotated[
+        Path | None, typer.Option(help="GET /v1/audit/proof/consistency?first=M&second=N")
+    ] = None,
+) -> None:
+    """Check a receipt offline, from files alone: the head's signature, the certificate's
+    inclusion, and (with --head and --consistency) that a newer head extends it."""
+    from app.receipts import ReceiptError, verify_extension, verify_receipt
+
+    key_table = json.loads(keys.read_text())
+    try:
+        old = verify_receipt(json.loads(receipt.read_text()), key_table)
+        console.print(
+            f"included: certificate leaf under the head of size {old['tree_size']} "
+            f"signed by {old['key_id']}"
+        )
+        if head is not None and consistency is not None:
+            newer = json.loads(head.read_text())
+            verify_extension(old, newer, json.loads(consistency.read_text()), key_table)
+            console.print(f"consistent: the head of size {newer['tree_size']} extends it")
+    except ReceiptError as exc:
+        raise CliError(f"receipt does not verify: {exc}") from exc
+
+
+@audit.command("rotate-key")
+def audit_rotate_key() -> None:
+    """Retire the audit signing key (its public key stays listed) and create a new one; then
+    restart the API and the workers."""
+    from app.settings import get_settings
+    from app.transparency import rotate
+
+    old, new = rotate(get_settings())
+    console.print(f"retired {old}; new signing key {new}")
+
+
 @audit.command("export")
 def audit_export(out: Path, url: Url = None, key: Key = None) -> None:
     out.write_bytes(_client(url, key).export())

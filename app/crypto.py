@@ -146,6 +146,12 @@ def _key_from_file(path: Path) -> bytes:
     return _decode_key(_read_key_file(path), str(path))
 
 
+def forget_key_files() -> None:
+    """Drop the per-process cache of key files (after one is replaced, e.g. a rotation)."""
+    _key_at.cache_clear()
+    _key_from_file.cache_clear()
+
+
 def _read_key_file(path: Path) -> str:
     for _ in range(100):  # another process may be between creating and writing the file
         if text := path.read_text().strip():

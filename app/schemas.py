@@ -445,6 +445,10 @@ class DeletionOut(Out):
     """per-model progress"""
     certificate_ids: list[int]
     """one per model that removed samples"""
+    receipts: list[dict[str, Any]] = []
+    """once done, per new certificate: the signed tree head that first includes it and the
+    inclusion proof at that size (keep it; check it offline with `lethe audit
+    verify-receipt`)"""
     error: str | None
     """why it failed"""
     created_at: datetime

@@ -65,6 +65,12 @@ class Settings(BaseSettings):
     master_key_file: Path | None = Field(
         None, description="file holding the master key; default <data_dir>/master.key"
     )
+    audit_signing_key: SecretStr | None = Field(
+        None, description="base64 of 32 bytes: the Ed25519 seed that signs the audit tree heads"
+    )
+    audit_signing_key_file: Path | None = Field(
+        None, description="file holding it; default <data_dir>/audit-signing.key"
+    )
     erasure_compaction: bool = Field(
         True, description="after an erasure, compact the key table (VACUUM FULL / checkpoint)"
     )

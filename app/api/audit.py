@@ -11,14 +11,15 @@ from fastapi.responses import StreamingResponse
 from pydantic import AfterValidator, BeforeValidator
 from sqlalchemy import select
 
-from app.api.deps import Auditor, DbDep
+from app import transparency
+from app.api.deps import AnyRole, Auditor, DbDep
 from app.api.params import PathId, QueryId
 from app.api.responses import COMMON, errors
 from app.audit import certificate_document, export_lines, verify_chain
 from app.crypto import keyring
 from app.db.tables import Certificate, Dataset, DeletionRequest, Sample
 from app.errors import not_found
-from app.schemas import Text
+from app.schemas import MAX_ID, Text
 
 router = APIRouter(prefix="/v1/audit", tags=["audit"], responses=COMMON)
 
@@ -91,6 +92,44 @@ def certificate(certificate_id: PathId, _: Auditor, db: DbDep) -> dict[str, Any]
         if cert is None:
             raise not_found("certificate", certificate_id)
         return certificate_document(cert)
+
+
+@router.get("/head", responses=errors(404))
+def head(_: AnyRole, db: DbDep) -> dict[str, Any]:
+    """The latest signed tree head: Ed25519 over (tree size, root hash, timestamp)."""
+    with db.read() as session:
+        return transparency.latest_head(session)
+
+
+@router.get("/public-key")
+def public_key() -> dict[str, Any]:
+    """The heads' public keys (base64 raw Ed25519), current and retired, by key id. Public:
+    anyone may check a head."""
+    return {"keys": transparency.public_keys(), "message_format": transparency.HEAD_FORMAT}
+
+
+@router.get("/proof/inclusion", responses=errors(404))
+def inclusion_proof(
+    _: AnyRole,
+    db: DbDep,
+    certificate: Annotated[int, Query(ge=1, le=MAX_ID)],
+    tree_size: Annotated[int | None, Query(ge=1, le=MAX_ID)] = None,
+) -> dict[str, Any]:
+    """RFC 6962 inclusion proof of a certificate in the tree of `tree_size` (default: latest)."""
+    with db.read() as session:
+        return transparency.inclusion(session, certificate, tree_size)
+
+
+@router.get("/proof/consistency")
+def consistency_proof(
+    _: AnyRole,
+    db: DbDep,
+    first: Annotated[int, Query(ge=1, le=MAX_ID)],
+    second: Annotated[int, Query(ge=1, le=MAX_ID)],
+) -> dict[str, Any]:
+    """RFC 6962 consistency proof: the tree of `second` extends the tree of `first`."""
+    with db.read() as session:
+        return transparency.consistency(session, first, second)
 
 
 @router.get("/verify")

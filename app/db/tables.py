@@ -259,6 +259,31 @@ class Certificate(Base):
     entry_hash: Mapped[str] = mapped_column(String(64), unique=True)
 
 
+class MerkleNode(Base):
+    """A complete subtree of the certificates' Merkle tree (RFC 6962): level 0 holds the leaf
+    of certificate seq = idx + 1; level l, index i covers leaves [i·2^l, (i+1)·2^l)."""
+
+    __tablename__ = "merkle_nodes"
+    level: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=False)
+    idx: Mapped[int] = mapped_column(
+        BigInteger().with_variant(Integer, "sqlite"), primary_key=True, autoincrement=False
+    )
+    hash: Mapped[str] = mapped_column(String(64))
+
+
+class TreeHead(Base):
+    """A signed tree head: Ed25519 over (tree size, root hash, timestamp) by key `key_id`."""
+
+    __tablename__ = "tree_heads"
+    tree_size: Mapped[int] = mapped_column(
+        BigInteger().with_variant(Integer, "sqlite"), primary_key=True, autoincrement=False
+    )
+    root_hash: Mapped[str] = mapped_column(String(64))
+    timestamp: Mapped[str] = mapped_column(String(40))
+    key_id: Mapped[str] = mapped_column(String(32))
+    signature: Mapped[str] = mapped_column(String(128))
+
+
 class ApiKey(Base):
     __tablename__ = "api_keys"
     id: Mapped[int] = mapped_column(Integer, primary_key=True)

@@ -10,6 +10,7 @@ from typing import Any
 from sqlalchemy import Row, select, update
 from sqlalchemy.orm import Session
 
+from app import transparency
 from app.crypto import keyring
 from app.db.chunks import chunked
 from app.db.tables import (
@@ -327,7 +328,19 @@ def deletion_view(
         "certificate_ids": sorted(
             {m["certificate_id"] for m in models if m["certificate_id"] is not None}
         ),
+        "receipts": _receipts(session, request, models),
         "error": request.error,
         "created_at": request.created_at,
         "finished_at": request.finished_at,
     }
+
+
+def _receipts(
+    session: Session, request: DeletionRequest, models: list[dict[str, Any]]
+) -> list[dict[str, Any]]:
+    """Once done: per new certificate, the signed tree head that first includes it and the
+    inclusion proof at that size (issue 17), for the requester to keep."""
+    if request.status != RequestStatus.done:
+        return []
+    mine = sorted({m["certificate_id"] for m in models if m["certificate_id"] and m["version"]})
+    return [transparency.receipt(session, c) for c in mine]

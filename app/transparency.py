@@ -1,0 +1,281 @@
+"""The certificates' Merkle tree and its signed heads (issue 17): kept beside the hash chain,
+grown in the same transaction as the certificates, so a third party can check inclusion and
+append-only growth without trusting the database (RFC 6962 / 9162; app/merkle.py does the
+hashing).
+
+Storage: `merkle_nodes` holds every complete subtree (level 0: one leaf per certificate, leaf
+index = seq − 1, entry = the certificate's canonical body); `tree_heads` one Ed25519-signed
+head per append (tree size, root, timestamp, key id). The signing key is 32 bytes from
+LETHE_AUDIT_SIGNING_KEY (base64) or a file (default `<data_dir>/audit-signing.key`, created on
+first use, mode 0600); `lethe audit rotate-key` retires it (its public key stays listed) and
+the next start creates a new one.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from cryptography.hazmat.primitives.asymmetric.ed25519 import (
+    Ed25519PrivateKey,
+    Ed25519PublicKey,
+)
+from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
+from sqlalchemy import delete, func, select
+from sqlalchemy.orm import Session
+
+from app import merkle
+from app.crypto import _decode_key, _key_at, forget_key_files
+from app.db.tables import Certificate, MerkleNode, TreeHead
+from app.errors import APIError, not_found
+from app.settings import Settings, get_settings
+
+HEAD_FORMAT = "lethe-tree-head/v1"
+
+
+# ---- keys -----------------------------------------------------------------------------------
+
+
+def signing_key(settings: Settings | None = None) -> Ed25519PrivateKey:
+    settings = settings or get_settings()
+    if settings.audit_signing_key is not None:
+        seed = _decode_key(settings.audit_signing_key.get_secret_value(), "audit signing key")
+    else:
+        seed = _key_at(signing_key_file(settings))
+    return Ed25519PrivateKey.from_private_bytes(seed)
+
+
+def signing_key_file(settings: Settings) -> Path:
+    return settings.audit_signing_key_file or settings.data_dir / "audit-signing.key"
+
+
+def retired_dir(settings: Settings) -> Path:
+    return settings.data_dir / "audit-retired-keys"
+
+
+def public_raw(key: Ed25519PublicKey) -> bytes:
+    return key.public_bytes(Encoding.Raw, PublicFormat.Raw)
+
+
+def key_id(key: Ed25519PublicKey) -> str:
+    return hashlib.sha256(public_raw(key)).hexdigest()[:32]
+
+
+def public_keys(settings: Settings | None = None) -> list[dict[str, Any]]:
+    """The current public key and every retired one: heads name the key that signed them."""
+    settings = settings or get_settings()
+    current = signing_key(settings).public_key()
+    keys = [{"key_id": key_id(current), "public_key": _b64(public_raw(current)), "current": True}]
+    folder = retired_dir(settings)
+    for path in sorted(folder.glob("*.pub")) if folder.exists() else []:
+        raw = base64.b64decode(path.read_text().strip())
+        retired = Ed25519PublicKey.from_public_bytes(raw)
+        if key_id(retired) != keys[0]["key_id"]:
+            keys.append({"key_id": key_id(retired), "public_key": _b64(raw), "current": False})
+    return keys
+
+
+def rotate(settings: Settings) -> tuple[str, str]:
+    """Retire the current key (its public half stays listed); the next use creates a new one.
+    Returns (retired key id, new key id). Restart the API and workers afterwards."""
+    if settings.audit_signing_key is not None:
+        raise ValueError("the signing key comes from LETHE_AUDIT_SIGNING_KEY: change it there")
+    old = signing_key(settings).public_key()
+    folder = retired_dir(settings)
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / f"{key_id(old)}.pub").write_text(_b64(public_raw(old)))
+    signing_key_file(settings).unlink()
+    forget_key_files()
+    return key_id(old), key_id(signing_key(settings).public_key())
+
+
+def _b64(raw: bytes) -> str:
+    return base64.b64encode(raw).decode()
+
+
+def head_message(tree_size: int, root_hash: str, timestamp: str) -> bytes:
+    """What a head's signature covers."""
+    return f"{HEAD_FORMAT}\n{tree_size}\n{root_hash}\n{timestamp}".encode()
+
+
+# ---- growing the tree -----------------------------------------------------------------------
+
+
+class _Nodes:
+    """Stored complete subtrees, read through a cache; `subtree` hashes any leaf range."""
+
+    def __init__(self, session: Session) -> None:
+        self.session = session
+        self.cache: dict[tuple[int, int], bytes] = {}
+
+    def get(self, level: int, idx: int) -> bytes:
+        if (level, idx) not in self.cache:
+            node = self.session.get(MerkleNode, (level, idx))
+            if node is None:
+                raise LookupError(f"merkle node ({level}, {idx}) is missing")
+            self.cache[(level, idx)] = bytes.fromhex(node.hash)
+        return self.cache[(level, idx)]
+
+    def put(self, level: int, idx: int, value: bytes) -> None:
+        self.cache[(level, idx)] = value
+        self.session.add(MerkleNode(level=level, idx=idx, hash=value.hex()))
+
+    def subtree(self, start: int, end: int) -> bytes:
+        n = end - start
+        if n & (n - 1) == 0 and start % n == 0:
+            return self.get(n.bit_length() - 1, start // n)
+        k = merkle.split(n)
+        return merkle.node_hash(self.subtree(start, start + k), self.subtree(start + k, end))
+
+    def add_leaf(self, index: int, entry: bytes) -> None:
+        """Leaf `index` and every subtree it completes."""
+        value, level, idx = merkle.leaf_hash(entry), 0, index
+        self.put(level, idx, value)
+        while idx & 1:
+            value = merkle.node_hash(self.get(level, idx - 1), value)
+            level, idx = level + 1, idx >> 1
+            self.put(level, idx, value)
+
+
+def leaf_count(session: Session) -> int:
+    return int(session.scalar(select(func.count()).where(MerkleNode.level == 0)) or 0)
+
+
+def append(session: Session, certificates: list[Certificate]) -> dict[str, Any]:
+    """Add these certificates' leaves (after any the tree is missing, e.g. certificates
+    written before the tree existed) and sign the new head, in the caller's transaction."""
+    nodes = _Nodes(session)
+    size = leaf_count(session)
+    last = max(c.seq for c in certificates)
+    if size < last - len(certificates):  # catch up on earlier certificates first
+        for cert in session.scalars(
+            select(Certificate)
+            .where(Certificate.seq > size, Certificate.seq <= last - len(certificates))
+            .order_by(Certificate.seq)
+        ):
+            nodes.add_leaf(cert.seq - 1, cert.body.encode())
+    for cert in sorted(certificates, key=lambda c: c.seq):
+        nodes.add_leaf(cert.seq - 1, cert.body.encode())
+    session.flush()
+    return _sign_head(session, nodes, last)
+
+
+def _sign_head(session: Session, nodes: _Nodes, size: int) -> dict[str, Any]:
+    root = nodes.subtree(0, size).hex()
+    timestamp = datetime.now(UTC).isoformat(timespec="microseconds")
+    key = signing_key()
+    head = TreeHead(
+        tree_size=size,
+        root_hash=root,
+        timestamp=timestamp,
+        key_id=key_id(key.public_key()),
+        signature=_b64(key.sign(head_message(size, root, timestamp))),
+    )
+    session.merge(head)
+    return head_view(head)
+
+
+def rebuild(session: Session) -> dict[str, Any]:
+    """Recompute the whole tree from the certificates as they are and sign a head (after a
+    restore, or, as the tests do, to show that a rewritten log cannot pass for the old one)."""
+    session.execute(delete(MerkleNode))
+    session.execute(delete(TreeHead))
+    nodes = _Nodes(session)
+    size = 0
+    for cert in session.scalars(select(Certificate).order_by(Certificate.seq)):
+        nodes.add_leaf(cert.seq - 1, cert.body.encode())
+        size = cert.seq
+    session.flush()
+    return _sign_head(session, nodes, size)
+
+
+# ---- reading: heads, proofs, receipts -------------------------------------------------------
+
+
+def head_view(head: TreeHead) -> dict[str, Any]:
+    return {
+        "tree_size": head.tree_size,
+        "root_hash": head.root_hash,
+        "timestamp": head.timestamp,
+        "key_id": head.key_id,
+        "signature": head.signature,
+    }
+
+
+def latest_head(session: Session) -> dict[str, Any]:
+    head = session.scalar(select(TreeHead).order_by(TreeHead.tree_size.desc()).limit(1))
+    if head is None:
+        raise APIError(404, "empty_log", "no certificate has been logged yet")
+    return head_view(head)
+
+
+def head_at(session: Session, tree_size: int) -> dict[str, Any]:
+    head = session.get(TreeHead, tree_size)
+    if head is None:
+        raise not_found("tree head", tree_size)
+    return head_view(head)
+
+
+def inclusion(session: Session, certificate_id: int, tree_size: int | None) -> dict[str, Any]:
+    """The inclusion proof of a certificate in the tree of `tree_size` (default: the latest
+    signed head), with that head when one was signed at that size."""
+    cert = session.get(Certificate, certificate_id)
+    if cert is None:
+        raise not_found("certificate", certificate_id)
+    size = tree_size or latest_head(session)["tree_size"]
+    if not cert.seq <= size <= leaf_count(session):
+        raise APIError(
+            422,
+            "bad_tree_size",
+            f"certificate {certificate_id} is leaf {cert.seq - 1}; tree_size must be in "
+            f"[{cert.seq}, {leaf_count(session)}]",
+        )
+    nodes = _Nodes(session)
+    path = merkle.inclusion_path(cert.seq - 1, size, nodes.subtree)
+    head = session.get(TreeHead, size)
+    return {
+        "certificate_id": cert.id,
+        "leaf_index": cert.seq - 1,
+        "tree_size": size,
+        "entry": cert.body,
+        "leaf_hash": merkle.leaf_hash(cert.body.encode()).hex(),
+        "root_hash": nodes.subtree(0, size).hex(),
+        "inclusion_path": [h.hex() for h in path],
+        "tree_head": head_view(head) if head is not None else None,
+    }
+
+
+def consistency(session: Session, first: int, second: int) -> dict[str, Any]:
+    """The consistency proof from the tree of `first` leaves to the tree of `second`."""
+    size = leaf_count(session)
+    if not 0 < first <= second <= size:
+        raise APIError(
+            422, "bad_tree_size", f"need 0 < first ≤ second ≤ {size}, got {first}, {second}"
+        )
+    nodes = _Nodes(session)
+    return {
+        "first": first,
+        "second": second,
+        "first_root": nodes.subtree(0, first).hex(),
+        "second_root": nodes.subtree(0, second).hex(),
+        "consistency_path": [
+            h.hex() for h in merkle.consistency_path(first, second, nodes.subtree)
+        ],
+    }
+
+
+def receipt(session: Session, certificate_id: int) -> dict[str, Any]:
+    """What a requester keeps: the certificate, the first signed head that includes it, and the
+    inclusion proof at that size."""
+    cert = session.get(Certificate, certificate_id)
+    if cert is None:
+        raise not_found("certificate", certificate_id)
+    head = session.scalar(
+        select(TreeHead).where(TreeHead.tree_size >= cert.seq).order_by(TreeHead.tree_size)
+    )
+    if head is None:
+        raise LookupError(f"certificate {certificate_id} is in no signed head yet")
+    return inclusion(session, certificate_id, head.tree_size)

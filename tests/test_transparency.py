@@ -1,0 +1,190 @@
+"""The audit log's Merkle tree, signed heads, proofs and receipts (issue 17)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import sqlalchemy as sa
+
+from app import merkle, transparency
+from app.db.session import database, engine_for
+from app.receipts import ReceiptError, verify_extension, verify_head, verify_receipt
+from app.settings import get_settings
+from tests.conftest import Api
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def leaves(n: int) -> list[bytes]:
+    return [merkle.leaf_hash(f"entry {i}".encode()) for i in range(n)]
+
+
+def from_list(hashes: list[bytes]):  # type: ignore[no-untyped-def]
+    return lambda start, end: merkle.root_of(hashes[start:end])
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 4, 5, 7, 8, 9, 16, 17, 31, 64, 100, 255, 256, 300])
+def test_proofs_verify_at_every_size_and_fail_when_altered(n: int) -> None:
+    """Against a from-scratch tree: every leaf's inclusion and every earlier size's
+    consistency verify; a wrong leaf, a wrong index or a truncated path does not."""
+    hashes = leaves(n)
+    subtree, root = from_list(hashes), merkle.root_of(hashes)
+    step = max(1, n // 40)
+    for m in range(0, n, step):
+        path = merkle.inclusion_path(m, n, subtree)
+        assert merkle.verify_inclusion(hashes[m], m, n, path, root)
+        assert not merkle.verify_inclusion(merkle.leaf_hash(b"other"), m, n, path, root)
+        if n > 1:
+            assert not merkle.verify_inclusion(hashes[m], (m + 1) % n, n, path, root)
+            assert not merkle.verify_inclusion(hashes[m], m, n, path[:-1], root)
+    for first in range(1, n + 1, step):
+        path = merkle.consistency_path(first, n, subtree)
+        old_root = merkle.root_of(hashes[:first])
+        assert merkle.verify_consistency(first, n, path, old_root, root)
+        if first < n:
+            assert not merkle.verify_consistency(first, n, path, merkle.leaf_hash(b"x"), root)
+            assert not merkle.verify_consistency(first, n, path[:-1], old_root, root)
+
+
+def test_proof_sizes_at_a_million() -> None:
+    sizes = merkle.proof_sizes(10**6)
+    assert sizes["inclusion_first_leaf"] == 20 and sizes["inclusion_last_leaf"] <= 20
+    assert sizes["consistency_from_half"] <= 21
+
+
+def delete(api: Api, dataset_id: int, offset: int) -> dict:
+    page = api.get(
+        f"/v1/datasets/{dataset_id}/samples",
+        params={"split": "train", "limit": 1, "offset": offset},
+    ).json()
+    ids = [s["external_id"] for s in page["items"]]
+    req = api.post(
+        "/v1/deletions", role="requester", json={"dataset_id": dataset_id, "sample_ids": ids}
+    ).json()
+    return api.get(f"/v1/deletions/{req['id']}", role="requester", params={"wait": 30}).json()
+
+
+def test_receipts_verify_and_a_rewritten_log_fails_its_consistency_check(
+    api: Api, ready_model: dict, tmp_path: Path
+) -> None:
+    dataset_id = ready_model["dataset_id"]
+    keys = api.get("/v1/audit/public-key").json()  # public: no key needed
+    assert len(keys["keys"]) == 1 and keys["keys"][0]["current"]
+    done = [delete(api, dataset_id, i) for i in range(3)]
+    receipts = [d["receipts"][0] for d in done]
+    heads = [verify_receipt(r, keys) for r in receipts]
+    assert [h["tree_size"] for h in heads] == [1, 2, 3]
+
+    # The stored tree is the from-scratch tree of the certificates' bodies.
+    with database(api.url).read() as session:
+        bodies = [
+            b.encode()
+            for b in session.scalars(sa.text("SELECT body FROM certificates ORDER BY seq"))
+        ]
+    latest = api.get("/v1/audit/head", role="reader").json()
+    assert latest["root_hash"] == merkle.root_of([merkle.leaf_hash(b) for b in bodies]).hex()
+    for receipt in receipts:
+        proof = api.get(
+            "/v1/audit/proof/consistency",
+            params={"first": receipt["tree_size"], "second": latest["tree_size"]},
+        ).json()
+        verify_extension(receipt["tree_head"], latest, proof, keys)
+    proof = api.get(
+        "/v1/audit/proof/inclusion", params={"certificate": done[0]["certificate_ids"][0]}
+    )
+    assert proof.json()["tree_size"] == 3 and proof.json()["tree_head"] == latest
+
+    # Whoever holds the database rewrites a certificate and rebuilds the tree, same key.
+    engine = engine_for(api.url)
+    with engine.begin() as conn:
+        if engine.dialect.name == "postgresql":
+            conn.exec_driver_sql(
+                "ALTER TABLE certificates DISABLE TRIGGER certificates_append_only"
+            )
+        conn.exec_driver_sql(
+            "UPDATE certificates SET body = replace(body, 'Exact', 'Fine') WHERE seq = 1"
+        )
+        if engine.dialect.name == "postgresql":
+            conn.exec_driver_sql("ALTER TABLE certificates ENABLE TRIGGER certificates_append_only")
+    with database(api.url).write() as session:
+        rewritten = transparency.rebuild(session)
+    verify_head(rewritten, keys)  # a validly signed head ...
+    for receipt in receipts:  # ... that no receipt issued earlier accepts
+        proof = api.get(
+            "/v1/audit/proof/consistency",
+            params={"first": receipt["tree_size"], "second": rewritten["tree_size"]},
+        ).json()
+        with pytest.raises(ReceiptError, match="rewritten"):
+            verify_extension(receipt["tree_head"], rewritten, proof, keys)
+
+
+def test_rotation_keeps_old_receipts_valid_and_unknown_keys_are_refused(
+    api: Api, ready_model: dict
+) -> None:
+    dataset_id = ready_model["dataset_id"]
+    before = delete(api, dataset_id, 0)["receipts"][0]
+    old_id, new_id = transparency.rotate(get_settings())
+    after = delete(api, dataset_id, 1)["receipts"][0]
+    keys = api.get("/v1/audit/public-key").json()
+    assert old_id != new_id and {k["key_id"] for k in keys["keys"]} == {old_id, new_id}
+    assert before["tree_head"]["key_id"] == old_id and after["tree_head"]["key_id"] == new_id
+    verify_receipt(before, keys)
+    verify_receipt(after, keys)
+    only_new = {"keys": [k for k in keys["keys"] if k["key_id"] == new_id]}
+    with pytest.raises(ReceiptError, match="unknown key"):
+        verify_receipt(before, only_new)
+    forged = {**after, "tree_head": {**after["tree_head"], "root_hash": "00" * 32}}
+    with pytest.raises(ReceiptError, match="bad signature"):
+        verify_receipt(forged, keys)
+
+
+def test_the_verifier_runs_from_a_fresh_folder_with_the_files_alone(
+    api: Api, ready_model: dict, tmp_path: Path
+) -> None:
+    dataset_id = ready_model["dataset_id"]
+    receipt = delete(api, dataset_id, 0)["receipts"][0]
+    delete(api, dataset_id, 1)
+    head = api.get("/v1/audit/head", role="reader").json()
+    proof = api.get(
+        "/v1/audit/proof/consistency",
+        params={"first": receipt["tree_size"], "second": head["tree_size"]},
+    ).json()
+    folder = tmp_path / "fresh"
+    folder.mkdir()
+    files = {
+        "receipt.json": receipt,
+        "keys.json": api.get("/v1/audit/public-key").json(),
+        "head.json": head,
+        "proof.json": proof,
+    }
+    for name, doc in files.items():
+        (folder / name).write_text(json.dumps(doc))
+    env = {k: v for k, v in os.environ.items() if not k.startswith("LETHE_")}
+    args = [
+        sys.executable,
+        "-m",
+        "app.cli",
+        "audit",
+        "verify-receipt",
+        "receipt.json",
+        "--keys",
+        "keys.json",
+        "--head",
+        "head.json",
+        "--consistency",
+        "proof.json",
+    ]
+    env["PYTHONPATH"] = str(ROOT)
+    ok = subprocess.run(args, cwd=folder, env=env, capture_output=True, text=True, timeout=60)
+    assert ok.returncode == 0, ok.stderr
+    assert "included" in ok.stdout and "consistent" in ok.stdout
+    assert sorted(p.name for p in folder.iterdir()) == sorted(files)  # nothing else needed
+    receipt["entry"] = receipt["entry"].replace("Exact", "Fine")
+    (folder / "receipt.json").write_text(json.dumps(receipt))
+    bad = subprocess.run(args, cwd=folder, env=env, capture_output=True, text=True, timeout=60)
+    assert bad.returncode == 1 and "does not hash" in bad.stderr
