@@ -141,7 +141,9 @@ class _Nodes:
 
 
 def leaf_count(session: Session) -> int:
-    return int(session.scalar(select(func.count()).where(MerkleNode.level == 0)) or 0)
+    """The tree's size: every append signs a head at its new size, so it is the largest
+    signed size (a primary-key lookup, not a count over the leaves)."""
+    return int(session.scalar(select(func.max(TreeHead.tree_size))) or 0)
 
 
 def append(session: Session, certificates: list[Certificate]) -> dict[str, Any]:
@@ -174,7 +176,7 @@ def _sign_head(session: Session, nodes: _Nodes, size: int) -> dict[str, Any]:
         key_id=key_id(key.public_key()),
         signature=_b64(key.sign(head_message(size, root, timestamp))),
     )
-    session.merge(head)
+    session.add(head)
     return head_view(head)
 
 
