@@ -110,7 +110,8 @@ async def read(
 
     def view() -> dict[str, Any]:
         with db.read() as session:
-            return deletion_view(session, get_deletion(session, request_id, key))
+            request = get_deletion(session, request_id, key)
+            return deletion_view(session, request, receipts=True)
 
     deadline = time.monotonic() + wait
     pause = 0.002
