@@ -110,7 +110,7 @@ def public_key() -> dict[str, Any]:
 
 @router.get("/proof/inclusion", responses=errors(404))
 def inclusion_proof(
-    _: AnyRole,
+    _: Auditor,  # the proof carries the certificate itself; requesters get theirs as receipts
     db: DbDep,
     certificate: Annotated[int, Query(ge=1, le=MAX_ID)],
     tree_size: Annotated[int | None, Query(ge=1, le=MAX_ID)] = None,
