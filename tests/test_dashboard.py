@@ -136,6 +136,7 @@ def test_each_page_shows_what_the_api_returns(
     page.wait_for_selector("#verify")
     assert page.get_attribute("#verify", "data-ok") == "true"
     assert page.get_attribute("#verify", "data-checked") == "2"
+    assert page.get_attribute("#tree-head", "data-size") == "2"  # the signed Merkle head
     with page.expect_download() as download:
         page.click("#export")
     exported = Path(download.value.path()).read_text().strip().splitlines()

@@ -242,6 +242,16 @@ async function auditPage() {
                `The audit log needs an auditor or admin key (${errorText(verify)}).`)];
   }
   const v = verify.body;
+  const [head, keys] = await Promise.all([api("/v1/audit/head"), api("/v1/audit/public-key")]);
+  const signed = head.ok
+    ? el("div", { class: "card", id: "tree-head", "data-size": head.body.tree_size },
+        el("p", {}, `Signed tree head: ${head.body.tree_size} certificates, root `,
+           el("code", {}, head.body.root_hash.slice(0, 16)), `…, signed ${head.body.timestamp}`
+           + ` by key ${head.body.key_id.slice(0, 12)}`),
+        keys.ok ? el("p", { class: "notice" }, `Public keys: ${keys.body.keys.map(
+          k => `${k.key_id.slice(0, 12)}${k.current ? " (current)" : " (retired)"}`).join(", ")}.`
+          + " Receipts and proofs check offline with: lethe audit verify-receipt.") : null)
+    : el("p", { class: "notice" }, errorText(head));
   const download = el("button", { id: "export", onclick: async () => {
     const response = await fetch("/v1/audit/export", {
       headers: { Authorization: `Bearer ${sessionStorage.getItem(KEY)}` } });
@@ -254,6 +264,7 @@ async function auditPage() {
       el("p", {}, v.ok ? `The hash chain verifies: ${v.checked} certificates checked.`
                        : `The chain breaks at certificate ${v.first_bad.id}: ${v.first_bad.reason}`),
       v.head ? el("p", {}, "Head: ", el("code", {}, v.head)) : null),
+    signed,
     download,
     el("p", { class: "notice" }, "Check an export offline with scripts/verify_audit.py.")];
 }
