@@ -146,6 +146,17 @@ def _key_from_file(path: Path) -> bytes:
     return _decode_key(_read_key_file(path), str(path))
 
 
+def secret_at(path: Path) -> bytes:
+    """32 secret bytes kept in a file (base64), created 0600 on first use: the master key's
+    mechanism, for any key a deployment's processes must share (the audit signing seed)."""
+    return _key_at(path)
+
+
+def secret_from_text(text: str, where: str) -> bytes:
+    """32 secret bytes given as base64 (an environment setting)."""
+    return _decode_key(text, where)
+
+
 def forget_key_files() -> None:
     """Drop the per-process cache of key files (after one is replaced, e.g. a rotation)."""
     _key_at.cache_clear()
@@ -176,9 +187,9 @@ def _decode_key(text: str, where: str) -> bytes:
     try:
         raw = base64.b64decode(text, validate=True)
     except ValueError as exc:
-        raise ValueError(f"{where}: the master key must be base64") from exc
+        raise ValueError(f"{where}: the key must be base64") from exc
     if len(raw) != KEY_BYTES:
-        raise ValueError(f"{where}: the master key must be {KEY_BYTES} bytes (base64 of 32)")
+        raise ValueError(f"{where}: the key must be {KEY_BYTES} bytes (base64 of 32)")
     return raw
 
 

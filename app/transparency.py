@@ -28,7 +28,7 @@ from sqlalchemy import delete, func, select
 from sqlalchemy.orm import Session
 
 from app import merkle
-from app.crypto import _decode_key, _key_at, forget_key_files
+from app.crypto import forget_key_files, secret_at, secret_from_text
 from app.db.tables import Certificate, MerkleNode, TreeHead
 from app.errors import APIError, not_found
 from app.settings import Settings, get_settings
@@ -42,9 +42,9 @@ HEAD_FORMAT = "lethe-tree-head/v1"
 def signing_key(settings: Settings | None = None) -> Ed25519PrivateKey:
     settings = settings or get_settings()
     if settings.audit_signing_key is not None:
-        seed = _decode_key(settings.audit_signing_key.get_secret_value(), "audit signing key")
+        seed = secret_from_text(settings.audit_signing_key.get_secret_value(), "audit key")
     else:
-        seed = _key_at(signing_key_file(settings))
+        seed = secret_at(signing_key_file(settings))
     return Ed25519PrivateKey.from_private_bytes(seed)
 
 
