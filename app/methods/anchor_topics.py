@@ -66,6 +66,14 @@ def capacity(
 ) -> dict[str, float]:
     """Theorem 5's deletion capacity (its two terms) and the anchor-stability bound."""
     noise = c * m * epsilon / (r**2 * math.sqrt(r * n * math.log(1 / delta)))
+    return with_stability_bounds(noise, c, a, gamma, p, eps0, r, m)
+
+
+def with_stability_bounds(
+    noise: float, c: float, a: float, gamma: float, p: float, eps0: float, r: int, m: int
+) -> dict[str, float]:
+    """A capacity's noise term beside the two bounds Theorems 5 and 7 share: the bias term
+    c·0.001·m/r² and the anchor stability 0.001·m·ε₀(γp)³/(a²r²); the capacity is the least."""
     bias = c * 0.001 * m / r**2
     anchors = 0.001 * m * eps0 * (gamma * p) ** 3 / (a**2 * r**2)
     return {

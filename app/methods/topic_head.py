@@ -22,6 +22,7 @@ from typing import Literal
 from pydantic import Field
 
 from app.errors import unprocessable
+from app.methods.anchor_topics import with_stability_bounds
 from app.methods.spec import MethodOptions, MethodSpec, register
 from app.specs import ArchitectureSpec, TopicHeadSpec
 from app.states import Guarantee
@@ -83,14 +84,7 @@ def head_capacity(
 ) -> dict[str, float]:
     """Theorem 7's capacity (its two terms) and the anchor-stability bound."""
     noise = c * m * q * epsilon / (r * math.sqrt(n * r * math.log(1 / delta)))
-    bias = c * 0.001 * m / r**2
-    anchors = 0.001 * m * eps0 * (gamma * p) ** 3 / (a**2 * r**2)
-    return {
-        "noise_term": noise,
-        "bias_term": bias,
-        "anchor_stability": anchors,
-        "documents": min(noise, bias, anchors),
-    }
+    return with_stability_bounds(noise, c, a, gamma, p, eps0, r, m)
 
 
 def check_model(

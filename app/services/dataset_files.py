@@ -7,6 +7,7 @@ import io
 import math
 import zipfile
 import zlib
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -292,19 +293,7 @@ def parse_csv(
         raise unprocessable("malformed_csv", "no feature columns")
     body = rows[1:]
     check_size(len(body), len(feature_cols), limits or Limits())
-    bad = [i + 2 for i, r in enumerate(body) if len(r) != len(header)]
-    if bad:
-        raise unprocessable(
-            "malformed_csv", "rows with the wrong number of fields", {"lines": bad[:20]}
-        )
-
-    def column(name: str | None) -> list[str] | None:
-        if not name:
-            return None
-        if name not in header:
-            raise unprocessable("malformed_csv", f"column {name!r} not in header")
-        j = header.index(name)
-        return [r[j].strip() for r in body]
+    column = _columns(header, body)
 
     try:
         X = np.empty((len(body), len(feature_cols)), dtype=np.float64)
@@ -320,6 +309,26 @@ def parse_csv(
     split_values = column(split_column)
     split = _split(np.array(split_values) if split_values else None, y, seed, test_fraction)
     return _finish(_numeric(X, "features"), y, ids, subjects, split, "tabular")
+
+
+def _columns(header: list[str], body: list[list[str]]) -> Callable[[str | None], list[str] | None]:
+    """A reader of a CSV's named columns (None for an unnamed one), once every row is checked
+    to have the header's number of fields."""
+    bad = [i + 2 for i, r in enumerate(body) if len(r) != len(header)]
+    if bad:
+        raise unprocessable(
+            "malformed_csv", "rows with the wrong number of fields", {"lines": bad[:20]}
+        )
+
+    def column(name: str | None) -> list[str] | None:
+        if not name:
+            return None
+        if name not in header:
+            raise unprocessable("malformed_csv", f"column {name!r} not in header")
+        j = header.index(name)
+        return [r[j].strip() for r in body]
+
+    return column
 
 
 def _numeric(arr: np.ndarray, name: str) -> np.ndarray:
@@ -462,20 +471,7 @@ def parse_text_csv(
     body = [r for r in rows[1:] if r]
     if not body:
         raise unprocessable("empty_corpus", "the CSV has no documents")
-    bad = [i + 2 for i, r in enumerate(body) if len(r) != len(header)]
-    if bad:
-        raise unprocessable(
-            "malformed_csv", "rows with the wrong number of fields", {"lines": bad[:20]}
-        )
-
-    def column(name: str | None) -> list[str] | None:
-        if not name:
-            return None
-        if name not in header:
-            raise unprocessable("malformed_csv", f"column {name!r} not in header")
-        j = header.index(name)
-        return [r[j].strip() for r in body]
-
+    column = _columns(header, body)
     corpus = text.count_documents(column(text_column) or [], min_count)
     n = len(body)
     check_size(n, len(corpus.vocabulary), limits or Limits())
