@@ -148,3 +148,21 @@ def estimates(topics: Topics) -> dict[str, float]:
         "gamma": topics.robustness / p,
         "q": float(mass.min()),
     }
+
+
+def learn(
+    counts: torch.Tensor, r: int, projection_dim: int | None, seed: int
+) -> tuple[torch.Tensor, int, list[int], Topics]:
+    """The anchor-word algorithm end to end: (Σ G_d, documents counted, anchors, topics)."""
+    S, m = cooccurrence_sum(counts.flatten(1))
+    if m == 0:
+        raise ValueError("no training document has two words: nothing to learn from")
+    Qbar, _ = normalised_rows(S / m)
+    anchors = recover_anchors(Qbar, r, projection_dim or min(Qbar.shape[1], 1000), seed)
+    return S, m, anchors, recover_topics(S, m, anchors)
+
+
+def without(S: torch.Tensor, m: int, removed: torch.Tensor) -> tuple[torch.Tensor, int]:
+    """Σ G_d and the document count with these documents subtracted exactly."""
+    removed_sum, removed_counted = cooccurrence_sum(removed.flatten(1))
+    return S.double() - removed_sum, m - removed_counted

@@ -66,13 +66,7 @@ class AnchorTopics(UnlearningMethod):
         """Co-occurrences, anchors (Algorithm 4), topics (Algorithm 5), a noised release."""
         start = time.perf_counter()
         arch = self.architecture
-        S, m = tp.cooccurrence_sum(data.X.flatten(1))
-        if m == 0:
-            raise ValueError("no training document has two words: nothing to learn from")
-        Qbar, _ = tp.normalised_rows(S / m)
-        dim = arch.projection_dim or min(Qbar.shape[1], 1000)
-        anchors = tp.recover_anchors(Qbar, arch.topics, dim, arch.seed)
-        topics = tp.recover_topics(S, m, anchors)
+        S, m, anchors, topics = tp.learn(data.X, arch.topics, arch.projection_dim, arch.seed)
         if progress is not None:
             progress(1, 1, 0.0)
         extra = {
@@ -97,9 +91,7 @@ class AnchorTopics(UnlearningMethod):
     def unlearn(self, inputs: UpdateInputs) -> Release:
         start = time.perf_counter()
         state, target = inputs.state, inputs.target
-        removed_sum, removed_counted = tp.cooccurrence_sum(inputs.removed.X.flatten(1))
-        S = state[STATISTIC].double() - removed_sum
-        m = int(state[DOCUMENTS]) - removed_counted
+        S, m = tp.without(state[STATISTIC], int(state[DOCUMENTS]), inputs.removed.X)
         m_original = int(state[ORIGINAL])
         m_u = int(state[REMOVED]) + len(inputs.removed.sample_ids)
         anchors = [int(a) for a in state[ANCHORS].tolist()]

@@ -78,14 +78,7 @@ class TopicHead(UnlearningMethod):
         """Algorithm 6: 𝒜_base(S), then argmin_w ℓ_T(w; A_S)."""
         start = time.perf_counter()
         arch, o = self.architecture, self.options
-        S, m = tp.cooccurrence_sum(data.X.flatten(1))
-        if m == 0:
-            raise ValueError("no training document has two words: nothing to learn from")
-        Qbar, _ = tp.normalised_rows(S / m)
-        anchors = tp.recover_anchors(
-            Qbar, arch.topics, arch.projection_dim or min(Qbar.shape[1], 1000), arch.seed
-        )
-        base = tp.recover_topics(S, m, anchors)
+        S, m, anchors, base = tp.learn(data.X, arch.topics, arch.projection_dim, arch.seed)
         solution = convex.solve(
             self._problem(data.X, data.y, base.A), o.tolerance, o.max_iterations
         )
@@ -114,9 +107,7 @@ class TopicHead(UnlearningMethod):
     def unlearn(self, inputs: UpdateInputs) -> Release:
         start = time.perf_counter()
         o, state, target = self.options, inputs.state, inputs.target
-        removed_sum, removed_counted = tp.cooccurrence_sum(inputs.removed.X.flatten(1))
-        S = state[STATISTIC].double() - removed_sum
-        m = int(state[DOCUMENTS]) - removed_counted
+        S, m = tp.without(state[STATISTIC], int(state[DOCUMENTS]), inputs.removed.X)
         m_original, m_u = int(state[ORIGINAL]), int(state[REMOVED]) + len(inputs.removed.y)
         anchors = [int(a) for a in state[ANCHORS].tolist()]
         A_S, w_S = state[BASE].double(), state[HEAD].double()
