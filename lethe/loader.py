@@ -1,5 +1,6 @@
 """Rebuild a released model from its safetensors file alone (metadata written by
-workers/pipeline.weights_metadata)."""
+workers/pipeline.weights_metadata). A sharded model comes back as an `Ensemble` whose forward
+returns the aggregated log-probabilities."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from safetensors.torch import load as st_load
 from torch import nn
 
 from app.specs import TopicHeadSpec, TopicModelSpec, architecture_of
+from workers.ensemble import ensemble_of
 from workers.nets import build_net, parameters_of
 
 
@@ -84,6 +86,9 @@ def load_model(source: str | Path | bytes) -> LoadedModel:
         module = TopicHead(tensors["B"], tensors["bias"])
     elif isinstance(arch, TopicModelSpec):
         module = TopicModel(tensors["A"], tensors["R"])
+    elif "shards" in metadata:  # a sharded model (SISA): its constituents and their vote
+        n_features, n_classes = int(metadata["n_features"]), int(metadata["n_classes"])
+        module = ensemble_of(arch, tensors, n_features, n_classes, metadata["aggregation"])
     else:
         module = build_net(arch, int(metadata["n_features"]), int(metadata["n_classes"]))
         module.load_state_dict(parameters_of(module, tensors))

@@ -74,6 +74,7 @@ METHODS: dict[str, dict[str, Any]] = {
     },
     "minnorm": {"name": "minnorm", "evaluate": True},
     "minnorm_og": {"name": "minnorm_og", "epochs": 3, "descent_only_epochs": 1, "n_pert": 8},
+    "sharded_retrain": {"name": "sharded_retrain", "shards": 3, "slices": 2, "evaluate": True},
 }
 
 

@@ -88,6 +88,7 @@ def certificate_fields(
         "release_sha256": ctx.release_sha256,
         "compares": cert.compares,
         "sentence": sentence,
+        **(cert.details or {}),
     }
 
 

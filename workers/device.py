@@ -126,7 +126,10 @@ def block_to_cpu(block: StatisticsBlock | None) -> StatisticsBlock | None:
 
 def trained_to_cpu(trained: Trained) -> Trained:
     return replace(
-        trained, state=state_to_cpu(trained.state), statistics=block_to_cpu(trained.statistics)
+        trained,
+        state=state_to_cpu(trained.state),
+        statistics=block_to_cpu(trained.statistics),
+        extra_state=state_to_cpu(trained.extra_state),
     )
 
 

@@ -31,9 +31,10 @@ def per_sample_losses(
     X: torch.Tensor,
     y: torch.Tensor,
     n_classes: int,
+    aggregation: str = "probabilities",
 ) -> np.ndarray:
     """Per-sample cross-entropy, computed on the device of X, returned on the host."""
-    scores = logits(architecture, state, X, n_classes).float()
+    scores = logits(architecture, state, X, n_classes, aggregation).float()
     return nn.functional.cross_entropy(scores, y, reduction="none").cpu().numpy()
 
 
@@ -73,6 +74,7 @@ def evaluate(
     forget: Split,
     retain: Split,
     test: Split,
+    aggregation: str = "probabilities",
 ) -> dict[str, Any]:
     """Accuracies and MIA AUC of the release (and the reference), and distances to it, over
     the released parameters (a noise-free state may hold method state beside them)."""
@@ -81,12 +83,12 @@ def evaluate(
     reference = None if reference is None else {k: reference[k] for k in release}
 
     def acc(state: dict[str, torch.Tensor], data: Split) -> float | None:
-        return accuracy(architecture, state, data[0], data[1], n_classes)
+        return accuracy(architecture, state, data[0], data[1], n_classes, aggregation)
 
     def auc(state: dict[str, torch.Tensor]) -> float | None:
         return membership_auc(
-            per_sample_losses(architecture, state, forget[0], forget[1], n_classes),
-            per_sample_losses(architecture, state, test[0], test[1], n_classes),
+            per_sample_losses(architecture, state, forget[0], forget[1], n_classes, aggregation),
+            per_sample_losses(architecture, state, test[0], test[1], n_classes, aggregation),
         )
 
     out: dict[str, Any] = {

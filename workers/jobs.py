@@ -143,9 +143,11 @@ def _train(
         **trained.metrics,
         "n_train": len(data),
         "train_accuracy": accuracy(
-            spec.architecture, trained.state, data.X, data.y, spec.n_classes
+            spec.architecture, trained.state, data.X, data.y, spec.n_classes, spec.aggregation
         ),
-        "test_accuracy": accuracy(spec.architecture, trained.state, test.X, test.y, spec.n_classes),
+        "test_accuracy": accuracy(
+            spec.architecture, trained.state, test.X, test.y, spec.n_classes, spec.aggregation
+        ),
     }
     return trained_to_cpu(trained), metrics
 

@@ -127,7 +127,16 @@ def weights_metadata(
         "n_features": str(int(np.prod(dataset.feature_shape))),
         "feature_shape": json.dumps(list(dataset.feature_shape)),
         "n_classes": str(dataset.n_classes),
+        **_ensemble_metadata(model.method),
     }
+
+
+def _ensemble_metadata(method: dict[str, Any]) -> dict[str, str]:
+    """A sharded model's S and aggregation, which the loader needs to rebuild the ensemble."""
+    options = method_of(method).options
+    if not hasattr(options, "shards"):
+        return {}
+    return {"shards": str(options.shards), "aggregation": str(options.aggregation)}
 
 
 def write_version(
@@ -145,7 +154,9 @@ def write_version(
     store = DatabaseBlobStore(session)
     data = st_save(weights, metadata=weights_metadata(session, model_id, number, parent_id, kind))
     wkey, wsha = store.put(data, f"model-{model_id}/weights")
-    skey, _ = store.put(st_save(next_state), f"model-{model_id}/state")
+    state = st_save(next_state)
+    skey, _ = store.put(state, f"model-{model_id}/state")
+    metrics = {**metrics, "storage": {"weights_bytes": len(data), "state_bytes": len(state)}}
     version = ModelVersion(
         model_id=model_id,
         number=number,

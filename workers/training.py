@@ -17,6 +17,7 @@ from app.specs import (
     architecture_of,
     training_of,
 )
+from workers.ensemble import count_shards, ensemble_of
 from workers.nets import build_net, parameters_of, state_of
 from workers.norms import project_parameters_
 
@@ -115,9 +116,17 @@ def logits(
     state: dict[str, torch.Tensor],
     X: torch.Tensor,
     n_classes: int,
+    aggregation: str = "probabilities",
 ) -> torch.Tensor:
-    """Class logits of a released state: the network built from the spec, or a topic head's
+    """Class logits of a released state: the network built from the spec, a sharded
+    ensemble's aggregated log-probabilities (`shard{k}.*` keys; SISA §IV-D), or a topic head's
     x̄ᵀB + bias (x̄ the word frequencies; seed 000 §A.6)."""
+    if count_shards(state):
+        n_features = int(np.prod(X.shape[1:]))
+        ensemble = ensemble_of(
+            architecture_of(architecture), state, n_features, n_classes, aggregation
+        )
+        return ensemble.to(X.device).train(False)(X)
     if isinstance(architecture_of(architecture), TopicHeadSpec):
         counts = X.reshape(len(X), -1).double()
         frequencies = counts / counts.sum(1, keepdim=True).clamp(min=1.0)
@@ -135,7 +144,9 @@ def accuracy(
     X: torch.Tensor,
     y: torch.Tensor,
     n_classes: int,
+    aggregation: str = "probabilities",
 ) -> float | None:
     if len(y) == 0 or not is_classifier(architecture):
         return None
-    return float((logits(architecture, state, X, n_classes).argmax(1) == y).float().mean())
+    scores = logits(architecture, state, X, n_classes, aggregation)
+    return float((scores.argmax(1) == y).float().mean())

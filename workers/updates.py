@@ -116,10 +116,11 @@ def _accuracies(inputs: UpdateInputs, release: Release) -> dict[str, float | Non
     arch, k, w = inputs.spec.architecture, inputs.spec.n_classes, release.weights
     if not is_classifier(arch):
         return {}
+    agg = inputs.spec.aggregation
     return {
-        "test_accuracy": accuracy(arch, w, inputs.test.X, inputs.test.y, k),
-        "retain_accuracy": accuracy(arch, w, inputs.retained.X, inputs.retained.y, k),
-        "forget_accuracy": accuracy(arch, w, inputs.removed.X, inputs.removed.y, k),
+        "test_accuracy": accuracy(arch, w, inputs.test.X, inputs.test.y, k, agg),
+        "retain_accuracy": accuracy(arch, w, inputs.retained.X, inputs.retained.y, k, agg),
+        "forget_accuracy": accuracy(arch, w, inputs.removed.X, inputs.removed.y, k, agg),
     }
 
 
@@ -139,6 +140,7 @@ def _evaluate(inputs: UpdateInputs, decision: Decision) -> dict[str, Any]:
         forget=(inputs.removed.X, inputs.removed.y),
         retain=(inputs.retained.X, inputs.retained.y),
         test=(inputs.test.X, inputs.test.y),
+        aggregation=inputs.spec.aggregation,
     )
     result["seconds"] = time.perf_counter() - start
     return result

@@ -14,6 +14,7 @@ from app.methods import (
     output_perturbation,
     recollection,
     retrain,
+    sharded_retrain,
     topic_head,
 )
 from app.methods.spec import (
@@ -41,5 +42,6 @@ __all__ = [
     "output_perturbation",
     "recollection",
     "retrain",
+    "sharded_retrain",
     "topic_head",
 ]

@@ -14,6 +14,7 @@ from app.errors import unprocessable
 from app.methods import method_of
 from app.privacy.lineage import LineageBudget, LineageEvent, admit, history_from_certificates
 from app.privacy.validate import PrivacyParameterError
+from app.services.deletion_cost import deletion_cost
 from app.services.models import get_model
 from app.specs import policy_of
 
@@ -68,6 +69,7 @@ def preview(
         },
         "would_retrain_exactly": plan.feasible is False or not admission.admitted,
         "deletion_capacity": _capacity_view(session, model),
+        "deletion_cost": deletion_cost(session, model),
         "shift": _shift_view(session, model, plan.sigma, documents),
     }
 

@@ -12,6 +12,7 @@ from workers.methods import (
     output_perturbation,
     recollection,
     retrain,
+    sharded_retrain,
     topic_head,
 )
 from workers.methods.base import ModelSpec, RetainedData, Trained
@@ -37,5 +38,6 @@ __all__ = [
     "output_perturbation",
     "recollection",
     "retrain",
+    "sharded_retrain",
     "topic_head",
 ]

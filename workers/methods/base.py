@@ -30,6 +30,11 @@ class ModelSpec:
     n_classes: int
     vocabulary: tuple[str, ...] | None = None  # a text corpus's words, in feature order
 
+    @property
+    def aggregation(self) -> str:
+        """How a sharded model's constituents vote (SISA); plain models ignore it."""
+        return str(getattr(self.method.options, "aggregation", "probabilities"))
+
 
 @dataclass(frozen=True)
 class PrivacyTarget:
@@ -128,6 +133,7 @@ class CertificateFields:
     constants: dict[str, Constant] = field(default_factory=dict)
     compares: str = "the released model vs. retraining without the removed samples"
     resets_lineage: bool = False
+    details: dict[str, Any] | None = None  # method-specific facts, kept in the certificate
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,107 @@
+"""What one deletion is expected to cost a model under each method that could serve it, so a
+user can choose with numbers (issue 18): measured where the model has measured it (its own
+training and updates), estimated (and said so) where it has not."""
+
+from __future__ import annotations
+
+from statistics import median
+from typing import Any
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from app.db.tables import Model, ModelVersion
+from app.methods import method_of
+from app.methods.sharded_retrain import expected_work_fraction
+from app.specs import TopicHeadSpec, TopicModelSpec, architecture_of
+from app.states import VersionKind
+
+TRAINING_KINDS = (VersionKind.trained, VersionKind.retrained)
+SHARDED_ALTERNATIVES = ((4, 4), (16, 4))  # (S, R) shown to a model that is not sharded
+
+
+def deletion_cost(session: Session, model: Model) -> dict[str, Any] | None:
+    """Expected seconds and share of a full retrain for one single-sample deletion."""
+    rows = session.execute(
+        select(ModelVersion.number, ModelVersion.kind, ModelVersion.metrics)
+        .where(ModelVersion.model_id == model.id)
+        .order_by(ModelVersion.number)
+    ).all()
+    trainings = [m for _, kind, m in rows if kind in TRAINING_KINDS and m.get("train_seconds")]
+    if not trainings:
+        return None  # not trained yet, or imported: nothing measured to scale from
+    full = float(trainings[-1]["train_seconds"])
+    own = method_of(model.method)
+    current = rows[-1][2] if rows else {}
+    entries = [_entry("retrain", {}, full, 1.0, "measured: the model's latest full training")]
+    if own.name == "sharded_retrain":
+        fraction = float(current.get("sisa", {}).get("expected_work_fraction", 1.0))
+        entries.append(
+            _entry(
+                own.name,
+                {"shards": own.options.shards, "slices": own.options.slices},
+                full * fraction,
+                fraction,
+                "measured: this model's shard and slice sizes × its training time",
+                _measured_updates(rows, own.name),
+            )
+        )
+    elif own.name != "retrain":
+        updates = _measured_updates(rows, own.name)
+        seconds = median(updates) if updates else None
+        basis = (
+            f"measured: median of this model's {len(updates)} {own.name} update(s)"
+            if updates
+            else "no update measured yet"
+        )
+        entries.append(_entry(own.name, {}, seconds, _ratio(seconds, full), basis, updates))
+    if own.name != "sharded_retrain" and _is_network(model):
+        for shards, slices in SHARDED_ALTERNATIVES:
+            fraction = expected_work_fraction(shards, slices)
+            entries.append(
+                _entry(
+                    "sharded_retrain",
+                    {"shards": shards, "slices": slices},
+                    full * fraction,
+                    fraction,
+                    "estimated: balanced shards and slices; needs the model retrained "
+                    "sharded, and S constituents each see 1/S of the data",
+                )
+            )
+    return {"full_retrain_seconds": full, "methods": entries}
+
+
+def _entry(
+    method: str,
+    options: dict[str, Any],
+    seconds: float | None,
+    fraction: float | None,
+    basis: str,
+    measured: list[float] | None = None,
+) -> dict[str, Any]:
+    out: dict[str, Any] = {
+        "method": method,
+        "options": options,
+        "expected_compute_seconds": seconds,
+        "fraction_of_full_retrain": fraction,
+        "basis": basis,
+    }
+    if measured:
+        out["measured_update_seconds"] = {"count": len(measured), "median": median(measured)}
+    return out
+
+
+def _measured_updates(rows: Any, method: str) -> list[float]:
+    return [
+        float(m["unlearn_seconds"])
+        for _, kind, m in rows
+        if kind == VersionKind.unlearned and m.get("method") == method and "unlearn_seconds" in m
+    ][-20:]
+
+
+def _ratio(seconds: float | None, full: float) -> float | None:
+    return None if seconds is None or full <= 0 else seconds / full
+
+
+def _is_network(model: Model) -> bool:
+    return not isinstance(architecture_of(model.architecture), TopicModelSpec | TopicHeadSpec)

@@ -1,0 +1,184 @@
+"""Sharded, sliced training (SISA: Bourtoule et al., "Machine Unlearning", IEEE S&P 2021, §IV).
+
+The training set is split into S disjoint shards; each shard trains its own constituent model,
+in R stages: stage j trains on the shard's slices 1..j (cumulative), starting from the
+checkpoint of stage j − 1, for e_j = max(1, round(2E/(R + 1))) epochs (§IV-B: the same total
+work as E epochs on the whole shard). Every stage starts a fresh optimizer from the previous
+checkpoint with its own seed, so a stage's output is a function of (its checkpoint, its data,
+its seed) alone: retraining a shard from the checkpoint before the earliest slice that held a
+removed sample yields, bit for bit on one machine, the model that training from scratch on the
+retained data (same seeds, same assignment) yields. Nothing here touches the database.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import torch
+
+from app.specs import ArchitectureSpec, TrainingConfig
+from workers.training import train
+
+ModelState = dict[str, torch.Tensor]
+CPU = torch.device("cpu")  # the assignment is host bookkeeping, whatever the worker's device
+StageFn = Callable[[int, int, float], None]  # (shard, stage, its last epoch's mean loss)
+
+
+def _unit_hash(seed: int, salt: str, key: str) -> int:
+    """A stable 64-bit hash of (seed, salt, key), the same on every machine and run."""
+    digest = hashlib.blake2b(f"{seed}\x1f{salt}\x1f{key}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "big")
+
+
+def assignment_key(sample_id: int, subject: str | None) -> str:
+    """A subject's samples share one key, so a subject lives in one shard and one slice."""
+    return f"subject:{subject}" if subject is not None else f"sample:{sample_id}"
+
+
+@dataclass(frozen=True)
+class Assignment:
+    """Which shard and slice (both 0-based) each sample belongs to, in `sample_ids` order."""
+
+    sample_ids: list[int]
+    shard: list[int]
+    slice: list[int]
+
+    @staticmethod
+    def draw(
+        sample_ids: Sequence[int],
+        subjects: Sequence[str | None],
+        shards: int,
+        slices: int,
+        seed: int,
+    ) -> Assignment:
+        """Seeded and stable: a sample's place depends on its key and the seed only (never on
+        the other samples), so removing samples moves nobody."""
+        keys = [
+            assignment_key(s, subjects[i] if i < len(subjects) else None)
+            for i, s in enumerate(sample_ids)
+        ]
+        return Assignment(
+            list(sample_ids),
+            [_unit_hash(seed, "shard", k) % shards for k in keys],
+            [_unit_hash(seed, "slice", k) % slices for k in keys],
+        )
+
+    def to_state(self) -> ModelState:
+        as_tensor = lambda v: torch.tensor(v, dtype=torch.int64, device=CPU)  # noqa: E731
+        return {
+            ASSIGNMENT_IDS: as_tensor(self.sample_ids),
+            ASSIGNMENT_SHARD: as_tensor(self.shard),
+            ASSIGNMENT_SLICE: as_tensor(self.slice),
+        }
+
+    @staticmethod
+    def from_state(state: ModelState) -> Assignment:
+        return Assignment(
+            state[ASSIGNMENT_IDS].tolist(),
+            state[ASSIGNMENT_SHARD].tolist(),
+            state[ASSIGNMENT_SLICE].tolist(),
+        )
+
+    def place(self) -> dict[int, tuple[int, int]]:
+        return {s: (k, j) for s, k, j in zip(self.sample_ids, self.shard, self.slice, strict=True)}
+
+    def restricted(self, keep: Sequence[int]) -> Assignment:
+        """The assignment of the samples in `keep` (in that order)."""
+        where = self.place()
+        return Assignment(list(keep), [where[s][0] for s in keep], [where[s][1] for s in keep])
+
+
+ASSIGNMENT_IDS = "sisa.assignment.sample_ids"
+ASSIGNMENT_SHARD = "sisa.assignment.shard"
+ASSIGNMENT_SLICE = "sisa.assignment.slice"
+
+
+def checkpoint_prefix(shard: int, stage: int) -> str:
+    """Noise-free-state key prefix of shard k's checkpoint after stage j (1-based, j < R)."""
+    return f"sisa.checkpoint.s{shard}.r{stage}."
+
+
+def stage_epochs(epochs: int, slices: int) -> int:
+    """e_j = 2E/(R + 1), at least 1 (SISA §IV-B): Σ_j e_j·(j/R)·n = E·n."""
+    return max(1, round(2 * epochs / (slices + 1)))
+
+
+def stage_seed(seed: int, shard: int, stage: int) -> int:
+    """The seed of shard k's stage j: initialisation (stage 1) and batch order."""
+    return _unit_hash(seed, "stage", f"{shard}:{stage}") % (2**31 - 1)
+
+
+@dataclass(frozen=True)
+class ShardedSetup:
+    architecture: ArchitectureSpec
+    training: TrainingConfig
+    n_features: int
+    n_classes: int
+    shards: int
+    slices: int
+
+    def stage_config(self, shard: int, stage: int) -> TrainingConfig:
+        epochs = stage_epochs(self.training.epochs, self.slices)
+        seed = stage_seed(self.training.seed, shard, stage)
+        return self.training.model_copy(update={"epochs": epochs, "seed": seed})
+
+
+def stage_rows(assignment: Assignment, shard: int, stage: int) -> torch.Tensor:
+    """Row indices (into the assignment's order) of shard k's slices 1..j, by sample id."""
+    ids = torch.tensor(assignment.sample_ids, dtype=torch.int64, device=CPU)
+    mask = torch.tensor(assignment.shard, device=CPU) == shard
+    mask &= torch.tensor(assignment.slice, device=CPU) < stage
+    rows = mask.nonzero().flatten()
+    return rows[torch.argsort(ids[rows], stable=True)]
+
+
+def stage_sizes(assignment: Assignment, shards: int, slices: int) -> list[list[int]]:
+    """sizes[k][j-1]: samples in shard k's slices 1..j (the data stage j trains on)."""
+    counts = [[0] * slices for _ in range(shards)]
+    for k, j in zip(assignment.shard, assignment.slice, strict=True):
+        counts[k][j] += 1
+    return [[sum(row[: j + 1]) for j in range(slices)] for row in counts]
+
+
+def work(sizes: list[list[int]], epochs_per_stage: int, shard: int, from_stage: int) -> int:
+    """Sample-gradient passes to train shard k's stages from_stage..R."""
+    return epochs_per_stage * sum(sizes[shard][from_stage - 1 :])
+
+
+def train_shard(
+    setup: ShardedSetup,
+    shard: int,
+    X: torch.Tensor,
+    y: torch.Tensor,
+    assignment: Assignment,
+    start: ModelState | None,
+    from_stage: int,
+    on_stage: StageFn | None = None,
+) -> list[ModelState]:
+    """Stages from_stage..R of one shard from `start` (the checkpoint after stage
+    from_stage − 1; None: the seeded initialisation of stage 1). Returns their states, the
+    last being the constituent. X, y are in the assignment's row order."""
+    states: list[ModelState] = []
+    state = start
+    for stage in range(from_stage, setup.slices + 1):
+        rows = stage_rows(assignment, shard, stage).to(X.device)
+        losses: list[float] = []  # the stage's per-epoch mean losses
+
+        def record(_epoch: int, _epochs: int, loss: float, into: list[float] = losses) -> None:
+            into.append(loss)
+
+        state = train(
+            setup.architecture,
+            setup.stage_config(shard, stage),
+            X[rows],
+            y[rows],
+            setup.n_classes,
+            progress=record if on_stage else None,
+            init_state=state,
+        )
+        states.append(state)
+        if on_stage is not None:
+            on_stage(shard, stage, losses[-1] if losses else 0.0)
+    return states
