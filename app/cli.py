@@ -298,6 +298,15 @@ def privacy_preview(
         ("would retrain exactly", str(p["would_retrain_exactly"])),
     ]:
         table.add_row(name, value)
+    for cost in (p.get("deletion_cost") or {}).get("methods", []):
+        options = " ".join(f"{k}={v}" for k, v in cost["options"].items())
+        seconds, share = cost["expected_compute_seconds"], cost["fraction_of_full_retrain"]
+        table.add_row(
+            f"one deletion: {cost['method']} {options}".strip(),
+            (f"{seconds:.3g} s" if seconds is not None else "—")
+            + (f", {share:.1%} of a full retrain" if share is not None else "")
+            + f" ({cost['basis'].split(':')[0]})",
+        )
     console.print(table)
 
 

@@ -122,6 +122,10 @@ def test_each_page_shows_what_the_api_returns(
     assert certificates[0]["sentence"][:40] in page.inner_text("#certificates")
     assert page.locator("#versions tr[data-version]").count() == len(versions)
     assert page.locator("#preview").count() == 1
+    costs = preview["deletion_cost"]["methods"]
+    assert page.locator("#deletion-cost tr[data-method]").count() == len(costs)
+    assert costs[0]["basis"] in page.inner_text("#deletion-cost")
+    assert "noise-free state" in page.inner_text("#storage")
     page.screenshot(path=str(tmp_path / "model.png"), full_page=True)
 
     page.click('nav a[href="#/deletions"]')

@@ -205,10 +205,38 @@ async function modelPage(id) {
       el("p", {}, p.would_retrain_exactly ? "The next request would retrain exactly." : "The next request would be released by the method."),
       el("p", {}, `Lineage: ${fmt(p.lineage.spent_epsilon)} of ε ${p.lineage.budget_epsilon} spent; after the release ${fmt(p.lineage.epsilon_after_release)}.`),
       p.reason ? el("p", { class: "notice" }, p.reason) : null));
+    if (p.deletion_cost) nodes.push(costTable(p.deletion_cost));
   } else {
     nodes.push(el("p", { class: "notice" }, errorText(preview)));
   }
+  const storage = m.current_version ? m.current_version.metrics.storage : null;
+  if (storage) {
+    const sisa = m.current_version.metrics.sisa;
+    nodes.push(el("p", { id: "storage" }, `Storage: weights ${bytes(storage.weights_bytes)}, `
+      + `noise-free state ${bytes(storage.state_bytes)}`
+      + (sisa ? ` (${sisa.checkpoints} checkpoints)` : "")));
+  }
   return { live: m.status === "queued" || m.status === "training", nodes };
+}
+
+function bytes(n) {
+  return n >= 1e6 ? `${(n / 1e6).toFixed(1)} MB` : `${(n / 1e3).toFixed(1)} kB`;
+}
+
+function costTable(cost) {
+  const share = f => (typeof f === "number" ? `${(100 * f).toPrecision(3)}%` : "—");
+  const secs = s => (typeof s === "number" ? `${s.toPrecision(3)} s` : "—");
+  return el("div", {},
+    el("h2", {}, "Cost of one deletion, by method"),
+    el("table", { id: "deletion-cost" },
+      el("tr", {}, ...["method", "options", "expected compute", "share of a full retrain",
+                       "basis"].map(h => el("th", {}, h))),
+      cost.methods.map(c => el("tr", { "data-method": c.method },
+        el("td", {}, c.method),
+        el("td", {}, Object.entries(c.options).map(([k, v]) => `${k}=${v}`).join(" ") || "—"),
+        el("td", {}, secs(c.expected_compute_seconds)),
+        el("td", {}, share(c.fraction_of_full_retrain)),
+        el("td", { class: "sentence" }, c.basis)))));
 }
 
 async function deletionsPage() {
