@@ -15,6 +15,7 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from functools import cached_property
 
 import torch
 
@@ -65,13 +66,15 @@ class Assignment:
             [_unit_hash(seed, "slice", k) % slices for k in keys],
         )
 
-    def to_state(self) -> ModelState:
+    @cached_property
+    def tensors(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(sample ids, shard, slice) as int64 CPU tensors, built once."""
         as_tensor = lambda v: torch.tensor(v, dtype=torch.int64, device=CPU)  # noqa: E731
-        return {
-            ASSIGNMENT_IDS: as_tensor(self.sample_ids),
-            ASSIGNMENT_SHARD: as_tensor(self.shard),
-            ASSIGNMENT_SLICE: as_tensor(self.slice),
-        }
+        return as_tensor(self.sample_ids), as_tensor(self.shard), as_tensor(self.slice)
+
+    def to_state(self) -> ModelState:
+        ids, shard, slice_ = self.tensors
+        return {ASSIGNMENT_IDS: ids, ASSIGNMENT_SHARD: shard, ASSIGNMENT_SLICE: slice_}
 
     @staticmethod
     def from_state(state: ModelState) -> Assignment:
@@ -127,19 +130,22 @@ class ShardedSetup:
 
 def stage_rows(assignment: Assignment, shard: int, stage: int) -> torch.Tensor:
     """Row indices (into the assignment's order) of shard k's slices 1..j, by sample id."""
-    ids = torch.tensor(assignment.sample_ids, dtype=torch.int64, device=CPU)
-    mask = torch.tensor(assignment.shard, device=CPU) == shard
-    mask &= torch.tensor(assignment.slice, device=CPU) < stage
-    rows = mask.nonzero().flatten()
+    ids, shards, slices = assignment.tensors
+    rows = ((shards == shard) & (slices < stage)).nonzero().flatten()
     return rows[torch.argsort(ids[rows], stable=True)]
+
+
+def slice_counts(assignment: Assignment, shards: int, slices: int) -> torch.Tensor:
+    """counts[k, j]: samples in shard k's slice j (0-based)."""
+    _, shard, slice_ = assignment.tensors
+    cells = torch.bincount(shard * slices + slice_, minlength=shards * slices)
+    return cells.reshape(shards, slices)
 
 
 def stage_sizes(assignment: Assignment, shards: int, slices: int) -> list[list[int]]:
     """sizes[k][j-1]: samples in shard k's slices 1..j (the data stage j trains on)."""
-    counts = [[0] * slices for _ in range(shards)]
-    for k, j in zip(assignment.shard, assignment.slice, strict=True):
-        counts[k][j] += 1
-    return [[sum(row[: j + 1]) for j in range(slices)] for row in counts]
+    sizes: list[list[int]] = slice_counts(assignment, shards, slices).cumsum(1).tolist()
+    return sizes
 
 
 def work(sizes: list[list[int]], epochs_per_stage: int, shard: int, from_stage: int) -> int:

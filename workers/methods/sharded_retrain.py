@@ -110,32 +110,11 @@ class ShardedRetrain(UnlearningMethod):
             r = first[k]
             _copy_checkpoints(inputs.state, checkpoints, k, range(1, r))
             start_state = _checkpoint(inputs.state, k, r - 1) if r > 1 else None
-            data = inputs.retained
-            states = sh.train_shard(setup, k, data.X, data.y, retained, start_state, r)
+            X, y = inputs.retained.X, inputs.retained.y
+            states = sh.train_shard(setup, k, X, y, retained, start_state, r)
             _store(weights, checkpoints, k, r, states)
         sizes = sh.stage_sizes(retained, setup.shards, setup.slices)
-        epochs = sh.stage_epochs(self.model.training.epochs, setup.slices)
-        passes = sum(sh.work(sizes, epochs, k, r) for k, r in first.items())
-        full = sum(sh.work(sizes, epochs, k, 1) for k in range(setup.shards))
-        fraction = passes / full if full else 0.0
-        place = recorded.place()
-        retrained = [
-            {
-                "shard": k,
-                "from_slice": r,
-                "removed": sum(1 for s in inputs.removed.sample_ids if place[s][0] == k),
-            }
-            for k, r in sorted(first.items())
-        ]
-        details = {
-            "shards": setup.shards,
-            "slices": setup.slices,
-            "retrained": retrained,
-            "reused_shards": [k for k in range(setup.shards) if k not in first],
-            "sample_passes": passes,
-            "full_retrain_sample_passes": full,
-            "work_fraction": fraction,
-        }
+        details = _work_done(setup, sizes, first, recorded, inputs.removed.sample_ids)
         return Release(
             next_state={**weights, **checkpoints, **retained.to_state()},
             weights=weights,
@@ -190,6 +169,33 @@ class ShardedRetrain(UnlearningMethod):
         return release.weights
 
 
+def _work_done(
+    setup: sh.ShardedSetup,
+    sizes: list[list[int]],
+    first: dict[int, int],
+    recorded: sh.Assignment,
+    removed: list[int],
+) -> dict[str, Any]:
+    """Which shards were retrained from which slice, and the share of a full retrain's
+    sample-gradient passes that took (for the certificate)."""
+    epochs = sh.stage_epochs(setup.training.epochs, setup.slices)
+    passes = sum(sh.work(sizes, epochs, k, r) for k, r in first.items())
+    full = sum(sh.work(sizes, epochs, k, 1) for k in range(setup.shards))
+    shard_of = {s: k for s, (k, _) in recorded.place().items()}
+    return {
+        "shards": setup.shards,
+        "slices": setup.slices,
+        "retrained": [
+            {"shard": k, "from_slice": r, "removed": sum(1 for s in removed if shard_of[s] == k)}
+            for k, r in sorted(first.items())
+        ],
+        "reused_shards": [k for k in range(setup.shards) if k not in first],
+        "sample_passes": passes,
+        "full_retrain_sample_passes": full,
+        "work_fraction": passes / full if full else 0.0,
+    }
+
+
 def _earliest_stages(assignment: sh.Assignment, removed: list[int]) -> dict[int, int]:
     """shard → the first stage (1-based) whose data held a removed sample."""
     place = assignment.place()
@@ -242,11 +248,13 @@ def _summary(
     """Shard sizes, checkpoints kept, and the expected work of a single-sample deletion."""
     epochs = sh.stage_epochs(setup.training.epochs, setup.slices)
     full = sum(sh.work(sizes, epochs, k, 1) for k in range(setup.shards))
+    counts = sh.slice_counts(assignment, setup.shards, setup.slices).tolist()
     n = len(assignment.sample_ids)
-    expected = 0.0
+    expected = 0.0  # E over a uniformly drawn sample of its deletion's work, over the full
     if full and n:
-        for k, j in zip(assignment.shard, assignment.slice, strict=True):
-            expected += sh.work(sizes, epochs, k, j + 1) / full / n
+        for k, row in enumerate(counts):
+            for j, count in enumerate(row):
+                expected += count * sh.work(sizes, epochs, k, j + 1) / full / n
     return {
         "shard_sizes": [row[-1] for row in sizes],
         "epochs_per_stage": epochs,
