@@ -35,6 +35,7 @@ from app.db.tables import (
 )
 from app.erasure import erase_payloads
 from app.methods import get_method, method_of
+from app.methods.sharded_retrain import ShardedOptions
 from app.services.privacy import lineage_history
 from app.specs import PrivacyPolicy, architecture_of, policy_of, training_of
 from app.states import RequestStatus, TaskStatus, VersionKind
@@ -134,9 +135,9 @@ def weights_metadata(
 def _ensemble_metadata(method: dict[str, Any]) -> dict[str, str]:
     """A sharded model's S and aggregation, which the loader needs to rebuild the ensemble."""
     options = method_of(method).options
-    if not hasattr(options, "shards"):
+    if not isinstance(options, ShardedOptions):
         return {}
-    return {"shards": str(options.shards), "aggregation": str(options.aggregation)}
+    return {"shards": str(options.shards), "aggregation": options.aggregation}
 
 
 def write_version(

@@ -71,13 +71,10 @@ def check_model(
 
 
 def _plan(_: MinNormOptions, epsilon: float, delta: float) -> ReleasePlan:
-    plan = exact_plan("minnorm", epsilon, delta)
-    return ReleasePlan(
-        plan.method,
-        plan.guarantee,
-        0.0,
-        0.0,
-        True,
+    return exact_plan(
+        "minnorm",
+        epsilon,
+        delta,
         "exact: the projection onto the retained span is the minimum-norm retrain "
         "(seed 001, Theorem 4.1): ε = δ = 0",
     )

@@ -64,13 +64,10 @@ def check_model(
 
 
 def _plan(options: ShardedOptions, epsilon: float, delta: float) -> ReleasePlan:
-    plan = exact_plan("sharded_retrain", epsilon, delta)
-    return ReleasePlan(
-        plan.method,
-        plan.guarantee,
-        0.0,
-        0.0,
-        True,
+    return exact_plan(
+        "sharded_retrain",
+        epsilon,
+        delta,
         "exact: the affected shards are retrained from a checkpoint that never saw the "
         "removed samples (SISA), so ε = δ = 0; expected work per single-sample deletion "
         f"{expected_work_fraction(options.shards, options.slices):.1%} of a full retrain",

@@ -34,11 +34,13 @@ def declared(value: float, meaning: str) -> dict[str, Any]:
     return {"value": value, "source": "declared", "meaning": meaning}
 
 
-def exact_plan(method: str, epsilon: float, delta: float) -> ReleasePlan:
-    """Exact retraining: ε = δ = 0 whatever the target."""
+def exact_plan(
+    method: str, epsilon: float, delta: float, reason: str = "exact retraining: ε = δ = 0"
+) -> ReleasePlan:
+    """An exact method (retraining, or what equals it): ε = δ = 0 whatever the target."""
     check_epsilon(epsilon)
     check_delta(delta)
-    return ReleasePlan(method, "exact", 0.0, 0.0, True, "exact retraining: ε = δ = 0")
+    return ReleasePlan(method, "exact", 0.0, 0.0, True, reason)
 
 
 def data_dependent_plan(method: str, guarantee: str, epsilon: float, delta: float) -> ReleasePlan:

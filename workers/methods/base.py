@@ -11,6 +11,7 @@ from typing import Any, ClassVar, Literal
 import torch
 
 from app.methods import MethodChoice, MethodSpec
+from app.methods.sharded_retrain import ShardedOptions
 from app.privacy.lineage import LineageEvent
 from app.specs import ArchitectureSpec, PrivacyPolicy, TrainingConfig
 from app.states import Guarantee, VersionKind
@@ -33,7 +34,8 @@ class ModelSpec:
     @property
     def aggregation(self) -> str:
         """How a sharded model's constituents vote (SISA); plain models ignore it."""
-        return str(getattr(self.method.options, "aggregation", "probabilities"))
+        options = self.method.options
+        return options.aggregation if isinstance(options, ShardedOptions) else "probabilities"
 
 
 @dataclass(frozen=True)
