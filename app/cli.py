@@ -161,11 +161,16 @@ def models_create(
     batch_size: int = 64,
     lr: float = 0.1,
     method: str = "retrain",
+    option: Annotated[
+        list[str] | None,
+        typer.Option(help="a method option as KEY=VALUE (repeatable), e.g. shards=8"),
+    ] = None,
     wait: bool = True,
     url: Url = None,
     key: Key = None,
 ) -> None:
     """Create and train a model, with a progress bar while it trains."""
+    options = method_options(option or [])
     c = _client(url, key)
     arch_spec: dict[str, Any] = {"type": arch}
     if arch == "mlp":
@@ -176,13 +181,28 @@ def models_create(
             "name": name,
             "dataset_id": dataset,
             "architecture": arch_spec,
-            "method": {"name": method},
+            "method": {"name": method, **options},
             "training": {"epochs": epochs, "batch_size": batch_size, "learning_rate": lr},
         },
     )
     if wait:
         model = train_with_progress(c, model["id"], epochs)
     _show(model)
+
+
+def method_options(pairs: list[str]) -> dict[str, Any]:
+    """`KEY=VALUE` pairs as method options; a value is JSON when it parses (8, 0.5, true),
+    else a string (vote). The service validates them."""
+    options: dict[str, Any] = {}
+    for pair in pairs:
+        name, sep, value = pair.partition("=")
+        if not sep or not name:
+            raise typer.BadParameter(f"--option {pair!r}: write KEY=VALUE, e.g. shards=8")
+        try:
+            options[name] = json.loads(value)
+        except ValueError:
+            options[name] = value
+    return options
 
 
 def train_with_progress(c: Client, model_id: int, epochs: int) -> dict:

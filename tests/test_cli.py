@@ -10,6 +10,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import typer
 
 from bench.cluster import Cluster
 
@@ -65,3 +66,36 @@ def test_api_errors_are_one_line_and_create_key_uses_the_data_dir(
     assert created.returncode == 0, created.stderr
     reader = created.stdout.split(": ")[-1].strip()
     one_line_failure(lethe("audit", "verify", "--key", reader, LETHE_URL=url), "403")
+
+
+def test_method_options_parse_as_json_else_text() -> None:
+    from app.cli import method_options
+
+    assert method_options(["shards=8", "aggregation=vote", "evaluate=true"]) == {
+        "shards": 8,
+        "aggregation": "vote",
+        "evaluate": True,
+    }
+    with pytest.raises(typer.BadParameter, match="KEY=VALUE"):
+        method_options(["shards"])
+
+
+@pytest.mark.integration
+def test_a_sharded_model_from_the_cli_and_its_deletion_cost(
+    served: tuple[str, str, Path],
+) -> None:
+    url, admin, _ = served
+    env = {"LETHE_URL": url, "LETHE_API_KEY": admin, "COLUMNS": "200"}  # no wrapped rows
+    added = lethe("datasets", "add", "--builtin", "digits", **env)
+    assert added.returncode == 0, added.stderr
+    created = lethe(
+        *("models", "create", "1", "--arch", "mlp", "--hidden", "16", "--epochs", "2"),
+        *("--method", "sharded_retrain", "--option", "shards=3", "--option", "slices=2"),
+        **env,
+    )
+    assert created.returncode == 0, created.stderr
+    assert '"shards": 3' in created.stdout and '"status": "ready"' in created.stdout
+    preview = lethe("privacy", "preview", "1", **env)
+    assert preview.returncode == 0, preview.stderr
+    assert "one deletion: sharded_retrain shards=3 slices=2" in preview.stdout
+    assert "one deletion: retrain" in preview.stdout and "(measured)" in preview.stdout

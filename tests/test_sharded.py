@@ -119,6 +119,15 @@ def test_training_records_the_assignment_and_every_checkpoint(trained) -> None:
     assert 0 < summary["expected_work_fraction"] < 1 / 4 + 0.05
 
 
+def test_training_reports_progress_in_epochs_of_work() -> None:
+    """ "epoch k of E" as for one model: monotone, ending at E of E, one call per stage."""
+    calls: list[tuple[int, int]] = []
+    fit(spec(), subset(IDS), lambda epoch, epochs, _loss: calls.append((epoch, epochs)))
+    assert len(calls) == 4 * 3 and all(total == TRAINING.epochs for _, total in calls)
+    done = [epoch for epoch, _ in calls]
+    assert done == sorted(done) and done[-1] == TRAINING.epochs and done[0] < TRAINING.epochs
+
+
 # ---- exactness -----------------------------------------------------------------------------
 
 

@@ -65,20 +65,23 @@ class ShardedRetrain(UnlearningMethod):
     ) -> Trained:
         start = time.perf_counter()
         setup = self.setup
-        total = setup.shards * setup.slices
+        sizes = sh.stage_sizes(assignment, setup.shards, setup.slices)
+        epochs = self.model.training.epochs
+        total = sum(sh.work(sizes, 1, k, 1) for k in range(setup.shards))
         done = [0]
 
         def on_stage(shard: int, stage: int, loss: float) -> None:
-            done[0] += 1
+            """Progress in epochs' worth of work (all stages together do E epochs' worth),
+            so "epoch k of E" reads as it does for a single model."""
+            done[0] += sizes[shard][stage - 1]
             if progress is not None:
-                progress(done[0], total, loss)
+                progress(epochs * done[0] // total if total else epochs, epochs, loss)
 
         weights: ModelState = {}
         checkpoints: ModelState = {}
         for k in range(setup.shards):
             states = sh.train_shard(setup, k, data.X, data.y, assignment, None, 1, on_stage)
             _store(weights, checkpoints, k, 1, states)
-        sizes = sh.stage_sizes(assignment, setup.shards, setup.slices)
         metrics: dict[str, Any] = {
             "train_seconds": time.perf_counter() - start,
             "n_train": len(data.y),
