@@ -85,6 +85,11 @@ class Assignment:
         )
 
     def place(self) -> dict[int, tuple[int, int]]:
+        """sample id → (shard, slice); built once per assignment (an update asks three times)."""
+        return self._places
+
+    @cached_property
+    def _places(self) -> dict[int, tuple[int, int]]:
         return {s: (k, j) for s, k, j in zip(self.sample_ids, self.shard, self.slice, strict=True)}
 
     def restricted(self, keep: Sequence[int]) -> Assignment:
