@@ -89,17 +89,23 @@ def trained():
 # ---- the assignment ------------------------------------------------------------------------
 
 
+def keys(ids: list[int]) -> list[str]:
+    """The assignment keys of these samples as training draws them (subject, else content)."""
+    data = subset(ids)
+    return sh.assignment_keys(data.X, data.y, data.subjects, data.external_ids)
+
+
 def test_assignment_is_seeded_stable_and_keeps_a_subject_together() -> None:
-    full = sh.Assignment.draw(IDS, SUBJECTS, 4, 3, seed=7)
+    full = sh.Assignment.draw(IDS, keys(IDS), 4, 3, seed=7)
     place = full.place()
-    half = sh.Assignment.draw(IDS[::2], SUBJECTS[::2], 4, 3, seed=7)
+    half = sh.Assignment.draw(IDS[::2], keys(IDS[::2]), 4, 3, seed=7)
     assert all(place[s] == where for s, where in half.place().items())  # nobody moves
     by_subject: dict[str, set[tuple[int, int]]] = {}
     for s, subject in zip(IDS, SUBJECTS, strict=True):
         if subject is not None:
             by_subject.setdefault(subject, set()).add(place[s])
     assert all(len(places) == 1 for places in by_subject.values())
-    other = sh.Assignment.draw(IDS, SUBJECTS, 4, 3, seed=8)
+    other = sh.Assignment.draw(IDS, keys(IDS), 4, 3, seed=8)
     assert other.shard != full.shard  # the seed matters
     counts = torch.bincount(torch.tensor(full.shard), minlength=4)
     assert int(counts.min()) > N / 4 / 2  # no shard starved
@@ -109,7 +115,7 @@ def test_training_records_the_assignment_and_every_checkpoint(trained) -> None:
     model, result = trained
     assert count_shards(result.state) == 4 and not any(k.startswith("sisa.") for k in result.state)
     recorded = sh.Assignment.from_state(result.extra_state)
-    assert recorded == sh.Assignment.draw(IDS, SUBJECTS, 4, 3, seed=TRAINING.seed)
+    assert recorded == sh.Assignment.draw(IDS, keys(IDS), 4, 3, seed=TRAINING.seed)
     for k in range(4):
         for j in (1, 2):
             assert any(n.startswith(sh.checkpoint_prefix(k, j)) for n in result.extra_state)
@@ -269,7 +275,7 @@ def test_expected_work_matches_the_balanced_formula() -> None:
     assert expected_work_fraction(4, 1) == 0.25
     assert expected_work_fraction(1, 4) == pytest.approx(0.75)
     ids = list(range(20_000))
-    assignment = sh.Assignment.draw(ids, [None] * len(ids), 4, 4, seed=0)
+    assignment = sh.Assignment.draw(ids, [f"id:{i}" for i in ids], 4, 4, seed=0)
     setup = sh.ShardedSetup(architecture_of(ARCH), TRAINING, P, K, 4, 4)
     from workers.methods.sharded_retrain import _summary
 

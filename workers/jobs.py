@@ -138,7 +138,10 @@ def _train(
     if inputs.imported is not None:
         trained = _load_imported(spec, inputs.imported, inputs.imported_bytes)
     else:
-        trained = fit(spec, RetainedData(data.sample_ids, data.X, data.y, data.subjects), progress)
+        retained = RetainedData(
+            data.sample_ids, data.X, data.y, data.subjects, data.external_ids
+        )
+        trained = fit(spec, retained, progress)
     metrics = {
         **trained.metrics,
         "n_train": len(data),

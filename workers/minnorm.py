@@ -2,8 +2,9 @@
 
 A linear model θ (C × p) on features φ(x) ∈ R^p (the bias a constant coordinate) is trained to
 the minimum-norm interpolator θᵀ = Φᵀ K⁻¹ Y, K = Φ Φᵀ the Gram matrix of the n < p training
-rows. Removing samples projects θ onto the span S_r of the retained rows:
-P_{S_r} θᵀ = Φ_rᵀ K_r⁻¹ Φ_r θᵀ, which is the minimum-norm interpolator of the retained data.
+rows. Removing samples solves the retained rows' labels, θ_rᵀ = Φ_rᵀ K_r⁻¹ Y_r: when θ interpolated
+them this equals P_{S_r} θᵀ = Φ_rᵀ K_r⁻¹ Φ_r θᵀ, the projection of Theorem 4.1, but it stays
+the retrain when it did not (dependent rows with conflicting labels).
 
 K_r⁻¹ comes from the stored K⁻¹ by the principal-submatrix identity
 K_r⁻¹ = (K⁻¹)_rr − (K⁻¹)_rf ((K⁻¹)_ff)⁻¹ (K⁻¹)_fr, O(n²·m) for m removed rows instead of a
@@ -55,9 +56,7 @@ def fit(phi: torch.Tensor, targets: torch.Tensor, rank_tolerance: float) -> MinN
     inverse = gram_inverse(phi, rank_tolerance)
     if inverse is None:
         return _lstsq(phi, targets, rank_tolerance)
-    theta = (inverse @ targets).T @ phi
-    theta = refine(phi, inverse, theta, targets, steps=1)
-    return MinNormFit(theta, inverse, len(phi), interpolation_residual(phi, theta, targets))
+    return solve_with(phi, inverse, targets, steps=1)
 
 
 def _lstsq(phi: torch.Tensor, targets: torch.Tensor, rank_tolerance: float) -> MinNormFit:
@@ -95,14 +94,14 @@ def refine(
     return theta
 
 
-def project(
-    phi: torch.Tensor, inverse: torch.Tensor, theta: torch.Tensor, steps: int
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """P_{S_r} θ = the minimum-norm θ' with Φ_r θ'ᵀ = Φ_r θᵀ (the retained predictions kept),
-    and those predictions (the targets its residual is measured against)."""
-    targets = phi @ theta.T
-    projected = (inverse @ targets).T @ phi
-    return refine(phi, inverse, projected, targets, steps), targets
+def solve_with(
+    phi: torch.Tensor, inverse: torch.Tensor, targets: torch.Tensor, steps: int
+) -> MinNormFit:
+    """θᵀ = Φᵀ K⁻¹ Y with a given K⁻¹ (the downdated one), refined against Φ and Y: the
+    minimum-norm interpolator of these rows' targets."""
+    theta = (inverse @ targets).T @ phi
+    theta = refine(phi, inverse, theta, targets, steps)
+    return MinNormFit(theta, inverse, len(phi), interpolation_residual(phi, theta, targets))
 
 
 def interpolation_residual(phi: torch.Tensor, theta: torch.Tensor, targets: torch.Tensor) -> float:

@@ -298,8 +298,9 @@ def load_batch(
             everything.X[keep],
             everything.y[keep],
             [s for s, k in zip(everything.subjects, keep.tolist(), strict=True) if k],
+            [e for e, k in zip(everything.external_ids, keep.tolist(), strict=True) if k],
         ),
-        test=RetainedData(test.sample_ids, test.X, test.y, test.subjects),
+        test=RetainedData(test.sample_ids, test.X, test.y, test.subjects, test.external_ids),
         history=lineage_history(session, model_id),
         record=record,
     )

@@ -33,9 +33,32 @@ def _unit_hash(seed: int, salt: str, key: str) -> int:
     return int.from_bytes(digest, "big")
 
 
-def assignment_key(sample_id: int, subject: str | None) -> str:
-    """A subject's samples share one key, so a subject lives in one shard and one slice."""
-    return f"subject:{subject}" if subject is not None else f"sample:{sample_id}"
+def assignment_keys(
+    X: torch.Tensor,
+    y: torch.Tensor,
+    subjects: Sequence[str | None],
+    external_ids: Sequence[str],
+) -> list[str]:
+    """What the data says of each sample, never a database id (issue 25), so that anyone
+    holding the data can redraw the assignment: its subject (a subject's samples share one
+    shard and one slice), else its external id (the upload's `ids`, or its row number in the
+    file), else a hash of its features and label."""
+    keys: list[str] = []
+    for i in range(len(y)):
+        subject = subjects[i] if i < len(subjects) else None
+        if subject is not None:
+            keys.append(f"subject:{subject}")
+        elif i < len(external_ids):
+            keys.append(f"id:{external_ids[i]}")
+        else:
+            keys.append(f"content:{content_hash(X[i], int(y[i]))}")
+    return keys
+
+
+def content_hash(x: torch.Tensor, label: int) -> str:
+    """blake2b of a sample's float32 features and its label."""
+    raw = x.detach().to(CPU, torch.float32).contiguous().numpy().tobytes()
+    return hashlib.blake2b(raw + label.to_bytes(8, "big", signed=True), digest_size=16).hexdigest()
 
 
 @dataclass(frozen=True)
@@ -48,18 +71,10 @@ class Assignment:
 
     @staticmethod
     def draw(
-        sample_ids: Sequence[int],
-        subjects: Sequence[str | None],
-        shards: int,
-        slices: int,
-        seed: int,
+        sample_ids: Sequence[int], keys: Sequence[str], shards: int, slices: int, seed: int
     ) -> Assignment:
-        """Seeded and stable: a sample's place depends on its key and the seed only (never on
-        the other samples), so removing samples moves nobody."""
-        keys = [
-            assignment_key(s, subjects[i] if i < len(subjects) else None)
-            for i, s in enumerate(sample_ids)
-        ]
+        """Seeded and stable: a sample's place depends on its key (`assignment_keys`) and the
+        seed only (never on the other samples), so removing samples moves nobody."""
         return Assignment(
             list(sample_ids),
             [_unit_hash(seed, "shard", k) % shards for k in keys],

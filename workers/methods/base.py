@@ -46,12 +46,14 @@ class PrivacyTarget:
 
 @dataclass(frozen=True)
 class RetainedData:
-    """Samples as tensors, rows in `sample_ids` order."""
+    """Samples as tensors, rows in `sample_ids` order, with what the data says of each: its
+    subject and its external id (the upload's `ids`, or its row number in the file)."""
 
     sample_ids: list[int]
     X: torch.Tensor
     y: torch.Tensor
     subjects: list[str | None] = field(default_factory=list)
+    external_ids: list[str] = field(default_factory=list)
 
 
 @dataclass(frozen=True)

@@ -100,34 +100,35 @@ class MinNorm(UnlearningMethod):
         )
 
     def unlearn(self, inputs: UpdateInputs) -> Release:
+        """The minimum-norm solve on the retained labels: with K_r⁻¹ downdated from the stored
+        K⁻¹ when the rows are independent (then it equals P_{S_r} θ, Theorem 4.1), else a fresh
+        least-squares solve. Either way it is what `train` returns on the retained data; never
+        a projection of θ, which differs from the retrain when rows are dependent (issue 25)."""
         start = time.perf_counter()
         o = self.options
         retained = inputs.retained
         net = self._net(retained.X.device)
-        layer = self._layer(net)
-        theta = torch.cat(
-            [inputs.state[f"{layer}.weight"], inputs.state[f"{layer}.bias"].unsqueeze(1)], dim=1
-        ).double()
         phi = self._features(net, retained.X)
+        targets = nn.functional.one_hot(retained.y, self.model.n_classes).double()
         inverse, route = _downdated(inputs.state, retained.sample_ids)
+        fit: mn.MinNormFit | None = None
         if inverse is not None:
-            projected, targets = mn.project(phi, inverse, theta, o.refine_steps)
-            residual = mn.interpolation_residual(phi, projected, targets)
-            fit = mn.MinNormFit(projected, inverse, len(phi), residual)
-            if residual > o.residual_tolerance:
-                route = f"fresh solve (the downdate's residual {residual:.2g} was too large)"
-                inverse = None
-        if inverse is None:
-            fit = mn.fit(phi, phi @ theta.T, o.rank_tolerance)  # P_{S_r} θ by a fresh solve
+            fit = mn.solve_with(phi, inverse, targets, o.refine_steps)
+            if fit.residual > o.residual_tolerance:
+                route = f"fresh solve (the downdate's residual {fit.residual:.2g} was too large)"
+                fit = None
+        if fit is None:
+            fit = mn.fit(phi, targets, o.rank_tolerance)  # what training does on these rows
             route = route if route.startswith("fresh") else "fresh solve"
         n = len(inputs.removed.sample_ids)
         sentence = (
-            f"Exact: the released model is θ projected onto the span of the {len(phi)} "
-            f"retained samples' features, which is the minimum-norm interpolator of the "
-            f"retained data (seed 001, Theorem 4.1): what this model's training, a minimum-"
-            f"norm solve, returns on them alone, so it is (ε=0, δ=0)-indistinguishable from "
-            f"retraining without these {n} samples. Computed in float64 ({route}); the "
-            f"retained samples' outputs are kept to a relative residual of {fit.residual:.2g}."
+            f"Exact: the released model is the minimum-norm least-squares solution on the "
+            f"{len(phi)} retained samples' features and labels, which is what this model's "
+            f"training returns on them alone (with independent rows it equals θ projected "
+            f"onto their span, seed 001, Theorem 4.1), so it is (ε=0, δ=0)-indistinguishable "
+            f"from retraining without these {n} samples. Computed in float64 ({route}); "
+            f"numerical rank {fit.rank}, relative residual against the retained labels "
+            f"{fit.residual:.2g}."
         )
         cert = CertificateFields(
             guarantee=Guarantee.exact,
@@ -139,7 +140,7 @@ class MinNorm(UnlearningMethod):
             sentence=sentence,
             constants={
                 "interpolation_residual": Constant(
-                    fit.residual, "measured", "‖Φ_r θ_rᵀ − Φ_r θᵀ‖ / ‖Φ_r θᵀ‖ in float64"
+                    fit.residual, "measured", "‖Φ_r θ_rᵀ − Y_r‖ / ‖Y_r‖ in float64"
                 ),
                 "rank": Constant(float(fit.rank), "measured", "numerical rank of Φ_r"),
                 "parameters_per_output": Constant(
@@ -147,8 +148,8 @@ class MinNorm(UnlearningMethod):
                 ),
                 "rank_tolerance": Constant(o.rank_tolerance, "declared", "rank cut-off"),
             },
-            compares="the released model vs. the minimum-norm interpolator trained on the "
-            "retained data alone (seed 001, Theorem 4.1)",
+            compares="the released model vs. the minimum-norm least-squares model trained on "
+            "the retained data alone (seed 001, Theorem 4.1)",
             resets_lineage=True,
         )
         state = self._state(net, fit.theta)

@@ -49,8 +49,9 @@ class ShardedRetrain(UnlearningMethod):
     def train(self, data: RetainedData, progress: ProgressFn | None = None) -> Trained:
         """All S shards from their seeded initialisations, on a freshly drawn assignment."""
         o = self.options
+        keys = sh.assignment_keys(data.X, data.y, data.subjects, data.external_ids)
         assignment = sh.Assignment.draw(
-            data.sample_ids, data.subjects, o.shards, o.slices, self.model.training.seed
+            data.sample_ids, keys, o.shards, o.slices, self.model.training.seed
         )
         return self._train_all(data, assignment, progress)
 

@@ -1,0 +1,131 @@
+"""Issue 25 on in-memory inputs: certificates that never overclaim. minnorm's release is the
+retrain when rows are dependent; a sharded ensemble is a function of the data, not of database
+ids; a divergent model's deletion falls back and, failing that, withdraws the model."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+from app.methods import method_of
+from app.specs import PrivacyPolicy, TrainingConfig, architecture_of
+from app.states import Guarantee
+from workers.methods import fit
+from workers.methods.base import (
+    ModelSpec,
+    PrivacyTarget,
+    RemovedSamples,
+    RetainedData,
+    UpdateInputs,
+)
+from workers.updates import compute
+
+TRAINING = TrainingConfig(epochs=3, batch_size=16, learning_rate=0.1, momentum=0.5, seed=7)
+
+
+def inputs_for(
+    spec: ModelSpec, state: dict[str, torch.Tensor], data: RetainedData, gone: list[int]
+) -> UpdateInputs:
+    keep = [i for i, s in enumerate(data.sample_ids) if s not in gone]
+    out = [i for i, s in enumerate(data.sample_ids) if s in gone]
+    policy = PrivacyPolicy()
+    return UpdateInputs(
+        model_id=1,
+        spec=spec,
+        method=spec.method,
+        policy=policy,
+        target=PrivacyTarget(policy.epsilon, policy.delta),
+        state=state,
+        removed=RemovedSamples(gone, data.X[out], data.y[out]),
+        retained=RetainedData(
+            [data.sample_ids[i] for i in keep],
+            data.X[keep],
+            data.y[keep],
+            [data.subjects[i] for i in keep] if data.subjects else [],
+            [data.external_ids[i] for i in keep] if data.external_ids else [],
+        ),
+        test=RetainedData([], data.X[:0], data.y[:0]),
+        history=[],
+    )
+
+
+# ---- 1. minnorm: exact means the retrain, also with dependent rows ----------------------------
+
+
+def duplicated_data() -> RetainedData:
+    """12 independent rows (p = 40 > n) and 5 duplicates of rows 0-4 with other labels."""
+    gen = torch.Generator().manual_seed(3)
+    X = torch.randn(12, 40, generator=gen)
+    y = torch.arange(12) % 4
+    X = torch.cat([X, X[:5]])
+    y = torch.cat([y, (y[:5] + 1) % 4])
+    return RetainedData(list(range(100, 117)), X, y)
+
+
+def min_norm_least_squares(X: torch.Tensor, y: torch.Tensor, classes: int) -> np.ndarray:
+    """An independent solve: numpy's pinv of [X, 1] on one-hot labels, θ as C × (p + 1)."""
+    phi = np.concatenate([X.double().numpy(), np.ones((len(X), 1))], axis=1)
+    targets = np.eye(classes)[y.numpy()]
+    return (np.linalg.pinv(phi, rcond=1e-10) @ targets).T
+
+
+def theta(state: dict[str, torch.Tensor]) -> np.ndarray:
+    w, b = state["1.weight"].double(), state["1.bias"].double()
+    return torch.cat([w, b.unsqueeze(1)], dim=1).numpy()
+
+
+@pytest.mark.parametrize("removed", [[112, 113, 114], [112, 113, 114, 115, 116], [100, 101]])
+def test_minnorm_with_dependent_rows_releases_the_least_squares_retrain(removed: list[int]) -> None:
+    data = duplicated_data()
+    spec = ModelSpec(
+        architecture_of({"type": "logreg"}),
+        TRAINING,
+        method_of({"name": "minnorm"}),
+        40,
+        4,
+    )
+    trained = fit(spec, data)
+    inputs = inputs_for(spec, trained.next_state, data, removed)
+    outcome = compute(inputs)
+    cert = outcome.decision.release.certificate
+    assert cert.guarantee == Guarantee.exact
+    expected = min_norm_least_squares(inputs.retained.X, inputs.retained.y, 4)
+    released = theta(outcome.decision.release.weights)
+    scale = np.linalg.norm(expected)
+    assert np.linalg.norm(released - expected) / scale < 1e-6, "exact must be the retrain"
+    retrained = theta(fit(spec, inputs.retained).state)
+    assert np.linalg.norm(released - retrained) / scale < 1e-6
+
+
+# ---- 2. sharded_retrain: the ensemble is a function of the data ----------------------------
+
+
+def sharded_spec() -> ModelSpec:
+    method = method_of({"name": "sharded_retrain", "shards": 4, "slices": 2})
+    return ModelSpec(architecture_of({"type": "mlp", "hidden": [8]}), TRAINING, method, 6, 3)
+
+
+def registration(first_id: int, external_ids: list[str]) -> RetainedData:
+    """The same subject-less data as a second upload would give it: other database ids."""
+    gen = torch.Generator().manual_seed(5)
+    y = torch.arange(160) % 3
+    X = torch.randn(3, 6, generator=gen)[y] * 2 + torch.randn(160, 6, generator=gen)
+    return RetainedData(list(range(first_id, first_id + 160)), X, y, [None] * 160, external_ids)
+
+
+@pytest.mark.parametrize("with_ids", [True, False])
+def test_two_registrations_of_subjectless_data_give_the_same_ensemble(with_ids: bool) -> None:
+    ids = [f"row-{i}" for i in range(160)] if with_ids else []
+    a, b = registration(1, ids), registration(5_001, ids)
+    spec = sharded_spec()
+    first, second = fit(spec, a), fit(spec, b)
+    assert first.state.keys() == second.state.keys()
+    assert all(torch.equal(first.state[k], second.state[k]) for k in first.state)
+    assert first.metrics["sisa"]["shard_sizes"] == second.metrics["sisa"]["shard_sizes"]
+    # and a deletion of the same rows leaves the same ensemble in both
+    gone_a, gone_b = [a.sample_ids[7], a.sample_ids[90]], [b.sample_ids[7], b.sample_ids[90]]
+    after_a = compute(inputs_for(spec, first.next_state, a, gone_a)).decision.release.weights
+    after_b = compute(inputs_for(spec, second.next_state, b, gone_b)).decision.release.weights
+    assert all(torch.equal(after_a[k], after_b[k]) for k in after_a)
