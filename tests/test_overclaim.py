@@ -7,7 +7,6 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from torch import nn
 
 from app.methods import method_of
 from app.specs import PrivacyPolicy, TrainingConfig, architecture_of
@@ -20,7 +19,8 @@ from workers.methods.base import (
     RetainedData,
     UpdateInputs,
 )
-from workers.updates import compute
+from workers.training import Diverged, check_converged
+from workers.updates import Fallback, Unrecoverable, compute
 
 TRAINING = TrainingConfig(epochs=3, batch_size=16, learning_rate=0.1, momentum=0.5, seed=7)
 
@@ -129,3 +129,45 @@ def test_two_registrations_of_subjectless_data_give_the_same_ensemble(with_ids: 
     after_a = compute(inputs_for(spec, first.next_state, a, gone_a)).decision.release.weights
     after_b = compute(inputs_for(spec, second.next_state, b, gone_b)).decision.release.weights
     assert all(torch.equal(after_a[k], after_b[k]) for k in after_a)
+
+
+# ---- 3. an update that cannot be computed falls back; a retrain that diverges is refused ----
+
+
+def small_data() -> RetainedData:
+    gen = torch.Generator().manual_seed(2)
+    y = torch.arange(90) % 3
+    X = torch.randn(3, 6, generator=gen)[y] * 2 + torch.randn(90, 6, generator=gen)
+    return RetainedData(list(range(90)), X, y)
+
+
+def test_a_method_whose_update_fails_falls_back_to_the_exact_retrain() -> None:
+    data = small_data()
+    spec = ModelSpec(
+        architecture_of({"type": "mlp", "hidden": [8]}),
+        TRAINING,
+        method_of({"name": "output_perturbation", "C0": 10.0}),
+        6,
+        3,
+    )
+    trained = fit(spec, data)
+    poisoned = {k: torch.full_like(v, float("nan")) for k, v in trained.next_state.items()}
+    outcome = compute(inputs_for(spec, poisoned, data, [0, 1]))
+    assert isinstance(outcome.decision, Fallback)
+    assert "could not compute the update" in outcome.decision.reason
+    assert outcome.decision.release.certificate.guarantee == Guarantee.exact
+    assert all(torch.isfinite(v).all() for v in outcome.decision.release.weights.values())
+
+
+def test_a_retrain_that_diverges_is_unrecoverable() -> None:
+    divergent = TrainingConfig(
+        epochs=3, batch_size=16, learning_rate=8.58, weight_decay=0.41, momentum=0.9, seed=1
+    )
+    spec = ModelSpec(
+        architecture_of({"type": "mlp", "hidden": [8]}), divergent, method_of({}), 6, 3
+    )
+    data = small_data()
+    with pytest.raises(Diverged):
+        check_converged(spec.architecture, fit(spec, data).state, data.X, data.y, 3)
+    with pytest.raises(Unrecoverable, match="exact retrain diverged"):
+        compute(inputs_for(spec, {}, data, [0]))

@@ -291,7 +291,7 @@ def test_fan_out_idempotency_and_erasure_sweep(make_cluster, pg_url: str) -> Non
             assert v1["weights_sha256"] and v1["erased_at"] and not v1["weights_available"]
 
 
-def test_final_failure_lands_in_rq_failed_registry(
+def test_final_failure_withdraws_the_model_erases_and_lands_in_rq_failed_registry(
     make_cluster, pg_url: str, redis_url: str
 ) -> None:
     cluster = make_cluster()
@@ -311,14 +311,23 @@ def test_final_failure_lands_in_rq_failed_registry(
             timeout=120,
         )
         failed = c.get(f"/v1/deletions/{req['id']}").json()
-    assert failed["status"] == "failed"
-    assert "SafetensorError" in failed["error"] or "Error" in failed["error"]
-    assert failed["models"][0]["status"] == "failed"
+        withdrawn = c.get(f"/v1/models/{model['id']}").json()
+    # erasure never waits for an update that cannot happen: the model is withdrawn instead
+    assert failed["status"] == "done" and failed["certificate_ids"] == []
+    assert "withdrawn" in failed["error"] and "Error" in failed["error"]
+    assert failed["models"][0]["status"] == "done"
+    assert withdrawn["status"] == "failed" and withdrawn["error"].startswith("withdrawn: ")
     registry = FailedJobRegistry(queue=Queue(cluster.queue, connection=Redis.from_url(redis_url)))
     wait_until(lambda: registry.count >= 1, timeout=30)
     with database(pg_url).write() as session:
         assert session.scalar(select(func.count()).select_from(Certificate)) == 0
-        assert session.scalar(select(func.count()).select_from(ModelVersion)) == 1
+        version = session.scalar(select(ModelVersion))
+        assert version is not None and version.erased_at is not None
+        assert version.weights_key is None and version.state_key is None
+        sample = session.scalar(
+            select(Sample).where(Sample.status == "erased", Sample.dataset_id == ds["id"])
+        )
+        assert sample is not None and sample.payload is None
 
 
 def scrape(c: httpx.Client, url: str = "/metrics") -> dict[str, float]:

@@ -9,6 +9,7 @@ its results come back to CPU before they are committed.
 from __future__ import annotations
 
 import logging
+import math
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -34,8 +35,8 @@ from workers.methods.base import ModelSpec, RetainedData, Trained
 from workers.metrics import DELETIONS_PROCESSED, FALLBACKS, JOB_DURATION
 from workers.nets import build_net
 from workers.statistics import write_block
-from workers.training import ProgressFn, accuracy
-from workers.updates import Fallback, Outcome, compute_on
+from workers.training import Diverged, ProgressFn, accuracy, check_converged
+from workers.updates import Fallback, Outcome, Unrecoverable, compute_on
 
 log = logging.getLogger("lethe.jobs")
 
@@ -138,10 +139,17 @@ def _train(
     if inputs.imported is not None:
         trained = _load_imported(spec, inputs.imported, inputs.imported_bytes)
     else:
-        retained = RetainedData(
-            data.sample_ids, data.X, data.y, data.subjects, data.external_ids
-        )
+        retained = RetainedData(data.sample_ids, data.X, data.y, data.subjects, data.external_ids)
         trained = fit(spec, retained, progress)
+        try:
+            check_converged(
+                spec.architecture, trained.state, data.X, data.y, spec.n_classes, spec.aggregation
+            )
+        except Diverged as exc:
+            raise Diverged(
+                f"training diverged: {exc}; nothing was released. Lower the learning rate or "
+                "the weight decay, or train for fewer epochs"
+            ) from exc
     metrics = {
         **trained.metrics,
         "n_train": len(data),
@@ -190,7 +198,8 @@ def _progress_writer(db: Database, model_id: int) -> ProgressFn:
                         "stage": "training",
                         "epoch": epoch,
                         "epochs": epochs,
-                        "loss": round(loss, 6),
+                        # JSON has no NaN (PostgreSQL refuses it): a diverged loss is null
+                        "loss": round(loss, 6) if math.isfinite(loss) else None,
                     }
                 )
             )
@@ -295,10 +304,16 @@ def _run_batch(
         db.run(
             lambda session: pipeline.commit_update(session, batch, outcome), retry_integrity=True
         )
+    except Unrecoverable as exc:  # the retrain itself diverged: retrying cannot help
+        _withdraw(db, model_id, str(exc))
+        log.error("model %s withdrawn: %s", model_id, exc)
+        compact_after_erasure(db)
+        return False
     except Exception as exc:
         final = _fail(db, settings, tasks, exc)
         log.exception("deletion batch for model %s failed (final=%s)", model_id, final)
-        if final:
+        if final:  # the model was withdrawn and the data erased: compact, then let RQ see it
+            compact_after_erasure(db)
             raise
         return False
     compacting = time.perf_counter()
@@ -310,6 +325,16 @@ def _run_batch(
     DELETIONS_PROCESSED.labels(method).inc(len(tasks))
     JOB_DURATION.labels("process_deletions").observe(time.perf_counter() - started)
     return True
+
+
+def _withdraw(db: Database, model_id: int, reason: str) -> None:
+    """Withdraw the model and erase its requests' data, if this worker still leases it."""
+
+    def work(session: Any) -> None:
+        pipeline.check_lease(session, model_id)
+        pipeline.withdraw_model(session, model_id, reason)
+
+    db.run(work)
 
 
 def _fail(

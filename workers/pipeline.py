@@ -16,7 +16,7 @@ import numpy as np
 import torch
 from safetensors.torch import load as st_load
 from safetensors.torch import save as st_save
-from sqlalchemy import select, update
+from sqlalchemy import delete, select, update
 from sqlalchemy.orm import Session
 
 from app.audit import append_certificates, removed_ids_digest
@@ -30,6 +30,7 @@ from app.db.tables import (
     Model,
     ModelSample,
     ModelVersion,
+    SampleStatistic,
     task_is_due,
     utcnow,
 )
@@ -38,7 +39,7 @@ from app.methods import get_method, method_of
 from app.methods.sharded_retrain import ShardedOptions
 from app.services.privacy import lineage_history
 from app.specs import PrivacyPolicy, architecture_of, policy_of, training_of
-from app.states import RequestStatus, TaskStatus, VersionKind
+from app.states import ModelStatus, RequestStatus, TaskStatus, VersionKind
 from workers.certify import CertificateContext, certificate_fields
 from workers.data import test_arrays, training_arrays
 from workers.lease import WORKER_ID, LeaseLost
@@ -432,12 +433,13 @@ def _earlier_certificate(session: Session, model_id: int, sample_ids: list[int])
     return None
 
 
-def _purge_older_versions(session: Session, model_id: int, keep_id: int) -> None:
-    """Every earlier version was trained with the removed samples: delete its bytes."""
+def _purge_older_versions(session: Session, model_id: int, keep_id: int | None) -> None:
+    """Every earlier version was trained with the removed samples: delete its bytes (all of
+    them when `keep_id` is None)."""
     older = session.scalars(
         select(ModelVersion).where(
             ModelVersion.model_id == model_id,
-            ModelVersion.id != keep_id,
+            ModelVersion.id != (keep_id if keep_id is not None else -1),
             ModelVersion.erased_at.is_(None),
         )
     ).all()
@@ -445,6 +447,41 @@ def _purge_older_versions(session: Session, model_id: int, keep_id: int) -> None
     for v in older:
         store.delete([k for k in (v.weights_key, v.state_key) if k])
         v.weights_key, v.state_key, v.erased_at = None, None, utcnow()
+
+
+WITHDRAWN = "withdrawn"  # a failed model's progress stage after `withdraw_model`
+
+
+def withdraw_model(session: Session, model_id: int, reason: str) -> set[int]:
+    """The model cannot forget (its update and its exact retrain both failed): withdraw it.
+
+    Every version's weights and noise-free state are deleted with their data keys, its
+    per-sample statistics too, and the model is marked failed with the reason; its open
+    deletion tasks are done, applied by the withdrawal. A failed model holds no sample
+    (`erase_payloads`), so the requests' data is erased in this same commit: erasure never
+    waits for an update that cannot happen (issue 25). Returns the requests it finished."""
+    model = session.get(Model, model_id)
+    if model is None:
+        return set()
+    _purge_older_versions(session, model_id, None)
+    session.execute(delete(SampleStatistic).where(SampleStatistic.model_id == model_id))
+    model.status, model.current_version_id = ModelStatus.failed, None
+    model.error = f"withdrawn: {reason}"[:2000]
+    model.progress = {"stage": WITHDRAWN}
+    tasks = session.scalars(
+        select(DeletionTask).where(
+            DeletionTask.model_id == model_id,
+            DeletionTask.status.in_([TaskStatus.queued, TaskStatus.running, TaskStatus.failed]),
+        )
+    ).all()
+    note = f"the model was withdrawn instead of updated: {reason}"[:2000]
+    for task in tasks:
+        task.status, task.error, task.n_removed = TaskStatus.done, note, 0
+        task.lease_owner = task.lease_expires_at = None
+    requests = {t.request_id for t in tasks}
+    session.flush()
+    finish_requests(session, requests)
+    return requests
 
 
 def finish_requests(session: Session, request_ids: set[int]) -> None:
@@ -475,10 +512,11 @@ def finish_requests(session: Session, request_ids: set[int]) -> None:
 def fail_tasks(
     session: Session, task_ids: list[int], error: str, backoff_seconds: list[int], max_attempts: int
 ) -> bool:
-    """Put tasks back to queued, due again after the backoff for their attempt, or fail them
-    (and their requests) after `max_attempts`. Returns True when the tasks failed for good."""
+    """Put tasks back to queued, due again after the backoff for their attempt, or, after
+    `max_attempts`, withdraw their model (`withdraw_model`): the data is erased whatever
+    happens to the update. Returns True when the tasks failed for good."""
     final = False
-    requests: set[int] = set()
+    models: set[int] = set()
     now = utcnow()
     for task in session.scalars(select(DeletionTask).where(DeletionTask.id.in_(task_ids))):
         if task.status != TaskStatus.running or task.lease_owner != WORKER_ID:
@@ -487,7 +525,7 @@ def fail_tasks(
         task.lease_owner = task.lease_expires_at = None
         if task.attempts >= max_attempts:
             task.status, final = TaskStatus.failed, True
-            requests.add(task.request_id)
+            models.add(task.model_id)
         else:
             task.status = TaskStatus.queued
             wait = (
@@ -496,9 +534,10 @@ def fail_tasks(
                 else 0
             )
             task.not_before = now + timedelta(seconds=wait)
-    for request_id in requests:
-        request = session.get(DeletionRequest, request_id)
-        if request is not None:
-            request.error = error[:2000]
-    finish_requests(session, requests)
+    for model_id in models:
+        reason = f"a deletion failed {max_attempts} times ({error})"
+        for request_id in withdraw_model(session, model_id, reason[:1000]):
+            request = session.get(DeletionRequest, request_id)
+            if request is not None:
+                request.error = f"model {model_id} was withdrawn: {reason}"[:2000]
     return final

@@ -24,6 +24,38 @@ from workers.norms import project_parameters_
 ProgressFn = Callable[[int, int, float], None]
 
 
+class Diverged(ValueError):
+    """Training (or a retrain) ended with non-finite weights or a non-finite loss: nothing
+    from it may be released (issue 25)."""
+
+
+def check_finite(state: dict[str, torch.Tensor]) -> None:
+    """Raise Diverged when a floating-point tensor of `state` holds NaN or ±inf."""
+    bad = [k for k, v in state.items() if v.is_floating_point() and not torch.isfinite(v).all()]
+    if bad:
+        names = ", ".join(bad[:3]) + (f" and {len(bad) - 3} more" if len(bad) > 3 else "")
+        raise Diverged(f"non-finite weights ({names})")
+
+
+def check_converged(
+    architecture: ArchitectureSpec | dict[str, Any],
+    state: dict[str, torch.Tensor],
+    X: torch.Tensor,
+    y: torch.Tensor,
+    n_classes: int,
+    aggregation: str = "probabilities",
+) -> None:
+    """Raise Diverged when `check_finite` does, or, for a classifier, when its mean
+    cross-entropy on (X, y) is not finite."""
+    check_finite(state)
+    if len(y) and is_classifier(architecture):
+        with torch.no_grad():
+            scores = logits(architecture, state, X, n_classes, aggregation).double()
+            loss = float(nn.functional.cross_entropy(scores, y.to(scores.device)))
+        if not np.isfinite(loss):
+            raise Diverged(f"the training loss is {loss}")
+
+
 def seeded_net(
     architecture: ArchitectureSpec | dict[str, Any],
     n_features: int,

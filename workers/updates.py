@@ -20,7 +20,13 @@ from workers.device import inputs_to, outcome_to_cpu
 from workers.evaluation import evaluate
 from workers.methods import method_for
 from workers.methods.base import Release, TargetInfeasible, UpdateInputs
-from workers.training import accuracy, is_classifier
+from workers.training import (
+    Diverged,
+    accuracy,
+    check_converged,
+    check_finite,
+    is_classifier,
+)
 
 
 @dataclass(frozen=True)
@@ -46,6 +52,11 @@ class Fallback:
 Decision = Released | Fallback
 
 
+class Unrecoverable(RuntimeError):
+    """Neither the method nor the exact retrain gave a releasable model (the retrain itself
+    diverged): the job withdraws the model's weights and erases the data anyway (issue 25)."""
+
+
 @dataclass(frozen=True)
 class Outcome:
     decision: Decision
@@ -64,8 +75,6 @@ def compute(inputs: UpdateInputs) -> Outcome:
     decision = decide(inputs)
     seconds = time.perf_counter() - start
     release = decision.release
-    if not all(torch.isfinite(v).all() for v in release.weights.values()):
-        raise ValueError("the update produced non-finite weights; nothing is released")
     metrics: dict[str, Any] = {
         **release.metrics,
         **_accuracies(inputs, release),
@@ -81,18 +90,26 @@ def compute(inputs: UpdateInputs) -> Outcome:
 
 
 def decide(inputs: UpdateInputs) -> Decision:
-    """The configured method's release, or the exact retrain and the reason for it."""
+    """The configured method's release, or the exact retrain and the reason for it. A method
+    that fails or releases non-finite weights falls back to the retrain too, so a deletion
+    never fails for good because an update cannot be computed."""
     name = inputs.method.name
+    if name == "retrain":
+        return Released(exact_retrain(inputs), name, None)
     method = method_for(name, inputs.spec)
-    if method.spec.guarantee == Guarantee.exact:
-        return Released(method.unlearn(inputs), name, None)
     target = inputs.target
     try:
         release = method.unlearn(inputs)
+        check_finite(release.weights)
+        check_finite(release.next_state)
     except TargetInfeasible as exc:
         return _fallback(
             inputs, f"{name} cannot meet (ε={target.epsilon:g}, δ={target.delta:g}): {exc}"
         )
+    except Exception as exc:  # noqa: BLE001 - any failure of the update: retrain exactly
+        return _fallback(inputs, f"{name} could not compute the update: {_described(exc)}")
+    if method.spec.guarantee == Guarantee.exact:
+        return Released(release, name, None)
     if release.certificate.guarantee == Guarantee.none and not inputs.policy.allow_heuristic:
         return _fallback(
             inputs, "the method's guarantee is heuristic and the policy does not allow it"
@@ -106,9 +123,32 @@ def decide(inputs: UpdateInputs) -> Decision:
     return Released(release, name, admission)
 
 
+def exact_retrain(inputs: UpdateInputs) -> Release:
+    """The exact retrain on the retained data, checked: Unrecoverable when it diverges."""
+    release = method_for("retrain", inputs.spec).unlearn(inputs)
+    spec, retained = inputs.spec, inputs.retained
+    try:
+        check_converged(
+            spec.architecture,
+            release.weights,
+            retained.X,
+            retained.y,
+            spec.n_classes,
+            spec.aggregation,
+        )
+        check_finite(release.next_state)
+    except Diverged as exc:
+        raise Unrecoverable(f"the exact retrain diverged: {exc}") from exc
+    return release
+
+
+def _described(exc: Exception) -> str:
+    text = str(exc) or type(exc).__name__
+    return text if len(text) <= 300 else text[:300] + "…"
+
+
 def _fallback(inputs: UpdateInputs, reason: str) -> Fallback:
-    retrain = method_for("retrain", inputs.spec).unlearn(inputs)
-    return Fallback(retrain, inputs.method.name, reason)
+    return Fallback(exact_retrain(inputs), inputs.method.name, reason)
 
 
 def _accuracies(inputs: UpdateInputs, release: Release) -> dict[str, float | None]:
