@@ -8,8 +8,8 @@ loser's insert fails and its transaction is retried.
 from __future__ import annotations
 
 import hashlib
+import hmac
 import json
-import secrets
 from collections.abc import Iterator
 from typing import Any
 
@@ -47,11 +47,26 @@ def chain_hash(prev_hash: str, body: str) -> str:
     return hashlib.sha256(f"{prev_hash}\n{body}".encode()).hexdigest()
 
 
-def removed_ids_digest(external_ids: list[str]) -> tuple[str, str]:
-    """Salted sha256 of the sorted removed ids: a subject holding the salt can check inclusion."""
-    salt = secrets.token_hex(16)
-    joined = "\n".join(sorted(external_ids))
-    return salt, hashlib.sha256(f"{salt}\n{joined}".encode()).hexdigest()
+COMMITMENT_SCHEME = "HMAC-SHA256(opening, sorted removed ids joined by newlines)"
+
+
+def removed_ids_commitment(opening: bytes, external_ids: list[str]) -> str:
+    """A commitment to the removed ids that only the holder of `opening` can check (issue 25).
+
+    A salted hash beside its salt could be reversed by hashing candidate ids; an HMAC under a
+    256-bit key returned to the requester alone, whose server copy is destroyed once the
+    request is done, cannot: without the opening every candidate set is equally likely."""
+    joined = "\n".join(sorted(external_ids)).encode()
+    return hmac.new(opening, joined, hashlib.sha256).hexdigest()
+
+
+def commitment_holds(opening_hex: str, external_ids: list[str], commitment: str) -> bool:
+    """Whether `commitment` is the one these ids give under this opening (constant time)."""
+    try:
+        opening = bytes.fromhex(opening_hex)
+    except ValueError:
+        return False
+    return hmac.compare_digest(removed_ids_commitment(opening, external_ids), commitment)
 
 
 def certificate_documents(session: Session, model_id: int) -> list[dict[str, Any]]:

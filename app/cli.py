@@ -348,14 +348,28 @@ def audit_verify_receipt(
     consistency: Annotated[
         Path | None, typer.Option(help="GET /v1/audit/proof/consistency?first=M&second=N")
     ] = None,
+    opening: Annotated[
+        str | None, typer.Option(help="the `opening` your POST /v1/deletions answer carried")
+    ] = None,
+    sample_id: Annotated[
+        list[str] | None,
+        typer.Option("--id", help="a removed id (repeat: every id the certificate removed)"),
+    ] = None,
 ) -> None:
     """Check a receipt offline, from files alone: the head's signature, the certificate's
-    inclusion, and (with --head and --consistency) that a newer head extends it."""
+    inclusion, (with --head and --consistency) that a newer head extends it, and (with
+    --opening and --id) that the certificate removed exactly these ids."""
+    from app.audit import commitment_holds
     from app.receipts import ReceiptError, verify_extension, verify_receipt
 
+    if (head is None) != (consistency is None):
+        raise CliError("--head and --consistency go together: a head alone proves nothing")
+    if (opening is None) != (not sample_id):
+        raise CliError("--opening and --id go together")
     key_table = json.loads(keys.read_text())
+    document = json.loads(receipt.read_text())
     try:
-        old = verify_receipt(json.loads(receipt.read_text()), key_table)
+        old = verify_receipt(document, key_table)
         console.print(
             f"included: certificate leaf under the head of size {old['tree_size']} "
             f"signed by {old['key_id']}"
@@ -366,6 +380,12 @@ def audit_verify_receipt(
             console.print(f"consistent: the head of size {newer['tree_size']} extends it")
     except ReceiptError as exc:
         raise CliError(f"receipt does not verify: {exc}") from exc
+    if opening is not None and sample_id:
+        certificate = json.loads(document["entry"])
+        commitment = str(certificate.get("removed_ids_commitment", ""))
+        if not commitment_holds(opening, list(sample_id), commitment):
+            raise CliError("the certificate does not commit to these ids under this opening")
+        console.print(f"committed: the certificate removed exactly these {len(sample_id)} ids")
 
 
 @audit.command("rotate-key")

@@ -63,6 +63,7 @@ def verify_extension(
         bytes.fromhex(new["root_hash"]),
     ):
         raise ReceiptError(
-            f"the log of size {new['tree_size']} does not extend the one of size "
-            f"{old['tree_size']}: it was rewritten"
+            f"the consistency proof does not show that the log of size {new['tree_size']} "
+            f"extends the one of size {old['tree_size']}: the proof is corrupt or the log was "
+            "rewritten (fetch the proof again; if a fresh proof fails too, the log forked)"
         )

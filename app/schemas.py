@@ -449,6 +449,12 @@ class DeletionOut(Out):
     """once done, per new certificate: the signed tree head that first includes it and the
     inclusion proof at that size (keep it; check it offline with `lethe audit
     verify-receipt`)"""
+    opening: str | None = None
+    """only in the answer to the POST (and its idempotent replays while the request runs):
+    the hex key under which each of its certificates commits to the removed ids
+    (`removed_ids_commitment`, HMAC-SHA256 of the sorted ids joined by newlines). Keep it:
+    the server destroys its copy once the request is finished, so nobody else can test
+    candidate ids against a certificate"""
     error: str | None
     """why it failed"""
     created_at: datetime

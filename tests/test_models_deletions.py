@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import hashlib
+import hmac
+import json
 import time
 from pathlib import Path
 
@@ -74,10 +76,11 @@ def test_retrain_deletion_end_to_end(api: Api, digits: dict, ready_model: dict) 
     assert (cert["epsilon"], cert["delta"], cert["guarantee"]) == (0.0, 0.0, "exact")
     assert cert["from_version"] == 1 and cert["to_version"] == 2 and cert["n_removed"] == 3
     assert cert["method"] == "retrain" and "3 samples" in cert["sentence"]
-    ids_hash = hashlib.sha256(
-        f"{cert['removed_ids_salt']}\n".encode() + "\n".join(sorted(ids)).encode()
-    ).hexdigest()
-    assert cert["removed_ids_sha256"] == ids_hash
+    opening = bytes.fromhex(req["opening"])  # only the POST's answer carries it
+    ids_hmac = hmac.new(opening, "\n".join(sorted(ids)).encode(), hashlib.sha256).hexdigest()
+    assert cert["removed_ids_commitment"] == ids_hmac
+    assert "removed_ids_salt" not in cert and req["opening"] not in json.dumps(cert)
+    assert done["opening"] is None  # reads never show it
 
     with database(api.url).write() as session:
         tokens = [keyring().token("sample", digits["id"], i) for i in ids]

@@ -4,10 +4,15 @@ erased anyway; the certificate's commitment cannot be reversed by hashing candid
 
 from __future__ import annotations
 
+import hashlib
+import hmac
+import json
+
 from sqlalchemy import select, update
 
+from app.audit import commitment_holds
 from app.db.session import database
-from app.db.tables import Model, ModelVersion, Sample
+from app.db.tables import DeletionRequest, Model, ModelVersion, Sample
 from tests.conftest import SMALL_TRAINING, Api
 
 DIVERGENT = {
@@ -85,3 +90,53 @@ def test_a_model_that_cannot_forget_is_withdrawn_and_the_data_erased(
     ).json()
     assert later["status"] == "done"  # no live model holds it: erased at once
     assert api.wait(f"/v1/deletions/{later['id']}", ("done", "failed"))["status"] == "done"
+
+
+def test_a_certificate_commitment_cannot_be_reversed_without_the_opening(
+    api: Api, digits: dict
+) -> None:
+    ready = model(api, digits["id"], SMALL_TRAINING)
+    assert ready["status"] == "ready"
+    candidates = train_ids(api, digits["id"], 200)
+    gone = candidates[17:18]
+    req = api.post(
+        "/v1/deletions", role="requester", json={"dataset_id": digits["id"], "sample_ids": gone}
+    ).json()
+    opening = req["opening"]
+    assert isinstance(opening, str) and len(opening) == 64
+    done = api.wait(f"/v1/deletions/{req['id']}", ("done", "failed"))
+    assert done["status"] == "done" and done["opening"] is None
+    (cert_id,) = done["certificate_ids"]
+    cert = api.get(f"/v1/audit/certificates/{cert_id}", role="auditor").json()
+    published = json.dumps(cert) + json.dumps(done)
+    assert opening not in published
+    commitment = cert["removed_ids_commitment"]
+    # An attacker with the certificate (auditor, export, receipt) hashes every candidate id
+    # with every public field it could take for a salt or key: nothing matches.
+    keys = [str(v).encode() for v in cert.values() if isinstance(v, str | int)] + [b""]
+    for key in keys:
+        for c in candidates:
+            assert hashlib.sha256(key + b"\n" + c.encode()).hexdigest() != commitment
+            assert hmac.new(key, c.encode(), hashlib.sha256).hexdigest() != commitment
+    # the requester, who holds the opening, can check that its id is the one removed
+    assert commitment_holds(opening, gone, commitment)
+    assert not commitment_holds(opening, candidates[16:17], commitment)
+    # and the server no longer keeps it: its data key is destroyed
+    with database(api.url).read() as session:
+        row = session.get(DeletionRequest, req["id"])
+        assert row is not None and row.commitment_key_id is None
+
+
+def test_a_version_is_never_scored_on_test_rows_its_request_erases(api: Api, digits: dict) -> None:
+    ready = model(api, digits["id"], SMALL_TRAINING)
+    v1 = api.get(f"/v1/models/{ready['id']}/versions/1").json()
+    test_rows = api.get(
+        f"/v1/datasets/{digits['id']}/samples", params={"split": "test", "limit": 2}
+    ).json()["items"]
+    ids = train_ids(api, digits["id"], 1) + [s["external_id"] for s in test_rows]
+    req = api.post(
+        "/v1/deletions", role="requester", json={"dataset_id": digits["id"], "sample_ids": ids}
+    ).json()
+    assert api.wait(f"/v1/deletions/{req['id']}", ("done", "failed"))["status"] == "done"
+    v2 = api.get(f"/v1/models/{ready['id']}/versions/2").json()
+    assert v2["metrics"]["n_test"] == v1["metrics"]["n_test"] - 2

@@ -66,7 +66,8 @@ def delete(api: Api, dataset_id: int, offset: int) -> dict:
     req = api.post(
         "/v1/deletions", role="requester", json={"dataset_id": dataset_id, "sample_ids": ids}
     ).json()
-    return api.get(f"/v1/deletions/{req['id']}", role="requester", params={"wait": 30}).json()
+    done = api.get(f"/v1/deletions/{req['id']}", role="requester", params={"wait": 30}).json()
+    return {**done, "opening": req["opening"], "ids": ids}  # what the requester keeps
 
 
 def test_receipts_verify_and_a_rewritten_log_fails_its_consistency_check(
@@ -147,7 +148,8 @@ def test_the_verifier_runs_from_a_fresh_folder_with_the_files_alone(
     api: Api, ready_model: dict, tmp_path: Path
 ) -> None:
     dataset_id = ready_model["dataset_id"]
-    receipt = delete(api, dataset_id, 0)["receipts"][0]
+    first = delete(api, dataset_id, 0)
+    receipt = first["receipts"][0]
     delete(api, dataset_id, 1)
     head = api.get("/v1/audit/head", role="reader").json()
     proof = api.get(
@@ -184,6 +186,22 @@ def test_the_verifier_runs_from_a_fresh_folder_with_the_files_alone(
     assert ok.returncode == 0, ok.stderr
     assert "included" in ok.stdout and "consistent" in ok.stdout
     assert sorted(p.name for p in folder.iterdir()) == sorted(files)  # nothing else needed
+    run = (
+        lambda *more: subprocess.run(  # noqa: E731
+            args[:8] + list(more), cwd=folder, env=env, capture_output=True, text=True, timeout=60
+        )
+    )
+    opened = run("--opening", first["opening"], "--id", first["ids"][0])
+    assert opened.returncode == 0 and "committed" in opened.stdout, opened.stderr
+    wrong = run("--opening", first["opening"], "--id", "not-" + first["ids"][0])
+    assert wrong.returncode == 1 and "does not commit" in wrong.stderr
+    alone = run("--head", "head.json")  # a head without its proof checks nothing: refused
+    assert alone.returncode == 1 and "go together" in alone.stderr
+    corrupt = {**proof, "consistency_path": ["00" * 32] * len(proof["consistency_path"])}
+    (folder / "proof.json").write_text(json.dumps(corrupt))
+    broken = run("--head", "head.json", "--consistency", "proof.json")
+    assert broken.returncode == 1 and "corrupt or the log was rewritten" in broken.stderr
+    (folder / "proof.json").write_text(json.dumps(proof))
     receipt["entry"] = receipt["entry"].replace("Exact", "Fine")
     (folder / "receipt.json").write_text(json.dumps(receipt))
     bad = subprocess.run(args, cwd=folder, env=env, capture_output=True, text=True, timeout=60)

@@ -6,6 +6,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+from app.audit import COMMITMENT_SCHEME
 from app.privacy import DP_ACCOUNTING_VERSION
 from app.privacy.lineage import event_to_json
 from app.specs import PrivacyPolicy
@@ -26,8 +27,7 @@ class CertificateContext:
     n_removed: int
     n_removed_in_update: int
     coalesced_requests: list[int]
-    removed_ids_salt: str
-    removed_ids_sha256: str
+    removed_ids_commitment: str
 
 
 def certificate_fields(
@@ -83,8 +83,8 @@ def certificate_fields(
         "n_removed": ctx.n_removed,
         "n_removed_in_update": ctx.n_removed_in_update,
         "coalesced_requests": ctx.coalesced_requests,
-        "removed_ids_salt": ctx.removed_ids_salt,
-        "removed_ids_sha256": ctx.removed_ids_sha256,
+        "removed_ids_commitment": ctx.removed_ids_commitment,
+        "commitment_scheme": COMMITMENT_SCHEME,
         "release_sha256": ctx.release_sha256,
         "compares": cert.compares,
         "sentence": sentence,

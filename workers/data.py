@@ -17,6 +17,7 @@ from sqlalchemy.orm import Session
 from app.crypto import SampleRecord, keyring, open_sealed, sample_aad
 from app.db.chunks import chunked
 from app.db.tables import DataKey, Dataset, ModelSample, Sample
+from app.states import SampleStatus
 
 
 @dataclass
@@ -187,9 +188,16 @@ def training_arrays(
 
 
 def test_arrays(session: Session, dataset: Dataset) -> Arrays:
+    """The test split's active samples: none that a request has asked to forget (`erasing`),
+    so no version is ever scored on rows its own request erases (issue 25)."""
     ids = session.scalars(
         select(Sample.id)
-        .where(Sample.dataset_id == dataset.id, Sample.split == "test", Sample.key_id.is_not(None))
+        .where(
+            Sample.dataset_id == dataset.id,
+            Sample.split == "test",
+            Sample.status == SampleStatus.active,
+            Sample.key_id.is_not(None),
+        )
         .order_by(Sample.id)
     ).all()
     return OPENED.arrays(session, dataset, list(ids))

@@ -153,6 +153,7 @@ def _train(
     metrics = {
         **trained.metrics,
         "n_train": len(data),
+        "n_test": len(test),
         "train_accuracy": accuracy(
             spec.architecture, trained.state, data.X, data.y, spec.n_classes, spec.aggregation
         ),

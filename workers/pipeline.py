@@ -8,6 +8,7 @@ removals, the purge of older versions and the request states together, or nothin
 from __future__ import annotations
 
 import json
+import secrets
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
@@ -19,8 +20,9 @@ from safetensors.torch import save as st_save
 from sqlalchemy import delete, select, update
 from sqlalchemy.orm import Session
 
-from app.audit import append_certificates, removed_ids_digest
+from app.audit import append_certificates, removed_ids_commitment
 from app.blobstore import DatabaseBlobStore
+from app.crypto import keyring
 from app.db.chunks import chunked
 from app.db.tables import (
     Certificate,
@@ -35,6 +37,7 @@ from app.db.tables import (
     utcnow,
 )
 from app.erasure import erase_payloads
+from app.keystore import destroy_keys, load_keys
 from app.methods import get_method, method_of
 from app.methods.sharded_retrain import ShardedOptions
 from app.services.privacy import lineage_history
@@ -76,6 +79,7 @@ class Batch:
     tasks: list[ClaimedTask]
     removed_by_task: dict[int, list[int]] = field(default_factory=dict)
     external_ids: dict[int, str] = field(default_factory=dict)
+    openings: dict[int, bytes] = field(default_factory=dict)  # request id -> commitment key
 
     @property
     def removed(self) -> list[int]:
@@ -274,11 +278,12 @@ def load_batch(
         parent_number=parent.number,
         tasks=tasks,
         removed_by_task=removed_by_task,
-        external_ids={  # raw ids, opened from the sealed payloads, for the salted digest
+        external_ids={  # raw ids, opened from the sealed payloads, for the commitment
             s: e
             for s, e in zip(everything.sample_ids, everything.external_ids, strict=True)
             if s in claimed
         },
+        openings=_openings(session, {t.request_id for t in tasks}),
     )
     inputs = UpdateInputs(
         model_id=model_id,
@@ -306,6 +311,20 @@ def load_batch(
         record=record,
     )
     return batch, inputs
+
+
+def _openings(session: Session, request_ids: set[int]) -> dict[int, bytes]:
+    """The requests' commitment keys, where the server still keeps them."""
+    key_ids = dict(
+        session.execute(
+            select(DeletionRequest.id, DeletionRequest.commitment_key_id).where(
+                DeletionRequest.id.in_(sorted(request_ids)),
+                DeletionRequest.commitment_key_id.is_not(None),
+            )
+        ).all()
+    )
+    keys = load_keys(session, keyring(), list(key_ids.values()))
+    return {r: keys[k] for r, k in key_ids.items() if k in keys}
 
 
 def _held(session: Session, model_id: int, sample_ids: list[int]) -> set[int]:
@@ -400,7 +419,10 @@ def commit_update(session: Session, batch: Batch, outcome: Outcome | None) -> in
 def _certificate(
     batch: Batch, task: ClaimedTask, outcome: Outcome, version: ModelVersion, removed: list[int]
 ) -> dict[str, Any]:
-    salt, digest = removed_ids_digest([batch.external_ids[s] for s in removed])
+    # A request without a kept key (accepted before issue 25) commits under a key nobody
+    # keeps: the commitment cannot be opened, by anyone, which is what it must not leak.
+    opening = batch.openings.get(task.request_id) or secrets.token_bytes(32)
+    commitment = removed_ids_commitment(opening, [batch.external_ids[s] for s in removed])
     ctx = CertificateContext(
         request_id=task.request_id,
         model_id=batch.model_id,
@@ -410,8 +432,7 @@ def _certificate(
         n_removed=len(removed),
         n_removed_in_update=len(batch.removed),
         coalesced_requests=sorted({t.request_id for t in batch.tasks}),
-        removed_ids_salt=salt,
-        removed_ids_sha256=digest,
+        removed_ids_commitment=commitment,
     )
     return certificate_fields(outcome.decision, batch.policy, batch.target(), ctx)
 
@@ -507,6 +528,11 @@ def finish_requests(session: Session, request_ids: set[int]) -> None:
             request.status, request.finished_at = RequestStatus.done, now
         elif TaskStatus.failed in seen and not seen & {TaskStatus.queued, TaskStatus.running}:
             request.status, request.finished_at = RequestStatus.failed, now
+    finished = [r for r in requests if r.finished_at is not None and r.commitment_key_id]
+    # the opening now lives with the requester alone: destroy the server's copy
+    destroy_keys(session, [r.commitment_key_id for r in finished if r.commitment_key_id])
+    for request in finished:
+        request.commitment_key_id = None
 
 
 def fail_tasks(

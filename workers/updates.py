@@ -80,6 +80,7 @@ def compute(inputs: UpdateInputs) -> Outcome:
         **_accuracies(inputs, release),
         "unlearn_seconds": seconds,
         "n_train": len(inputs.retained.y),
+        "n_test": len(inputs.test.y),
         "n_removed": len(inputs.removed.y),
         "method": decision.method,
         "fallback_reason": decision.reason if isinstance(decision, Fallback) else None,

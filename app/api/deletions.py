@@ -63,7 +63,9 @@ def create(
 
     def accept(session: Session) -> tuple[DeletionOut, list[int], bool]:
         accepted = create_deletion(session, body, names, key.id, idempotency_key)
-        view = deletion_view(session, accepted.request, names, new_tasks=accepted.tasks)
+        view = deletion_view(
+            session, accepted.request, names, new_tasks=accepted.tasks, opening=accepted.opening
+        )
         return DeletionOut.model_validate(view), accepted.models, accepted.replayed
 
     view, models, replayed = committer.submit(accept)

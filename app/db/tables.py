@@ -201,6 +201,9 @@ class DeletionRequest(Base):
     delta: Mapped[float | None] = mapped_column(Float)
     status: Mapped[str] = mapped_column(String(10), default="queued")
     error: Mapped[str | None] = mapped_column(Text)
+    # The data key whose raw bytes are the requester's opening of the certificates' commitment
+    # to the removed ids (issue 25); destroyed once the request is finished.
+    commitment_key_id: Mapped[uuid.UUID | None] = mapped_column(Uuid)
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
     updated_at: Mapped[datetime] = mapped_column(default=utcnow, onupdate=utcnow)
     finished_at: Mapped[datetime | None]

@@ -25,6 +25,7 @@ from app.db.tables import (
 )
 from app.erasure import erase_payloads
 from app.errors import APIError, conflict, not_found, unprocessable
+from app.keystore import create_keys, load_keys
 from app.methods import method_names
 from app.schemas import DeletionCreate
 from app.security import Role
@@ -41,6 +42,7 @@ class Accepted:
     request: DeletionRequest
     tasks: list[DeletionTask] | None  # None for a replay: the stored request is the answer
     replayed: bool
+    opening: bytes | None = None  # the commitment's key, for this answer only
 
     @property
     def models(self) -> list[int]:
@@ -70,7 +72,7 @@ def create_deletion(
                     "this Idempotency-Key was used with a different body",
                     {"request_id": existing.id},
                 )
-            return Accepted(existing, None, replayed=True)
+            return Accepted(existing, None, replayed=True, opening=_opening(session, existing))
     get_dataset(session, body.dataset_id)
     if not body.sample_ids and not body.subject_ids:
         raise unprocessable("empty_selector", "give sample_ids or subject_ids")
@@ -97,6 +99,10 @@ def create_deletion(
         delta=body.delta,
         status=RequestStatus.queued,
     )
+    opening = None
+    if pending and affected:  # certificates will be written: they commit under this key
+        ((key_id, opening),) = create_keys(session, keyring(), 1)
+        request.commitment_key_id = key_id
     session.add(request)
     session.flush()
     tasks = [
@@ -115,7 +121,14 @@ def create_deletion(
     if not affected:
         erase_payloads(session, [s.id for s in pending])
         request.status, request.finished_at = RequestStatus.done, utcnow()
-    return Accepted(request, tasks, replayed=False)
+    return Accepted(request, tasks, replayed=False, opening=opening)
+
+
+def _opening(session: Session, request: DeletionRequest) -> bytes | None:
+    """The request's opening while the server still keeps it (until the request finishes)."""
+    if request.commitment_key_id is None:
+        return None
+    return load_keys(session, keyring(), [request.commitment_key_id]).get(request.commitment_key_id)
 
 
 @dataclass(frozen=True)
@@ -286,6 +299,7 @@ def deletion_view(
     names: Names | None = None,
     new_tasks: list[DeletionTask] | None = None,
     receipts: bool = False,
+    opening: bytes | None = None,
 ) -> dict[str, Any]:
     """Status, per-model progress and certificates of one request. Ids show as the stored
     tokens, except to the client that just sent them (`names`, from its own body). The tasks
@@ -331,6 +345,7 @@ def deletion_view(
             {m["certificate_id"] for m in models if m["certificate_id"] is not None}
         ),
         "receipts": _receipts(session, request, models) if receipts else [],
+        "opening": opening.hex() if opening is not None else None,
         "error": request.error,
         "created_at": request.created_at,
         "finished_at": request.finished_at,
