@@ -186,11 +186,11 @@ def test_the_verifier_runs_from_a_fresh_folder_with_the_files_alone(
     assert ok.returncode == 0, ok.stderr
     assert "included" in ok.stdout and "consistent" in ok.stdout
     assert sorted(p.name for p in folder.iterdir()) == sorted(files)  # nothing else needed
-    run = (
-        lambda *more: subprocess.run(  # noqa: E731
-            args[:8] + list(more), cwd=folder, env=env, capture_output=True, text=True, timeout=60
-        )
-    )
+
+    def run(*more: str) -> subprocess.CompletedProcess[str]:
+        command = args[:8] + list(more)
+        return subprocess.run(command, cwd=folder, env=env, capture_output=True, text=True)
+
     opened = run("--opening", first["opening"], "--id", first["ids"][0])
     assert opened.returncode == 0 and "committed" in opened.stdout, opened.stderr
     wrong = run("--opening", first["opening"], "--id", "not-" + first["ids"][0])

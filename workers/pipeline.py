@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import secrets
+import uuid
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
@@ -315,14 +316,15 @@ def load_batch(
 
 def _openings(session: Session, request_ids: set[int]) -> dict[int, bytes]:
     """The requests' commitment keys, where the server still keeps them."""
-    key_ids = dict(
-        session.execute(
-            select(DeletionRequest.id, DeletionRequest.commitment_key_id).where(
-                DeletionRequest.id.in_(sorted(request_ids)),
-                DeletionRequest.commitment_key_id.is_not(None),
-            )
-        ).all()
-    )
+    key_ids: dict[int, uuid.UUID] = {}
+    for request_id, key_id in session.execute(
+        select(DeletionRequest.id, DeletionRequest.commitment_key_id).where(
+            DeletionRequest.id.in_(sorted(request_ids)),
+            DeletionRequest.commitment_key_id.is_not(None),
+        )
+    ):
+        if key_id is not None:
+            key_ids[request_id] = key_id
     keys = load_keys(session, keyring(), list(key_ids.values()))
     return {r: keys[k] for r, k in key_ids.items() if k in keys}
 
