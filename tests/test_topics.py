@@ -14,6 +14,7 @@ from safetensors.torch import load as st_load
 from app.blobstore import DatabaseBlobStore
 from app.db.session import database
 from app.db.tables import Dataset, Model, ModelVersion, Sample
+from app.methods.anchor_topics import capacity
 from app.text import count_documents, synthetic_corpus
 from tests.conftest import Api
 from workers import convex
@@ -359,3 +360,51 @@ def test_a_head_needs_its_base_on_the_same_corpus(api: Api) -> None:
             },
         )
         assert response.status_code == 422 and response.json()["error"]["code"] == code
+
+
+def test_the_preview_is_what_the_next_request_does_at_the_policy_target(api: Api) -> None:
+    """Issue 25: training is calibrated at the policy's target, not a fixed (1, 1e-5); the
+    preview's capacity and σ are those the next request uses (declared constants: exact)."""
+    ds = corpus(api)
+    policy = {"epsilon": 0.02, "delta": 1e-6}  # small enough that the noise term binds
+    response = api.post(
+        "/v1/models",
+        json={
+            "name": "topics",
+            "dataset_id": ds["id"],
+            "architecture": {"type": "topic_model", "topics": 5},
+            "method": GENEROUS,
+            "privacy": policy,
+        },
+    )
+    assert response.status_code == 202, response.text
+    model = api.wait(f"/v1/models/{response.json()['id']}", ("ready", "failed"))
+    trained = model["current_version"]["metrics"]
+    preview = api.get("/v1/privacy/preview", params={"model": model["id"]}).json()
+    capacity = preview["deletion_capacity"]["capacity_documents"]
+    assert trained["deletion_capacity"]["documents"] == pytest.approx(capacity, rel=1e-12)
+    at_default = anchor_capacity(trained["plan_inputs"], 1.0, 1e-5)
+    assert capacity < at_default  # (0.02, 1e-6) allows fewer documents than (1, 1e-5)
+    assert preview["feasible"] is True and preview["would_retrain_exactly"] is False
+    done = delete(api, ds["id"], train_ids(api, ds["id"], 1))
+    cert = api.get(f"/v1/audit/certificates/{done['certificate_ids'][0]}", role="auditor").json()
+    assert cert["method"] == "anchor_topics"
+    assert cert["sigma"] == pytest.approx(preview["sigma"], rel=1e-12)
+    assert cert["constants"]["capacity"]["value"] == pytest.approx(capacity, rel=1e-12)
+
+
+def test_below_one_document_the_preview_says_retrain_as_the_request_does(api: Api) -> None:
+    ds = corpus(api)
+    model = topic_model(api, ds["id"], {"name": "anchor_topics"})
+    preview = api.get("/v1/privacy/preview", params={"model": model["id"]}).json()
+    assert preview["deletion_capacity"]["capacity_documents"] < 1
+    assert preview["feasible"] is False and preview["would_retrain_exactly"] is True
+    assert preview["sigma"] == 0.0 and "retrains exactly" in preview["reason"]
+    done = delete(api, ds["id"], train_ids(api, ds["id"], 1))
+    cert = api.get(f"/v1/audit/certificates/{done['certificate_ids'][0]}", role="auditor").json()
+    assert cert["method"] == "retrain"
+
+
+def anchor_capacity(k: dict, epsilon: float, delta: float) -> float:
+    args = (k["c"], k["a"], k["gamma"], k["p"], k["eps0"], k["n"], k["r"], k["m"])
+    return capacity(*args, epsilon, delta)["documents"]

@@ -94,6 +94,7 @@ class Batch:
 
 
 def model_spec(model: Model, dataset: Dataset) -> ModelSpec:
+    policy = policy_of(model.privacy)
     return ModelSpec(
         architecture=architecture_of(model.architecture),
         training=training_of(model.training),
@@ -101,6 +102,7 @@ def model_spec(model: Model, dataset: Dataset) -> ModelSpec:
         n_features=int(np.prod(dataset.feature_shape)),
         n_classes=dataset.n_classes,
         vocabulary=tuple(dataset.text["words"]) if dataset.text else None,
+        target=PrivacyTarget(policy.epsilon, policy.delta),
     )
 
 

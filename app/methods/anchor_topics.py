@@ -18,12 +18,15 @@ m_U ≤ 0.001·m·ε₀(γp)³/(a²r²), Lethe retrains exactly (and m_U restart
 from __future__ import annotations
 
 import math
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import Field
 
 from app.errors import unprocessable
 from app.methods.spec import MethodOptions, MethodSpec, register
+from app.privacy.gaussian import epsilon_for, sigma_for
+from app.privacy.lineage import gaussian_event
+from app.privacy.plans import ReleasePlan
 from app.specs import ArchitectureSpec, TopicModelSpec
 from app.states import Guarantee
 
@@ -84,6 +87,46 @@ def with_stability_bounds(
     }
 
 
+def next_release(
+    o: AnchorTopicsOptions, k: dict[str, Any], epsilon: float, delta: float
+) -> ReleasePlan:
+    """The next request's release, for one removed document, from the current version's
+    `plan_inputs`: the capacity at (ε, δ) and, within it, σ on Δ = √2·Δ_A at m_U + 1; past it,
+    the request retrains exactly (`unlearn` raises TargetInfeasible the same way)."""
+    m, m_u, n, r = int(k["m"]), int(k["m_u"]), int(k["n"]), int(k["r"])
+    limit = capacity(k["c"], k["a"], k["gamma"], k["p"], k["eps0"], n, r, m, epsilon, delta)
+    used = {**limit, "removed_since_training": float(m_u)}
+    if m_u + 1 > limit["documents"]:
+        reason = (
+            f"the deletion capacity at (ε={epsilon:g}, δ={delta:g}) is {limit['documents']:.4g} "
+            f"documents and {m_u} were removed since training: the next request retrains "
+            "exactly"
+        )
+        return ReleasePlan("anchor_topics", "conditional", 0.0, 0.0, False, reason, capacity=used)
+    joint = math.sqrt(2) * sensitivity(
+        k["c"], k["a"], k["gamma"], k["p"], k["eps0"], n, r, m, m_u + 1
+    )
+    sigma = sigma_for(joint, epsilon, delta)
+    reason = (
+        f"for a request of one document (m_U = {m_u + 1}); more documents raise Δ, and the "
+        + (
+            "declared constants make this exact"
+            if o.calibrate_with == "declared"
+            else "constants are re-estimated from the updated model, so σ may differ slightly"
+        )
+    )
+    return ReleasePlan(
+        "anchor_topics",
+        "conditional",
+        sigma,
+        joint,
+        True,
+        reason,
+        event=gaussian_event(sigma, joint, epsilon_for(joint, sigma, delta), delta),
+        capacity=used,
+    )
+
+
 def check_model(
     o: AnchorTopicsOptions, architecture: ArchitectureSpec, n_train: int, n_features: int
 ) -> None:
@@ -113,5 +156,6 @@ SPEC = register(
         summary="seed 000: anchor-word topic model, subtract and re-solve, Gaussian release",
         records_training=True,
         check_model=check_model,
+        next_release=next_release,
     )
 )

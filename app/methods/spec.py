@@ -32,6 +32,9 @@ class MethodOptions(BaseModel):
 
 OptionsT = TypeVar("OptionsT", bound=MethodOptions)
 Planner = Callable[[Any, float, float], ReleasePlan]
+# Plans the next release from what the current version recorded (`plan_inputs` in its
+# metrics), for a method whose σ depends on the model's history (the topic models' m_U).
+RecordedPlanner = Callable[[Any, dict[str, Any], float, float], ReleasePlan]
 # Refuses (raises an APIError) a model the method cannot serve: options, architecture,
 # number of training samples, number of input features.
 ModelCheck = Callable[[Any, ArchitectureSpec, int, int], None]
@@ -48,6 +51,7 @@ class MethodSpec(Generic[OptionsT]):
     records_training: bool = False  # training must run inside Lethe (it records or constrains)
     uses_statistics: bool = False  # the update reads the removed samples' stored statistics
     planner: Planner | None = None  # σ and Δ before any request, when they are data-free
+    next_release: RecordedPlanner | None = None  # the same, from the current version's record
     check_model: ModelCheck | None = None  # at model creation, before anything is written
 
     def parse(self, raw: dict[str, Any]) -> OptionsT:
@@ -97,6 +101,16 @@ class MethodChoice:
 
     def plan(self, epsilon: float, delta: float) -> ReleasePlan:
         return self.spec.plan(self.options, epsilon, delta)
+
+    def plan_next(
+        self, epsilon: float, delta: float, recorded: dict[str, Any] | None
+    ) -> ReleasePlan:
+        """The next release's plan: from the current version's record when the method plans
+        from one and the version has it, else the data-free plan."""
+        if self.spec.next_release is not None and recorded:
+            self.spec.plan(self.options, epsilon, delta)  # validates (ε, δ) the same way
+            return self.spec.next_release(self.options, recorded, epsilon, delta)
+        return self.plan(epsilon, delta)
 
     def check_model(self, architecture: ArchitectureSpec, n_train: int, n_features: int) -> None:
         """Raise the method's 422 if it cannot serve such a model."""

@@ -24,6 +24,8 @@ class ReleasePlan:
     constants: dict[str, dict[str, Any]] = field(default_factory=dict)
     event: LineageEvent | None = None  # the release as a lineage event (None: no noise)
     steps: int | None = None  # noisy steps, for iterative mechanisms
+    # A method with a deletion capacity: its terms, the documents it allows and those used.
+    capacity: dict[str, float] | None = None
 
     @property
     def noise_multiplier(self) -> float | None:

@@ -13,6 +13,7 @@ from app.db.tables import Dataset, Model, ModelVersion
 from app.errors import unprocessable
 from app.methods import method_of
 from app.privacy.lineage import LineageBudget, LineageEvent, admit, history_from_certificates
+from app.privacy.plans import ReleasePlan
 from app.privacy.validate import PrivacyParameterError
 from app.services.deletion_cost import deletion_cost
 from app.services.models import get_model
@@ -32,8 +33,12 @@ def preview(
     policy = policy_of(model.privacy)
     eps = policy.epsilon if epsilon is None else epsilon
     dlt = policy.delta if delta is None else delta
+    current = (
+        session.get(ModelVersion, model.current_version_id) if model.current_version_id else None
+    )
+    recorded = (current.metrics or {}).get("plan_inputs") if current is not None else None
     try:
-        plan = method_of(model.method).plan(eps, dlt)
+        plan = method_of(model.method).plan_next(eps, dlt, recorded)
     except PrivacyParameterError as exc:
         raise unprocessable("invalid_privacy_target", str(exc)) from exc
     if eps > policy.epsilon or dlt > policy.delta:
@@ -68,22 +73,20 @@ def preview(
             "accountant": after.accountant,
         },
         "would_retrain_exactly": plan.feasible is False or not admission.admitted,
-        "deletion_capacity": _capacity_view(session, model),
+        "deletion_capacity": _capacity_view(plan),
         "deletion_cost": deletion_cost(session, model),
         "shift": _shift_view(session, model, plan.sigma, documents),
     }
 
 
-def _capacity_view(session: Session, model: Model) -> dict[str, Any] | None:
-    """For a method with a deletion capacity (anchor_topics): documents removed since the last
-    training against the capacity the current version was released under."""
-    if model.current_version_id is None:
+def _capacity_view(plan: ReleasePlan) -> dict[str, Any] | None:
+    """For a method with a deletion capacity (the topic models): the documents removed since
+    the last training against the capacity at the previewed target, which is what the next
+    request checks (issue 25: it used to show a fixed (1, 1e-5))."""
+    if plan.capacity is None:
         return None
-    version = session.get(ModelVersion, model.current_version_id)
-    limit = (version.metrics or {}).get("deletion_capacity") if version else None
-    if not limit or version is None:
-        return None
-    used = int(version.metrics.get("removed_documents_cumulative", 0))
+    limit = {k: v for k, v in plan.capacity.items() if k != "removed_since_training"}
+    used = int(plan.capacity.get("removed_since_training", 0))
     return {
         "capacity_documents": limit["documents"],
         "terms": limit,

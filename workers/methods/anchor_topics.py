@@ -43,9 +43,6 @@ ORIGINAL = "topics.original_documents"  # m at training: the bound's m
 REMOVED = "topics.removed_documents"  # m_U: removed since training
 ANCHORS = "topics.anchors"
 NOISE = True  # tests switch the Gaussian mechanism off to compare with the noise-free solve
-# What the training release is calibrated for: no request, hence no target, exists yet; the
-# policy's defaults (ε = 1, δ = 1e-5).
-TRAINING_TARGET = PrivacyTarget(1.0, 1e-5)
 
 
 @register
@@ -76,12 +73,15 @@ class AnchorTopics(UnlearningMethod):
             REMOVED: torch.tensor(0),
             ANCHORS: torch.tensor(anchors),
         }
-        weights, calibration = self._release(topics, m, 0, TRAINING_TARGET)
+        # No request exists yet: the training release is calibrated for the policy's target,
+        # the same one every later release (and the preview) uses by default (issue 25).
+        weights, calibration = self._release(topics, m, 0, self.model.target)
         metrics = {
             "train_seconds": time.perf_counter() - start,
             "n_train": len(data.X),
             "documents_counted": m,
             "anchors": anchors,
+            "plan_inputs": self._plan_inputs(topics, m, 0),
             **calibration,
         }
         return Trained(
@@ -128,6 +128,7 @@ class AnchorTopics(UnlearningMethod):
                 "unlearn_seconds": time.perf_counter() - start,
                 "removed_documents_cumulative": m_u,
                 "documents_counted": m,
+                "plan_inputs": self._plan_inputs(topics, m_original, m_u),
                 **calibration,
             },
         )
@@ -142,6 +143,13 @@ class AnchorTopics(UnlearningMethod):
         if o.calibrate_with == "declared":
             return {"a": o.a, "gamma": o.gamma, "p": o.p}
         return tp.estimates(topics)
+
+    def _plan_inputs(self, topics: tp.Topics, m: int, m_u: int) -> dict[str, float]:
+        """What the preview needs to plan the next release exactly as `unlearn` will
+        (app/methods/anchor_topics.next_release)."""
+        o, k = self.options, self._constants(topics)
+        n, r = topics.A.shape
+        return {"c": o.c, **k, "eps0": o.eps0, "n": n, "r": r, "m": m, "m_u": m_u}
 
     def _capacity(self, topics: tp.Topics, m: int, target: PrivacyTarget) -> dict[str, float]:
         o, k = self.options, self._constants(topics)

@@ -21,6 +21,15 @@ ModelState = dict[str, torch.Tensor]
 
 
 @dataclass(frozen=True)
+class PrivacyTarget:
+    epsilon: float
+    delta: float
+
+
+DEFAULT_TARGET = PrivacyTarget(PrivacyPolicy().epsilon, PrivacyPolicy().delta)
+
+
+@dataclass(frozen=True)
 class ModelSpec:
     """What a method needs to know about the model it serves."""
 
@@ -30,18 +39,15 @@ class ModelSpec:
     n_features: int
     n_classes: int
     vocabulary: tuple[str, ...] | None = None  # a text corpus's words, in feature order
+    # The policy's per-release target: what a release made without a request (training's
+    # noised topic model) is calibrated for, as every later release is by default.
+    target: PrivacyTarget = DEFAULT_TARGET
 
     @property
     def aggregation(self) -> str:
         """How a sharded model's constituents vote (SISA); plain models ignore it."""
         options = self.method.options
         return options.aggregation if isinstance(options, ShardedOptions) else "probabilities"
-
-
-@dataclass(frozen=True)
-class PrivacyTarget:
-    epsilon: float
-    delta: float
 
 
 @dataclass(frozen=True)

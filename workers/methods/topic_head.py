@@ -101,6 +101,7 @@ class TopicHead(UnlearningMethod):
             "gradient_norm": solution.gradient_norm,
             "head_norm": float(torch.linalg.norm(w)),
             "anchors": anchors,
+            "plan_inputs": self._plan_inputs(self._constants(base), base.A.shape, m, 0),
         }
         return Trained(weights, None, {}, metrics, extra_state=extra)
 
@@ -194,12 +195,22 @@ class TopicHead(UnlearningMethod):
                 "removed_documents_cumulative": m_u,
                 "deletion_capacity": limit,
                 "estimates": tp.estimates(updated),
+                "plan_inputs": self._plan_inputs(constants, A_S.shape, m_original, m_u),
             },
         )
 
     def reference(self, inputs: UpdateInputs, release: Release) -> ModelState:
         """The head retrained from scratch on the retained documents (Algorithm 6)."""
         return self.train(inputs.retained).state
+
+    def _plan_inputs(
+        self, constants: dict[str, float], shape: tuple[int, ...], m: int, m_u: int
+    ) -> dict[str, float]:
+        """What the preview needs to plan the next release as `unlearn` will
+        (app/methods/topic_head.next_release)."""
+        o = self.options
+        n, r = shape
+        return {"c": o.c, **constants, "eps0": o.eps0, "B": o.B, "n": n, "r": r, "m": m, "m_u": m_u}
 
     def _constants(self, topics: tp.Topics) -> dict[str, float]:
         o = self.options
