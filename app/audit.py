@@ -69,12 +69,40 @@ def commitment_holds(opening_hex: str, external_ids: list[str], commitment: str)
     return hmac.compare_digest(removed_ids_commitment(opening, external_ids), commitment)
 
 
-def certificate_documents(session: Session, model_id: int) -> list[dict[str, Any]]:
-    """A model's certificates as documents, in chain order."""
-    bodies = session.scalars(
-        select(Certificate.body).where(Certificate.model_id == model_id).order_by(Certificate.seq)
+RESTRICTED = "_restricted"  # the fields key of the restricted constants (never in the body)
+
+
+def constant_commitment(salt: str, value: float | None) -> str:
+    """sha256(salt ‖ "\n" ‖ canonical JSON of the value): what the body shows of a
+    restricted constant; an auditor given (value, salt) recomputes it."""
+    return hashlib.sha256(f"{salt}\n{canonical_json({'value': value})}".encode()).hexdigest()
+
+
+def disclosed(document: dict[str, Any], restricted: str | None) -> dict[str, Any]:
+    """A certificate document with its restricted constants' values filled in, each with the
+    salt of its commitment: for auditors and admins only."""
+    if not restricted:
+        return document
+    constants = dict(document.get("constants", {}))
+    for name, entry in json.loads(restricted).items():
+        if name in constants:
+            constants[name] = {**constants[name], "value": entry["value"], "salt": entry["salt"]}
+    return {**document, "constants": constants}
+
+
+def certificate_documents(
+    session: Session, model_id: int, disclose: bool = False
+) -> list[dict[str, Any]]:
+    """A model's certificates as documents, in chain order (`disclose`: with the restricted
+    constants' values, for auditors and admins)."""
+    rows = session.execute(
+        select(Certificate.body, Certificate.restricted)
+        .where(Certificate.model_id == model_id)
+        .order_by(Certificate.seq)
     ).all()
-    return [json.loads(body) for body in bodies]
+    return [
+        disclosed(json.loads(body), restricted if disclose else None) for body, restricted in rows
+    ]
 
 
 def release_documents(session: Session, model_id: int) -> list[dict[str, Any]]:
@@ -115,11 +143,14 @@ def append_certificates(session: Session, many: list[dict[str, Any]]) -> list[Ce
     for fields in many:
         seq += 1
         created = utcnow()
-        doc = {**fields, "seq": seq, "prev_hash": prev, "created_at": created.isoformat()}
+        restricted = fields.get(RESTRICTED) or None
+        doc = {k: v for k, v in fields.items() if k != RESTRICTED}
+        doc = {**doc, "seq": seq, "prev_hash": prev, "created_at": created.isoformat()}
         body = canonical_json(doc)
         cert = Certificate(
             **{k: doc[k] for k in INDEXED_FIELDS},
             body=body,
+            restricted=canonical_json(restricted) if restricted else None,
             created_at=created,
             prev_hash=prev,
             entry_hash=chain_hash(prev, body),
@@ -151,9 +182,11 @@ def _forget_head(session: Session, transaction: Any) -> None:
         session.info.pop("audit_head", None)
 
 
-def certificate_document(cert: Certificate) -> dict[str, Any]:
-    """What the API shows: the hashed body plus its id and hashes."""
-    return {"id": cert.id, **json.loads(cert.body), "entry_hash": cert.entry_hash}
+def certificate_document(cert: Certificate, disclose: bool = False) -> dict[str, Any]:
+    """What the API shows: the hashed body plus its id and hashes (`disclose`: with the
+    restricted constants' values and salts, for auditors and admins)."""
+    body = disclosed(json.loads(cert.body), cert.restricted if disclose else None)
+    return {"id": cert.id, **body, "entry_hash": cert.entry_hash}
 
 
 def verify_rows(rows: Iterator[Certificate]) -> dict[str, Any]:
@@ -208,6 +241,8 @@ def export_lines(session: Session) -> Iterator[str]:
                     "prev_hash": cert.prev_hash,
                     "entry_hash": cert.entry_hash,
                     "body": cert.body,
+                    # auditors only: the values behind the body's restricted commitments
+                    **({"restricted": json.loads(cert.restricted)} if cert.restricted else {}),
                 }
             )
             + "\n"

@@ -6,6 +6,9 @@
 
 Each line is {"seq", "prev_hash", "entry_hash", "body"}; the chain holds when every
 entry_hash == sha256(prev_hash + "\\n" + body) and every prev_hash is the previous entry_hash.
+A line may carry "restricted" (measured constants that are functions of the removed data, in
+auditors' exports only): each value must open its commitment in the body,
+sha256(salt + "\\n" + canonical {"value": v}).
 """
 
 import hashlib
@@ -24,5 +27,10 @@ with open(sys.argv[1], encoding="utf-8") as fh:
         )
         if not ok:
             sys.exit(f"chain broken at line {n} (seq {row['seq']})")
+        for name, entry in row.get("restricted", {}).items():
+            value = json.dumps({"value": entry["value"]}, sort_keys=True, separators=(",", ":"))
+            opened = hashlib.sha256(f"{entry['salt']}\n{value}".encode()).hexdigest()
+            if opened != body["constants"][name]["commitment"]:
+                sys.exit(f"restricted constant {name} does not open its commitment at line {n}")
         prev = row["entry_hash"]
 print(f"chain holds: {n} certificates, head {prev}")

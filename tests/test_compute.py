@@ -146,7 +146,7 @@ def test_certificate_of_a_fallback_says_why() -> None:
     spent = [gaussian_event(1.0, 1.0, 1.0, 1e-5)] * 50
     inputs = inputs_for({"name": "output_perturbation"}, history=spent)
     decision = compute(inputs).decision
-    ctx = CertificateContext(1, 1, 1, 2, "0" * 64, 3, 3, [1], "s", "d")
+    ctx = CertificateContext(1, 1, 1, 2, "0" * 64, 3, 3, [1], "c" * 64)
     fields = certificate_fields(decision, inputs.policy, inputs.target, ctx)
     assert fields["method"] == "retrain" and fields["guarantee"] == "exact"
     assert fields["fallback_reason"] == decision.reason

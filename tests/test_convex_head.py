@@ -4,6 +4,7 @@ shift over β retrains, ε is the analytic Gaussian's, and inputs are clipped ev
 from __future__ import annotations
 
 import io
+import json
 import math
 
 import dp_accounting
@@ -15,6 +16,7 @@ from scipy.optimize import brentq
 from scipy.stats import norm
 from sqlalchemy import select
 
+from app.audit import constant_commitment
 from app.blobstore import DatabaseBlobStore
 from app.db.session import database
 from app.db.tables import Dataset, Model, ModelVersion
@@ -192,3 +194,30 @@ def test_preview_shows_sigma_noise_norm_and_recent_shifts(api: Api) -> None:
     assert shift["recent"] == [
         {"request_id": done["id"], "n_removed": 1, "s": s, "s_over_beta": s / 0.5}
     ]
+
+
+def test_measured_values_of_the_removed_rows_go_to_auditors_only(api: Api) -> None:
+    """Issue 25: s and the gradient norms are functions of the removed rows. The log's body
+    (which receipts carry) holds a salted commitment and "≤ β"; auditors and admins get the
+    values, which open the commitments; a requester's preview shows no recent s."""
+    ds = api.post("/v1/datasets", json={"builtin": "breast_cancer"}).json()
+    model = convex_model(api, ds["id"], beta=0.5)
+    done = delete(api, ds["id"], train_ids(api, ds["id"], 2))
+    receipt = api.get(f"/v1/deletions/{done['id']}", role="requester").json()["receipts"][0]
+    body = json.loads(receipt["entry"])
+    for name in ("s", "gradient_norm", "rounding", "gradient_norm_before"):
+        assert body["constants"][name]["value"] is None
+        assert body["constants"][name]["disclosed_to"] == "auditors and admins"
+    assert body["constants"]["s"]["public"] == "≤ β = 0.5"
+    assert body["constants"]["beta"]["value"] == 0.5  # declared constants stay public
+    cert = certificate(api, done)  # the auditor's view
+    s = cert["constants"]["s"]["value"]
+    assert 0 < s <= 0.5 and f"{s:.4g}" not in receipt["entry"]
+    for name in ("s", "gradient_norm", "rounding", "gradient_norm_before"):
+        entry = cert["constants"][name]
+        assert constant_commitment(entry["salt"], entry["value"]) == entry["commitment"]
+    assert cert["seq"] == body["seq"] == receipt["leaf_index"] + 1  # the same logged one
+    as_requester = api.get("/v1/privacy/preview", params={"model": model["id"]}, role="requester")
+    assert as_requester.json()["shift"]["recent"] is None
+    as_auditor = api.get("/v1/privacy/preview", params={"model": model["id"]}, role="auditor")
+    assert as_auditor.json()["shift"]["recent"][0]["s"] == s

@@ -3,15 +3,16 @@
 from __future__ import annotations
 
 import math
+import secrets
 from dataclasses import dataclass
 from typing import Any
 
-from app.audit import COMMITMENT_SCHEME
+from app.audit import COMMITMENT_SCHEME, RESTRICTED, constant_commitment
 from app.privacy import DP_ACCOUNTING_VERSION
 from app.privacy.lineage import event_to_json
 from app.specs import PrivacyPolicy
 from app.states import Guarantee
-from workers.methods.base import CertificateFields, PrivacyTarget
+from workers.methods.base import CertificateFields, Constant, PrivacyTarget
 from workers.updates import Decision, Fallback
 
 
@@ -49,7 +50,9 @@ def certificate_fields(
     if fallback_reason:
         sentence += f" Exact retraining was used because {fallback_reason}."
     event = decision.release.event
+    constants, restricted = _constants(cert.constants)
     return {
+        RESTRICTED: restricted,
         "request_id": ctx.request_id,
         "model_id": ctx.model_id,
         "from_version": ctx.from_version,
@@ -65,10 +68,7 @@ def certificate_fields(
             "dp-accounting": DP_ACCOUNTING_VERSION,
             "lineage": spend.accountant if spend is not None else None,
         },
-        "constants": {
-            k: {"value": _finite(v.value), "source": v.source, "meaning": v.meaning}
-            for k, v in cert.constants.items()
-        },
+        "constants": constants,
         "cumulative_epsilon": _cumulative(cert, spend.epsilon if spend and noisy else 0.0),
         "cumulative_delta": _cumulative(cert, spend.delta if spend and noisy else 0.0),
         "lineage": {
@@ -90,6 +90,32 @@ def certificate_fields(
         "sentence": sentence,
         **(cert.details or {}),
     }
+
+
+def _constants(
+    constants: dict[str, Constant],
+) -> tuple[dict[str, Any], dict[str, dict[str, Any]]]:
+    """The body's constants, and the restricted ones' values with their salts. A restricted
+    constant shows no value in the body: a salted sha256 commitment to it (an auditor given
+    value and salt checks it against the log) and what the decision needs (`public`)."""
+    body: dict[str, Any] = {}
+    restricted: dict[str, dict[str, Any]] = {}
+    for name, c in constants.items():
+        value = _finite(c.value)
+        if c.disclosure == "public":
+            body[name] = {"value": value, "source": c.source, "meaning": c.meaning}
+            continue
+        salt = secrets.token_hex(16)
+        restricted[name] = {"value": value, "salt": salt}
+        body[name] = {
+            "value": None,
+            "source": c.source,
+            "meaning": c.meaning,
+            "public": c.public,
+            "disclosed_to": "auditors and admins",
+            "commitment": constant_commitment(salt, value),
+        }
+    return body, restricted
 
 
 def _claim(x: float | None) -> float | None:

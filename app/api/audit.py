@@ -66,7 +66,8 @@ def certificates(
         if subject is not None:
             query = query.where(Certificate.request_id.in_(_requests_for_subject(session, subject)))
         rows = session.scalars(query.offset(offset).limit(limit)).all()
-        return {"items": [certificate_document(c) for c in rows], "offset": offset, "limit": limit}
+        items = [certificate_document(c, disclose=True) for c in rows]  # auditors and admins
+        return {"items": items, "offset": offset, "limit": limit}
 
 
 def _requests_for_subject(session: Any, subject: str) -> list[int]:
@@ -91,7 +92,7 @@ def certificate(certificate_id: PathId, _: Auditor, db: DbDep) -> dict[str, Any]
         cert = session.get(Certificate, certificate_id)
         if cert is None:
             raise not_found("certificate", certificate_id)
-        return certificate_document(cert)
+        return certificate_document(cert, disclose=True)
 
 
 @router.get("/head", responses=errors(404))

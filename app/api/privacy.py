@@ -9,6 +9,7 @@ from fastapi import APIRouter, Query
 from app.api.deps import AnyRole, DbDep
 from app.api.responses import COMMON, errors
 from app.schemas import MAX_ID
+from app.security import Role
 from app.services.privacy import preview as preview_release
 
 router = APIRouter(prefix="/v1/privacy", tags=["privacy"], responses=COMMON)
@@ -16,7 +17,7 @@ router = APIRouter(prefix="/v1/privacy", tags=["privacy"], responses=COMMON)
 
 @router.get("/preview", responses=errors(404))
 def preview(
-    _: AnyRole,
+    key: AnyRole,
     db: DbDep,
     model: Annotated[int, Query(ge=1, le=MAX_ID)],
     epsilon: float | None = Query(None),
@@ -24,4 +25,5 @@ def preview(
 ) -> dict[str, Any]:
     """Noise σ, feasibility for the model's method and the lineage budget it would use."""
     with db.read() as session:
-        return preview_release(session, model, epsilon, delta)
+        disclose = key.role in (Role.auditor, Role.admin)
+        return preview_release(session, model, epsilon, delta, disclose)

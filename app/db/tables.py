@@ -257,6 +257,10 @@ class Certificate(Base):
     cumulative_delta: Mapped[float | None] = mapped_column(Float)
     n_removed: Mapped[int]
     body: Mapped[str] = mapped_column(Text)
+    # Measured constants that are functions of the removed data, with the salts of the body's
+    # commitments to them: shown to auditors and admins only, never hashed into the log
+    # (issue 25). Canonical JSON {name: {"value": v, "salt": hex}}.
+    restricted: Mapped[str | None] = mapped_column(Text)
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
     prev_hash: Mapped[str] = mapped_column(String(64), unique=True)
     entry_hash: Mapped[str] = mapped_column(String(64), unique=True)

@@ -26,9 +26,14 @@ def lineage_history(session: Session, model_id: int) -> list[LineageEvent]:
 
 
 def preview(
-    session: Session, model_id: int, epsilon: float | None, delta: float | None
+    session: Session,
+    model_id: int,
+    epsilon: float | None,
+    delta: float | None,
+    disclose: bool = False,
 ) -> dict[str, Any]:
-    """σ, feasibility and lineage cost of the model's next release, before any request."""
+    """σ, feasibility and lineage cost of the model's next release, before any request
+    (`disclose`: the caller may see measured values that are functions of removed data)."""
     model = get_model(session, model_id)
     policy = policy_of(model.privacy)
     eps = policy.epsilon if epsilon is None else epsilon
@@ -47,7 +52,7 @@ def preview(
             f"(ε={eps:g}, δ={dlt:g}) is looser than model {model_id}'s policy "
             f"(ε={policy.epsilon:g}, δ={policy.delta:g})",
         )
-    documents = certificate_documents(session, model_id)
+    documents = certificate_documents(session, model_id, disclose=disclose)
     history = history_from_certificates(documents)
     budget = LineageBudget(policy.lineage_epsilon, policy.lineage_delta)
     admission = admit(budget, history, plan.event)
@@ -75,7 +80,7 @@ def preview(
         "would_retrain_exactly": plan.feasible is False or not admission.admitted,
         "deletion_capacity": _capacity_view(plan),
         "deletion_cost": deletion_cost(session, model),
-        "shift": _shift_view(session, model, plan.sigma, documents),
+        "shift": _shift_view(session, model, plan.sigma, documents, disclose),
     }
 
 
@@ -97,10 +102,15 @@ def _capacity_view(plan: ReleasePlan) -> dict[str, Any] | None:
 
 
 def _shift_view(
-    session: Session, model: Model, sigma: float, documents: list[dict[str, Any]]
+    session: Session,
+    model: Model,
+    sigma: float,
+    documents: list[dict[str, Any]],
+    disclose: bool,
 ) -> dict[str, Any] | None:
     """For a measured-shift method (convex_head): the expected noise norm σ·√d against the
-    current ‖w‖, and what the last requests measured of β (s/β, newest last)."""
+    current ‖w‖, and, for auditors and admins (s is a function of the removed rows), what
+    the last requests measured of β (s/β, newest last)."""
     if method_of(model.method).name != "convex_head" or model.current_version_id is None:
         return None
     version = session.get(ModelVersion, model.current_version_id)
@@ -115,11 +125,14 @@ def _shift_view(
             "s_over_beta": doc["constants"]["s"]["value"] / doc["constants"]["beta"]["value"],
         }
         for doc in documents
-        if "s" in doc.get("constants", {}) and "beta" in doc.get("constants", {})
+        if disclose
+        and doc.get("constants", {}).get("s", {}).get("value") is not None
+        and "beta" in doc.get("constants", {})
     ][-10:]
     return {
         "expected_noise_norm": sigma * math.sqrt(d),
         "weight_norm": version.metrics.get("weight_norm"),
         "parameters": d,
-        "recent": recent,
+        "recent": recent if disclose else None,
+        "recent_disclosed_to": "auditors and admins",
     }

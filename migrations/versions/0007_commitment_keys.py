@@ -1,5 +1,7 @@
 """deletion_requests.commitment_key_id: the requester's opening of the certificates'
-commitment to the removed ids, kept as a data key until the request is finished (issue 25).
+commitment to the removed ids, kept as a data key until the request is finished; and
+certificates.restricted: measured constants that are functions of the removed data, shown to
+auditors only (issue 25).
 
 Revision ID: 0007
 Revises: 0006
@@ -19,8 +21,10 @@ depends_on = None
 def upgrade() -> None:
     with op.batch_alter_table("deletion_requests") as batch:
         batch.add_column(sa.Column("commitment_key_id", sa.Uuid(), nullable=True))
+    op.add_column("certificates", sa.Column("restricted", sa.Text(), nullable=True))
 
 
 def downgrade() -> None:
+    op.drop_column("certificates", "restricted")
     with op.batch_alter_table("deletion_requests") as batch:
         batch.drop_column("commitment_key_id")

@@ -123,6 +123,10 @@ class Constant:
     value: float
     source: Literal["measured", "declared"]
     meaning: str
+    # "auditors": a function of the removed data (convex_head's s): the log's body carries a
+    # salted commitment and `public` (what the decision needs) instead of the value.
+    disclosure: Literal["public", "auditors"] = "public"
+    public: str | None = None
 
 
 class TargetInfeasible(RuntimeError):
