@@ -8,6 +8,8 @@ import hashlib
 import hmac
 import json
 
+import torch
+from safetensors.torch import load as st_load
 from sqlalchemy import select, update
 
 from app.audit import commitment_holds
@@ -140,3 +142,46 @@ def test_a_version_is_never_scored_on_test_rows_its_request_erases(api: Api, dig
     assert api.wait(f"/v1/deletions/{req['id']}", ("done", "failed"))["status"] == "done"
     v2 = api.get(f"/v1/models/{ready['id']}/versions/2").json()
     assert v2["metrics"]["n_test"] == v1["metrics"]["n_test"] - 2
+
+
+def test_the_same_subjectless_data_registered_twice_gives_the_same_ensemble(api: Api) -> None:
+    """Issue 25 item 2 through the service: the SISA assignment is keyed on what the data says
+    (here the rows' numbers in the file), not on database ids, so a second registration of the
+    same data gives a bit-identical ensemble, before and after deleting the same rows."""
+    first, second = (
+        api.post("/v1/datasets", json={"builtin": "breast_cancer"}).json() for _ in range(2)
+    )
+    method = {"name": "sharded_retrain", "shards": 4, "slices": 2}
+    released = []
+    for ds in (first, second):
+        response = api.post(
+            "/v1/models",
+            json={
+                "name": "sisa",
+                "dataset_id": ds["id"],
+                "architecture": {"type": "logreg"},
+                "training": SMALL_TRAINING,
+                "method": method,
+            },
+        )
+        assert response.status_code == 202, response.text
+        ready = api.wait(f"/v1/models/{response.json()['id']}", ("ready", "failed"))
+        assert ready["status"] == "ready", ready
+        released.append(ready)
+    assert first["id"] != second["id"]
+    a, b = (tensors(api, m["id"]) for m in released)
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    for ds in (first, second):
+        gone = train_ids(api, ds["id"], 3, 10)
+        req = api.post(
+            "/v1/deletions", role="requester", json={"dataset_id": ds["id"], "sample_ids": gone}
+        ).json()
+        assert api.wait(f"/v1/deletions/{req['id']}", ("done", "failed"))["status"] == "done"
+    a, b = (tensors(api, m["id"]) for m in released)
+    assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+def tensors(api: Api, model_id: int) -> dict[str, torch.Tensor]:
+    response = api.get(f"/v1/models/{model_id}/weights", role="reader")
+    assert response.status_code == 200
+    return dict(st_load(response.content))

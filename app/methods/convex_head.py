@@ -23,7 +23,13 @@ class ConvexHeadOptions(MethodOptions):
     """λ (applied by Lethe), the feature bound R on ‖(x, 1)‖, the shift budget β, and the
     solver: full-batch L-BFGS in float64 to `tolerance`, then Newton steps."""
 
-    lam: float = Field(1e-3, gt=0.0, le=1e3, description="L2 regularisation λ (strong convexity)")
+    lam: float = Field(
+        1e-3,
+        gt=0.0,
+        le=1e3,
+        description="L2 regularisation λ (strong convexity); it penalises the bias too, "
+        "unlike scikit-learn's LogisticRegression",
+    )
     R: float = Field(10.0, gt=1.0, le=1e6, description="bound on ‖(x, 1)‖: features are clipped")
     beta: float = Field(
         1e-3, gt=0.0, le=1e6, description="shift budget β: releases need measured s ≤ β"
