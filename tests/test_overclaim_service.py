@@ -8,6 +8,7 @@ import hashlib
 import hmac
 import json
 
+import pytest
 import torch
 from safetensors.torch import load as st_load
 from sqlalchemy import select, update
@@ -16,6 +17,9 @@ from app.audit import commitment_holds
 from app.db.session import database
 from app.db.tables import DeletionRequest, Model, ModelVersion, Sample
 from tests.conftest import SMALL_TRAINING, Api
+
+# The database adds nothing to these checks: SQLite only, to keep the suite's time.
+SQLITE_ONLY = pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)
 
 DIVERGENT = {
     "epochs": 5,
@@ -94,6 +98,7 @@ def test_a_model_that_cannot_forget_is_withdrawn_and_the_data_erased(
     assert api.wait(f"/v1/deletions/{later['id']}", ("done", "failed"))["status"] == "done"
 
 
+@SQLITE_ONLY
 def test_a_certificate_commitment_cannot_be_reversed_without_the_opening(
     api: Api, digits: dict
 ) -> None:
@@ -129,6 +134,7 @@ def test_a_certificate_commitment_cannot_be_reversed_without_the_opening(
         assert row is not None and row.commitment_key_id is None
 
 
+@SQLITE_ONLY
 def test_a_version_is_never_scored_on_test_rows_its_request_erases(api: Api, digits: dict) -> None:
     ready = model(api, digits["id"], SMALL_TRAINING)
     v1 = api.get(f"/v1/models/{ready['id']}/versions/1").json()
@@ -144,6 +150,7 @@ def test_a_version_is_never_scored_on_test_rows_its_request_erases(api: Api, dig
     assert v2["metrics"]["n_test"] == v1["metrics"]["n_test"] - 2
 
 
+@SQLITE_ONLY
 def test_the_same_subjectless_data_registered_twice_gives_the_same_ensemble(api: Api) -> None:
     """Issue 25 item 2 through the service: the SISA assignment is keyed on what the data says
     (here the rows' numbers in the file), not on database ids, so a second registration of the

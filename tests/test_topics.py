@@ -362,6 +362,7 @@ def test_a_head_needs_its_base_on_the_same_corpus(api: Api) -> None:
         assert response.status_code == 422 and response.json()["error"]["code"] == code
 
 
+@pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)
 def test_the_preview_is_what_the_next_request_does_at_the_policy_target(api: Api) -> None:
     """Issue 25: training is calibrated at the policy's target, not a fixed (1, 1e-5); the
     preview's capacity and σ are those the next request uses (declared constants: exact)."""
@@ -393,6 +394,7 @@ def test_the_preview_is_what_the_next_request_does_at_the_policy_target(api: Api
     assert cert["constants"]["capacity"]["value"] == pytest.approx(capacity, rel=1e-12)
 
 
+@pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)
 def test_below_one_document_the_preview_says_retrain_as_the_request_does(api: Api) -> None:
     ds = corpus(api)
     model = topic_model(api, ds["id"], {"name": "anchor_topics"})
