@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import re
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -45,18 +46,29 @@ class Corpus:
         }
 
 
-def count_documents(texts: list[str], min_count: int) -> Corpus:
+def count_documents(
+    texts: list[str], min_count: int, check_size: Callable[[int, int], None] | None = None
+) -> Corpus:
     """Tokenise, keep the words seen at least `min_count` times in the corpus (at most
-    MAX_VOCABULARY of them, most frequent first), merge the rest into `<rare>`."""
-    tokens = [tokenize(t) for t in texts]
-    frequency = Counter(w for doc in tokens for w in doc)
+    MAX_VOCABULARY of them, most frequent first), merge the rest into `<rare>`.
+
+    Two streaming passes, no token lists kept: the first counts the words, then
+    `check_size(documents, vocabulary)` may refuse before the documents × vocabulary matrix
+    is allocated (issue 26: an 8 MB file with a million distinct words took +3.5 GB before
+    its 413); the second fills it."""
+    frequency: Counter[str] = Counter()
+    for t in texts:
+        frequency.update(tokenize(t))
     kept = [w for w, c in frequency.most_common(MAX_VOCABULARY) if c >= min_count]
     rare = len(kept) < len(frequency)
+    del frequency
     vocabulary = sorted(kept) + ([RARE] if rare else [])
+    if check_size is not None:
+        check_size(len(texts), len(vocabulary))
     index = {w: i for i, w in enumerate(vocabulary)}
     counts = np.zeros((len(texts), len(vocabulary)), dtype=np.float32)
-    for d, doc in enumerate(tokens):
-        for w in doc:
+    for d, t in enumerate(texts):
+        for w in tokenize(t):
             counts[d, index.get(w, len(vocabulary) - 1)] += 1
     check_corpus(counts)
     return Corpus(counts, vocabulary, int((counts.sum(1) < 2).sum()))

@@ -28,7 +28,7 @@ from tests.conftest import Api
 
 MiB = 1024 * 1024
 SERVER_JSON_LIMIT = 64 * 1024
-SERVER_UPLOAD_LIMIT = 1_000_000
+SERVER_UPLOAD_LIMIT = 16_000_000  # room for issue 26's 8 MB text corpus
 
 
 # ---- helpers ------------------------------------------------------------------------------
@@ -235,6 +235,74 @@ def test_uploads_under_the_limit_still_work_chunked_or_not(server: Cluster) -> N
             headers={"Content-Type": "application/json"},
         )
         assert deletion.status_code != 413 and deletion.status_code != 401, deletion.text
+
+
+def sparse_npz(**arrays: np.ndarray) -> bytes:
+    """A scipy `save_npz` layout written by hand, so that it can hold what scipy would not."""
+    valid = {
+        "format": np.array("csr"),
+        "shape": np.array([3, 4]),
+        "data": np.array([1.0, 2.0, 1.0, 3.0]),
+        "indices": np.array([0, 2, 1, 3], dtype=np.int32),
+        "indptr": np.array([0, 2, 3, 4], dtype=np.int32),
+    }
+    return npz_bytes(**{**valid, **arrays})
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize(
+    "arrays",
+    [
+        {"indices": np.array([0, 2, 1, 10**9], dtype=np.int64)},  # the issue's segfault
+        {"indices": np.array([0, -2, 1, 3], dtype=np.int32)},
+        {"indptr": np.array([0, 3, 2, 4], dtype=np.int32)},  # decreasing
+        {"indptr": np.array([0, 2, 3, 9], dtype=np.int32)},  # past the values
+        {"shape": np.array([3, 4, 5])},
+        {"data": np.array([1 + 1j, 2, 1, 3])},
+        {"data": np.array([1.0, np.nan, 1.0, 3.0])},
+        {"format": np.array("coo")},
+    ],
+)
+def test_a_malformed_sparse_npz_is_422_and_the_server_lives(server: Cluster, arrays) -> None:
+    with server.client() as c:
+        files = {"file": ("bad.npz", sparse_npz(**arrays))}
+        response = c.post("/v1/datasets", files=files, data={"format": "sparse_npz"})
+        assert response.status_code == 422, response.text
+        assert response.json()["error"]["code"] in ("malformed_sparse", "malformed_npz")
+        assert c.get("/healthz").status_code == 200
+        fine = c.post(
+            "/v1/datasets", files={"file": ("ok.npz", sparse_npz())}, data={"format": "sparse_npz"}
+        )
+        assert fine.status_code == 201, fine.text
+
+
+@pytest.mark.integration
+def test_a_text_csv_of_a_million_distinct_words_is_refused_in_bounded_memory(
+    server: Cluster,
+) -> None:
+    """Issue 26: the vocabulary is counted and the size checked before the documents ×
+    vocabulary matrix exists (an 8 MB file used to cost +3.5 GB before its 413)."""
+    words = (f"w{i:x}".translate(str.maketrans("0123456789", "ghijklmnop")) for i in range(10**6))
+    lines = ["text"] + [" ".join(next(words) for _ in range(10)) for _ in range(10**5)]
+    body = "\n".join(lines).encode()
+    assert 6_000_000 < len(body) < SERVER_UPLOAD_LIMIT
+    assert server.api is not None
+    pid = server.api.pid
+    with contextlib.suppress(OSError):
+        Path(f"/proc/{pid}/clear_refs").write_text("5")
+    before = vm_kb(pid, "VmHWM")
+    with server.client() as c:
+        response = c.post(
+            "/v1/datasets",
+            files={"file": ("words.csv", body)},
+            data={"format": "text_csv", "text_column": "text"},
+        )
+        assert response.status_code == 413, response.text
+        assert response.json()["error"]["code"] in ("dataset_too_large", "too_many_features")
+        assert c.get("/healthz").status_code == 200
+    grew = vm_kb(pid, "VmHWM") - before
+    print(f"server peak RSS growth: {grew} kB")  # the closing note's figure (pytest -s)
+    assert grew < 256 * 1024, f"server peak RSS grew {grew} kB"
 
 
 # ---- in process ---------------------------------------------------------------------------

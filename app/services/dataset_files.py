@@ -9,7 +9,7 @@ import zipfile
 import zlib
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from numpy.lib import format as npy_format
@@ -472,9 +472,13 @@ def parse_text_csv(
     if not body:
         raise unprocessable("empty_corpus", "the CSV has no documents")
     column = _columns(header, body)
-    corpus = text.count_documents(column(text_column) or [], min_count)
     n = len(body)
-    check_size(n, len(corpus.vocabulary), limits or Limits())
+    size_limits = limits or Limits()
+    corpus = text.count_documents(
+        column(text_column) or [],
+        min_count,
+        lambda docs, words: check_size(docs, words, size_limits),
+    )
     labels = column(label_column) if label_column and label_column in header else None
     try:
         y = _labels(np.array([float(v) for v in labels]), n) if labels else np.zeros(n, np.int64)
@@ -495,25 +499,12 @@ def parse_sparse_npz(
     data: bytes, seed: int, test_fraction: float, limits: Limits | None = None
 ) -> ParsedDataset:
     """A document-term matrix saved by scipy's `save_npz` (CSR or CSC, read without pickle):
-    rows are documents, columns the vocabulary (words named `w0`, `w1`, ...)."""
-    import scipy.sparse
-
+    rows are documents, columns the vocabulary (words named `w0`, `w1`, ...). Every array is
+    checked before scipy sees it (issue 26: `load_npz` does not check index bounds, and
+    `toarray()` then wrote out of bounds and killed the server)."""
     limits = limits or Limits()
-    try:
-        with zipfile.ZipFile(io.BytesIO(data)) as zf:
-            names = {i.filename.removesuffix(".npy") for i in zf.infolist()}
-            if not names >= SPARSE_MEMBERS:
-                raise unprocessable(
-                    "malformed_npz",
-                    f"not a scipy sparse matrix: missing {sorted(SPARSE_MEMBERS - names)}",
-                )
-            if sum(i.file_size for i in zf.infolist()) > limits.max_npz_bytes:
-                raise _npz_too_large(sum(i.file_size for i in zf.infolist()), limits)
-        matrix = scipy.sparse.load_npz(io.BytesIO(data))  # np.load with allow_pickle=False
-    except (ValueError, OSError, zipfile.BadZipFile, EOFError, zlib.error) as exc:
-        raise unprocessable("malformed_npz", f"not a readable sparse .npz: {exc}") from exc
+    matrix = _checked_sparse(_sparse_arrays(data, limits), limits)
     n, vocabulary = matrix.shape
-    check_size(n, vocabulary, limits)
     counts = np.asarray(matrix.toarray(), dtype=np.float64)
     text.check_corpus(counts)
     y = np.zeros(n, dtype=np.int64)
@@ -522,6 +513,79 @@ def parse_sparse_npz(
     short = int((counts.sum(1) < 2).sum())
     words = [f"w{i}" for i in range(vocabulary)]
     return _with_text(parsed, text.Corpus(counts.astype(np.float32), words, short).meta(1))
+
+
+def _sparse_arrays(data: bytes, limits: Limits) -> dict[str, np.ndarray]:
+    """The five arrays of a `save_npz` file, each read with its header checked first."""
+    try:
+        with zipfile.ZipFile(io.BytesIO(data)) as zf:
+            members: dict[str, zipfile.ZipInfo] = {}
+            for info in zf.infolist():
+                name = info.filename.removesuffix(".npy")
+                if name in SPARSE_MEMBERS:
+                    if name in members:
+                        raise unprocessable("malformed_npz", f"array {name!r} appears twice")
+                    members[name] = info
+            missing = SPARSE_MEMBERS - members.keys()
+            if missing:
+                raise unprocessable(
+                    "malformed_npz", f"not a scipy sparse matrix: missing {sorted(missing)}"
+                )
+            stored = sum(info.file_size for info in members.values())
+            if stored > limits.max_npz_bytes:
+                raise _npz_too_large(stored, limits)
+            arrays: dict[str, np.ndarray] = {}
+            for name, info in members.items():
+                shape, dtype = _npy_header(zf, name, info)
+                if math.prod(shape) * dtype.itemsize > limits.max_npz_bytes:
+                    raise _npz_too_large(math.prod(shape) * dtype.itemsize, limits)
+                with zf.open(info) as fp:
+                    arrays[name] = npy_format.read_array(
+                        fp, allow_pickle=False, max_header_size=NPY_MAX_HEADER
+                    )
+            return arrays
+    except (ValueError, OSError, zipfile.BadZipFile, EOFError, zlib.error) as exc:
+        raise unprocessable("malformed_npz", f"not a readable sparse .npz: {exc}") from exc
+
+
+def _checked_sparse(arrays: dict[str, np.ndarray], limits: Limits) -> Any:
+    """A CSR or CSC matrix built from arrays that hold: format, a 2-int shape within the
+    limits, real finite data, integer indices inside the minor axis, and an index pointer
+    that starts at 0, never decreases and ends at the number of stored values."""
+    import scipy.sparse
+
+    def bad(what: str) -> APIError:
+        return unprocessable("malformed_sparse", f"not a valid sparse matrix: {what}")
+
+    fmt = arrays["format"]
+    if fmt.ndim != 0 or fmt.dtype.kind not in "US":
+        raise bad("format must be the string 'csr' or 'csc'")
+    kind = fmt.item().decode() if isinstance(fmt.item(), bytes) else str(fmt.item())
+    if kind not in ("csr", "csc"):
+        raise bad(f"format {kind!r}; only csr and csc are read")
+    shape = arrays["shape"]
+    if shape.dtype.kind not in "iu" or shape.shape != (2,) or (shape < 1).any():
+        raise bad("shape must be two positive integers")
+    n, vocabulary = (int(v) for v in shape)
+    check_size(n, vocabulary, limits)
+    values, indices, indptr = arrays["data"], arrays["indices"], arrays["indptr"]
+    if values.ndim != 1 or values.dtype.kind not in "buif":
+        raise bad("data must be a 1-D array of real numbers (no complex, no objects)")
+    if not np.isfinite(values.astype(np.float64, copy=False)).all():
+        raise bad("data holds NaN or infinite values")
+    if len(values) > n * vocabulary:
+        raise bad(f"{len(values)} stored values in a {n} × {vocabulary} matrix")
+    major, minor = (n, vocabulary) if kind == "csr" else (vocabulary, n)
+    if indices.ndim != 1 or indices.dtype.kind not in "iu" or len(indices) != len(values):
+        raise bad("indices must be a 1-D integer array as long as data")
+    if len(indices) and (int(indices.min()) < 0 or int(indices.max()) >= minor):
+        raise bad(f"an index is outside [0, {minor})")
+    if indptr.ndim != 1 or indptr.dtype.kind not in "iu" or len(indptr) != major + 1:
+        raise bad(f"indptr must be a 1-D integer array of {major + 1} entries")
+    if int(indptr[0]) != 0 or int(indptr[-1]) != len(indices) or (np.diff(indptr) < 0).any():
+        raise bad("indptr must start at 0, never decrease and end at the number of values")
+    build = scipy.sparse.csr_matrix if kind == "csr" else scipy.sparse.csc_matrix
+    return build((values, indices.astype(np.int64), indptr.astype(np.int64)), shape=(n, vocabulary))
 
 
 def _with_text(parsed: ParsedDataset, meta: dict[str, object]) -> ParsedDataset:
