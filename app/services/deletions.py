@@ -33,8 +33,44 @@ from app.services.datasets import get_dataset
 from app.states import ModelStatus, RequestStatus, SampleStatus, TaskStatus
 
 
-def fingerprint(body: DeletionCreate) -> str:
-    return hashlib.sha256(json.dumps(body.model_dump(), sort_keys=True).encode()).hexdigest()
+def fingerprint(body: DeletionCreate, names: Names) -> str:
+    """What an Idempotency-Key replay must match: sha256 over the body with its ids replaced by
+    their keyed tokens (issue 26: over the raw ids, the stored digest gave erased ids back to
+    anyone hashing candidate bodies). Without the master key no candidate can be tested."""
+    return request_fingerprint(
+        body.dataset_id,
+        list(names.samples),
+        list(names.subjects),
+        body.method,
+        body.epsilon,
+        body.delta,
+    )
+
+
+def request_fingerprint(
+    dataset_id: int,
+    sample_tokens: list[str],
+    subject_tokens: list[str],
+    method: str | None,
+    epsilon: float | None,
+    delta: float | None,
+) -> str:
+    """sha256 of the canonical request over tokens (migration 0008 uses it on stored rows)."""
+    doc = {
+        "dataset_id": dataset_id,
+        "sample_ids": sample_tokens,
+        "subject_ids": subject_tokens,
+        "method": method,
+        "epsilon": epsilon,
+        "delta": delta,
+    }
+    return hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()
+
+
+def keyed_idempotency_key(requester_key_id: int | None, header: str) -> str:
+    """The stored form of an Idempotency-Key: a keyed token scoped to the API key that sent it
+    (a client may put a person's id in the header; only the token is kept)."""
+    return keyring().token("idempotency", requester_key_id or 0, header)
 
 
 @dataclass(frozen=True)
@@ -60,13 +96,13 @@ def create_deletion(
     """The request (new, or the one this Idempotency-Key created before); nothing is written
     on any error."""
     if idempotency_key:
-        # Keys are scoped to the API key that sent them: another client's key never collides.
-        idempotency_key = f"{requester_key_id}:{idempotency_key}"
+        # Scoped to the API key that sent it (another client's never collides), and keyed.
+        idempotency_key = keyed_idempotency_key(requester_key_id, idempotency_key)
         existing = session.scalar(
             select(DeletionRequest).where(DeletionRequest.idempotency_key == idempotency_key)
         )
         if existing is not None:
-            if existing.fingerprint != fingerprint(body):
+            if existing.fingerprint != fingerprint(body, names):
                 raise unprocessable(
                     "idempotency_key_reused",
                     "this Idempotency-Key was used with a different body",
@@ -89,7 +125,7 @@ def create_deletion(
     request = DeletionRequest(
         dataset_id=body.dataset_id,
         idempotency_key=idempotency_key,
-        fingerprint=fingerprint(body),
+        fingerprint=fingerprint(body, names),
         requester_key_id=requester_key_id,
         selector=names.selector(),
         sample_ids=sorted(s.id for s in pending),
