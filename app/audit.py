@@ -72,7 +72,7 @@ def commitment_holds(opening_hex: str, external_ids: list[str], commitment: str)
 RESTRICTED = "_restricted"  # the fields key of the restricted constants (never in the body)
 
 
-def constant_commitment(salt: str, value: float | None) -> str:
+def constant_commitment(salt: str, value: Any) -> str:
     """sha256(salt ‖ "\n" ‖ canonical JSON of the value): what the body shows of a
     restricted constant; an auditor given (value, salt) recomputes it."""
     return hashlib.sha256(f"{salt}\n{canonical_json({'value': value})}".encode()).hexdigest()
@@ -83,11 +83,22 @@ def disclosed(document: dict[str, Any], restricted: str | None) -> dict[str, Any
     salt of its commitment: for auditors and admins only."""
     if not restricted:
         return document
+    sealed = json.loads(restricted)
     constants = dict(document.get("constants", {}))
-    for name, entry in json.loads(restricted).items():
+    for name, entry in sealed.get("constants", {}).items():
         if name in constants:
             constants[name] = {**constants[name], "value": entry["value"], "salt": entry["salt"]}
-    return {**document, "constants": constants}
+    fields = {name: entry["value"] for name, entry in sealed.get("fields", {}).items()}
+    salts = {name: entry["salt"] for name, entry in sealed.get("fields", {}).items()}
+    extra = {"restricted_salts": salts} if salts else {}
+    return {**document, **fields, **extra, "constants": constants}
+
+
+def _nonempty(restricted: dict[str, Any] | None) -> dict[str, Any] | None:
+    """The restricted part when it holds anything."""
+    if not restricted or not any(restricted.get(part) for part in ("constants", "fields")):
+        return None
+    return restricted
 
 
 def certificate_documents(
@@ -143,7 +154,7 @@ def append_certificates(session: Session, many: list[dict[str, Any]]) -> list[Ce
     for fields in many:
         seq += 1
         created = utcnow()
-        restricted = fields.get(RESTRICTED) or None
+        restricted = _nonempty(fields.get(RESTRICTED))
         doc = {k: v for k, v in fields.items() if k != RESTRICTED}
         doc = {**doc, "seq": seq, "prev_hash": prev, "created_at": created.isoformat()}
         body = canonical_json(doc)

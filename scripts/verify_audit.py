@@ -27,10 +27,16 @@ with open(sys.argv[1], encoding="utf-8") as fh:
         )
         if not ok:
             sys.exit(f"chain broken at line {n} (seq {row['seq']})")
-        for name, entry in row.get("restricted", {}).items():
+        restricted = row.get("restricted", {})
+        sealed = [
+            (name, e, body["constants"][name])
+            for name, e in restricted.get("constants", {}).items()
+        ]
+        sealed += [(name, e, body[name]) for name, e in restricted.get("fields", {}).items()]
+        for name, entry, shown in sealed:
             value = json.dumps({"value": entry["value"]}, sort_keys=True, separators=(",", ":"))
             opened = hashlib.sha256(f"{entry['salt']}\n{value}".encode()).hexdigest()
-            if opened != body["constants"][name]["commitment"]:
-                sys.exit(f"restricted constant {name} does not open its commitment at line {n}")
+            if opened != shown["commitment"]:
+                sys.exit(f"restricted value {name} does not open its commitment at line {n}")
         prev = row["entry_hash"]
 print(f"chain holds: {n} certificates, head {prev}")

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import hashlib
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -13,11 +15,13 @@ import sqlalchemy as sa
 from alembic import command
 from sqlalchemy import LargeBinary, String, Text, select
 
+from app.audit import RESTRICTED, canonical_json, constant_commitment
 from app.db.migrate import alembic_config
 from app.db.session import database, engine_for
 from app.db.tables import Base, Dataset
 from app.schemas import DeletionCreate
 from app.services.deletions import request_fingerprint
+from app.states import Guarantee
 from tests.conftest import Api
 
 
@@ -113,3 +117,52 @@ def test_migration_0008_rewrites_stored_fingerprints_over_tokens(tmp_path: Path)
     engine_for(url).dispose()
     assert key is None
     assert fp == request_fingerprint(1, ["tok-a", "tok-b"], [], None, None, None) != raw
+
+
+def test_a_receipt_carries_no_other_request() -> None:
+    """Issue 26 item 4: the logged body (a requester's receipt) commits to the coalesced
+    requests and the batch size; the values go to auditors only, and they open."""
+    from app.specs import PrivacyPolicy
+    from workers.certify import CertificateContext, certificate_fields
+    from workers.methods.base import CertificateFields, PrivacyTarget, Release
+    from workers.updates import Released
+
+    cert = CertificateFields(Guarantee.exact, 0.0, 0.0, 0.0, 0.0, "none", "Exact.")
+    release = Release({}, {}, cert, None, [])
+    ctx = CertificateContext(7, 1, 1, 2, "0" * 64, 1, 5, [5, 6, 7], "c" * 64)
+    fields = certificate_fields(
+        Released(release, "retrain", None), PrivacyPolicy(), PrivacyTarget(1.0, 1e-5), ctx
+    )
+    restricted = fields.pop(RESTRICTED)
+    body = canonical_json(fields)
+    assert "[5,6,7]" not in body and '"n_removed_in_update":5' not in body
+    for name, value in (("coalesced_requests", [5, 6, 7]), ("n_removed_in_update", 5)):
+        opened = restricted["fields"][name]
+        assert opened["value"] == value
+        assert constant_commitment(opened["salt"], value) == fields[name]["commitment"]
+    assert fields["request_id"] == 7 and fields["n_removed"] == 1  # its own request stays
+
+
+@pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)
+def test_the_export_opens_every_restricted_value(
+    api: Api, digits: dict, ready_model: dict, tmp_path: Path
+) -> None:
+    ids = train_ids(api, digits["id"], 2)
+    req = api.post(
+        "/v1/deletions", role="requester", json={"dataset_id": digits["id"], "sample_ids": ids}
+    ).json()
+    done = api.get(f"/v1/deletions/{req['id']}", role="requester", params={"wait": 30}).json()
+    entry = json.loads(done["receipts"][0]["entry"])
+    assert set(entry["coalesced_requests"]) == {"disclosed_to", "commitment"}
+    audited = api.get(f"/v1/audit/certificates/{done['certificate_ids'][0]}", role="auditor")
+    assert audited.json()["coalesced_requests"] == [req["id"]]
+    export = tmp_path / "audit.jsonl"
+    export.write_text(api.get("/v1/audit/export", role="auditor").text)
+    script = Path(__file__).parent.parent / "scripts" / "verify_audit.py"
+    ok = subprocess.run([sys.executable, str(script), str(export)], capture_output=True, text=True)
+    assert ok.returncode == 0 and "chain holds" in ok.stdout, ok.stderr
+    line = json.loads(export.read_text().splitlines()[0])
+    line["restricted"]["fields"]["n_removed_in_update"]["value"] = 99  # a lie about the batch
+    export.write_text(json.dumps(line) + "\n")
+    bad = subprocess.run([sys.executable, str(script), str(export)], capture_output=True, text=True)
+    assert bad.returncode == 1 and "does not open" in bad.stderr

@@ -51,8 +51,19 @@ def certificate_fields(
         sentence += f" Exact retraining was used because {fallback_reason}."
     event = decision.release.event
     constants, restricted = _constants(cert.constants)
+    # Other requests' ids and the batch's size concern other requesters: a receipt (the
+    # logged body) carries commitments to them, auditors the values (issue 26).
+    others = {
+        "coalesced_requests": ctx.coalesced_requests,
+        "n_removed_in_update": ctx.n_removed_in_update,
+    }
+    hidden = {name: _sealed(value) for name, value in others.items()}
     return {
-        RESTRICTED: restricted,
+        RESTRICTED: {
+            "constants": restricted,
+            "fields": {name: opened for name, (_, opened) in hidden.items()},
+        },
+        **{name: shown for name, (shown, _) in hidden.items()},
         "request_id": ctx.request_id,
         "model_id": ctx.model_id,
         "from_version": ctx.from_version,
@@ -81,8 +92,6 @@ def certificate_fields(
         "fallback_reason": fallback_reason,
         "target": {"epsilon": target.epsilon, "delta": target.delta},
         "n_removed": ctx.n_removed,
-        "n_removed_in_update": ctx.n_removed_in_update,
-        "coalesced_requests": ctx.coalesced_requests,
         "removed_ids_commitment": ctx.removed_ids_commitment,
         "commitment_scheme": COMMITMENT_SCHEME,
         "release_sha256": ctx.release_sha256,
@@ -105,17 +114,23 @@ def _constants(
         if c.disclosure == "public":
             body[name] = {"value": value, "source": c.source, "meaning": c.meaning}
             continue
-        salt = secrets.token_hex(16)
-        restricted[name] = {"value": value, "salt": salt}
+        shown, restricted[name] = _sealed(value)
         body[name] = {
             "value": None,
             "source": c.source,
             "meaning": c.meaning,
             "public": c.public,
-            "disclosed_to": "auditors and admins",
-            "commitment": constant_commitment(salt, value),
+            **shown,
         }
     return body, restricted
+
+
+def _sealed(value: Any) -> tuple[dict[str, Any], dict[str, Any]]:
+    """What the body shows of a restricted value (a salted commitment) and what auditors get
+    (the value and the salt that opens it)."""
+    salt = secrets.token_hex(16)
+    shown = {"disclosed_to": "auditors and admins", "commitment": constant_commitment(salt, value)}
+    return shown, {"value": value, "salt": salt}
 
 
 def _claim(x: float | None) -> float | None:
