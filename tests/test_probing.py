@@ -166,3 +166,68 @@ def test_the_export_opens_every_restricted_value(
     export.write_text(json.dumps(line) + "\n")
     bad = subprocess.run([sys.executable, str(script), str(export)], capture_output=True, text=True)
     assert bad.returncode == 1 and "does not open" in bad.stderr
+
+
+@pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)
+def test_erased_and_never_existed_look_alike_to_whoever_did_not_erase_it(
+    api: Api, ready_model: dict
+) -> None:
+    dataset_id = ready_model["dataset_id"]
+    gone, other = train_ids(api, dataset_id, 2)
+    req = api.post(
+        "/v1/deletions", role="requester", json={"dataset_id": dataset_id, "sample_ids": [gone]}
+    ).json()
+    assert api.wait(f"/v1/deletions/{req['id']}", ("done", "failed"))["status"] == "done"
+    second = api.post("/v1/keys", json={"role": "requester"}).json()["key"]
+    headers = {"Authorization": f"Bearer {second}"}
+
+    def ask(sample: str, headers: dict[str, str] = headers) -> tuple[int, dict]:
+        body = {"dataset_id": dataset_id, "sample_ids": [sample]}
+        response = api.client.post("/v1/deletions", json=body, headers=headers)
+        return response.status_code, response.json()
+
+    erased_status, erased = ask(gone)
+    unknown_status, unknown = ask("no-such-id")
+    assert erased_status == unknown_status == 404
+    assert erased["error"]["code"] == unknown["error"]["code"] == "sample_not_found"
+    assert erased["error"]["details"]["unknown_sample_ids"] == [gone]
+    assert erased["error"]["message"] == unknown["error"]["message"]
+    # whoever erased it, and admins, still hear "already erased", with the certificate
+    mine_status, mine = ask(gone, api.h("requester"))
+    assert mine_status == 202 and mine["already_erased"][0]["sample_id"] == gone
+    assert ask(gone, api.h("admin"))[1]["already_erased"][0]["certificate_ids"]
+    assert ask(other)[0] == 202  # a live sample is still forgotten for anyone
+    # listings: a reader sees no erased row (its position would say which); an admin does
+    as_reader = api.get(
+        f"/v1/datasets/{dataset_id}/samples", role="reader", params={"limit": 1000}
+    ).json()
+    assert all(s["status"] != "erased" for s in as_reader["items"])
+    erased_rows = api.get(
+        f"/v1/datasets/{dataset_id}/samples", params={"status": "erased", "limit": 1000}
+    ).json()
+    assert erased_rows["total"] >= 1
+
+
+@pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)
+def test_an_erased_subject_and_an_unknown_one_look_alike(api: Api) -> None:
+    import io
+
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    buf = io.BytesIO()
+    subjects = np.array([f"person-{i % 10}" for i in range(120)])
+    np.savez(buf, X=rng.normal(size=(120, 4)), y=rng.integers(0, 2, 120), subjects=subjects)
+    ds = api.post("/v1/datasets", files={"file": ("p.npz", buf.getvalue())}).json()
+    body = {"dataset_id": ds["id"], "subject_ids": ["person-3"]}
+    req = api.post("/v1/deletions", role="requester", json=body).json()
+    assert req["status"] == "done"  # no model holds them: erased at once
+    second = api.post("/v1/keys", json={"role": "requester"}).json()["key"]
+    headers = {"Authorization": f"Bearer {second}"}
+    erased = api.client.post("/v1/deletions", json=body, headers=headers)
+    unknown = api.client.post(
+        "/v1/deletions", json={**body, "subject_ids": ["person-99"]}, headers=headers
+    )
+    assert erased.status_code == unknown.status_code == 404
+    assert erased.json()["error"]["details"]["unknown_subject_ids"] == ["person-3"]
+    assert api.post("/v1/deletions", role="requester", json=body).status_code == 202

@@ -13,6 +13,7 @@ from app.api.params import PathId
 from app.api.responses import COMMON, errors
 from app.errors import APIError, unprocessable
 from app.schemas import BuiltinDatasetIn, DatasetOut, SamplePage, Text
+from app.security import Role
 from app.services import dataset_files
 from app.services.datasets import create_dataset, dataset_view, get_dataset, list_samples
 
@@ -190,7 +191,7 @@ def read_dataset(dataset_id: PathId, _: AnyRole, db: DbDep) -> dict[str, Any]:
 @router.get("/{dataset_id}/samples", response_model=SamplePage, responses=errors(404))
 def read_samples(
     dataset_id: PathId,
-    _: AnyRole,
+    key: AnyRole,
     db: DbDep,
     split: str | None = Query(None, pattern="^(train|test)$"),
     status: str | None = Query(None, pattern="^(active|erasing|erased)$"),
@@ -207,5 +208,6 @@ def read_samples(
             subject=subject,
             offset=offset,
             limit=limit,
+            hide_erased=key.role not in (Role.admin, Role.auditor),
         )
         return {"items": items, "total": total, "offset": offset, "limit": limit}

@@ -17,6 +17,7 @@ from app.api.responses import COMMON, errors
 from app.dispatch import DELETE
 from app.erasure import compact_after_erasure
 from app.schemas import DeletionCreate, DeletionOut, DeletionPage
+from app.security import Role
 from app.services.deletions import (
     Names,
     create_deletion,
@@ -62,7 +63,9 @@ def create(
     names = Names.of(body)  # keyed tokens of the ids: computed once, outside the transaction
 
     def accept(session: Session) -> tuple[DeletionOut, list[int], bool]:
-        accepted = create_deletion(session, body, names, key.id, idempotency_key)
+        accepted = create_deletion(
+            session, body, names, key.id, idempotency_key, key.role == Role.admin
+        )
         view = deletion_view(
             session, accepted.request, names, new_tasks=accepted.tasks, opening=accepted.opening
         )

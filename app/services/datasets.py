@@ -126,12 +126,18 @@ def list_samples(
     subject: str | None,
     offset: int,
     limit: int,
+    hide_erased: bool = False,
 ) -> tuple[list[dict[str, Any]], int]:
     """A page of samples with their ids and labels opened; an erased sample shows no ids and
-    never matches a subject filter (its key, and with it its identity, is gone)."""
+    never matches a subject filter (its key, and with it its identity, is gone). With
+    `hide_erased` (readers and requesters) erased rows are not listed at all: their place in
+    upload order would say which row was erased (issue 26); the dataset's counts still say
+    how many."""
     get_dataset(session, dataset_id)
     ring = keyring()
     query = select(Sample).where(Sample.dataset_id == dataset_id)
+    if hide_erased:
+        query = query.where(Sample.status != SampleStatus.erased)
     if split:
         query = query.where(Sample.split == split)
     if status:

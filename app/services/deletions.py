@@ -92,9 +92,11 @@ def create_deletion(
     names: Names,
     requester_key_id: int | None,
     idempotency_key: str | None,
+    sees_all_erasures: bool = False,
 ) -> Accepted:
     """The request (new, or the one this Idempotency-Key created before); nothing is written
-    on any error."""
+    on any error. A sample erased by another key's request is answered as unknown (404) unless
+    `sees_all_erasures` (admins): erased and never-existed look alike (issue 26)."""
     if idempotency_key:
         # Scoped to the API key that sent it (another client's never collides), and keyed.
         idempotency_key = keyed_idempotency_key(requester_key_id, idempotency_key)
@@ -112,7 +114,7 @@ def create_deletion(
     get_dataset(session, body.dataset_id)
     if not body.sample_ids and not body.subject_ids:
         raise unprocessable("empty_selector", "give sample_ids or subject_ids")
-    samples = _resolve(session, body, names)
+    samples = _resolve(session, body, names, None if sees_all_erasures else requester_key_id or 0)
     order = {token: i for i, token in enumerate(names.samples)}  # report in the body's order
     erased = sorted(
         (s for s in samples if s.status == SampleStatus.erased),
@@ -200,9 +202,14 @@ MODEL_REF = (Model.id, Model.status, Model.method, Model.privacy)
 SampleRef = Row[int, str, str | None, str]
 
 
-def _resolve(session: Session, body: DeletionCreate, names: Names) -> list[SampleRef]:
+def _resolve(
+    session: Session, body: DeletionCreate, names: Names, viewer_key_id: int | None
+) -> list[SampleRef]:
+    """The samples the body names; 404 naming the unknown ids. With `viewer_key_id`, a sample
+    erased by a request that key did not send counts as unknown: otherwise a guessed id or
+    subject would tell "erased by someone" (202, already_erased) from "never existed" (404)."""
     found: dict[int, SampleRef] = {}
-    known: set[str] = set()
+    by_sample: dict[int, str] = {}  # sample id -> the sample token that named it
     for chunk in chunked(list(names.samples)):
         for s in session.execute(
             select(*SAMPLE_REF).where(
@@ -210,9 +217,7 @@ def _resolve(session: Session, body: DeletionCreate, names: Names) -> list[Sampl
             )
         ):
             found[s.id] = s
-            known.add(s.external_id)
-    unknown = [raw for token, raw in names.samples.items() if token not in known]
-    seen_subjects: set[str] = set()
+            by_sample[s.id] = s.external_id
     for chunk in chunked(list(names.subjects)):
         for s in session.execute(
             select(*SAMPLE_REF).where(
@@ -220,8 +225,12 @@ def _resolve(session: Session, body: DeletionCreate, names: Names) -> list[Sampl
             )
         ):
             found[s.id] = s
-            if s.subject_id is not None:
-                seen_subjects.add(s.subject_id)
+    if viewer_key_id is not None:
+        hidden = _erased_by_others(session, body.dataset_id, viewer_key_id, list(found.values()))
+        found = {i: s for i, s in found.items() if i not in hidden}
+    known = {by_sample[i] for i in found if i in by_sample}
+    seen_subjects = {s.subject_id for s in found.values() if s.subject_id is not None}
+    unknown = [raw for token, raw in names.samples.items() if token not in known]
     unknown_subjects = [raw for token, raw in names.subjects.items() if token not in seen_subjects]
     if unknown or unknown_subjects:
         n = len(unknown) + len(unknown_subjects)
@@ -236,6 +245,24 @@ def _resolve(session: Session, body: DeletionCreate, names: Names) -> list[Sampl
             },
         )
     return list(found.values())
+
+
+def _erased_by_others(
+    session: Session, dataset_id: int, key_id: int, samples: list[SampleRef]
+) -> set[int]:
+    """Those of these samples that are erased and that no request of this key asked for."""
+    erased = {s.id for s in samples if s.status == SampleStatus.erased}
+    if not erased:
+        return set()
+    mine: set[int] = set()
+    for (ids,) in session.execute(
+        select(DeletionRequest.sample_ids).where(
+            DeletionRequest.dataset_id == dataset_id,
+            DeletionRequest.requester_key_id == key_id,
+        )
+    ):
+        mine.update(int(i) for i in ids if int(i) in erased)
+    return erased - mine
 
 
 def _affected_models(session: Session, sample_ids: list[int]) -> list[Row[Any]]:
