@@ -202,6 +202,11 @@ def method_options(pairs: list[str]) -> dict[str, Any]:
             options[name] = json.loads(value)
         except ValueError:
             options[name] = value
+        try:  # 1e999 parses as inf, which no JSON body can carry
+            json.dumps(options[name], allow_nan=False)
+        except ValueError as exc:
+            message = f"--option {pair!r}: the value is not a finite number"
+            raise typer.BadParameter(message) from exc
     return options
 
 

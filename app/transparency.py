@@ -182,7 +182,8 @@ def _sign_head(session: Session, nodes: _Nodes, size: int) -> dict[str, Any]:
 
 def rebuild(session: Session) -> dict[str, Any]:
     """Recompute the whole tree from the certificates as they are and sign a head (after a
-    restore, or, as the tests do, to show that a rewritten log cannot pass for the old one)."""
+    restore, or, as the tests do, to show that a rewritten log cannot pass for the old one).
+    The log's tables are append-only: run it inside `app.db.append_only.lifted`."""
     session.execute(delete(MerkleNode))
     session.execute(delete(TreeHead))
     nodes = _Nodes(session)

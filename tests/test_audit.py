@@ -19,6 +19,7 @@ from app.audit import (
     release_documents,
     verify_chain,
 )
+from app.db import append_only
 from app.db.session import database, engine_for
 from app.privacy.lineage import history_from_certificates
 from tests.conftest import Api
@@ -82,15 +83,8 @@ def test_a_batch_appends_in_order_and_releases_read_one_per_version(db_url: str)
 
 
 def tamper(url: str, sql: str) -> None:
-    engine = engine_for(url)
-    with engine.begin() as conn:
-        if engine.dialect.name == "postgresql":
-            conn.exec_driver_sql(
-                "ALTER TABLE certificates DISABLE TRIGGER certificates_append_only"
-            )
+    with engine_for(url).begin() as conn, append_only.lifted(conn):
         conn.exec_driver_sql(sql)
-        if engine.dialect.name == "postgresql":
-            conn.exec_driver_sql("ALTER TABLE certificates ENABLE TRIGGER certificates_append_only")
 
 
 @pytest.mark.parametrize(
@@ -114,13 +108,18 @@ def test_verify_names_first_bad_certificate(db_url: str, sql: str, reason: str) 
     assert result["checked"] == 2
 
 
-def test_postgres_refuses_update_and_delete(pg_url: str) -> None:
-    from tests.conftest import truncate_all
-
-    truncate_all(pg_url)
-    write_chain(pg_url, 1)
-    for sql in ("UPDATE certificates SET epsilon = 1", "DELETE FROM certificates"):
-        with pytest.raises(DBAPIError, match="append-only"), engine_for(pg_url).begin() as c:
+def test_the_log_tables_refuse_update_and_delete(db_url: str) -> None:
+    """On PostgreSQL and SQLite alike (issue 26): the chain, the tree and the heads."""
+    write_chain(db_url, 1)
+    for sql in (
+        "UPDATE certificates SET epsilon = 1",
+        "DELETE FROM certificates",
+        "UPDATE merkle_nodes SET hash = 'x'",
+        "DELETE FROM merkle_nodes",
+        "UPDATE tree_heads SET root_hash = 'x'",
+        "DELETE FROM tree_heads",
+    ):
+        with pytest.raises(DBAPIError, match="append-only"), engine_for(db_url).begin() as c:
             c.exec_driver_sql(sql)
 
 

@@ -78,6 +78,8 @@ def test_method_options_parse_as_json_else_text() -> None:
     }
     with pytest.raises(typer.BadParameter, match="KEY=VALUE"):
         method_options(["shards"])
+    with pytest.raises(typer.BadParameter, match="finite"):  # issue 26: was a traceback
+        method_options(["shards=1e999"])
 
 
 @pytest.mark.integration

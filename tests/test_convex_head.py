@@ -221,3 +221,18 @@ def test_measured_values_of_the_removed_rows_go_to_auditors_only(api: Api) -> No
     assert as_requester.json()["shift"]["recent"] is None
     as_auditor = api.get("/v1/privacy/preview", params={"model": model["id"]}, role="auditor")
     assert as_auditor.json()["shift"]["recent"][0]["s"] == s
+
+
+def test_a_vanishing_lambda_is_refused_at_creation(api: Api) -> None:
+    """Issue 26: λ = 5e-324 was accepted and training failed later."""
+    ds = api.post("/v1/datasets", json={"builtin": "breast_cancer"}).json()
+    response = api.post(
+        "/v1/models",
+        json={
+            "name": "tiny",
+            "dataset_id": ds["id"],
+            "architecture": {"type": "logreg"},
+            "method": {"name": "convex_head", "lam": 5e-324},
+        },
+    )
+    assert response.status_code == 422 and "lam" in response.text

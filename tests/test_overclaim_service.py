@@ -80,6 +80,8 @@ def test_a_model_that_cannot_forget_is_withdrawn_and_the_data_erased(
     assert withdrawn["status"] == "failed" and withdrawn["error"].startswith("withdrawn: ")
     assert "diverged" in withdrawn["error"]
     assert api.get(f"/v1/models/{ready['id']}/versions/1/weights").status_code == 410
+    current = api.get(f"/v1/models/{ready['id']}/weights")
+    assert current.status_code == 410 and current.json()["error"]["code"] == "model_withdrawn"
     samples = api.get(
         f"/v1/datasets/{digits['id']}/samples", params={"status": "erased", "limit": 10}
     ).json()["items"]

@@ -231,3 +231,14 @@ def test_an_erased_subject_and_an_unknown_one_look_alike(api: Api) -> None:
     assert erased.status_code == unknown.status_code == 404
     assert erased.json()["error"]["details"]["unknown_subject_ids"] == ["person-3"]
     assert api.post("/v1/deletions", role="requester", json=body).status_code == 202
+
+
+@pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)
+def test_the_dashboard_page_is_served_only_at_ui_with_its_policy(api: Api) -> None:
+    page = api.client.get("/ui")
+    assert (
+        page.status_code == 200 and "unsafe-inline" not in page.headers["content-security-policy"]
+    )
+    assert api.client.get("/ui/static/index.html").status_code == 404
+    script = api.client.get("/ui/static/app.js")
+    assert script.status_code == 200 and script.headers["x-content-type-options"] == "nosniff"

@@ -7,13 +7,15 @@ from __future__ import annotations
 from pathlib import Path
 
 from fastapi import APIRouter
-from fastapi.responses import FileResponse, RedirectResponse
+from fastapi.responses import FileResponse, PlainTextResponse, RedirectResponse
 from fastapi.staticfiles import StaticFiles
+from starlette.responses import Response
+from starlette.types import Scope
 
 UI = Path(__file__).resolve().parent.parent / "ui"
 # Scripts, styles and requests from this origin only; nothing inline, no frames.
 CSP = (
-    "default-src 'self'; script-src 'self'; style-src 'self' 'unsafe-inline'; "
+    "default-src 'self'; script-src 'self'; style-src 'self'; "
     "img-src 'self' data: blob:; connect-src 'self'; frame-ancestors 'none'; base-uri 'none'"
 )
 HEADERS = {"Content-Security-Policy": CSP, "X-Content-Type-Options": "nosniff"}
@@ -31,6 +33,18 @@ def dashboard_slash() -> RedirectResponse:
     return RedirectResponse("/ui")
 
 
+class _Assets(StaticFiles):
+    """The script and stylesheet only, each with the dashboard's headers: the page itself is
+    served at /ui alone (issue 26: /ui/static/index.html served it with no CSP)."""
+
+    async def get_response(self, path: str, scope: Scope) -> Response:
+        if not path.endswith((".js", ".css")):
+            return PlainTextResponse("Not Found", status_code=404, headers=HEADERS)
+        response = await super().get_response(path, scope)
+        response.headers.update(HEADERS)
+        return response
+
+
 def static_files() -> StaticFiles:
     """The dashboard's script and stylesheet, mounted at /ui/static."""
-    return StaticFiles(directory=UI, html=False)
+    return _Assets(directory=UI, html=False)

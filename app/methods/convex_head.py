@@ -25,7 +25,7 @@ class ConvexHeadOptions(MethodOptions):
 
     lam: float = Field(
         1e-3,
-        gt=0.0,
+        ge=1e-10,  # below this s = ‖∇F‖/λ overflows and training fails (issue 26: 5e-324)
         le=1e3,
         description="L2 regularisation λ (strong convexity); it penalises the bias too, "
         "unlike scikit-learn's LogisticRegression",

@@ -34,7 +34,7 @@ from app.states import Guarantee
 class TopicHeadOptions(MethodOptions):
     """The head's regularisation and solver, and the paper's constants (declared)."""
 
-    lam: float = Field(1e-2, gt=0.0, le=1e3, description="L2 regularisation λ of the head")
+    lam: float = Field(1e-2, ge=1e-10, le=1e3, description="L2 regularisation λ of the head")
     tolerance: float = Field(1e-8, gt=0.0, le=1e-2, description="training stops at ‖∇ℓ‖ ≤ it")
     max_iterations: int = Field(500, ge=1, le=100_000, description="L-BFGS iterations")
     c: float = Field(1.0, gt=0.0, le=1e9, description="the bound's unspecified constant c'")

@@ -176,6 +176,8 @@ def get_version(session: Session, model_id: int, number: int | None) -> ModelVer
     """The numbered version, or the current one when `number` is None."""
     model = get_model(session, model_id)
     if number is None:
+        if model.current_version_id is None and (model.progress or {}).get("stage") == "withdrawn":
+            raise APIError(410, "model_withdrawn", model.error or "the model was withdrawn")
         if model.current_version_id is None:
             raise APIError(
                 409,

@@ -15,6 +15,7 @@ function el(tag, attrs = {}, ...children) {
   for (const [k, v] of Object.entries(attrs)) {
     if (v === null || v === undefined) continue;
     if (k === "onclick" || k === "onsubmit") node.addEventListener(k.slice(2), v);
+    else if (k === "style") node.style.cssText = String(v);  // CSSOM: allowed by style-src 'self'
     else node.setAttribute(k, String(v));
   }
   for (const child of children.flat()) {
