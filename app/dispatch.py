@@ -15,6 +15,7 @@ from typing import Protocol
 from sqlalchemy import or_, select, update
 from sqlalchemy.orm import Session
 
+from app import shutdown
 from app.db.session import database
 from app.db.tables import DeletionTask, Model, task_is_due, utcnow
 from app.settings import Settings
@@ -48,11 +49,14 @@ class InlineDispatcher:
         self._thread: threading.Thread | None = None
 
     def start(self) -> None:
+        shutdown.STOPPING.clear()
         self._thread = threading.Thread(target=self._loop, name="lethe-inline-worker", daemon=True)
         self._thread.start()
 
     def stop(self) -> None:
+        """Ask the running job to stop at its next check (app/shutdown.py), then wait."""
         if self._thread is not None:
+            shutdown.STOPPING.set()
             self._queue.put(None)
             self._thread.join(timeout=30)
 

@@ -1,5 +1,6 @@
 """Service configuration, read from LETHE_* environment variables (pydantic-settings)."""
 
+import os
 from functools import lru_cache
 from pathlib import Path
 from typing import Literal
@@ -37,6 +38,13 @@ class Settings(BaseSettings):
     max_npz_bytes: int = Field(
         1024 * 1024 * 1024,
         description="Most uncompressed bytes read from the arrays of one uploaded .npz.",
+    )
+    max_job_memory_bytes: int | None = Field(
+        None,
+        ge=1,
+        description="Most memory one training or update job may be estimated to need "
+        "(app/services/memory.py); a model over it is refused at creation. Default: half the "
+        "machine's physical memory.",
     )
     lease_seconds: float = Field(60.0, description="A worker's claim on a model expires after.")
     heartbeat_seconds: float = 10.0
@@ -115,6 +123,13 @@ class Settings(BaseSettings):
         if self.database_url:
             return self.database_url
         return f"sqlite:///{(self.data_dir / 'lethe.db').resolve()}"
+
+    @property
+    def job_memory_limit(self) -> int:
+        """`max_job_memory_bytes`, or half the physical memory when it is not set."""
+        if self.max_job_memory_bytes is not None:
+            return self.max_job_memory_bytes
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // 2
 
     @property
     def embedded(self) -> bool:

@@ -242,3 +242,105 @@ def test_the_dashboard_page_is_served_only_at_ui_with_its_policy(api: Api) -> No
     assert api.client.get("/ui/static/index.html").status_code == 404
     script = api.client.get("/ui/static/app.js")
     assert script.status_code == 200 and script.headers["x-content-type-options"] == "nosniff"
+
+
+def test_the_issues_two_oversize_models_are_estimated_over_12_gib() -> None:
+    from app.methods import method_of
+    from app.services import memory
+    from app.specs import TrainingConfig, architecture_of
+
+    topics = memory.estimate(
+        architecture_of({"type": "topic_model", "topics": 500}),
+        TrainingConfig(),
+        method_of({"name": "anchor_topics"}),
+        4_999,
+        20_001,
+        1,
+    )
+    sharded = memory.estimate(
+        architecture_of({"type": "mlp", "hidden": [4096] * 4}),
+        TrainingConfig(),
+        method_of({"name": "sharded_retrain", "shards": 64, "slices": 4}),
+        1_437,
+        64,
+        10,
+    )
+    assert topics["bytes"] > 12 * 2**30 and sharded["bytes"] > 12 * 2**30
+    small = memory.estimate(
+        architecture_of({"type": "mlp", "hidden": [64, 64]}),
+        TrainingConfig(),
+        method_of({"name": "retrain"}),
+        1_437,
+        64,
+        10,
+    )
+    assert small["bytes"] < 64 * 2**20
+
+
+@pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)
+def test_a_model_over_the_memory_budget_is_refused_at_creation(api: Api, digits: dict) -> None:
+    response = api.post(
+        "/v1/models",
+        json={
+            "name": "huge",
+            "dataset_id": digits["id"],
+            "architecture": {"type": "mlp", "hidden": [4096] * 4},
+            "method": {"name": "sharded_retrain", "shards": 64, "slices": 4},
+        },
+    )
+    assert response.status_code == 422, response.text
+    error = response.json()["error"]
+    assert error["code"] == "model_too_large"
+    assert error["details"]["estimated_bytes"] > error["details"]["limit_bytes"]
+    assert api.get("/v1/models").json() == []  # nothing was written
+
+
+@pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)
+def test_shutdown_stops_training_cleanly_and_the_next_start_resumes_it(settings) -> None:
+    """Issue 26: the app's shutdown (what SIGTERM runs) stops a training job between epochs;
+    the model goes back to `queued`, not `failed`, and the next start trains it again."""
+    import time
+
+    from fastapi.testclient import TestClient
+
+    from app.db.tables import Model
+    from app.main import create_app
+    from tests.conftest import make_keys
+
+    app = create_app(settings)
+    with TestClient(app) as client:
+        keys = make_keys(settings.resolved_database_url)
+        auth = {"Authorization": f"Bearer {keys['admin']}"}
+        ds = client.post("/v1/datasets", json={"builtin": "digits"}, headers=auth).json()
+        created = client.post(
+            "/v1/models",
+            json={
+                "name": "long",
+                "dataset_id": ds["id"],
+                "architecture": {"type": "mlp", "hidden": [64]},
+                "training": {"epochs": 1000, "batch_size": 32},
+            },
+            headers=auth,
+        ).json()
+        deadline = time.monotonic() + 60
+        while (
+            client.get(f"/v1/models/{created['id']}", headers=auth)
+            .json()["progress"]
+            .get("epoch", 0)
+            < 1
+        ):
+            assert time.monotonic() < deadline, "training never started"
+            time.sleep(0.05)
+        stopping = time.monotonic()
+    stopped_in = time.monotonic() - stopping
+    assert stopped_in < 10, f"shutdown took {stopped_in:.1f} s"
+    with database(settings.resolved_database_url).read() as session:
+        model = session.get(Model, created["id"])
+        assert model is not None and model.status == "queued" and model.error is None
+    with TestClient(create_app(settings)) as client:  # the next start picks it up again
+        deadline = time.monotonic() + 60
+        while client.get(f"/v1/models/{created['id']}", headers=auth).json()["status"] != (
+            "training"
+        ):
+            assert time.monotonic() < deadline, "training did not resume"
+            time.sleep(0.05)

@@ -18,6 +18,7 @@ import torch
 from safetensors.torch import load as st_load
 from sqlalchemy import select, update
 
+from app import shutdown
 from app.blobstore import DatabaseBlobStore
 from app.db.session import Database, database
 from app.db.tables import Dataset, DeletionTask, Model, task_is_due, utcnow
@@ -91,6 +92,14 @@ def train_model(model_id: int) -> str:
             db.run(lambda session: _commit_trained(session, model_id, inputs, trained, metrics))
         except LeaseLost:
             raise
+        except shutdown.Interrupted:  # back to queued: the next start trains it again
+            with db.write() as session:
+                session.execute(
+                    update(Model)
+                    .where(Model.id == model_id, Model.lease_owner == WORKER_ID)
+                    .values(status=ModelStatus.queued, progress={"stage": "queued"})
+                )
+            return "interrupted"
         except Exception as exc:
             with db.write() as session:
                 session.execute(
@@ -305,6 +314,10 @@ def _run_batch(
         db.run(
             lambda session: pipeline.commit_update(session, batch, outcome), retry_integrity=True
         )
+    except shutdown.Interrupted:  # back to queued, unpenalised: the next start applies them
+        ids = [t.task_id for t in tasks]
+        db.run(lambda session: pipeline.release_tasks(session, ids))
+        return False
     except Unrecoverable as exc:  # the retrain itself diverged: retrying cannot help
         _withdraw(db, model_id, str(exc))
         log.error("model %s withdrawn: %s", model_id, exc)

@@ -539,6 +539,16 @@ def finish_requests(session: Session, request_ids: set[int]) -> None:
         request.commitment_key_id = None
 
 
+def release_tasks(session: Session, task_ids: list[int]) -> None:
+    """Put claimed tasks back to queued, due now, their attempt not counted: the job was
+    interrupted by a shutdown, not failed (app/shutdown.py)."""
+    for task in session.scalars(select(DeletionTask).where(DeletionTask.id.in_(task_ids))):
+        if task.status == TaskStatus.running and task.lease_owner == WORKER_ID:
+            task.status, task.not_before = TaskStatus.queued, None
+            task.lease_owner = task.lease_expires_at = None
+            task.attempts = max(0, task.attempts - 1)
+
+
 def fail_tasks(
     session: Session, task_ids: list[int], error: str, backoff_seconds: list[int], max_attempts: int
 ) -> bool:

@@ -9,6 +9,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from app import shutdown
 from app.specs import (
     ArchitectureSpec,
     TopicHeadSpec,
@@ -100,6 +101,7 @@ def train(
     epochs, batch = cfg.epochs, cfg.batch_size
     net.train()
     for epoch in range(epochs):
+        shutdown.check()  # SIGTERM stops training between epochs (app/shutdown.py)
         order = torch.randperm(len(y), generator=gen, device=gen.device).to(X.device)
         # the epoch's loss, summed on the device in float64 (no host sync per step)
         total = torch.zeros((), dtype=torch.float64, device=X.device)

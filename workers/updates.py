@@ -14,6 +14,7 @@ from typing import Any
 
 import torch
 
+from app import shutdown
 from app.privacy.lineage import Admission, LineageBudget, admit
 from app.states import Guarantee
 from workers.device import inputs_to, outcome_to_cpu
@@ -107,6 +108,8 @@ def decide(inputs: UpdateInputs) -> Decision:
         return _fallback(
             inputs, f"{name} cannot meet (ε={target.epsilon:g}, δ={target.delta:g}): {exc}"
         )
+    except shutdown.Interrupted:
+        raise  # not a failure of the method: the job stops and resumes on the next start
     except Exception as exc:  # noqa: BLE001 - any failure of the update: retrain exactly
         return _fallback(inputs, f"{name} could not compute the update: {_described(exc)}")
     if method.spec.guarantee == Guarantee.exact:

@@ -48,10 +48,12 @@ def create(
     _: Admin,
     db: DbDep,
     dispatcher: DispatcherDep,
+    settings: SettingsDep,
 ) -> dict[str, Any]:
-    """Register a model and queue its training; poll GET /v1/models/{id} for progress."""
+    """Register a model and queue its training; poll GET /v1/models/{id} for progress. A model
+    whose job would not fit the memory budget is refused (422 `model_too_large`)."""
     with db.write() as session:
-        model = create_model(session, spec)
+        model = create_model(session, spec, settings.job_memory_limit)
         view = model_view(session, model)
     dispatcher.enqueue(TRAIN, model.id)
     return view

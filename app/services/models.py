@@ -14,14 +14,16 @@ from app.db.tables import Dataset, Model, ModelSample, ModelVersion, Sample
 from app.errors import APIError, not_found, unprocessable
 from app.methods import get_method, method_names, method_of
 from app.schemas import ModelCreate
+from app.services import memory
 from app.services.datasets import get_dataset
 from app.specs import TopicHeadSpec, TopicModelSpec
 from app.states import ModelStatus, SampleStatus
 
 
-def create_model(session: Session, spec: ModelCreate) -> Model:
+def create_model(session: Session, spec: ModelCreate, memory_limit: int | None = None) -> Model:
     """Record the model and snapshot its training set (active train samples); status queued.
-    The method may refuse the model first (e.g. minnorm when n ≥ p): nothing is written."""
+    The method may refuse the model first (e.g. minnorm when n ≥ p), and so may the memory
+    budget (`memory_limit` bytes, app/services/memory.py): nothing is written."""
     ds = get_dataset(session, spec.dataset_id)
     active_train = (
         Sample.dataset_id == ds.id,
@@ -38,9 +40,20 @@ def create_model(session: Session, spec: ModelCreate) -> Model:
             "topic_model_needs_text",
             f"a topic_model learns from a text corpus; dataset {ds.id} is {ds.kind}",
         )
-    method_of(spec.method.model_dump()).check_model(
-        spec.architecture, n_train, math.prod(ds.feature_shape)
-    )
+    method = method_of(spec.method.model_dump())
+    method.check_model(spec.architecture, n_train, math.prod(ds.feature_shape))
+    if memory_limit is not None:
+        memory.check(
+            memory.estimate(
+                spec.architecture,
+                spec.training,
+                method,
+                n_train,
+                math.prod(ds.feature_shape),
+                ds.n_classes,
+            ),
+            memory_limit,
+        )
     model = Model(
         name=spec.name,
         dataset_id=ds.id,

@@ -1,0 +1,101 @@
+"""A job's memory, estimated from the model's spec before anything is written (issue 26: a
+500-topic model on a 20,001-word corpus reached 11.4 GB, and a 64-shard MLP of 4 × 4,096
+would need about 13 GB, both accepted). The estimate is the sum of the large arrays the job
+holds at once, by what the code keeps; it is an order of magnitude, not a measurement, and
+it errs high. A model whose estimate exceeds `LETHE_MAX_JOB_MEMORY_BYTES` is refused (422).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from app.errors import unprocessable
+from app.methods.spec import MethodChoice
+from app.specs import (
+    ArchitectureSpec,
+    LogRegSpec,
+    MLPSpec,
+    RandomFeaturesSpec,
+    TopicHeadSpec,
+    TopicModelSpec,
+    TrainingConfig,
+)
+
+FLOAT32, FLOAT64 = 4, 8
+
+
+def parameters(architecture: ArchitectureSpec, n_features: int, n_classes: int) -> int:
+    """Trained parameters plus frozen buffers of one network."""
+    if isinstance(architecture, LogRegSpec):
+        return (n_features + 1) * n_classes
+    if isinstance(architecture, MLPSpec):
+        widths = [n_features, *architecture.hidden, n_classes]
+        return sum((a + 1) * b for a, b in zip(widths, widths[1:], strict=False))
+    if isinstance(architecture, RandomFeaturesSpec):
+        return (n_features + 1) * architecture.width + (architecture.width + 1) * n_classes
+    return 0
+
+
+def estimate(
+    architecture: ArchitectureSpec,
+    training: TrainingConfig,
+    method: MethodChoice,
+    n_train: int,
+    n_features: int,
+    n_classes: int,
+) -> dict[str, Any]:
+    """{"bytes": total, "terms": {what: bytes}} for training (and updating) this model."""
+    terms: dict[str, int] = {"data": 2 * n_train * n_features * FLOAT32}  # samples, a copy
+    if isinstance(architecture, TopicModelSpec | TopicHeadSpec):
+        # Σ G_d, its normalised rows and the solve's working copies: vocabulary² float64 each
+        terms["cooccurrence"] = 4 * n_features * n_features * FLOAT64
+        terms["topics"] = 4 * n_features * architecture.topics * FLOAT64
+        return _total(terms)
+    p = parameters(architecture, n_features, n_classes)
+    options = method.options
+    shards = int(getattr(options, "shards", 1))
+    slices = int(getattr(options, "slices", 1))
+    # weights, gradients, momentum and a copy for the release, per constituent; SISA keeps
+    # R − 1 checkpoints of each
+    terms["parameters"] = shards * p * FLOAT32 * (4 + max(0, slices - 1))
+    widest = max([n_features, n_classes, *getattr(architecture, "hidden", [])])
+    if isinstance(architecture, RandomFeaturesSpec):
+        widest = max(widest, architecture.width)
+    terms["activations"] = 4 * training.batch_size * widest * FLOAT32 * 3
+    name = method.name
+    if name in ("minnorm", "minnorm_og"):
+        width = (
+            architecture.width + 1
+            if isinstance(architecture, RandomFeaturesSpec)
+            else (n_features + 1)
+        )
+        terms["features"] = 2 * n_train * width * FLOAT64  # Φ in float64, and Φ_r
+        terms["gram"] = 3 * n_train * n_train * FLOAT64  # K, its factor, K⁻¹
+    if name == "recollection":
+        terms["statistics"] = n_train * p * FLOAT32  # one vector per sample
+    if name == "convex_head":
+        d = n_features + 1
+        terms["problem"] = 3 * n_train * d * FLOAT64  # Z, its clipped copy, the margins' pass
+        terms["hessians"] = 2 * n_classes * d * d * FLOAT64
+    return _total(terms)
+
+
+def _total(terms: dict[str, int]) -> dict[str, Any]:
+    return {"bytes": sum(terms.values()), "terms": terms}
+
+
+def check(found: dict[str, Any], limit: int) -> None:
+    """422 `model_too_large` with the estimate, its terms and the limit."""
+    if found["bytes"] <= limit:
+        return
+    raise unprocessable(
+        "model_too_large",
+        f"training and updating this model would take about {_gib(found['bytes'])} of memory; "
+        f"this service allows {_gib(limit)} per job (LETHE_MAX_JOB_MEMORY_BYTES)",
+        {"estimated_bytes": found["bytes"], "limit_bytes": limit, "terms": found["terms"]},
+    )
+
+
+def _gib(n: int) -> str:
+    return f"{n / 2**30:.3g} GiB" if n >= 2**30 else f"{math.ceil(n / 2**20)} MiB"
