@@ -47,16 +47,17 @@ class InlineDispatcher:
         self._pending: set[tuple[str, tuple[int, ...]]] = set()
         self._lock = threading.Lock()
         self._thread: threading.Thread | None = None
+        self._stopping = threading.Event()  # set by stop(); the running job checks it
 
     def start(self) -> None:
-        shutdown.STOPPING.clear()
+        self._stopping.clear()
         self._thread = threading.Thread(target=self._loop, name="lethe-inline-worker", daemon=True)
         self._thread.start()
 
     def stop(self) -> None:
         """Ask the running job to stop at its next check (app/shutdown.py), then wait."""
         if self._thread is not None:
-            shutdown.STOPPING.set()
+            self._stopping.set()
             self._queue.put(None)
             self._thread.join(timeout=30)
 
@@ -75,6 +76,7 @@ class InlineDispatcher:
         return self._queue.qsize()
 
     def _loop(self) -> None:
+        shutdown.bind(self._stopping)
         while (item := self._queue.get()) is not None:
             with self._lock:
                 self._pending.discard(item)
