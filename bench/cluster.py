@@ -10,6 +10,7 @@ import json
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -20,9 +21,15 @@ import httpx
 
 from app.crypto import Keyring, keyring
 from app.settings import Settings
-from bench.common import free_port
 
 LETHE = [sys.executable, "-m", "app.cli"]
+
+
+def free_port() -> int:
+    """A TCP port free on loopback now."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
 
 
 def _answers(url: str) -> bool:

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import os
 import platform
-import socket
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -13,19 +12,14 @@ from pathlib import Path
 
 import numpy as np
 
+from bench.cluster import Cluster
+
 RESULTS = Path(__file__).resolve().parent / "results"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @contextmanager
 def embedded_server(data_dir: Path) -> Iterator[tuple[str, str]]:
     """Run `lethe serve` on a fresh SQLite file (embedded mode); yield (url, admin key)."""
-    from bench.cluster import Cluster
 
     with Cluster(data_dir, None, None) as cluster:
         yield cluster.start_api(), cluster.admin_key

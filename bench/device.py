@@ -49,7 +49,8 @@ from workers.methods.base import (
     UpdateInputs,
 )
 from workers.training import accuracy
-from workers.updates import Fallback, compute_on
+from workers.updates import compute_on
+from workers.values import Fallback
 
 TARGET = PrivacyTarget(1.0, 1e-5)
 TRAINING = {"epochs": 5, "batch_size": 128, "learning_rate": 0.1, "weight_decay": 5e-4, "seed": 0}

@@ -32,8 +32,8 @@ import httpx
 import sqlalchemy as sa
 
 from app.db.migrate import upgrade_to_head
-from bench.cluster import Cluster
-from bench.common import free_port, write_result
+from bench.cluster import Cluster, free_port
+from bench.common import write_result
 
 PG_ADMIN = "postgresql+psycopg://postgres@127.0.0.1:5432/postgres"
 REDIS = "redis://127.0.0.1:6379/0"

@@ -22,7 +22,8 @@ from workers.methods.base import (
     UpdateInputs,
 )
 from workers.norms import global_norm
-from workers.updates import Fallback, Released, compute
+from workers.updates import compute
+from workers.values import Fallback, Released
 
 N, P, K = 150, 8, 3
 TRAINING = TrainingConfig(epochs=3, batch_size=32, learning_rate=0.1, weight_decay=1e-3, seed=0)

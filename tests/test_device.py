@@ -20,7 +20,7 @@ from app.privacy.lineage import gaussian_event
 from app.specs import PrivacyPolicy, architecture_of
 from tests.test_compute import TRAINING, K, N, P, data, inputs_for
 from workers import device as dev
-from workers import jobs, updates, worker
+from workers import jobs, updates, values, worker
 from workers.data import Arrays
 from workers.methods import convex_head, fit, newton, noise, noisy_finetune, output_perturbation
 from workers.methods import recollection as recollection_method
@@ -30,7 +30,8 @@ from workers.methods.base import (
     RetainedData,
     UpdateInputs,
 )
-from workers.updates import Outcome, compute_on
+from workers.updates import compute_on
+from workers.values import Outcome
 
 CPU = torch.device("cpu")
 
@@ -304,7 +305,7 @@ def test_training_jobs_train_on_the_device_and_return_cpu_states(
     )
     spec = ModelSpec(architecture_of(arch), TRAINING, method_of(method), P, K)
     arrays = Arrays(ids, [str(i) for i in ids], X, y, [None] * N)
-    inputs = jobs.TrainingInputs(spec, arrays, arrays, None, None)
+    inputs = values.TrainingInputs(spec, arrays, arrays, None, None)
     losses: list[float] = []
     device = jobs._setup(cpu_settings)
     with torch.device("meta"):
@@ -331,7 +332,7 @@ def test_recollection_training_returns_cpu_statistics(
         K,
     )
     arrays = Arrays(ids, [str(i) for i in ids], X, y, [None] * N)
-    inputs = jobs.TrainingInputs(spec, arrays, arrays, None, None)
+    inputs = values.TrainingInputs(spec, arrays, arrays, None, None)
     trained, _ = jobs._train(inputs, lambda *_: None, dev.worker_device())
     assert trained.statistics is not None
     assert trained.statistics.vectors.device == CPU

@@ -20,7 +20,8 @@ from workers.methods.base import (
     UpdateInputs,
 )
 from workers.training import Diverged, check_converged
-from workers.updates import Fallback, Unrecoverable, compute
+from workers.updates import compute
+from workers.values import Fallback, Unrecoverable
 
 TRAINING = TrainingConfig(epochs=3, batch_size=16, learning_rate=0.1, momentum=0.5, seed=7)
 

@@ -125,7 +125,7 @@ def test_a_receipt_carries_no_other_request() -> None:
     from app.specs import PrivacyPolicy
     from workers.certify import CertificateContext, certificate_fields
     from workers.methods.base import CertificateFields, PrivacyTarget, Release
-    from workers.updates import Released
+    from workers.values import Released
 
     cert = CertificateFields(Guarantee.exact, 0.0, 0.0, 0.0, 0.0, "none", "Exact.")
     release = Release({}, {}, cert, None, [])

@@ -13,7 +13,7 @@ from app.privacy.lineage import event_to_json
 from app.specs import PrivacyPolicy
 from app.states import Guarantee
 from workers.methods.base import CertificateFields, Constant, PrivacyTarget
-from workers.updates import Decision, Fallback
+from workers.values import Decision, Fallback
 
 
 @dataclass(frozen=True)

@@ -32,8 +32,7 @@ from workers.methods.base import (
 
 if TYPE_CHECKING:
     from workers.data import Arrays
-    from workers.jobs import TrainingInputs
-    from workers.updates import Outcome
+    from workers.values import Outcome, TrainingInputs
 
 CPU = torch.device("cpu")
 

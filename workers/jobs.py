@@ -11,7 +11,6 @@ from __future__ import annotations
 import logging
 import math
 import time
-from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -28,7 +27,7 @@ from app.settings import Settings, get_settings
 from app.specs import ImportedWeights, imported_of
 from app.states import ModelStatus, TaskStatus, VersionKind
 from workers import pause, pipeline
-from workers.data import Arrays, test_arrays, training_arrays
+from workers.data import test_arrays, training_arrays
 from workers.device import trained_to_cpu, training_inputs_to, worker_device
 from workers.lease import WORKER_ID, LeaseLost, ModelLease
 from workers.methods import fit
@@ -37,7 +36,8 @@ from workers.metrics import DELETIONS_PROCESSED, FALLBACKS, JOB_DURATION
 from workers.nets import build_net
 from workers.statistics import write_block
 from workers.training import Diverged, ProgressFn, accuracy, check_converged
-from workers.updates import Fallback, Outcome, Unrecoverable, compute_on
+from workers.updates import compute_on
+from workers.values import ClaimedTask, Fallback, Outcome, TrainingInputs, Unrecoverable
 
 log = logging.getLogger("lethe.jobs")
 
@@ -61,15 +61,6 @@ def _lease(settings: Settings, model_id: int) -> ModelLease:
 
 
 # ---- training -------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class TrainingInputs:
-    spec: ModelSpec
-    data: Arrays
-    test: Arrays
-    imported: ImportedWeights | None
-    imported_bytes: bytes | None
 
 
 def train_model(model_id: int) -> str:
@@ -266,9 +257,7 @@ def process_deletions(model_id: int) -> str:
             return f"applied {applied}"
 
 
-def _claim(
-    db: Database, settings: Settings, model_id: int, lease: ModelLease
-) -> list[pipeline.ClaimedTask]:
+def _claim(db: Database, settings: Settings, model_id: int, lease: ModelLease) -> list[ClaimedTask]:
     with db.write(durable=False) as session:  # a claim lost in a crash expires with the lease
         model = session.get(Model, model_id)
         if model is None or model.status != ModelStatus.ready:
@@ -300,7 +289,7 @@ def _run_batch(
     db: Database,
     settings: Settings,
     model_id: int,
-    tasks: list[pipeline.ClaimedTask],
+    tasks: list[ClaimedTask],
     device: torch.device,
 ) -> bool:
     """Load, compute, commit one batch. Returns False when it failed and was put back (or
@@ -351,9 +340,7 @@ def _withdraw(db: Database, model_id: int, reason: str) -> None:
     db.run(work)
 
 
-def _fail(
-    db: Database, settings: Settings, tasks: list[pipeline.ClaimedTask], exc: Exception
-) -> bool:
+def _fail(db: Database, settings: Settings, tasks: list[ClaimedTask], exc: Exception) -> bool:
     def work(session: Any) -> bool:
         return pipeline.fail_tasks(
             session,

@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import secrets
 import uuid
-from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -42,7 +41,7 @@ from app.keystore import destroy_keys, load_keys
 from app.methods import get_method, method_of
 from app.methods.sharded_retrain import ShardedOptions
 from app.services.privacy import lineage_history
-from app.specs import PrivacyPolicy, architecture_of, policy_of, training_of
+from app.specs import architecture_of, policy_of, training_of
 from app.states import ModelStatus, RequestStatus, TaskStatus, VersionKind
 from workers.certify import CertificateContext, certificate_fields
 from workers.data import test_arrays, training_arrays
@@ -56,41 +55,7 @@ from workers.methods.base import (
     UpdateInputs,
 )
 from workers.statistics import delete_rows, read_vectors, write_block
-from workers.updates import Outcome
-
-
-@dataclass(frozen=True)
-class ClaimedTask:
-    task_id: int
-    request_id: int
-    sample_ids: list[int]
-    method: str | None
-    epsilon: float | None
-    delta: float | None
-
-
-@dataclass(frozen=True)
-class Batch:
-    """What committing one coalesced update needs besides its outcome."""
-
-    model_id: int
-    policy: PrivacyPolicy
-    parent_id: int
-    parent_number: int
-    tasks: list[ClaimedTask]
-    removed_by_task: dict[int, list[int]] = field(default_factory=dict)
-    external_ids: dict[int, str] = field(default_factory=dict)
-    openings: dict[int, bytes] = field(default_factory=dict)  # request id -> commitment key
-
-    @property
-    def removed(self) -> list[int]:
-        return sorted({s for ids in self.removed_by_task.values() for s in ids})
-
-    def target(self) -> PrivacyTarget:
-        """The strictest target among the policy and the coalesced requests."""
-        eps = min([self.policy.epsilon, *[t.epsilon for t in self.tasks if t.epsilon]])
-        dlt = min([self.policy.delta, *[t.delta for t in self.tasks if t.delta]])
-        return PrivacyTarget(epsilon=eps, delta=dlt)
+from workers.values import Batch, ClaimedTask, Outcome
 
 
 def model_spec(model: Model, dataset: Dataset) -> ModelSpec:

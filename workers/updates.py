@@ -9,13 +9,12 @@ in one short read, calls it with no transaction open, then commits the outcome.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
 from typing import Any
 
 import torch
 
 from app import shutdown
-from app.privacy.lineage import Admission, LineageBudget, admit
+from app.privacy.lineage import LineageBudget, admit
 from app.states import Guarantee
 from workers.device import inputs_to, outcome_to_cpu
 from workers.evaluation import evaluate
@@ -28,40 +27,7 @@ from workers.training import (
     check_finite,
     is_classifier,
 )
-
-
-@dataclass(frozen=True)
-class Released:
-    """The configured method's release, admitted by the lineage accountant (None: exact)."""
-
-    release: Release
-    method: str
-    admission: Admission | None
-
-
-@dataclass(frozen=True)
-class Fallback:
-    """The configured method could not release; this is the exact retrain made instead."""
-
-    release: Release
-    requested: str
-    reason: str
-    method: str = "retrain"
-    admission: Admission | None = None
-
-
-Decision = Released | Fallback
-
-
-class Unrecoverable(RuntimeError):
-    """Neither the method nor the exact retrain gave a releasable model (the retrain itself
-    diverged): the job withdraws the model's weights and erases the data anyway (issue 25)."""
-
-
-@dataclass(frozen=True)
-class Outcome:
-    decision: Decision
-    metrics: dict[str, Any]
+from workers.values import Decision, Fallback, Outcome, Released, Unrecoverable
 
 
 def compute_on(inputs: UpdateInputs, device: torch.device) -> Outcome:

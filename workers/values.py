@@ -1,0 +1,98 @@
+"""The values that cross the worker's stages (issue 27): what a job loads, what an update
+decides, what a commit needs. One module, imported by every stage and importing none of them,
+so the pipeline, the update, the certificate and the device placement form no import circle."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from app.privacy.lineage import Admission
+from app.specs import ImportedWeights, PrivacyPolicy
+from workers.data import Arrays
+from workers.methods.base import ModelSpec, PrivacyTarget, Release
+
+# ---- training ------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class TrainingInputs:
+    spec: ModelSpec
+    data: Arrays
+    test: Arrays
+    imported: ImportedWeights | None
+    imported_bytes: bytes | None
+
+
+# ---- an update: its decision and outcome ----------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Released:
+    """The configured method's release, admitted by the lineage accountant (None: exact)."""
+
+    release: Release
+    method: str
+    admission: Admission | None
+
+
+@dataclass(frozen=True)
+class Fallback:
+    """The configured method could not release; this is the exact retrain made instead."""
+
+    release: Release
+    requested: str
+    reason: str
+    method: str = "retrain"
+    admission: Admission | None = None
+
+
+Decision = Released | Fallback
+
+
+class Unrecoverable(RuntimeError):
+    """Neither the method nor the exact retrain gave a releasable model (the retrain itself
+    diverged): the job withdraws the model's weights and erases the data anyway (issue 25)."""
+
+
+@dataclass(frozen=True)
+class Outcome:
+    decision: Decision
+    metrics: dict[str, Any]
+
+
+# ---- a claimed batch ------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ClaimedTask:
+    task_id: int
+    request_id: int
+    sample_ids: list[int]
+    method: str | None
+    epsilon: float | None
+    delta: float | None
+
+
+@dataclass(frozen=True)
+class Batch:
+    """What committing one coalesced update needs besides its outcome."""
+
+    model_id: int
+    policy: PrivacyPolicy
+    parent_id: int
+    parent_number: int
+    tasks: list[ClaimedTask]
+    removed_by_task: dict[int, list[int]] = field(default_factory=dict)
+    external_ids: dict[int, str] = field(default_factory=dict)
+    openings: dict[int, bytes] = field(default_factory=dict)  # request id -> commitment key
+
+    @property
+    def removed(self) -> list[int]:
+        return sorted({s for ids in self.removed_by_task.values() for s in ids})
+
+    def target(self) -> PrivacyTarget:
+        """The strictest target among the policy and the coalesced requests."""
+        eps = min([self.policy.epsilon, *[t.epsilon for t in self.tasks if t.epsilon]])
+        dlt = min([self.policy.delta, *[t.delta for t in self.tasks if t.delta]])
+        return PrivacyTarget(epsilon=eps, delta=dlt)
