@@ -18,6 +18,7 @@ from sqlalchemy.orm import Session
 
 from app import transparency
 from app.db.tables import Certificate, utcnow
+from app.privacy.lineage import LineageEvent, history_from_certificates
 
 GENESIS = "0" * 64
 # Columns duplicated out of the body for queries; verification checks they still agree.
@@ -114,6 +115,29 @@ def certificate_documents(
     return [
         disclosed(json.loads(body), restricted if disclose else None) for body, restricted in rows
     ]
+
+
+def recent_certificate_documents(
+    session: Session, model_id: int, limit: int, disclose: bool = False
+) -> list[dict[str, Any]]:
+    """A model's last `limit` certificates as documents, oldest first (`disclose`: with the
+    restricted values, for auditors and admins)."""
+    rows = session.execute(
+        select(Certificate.body, Certificate.restricted)
+        .where(Certificate.model_id == model_id)
+        .order_by(Certificate.seq.desc())
+        .limit(limit)
+    ).all()
+    return [
+        disclosed(json.loads(body), restricted if disclose else None)
+        for body, restricted in reversed(rows)
+    ]
+
+
+def lineage_history(session: Session, model_id: int) -> list[LineageEvent]:
+    """Every noisy release since the model's last exact retrain, from the log: the one rule
+    the worker's admission and the preview share (one document per version)."""
+    return history_from_certificates(release_documents(session, model_id))
 
 
 def release_documents(session: Session, model_id: int) -> list[dict[str, Any]]:

@@ -21,8 +21,6 @@ from app.specs import (
     Architecture,
     LogRegSpec,
     PrivacyPolicy,
-    TopicHeadSpec,
-    TopicModelSpec,
     TrainingConfig,
 )
 from app.states import Guarantee
@@ -264,20 +262,16 @@ class ModelCreate(In):
         return data
 
     @model_validator(mode="after")
-    def _topic_models_learn_by_anchor_words(self) -> ModelCreate:
-        """A topic model is trained and unlearned by `anchor_topics` only (it is not a
-        network the other methods could train)."""
-        if isinstance(self.architecture, TopicHeadSpec) and self.method.name != "topic_head":
-            raise PydanticCustomError(
-                "topic_head_needs_topic_head_method",
-                "a topic_head is trained and unlearned by the topic_head method",
-            )
-        if isinstance(self.architecture, TopicModelSpec) and self.method.name != "anchor_topics":
-            raise PydanticCustomError(
-                "topic_model_needs_anchor_topics",
-                "a topic_model is learned by the anchor-word algorithm: use the "
-                "anchor_topics method (a request may still ask for an exact retrain)",
-            )
+    def _architecture_has_its_method(self) -> ModelCreate:
+        """An architecture that one method alone can train (a topic model, a topic head)
+        names that method (its spec's `exclusive_to`)."""
+        for name in method_names():
+            exclusive = get_method(name).exclusive_to
+            if exclusive is None or name == self.method.name:
+                continue
+            kind, code, message = exclusive
+            if isinstance(self.architecture, kind):
+                raise PydanticCustomError(code, message)
         return self
 
     @model_validator(mode="after")
@@ -296,23 +290,11 @@ class ModelCreate(In):
         return self
 
     @model_validator(mode="after")
-    def _convex_head_clips_inputs(self) -> ModelCreate:
-        """convex_head certifies a logistic head on inputs with ‖(x, 1)‖ ≤ R: the model's
-        network clips them, in training and inference alike."""
-        if self.method.name != "convex_head":
-            return self
-        R = method_of(self.method.model_dump()).options.R
-        if not isinstance(self.architecture, LogRegSpec):
-            raise PydanticCustomError(
-                "convex_head_needs_logreg", "convex_head trains a logistic head: use logreg"
-            )
-        if self.architecture.feature_norm not in (None, R):
-            raise PydanticCustomError(
-                "feature_norm_mismatch",
-                "architecture.feature_norm ({given}) must equal the method's R ({R})",
-                {"given": self.architecture.feature_norm, "R": R},
-            )
-        self.architecture = self.architecture.model_copy(update={"feature_norm": R})
+    def _architecture_as_the_method_needs_it(self) -> ModelCreate:
+        """The method's `fit_architecture` hook (convex_head clips inputs to ‖(x, 1)‖ ≤ R)."""
+        choice = method_of(self.method.model_dump())
+        if choice.spec.fit_architecture is not None:
+            self.architecture = choice.spec.fit_architecture(choice.options, self.architecture)
         return self
 
 

@@ -20,7 +20,7 @@ from safetensors.torch import save as st_save
 from sqlalchemy import delete, select, update
 from sqlalchemy.orm import Session
 
-from app.audit import append_certificates, removed_ids_commitment
+from app.audit import append_certificates, lineage_history, removed_ids_commitment
 from app.blobstore import DatabaseBlobStore
 from app.crypto import keyring
 from app.db.chunks import chunked
@@ -39,8 +39,6 @@ from app.db.tables import (
 from app.erasure import erase_payloads
 from app.keystore import destroy_keys, load_keys
 from app.methods import get_method, method_of
-from app.methods.sharded_retrain import ShardedOptions
-from app.services.privacy import lineage_history
 from app.specs import architecture_of, policy_of, training_of
 from app.states import ModelStatus, RequestStatus, TaskStatus, VersionKind
 from workers.certify import CertificateContext, certificate_fields
@@ -101,16 +99,8 @@ def weights_metadata(
         "n_features": str(int(np.prod(dataset.feature_shape))),
         "feature_shape": json.dumps(list(dataset.feature_shape)),
         "n_classes": str(dataset.n_classes),
-        **_ensemble_metadata(model.method),
+        **method_of(model.method).weights_metadata(),
     }
-
-
-def _ensemble_metadata(method: dict[str, Any]) -> dict[str, str]:
-    """A sharded model's S and aggregation, which the loader needs to rebuild the ensemble."""
-    options = method_of(method).options
-    if not isinstance(options, ShardedOptions):
-        return {}
-    return {"shards": str(options.shards), "aggregation": options.aggregation}
 
 
 def write_version(

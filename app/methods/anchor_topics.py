@@ -157,5 +157,11 @@ SPEC = register(
         records_training=True,
         check_model=check_model,
         next_release=next_release,
+        exclusive_to=(
+            TopicModelSpec,
+            "topic_model_needs_anchor_topics",
+            "a topic_model is learned by the anchor-word algorithm: use the anchor_topics "
+            "method (a request may still ask for an exact retrain)",
+        ),
     )
 )

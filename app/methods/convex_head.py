@@ -10,12 +10,17 @@ z_i = (x_i, 1) clipped to ‖z_i‖ ≤ R, is λ-strongly convex, so for any w,
 
 from __future__ import annotations
 
-from pydantic import Field
+import math
+from typing import Any
 
-from app.methods.spec import MethodOptions, MethodSpec, register
+from pydantic import Field
+from pydantic_core import PydanticCustomError
+
+from app.methods.spec import MemoryFacts, MethodOptions, MethodSpec, PreviewFacts, register
 from app.privacy.gaussian import sigma_for
 from app.privacy.lineage import gaussian_event
 from app.privacy.plans import MIN_NOISE_MULTIPLIER, ReleasePlan, declared
+from app.specs import ArchitectureSpec, LogRegSpec
 from app.states import Guarantee
 
 
@@ -73,6 +78,54 @@ def convex_head_plan(o: ConvexHeadOptions, epsilon: float, delta: float) -> Rele
     )
 
 
+def clipped_logreg(o: ConvexHeadOptions, architecture: ArchitectureSpec) -> ArchitectureSpec:
+    """convex_head certifies a logistic head on inputs with ‖(x, 1)‖ ≤ R: the model's network
+    clips them, in training and inference alike."""
+    if not isinstance(architecture, LogRegSpec):
+        raise PydanticCustomError(
+            "convex_head_needs_logreg", "convex_head trains a logistic head: use logreg"
+        )
+    if architecture.feature_norm not in (None, o.R):
+        raise PydanticCustomError(
+            "feature_norm_mismatch",
+            "architecture.feature_norm ({given}) must equal the method's R ({R})",
+            {"given": architecture.feature_norm, "R": o.R},
+        )
+    return architecture.model_copy(update={"feature_norm": o.R})
+
+
+def shift_view(o: ConvexHeadOptions, facts: PreviewFacts) -> dict[str, Any]:
+    """The preview's `shift`: the expected noise norm σ·√d against the current ‖w‖, and, for
+    auditors and admins (s is a function of the removed rows), the last requests' s/β."""
+    d = facts.n_classes * (facts.n_features + 1)
+    recent = [
+        {
+            "request_id": doc.get("request_id"),
+            "n_removed": doc.get("n_removed"),
+            "s": doc["constants"]["s"]["value"],
+            "s_over_beta": doc["constants"]["s"]["value"] / doc["constants"]["beta"]["value"],
+        }
+        for doc in facts.recent
+        if doc.get("constants", {}).get("s", {}).get("value") is not None
+        and "beta" in doc.get("constants", {})
+    ][-10:]
+    return {
+        "shift": {
+            "expected_noise_norm": facts.sigma * math.sqrt(d),
+            "weight_norm": facts.version_metrics.get("weight_norm"),
+            "parameters": d,
+            "recent": recent if facts.disclose else None,
+            "recent_disclosed_to": "auditors and admins",
+        }
+    }
+
+
+def _memory(o: Any, f: MemoryFacts) -> dict[str, int]:
+    """Z in float64, its clipped copy and the margins' pass; the class Hessians."""
+    d = f.n_features + 1
+    return {"problem": 3 * f.n_train * d * 8, "hessians": 2 * f.n_classes * d * d * 8}
+
+
 SPEC = register(
     MethodSpec(
         name="convex_head",
@@ -80,5 +133,8 @@ SPEC = register(
         options=ConvexHeadOptions,
         summary="Newton removal on a strongly convex logistic head; noise on a measured shift",
         planner=convex_head_plan,
+        fit_architecture=clipped_logreg,
+        preview_extras=shift_view,
+        memory_terms=_memory,
     )
 )

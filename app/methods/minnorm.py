@@ -9,10 +9,12 @@ interpolator of the retained data: what training on them alone returns. ε = δ 
 
 from __future__ import annotations
 
+from typing import Any
+
 from pydantic import Field
 
 from app.errors import unprocessable
-from app.methods.spec import MethodOptions, MethodSpec, register
+from app.methods.spec import MemoryFacts, MethodOptions, MethodSpec, register
 from app.privacy.plans import ReleasePlan, exact_plan
 from app.specs import ArchitectureSpec, LogRegSpec, RandomFeaturesSpec
 from app.states import Guarantee
@@ -80,6 +82,14 @@ def _plan(_: MinNormOptions, epsilon: float, delta: float) -> ReleasePlan:
     )
 
 
+def _memory(o: Any, f: MemoryFacts) -> dict[str, int]:
+    """Φ in float64 and its retained copy; K, its factor and K⁻¹ (n × n float64 each)."""
+    return {
+        "features": 2 * f.n_train * f.feature_width * 8,
+        "gram": 3 * f.n_train * f.n_train * 8,
+    }
+
+
 SPEC = register(
     MethodSpec(
         name="minnorm",
@@ -89,5 +99,6 @@ SPEC = register(
         records_training=True,
         planner=_plan,
         check_model=check_model,
+        memory_terms=_memory,
     )
 )

@@ -12,9 +12,11 @@ last T_GD epochs are descent only.
 
 from __future__ import annotations
 
+from typing import Any
+
 from pydantic import Field, model_validator
 
-from app.methods.spec import MethodOptions, MethodSpec, register
+from app.methods.spec import MemoryFacts, MethodOptions, MethodSpec, register
 from app.privacy.plans import ReleasePlan, declared
 from app.privacy.validate import check_delta, check_epsilon
 from app.states import Guarantee
@@ -72,6 +74,14 @@ def _plan(o: MinNormOGOptions, epsilon: float, delta: float) -> ReleasePlan:
     )
 
 
+def _memory(o: Any, f: MemoryFacts) -> dict[str, int]:
+    """Φ in float64 and its retained copy; K, its factor and K⁻¹ (n × n float64 each)."""
+    return {
+        "features": 2 * f.n_train * f.feature_width * 8,
+        "gram": 3 * f.n_train * f.n_train * 8,
+    }
+
+
 SPEC = register(
     MethodSpec(
         name="minnorm_og",
@@ -79,5 +89,6 @@ SPEC = register(
         options=MinNormOGOptions,
         summary="MinNorm-OG for deep networks (seed 001): a heuristic, no guarantee",
         planner=_plan,
+        memory_terms=_memory,
     )
 )

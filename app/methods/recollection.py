@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import Field
 
-from app.methods.spec import MethodOptions, MethodSpec, register
+from app.methods.spec import MemoryFacts, MethodOptions, MethodSpec, register
 from app.states import Guarantee
 
 
@@ -28,6 +28,11 @@ class RecollectionOptions(MethodOptions):
     )
 
 
+def _memory(o: Any, f: MemoryFacts) -> dict[str, int]:
+    """One recorded vector per sample (float32 at most)."""
+    return {"statistics": f.n_train * f.parameters * 4}
+
+
 SPEC = register(
     MethodSpec(
         name="recollection",
@@ -36,5 +41,6 @@ SPEC = register(
         summary="add the removed samples' recollection vectors, then Gaussian noise (Theorem 2)",
         records_training=True,
         uses_statistics=True,
+        memory_terms=_memory,
     )
 )

@@ -9,12 +9,12 @@ training without those samples gives (same seeds, same assignment): ε = δ = 0.
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import Field
 
 from app.errors import unprocessable
-from app.methods.spec import MethodOptions, MethodSpec, register
+from app.methods.spec import CostEntry, MemoryFacts, MethodOptions, MethodSpec, register
 from app.privacy.plans import ReleasePlan, exact_plan
 from app.specs import ArchitectureSpec, TopicHeadSpec, TopicModelSpec
 from app.states import Guarantee
@@ -74,6 +74,38 @@ def _plan(options: ShardedOptions, epsilon: float, delta: float) -> ReleasePlan:
     )
 
 
+ALTERNATIVES = ((4, 4), (16, 4))  # (S, R) offered, estimated, to a network not sharded
+
+
+def _own_cost(options: ShardedOptions, metrics: dict[str, Any]) -> CostEntry:
+    fraction = float(metrics.get("sisa", {}).get("expected_work_fraction", 1.0))
+    return CostEntry(
+        {"shards": options.shards, "slices": options.slices},
+        fraction,
+        "measured: this model's shard and slice sizes × its training time",
+    )
+
+
+def _offered_to(architecture: ArchitectureSpec) -> list[CostEntry]:
+    if isinstance(architecture, TopicModelSpec | TopicHeadSpec):
+        return []  # not a network
+    return [
+        CostEntry(
+            {"shards": shards, "slices": slices},
+            expected_work_fraction(shards, slices),
+            "estimated: balanced shards and slices; needs the model retrained sharded, and S "
+            "constituents each see 1/S of the data",
+        )
+        for shards, slices in ALTERNATIVES
+    ]
+
+
+def _memory(o: ShardedOptions, f: MemoryFacts) -> dict[str, int]:
+    """The other S − 1 constituents in training, and R − 1 checkpoints of each of the S."""
+    per_model = f.parameters * 4
+    return {"constituents": per_model * (4 * (o.shards - 1) + o.shards * (o.slices - 1))}
+
+
 SPEC = register(
     MethodSpec(
         name="sharded_retrain",
@@ -83,5 +115,10 @@ SPEC = register(
         records_training=True,
         planner=_plan,
         check_model=check_model,
+        aggregation=lambda o: o.aggregation,
+        weights_metadata=lambda o: {"shards": str(o.shards), "aggregation": o.aggregation},
+        own_cost=_own_cost,
+        offered_to=_offered_to,
+        memory_terms=_memory,
     )
 )

@@ -38,6 +38,42 @@ RecordedPlanner = Callable[[Any, dict[str, Any], float, float], ReleasePlan]
 # Refuses (raises an APIError) a model the method cannot serve: options, architecture,
 # number of training samples, number of input features.
 ModelCheck = Callable[[Any, ArchitectureSpec, int, int], None]
+# The architecture as the method needs it (e.g. inputs clipped), or a PydanticCustomError.
+ArchitectureFit = Callable[[Any, ArchitectureSpec], ArchitectureSpec]
+
+
+@dataclass(frozen=True)
+class PreviewFacts:
+    """What the preview knows of a model, for a method's own part of it (`preview_extras`)."""
+
+    sigma: float
+    n_features: int
+    n_classes: int
+    version_metrics: dict[str, Any]
+    recent: list[dict[str, Any]]  # the last certificates, oldest first (disclosed if allowed)
+    disclose: bool  # the caller may see values that are functions of removed data
+
+
+@dataclass(frozen=True)
+class MemoryFacts:
+    """What a method's `memory_terms` hook knows of the model it would serve."""
+
+    architecture: ArchitectureSpec
+    n_train: int
+    n_features: int
+    n_classes: int
+    parameters: int  # of one network (trained and frozen)
+    feature_width: int  # inputs of the trained last layer, bias included
+
+
+@dataclass(frozen=True)
+class CostEntry:
+    """One line of the deletion-cost table: a method with options, its share of a full
+    retrain for one single-sample deletion, and where that share comes from."""
+
+    options: dict[str, Any]
+    fraction: float
+    basis: str
 
 
 @dataclass(frozen=True)
@@ -53,6 +89,19 @@ class MethodSpec(Generic[OptionsT]):
     planner: Planner | None = None  # σ and Δ before any request, when they are data-free
     next_release: RecordedPlanner | None = None  # the same, from the current version's record
     check_model: ModelCheck | None = None  # at model creation, before anything is written
+    # Hooks through which the generic code reaches what is the method's own (issue 27):
+    fit_architecture: ArchitectureFit | None = None  # at model creation
+    # the architecture type only this method may train, and the error (code, message) else
+    exclusive_to: tuple[type, str, str] | None = None
+    aggregation: Callable[[Any], str] | None = None  # how an ensemble's members vote
+    weights_metadata: Callable[[Any], dict[str, str]] | None = None  # for the loader
+    preview_extras: Callable[[Any, PreviewFacts], dict[str, Any]] | None = None
+    # this model's own share of a full retrain per deletion, from its version metrics
+    own_cost: Callable[[Any, dict[str, Any]], CostEntry] | None = None
+    # the method offered, estimated, to a model of another method with this architecture
+    offered_to: Callable[[ArchitectureSpec], list[CostEntry]] | None = None
+    # bytes the method holds beyond one network's training (app/services/memory.py)
+    memory_terms: Callable[[Any, MemoryFacts], dict[str, int]] | None = None
 
     def parse(self, raw: dict[str, Any]) -> OptionsT:
         """The options from a model's stored `method` JSON (its `name` key is ignored)."""
@@ -116,6 +165,17 @@ class MethodChoice:
         """Raise the method's 422 if it cannot serve such a model."""
         if self.spec.check_model is not None:
             self.spec.check_model(self.options, architecture, n_train, n_features)
+
+    @property
+    def aggregation(self) -> str:
+        """How an ensemble's members vote ("probabilities" for a single model)."""
+        hook = self.spec.aggregation
+        return hook(self.options) if hook is not None else "probabilities"
+
+    def weights_metadata(self) -> dict[str, str]:
+        """What the loader needs of this method beyond the architecture (e.g. SISA's S)."""
+        hook = self.spec.weights_metadata
+        return hook(self.options) if hook is not None else {}
 
     def to_json(self) -> dict[str, Any]:
         return {"name": self.name, **self.options.model_dump()}

@@ -148,5 +148,10 @@ SPEC = register(
         records_training=True,
         check_model=check_model,
         next_release=next_release,
+        exclusive_to=(
+            TopicHeadSpec,
+            "topic_head_needs_topic_head_method",
+            "a topic_head is trained and unlearned by the topic_head method",
+        ),
     )
 )

@@ -11,13 +11,11 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from app.db.tables import Model, ModelVersion
-from app.methods import method_of
-from app.methods.sharded_retrain import expected_work_fraction
-from app.specs import TopicHeadSpec, TopicModelSpec, architecture_of
+from app.methods import get_method, method_names, method_of
+from app.specs import architecture_of
 from app.states import VersionKind
 
 TRAINING_KINDS = (VersionKind.trained, VersionKind.retrained)
-SHARDED_ALTERNATIVES = ((4, 4), (16, 4))  # (S, R) shown to a model that is not sharded
 
 
 def deletion_cost(session: Session, model: Model) -> dict[str, Any] | None:
@@ -34,16 +32,12 @@ def deletion_cost(session: Session, model: Model) -> dict[str, Any] | None:
     own = method_of(model.method)
     current = rows[-1][2] if rows else {}
     entries = [_entry("retrain", {}, full, 1.0, "measured: the model's latest full training")]
-    if own.name == "sharded_retrain":
-        fraction = float(current.get("sisa", {}).get("expected_work_fraction", 1.0))
+    if own.spec.own_cost is not None:  # the method knows its share from the model's shape
+        cost = own.spec.own_cost(own.options, current)
+        measured = _measured_updates(rows, own.name)
         entries.append(
             _entry(
-                own.name,
-                {"shards": own.options.shards, "slices": own.options.slices},
-                full * fraction,
-                fraction,
-                "measured: this model's shard and slice sizes × its training time",
-                _measured_updates(rows, own.name),
+                own.name, cost.options, full * cost.fraction, cost.fraction, cost.basis, measured
             )
         )
     elif own.name != "retrain":
@@ -55,18 +49,14 @@ def deletion_cost(session: Session, model: Model) -> dict[str, Any] | None:
             else "no update measured yet"
         )
         entries.append(_entry(own.name, {}, seconds, _ratio(seconds, full), basis, updates))
-    if own.name != "sharded_retrain" and _is_network(model):
-        for shards, slices in SHARDED_ALTERNATIVES:
-            fraction = expected_work_fraction(shards, slices)
+    architecture = architecture_of(model.architecture)
+    for name in method_names():  # methods that offer themselves to other models
+        other = get_method(name)
+        if name == own.name or other.offered_to is None:
+            continue
+        for cost in other.offered_to(architecture):
             entries.append(
-                _entry(
-                    "sharded_retrain",
-                    {"shards": shards, "slices": slices},
-                    full * fraction,
-                    fraction,
-                    "estimated: balanced shards and slices; needs the model retrained "
-                    "sharded, and S constituents each see 1/S of the data",
-                )
+                _entry(name, cost.options, full * cost.fraction, cost.fraction, cost.basis)
             )
     return {"full_retrain_seconds": full, "methods": entries}
 
@@ -101,7 +91,3 @@ def _measured_updates(rows: Any, method: str) -> list[float]:
 
 def _ratio(seconds: float | None, full: float) -> float | None:
     return None if seconds is None or full <= 0 else seconds / full
-
-
-def _is_network(model: Model) -> bool:
-    return not isinstance(architecture_of(model.architecture), TopicModelSpec | TopicHeadSpec)

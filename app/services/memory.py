@@ -1,7 +1,8 @@
 """A job's memory, estimated from the model's spec before anything is written (issue 26: a
 500-topic model on a 20,001-word corpus reached 11.4 GB, and a 64-shard MLP of 4 × 4,096
 would need about 13 GB, both accepted). The estimate is the sum of the large arrays the job
-holds at once, by what the code keeps; it is an order of magnitude, not a measurement, and
+holds at once, by what the code keeps (each method adds its own through its spec's
+`memory_terms`); it is an order of magnitude, not a measurement, and
 it errs high. A model whose estimate exceeds `LETHE_MAX_JOB_MEMORY_BYTES` is refused (422).
 """
 
@@ -11,7 +12,7 @@ import math
 from typing import Any
 
 from app.errors import unprocessable
-from app.methods.spec import MethodChoice
+from app.methods.spec import MemoryFacts, MethodChoice
 from app.specs import (
     ArchitectureSpec,
     LogRegSpec,
@@ -53,31 +54,17 @@ def estimate(
         terms["topics"] = 4 * n_features * architecture.topics * FLOAT64
         return _total(terms)
     p = parameters(architecture, n_features, n_classes)
-    options = method.options
-    shards = int(getattr(options, "shards", 1))
-    slices = int(getattr(options, "slices", 1))
-    # weights, gradients, momentum and a copy for the release, per constituent; SISA keeps
-    # R − 1 checkpoints of each
-    terms["parameters"] = shards * p * FLOAT32 * (4 + max(0, slices - 1))
+    # weights, gradients, momentum and a copy for the release
+    terms["parameters"] = p * FLOAT32 * 4
     widest = max([n_features, n_classes, *getattr(architecture, "hidden", [])])
+    width = n_features + 1
     if isinstance(architecture, RandomFeaturesSpec):
         widest = max(widest, architecture.width)
+        width = architecture.width + 1
     terms["activations"] = 4 * training.batch_size * widest * FLOAT32 * 3
-    name = method.name
-    if name in ("minnorm", "minnorm_og"):
-        width = (
-            architecture.width + 1
-            if isinstance(architecture, RandomFeaturesSpec)
-            else (n_features + 1)
-        )
-        terms["features"] = 2 * n_train * width * FLOAT64  # Φ in float64, and Φ_r
-        terms["gram"] = 3 * n_train * n_train * FLOAT64  # K, its factor, K⁻¹
-    if name == "recollection":
-        terms["statistics"] = n_train * p * FLOAT32  # one vector per sample
-    if name == "convex_head":
-        d = n_features + 1
-        terms["problem"] = 3 * n_train * d * FLOAT64  # Z, its clipped copy, the margins' pass
-        terms["hessians"] = 2 * n_classes * d * d * FLOAT64
+    if method.spec.memory_terms is not None:  # what the method keeps besides
+        facts = MemoryFacts(architecture, n_train, n_features, n_classes, p, width)
+        terms |= method.spec.memory_terms(method.options, facts)
     return _total(terms)
 
 

@@ -2,27 +2,24 @@
 
 from __future__ import annotations
 
-import math
 from math import prod
 from typing import Any
 
 from sqlalchemy.orm import Session
 
-from app.audit import certificate_documents, release_documents
+from app.audit import lineage_history, recent_certificate_documents
 from app.db.tables import Dataset, Model, ModelVersion
 from app.errors import unprocessable
 from app.methods import method_of
-from app.privacy.lineage import LineageBudget, LineageEvent, admit, history_from_certificates
+from app.methods.spec import PreviewFacts
+from app.privacy.lineage import LineageBudget, admit
 from app.privacy.plans import ReleasePlan
 from app.privacy.validate import PrivacyParameterError
 from app.services.deletion_cost import deletion_cost
 from app.services.models import get_model
 from app.specs import policy_of
 
-
-def lineage_history(session: Session, model_id: int) -> list[LineageEvent]:
-    """Every noisy release since the model's last exact retrain, from the audit log."""
-    return history_from_certificates(release_documents(session, model_id))
+RECENT = 10  # certificates the preview shows of a measured-shift method
 
 
 def preview(
@@ -52,8 +49,8 @@ def preview(
             f"(ε={eps:g}, δ={dlt:g}) is looser than model {model_id}'s policy "
             f"(ε={policy.epsilon:g}, δ={policy.delta:g})",
         )
-    documents = certificate_documents(session, model_id, disclose=disclose)
-    history = history_from_certificates(documents)
+    documents = recent_certificate_documents(session, model_id, 10 * RECENT, disclose=disclose)
+    history = lineage_history(session, model_id)
     budget = LineageBudget(policy.lineage_epsilon, policy.lineage_delta)
     admission = admit(budget, history, plan.event)
     after = admission.after if plan.event is not None else admission.spent
@@ -80,7 +77,8 @@ def preview(
         "would_retrain_exactly": plan.feasible is False or not admission.admitted,
         "deletion_capacity": _capacity_view(plan),
         "deletion_cost": deletion_cost(session, model),
-        "shift": _shift_view(session, model, plan.sigma, documents, disclose),
+        "shift": None,  # a measured-shift method's extras replace it
+        **_extras(session, model, plan.sigma, documents, disclose),
     }
 
 
@@ -101,38 +99,27 @@ def _capacity_view(plan: ReleasePlan) -> dict[str, Any] | None:
     }
 
 
-def _shift_view(
+def _extras(
     session: Session,
     model: Model,
     sigma: float,
     documents: list[dict[str, Any]],
     disclose: bool,
-) -> dict[str, Any] | None:
-    """For a measured-shift method (convex_head): the expected noise norm σ·√d against the
-    current ‖w‖, and, for auditors and admins (s is a function of the removed rows), what
-    the last requests measured of β (s/β, newest last)."""
-    if method_of(model.method).name != "convex_head" or model.current_version_id is None:
-        return None
+) -> dict[str, Any]:
+    """The method's own part of the preview (its `preview_extras` hook), for a trained model."""
+    method = method_of(model.method)
+    hook = method.spec.preview_extras
+    if hook is None or model.current_version_id is None:
+        return {}
     version = session.get(ModelVersion, model.current_version_id)
     dataset = session.get(Dataset, model.dataset_id)
     assert version is not None and dataset is not None
-    d = dataset.n_classes * (prod(dataset.feature_shape) + 1)
-    recent = [
-        {
-            "request_id": doc.get("request_id"),
-            "n_removed": doc.get("n_removed"),
-            "s": doc["constants"]["s"]["value"],
-            "s_over_beta": doc["constants"]["s"]["value"] / doc["constants"]["beta"]["value"],
-        }
-        for doc in documents
-        if disclose
-        and doc.get("constants", {}).get("s", {}).get("value") is not None
-        and "beta" in doc.get("constants", {})
-    ][-10:]
-    return {
-        "expected_noise_norm": sigma * math.sqrt(d),
-        "weight_norm": version.metrics.get("weight_norm"),
-        "parameters": d,
-        "recent": recent if disclose else None,
-        "recent_disclosed_to": "auditors and admins",
-    }
+    facts = PreviewFacts(
+        sigma=sigma,
+        n_features=prod(dataset.feature_shape),
+        n_classes=dataset.n_classes,
+        version_metrics=version.metrics or {},
+        recent=documents,
+        disclose=disclose,
+    )
+    return hook(method.options, facts)

@@ -11,7 +11,6 @@ from typing import Any, ClassVar, Literal
 import torch
 
 from app.methods import MethodChoice, MethodSpec
-from app.methods.sharded_retrain import ShardedOptions
 from app.privacy.lineage import LineageEvent
 from app.specs import ArchitectureSpec, PrivacyPolicy, TrainingConfig
 from app.states import Guarantee, VersionKind
@@ -45,9 +44,8 @@ class ModelSpec:
 
     @property
     def aggregation(self) -> str:
-        """How a sharded model's constituents vote (SISA); plain models ignore it."""
-        options = self.method.options
-        return options.aggregation if isinstance(options, ShardedOptions) else "probabilities"
+        """How an ensemble's members vote (the method's hook); a single model ignores it."""
+        return self.method.aggregation
 
 
 @dataclass(frozen=True)
