@@ -21,16 +21,15 @@ from __future__ import annotations
 import logging
 import queue
 import threading
-import time
 from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from sqlalchemy.exc import DBAPIError, IntegrityError
+from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
-from app.db.session import Database, is_retryable
+from app.db.session import Database, retrying
 
 T = TypeVar("T")
 log = logging.getLogger("lethe.group_commit")
@@ -103,14 +102,7 @@ class GroupCommitter:
                         unit.future.set_exception(exc)
 
     def _commit_group(self, units: list[_Unit]) -> None:
-        for attempt in range(ATTEMPTS):
-            try:
-                again = self._attempt(units)
-                break
-            except DBAPIError as exc:
-                if attempt == ATTEMPTS - 1 or not is_retryable(exc):
-                    raise
-                time.sleep(0.02 * 2**attempt)
+        again = retrying(lambda: self._attempt(units), ATTEMPTS)
         for unit in again:  # unique-constraint races: once more, after the winner committed
             self._queue.put(unit)
 

@@ -158,16 +158,15 @@ class Database:
         used twice at once (the second attempt finds the winner's row), or the audit chain's
         head moving under a commit (the next attempt appends after it).
         """
-        for attempt in range(attempts):
-            try:
-                with self.write() as session:
-                    return work(session)
-            except DBAPIError as exc:
-                retry = is_retryable(exc) or (retry_integrity and isinstance(exc, IntegrityError))
-                if attempt == attempts - 1 or not retry:
-                    raise
-                time.sleep(0.02 * 2**attempt)
-        raise AssertionError("unreachable")
+
+        def once() -> T:
+            with self.write() as session:
+                return work(session)
+
+        def transient(exc: DBAPIError) -> bool:
+            return is_retryable(exc) or (retry_integrity and isinstance(exc, IntegrityError))
+
+        return retrying(once, attempts, transient)
 
 
 _DATABASES: dict[str, Database] = {}
@@ -182,6 +181,24 @@ def database(url: str) -> Database:
 
 
 RETRYABLE_SQLSTATES = {"40001", "40P01", "55P03"}  # serialization, deadlock, lock timeout
+
+
+def retrying(
+    attempt: Callable[[], T],
+    attempts: int,
+    transient: Callable[[DBAPIError], bool] | None = None,
+) -> T:
+    """`attempt()`, again after 20 ms, 40 ms, ... while it raises a transient database error
+    (`is_retryable` by default); the last error is raised. The one retry loop of the code."""
+    worth = transient or is_retryable
+    for n in range(attempts):
+        try:
+            return attempt()
+        except DBAPIError as exc:
+            if n == attempts - 1 or not worth(exc):
+                raise
+            time.sleep(0.02 * 2**n)
+    raise AssertionError("attempts must be at least 1")
 
 
 def is_retryable(exc: BaseException) -> bool:
