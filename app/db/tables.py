@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import uuid
 from datetime import UTC, datetime
+from enum import StrEnum
 from typing import Any
 
 from sqlalchemy import (
@@ -11,6 +12,7 @@ from sqlalchemy import (
     BigInteger,
     ColumnElement,
     DateTime,
+    Enum,
     Float,
     ForeignKey,
     Index,
@@ -25,6 +27,14 @@ from sqlalchemy import (
     or_,
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+
+from app.states import (
+    ModelStatus,
+    RequestStatus,
+    SampleStatus,
+    TaskStatus,
+    VersionKind,
+)
 
 NAMING = {
     "ix": "ix_%(column_0_label)s",
@@ -54,6 +64,20 @@ class UTCDateTime(TypeDecorator):
         if value is not None and value.tzinfo is None:
             value = value.replace(tzinfo=UTC)
         return value
+
+
+def state_column(enum: type[StrEnum], length: int, default: StrEnum | None = None) -> Any:
+    """A state column (app/states.py): VARCHAR in the database as before (no migration, no
+    CHECK constraint), the enum in Python; an unknown value is refused at flush."""
+    kind = Enum(
+        enum,
+        native_enum=False,
+        create_constraint=False,
+        length=length,
+        values_callable=lambda members: [m.value for m in members],
+        validate_strings=True,
+    )
+    return mapped_column(kind, default=default) if default is not None else mapped_column(kind)
 
 
 class Base(DeclarativeBase):
@@ -91,7 +115,7 @@ class Sample(Base):
     # payload is a SampleRecord (label, raw ids, features) sealed with the sample's data key.
     payload: Mapped[bytes | None] = mapped_column(LargeBinary)
     key_id: Mapped[uuid.UUID | None] = mapped_column(Uuid)
-    status: Mapped[str] = mapped_column(String(10), default="active")  # app.states.SampleStatus
+    status: Mapped[SampleStatus] = state_column(SampleStatus, 10, SampleStatus.active)
     erased_at: Mapped[datetime | None]
 
 
@@ -104,9 +128,7 @@ class Model(Base):
     training: Mapped[dict[str, Any]]
     method: Mapped[dict[str, Any]]
     privacy: Mapped[dict[str, Any]]
-    status: Mapped[str] = mapped_column(
-        String(12), default="queued"
-    )  # queued|training|ready|failed
+    status: Mapped[ModelStatus] = state_column(ModelStatus, 12, ModelStatus.queued)
     progress: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
     error: Mapped[str | None] = mapped_column(Text)
     current_version_id: Mapped[int | None] = mapped_column(Integer)
@@ -142,7 +164,7 @@ class ModelVersion(Base):
     model_id: Mapped[int] = mapped_column(ForeignKey("models.id", ondelete="CASCADE"))
     number: Mapped[int]
     parent_id: Mapped[int | None] = mapped_column(Integer)
-    kind: Mapped[str] = mapped_column(String(12))  # app.states.VersionKind
+    kind: Mapped[VersionKind] = state_column(VersionKind, 12)
     weights_key: Mapped[str | None] = mapped_column(String(100))
     weights_sha256: Mapped[str] = mapped_column(String(64))
     weights_size: Mapped[int]
@@ -199,7 +221,7 @@ class DeletionRequest(Base):
     method: Mapped[str | None] = mapped_column(String(40))
     epsilon: Mapped[float | None] = mapped_column(Float)
     delta: Mapped[float | None] = mapped_column(Float)
-    status: Mapped[str] = mapped_column(String(10), default="queued")
+    status: Mapped[RequestStatus] = state_column(RequestStatus, 10, RequestStatus.queued)
     error: Mapped[str | None] = mapped_column(Text)
     # The data key whose raw bytes are the requester's opening of the certificates' commitment
     # to the removed ids (issue 25); destroyed once the request is finished.
@@ -220,7 +242,7 @@ class DeletionTask(Base):
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
     request_id: Mapped[int] = mapped_column(ForeignKey("deletion_requests.id", ondelete="CASCADE"))
     model_id: Mapped[int] = mapped_column(ForeignKey("models.id", ondelete="CASCADE"))
-    status: Mapped[str] = mapped_column(String(10), default="queued")  # app.states.TaskStatus
+    status: Mapped[TaskStatus] = state_column(TaskStatus, 10, TaskStatus.queued)
     attempts: Mapped[int] = mapped_column(default=0)
     lease_owner: Mapped[str | None] = mapped_column(String(100))
     lease_expires_at: Mapped[datetime | None]
@@ -249,6 +271,7 @@ class Certificate(Base):
     from_version: Mapped[int | None]
     to_version: Mapped[int]
     method: Mapped[str] = mapped_column(String(40))
+    # a string, not the enum: the log keeps whatever earlier versions wrote (append-only)
     guarantee: Mapped[str] = mapped_column(String(12))
     # NULL for a heuristic method (guarantee `none`): it makes no privacy claim.
     epsilon: Mapped[float | None] = mapped_column(Float)
