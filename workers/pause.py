@@ -24,7 +24,9 @@ def point(name: str, model_id: int) -> None:
         return
     stem = Path(folder) / f"{name}-{model_id}"
     reached = stem.with_suffix(".reached")
-    reached.write_text(str(os.getpid()))
+    partial = stem.with_suffix(".reached.partial")  # written, then renamed: a test that sees
+    partial.write_text(str(os.getpid()))  # the file always reads the whole pid
+    partial.replace(reached)
     deadline = time.monotonic() + MAX_WAIT_SECONDS
     go = stem.with_suffix(".go")
     while not go.exists() and time.monotonic() < deadline:
