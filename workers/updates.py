@@ -8,6 +8,7 @@ in one short read, calls it with no transaction open, then commits the outcome.
 
 from __future__ import annotations
 
+import logging
 import time
 from typing import Any
 
@@ -28,6 +29,8 @@ from workers.training import (
     is_classifier,
 )
 from workers.values import Decision, Fallback, Outcome, Released, Unrecoverable
+
+log = logging.getLogger("lethe.updates")
 
 
 def compute_on(inputs: UpdateInputs, device: torch.device) -> Outcome:
@@ -113,8 +116,13 @@ def exact_retrain(inputs: UpdateInputs) -> Release:
 
 
 def _described(exc: Exception) -> str:
-    text = str(exc) or type(exc).__name__
-    return text if len(text) <= 300 else text[:300] + "…"
+    """What the certificate may say of a failure: a non-finite check names only layers; any
+    other error only its type (its message could carry values of the removed data). The
+    worker's log keeps the traceback."""
+    if isinstance(exc, Diverged):
+        return str(exc)
+    log.warning("update failed; retraining exactly", exc_info=exc)
+    return f"{type(exc).__name__} (see the worker's log)"
 
 
 def _fallback(inputs: UpdateInputs, reason: str) -> Fallback:
