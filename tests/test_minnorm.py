@@ -86,6 +86,7 @@ def stored_state(api: Api, model_id: int) -> dict[str, torch.Tensor]:
         return dict(st_load(DatabaseBlobStore(session).get(version.state_key)))
 
 
+@pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)  # maths, not storage: SQLite
 def test_projection_is_the_min_norm_retrain_and_keeps_retained_outputs(
     api: Api, digits: dict
 ) -> None:
@@ -131,6 +132,7 @@ def test_projection_is_the_min_norm_retrain_and_keeps_retained_outputs(
     assert live == 1
 
 
+@pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)  # maths, not storage: SQLite
 def test_sequential_requests_give_the_combined_model(api: Api) -> None:
     """Two identical datasets and models: three requests on one, one request for the same
     samples on the other, the same θ to 1e-9."""

@@ -107,6 +107,7 @@ def delete(api: Api, dataset_id: int, n: int) -> dict:
     return api.get(f"/v1/audit/certificates/{done['certificate_ids'][0]}", role="auditor").json()
 
 
+@pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)  # maths, not storage: SQLite
 def test_newton_step_lands_near_the_convex_retrained_optimum(api: Api) -> None:
     ds = synthetic(api)
     # L2-regularised logistic regression: λ_min ≥ weight decay is a true declaration, and it
@@ -157,6 +158,7 @@ def test_guard_fires_on_too_small_scale_and_nothing_is_released(api: Api) -> Non
     assert all(c["method"] != "newton" for c in certs)
 
 
+@pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)  # maths, not storage: SQLite
 def test_projected_training_and_guard_retry(api: Api) -> None:
     ds = synthetic(api)
     model = newton_model(

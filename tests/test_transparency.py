@@ -140,6 +140,7 @@ def test_rotation_keeps_old_receipts_valid_and_unknown_keys_are_refused(
         verify_receipt(forged, keys)
 
 
+@pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)  # no storage question here
 def test_the_verifier_runs_from_a_fresh_folder_with_the_files_alone(
     api: Api, ready_model: dict, tmp_path: Path
 ) -> None:
