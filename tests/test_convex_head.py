@@ -196,6 +196,7 @@ def test_preview_shows_sigma_noise_norm_and_recent_shifts(api: Api) -> None:
     ]
 
 
+@pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)  # a view question
 def test_measured_values_of_the_removed_rows_go_to_auditors_only(api: Api) -> None:
     """Issue 25: s and the gradient norms are functions of the removed rows. The log's body
     (which receipts carry) holds a salted commitment and "≤ β"; auditors and admins get the

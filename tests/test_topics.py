@@ -146,6 +146,7 @@ def test_a_noised_release_stays_on_the_simplex_and_the_psd_cone(api: Api) -> Non
     assert metrics["sigma"] > 0 and metrics["noise"] is True
 
 
+@pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)  # maths, not storage
 def test_past_the_capacity_lethe_retrains_and_says_why(api: Api) -> None:
     """With the default declared constants the bound's capacity is far below one document:
     the request retrains exactly, the certificate gives the reason, the preview the numbers."""
@@ -296,6 +297,7 @@ def head_model(api: Api, dataset_id: int, base_id: int) -> dict:
     return model
 
 
+@pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)  # maths, not storage
 def test_the_head_releases_b_in_the_old_base_and_says_its_scope(
     api: Api, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -343,6 +345,7 @@ def test_the_head_releases_b_in_the_old_base_and_says_its_scope(
 HEAD_LAM = 1e-2
 
 
+@pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)  # maths, not storage
 def test_a_head_needs_its_base_on_the_same_corpus(api: Api) -> None:
     first, second = corpus(api), corpus(api)
     base = topic_model(api, first["id"], GENEROUS)
