@@ -75,21 +75,27 @@ def preview(
             "accountant": after.accountant,
         },
         "would_retrain_exactly": plan.feasible is False or not admission.admitted,
-        "deletion_capacity": _capacity_view(plan),
+        "deletion_capacity": _capacity_view(plan, current),
         "deletion_cost": deletion_cost(session, model),
         "shift": None,  # a measured-shift method's extras replace it
         **_extras(session, model, plan.sigma, documents, disclose),
     }
 
 
-def _capacity_view(plan: ReleasePlan) -> dict[str, Any] | None:
+def _capacity_view(plan: ReleasePlan, version: ModelVersion | None) -> dict[str, Any] | None:
     """For a method with a deletion capacity (the topic models): the documents removed since
     the last training against the capacity at the previewed target, which is what the next
-    request checks (issue 25: it used to show a fixed (1, 1e-5))."""
-    if plan.capacity is None:
+    request checks (issue 25: it used to show a fixed (1, 1e-5)). A version made before it
+    recorded `plan_inputs` shows the capacity it was released under, as before."""
+    metrics = (version.metrics or {}) if version is not None else {}
+    if plan.capacity is not None:
+        limit = {k: v for k, v in plan.capacity.items() if k != "removed_since_training"}
+        used = int(plan.capacity.get("removed_since_training", 0))
+    elif metrics.get("deletion_capacity"):
+        limit = metrics["deletion_capacity"]
+        used = int(metrics.get("removed_documents_cumulative", 0))
+    else:
         return None
-    limit = {k: v for k, v in plan.capacity.items() if k != "removed_since_training"}
-    used = int(plan.capacity.get("removed_since_training", 0))
     return {
         "capacity_documents": limit["documents"],
         "terms": limit,
