@@ -1,6 +1,7 @@
 # The two commands of the README:
 #   make serve   install everything into .venv and start Lethe (embedded: SQLite + inline worker)
-#   make test    install the test extras and run the whole suite (.ci/run calls this)
+#   make test    start PostgreSQL/Redis if stopped, install chromium if missing, install the
+#                test extras and run the whole suite (.ci/run calls only this)
 #   make unit    the fast layer: no PostgreSQL, no Redis, no worker processes
 #   make lint    ruff (lint + format check) and mypy on app/ and workers/
 PYTHON ?= python3
@@ -9,7 +10,7 @@ BIN := $(VENV)/bin
 HOST ?= 127.0.0.1
 PORT ?= 8000
 
-.PHONY: install install-test serve test unit lint bench
+.PHONY: install install-test prerequisites serve test unit lint bench
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -31,7 +32,11 @@ install-test: $(VENV)/.installed-test
 serve: install
 	$(BIN)/lethe serve --host $(HOST) --port $(PORT)
 
-test: install-test lint
+# PostgreSQL and Redis up, chromium installed: what a fresh machine lacks (scripts/test-prerequisites)
+prerequisites:
+	scripts/test-prerequisites
+
+test: prerequisites install-test lint
 	$(BIN)/python -m pytest -q
 
 unit: install-test
