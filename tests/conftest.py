@@ -136,6 +136,15 @@ def api(settings: Settings) -> Iterator[Api]:
         )
 
 
+def train_ids(api: Api, dataset_id: int, n: int, offset: int = 0) -> list[str]:
+    """The external ids of n training samples (in upload order, from `offset`)."""
+    page = api.get(
+        f"/v1/datasets/{dataset_id}/samples",
+        params={"split": "train", "limit": n, "offset": offset},
+    ).json()
+    return [s["external_id"] for s in page["items"]]
+
+
 SMALL_TRAINING = {"epochs": 3, "batch_size": 64, "learning_rate": 0.1, "seed": 0}
 
 

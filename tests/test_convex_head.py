@@ -21,7 +21,7 @@ from app.blobstore import DatabaseBlobStore
 from app.db.session import database
 from app.db.tables import Dataset, Model, ModelVersion
 from app.privacy.lineage import compose_events, gaussian_event
-from tests.conftest import Api
+from tests.conftest import Api, train_ids
 from workers import convex
 from workers.data import training_arrays
 from workers.methods.convex_head import to_theta
@@ -71,14 +71,6 @@ def noise_free_and_optimum(api: Api, model_id: int) -> tuple[torch.Tensor, torch
     optimum = convex.solve(problem, 1e-10, 5000)
     assert optimum.gradient_norm <= 1e-10
     return to_theta(state), optimum.theta
-
-
-def train_ids(api: Api, dataset_id: int, n: int, offset: int = 0) -> list[str]:
-    page = api.get(
-        f"/v1/datasets/{dataset_id}/samples",
-        params={"split": "train", "limit": n, "offset": offset},
-    ).json()
-    return [s["external_id"] for s in page["items"]]
 
 
 def test_measured_shift_bounds_the_distance_to_the_retrained_optimum(api: Api) -> None:

@@ -12,7 +12,7 @@ from sqlalchemy import func, select
 from app.blobstore import DatabaseBlobStore
 from app.db.session import database
 from app.db.tables import Dataset, Model, ModelVersion
-from tests.conftest import Api
+from tests.conftest import Api, train_ids
 from workers import minnorm as mn
 from workers.data import training_arrays
 from workers.methods.minnorm import GRAM, ROWS
@@ -47,14 +47,6 @@ def delete(api: Api, dataset_id: int, ids: list[str]) -> dict:
     done = api.wait(f"/v1/deletions/{req['id']}", ("done", "failed"), timeout=300)
     assert done["status"] == "done", done
     return done
-
-
-def train_ids(api: Api, dataset_id: int, n: int, offset: int) -> list[str]:
-    page = api.get(
-        f"/v1/datasets/{dataset_id}/samples",
-        params={"split": "train", "limit": n, "offset": offset},
-    ).json()
-    return [s["external_id"] for s in page["items"]]
 
 
 def theta_of(api: Api, model_id: int) -> torch.Tensor:

@@ -18,15 +18,7 @@ from app.db.session import database
 from app.db.tables import Blob, DeletionRequest, ModelSample, ModelVersion, Sample
 from app.main import create_app
 from app.settings import Settings
-from tests.conftest import SMALL_TRAINING, Api, make_keys
-
-
-def train_ids(api: Api, dataset_id: int, n: int, offset: int = 0) -> list[str]:
-    page = api.get(
-        f"/v1/datasets/{dataset_id}/samples",
-        params={"split": "train", "limit": n, "offset": offset},
-    ).json()
-    return [s["external_id"] for s in page["items"]]
+from tests.conftest import SMALL_TRAINING, Api, make_keys, train_ids
 
 
 def delete(api: Api, body: dict, **headers: str) -> dict:

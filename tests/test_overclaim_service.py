@@ -16,7 +16,7 @@ from sqlalchemy import select, update
 from app.audit import commitment_holds
 from app.db.session import database
 from app.db.tables import DeletionRequest, Model, ModelVersion, Sample
-from tests.conftest import SMALL_TRAINING, Api
+from tests.conftest import SMALL_TRAINING, Api, train_ids
 
 # The database adds nothing to these checks: SQLite only, to keep the suite's time.
 SQLITE_ONLY = pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)
@@ -29,14 +29,6 @@ DIVERGENT = {
     "momentum": 0.9,
     "seed": 1,
 }
-
-
-def train_ids(api: Api, dataset_id: int, n: int, offset: int = 0) -> list[str]:
-    page = api.get(
-        f"/v1/datasets/{dataset_id}/samples",
-        params={"split": "train", "limit": n, "offset": offset},
-    ).json()
-    return [s["external_id"] for s in page["items"]]
 
 
 def model(api: Api, dataset_id: int, training: dict, **method: object) -> dict:

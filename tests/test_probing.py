@@ -22,15 +22,7 @@ from app.db.tables import Base, Dataset
 from app.schemas import DeletionCreate
 from app.services.deletions import request_fingerprint
 from app.states import Guarantee
-from tests.conftest import Api
-
-
-def train_ids(api: Api, dataset_id: int, n: int, offset: int = 0) -> list[str]:
-    page = api.get(
-        f"/v1/datasets/{dataset_id}/samples",
-        params={"split": "train", "limit": n, "offset": offset},
-    ).json()
-    return [s["external_id"] for s in page["items"]]
+from tests.conftest import Api, train_ids
 
 
 def every_stored_text(url: str) -> str:

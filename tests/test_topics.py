@@ -16,7 +16,7 @@ from app.db.session import database
 from app.db.tables import Dataset, Model, ModelVersion, Sample
 from app.methods.anchor_topics import capacity
 from app.text import count_documents, synthetic_corpus
-from tests.conftest import Api
+from tests.conftest import Api, train_ids
 from workers import convex
 from workers import topics as tp
 from workers.data import training_arrays
@@ -74,14 +74,6 @@ def delete(api: Api, dataset_id: int, ids: list[str]) -> dict:
     done = api.wait(f"/v1/deletions/{req['id']}", ("done", "failed"), timeout=300)
     assert done["status"] == "done", done
     return done
-
-
-def train_ids(api: Api, dataset_id: int, n: int, offset: int = 0) -> list[str]:
-    page = api.get(
-        f"/v1/datasets/{dataset_id}/samples",
-        params={"split": "train", "limit": n, "offset": offset},
-    ).json()
-    return [s["external_id"] for s in page["items"]]
 
 
 def retained(api: Api, model_id: int) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:

@@ -18,6 +18,7 @@ m_U ≤ 0.001·m·ε₀(γp)³/(a²r²), Lethe retrains exactly (and m_U restart
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import Any, Literal
 
 from pydantic import Field
@@ -93,36 +94,61 @@ def next_release(
     """The next request's release, for one removed document, from the current version's
     `plan_inputs`: the capacity at (ε, δ) and, within it, σ on Δ = √2·Δ_A at m_U + 1; past it,
     the request retrains exactly (`unlearn` raises TargetInfeasible the same way)."""
-    m, m_u, n, r = int(k["m"]), int(k["m_u"]), int(k["n"]), int(k["r"])
+    m, n, r = int(k["m"]), int(k["n"]), int(k["r"])
     limit = capacity(k["c"], k["a"], k["gamma"], k["p"], k["eps0"], n, r, m, epsilon, delta)
+
+    def joint(m_u: int) -> float:
+        return math.sqrt(2) * sensitivity(
+            k["c"], k["a"], k["gamma"], k["p"], k["eps0"], n, r, m, m_u
+        )
+
+    return plan_within_capacity(
+        "anchor_topics",
+        "deletion capacity",
+        limit,
+        int(k["m_u"]),
+        joint,
+        o.calibrate_with,
+        epsilon,
+        delta,
+    )
+
+
+def plan_within_capacity(
+    method: str,
+    what: str,
+    limit: dict[str, float],
+    m_u: int,
+    sensitivity_at: Callable[[int], float],
+    calibrate_with: str,
+    epsilon: float,
+    delta: float,
+) -> ReleasePlan:
+    """A topic model's next release for one more removed document (shared by anchor_topics
+    and topic_head): infeasible past the capacity `limit`, else the analytic Gaussian on the
+    sensitivity at m_U + 1."""
     used = {**limit, "removed_since_training": float(m_u)}
     if m_u + 1 > limit["documents"]:
         reason = (
-            f"the deletion capacity at (ε={epsilon:g}, δ={delta:g}) is {limit['documents']:.4g} "
-            f"documents and {m_u} were removed since training: the next request retrains "
-            "exactly"
+            f"the {what} at (ε={epsilon:g}, δ={delta:g}) is {limit['documents']:.4g} documents "
+            f"and {m_u} were removed since training: the next request retrains exactly"
         )
-        return ReleasePlan("anchor_topics", "conditional", 0.0, 0.0, False, reason, capacity=used)
-    joint = math.sqrt(2) * sensitivity(
-        k["c"], k["a"], k["gamma"], k["p"], k["eps0"], n, r, m, m_u + 1
-    )
-    sigma = sigma_for(joint, epsilon, delta)
-    reason = (
-        f"for a request of one document (m_U = {m_u + 1}); more documents raise Δ, and the "
-        + (
-            "declared constants make this exact"
-            if o.calibrate_with == "declared"
-            else "constants are re-estimated from the updated model, so σ may differ slightly"
-        )
+        return ReleasePlan(method, "conditional", 0.0, 0.0, False, reason, capacity=used)
+    sens = sensitivity_at(m_u + 1)
+    sigma = sigma_for(sens, epsilon, delta)
+    reason = f"for a request of one document (m_U = {m_u + 1}); " + (
+        "the declared constants make this exact"
+        if calibrate_with == "declared"
+        else "the constants are re-estimated from the updated model, so σ may differ slightly"
     )
     return ReleasePlan(
-        "anchor_topics",
+        method,
         "conditional",
         sigma,
-        joint,
+        sens,
         True,
         reason,
-        event=gaussian_event(sigma, joint, epsilon_for(joint, sigma, delta), delta),
+        event=gaussian_event(sigma, sens, epsilon_for(sens, sigma, delta), delta),
         capacity=used,
     )
 

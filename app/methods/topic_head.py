@@ -22,10 +22,8 @@ from typing import Any, Literal
 from pydantic import Field
 
 from app.errors import unprocessable
-from app.methods.anchor_topics import with_stability_bounds
+from app.methods.anchor_topics import plan_within_capacity, with_stability_bounds
 from app.methods.spec import MethodOptions, MethodSpec, register
-from app.privacy.gaussian import epsilon_for, sigma_for
-from app.privacy.lineage import gaussian_event
 from app.privacy.plans import ReleasePlan
 from app.specs import ArchitectureSpec, TopicHeadSpec
 from app.states import Guarantee
@@ -95,36 +93,25 @@ def next_release(
 ) -> ReleasePlan:
     """The next request's release, for one removed document, from the current version's
     `plan_inputs`: Theorem 7's capacity at (ε, δ) and, within it, σ_v on Δ_v at m_U + 1."""
-    m, m_u, n, r = int(k["m"]), int(k["m_u"]), int(k["n"]), int(k["r"])
+    m, n, r = int(k["m"]), int(k["n"]), int(k["r"])
     limit = head_capacity(
         k["c"], k["a"], k["gamma"], k["p"], k["eps0"], k["q"], n, r, m, epsilon, delta
     )
-    used = {**limit, "removed_since_training": float(m_u)}
-    if m_u + 1 > limit["documents"]:
-        reason = (
-            f"the head's deletion capacity at (ε={epsilon:g}, δ={delta:g}) is "
-            f"{limit['documents']:.4g} documents and {m_u} were removed since training: the "
-            "next request retrains exactly"
+
+    def delta_v(m_u: int) -> float:
+        return head_sensitivity(
+            k["c"], k["a"], k["gamma"], k["p"], k["eps0"], k["B"], k["q"], n, r, m, m_u
         )
-        return ReleasePlan("topic_head", "conditional", 0.0, 0.0, False, reason, capacity=used)
-    delta_v = head_sensitivity(
-        k["c"], k["a"], k["gamma"], k["p"], k["eps0"], k["B"], k["q"], n, r, m, m_u + 1
-    )
-    sigma = sigma_for(delta_v, epsilon, delta)
-    reason = f"for a request of one document (m_U = {m_u + 1}); " + (
-        "the declared constants make this exact"
-        if o.calibrate_with == "declared"
-        else "the constants are re-estimated from the updated model, so σ may differ"
-    )
-    return ReleasePlan(
+
+    return plan_within_capacity(
         "topic_head",
-        "conditional",
-        sigma,
+        "head's deletion capacity",
+        limit,
+        int(k["m_u"]),
         delta_v,
-        True,
-        reason,
-        event=gaussian_event(sigma, delta_v, epsilon_for(delta_v, sigma, delta), delta),
-        capacity=used,
+        o.calibrate_with,
+        epsilon,
+        delta,
     )
 
 

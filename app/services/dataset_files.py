@@ -7,7 +7,7 @@ import io
 import math
 import zipfile
 import zlib
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -195,21 +195,40 @@ def parse_npz(
     return _finish(X, y, ids, subjects, split, "image" if X.ndim > 2 else "tabular")
 
 
+def _members(
+    zf: zipfile.ZipFile,
+    wanted: Collection[str],
+    required: Collection[str],
+    missing_what: str,
+    limits: Limits,
+) -> dict[str, zipfile.ZipInfo]:
+    """The .npz's arrays named in `wanted`, each once, the `required` ones present and their
+    stored bytes within the limit (checked before anything is read)."""
+    members: dict[str, zipfile.ZipInfo] = {}
+    for info in zf.infolist():
+        name = info.filename.removesuffix(".npy")
+        if name in wanted:
+            if name in members:
+                raise unprocessable("malformed_npz", f"array {name!r} appears twice")
+            members[name] = info
+    missing = set(required) - members.keys()
+    if missing:
+        raise unprocessable("malformed_npz", f"{missing_what}{sorted(missing)}")
+    stored = sum(info.file_size for info in members.values())
+    if stored > limits.max_npz_bytes:
+        raise _npz_too_large(stored, limits)
+    return members
+
+
+def _read_member(zf: zipfile.ZipFile, info: zipfile.ZipInfo) -> np.ndarray:
+    """One array, without pickle."""
+    with zf.open(info) as fp:
+        return npy_format.read_array(fp, allow_pickle=False, max_header_size=NPY_MAX_HEADER)
+
+
 def _read_npz(data: bytes, limits: Limits) -> dict[str, np.ndarray]:
     with zipfile.ZipFile(io.BytesIO(data)) as zf:
-        members: dict[str, zipfile.ZipInfo] = {}
-        for info in zf.infolist():
-            name = info.filename.removesuffix(".npy")
-            if name in NPZ_ARRAYS:
-                if name in members:
-                    raise unprocessable("malformed_npz", f"array {name!r} appears twice")
-                members[name] = info
-        missing = {"X", "y"} - members.keys()
-        if missing:
-            raise unprocessable("malformed_npz", f"missing arrays: {sorted(missing)}")
-        stored = sum(info.file_size for info in members.values())
-        if stored > limits.max_npz_bytes:
-            raise _npz_too_large(stored, limits)
+        members = _members(zf, NPZ_ARRAYS, ("X", "y"), "missing arrays: ", limits)
         headers = {name: _npy_header(zf, name, info) for name, info in members.items()}
 
         shape, dtype = headers["X"]
@@ -228,13 +247,7 @@ def _read_npz(data: bytes, limits: Limits) -> dict[str, np.ndarray]:
         if declared > limits.max_npz_bytes:
             raise _npz_too_large(declared, limits)
 
-        arrays = {}
-        for name, info in members.items():
-            with zf.open(info) as fp:
-                arrays[name] = npy_format.read_array(
-                    fp, allow_pickle=False, max_header_size=NPY_MAX_HEADER
-                )
-        return arrays
+        return {name: _read_member(zf, info) for name, info in members.items()}
 
 
 def _npy_header(
@@ -519,30 +532,14 @@ def _sparse_arrays(data: bytes, limits: Limits) -> dict[str, np.ndarray]:
     """The five arrays of a `save_npz` file, each read with its header checked first."""
     try:
         with zipfile.ZipFile(io.BytesIO(data)) as zf:
-            members: dict[str, zipfile.ZipInfo] = {}
-            for info in zf.infolist():
-                name = info.filename.removesuffix(".npy")
-                if name in SPARSE_MEMBERS:
-                    if name in members:
-                        raise unprocessable("malformed_npz", f"array {name!r} appears twice")
-                    members[name] = info
-            missing = SPARSE_MEMBERS - members.keys()
-            if missing:
-                raise unprocessable(
-                    "malformed_npz", f"not a scipy sparse matrix: missing {sorted(missing)}"
-                )
-            stored = sum(info.file_size for info in members.values())
-            if stored > limits.max_npz_bytes:
-                raise _npz_too_large(stored, limits)
+            missing = "not a scipy sparse matrix: missing "
+            members = _members(zf, SPARSE_MEMBERS, SPARSE_MEMBERS, missing, limits)
             arrays: dict[str, np.ndarray] = {}
             for name, info in members.items():
                 shape, dtype = _npy_header(zf, name, info)
                 if math.prod(shape) * dtype.itemsize > limits.max_npz_bytes:
                     raise _npz_too_large(math.prod(shape) * dtype.itemsize, limits)
-                with zf.open(info) as fp:
-                    arrays[name] = npy_format.read_array(
-                        fp, allow_pickle=False, max_header_size=NPY_MAX_HEADER
-                    )
+                arrays[name] = _read_member(zf, info)
             return arrays
     except (ValueError, OSError, zipfile.BadZipFile, EOFError, zlib.error) as exc:
         raise unprocessable("malformed_npz", f"not a readable sparse .npz: {exc}") from exc
