@@ -18,6 +18,8 @@ subprocess.check_call([sys.executable, '-m', 'pip', 'install', *deps])"
 COPY README.md alembic.ini ./
 COPY app ./app
 COPY workers ./workers
+COPY methods ./methods
+COPY maths ./maths
 COPY lethe ./lethe
 COPY migrations ./migrations
 COPY scripts ./scripts

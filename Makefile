@@ -43,6 +43,6 @@ unit: install-test
 	$(BIN)/python -m pytest -q -m "not postgres and not integration"
 
 lint: install-test
-	$(BIN)/ruff check app workers lethe tests bench migrations scripts
-	$(BIN)/ruff format --check app workers lethe tests bench migrations scripts
+	$(BIN)/ruff check app workers methods maths lethe tests bench migrations scripts
+	$(BIN)/ruff format --check app workers methods maths lethe tests bench migrations scripts
 	$(BIN)/mypy

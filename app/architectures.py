@@ -1,5 +1,5 @@
 """Parameter names and shapes an architecture spec implies, without torch (they mirror
-workers/nets.py's nn.Sequential layout), and a safetensors header reader (no pickle)."""
+maths/nets.py's nn.Sequential layout), and a safetensors header reader (no pickle)."""
 
 from __future__ import annotations
 

@@ -11,12 +11,14 @@ from typing import Annotated, Any
 
 import httpx
 import typer
+from pydantic import BaseModel
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 from sqlalchemy.exc import OperationalError, ProgrammingError
 
 from app.client import Client, LetheError
+from app.wire import DeletionOut, ModelOut
 
 
 class CliError(RuntimeError):
@@ -34,6 +36,11 @@ def _client(url: str | None, key: str | None) -> Client:
 
 
 def _show(data: Any) -> None:
+    """Print JSON, or a wire model (or a list of them) as its JSON."""
+    if isinstance(data, BaseModel):
+        data = data.model_dump(mode="json")
+    elif isinstance(data, list):
+        data = [d.model_dump(mode="json") if isinstance(d, BaseModel) else d for d in data]
     console.print_json(json.dumps(data, default=str))
 
 
@@ -175,18 +182,17 @@ def models_create(
     arch_spec: dict[str, Any] = {"type": arch}
     if arch == "mlp":
         arch_spec["hidden"] = [int(h) for h in hidden.split(",")]
-    model = c.post(
-        "/v1/models",
-        json={
+    model = c.create_model(
+        {
             "name": name,
             "dataset_id": dataset,
             "architecture": arch_spec,
             "method": {"name": method, **options},
             "training": {"epochs": epochs, "batch_size": batch_size, "learning_rate": lr},
-        },
+        }
     )
     if wait:
-        model = train_with_progress(c, model["id"], epochs)
+        model = train_with_progress(c, model.id, epochs)
     _show(model)
 
 
@@ -210,7 +216,7 @@ def method_options(pairs: list[str]) -> dict[str, Any]:
     return options
 
 
-def train_with_progress(c: Client, model_id: int, epochs: int) -> dict:
+def train_with_progress(c: Client, model_id: int, epochs: int) -> ModelOut:
     with Progress(
         TextColumn("training model {task.fields[model]}"),
         BarColumn(),
@@ -220,15 +226,15 @@ def train_with_progress(c: Client, model_id: int, epochs: int) -> dict:
     ) as bar:
         task = bar.add_task("train", total=epochs, model=model_id)
 
-        def on_progress(model: dict) -> None:
-            bar.update(task, completed=model["progress"].get("epoch", 0))
+        def on_progress(model: ModelOut) -> None:
+            bar.update(task, completed=model.progress.get("epoch", 0))
 
         return c.wait_model(model_id, on_progress)
 
 
 @models.command("get")
 def models_get(model_id: int, url: Url = None, key: Key = None) -> None:
-    _show(_client(url, key).model(model_id).model_dump(mode="json"))
+    _show(_client(url, key).model(model_id))
 
 
 @models.command("versions")
@@ -270,30 +276,25 @@ def deletions_create(
 ) -> None:
     """Ask for samples (--sample ID ...) or subjects (--subject ID ...) to be forgotten."""
     c = _client(url, key)
-    headers = {"Idempotency-Key": idempotency_key} if idempotency_key else {}
-    req = c.post(
-        "/v1/deletions",
-        json={"dataset_id": dataset, "sample_ids": sample or [], "subject_ids": subject or []},
-        headers=headers,
-    )
+    req = c.delete(dataset, sample, subject, idempotency_key=idempotency_key)
+    opening = req.opening
     if wait:
-        with console.status(f"deletion {req['id']}: {req['status']}") as status:
+        with console.status(f"deletion {req.id}: {req.status}") as status:
 
-            def on_progress(current: dict) -> None:
+            def on_progress(current: DeletionOut) -> None:
                 models = ", ".join(
-                    f"model {m['model_id']} {m['status']}"
-                    + (f" → v{m['version']}" if m.get("version") else "")
-                    for m in current["models"]
+                    f"model {m.model_id} {m.status}" + (f" → v{m.version}" if m.version else "")
+                    for m in current.models
                 )
-                status.update(f"deletion {current['id']}: {current['status']} ({models})")
+                status.update(f"deletion {current.id}: {current.status} ({models})")
 
-            req = c.wait_deletion(req["id"], on_progress=on_progress, poll=2.0)
-    _show(req)
+            req = c.wait_deletion(req.id, on_progress=on_progress, poll=2.0)
+    _show({**req.model_dump(mode="json"), "opening": opening})
 
 
 @deletions.command("get")
 def deletions_get(request_id: int, url: Url = None, key: Key = None) -> None:
-    _show(_client(url, key).deletion(request_id).model_dump(mode="json"))
+    _show(_client(url, key).deletion(request_id))
 
 
 @privacy.command("preview")
@@ -306,24 +307,24 @@ def privacy_preview(
 ) -> None:
     """Noise σ, feasibility and lineage budget of a model's next release."""
     p = _client(url, key).preview(model, epsilon, delta)
-    table = Table("quantity", "value", title=f"model {model}: next release ({p['method']})")
-    lin = p["lineage"]
+    table = Table("quantity", "value", title=f"model {model}: next release ({p.method})")
+    lin = p.lineage
     for name, value in [
-        ("target", f"ε={p['target']['epsilon']:g}, δ={p['target']['delta']:g}"),
-        ("guarantee", p["guarantee"]),
-        ("noise σ", f"{p['sigma']:.6g}"),
-        ("sensitivity Δ", f"{p['sensitivity']:.6g}"),
-        ("feasible", str(p["feasible"])),
+        ("target", f"ε={p.target.epsilon:g}, δ={p.target.delta:g}"),
+        ("guarantee", p.guarantee),
+        ("noise σ", f"{p.sigma:.6g}" if p.sigma is not None else "—"),
+        ("sensitivity Δ", f"{p.sensitivity:.6g}" if p.sensitivity is not None else "—"),
+        ("feasible", str(p.feasible)),
         (
             "lineage spent",
-            f"ε={lin['spent_epsilon']:.4g} of {lin['budget_epsilon']:g} "
-            f"(δ={lin['budget_delta']:g}, {lin['releases_since_reset']} releases)",
+            f"ε={lin.spent_epsilon:.4g} of {lin.budget_epsilon:g} "
+            f"(δ={lin.budget_delta:g}, {lin.releases_since_reset} releases)",
         ),
-        ("after this release", f"ε={lin['epsilon_after_release']:.4g}"),
-        ("would retrain exactly", str(p["would_retrain_exactly"])),
+        ("after this release", f"ε={lin.epsilon_after_release:.4g}"),
+        ("would retrain exactly", str(p.would_retrain_exactly)),
     ]:
         table.add_row(name, value)
-    for cost in (p.get("deletion_cost") or {}).get("methods", []):
+    for cost in (p.deletion_cost or {}).get("methods", []):
         options = " ".join(f"{k}={v}" for k, v in cost["options"].items())
         seconds, share = cost["expected_compute_seconds"], cost["fraction_of_full_retrain"]
         table.add_row(
@@ -429,57 +430,52 @@ def _demo(c: Client, epochs: int) -> None:
     _step(1, "service health")
     _show(c.get("/readyz"))
     _step(2, "register scikit-learn's digits (1,797 8x8 images, seeded 80/20 split)")
-    ds = c.post("/v1/datasets", json={"builtin": "digits"})
+    ds = c.register_builtin("digits")
     _show(ds)
     _step(3, "create an MLP (64-64) with the exact `retrain` method; train it")
-    model = c.post(
-        "/v1/models",
-        json={
+    model = c.create_model(
+        {
             "name": "digits-mlp",
-            "dataset_id": ds["id"],
+            "dataset_id": ds.id,
             "architecture": {"type": "mlp", "hidden": [64, 64], "activation": "relu"},
             "training": {"epochs": epochs, "batch_size": 64, "learning_rate": 0.1},
             "method": {"name": "retrain"},
-        },
+        }
     )
-    model = train_with_progress(c, model["id"], epochs)
-    v1 = model["current_version"]
-    console.print(f"version {v1['number']}: test accuracy {v1['metrics']['test_accuracy']:.4f}")
+    model = train_with_progress(c, model.id, epochs)
+    v1 = model.current_version
+    assert v1 is not None, model.error
+    console.print(f"version {v1.number}: test accuracy {v1.metrics['test_accuracy']:.4f}")
     _step(4, "download the released weights; the ETag is their sha256")
-    r = c.request("GET", f"/v1/models/{model['id']}/weights")
+    r = c.request("GET", f"/v1/models/{model.id}/weights")
     console.print(
         f"{len(r.content)} bytes, ETag {r.headers['etag']}, sha256 ok: "
         f"{hashlib.sha256(r.content).hexdigest() == r.headers['etag'].strip(chr(34))}"
     )
     _step(5, "a data subject asks to be forgotten: delete 3 training samples")
-    train_ids = [
-        s["external_id"]
-        for s in c.get(f"/v1/datasets/{ds['id']}/samples", params={"split": "train", "limit": 3})[
-            "items"
-        ]
-    ]
-    req = c.post("/v1/deletions", json={"dataset_id": ds["id"], "sample_ids": train_ids})
-    console.print(f"request {req['id']} accepted ({req['status']}) for samples {train_ids}")
+    train_ids = [s.external_id or "" for s in c.samples(ds.id, split="train", limit=3).items]
+    req = c.delete(ds.id, train_ids)
+    console.print(f"request {req.id} accepted ({req.status}) for samples {train_ids}")
     with console.status("retraining without them"):
-        req = c.wait_deletion(req["id"])
+        req = c.wait_deletion(req.id)
     _show(req)
     _step(6, "the certificate in the audit log")
-    cert = c.get(f"/v1/audit/certificates/{req['certificate_ids'][0]}")
-    console.print(f"[green]{cert['sentence']}[/green]")
+    cert = c.certificate(req.certificate_ids[0])
+    console.print(f"[green]{getattr(cert, 'sentence', '')}[/green]")
     console.print(
-        f"ε={cert['epsilon']} δ={cert['delta']} guarantee={cert['guarantee']} "
-        f"v{cert['from_version']} → v{cert['to_version']}"
+        f"ε={cert.epsilon} δ={cert.delta} guarantee={cert.guarantee} "
+        f"v{cert.from_version} → v{cert.to_version}"
     )
     _step(7, "version 1 was trained on erased data: its weights are gone")
     try:
-        c.request("GET", f"/v1/models/{model['id']}/versions/1/weights")
+        c.weights(model.id, 1)
         console.print("[red]version 1 weights still served![/red]")
     except LetheError as exc:
         console.print(f"GET version 1 weights → {exc}")
-    samples = c.get(f"/v1/datasets/{ds['id']}/samples", params={"status": "erased"})
-    console.print(f"erased samples in the dataset: {samples['total']}")
+    erased = c.samples(ds.id, status="erased")
+    console.print(f"erased samples in the dataset: {erased.total}")
     _step(8, "the auditor verifies the hash chain")
-    _show(c.get("/v1/audit/verify"))
+    _show(c.verify())
 
 
 def main() -> None:

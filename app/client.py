@@ -1,9 +1,11 @@
 """Lethe's Python client, sync (`Client`) and async (`AsyncClient`), on httpx.
 
-Every endpoint is a typed method that returns the API's own pydantic models (or a plain dict
-where the API's answer is open-ended: certificates, the preview, the audit check); every
-error is a `LetheError` subclass carrying the API's `code`, `message` and `details`. Each
-endpoint is described once, as a `Call` (`_calls`); the two clients only send it.
+Every endpoint is a typed method that returns the API's answer as a light pydantic model
+(`app.wire`; a certificate or the preview keeps a method's own keys as extras); every error
+is a `LetheError` subclass carrying the API's `code`, `message` and `details`. Each endpoint
+is written once, as a function that builds its `Call`; an `endpoint` descriptor makes it a
+method of both clients, sent and parsed by `Client.send` or awaited by `AsyncClient.send`.
+Importing this module loads httpx and pydantic only (no torch, scipy or dp-accounting).
 
     from app.client import Client
     c = Client("http://127.0.0.1:8000", "lethe_adm_...")
@@ -13,29 +15,35 @@ endpoint is described once, as a `Call` (`_calls`); the two clients only send it
 from __future__ import annotations
 
 import asyncio
+import functools
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Generic, TypeVar
+from typing import Any, Generic, ParamSpec, TypeVar, overload
 
 import httpx
 from pydantic import BaseModel
 
-from app.schemas import (
+from app.states import FINISHED_REQUEST, ModelStatus
+from app.wire import (
+    CertificateOut,
+    CertificatePage,
+    ChainCheck,
     DatasetOut,
     DeletionOut,
     DeletionPage,
     KeyOut,
     ModelOut,
+    PreviewOut,
     SamplePage,
     VersionOut,
 )
-from app.states import FINISHED_REQUEST, ModelStatus
 
 T = TypeVar("T")
 M = TypeVar("M", bound=BaseModel)
+P = ParamSpec("P")
 DEFAULT_URL = "http://127.0.0.1:8000"
 
 
@@ -111,7 +119,7 @@ def error_for(response: httpx.Response) -> LetheError:
     return ERRORS.get(response.status_code, LetheError)(response.status_code, body)
 
 
-# ---- the endpoints, described once ----------------------------------------------------------
+# ---- the endpoints, written once ------------------------------------------------------------
 
 
 @dataclass(frozen=True)
@@ -148,133 +156,202 @@ def _params(**values: Any) -> dict[str, Any]:
     return {k: v for k, v in values.items() if v is not None}
 
 
-class _calls:  # noqa: N801 - a namespace of Call builders
-    @staticmethod
-    def health() -> Call[Any]:
-        return Call("GET", "/healthz", _json)
+class endpoint(Generic[P, T]):  # noqa: N801 - used as a decorator-like field
+    """A method of both clients from one `Call` builder: `Client.x(...)` returns the parsed
+    answer, `AsyncClient.x(...)` a coroutine of it."""
 
-    @staticmethod
-    def me() -> Call[KeyOut]:
-        return Call("GET", "/v1/keys/me", _model(KeyOut))
+    def __init__(self, build: Callable[P, Call[T]]) -> None:
+        self.build = build
+        self.__doc__ = build.__doc__
 
-    @staticmethod
-    def register_builtin(builtin: str, **options: Any) -> Call[DatasetOut]:
-        return Call(
-            "POST", "/v1/datasets", _model(DatasetOut), {"json": {"builtin": builtin, **options}}
-        )
+    @overload
+    def __get__(self, client: None, owner: type) -> endpoint[P, T]: ...
+    @overload
+    def __get__(self, client: Client, owner: type) -> Callable[P, T]: ...
+    @overload
+    def __get__(self, client: AsyncClient, owner: type) -> Callable[P, Awaitable[T]]: ...
+    def __get__(self, client: Any, owner: type) -> Any:
+        if client is None:
+            return self
+        build = self.build
 
-    @staticmethod
-    def upload_dataset(path: Path, fmt: str | None, fields: dict[str, Any]) -> Call[DatasetOut]:
-        data = {k: str(v) for k, v in fields.items() if v is not None}
-        if fmt:
-            data["format"] = fmt
-        files = {"file": (path.name, path.read_bytes())}
-        return Call("POST", "/v1/datasets", _model(DatasetOut), {"files": files, "data": data})
+        @functools.wraps(build)
+        def send(*args: P.args, **kwargs: P.kwargs) -> Any:
+            return client.send(build(*args, **kwargs))
 
-    @staticmethod
-    def dataset(dataset_id: int) -> Call[DatasetOut]:
-        return Call("GET", f"/v1/datasets/{dataset_id}", _model(DatasetOut))
-
-    @staticmethod
-    def samples(
-        dataset_id: int, split: str | None, status: str | None, offset: int, limit: int
-    ) -> Call[SamplePage]:
-        params = _params(split=split, status=status, offset=offset, limit=limit)
-        return Call(
-            "GET", f"/v1/datasets/{dataset_id}/samples", _model(SamplePage), {"params": params}
-        )
-
-    @staticmethod
-    def create_model(spec: dict[str, Any]) -> Call[ModelOut]:
-        return Call("POST", "/v1/models", _model(ModelOut), {"json": spec})
-
-    @staticmethod
-    def models() -> Call[list[ModelOut]]:
-        return Call("GET", "/v1/models", _models(ModelOut))
-
-    @staticmethod
-    def model(model_id: int) -> Call[ModelOut]:
-        return Call("GET", f"/v1/models/{model_id}", _model(ModelOut))
-
-    @staticmethod
-    def versions(model_id: int) -> Call[list[VersionOut]]:
-        return Call("GET", f"/v1/models/{model_id}/versions", _models(VersionOut))
-
-    @staticmethod
-    def version(model_id: int, number: int) -> Call[VersionOut]:
-        return Call("GET", f"/v1/models/{model_id}/versions/{number}", _model(VersionOut))
-
-    @staticmethod
-    def weights(model_id: int, number: int | None) -> Call[bytes]:
-        path = f"/v1/models/{model_id}" + (f"/versions/{number}" if number else "") + "/weights"
-        return Call("GET", path, _bytes)
-
-    @staticmethod
-    def delete(body: dict[str, Any], idempotency_key: str | None) -> Call[DeletionOut]:
-        headers = {"Idempotency-Key": idempotency_key} if idempotency_key else {}
-        return Call(
-            "POST", "/v1/deletions", _model(DeletionOut), {"json": body, "headers": headers}
-        )
-
-    @staticmethod
-    def deletion(request_id: int, wait: float) -> Call[DeletionOut]:
-        params = {"wait": wait} if wait else {}
-        return Call("GET", f"/v1/deletions/{request_id}", _model(DeletionOut), {"params": params})
-
-    @staticmethod
-    def deletions(offset: int, limit: int) -> Call[DeletionPage]:
-        params = {"offset": offset, "limit": limit}
-        return Call("GET", "/v1/deletions", _model(DeletionPage), {"params": params})
-
-    @staticmethod
-    def certificates(
-        model: int | None, subject: str | None, since: str | None, offset: int, limit: int
-    ) -> Call[list[dict[str, Any]]]:
-        params = _params(model=model, subject=subject, since=since, offset=offset, limit=limit)
-        return Call(
-            "GET", "/v1/audit/certificates", lambda r: r.json()["items"], {"params": params}
-        )
-
-    @staticmethod
-    def certificate(certificate_id: int) -> Call[dict[str, Any]]:
-        return Call("GET", f"/v1/audit/certificates/{certificate_id}", _json)
-
-    @staticmethod
-    def verify() -> Call[dict[str, Any]]:
-        return Call("GET", "/v1/audit/verify", _json)
-
-    @staticmethod
-    def export() -> Call[bytes]:
-        return Call("GET", "/v1/audit/export", _bytes)
-
-    @staticmethod
-    def preview(model: int, epsilon: float | None, delta: float | None) -> Call[dict[str, Any]]:
-        params = _params(model=model, epsilon=epsilon, delta=delta)
-        return Call("GET", "/v1/privacy/preview", _json, {"params": params})
-
-    @staticmethod
-    def create_key(role: str, name: str) -> Call[KeyOut]:
-        return Call("POST", "/v1/keys", _model(KeyOut), {"json": {"role": role, "name": name}})
-
-    @staticmethod
-    def revoke_key(key_id: int) -> Call[None]:
-        return Call("DELETE", f"/v1/keys/{key_id}", _none)
+        return send
 
 
-def _deletion_body(
+def _health() -> Call[dict[str, Any]]:
+    """The service's health: database, queue, workers."""
+    return Call("GET", "/healthz", _json)
+
+
+def _me() -> Call[KeyOut]:
+    """The key this client uses."""
+    return Call("GET", "/v1/keys/me", _model(KeyOut))
+
+
+def _register_builtin(builtin: str, **options: Any) -> Call[DatasetOut]:
+    """Register a built-in dataset (digits, breast_cancer, ...)."""
+    body = {"builtin": builtin, **options}
+    return Call("POST", "/v1/datasets", _model(DatasetOut), {"json": body})
+
+
+def _upload_dataset(path: str | Path, fmt: str | None = None, **fields: Any) -> Call[DatasetOut]:
+    """Upload a dataset file (npz, csv, text_csv, sparse_npz)."""
+    path = Path(path)
+    data = {k: str(v) for k, v in fields.items() if v is not None}
+    if fmt:
+        data["format"] = fmt
+    files = {"file": (path.name, path.read_bytes())}
+    return Call("POST", "/v1/datasets", _model(DatasetOut), {"files": files, "data": data})
+
+
+def _dataset(dataset_id: int) -> Call[DatasetOut]:
+    return Call("GET", f"/v1/datasets/{dataset_id}", _model(DatasetOut))
+
+
+def _samples(
     dataset_id: int,
-    sample_ids: list[str] | None,
-    subject_ids: list[str] | None,
-    method: str | None,
-    epsilon: float | None,
-    delta: float | None,
-) -> dict[str, Any]:
-    return {
+    split: str | None = None,
+    status: str | None = None,
+    offset: int = 0,
+    limit: int = 100,
+) -> Call[SamplePage]:
+    """A page of a dataset's samples."""
+    params = _params(split=split, status=status, offset=offset, limit=limit)
+    path = f"/v1/datasets/{dataset_id}/samples"
+    return Call("GET", path, _model(SamplePage), {"params": params})
+
+
+def _create_model(spec: dict[str, Any]) -> Call[ModelOut]:
+    """Create a model (trained in the background: see `wait_model`)."""
+    return Call("POST", "/v1/models", _model(ModelOut), {"json": spec})
+
+
+def _models_list() -> Call[list[ModelOut]]:
+    return Call("GET", "/v1/models", _models(ModelOut))
+
+
+def _model_one(model_id: int) -> Call[ModelOut]:
+    return Call("GET", f"/v1/models/{model_id}", _model(ModelOut))
+
+
+def _versions(model_id: int) -> Call[list[VersionOut]]:
+    return Call("GET", f"/v1/models/{model_id}/versions", _models(VersionOut))
+
+
+def _version(model_id: int, number: int) -> Call[VersionOut]:
+    return Call("GET", f"/v1/models/{model_id}/versions/{number}", _model(VersionOut))
+
+
+def _weights(model_id: int, number: int | None = None) -> Call[bytes]:
+    """A version's released safetensors bytes (the current one by default)."""
+    path = f"/v1/models/{model_id}" + (f"/versions/{number}" if number else "") + "/weights"
+    return Call("GET", path, _bytes)
+
+
+def _delete(
+    dataset_id: int,
+    sample_ids: list[str] | None = None,
+    subject_ids: list[str] | None = None,
+    *,
+    method: str | None = None,
+    epsilon: float | None = None,
+    delta: float | None = None,
+    idempotency_key: str | None = None,
+) -> Call[DeletionOut]:
+    """Ask for samples (or subjects) to be forgotten; keep the answer's `opening`."""
+    body = {
         "dataset_id": dataset_id,
         "sample_ids": sample_ids or [],
         "subject_ids": subject_ids or [],
         **_params(method=method, epsilon=epsilon, delta=delta),
     }
+    headers = {"Idempotency-Key": idempotency_key} if idempotency_key else {}
+    return Call("POST", "/v1/deletions", _model(DeletionOut), {"json": body, "headers": headers})
+
+
+def _deletion(request_id: int, wait: float = 0) -> Call[DeletionOut]:
+    """A deletion request; `wait` long-polls up to that many seconds for it to finish."""
+    params = {"wait": wait} if wait else {}
+    return Call("GET", f"/v1/deletions/{request_id}", _model(DeletionOut), {"params": params})
+
+
+def _deletions(offset: int = 0, limit: int = 100) -> Call[DeletionPage]:
+    params = {"offset": offset, "limit": limit}
+    return Call("GET", "/v1/deletions", _model(DeletionPage), {"params": params})
+
+
+def _certificates(
+    model: int | None = None,
+    subject: str | None = None,
+    since: str | None = None,
+    offset: int = 0,
+    limit: int = 100,
+) -> Call[list[CertificateOut]]:
+    """Certificates in chain order (auditors and admins)."""
+    params = _params(model=model, subject=subject, since=since, offset=offset, limit=limit)
+    parse = _model(CertificatePage)
+    return Call("GET", "/v1/audit/certificates", lambda r: parse(r).items, {"params": params})
+
+
+def _certificate(certificate_id: int) -> Call[CertificateOut]:
+    return Call("GET", f"/v1/audit/certificates/{certificate_id}", _model(CertificateOut))
+
+
+def _verify() -> Call[ChainCheck]:
+    """The hash chain recomputed by the server."""
+    return Call("GET", "/v1/audit/verify", _model(ChainCheck))
+
+
+def _export() -> Call[bytes]:
+    """The whole log as JSONL (scripts/verify_audit.py checks it offline)."""
+    return Call("GET", "/v1/audit/export", _bytes)
+
+
+def _preview(
+    model: int, epsilon: float | None = None, delta: float | None = None
+) -> Call[PreviewOut]:
+    """σ, feasibility and lineage cost of the model's next release."""
+    params = _params(model=model, epsilon=epsilon, delta=delta)
+    return Call("GET", "/v1/privacy/preview", _model(PreviewOut), {"params": params})
+
+
+def _create_key(role: str, name: str = "api key") -> Call[KeyOut]:
+    return Call("POST", "/v1/keys", _model(KeyOut), {"json": {"role": role, "name": name}})
+
+
+def _revoke_key(key_id: int) -> Call[None]:
+    return Call("DELETE", f"/v1/keys/{key_id}", _none)
+
+
+class Endpoints:
+    """The API, one line an endpoint; both clients inherit it."""
+
+    health = endpoint(_health)
+    me = endpoint(_me)
+    register_builtin = endpoint(_register_builtin)
+    upload_dataset = endpoint(_upload_dataset)
+    dataset = endpoint(_dataset)
+    samples = endpoint(_samples)
+    create_model = endpoint(_create_model)
+    models = endpoint(_models_list)
+    model = endpoint(_model_one)
+    versions = endpoint(_versions)
+    version = endpoint(_version)
+    weights = endpoint(_weights)
+    delete = endpoint(_delete)
+    deletion = endpoint(_deletion)
+    deletions = endpoint(_deletions)
+    certificates = endpoint(_certificates)
+    certificate = endpoint(_certificate)
+    verify = endpoint(_verify)
+    export = endpoint(_export)
+    preview = endpoint(_preview)
+    create_key = endpoint(_create_key)
+    revoke_key = endpoint(_revoke_key)
 
 
 def _settings(url: str | None, key: str | None) -> tuple[str, str]:
@@ -284,10 +361,16 @@ def _settings(url: str | None, key: str | None) -> tuple[str, str]:
     )
 
 
+def _poll_window(http: httpx.Client | httpx.AsyncClient, poll: float, deadline: float) -> float:
+    """How long one long poll may wait: under the read timeout and the caller's deadline."""
+    read_timeout = http.timeout.read or 60.0
+    return max(0.0, min(poll, read_timeout - 1.0, deadline - time.monotonic()))
+
+
 # ---- sync -----------------------------------------------------------------------------------
 
 
-class Client:
+class Client(Endpoints):
     """The sync client. `url` and `key` default to LETHE_URL and LETHE_API_KEY."""
 
     def __init__(
@@ -311,10 +394,7 @@ class Client:
         self.http.close()
 
     def send(self, call: Call[T]) -> T:
-        response = self.http.request(call.method, call.path, **call.kwargs)
-        if response.status_code >= 400:
-            raise error_for(response)
-        return call.parse(response)
+        return call.parse(self.request(call.method, call.path, **call.kwargs))
 
     # Untyped access to any path (JSON in, JSON out), for scripts and the benches.
     def request(self, method: str, path: str, **kw: Any) -> httpx.Response:
@@ -329,141 +409,47 @@ class Client:
     def post(self, path: str, **kw: Any) -> Any:
         return self.request("POST", path, **kw).json()
 
-    # Typed endpoints.
-    def health(self) -> dict[str, Any]:
-        return self.send(_calls.health())
-
-    def me(self) -> KeyOut:
-        return self.send(_calls.me())
-
-    def register_builtin(self, builtin: str, **options: Any) -> DatasetOut:
-        return self.send(_calls.register_builtin(builtin, **options))
-
-    def upload_dataset(self, path: str | Path, fmt: str | None = None, **fields: Any) -> DatasetOut:
-        return self.send(_calls.upload_dataset(Path(path), fmt, fields))
-
-    def dataset(self, dataset_id: int) -> DatasetOut:
-        return self.send(_calls.dataset(dataset_id))
-
-    def samples(
-        self,
-        dataset_id: int,
-        split: str | None = None,
-        status: str | None = None,
-        offset: int = 0,
-        limit: int = 100,
-    ) -> SamplePage:
-        return self.send(_calls.samples(dataset_id, split, status, offset, limit))
-
-    def create_model(self, spec: dict[str, Any]) -> ModelOut:
-        return self.send(_calls.create_model(spec))
-
-    def models(self) -> list[ModelOut]:
-        return self.send(_calls.models())
-
-    def model(self, model_id: int) -> ModelOut:
-        return self.send(_calls.model(model_id))
-
-    def versions(self, model_id: int) -> list[VersionOut]:
-        return self.send(_calls.versions(model_id))
-
-    def version(self, model_id: int, number: int) -> VersionOut:
-        return self.send(_calls.version(model_id, number))
-
-    def weights(self, model_id: int, number: int | None = None) -> bytes:
-        return self.send(_calls.weights(model_id, number))
-
-    def delete(
-        self,
-        dataset_id: int,
-        sample_ids: list[str] | None = None,
-        subject_ids: list[str] | None = None,
-        *,
-        method: str | None = None,
-        epsilon: float | None = None,
-        delta: float | None = None,
-        idempotency_key: str | None = None,
-    ) -> DeletionOut:
-        body = _deletion_body(dataset_id, sample_ids, subject_ids, method, epsilon, delta)
-        return self.send(_calls.delete(body, idempotency_key))
-
-    def deletion(self, request_id: int, wait: float = 0) -> DeletionOut:
-        return self.send(_calls.deletion(request_id, wait))
-
-    def deletions(self, offset: int = 0, limit: int = 100) -> DeletionPage:
-        return self.send(_calls.deletions(offset, limit))
-
-    def certificates(
-        self,
-        model: int | None = None,
-        subject: str | None = None,
-        since: str | None = None,
-        offset: int = 0,
-        limit: int = 100,
-    ) -> list[dict[str, Any]]:
-        return self.send(_calls.certificates(model, subject, since, offset, limit))
-
-    def certificate(self, certificate_id: int) -> dict[str, Any]:
-        return self.send(_calls.certificate(certificate_id))
-
-    def verify(self) -> dict[str, Any]:
-        return self.send(_calls.verify())
-
-    def export(self) -> bytes:
-        return self.send(_calls.export())
-
-    def preview(
-        self, model: int, epsilon: float | None = None, delta: float | None = None
-    ) -> dict[str, Any]:
-        return self.send(_calls.preview(model, epsilon, delta))
-
-    def create_key(self, role: str, name: str = "api key") -> KeyOut:
-        return self.send(_calls.create_key(role, name))
-
-    def revoke_key(self, key_id: int) -> None:
-        self.send(_calls.revoke_key(key_id))
-
-    # Waiting, with progress.
     def wait_model(
-        self, model_id: int, on_progress: Callable[[Any], None] | None = None, timeout: float = 3600
-    ) -> dict[str, Any]:
-        """Poll until the model is ready or failed; `on_progress(model)` sees each poll (the
-        model as a dict, with `progress: {stage, epoch, epochs}`)."""
+        self,
+        model_id: int,
+        on_progress: Callable[[ModelOut], None] | None = None,
+        timeout: float = 3600,
+    ) -> ModelOut:
+        """Poll until the model is ready or failed; `on_progress(model)` sees each poll (with
+        `progress`: stage, epoch, epochs)."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            model = self.get(f"/v1/models/{model_id}")
+            model = self.model(model_id)
             if on_progress:
                 on_progress(model)
-            if model["status"] in (ModelStatus.ready, ModelStatus.failed):
-                return dict(model)
+            if model.status in (ModelStatus.ready, ModelStatus.failed):
+                return model
             time.sleep(0.3)
         raise TimeoutError(f"model {model_id} not ready after {timeout}s")
 
     def wait_deletion(
         self,
         request_id: int,
+        on_progress: Callable[[DeletionOut], None] | None = None,
         timeout: float = 3600,
-        on_progress: Callable[[Any], None] | None = None,
         poll: float = 20.0,
-    ) -> dict[str, Any]:
+    ) -> DeletionOut:
         """Long-poll until the request is done or failed; `on_progress(request)` sees each
         answer (every `poll` seconds at most), with its per-model progress."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            read_timeout = self.http.timeout.read or 60.0
-            left = max(0.0, min(poll, read_timeout - 1.0, deadline - time.monotonic()))
-            req = self.get(f"/v1/deletions/{request_id}", params={"wait": left})  # long poll
+            req = self.deletion(request_id, wait=_poll_window(self.http, poll, deadline))
             if on_progress:
                 on_progress(req)
-            if req["status"] in FINISHED_REQUEST:
-                return dict(req)
+            if req.status in FINISHED_REQUEST:
+                return req
         raise TimeoutError(f"deletion {request_id} not finished after {timeout}s")
 
 
 # ---- async ----------------------------------------------------------------------------------
 
 
-class AsyncClient:
+class AsyncClient(Endpoints):
     """The same endpoints, awaited (`async with AsyncClient(url, key) as c: ...`)."""
 
     def __init__(
@@ -488,101 +474,6 @@ class AsyncClient:
         if response.status_code >= 400:
             raise error_for(response)
         return call.parse(response)
-
-    async def health(self) -> dict[str, Any]:
-        return await self.send(_calls.health())
-
-    async def me(self) -> KeyOut:
-        return await self.send(_calls.me())
-
-    async def register_builtin(self, builtin: str, **options: Any) -> DatasetOut:
-        return await self.send(_calls.register_builtin(builtin, **options))
-
-    async def upload_dataset(
-        self, path: str | Path, fmt: str | None = None, **fields: Any
-    ) -> DatasetOut:
-        return await self.send(_calls.upload_dataset(Path(path), fmt, fields))
-
-    async def dataset(self, dataset_id: int) -> DatasetOut:
-        return await self.send(_calls.dataset(dataset_id))
-
-    async def samples(
-        self,
-        dataset_id: int,
-        split: str | None = None,
-        status: str | None = None,
-        offset: int = 0,
-        limit: int = 100,
-    ) -> SamplePage:
-        return await self.send(_calls.samples(dataset_id, split, status, offset, limit))
-
-    async def create_model(self, spec: dict[str, Any]) -> ModelOut:
-        return await self.send(_calls.create_model(spec))
-
-    async def models(self) -> list[ModelOut]:
-        return await self.send(_calls.models())
-
-    async def model(self, model_id: int) -> ModelOut:
-        return await self.send(_calls.model(model_id))
-
-    async def versions(self, model_id: int) -> list[VersionOut]:
-        return await self.send(_calls.versions(model_id))
-
-    async def version(self, model_id: int, number: int) -> VersionOut:
-        return await self.send(_calls.version(model_id, number))
-
-    async def weights(self, model_id: int, number: int | None = None) -> bytes:
-        return await self.send(_calls.weights(model_id, number))
-
-    async def delete(
-        self,
-        dataset_id: int,
-        sample_ids: list[str] | None = None,
-        subject_ids: list[str] | None = None,
-        *,
-        method: str | None = None,
-        epsilon: float | None = None,
-        delta: float | None = None,
-        idempotency_key: str | None = None,
-    ) -> DeletionOut:
-        body = _deletion_body(dataset_id, sample_ids, subject_ids, method, epsilon, delta)
-        return await self.send(_calls.delete(body, idempotency_key))
-
-    async def deletion(self, request_id: int, wait: float = 0) -> DeletionOut:
-        return await self.send(_calls.deletion(request_id, wait))
-
-    async def deletions(self, offset: int = 0, limit: int = 100) -> DeletionPage:
-        return await self.send(_calls.deletions(offset, limit))
-
-    async def certificates(
-        self,
-        model: int | None = None,
-        subject: str | None = None,
-        since: str | None = None,
-        offset: int = 0,
-        limit: int = 100,
-    ) -> list[dict[str, Any]]:
-        return await self.send(_calls.certificates(model, subject, since, offset, limit))
-
-    async def certificate(self, certificate_id: int) -> dict[str, Any]:
-        return await self.send(_calls.certificate(certificate_id))
-
-    async def verify(self) -> dict[str, Any]:
-        return await self.send(_calls.verify())
-
-    async def export(self) -> bytes:
-        return await self.send(_calls.export())
-
-    async def preview(
-        self, model: int, epsilon: float | None = None, delta: float | None = None
-    ) -> dict[str, Any]:
-        return await self.send(_calls.preview(model, epsilon, delta))
-
-    async def create_key(self, role: str, name: str = "api key") -> KeyOut:
-        return await self.send(_calls.create_key(role, name))
-
-    async def revoke_key(self, key_id: int) -> None:
-        await self.send(_calls.revoke_key(key_id))
 
     async def wait_model(
         self,
@@ -609,9 +500,7 @@ class AsyncClient:
     ) -> DeletionOut:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            read_timeout = self.http.timeout.read or 60.0
-            left = max(0.0, min(poll, read_timeout - 1.0, deadline - time.monotonic()))
-            req = await self.deletion(request_id, wait=left)
+            req = await self.deletion(request_id, wait=_poll_window(self.http, poll, deadline))
             if on_progress:
                 on_progress(req)
             if req.status in FINISHED_REQUEST:

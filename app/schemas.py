@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from datetime import datetime
 from typing import Annotated, Any, Literal
 
 from pydantic import (
@@ -16,7 +15,6 @@ from pydantic import (
 )
 from pydantic_core import PydanticCustomError
 
-from app.methods import get_method, method_names, method_of
 from app.specs import (
     Architecture,
     LogRegSpec,
@@ -24,6 +22,20 @@ from app.specs import (
     TrainingConfig,
 )
 from app.states import Guarantee
+from app.wire import (  # noqa: F401 - the response models, re-exported
+    AlreadyErased,
+    DatasetOut,
+    DeletionOut,
+    DeletionPage,
+    KeyOut,
+    ModelOut,
+    ModelProgress,
+    Out,
+    SampleOut,
+    SamplePage,
+    VersionOut,
+)
+from methods import get_method, method_names, method_of
 
 
 def unstorable_text(value: Any, path: str = "") -> str | None:
@@ -81,12 +93,6 @@ class In(BaseModel):
         return _storable(data)
 
 
-class Out(BaseModel):
-    """A response read from the database's rows."""
-
-    model_config = ConfigDict(from_attributes=True, use_attribute_docstrings=True)
-
-
 def _as_str(value: Any) -> Any:
     return str(value) if isinstance(value, int) and not isinstance(value, bool) else value
 
@@ -121,61 +127,6 @@ class BuiltinDatasetIn(In):
     separability: float = Field(
         0.05, gt=0.0, le=1.0, description="synthetic_corpus only: anchor-word mass p"
     )
-
-
-class DatasetOut(Out):
-    """A registered dataset and its sample counts."""
-
-    id: int
-    """the dataset's id"""
-    name: str
-    """display name"""
-    kind: str
-    """image, tabular or text"""
-    source: str
-    """builtin:<name>, npz, csv, text_csv or sparse_npz"""
-    feature_shape: list[int]
-    """shape of one sample's features (a text corpus: [vocabulary])"""
-    n_classes: int
-    """number of labels (1 when unlabelled)"""
-    n_samples: int
-    """samples registered"""
-    counts: dict[str, int] = {}
-    """samples per split and per status (active, erased)"""
-    text: dict[str, Any] | None = None
-    """a corpus's vocabulary size, rare token and short documents (null otherwise)"""
-    created_at: datetime
-    """when it was registered (UTC)"""
-
-
-class SampleOut(Out):
-    """A sample as readers see it; once erased its ids and label are gone (null)."""
-
-    external_id: str | None
-    """the client's id (null once erased)"""
-    subject_id: str | None
-    """the data subject's id, if any (null once erased)"""
-    split: str
-    """train or test"""
-    label: int | None
-    """the label (null once erased)"""
-    status: str
-    """active or erased"""
-    erased_at: datetime | None
-    """when it was erased"""
-
-
-class SamplePage(Out):
-    """A page of a dataset's samples."""
-
-    items: list[SampleOut]
-    """the samples"""
-    total: int
-    """samples matching the filter"""
-    offset: int
-    """first item's position"""
-    limit: int
-    """page size"""
 
 
 # ---- models ---------------------------------------------------------------------------------
@@ -298,62 +249,6 @@ class ModelCreate(In):
         return self
 
 
-class VersionOut(Out):
-    """One version of a model: the trained model or an update."""
-
-    number: int
-    """1 for the trained model, then one per update"""
-    parent: int | None
-    """the version it replaced"""
-    kind: str
-    """trained, unlearned, retrained or imported"""
-    weights_sha256: str
-    """sha256 of the released safetensors bytes"""
-    weights_size: int
-    """bytes of the released file"""
-    weights_available: bool
-    """false once purged (it was trained on erased data)"""
-    metrics: dict[str, Any]
-    """accuracies, timings, σ and what the method measured"""
-    n_train: int
-    """training samples it holds"""
-    created_at: datetime
-    """when it was written (UTC)"""
-    erased_at: datetime | None
-    """when its weights were purged"""
-
-
-class ModelOut(Out):
-    """A model, its status and its current version."""
-
-    id: int
-    """the model's id"""
-    name: str
-    """display name"""
-    dataset_id: int
-    """the dataset it trains on"""
-    status: str
-    """queued, training, ready or failed"""
-    progress: dict[str, Any]
-    """training progress: stage, epoch, epochs"""
-    error: str | None
-    """why training failed"""
-    architecture: dict[str, Any]
-    """the architecture spec"""
-    training: dict[str, Any]
-    """the training configuration"""
-    method: dict[str, Any]
-    """the unlearning method and its options"""
-    privacy: dict[str, Any]
-    """the privacy policy"""
-    current_version: VersionOut | None
-    """the version served now"""
-    n_train: int
-    """training samples it still holds"""
-    created_at: datetime
-    """when it was created (UTC)"""
-
-
 # ---- deletions ------------------------------------------------------------------------------
 
 
@@ -382,80 +277,6 @@ class DeletionCreate(In):
     """a tighter per-release δ than the models' policies"""
 
 
-class ModelProgress(Out):
-    """One model's part of a deletion request."""
-
-    model_id: int
-    """the model"""
-    status: str
-    """queued, running, done or failed"""
-    version: int | None
-    """the version that removed the samples"""
-    certificate_id: int | None
-    """its certificate"""
-    n_removed: int
-    """samples this model removed"""
-    error: str | None
-    """why it failed"""
-
-
-class AlreadyErased(Out):
-    """A sample erased before this request, with the certificates that removed it."""
-
-    sample_id: str
-    """the sample"""
-    certificate_ids: list[int]
-    """the earlier certificates"""
-
-
-class DeletionOut(Out):
-    """A deletion request: its status, per-model progress and certificates."""
-
-    id: int
-    """the request's id"""
-    status: str
-    """queued, running, done or failed"""
-    dataset_id: int
-    """the dataset"""
-    selector: dict[str, Any]
-    """the sample and subject ids asked for"""
-    n_samples: int
-    """samples matched"""
-    already_erased: list[AlreadyErased]
-    """samples erased earlier (no new version)"""
-    models: list[ModelProgress]
-    """per-model progress"""
-    certificate_ids: list[int]
-    """one per model that removed samples"""
-    receipts: list[dict[str, Any]] = []
-    """once done, per new certificate: the signed tree head that first includes it and the
-    inclusion proof at that size (keep it; check it offline with `lethe audit
-    verify-receipt`)"""
-    opening: str | None = None
-    """only in the answer to the POST (and its idempotent replays while the request runs):
-    the hex key under which each of its certificates commits to the removed ids
-    (`removed_ids_commitment`, HMAC-SHA256 of the sorted ids joined by newlines). Keep it:
-    the server destroys its copy once the request is finished, so nobody else can test
-    candidate ids against a certificate"""
-    error: str | None
-    """why it failed"""
-    created_at: datetime
-    """when it was accepted (UTC)"""
-    finished_at: datetime | None
-    """when it finished"""
-
-
-class DeletionPage(Out):
-    """A page of deletion requests, newest first."""
-
-    items: list[DeletionOut]
-    """the requests"""
-    offset: int
-    """first item's position"""
-    limit: int
-    """page size"""
-
-
 # ---- keys -----------------------------------------------------------------------------------
 
 
@@ -467,20 +288,3 @@ class KeyCreate(In):
     (reads models, downloads weights)"""
     name: str = Field("api key", min_length=1, max_length=200)
     """a label for the key"""
-
-
-class KeyOut(Out):
-    """An API key; its secret is shown once, when it is created."""
-
-    id: int
-    """the key's id"""
-    name: str
-    """its label"""
-    role: str
-    """its role"""
-    key: str | None = None
-    """the secret (only in the answer that created it)"""
-    prefix: str
-    """the first characters, to recognise it"""
-    created_at: datetime
-    """when it was created"""

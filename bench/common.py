@@ -55,30 +55,14 @@ def write_result(name: str, result: dict) -> Path:
 
 
 def model_spec(arch: dict, training: dict, method: dict, n_features: int, n_classes: int):
-    """A typed ModelSpec from the JSON a bench writes down."""
-    from app.methods import method_of
-    from app.specs import architecture_of, training_of
-    from workers.methods.base import ModelSpec
+    """A typed ModelSpec from the JSON a bench writes down (tests/factories.py)."""
+    from tests.factories import model_spec as build
 
-    return ModelSpec(
-        architecture_of(arch), training_of(training), method_of(method), n_features, n_classes
-    )
+    return build(arch, method, n_features, n_classes, training)
 
 
 def update_inputs(spec, state, removed, retained, target, test=None):
     """UpdateInputs for a bench that calls a method directly (no service, empty lineage)."""
-    from app.specs import PrivacyPolicy
-    from workers.methods.base import UpdateInputs
+    from tests.factories import update_inputs as build
 
-    return UpdateInputs(
-        model_id=0,
-        spec=spec,
-        method=spec.method,
-        policy=PrivacyPolicy(epsilon=target.epsilon, delta=target.delta),
-        target=target,
-        state=state,
-        removed=removed,
-        retained=retained,
-        test=test or retained,
-        history=[],
-    )
+    return build(spec, state, removed, retained, target=target, test=test or retained, model_id=0)

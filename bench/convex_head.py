@@ -30,10 +30,11 @@ from sklearn.model_selection import train_test_split
 from app.privacy.lineage import LineageBudget, admit
 from app.specs import PrivacyPolicy
 from bench.common import RESULTS, model_spec, write_result
-from workers import convex
-from workers.methods.base import PrivacyTarget, RemovedSamples, RetainedData, UpdateInputs
-from workers.methods.convex_head import ConvexHead, ShiftOverBudget, to_state, to_theta
-from workers.training import accuracy
+from maths import convex
+from maths.training import accuracy
+from methods.compute import PrivacyTarget, RemovedSamples, RetainedData
+from methods.convex_head.compute import ConvexHead, ShiftOverBudget, to_state, to_theta
+from tests.factories import update_inputs
 
 TARGET = PrivacyTarget(1.0, 1e-5)
 CHECKPOINTS = (1, 10, 100)
@@ -98,19 +99,17 @@ def run(name: str, requests: int, quick: bool) -> dict[str, Any]:
         retained = RetainedData(
             [i for i in ids if keep[i]], Xtr_t[keep], ytr_t[keep]
         )  # fmt: skip
-        inputs = UpdateInputs(
-            model_id=0,
-            spec=spec,
-            method=spec.method,
+        removed = RemovedSamples([victim], Xtr_t[victim : victim + 1], ytr_t[victim : victim + 1])
+        inputs = update_inputs(
+            spec,
+            state,
+            removed,
+            retained,
             policy=policy,
             target=TARGET,
-            state=state,
-            removed=RemovedSamples(
-                [victim], Xtr_t[victim : victim + 1], ytr_t[victim : victim + 1]
-            ),
-            retained=retained,
             test=test,
             history=list(history),
+            model_id=0,
         )
         t0 = time.perf_counter()
         try:
@@ -233,7 +232,7 @@ def service(name: str, requests: int, tmp: Path) -> dict[str, Any]:
                 "privacy": {"epsilon": 1.0, "delta": 1e-5},
             },
         )
-        model = c.wait_model(model["id"])
+        model = c.wait_model(model["id"]).model_dump(mode="json")
         out["train_s"] = time.perf_counter() - t0
         ids = [
             s["external_id"]
@@ -249,7 +248,9 @@ def service(name: str, requests: int, tmp: Path) -> dict[str, Any]:
                 if method:
                     body["method"] = method
                 t0 = time.perf_counter()
-                done = c.wait_deletion(c.post("/v1/deletions", json=body)["id"])
+                done = c.wait_deletion(c.post("/v1/deletions", json=body)["id"]).model_dump(
+                    mode="json"
+                )
                 latencies.append(time.perf_counter() - t0)
                 cert = c.get(f"/v1/audit/certificates/{done['certificate_ids'][0]}")
                 methods.append(cert["method"])

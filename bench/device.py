@@ -34,21 +34,21 @@ from typing import Any
 import numpy as np
 import torch
 
-from app.methods import get_method
 from app.schemas import BuiltinDatasetIn
 from app.services.dataset_files import load_builtin
 from bench.common import model_spec, percentiles, update_inputs, write_result
-from workers.device import resolve_device, retained_to, synchronize, trained_to_cpu
-from workers.methods import fit
-from workers.methods.base import (
+from maths.training import accuracy
+from methods import get_method
+from methods.compute import (
     ModelSpec,
     PrivacyTarget,
     RemovedSamples,
     RetainedData,
     Trained,
     UpdateInputs,
+    fit,
 )
-from workers.training import accuracy
+from workers.device import resolve_device, retained_to, synchronize, trained_to_cpu
 from workers.updates import compute_on
 from workers.values import Fallback
 

@@ -36,7 +36,7 @@ def main() -> None:
                 "method": {"name": "retrain"},
             },
         )
-        model = c.wait_model(model["id"])
+        model = c.wait_model(model["id"]).model_dump(mode="json")
         post_to_ready = time.perf_counter() - start
         v1 = model["current_version"]["metrics"]
         train_ids = [
@@ -50,7 +50,7 @@ def main() -> None:
         for sample in train_ids:
             t0 = time.perf_counter()
             req = c.post("/v1/deletions", json={"dataset_id": ds["id"], "sample_ids": [sample]})
-            req = c.wait_deletion(req["id"])
+            req = c.wait_deletion(req["id"]).model_dump(mode="json")
             assert req["status"] == "done" and req["certificate_ids"], req
             latencies.append(time.perf_counter() - t0)
         for v in c.get(f"/v1/models/{model['id']}/versions")[1:]:

@@ -21,11 +21,11 @@ from sklearn.model_selection import train_test_split
 
 from app.privacy.gaussian import epsilon_for, sigma_for
 from bench.common import model_spec, update_inputs, write_result
-from workers.evaluation import membership_auc, per_sample_losses
-from workers.methods.base import PrivacyTarget, RemovedSamples, RetainedData
-from workers.methods.newton import Newton
-from workers.nets import flat
-from workers.training import accuracy, train
+from maths.evaluation import membership_auc, per_sample_losses
+from maths.nets import flat
+from maths.training import accuracy, train
+from methods.compute import PrivacyTarget, RemovedSamples, RetainedData
+from methods.newton.compute import Newton
 
 ARCH = {"type": "mlp", "hidden": [64, 64], "activation": "relu"}
 TRAINING = {"epochs": 20, "batch_size": 64, "learning_rate": 0.1, "weight_decay": 5e-4, "seed": 0}

@@ -22,15 +22,15 @@ import torch
 from sklearn.datasets import load_digits
 from sklearn.model_selection import train_test_split
 
-from app.methods import method_of
 from app.privacy.rdp import epsilon_from_slope, slope_budget
 from bench.common import RESULTS, model_spec, write_result
-from workers.methods.base import RetainedData
-from workers.methods.noise import add_gaussian, secure_generator
-from workers.methods.noisy_finetune import NoisyFinetune
-from workers.nets import FlatModel, build_net
-from workers.norms import clip_to_ball
-from workers.training import accuracy, train
+from maths.nets import FlatModel, build_net
+from maths.norms import clip_to_ball
+from maths.training import accuracy, train
+from methods import method_of
+from methods.compute import RetainedData
+from methods.noise import add_gaussian, secure_generator
+from methods.noisy_finetune.compute import NoisyFinetune
 
 ARCH = {"type": "mlp", "hidden": [64, 64], "activation": "relu"}
 CONFIG = {"epochs": 20, "batch_size": 64, "learning_rate": 0.1, "weight_decay": 1e-4, "seed": 0}

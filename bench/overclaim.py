@@ -30,9 +30,8 @@ from bench.common import model_spec, update_inputs, write_result
 def dependent_rows(duplicates: int, removed: int) -> dict[str, Any]:
     """40 independent rows (p = 200) and `duplicates` copies of the first ones with other
     labels; `removed` of the copies are deleted, the rest stay (the rows stay dependent)."""
-    from workers import minnorm as mn
-    from workers.methods import fit
-    from workers.methods.base import PrivacyTarget, RemovedSamples, RetainedData
+    from methods.compute import PrivacyTarget, RemovedSamples, RetainedData, fit
+    from methods.minnorm import maths as mn
     from workers.updates import compute
 
     gen = torch.Generator().manual_seed(3)

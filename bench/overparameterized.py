@@ -30,9 +30,9 @@ from safetensors.torch import save as st_save
 from app.schemas import BuiltinDatasetIn
 from app.services.dataset_files import load_builtin
 from bench.common import RESULTS, model_spec, update_inputs, write_result
-from workers.methods.base import PrivacyTarget, RemovedSamples, RetainedData
-from workers.methods.minnorm import MinNorm
-from workers.training import accuracy, train
+from maths.training import accuracy, train
+from methods.compute import PrivacyTarget, RemovedSamples, RetainedData
+from methods.minnorm.compute import MinNorm
 from workers.updates import compute
 
 TARGET = PrivacyTarget(1.0, 1e-5)

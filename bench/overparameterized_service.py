@@ -40,7 +40,7 @@ def main() -> None:
                 "method": {"name": "minnorm"},
             },
         )
-        model = c.wait_model(model["id"])
+        model = c.wait_model(model["id"]).model_dump(mode="json")
         train_seconds = time.time() - start
         page = c.get(
             f"/v1/datasets/{ds['id']}/samples",
@@ -52,7 +52,7 @@ def main() -> None:
             request = c.post(
                 "/v1/deletions", json={"dataset_id": ds["id"], "sample_ids": [item["external_id"]]}
             )
-            assert c.wait_deletion(request["id"])["status"] == "done"
+            assert c.wait_deletion(request["id"]).status == "done"
             latencies.append(time.time() - start)
             version = c.get(f"/v1/models/{model['id']}")["current_version"]
             compute.append(version["metrics"]["unlearn_seconds"])

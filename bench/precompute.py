@@ -56,9 +56,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from app.methods.recollection import RecollectionOptions
 from app.specs import TrainingConfig
 from bench.common import RESULTS, write_result
+from methods.recollection.spec import RecollectionOptions
 
 ARCHS: dict[str, dict[str, Any]] = {
     "logreg": {"type": "logreg"},
@@ -147,9 +147,9 @@ def throughput(arch: str, impl: str, chunk: int, m: int) -> float:
     """Vectors per second of (H̄ + λI) on m vectors at the seeded initial weights and the
     first digits batch. impl: `func` (torch.func), `closed` (hvp into a new block) or
     `descend` (the closed form's in-place update V ← V − η(H̄ + λI)V, what training runs)."""
-    from workers.curvature import ClipJacobian, curvature_for
-    from workers.nets import FlatModel
-    from workers.training import seeded_net
+    from maths.nets import FlatModel
+    from maths.training import seeded_net
+    from methods.recollection.curvature import ClipJacobian, curvature_for
 
     X, y = digits_like(CONFIG.batch_size)
     model = FlatModel(seeded_net(ARCHS[arch], N_FEATURES, N_CLASSES, CONFIG.seed))
@@ -189,7 +189,7 @@ def child_sweep(arch: str) -> dict[str, Any]:
 
 def child_precompute(arch: str, n: int, code: str) -> dict[str, Any]:
     if code == "new":
-        from workers.recollection import train_recollection
+        from methods.recollection.maths import train_recollection
     else:
         from bench.precompute_baseline import train_recollection  # type: ignore[assignment]
     X, y = digits_like(n)

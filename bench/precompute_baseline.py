@@ -17,10 +17,10 @@ from torch import nn
 from torch.func import grad, jvp, vmap
 
 from app.specs import ArchitectureSpec, TrainingConfig, training_of
-from workers.linalg import extreme_eigenvalues
-from workers.nets import FlatModel
-from workers.norms import clip_vector
-from workers.training import seeded_net
+from maths.linalg import extreme_eigenvalues
+from maths.nets import FlatModel
+from maths.norms import clip_vector
+from maths.training import seeded_net
 
 CHUNK = 2048  # vectors per vmap call: larger chunks amortise torch.func overhead
 

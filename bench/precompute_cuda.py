@@ -26,7 +26,7 @@ from typing import Any
 
 import torch
 
-from workers.recollection import train_recollection
+from methods.recollection.maths import train_recollection
 
 ARCHS: dict[str, dict[str, Any]] = {
     "logreg": {"type": "logreg"},

@@ -30,11 +30,11 @@ from app.db.session import Database, database
 from app.db.tables import Model, ModelVersion, Sample
 from app.settings import Settings, use_settings
 from bench.common import RESULTS, embedded_server, percentiles, write_result
-from workers.evaluation import membership_auc, per_sample_losses
-from workers.nets import FlatModel, build_net
-from workers.recollection import train_recollection
+from maths.evaluation import membership_auc, per_sample_losses
+from maths.nets import FlatModel, build_net
+from maths.training import accuracy, train
+from methods.recollection.maths import train_recollection
 from workers.statistics import read_vectors
-from workers.training import accuracy, train
 
 ARCHS = {
     "logreg": {"type": "logreg"},
@@ -136,7 +136,7 @@ def run_arch(name: str, epochs: int, tmp: Path) -> dict:
                 },
             },
         )
-        model = c.wait_model(model["id"])
+        model = c.wait_model(model["id"]).model_dump(mode="json")
         assert model["status"] == "ready", model
         post_to_ready = time.perf_counter() - t0
         v1 = model["current_version"]["metrics"]
@@ -166,7 +166,7 @@ def run_arch(name: str, epochs: int, tmp: Path) -> dict:
         for k, external in enumerate(queue[: max(checkpoints)], start=1):
             t0 = time.perf_counter()
             req = c.post("/v1/deletions", json={"dataset_id": ds["id"], "sample_ids": [external]})
-            req = c.wait_deletion(req["id"])
+            req = c.wait_deletion(req["id"]).model_dump(mode="json")
             latencies.append(time.perf_counter() - t0)
             assert req["status"] == "done", req
             cert = c.get(f"/v1/audit/certificates/{req['certificate_ids'][0]}")

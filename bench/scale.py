@@ -208,7 +208,7 @@ def delete_one(
     if method:
         body["method"] = method
     t0 = time.perf_counter()
-    done = c.wait_deletion(c.post("/v1/deletions", json=body)["id"])
+    done = c.wait_deletion(c.post("/v1/deletions", json=body)["id"]).model_dump(mode="json")
     seconds = time.perf_counter() - t0
     out: dict[str, Any] = {
         "requested_method": method,
@@ -261,7 +261,7 @@ def run_method(
     t0 = time.perf_counter()
     model = c.post("/v1/models", json=body)
     try:
-        model = c.wait_model(model["id"], timeout=args.model_timeout)
+        model = c.wait_model(model["id"], timeout=args.model_timeout).model_dump(mode="json")
     except TimeoutError:
         out["train_s"] = None
         out["skipped"] = f"training not ready after --model-timeout {args.model_timeout} s"
@@ -313,7 +313,7 @@ def warm_up(c: Client) -> float:
         json={"name": "warm-up", "dataset_id": ds["id"], "architecture": LOGREG,
               "training": TRAINING},
     )  # fmt: skip
-    c.wait_model(model["id"])
+    c.wait_model(model["id"]).model_dump(mode="json")
     delete_one(c, ds["id"], model["id"], train_ids(c, ds["id"], 1)[0], None)
     return time.perf_counter() - t0
 

@@ -94,7 +94,7 @@ def synthetic() -> tuple[torch.Tensor, ...]:
 
 
 def accuracy(spec: Any, state: dict, X: torch.Tensor, y: torch.Tensor, how: str) -> float:
-    from workers.training import accuracy as acc
+    from maths.training import accuracy as acc
 
     value = acc(spec.architecture, state, X, y, spec.n_classes, how)
     assert value is not None
@@ -103,8 +103,7 @@ def accuracy(spec: Any, state: dict, X: torch.Tensor, y: torch.Tensor, how: str)
 
 def measure_task(name: str, deletions: int) -> dict[str, Any]:
     """Training, accuracy, storage and single-sample deletion compute, per (S, R)."""
-    from workers.methods import fit, method_for
-    from workers.methods.base import PrivacyTarget, RemovedSamples, RetainedData
+    from methods.compute import PrivacyTarget, RemovedSamples, RetainedData, fit, method_for
 
     Xtr, ytr, Xte, yte = digits() if name == "digits" else synthetic()
     training = TASKS[name]["training"]
@@ -223,14 +222,14 @@ def _serve(
             "method": method,
         },
     )
-    model = c.wait_model(model["id"])
+    model = c.wait_model(model["id"]).model_dump(mode="json")
     post_to_ready = time.time() - start
     ids = _train_ids(c, dataset_id, deletions)
     latencies, compute = [], []
     for external in ids:
         start = time.time()
         request = c.post("/v1/deletions", json={"dataset_id": dataset_id, "sample_ids": [external]})
-        assert c.wait_deletion(request["id"])["status"] == "done"
+        assert c.wait_deletion(request["id"]).status == "done"
         latencies.append(time.time() - start)
         version = c.get(f"/v1/models/{model['id']}")["current_version"]
         compute.append(version["metrics"]["unlearn_seconds"])
@@ -270,7 +269,7 @@ def _burst(c: Any, dataset_id: int, model_id: int, n: int) -> dict[str, Any]:
         )
     posted = time.time() - start
     for r in requests:
-        assert c.wait_deletion(r["id"])["status"] == "done"
+        assert c.wait_deletion(r["id"]).status == "done"
     seconds = time.time() - start
     after = c.get(f"/v1/models/{model_id}")["current_version"]
     return {

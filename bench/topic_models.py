@@ -24,15 +24,15 @@ from typing import Any
 import numpy as np
 import torch
 
-from app.methods.anchor_topics import sensitivity
-from app.methods.topic_head import head_capacity
 from app.privacy.gaussian import sigma_for
 from app.text import synthetic_corpus
 from bench.common import RESULTS, model_spec, update_inputs, write_result
-from workers import topics as tp
-from workers.methods import anchor_topics
-from workers.methods.anchor_topics import AnchorTopics
-from workers.methods.base import PrivacyTarget, RemovedSamples, RetainedData
+from maths import topics as tp
+from methods.anchor_topics import compute as anchor_topics
+from methods.anchor_topics.compute import AnchorTopics
+from methods.anchor_topics.spec import sensitivity
+from methods.compute import PrivacyTarget, RemovedSamples, RetainedData
+from methods.topic_head.spec import head_capacity
 
 TARGET = PrivacyTarget(1.0, 1e-5)
 DECLARED = {"c": 1.0, "a": 2.0, "gamma": 0.5, "p": 0.05, "eps0": 0.05}
@@ -166,9 +166,9 @@ def head(documents: int, vocabulary: int, topics: int, length: int, p: float) ->
     one removed document; accuracy of the release with the bound's σ_v, of the same update
     without noise, and of the head retrained from scratch. The capacity check is bypassed here
     (it would hand every request to an exact retrain) to show what the release would be."""
-    from workers.methods import topic_head
-    from workers.methods.topic_head import TopicHead
-    from workers.training import accuracy
+    from maths.training import accuracy
+    from methods.topic_head import compute as topic_head
+    from methods.topic_head.compute import TopicHead
 
     corpus = synthetic_corpus(vocabulary, topics, documents, length, p, seed=0)
     X, y = torch.from_numpy(corpus.counts), torch.from_numpy(corpus.labels)

@@ -55,7 +55,7 @@ METHODS: dict[str, dict[str, Any]] = {
 def ready_model(c: Client, dataset: dict, method: str) -> dict:
     spec = {"name": method, "dataset_id": dataset["id"], "architecture": {"type": "logreg"}}
     model = c.post("/v1/models", json={**spec, **METHODS[method]})
-    model = c.wait_model(model["id"])
+    model = c.wait_model(model["id"]).model_dump(mode="json")
     assert model["status"] == "ready", model
     return model
 
@@ -180,7 +180,7 @@ def throughput(method: str, n_requests: int, mode: str) -> dict[str, Any]:
                 **spec,
             },
         )
-        model = c.wait_model(model["id"])
+        model = c.wait_model(model["id"]).model_dump(mode="json")
         ids = train_ids(c, ds["id"], n_requests)
         requester = cluster.new_key("requester")
         redis = Redis.from_url(REDIS)

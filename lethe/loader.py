@@ -15,8 +15,8 @@ from safetensors.torch import load as st_load
 from torch import nn
 
 from app.specs import TopicHeadSpec, TopicModelSpec, architecture_of
-from workers.ensemble import ensemble_of
-from workers.nets import build_net, parameters_of
+from maths.ensemble import ensemble_of
+from maths.nets import build_net, parameters_of
 
 
 @dataclass(frozen=True)

@@ -4,13 +4,24 @@ errors with the API's code, wait helpers with progress, sync and async (issue 16
 from __future__ import annotations
 
 import asyncio
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from app.client import AsyncClient, Client, Forbidden, Gone, Invalid, NotFound, Unauthorized
-from app.schemas import DatasetOut, DeletionOut, KeyOut, ModelOut, VersionOut
+from app.wire import (
+    CertificateOut,
+    ChainCheck,
+    DatasetOut,
+    DeletionOut,
+    KeyOut,
+    ModelOut,
+    PreviewOut,
+    VersionOut,
+)
 from bench.cluster import Cluster
 
 pytestmark = pytest.mark.integration
@@ -34,9 +45,9 @@ def test_the_sync_client_covers_the_api_with_types(served: tuple[str, str], tmp_
         assert c.upload_dataset(csv, "csv", id_column="id").n_samples == 20
         model = c.create_model({"name": "m", "dataset_id": ds.id, "training": TRAINING})
         assert isinstance(model, ModelOut)
-        seen: list[dict] = []
-        assert c.wait_model(model.id, on_progress=seen.append)["status"] == "ready"
-        assert seen and all(m["id"] == model.id for m in seen)
+        seen: list[ModelOut] = []
+        assert c.wait_model(model.id, on_progress=seen.append).status == "ready"
+        assert seen and all(m.id == model.id for m in seen)
         assert [m.id for m in c.models()] == [model.id]
         assert isinstance(c.version(model.id, 1), VersionOut)
         first = c.weights(model.id)
@@ -47,18 +58,24 @@ def test_the_sync_client_covers_the_api_with_types(served: tuple[str, str], tmp_
         with Client(url, requester.key) as r:
             req = r.delete(ds.id, [sample], idempotency_key="t-1")
             assert isinstance(req, DeletionOut)
-            progress: list[dict] = []
+            progress: list[DeletionOut] = []
             done = r.wait_deletion(req.id, on_progress=progress.append, poll=2.0)
-            assert done["status"] == "done" and progress[-1]["status"] == "done"
+            assert done.status == "done" and progress[-1].status == "done"
             assert [d.id for d in r.deletions().items] == [req.id]
             with pytest.raises(Forbidden) as denied:
                 r.verify()
             assert denied.value.code == "forbidden"
-        assert c.deletion(req.id).certificate_ids == done["certificate_ids"]
-        certificate = c.certificate(done["certificate_ids"][0])
-        assert c.certificates(model=model.id)[0]["id"] == certificate["id"]
-        assert c.verify()["ok"] and c.export().count(b"\n") == 1
-        assert c.preview(model.id)["guarantee"] == "exact"
+        assert c.deletion(req.id).certificate_ids == done.certificate_ids
+        certificate = c.certificate(done.certificate_ids[0])
+        assert isinstance(certificate, CertificateOut) and certificate.guarantee == "exact"
+        assert certificate.model_id == model.id and certificate.to_version == 2
+        assert c.certificates(model=model.id)[0].id == certificate.id
+        check = c.verify()
+        assert isinstance(check, ChainCheck) and check.ok and check.checked == 1
+        assert c.export().count(b"\n") == 1
+        preview = c.preview(model.id)
+        assert isinstance(preview, PreviewOut) and preview.guarantee == "exact"
+        assert preview.target.epsilon == 1.0 and preview.lineage.releases_since_reset == 0
         assert len(c.versions(model.id)) == 2 and c.weights(model.id) != first
         with pytest.raises(Gone) as gone:
             c.weights(model.id, 1)
@@ -71,6 +88,18 @@ def test_the_sync_client_covers_the_api_with_types(served: tuple[str, str], tmp_
         c.revoke_key(requester.id)
     with Client(url, "lethe_wrong") as bad, pytest.raises(Unauthorized):
         bad.models()
+
+
+def test_the_client_imports_neither_torch_nor_the_server_maths() -> None:
+    """A client needs httpx and pydantic: `import app.client` loads no torch, scipy,
+    dp-accounting, FastAPI or SQLAlchemy."""
+    code = (
+        "import sys, app.client\n"
+        "heavy = ('torch', 'scipy', 'dp_accounting', 'fastapi', 'sqlalchemy', 'numpy', 'methods')\n"
+        "print(sorted({m.split('.')[0] for m in sys.modules} & set(heavy)))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]", out.stdout + out.stderr
 
 
 def test_the_async_client_waits_with_progress(served: tuple[str, str]) -> None:

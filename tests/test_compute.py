@@ -8,20 +8,19 @@ import math
 import pytest
 import torch
 
-from app.methods import method_of
 from app.privacy.lineage import GaussianRelease, SlopeRelease, gaussian_event
 from app.specs import PrivacyPolicy, TrainingConfig, architecture_of
 from app.states import Guarantee, VersionKind
-from workers.certify import CertificateContext, certificate_fields
-from workers.methods import fit
-from workers.methods.base import (
+from maths.norms import global_norm
+from methods import method_of
+from methods.compute import (
     ModelSpec,
-    PrivacyTarget,
-    RemovedSamples,
     RetainedData,
     UpdateInputs,
+    fit,
 )
-from workers.norms import global_norm
+from tests.factories import model_spec, split_off, update_inputs
+from workers.certify import CertificateContext, certificate_fields
 from workers.updates import compute
 from workers.values import Fallback, Released
 
@@ -45,24 +44,18 @@ def inputs_for(
     """Train the model as its method requires, then remove the first three samples."""
     X, y = data()
     ids = list(range(100, 100 + N))
-    arch = architecture_of(architecture or {"type": "logreg"})
-    spec = ModelSpec(arch, TRAINING, method_of(method), P, K)
-    trained = fit(spec, RetainedData(ids, X, y, [None] * N))
-    stats = trained.statistics
-    vectors = {s: stats.vectors[i] for i, s in enumerate(stats.sample_ids)} if stats else {}
-    gone = ids[:3]
-    policy = policy or PrivacyPolicy()
-    return UpdateInputs(
-        model_id=1,
-        spec=spec,
-        method=spec.method,
+    spec = model_spec(architecture or {"type": "logreg"}, method, P, K, TRAINING)
+    everything = RetainedData(ids, X, y, [None] * N)
+    trained = fit(spec, everything)
+    removed, retained = split_off(everything, ids[:3], trained)
+    return update_inputs(
+        spec,
+        trained.next_state,  # what the pipeline loads: the state and any method state
+        removed,
+        retained,
         policy=policy,
-        target=PrivacyTarget(policy.epsilon, policy.delta),
-        state=trained.next_state,  # what the pipeline loads: the state and any method state
-        removed=RemovedSamples(gone, X[:3], y[:3], {s: vectors[s] for s in gone if s in vectors}),
-        retained=RetainedData(ids[3:], X[3:], y[3:], [None] * (N - 3)),
         test=RetainedData(ids[:30], X[:30], y[:30]),
-        history=history or [],
+        history=history,
         record=trained.record or None,
     )
 
@@ -165,20 +158,9 @@ def test_convex_head_releases_on_a_measured_shift_and_retrains_over_budget() -> 
         spec = ModelSpec(arch, TRAINING, method, P, K)
         trained = fit(spec, RetainedData(ids, X, y))
         assert trained.metrics["gradient_norm"] <= 1e-10
-        policy = PrivacyPolicy()
-        inputs = UpdateInputs(
-            model_id=1,
-            spec=spec,
-            method=method,
-            policy=policy,
-            target=PrivacyTarget(policy.epsilon, policy.delta),
-            state=trained.state,
-            removed=RemovedSamples(ids[:3], X[:3], y[:3]),
-            retained=RetainedData(ids[3:], X[3:], y[3:]),
-            test=RetainedData(ids[:30], X[:30], y[:30]),
-            history=[],
-        )
-        return compute(inputs).decision
+        removed, retained = split_off(RetainedData(ids, X, y), ids[:3])
+        test = RetainedData(ids[:30], X[:30], y[:30])
+        return compute(update_inputs(spec, trained.state, removed, retained, test=test)).decision
 
     released = decision(beta=1.0)
     assert isinstance(released, Released) and released.method == "convex_head"

@@ -21,10 +21,11 @@ from app.blobstore import DatabaseBlobStore
 from app.db.session import database
 from app.db.tables import Dataset, Model, ModelVersion
 from app.privacy.lineage import compose_events, gaussian_event
+from maths import convex
+from methods.convex_head.compute import to_theta
 from tests.conftest import Api, train_ids
-from workers import convex
+from tests.factories import certificate_of, forget
 from workers.data import training_arrays
-from workers.methods.convex_head import to_theta
 
 LAM, R = 1e-2, 8.0
 
@@ -43,19 +44,6 @@ def convex_model(api: Api, dataset_id: int, **options: object) -> dict:
     model = api.wait(f"/v1/models/{created.json()['id']}", ("ready", "failed"))
     assert model["status"] == "ready", model
     return model
-
-
-def delete(api: Api, dataset_id: int, ids: list[str]) -> dict:
-    req = api.post(
-        "/v1/deletions", role="requester", json={"dataset_id": dataset_id, "sample_ids": ids}
-    ).json()
-    done = api.wait(f"/v1/deletions/{req['id']}", ("done", "failed"))
-    assert done["status"] == "done", done
-    return done
-
-
-def certificate(api: Api, done: dict) -> dict:
-    return api.get(f"/v1/audit/certificates/{done['certificate_ids'][0]}", role="auditor").json()
 
 
 def noise_free_and_optimum(api: Api, model_id: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -78,9 +66,9 @@ def test_measured_shift_bounds_the_distance_to_the_retrained_optimum(api: Api) -
     model = convex_model(api, ds["id"], beta=1.0)
     offset = 0
     for n in (1, 10, 100):
-        done = delete(api, ds["id"], train_ids(api, ds["id"], n, offset))
+        done = forget(api, ds["id"], train_ids(api, ds["id"], n, offset))
         offset += n
-        cert = certificate(api, done)
+        cert = certificate_of(api, done)
         assert cert["method"] == "convex_head" and cert["guarantee"] == "rigorous", cert
         s = cert["constants"]["s"]["value"]
         assert cert["constants"]["s"]["source"] == "measured"
@@ -92,8 +80,8 @@ def test_measured_shift_bounds_the_distance_to_the_retrained_optimum(api: Api) -
 def test_a_shift_over_the_budget_retrains_exactly(api: Api) -> None:
     ds = api.post("/v1/datasets", json={"builtin": "breast_cancer"}).json()
     model = convex_model(api, ds["id"], beta=1e-14, newton_steps=1)
-    done = delete(api, ds["id"], train_ids(api, ds["id"], 3))
-    cert = certificate(api, done)
+    done = forget(api, ds["id"], train_ids(api, ds["id"], 3))
+    cert = certificate_of(api, done)
     assert cert["method"] == "retrain" and cert["guarantee"] == "exact"
     assert "exceeds the budget" in cert["fallback_reason"]
     assert "warm-started" in cert["sentence"] and "within ‖∇F‖/λ" in cert["sentence"]
@@ -113,7 +101,7 @@ def analytic_gaussian_epsilon(z: float, delta: float) -> float:
 def test_certificate_epsilon_is_the_analytic_gaussian(api: Api) -> None:
     ds = api.post("/v1/datasets", json={"builtin": "breast_cancer"}).json()
     convex_model(api, ds["id"], beta=0.5)
-    cert = certificate(api, delete(api, ds["id"], train_ids(api, ds["id"], 2)))
+    cert = certificate_of(api, forget(api, ds["id"], train_ids(api, ds["id"], 2)))
     assert cert["guarantee"] == "rigorous"
     z = cert["sigma"] / cert["constants"]["beta"]["value"]
     assert cert["epsilon"] == pytest.approx(analytic_gaussian_epsilon(z, cert["delta"]), rel=1e-4)
@@ -146,10 +134,10 @@ def test_inputs_are_clipped_in_training_and_unlearning(api: Api) -> None:
     trained, _ = noise_free_and_optimum(api, model["id"])
     assert float(torch.linalg.norm(trained - expected)) < 1e-6
 
-    done = delete(api, ds["id"], ["1"])  # a sample next to the big one; then the big one
-    assert certificate(api, done)["guarantee"] == "rigorous"
-    done = delete(api, ds["id"], ["0"])
-    cert = certificate(api, done)
+    done = forget(api, ds["id"], ["1"])  # a sample next to the big one; then the big one
+    assert certificate_of(api, done)["guarantee"] == "rigorous"
+    done = forget(api, ds["id"], ["0"])
+    cert = certificate_of(api, done)
     assert cert["guarantee"] == "rigorous", cert
     released, optimum = noise_free_and_optimum(api, model["id"])
     assert float(torch.linalg.norm(released - optimum)) <= cert["constants"]["s"]["value"]
@@ -174,7 +162,7 @@ def test_convex_head_needs_a_logistic_head(api: Api) -> None:
 def test_preview_shows_sigma_noise_norm_and_recent_shifts(api: Api) -> None:
     ds = api.post("/v1/datasets", json={"builtin": "breast_cancer"}).json()
     model = convex_model(api, ds["id"], beta=0.5)
-    done = delete(api, ds["id"], train_ids(api, ds["id"], 1))
+    done = forget(api, ds["id"], train_ids(api, ds["id"], 1))
     view = api.get("/v1/privacy/preview", params={"model": model["id"]}).json()
     assert view["method"] == "convex_head" and view["feasible"] is True
     assert view["sigma"] == pytest.approx(0.5 * 3.7306, rel=1e-3)  # β · z(1, 1e-5)
@@ -182,7 +170,7 @@ def test_preview_shows_sigma_noise_norm_and_recent_shifts(api: Api) -> None:
     assert shift["parameters"] == 2 * 31
     assert shift["expected_noise_norm"] == pytest.approx(view["sigma"] * math.sqrt(62))
     assert shift["weight_norm"] > 0
-    s = certificate(api, done)["constants"]["s"]["value"]
+    s = certificate_of(api, done)["constants"]["s"]["value"]
     assert shift["recent"] == [
         {"request_id": done["id"], "n_removed": 1, "s": s, "s_over_beta": s / 0.5}
     ]
@@ -195,7 +183,7 @@ def test_measured_values_of_the_removed_rows_go_to_auditors_only(api: Api) -> No
     values, which open the commitments; a requester's preview shows no recent s."""
     ds = api.post("/v1/datasets", json={"builtin": "breast_cancer"}).json()
     model = convex_model(api, ds["id"], beta=0.5)
-    done = delete(api, ds["id"], train_ids(api, ds["id"], 2))
+    done = forget(api, ds["id"], train_ids(api, ds["id"], 2))
     receipt = api.get(f"/v1/deletions/{done['id']}", role="requester").json()["receipts"][0]
     body = json.loads(receipt["entry"])
     for name in ("s", "gradient_norm", "rounding", "gradient_norm_before"):
@@ -203,7 +191,7 @@ def test_measured_values_of_the_removed_rows_go_to_auditors_only(api: Api) -> No
         assert body["constants"][name]["disclosed_to"] == "auditors and admins"
     assert body["constants"]["s"]["public"] == "≤ β = 0.5"
     assert body["constants"]["beta"]["value"] == 0.5  # declared constants stay public
-    cert = certificate(api, done)  # the auditor's view
+    cert = certificate_of(api, done)  # the auditor's view
     s = cert["constants"]["s"]["value"]
     assert 0 < s <= 0.5 and f"{s:.4g}" not in receipt["entry"]
     for name in ("s", "gradient_norm", "rounding", "gradient_norm_before"):

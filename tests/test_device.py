@@ -15,21 +15,25 @@ import torch
 from pydantic import ValidationError
 
 import app.settings as app_settings
-from app.methods import method_of
 from app.privacy.lineage import gaussian_event
 from app.specs import PrivacyPolicy, architecture_of
-from tests.test_compute import TRAINING, K, N, P, data, inputs_for
-from workers import device as dev
-from workers import jobs, updates, values, worker
-from workers.data import Arrays
-from workers.methods import convex_head, fit, newton, noise, noisy_finetune, output_perturbation
-from workers.methods import recollection as recollection_method
-from workers.methods.base import (
+from methods import method_of, noise
+from methods.compute import (
     ModelSpec,
     RemovedSamples,
     RetainedData,
     UpdateInputs,
+    fit,
 )
+from methods.convex_head import compute as convex_head
+from methods.newton import compute as newton
+from methods.noisy_finetune import compute as noisy_finetune
+from methods.output_perturbation import compute as output_perturbation
+from methods.recollection import compute as recollection_method
+from tests.test_compute import TRAINING, K, N, P, data, inputs_for
+from workers import device as dev
+from workers import jobs, updates, values, worker
+from workers.data import Arrays
 from workers.updates import compute_on
 from workers.values import Outcome
 
@@ -256,8 +260,8 @@ def test_each_method_is_device_clean_with_unchanged_numbers(
 ) -> None:
     """With `meta` as torch's default device, a tensor created without the inputs' device
     holds no data and the update fails; a device-clean update gives bit for bit the release
-    and the evaluation of a plain run. (recollection's training maths, workers/recollection.py,
-    is checked by its own tests.)"""
+    and the evaluation of a plain run. (recollection's training maths,
+    methods/recollection/maths.py, is checked by its own tests.)"""
     inputs = update_inputs(name)
     seeded_noise[0] = 0
     expected = updates.compute(inputs)

@@ -12,12 +12,13 @@ from sqlalchemy import func, select
 from app.blobstore import DatabaseBlobStore
 from app.db.session import database
 from app.db.tables import Dataset, Model, ModelVersion
+from maths.nets import build_net
+from methods.minnorm import maths as mn
+from methods.minnorm.compute import GRAM, ROWS
+from methods.minnorm_og.compute import orthonormal_basis, project_step
 from tests.conftest import Api, train_ids
-from workers import minnorm as mn
+from tests.factories import forget
 from workers.data import training_arrays
-from workers.methods.minnorm import GRAM, ROWS
-from workers.methods.minnorm_og import orthonormal_basis, project_step
-from workers.nets import build_net
 
 FEATURES = {"type": "random_features", "width": 2048, "activation": "relu", "seed": 3}
 
@@ -38,15 +39,6 @@ def minnorm_model(api: Api, dataset_id: int) -> dict:
     model = api.wait(f"/v1/models/{body['id']}", ("ready", "failed"))
     assert model["status"] == "ready", model
     return model
-
-
-def delete(api: Api, dataset_id: int, ids: list[str]) -> dict:
-    req = api.post(
-        "/v1/deletions", role="requester", json={"dataset_id": dataset_id, "sample_ids": ids}
-    ).json()
-    done = api.wait(f"/v1/deletions/{req['id']}", ("done", "failed"), timeout=300)
-    assert done["status"] == "done", done
-    return done
 
 
 def theta_of(api: Api, model_id: int) -> torch.Tensor:
@@ -90,7 +82,7 @@ def test_projection_is_the_min_norm_retrain_and_keeps_retained_outputs(
     offset = 0
     for n in (1, 10, 100):
         before = theta_of(api, mid)
-        done = delete(api, digits["id"], train_ids(api, digits["id"], n, offset))
+        done = forget(api, digits["id"], train_ids(api, digits["id"], n, offset))
         offset += n
         theta = theta_of(api, mid)
         phi, y, ids = retained_features(api, mid)
@@ -133,8 +125,8 @@ def test_sequential_requests_give_the_combined_model(api: Api) -> None:
     a, b = minnorm_model(api, first["id"]), minnorm_model(api, second["id"])
     ids = train_ids(api, first["id"], 30, 200)
     for chunk in (ids[:5], ids[5:17], ids[17:]):
-        delete(api, first["id"], chunk)
-    delete(api, second["id"], ids)
+        forget(api, first["id"], chunk)
+    forget(api, second["id"], ids)
     ta, tb = theta_of(api, a["id"]), theta_of(api, b["id"])
     assert float((ta - tb).norm() / tb.norm()) <= 1e-9
 
@@ -172,7 +164,7 @@ def test_minnorm_og_is_a_declared_heuristic_with_an_evaluation(api: Api, digits:
     assert status == 202, body
     model = api.wait(f"/v1/models/{body['id']}", ("ready", "failed"))
     assert model["status"] == "ready", model
-    done = delete(api, digits["id"], train_ids(api, digits["id"], 40, 0))
+    done = forget(api, digits["id"], train_ids(api, digits["id"], 40, 0))
     cert = api.get(f"/v1/audit/certificates/{done['certificate_ids'][0]}", role="auditor").json()
     assert cert["guarantee"] == "none" and cert["method"] == "minnorm_og"
     assert cert["epsilon"] is None and cert["delta"] is None

@@ -13,11 +13,12 @@ from sklearn.datasets import make_classification
 from app.blobstore import DatabaseBlobStore
 from app.db.session import database
 from app.db.tables import Dataset, Model, ModelVersion
+from maths.nets import FlatModel, build_net
+from maths.training import train
+from methods.newton.maths import lissa, objective
 from tests.conftest import Api
+from tests.factories import certificate_of, forget
 from workers.data import training_arrays
-from workers.nets import FlatModel, build_net
-from workers.newton import lissa, objective
-from workers.training import train
 
 
 def test_lissa_matches_a_dense_solve_on_a_small_mlp() -> None:
@@ -92,6 +93,7 @@ def flat(state: dict[str, torch.Tensor]) -> torch.Tensor:
 
 
 def delete(api: Api, dataset_id: int, n: int) -> dict:
+    """Forget n active training samples; their certificate."""
     ids = [
         s["external_id"]
         for s in api.get(
@@ -99,12 +101,7 @@ def delete(api: Api, dataset_id: int, n: int) -> dict:
             params={"split": "train", "status": "active", "limit": n},
         ).json()["items"]
     ]
-    req = api.post(
-        "/v1/deletions", role="requester", json={"dataset_id": dataset_id, "sample_ids": ids}
-    ).json()
-    done = api.wait(f"/v1/deletions/{req['id']}", ("done", "failed"), timeout=300)
-    assert done["status"] == "done", done
-    return api.get(f"/v1/audit/certificates/{done['certificate_ids'][0]}", role="auditor").json()
+    return certificate_of(api, forget(api, dataset_id, ids))
 
 
 @pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)  # maths, not storage: SQLite

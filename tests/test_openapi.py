@@ -63,7 +63,7 @@ def test_keys_are_a_bearer_scheme_and_errors_have_one_shape(spec: dict[str, Any]
 
 
 def test_the_schema_lists_every_method_and_its_options(spec: dict[str, Any]) -> None:
-    from app.methods import method_names
+    from methods import method_names
 
     variants = spec["components"]["schemas"]["MethodConfig"]["oneOf"]
     names = {v["properties"]["name"]["const"] for v in variants}

@@ -8,18 +8,17 @@ import numpy as np
 import pytest
 import torch
 
-from app.methods import method_of
-from app.specs import PrivacyPolicy, TrainingConfig, architecture_of
+from app.specs import TrainingConfig, architecture_of
 from app.states import Guarantee
-from workers.methods import fit
-from workers.methods.base import (
+from maths.training import Diverged, check_converged
+from methods import method_of
+from methods.compute import (
     ModelSpec,
-    PrivacyTarget,
-    RemovedSamples,
     RetainedData,
     UpdateInputs,
+    fit,
 )
-from workers.training import Diverged, check_converged
+from tests.factories import split_off, update_inputs
 from workers.updates import compute
 from workers.values import Fallback, Unrecoverable
 
@@ -29,27 +28,8 @@ TRAINING = TrainingConfig(epochs=3, batch_size=16, learning_rate=0.1, momentum=0
 def inputs_for(
     spec: ModelSpec, state: dict[str, torch.Tensor], data: RetainedData, gone: list[int]
 ) -> UpdateInputs:
-    keep = [i for i, s in enumerate(data.sample_ids) if s not in gone]
-    out = [i for i, s in enumerate(data.sample_ids) if s in gone]
-    policy = PrivacyPolicy()
-    return UpdateInputs(
-        model_id=1,
-        spec=spec,
-        method=spec.method,
-        policy=policy,
-        target=PrivacyTarget(policy.epsilon, policy.delta),
-        state=state,
-        removed=RemovedSamples(gone, data.X[out], data.y[out]),
-        retained=RetainedData(
-            [data.sample_ids[i] for i in keep],
-            data.X[keep],
-            data.y[keep],
-            [data.subjects[i] for i in keep] if data.subjects else [],
-            [data.external_ids[i] for i in keep] if data.external_ids else [],
-        ),
-        test=RetainedData([], data.X[:0], data.y[:0]),
-        history=[],
-    )
+    removed, retained = split_off(data, gone)
+    return update_inputs(spec, state, removed, retained)
 
 
 # ---- 1. minnorm: exact means the retrain, also with dependent rows ----------------------------

@@ -50,7 +50,7 @@ def test_the_image_runs_unprivileged_with_dependencies_in_their_own_layer() -> N
 
 def test_a_built_wheel_carries_the_dashboard_and_the_loader(tmp_path: Path) -> None:
     source = tmp_path / "source"  # a copy: setuptools writes build/ beside the sources
-    for name in ("app", "workers", "lethe"):
+    for name in ("app", "workers", "methods", "maths", "lethe"):
         shutil.copytree(ROOT / name, source / name, ignore=shutil.ignore_patterns("__pycache__"))
     for name in ("pyproject.toml", "README.md"):
         shutil.copy(ROOT / name, source / name)

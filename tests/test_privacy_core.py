@@ -9,11 +9,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from app.methods import method_of
 from app.privacy.gaussian import epsilon_for, sigma_for
 from app.privacy.lineage import compose, compose_pld, exact_gaussian_composition
 from app.privacy.rdp import epsilon_from_slope, mironov_epsilon, slope_budget
 from app.privacy.validate import PrivacyParameterError
+from methods import method_of
 
 eps_st = st.floats(0.05, 20.0)
 delta_st = st.floats(1e-10, 0.1)

@@ -115,8 +115,8 @@ def test_a_receipt_carries_no_other_request() -> None:
     """Issue 26 item 4: the logged body (a requester's receipt) commits to the coalesced
     requests and the batch size; the values go to auditors only, and they open."""
     from app.specs import PrivacyPolicy
+    from methods.compute import CertificateFields, PrivacyTarget, Release
     from workers.certify import CertificateContext, certificate_fields
-    from workers.methods.base import CertificateFields, PrivacyTarget, Release
     from workers.values import Released
 
     cert = CertificateFields(Guarantee.exact, 0.0, 0.0, 0.0, 0.0, "none", "Exact.")
@@ -237,9 +237,9 @@ def test_the_dashboard_page_is_served_only_at_ui_with_its_policy(api: Api) -> No
 
 
 def test_the_issues_two_oversize_models_are_estimated_over_12_gib() -> None:
-    from app.methods import method_of
     from app.services import memory
     from app.specs import TrainingConfig, architecture_of
+    from methods import method_of
 
     topics = memory.estimate(
         architecture_of({"type": "topic_model", "topics": 500}),

@@ -16,9 +16,10 @@ from app.blobstore import DatabaseBlobStore
 from app.crypto import keyring
 from app.db.session import database
 from app.db.tables import Model, ModelVersion, Sample, SampleStatistic
+from maths.nets import FlatModel, build_net
+from methods.recollection.maths import train_recollection
 from tests.conftest import Api
-from workers.nets import FlatModel, build_net
-from workers.recollection import train_recollection
+from tests.factories import forget
 
 CONFIG = {"epochs": 10, "batch_size": 64, "learning_rate": 0.05, "weight_decay": 1e-3, "seed": 0}
 LOGREG = {"type": "logreg"}
@@ -133,15 +134,6 @@ def recollection_model(api: Api, dataset_id: int, **options: object) -> dict:
     return model
 
 
-def delete(api: Api, dataset_id: int, ids: list[str]) -> dict:
-    req = api.post(
-        "/v1/deletions", role="requester", json={"dataset_id": dataset_id, "sample_ids": ids}
-    ).json()
-    done = api.wait(f"/v1/deletions/{req['id']}", ("done", "failed"))
-    assert done["status"] == "done", done
-    return done
-
-
 def noise_free_state(api: Api, model_id: int) -> dict[str, torch.Tensor]:
     with database(api.url).write() as session:
         model = session.get(Model, model_id)
@@ -161,9 +153,9 @@ def test_additivity_one_request_or_two(api: Api) -> None:
     a = recollection_model(api, first["id"], max_relative_noise=None)
     b = recollection_model(api, second["id"], max_relative_noise=None)
     u, v = train_external_ids(api, first["id"], 2)
-    delete(api, first["id"], [u, v])
-    delete(api, second["id"], [u])
-    delete(api, second["id"], [v])
+    forget(api, first["id"], [u, v])
+    forget(api, second["id"], [u])
+    forget(api, second["id"], [v])
     sa, sb = noise_free_state(api, a["id"]), noise_free_state(api, b["id"])
     for key in sa:
         assert torch.allclose(sa[key], sb[key], atol=1e-6)
@@ -188,7 +180,7 @@ def test_vectors_are_consumed_and_certificate_is_conditional(api: Api) -> None:
             session.scalar(select(func.count()).where(SampleStatistic.sample_id.in_(sample_ids)))
             == 3
         )
-    done = delete(api, ds["id"], ids)
+    done = forget(api, ds["id"], ids)
     with database(api.url).write() as session:
         assert (
             session.scalar(select(func.count()).where(SampleStatistic.sample_id.in_(sample_ids)))
@@ -211,7 +203,7 @@ def test_vectors_are_consumed_and_certificate_is_conditional(api: Api) -> None:
 def test_vacuous_bound_falls_back_to_exact_retrain(api: Api) -> None:
     ds = synthetic(api)
     model = recollection_model(api, ds["id"])  # default guard: max_relative_noise = 1
-    done = delete(api, ds["id"], train_external_ids(api, ds["id"], 1))
+    done = forget(api, ds["id"], train_external_ids(api, ds["id"], 1))
     cert = api.get(f"/v1/audit/certificates/{done['certificate_ids'][0]}", role="auditor").json()
     assert cert["guarantee"] == "exact" and "weights' norm" in cert["fallback_reason"]
     with database(api.url).write() as session:  # the retrain recorded fresh vectors
@@ -247,7 +239,7 @@ def test_float16_storage_and_subject_vectors(api: Api) -> None:
     done = api.wait(f"/v1/deletions/{whole['id']}", ("done", "failed"))
     cert = api.get(f"/v1/audit/certificates/{done['certificate_ids'][0]}", role="auditor").json()
     assert cert["guarantee"] == "conditional" and cert["n_removed"] == 4
-    partial = delete(api, ds["id"], ["20"])  # one of p5's four samples
+    partial = forget(api, ds["id"], ["20"])  # one of p5's four samples
     cert = api.get(f"/v1/audit/certificates/{partial['certificate_ids'][0]}", role="auditor").json()
     assert cert["guarantee"] == "exact" and "part of its subject" in cert["fallback_reason"]
 

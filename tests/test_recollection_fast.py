@@ -1,6 +1,6 @@
-"""The closed-form curvature of the recollection precompute (workers.curvature) against the
-generic torch.func HVPs it replaces: per operator on random inputs, and end to end through a
-small train_recollection (same seed, so the same trajectory)."""
+"""The closed-form curvature of the recollection precompute (methods/recollection/curvature.py)
+against the generic torch.func HVPs it replaces: per operator on random inputs, and end to
+end through a small train_recollection (same seed, so the same trajectory)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,8 @@ import torch
 from torch import nn
 from torch.func import grad, jvp, vmap
 
-from workers.curvature import (
+from maths.nets import ClipFeatures, FlatModel, build_net
+from methods.recollection.curvature import (
     ClipJacobian,
     FuncCurvature,
     LogRegCurvature,
@@ -18,8 +19,7 @@ from workers.curvature import (
     batch_loss_of,
     curvature_for,
 )
-from workers.nets import ClipFeatures, FlatModel, build_net
-from workers.recollection import _permute_rows_, train_recollection
+from methods.recollection.maths import _permute_rows_, train_recollection
 
 LAM = 1e-2
 

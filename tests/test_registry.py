@@ -5,19 +5,26 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
 from app.architectures import parameter_shapes
-from app.methods import get_method, method_names, method_of
 from app.specs import TrainingConfig, architecture_of
-from workers.methods import compute_names, method_for
-from workers.methods.base import ModelSpec
-from workers.nets import build_net
+from maths.nets import build_net
+from methods import get_method, method_names, method_of
+from methods.compute import ModelSpec, compute_class, method_for
+
+METHODS_DIR = Path(__file__).resolve().parents[1] / "methods"
 
 
 def test_every_method_has_a_spec_and_a_compute_half() -> None:
-    assert method_names() == compute_names()
+    """One folder a method: each registered spec finds its compute half by the folder's name,
+    and every folder under methods/ with a compute half is registered."""
+    folders = sorted(p.parent.name for p in METHODS_DIR.glob("*/compute.py"))
+    assert folders == method_names()
+    for name in method_names():
+        assert compute_class(name).spec is get_method(name)
     assert {"retrain", "recollection", "newton", "noisy_finetune", "output_perturbation"} <= set(
         method_names()
     )
@@ -54,6 +61,20 @@ def test_worker_processes_import_no_web_framework() -> None:
     assert result.returncode == 0, result.stdout + result.stderr
 
 
+def test_the_api_process_imports_no_torch() -> None:
+    """The API, the CLI and every method's spec load without torch: only a worker computes."""
+    code = (
+        "import sys, app.main, app.cli, methods\n"
+        "app.main.create_app\n"
+        "bad = sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'maths', 'workers'))\n"
+        "bad += sorted(m for m in sys.modules if m.endswith('.compute'))\n"
+        "print(bad)\n"
+        "sys.exit(1 if bad else 0)\n"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
 @pytest.mark.parametrize(
     "arch",
     [
@@ -64,7 +85,7 @@ def test_worker_processes_import_no_web_framework() -> None:
     ],
 )
 def test_parameter_layout_matches_the_built_network(arch: dict) -> None:
-    """app/architectures.py mirrors workers/nets.py without torch; this pins them together."""
+    """app/architectures.py mirrors maths/nets.py without torch; this pins them together."""
     net = build_net(arch, 6, 4)
     built = {k: list(v.shape) for k, v in net.state_dict().items()}
     assert built == parameter_shapes(arch, 6, 4)

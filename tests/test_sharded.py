@@ -11,22 +11,22 @@ import torch
 from safetensors.torch import save as st_save
 
 from app.errors import APIError
-from app.methods import method_of
-from app.methods.sharded_retrain import expected_work_fraction
-from app.specs import PrivacyPolicy, TrainingConfig, architecture_of
+from app.specs import TrainingConfig, architecture_of
 from app.states import Guarantee
 from lethe.loader import load_model
-from workers import sharding as sh
-from workers.ensemble import Ensemble, count_shards, shard_states
-from workers.methods import fit, method_for
-from workers.methods.base import (
+from maths.ensemble import Ensemble, count_shards, shard_states
+from maths.training import logits
+from methods import method_of
+from methods.compute import (
     ModelSpec,
-    PrivacyTarget,
-    RemovedSamples,
     RetainedData,
     UpdateInputs,
+    fit,
+    method_for,
 )
-from workers.training import logits
+from methods.sharded_retrain import maths as sh
+from methods.sharded_retrain.spec import expected_work_fraction
+from tests.factories import split_off, update_inputs
 from workers.updates import compute
 
 N, P, K = 240, 6, 3
@@ -59,21 +59,8 @@ def subset(keep: list[int]) -> RetainedData:
 
 
 def removal(model: ModelSpec, state: dict[str, torch.Tensor], gone: list[int]) -> UpdateInputs:
-    X, y = data()
-    rows = torch.tensor([IDS.index(s) for s in gone])
-    policy = PrivacyPolicy()
-    return UpdateInputs(
-        model_id=1,
-        spec=model,
-        method=model.method,
-        policy=policy,
-        target=PrivacyTarget(policy.epsilon, policy.delta),
-        state=state,
-        removed=RemovedSamples(gone, X[rows], y[rows]),
-        retained=subset([s for s in IDS if s not in gone]),
-        test=subset(IDS[:30]),
-        history=[],
-    )
+    removed, retained = split_off(subset(IDS), gone)
+    return update_inputs(model, state, removed, retained, test=subset(IDS[:30]))
 
 
 def identical(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> bool:
@@ -277,7 +264,7 @@ def test_expected_work_matches_the_balanced_formula() -> None:
     ids = list(range(20_000))
     assignment = sh.Assignment.draw(ids, [f"id:{i}" for i in ids], 4, 4, seed=0)
     setup = sh.ShardedSetup(architecture_of(ARCH), TRAINING, P, K, 4, 4)
-    from workers.methods.sharded_retrain import _summary
+    from methods.sharded_retrain.compute import _summary
 
     sizes = sh.stage_sizes(assignment, 4, 4)
     measured = _summary(setup, assignment, sizes)["expected_work_fraction"]

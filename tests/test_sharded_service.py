@@ -16,14 +16,13 @@ from app.blobstore import DatabaseBlobStore
 from app.db.session import database
 from app.db.tables import Blob, DataKey, Dataset, Model, ModelVersion
 from lethe.loader import load_model
+from maths.ensemble import Ensemble, shard_states
+from methods.compute import RetainedData, fit
+from methods.sharded_retrain import maths as sh
 from tests.conftest import Api
 from tests.test_erasure import wait_until_absent
 from workers import pipeline
-from workers import sharding as sh
 from workers.data import training_arrays
-from workers.ensemble import Ensemble, shard_states
-from workers.methods import fit
-from workers.methods.base import RetainedData
 
 N_TRAIN, N_TEST, PEOPLE = 240, 40, 30
 METHOD = {"name": "sharded_retrain", "shards": 4, "slices": 3, "aggregation": "vote"}

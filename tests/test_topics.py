@@ -14,17 +14,19 @@ from safetensors.torch import load as st_load
 from app.blobstore import DatabaseBlobStore
 from app.db.session import database
 from app.db.tables import Dataset, Model, ModelVersion, Sample
-from app.methods.anchor_topics import capacity
 from app.text import count_documents, synthetic_corpus
+from maths import convex
+from maths import topics as tp
+from methods.anchor_topics import compute as anchor_topics
+from methods.anchor_topics.compute import ANCHORS, REMOVED, STATISTIC
+from methods.anchor_topics.spec import capacity
+from methods.topic_head import compute as topic_head
+from methods.topic_head.compute import ANCHORS as HEAD_ANCHORS
+from methods.topic_head.compute import BASE, frequencies
+from methods.topic_head.compute import HEAD as W_S
 from tests.conftest import Api, train_ids
-from workers import convex
-from workers import topics as tp
+from tests.factories import forget
 from workers.data import training_arrays
-from workers.methods import anchor_topics, topic_head
-from workers.methods.anchor_topics import ANCHORS, REMOVED, STATISTIC
-from workers.methods.topic_head import ANCHORS as HEAD_ANCHORS
-from workers.methods.topic_head import BASE, frequencies
-from workers.methods.topic_head import HEAD as W_S
 
 CORPUS = {
     "builtin": "synthetic_corpus",
@@ -67,15 +69,6 @@ def released(api: Api, model_id: int) -> dict[str, torch.Tensor]:
     return dict(st_load(response.content))
 
 
-def delete(api: Api, dataset_id: int, ids: list[str]) -> dict:
-    req = api.post(
-        "/v1/deletions", role="requester", json={"dataset_id": dataset_id, "sample_ids": ids}
-    ).json()
-    done = api.wait(f"/v1/deletions/{req['id']}", ("done", "failed"), timeout=300)
-    assert done["status"] == "done", done
-    return done
-
-
 def retained(api: Api, model_id: int) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """The documents the model still holds, and its stored noise-free state."""
     with database(api.url).read() as session:
@@ -107,7 +100,7 @@ def test_learning_recovers_a_star_and_unlearning_equals_the_same_anchor_retrain(
     words = model["current_version"]["metrics"]["top_words"]
     assert len(words) == 5 and all(w.startswith("w") for w in words[0])
 
-    done = delete(api, ds["id"], train_ids(api, ds["id"], 4))
+    done = forget(api, ds["id"], train_ids(api, ds["id"], 4))
     X, state = retained(api, model["id"])
     S, m = tp.cooccurrence_sum(X)
     assert torch.allclose(state[STATISTIC], S, rtol=1e-10, atol=1e-12)
@@ -129,7 +122,7 @@ def test_learning_recovers_a_star_and_unlearning_equals_the_same_anchor_retrain(
 def test_a_noised_release_stays_on_the_simplex_and_the_psd_cone(api: Api) -> None:
     ds = corpus(api)
     model = topic_model(api, ds["id"], GENEROUS)
-    delete(api, ds["id"], train_ids(api, ds["id"], 2))
+    forget(api, ds["id"], train_ids(api, ds["id"], 2))
     weights = released(api, model["id"])
     assert torch.allclose(weights["A"].sum(0), torch.ones(5, dtype=torch.float64))
     assert bool((weights["A"] >= 0).all())
@@ -146,7 +139,7 @@ def test_past_the_capacity_lethe_retrains_and_says_why(api: Api) -> None:
     model = topic_model(api, ds["id"], {"name": "anchor_topics"})
     preview = api.get("/v1/privacy/preview", params={"model": model["id"]}).json()
     assert preview["deletion_capacity"]["capacity_documents"] < 1
-    done = delete(api, ds["id"], train_ids(api, ds["id"], 1))
+    done = forget(api, ds["id"], train_ids(api, ds["id"], 1))
     cert = api.get(f"/v1/audit/certificates/{done['certificate_ids'][0]}", role="auditor").json()
     assert cert["method"] == "retrain" and cert["guarantee"] == "exact"
     assert "deletion capacity" in cert["fallback_reason"]
@@ -305,7 +298,7 @@ def test_the_head_releases_b_in_the_old_base_and_says_its_scope(
 
     monkeypatch.setattr(topic_head, "NOISE", False)
     _, before = retained(api, head["id"])
-    done = delete(api, ds["id"], train_ids(api, ds["id"], 3))
+    done = forget(api, ds["id"], train_ids(api, ds["id"], 3))
     X, state = retained(api, head["id"])
     with database(api.url).read() as session:
         dataset = session.get(Dataset, ds["id"])
@@ -328,7 +321,7 @@ def test_the_head_releases_b_in_the_old_base_and_says_its_scope(
     assert "A_S is not covered" in cert["compares"]
 
     monkeypatch.setattr(topic_head, "NOISE", True)
-    delete(api, ds["id"], train_ids(api, ds["id"], 1, offset=10))
+    forget(api, ds["id"], train_ids(api, ds["id"], 1, offset=10))
     B = released(api, head["id"])["B"]
     inside = A_S @ (torch.linalg.pinv(A_S) @ B)
     assert torch.allclose(B, inside, rtol=1e-8, atol=1e-8 * float(B.abs().max()))
@@ -382,7 +375,7 @@ def test_the_preview_is_what_the_next_request_does_at_the_policy_target(api: Api
     at_default = anchor_capacity(trained["plan_inputs"], 1.0, 1e-5)
     assert capacity < at_default  # (0.02, 1e-6) allows fewer documents than (1, 1e-5)
     assert preview["feasible"] is True and preview["would_retrain_exactly"] is False
-    done = delete(api, ds["id"], train_ids(api, ds["id"], 1))
+    done = forget(api, ds["id"], train_ids(api, ds["id"], 1))
     cert = api.get(f"/v1/audit/certificates/{done['certificate_ids'][0]}", role="auditor").json()
     assert cert["method"] == "anchor_topics"
     assert cert["sigma"] == pytest.approx(preview["sigma"], rel=1e-12)
@@ -397,7 +390,7 @@ def test_below_one_document_the_preview_says_retrain_as_the_request_does(api: Ap
     assert preview["deletion_capacity"]["capacity_documents"] < 1
     assert preview["feasible"] is False and preview["would_retrain_exactly"] is True
     assert preview["sigma"] == 0.0 and "retrains exactly" in preview["reason"]
-    done = delete(api, ds["id"], train_ids(api, ds["id"], 1))
+    done = forget(api, ds["id"], train_ids(api, ds["id"], 1))
     cert = api.get(f"/v1/audit/certificates/{done['certificate_ids'][0]}", role="auditor").json()
     assert cert["method"] == "retrain"
 

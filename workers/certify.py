@@ -12,7 +12,7 @@ from app.privacy import DP_ACCOUNTING_VERSION
 from app.privacy.lineage import event_to_json
 from app.specs import PrivacyPolicy
 from app.states import Guarantee
-from workers.methods.base import CertificateFields, Constant, PrivacyTarget
+from methods.compute import CertificateFields, Constant, PrivacyTarget
 from workers.values import Decision, Fallback
 
 

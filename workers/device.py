@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from app.settings import Settings, get_settings
-from workers.methods.base import (
+from methods.compute import (
     ModelState,
     Release,
     RemovedSamples,

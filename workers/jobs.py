@@ -26,16 +26,15 @@ from app.erasure import compact_after_erasure
 from app.settings import Settings, get_settings
 from app.specs import ImportedWeights, imported_of
 from app.states import ModelStatus, TaskStatus, VersionKind
+from maths.nets import build_net
+from maths.training import Diverged, ProgressFn, accuracy, check_converged
+from methods.compute import ModelSpec, RetainedData, Trained, fit
 from workers import pause, pipeline
 from workers.data import test_arrays, training_arrays
 from workers.device import trained_to_cpu, training_inputs_to, worker_device
 from workers.lease import WORKER_ID, LeaseLost, ModelLease
-from workers.methods import fit
-from workers.methods.base import ModelSpec, RetainedData, Trained
 from workers.metrics import DELETIONS_PROCESSED, FALLBACKS, JOB_DURATION
-from workers.nets import build_net
 from workers.statistics import write_block
-from workers.training import Diverged, ProgressFn, accuracy, check_converged
 from workers.updates import compute_on
 from workers.values import ClaimedTask, Fallback, Outcome, TrainingInputs, Unrecoverable
 

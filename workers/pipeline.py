@@ -38,13 +38,10 @@ from app.db.tables import (
 )
 from app.erasure import erase_payloads
 from app.keystore import destroy_keys, load_keys
-from app.methods import get_method, method_of
 from app.specs import architecture_of, policy_of, training_of
 from app.states import ModelStatus, RequestStatus, TaskStatus, VersionKind
-from workers.certify import CertificateContext, certificate_fields
-from workers.data import test_arrays, training_arrays
-from workers.lease import WORKER_ID, LeaseLost
-from workers.methods.base import (
+from methods import get_method, method_of
+from methods.compute import (
     ModelSpec,
     ModelState,
     PrivacyTarget,
@@ -52,6 +49,9 @@ from workers.methods.base import (
     RetainedData,
     UpdateInputs,
 )
+from workers.certify import CertificateContext, certificate_fields
+from workers.data import test_arrays, training_arrays
+from workers.lease import WORKER_ID, LeaseLost
 from workers.statistics import delete_rows, read_vectors, write_block
 from workers.values import Batch, ClaimedTask, Outcome
 

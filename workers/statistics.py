@@ -16,7 +16,7 @@ from app.crypto import keyring, open_sealed, seal, statistic_aad
 from app.db.chunks import chunked
 from app.db.tables import Sample, SampleStatistic
 from app.keystore import load_keys
-from workers.methods.base import StatisticsBlock
+from methods.compute import StatisticsBlock
 
 DTYPES = {"float32": np.float32, "float16": np.float16}
 ROWS_PER_INSERT = 1000  # vectors are large: smaller insert batches bound the statement size

@@ -17,17 +17,16 @@ import torch
 from app import shutdown
 from app.privacy.lineage import LineageBudget, admit
 from app.states import Guarantee
-from workers.device import inputs_to, outcome_to_cpu
-from workers.evaluation import evaluate
-from workers.methods import method_for
-from workers.methods.base import Release, TargetInfeasible, UpdateInputs
-from workers.training import (
+from maths.evaluation import evaluate
+from maths.training import (
     Diverged,
     accuracy,
     check_converged,
     check_finite,
     is_classifier,
 )
+from methods.compute import Release, TargetInfeasible, UpdateInputs, method_for
+from workers.device import inputs_to, outcome_to_cpu
 from workers.values import Decision, Fallback, Outcome, Released, Unrecoverable
 
 log = logging.getLogger("lethe.updates")

@@ -9,8 +9,8 @@ from typing import Any
 
 from app.privacy.lineage import Admission
 from app.specs import ImportedWeights, PrivacyPolicy
+from methods.compute import ModelSpec, PrivacyTarget, Release
 from workers.data import Arrays
-from workers.methods.base import ModelSpec, PrivacyTarget, Release
 
 # ---- training ------------------------------------------------------------------------------
 

@@ -29,6 +29,7 @@ from app.services.models import (
     released_weights,
 )
 from app.services.weights_cache import WeightsCache
+from methods import get_method, method_names
 
 router = APIRouter(prefix="/v1/models", tags=["models"], responses=COMMON)
 
@@ -70,38 +71,32 @@ MODEL_EXAMPLES: dict[str, Any] = {
             "method": {"name": "retrain"},
         },
     },
-    "convex_head": {
-        "summary": "a certified logistic head on embeddings",
-        "value": {
-            "name": "head",
-            "dataset_id": 1,
-            "architecture": {"type": "logreg"},
-            "method": {"name": "convex_head", "lam": 0.001, "R": 20, "beta": 0.001},
-            "privacy": {"epsilon": 1.0, "delta": 1e-5},
-        },
-    },
-    "minnorm": {
-        "summary": "exact min-norm unlearning on random features",
-        "value": {
-            "name": "rf",
-            "dataset_id": 1,
-            "architecture": {"type": "random_features", "width": 4096},
-            "method": {"name": "minnorm"},
-        },
+    **{
+        n: get_method(n).examples["model"]
+        for n in method_names()
+        if "model" in get_method(n).examples
     },
 }
+IMPORT_EXAMPLE = next(
+    (
+        get_method(n).examples["import"]["value"]
+        for n in method_names()
+        if "import" in get_method(n).examples
+    ),
+    {
+        "name": "imported",
+        "dataset_id": 1,
+        "architecture": '{"type": "logreg"}',
+        "method": '{"name": "retrain"}',
+    },
+)
 
 IMPORT_DOC = {
     "requestBody": {
         "required": True,
         "content": {
             "multipart/form-data": {
-                "example": {
-                    "name": "imported",
-                    "dataset_id": 1,
-                    "architecture": '{"type": "logreg"}',
-                    "method": '{"name": "output_perturbation", "C0": 1.0}',
-                },
+                "example": IMPORT_EXAMPLE,
                 "schema": {
                     "type": "object",
                     "required": ["weights", "name", "dataset_id", "architecture", "method"],

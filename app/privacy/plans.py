@@ -1,6 +1,6 @@
 """What a mechanism's next release costs, computed without torch: each method's spec
-(app/methods) plans its release with these functions, the workers calibrate their noise with
-that plan and the API's preview shows the same numbers."""
+(methods/<name>/spec.py) plans its release with these functions, the workers calibrate
+their noise with that plan and the API's preview shows the same numbers."""
 
 from __future__ import annotations
 

@@ -11,9 +11,9 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from app.db.tables import Model, ModelVersion
-from app.methods import get_method, method_names, method_of
 from app.specs import architecture_of
 from app.states import VersionKind
+from methods import get_method, method_names, method_of
 
 TRAINING_KINDS = (VersionKind.trained, VersionKind.retrained)
 

@@ -26,11 +26,11 @@ from app.db.tables import (
 from app.erasure import erase_payloads
 from app.errors import APIError, conflict, not_found, unprocessable
 from app.keystore import create_keys, load_keys
-from app.methods import method_names
 from app.schemas import DeletionCreate
 from app.security import Role
 from app.services.datasets import get_dataset
 from app.states import ModelStatus, RequestStatus, SampleStatus, TaskStatus
+from methods import method_names
 
 
 def fingerprint(body: DeletionCreate, names: Names) -> str:

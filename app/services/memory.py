@@ -12,7 +12,6 @@ import math
 from typing import Any
 
 from app.errors import unprocessable
-from app.methods.spec import MemoryFacts, MethodChoice
 from app.specs import (
     ArchitectureSpec,
     LogRegSpec,
@@ -22,6 +21,7 @@ from app.specs import (
     TopicModelSpec,
     TrainingConfig,
 )
+from methods.spec import MemoryFacts, MethodChoice
 
 FLOAT32, FLOAT64 = 4, 8
 

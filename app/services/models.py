@@ -12,12 +12,12 @@ from app.architectures import check_weights
 from app.blobstore import DatabaseBlobStore
 from app.db.tables import Dataset, Model, ModelSample, ModelVersion, Sample
 from app.errors import APIError, not_found, unprocessable
-from app.methods import get_method, method_names, method_of
 from app.schemas import ModelCreate
 from app.services import memory
 from app.services.datasets import get_dataset
 from app.specs import TopicHeadSpec, TopicModelSpec
 from app.states import ModelStatus, SampleStatus
+from methods import get_method, method_names, method_of
 
 
 def create_model(session: Session, spec: ModelCreate, memory_limit: int | None = None) -> Model:
@@ -72,15 +72,16 @@ def create_model(session: Session, spec: ModelCreate, memory_limit: int | None =
 
 
 def _head_on_base(session: Session, spec: ModelCreate, ds: Dataset) -> TopicHeadSpec:
-    """A topic head names an anchor_topics model on the same corpus; it learns A_S as that
-    model does (its topics, projection and seed are copied) and needs labels."""
+    """A topic head names a topic model on the same corpus; it learns A_S as that model does
+    (its topics, projection and seed are copied) and needs labels. (A topic_model is trained
+    by the one method whose spec is `exclusive_to` it.)"""
     head = spec.architecture
     assert isinstance(head, TopicHeadSpec)
     base = session.get(Model, head.base_model)
-    if base is None or base.method.get("name") != "anchor_topics":
+    if base is None or base.architecture.get("type") != "topic_model":
         raise unprocessable(
             "base_model_not_a_topic_model",
-            f"base_model {head.base_model} is not an anchor_topics model",
+            f"base_model {head.base_model} is not a topic model",
         )
     if base.dataset_id != ds.id:
         raise unprocessable(

@@ -10,14 +10,14 @@ from sqlalchemy.orm import Session
 from app.audit import lineage_history, recent_certificate_documents
 from app.db.tables import Dataset, Model, ModelVersion
 from app.errors import unprocessable
-from app.methods import method_of
-from app.methods.spec import PreviewFacts
 from app.privacy.lineage import LineageBudget, admit
 from app.privacy.plans import ReleasePlan
 from app.privacy.validate import PrivacyParameterError
 from app.services.deletion_cost import deletion_cost
 from app.services.models import get_model
 from app.specs import policy_of
+from methods import method_of
+from methods.spec import PreviewFacts
 
 RECENT = 10  # certificates the preview shows of a measured-shift method
 

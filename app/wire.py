@@ -1,0 +1,319 @@
+"""The API's answers as light pydantic models (no torch, scipy or dp-accounting): the server's
+response models and what the client (`app.client`) parses.
+
+The open-ended documents (a certificate, the preview, the chain check) are typed on the keys
+every one of them has and keep the rest (`extra="allow"`): a method adds its own constants
+and preview extras.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict
+
+from app.states import ModelStatus, RequestStatus, SampleStatus, TaskStatus, VersionKind
+
+
+class Out(BaseModel):
+    """A response read from the database's rows."""
+
+    model_config = ConfigDict(from_attributes=True, use_attribute_docstrings=True)
+
+
+class DatasetOut(Out):
+    """A registered dataset and its sample counts."""
+
+    id: int
+    """the dataset's id"""
+    name: str
+    """display name"""
+    kind: str
+    """image, tabular or text"""
+    source: str
+    """builtin:<name>, npz, csv, text_csv or sparse_npz"""
+    feature_shape: list[int]
+    """shape of one sample's features (a text corpus: [vocabulary])"""
+    n_classes: int
+    """number of labels (1 when unlabelled)"""
+    n_samples: int
+    """samples registered"""
+    counts: dict[str, int] = {}
+    """samples per split and per status (active, erased)"""
+    text: dict[str, Any] | None = None
+    """a corpus's vocabulary size, rare token and short documents (null otherwise)"""
+    created_at: datetime
+    """when it was registered (UTC)"""
+
+
+class SampleOut(Out):
+    """A sample as readers see it; once erased its ids and label are gone (null)."""
+
+    external_id: str | None
+    """the client's id (null once erased)"""
+    subject_id: str | None
+    """the data subject's id, if any (null once erased)"""
+    split: str
+    """train or test"""
+    label: int | None
+    """the label (null once erased)"""
+    status: SampleStatus
+    """active or erased"""
+    erased_at: datetime | None
+    """when it was erased"""
+
+
+class SamplePage(Out):
+    """A page of a dataset's samples."""
+
+    items: list[SampleOut]
+    """the samples"""
+    total: int
+    """samples matching the filter"""
+    offset: int
+    """first item's position"""
+    limit: int
+    """page size"""
+
+
+class VersionOut(Out):
+    """One version of a model: the trained model or an update."""
+
+    number: int
+    """1 for the trained model, then one per update"""
+    parent: int | None
+    """the version it replaced"""
+    kind: VersionKind
+    """trained, unlearned, retrained or imported"""
+    weights_sha256: str
+    """sha256 of the released safetensors bytes"""
+    weights_size: int
+    """bytes of the released file"""
+    weights_available: bool
+    """false once purged (it was trained on erased data)"""
+    metrics: dict[str, Any]
+    """accuracies, timings, σ and what the method measured"""
+    n_train: int
+    """training samples it holds"""
+    created_at: datetime
+    """when it was written (UTC)"""
+    erased_at: datetime | None
+    """when its weights were purged"""
+
+
+class ModelOut(Out):
+    """A model, its status and its current version."""
+
+    id: int
+    """the model's id"""
+    name: str
+    """display name"""
+    dataset_id: int
+    """the dataset it trains on"""
+    status: ModelStatus
+    """queued, training, ready or failed"""
+    progress: dict[str, Any]
+    """training progress: stage, epoch, epochs"""
+    error: str | None
+    """why training failed"""
+    architecture: dict[str, Any]
+    """the architecture spec"""
+    training: dict[str, Any]
+    """the training configuration"""
+    method: dict[str, Any]
+    """the unlearning method and its options"""
+    privacy: dict[str, Any]
+    """the privacy policy"""
+    current_version: VersionOut | None
+    """the version served now"""
+    n_train: int
+    """training samples it still holds"""
+    created_at: datetime
+    """when it was created (UTC)"""
+
+
+class ModelProgress(Out):
+    """One model's part of a deletion request."""
+
+    model_id: int
+    """the model"""
+    status: TaskStatus
+    """queued, running, done or failed"""
+    version: int | None
+    """the version that removed the samples"""
+    certificate_id: int | None
+    """its certificate"""
+    n_removed: int
+    """samples this model removed"""
+    error: str | None
+    """why it failed"""
+
+
+class AlreadyErased(Out):
+    """A sample erased before this request, with the certificates that removed it."""
+
+    sample_id: str
+    """the sample"""
+    certificate_ids: list[int]
+    """the earlier certificates"""
+
+
+class DeletionOut(Out):
+    """A deletion request: its status, per-model progress and certificates."""
+
+    id: int
+    """the request's id"""
+    status: RequestStatus
+    """queued, running, done or failed"""
+    dataset_id: int
+    """the dataset"""
+    selector: dict[str, Any]
+    """the sample and subject ids asked for"""
+    n_samples: int
+    """samples matched"""
+    already_erased: list[AlreadyErased]
+    """samples erased earlier (no new version)"""
+    models: list[ModelProgress]
+    """per-model progress"""
+    certificate_ids: list[int]
+    """one per model that removed samples"""
+    receipts: list[dict[str, Any]] = []
+    """once done, per new certificate: the signed tree head that first includes it and the
+    inclusion proof at that size (keep it; check it offline with `lethe audit
+    verify-receipt`)"""
+    opening: str | None = None
+    """only in the answer to the POST (and its idempotent replays while the request runs):
+    the hex key under which each of its certificates commits to the removed ids
+    (`removed_ids_commitment`, HMAC-SHA256 of the sorted ids joined by newlines). Keep it:
+    the server destroys its copy once the request is finished, so nobody else can test
+    candidate ids against a certificate"""
+    error: str | None
+    """why it failed"""
+    created_at: datetime
+    """when it was accepted (UTC)"""
+    finished_at: datetime | None
+    """when it finished"""
+
+
+class DeletionPage(Out):
+    """A page of deletion requests, newest first."""
+
+    items: list[DeletionOut]
+    """the requests"""
+    offset: int
+    """first item's position"""
+    limit: int
+    """page size"""
+
+
+class KeyOut(Out):
+    """An API key; its secret is shown once, when it is created."""
+
+    id: int
+    """the key's id"""
+    name: str
+    """its label"""
+    role: str
+    """its role"""
+    key: str | None = None
+    """the secret (only in the answer that created it)"""
+    prefix: str
+    """the first characters, to recognise it"""
+    created_at: datetime
+    """when it was created"""
+
+
+# ---- open-ended documents -------------------------------------------------------------------
+
+
+class Document(BaseModel):
+    """A JSON document whose known keys are typed; a method's own keys are kept as they are."""
+
+    model_config = ConfigDict(extra="allow")
+
+
+class Target(BaseModel):
+    """A per-release (ε, δ)."""
+
+    epsilon: float
+    delta: float
+
+
+class CertificateOut(Document):
+    """A certificate as the audit API shows it: the hashed body, its id and entry hash."""
+
+    id: int
+    seq: int
+    request_id: int | None = None
+    model_id: int
+    from_version: int | None = None
+    to_version: int | None = None
+    method: str
+    guarantee: str
+    epsilon: float | None = None
+    delta: float | None = None
+    sigma: float | None = None
+    sensitivity: float | None = None
+    target: Target | None = None
+    constants: dict[str, Any] = {}
+    fallback_reason: str | None = None
+    removed_ids_commitment: str | None = None
+    prev_hash: str
+    entry_hash: str
+
+
+class CertificatePage(BaseModel):
+    """A page of certificates, in chain order."""
+
+    items: list[CertificateOut]
+    offset: int
+    limit: int
+
+
+class LineagePreview(Document):
+    """What the next release would spend of the model's lineage budget."""
+
+    budget_epsilon: float
+    budget_delta: float
+    releases_since_reset: int
+    spent_epsilon: float
+    epsilon_after_release: float
+    budget_used_by_release: float
+    accountant: str
+
+
+class PreviewOut(Document):
+    """σ, feasibility and lineage cost of a model's next release, before any request."""
+
+    model_id: int
+    method: str
+    guarantee: str
+    target: Target
+    sigma: float | None = None
+    sensitivity: float | None = None
+    noise_multiplier: float | None = None
+    feasible: bool | None = None
+    reason: str | None = None
+    constants: dict[str, Any] = {}
+    lineage: LineagePreview
+    would_retrain_exactly: bool
+    deletion_capacity: dict[str, Any] | None = None
+    deletion_cost: Any = None
+
+
+class BadEntry(BaseModel):
+    """The first certificate whose hash or fields do not hold."""
+
+    id: int
+    seq: int
+    reason: str
+
+
+class ChainCheck(BaseModel):
+    """The hash chain recomputed over every certificate."""
+
+    ok: bool
+    checked: int
+    first_bad: BadEntry | None = None
+    head: str | None = None

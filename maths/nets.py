@@ -1,0 +1,139 @@
+"""Architectures built from a JSON spec (never from uploaded code); deterministic layers only."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+from torch.func import functional_call
+
+from app.specs import (
+    ArchitectureSpec,
+    MLPSpec,
+    RandomFeaturesSpec,
+    TopicHeadSpec,
+    TopicModelSpec,
+    architecture_of,
+)
+
+ACTIVATIONS = {"relu": nn.ReLU, "tanh": nn.Tanh, "gelu": nn.GELU, "sigmoid": nn.Sigmoid}
+
+
+def build_net(
+    spec: ArchitectureSpec | dict[str, Any], n_features: int, n_classes: int
+) -> nn.Module:
+    """`logreg`: one linear layer; `mlp`: linear layers with the chosen activation. The
+    parameter names and shapes are mirrored by app.architectures.parameter_shapes (a test
+    pins the two together).
+
+    Always built on CPU, initialised by the CPU generator (the same initial weights whatever
+    the worker's device); move it with `.to(device)`."""
+    arch = architecture_of(spec)
+    cpu = torch.device("cpu")
+    if isinstance(arch, TopicModelSpec | TopicHeadSpec):
+        raise TypeError("topic models are not networks: maths/topics.py computes them")
+    if isinstance(arch, RandomFeaturesSpec):
+        features = RandomFeatures(n_features, arch)
+        return nn.Sequential(nn.Flatten(), features, nn.Linear(arch.width, n_classes, device=cpu))
+    if not isinstance(arch, MLPSpec):
+        first: nn.Module = (
+            nn.Flatten() if arch.feature_norm is None else ClipFeatures(arch.feature_norm)
+        )
+        return nn.Sequential(first, nn.Linear(n_features, n_classes, device=cpu))
+    layers: list[nn.Module] = [nn.Flatten()]
+    width = n_features
+    for hidden in arch.hidden:
+        layers += [nn.Linear(width, hidden, device=cpu), ACTIVATIONS[arch.activation]()]
+        width = hidden
+    layers.append(nn.Linear(width, n_classes, device=cpu))
+    return nn.Sequential(*layers)
+
+
+class RandomFeatures(nn.Module):
+    """φ(x) = act(A x + b) with A, b frozen buffers drawn from the spec's own seed (not the
+    training seed): every build of the architecture has the same features."""
+
+    def __init__(self, n_features: int, spec: RandomFeaturesSpec) -> None:
+        super().__init__()
+        gen = torch.Generator().manual_seed(spec.seed)
+        cpu = gen.device  # drawn on CPU: the same features on every device
+        weight = torch.randn(spec.width, n_features, generator=gen, device=cpu)
+        weight = weight * (spec.scale / n_features**0.5)
+        self.weight: torch.Tensor
+        self.bias: torch.Tensor
+        self.register_buffer("weight", weight)
+        bias = torch.randn(spec.width, generator=gen, device=cpu) * spec.bias_scale
+        self.register_buffer("bias", bias)
+        self.activation = spec.activation
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        z = nn.functional.linear(x, self.weight.to(x.dtype), self.bias.to(x.dtype))
+        if self.activation == "relu":
+            return torch.relu(z)
+        return torch.tanh(z) if self.activation == "tanh" else torch.cos(z)
+
+
+class ClipFeatures(nn.Module):
+    """Flatten, then scale each row so that ‖(x, 1)‖ ≤ R: ‖x‖ ≤ √(R² − 1), the bias being
+    the constant coordinate inside the bound (convex_head; Guo et al. 2020 assume ‖x‖ ≤ 1)."""
+
+    def __init__(self, R: float) -> None:
+        super().__init__()
+        self.R = R
+        self.radius = (R * R - 1.0) ** 0.5
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return clip_rows(x.flatten(1), self.radius)
+
+
+def clip_rows(x: torch.Tensor, radius: float) -> torch.Tensor:
+    """Rows scaled onto the ball of `radius` where they lie outside it."""
+    norms = x.norm(dim=1, keepdim=True)
+    return x * torch.clamp(radius / norms.clamp_min(1e-300), max=1.0)
+
+
+def state_of(net: nn.Module) -> dict[str, torch.Tensor]:
+    """A detached, contiguous copy of the parameters (safetensors-ready)."""
+    return {k: v.detach().clone().contiguous() for k, v in net.state_dict().items()}
+
+
+def parameters_of(net: nn.Module, state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """The entries of a noise-free state that are the network's own (a method may keep more
+    beside them, such as minnorm's Gram inverse)."""
+    own = net.state_dict().keys()
+    return {k: v for k, v in state.items() if k in own}
+
+
+def flat(state: dict[str, torch.Tensor]) -> torch.Tensor:
+    return torch.cat([state[k].reshape(-1) for k in sorted(state)])
+
+
+class FlatModel:
+    """A network seen as a function of one flat parameter vector (for torch.func). The
+    network's own parameters only give names and shapes: `logits` runs on the device of `w`."""
+
+    def __init__(self, net: nn.Module) -> None:
+        self.net = net
+        self.names = [k for k, _ in net.named_parameters()]
+        self.shapes = [p.shape for _, p in net.named_parameters()]
+        self.numels = [p.numel() for _, p in net.named_parameters()]
+
+    def flat(self) -> torch.Tensor:
+        return torch.cat([p.detach().reshape(-1) for p in self.net.parameters()])
+
+    def vector(self, state: dict[str, torch.Tensor]) -> torch.Tensor:
+        """A state dict as one vector in parameter order (the inverse of `state`)."""
+        return torch.cat([state[n].reshape(-1) for n in self.names])
+
+    def unflatten(self, w: torch.Tensor) -> dict[str, torch.Tensor]:
+        return {
+            n: c.reshape(s)
+            for n, c, s in zip(self.names, torch.split(w, self.numels), self.shapes, strict=True)
+        }
+
+    def state(self, w: torch.Tensor) -> dict[str, torch.Tensor]:
+        return {k: v.detach().clone().contiguous() for k, v in self.unflatten(w).items()}
+
+    def logits(self, w: torch.Tensor, X: torch.Tensor) -> torch.Tensor:
+        return functional_call(self.net, self.unflatten(w), (X,))

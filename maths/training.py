@@ -1,0 +1,186 @@
+"""Deterministic minibatch training (seeded init and batch order) with progress callbacks."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from app import shutdown
+from app.specs import (
+    ArchitectureSpec,
+    TopicHeadSpec,
+    TopicModelSpec,
+    TrainingConfig,
+    architecture_of,
+    training_of,
+)
+from maths.ensemble import count_shards, ensemble_of
+from maths.nets import build_net, parameters_of, state_of
+from maths.norms import project_parameters_
+
+ProgressFn = Callable[[int, int, float], None]
+
+
+class Diverged(ValueError):
+    """Training (or a retrain) ended with non-finite weights or a non-finite loss: nothing
+    from it may be released (issue 25)."""
+
+
+def check_finite(state: dict[str, torch.Tensor]) -> None:
+    """Raise Diverged when a floating-point tensor of `state` holds NaN or ±inf."""
+    bad = [k for k, v in state.items() if v.is_floating_point() and not torch.isfinite(v).all()]
+    if bad:
+        names = ", ".join(bad[:3]) + (f" and {len(bad) - 3} more" if len(bad) > 3 else "")
+        raise Diverged(f"non-finite weights ({names})")
+
+
+def check_converged(
+    architecture: ArchitectureSpec | dict[str, Any],
+    state: dict[str, torch.Tensor],
+    X: torch.Tensor,
+    y: torch.Tensor,
+    n_classes: int,
+    aggregation: str = "probabilities",
+) -> None:
+    """Raise Diverged when `check_finite` does, or, for a classifier, when its mean
+    cross-entropy on (X, y) is not finite."""
+    check_finite(state)
+    if len(y) and is_classifier(architecture):
+        with torch.no_grad():
+            scores = logits(architecture, state, X, n_classes, aggregation).double()
+            loss = float(nn.functional.cross_entropy(scores, y.to(scores.device)))
+        if not np.isfinite(loss):
+            raise Diverged(f"the training loss is {loss}")
+
+
+def seeded_net(
+    architecture: ArchitectureSpec | dict[str, Any],
+    n_features: int,
+    n_classes: int,
+    seed: int,
+    device: torch.device | None = None,
+) -> nn.Module:
+    """Initialised on CPU from `seed` (the same weights on every device), then moved."""
+    torch.manual_seed(seed)
+    net = build_net(architecture, n_features, n_classes)
+    return net if device is None else net.to(device)
+
+
+def train(
+    architecture: ArchitectureSpec | dict[str, Any],
+    config: TrainingConfig | dict[str, Any],
+    X: torch.Tensor,
+    y: torch.Tensor,
+    n_classes: int,
+    progress: ProgressFn | None = None,
+    init_state: dict[str, torch.Tensor] | None = None,
+    project_radius: float | None = None,
+) -> dict[str, torch.Tensor]:
+    """SGD with weight decay over seeded shuffles; returns the final parameters.
+
+    From a seeded initialisation, or from `init_state` (fine-tuning with a fresh optimizer);
+    with `project_radius`, projected SGD onto the ball ‖w‖ ≤ C after every step. Runs on the
+    device of X; the shuffles come from a seeded CPU generator (the same batches everywhere).
+    """
+    cfg = training_of(config)
+    n_features = int(np.prod(X.shape[1:]))
+    net = seeded_net(architecture, n_features, n_classes, cfg.seed, X.device)
+    if init_state is not None:
+        net.load_state_dict(init_state)
+    if project_radius is not None:
+        project_parameters_(net, project_radius)
+    opt = torch.optim.SGD(
+        net.parameters(), lr=cfg.learning_rate, momentum=cfg.momentum, weight_decay=cfg.weight_decay
+    )
+    gen = torch.Generator().manual_seed(cfg.seed)
+    loss_fn = nn.CrossEntropyLoss()
+    epochs, batch = cfg.epochs, cfg.batch_size
+    net.train()
+    for epoch in range(epochs):
+        shutdown.check()  # SIGTERM stops training between epochs (app/shutdown.py)
+        order = torch.randperm(len(y), generator=gen, device=gen.device).to(X.device)
+        # the epoch's loss, summed on the device in float64 (no host sync per step)
+        total = torch.zeros((), dtype=torch.float64, device=X.device)
+        for start in range(0, len(y), batch):
+            idx = order[start : start + batch]
+            opt.zero_grad(set_to_none=True)
+            loss = loss_fn(net(X[idx]), y[idx])
+            loss.backward()
+            opt.step()
+            if project_radius is not None:
+                project_parameters_(net, project_radius)
+            if progress is not None:
+                total += loss.detach().double() * len(idx)
+        if progress is not None:
+            progress(epoch + 1, epochs, float(total) / max(len(y), 1))
+    return state_of(net)
+
+
+def finetune(
+    architecture: ArchitectureSpec,
+    config: TrainingConfig,
+    n_classes: int,
+    state: dict[str, torch.Tensor],
+    X: torch.Tensor,
+    y: torch.Tensor,
+    epochs: int,
+    learning_rate: float,
+) -> dict[str, torch.Tensor]:
+    """Noiseless SGD on retained data from `state` with a fresh optimizer (seed 002: post-
+    processing of a noisy release, so the certificate still holds)."""
+    if not epochs or len(y) == 0:
+        return state
+    tuned = config.model_copy(
+        update={"epochs": epochs, "learning_rate": learning_rate, "momentum": 0.0}
+    )
+    return train(architecture, tuned, X, y, n_classes, init_state=state)
+
+
+def is_classifier(architecture: ArchitectureSpec | dict[str, Any]) -> bool:
+    """Every architecture but the topic model maps inputs to class logits."""
+    return not isinstance(architecture_of(architecture), TopicModelSpec)
+
+
+def logits(
+    architecture: ArchitectureSpec | dict[str, Any],
+    state: dict[str, torch.Tensor],
+    X: torch.Tensor,
+    n_classes: int,
+    aggregation: str = "probabilities",
+) -> torch.Tensor:
+    """Class logits of a released state: the network built from the spec, a sharded
+    ensemble's aggregated log-probabilities (`shard{k}.*` keys; SISA §IV-D), or a topic head's
+    x̄ᵀB + bias (x̄ the word frequencies; seed 000 §A.6)."""
+    if count_shards(state):
+        n_features = int(np.prod(X.shape[1:]))
+        ensemble = ensemble_of(
+            architecture_of(architecture), state, n_features, n_classes, aggregation
+        )
+        return ensemble.to(X.device).train(False)(X)
+    if isinstance(architecture_of(architecture), TopicHeadSpec):
+        counts = X.reshape(len(X), -1).double()
+        frequencies = counts / counts.sum(1, keepdim=True).clamp(min=1.0)
+        return frequencies @ state["B"].to(X.device).double() + state["bias"].to(X.device)
+    net = build_net(architecture, int(np.prod(X.shape[1:])), n_classes).to(X.device)
+    net.load_state_dict(parameters_of(net, state))  # copies across devices and dtypes
+    net.train(False)  # inference mode
+    return net(X)
+
+
+@torch.no_grad()
+def accuracy(
+    architecture: ArchitectureSpec | dict[str, Any],
+    state: dict[str, torch.Tensor],
+    X: torch.Tensor,
+    y: torch.Tensor,
+    n_classes: int,
+    aggregation: str = "probabilities",
+) -> float | None:
+    if len(y) == 0 or not is_classifier(architecture):
+        return None
+    scores = logits(architecture, state, X, n_classes, aggregation)
+    return float((scores.argmax(1) == y).float().mean())

@@ -1,0 +1,248 @@
+"""The one interface every unlearning method implements (DESIGN §7), and the values that
+cross it: a method reads `UpdateInputs` and returns an immutable `Release`; it never touches
+the database."""
+
+from __future__ import annotations
+
+import importlib
+import time
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, Literal, TypeVar
+
+import torch
+
+from app.privacy.lineage import LineageEvent
+from app.specs import ArchitectureSpec, PrivacyPolicy, TrainingConfig
+from app.states import Guarantee, VersionKind
+from maths.training import ProgressFn, train
+from methods.spec import MethodChoice, MethodSpec
+
+ModelState = dict[str, torch.Tensor]
+
+
+@dataclass(frozen=True)
+class PrivacyTarget:
+    epsilon: float
+    delta: float
+
+
+DEFAULT_TARGET = PrivacyTarget(PrivacyPolicy().epsilon, PrivacyPolicy().delta)
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """What a method needs to know about the model it serves."""
+
+    architecture: ArchitectureSpec
+    training: TrainingConfig
+    method: MethodChoice  # the model's configured method (its training recipe)
+    n_features: int
+    n_classes: int
+    vocabulary: tuple[str, ...] | None = None  # a text corpus's words, in feature order
+    # The policy's per-release target: what a release made without a request (training's
+    # noised topic model) is calibrated for, as every later release is by default.
+    target: PrivacyTarget = DEFAULT_TARGET
+
+    @property
+    def aggregation(self) -> str:
+        """How an ensemble's members vote (the method's hook); a single model ignores it."""
+        return self.method.aggregation
+
+
+@dataclass(frozen=True)
+class RetainedData:
+    """Samples as tensors, rows in `sample_ids` order, with what the data says of each: its
+    subject and its external id (the upload's `ids`, or its row number in the file)."""
+
+    sample_ids: list[int]
+    X: torch.Tensor
+    y: torch.Tensor
+    subjects: list[str | None] = field(default_factory=list)
+    external_ids: list[str] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class RemovedSamples:
+    sample_ids: list[int]
+    X: torch.Tensor
+    y: torch.Tensor
+    statistics: dict[int, torch.Tensor] = field(default_factory=dict)  # sample id -> vector
+    previously_removed: list[int] = field(default_factory=list)  # since the record was made
+
+
+@dataclass(frozen=True)
+class UpdateInputs:
+    """Everything one coalesced update needs, read in one short transaction (DESIGN §6)."""
+
+    model_id: int
+    spec: ModelSpec
+    method: MethodChoice  # the method to apply: the model's, or `retrain` when asked for
+    policy: PrivacyPolicy
+    target: PrivacyTarget
+    state: ModelState  # the current noise-free state
+    removed: RemovedSamples
+    retained: RetainedData
+    test: RetainedData
+    history: list[LineageEvent]  # noisy releases since the last exact retrain
+    record: dict[str, Any] | None = None  # what training recorded for the statistics in use
+
+
+@dataclass(frozen=True)
+class StatisticsBlock:
+    """Per-sample (or per-subject) vectors to store; row i belongs to `sample_ids[i]`."""
+
+    kind: str
+    sample_ids: list[int]
+    kinds: list[str]
+    vectors: torch.Tensor
+    dtype: str = "float32"
+
+
+@dataclass(frozen=True)
+class Trained:
+    """What training produced: the state, per-sample statistics and the training record."""
+
+    state: ModelState
+    statistics: StatisticsBlock | None
+    record: dict[str, Any]
+    metrics: dict[str, Any] = field(default_factory=dict)
+    # Method state kept beside the parameters in the noise-free state (never downloadable,
+    # purged with its version): minnorm's Gram inverse. Keys never collide with a layer's.
+    extra_state: ModelState = field(default_factory=dict)
+
+    @property
+    def next_state(self) -> ModelState:
+        return {**self.state, **self.extra_state}
+
+
+@dataclass(frozen=True)
+class Constant:
+    """A number a certificate relies on, and whether it was measured or declared."""
+
+    value: float
+    source: Literal["measured", "declared"]
+    meaning: str
+    # "auditors": a function of the removed data (convex_head's s): the log's body carries a
+    # salted commitment and `public` (what the decision needs) instead of the value.
+    disclosure: Literal["public", "auditors"] = "public"
+    public: str | None = None
+
+
+class TargetInfeasible(RuntimeError):
+    """The method cannot meet the target; the pipeline retrains exactly instead."""
+
+
+@dataclass(frozen=True)
+class CertificateFields:
+    """A method's own statement about its release; the pipeline adds the lineage."""
+
+    guarantee: Guarantee
+    epsilon: float | None  # None: a heuristic (guarantee `none`) makes no claim
+    delta: float | None
+    sigma: float
+    sensitivity: float
+    accountant: str
+    sentence: str
+    constants: dict[str, Constant] = field(default_factory=dict)
+    compares: str = "the released model vs. retraining without the removed samples"
+    resets_lineage: bool = False
+    details: dict[str, Any] | None = None  # method-specific facts, kept in the certificate
+
+
+@dataclass(frozen=True)
+class Release:
+    """One update's result, never patched afterwards."""
+
+    next_state: ModelState  # noise-free; starts the next update; never downloadable
+    weights: ModelState  # what users download
+    certificate: CertificateFields
+    event: LineageEvent | None  # the release as a lineage event; None: no noise (exact)
+    statistics_to_delete: list[int]  # sample ids whose per-sample rows this update consumed
+    version_kind: VersionKind = VersionKind.unlearned
+    metrics: dict[str, Any] = field(default_factory=dict)
+    replace_statistics: StatisticsBlock | None = None  # a retrain re-records everything
+    record: dict[str, Any] | None = None  # the new training record, if statistics changed
+
+
+class UnlearningMethod:
+    """Base of every compute half. Subclasses set `spec` (the app half), implement `unlearn`,
+    and may override `train` (to record or constrain training) and `reference` (what an
+    evaluation compares a release with)."""
+
+    spec: ClassVar[MethodSpec[Any]]
+
+    def __init__(self, model: ModelSpec) -> None:
+        self.model = model
+
+    def unlearn(self, inputs: UpdateInputs) -> Release:
+        raise NotImplementedError
+
+    def projection_radius(self) -> float | None:
+        """The ball ‖w‖ ≤ C that training projects onto after every step (None: none)."""
+        return None
+
+    def train(self, data: RetainedData, progress: ProgressFn | None = None) -> Trained:
+        """Seeded SGD (projected when `projection_radius` says so); methods that record
+        during training override this."""
+        start = time.perf_counter()
+        radius = self.projection_radius()
+        m = self.model
+        state = train(
+            m.architecture,
+            m.training,
+            data.X,
+            data.y,
+            m.n_classes,
+            progress,
+            project_radius=radius,
+        )
+        metrics: dict[str, Any] = {
+            "train_seconds": time.perf_counter() - start,
+            "n_train": len(data.y),
+        }
+        if radius is not None:
+            metrics["projection_radius"] = radius
+        return Trained(state=state, statistics=None, record={}, metrics=metrics)
+
+    def retrain(self, inputs: UpdateInputs) -> tuple[Trained, str]:
+        """The exact retrain on the retained data, and how it was made (for the certificate):
+        by default training from scratch with the same configuration and seed."""
+        return self.train(inputs.retained), "retrained from scratch"
+
+    def reference(self, inputs: UpdateInputs, release: Release) -> ModelState:
+        """The retrained model an evaluation compares the release with: seeded retraining
+        on the retained data."""
+        m = self.model
+        return train(m.architecture, m.training, inputs.retained.X, inputs.retained.y, m.n_classes)
+
+
+M = TypeVar("M", bound=type[UnlearningMethod])
+
+_COMPUTE: dict[str, type[UnlearningMethod]] = {}
+
+
+def register(cls: M) -> M:
+    """Class decorator: make `cls` the compute half of the method its spec names."""
+    name = cls.spec.name
+    if name in _COMPUTE:
+        raise ValueError(f"compute for {name!r} is registered twice")
+    _COMPUTE[name] = cls
+    return cls
+
+
+def compute_class(name: str) -> type[UnlearningMethod]:
+    """The compute half of the method `name`: `methods/<name>/compute.py`, imported on first
+    use (so a process that never computes never imports torch through the registry)."""
+    if name not in _COMPUTE:
+        importlib.import_module(f"methods.{name}.compute")
+    return _COMPUTE[name]
+
+
+def method_for(name: str, model: ModelSpec) -> UnlearningMethod:
+    """The named method's compute half, bound to a model."""
+    return compute_class(name)(model)
+
+
+def fit(model: ModelSpec, data: RetainedData, progress: ProgressFn | None = None) -> Trained:
+    """Train as the model's method requires (recording or constraining where it must)."""
+    return method_for(model.method.name, model).train(data, progress)

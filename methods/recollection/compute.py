@@ -1,0 +1,305 @@
+"""Hessian-free recollection (seed 003): w_det ← w_det + Σ_{u∈U} a_u, released with Gaussian
+noise calibrated by the analytic Gaussian mechanism on the Theorem 2 bound (note 003 §5,
+unfolded sum) for every sample removed since the vectors were recorded.
+
+Conditional: it holds if the first-order remainder bound of Theorem 2 holds with the measured
+ρ (power iteration on sampled batch Hessians of the trajectory; a heuristic estimate).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections import defaultdict
+from typing import Any
+
+import torch
+
+from app.privacy.gaussian import epsilon_for, sigma_for
+from app.privacy.lineage import gaussian_event
+from app.privacy.sensitivity import recollection_sensitivity_schedule
+from app.states import Guarantee
+from maths.nets import FlatModel, build_net
+from maths.training import ProgressFn
+from methods.compute import (
+    CertificateFields,
+    Constant,
+    ModelSpec,
+    ModelState,
+    Release,
+    RemovedSamples,
+    RetainedData,
+    StatisticsBlock,
+    TargetInfeasible,
+    Trained,
+    UnlearningMethod,
+    UpdateInputs,
+    register,
+)
+from methods.noise import check_relative_noise, draw_gaussian, secure_generator
+from methods.recollection.maths import batch_schedule, train_recollection
+from methods.recollection.spec import SPEC, RecollectionOptions
+
+KIND, SUBJECT_KIND = "recollection", "recollection_subject"
+
+
+@register
+class Recollection(UnlearningMethod):
+    spec = SPEC
+
+    @property
+    def options(self) -> RecollectionOptions:
+        return self.model.method.options
+
+    def _flat(self) -> FlatModel:
+        return FlatModel(
+            build_net(self.model.architecture, self.model.n_features, self.model.n_classes)
+        )
+
+    def train(self, data: RetainedData, progress: ProgressFn | None = None) -> Trained:
+        """Train while recording every sample's recollection vector (Stage I + II online)."""
+        o, cfg = self.options, self.model.training
+        run = train_recollection(
+            self.model.architecture,
+            cfg,
+            o.C,
+            o.q,
+            data.X,
+            data.y,
+            self.model.n_classes,
+            record=True,
+            rho_checks=o.rho_checks,
+            power_iterations=o.power_iterations,
+            progress=progress,
+        )
+        assert run.vectors is not None, "training was asked to record"
+        d = int(run.vectors.shape[1])
+        block, groups = self._block(run.vectors, data)
+        record = {
+            "method": KIND,
+            "train_sample_ids": list(data.sample_ids),
+            "rho": run.rho,
+            "rho_trace": run.rho_trace,
+            "C": o.C,
+            "q": o.q,
+            "eta": cfg.learning_rate,
+            "epochs": cfg.epochs,
+            "batch_size": cfg.batch_size,
+            "seed": cfg.seed,
+            "weight_decay": cfg.weight_decay,
+            "steps": run.schedule.steps,
+            "clipped_steps": run.clipped_steps,
+            "precompute_seconds": run.seconds,
+            "d": d,
+            "storage_dtype": block.dtype,
+            "rows": len(block.sample_ids),
+            "subject_groups": groups,
+        }
+        metrics = {
+            "train_seconds": run.seconds,
+            "n_train": len(data.y),
+            "statistics_rows": len(block.sample_ids),
+            "statistics_bytes": len(block.sample_ids) * d * (2 if block.dtype == "float16" else 4),
+        }
+        return Trained(state=run.state, statistics=block, record=record, metrics=metrics)
+
+    def _block(
+        self, vectors: torch.Tensor, data: RetainedData
+    ) -> tuple[StatisticsBlock, dict[str, list[int]]]:
+        """One row per sample, or one summed row per subject (additivity, Theorem 1)."""
+        dtype = self.options.storage_dtype
+        if not self.options.per_subject:
+            return StatisticsBlock(
+                KIND, list(data.sample_ids), [KIND] * len(data.sample_ids), vectors, dtype
+            ), {}
+        members: dict[str, list[int]] = defaultdict(list)
+        for i, subject in enumerate(data.subjects):
+            members[subject if subject is not None else f"\0{data.sample_ids[i]}"].append(i)
+        ids: list[int] = []
+        kinds: list[str] = []
+        rows: list[torch.Tensor] = []
+        groups: dict[str, list[int]] = {}
+        for subject, idx in members.items():
+            rep = min(data.sample_ids[i] for i in idx)
+            ids.append(rep)
+            rows.append(vectors[idx].sum(0))
+            if subject.startswith("\0"):
+                kinds.append(KIND)
+            else:
+                kinds.append(SUBJECT_KIND)
+                groups[str(rep)] = sorted(data.sample_ids[i] for i in idx)
+        return StatisticsBlock(KIND, ids, kinds, torch.stack(rows), dtype), groups
+
+    def _sum_vectors(self, removed: RemovedSamples, record: dict[str, Any]) -> torch.Tensor:
+        groups = record.get("subject_groups") or {}
+        wanted = set(removed.sample_ids)
+        covered: set[int] = set()
+        total: torch.Tensor | None = None
+        for sample_id, vector in removed.statistics.items():
+            members = groups.get(str(sample_id), [sample_id])
+            if not set(members) <= wanted:
+                raise TargetInfeasible(
+                    "a per-subject vector cannot remove only part of its "
+                    f"subject (samples {sorted(set(members) - wanted)[:5]} "
+                    "are not in this request)"
+                )
+            covered.update(members)
+            total = vector.double() if total is None else total + vector.double()
+        missing = wanted - covered
+        if missing or total is None:
+            raise TargetInfeasible(f"no recollection vector for samples {sorted(missing)[:5]}")
+        return total
+
+    @staticmethod
+    def sensitivity(record: dict[str, Any], removed_total: list[int]) -> float:
+        """Theorem 2 (unfolded) for every sample removed since the vectors were recorded."""
+        rec = record
+        pos = {s: i for i, s in enumerate(rec["train_sample_ids"])}
+        sched = batch_schedule(
+            len(pos), rec["epochs"], rec["batch_size"], rec["seed"], rec["eta"], rec["q"]
+        )
+        steps = sched.steps_of([pos[s] for s in removed_total])
+        return recollection_sensitivity_schedule(
+            sched.etas, rec["C"], rec["rho"], steps, [len(b) for b in sched.batches]
+        )
+
+    def unlearn(self, inputs: UpdateInputs) -> Release:
+        start = time.perf_counter()
+        record, removed, target = inputs.record, inputs.removed, inputs.target
+        if not record or record.get("method") != KIND:
+            raise TargetInfeasible("this model has no recollection record")
+        flat = self._flat()
+        w_det = flat.vector(inputs.state).double()
+        w_det = w_det + self._sum_vectors(removed, record)
+        compute_seconds = time.perf_counter() - start
+        removed_total = sorted(set(removed.previously_removed) | set(removed.sample_ids))
+        sensitivity = self.sensitivity(record, removed_total)
+        if not math.isfinite(sensitivity) or sensitivity <= 0:
+            raise TargetInfeasible(f"the Theorem 2 bound is {sensitivity} (ρ={record['rho']:.4g})")
+        sigma = sigma_for(sensitivity, target.epsilon, target.delta)
+        cap = self.options.max_sigma
+        if cap is not None and sigma > cap:
+            raise TargetInfeasible(f"σ={sigma:.4g} exceeds the configured max_sigma={cap:g}")
+        check_relative_noise(
+            sigma, sensitivity, w_det.numel(), float(w_det.norm()), self.options.max_relative_noise
+        )
+        noise = sigma * draw_gaussian(w_det.shape, secure_generator(), torch.float64, w_det.device)
+        next_state = flat.state(w_det.float())
+        release = flat.state((w_det + noise).float())
+        epsilon = epsilon_for(sensitivity, sigma, target.delta)
+        return Release(
+            next_state=next_state,
+            weights=release,
+            event=gaussian_event(sigma, sensitivity, epsilon, target.delta),
+            certificate=self._certificate(
+                record,
+                epsilon,
+                target.delta,
+                sigma,
+                sensitivity,
+                len(removed.sample_ids),
+                len(removed_total),
+            ),
+            statistics_to_delete=list(removed.statistics),
+            metrics={
+                "unlearn_compute_seconds": compute_seconds,
+                "sigma": sigma,
+                "sensitivity": sensitivity,
+                "removed_since_record": len(removed_total),
+            },
+        )
+
+    def _certificate(
+        self,
+        rec: dict[str, Any],
+        epsilon: float,
+        delta: float,
+        sigma: float,
+        sensitivity: float,
+        n: int,
+        n_total: int,
+    ) -> CertificateFields:
+        rho_note = (
+            f"ρ={rec['rho']:.6g} measured by {self.options.power_iterations}-step "
+            f"power iteration on {len(rec['rho_trace'])} of {rec['steps']} batch "
+            "Hessians of the trajectory"
+        )
+        sentence = (
+            f"(ε={epsilon:.4g}, δ={delta:.3g})-indistinguishable from retraining "
+            f"without these {n} samples (the coupled retrain: same batch order, "
+            f"{n_total} samples removed since the vectors were recorded), plus the same "
+            f"Gaussian noise σ={sigma:.4g}, provided the first-order remainder bound of "
+            f"seed 003 Theorem 2 holds with {rho_note}."
+        )
+        constants = {
+            "rho": Constant(rec["rho"], "measured", rho_note),
+            "C": Constant(rec["C"], "declared", "gradient clipping norm (enforced in training)"),
+            "eta": Constant(rec["eta"], "declared", "initial step size"),
+            "q": Constant(rec["q"], "declared", "per-step step-size decay"),
+            "T": Constant(rec["steps"], "measured", "SGD steps of the recorded trajectory"),
+            "batch_size": Constant(rec["batch_size"], "declared", "|B|, denominator kept"),
+            "removed_since_record": Constant(
+                n_total, "measured", "m in Theorem 2 (all removals since recording)"
+            ),
+        }
+        return CertificateFields(
+            guarantee=Guarantee.conditional,
+            epsilon=epsilon,
+            delta=delta,
+            sigma=sigma,
+            sensitivity=sensitivity,
+            accountant="analytic Gaussian mechanism (Balle & Wang "
+            "2018) on the seed 003 Theorem 2 bound (unfolded sum, note 003 §5)",
+            sentence=sentence,
+            constants=constants,
+            compares="release vs. the coupled retrain without all samples removed since "
+            "recording, plus the same noise (seed 003 Definition 1)",
+        )
+
+    def reference(self, inputs: UpdateInputs, release: Release) -> ModelState:
+        """The coupled retrain (note 003 §1.1): the recorded batch order without every sample
+        removed since recording, the batch denominator kept."""
+        if not inputs.record:
+            return super().reference(inputs, release)
+        order = inputs.record["train_sample_ids"]
+        X, y, exclude = _in_record_order(order, inputs.retained, inputs.removed)
+        return coupled_retrain(self.model, X, y, exclude)
+
+
+def _in_record_order(
+    order: list[int], retained: RetainedData, removed: RemovedSamples
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Features and labels in the record's order, on the device of the retained data; rows no
+    longer held (erased, or removed now) are zeros and excluded."""
+    rows = {s: i for i, s in enumerate(retained.sample_ids)}
+    device = retained.X.device
+    X = torch.zeros((len(order), *retained.X.shape[1:]), dtype=retained.X.dtype, device=device)
+    y = torch.zeros(len(order), dtype=torch.long, device=device)
+    exclude = torch.ones(len(order), dtype=torch.bool, device=device)
+    held = [(i, rows[s]) for i, s in enumerate(order) if s in rows]
+    if held:
+        to = torch.tensor([i for i, _ in held], dtype=torch.long, device=device)
+        source = torch.tensor([r for _, r in held], dtype=torch.long, device=device)
+        X[to], y[to], exclude[to] = retained.X[source], retained.y[source], False
+    return X, y, exclude
+
+
+def coupled_retrain(
+    spec: ModelSpec, X: torch.Tensor, y: torch.Tensor, exclude: torch.Tensor
+) -> ModelState:
+    """Note 003 §1.1: replay the recorded batch order without the excluded samples, keeping
+    the batch denominator |B|. X, y are in the record's training order."""
+    o: RecollectionOptions = spec.method.options
+    return train_recollection(
+        spec.architecture,
+        spec.training,
+        o.C,
+        o.q,
+        X,
+        y,
+        spec.n_classes,
+        record=False,
+        exclude=exclude,
+        rho_checks=1,
+        power_iterations=5,
+    ).state

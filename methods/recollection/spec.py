@@ -1,0 +1,46 @@
+"""`recollection` (seed 003): training records one vector per sample; a deletion adds them."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import Field
+
+from app.states import Guarantee
+from methods.spec import MemoryFacts, MethodOptions, MethodSpec, register
+
+
+class RecollectionOptions(MethodOptions):
+    """Seed 003: training records one recollection vector per sample; a deletion adds them."""
+
+    C: float = Field(10.0, gt=0.0, le=1e6, description="batch-gradient clipping norm")
+    q: float = Field(0.995, gt=0.0, le=1.0, description="per-step learning-rate decay")
+    storage_dtype: Literal["float32", "float16"] = "float32"
+    per_subject: bool = Field(False, description="one summed vector per data subject")
+    rho_checks: int = Field(10, ge=1, le=1000, description="steps where ρ is measured")
+    power_iterations: int = Field(20, ge=5, le=500)
+    max_sigma: float | None = Field(None, gt=0.0, description="retrain exactly above this σ")
+    max_relative_noise: float | None = Field(
+        1.0,
+        gt=0.0,
+        description="retrain exactly when the noise norm σ√d exceeds this multiple "
+        "of the weights' norm (the release would be useless); null disables the guard",
+    )
+
+
+def _memory(o: Any, f: MemoryFacts) -> dict[str, int]:
+    """One recorded vector per sample (float32 at most)."""
+    return {"statistics": f.n_train * f.parameters * 4}
+
+
+SPEC = register(
+    MethodSpec(
+        name="recollection",
+        guarantee=Guarantee.conditional,
+        options=RecollectionOptions,
+        summary="add the removed samples' recollection vectors, then Gaussian noise (Theorem 2)",
+        records_training=True,
+        uses_statistics=True,
+        memory_terms=_memory,
+    )
+)

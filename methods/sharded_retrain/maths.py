@@ -1,0 +1,210 @@
+"""Sharded, sliced training (SISA: Bourtoule et al., "Machine Unlearning", IEEE S&P 2021, §IV).
+
+The training set is split into S disjoint shards; each shard trains its own constituent model,
+in R stages: stage j trains on the shard's slices 1..j (cumulative), starting from the
+checkpoint of stage j − 1, for e_j = max(1, round(2E/(R + 1))) epochs (§IV-B: the same total
+work as E epochs on the whole shard). Every stage starts a fresh optimizer from the previous
+checkpoint with its own seed, so a stage's output is a function of (its checkpoint, its data,
+its seed) alone: retraining a shard from the checkpoint before the earliest slice that held a
+removed sample yields, bit for bit on one machine, the model that training from scratch on the
+retained data (same seeds, same assignment) yields. Nothing here touches the database.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from functools import cached_property
+
+import torch
+
+from app.specs import ArchitectureSpec, TrainingConfig
+from maths.training import train
+
+ModelState = dict[str, torch.Tensor]
+CPU = torch.device("cpu")  # the assignment is host bookkeeping, whatever the worker's device
+StageFn = Callable[[int, int, float], None]  # (shard, stage, its last epoch's mean loss)
+
+
+def _unit_hash(seed: int, salt: str, key: str) -> int:
+    """A stable 64-bit hash of (seed, salt, key), the same on every machine and run."""
+    digest = hashlib.blake2b(f"{seed}\x1f{salt}\x1f{key}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "big")
+
+
+def assignment_keys(
+    X: torch.Tensor,
+    y: torch.Tensor,
+    subjects: Sequence[str | None],
+    external_ids: Sequence[str],
+) -> list[str]:
+    """What the data says of each sample, never a database id (issue 25), so that anyone
+    holding the data can redraw the assignment: its subject (a subject's samples share one
+    shard and one slice), else its external id (the upload's `ids`, or its row number in the
+    file), else a hash of its features and label."""
+    keys: list[str] = []
+    for i in range(len(y)):
+        subject = subjects[i] if i < len(subjects) else None
+        if subject is not None:
+            keys.append(f"subject:{subject}")
+        elif i < len(external_ids):
+            keys.append(f"id:{external_ids[i]}")
+        else:
+            keys.append(f"content:{content_hash(X[i], int(y[i]))}")
+    return keys
+
+
+def content_hash(x: torch.Tensor, label: int) -> str:
+    """blake2b of a sample's float32 features and its label."""
+    raw = x.detach().to(CPU, torch.float32).contiguous().numpy().tobytes()
+    return hashlib.blake2b(raw + label.to_bytes(8, "big", signed=True), digest_size=16).hexdigest()
+
+
+@dataclass(frozen=True)
+class Assignment:
+    """Which shard and slice (both 0-based) each sample belongs to, in `sample_ids` order."""
+
+    sample_ids: list[int]
+    shard: list[int]
+    slice: list[int]
+
+    @staticmethod
+    def draw(
+        sample_ids: Sequence[int], keys: Sequence[str], shards: int, slices: int, seed: int
+    ) -> Assignment:
+        """Seeded and stable: a sample's place depends on its key (`assignment_keys`) and the
+        seed only (never on the other samples), so removing samples moves nobody."""
+        return Assignment(
+            list(sample_ids),
+            [_unit_hash(seed, "shard", k) % shards for k in keys],
+            [_unit_hash(seed, "slice", k) % slices for k in keys],
+        )
+
+    @cached_property
+    def tensors(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(sample ids, shard, slice) as int64 CPU tensors, built once."""
+        as_tensor = lambda v: torch.tensor(v, dtype=torch.int64, device=CPU)  # noqa: E731
+        return as_tensor(self.sample_ids), as_tensor(self.shard), as_tensor(self.slice)
+
+    def to_state(self) -> ModelState:
+        ids, shard, slice_ = self.tensors
+        return {ASSIGNMENT_IDS: ids, ASSIGNMENT_SHARD: shard, ASSIGNMENT_SLICE: slice_}
+
+    @staticmethod
+    def from_state(state: ModelState) -> Assignment:
+        return Assignment(
+            state[ASSIGNMENT_IDS].tolist(),
+            state[ASSIGNMENT_SHARD].tolist(),
+            state[ASSIGNMENT_SLICE].tolist(),
+        )
+
+    def place(self) -> dict[int, tuple[int, int]]:
+        """sample id → (shard, slice); built once per assignment (an update asks three times)."""
+        return self._places
+
+    @cached_property
+    def _places(self) -> dict[int, tuple[int, int]]:
+        return {s: (k, j) for s, k, j in zip(self.sample_ids, self.shard, self.slice, strict=True)}
+
+    def restricted(self, keep: Sequence[int]) -> Assignment:
+        """The assignment of the samples in `keep` (in that order)."""
+        where = self.place()
+        return Assignment(list(keep), [where[s][0] for s in keep], [where[s][1] for s in keep])
+
+
+ASSIGNMENT_IDS = "sisa.assignment.sample_ids"
+ASSIGNMENT_SHARD = "sisa.assignment.shard"
+ASSIGNMENT_SLICE = "sisa.assignment.slice"
+
+
+def checkpoint_prefix(shard: int, stage: int) -> str:
+    """Noise-free-state key prefix of shard k's checkpoint after stage j (1-based, j < R)."""
+    return f"sisa.checkpoint.s{shard}.r{stage}."
+
+
+def stage_epochs(epochs: int, slices: int) -> int:
+    """e_j = 2E/(R + 1), at least 1 (SISA §IV-B): Σ_j e_j·(j/R)·n = E·n."""
+    return max(1, round(2 * epochs / (slices + 1)))
+
+
+def stage_seed(seed: int, shard: int, stage: int) -> int:
+    """The seed of shard k's stage j: initialisation (stage 1) and batch order."""
+    return _unit_hash(seed, "stage", f"{shard}:{stage}") % (2**31 - 1)
+
+
+@dataclass(frozen=True)
+class ShardedSetup:
+    architecture: ArchitectureSpec
+    training: TrainingConfig
+    n_features: int
+    n_classes: int
+    shards: int
+    slices: int
+
+    def stage_config(self, shard: int, stage: int) -> TrainingConfig:
+        epochs = stage_epochs(self.training.epochs, self.slices)
+        seed = stage_seed(self.training.seed, shard, stage)
+        return self.training.model_copy(update={"epochs": epochs, "seed": seed})
+
+
+def stage_rows(assignment: Assignment, shard: int, stage: int) -> torch.Tensor:
+    """Row indices (into the assignment's order) of shard k's slices 1..j, by sample id."""
+    ids, shards, slices = assignment.tensors
+    rows = ((shards == shard) & (slices < stage)).nonzero().flatten()
+    return rows[torch.argsort(ids[rows], stable=True)]
+
+
+def slice_counts(assignment: Assignment, shards: int, slices: int) -> torch.Tensor:
+    """counts[k, j]: samples in shard k's slice j (0-based)."""
+    _, shard, slice_ = assignment.tensors
+    cells = torch.bincount(shard * slices + slice_, minlength=shards * slices)
+    return cells.reshape(shards, slices)
+
+
+def stage_sizes(assignment: Assignment, shards: int, slices: int) -> list[list[int]]:
+    """sizes[k][j-1]: samples in shard k's slices 1..j (the data stage j trains on)."""
+    sizes: list[list[int]] = slice_counts(assignment, shards, slices).cumsum(1).tolist()
+    return sizes
+
+
+def work(sizes: list[list[int]], epochs_per_stage: int, shard: int, from_stage: int) -> int:
+    """Sample-gradient passes to train shard k's stages from_stage..R."""
+    return epochs_per_stage * sum(sizes[shard][from_stage - 1 :])
+
+
+def train_shard(
+    setup: ShardedSetup,
+    shard: int,
+    X: torch.Tensor,
+    y: torch.Tensor,
+    assignment: Assignment,
+    start: ModelState | None,
+    from_stage: int,
+    on_stage: StageFn | None = None,
+) -> list[ModelState]:
+    """Stages from_stage..R of one shard from `start` (the checkpoint after stage
+    from_stage − 1; None: the seeded initialisation of stage 1). Returns their states, the
+    last being the constituent. X, y are in the assignment's row order."""
+    states: list[ModelState] = []
+    state = start
+    for stage in range(from_stage, setup.slices + 1):
+        rows = stage_rows(assignment, shard, stage).to(X.device)
+        losses: list[float] = []  # the stage's per-epoch mean losses
+
+        def record(_epoch: int, _epochs: int, loss: float, into: list[float] = losses) -> None:
+            into.append(loss)
+
+        state = train(
+            setup.architecture,
+            setup.stage_config(shard, stage),
+            X[rows],
+            y[rows],
+            setup.n_classes,
+            progress=record if on_stage else None,
+            init_state=state,
+        )
+        states.append(state)
+        if on_stage is not None:
+            on_stage(shard, stage, losses[-1] if losses else 0.0)
+    return states

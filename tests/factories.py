@@ -1,0 +1,116 @@
+"""Builders shared by the tests and the benches: typed model specs, a removal split off
+retained data, `UpdateInputs` for calling a method directly, and, through the running
+service, deletions that wait for their certificate."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+from app.privacy.lineage import LineageEvent
+from app.specs import PrivacyPolicy, TrainingConfig, architecture_of, training_of
+from methods import method_of
+from methods.compute import (
+    ModelSpec,
+    ModelState,
+    PrivacyTarget,
+    RemovedSamples,
+    RetainedData,
+    Trained,
+    UpdateInputs,
+)
+
+if TYPE_CHECKING:
+    from tests.conftest import Api
+
+
+def model_spec(
+    architecture: dict[str, Any],
+    method: dict[str, Any],
+    n_features: int,
+    n_classes: int,
+    training: dict[str, Any] | TrainingConfig | None = None,
+) -> ModelSpec:
+    """A typed ModelSpec from the JSON a test or a bench writes down."""
+    config = training if isinstance(training, TrainingConfig) else training_of(training or {})
+    return ModelSpec(
+        architecture_of(architecture), config, method_of(method), n_features, n_classes
+    )
+
+
+def split_off(
+    data: RetainedData, gone: Sequence[int], trained: Trained | None = None
+) -> tuple[RemovedSamples, RetainedData]:
+    """The samples `gone` (ids) as a removal, with their recorded statistics if `trained`
+    kept any, and the rest as the retained data."""
+    gone_set = set(gone)
+    out = [i for i, s in enumerate(data.sample_ids) if s in gone_set]
+    keep = [i for i, s in enumerate(data.sample_ids) if s not in gone_set]
+    stats = trained.statistics if trained is not None else None
+    vectors = {s: stats.vectors[i] for i, s in enumerate(stats.sample_ids)} if stats else {}
+    ids = [data.sample_ids[i] for i in out]
+    removed = RemovedSamples(
+        ids, data.X[out], data.y[out], {s: vectors[s] for s in ids if s in vectors}
+    )
+    retained = RetainedData(
+        [data.sample_ids[i] for i in keep],
+        data.X[keep],
+        data.y[keep],
+        [data.subjects[i] for i in keep] if data.subjects else [],
+        [data.external_ids[i] for i in keep] if data.external_ids else [],
+    )
+    return removed, retained
+
+
+def update_inputs(
+    spec: ModelSpec,
+    state: ModelState,
+    removed: RemovedSamples,
+    retained: RetainedData,
+    *,
+    policy: PrivacyPolicy | None = None,
+    target: PrivacyTarget | None = None,
+    test: RetainedData | None = None,
+    history: list[LineageEvent] | None = None,
+    record: dict[str, Any] | None = None,
+    model_id: int = 1,
+) -> UpdateInputs:
+    """What the pipeline hands a method, built without the service: the policy's target
+    unless another is given, an empty lineage unless one is given."""
+    if policy is None:
+        policy = (
+            PrivacyPolicy(epsilon=target.epsilon, delta=target.delta) if target else PrivacyPolicy()
+        )
+    return UpdateInputs(
+        model_id=model_id,
+        spec=spec,
+        method=spec.method,
+        policy=policy,
+        target=target or PrivacyTarget(policy.epsilon, policy.delta),
+        state=state,
+        removed=removed,
+        retained=retained,
+        test=test if test is not None else RetainedData([], retained.X[:0], retained.y[:0]),
+        history=history or [],
+        record=record,
+    )
+
+
+# ---- through the service ----------------------------------------------------------------------
+
+
+def forget(api: Api, dataset_id: int, ids: list[str], timeout: float = 300.0) -> dict[str, Any]:
+    """POST a deletion of `ids` as a requester and wait for it; it must end `done`."""
+    response = api.post(
+        "/v1/deletions", role="requester", json={"dataset_id": dataset_id, "sample_ids": ids}
+    )
+    assert response.status_code == 202, response.text
+    done = api.wait(f"/v1/deletions/{response.json()['id']}", ("done", "failed"), timeout)
+    assert done["status"] == "done", done
+    return done
+
+
+def certificate_of(api: Api, done: dict[str, Any], index: int = 0) -> dict[str, Any]:
+    """A finished request's certificate, as an auditor reads it."""
+    cid = done["certificate_ids"][index]
+    return api.get(f"/v1/audit/certificates/{cid}", role="auditor").json()
