@@ -227,7 +227,7 @@ def train_with_progress(c: Client, model_id: int, epochs: int) -> ModelOut:
         task = bar.add_task("train", total=epochs, model=model_id)
 
         def on_progress(model: ModelOut) -> None:
-            bar.update(task, completed=model.progress.get("epoch", 0))
+            bar.update(task, completed=model.progress.epoch or 0)
 
         return c.wait_model(model_id, on_progress)
 
@@ -365,8 +365,8 @@ def audit_verify_receipt(
     """Check a receipt offline, from files alone: the head's signature, the certificate's
     inclusion, (with --head and --consistency) that a newer head extends it, and (with
     --opening and --id) that the certificate removed exactly these ids."""
-    from app.audit import commitment_holds
-    from app.receipts import ReceiptError, verify_extension, verify_receipt
+    from app.ledger.certificates import commitment_holds
+    from app.ledger.receipts import ReceiptError, verify_extension, verify_receipt
 
     if (head is None) != (consistency is None):
         raise CliError("--head and --consistency go together: a head alone proves nothing")
@@ -398,8 +398,8 @@ def audit_verify_receipt(
 def audit_rotate_key() -> None:
     """Retire the audit signing key (its public key stays listed) and create a new one; then
     restart the API and the workers."""
+    from app.ledger.transparency import rotate
     from app.settings import get_settings
-    from app.transparency import rotate
 
     old, new = rotate(get_settings())
     console.print(f"retired {old}; new signing key {new}")

@@ -159,6 +159,3 @@ def imported_of(config: dict[str, Any]) -> ImportedWeights | None:
     raw = config.get("imported")
     return ImportedWeights.model_validate(raw) if raw else None
 
-
-def policy_of(policy: PrivacyPolicy | dict[str, Any]) -> PrivacyPolicy:
-    return policy if isinstance(policy, PrivacyPolicy) else PrivacyPolicy.model_validate(policy)

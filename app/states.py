@@ -41,6 +41,18 @@ class VersionKind(StrEnum):
     retrained = "retrained"
 
 
+class Stage(StrEnum):
+    """Where a model's training stands (its `progress.stage`)."""
+
+    queued = "queued"
+    loading = "loading data"
+    importing = "importing"
+    training = "training"
+    ready = "ready"
+    failed = "failed"
+    withdrawn = "withdrawn"  # failed for good: `workers.pipeline.withdraw_model`
+
+
 class Guarantee(StrEnum):
     """What a certificate promises (DESIGN §7): exact (ε = δ = 0), rigorous (no unverifiable
     constant), conditional (declared or estimated constants), none (a heuristic)."""

@@ -11,9 +11,10 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, SerializerFunctionWrapHandler, model_serializer
 
-from app.states import ModelStatus, RequestStatus, SampleStatus, TaskStatus, VersionKind
+from app.specs import PrivacyPolicy
+from app.states import ModelStatus, RequestStatus, SampleStatus, Stage, TaskStatus, VersionKind
 
 
 class Out(BaseModel):
@@ -102,6 +103,26 @@ class VersionOut(Out):
     """when its weights were purged"""
 
 
+class Progress(BaseModel):
+    """Training progress: the stage, and while training the epoch and the last loss."""
+
+    model_config = ConfigDict(extra="ignore")  # a key an older version wrote is dropped
+
+    stage: Stage
+    """queued, loading data, importing, training, ready, failed or withdrawn"""
+    epoch: int | None = None
+    """epochs done"""
+    epochs: int | None = None
+    """epochs in all"""
+    loss: float | None = None
+    """the last epoch's mean loss (absent when it was not finite: JSON has no NaN)"""
+
+    @model_serializer(mode="wrap")
+    def _without_nulls(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        """Only what is known: `{"stage": "queued"}`, not three nulls."""
+        return {k: v for k, v in handler(self).items() if v is not None}
+
+
 class ModelOut(Out):
     """A model, its status and its current version."""
 
@@ -113,7 +134,7 @@ class ModelOut(Out):
     """the dataset it trains on"""
     status: ModelStatus
     """queued, training, ready or failed"""
-    progress: dict[str, Any]
+    progress: Progress
     """training progress: stage, epoch, epochs"""
     error: str | None
     """why training failed"""
@@ -123,7 +144,7 @@ class ModelOut(Out):
     """the training configuration"""
     method: dict[str, Any]
     """the unlearning method and its options"""
-    privacy: dict[str, Any]
+    privacy: PrivacyPolicy
     """the privacy policy"""
     current_version: VersionOut | None
     """the version served now"""

@@ -19,8 +19,8 @@ from pathlib import Path
 
 import httpx
 
-from app.crypto import Keyring, keyring
 from app.settings import Settings
+from app.storage.crypto import Keyring, keyring
 
 LETHE = [sys.executable, "-m", "app.cli"]
 

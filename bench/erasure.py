@@ -23,10 +23,10 @@ from sqlalchemy import insert, select
 from app.db.migrate import upgrade_to_head
 from app.db.session import database, engine_for
 from app.db.tables import Dataset, Sample
-from app.erasure import compact, erase_payloads
 from app.services.dataset_files import ParsedDataset
 from app.services.datasets import create_dataset
 from app.settings import Settings, use_settings
+from app.storage.erasure import compact, erase_payloads
 from bench.common import write_result
 from workers.data import _decode, sealed_samples
 

@@ -89,7 +89,7 @@ def dependent_rows(duplicates: int, removed: int) -> dict[str, Any]:
 def digest_attack() -> dict[str, Any]:
     from sklearn.datasets import load_digits
 
-    from app.audit import removed_ids_commitment
+    from app.ledger.certificates import removed_ids_commitment
 
     candidates = [str(i) for i in range(len(load_digits().target))]
     removed = sorted(secrets.SystemRandom().sample(candidates, 20))

@@ -23,12 +23,12 @@ from safetensors.torch import load as st_load
 from sklearn.datasets import load_digits
 from sqlalchemy import select
 
-from app.blobstore import DatabaseBlobStore
 from app.client import Client
-from app.crypto import keyring
 from app.db.session import Database, database
 from app.db.tables import Model, ModelVersion, Sample
 from app.settings import Settings, use_settings
+from app.storage.blobs import DatabaseBlobStore
+from app.storage.crypto import keyring
 from bench.common import RESULTS, embedded_server, percentiles, write_result
 from maths.evaluation import membership_auc, per_sample_losses
 from maths.nets import FlatModel, build_net

@@ -2,9 +2,9 @@
 and its signed head, on SQLite and PostgreSQL; proof generation time against tree size; and
 proof sizes at 10^6 certificates (computed).
 
-Appends go through `app.audit.append_certificates` exactly as a deletion update does, in
-batches of 1 (one request per update) and 100 (a coalesced update), into a fresh database;
-"without" replaces `transparency.append` by a no-op for the same run.
+Appends go through `app.ledger.certificates.append_certificates` exactly as a deletion update
+does, in batches of 1 (one request per update) and 100 (a coalesced update), into a fresh
+database; "without" replaces `transparency.append` by a no-op for the same run.
 
     .venv/bin/python -m bench.transparency [--certificates 400]
 
@@ -20,9 +20,12 @@ import time
 from pathlib import Path
 from typing import Any
 
-from app import audit, merkle, transparency
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
 from app.db.migrate import upgrade_to_head
 from app.db.session import database
+from app.ledger import certificates as audit
+from app.ledger import merkle, transparency
 from app.settings import Settings, use_settings
 from bench.common import write_result
 from bench.request_path import pg_database
@@ -49,13 +52,14 @@ def appends(url: str, n: int, batch: int, tree: bool) -> float:
     """Milliseconds per certificate appended (commit included)."""
     original = transparency.append
     if not tree:
-        transparency.append = lambda session, certs: {}  # type: ignore[assignment]
+        transparency.append = lambda session, certs, signer: {}  # type: ignore[assignment]
+    signer = Ed25519PrivateKey.generate()
     try:
         db = database(url)
         start = time.perf_counter()
         for b in range(0, n, batch):
             with db.write() as session:
-                audit.append_certificates(session, [fields(b + i) for i in range(batch)])
+                audit.append_certificates(session, [fields(b + i) for i in range(batch)], signer)
         return (time.perf_counter() - start) * 1000 / n
     finally:
         transparency.append = original

@@ -9,9 +9,12 @@ from pathlib import Path
 
 import pytest
 import sqlalchemy as sa
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from sqlalchemy.exc import DBAPIError
 
-from app.audit import (
+from app.db import append_only
+from app.db.session import database, engine_for
+from app.ledger.certificates import (
     GENESIS,
     append_certificate,
     append_certificates,
@@ -19,12 +22,13 @@ from app.audit import (
     release_documents,
     verify_chain,
 )
-from app.db import append_only
-from app.db.session import database, engine_for
 from app.privacy.lineage import history_from_certificates
 from tests.conftest import Api
 
 ROOT = Path(__file__).resolve().parents[1]
+
+
+SIGNER = Ed25519PrivateKey.generate()  # the log's key, as a worker passes it in
 
 
 def fields(request_id: int, eps: float = 0.0) -> dict:
@@ -47,7 +51,7 @@ def fields(request_id: int, eps: float = 0.0) -> dict:
 def write_chain(url: str, n: int = 4) -> None:
     for i in range(n):
         with database(url).write() as session:
-            append_certificate(session, fields(i + 1))
+            append_certificate(session, fields(i + 1), SIGNER)
 
 
 def test_chain_links_and_verifies(db_url: str) -> None:
@@ -69,7 +73,7 @@ def test_a_batch_appends_in_order_and_releases_read_one_per_version(db_url: str)
                 {**fields(10 * version + i, eps=0.5), **noisy, "to_version": version}
                 for i in range(3)
             ]
-            certs = append_certificates(session, batch)
+            certs = append_certificates(session, batch, SIGNER)
             assert [c.seq for c in certs] == sorted(c.seq for c in certs)
             assert all(c.id is not None for c in certs)
     with database(db_url).read() as session:

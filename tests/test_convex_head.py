@@ -16,11 +16,11 @@ from scipy.optimize import brentq
 from scipy.stats import norm
 from sqlalchemy import select
 
-from app.audit import constant_commitment
-from app.blobstore import DatabaseBlobStore
 from app.db.session import database
 from app.db.tables import Dataset, Model, ModelVersion
+from app.ledger.certificates import constant_commitment
 from app.privacy.lineage import compose_events, gaussian_event
+from app.storage.blobs import DatabaseBlobStore
 from maths import convex
 from methods.convex_head.compute import to_theta
 from tests.conftest import Api, train_ids

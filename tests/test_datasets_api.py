@@ -8,10 +8,10 @@ import numpy as np
 import pytest
 from sqlalchemy import func, select
 
-from app.crypto import SampleRecord, keyring, open_sealed, sample_aad
 from app.db.session import database
 from app.db.tables import Dataset, Sample
-from app.keystore import load_keys
+from app.storage.crypto import SampleRecord, keyring, open_sealed, sample_aad
+from app.storage.keystore import load_keys
 from tests.conftest import Api
 
 

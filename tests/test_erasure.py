@@ -21,12 +21,12 @@ from fastapi.testclient import TestClient
 from sqlalchemy import select
 
 from app.accesslog import DropQueryString
-from app.crypto import Keyring, SealError, keyring, open_sealed, seal
 from app.db.migrate import upgrade_to_head
 from app.db.session import database, dispose_engines, engine_for
 from app.db.tables import Blob, DataKey, ModelVersion, Sample
 from app.main import create_app
 from app.settings import Settings
+from app.storage.crypto import Keyring, SealError, keyring, open_sealed, seal
 from tests.conftest import Api, make_keys
 from workers.statistics import read_vectors
 

@@ -9,11 +9,11 @@ import sqlalchemy as sa
 import torch
 from alembic import command
 
-from app.blobstore import DatabaseBlobStore
 from app.db.migrate import alembic_config
 from app.db.session import database, engine_for
 from app.db.tables import Dataset
 from app.settings import Settings, get_settings, use_settings
+from app.storage.blobs import DatabaseBlobStore
 from workers.data import arrays_for
 from workers.statistics import read_vectors
 

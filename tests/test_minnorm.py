@@ -9,9 +9,9 @@ import torch
 from safetensors.torch import load as st_load
 from sqlalchemy import func, select
 
-from app.blobstore import DatabaseBlobStore
 from app.db.session import database
 from app.db.tables import Dataset, Model, ModelVersion
+from app.storage.blobs import DatabaseBlobStore
 from maths.nets import build_net
 from methods.minnorm import maths as mn
 from methods.minnorm.compute import GRAM, ROWS

@@ -13,11 +13,11 @@ from fastapi.testclient import TestClient
 from safetensors.torch import load as st_load
 from sqlalchemy import func, select
 
-from app.crypto import keyring
 from app.db.session import database
 from app.db.tables import Blob, DeletionRequest, ModelSample, ModelVersion, Sample
 from app.main import create_app
 from app.settings import Settings
+from app.storage.crypto import keyring
 from tests.conftest import SMALL_TRAINING, Api, make_keys, train_ids
 
 

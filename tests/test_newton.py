@@ -10,9 +10,9 @@ import torch
 from safetensors.torch import load as st_load
 from sklearn.datasets import make_classification
 
-from app.blobstore import DatabaseBlobStore
 from app.db.session import database
 from app.db.tables import Dataset, Model, ModelVersion
+from app.storage.blobs import DatabaseBlobStore
 from maths.nets import FlatModel, build_net
 from maths.training import train
 from methods.newton.maths import lissa, objective

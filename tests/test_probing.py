@@ -15,10 +15,10 @@ import sqlalchemy as sa
 from alembic import command
 from sqlalchemy import LargeBinary, String, Text, select
 
-from app.audit import RESTRICTED, canonical_json, constant_commitment
 from app.db.migrate import alembic_config
 from app.db.session import database, engine_for
 from app.db.tables import Base, Dataset
+from app.ledger.certificates import RESTRICTED, canonical_json, constant_commitment
 from app.schemas import DeletionCreate
 from app.services.deletions import request_fingerprint
 from app.states import Guarantee

@@ -12,10 +12,10 @@ from safetensors.torch import load as st_load
 from sklearn.datasets import make_classification
 from sqlalchemy import func, select
 
-from app.blobstore import DatabaseBlobStore
-from app.crypto import keyring
 from app.db.session import database
 from app.db.tables import Model, ModelVersion, Sample, SampleStatistic
+from app.storage.blobs import DatabaseBlobStore
+from app.storage.crypto import keyring
 from maths.nets import FlatModel, build_net
 from methods.recollection.maths import train_recollection
 from tests.conftest import Api

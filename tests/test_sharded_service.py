@@ -12,9 +12,9 @@ import torch
 from safetensors.torch import load as st_load
 from sqlalchemy import select
 
-from app.blobstore import DatabaseBlobStore
 from app.db.session import database
 from app.db.tables import Blob, DataKey, Dataset, Model, ModelVersion
+from app.storage.blobs import DatabaseBlobStore
 from lethe.loader import load_model
 from maths.ensemble import Ensemble, shard_states
 from methods.compute import RetainedData, fit

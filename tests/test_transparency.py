@@ -12,12 +12,12 @@ import pytest
 import sqlalchemy as sa
 from sqlalchemy.orm import Session
 
-from app import merkle, transparency
 from app.cli import CliError, audit_verify_receipt
 from app.db import append_only
 from app.db.session import database, engine_for
-from app.receipts import ReceiptError, verify_extension, verify_head, verify_receipt
-from app.settings import get_settings
+from app.ledger import merkle, transparency
+from app.ledger.receipts import ReceiptError, verify_extension, verify_head, verify_receipt
+from app.settings import Settings, get_settings
 from tests.conftest import Api
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -74,7 +74,7 @@ def delete(api: Api, dataset_id: int, offset: int) -> dict:
 
 
 def test_receipts_verify_and_a_rewritten_log_fails_its_consistency_check(
-    api: Api, ready_model: dict, tmp_path: Path
+    api: Api, ready_model: dict, tmp_path: Path, settings: Settings
 ) -> None:
     dataset_id = ready_model["dataset_id"]
     keys = api.get("/v1/audit/public-key").json()  # public: no key needed
@@ -109,7 +109,7 @@ def test_receipts_verify_and_a_rewritten_log_fails_its_consistency_check(
             "UPDATE certificates SET body = replace(body, 'Exact', 'Fine') WHERE seq = 1"
         )
         session = Session(bind=conn)
-        rewritten = transparency.rebuild(session)
+        rewritten = transparency.rebuild(session, transparency.signing_key(settings))
         session.flush()
     verify_head(rewritten, keys)  # a validly signed head ...
     for receipt in receipts:  # ... that no receipt issued earlier accepts

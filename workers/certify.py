@@ -7,7 +7,7 @@ import secrets
 from dataclasses import dataclass
 from typing import Any
 
-from app.audit import COMMITMENT_SCHEME, RESTRICTED, constant_commitment
+from app.ledger.certificates import COMMITMENT_SCHEME, RESTRICTED, constant_commitment
 from app.privacy import DP_ACCOUNTING_VERSION
 from app.privacy.lineage import event_to_json
 from app.specs import PrivacyPolicy

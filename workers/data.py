@@ -1,5 +1,5 @@
 """Loading a model's training set and a dataset's test split from the database into tensors,
-opening each sample's sealed payload with its data key (app/crypto.py)."""
+opening each sample's sealed payload with its data key (app/storage/crypto.py)."""
 
 from __future__ import annotations
 
@@ -14,10 +14,10 @@ import torch
 from sqlalchemy import Select, select
 from sqlalchemy.orm import Session
 
-from app.crypto import SampleRecord, keyring, open_sealed, sample_aad
 from app.db.chunks import chunked
 from app.db.tables import DataKey, Dataset, ModelSample, Sample
 from app.states import SampleStatus
+from app.storage.crypto import SampleRecord, keyring, open_sealed, sample_aad
 
 
 @dataclass

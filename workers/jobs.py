@@ -18,14 +18,16 @@ from safetensors.torch import load as st_load
 from sqlalchemy import select, update
 
 from app import shutdown
-from app.blobstore import DatabaseBlobStore
 from app.db.session import Database, database
 from app.db.tables import Dataset, DeletionTask, Model, task_is_due, utcnow
 from app.dispatch import DELETE, TRAIN, take_signal
-from app.erasure import compact_after_erasure
+from app.ledger.transparency import signing_key
 from app.settings import Settings, get_settings
 from app.specs import ImportedWeights, imported_of
-from app.states import ModelStatus, TaskStatus, VersionKind
+from app.states import ModelStatus, Stage, TaskStatus, VersionKind
+from app.storage.blobs import DatabaseBlobStore
+from app.storage.erasure import compact_after_erasure
+from app.wire import Progress
 from maths.nets import build_net
 from maths.training import Diverged, ProgressFn, accuracy, check_converged
 from methods.compute import ModelSpec, RetainedData, Trained, fit
@@ -87,7 +89,7 @@ def train_model(model_id: int) -> str:
                 session.execute(
                     update(Model)
                     .where(Model.id == model_id, Model.lease_owner == WORKER_ID)
-                    .values(status=ModelStatus.queued, progress={"stage": "queued"})
+                    .values(status=ModelStatus.queued, progress=Progress(stage=Stage.queued))
                 )
             return "interrupted"
         except Exception as exc:
@@ -98,7 +100,7 @@ def train_model(model_id: int) -> str:
                     .values(
                         status=ModelStatus.failed,
                         error=f"training failed: {exc}",
-                        progress={"stage": "failed"},
+                        progress=Progress(stage=Stage.failed),
                     )
                 )
             raise
@@ -112,7 +114,7 @@ def _start_training(db: Database, model_id: int) -> bool:
         if model is None or model.status not in (ModelStatus.queued, ModelStatus.training):
             return False
         model.status = ModelStatus.training
-        model.progress = {"stage": "loading data"}
+        model.progress = Progress(stage=Stage.loading)
         return True
 
 
@@ -194,13 +196,13 @@ def _progress_writer(db: Database, model_id: int) -> ProgressFn:
                 update(Model)
                 .where(Model.id == model_id)
                 .values(
-                    progress={
-                        "stage": "training",
-                        "epoch": epoch,
-                        "epochs": epochs,
-                        # JSON has no NaN (PostgreSQL refuses it): a diverged loss is null
-                        "loss": round(loss, 6) if math.isfinite(loss) else None,
-                    }
+                    progress=Progress(
+                        stage=Stage.training,
+                        epoch=epoch,
+                        epochs=epochs,
+                        # JSON has no NaN (PostgreSQL refuses it): a diverged loss is left out
+                        loss=round(loss, 6) if math.isfinite(loss) else None,
+                    )
                 )
             )
 
@@ -229,7 +231,7 @@ def _commit_trained(
         write_block(session, model_id, trained.statistics, replace=True)
     epochs = inputs.spec.training.epochs
     model.current_version_id, model.status, model.error = version.id, ModelStatus.ready, None
-    model.progress = {"stage": "ready", "epoch": epochs, "epochs": epochs}
+    model.progress = Progress(stage=Stage.ready, epoch=epochs, epochs=epochs)
 
 
 # ---- deletions ------------------------------------------------------------------------------
@@ -299,8 +301,10 @@ def _run_batch(
             batch, inputs = pipeline.load_batch(session, model_id, tasks)
         outcome: Outcome | None = compute_on(inputs, device) if batch.removed else None
         pause.point("before-commit", model_id)
+        signer = signing_key(settings)
         db.run(
-            lambda session: pipeline.commit_update(session, batch, outcome), retry_integrity=True
+            lambda session: pipeline.commit_update(session, batch, outcome, signer),
+            retry_integrity=True,
         )
     except shutdown.Interrupted:  # back to queued, unpenalised: the next start applies them
         ids = [t.task_id for t in tasks]

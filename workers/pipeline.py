@@ -15,14 +15,12 @@ from typing import Any
 
 import numpy as np
 import torch
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from safetensors.torch import load as st_load
 from safetensors.torch import save as st_save
 from sqlalchemy import delete, select, update
 from sqlalchemy.orm import Session
 
-from app.audit import append_certificates, lineage_history, removed_ids_commitment
-from app.blobstore import DatabaseBlobStore
-from app.crypto import keyring
 from app.db.chunks import chunked
 from app.db.tables import (
     Certificate,
@@ -36,10 +34,14 @@ from app.db.tables import (
     task_is_due,
     utcnow,
 )
-from app.erasure import erase_payloads
-from app.keystore import destroy_keys, load_keys
-from app.specs import architecture_of, policy_of, training_of
-from app.states import ModelStatus, RequestStatus, TaskStatus, VersionKind
+from app.ledger.certificates import append_certificates, lineage_history, removed_ids_commitment
+from app.specs import architecture_of, training_of
+from app.states import ModelStatus, RequestStatus, Stage, TaskStatus, VersionKind
+from app.storage.blobs import DatabaseBlobStore
+from app.storage.crypto import keyring
+from app.storage.erasure import erase_payloads
+from app.storage.keystore import destroy_keys, load_keys
+from app.wire import Progress
 from methods import get_method, method_of
 from methods.compute import (
     ModelSpec,
@@ -57,7 +59,7 @@ from workers.values import Batch, ClaimedTask, Outcome
 
 
 def model_spec(model: Model, dataset: Dataset) -> ModelSpec:
-    policy = policy_of(model.privacy)
+    policy = model.privacy
     return ModelSpec(
         architecture=architecture_of(model.architecture),
         training=training_of(model.training),
@@ -231,7 +233,7 @@ def load_batch(
     test = test_arrays(session, dataset)
     batch = Batch(
         model_id=model_id,
-        policy=policy_of(model.privacy),
+        policy=model.privacy,
         parent_id=parent.id,
         parent_number=parent.number,
         tasks=tasks,
@@ -302,8 +304,11 @@ def _held(session: Session, model_id: int, sample_ids: list[int]) -> set[int]:
     return held
 
 
-def commit_update(session: Session, batch: Batch, outcome: Outcome | None) -> int | None:
-    """Apply the update atomically; returns the new version id (None if nothing to remove)."""
+def commit_update(
+    session: Session, batch: Batch, outcome: Outcome | None, signer: Ed25519PrivateKey
+) -> int | None:
+    """Apply the update atomically, the log's new head signed by `signer`; returns the new
+    version id (None if nothing to remove)."""
     model = check_lease(session, batch.model_id)
     if model.current_version_id != batch.parent_id:
         raise LeaseLost(f"model {batch.model_id} moved past version {batch.parent_number}")
@@ -338,7 +343,7 @@ def commit_update(session: Session, batch: Batch, outcome: Outcome | None) -> in
             _certificate(batch, t, outcome, version, batch.removed_by_task[t.task_id])
             for t in certified
         ]
-        appended = append_certificates(session, fields)
+        appended = append_certificates(session, fields, signer)
         certs = {t.task_id: c for t, c in zip(certified, appended, strict=True)}
     removals: list[dict[str, int]] = []
     for task in batch.tasks:
@@ -429,9 +434,6 @@ def _purge_older_versions(session: Session, model_id: int, keep_id: int | None) 
         v.weights_key, v.state_key, v.erased_at = None, None, utcnow()
 
 
-WITHDRAWN = "withdrawn"  # a failed model's progress stage after `withdraw_model`
-
-
 def withdraw_model(session: Session, model_id: int, reason: str) -> set[int]:
     """The model cannot forget (its update and its exact retrain both failed): withdraw it.
 
@@ -447,7 +449,7 @@ def withdraw_model(session: Session, model_id: int, reason: str) -> set[int]:
     session.execute(delete(SampleStatistic).where(SampleStatistic.model_id == model_id))
     model.status, model.current_version_id = ModelStatus.failed, None
     model.error = f"withdrawn: {reason}"[:2000]
-    model.progress = {"stage": WITHDRAWN}
+    model.progress = Progress(stage=Stage.withdrawn)
     tasks = session.scalars(
         select(DeletionTask).where(
             DeletionTask.model_id == model_id,

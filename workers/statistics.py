@@ -1,7 +1,7 @@
 """Reading and writing per-sample statistics (`sample_statistics` rows) as tensors.
 
-Each vector is sealed with its sample's data key (app/crypto.py): erasing the sample destroys
-the key, so a statistic's bytes left in free space, WAL or backups can never be opened."""
+Each vector is sealed with its sample's data key (app/storage/crypto.py): erasing the sample
+destroys the key, so a statistic's bytes left in free space, WAL or backups can never be opened."""
 
 from __future__ import annotations
 
@@ -12,10 +12,10 @@ import torch
 from sqlalchemy import delete, insert, select
 from sqlalchemy.orm import Session
 
-from app.crypto import keyring, open_sealed, seal, statistic_aad
 from app.db.chunks import chunked
 from app.db.tables import Sample, SampleStatistic
-from app.keystore import load_keys
+from app.storage.crypto import keyring, open_sealed, seal, statistic_aad
+from app.storage.keystore import load_keys
 from methods.compute import StatisticsBlock
 
 DTYPES = {"float32": np.float32, "float16": np.float16}

@@ -11,15 +11,15 @@ from fastapi.responses import StreamingResponse
 from pydantic import AfterValidator, BeforeValidator
 from sqlalchemy import select
 
-from app import transparency
-from app.api.deps import AnyRole, Auditor, DbDep
+from app.api.deps import AnyRole, Auditor, DbDep, SettingsDep
 from app.api.params import PathId, QueryId
 from app.api.responses import COMMON, errors
-from app.audit import certificate_document, export_lines, verify_chain
-from app.crypto import keyring
 from app.db.tables import Certificate, Dataset, DeletionRequest, Sample
 from app.errors import not_found
+from app.ledger import transparency
+from app.ledger.certificates import certificate_document, export_lines, verify_chain
 from app.schemas import MAX_ID, Text
+from app.storage.crypto import keyring
 
 router = APIRouter(prefix="/v1/audit", tags=["audit"], responses=COMMON)
 
@@ -103,10 +103,13 @@ def head(_: AnyRole, db: DbDep) -> dict[str, Any]:
 
 
 @router.get("/public-key")
-def public_key() -> dict[str, Any]:
+def public_key(settings: SettingsDep) -> dict[str, Any]:
     """The heads' public keys (base64 raw Ed25519), current and retired, by key id. Public:
     anyone may check a head."""
-    return {"keys": transparency.public_keys(), "message_format": transparency.HEAD_FORMAT}
+    return {
+        "keys": transparency.public_keys(settings),
+        "message_format": transparency.HEAD_FORMAT,
+    }
 
 
 @router.get("/proof/inclusion", responses=errors(404))

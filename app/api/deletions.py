@@ -15,7 +15,6 @@ from app.api.deps import CommitterDep, DbDep, DeletionViewer, DispatcherDep, Req
 from app.api.params import PathId
 from app.api.responses import COMMON, errors
 from app.dispatch import DELETE
-from app.erasure import compact_after_erasure
 from app.schemas import DeletionCreate, DeletionOut, DeletionPage
 from app.security import Role
 from app.services.deletions import (
@@ -26,6 +25,7 @@ from app.services.deletions import (
     list_deletions,
 )
 from app.states import FINISHED_REQUEST
+from app.storage.erasure import compact_after_erasure
 
 MAX_WAIT_SECONDS = 30.0
 

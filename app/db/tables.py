@@ -28,13 +28,17 @@ from sqlalchemy import (
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
+from app.db.typed_json import PydanticJSON
+from app.specs import PrivacyPolicy
 from app.states import (
     ModelStatus,
     RequestStatus,
     SampleStatus,
+    Stage,
     TaskStatus,
     VersionKind,
 )
+from app.wire import Progress
 
 NAMING = {
     "ix": "ix_%(column_0_label)s",
@@ -111,7 +115,7 @@ class Sample(Base):
     external_id: Mapped[str] = mapped_column(String(200))
     subject_id: Mapped[str | None] = mapped_column(String(200))
     split: Mapped[str] = mapped_column(String(10))
-    # external_id and subject_id hold keyed tokens (app/crypto.py), never the raw ids; the
+    # external_id and subject_id hold keyed tokens (app/storage/crypto.py), never the raw ids; the
     # payload is a SampleRecord (label, raw ids, features) sealed with the sample's data key.
     payload: Mapped[bytes | None] = mapped_column(LargeBinary)
     key_id: Mapped[uuid.UUID | None] = mapped_column(Uuid)
@@ -127,9 +131,11 @@ class Model(Base):
     architecture: Mapped[dict[str, Any]]
     training: Mapped[dict[str, Any]]
     method: Mapped[dict[str, Any]]
-    privacy: Mapped[dict[str, Any]]
+    privacy: Mapped[PrivacyPolicy] = mapped_column(PydanticJSON(PrivacyPolicy))
     status: Mapped[ModelStatus] = state_column(ModelStatus, 12, ModelStatus.queued)
-    progress: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
+    progress: Mapped[Progress] = mapped_column(
+        PydanticJSON(Progress), default=lambda: Progress(stage=Stage.queued)
+    )
     error: Mapped[str | None] = mapped_column(Text)
     current_version_id: Mapped[int | None] = mapped_column(Integer)
     lease_owner: Mapped[str | None] = mapped_column(String(100))

@@ -8,12 +8,12 @@ from uuid import UUID
 from sqlalchemy import func, insert, select
 from sqlalchemy.orm import Session
 
-from app.crypto import Keyring, SampleRecord, keyring, open_sealed, sample_aad, seal
 from app.db.tables import Base, Dataset, Sample
 from app.errors import not_found
-from app.keystore import create_keys, load_keys
 from app.services.dataset_files import ParsedDataset
 from app.states import SampleStatus
+from app.storage.crypto import Keyring, SampleRecord, keyring, open_sealed, sample_aad, seal
+from app.storage.keystore import create_keys, load_keys
 
 INSERT_CHUNK = 5000
 

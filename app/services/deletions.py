@@ -10,8 +10,6 @@ from typing import Any
 from sqlalchemy import Row, select, update
 from sqlalchemy.orm import Session
 
-from app import transparency
-from app.crypto import keyring
 from app.db.chunks import chunked
 from app.db.tables import (
     ApiKey,
@@ -23,13 +21,15 @@ from app.db.tables import (
     Sample,
     utcnow,
 )
-from app.erasure import erase_payloads
 from app.errors import APIError, conflict, not_found, unprocessable
-from app.keystore import create_keys, load_keys
+from app.ledger import transparency
 from app.schemas import DeletionCreate
 from app.security import Role
 from app.services.datasets import get_dataset
 from app.states import ModelStatus, RequestStatus, SampleStatus, TaskStatus
+from app.storage.crypto import keyring
+from app.storage.erasure import erase_payloads
+from app.storage.keystore import create_keys, load_keys
 from methods import method_names
 
 
@@ -304,16 +304,16 @@ def _check_models(models: list[Row[Any]], body: DeletionCreate) -> None:
                 {"model_id": m.id},
             )
         policy = m.privacy
-        if body.epsilon is not None and body.epsilon > policy["epsilon"]:
+        if body.epsilon is not None and body.epsilon > policy.epsilon:
             raise unprocessable(
                 "target_looser_than_policy",
-                f"ε={body.epsilon} exceeds model {m.id}'s policy ε={policy['epsilon']}",
+                f"ε={body.epsilon} exceeds model {m.id}'s policy ε={policy.epsilon}",
                 {"model_id": m.id},
             )
-        if body.delta is not None and body.delta > policy["delta"]:
+        if body.delta is not None and body.delta > policy.delta:
             raise unprocessable(
                 "target_looser_than_policy",
-                f"δ={body.delta} exceeds model {m.id}'s policy δ={policy['delta']}",
+                f"δ={body.delta} exceeds model {m.id}'s policy δ={policy.delta}",
                 {"model_id": m.id},
             )
 

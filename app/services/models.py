@@ -9,14 +9,15 @@ from sqlalchemy import func, insert, literal, select
 from sqlalchemy.orm import Session
 
 from app.architectures import check_weights
-from app.blobstore import DatabaseBlobStore
 from app.db.tables import Dataset, Model, ModelSample, ModelVersion, Sample
 from app.errors import APIError, not_found, unprocessable
 from app.schemas import ModelCreate
 from app.services import memory
 from app.services.datasets import get_dataset
 from app.specs import TopicHeadSpec, TopicModelSpec
-from app.states import ModelStatus, SampleStatus
+from app.states import ModelStatus, SampleStatus, Stage
+from app.storage.blobs import DatabaseBlobStore
+from app.wire import Progress
 from methods import get_method, method_names, method_of
 
 
@@ -60,9 +61,9 @@ def create_model(session: Session, spec: ModelCreate, memory_limit: int | None =
         architecture=spec.architecture.model_dump(),
         training=spec.training.model_dump(),
         method=spec.method.model_dump(),
-        privacy=spec.privacy.model_dump(),
+        privacy=spec.privacy,
         status=ModelStatus.queued,
-        progress={"stage": "queued"},
+        progress=Progress(stage=Stage.queued),
     )
     session.add(model)
     session.flush()
@@ -190,7 +191,7 @@ def get_version(session: Session, model_id: int, number: int | None) -> ModelVer
     """The numbered version, or the current one when `number` is None."""
     model = get_model(session, model_id)
     if number is None:
-        if model.current_version_id is None and (model.progress or {}).get("stage") == "withdrawn":
+        if model.current_version_id is None and model.progress.stage == Stage.withdrawn:
             raise APIError(410, "model_withdrawn", model.error or "the model was withdrawn")
         if model.current_version_id is None:
             raise APIError(
@@ -243,5 +244,5 @@ def import_model(session: Session, spec: ModelCreate, weights: bytes) -> Model:
     model = create_model(session, spec)
     key, digest = DatabaseBlobStore(session).put(weights, f"model-{model.id}/import")
     model.training = {**model.training, "imported": {"blob": key, "sha256": digest}}
-    model.progress = {"stage": "importing"}
+    model.progress = Progress(stage=Stage.importing)
     return model

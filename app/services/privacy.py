@@ -7,15 +7,14 @@ from typing import Any
 
 from sqlalchemy.orm import Session
 
-from app.audit import lineage_history, recent_certificate_documents
 from app.db.tables import Dataset, Model, ModelVersion
 from app.errors import unprocessable
+from app.ledger.certificates import lineage_history, recent_certificate_documents
 from app.privacy.lineage import LineageBudget, admit
 from app.privacy.plans import ReleasePlan
 from app.privacy.validate import PrivacyParameterError
 from app.services.deletion_cost import deletion_cost
 from app.services.models import get_model
-from app.specs import policy_of
 from methods import method_of
 from methods.spec import PreviewFacts
 
@@ -32,7 +31,7 @@ def preview(
     """σ, feasibility and lineage cost of the model's next release, before any request
     (`disclose`: the caller may see measured values that are functions of removed data)."""
     model = get_model(session, model_id)
-    policy = policy_of(model.privacy)
+    policy = model.privacy
     eps = policy.epsilon if epsilon is None else epsilon
     dlt = policy.delta if delta is None else delta
     current = (

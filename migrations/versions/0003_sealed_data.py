@@ -16,7 +16,7 @@ from typing import Any
 import sqlalchemy as sa
 from alembic import op
 
-from app.crypto import SampleRecord, blob_aad, keyring, sample_aad, seal, statistic_aad
+from app.storage.crypto import SampleRecord, blob_aad, keyring, sample_aad, seal, statistic_aad
 
 revision = "0003"
 down_revision = "0002"

@@ -1,9 +1,8 @@
 """The one place blobs (weights, noise-free states) are read and written.
 
-Every blob is sealed with its own data key (app/crypto.py): deleting a blob destroys its key,
-so the copies the database's free space, WAL or backups keep can never be opened. Behind this
-small interface a filesystem or S3-compatible store can replace the database.
-"""
+Every blob is sealed with its own data key (app/storage/crypto.py): deleting a blob destroys its
+key, so the copies the database's free space, WAL or backups keep can never be opened. Behind
+this small interface a filesystem or S3-compatible store can replace the database."""
 
 from __future__ import annotations
 
@@ -14,9 +13,9 @@ from typing import Protocol
 from sqlalchemy import delete, select
 from sqlalchemy.orm import Session
 
-from app.crypto import Keyring, blob_aad, keyring, open_sealed, seal
 from app.db.tables import Blob
-from app.keystore import create_keys, destroy_keys, load_keys
+from app.storage.crypto import Keyring, blob_aad, keyring, open_sealed, seal
+from app.storage.keystore import create_keys, destroy_keys, load_keys
 
 
 class BlobStore(Protocol):

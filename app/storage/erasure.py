@@ -1,11 +1,10 @@
 """Erasing a sample once no live model holds it (DESIGN §6), and compacting what it leaves.
 
-Erasure is crypto-shredding (app/crypto.py): the sample's data key is destroyed, so its sealed
-payload (label, raw ids, features) and its sealed statistics can never be opened again, wherever
-their bytes survive. `compact_after_erasure` then removes the destroyed keys' own bytes from the
-database files: SQLite zeroes freed cells (`secure_delete`) and the WAL is checkpointed and
-truncated; PostgreSQL rewrites the small key table (`VACUUM FULL data_keys`).
-"""
+Erasure is crypto-shredding (app/storage/crypto.py): the sample's data key is destroyed, so its
+sealed payload (label, raw ids, features) and its sealed statistics can never be opened again,
+wherever their bytes survive. `compact_after_erasure` then removes the destroyed keys' own bytes
+from the database files: SQLite zeroes freed cells (`secure_delete`) and the WAL is checkpointed
+and truncated; PostgreSQL rewrites the small key table (`VACUUM FULL data_keys`)."""
 
 from __future__ import annotations
 
@@ -17,8 +16,8 @@ from sqlalchemy.orm import Session
 from app.db.chunks import chunked
 from app.db.session import Database, rowcount
 from app.db.tables import Model, ModelSample, Sample, utcnow
-from app.keystore import destroy_keys
 from app.states import ModelStatus, SampleStatus
+from app.storage.keystore import destroy_keys
 
 log = logging.getLogger("lethe.erasure")
 

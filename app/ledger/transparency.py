@@ -1,6 +1,6 @@
 """The certificates' Merkle tree and its signed heads (issue 17): kept beside the hash chain,
 grown in the same transaction as the certificates, so a third party can check inclusion and
-append-only growth without trusting the database (RFC 6962 / 9162; app/merkle.py does the
+append-only growth without trusting the database (RFC 6962 / 9162; app/ledger/merkle.py does the
 hashing).
 
 Storage: `merkle_nodes` holds every complete subtree (level 0: one leaf per certificate, leaf
@@ -27,11 +27,11 @@ from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
 from sqlalchemy import delete, func, select
 from sqlalchemy.orm import Session
 
-from app import merkle
-from app.crypto import forget_key_files, secret_at, secret_from_text
 from app.db.tables import Certificate, MerkleNode, TreeHead
 from app.errors import APIError, not_found
-from app.settings import Settings, get_settings
+from app.ledger import merkle
+from app.settings import Settings
+from app.storage.crypto import forget_key_files, secret_at, secret_from_text
 
 HEAD_FORMAT = "lethe-tree-head/v1"
 
@@ -39,8 +39,9 @@ HEAD_FORMAT = "lethe-tree-head/v1"
 # ---- keys -----------------------------------------------------------------------------------
 
 
-def signing_key(settings: Settings | None = None) -> Ed25519PrivateKey:
-    settings = settings or get_settings()
+def signing_key(settings: Settings) -> Ed25519PrivateKey:
+    """The log's signing key, from the settings (the process's worker or API passes its own
+    settings in: nothing here reads a global)."""
     if settings.audit_signing_key is not None:
         seed = secret_from_text(settings.audit_signing_key.get_secret_value(), "audit key")
     else:
@@ -64,9 +65,8 @@ def key_id(key: Ed25519PublicKey) -> str:
     return hashlib.sha256(public_raw(key)).hexdigest()[:32]
 
 
-def public_keys(settings: Settings | None = None) -> list[dict[str, Any]]:
+def public_keys(settings: Settings) -> list[dict[str, Any]]:
     """The current public key and every retired one: heads name the key that signed them."""
-    settings = settings or get_settings()
     current = signing_key(settings).public_key()
     keys = [{"key_id": key_id(current), "public_key": _b64(public_raw(current)), "current": True}]
     folder = retired_dir(settings)
@@ -146,7 +146,9 @@ def leaf_count(session: Session) -> int:
     return int(session.scalar(select(func.max(TreeHead.tree_size))) or 0)
 
 
-def append(session: Session, certificates: list[Certificate]) -> dict[str, Any]:
+def append(
+    session: Session, certificates: list[Certificate], signer: Ed25519PrivateKey
+) -> dict[str, Any]:
     """Add these certificates' leaves (after any the tree is missing, e.g. certificates
     written before the tree existed) and sign the new head, in the caller's transaction."""
     nodes = _Nodes(session)
@@ -162,13 +164,14 @@ def append(session: Session, certificates: list[Certificate]) -> dict[str, Any]:
     for cert in sorted(certificates, key=lambda c: c.seq):
         nodes.add_leaf(cert.seq - 1, cert.body.encode())
     session.flush()
-    return _sign_head(session, nodes, last)
+    return _sign_head(session, nodes, last, signer)
 
 
-def _sign_head(session: Session, nodes: _Nodes, size: int) -> dict[str, Any]:
+def _sign_head(
+    session: Session, nodes: _Nodes, size: int, key: Ed25519PrivateKey
+) -> dict[str, Any]:
     root = nodes.subtree(0, size).hex()
     timestamp = datetime.now(UTC).isoformat(timespec="microseconds")
-    key = signing_key()
     head = TreeHead(
         tree_size=size,
         root_hash=root,
@@ -180,7 +183,7 @@ def _sign_head(session: Session, nodes: _Nodes, size: int) -> dict[str, Any]:
     return head_view(head)
 
 
-def rebuild(session: Session) -> dict[str, Any]:
+def rebuild(session: Session, signer: Ed25519PrivateKey) -> dict[str, Any]:
     """Recompute the whole tree from the certificates as they are and sign a head (after a
     restore, or, as the tests do, to show that a rewritten log cannot pass for the old one).
     The log's tables are append-only: run it inside `app.db.append_only.lifted`."""
@@ -192,7 +195,7 @@ def rebuild(session: Session) -> dict[str, Any]:
         nodes.add_leaf(cert.seq - 1, cert.body.encode())
         size = cert.seq
     session.flush()
-    return _sign_head(session, nodes, size)
+    return _sign_head(session, nodes, size, signer)
 
 
 # ---- reading: heads, proofs, receipts -------------------------------------------------------

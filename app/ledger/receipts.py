@@ -10,8 +10,8 @@ from typing import Any
 from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
-from app import merkle
-from app.transparency import head_message
+from app.ledger import merkle
+from app.ledger.transparency import head_message
 
 
 class ReceiptError(ValueError):

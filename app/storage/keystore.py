@@ -7,10 +7,10 @@ from uuid import UUID, uuid4
 from sqlalchemy import delete, insert, select
 from sqlalchemy.orm import Session
 
-from app.crypto import Keyring
 from app.db.chunks import chunked
 from app.db.session import rowcount
 from app.db.tables import Base, DataKey
+from app.storage.crypto import Keyring
 
 
 def create_keys(session: Session, ring: Keyring, count: int) -> list[tuple[UUID, bytes]]:

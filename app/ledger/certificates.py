@@ -13,11 +13,12 @@ import json
 from collections.abc import Iterator
 from typing import Any
 
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from sqlalchemy import event, func, select
 from sqlalchemy.orm import Session
 
-from app import transparency
 from app.db.tables import Certificate, utcnow
+from app.ledger import transparency
 from app.privacy.lineage import LineageEvent, history_from_certificates
 
 GENESIS = "0" * 64
@@ -158,13 +159,18 @@ def release_documents(session: Session, model_id: int) -> list[dict[str, Any]]:
     return [json.loads(body) for body in bodies]
 
 
-def append_certificate(session: Session, fields: dict[str, Any]) -> Certificate:
+def append_certificate(
+    session: Session, fields: dict[str, Any], signer: Ed25519PrivateKey
+) -> Certificate:
     """Append one certificate at the chain's head inside the caller's transaction."""
-    return append_certificates(session, [fields])[0]
+    return append_certificates(session, [fields], signer)[0]
 
 
-def append_certificates(session: Session, many: list[dict[str, Any]]) -> list[Certificate]:
-    """Append certificates in order at the chain's head, with one flush for all of them.
+def append_certificates(
+    session: Session, many: list[dict[str, Any]], signer: Ed25519PrivateKey
+) -> list[Certificate]:
+    """Append certificates in order at the chain's head, with one flush for all of them, and
+    sign the new tree head with `signer` (the log's key, passed in by the caller).
 
     The head is read once per transaction (under an advisory lock on PostgreSQL) and then
     carried in `session.info`, so a coalesced update appending many certificates neither
@@ -196,7 +202,7 @@ def append_certificates(session: Session, many: list[dict[str, Any]]) -> list[Ce
     session.flush()
     session.info["audit_head"] = (seq, prev)
     if certs:
-        transparency.append(session, certs)  # the Merkle tree and a signed head, same txn
+        transparency.append(session, certs, signer)  # the tree and a signed head, same txn
     return certs
 
 
