@@ -6,11 +6,12 @@ from __future__ import annotations
 import subprocess
 import sys
 from pathlib import Path
+from typing import get_args
 
 import pytest
 
 from app.architectures import parameter_shapes
-from app.specs import TrainingConfig, architecture_of
+from app.specs import ArchitectureSpec, TrainingConfig, architecture_of
 from maths.nets import build_net
 from methods import get_method, method_names, method_of
 from methods.compute import ModelSpec, compute_class, method_for
@@ -43,6 +44,26 @@ def test_compute_half_is_bound_to_its_spec(name: str) -> None:
     method = method_for(name, model)
     assert method.spec is spec
     assert spec.options.model_config.get("extra") == "forbid"
+
+
+def test_no_generic_module_names_a_method() -> None:
+    """What is a method's own reaches the pipeline, the preview, the cost table and the
+    schemas through its spec's hooks: outside methods/, no module names a method (the exact
+    retrain, every method's fallback, excepted) or imports one's package. An architecture type
+    that shares its method's name (topic_head) is the architecture's, not the method's."""
+    root = METHODS_DIR.parent
+    architectures = {
+        get_args(spec.model_fields["type"].annotation)[0] for spec in get_args(ArchitectureSpec)
+    }
+    named = [n for n in method_names() if n != "retrain" and n not in architectures]
+    found = []
+    for folder in ("app", "workers", "maths", "lethe"):
+        for path in (root / folder).rglob("*.py"):
+            text = path.read_text()
+            for name in named:
+                if f'"{name}"' in text or f"'{name}'" in text or f"methods.{name}" in text:
+                    found.append(f"{path.relative_to(root)}: {name}")
+    assert found == []
 
 
 def test_unknown_method_names_the_known_ones() -> None:
