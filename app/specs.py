@@ -158,4 +158,3 @@ def training_of(config: TrainingConfig | dict[str, Any]) -> TrainingConfig:
 def imported_of(config: dict[str, Any]) -> ImportedWeights | None:
     raw = config.get("imported")
     return ImportedWeights.model_validate(raw) if raw else None
-

@@ -6,6 +6,8 @@ from enum import StrEnum
 
 
 class ModelStatus(StrEnum):
+    """A model's life: queued, training, then ready (or failed)."""
+
     queued = "queued"
     training = "training"
     ready = "ready"
@@ -22,6 +24,8 @@ class TaskStatus(StrEnum):
 
 
 class RequestStatus(StrEnum):
+    """A deletion request: queued, running on its models, then done (or failed)."""
+
     queued = "queued"
     running = "running"
     done = "done"
@@ -29,12 +33,16 @@ class RequestStatus(StrEnum):
 
 
 class SampleStatus(StrEnum):
+    """A sample: active, erasing (a request holds it), erased (its data key destroyed)."""
+
     active = "active"
     erasing = "erasing"
     erased = "erased"
 
 
 class VersionKind(StrEnum):
+    """How a model version was made."""
+
     trained = "trained"
     imported = "imported"
     unlearned = "unlearned"

@@ -11,7 +11,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, SerializerFunctionWrapHandler, model_serializer
+from pydantic import BaseModel, ConfigDict
 
 from app.specs import PrivacyPolicy
 from app.states import ModelStatus, RequestStatus, SampleStatus, Stage, TaskStatus, VersionKind
@@ -106,21 +106,16 @@ class VersionOut(Out):
 class Progress(BaseModel):
     """Training progress: the stage, and while training the epoch and the last loss."""
 
-    model_config = ConfigDict(extra="ignore")  # a key an older version wrote is dropped
+    model_config = ConfigDict(extra="ignore", use_attribute_docstrings=True)  # old keys dropped
 
     stage: Stage
     """queued, loading data, importing, training, ready, failed or withdrawn"""
     epoch: int | None = None
-    """epochs done"""
+    """epochs done (null before training)"""
     epochs: int | None = None
-    """epochs in all"""
+    """epochs in all (null before training)"""
     loss: float | None = None
-    """the last epoch's mean loss (absent when it was not finite: JSON has no NaN)"""
-
-    @model_serializer(mode="wrap")
-    def _without_nulls(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
-        """Only what is known: `{"stage": "queued"}`, not three nulls."""
-        return {k: v for k, v in handler(self).items() if v is not None}
+    """the last epoch's mean loss (null when it was not finite: JSON has no NaN)"""
 
 
 class ModelOut(Out):

@@ -315,12 +315,8 @@ def test_shutdown_stops_training_cleanly_and_the_next_start_resumes_it(settings)
             headers=auth,
         ).json()
         deadline = time.monotonic() + 60
-        while (
-            client.get(f"/v1/models/{created['id']}", headers=auth)
-            .json()["progress"]
-            .get("epoch", 0)
-            < 1
-        ):
+        url = f"/v1/models/{created['id']}"
+        while (client.get(url, headers=auth).json()["progress"]["epoch"] or 0) < 1:
             assert time.monotonic() < deadline, "training never started"
             time.sleep(0.05)
         stopping = time.monotonic()

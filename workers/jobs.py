@@ -200,7 +200,7 @@ def _progress_writer(db: Database, model_id: int) -> ProgressFn:
                         stage=Stage.training,
                         epoch=epoch,
                         epochs=epochs,
-                        # JSON has no NaN (PostgreSQL refuses it): a diverged loss is left out
+                        # JSON has no NaN (PostgreSQL refuses it): a diverged loss is null
                         loss=round(loss, 6) if math.isfinite(loss) else None,
                     )
                 )
