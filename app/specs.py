@@ -125,7 +125,21 @@ class ImportedWeights(Strict):
     """Where an imported model's uploaded weights wait until its first version is written."""
 
     blob: str
+    """the blob holding them"""
     sha256: str
+    """their sha256"""
+
+
+class StoredTraining(TrainingConfig):
+    """A model's training configuration as its row holds it: for an imported model, where
+    its uploaded weights wait until the first version is written."""
+
+    imported: ImportedWeights | None = None
+    """an imported model's uploaded weights, until its first version is written"""
+
+    def config(self) -> TrainingConfig:
+        """The configuration alone (what training and a retrain use)."""
+        return TrainingConfig.model_validate(self.model_dump(exclude={"imported"}))
 
 
 class PrivacyPolicy(Strict):
@@ -149,12 +163,9 @@ def architecture_of(spec: ArchitectureSpec | dict[str, Any]) -> ArchitectureSpec
 
 
 def training_of(config: TrainingConfig | dict[str, Any]) -> TrainingConfig:
-    """A typed training configuration from its stored JSON (minus the import marker)."""
+    """A typed training configuration from JSON a test or a bench writes down."""
+    if isinstance(config, StoredTraining):
+        return config.config()
     if isinstance(config, TrainingConfig):
         return config
-    return TrainingConfig.model_validate({k: v for k, v in config.items() if k != "imported"})
-
-
-def imported_of(config: dict[str, Any]) -> ImportedWeights | None:
-    raw = config.get("imported")
-    return ImportedWeights.model_validate(raw) if raw else None
+    return TrainingConfig.model_validate(config)

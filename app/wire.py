@@ -13,7 +13,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
-from app.specs import PrivacyPolicy
+from app.specs import Architecture, PrivacyPolicy, StoredTraining
 from app.states import ModelStatus, RequestStatus, SampleStatus, Stage, TaskStatus, VersionKind
 
 
@@ -133,9 +133,9 @@ class ModelOut(Out):
     """training progress: stage, epoch, epochs"""
     error: str | None
     """why training failed"""
-    architecture: dict[str, Any]
+    architecture: Architecture
     """the architecture spec"""
-    training: dict[str, Any]
+    training: StoredTraining
     """the training configuration"""
     method: dict[str, Any]
     """the unlearning method and its options"""

@@ -142,7 +142,7 @@ def test_inputs_are_clipped_in_training_and_unlearning(api: Api) -> None:
     released, optimum = noise_free_and_optimum(api, model["id"])
     assert float(torch.linalg.norm(released - optimum)) <= cert["constants"]["s"]["value"]
     with database(api.url).read() as session:
-        assert session.scalar(select(Model.architecture))["feature_norm"] == R
+        assert session.scalar(select(Model.architecture)).feature_norm == R
 
 
 def test_convex_head_needs_a_logistic_head(api: Api) -> None:

@@ -23,7 +23,7 @@ from app.db.tables import Dataset, DeletionTask, Model, task_is_due, utcnow
 from app.dispatch import DELETE, TRAIN, take_signal
 from app.ledger.transparency import signing_key
 from app.settings import Settings, get_settings
-from app.specs import ImportedWeights, imported_of
+from app.specs import ImportedWeights
 from app.states import ModelStatus, Stage, TaskStatus, VersionKind
 from app.storage.blobs import DatabaseBlobStore
 from app.storage.erasure import compact_after_erasure
@@ -121,7 +121,7 @@ def _start_training(db: Database, model_id: int) -> bool:
 def _load_training(session: Any, model_id: int) -> TrainingInputs:
     model = session.get(Model, model_id)
     dataset = session.get(Dataset, model.dataset_id)
-    imported = imported_of(model.training)
+    imported = model.training.imported
     return TrainingInputs(
         spec=pipeline.model_spec(model, dataset),
         data=training_arrays(session, model_id, dataset),

@@ -29,7 +29,7 @@ from sqlalchemy import (
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 from app.db.typed_json import PydanticJSON
-from app.specs import PrivacyPolicy
+from app.specs import Architecture, ArchitectureSpec, PrivacyPolicy, StoredTraining
 from app.states import (
     ModelStatus,
     RequestStatus,
@@ -128,8 +128,8 @@ class Model(Base):
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
     name: Mapped[str] = mapped_column(String(200))
     dataset_id: Mapped[int] = mapped_column(ForeignKey("datasets.id"))
-    architecture: Mapped[dict[str, Any]]
-    training: Mapped[dict[str, Any]]
+    architecture: Mapped[ArchitectureSpec] = mapped_column(PydanticJSON(Architecture))
+    training: Mapped[StoredTraining] = mapped_column(PydanticJSON(StoredTraining))
     method: Mapped[dict[str, Any]]
     privacy: Mapped[PrivacyPolicy] = mapped_column(PydanticJSON(PrivacyPolicy))
     status: Mapped[ModelStatus] = state_column(ModelStatus, 12, ModelStatus.queued)

@@ -5,20 +5,21 @@ from __future__ import annotations
 
 from typing import Any, Generic, TypeVar
 
-from pydantic import TypeAdapter
+from pydantic import BaseModel, TypeAdapter
 from sqlalchemy import JSON, Dialect, TypeDecorator
 
 T = TypeVar("T")
 
 
 class PydanticJSON(TypeDecorator[T], Generic[T]):
-    """`mapped_column(PydanticJSON(PrivacyPolicy))`: binds the value's JSON (a plain dict is
-    validated first, so nothing unvalidated is written) and reads back the typed value."""
+    """`mapped_column(PydanticJSON(PrivacyPolicy))` (or a discriminated union such as
+    `Architecture`): binds the value's JSON (a plain dict is validated first, so nothing
+    unvalidated is written) and reads back the typed value."""
 
     impl = JSON
     cache_ok = True
 
-    def __init__(self, kind: type[T]) -> None:
+    def __init__(self, kind: Any) -> None:
         super().__init__()
         self.kind = kind
         self._adapter: TypeAdapter[T] = TypeAdapter(kind)
@@ -26,7 +27,7 @@ class PydanticJSON(TypeDecorator[T], Generic[T]):
     def process_bind_param(self, value: T | dict[str, Any] | None, dialect: Dialect) -> Any:
         if value is None:
             return None
-        typed = value if isinstance(value, self.kind) else self._adapter.validate_python(value)
+        typed = value if isinstance(value, BaseModel) else self._adapter.validate_python(value)
         return self._adapter.dump_python(typed, mode="json")
 
     def process_result_value(self, value: Any, dialect: Dialect) -> T | None:

@@ -14,7 +14,7 @@ from app.errors import APIError, not_found, unprocessable
 from app.schemas import ModelCreate
 from app.services import memory
 from app.services.datasets import get_dataset
-from app.specs import TopicHeadSpec, TopicModelSpec
+from app.specs import ImportedWeights, StoredTraining, TopicHeadSpec, TopicModelSpec
 from app.states import ModelStatus, SampleStatus, Stage
 from app.storage.blobs import DatabaseBlobStore
 from app.wire import Progress
@@ -58,8 +58,8 @@ def create_model(session: Session, spec: ModelCreate, memory_limit: int | None =
     model = Model(
         name=spec.name,
         dataset_id=ds.id,
-        architecture=spec.architecture.model_dump(),
-        training=spec.training.model_dump(),
+        architecture=spec.architecture,
+        training=StoredTraining.model_validate(spec.training.model_dump()),
         method=spec.method.model_dump(),
         privacy=spec.privacy,
         status=ModelStatus.queued,
@@ -79,7 +79,7 @@ def _head_on_base(session: Session, spec: ModelCreate, ds: Dataset) -> TopicHead
     head = spec.architecture
     assert isinstance(head, TopicHeadSpec)
     base = session.get(Model, head.base_model)
-    if base is None or base.architecture.get("type") != "topic_model":
+    if base is None or not isinstance(base.architecture, TopicModelSpec):
         raise unprocessable(
             "base_model_not_a_topic_model",
             f"base_model {head.base_model} is not a topic model",
@@ -94,11 +94,7 @@ def _head_on_base(session: Session, spec: ModelCreate, ds: Dataset) -> TopicHead
         raise unprocessable("labels_needed", f"dataset {ds.id} has no labels for a head")
     arch = base.architecture
     return head.model_copy(
-        update={
-            "topics": arch["topics"],
-            "projection_dim": arch.get("projection_dim"),
-            "seed": arch.get("seed", 0),
-        }
+        update={"topics": arch.topics, "projection_dim": arch.projection_dim, "seed": arch.seed}
     )
 
 
@@ -243,6 +239,7 @@ def import_model(session: Session, spec: ModelCreate, weights: bytes) -> Model:
     )
     model = create_model(session, spec)
     key, digest = DatabaseBlobStore(session).put(weights, f"model-{model.id}/import")
-    model.training = {**model.training, "imported": {"blob": key, "sha256": digest}}
+    imported = ImportedWeights(blob=key, sha256=digest)
+    model.training = model.training.model_copy(update={"imported": imported})
     model.progress = Progress(stage=Stage.importing)
     return model
