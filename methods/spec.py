@@ -31,15 +31,15 @@ class MethodOptions(BaseModel):
 
 
 OptionsT = TypeVar("OptionsT", bound=MethodOptions)
-Planner = Callable[[Any, float, float], ReleasePlan]
+Planner = Callable[[OptionsT, float, float], ReleasePlan]
 # Plans the next release from what the current version recorded (`plan_inputs` in its
 # metrics), for a method whose σ depends on the model's history (the topic models' m_U).
-RecordedPlanner = Callable[[Any, dict[str, Any], float, float], ReleasePlan]
+RecordedPlanner = Callable[[OptionsT, dict[str, Any], float, float], ReleasePlan]
 # Refuses (raises an APIError) a model the method cannot serve: options, architecture,
 # number of training samples, number of input features.
-ModelCheck = Callable[[Any, ArchitectureSpec, int, int], None]
+ModelCheck = Callable[[OptionsT, ArchitectureSpec, int, int], None]
 # The architecture as the method needs it (e.g. inputs clipped), or a PydanticCustomError.
-ArchitectureFit = Callable[[Any, ArchitectureSpec], ArchitectureSpec]
+ArchitectureFit = Callable[[OptionsT, ArchitectureSpec], ArchitectureSpec]
 
 
 @dataclass(frozen=True)
@@ -86,22 +86,24 @@ class MethodSpec(Generic[OptionsT]):
     summary: str
     records_training: bool = False  # training must run inside Lethe (it records or constrains)
     uses_statistics: bool = False  # the update reads the removed samples' stored statistics
-    planner: Planner | None = None  # σ and Δ before any request, when they are data-free
-    next_release: RecordedPlanner | None = None  # the same, from the current version's record
-    check_model: ModelCheck | None = None  # at model creation, before anything is written
+    planner: Planner[OptionsT] | None = None  # σ and Δ before any request, when they are data-free
+    next_release: RecordedPlanner[OptionsT] | None = (
+        None  # the same, from the current version's record
+    )
+    check_model: ModelCheck[OptionsT] | None = None  # at model creation, before anything is written
     # Hooks through which the generic code reaches what is the method's own (issue 27):
-    fit_architecture: ArchitectureFit | None = None  # at model creation
+    fit_architecture: ArchitectureFit[OptionsT] | None = None  # at model creation
     # the architecture type only this method may train, and the error (code, message) else
     exclusive_to: tuple[type, str, str] | None = None
-    aggregation: Callable[[Any], str] | None = None  # how an ensemble's members vote
-    weights_metadata: Callable[[Any], dict[str, str]] | None = None  # for the loader
-    preview_extras: Callable[[Any, PreviewFacts], dict[str, Any]] | None = None
+    aggregation: Callable[[OptionsT], str] | None = None  # how an ensemble's members vote
+    weights_metadata: Callable[[OptionsT], dict[str, str]] | None = None  # for the loader
+    preview_extras: Callable[[OptionsT, PreviewFacts], dict[str, Any]] | None = None
     # this model's own share of a full retrain per deletion, from its version metrics
-    own_cost: Callable[[Any, dict[str, Any]], CostEntry] | None = None
+    own_cost: Callable[[OptionsT, dict[str, Any]], CostEntry] | None = None
     # the method offered, estimated, to a model of another method with this architecture
     offered_to: Callable[[ArchitectureSpec], list[CostEntry]] | None = None
     # bytes the method holds beyond one network's training (app/services/memory.py)
-    memory_terms: Callable[[Any, MemoryFacts], dict[str, int]] | None = None
+    memory_terms: Callable[[OptionsT, MemoryFacts], dict[str, int]] | None = None
     # OpenAPI examples: a model body for POST /v1/models ("model"), a form for the import
     # route ("import"), each {"summary": ..., "value": ...}
     examples: dict[str, dict[str, Any]] = field(default_factory=dict)
