@@ -18,6 +18,7 @@ from rich.table import Table
 from sqlalchemy.exc import OperationalError, ProgrammingError
 
 from app.client import Client, LetheError
+from app.jsontypes import JsonObject
 from app.wire import DeletionOut, ModelOut
 
 
@@ -179,7 +180,7 @@ def models_create(
     """Create and train a model, with a progress bar while it trains."""
     options = method_options(option or [])
     c = _client(url, key)
-    arch_spec: dict[str, Any] = {"type": arch}
+    arch_spec: JsonObject = {"type": arch}
     if arch == "mlp":
         arch_spec["hidden"] = [int(h) for h in hidden.split(",")]
     model = c.create_model(
@@ -196,10 +197,10 @@ def models_create(
     _show(model)
 
 
-def method_options(pairs: list[str]) -> dict[str, Any]:
+def method_options(pairs: list[str]) -> JsonObject:
     """`KEY=VALUE` pairs as method options; a value is JSON when it parses (8, 0.5, true),
     else a string (vote). The service validates them."""
-    options: dict[str, Any] = {}
+    options: JsonObject = {}
     for pair in pairs:
         name, sep, value = pair.partition("=")
         if not sep or not name:
@@ -324,14 +325,14 @@ def privacy_preview(
         ("would retrain exactly", str(p.would_retrain_exactly)),
     ]:
         table.add_row(name, value)
-    for cost in (p.deletion_cost or {}).get("methods", []):
-        options = " ".join(f"{k}={v}" for k, v in cost["options"].items())
-        seconds, share = cost["expected_compute_seconds"], cost["fraction_of_full_retrain"]
+    for cost in p.deletion_cost.methods if p.deletion_cost else []:
+        options = " ".join(f"{k}={v}" for k, v in cost.options.items())
+        seconds, share = cost.expected_compute_seconds, cost.fraction_of_full_retrain
         table.add_row(
-            f"one deletion: {cost['method']} {options}".strip(),
+            f"one deletion: {cost.method} {options}".strip(),
             (f"{seconds:.3g} s" if seconds is not None else "—")
             + (f", {share:.1%} of a full retrain" if share is not None else "")
-            + f" ({cost['basis'].split(':')[0]})",
+            + f" ({cost.basis.split(':')[0]})",
         )
     console.print(table)
 

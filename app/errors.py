@@ -10,6 +10,8 @@ from typing import Any
 
 from pydantic_core import to_jsonable_python
 
+from app.jsontypes import JsonObject
+
 
 class APIError(Exception):
     """A client-facing error with an HTTP status, a stable code and optional details."""
@@ -35,5 +37,5 @@ def conflict(code: str, message: str, details: Any = None) -> APIError:
 RETRY_AFTER_SECONDS = 5
 
 
-def error_body(code: str, message: str, details: Any = None) -> dict[str, Any]:
+def error_body(code: str, message: str, details: Any = None) -> JsonObject:
     return {"error": {"code": code, "message": message, "details": to_jsonable_python(details)}}

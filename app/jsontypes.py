@@ -1,11 +1,21 @@
-"""The type of a JSON document: what a certificate body, a view or a metrics record is. Values
-are pydantic's recursive `JsonValue` (str, int, float, bool, None, lists and objects of them),
-so a tensor, a datetime or a row cannot slip into one unnoticed."""
+"""The type of a JSON document: what a certificate body, a view or a metrics record is. For
+the type checker its values are pydantic's recursive `JsonValue` (str, int, float, bool, None,
+lists and objects of them), so a tensor, a datetime or a row cannot slip into one unnoticed.
+At run time a pydantic field of this type takes the dict as it is (it was read from a JSON
+column or built by checked code; re-validating every nested value would cost a walk of big
+metrics on every read) and its OpenAPI schema is a plain object."""
 
 from __future__ import annotations
 
-from pydantic import JsonValue
+from typing import TYPE_CHECKING, Annotated, Any
 
-JsonObject = dict[str, JsonValue]
+from pydantic import JsonValue, WithJsonSchema
+
+if TYPE_CHECKING:
+    JsonObject = dict[str, JsonValue]
+else:
+    JsonObject = Annotated[
+        dict[str, Any], WithJsonSchema({"type": "object", "description": "a JSON object"})
+    ]
 
 __all__ = ["JsonObject", "JsonValue"]

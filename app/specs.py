@@ -6,9 +6,11 @@ layer indexes an untyped dict. Pydantic only: the API, the workers and the bench
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
+
+from app.jsontypes import JsonObject
 
 
 class Strict(BaseModel):
@@ -155,14 +157,14 @@ class PrivacyPolicy(Strict):
     """let a method without a guarantee (minnorm_og) run"""
 
 
-def architecture_of(spec: ArchitectureSpec | dict[str, Any]) -> ArchitectureSpec:
+def architecture_of(spec: ArchitectureSpec | JsonObject) -> ArchitectureSpec:
     """A typed architecture from its stored JSON (typed values pass through)."""
     if isinstance(spec, LogRegSpec | MLPSpec | RandomFeaturesSpec | TopicModelSpec | TopicHeadSpec):
         return spec
     return _ARCHITECTURE.validate_python(spec)
 
 
-def training_of(config: TrainingConfig | dict[str, Any]) -> TrainingConfig:
+def training_of(config: TrainingConfig | JsonObject) -> TrainingConfig:
     """A typed training configuration from JSON a test or a bench writes down."""
     if isinstance(config, StoredTraining):
         return config.config()

@@ -9,10 +9,10 @@ and preview extras.
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
+from app.jsontypes import JsonObject
 from app.specs import Architecture, PrivacyPolicy, StoredTraining
 from app.states import ModelStatus, RequestStatus, SampleStatus, Stage, TaskStatus, VersionKind
 
@@ -42,7 +42,7 @@ class DatasetOut(Out):
     """samples registered"""
     counts: dict[str, int] = {}
     """samples per split and per status (active, erased)"""
-    text: dict[str, Any] | None = None
+    text: JsonObject | None = None
     """a corpus's vocabulary size, rare token and short documents (null otherwise)"""
     created_at: datetime
     """when it was registered (UTC)"""
@@ -93,7 +93,7 @@ class VersionOut(Out):
     """bytes of the released file"""
     weights_available: bool
     """false once purged (it was trained on erased data)"""
-    metrics: dict[str, Any]
+    metrics: JsonObject
     """accuracies, timings, σ and what the method measured"""
     n_train: int
     """training samples it holds"""
@@ -137,7 +137,7 @@ class ModelOut(Out):
     """the architecture spec"""
     training: StoredTraining
     """the training configuration"""
-    method: dict[str, Any]
+    method: JsonObject
     """the unlearning method and its options"""
     privacy: PrivacyPolicy
     """the privacy policy"""
@@ -184,7 +184,7 @@ class DeletionOut(Out):
     """queued, running, done or failed"""
     dataset_id: int
     """the dataset"""
-    selector: dict[str, Any]
+    selector: JsonObject
     """the sample and subject ids asked for"""
     n_samples: int
     """samples matched"""
@@ -194,7 +194,7 @@ class DeletionOut(Out):
     """per-model progress"""
     certificate_ids: list[int]
     """one per model that removed samples"""
-    receipts: list[dict[str, Any]] = []
+    receipts: list[JsonObject] = []
     """once done, per new certificate: the signed tree head that first includes it and the
     inclusion proof at that size (keep it; check it offline with `lethe audit
     verify-receipt`)"""
@@ -246,90 +246,193 @@ class KeyOut(Out):
 class Document(BaseModel):
     """A JSON document whose known keys are typed; a method's own keys are kept as they are."""
 
-    model_config = ConfigDict(extra="allow")
+    model_config = ConfigDict(extra="allow", use_attribute_docstrings=True)
 
 
 class Target(BaseModel):
     """A per-release (ε, δ)."""
 
+    model_config = ConfigDict(use_attribute_docstrings=True)
+
     epsilon: float
+    """per-release ε"""
     delta: float
+    """per-release δ"""
 
 
 class CertificateOut(Document):
-    """A certificate as the audit API shows it: the hashed body, its id and entry hash."""
+    """A certificate as the audit API shows it: the hashed body (the keys below, and the
+    method's own), its id and its entry hash."""
 
     id: int
+    """the certificate's id"""
     seq: int
+    """its position in the hash chain (1 is the first)"""
     request_id: int | None = None
+    """the deletion request it answers (null for one the system made)"""
     model_id: int
+    """the model"""
     from_version: int | None = None
+    """the version the samples were removed from"""
     to_version: int | None = None
+    """the version released without them"""
     method: str
+    """the method that made the release (retrain when it fell back)"""
     guarantee: str
+    """exact, rigorous, conditional or none"""
     epsilon: float | None = None
+    """the release's ε (null: no claim)"""
     delta: float | None = None
+    """the release's δ (null: no claim)"""
     sigma: float | None = None
+    """the Gaussian noise's standard deviation"""
     sensitivity: float | None = None
+    """the Δ σ was calibrated on"""
     target: Target | None = None
-    constants: dict[str, Any] = {}
+    """the (ε, δ) the release had to meet"""
+    constants: JsonObject = {}
+    """every constant, with whether it was measured or declared (restricted values only for
+    auditors)"""
     fallback_reason: str | None = None
+    """why the method fell back to the exact retrain"""
     removed_ids_commitment: str | None = None
+    """HMAC-SHA256 of the sorted removed ids under the requester's opening"""
     prev_hash: str
+    """the previous entry's hash"""
     entry_hash: str
+    """sha256(prev_hash + newline + body)"""
 
 
 class CertificatePage(BaseModel):
     """A page of certificates, in chain order."""
 
+    model_config = ConfigDict(use_attribute_docstrings=True)
+
     items: list[CertificateOut]
+    """the certificates"""
     offset: int
+    """first item's position"""
     limit: int
+    """page size"""
 
 
 class LineagePreview(Document):
     """What the next release would spend of the model's lineage budget."""
 
     budget_epsilon: float
+    """ε budget of the noisy releases since the last exact retrain"""
     budget_delta: float
+    """δ budget of the same"""
     releases_since_reset: int
+    """noisy releases since the last exact retrain"""
     spent_epsilon: float
+    """ε spent so far"""
     epsilon_after_release: float
+    """ε spent once this release is made"""
     budget_used_by_release: float
+    """the ε this release adds"""
     accountant: str
+    """how the lineage is composed"""
+
+
+class MeasuredUpdates(BaseModel):
+    """This model's own updates with the method, as measured."""
+
+    model_config = ConfigDict(use_attribute_docstrings=True)
+
+    count: int
+    """updates measured (the last 20 at most)"""
+    median: float
+    """their median compute seconds"""
+
+
+class CostRow(BaseModel):
+    """One method's expected cost for one single-sample deletion."""
+
+    model_config = ConfigDict(use_attribute_docstrings=True)
+
+    method: str
+    """the method"""
+    options: JsonObject = {}
+    """its options"""
+    expected_compute_seconds: float | None
+    """expected compute seconds (null: nothing measured to scale from)"""
+    fraction_of_full_retrain: float | None
+    """its share of a full retrain"""
+    basis: str
+    """measured or estimated, and from what"""
+    measured_update_seconds: MeasuredUpdates | None = None
+    """this model's measured updates with it, if any"""
+
+
+class DeletionCost(BaseModel):
+    """What one deletion is expected to cost under each method that could serve the model."""
+
+    model_config = ConfigDict(use_attribute_docstrings=True)
+
+    full_retrain_seconds: float
+    """the model's latest full training, measured"""
+    methods: list[CostRow]
+    """one row per method (the exact retrain first)"""
 
 
 class PreviewOut(Document):
-    """σ, feasibility and lineage cost of a model's next release, before any request."""
+    """σ, feasibility and lineage cost of a model's next release, before any request (a
+    method may add keys of its own)."""
 
     model_id: int
+    """the model"""
     method: str
+    """its method"""
     guarantee: str
+    """exact, rigorous, conditional or none"""
     target: Target
+    """the (ε, δ) previewed"""
     sigma: float | None = None
+    """the noise σ the release would add (null when data-dependent)"""
     sensitivity: float | None = None
+    """the Δ σ is calibrated on (null when data-dependent)"""
     noise_multiplier: float | None = None
+    """σ / Δ"""
     feasible: bool | None = None
+    """whether the method can meet the target (null: decided by the data)"""
     reason: str | None = None
-    constants: dict[str, Any] = {}
+    """why not, or what it depends on"""
+    constants: JsonObject = {}
+    """the plan's constants"""
     lineage: LineagePreview
+    """what the release would spend of the lineage budget"""
     would_retrain_exactly: bool
-    deletion_capacity: dict[str, Any] | None = None
-    deletion_cost: Any = None
+    """true when the next request would fall back to the exact retrain"""
+    deletion_capacity: JsonObject | None = None
+    """for a method with a capacity: how many removals remain before a retrain"""
+    deletion_cost: DeletionCost | None = None
+    """one deletion's expected cost, per method this model could use"""
 
 
 class BadEntry(BaseModel):
     """The first certificate whose hash or fields do not hold."""
 
+    model_config = ConfigDict(use_attribute_docstrings=True)
+
     id: int
+    """its id"""
     seq: int
+    """its position"""
     reason: str
+    """what does not hold"""
 
 
 class ChainCheck(BaseModel):
     """The hash chain recomputed over every certificate."""
 
+    model_config = ConfigDict(use_attribute_docstrings=True)
+
     ok: bool
+    """true when every entry holds"""
     checked: int
+    """entries checked before the first bad one (or all)"""
     first_bad: BadEntry | None = None
+    """the first entry that does not hold"""
     head: str | None = None
+    """the last entry's hash, when all hold"""

@@ -7,8 +7,6 @@ commits, so they are computed inside the deletion job, before the commit.
 
 from __future__ import annotations
 
-from typing import Any
-
 import numpy as np
 import torch
 from sklearn.linear_model import LogisticRegression
@@ -16,12 +14,13 @@ from sklearn.metrics import roc_auc_score
 from sklearn.model_selection import StratifiedKFold, cross_val_predict
 from torch import nn
 
+from app.jsontypes import JsonObject
 from app.specs import ArchitectureSpec
 from maths.nets import flat
 from maths.training import accuracy, logits
 
 Split = tuple[torch.Tensor, torch.Tensor]
-Arch = ArchitectureSpec | dict[str, Any]
+Arch = ArchitectureSpec | JsonObject
 
 
 @torch.no_grad()
@@ -75,7 +74,7 @@ def evaluate(
     retain: Split,
     test: Split,
     aggregation: str = "probabilities",
-) -> dict[str, Any]:
+) -> JsonObject:
     """Accuracies and MIA AUC of the release (and the reference), and distances to it, over
     the released parameters (a noise-free state may hold method state beside them)."""
     noise_free = {k: noise_free[k] for k in release}
@@ -91,7 +90,7 @@ def evaluate(
             per_sample_losses(architecture, state, test[0], test[1], n_classes, aggregation),
         )
 
-    out: dict[str, Any] = {
+    out: JsonObject = {
         "test_accuracy": acc(release, test),
         "forget_accuracy": acc(release, forget),
         "retain_accuracy": acc(release, retain),

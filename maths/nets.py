@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 import torch
 from torch import nn
 from torch.func import functional_call
 
+from app.jsontypes import JsonObject
 from app.specs import (
     ArchitectureSpec,
     MLPSpec,
@@ -20,9 +19,7 @@ from app.specs import (
 ACTIVATIONS = {"relu": nn.ReLU, "tanh": nn.Tanh, "gelu": nn.GELU, "sigmoid": nn.Sigmoid}
 
 
-def build_net(
-    spec: ArchitectureSpec | dict[str, Any], n_features: int, n_classes: int
-) -> nn.Module:
+def build_net(spec: ArchitectureSpec | JsonObject, n_features: int, n_classes: int) -> nn.Module:
     """`logreg`: one linear layer; `mlp`: linear layers with the chosen activation. The
     parameter names and shapes are mirrored by app.architectures.parameter_shapes (a test
     pins the two together).

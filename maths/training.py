@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
 
 import numpy as np
 import torch
 from torch import nn
 
 from app import shutdown
+from app.jsontypes import JsonObject
 from app.specs import (
     ArchitectureSpec,
     TopicHeadSpec,
@@ -39,7 +39,7 @@ def check_finite(state: dict[str, torch.Tensor]) -> None:
 
 
 def check_converged(
-    architecture: ArchitectureSpec | dict[str, Any],
+    architecture: ArchitectureSpec | JsonObject,
     state: dict[str, torch.Tensor],
     X: torch.Tensor,
     y: torch.Tensor,
@@ -58,7 +58,7 @@ def check_converged(
 
 
 def seeded_net(
-    architecture: ArchitectureSpec | dict[str, Any],
+    architecture: ArchitectureSpec | JsonObject,
     n_features: int,
     n_classes: int,
     seed: int,
@@ -71,8 +71,8 @@ def seeded_net(
 
 
 def train(
-    architecture: ArchitectureSpec | dict[str, Any],
-    config: TrainingConfig | dict[str, Any],
+    architecture: ArchitectureSpec | JsonObject,
+    config: TrainingConfig | JsonObject,
     X: torch.Tensor,
     y: torch.Tensor,
     n_classes: int,
@@ -140,13 +140,13 @@ def finetune(
     return train(architecture, tuned, X, y, n_classes, init_state=state)
 
 
-def is_classifier(architecture: ArchitectureSpec | dict[str, Any]) -> bool:
+def is_classifier(architecture: ArchitectureSpec | JsonObject) -> bool:
     """Every architecture but the topic model maps inputs to class logits."""
     return not isinstance(architecture_of(architecture), TopicModelSpec)
 
 
 def logits(
-    architecture: ArchitectureSpec | dict[str, Any],
+    architecture: ArchitectureSpec | JsonObject,
     state: dict[str, torch.Tensor],
     X: torch.Tensor,
     n_classes: int,
@@ -173,7 +173,7 @@ def logits(
 
 @torch.no_grad()
 def accuracy(
-    architecture: ArchitectureSpec | dict[str, Any],
+    architecture: ArchitectureSpec | JsonObject,
     state: dict[str, torch.Tensor],
     X: torch.Tensor,
     y: torch.Tensor,

@@ -21,6 +21,7 @@ from app import shutdown
 from app.db.session import Database, database
 from app.db.tables import Dataset, DeletionTask, Model, task_is_due, utcnow
 from app.dispatch import DELETE, TRAIN, take_signal
+from app.jsontypes import JsonObject
 from app.ledger.transparency import signing_key
 from app.settings import Settings, get_settings
 from app.specs import ImportedWeights
@@ -133,7 +134,7 @@ def _load_training(session: Any, model_id: int) -> TrainingInputs:
 
 def _train(
     inputs: TrainingInputs, progress: ProgressFn, device: torch.device
-) -> tuple[Trained, dict[str, Any]]:
+) -> tuple[Trained, JsonObject]:
     """Train on `device`; the state and statistics come back on CPU."""
     inputs = training_inputs_to(inputs, device)
     spec, data, test = inputs.spec, inputs.data, inputs.test
@@ -210,7 +211,7 @@ def _progress_writer(db: Database, model_id: int) -> ProgressFn:
 
 
 def _commit_trained(
-    session: Any, model_id: int, inputs: TrainingInputs, trained: Trained, metrics: dict[str, Any]
+    session: Any, model_id: int, inputs: TrainingInputs, trained: Trained, metrics: JsonObject
 ) -> None:
     model = pipeline.check_lease(session, model_id)
     if trained.record:

@@ -10,11 +10,11 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Any
 
 import torch
 
 from app import shutdown
+from app.jsontypes import JsonObject
 from app.privacy.lineage import LineageBudget, admit
 from app.states import Guarantee
 from maths.evaluation import evaluate
@@ -44,7 +44,7 @@ def compute(inputs: UpdateInputs) -> Outcome:
     decision = decide(inputs)
     seconds = time.perf_counter() - start
     release = decision.release
-    metrics: dict[str, Any] = {
+    metrics: JsonObject = {
         **release.metrics,
         **_accuracies(inputs, release),
         "unlearn_seconds": seconds,
@@ -141,7 +141,7 @@ def _accuracies(inputs: UpdateInputs, release: Release) -> dict[str, float | Non
     }
 
 
-def _evaluate(inputs: UpdateInputs, decision: Decision) -> dict[str, Any]:
+def _evaluate(inputs: UpdateInputs, decision: Decision) -> JsonObject:
     """Compare the release with the method's reference (the coupled retrain for recollection,
     the release itself for an exact retrain, else seeded retraining on the retained data)."""
     start = time.perf_counter()

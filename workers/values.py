@@ -5,8 +5,8 @@ so the pipeline, the update, the certificate and the device placement form no im
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
 
+from app.jsontypes import JsonObject
 from app.privacy.lineage import Admission
 from app.specs import ImportedWeights, PrivacyPolicy
 from methods.compute import ModelSpec, PrivacyTarget, Release
@@ -58,7 +58,7 @@ class Unrecoverable(RuntimeError):
 @dataclass(frozen=True)
 class Outcome:
     decision: Decision
-    metrics: dict[str, Any]
+    metrics: JsonObject
 
 
 # ---- a claimed batch ------------------------------------------------------------------------

@@ -20,6 +20,7 @@ from app.ledger import transparency
 from app.ledger.certificates import certificate_document, export_lines, verify_chain
 from app.schemas import MAX_ID, Text
 from app.storage.crypto import keyring
+from app.wire import CertificateOut, CertificatePage, ChainCheck
 
 router = APIRouter(prefix="/v1/audit", tags=["audit"], responses=COMMON)
 
@@ -44,7 +45,7 @@ def _in_utc(value: datetime) -> datetime:
 DateTime = Annotated[datetime, BeforeValidator(_date_time_only), AfterValidator(_in_utc)]
 
 
-@router.get("/certificates")
+@router.get("/certificates", response_model=CertificatePage)
 def certificates(
     _: Auditor,
     db: DbDep,
@@ -86,7 +87,7 @@ def _requests_for_subject(session: Any, subject: str) -> list[int]:
     ]
 
 
-@router.get("/certificates/{certificate_id}", responses=errors(404))
+@router.get("/certificates/{certificate_id}", response_model=CertificateOut, responses=errors(404))
 def certificate(certificate_id: PathId, _: Auditor, db: DbDep) -> dict[str, Any]:
     with db.read() as session:
         cert = session.get(Certificate, certificate_id)
@@ -136,7 +137,7 @@ def consistency_proof(
         return transparency.consistency(session, first, second)
 
 
-@router.get("/verify")
+@router.get("/verify", response_model=ChainCheck)
 def verify(_: Auditor, db: DbDep) -> dict[str, Any]:
     """Recompute every entry hash and link; name the first certificate that does not hold."""
     with db.read() as session:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from typing import Annotated, Any
+from typing import Annotated
 
 from fastapi import APIRouter, Body, Request
 from fastapi.concurrency import run_in_threadpool
@@ -17,6 +17,7 @@ from app.api.responses import COMMON, errors
 from app.db.tables import Model
 from app.dispatch import TRAIN
 from app.errors import APIError, unprocessable
+from app.jsontypes import JsonObject
 from app.schemas import MAX_ID, ModelCreate, ModelOut, VersionOut
 from app.security import sees_forget_set
 from app.services.models import (
@@ -33,7 +34,7 @@ from methods import get_method, method_names
 
 router = APIRouter(prefix="/v1/models", tags=["models"], responses=COMMON)
 
-WEIGHTS_DOC: dict[int | str, dict[str, Any]] = {
+WEIGHTS_DOC: dict[int | str, JsonObject] = {
     200: {
         "description": "safetensors bytes; `ETag` is their sha256",
         "content": {"application/octet-stream": {"schema": {"type": "string", "format": "binary"}}},
@@ -50,7 +51,7 @@ def create(
     db: DbDep,
     dispatcher: DispatcherDep,
     settings: SettingsDep,
-) -> dict[str, Any]:
+) -> JsonObject:
     """Register a model and queue its training; poll GET /v1/models/{id} for progress. A model
     whose job would not fit the memory budget is refused (422 `model_too_large`)."""
     with db.write() as session:
@@ -60,7 +61,7 @@ def create(
     return view
 
 
-MODEL_EXAMPLES: dict[str, Any] = {
+MODEL_EXAMPLES: JsonObject = {
     "mlp": {
         "summary": "an MLP on digits, exact retraining",
         "value": {
@@ -128,7 +129,7 @@ IMPORT_DOC = {
 )
 async def import_weights(
     request: Request, _: Admin, db: DbDep, dispatcher: DispatcherDep, settings: SettingsDep
-) -> dict[str, Any]:
+) -> JsonObject:
     """Bring a model trained elsewhere: safetensors weights, an architecture spec, a dataset.
     Only methods that need no training-time recording can serve it."""
     form = await request.form(max_files=1, max_fields=20)
@@ -140,7 +141,7 @@ async def import_weights(
         raise APIError(413, "payload_too_large", "weights exceed the upload limit")
     fields = {k: v for k, v in form.items() if isinstance(v, str)}
     try:
-        body: dict[str, Any] = {
+        body: JsonObject = {
             "name": fields.get("name", ""),
             "dataset_id": _form_int(fields.get("dataset_id")),
             **{
@@ -159,7 +160,7 @@ async def import_weights(
             [{"loc": list(e["loc"]), "msg": e["msg"]} for e in exc.errors()],
         ) from exc
 
-    def store() -> tuple[int, dict[str, Any]]:
+    def store() -> tuple[int, JsonObject]:
         with db.write() as session:
             model = import_model(session, spec, data)
             return model.id, model_view(session, model)
@@ -177,7 +178,7 @@ def _form_int(value: str | None) -> int | str | None:
 
 
 @router.get("", response_model=list[ModelOut])
-def list_models(key: AnyRole, db: DbDep) -> list[dict[str, Any]]:
+def list_models(key: AnyRole, db: DbDep) -> list[JsonObject]:
     with db.read() as session:
         return [
             model_view(session, m, sees_forget_set(key))
@@ -186,13 +187,13 @@ def list_models(key: AnyRole, db: DbDep) -> list[dict[str, Any]]:
 
 
 @router.get("/{model_id:int}", response_model=ModelOut, responses=errors(404))
-def read(model_id: PathId, key: AnyRole, db: DbDep) -> dict[str, Any]:
+def read(model_id: PathId, key: AnyRole, db: DbDep) -> JsonObject:
     with db.read() as session:
         return model_view(session, get_model(session, model_id), sees_forget_set(key))
 
 
 @router.get("/{model_id:int}/versions", response_model=list[VersionOut], responses=errors(404))
-def versions(model_id: PathId, key: AnyRole, db: DbDep) -> list[dict[str, Any]]:
+def versions(model_id: PathId, key: AnyRole, db: DbDep) -> list[JsonObject]:
     """Every version; forget-set metrics only for admins and auditors."""
     with db.read() as session:
         return list_versions(session, model_id, sees_forget_set(key))
@@ -201,7 +202,7 @@ def versions(model_id: PathId, key: AnyRole, db: DbDep) -> list[dict[str, Any]]:
 @router.get(
     "/{model_id:int}/versions/{number:int}", response_model=VersionOut, responses=errors(404)
 )
-def version(model_id: PathId, number: PathId, key: AnyRole, db: DbDep) -> dict[str, Any]:
+def version(model_id: PathId, number: PathId, key: AnyRole, db: DbDep) -> JsonObject:
     with db.read() as session:
         get_version(session, model_id, number)  # 404 for an unknown model or version
         views = list_versions(session, model_id, sees_forget_set(key))

@@ -1,5 +1,5 @@
 """A JSON column read and written as a pydantic type: the row holds the type's JSON, the code
-holds the typed value (validated once, when it is read), never a `dict[str, Any]`."""
+holds the typed value (validated once, when it is read), never an untyped dict."""
 
 from __future__ import annotations
 
@@ -7,6 +7,8 @@ from typing import Any, Generic, TypeVar
 
 from pydantic import BaseModel, TypeAdapter
 from sqlalchemy import JSON, Dialect, TypeDecorator
+
+from app.jsontypes import JsonObject
 
 T = TypeVar("T")
 
@@ -24,7 +26,7 @@ class PydanticJSON(TypeDecorator[T], Generic[T]):
         self.kind = kind
         self._adapter: TypeAdapter[T] = TypeAdapter(kind)
 
-    def process_bind_param(self, value: T | dict[str, Any] | None, dialect: Dialect) -> Any:
+    def process_bind_param(self, value: T | JsonObject | None, dialect: Dialect) -> Any:
         if value is None:
             return None
         typed = value if isinstance(value, BaseModel) else self._adapter.validate_python(value)

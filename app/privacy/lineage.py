@@ -20,6 +20,7 @@ import dp_accounting
 from dp_accounting.pld import PLDAccountant
 from dp_accounting.rdp import RdpAccountant
 
+from app.jsontypes import JsonObject
 from app.privacy import DP_ACCOUNTING_VERSION
 from app.privacy.rdp import epsilon_from_slope
 from app.privacy.validate import check_delta, check_positive
@@ -144,7 +145,7 @@ def approx_event(epsilon: float, delta: float) -> ApproxRelease:
     return ApproxRelease(epsilon, delta)
 
 
-def event_to_json(event: LineageEvent) -> dict[str, Any]:
+def event_to_json(event: LineageEvent) -> JsonObject:
     """The certificate's `lineage_event` field (the format every stored certificate uses)."""
     if isinstance(event, GaussianRelease):
         return {"kind": event.kind, "z": event.z, "epsilon": event.epsilon, "delta": event.delta}

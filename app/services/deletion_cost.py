@@ -11,14 +11,16 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from app.db.tables import Model, ModelVersion
+from app.jsontypes import JsonObject
 from app.specs import architecture_of
 from app.states import VersionKind
+from app.wire import CostRow, DeletionCost, MeasuredUpdates
 from methods import get_method, method_names, method_of
 
 TRAINING_KINDS = (VersionKind.trained, VersionKind.retrained)
 
 
-def deletion_cost(session: Session, model: Model) -> dict[str, Any] | None:
+def deletion_cost(session: Session, model: Model) -> DeletionCost | None:
     """Expected seconds and share of a full retrain for one single-sample deletion."""
     rows = session.execute(
         select(ModelVersion.number, ModelVersion.kind, ModelVersion.metrics)
@@ -58,27 +60,27 @@ def deletion_cost(session: Session, model: Model) -> dict[str, Any] | None:
             entries.append(
                 _entry(name, cost.options, full * cost.fraction, cost.fraction, cost.basis)
             )
-    return {"full_retrain_seconds": full, "methods": entries}
+    return DeletionCost(full_retrain_seconds=full, methods=entries)
 
 
 def _entry(
     method: str,
-    options: dict[str, Any],
+    options: JsonObject,
     seconds: float | None,
     fraction: float | None,
     basis: str,
     measured: list[float] | None = None,
-) -> dict[str, Any]:
-    out: dict[str, Any] = {
-        "method": method,
-        "options": options,
-        "expected_compute_seconds": seconds,
-        "fraction_of_full_retrain": fraction,
-        "basis": basis,
-    }
-    if measured:
-        out["measured_update_seconds"] = {"count": len(measured), "median": median(measured)}
-    return out
+) -> CostRow:
+    return CostRow(
+        method=method,
+        options=options,
+        expected_compute_seconds=seconds,
+        fraction_of_full_retrain=fraction,
+        basis=basis,
+        measured_update_seconds=(
+            MeasuredUpdates(count=len(measured), median=median(measured)) if measured else None
+        ),
+    )
 
 
 def _measured_updates(rows: Any, method: str) -> list[float]:

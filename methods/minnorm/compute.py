@@ -11,11 +11,11 @@ so a removal costs O(n²·m + p·n) instead of a fresh O(p·n²) solve (maths.py
 from __future__ import annotations
 
 import time
-from typing import Any
 
 import torch
 from torch import nn
 
+from app.jsontypes import JsonObject
 from app.states import Guarantee
 from maths.nets import state_of
 from maths.training import ProgressFn, seeded_net
@@ -186,7 +186,7 @@ def _downdated(state: ModelState, retained_ids: list[int]) -> tuple[torch.Tensor
     return inverse[index][:, index], f"Gram-inverse downdate of {removed} rows"
 
 
-def _metrics(fit: mn.MinNormFit, route: str, phi: torch.Tensor, seconds: float) -> dict[str, Any]:
+def _metrics(fit: mn.MinNormFit, route: str, phi: torch.Tensor, seconds: float) -> JsonObject:
     return {
         "unlearn_seconds": seconds,
         "route": route,

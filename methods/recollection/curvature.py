@@ -29,12 +29,12 @@ from __future__ import annotations
 import math
 from abc import ABC, abstractmethod
 from collections.abc import Callable
-from typing import Any
 
 import torch
 from torch import nn
 from torch.func import grad, jvp, vmap
 
+from app.jsontypes import JsonObject
 from app.specs import ArchitectureSpec, LogRegSpec, MLPSpec, architecture_of
 from maths.nets import FlatModel
 
@@ -412,7 +412,7 @@ class _MLPStep(StepCurvature):
 
 
 def curvature_for(
-    architecture: ArchitectureSpec | dict[str, Any],
+    architecture: ArchitectureSpec | JsonObject,
     model: FlatModel,
     X: torch.Tensor,
     y: torch.Tensor,

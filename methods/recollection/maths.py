@@ -30,11 +30,11 @@ import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
 
 import numpy as np
 import torch
 
+from app.jsontypes import JsonObject
 from app.specs import ArchitectureSpec, TrainingConfig, training_of
 from maths.linalg import extreme_eigenvalues
 from maths.nets import FlatModel
@@ -181,8 +181,8 @@ def _hvp_operator(curv: Curvature, step: StepCurvature) -> Callable[[torch.Tenso
 
 
 def train_recollection(
-    architecture: ArchitectureSpec | dict[str, Any],
-    config: TrainingConfig | dict[str, Any],
+    architecture: ArchitectureSpec | JsonObject,
+    config: TrainingConfig | JsonObject,
     C: float,
     q: float,
     X: torch.Tensor,
