@@ -18,4 +18,16 @@ else:
         dict[str, Any], WithJsonSchema({"type": "object", "description": "a JSON object"})
     ]
 
-__all__ = ["JsonObject", "JsonValue"]
+__all__ = ["JsonObject", "JsonValue", "as_object", "optional_object"]
+
+
+def as_object(value: JsonValue) -> JsonObject:
+    """`value` as a JSON object (a TypeError if the document holds something else there)."""
+    if not isinstance(value, dict):
+        raise TypeError(f"expected a JSON object, got {type(value).__name__}")
+    return value
+
+
+def optional_object(value: JsonValue) -> JsonObject | None:
+    """`value` as a JSON object, or None where the document has null."""
+    return None if value is None else as_object(value)

@@ -15,6 +15,7 @@ from pydantic import (
 )
 from pydantic_core import PydanticCustomError
 
+from app.jsontypes import JsonObject, JsonValue
 from app.specs import (
     Architecture,
     LogRegSpec,
@@ -135,13 +136,13 @@ class BuiltinDatasetIn(In):
 NONDETERMINISTIC_LAYERS = {"dropout", "batchnorm", "batch_norm", "augmentation"}
 
 
-def _method_variants(schema: dict[str, Any]) -> None:
+def _method_variants(schema: JsonObject) -> None:
     """In OpenAPI, one variant per method: its `name` and exactly its options (`name` may
     be left out for the default, retrain)."""
-    variants = []
+    variants: list[JsonValue] = []
     for name in method_names():
         options = get_method(name).options.model_json_schema()
-        variant: dict[str, Any] = {
+        variant: JsonObject = {
             "type": "object",
             "title": name,
             "properties": {"name": {"const": name}, **options.get("properties", {})},

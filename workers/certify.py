@@ -7,6 +7,7 @@ import secrets
 from dataclasses import dataclass
 from typing import Any
 
+from app.jsontypes import JsonObject
 from app.ledger.certificates import COMMITMENT_SCHEME, RESTRICTED, constant_commitment
 from app.privacy import DP_ACCOUNTING_VERSION
 from app.privacy.lineage import event_to_json
@@ -33,7 +34,7 @@ class CertificateContext:
 
 def certificate_fields(
     decision: Decision, policy: PrivacyPolicy, target: PrivacyTarget, ctx: CertificateContext
-) -> dict[str, Any]:
+) -> JsonObject:
     """Every field of one request's certificate, every number checked finite."""
     cert = decision.release.certificate
     admission = decision.admission
@@ -103,12 +104,12 @@ def certificate_fields(
 
 def _constants(
     constants: dict[str, Constant],
-) -> tuple[dict[str, Any], dict[str, dict[str, Any]]]:
+) -> tuple[JsonObject, dict[str, JsonObject]]:
     """The body's constants, and the restricted ones' values with their salts. A restricted
     constant shows no value in the body: a salted sha256 commitment to it (an auditor given
     value and salt checks it against the log) and what the decision needs (`public`)."""
-    body: dict[str, Any] = {}
-    restricted: dict[str, dict[str, Any]] = {}
+    body: JsonObject = {}
+    restricted: dict[str, JsonObject] = {}
     for name, c in constants.items():
         value = _finite(c.value)
         if c.disclosure == "public":
@@ -125,11 +126,11 @@ def _constants(
     return body, restricted
 
 
-def _sealed(value: Any) -> tuple[dict[str, Any], dict[str, Any]]:
+def _sealed(value: Any) -> tuple[JsonObject, JsonObject]:
     """What the body shows of a restricted value (a salted commitment) and what auditors get
     (the value and the salt that opens it)."""
     salt = secrets.token_hex(16)
-    shown = {"disclosed_to": "auditors and admins", "commitment": constant_commitment(salt, value)}
+    shown: JsonObject = {"disclosed_to": "auditors and admins", "commitment": constant_commitment(salt, value)}
     return shown, {"value": value, "salt": salt}
 
 

@@ -16,6 +16,7 @@ from app.api.params import PathId, QueryId
 from app.api.responses import COMMON, errors
 from app.db.tables import Certificate, Dataset, DeletionRequest, Sample
 from app.errors import not_found
+from app.jsontypes import JsonObject, JsonValue
 from app.ledger import transparency
 from app.ledger.certificates import certificate_document, export_lines, verify_chain
 from app.schemas import MAX_ID, Text
@@ -56,7 +57,7 @@ def certificates(
     ),
     offset: int = Query(0, ge=0, le=2**53),
     limit: int = Query(100, ge=1, le=1000),
-) -> dict[str, Any]:
+) -> JsonObject:
     """Certificates, newest last; filter by model, data subject, or creation time."""
     query = select(Certificate).order_by(Certificate.seq)
     if model is not None:
@@ -67,7 +68,7 @@ def certificates(
         if subject is not None:
             query = query.where(Certificate.request_id.in_(_requests_for_subject(session, subject)))
         rows = session.scalars(query.offset(offset).limit(limit)).all()
-        items = [certificate_document(c, disclose=True) for c in rows]  # auditors and admins
+        items: list[JsonValue] = [certificate_document(c, disclose=True) for c in rows]
         return {"items": items, "offset": offset, "limit": limit}
 
 
@@ -88,7 +89,7 @@ def _requests_for_subject(session: Any, subject: str) -> list[int]:
 
 
 @router.get("/certificates/{certificate_id}", response_model=CertificateOut, responses=errors(404))
-def certificate(certificate_id: PathId, _: Auditor, db: DbDep) -> dict[str, Any]:
+def certificate(certificate_id: PathId, _: Auditor, db: DbDep) -> JsonObject:
     with db.read() as session:
         cert = session.get(Certificate, certificate_id)
         if cert is None:
@@ -97,18 +98,18 @@ def certificate(certificate_id: PathId, _: Auditor, db: DbDep) -> dict[str, Any]
 
 
 @router.get("/head", responses=errors(404))
-def head(_: AnyRole, db: DbDep) -> dict[str, Any]:
+def head(_: AnyRole, db: DbDep) -> JsonObject:
     """The latest signed tree head: Ed25519 over (tree size, root hash, timestamp)."""
     with db.read() as session:
         return transparency.latest_head(session)
 
 
 @router.get("/public-key")
-def public_key(settings: SettingsDep) -> dict[str, Any]:
+def public_key(settings: SettingsDep) -> JsonObject:
     """The heads' public keys (base64 raw Ed25519), current and retired, by key id. Public:
     anyone may check a head."""
     return {
-        "keys": transparency.public_keys(settings),
+        "keys": list[JsonValue](transparency.public_keys(settings)),
         "message_format": transparency.HEAD_FORMAT,
     }
 
@@ -119,7 +120,7 @@ def inclusion_proof(
     db: DbDep,
     certificate: Annotated[int, Query(ge=1, le=MAX_ID)],
     tree_size: Annotated[int | None, Query(ge=1, le=MAX_ID)] = None,
-) -> dict[str, Any]:
+) -> JsonObject:
     """RFC 6962 inclusion proof of a certificate in the tree of `tree_size` (default: latest)."""
     with db.read() as session:
         return transparency.inclusion(session, certificate, tree_size)
@@ -131,14 +132,14 @@ def consistency_proof(
     db: DbDep,
     first: Annotated[int, Query(ge=1, le=MAX_ID)],
     second: Annotated[int, Query(ge=1, le=MAX_ID)],
-) -> dict[str, Any]:
+) -> JsonObject:
     """RFC 6962 consistency proof: the tree of `second` extends the tree of `first`."""
     with db.read() as session:
         return transparency.consistency(session, first, second)
 
 
 @router.get("/verify", response_model=ChainCheck)
-def verify(_: Auditor, db: DbDep) -> dict[str, Any]:
+def verify(_: Auditor, db: DbDep) -> JsonObject:
     """Recompute every entry hash and link; name the first certificate that does not hold."""
     with db.read() as session:
         return verify_chain(session)

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 from fastapi import APIRouter, Query, Request
 from fastapi.concurrency import run_in_threadpool
 from pydantic import ValidationError
@@ -12,6 +10,7 @@ from app.api.deps import Admin, AnyRole, DbDep, SettingsDep
 from app.api.params import PathId
 from app.api.responses import COMMON, errors
 from app.errors import APIError, unprocessable
+from app.jsontypes import JsonObject
 from app.schemas import BuiltinDatasetIn, DatasetOut, SamplePage, Text
 from app.security import Role
 from app.services import dataset_files
@@ -74,7 +73,7 @@ UPLOAD_DOC = {
 )
 async def register_dataset(
     request: Request, _: Admin, db: DbDep, settings: SettingsDep
-) -> dict[str, Any]:
+) -> JsonObject:
     """Register a builtin (JSON `{"builtin": "digits"}`) or upload an .npz / CSV file."""
     ctype = request.headers.get("content-type", "")
     limits = dataset_files.Limits.from_settings(settings)
@@ -101,7 +100,7 @@ async def register_dataset(
             "send application/json for a builtin or multipart/form-data with a file",
         )
 
-    def store() -> dict[str, Any]:
+    def store() -> JsonObject:
         parsed = parse()
         if len(parsed.y) > settings.max_dataset_samples:
             raise APIError(413, "too_many_samples", f"at most {settings.max_dataset_samples}")
@@ -183,7 +182,7 @@ async def _from_upload(request: Request, limit: int, limits: dataset_files.Limit
 
 
 @router.get("/{dataset_id}", response_model=DatasetOut, responses=errors(404))
-def read_dataset(dataset_id: PathId, _: AnyRole, db: DbDep) -> dict[str, Any]:
+def read_dataset(dataset_id: PathId, _: AnyRole, db: DbDep) -> JsonObject:
     with db.read() as session:
         return dataset_view(session, get_dataset(session, dataset_id))
 
@@ -198,7 +197,7 @@ def read_samples(
     subject: Text | None = Query(None, max_length=200),
     offset: int = Query(0, ge=0, le=2**53),
     limit: int = Query(100, ge=1, le=1000),
-) -> dict[str, Any]:
+) -> SamplePage:
     with db.read() as session:
         items, total = list_samples(
             session,
@@ -210,4 +209,5 @@ def read_samples(
             limit=limit,
             hide_erased=key.role not in (Role.admin, Role.auditor),
         )
-        return {"items": items, "total": total, "offset": offset, "limit": limit}
+        page = {"items": items, "total": total, "offset": offset, "limit": limit}
+        return SamplePage.model_validate(page)

@@ -15,6 +15,7 @@ from app.api.deps import CommitterDep, DbDep, DeletionViewer, DispatcherDep, Req
 from app.api.params import PathId
 from app.api.responses import COMMON, errors
 from app.dispatch import DELETE
+from app.jsontypes import JsonObject
 from app.schemas import DeletionCreate, DeletionOut, DeletionPage
 from app.security import Role
 from app.services.deletions import (
@@ -32,7 +33,7 @@ MAX_WAIT_SECONDS = 30.0
 router = APIRouter(prefix="/v1/deletions", tags=["deletions"], responses=COMMON)
 
 
-DELETION_EXAMPLES: dict[str, Any] = {
+DELETION_EXAMPLES: JsonObject = {
     "samples": {
         "summary": "forget three samples",
         "value": {"dataset_id": 1, "sample_ids": ["17", "42", "1001"]},
@@ -86,11 +87,11 @@ def list_requests(
     db: DbDep,
     offset: Annotated[int, Query(ge=0, le=2**53)] = 0,
     limit: Annotated[int, Query(ge=1, le=1000)] = 100,
-) -> dict[str, Any]:
+) -> DeletionPage:
     """Deletion requests, newest first: a requester's own, every one for auditors and admins."""
     with db.read() as session:
         items = list_deletions(session, key, offset, limit)
-    return {"items": items, "offset": offset, "limit": limit}
+    return DeletionPage.model_validate({"items": items, "offset": offset, "limit": limit})
 
 
 @router.get("/{request_id}", response_model=DeletionOut, responses=errors(404))
@@ -108,12 +109,12 @@ async def read(
             "after this many seconds with its status then.",
         ),
     ] = 0,
-) -> dict[str, Any]:
+) -> JsonObject:
     """A requester sees only its own requests; auditors and admins see all. With `wait`, the
     answer comes when the request finishes (checked every few milliseconds at first, then
     less often), so a client learns of its certificate without polling."""
 
-    def view() -> dict[str, Any]:
+    def view() -> JsonObject:
         with db.read() as session:
             request = get_deletion(session, request_id, key)
             return deletion_view(session, request, receipts=True)

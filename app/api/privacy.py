@@ -8,7 +8,6 @@ from fastapi import APIRouter, Query
 
 from app.api.deps import AnyRole, DbDep
 from app.api.responses import COMMON, errors
-from app.jsontypes import JsonObject
 from app.schemas import MAX_ID
 from app.security import Role
 from app.services.privacy import preview as preview_release
@@ -24,7 +23,7 @@ def preview(
     model: Annotated[int, Query(ge=1, le=MAX_ID)],
     epsilon: float | None = Query(None),
     delta: float | None = Query(None),
-) -> JsonObject:
+) -> PreviewOut:
     """Noise σ, feasibility for the model's method and the lineage budget it would use."""
     with db.read() as session:
         disclose = key.role in (Role.auditor, Role.admin)

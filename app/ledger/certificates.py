@@ -18,6 +18,7 @@ from sqlalchemy import event, func, select
 from sqlalchemy.orm import Session
 
 from app.db.tables import Certificate, utcnow
+from app.jsontypes import JsonObject, as_object, optional_object
 from app.ledger import transparency
 from app.privacy.lineage import LineageEvent, history_from_certificates
 
@@ -39,7 +40,7 @@ INDEXED_FIELDS = (
 )
 
 
-def canonical_json(doc: dict[str, Any]) -> str:
+def canonical_json(doc: JsonObject) -> str:
     return json.dumps(
         doc, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False
     )
@@ -80,23 +81,24 @@ def constant_commitment(salt: str, value: Any) -> str:
     return hashlib.sha256(f"{salt}\n{canonical_json({'value': value})}".encode()).hexdigest()
 
 
-def disclosed(document: dict[str, Any], restricted: str | None) -> dict[str, Any]:
+def disclosed(document: JsonObject, restricted: str | None) -> JsonObject:
     """A certificate document with its restricted constants' values filled in, each with the
     salt of its commitment: for auditors and admins only."""
     if not restricted:
         return document
     sealed = json.loads(restricted)
-    constants = dict(document.get("constants", {}))
+    constants = dict(as_object(document.get("constants", {})))
     for name, entry in sealed.get("constants", {}).items():
         if name in constants:
-            constants[name] = {**constants[name], "value": entry["value"], "salt": entry["salt"]}
+            shown = as_object(constants[name])
+            constants[name] = {**shown, "value": entry["value"], "salt": entry["salt"]}
     fields = {name: entry["value"] for name, entry in sealed.get("fields", {}).items()}
     salts = {name: entry["salt"] for name, entry in sealed.get("fields", {}).items()}
     extra = {"restricted_salts": salts} if salts else {}
     return {**document, **fields, **extra, "constants": constants}
 
 
-def _nonempty(restricted: dict[str, Any] | None) -> dict[str, Any] | None:
+def _nonempty(restricted: JsonObject | None) -> JsonObject | None:
     """The restricted part when it holds anything."""
     if not restricted or not any(restricted.get(part) for part in ("constants", "fields")):
         return None
@@ -105,7 +107,7 @@ def _nonempty(restricted: dict[str, Any] | None) -> dict[str, Any] | None:
 
 def certificate_documents(
     session: Session, model_id: int, disclose: bool = False
-) -> list[dict[str, Any]]:
+) -> list[JsonObject]:
     """A model's certificates as documents, in chain order (`disclose`: with the restricted
     constants' values, for auditors and admins)."""
     rows = session.execute(
@@ -120,7 +122,7 @@ def certificate_documents(
 
 def recent_certificate_documents(
     session: Session, model_id: int, limit: int, disclose: bool = False
-) -> list[dict[str, Any]]:
+) -> list[JsonObject]:
     """A model's last `limit` certificates as documents, oldest first (`disclose`: with the
     restricted values, for auditors and admins)."""
     rows = session.execute(
@@ -141,7 +143,7 @@ def lineage_history(session: Session, model_id: int) -> list[LineageEvent]:
     return history_from_certificates(release_documents(session, model_id))
 
 
-def release_documents(session: Session, model_id: int) -> list[dict[str, Any]]:
+def release_documents(session: Session, model_id: int) -> list[JsonObject]:
     """The first certificate of each of a model's versions, in chain order.
 
     Coalesced requests share one release and carry the same privacy fields, so the lineage's
@@ -160,14 +162,14 @@ def release_documents(session: Session, model_id: int) -> list[dict[str, Any]]:
 
 
 def append_certificate(
-    session: Session, fields: dict[str, Any], signer: Ed25519PrivateKey
+    session: Session, fields: JsonObject, signer: Ed25519PrivateKey
 ) -> Certificate:
     """Append one certificate at the chain's head inside the caller's transaction."""
     return append_certificates(session, [fields], signer)[0]
 
 
 def append_certificates(
-    session: Session, many: list[dict[str, Any]], signer: Ed25519PrivateKey
+    session: Session, many: list[JsonObject], signer: Ed25519PrivateKey
 ) -> list[Certificate]:
     """Append certificates in order at the chain's head, with one flush for all of them, and
     sign the new tree head with `signer` (the log's key, passed in by the caller).
@@ -184,7 +186,7 @@ def append_certificates(
     for fields in many:
         seq += 1
         created = utcnow()
-        restricted = _nonempty(fields.get(RESTRICTED))
+        restricted = _nonempty(optional_object(fields.get(RESTRICTED)))
         doc = {k: v for k, v in fields.items() if k != RESTRICTED}
         doc = {**doc, "seq": seq, "prev_hash": prev, "created_at": created.isoformat()}
         body = canonical_json(doc)
@@ -223,14 +225,14 @@ def _forget_head(session: Session, transaction: Any) -> None:
         session.info.pop("audit_head", None)
 
 
-def certificate_document(cert: Certificate, disclose: bool = False) -> dict[str, Any]:
+def certificate_document(cert: Certificate, disclose: bool = False) -> JsonObject:
     """What the API shows: the hashed body plus its id and hashes (`disclose`: with the
     restricted constants' values and salts, for auditors and admins)."""
     body = disclosed(json.loads(cert.body), cert.restricted if disclose else None)
     return {"id": cert.id, **body, "entry_hash": cert.entry_hash}
 
 
-def verify_rows(rows: Iterator[Certificate]) -> dict[str, Any]:
+def verify_rows(rows: Iterator[Certificate]) -> JsonObject:
     """Recompute the chain; name the first certificate whose hash or fields do not hold."""
     prev, checked = GENESIS, 0
     for cert in rows:
@@ -262,7 +264,7 @@ def _row_problem(cert: Certificate, prev: str) -> str | None:
     return None
 
 
-def verify_chain(session: Session) -> dict[str, Any]:
+def verify_chain(session: Session) -> JsonObject:
     rows = session.scalars(
         select(Certificate).order_by(Certificate.seq).execution_options(yield_per=500)
     )

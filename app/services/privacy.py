@@ -3,18 +3,19 @@
 from __future__ import annotations
 
 from math import prod
-from typing import Any
 
 from sqlalchemy.orm import Session
 
 from app.db.tables import Dataset, Model, ModelVersion
 from app.errors import unprocessable
+from app.jsontypes import JsonObject
 from app.ledger.certificates import lineage_history, recent_certificate_documents
 from app.privacy.lineage import LineageBudget, admit
 from app.privacy.plans import ReleasePlan
 from app.privacy.validate import PrivacyParameterError
 from app.services.deletion_cost import deletion_cost
 from app.services.models import get_model
+from app.wire import LineagePreview, PreviewOut, Target
 from methods import method_of
 from methods.spec import PreviewFacts
 
@@ -27,7 +28,7 @@ def preview(
     epsilon: float | None,
     delta: float | None,
     disclose: bool = False,
-) -> dict[str, Any]:
+) -> PreviewOut:
     """σ, feasibility and lineage cost of the model's next release, before any request
     (`disclose`: the caller may see measured values that are functions of removed data)."""
     model = get_model(session, model_id)
@@ -53,35 +54,35 @@ def preview(
     budget = LineageBudget(policy.lineage_epsilon, policy.lineage_delta)
     admission = admit(budget, history, plan.event)
     after = admission.after if plan.event is not None else admission.spent
-    return {
-        "model_id": model_id,
-        "method": plan.method,
-        "guarantee": plan.guarantee,
-        "target": {"epsilon": eps, "delta": dlt},
-        "sigma": plan.sigma,
-        "sensitivity": plan.sensitivity,
-        "noise_multiplier": plan.noise_multiplier,
-        "feasible": plan.feasible,
-        "reason": plan.reason,
-        "constants": plan.constants,
-        "lineage": {
-            "budget_epsilon": policy.lineage_epsilon,
-            "budget_delta": policy.lineage_delta,
-            "releases_since_reset": len(history),
-            "spent_epsilon": admission.spent.epsilon,
-            "epsilon_after_release": after.epsilon,
-            "budget_used_by_release": after.epsilon - admission.spent.epsilon,
-            "accountant": after.accountant,
-        },
-        "would_retrain_exactly": plan.feasible is False or not admission.admitted,
-        "deletion_capacity": _capacity_view(plan, current),
-        "deletion_cost": deletion_cost(session, model),
-        "shift": None,  # a measured-shift method's extras replace it
-        **_extras(session, model, plan.sigma, documents, disclose),
-    }
+    return PreviewOut(
+        model_id=model_id,
+        method=plan.method,
+        guarantee=plan.guarantee,
+        target=Target(epsilon=eps, delta=dlt),
+        sigma=plan.sigma,
+        sensitivity=plan.sensitivity,
+        noise_multiplier=plan.noise_multiplier,
+        feasible=plan.feasible,
+        reason=plan.reason,
+        constants=plan.constants,
+        lineage=LineagePreview(
+            budget_epsilon=policy.lineage_epsilon,
+            budget_delta=policy.lineage_delta,
+            releases_since_reset=len(history),
+            spent_epsilon=admission.spent.epsilon,
+            epsilon_after_release=after.epsilon,
+            budget_used_by_release=after.epsilon - admission.spent.epsilon,
+            accountant=after.accountant,
+        ),
+        would_retrain_exactly=plan.feasible is False or not admission.admitted,
+        deletion_capacity=_capacity_view(plan, current),
+        deletion_cost=deletion_cost(session, model),
+        # a measured-shift method's extras replace it
+        **{"shift": None, **_extras(session, model, plan.sigma, documents, disclose)},
+    )
 
 
-def _capacity_view(plan: ReleasePlan, version: ModelVersion | None) -> dict[str, Any] | None:
+def _capacity_view(plan: ReleasePlan, version: ModelVersion | None) -> JsonObject | None:
     """For a method with a deletion capacity (the topic models): the documents removed since
     the last training against the capacity at the previewed target, which is what the next
     request checks (issue 25: it used to show a fixed (1, 1e-5)). A version made before it
@@ -95,9 +96,10 @@ def _capacity_view(plan: ReleasePlan, version: ModelVersion | None) -> dict[str,
         used = int(metrics.get("removed_documents_cumulative", 0))
     else:
         return None
+    terms: JsonObject = dict(limit)
     return {
         "capacity_documents": limit["documents"],
-        "terms": limit,
+        "terms": terms,
         "removed_since_training": used,
         "left": max(0.0, limit["documents"] - used),
         "then": "past the capacity Lethe retrains exactly and the count restarts at 0",
@@ -108,9 +110,9 @@ def _extras(
     session: Session,
     model: Model,
     sigma: float,
-    documents: list[dict[str, Any]],
+    documents: list[JsonObject],
     disclose: bool,
-) -> dict[str, Any]:
+) -> JsonObject:
     """The method's own part of the preview (its `preview_extras` hook), for a trained model."""
     method = method_of(model.method)
     hook = method.spec.preview_extras

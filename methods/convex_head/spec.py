@@ -16,6 +16,7 @@ from typing import Any
 from pydantic import Field
 from pydantic_core import PydanticCustomError
 
+from app.jsontypes import JsonObject, JsonValue
 from app.privacy.gaussian import sigma_for
 from app.privacy.lineage import gaussian_event
 from app.privacy.plans import MIN_NOISE_MULTIPLIER, ReleasePlan, declared
@@ -94,11 +95,11 @@ def clipped_logreg(o: ConvexHeadOptions, architecture: ArchitectureSpec) -> Arch
     return architecture.model_copy(update={"feature_norm": o.R})
 
 
-def shift_view(o: ConvexHeadOptions, facts: PreviewFacts) -> dict[str, Any]:
+def shift_view(o: ConvexHeadOptions, facts: PreviewFacts) -> JsonObject:
     """The preview's `shift`: the expected noise norm σ·√d against the current ‖w‖, and, for
     auditors and admins (s is a function of the removed rows), the last requests' s/β."""
     d = facts.n_classes * (facts.n_features + 1)
-    recent = [
+    rows = [
         {
             "request_id": doc.get("request_id"),
             "n_removed": doc.get("n_removed"),
@@ -109,6 +110,7 @@ def shift_view(o: ConvexHeadOptions, facts: PreviewFacts) -> dict[str, Any]:
         if doc.get("constants", {}).get("s", {}).get("value") is not None
         and "beta" in doc.get("constants", {})
     ][-10:]
+    recent: list[JsonValue] = list(rows)
     return {
         "shift": {
             "expected_noise_norm": facts.sigma * math.sqrt(d),
