@@ -17,7 +17,6 @@ import base64
 import hashlib
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import (
     Ed25519PrivateKey,
@@ -29,6 +28,7 @@ from sqlalchemy.orm import Session
 
 from app.db.tables import Certificate, MerkleNode, TreeHead
 from app.errors import APIError, not_found
+from app.jsontypes import JsonObject
 from app.ledger import merkle
 from app.settings import Settings
 from app.storage.crypto import forget_key_files, secret_at, secret_from_text
@@ -65,10 +65,12 @@ def key_id(key: Ed25519PublicKey) -> str:
     return hashlib.sha256(public_raw(key)).hexdigest()[:32]
 
 
-def public_keys(settings: Settings) -> list[dict[str, Any]]:
+def public_keys(settings: Settings) -> list[JsonObject]:
     """The current public key and every retired one: heads name the key that signed them."""
     current = signing_key(settings).public_key()
-    keys = [{"key_id": key_id(current), "public_key": _b64(public_raw(current)), "current": True}]
+    keys: list[JsonObject] = [
+        {"key_id": key_id(current), "public_key": _b64(public_raw(current)), "current": True}
+    ]
     folder = retired_dir(settings)
     for path in sorted(folder.glob("*.pub")) if folder.exists() else []:
         raw = base64.b64decode(path.read_text().strip())
@@ -148,7 +150,7 @@ def leaf_count(session: Session) -> int:
 
 def append(
     session: Session, certificates: list[Certificate], signer: Ed25519PrivateKey
-) -> dict[str, Any]:
+) -> JsonObject:
     """Add these certificates' leaves (after any the tree is missing, e.g. certificates
     written before the tree existed) and sign the new head, in the caller's transaction."""
     nodes = _Nodes(session)
@@ -167,9 +169,7 @@ def append(
     return _sign_head(session, nodes, last, signer)
 
 
-def _sign_head(
-    session: Session, nodes: _Nodes, size: int, key: Ed25519PrivateKey
-) -> dict[str, Any]:
+def _sign_head(session: Session, nodes: _Nodes, size: int, key: Ed25519PrivateKey) -> JsonObject:
     root = nodes.subtree(0, size).hex()
     timestamp = datetime.now(UTC).isoformat(timespec="microseconds")
     head = TreeHead(
@@ -183,7 +183,7 @@ def _sign_head(
     return head_view(head)
 
 
-def rebuild(session: Session, signer: Ed25519PrivateKey) -> dict[str, Any]:
+def rebuild(session: Session, signer: Ed25519PrivateKey) -> JsonObject:
     """Recompute the whole tree from the certificates as they are and sign a head (after a
     restore, or, as the tests do, to show that a rewritten log cannot pass for the old one).
     The log's tables are append-only: run it inside `app.db.append_only.lifted`."""
@@ -201,7 +201,7 @@ def rebuild(session: Session, signer: Ed25519PrivateKey) -> dict[str, Any]:
 # ---- reading: heads, proofs, receipts -------------------------------------------------------
 
 
-def head_view(head: TreeHead) -> dict[str, Any]:
+def head_view(head: TreeHead) -> JsonObject:
     return {
         "tree_size": head.tree_size,
         "root_hash": head.root_hash,
@@ -211,27 +211,35 @@ def head_view(head: TreeHead) -> dict[str, Any]:
     }
 
 
-def latest_head(session: Session) -> dict[str, Any]:
+def latest_head(session: Session) -> JsonObject:
     head = session.scalar(select(TreeHead).order_by(TreeHead.tree_size.desc()).limit(1))
     if head is None:
         raise APIError(404, "empty_log", "no certificate has been logged yet")
     return head_view(head)
 
 
-def head_at(session: Session, tree_size: int) -> dict[str, Any]:
+def head_at(session: Session, tree_size: int) -> JsonObject:
     head = session.get(TreeHead, tree_size)
     if head is None:
         raise not_found("tree head", tree_size)
     return head_view(head)
 
 
-def inclusion(session: Session, certificate_id: int, tree_size: int | None) -> dict[str, Any]:
+def latest_size(session: Session) -> int:
+    """The size of the tree the latest signed head covers (404 before the first)."""
+    size = session.scalar(select(TreeHead.tree_size).order_by(TreeHead.tree_size.desc()).limit(1))
+    if size is None:
+        raise APIError(404, "empty_log", "no certificate has been logged yet")
+    return size
+
+
+def inclusion(session: Session, certificate_id: int, tree_size: int | None) -> JsonObject:
     """The inclusion proof of a certificate in the tree of `tree_size` (default: the latest
     signed head), with that head when one was signed at that size."""
     cert = session.get(Certificate, certificate_id)
     if cert is None:
         raise not_found("certificate", certificate_id)
-    size = tree_size or latest_head(session)["tree_size"]
+    size = tree_size or latest_size(session)
     if not cert.seq <= size <= leaf_count(session):
         raise APIError(
             422,
@@ -254,7 +262,7 @@ def inclusion(session: Session, certificate_id: int, tree_size: int | None) -> d
     }
 
 
-def consistency(session: Session, first: int, second: int) -> dict[str, Any]:
+def consistency(session: Session, first: int, second: int) -> JsonObject:
     """The consistency proof from the tree of `first` leaves to the tree of `second`."""
     size = leaf_count(session)
     if not 0 < first <= second <= size:
@@ -273,7 +281,7 @@ def consistency(session: Session, first: int, second: int) -> dict[str, Any]:
     }
 
 
-def receipt(session: Session, certificate_id: int) -> dict[str, Any]:
+def receipt(session: Session, certificate_id: int) -> JsonObject:
     """What a requester keeps: the certificate, the first signed head that includes it, and the
     inclusion proof at that size."""
     cert = session.get(Certificate, certificate_id)
