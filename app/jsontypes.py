@@ -7,6 +7,7 @@ metrics on every read) and its OpenAPI schema is a plain object."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Annotated, Any
 
 from pydantic import JsonValue, WithJsonSchema
@@ -18,7 +19,11 @@ else:
         dict[str, Any], WithJsonSchema({"type": "object", "description": "a JSON object"})
     ]
 
-__all__ = ["JsonObject", "JsonValue", "as_object", "optional_object"]
+# A read-only view of one: what a function or a value type takes (covariant, so a
+# dict[str, float] of metrics is one too).
+JsonMap = Mapping[str, JsonValue]
+
+__all__ = ["JsonMap", "JsonObject", "JsonValue", "as_object", "json_object", "optional_object"]
 
 
 def as_object(value: JsonValue) -> JsonObject:
@@ -31,3 +36,8 @@ def as_object(value: JsonValue) -> JsonObject:
 def optional_object(value: JsonValue) -> JsonObject | None:
     """`value` as a JSON object, or None where the document has null."""
     return None if value is None else as_object(value)
+
+
+def json_object(values: JsonMap) -> JsonObject:
+    """A JSON object holding `values` (a dict of floats, say) where a document needs one."""
+    return dict(values)

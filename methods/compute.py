@@ -11,6 +11,7 @@ from typing import Any, ClassVar, Literal, TypeVar
 
 import torch
 
+from app.jsontypes import JsonMap, JsonObject
 from app.privacy.lineage import LineageEvent
 from app.specs import ArchitectureSpec, PrivacyPolicy, TrainingConfig
 from app.states import Guarantee, VersionKind
@@ -84,7 +85,7 @@ class UpdateInputs:
     retained: RetainedData
     test: RetainedData
     history: list[LineageEvent]  # noisy releases since the last exact retrain
-    record: dict[str, Any] | None = None  # what training recorded for the statistics in use
+    record: JsonMap | None = None  # what training recorded for the statistics in use
 
 
 @dataclass(frozen=True)
@@ -104,8 +105,8 @@ class Trained:
 
     state: ModelState
     statistics: StatisticsBlock | None
-    record: dict[str, Any]
-    metrics: dict[str, Any] = field(default_factory=dict)
+    record: JsonMap
+    metrics: JsonMap = field(default_factory=dict)
     # Method state kept beside the parameters in the noise-free state (never downloadable,
     # purged with its version): minnorm's Gram inverse. Keys never collide with a layer's.
     extra_state: ModelState = field(default_factory=dict)
@@ -146,7 +147,7 @@ class CertificateFields:
     constants: dict[str, Constant] = field(default_factory=dict)
     compares: str = "the released model vs. retraining without the removed samples"
     resets_lineage: bool = False
-    details: dict[str, Any] | None = None  # method-specific facts, kept in the certificate
+    details: JsonMap | None = None  # method-specific facts, kept in the certificate
 
 
 @dataclass(frozen=True)
@@ -159,9 +160,9 @@ class Release:
     event: LineageEvent | None  # the release as a lineage event; None: no noise (exact)
     statistics_to_delete: list[int]  # sample ids whose per-sample rows this update consumed
     version_kind: VersionKind = VersionKind.unlearned
-    metrics: dict[str, Any] = field(default_factory=dict)
+    metrics: JsonMap = field(default_factory=dict)
     replace_statistics: StatisticsBlock | None = None  # a retrain re-records everything
-    record: dict[str, Any] | None = None  # the new training record, if statistics changed
+    record: JsonMap | None = None  # the new training record, if statistics changed
 
 
 class UnlearningMethod:
@@ -196,7 +197,7 @@ class UnlearningMethod:
             progress,
             project_radius=radius,
         )
-        metrics: dict[str, Any] = {
+        metrics: JsonObject = {
             "train_seconds": time.perf_counter() - start,
             "n_train": len(data.y),
         }

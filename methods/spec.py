@@ -104,6 +104,8 @@ class MethodSpec(Generic[OptionsT]):
     offered_to: Callable[[ArchitectureSpec], list[CostEntry]] | None = None
     # bytes the method holds beyond one network's training (app/services/memory.py)
     memory_terms: Callable[[OptionsT, MemoryFacts], dict[str, int]] | None = None
+    # the training record the method keeps with a version (what its update reads back)
+    record: type[BaseModel] | None = None
     # OpenAPI examples: a model body for POST /v1/models ("model"), a form for the import
     # route ("import"), each {"summary": ..., "value": ...}
     examples: dict[str, dict[str, Any]] = field(default_factory=dict)

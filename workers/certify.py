@@ -104,12 +104,12 @@ def certificate_fields(
 
 def _constants(
     constants: dict[str, Constant],
-) -> tuple[JsonObject, dict[str, JsonObject]]:
+) -> tuple[JsonObject, JsonObject]:
     """The body's constants, and the restricted ones' values with their salts. A restricted
     constant shows no value in the body: a salted sha256 commitment to it (an auditor given
     value and salt checks it against the log) and what the decision needs (`public`)."""
     body: JsonObject = {}
-    restricted: dict[str, JsonObject] = {}
+    restricted: JsonObject = {}
     for name, c in constants.items():
         value = _finite(c.value)
         if c.disclosure == "public":
@@ -130,7 +130,10 @@ def _sealed(value: Any) -> tuple[JsonObject, JsonObject]:
     """What the body shows of a restricted value (a salted commitment) and what auditors get
     (the value and the salt that opens it)."""
     salt = secrets.token_hex(16)
-    shown: JsonObject = {"disclosed_to": "auditors and admins", "commitment": constant_commitment(salt, value)}
+    shown: JsonObject = {
+        "disclosed_to": "auditors and admins",
+        "commitment": constant_commitment(salt, value),
+    }
     return shown, {"value": value, "salt": salt}
 
 

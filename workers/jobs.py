@@ -21,7 +21,7 @@ from app import shutdown
 from app.db.session import Database, database
 from app.db.tables import Dataset, DeletionTask, Model, task_is_due, utcnow
 from app.dispatch import DELETE, TRAIN, take_signal
-from app.jsontypes import JsonObject
+from app.jsontypes import JsonObject, json_object
 from app.ledger.transparency import signing_key
 from app.settings import Settings, get_settings
 from app.specs import ImportedWeights
@@ -215,7 +215,7 @@ def _commit_trained(
 ) -> None:
     model = pipeline.check_lease(session, model_id)
     if trained.record:
-        metrics = {**metrics, "record": trained.record}
+        metrics = {**metrics, "record": json_object(trained.record)}
     if inputs.imported is not None:
         DatabaseBlobStore(session).delete([inputs.imported.blob])
     version = pipeline.write_version(

@@ -15,6 +15,7 @@ from typing import Any
 
 import torch
 
+from app.jsontypes import JsonObject
 from app.privacy.gaussian import epsilon_for, sigma_for
 from app.privacy.lineage import gaussian_event
 from app.specs import TopicModelSpec
@@ -144,7 +145,7 @@ class AnchorTopics(UnlearningMethod):
             return {"a": o.a, "gamma": o.gamma, "p": o.p}
         return tp.estimates(topics)
 
-    def _plan_inputs(self, topics: tp.Topics, m: int, m_u: int) -> dict[str, float]:
+    def _plan_inputs(self, topics: tp.Topics, m: int, m_u: int) -> JsonObject:
         """What the preview needs to plan the next release exactly as `unlearn` will
         (spec.py: next_release)."""
         o, k = self.options, self._constants(topics)

@@ -11,7 +11,6 @@ from __future__ import annotations
 import math
 import time
 from collections import defaultdict
-from typing import Any
 
 import torch
 
@@ -38,7 +37,7 @@ from methods.compute import (
 )
 from methods.noise import check_relative_noise, draw_gaussian, secure_generator
 from methods.recollection.maths import batch_schedule, train_recollection
-from methods.recollection.spec import SPEC, RecollectionOptions
+from methods.recollection.spec import SPEC, RecollectionOptions, RecollectionRecord
 
 KIND, SUBJECT_KIND = "recollection", "recollection_subject"
 
@@ -75,33 +74,37 @@ class Recollection(UnlearningMethod):
         assert run.vectors is not None, "training was asked to record"
         d = int(run.vectors.shape[1])
         block, groups = self._block(run.vectors, data)
-        record = {
-            "method": KIND,
-            "train_sample_ids": list(data.sample_ids),
-            "rho": run.rho,
-            "rho_trace": run.rho_trace,
-            "C": o.C,
-            "q": o.q,
-            "eta": cfg.learning_rate,
-            "epochs": cfg.epochs,
-            "batch_size": cfg.batch_size,
-            "seed": cfg.seed,
-            "weight_decay": cfg.weight_decay,
-            "steps": run.schedule.steps,
-            "clipped_steps": run.clipped_steps,
-            "precompute_seconds": run.seconds,
-            "d": d,
-            "storage_dtype": block.dtype,
-            "rows": len(block.sample_ids),
-            "subject_groups": groups,
-        }
+        record = RecollectionRecord(
+            train_sample_ids=list(data.sample_ids),
+            rho=run.rho,
+            rho_trace=run.rho_trace,
+            C=o.C,
+            q=o.q,
+            eta=cfg.learning_rate,
+            epochs=cfg.epochs,
+            batch_size=cfg.batch_size,
+            seed=cfg.seed,
+            weight_decay=cfg.weight_decay,
+            steps=run.schedule.steps,
+            clipped_steps=run.clipped_steps,
+            precompute_seconds=run.seconds,
+            d=d,
+            storage_dtype=block.dtype,
+            rows=len(block.sample_ids),
+            subject_groups=groups,
+        )
         metrics = {
             "train_seconds": run.seconds,
             "n_train": len(data.y),
             "statistics_rows": len(block.sample_ids),
             "statistics_bytes": len(block.sample_ids) * d * (2 if block.dtype == "float16" else 4),
         }
-        return Trained(state=run.state, statistics=block, record=record, metrics=metrics)
+        return Trained(
+            state=run.state,
+            statistics=block,
+            record=record.model_dump(mode="json"),
+            metrics=metrics,
+        )
 
     def _block(
         self, vectors: torch.Tensor, data: RetainedData
@@ -130,8 +133,8 @@ class Recollection(UnlearningMethod):
                 groups[str(rep)] = sorted(data.sample_ids[i] for i in idx)
         return StatisticsBlock(KIND, ids, kinds, torch.stack(rows), dtype), groups
 
-    def _sum_vectors(self, removed: RemovedSamples, record: dict[str, Any]) -> torch.Tensor:
-        groups = record.get("subject_groups") or {}
+    def _sum_vectors(self, removed: RemovedSamples, record: RecollectionRecord) -> torch.Tensor:
+        groups = record.subject_groups
         wanted = set(removed.sample_ids)
         covered: set[int] = set()
         total: torch.Tensor | None = None
@@ -151,23 +154,21 @@ class Recollection(UnlearningMethod):
         return total
 
     @staticmethod
-    def sensitivity(record: dict[str, Any], removed_total: list[int]) -> float:
+    def sensitivity(rec: RecollectionRecord, removed_total: list[int]) -> float:
         """Theorem 2 (unfolded) for every sample removed since the vectors were recorded."""
-        rec = record
-        pos = {s: i for i, s in enumerate(rec["train_sample_ids"])}
-        sched = batch_schedule(
-            len(pos), rec["epochs"], rec["batch_size"], rec["seed"], rec["eta"], rec["q"]
-        )
+        pos = {s: i for i, s in enumerate(rec.train_sample_ids)}
+        sched = batch_schedule(len(pos), rec.epochs, rec.batch_size, rec.seed, rec.eta, rec.q)
         steps = sched.steps_of([pos[s] for s in removed_total])
         return recollection_sensitivity_schedule(
-            sched.etas, rec["C"], rec["rho"], steps, [len(b) for b in sched.batches]
+            sched.etas, rec.C, rec.rho, steps, [len(b) for b in sched.batches]
         )
 
     def unlearn(self, inputs: UpdateInputs) -> Release:
         start = time.perf_counter()
-        record, removed, target = inputs.record, inputs.removed, inputs.target
-        if not record or record.get("method") != KIND:
+        removed, target = inputs.removed, inputs.target
+        if not inputs.record or inputs.record.get("method") != KIND:
             raise TargetInfeasible("this model has no recollection record")
+        record = RecollectionRecord.model_validate(inputs.record)
         flat = self._flat()
         w_det = flat.vector(inputs.state).double()
         w_det = w_det + self._sum_vectors(removed, record)
@@ -175,7 +176,7 @@ class Recollection(UnlearningMethod):
         removed_total = sorted(set(removed.previously_removed) | set(removed.sample_ids))
         sensitivity = self.sensitivity(record, removed_total)
         if not math.isfinite(sensitivity) or sensitivity <= 0:
-            raise TargetInfeasible(f"the Theorem 2 bound is {sensitivity} (ρ={record['rho']:.4g})")
+            raise TargetInfeasible(f"the Theorem 2 bound is {sensitivity} (ρ={record.rho:.4g})")
         sigma = sigma_for(sensitivity, target.epsilon, target.delta)
         cap = self.options.max_sigma
         if cap is not None and sigma > cap:
@@ -211,7 +212,7 @@ class Recollection(UnlearningMethod):
 
     def _certificate(
         self,
-        rec: dict[str, Any],
+        rec: RecollectionRecord,
         epsilon: float,
         delta: float,
         sigma: float,
@@ -220,8 +221,8 @@ class Recollection(UnlearningMethod):
         n_total: int,
     ) -> CertificateFields:
         rho_note = (
-            f"ρ={rec['rho']:.6g} measured by {self.options.power_iterations}-step "
-            f"power iteration on {len(rec['rho_trace'])} of {rec['steps']} batch "
+            f"ρ={rec.rho:.6g} measured by {self.options.power_iterations}-step "
+            f"power iteration on {len(rec.rho_trace)} of {rec.steps} batch "
             "Hessians of the trajectory"
         )
         sentence = (
@@ -232,12 +233,12 @@ class Recollection(UnlearningMethod):
             f"seed 003 Theorem 2 holds with {rho_note}."
         )
         constants = {
-            "rho": Constant(rec["rho"], "measured", rho_note),
-            "C": Constant(rec["C"], "declared", "gradient clipping norm (enforced in training)"),
-            "eta": Constant(rec["eta"], "declared", "initial step size"),
-            "q": Constant(rec["q"], "declared", "per-step step-size decay"),
-            "T": Constant(rec["steps"], "measured", "SGD steps of the recorded trajectory"),
-            "batch_size": Constant(rec["batch_size"], "declared", "|B|, denominator kept"),
+            "rho": Constant(rec.rho, "measured", rho_note),
+            "C": Constant(rec.C, "declared", "gradient clipping norm (enforced in training)"),
+            "eta": Constant(rec.eta, "declared", "initial step size"),
+            "q": Constant(rec.q, "declared", "per-step step-size decay"),
+            "T": Constant(rec.steps, "measured", "SGD steps of the recorded trajectory"),
+            "batch_size": Constant(rec.batch_size, "declared", "|B|, denominator kept"),
             "removed_since_record": Constant(
                 n_total, "measured", "m in Theorem 2 (all removals since recording)"
             ),
@@ -261,7 +262,7 @@ class Recollection(UnlearningMethod):
         removed since recording, the batch denominator kept."""
         if not inputs.record:
             return super().reference(inputs, release)
-        order = inputs.record["train_sample_ids"]
+        order = RecollectionRecord.model_validate(inputs.record).train_sample_ids
         X, y, exclude = _in_record_order(order, inputs.retained, inputs.removed)
         return coupled_retrain(self.model, X, y, exclude)
 

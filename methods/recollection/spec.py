@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Literal
 
-from pydantic import Field
+from pydantic import BaseModel, ConfigDict, Field
 
 from app.states import Guarantee
 from methods.spec import MemoryFacts, MethodOptions, MethodSpec, register
@@ -28,7 +28,33 @@ class RecollectionOptions(MethodOptions):
     )
 
 
-def _memory(o: Any, f: MemoryFacts) -> dict[str, int]:
+class RecollectionRecord(BaseModel):
+    """What training recorded beside the vectors (seed 003 Stage I): enough to replay the
+    batch schedule and bound Theorem 2 for any later removal."""
+
+    model_config = ConfigDict(frozen=True)
+
+    method: Literal["recollection"] = "recollection"
+    train_sample_ids: list[int]  # training order, the schedule's indices
+    rho: float  # the largest measured batch-Hessian norm (ρ)
+    rho_trace: list[tuple[int, float]]  # (step, ρ) where it was measured
+    C: float
+    q: float
+    eta: float
+    epochs: int
+    batch_size: int
+    seed: int
+    weight_decay: float
+    steps: int
+    clipped_steps: int
+    precompute_seconds: float
+    d: int
+    storage_dtype: str
+    rows: int
+    subject_groups: dict[str, list[int]] = {}  # representative id -> the subject's samples
+
+
+def _memory(o: RecollectionOptions, f: MemoryFacts) -> dict[str, int]:
     """One recorded vector per sample (float32 at most)."""
     return {"statistics": f.n_train * f.parameters * 4}
 
@@ -42,5 +68,6 @@ SPEC = register(
         records_training=True,
         uses_statistics=True,
         memory_terms=_memory,
+        record=RecollectionRecord,
     )
 )

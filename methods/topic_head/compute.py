@@ -15,6 +15,7 @@ from typing import Any
 
 import torch
 
+from app.jsontypes import JsonObject, JsonValue, json_object
 from app.privacy.gaussian import epsilon_for, sigma_for
 from app.privacy.lineage import gaussian_event
 from app.specs import TopicHeadSpec
@@ -95,12 +96,12 @@ class TopicHead(UnlearningMethod):
             BASE: base.A,
             HEAD: w,
         }
-        metrics = {
+        metrics: JsonObject = {
             "train_seconds": time.perf_counter() - start,
             "n_train": len(data.X),
             "gradient_norm": solution.gradient_norm,
             "head_norm": float(torch.linalg.norm(w)),
-            "anchors": anchors,
+            "anchors": list[JsonValue](anchors),
             "plan_inputs": self._plan_inputs(self._constants(base), base.A.shape, m, 0),
         }
         return Trained(weights, None, {}, metrics, extra_state=extra)
@@ -193,8 +194,8 @@ class TopicHead(UnlearningMethod):
                 "sensitivity_v": delta_v,
                 "noise": NOISE,
                 "removed_documents_cumulative": m_u,
-                "deletion_capacity": limit,
-                "estimates": tp.estimates(updated),
+                "deletion_capacity": json_object(limit),
+                "estimates": json_object(tp.estimates(updated)),
                 "plan_inputs": self._plan_inputs(constants, A_S.shape, m_original, m_u),
             },
         )
@@ -205,7 +206,7 @@ class TopicHead(UnlearningMethod):
 
     def _plan_inputs(
         self, constants: dict[str, float], shape: tuple[int, ...], m: int, m_u: int
-    ) -> dict[str, float]:
+    ) -> JsonObject:
         """What the preview needs to plan the next release as `unlearn` will
         (spec.py: next_release)."""
         o = self.options
