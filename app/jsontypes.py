@@ -23,7 +23,15 @@ else:
 # dict[str, float] of metrics is one too).
 JsonMap = Mapping[str, JsonValue]
 
-__all__ = ["JsonMap", "JsonObject", "JsonValue", "as_object", "json_object", "optional_object"]
+__all__ = [
+    "JsonMap",
+    "JsonObject",
+    "JsonValue",
+    "as_number",
+    "as_object",
+    "json_object",
+    "optional_object",
+]
 
 
 def as_object(value: JsonValue) -> JsonObject:
@@ -31,6 +39,13 @@ def as_object(value: JsonValue) -> JsonObject:
     if not isinstance(value, dict):
         raise TypeError(f"expected a JSON object, got {type(value).__name__}")
     return value
+
+
+def as_number(value: JsonValue) -> float:
+    """`value` as a number (a TypeError if the document holds something else there)."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise TypeError(f"expected a number, got {type(value).__name__}")
+    return float(value)
 
 
 def optional_object(value: JsonValue) -> JsonObject | None:

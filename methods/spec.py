@@ -13,6 +13,7 @@ from typing import Any, Generic, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from app.jsontypes import JsonMap, JsonObject
 from app.privacy.plans import ReleasePlan, data_dependent_plan
 from app.specs import ArchitectureSpec
 from app.states import Guarantee
@@ -34,7 +35,7 @@ OptionsT = TypeVar("OptionsT", bound=MethodOptions)
 Planner = Callable[[OptionsT, float, float], ReleasePlan]
 # Plans the next release from what the current version recorded (`plan_inputs` in its
 # metrics), for a method whose σ depends on the model's history (the topic models' m_U).
-RecordedPlanner = Callable[[OptionsT, dict[str, Any], float, float], ReleasePlan]
+RecordedPlanner = Callable[[OptionsT, JsonMap, float, float], ReleasePlan]
 # Refuses (raises an APIError) a model the method cannot serve: options, architecture,
 # number of training samples, number of input features.
 ModelCheck = Callable[[OptionsT, ArchitectureSpec, int, int], None]
@@ -49,7 +50,7 @@ class PreviewFacts:
     sigma: float
     n_features: int
     n_classes: int
-    version_metrics: dict[str, Any]
+    version_metrics: JsonMap
     recent: list[dict[str, Any]]  # the last certificates, oldest first (disclosed if allowed)
     disclose: bool  # the caller may see values that are functions of removed data
 
@@ -71,7 +72,7 @@ class CostEntry:
     """One line of the deletion-cost table: a method with options, its share of a full
     retrain for one single-sample deletion, and where that share comes from."""
 
-    options: dict[str, Any]
+    options: JsonObject
     fraction: float
     basis: str
 
@@ -97,9 +98,9 @@ class MethodSpec(Generic[OptionsT]):
     exclusive_to: tuple[type, str, str] | None = None
     aggregation: Callable[[OptionsT], str] | None = None  # how an ensemble's members vote
     weights_metadata: Callable[[OptionsT], dict[str, str]] | None = None  # for the loader
-    preview_extras: Callable[[OptionsT, PreviewFacts], dict[str, Any]] | None = None
+    preview_extras: Callable[[OptionsT, PreviewFacts], JsonObject] | None = None
     # this model's own share of a full retrain per deletion, from its version metrics
-    own_cost: Callable[[OptionsT, dict[str, Any]], CostEntry] | None = None
+    own_cost: Callable[[OptionsT, JsonMap], CostEntry] | None = None
     # the method offered, estimated, to a model of another method with this architecture
     offered_to: Callable[[ArchitectureSpec], list[CostEntry]] | None = None
     # bytes the method holds beyond one network's training (app/services/memory.py)
@@ -108,9 +109,9 @@ class MethodSpec(Generic[OptionsT]):
     record: type[BaseModel] | None = None
     # OpenAPI examples: a model body for POST /v1/models ("model"), a form for the import
     # route ("import"), each {"summary": ..., "value": ...}
-    examples: dict[str, dict[str, Any]] = field(default_factory=dict)
+    examples: dict[str, JsonObject] = field(default_factory=dict)
 
-    def parse(self, raw: dict[str, Any]) -> OptionsT:
+    def parse(self, raw: JsonMap) -> OptionsT:
         """The options from a model's stored `method` JSON (its `name` key is ignored)."""
         return self.options.model_validate({k: v for k, v in raw.items() if k != "name"})
 
@@ -158,9 +159,7 @@ class MethodChoice:
     def plan(self, epsilon: float, delta: float) -> ReleasePlan:
         return self.spec.plan(self.options, epsilon, delta)
 
-    def plan_next(
-        self, epsilon: float, delta: float, recorded: dict[str, Any] | None
-    ) -> ReleasePlan:
+    def plan_next(self, epsilon: float, delta: float, recorded: JsonMap | None) -> ReleasePlan:
         """The next release's plan: from the current version's record when the method plans
         from one and the version has it, else the data-free plan."""
         if self.spec.next_release is not None and recorded:
@@ -184,11 +183,11 @@ class MethodChoice:
         hook = self.spec.weights_metadata
         return hook(self.options) if hook is not None else {}
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> JsonObject:
         return {"name": self.name, **self.options.model_dump()}
 
 
-def method_of(raw: dict[str, Any]) -> MethodChoice:
+def method_of(raw: JsonMap) -> MethodChoice:
     """Parse a stored or requested `{"name": ..., **options}` into a typed choice."""
     spec = get_method(str(raw.get("name", "retrain")))
     return MethodChoice(spec, spec.parse(raw))

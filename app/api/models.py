@@ -17,7 +17,7 @@ from app.api.responses import COMMON, errors
 from app.db.tables import Model
 from app.dispatch import TRAIN
 from app.errors import APIError, unprocessable
-from app.jsontypes import JsonObject
+from app.jsontypes import JsonObject, JsonValue
 from app.schemas import MAX_ID, ModelCreate, ModelOut, VersionOut
 from app.security import sees_forget_set
 from app.services.models import (
@@ -78,18 +78,18 @@ MODEL_EXAMPLES: JsonObject = {
         if "model" in get_method(n).examples
     },
 }
-IMPORT_EXAMPLE = next(
+_DEFAULT_IMPORT: JsonObject = {
+    "name": "imported",
+    "dataset_id": 1,
+    "architecture": '{"type": "logreg"}',
+}
+IMPORT_EXAMPLE: JsonValue = next(
     (
         get_method(n).examples["import"]["value"]
         for n in method_names()
         if "import" in get_method(n).examples
     ),
-    {
-        "name": "imported",
-        "dataset_id": 1,
-        "architecture": '{"type": "logreg"}',
-        "method": '{"name": "retrain"}',
-    },
+    _DEFAULT_IMPORT,
 )
 
 IMPORT_DOC = {

@@ -19,11 +19,12 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from typing import Any, Literal
+from typing import Literal
 
-from pydantic import Field
+from pydantic import BaseModel, ConfigDict, Field
 
 from app.errors import unprocessable
+from app.jsontypes import JsonMap
 from app.privacy.gaussian import epsilon_for, sigma_for
 from app.privacy.lineage import gaussian_event
 from app.privacy.plans import ReleasePlan
@@ -88,25 +89,40 @@ def with_stability_bounds(
     }
 
 
+class PlanInputs(BaseModel):
+    """What a topic model's version records for the preview to plan the next release as the
+    update will (`plan_inputs` in its metrics): the constants and the corpus's shape."""
+
+    model_config = ConfigDict(frozen=True)  # other recorded keys are ignored
+
+    c: float
+    a: float
+    gamma: float
+    p: float
+    eps0: float
+    n: int  # vocabulary
+    r: int  # topics
+    m: int  # documents at training
+    m_u: int  # documents removed since
+
+
 def next_release(
-    o: AnchorTopicsOptions, k: dict[str, Any], epsilon: float, delta: float
+    o: AnchorTopicsOptions, recorded: JsonMap, epsilon: float, delta: float
 ) -> ReleasePlan:
     """The next request's release, for one removed document, from the current version's
     `plan_inputs`: the capacity at (ε, δ) and, within it, σ on Δ = √2·Δ_A at m_U + 1; past it,
     the request retrains exactly (`unlearn` raises TargetInfeasible the same way)."""
-    m, n, r = int(k["m"]), int(k["n"]), int(k["r"])
-    limit = capacity(k["c"], k["a"], k["gamma"], k["p"], k["eps0"], n, r, m, epsilon, delta)
+    k = PlanInputs.model_validate(recorded)
+    limit = capacity(k.c, k.a, k.gamma, k.p, k.eps0, k.n, k.r, k.m, epsilon, delta)
 
     def joint(m_u: int) -> float:
-        return math.sqrt(2) * sensitivity(
-            k["c"], k["a"], k["gamma"], k["p"], k["eps0"], n, r, m, m_u
-        )
+        return math.sqrt(2) * sensitivity(k.c, k.a, k.gamma, k.p, k.eps0, k.n, k.r, k.m, m_u)
 
     return plan_within_capacity(
         "anchor_topics",
         "deletion capacity",
         limit,
-        int(k["m_u"]),
+        k.m_u,
         joint,
         o.calibrate_with,
         epsilon,

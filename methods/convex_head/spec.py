@@ -11,7 +11,6 @@ z_i = (x_i, 1) clipped to ‖z_i‖ ≤ R, is λ-strongly convex, so for any w,
 from __future__ import annotations
 
 import math
-from typing import Any
 
 from pydantic import Field
 from pydantic_core import PydanticCustomError
@@ -122,7 +121,7 @@ def shift_view(o: ConvexHeadOptions, facts: PreviewFacts) -> JsonObject:
     }
 
 
-def _memory(o: Any, f: MemoryFacts) -> dict[str, int]:
+def _memory(o: ConvexHeadOptions, f: MemoryFacts) -> dict[str, int]:
     """Z in float64, its clipped copy and the margins' pass; the class Hessians."""
     d = f.n_features + 1
     return {"problem": 3 * f.n_train * d * 8, "hessians": 2 * f.n_classes * d * d * 8}

@@ -9,8 +9,6 @@ interpolator of the retained data: what training on them alone returns. ε = δ 
 
 from __future__ import annotations
 
-from typing import Any
-
 from pydantic import Field
 
 from app.errors import unprocessable
@@ -82,7 +80,7 @@ def _plan(_: MinNormOptions, epsilon: float, delta: float) -> ReleasePlan:
     )
 
 
-def _memory(o: Any, f: MemoryFacts) -> dict[str, int]:
+def _memory(o: MinNormOptions, f: MemoryFacts) -> dict[str, int]:
     """Φ in float64 and its retained copy; K, its factor and K⁻¹ (n × n float64 each)."""
     return {
         "features": 2 * f.n_train * f.feature_width * 8,

@@ -12,8 +12,6 @@ last T_GD epochs are descent only.
 
 from __future__ import annotations
 
-from typing import Any
-
 from pydantic import Field, model_validator
 
 from app.privacy.plans import ReleasePlan, declared
@@ -74,7 +72,7 @@ def _plan(o: MinNormOGOptions, epsilon: float, delta: float) -> ReleasePlan:
     )
 
 
-def _memory(o: Any, f: MemoryFacts) -> dict[str, int]:
+def _memory(o: MinNormOGOptions, f: MemoryFacts) -> dict[str, int]:
     """Φ in float64 and its retained copy; K, its factor and K⁻¹ (n × n float64 each)."""
     return {
         "features": 2 * f.n_train * f.feature_width * 8,

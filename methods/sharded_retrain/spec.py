@@ -9,11 +9,12 @@ training without those samples gives (same seeds, same assignment): ε = δ = 0.
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Literal
 
 from pydantic import Field
 
 from app.errors import unprocessable
+from app.jsontypes import JsonMap, as_number, as_object
 from app.privacy.plans import ReleasePlan, exact_plan
 from app.specs import ArchitectureSpec, TopicHeadSpec, TopicModelSpec
 from app.states import Guarantee
@@ -77,8 +78,9 @@ def _plan(options: ShardedOptions, epsilon: float, delta: float) -> ReleasePlan:
 ALTERNATIVES = ((4, 4), (16, 4))  # (S, R) offered, estimated, to a network not sharded
 
 
-def _own_cost(options: ShardedOptions, metrics: dict[str, Any]) -> CostEntry:
-    fraction = float(metrics.get("sisa", {}).get("expected_work_fraction", 1.0))
+def _own_cost(options: ShardedOptions, metrics: JsonMap) -> CostEntry:
+    sisa = as_object(metrics.get("sisa") or {})
+    fraction = as_number(sisa.get("expected_work_fraction", 1.0))
     return CostEntry(
         {"shards": options.shards, "slices": options.slices},
         fraction,

@@ -17,15 +17,16 @@ Lethe retrains exactly.
 from __future__ import annotations
 
 import math
-from typing import Any, Literal
+from typing import Literal
 
 from pydantic import Field
 
 from app.errors import unprocessable
+from app.jsontypes import JsonMap
 from app.privacy.plans import ReleasePlan
 from app.specs import ArchitectureSpec, TopicHeadSpec
 from app.states import Guarantee
-from methods.anchor_topics.spec import plan_within_capacity, with_stability_bounds
+from methods.anchor_topics.spec import PlanInputs, plan_within_capacity, with_stability_bounds
 from methods.spec import MethodOptions, MethodSpec, register
 
 
@@ -88,26 +89,29 @@ def head_capacity(
     return with_stability_bounds(noise, c, a, gamma, p, eps0, r, m)
 
 
+class HeadPlanInputs(PlanInputs):
+    """A topic head's `plan_inputs`: the base's, with the head's q and B."""
+
+    q: float
+    B: float
+
+
 def next_release(
-    o: TopicHeadOptions, k: dict[str, Any], epsilon: float, delta: float
+    o: TopicHeadOptions, recorded: JsonMap, epsilon: float, delta: float
 ) -> ReleasePlan:
     """The next request's release, for one removed document, from the current version's
     `plan_inputs`: Theorem 7's capacity at (ε, δ) and, within it, σ_v on Δ_v at m_U + 1."""
-    m, n, r = int(k["m"]), int(k["n"]), int(k["r"])
-    limit = head_capacity(
-        k["c"], k["a"], k["gamma"], k["p"], k["eps0"], k["q"], n, r, m, epsilon, delta
-    )
+    k = HeadPlanInputs.model_validate(recorded)
+    limit = head_capacity(k.c, k.a, k.gamma, k.p, k.eps0, k.q, k.n, k.r, k.m, epsilon, delta)
 
     def delta_v(m_u: int) -> float:
-        return head_sensitivity(
-            k["c"], k["a"], k["gamma"], k["p"], k["eps0"], k["B"], k["q"], n, r, m, m_u
-        )
+        return head_sensitivity(k.c, k.a, k.gamma, k.p, k.eps0, k.B, k.q, k.n, k.r, k.m, m_u)
 
     return plan_within_capacity(
         "topic_head",
         "head's deletion capacity",
         limit,
-        int(k["m_u"]),
+        k.m_u,
         delta_v,
         o.calibrate_with,
         epsilon,
