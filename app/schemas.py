@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from typing import Annotated, Literal
 
 from pydantic import (
     AfterValidator,
@@ -39,7 +39,7 @@ from app.wire import (  # noqa: F401 - the response models, re-exported
 from methods import get_method, method_names, method_of
 
 
-def unstorable_text(value: Any, path: str = "") -> str | None:
+def unstorable_text(value: object, path: str = "") -> str | None:
     """Where in `value` (nested dicts, lists; keys too) a string is not storable text: not
     encodable as UTF-8 (a lone surrogate, sent as a JSON escape like "\\ud800") or holding
     a NUL character (PostgreSQL text cannot). None when every string is fine."""
@@ -63,7 +63,7 @@ def unstorable_text(value: Any, path: str = "") -> str | None:
     return None
 
 
-def _storable(value: Any) -> Any:
+def _storable(value: object) -> object:
     if (where := unstorable_text(value)) is not None:
         raise PydanticCustomError(
             "invalid_text",
@@ -90,11 +90,11 @@ class In(BaseModel):
 
     @model_validator(mode="before")
     @classmethod
-    def _storable_text(cls, data: Any) -> Any:
+    def _storable_text(cls, data: object) -> object:
         return _storable(data)
 
 
-def _as_str(value: Any) -> Any:
+def _as_str(value: object) -> object:
     return str(value) if isinstance(value, int) and not isinstance(value, bool) else value
 
 
@@ -198,7 +198,7 @@ class ModelCreate(In):
 
     @model_validator(mode="before")
     @classmethod
-    def _deterministic_layers_only(cls, data: Any) -> Any:
+    def _deterministic_layers_only(cls, data: object) -> object:
         """Lethe builds deterministic layers only: methods replay or linearise the training
         trajectory, and dropout or batch statistics would make it irreproducible."""
         arch = data.get("architecture") if isinstance(data, dict) else None

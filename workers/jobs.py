@@ -11,11 +11,11 @@ from __future__ import annotations
 import logging
 import math
 import time
-from typing import Any
 
 import torch
 from safetensors.torch import load as st_load
 from sqlalchemy import select, update
+from sqlalchemy.orm import Session
 
 from app import shutdown
 from app.db.session import Database, database
@@ -119,9 +119,11 @@ def _start_training(db: Database, model_id: int) -> bool:
         return True
 
 
-def _load_training(session: Any, model_id: int) -> TrainingInputs:
+def _load_training(session: Session, model_id: int) -> TrainingInputs:
     model = session.get(Model, model_id)
+    assert model is not None, "the caller holds the model's lease"
     dataset = session.get(Dataset, model.dataset_id)
+    assert dataset is not None, "a model's dataset is never deleted"
     imported = model.training.imported
     return TrainingInputs(
         spec=pipeline.model_spec(model, dataset),
@@ -211,7 +213,7 @@ def _progress_writer(db: Database, model_id: int) -> ProgressFn:
 
 
 def _commit_trained(
-    session: Any, model_id: int, inputs: TrainingInputs, trained: Trained, metrics: JsonObject
+    session: Session, model_id: int, inputs: TrainingInputs, trained: Trained, metrics: JsonObject
 ) -> None:
     model = pipeline.check_lease(session, model_id)
     if trained.record:
@@ -337,7 +339,7 @@ def _run_batch(
 def _withdraw(db: Database, model_id: int, reason: str) -> None:
     """Withdraw the model and erase its requests' data, if this worker still leases it."""
 
-    def work(session: Any) -> None:
+    def work(session: Session) -> None:
         pipeline.check_lease(session, model_id)
         pipeline.withdraw_model(session, model_id, reason)
 
@@ -345,7 +347,7 @@ def _withdraw(db: Database, model_id: int, reason: str) -> None:
 
 
 def _fail(db: Database, settings: Settings, tasks: list[ClaimedTask], exc: Exception) -> bool:
-    def work(session: Any) -> bool:
+    def work(session: Session) -> bool:
         return pipeline.fail_tasks(
             session,
             [t.task_id for t in tasks],
