@@ -50,6 +50,13 @@ class Settings(BaseSettings):
     heartbeat_seconds: float = 10.0
     reconcile_seconds: float = Field(5.0, description="Reconciler period.")
     max_batch_requests: int = Field(256, description="Most deletion requests applied at once.")
+    resident_models: int = Field(
+        2,
+        ge=0,
+        le=64,
+        description="Models whose retained rows and noise-free state a worker keeps in memory "
+        "between updates (workers/resident.py); 0 reads everything at every update.",
+    )
     job_timeout_seconds: int = 3600
     signal_ttl_seconds: int = Field(
         60, ge=1, description="A waiting queue signal de-duplicates others this long at most."

@@ -37,9 +37,10 @@ from workers.data import test_arrays, training_arrays
 from workers.device import trained_to_cpu, training_inputs_to, worker_device
 from workers.lease import WORKER_ID, LeaseLost, ModelLease
 from workers.metrics import DELETIONS_PROCESSED, FALLBACKS, JOB_DURATION
+from workers.resident import ModelSession, Sessions
 from workers.statistics import write_block
 from workers.updates import compute_on
-from workers.values import ClaimedTask, Fallback, Outcome, TrainingInputs, Unrecoverable
+from workers.values import Batch, ClaimedTask, Fallback, Outcome, TrainingInputs, Unrecoverable
 
 log = logging.getLogger("lethe.jobs")
 
@@ -82,7 +83,12 @@ def train_model(model_id: int) -> str:
             with db.read() as session:
                 inputs = _load_training(session, model_id)
             trained, metrics = _train(inputs, _progress_writer(db, model_id), device)
-            db.run(lambda session: _commit_trained(session, model_id, inputs, trained, metrics))
+            version_id = db.run(
+                lambda session: _commit_trained(session, model_id, inputs, trained, metrics)
+            )
+            state = {k: v.detach().cpu() for k, v in trained.next_state.items()}
+            first = ModelSession.of(model_id, version_id, inputs.data, state, inputs.test)
+            resident_sessions(settings).put(db.engine.url.render_as_string(), first)
         except LeaseLost:
             raise
         except shutdown.Interrupted:  # back to queued: the next start trains it again
@@ -214,7 +220,8 @@ def _progress_writer(db: Database, model_id: int) -> ProgressFn:
 
 def _commit_trained(
     session: Session, model_id: int, inputs: TrainingInputs, trained: Trained, metrics: JsonObject
-) -> None:
+) -> int:
+    """Write version 1 and make the model ready; returns the version's id."""
     model = pipeline.check_lease(session, model_id)
     if trained.record:
         metrics = {**metrics, "record": json_object(trained.record)}
@@ -235,9 +242,21 @@ def _commit_trained(
     epochs = inputs.spec.training.epochs
     model.current_version_id, model.status, model.error = version.id, ModelStatus.ready, None
     model.progress = Progress(stage=Stage.ready, epoch=epochs, epochs=epochs)
+    return version.id
 
 
 # ---- deletions ------------------------------------------------------------------------------
+
+
+_SESSIONS: Sessions | None = None
+
+
+def resident_sessions(settings: Settings) -> Sessions:
+    """This process's resident model sessions (made on first use, sized by the settings)."""
+    global _SESSIONS
+    if _SESSIONS is None or _SESSIONS.capacity != settings.resident_models:
+        _SESSIONS = Sessions(settings.resident_models)
+    return _SESSIONS
 
 
 def process_deletions(model_id: int) -> str:
@@ -299,16 +318,22 @@ def _run_batch(
     """Load, compute, commit one batch. Returns False when it failed and was put back (or
     failed for good: then the exception propagates, so RQ records the job as failed)."""
     started = time.perf_counter()
+    sessions, where = resident_sessions(settings), db.engine.url.render_as_string()
     try:
-        with db.read() as session:  # one short read; no transaction while computing
-            batch, inputs = pipeline.load_batch(session, model_id, tasks)
-        outcome: Outcome | None = compute_on(inputs, device) if batch.removed else None
-        pause.point("before-commit", model_id)
-        signer = signing_key(settings)
-        db.run(
-            lambda session: pipeline.commit_update(session, batch, outcome, signer),
-            retry_integrity=True,
-        )
+        try:
+            with db.read() as session:  # one short read; no transaction while computing
+                batch, inputs = pipeline.load_batch(session, model_id, tasks, sessions)
+            outcome: Outcome | None = compute_on(inputs, device) if batch.removed else None
+            pause.point("before-commit", model_id)
+            signer = signing_key(settings)
+            version_id = db.run(
+                lambda session: pipeline.commit_update(session, batch, outcome, signer),
+                retry_integrity=True,
+            )
+        except BaseException:
+            sessions.drop(where, model_id)  # it may no longer be at the current version
+            raise
+        _keep_resident(sessions, where, batch, outcome, version_id)
     except shutdown.Interrupted:  # back to queued, unpenalised: the next start applies them
         ids = [t.task_id for t in tasks]
         db.run(lambda session: pipeline.release_tasks(session, ids))
@@ -334,6 +359,25 @@ def _run_batch(
     DELETIONS_PROCESSED.labels(method).inc(len(tasks))
     JOB_DURATION.labels("process_deletions").observe(time.perf_counter() - started)
     return True
+
+
+def _keep_resident(
+    sessions: Sessions,
+    where: str,
+    batch: Batch,
+    outcome: Outcome | None,
+    version_id: int | None,
+) -> None:
+    """Move the batch's session to the version just committed, its removed rows gone (their
+    plaintext leaves this worker's memory with the commit); unchanged when nothing was
+    removed (no new version)."""
+    if batch.session is None:
+        return
+    if outcome is None or version_id is None:
+        sessions.put(where, batch.session)
+        return
+    state = {k: v.detach().cpu() for k, v in outcome.decision.release.next_state.items()}
+    sessions.put(where, batch.session.advance(version_id, batch.removed, state))
 
 
 def _withdraw(db: Database, model_id: int, reason: str) -> None:

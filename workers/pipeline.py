@@ -10,15 +10,15 @@ from __future__ import annotations
 import json
 import secrets
 import uuid
+from dataclasses import replace
 from datetime import datetime, timedelta
 from typing import Any
 
 import numpy as np
-import torch
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from safetensors.torch import load as st_load
 from safetensors.torch import save as st_save
-from sqlalchemy import delete, select, update
+from sqlalchemy import delete, func, select, update
 from sqlalchemy.orm import Session
 
 from app.db.chunks import chunked
@@ -30,13 +30,15 @@ from app.db.tables import (
     Model,
     ModelSample,
     ModelVersion,
+    Sample,
     SampleStatistic,
     task_is_due,
     utcnow,
 )
+from app.jsontypes import json_object
 from app.ledger.certificates import append_certificates, lineage_history, removed_ids_commitment
 from app.specs import architecture_of, training_of
-from app.states import ModelStatus, RequestStatus, Stage, TaskStatus, VersionKind
+from app.states import ModelStatus, RequestStatus, SampleStatus, Stage, TaskStatus, VersionKind
 from app.storage.blobs import DatabaseBlobStore
 from app.storage.crypto import keyring
 from app.storage.erasure import erase_payloads
@@ -47,13 +49,13 @@ from methods.compute import (
     ModelSpec,
     ModelState,
     PrivacyTarget,
-    RemovedSamples,
     RetainedData,
     UpdateInputs,
 )
 from workers.certify import CertificateContext, certificate_fields
 from workers.data import test_arrays, training_arrays
 from workers.lease import WORKER_ID, LeaseLost
+from workers.resident import ModelSession, Sessions
 from workers.statistics import delete_rows, read_vectors, write_block
 from workers.values import Batch, ClaimedTask, Outcome
 
@@ -200,17 +202,25 @@ def claim_tasks(
 
 
 def load_batch(
-    session: Session, model_id: int, tasks: list[ClaimedTask]
+    session: Session, model_id: int, tasks: list[ClaimedTask], sessions: Sessions | None = None
 ) -> tuple[Batch, UpdateInputs]:
-    """Everything the update needs, in one read: no database access happens after this."""
+    """Everything the update needs, in one read: no database access happens after this.
+
+    With `sessions`, the model's resident session at the current version supplies the
+    retained rows, the noise-free state and the test split, and only what the requests name
+    is read (O(k)); without one (or at another version) they are read and a session is made."""
     model = session.get(Model, model_id)
     assert model is not None and model.current_version_id is not None
     dataset = session.get(Dataset, model.dataset_id)
     parent = session.get(ModelVersion, model.current_version_id)
     assert dataset is not None and parent is not None and parent.state_key is not None
-    state_bytes = DatabaseBlobStore(session).get(parent.state_key)
-    if state_bytes is None:
-        raise LookupError(f"the state of version {parent.number} is missing")
+    where = database_key(session)
+    warm = sessions.take(where, model_id, parent.id) if sessions is not None else None
+    rows_loaded = 0
+    if warm is None:
+        warm, rows_loaded = _cold_session(session, model_id, parent, dataset)
+    else:
+        warm = _with_current_test(session, dataset, warm)
     held = _held(session, model_id, sorted({s for t in tasks for s in t.sample_ids}))
     removed_by_task: dict[int, list[int]] = {}
     claimed: set[int] = set()
@@ -221,16 +231,17 @@ def load_batch(
     spec = model_spec(model, dataset)
     requested = {t.method for t in tasks if t.method}
     method = method_of({"name": "retrain"}) if "retrain" in requested else spec.method
-    record, previously_removed = training_record(session, model_id)
-    everything = training_arrays(session, model_id, dataset)
-    keep = torch.tensor([s not in claimed for s in everything.sample_ids], dtype=torch.bool)
-    removed_ids = [s for s in everything.sample_ids if s in claimed]
+    record, previously_removed = (  # only a method that records training has a record
+        training_record(session, model_id) if spec.method.spec.records_training else (None, [])
+    )
+    removed_ids = sorted(claimed)
     statistics = (
         read_vectors(session, model_id, removed_ids)
         if get_method(method.name).uses_statistics
         else {}
     )
-    test = test_arrays(session, dataset)
+    removed, retained = warm.split(removed_ids, statistics, previously_removed)
+    test = warm.test
     batch = Batch(
         model_id=model_id,
         policy=model.privacy,
@@ -238,12 +249,10 @@ def load_batch(
         parent_number=parent.number,
         tasks=tasks,
         removed_by_task=removed_by_task,
-        external_ids={  # raw ids, opened from the sealed payloads, for the commitment
-            s: e
-            for s, e in zip(everything.sample_ids, everything.external_ids, strict=True)
-            if s in claimed
-        },
+        external_ids=warm.external_ids_of(removed_ids),  # raw ids, for the commitment
         openings=_openings(session, {t.request_id for t in tasks}),
+        session=warm,
+        rows_loaded=rows_loaded,
     )
     inputs = UpdateInputs(
         model_id=model_id,
@@ -251,26 +260,50 @@ def load_batch(
         method=method,
         policy=batch.policy,
         target=batch.target(),
-        state=dict(st_load(state_bytes)),
-        removed=RemovedSamples(
-            removed_ids,
-            everything.X[~keep],
-            everything.y[~keep],
-            statistics=statistics,
-            previously_removed=previously_removed,
-        ),
-        retained=RetainedData(
-            [s for s in everything.sample_ids if s not in claimed],
-            everything.X[keep],
-            everything.y[keep],
-            [s for s, k in zip(everything.subjects, keep.tolist(), strict=True) if k],
-            [e for e, k in zip(everything.external_ids, keep.tolist(), strict=True) if k],
-        ),
+        state=dict(warm.state),
+        removed=removed,
+        retained=retained,
         test=RetainedData(test.sample_ids, test.X, test.y, test.subjects, test.external_ids),
         history=lineage_history(session, model_id),
         record=record,
     )
     return batch, inputs
+
+
+def database_key(session: Session) -> str:
+    """Which database a session belongs to (a process may hold models of several)."""
+    return session.get_bind().engine.url.render_as_string()
+
+
+def _cold_session(
+    session: Session, model_id: int, parent: ModelVersion, dataset: Dataset
+) -> tuple[ModelSession, int]:
+    """The model's session read from the database: its retained rows, the parent version's
+    noise-free state and the test split; and how many training rows that read."""
+    assert parent.state_key is not None
+    state_bytes = DatabaseBlobStore(session).get(parent.state_key)
+    if state_bytes is None:
+        raise LookupError(f"the state of version {parent.number} is missing")
+    rows = training_arrays(session, model_id, dataset)
+    state = dict(st_load(state_bytes))
+    made = ModelSession.of(model_id, parent.id, rows, state, test_arrays(session, dataset))
+    return made, len(rows)
+
+
+def _with_current_test(session: Session, dataset: Dataset, warm: ModelSession) -> ModelSession:
+    """The session with the test split as it is now. Test rows only ever leave (a sample is
+    active, then erasing, then erased), so an unchanged count means an unchanged split."""
+    active = session.scalar(
+        select(func.count()).where(
+            Sample.dataset_id == dataset.id,
+            Sample.split == "test",
+            Sample.status == SampleStatus.active,
+            Sample.key_id.is_not(None),
+        )
+    )
+    if active == len(warm.test):
+        return warm
+    return replace(warm, test=test_arrays(session, dataset))
 
 
 def _openings(session: Session, request_ids: set[int]) -> dict[int, bytes]:
@@ -315,7 +348,11 @@ def commit_update(
     version = None
     if outcome is not None:
         release = outcome.decision.release
-        metrics = {**outcome.metrics, **({"record": release.record} if release.record else {})}
+        metrics = {
+            **outcome.metrics,
+            "rows_loaded": batch.rows_loaded,
+            **({"record": json_object(release.record)} if release.record else {}),
+        }
         version = write_version(
             session,
             batch.model_id,

@@ -11,6 +11,7 @@ from app.privacy.lineage import Admission
 from app.specs import ImportedWeights, PrivacyPolicy
 from methods.compute import ModelSpec, PrivacyTarget, Release
 from workers.data import Arrays
+from workers.resident import ModelSession
 
 # ---- training ------------------------------------------------------------------------------
 
@@ -86,6 +87,8 @@ class Batch:
     removed_by_task: dict[int, list[int]] = field(default_factory=dict)
     external_ids: dict[int, str] = field(default_factory=dict)
     openings: dict[int, bytes] = field(default_factory=dict)  # request id -> commitment key
+    session: ModelSession | None = None  # the resident session the inputs came from
+    rows_loaded: int = 0  # training rows read from the database (0: the session was warm)
 
     @property
     def removed(self) -> list[int]:

@@ -1,0 +1,123 @@
+"""Resident model sessions (issue 28, goal 3): POST→certificate against the update's own
+compute, with the worker keeping each model's retained rows and noise-free state between
+updates (LETHE_RESIDENT_MODELS=2, the default) and without (=0), side by side in one run.
+
+For each n and each setting: a fresh embedded `lethe serve` (SQLite, inline worker, one torch
+thread), the builtin synthetic dataset (n samples, `--features` features, 2 classes), one
+model per method, then `--deletions` sequential single-sample deletions per model. Per
+deletion: POST→certificate as the client sees it (long poll), the update's own compute
+(`unlearn_seconds`, the method's maths as the worker timed it), and `rows_loaded` (training
+rows the update read from the database: 0 when the session was warm). The summary is the
+median over the deletions of POST→certificate, of compute, and of their difference (the
+plumbing), per n, method and setting.
+
+    .venv/bin/python -m bench.resident [--sizes 10000,100000] [--deletions 4]
+        [--methods output_perturbation,convex_head,sharded_retrain,recollection]
+        [--recollection-max 10000]
+
+Writes bench/results/resident.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from app.client import Client
+from bench.cluster import Cluster
+from bench.common import write_result
+
+TRAINING = {"epochs": 2, "batch_size": 256, "learning_rate": 0.1, "seed": 0}
+METHODS: dict[str, dict[str, Any]] = {
+    "output_perturbation": {
+        "method": {"name": "output_perturbation", "C0": 1.0, "finetune_epochs": 0}
+    },
+    "convex_head": {
+        "architecture": {"type": "logreg", "feature_norm": 20.0},
+        "method": {"name": "convex_head", "lam": 1e-3, "R": 20.0, "beta": 1e-3},
+    },
+    "sharded_retrain": {"method": {"name": "sharded_retrain", "shards": 16, "slices": 4}},
+    "recollection": {"method": {"name": "recollection", "max_relative_noise": None}},
+}
+
+
+def deletion(c: Client, dataset_id: int, model_id: int, sample: str) -> dict[str, Any]:
+    t0 = time.perf_counter()
+    done = c.wait_deletion(c.delete(dataset_id, [sample]).id)
+    seconds = time.perf_counter() - t0
+    assert done.status == "done", done
+    version = c.model(model_id).current_version
+    assert version is not None
+    m = version.metrics
+    compute = float(m.get("unlearn_seconds") or 0.0)  # type: ignore[arg-type]
+    return {
+        "post_to_certificate_s": seconds,
+        "compute_s": compute,
+        "plumbing_s": seconds - compute,
+        "rows_loaded": m.get("rows_loaded"),
+        "method": m.get("method"),
+    }
+
+
+def run(n: int, resident: int, methods: list[str], args: argparse.Namespace, tmp: Path) -> dict:
+    out: dict[str, Any] = {}
+    data_dir = tmp / f"n{n}-r{resident}"
+    with Cluster(data_dir, None, None, torch_threads=1, resident_models=resident) as cluster:
+        c = Client(cluster.start_api(), cluster.admin_key, timeout=3600)
+        for method in methods:
+            if method == "recollection" and n > args.recollection_max:
+                out[method] = {"skipped": f"recollection's training is O(n²): n > {n}"}
+                continue
+            body = {"builtin": "synthetic", "n_samples": n, "n_features": args.features,
+                    "n_classes": 2}  # fmt: skip
+            ds = c.post("/v1/datasets", json=body)  # a dataset per model: no fan-out
+            spec = {"name": method, "dataset_id": ds["id"], "training": TRAINING,
+                    "architecture": {"type": "logreg"}, **METHODS[method]}  # fmt: skip
+            model = c.wait_model(c.create_model(spec).id)
+            assert model.status == "ready", model.error
+            ids = [s.external_id or "" for s in c.samples(ds["id"], split="train", limit=50).items]
+            rows = [deletion(c, ds["id"], model.id, ids[i]) for i in range(args.deletions)]
+            out[method] = {
+                "deletions": rows,
+                "p50_post_to_certificate_s": statistics.median(
+                    r["post_to_certificate_s"] for r in rows
+                ),
+                "p50_compute_s": statistics.median(r["compute_s"] for r in rows),
+                "p50_plumbing_s": statistics.median(r["plumbing_s"] for r in rows),
+            }
+            print(
+                f"n={n} resident={resident} {method}: "
+                f"p50 POST→cert {out[method]['p50_post_to_certificate_s']:.3f} s, "
+                f"compute {out[method]['p50_compute_s']:.3f} s, "
+                f"rows loaded {[r['rows_loaded'] for r in rows]}",
+                flush=True,
+            )
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--sizes", default="10000,100000")
+    parser.add_argument("--methods", default=",".join(METHODS))
+    parser.add_argument("--deletions", type=int, default=4)
+    parser.add_argument("--features", type=int, default=20)
+    parser.add_argument("--recollection-max", type=int, default=10_000)
+    args = parser.parse_args()
+    sizes = [int(s) for s in args.sizes.split(",")]
+    methods = args.methods.split(",")
+    result: dict[str, Any] = {"sizes": sizes, "deletions": args.deletions, "runs": {}}
+    with tempfile.TemporaryDirectory() as tmp:
+        for n in sizes:
+            for resident in (0, 2):
+                key = f"n={n} resident_models={resident}"
+                result["runs"][key] = run(n, resident, methods, args, Path(tmp))
+    path = write_result("resident", result)
+    print(f"wrote {path}")
+
+
+if __name__ == "__main__":
+    main()

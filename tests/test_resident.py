@@ -1,0 +1,157 @@
+"""Resident model sessions (issue 28, workers/resident.py): an update reuses what the previous
+one left in the worker's memory, reads only what its requests name, rebuilds when another
+worker moved the model on, and drops the removed rows with the commit."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import numpy as np
+import pytest
+import torch
+
+from app.settings import Settings
+from tests.conftest import SMALL_TRAINING, Api, train_ids
+from tests.factories import forget
+from workers import jobs
+from workers.data import Arrays
+from workers.resident import ModelSession, Sessions
+
+
+@pytest.fixture
+def two_workers(monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[Sessions, Sessions]]:
+    """Two workers' session caches; the test says which one the (inline) worker uses."""
+    first, second = Sessions(4), Sessions(4)
+    monkeypatch.setattr(jobs, "resident_sessions", lambda settings: _active[0])
+    _active[:] = [first]
+    yield first, second
+
+
+_active: list[Sessions] = []
+
+
+def use(sessions: Sessions) -> None:
+    _active[:] = [sessions]
+
+
+def create(api: Api, dataset_id: int, name: str) -> dict:
+    body = {
+        "name": name,
+        "dataset_id": dataset_id,
+        "architecture": {"type": "logreg"},
+        "training": SMALL_TRAINING,
+        "method": {"name": "retrain"},
+    }
+    response = api.post("/v1/models", json=body)
+    assert response.status_code == 202, response.text
+    return api.wait(f"/v1/models/{response.json()['id']}", ("ready", "failed"))
+
+
+def current(api: Api, model_id: int) -> dict:
+    return api.get(f"/v1/models/{model_id}").json()["current_version"]
+
+
+@pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)  # the worker's memory, not storage
+def test_a_session_is_reused_rebuilt_when_moved_on_and_equals_a_cold_update(
+    api: Api, digits: dict, settings: Settings, two_workers: tuple[Sessions, Sessions]
+) -> None:
+    a, b = two_workers
+    warm = create(api, digits["id"], "warm")  # trained by worker a: its session is seeded
+    n = warm["current_version"]["n_train"]
+    cold = create(api, digits["id"], "cold")
+    ids = train_ids(api, digits["id"], 4)
+    where = settings.resolved_database_url
+
+    def cold_only() -> None:  # the second model never keeps a session
+        a.drop(where, cold["id"])
+        b.drop(where, cold["id"])
+
+    # 1. Worker a, warm from training: the update reads no training row.
+    cold_only()
+    forget(api, digits["id"], ids[:1])
+    v2 = current(api, warm["id"])
+    assert v2["metrics"]["rows_loaded"] == 0 and v2["n_train"] == n - 1
+    assert current(api, cold["id"])["metrics"]["rows_loaded"] == n
+    # 2. Worker b has never seen the model: it reads every retained row, then keeps them.
+    use(b)
+    cold_only()
+    forget(api, digits["id"], ids[1:2])
+    assert current(api, warm["id"])["metrics"]["rows_loaded"] == n - 1
+    # 3. Back to worker a: its session is at v2, the model at v3, so it rebuilds.
+    use(a)
+    cold_only()
+    forget(api, digits["id"], ids[2:3])
+    v4 = current(api, warm["id"])
+    assert v4["metrics"]["rows_loaded"] == n - 2 and v4["number"] == 4
+    # 4. And now it is warm again.
+    cold_only()
+    forget(api, digits["id"], ids[3:4])
+    v5 = current(api, warm["id"])
+    assert v5["metrics"]["rows_loaded"] == 0 and v5["n_train"] == n - 4
+    # Warm or cold, the exact retrain is the same model, bit for bit.
+    assert v5["weights_sha256"] == current(api, cold["id"])["weights_sha256"]
+    # The removed rows left worker a's memory with the commit.
+    session = a.take(where, warm["id"], _version_id(api, warm["id"]))
+    assert session is not None and len(session) == n - 4
+    removed = {int(s["id"]) for s in _erased(api, digits["id"])}
+    assert removed and not removed & set(session.sample_ids.tolist())
+
+
+def _erased(api: Api, dataset_id: int) -> list[dict]:
+    from app.db.session import database
+    from app.db.tables import Sample
+
+    with database(api.url).read() as session:
+        rows = session.query(Sample.id).filter(
+            Sample.dataset_id == dataset_id, Sample.status == "erased"
+        )
+        return [{"id": r.id} for r in rows]
+
+
+def _version_id(api: Api, model_id: int) -> int:
+    from app.db.session import database
+    from app.db.tables import Model
+
+    with database(api.url).read() as session:
+        model = session.get(Model, model_id)
+        assert model is not None and model.current_version_id is not None
+        return model.current_version_id
+
+
+def session_of(n: int) -> ModelSession:
+    ids = list(range(10, 10 + 2 * n, 2))  # ascending, with gaps
+    rows = Arrays(
+        ids,
+        [f"e{i}" for i in ids],
+        torch.arange(n * 3, dtype=torch.float32).reshape(n, 3),
+        torch.arange(n) % 2,
+        [None] * n,
+    )
+    test = Arrays([], [], torch.zeros((0, 3)), torch.zeros(0, dtype=torch.long), [])
+    return ModelSession.of(1, 7, rows, {"w": torch.ones(3)}, test)
+
+
+def test_split_and_advance_use_index_arrays_and_refuse_unheld_ids() -> None:
+    s = session_of(6)
+    removed, retained = s.split([14, 20], {}, [])
+    assert removed.sample_ids == [14, 20] and removed.X[:, 0].tolist() == [6.0, 15.0]
+    assert retained.sample_ids == [10, 12, 16, 18] and retained.external_ids[0] == "e10"
+    assert torch.equal(retained.X, s.X[[0, 1, 3, 4]])
+    after = s.advance(8, [14, 20], {"w": torch.zeros(3)})
+    assert after.version_id == 8 and after.sample_ids.tolist() == [10, 12, 16, 18]
+    assert np.array_equal(after.X.numpy(), retained.X.numpy())
+    for missing in ([11], [10, 99], [8]):
+        with pytest.raises(LookupError):
+            s.rows_of(missing)
+
+
+def test_sessions_hand_out_only_the_current_version_and_keep_the_most_recent() -> None:
+    held = Sessions(2)
+    for model in (1, 2, 3):
+        held.put("db", ModelSession(**{**session_of(2).__dict__, "model_id": model}))
+    assert held.take("db", 1, 7) is None  # least recently used, gone
+    assert held.take("db", 2, 8) is None  # another version: dropped
+    assert held.take("db", 2, 7) is None and held.take("db", 3, 7) is not None
+    off = Sessions(0)  # LETHE_RESIDENT_MODELS=0: nothing is kept
+    off.put("db", session_of(2))
+    assert off.take("db", 1, 7) is None and len(off) == 0
