@@ -294,7 +294,8 @@ def test_fan_out_idempotency_and_erasure_sweep(make_cluster, pg_url: str) -> Non
 def test_final_failure_withdraws_the_model_erases_and_lands_in_rq_failed_registry(
     make_cluster, pg_url: str, redis_url: str
 ) -> None:
-    cluster = make_cluster()
+    # No resident session: the update reads the stored state (a warm worker would not).
+    cluster = make_cluster(resident_models=0)
     cluster.start_worker()
     with cluster.client() as c:
         ds, model = ready_model(c, "breast_cancer")
