@@ -293,12 +293,11 @@ def _cold_session(
 def _with_current_test(session: Session, dataset: Dataset, warm: ModelSession) -> ModelSession:
     """The session with the test split as it is now. Test rows only ever leave (a sample is
     active, then erasing, then erased), so an unchanged count means an unchanged split."""
-    active = session.scalar(
+    active = session.scalar(  # answered from ix_samples_dataset_split_status alone
         select(func.count()).where(
             Sample.dataset_id == dataset.id,
             Sample.split == "test",
-            Sample.status == SampleStatus.active,
-            Sample.key_id.is_not(None),
+            Sample.status == SampleStatus.active,  # an active sample always has its key
         )
     )
     if active == len(warm.test):

@@ -109,7 +109,7 @@ class Sample(Base):
     __table_args__ = (
         UniqueConstraint("dataset_id", "external_id", name="uq_samples_dataset_external"),
         Index("ix_samples_dataset_subject", "dataset_id", "subject_id"),
-        Index("ix_samples_dataset_split", "dataset_id", "split"),
+        Index("ix_samples_dataset_split_status", "dataset_id", "split", "status"),
     )
     id: Mapped[int] = mapped_column(BigInteger().with_variant(Integer, "sqlite"), primary_key=True)
     dataset_id: Mapped[int] = mapped_column(ForeignKey("datasets.id", ondelete="CASCADE"))
