@@ -29,10 +29,11 @@ def browser() -> Iterator[Browser]:
         browser.close()
 
 
-@pytest.fixture
-def service(tmp_path: Path) -> Iterator[tuple[str, dict[str, str]]]:
-    """`lethe serve` (embedded) with a model that has been through two deletions."""
-    with Cluster(tmp_path / "data", None, None) as cluster:
+@pytest.fixture(scope="module")
+def service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, dict[str, str]]]:
+    """`lethe serve` (embedded) with a model that has been through two deletions, shared by
+    the module's tests (each compares the pages with what the API answers at that moment)."""
+    with Cluster(tmp_path_factory.mktemp("dashboard") / "data", None, None) as cluster:
         url = cluster.start_api()
         keys = {"admin": cluster.admin_key}
         for role in ("requester", "auditor", "reader"):
