@@ -144,6 +144,16 @@ class StoredTraining(TrainingConfig):
         return TrainingConfig.model_validate(self.model_dump(exclude={"imported"}))
 
 
+class StoredMethod(BaseModel):
+    """A model's unlearning method as its row holds it: the name, and the options the method's
+    spec validated at creation (`methods.method_of` types them again where they are used)."""
+
+    model_config = ConfigDict(extra="allow", frozen=True, use_attribute_docstrings=True)
+
+    name: str = "retrain"
+    """the method"""
+
+
 class PrivacyPolicy(Strict):
     """What each release must meet and how much the lineage may spend."""
 

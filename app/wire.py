@@ -13,7 +13,7 @@ from datetime import datetime
 from pydantic import BaseModel, ConfigDict
 
 from app.jsontypes import JsonObject
-from app.specs import Architecture, PrivacyPolicy, StoredTraining
+from app.specs import Architecture, PrivacyPolicy, StoredMethod, StoredTraining
 from app.states import ModelStatus, RequestStatus, SampleStatus, Stage, TaskStatus, VersionKind
 
 
@@ -137,7 +137,7 @@ class ModelOut(Out):
     """the architecture spec"""
     training: StoredTraining
     """the training configuration"""
-    method: JsonObject
+    method: StoredMethod
     """the unlearning method and its options"""
     privacy: PrivacyPolicy
     """the privacy policy"""

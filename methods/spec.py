@@ -15,7 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from app.jsontypes import JsonMap, JsonObject
 from app.privacy.plans import ReleasePlan, data_dependent_plan
-from app.specs import ArchitectureSpec
+from app.specs import ArchitectureSpec, StoredMethod
 from app.states import Guarantee
 
 
@@ -187,7 +187,9 @@ class MethodChoice:
         return {"name": self.name, **self.options.model_dump()}
 
 
-def method_of(raw: JsonMap) -> MethodChoice:
+def method_of(raw: JsonMap | StoredMethod) -> MethodChoice:
     """Parse a stored or requested `{"name": ..., **options}` into a typed choice."""
+    if isinstance(raw, StoredMethod):
+        raw = raw.model_dump(mode="json")
     spec = get_method(str(raw.get("name", "retrain")))
     return MethodChoice(spec, spec.parse(raw))

@@ -99,7 +99,7 @@ def weights_metadata(
         "kind": str(kind),
         "parent_sha256": parent.weights_sha256 if parent is not None else "",
         "architecture": json.dumps(model.architecture.model_dump(mode="json"), sort_keys=True),
-        "method": str(model.method.get("name", "")),
+        "method": model.method.name,
         "n_features": str(int(np.prod(dataset.feature_shape))),
         "feature_shape": json.dumps(list(dataset.feature_shape)),
         "n_classes": str(dataset.n_classes),

@@ -30,7 +30,13 @@ from sqlalchemy.engine import Dialect
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 from app.db.typed_json import PydanticJSON
-from app.specs import Architecture, ArchitectureSpec, PrivacyPolicy, StoredTraining
+from app.specs import (
+    Architecture,
+    ArchitectureSpec,
+    PrivacyPolicy,
+    StoredMethod,
+    StoredTraining,
+)
 from app.states import (
     ModelStatus,
     RequestStatus,
@@ -131,7 +137,7 @@ class Model(Base):
     dataset_id: Mapped[int] = mapped_column(ForeignKey("datasets.id"))
     architecture: Mapped[ArchitectureSpec] = mapped_column(PydanticJSON(Architecture))
     training: Mapped[StoredTraining] = mapped_column(PydanticJSON(StoredTraining))
-    method: Mapped[dict[str, Any]]
+    method: Mapped[StoredMethod] = mapped_column(PydanticJSON(StoredMethod))
     privacy: Mapped[PrivacyPolicy] = mapped_column(PydanticJSON(PrivacyPolicy))
     status: Mapped[ModelStatus] = state_column(ModelStatus, 12, ModelStatus.queued)
     progress: Mapped[Progress] = mapped_column(

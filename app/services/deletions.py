@@ -26,6 +26,7 @@ from app.ledger import transparency
 from app.schemas import DeletionCreate
 from app.security import Role
 from app.services.datasets import get_dataset
+from app.specs import PrivacyPolicy, StoredMethod
 from app.states import ModelStatus, RequestStatus, SampleStatus, TaskStatus
 from app.storage.crypto import keyring
 from app.storage.erasure import erase_payloads
@@ -197,6 +198,7 @@ class Names:
 # on the request path (issue 13).
 SAMPLE_REF = (Sample.id, Sample.external_id, Sample.subject_id, Sample.status)
 MODEL_REF = (Model.id, Model.status, Model.method, Model.privacy)
+ModelRef = Row[int, ModelStatus, StoredMethod, PrivacyPolicy]  # what MODEL_REF selects
 
 
 SampleRef = Row[int, str, str | None, str]
@@ -265,7 +267,7 @@ def _erased_by_others(
     return erased - mine
 
 
-def _affected_models(session: Session, sample_ids: list[int]) -> list[Row[Any]]:
+def _affected_models(session: Session, sample_ids: list[int]) -> list[ModelRef]:
     """Models (not failed) still holding any of these samples."""
     model_ids: set[int] = set()
     for chunk in chunked(sample_ids):
@@ -286,7 +288,7 @@ def _affected_models(session: Session, sample_ids: list[int]) -> list[Row[Any]]:
     return list(models)
 
 
-def _check_models(models: list[Row[Any]], body: DeletionCreate) -> None:
+def _check_models(models: list[ModelRef], body: DeletionCreate) -> None:
     busy = [m.id for m in models if m.status in (ModelStatus.queued, ModelStatus.training)]
     if busy:
         raise conflict(
@@ -297,10 +299,10 @@ def _check_models(models: list[Row[Any]], body: DeletionCreate) -> None:
     if body.method is not None and body.method not in method_names():
         raise unprocessable("unknown_method", f"unknown method {body.method!r}")
     for m in models:
-        if body.method not in (None, "retrain", m.method.get("name")):
+        if body.method not in (None, "retrain", m.method.name):
             raise unprocessable(
                 "method_not_configured",
-                f"model {m.id} is configured for {m.method.get('name')!r}",
+                f"model {m.id} is configured for {m.method.name!r}",
                 {"model_id": m.id},
             )
         policy = m.privacy

@@ -14,7 +14,13 @@ from app.errors import APIError, not_found, unprocessable
 from app.schemas import ModelCreate
 from app.services import memory
 from app.services.datasets import get_dataset
-from app.specs import ImportedWeights, StoredTraining, TopicHeadSpec, TopicModelSpec
+from app.specs import (
+    ImportedWeights,
+    StoredMethod,
+    StoredTraining,
+    TopicHeadSpec,
+    TopicModelSpec,
+)
 from app.states import ModelStatus, SampleStatus, Stage
 from app.storage.blobs import DatabaseBlobStore
 from app.wire import Progress
@@ -60,7 +66,7 @@ def create_model(session: Session, spec: ModelCreate, memory_limit: int | None =
         dataset_id=ds.id,
         architecture=spec.architecture,
         training=StoredTraining.model_validate(spec.training.model_dump()),
-        method=spec.method.model_dump(),
+        method=StoredMethod.model_validate(spec.method.model_dump()),
         privacy=spec.privacy,
         status=ModelStatus.queued,
         progress=Progress(stage=Stage.queued),
