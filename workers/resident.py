@@ -8,8 +8,9 @@ for that version alone and drops it otherwise, so a version another worker commi
 failed commit) makes the next update rebuild from the database. Leases stay the truth; a
 session is a cache of what the database says at one version, never a source of it.
 
-After an update commits, `advance` drops the removed rows from the session (their plaintext
-leaves the worker's memory in the same update) and moves it to the new version. A session is
+After an update commits, `advance` drops the removed rows from the session (it no longer
+references their plaintext; the opened-samples cache of workers/data.py drops them at the
+next load of their dataset) and moves it to the new version. A session is
 forgotten when its model's lease is lost, when an update fails, or when more than `capacity`
 models were used since (least recently used first).
 """
