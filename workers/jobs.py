@@ -86,9 +86,7 @@ def train_model(model_id: int) -> str:
             version_id = db.run(
                 lambda session: _commit_trained(session, model_id, inputs, trained, metrics)
             )
-            state = {k: v.detach().cpu() for k, v in trained.next_state.items()}
-            first = ModelSession.of(model_id, version_id, inputs.data, state, inputs.test)
-            resident_sessions(settings).put(db.engine.url.render_as_string(), first)
+            _seed_session(settings, db, model_id, version_id, inputs, trained)
         except LeaseLost:
             raise
         except shutdown.Interrupted:  # back to queued: the next start trains it again
@@ -113,6 +111,24 @@ def train_model(model_id: int) -> str:
             raise
     JOB_DURATION.labels("train_model").observe(time.perf_counter() - started)
     return "trained"
+
+
+def _seed_session(
+    settings: Settings,
+    db: Database,
+    model_id: int,
+    version_id: int,
+    inputs: TrainingInputs,
+    trained: Trained,
+) -> None:
+    """Keep what training read as the model's first resident session (the version is
+    committed: a failure here only costs the first update a cold read)."""
+    try:
+        state = {k: v.detach().cpu() for k, v in trained.next_state.items()}
+        first = ModelSession.of(model_id, version_id, inputs.data, state, inputs.test)
+        resident_sessions(settings).put(db.engine.url.render_as_string(), first)
+    except Exception:
+        log.warning("model %s: no resident session after training", model_id, exc_info=True)
 
 
 def _start_training(db: Database, model_id: int) -> bool:
