@@ -10,8 +10,12 @@ import numpy as np
 import pytest
 import torch
 from safetensors.torch import load as st_load
+from sqlalchemy import select
 
+from app.db.session import database
+from app.db.tables import Model, Sample
 from app.settings import Settings
+from app.states import SampleStatus
 from tests.conftest import SMALL_TRAINING, Api, train_ids
 from tests.factories import forget
 from workers import jobs
@@ -97,7 +101,7 @@ def test_a_session_is_reused_rebuilt_when_moved_on_and_equals_a_cold_update(
     # The removed rows left worker a's memory with the commit.
     session = a.take(where, warm["id"], _version_id(api, warm["id"]))
     assert session is not None and len(session) == n - 4
-    removed = {int(s["id"]) for s in _erased(api, digits["id"])}
+    removed = _erased(api, digits["id"])
     assert removed and not removed & set(session.sample_ids.tolist())
 
 
@@ -107,21 +111,18 @@ def weights(api: Api, model_id: int) -> dict[str, torch.Tensor]:
     return dict(st_load(response.content))
 
 
-def _erased(api: Api, dataset_id: int) -> list[dict]:
-    from app.db.session import database
-    from app.db.tables import Sample
-
+def _erased(api: Api, dataset_id: int) -> set[int]:
     with database(api.url).read() as session:
-        rows = session.query(Sample.id).filter(
-            Sample.dataset_id == dataset_id, Sample.status == "erased"
+        return set(
+            session.scalars(
+                select(Sample.id).where(
+                    Sample.dataset_id == dataset_id, Sample.status == SampleStatus.erased
+                )
+            )
         )
-        return [{"id": r.id} for r in rows]
 
 
 def _version_id(api: Api, model_id: int) -> int:
-    from app.db.session import database
-    from app.db.tables import Model
-
     with database(api.url).read() as session:
         model = session.get(Model, model_id)
         assert model is not None and model.current_version_id is not None

@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 import torch
-from sqlalchemy import Select, select
+from sqlalchemy import Engine, Select, select
 from sqlalchemy.orm import Session
 
 from app.db.chunks import chunked
@@ -63,6 +63,11 @@ def _decode(rows: Sequence[Any], shape: list[int]) -> Arrays:
     )
 
 
+def database_key(engine: Engine) -> str:
+    """Which database a cache entry belongs to (a process may hold models of several)."""
+    return engine.url.render_as_string()
+
+
 def sealed_samples() -> Select[int, int, str, bytes | None, uuid.UUID | None, bytes]:
     """Samples with their wrapped data keys, in one query (no second round trip for keys)."""
     return select(
@@ -97,7 +102,7 @@ class OpenedSamples:
             )
         )
         where = (
-            session.get_bind().engine.url.render_as_string(),
+            database_key(session.get_bind().engine),
             dataset.id,
             dataset.created_at.isoformat(),  # a dataset id reused after a delete starts afresh
         )

@@ -33,7 +33,7 @@ from maths.nets import build_net
 from maths.training import Diverged, ProgressFn, accuracy, check_converged
 from methods.compute import ModelSpec, RetainedData, Trained, fit
 from workers import pause, pipeline
-from workers.data import test_arrays, training_arrays
+from workers.data import database_key, test_arrays, training_arrays
 from workers.device import trained_to_cpu, training_inputs_to, worker_device
 from workers.lease import WORKER_ID, LeaseLost, ModelLease
 from workers.metrics import DELETIONS_PROCESSED, FALLBACKS, JOB_DURATION
@@ -126,7 +126,7 @@ def _seed_session(
     try:
         state = {k: v.detach().cpu() for k, v in trained.next_state.items()}
         first = ModelSession.of(model_id, version_id, inputs.data, state, inputs.test)
-        resident_sessions(settings).put(db.engine.url.render_as_string(), first)
+        resident_sessions(settings).put(database_key(db.engine), first)
     except Exception:
         log.warning("model %s: no resident session after training", model_id, exc_info=True)
 
@@ -334,7 +334,7 @@ def _run_batch(
     """Load, compute, commit one batch. Returns False when it failed and was put back (or
     failed for good: then the exception propagates, so RQ records the job as failed)."""
     started = time.perf_counter()
-    sessions, where = resident_sessions(settings), db.engine.url.render_as_string()
+    sessions, where = resident_sessions(settings), database_key(db.engine)
     try:
         try:
             with db.read() as session:  # one short read; no transaction while computing

@@ -53,7 +53,7 @@ from methods.compute import (
     UpdateInputs,
 )
 from workers.certify import CertificateContext, certificate_fields
-from workers.data import test_arrays, training_arrays
+from workers.data import database_key, test_arrays, training_arrays
 from workers.lease import WORKER_ID, LeaseLost
 from workers.resident import ModelSession, Sessions
 from workers.statistics import delete_rows, read_vectors, write_block
@@ -214,7 +214,7 @@ def load_batch(
     dataset = session.get(Dataset, model.dataset_id)
     parent = session.get(ModelVersion, model.current_version_id)
     assert dataset is not None and parent is not None and parent.state_key is not None
-    where = database_key(session)
+    where = database_key(session.get_bind().engine)
     warm = sessions.take(where, model_id, parent.id) if sessions is not None else None
     rows_loaded = 0
     if warm is None:
@@ -268,11 +268,6 @@ def load_batch(
         record=record,
     )
     return batch, inputs
-
-
-def database_key(session: Session) -> str:
-    """Which database a session belongs to (a process may hold models of several)."""
-    return session.get_bind().engine.url.render_as_string()
 
 
 def _cold_session(
