@@ -119,9 +119,22 @@ class BuiltinDatasetIn(In):
     """seeds the split and the synthetic draws"""
     test_fraction: float = Field(0.2, gt=0.0, lt=1.0)
     """share of samples put in the test split"""
-    n_samples: int = Field(2000, ge=10, le=200_000, description="synthetic only")
+    n_samples: int = Field(
+        2000,
+        ge=10,
+        le=10_000_000,
+        description="synthetic only (the server's LETHE_MAX_DATASET_SAMPLES and "
+        "LETHE_MAX_DATASET_CELLS bound it too)",
+    )
     n_features: int = Field(20, ge=1, le=4096, description="synthetic only")
     n_classes: int = Field(2, ge=2, le=100, description="synthetic only")
+    subject_size: int | None = Field(
+        None,
+        ge=1,
+        le=10_000_000,
+        description="synthetic only: consecutive rows share a data subject, "
+        "`subject-<row // subject_size>` (default: no subjects)",
+    )
     vocabulary: int = Field(2000, ge=3, le=20_000, description="synthetic_corpus only")
     topics: int = Field(20, ge=2, le=500, description="synthetic_corpus only")
     document_length: int = Field(100, ge=2, le=10_000, description="synthetic_corpus only")

@@ -57,6 +57,14 @@ class Settings(BaseSettings):
         description="Models whose retained rows and noise-free state a worker keeps in memory "
         "between updates (workers/resident.py); 0 reads everything at every update.",
     )
+    sticky_seconds: float = Field(
+        1.0,
+        ge=0.0,
+        le=60.0,
+        description="Distributed workers only: how long a worker keeps a model's lease after "
+        "its last batch, watching for the model's next request, so that the worker holding "
+        "the warm session applies it (0: release at once).",
+    )
     job_timeout_seconds: int = 3600
     signal_ttl_seconds: int = Field(
         60, ge=1, description="A waiting queue signal de-duplicates others this long at most."

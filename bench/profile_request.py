@@ -2,7 +2,8 @@
 while wrk POSTs single-sample deletions with 16 connections, and the busy samples (threads
 waiting on a queue, a condition or a socket left out) are summed per function, inclusive.
 
-    .venv/bin/python -m bench.profile_request [--seconds 15] [--out request_profile]
+    .venv/bin/python -m bench.profile_request [--seconds 15] [--mode embedded|postgres]
+        [--out request_profile]
 
 Writes bench/results/<out>.json: the share of busy samples per function (top 60) and the
 load's throughput. py-spy is a test extra (`pip install py-spy`).
@@ -13,6 +14,7 @@ from __future__ import annotations
 import argparse
 import collections
 import concurrent.futures as cf
+import contextlib
 import re
 import shutil
 import subprocess
@@ -21,9 +23,10 @@ import tempfile
 import time
 from pathlib import Path
 
+from app.db.migrate import upgrade_to_head
 from bench.cluster import Cluster
 from bench.common import write_result
-from bench.request_path import prepare, wrk
+from bench.request_path import REDIS, pg_database, prepare, wrk
 
 IDLE_LEAVES = re.compile(
     r"^(wait|get|select|poll|epoll|accept|recv|read|sleep|acquire|_worker|run_forever)\b"
@@ -60,12 +63,19 @@ def main() -> None:
     parser.add_argument("--seconds", type=int, default=15)
     parser.add_argument("--samples", type=int, default=50_000)
     parser.add_argument("--out", default="request_profile")
+    parser.add_argument("--mode", choices=["embedded", "postgres"], default="embedded")
     args = parser.parse_args()
     spy = shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy")
-    with tempfile.TemporaryDirectory() as tmp_name:
-        tmp = Path(tmp_name)
-        with Cluster(tmp / "lethe", None, None) as cluster:
+    with contextlib.ExitStack() as stack:
+        tmp = Path(stack.enter_context(tempfile.TemporaryDirectory()))
+        url, redis = None, None
+        if args.mode == "postgres":  # the API alone is sampled; its worker is a process
+            url, redis = stack.enter_context(pg_database()), REDIS
+            upgrade_to_head(url)
+        with Cluster(tmp / "lethe", url, redis, torch_threads=1) as cluster:
             base = cluster.start_api()
+            if args.mode == "postgres":
+                cluster.start_worker()
             p = prepare(cluster, args.samples, tmp)
             env = {
                 "WRK_IDS": str(p["ids_file"]),

@@ -150,6 +150,28 @@ def versions(cluster: Cluster, model_id: int) -> int:
         return len(c.get(f"/v1/models/{model_id}/versions").json())
 
 
+BURN = (
+    "import torch\n"
+    "torch.set_num_threads(1)\n"
+    "a = torch.randn(384, 384)\n"
+    "while True:\n"
+    "    a = torch.tanh(a @ a)\n"
+)
+
+
+@contextlib.contextmanager
+def background_work() -> Iterator[None]:
+    """One core of CPU work beside the minimal endpoint, as Lethe's worker (one torch thread,
+    LETHE_TORCH_THREADS=1) is beside Lethe's API (issue 28: the same background for both)."""
+    proc = subprocess.Popen([sys.executable, "-c", BURN])
+    try:
+        time.sleep(1.0)
+        yield
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+
+
 @contextlib.contextmanager
 def minimal_server(url: str, env_extra: dict[str, str], log: Path) -> Iterator[str]:
     port = free_port()
@@ -195,7 +217,7 @@ def run_mode(mode: str, seconds: float, clients: int, n_samples: int) -> dict:
             minimal_url = stack.enter_context(pg_database())
             redis = REDIS
             upgrade_to_head(lethe_url)
-        cluster = stack.enter_context(Cluster(tmp / "lethe", lethe_url, redis))
+        cluster = stack.enter_context(Cluster(tmp / "lethe", lethe_url, redis, torch_threads=1))
         base = cluster.start_api()
         if mode != "embedded":
             cluster.start_worker()
@@ -215,7 +237,10 @@ def run_mode(mode: str, seconds: float, clients: int, n_samples: int) -> dict:
         )
         lethe["new_versions_during_load"] = versions(cluster, p["model_id"]) - before
         seed(minimal_url, p["ids"], p["weights"])
-        with minimal_server(minimal_url, {}, tmp / "minimal.log") as mbase:
+        with (
+            background_work(),
+            minimal_server(minimal_url, {}, tmp / "minimal.log") as mbase,
+        ):
             with httpx.Client() as hc:
                 metag = hc.get(f"{mbase}/weights").headers["etag"]
             minimal = load(

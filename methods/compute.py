@@ -6,8 +6,9 @@ from __future__ import annotations
 
 import importlib
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Literal, TypeVar
+from typing import Any, ClassVar, Literal, Protocol, TypeVar
 
 import torch
 
@@ -50,16 +51,104 @@ class ModelSpec:
         return self.method.aggregation
 
 
-@dataclass(frozen=True)
+Rows = tuple[list[int], torch.Tensor, torch.Tensor, list[str | None], list[str]]
+"""A set of samples: ids, features, labels, subjects and external ids, row by row."""
+
+
+class RowSource(Protocol):
+    """Retained rows kept elsewhere (a resident session, issue 28), drawn only when used."""
+
+    def rows(self) -> Rows: ...
+
+    def blocks(self, size: int) -> Iterator[tuple[torch.Tensor, torch.Tensor]]: ...
+
+    def head(self, count: int) -> tuple[torch.Tensor, torch.Tensor]: ...
+
+
 class RetainedData:
     """Samples as tensors, rows in `sample_ids` order, with what the data says of each: its
-    subject and its external id (the upload's `ids`, or its row number in the file)."""
+    subject and its external id (the upload's `ids`, or its row number in the file).
 
-    sample_ids: list[int]
-    X: torch.Tensor
-    y: torch.Tensor
-    subjects: list[str | None] = field(default_factory=list)
-    external_ids: list[str] = field(default_factory=list)
+    Given as arrays, or `deferred` to a resident session: then nothing is copied until a
+    field is read, and a method that needs only the count, the first rows or blocks of rows
+    (convex_head's removal) never copies the retained set (issue 28)."""
+
+    def __init__(
+        self,
+        sample_ids: list[int],
+        X: torch.Tensor,
+        y: torch.Tensor,
+        subjects: list[str | None] | None = None,
+        external_ids: list[str] | None = None,
+    ) -> None:
+        self._count = len(y)
+        self._source: RowSource | None = None
+        self._rows: Rows | None = (  # the lists as given: no copy (a test split is long)
+            sample_ids,
+            X,
+            y,
+            subjects if subjects is not None else [],
+            external_ids if external_ids is not None else [],
+        )
+
+    @classmethod
+    def deferred(cls, count: int, source: RowSource) -> RetainedData:
+        data = cls.__new__(cls)
+        data._count, data._source, data._rows = count, source, None
+        return data
+
+    def _all(self) -> Rows:
+        if self._rows is None:
+            assert self._source is not None
+            self._rows = self._source.rows()
+        return self._rows
+
+    @property
+    def sample_ids(self) -> list[int]:
+        return self._all()[0]
+
+    @property
+    def X(self) -> torch.Tensor:
+        return self._all()[1]
+
+    @property
+    def y(self) -> torch.Tensor:
+        return self._all()[2]
+
+    @property
+    def subjects(self) -> list[str | None]:
+        return self._all()[3]
+
+    @property
+    def external_ids(self) -> list[str]:
+        return self._all()[4]
+
+    def __len__(self) -> int:
+        return self._count
+
+    def blocks(self, size: int) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        """(X, y) in consecutive blocks of at most `size` rows, in row order."""
+        if self._rows is None and self._source is not None:
+            yield from self._source.blocks(size)
+            return
+        _, X, y, _, _ = self._all()
+        for start in range(0, self._count, size):
+            yield X[start : start + size], y[start : start + size]
+
+    def head(self, count: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """(X, y) of the first `count` rows."""
+        if self._rows is None and self._source is not None:
+            return self._source.head(count)
+        _, X, y, _, _ = self._all()
+        return X[:count], y[:count]
+
+    def to(self, device: torch.device) -> RetainedData:
+        """The same rows with their tensors on `device` (deferred rows stay deferred on the
+        CPU, where sessions live)."""
+        if self._rows is None and device.type == "cpu":
+            return self
+        ids, X, y, subjects, external_ids = self._all()
+        return RetainedData(ids, X.to(device), y.to(device), subjects, external_ids)
 
 
 @dataclass(frozen=True)
@@ -86,6 +175,9 @@ class UpdateInputs:
     test: RetainedData
     history: list[LineageEvent]  # noisy releases since the last exact retrain
     record: JsonMap | None = None  # what training recorded for the statistics in use
+    # What this method kept in the worker after the model's last update (its release's
+    # `resident`), when the worker's session is at the current version; else None.
+    resident: object | None = None
 
 
 @dataclass(frozen=True)
@@ -163,6 +255,9 @@ class Release:
     metrics: JsonMap = field(default_factory=dict)
     replace_statistics: StatisticsBlock | None = None  # a retrain re-records everything
     record: JsonMap | None = None  # the new training record, if statistics changed
+    # What the method keeps in the worker for the model's next update (issue 28): valid for
+    # `next_state` on the retained rows; kept only once the release commits.
+    resident: object | None = None
 
 
 class UnlearningMethod:
@@ -177,6 +272,11 @@ class UnlearningMethod:
 
     def unlearn(self, inputs: UpdateInputs) -> Release:
         raise NotImplementedError
+
+    def prepare(self, data: RetainedData, state: ModelState) -> object | None:
+        """What the method keeps resident for the model's first update, made once training
+        has committed (UpdateInputs.resident); None: nothing (the default)."""
+        return None
 
     def projection_radius(self) -> float | None:
         """The ball ‖w‖ ≤ C that training projects onto after every step (None: none)."""

@@ -45,6 +45,22 @@ def test_builtin_breast_cancer(api: Api) -> None:
     assert body["n_samples"] == 569 and body["n_classes"] == 2 and body["feature_shape"] == [30]
 
 
+@pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)
+def test_synthetic_subjects_group_consecutive_rows(api: Api) -> None:
+    """Issue 28: a synthetic dataset with subjects, for subject deletions at scale."""
+    body = {"builtin": "synthetic", "n_samples": 200, "subject_size": 50}
+    ds = api.post("/v1/datasets", json=body).json()
+    page = api.get(f"/v1/datasets/{ds['id']}/samples", params={"subject": "subject-1"}).json()
+    assert page["total"] == 50
+    assert sorted(int(s["external_id"]) for s in page["items"]) == list(range(50, 100))
+    plain = api.post("/v1/datasets", json={"builtin": "synthetic", "n_samples": 20}).json()
+    listed = api.get(f"/v1/datasets/{plain['id']}/samples").json()["items"]
+    assert all(s["subject_id"] is None for s in listed)
+    too_big = {"builtin": "synthetic", "n_samples": 1_000_000, "n_features": 256}
+    refused = api.post("/v1/datasets", json=too_big)  # the default cells limit: 100 M
+    assert refused.status_code == 422 and "exceeds the limits" in refused.text
+
+
 def test_npz_upload_with_ids_subjects_and_split(api: Api) -> None:
     rng = np.random.default_rng(0)
     X = rng.normal(size=(40, 5))
@@ -195,3 +211,20 @@ def test_extreme_split_and_out_of_range_numbers_are_not_server_errors(api: Api) 
         assert "error" in response.json()
     body = api.post("/v1/models", json={"name": "x", "dataset_id": huge})
     assert body.status_code in (404, 422) and "error" in body.json()
+
+
+def test_the_synthetic_mixture_is_scikit_learns_for_the_seed() -> None:
+    """Issue 28: generated in float32 with less memory, the values are still exactly
+    `make_classification(..., random_state=seed)`'s, so a seed names the same dataset."""
+    from sklearn import datasets as skd
+
+    from app.schemas import BuiltinDatasetIn
+    from app.services.dataset_files import load_builtin
+
+    spec = BuiltinDatasetIn(builtin="synthetic", n_samples=500, n_features=12, n_classes=3, seed=7)
+    parsed = load_builtin(spec)
+    X, y = skd.make_classification(
+        n_samples=500, n_features=12, n_informative=6, n_redundant=0, n_classes=3,
+        n_clusters_per_class=1, random_state=7,
+    )  # fmt: skip
+    assert np.array_equal(parsed.X, X.astype(np.float32)) and np.array_equal(parsed.y, y)

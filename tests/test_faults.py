@@ -248,7 +248,8 @@ def test_redis_restart_while_a_worker_is_busy(
     truncate_all(pg_url)
     pauses = tmp_path / "pauses"
     pauses.mkdir()
-    settings = {**FAST, "pause_dir": pauses, "pause_at": ["before-commit"]}
+    # No sticky linger: the busy job must end (and its RQ bookkeeping fail) while Redis is down.
+    settings = {**FAST, "pause_dir": pauses, "pause_at": ["before-commit"], "sticky_seconds": 0}
     with Cluster(tmp_path / "cluster", pg_url, own_redis.url, **settings) as cluster:
         cluster.start_api()
         for _ in range(2):
@@ -280,6 +281,12 @@ def test_redis_restart_while_a_worker_is_busy(
             assert late.status_code == 202, late.text
             accepted.append(late.json()["id"])
             assert_workers_alive(cluster)
+            busy = cluster.workers.index(cluster.worker_by_pid(busy_pid))
+            busy_log = cluster.data_dir / f"worker-{busy}.log"
+            wait_until(  # its RQ loop did end, and waits to resume
+                lambda: "reconnecting" in busy_log.read_text(),
+                what=lambda: f"the busy worker's RQ loop to end\n{logs(cluster)}",
+            )
 
             own_redis.start()  # empty: every signal is gone
             wait_until(
@@ -292,9 +299,6 @@ def test_redis_restart_while_a_worker_is_busy(
             wait_until(lambda: all_done(pg_url, accepted), what="work after the restart")
 
             assert_workers_alive(cluster)
-            busy = cluster.workers.index(cluster.worker_by_pid(busy_pid))
-            busy_log = (cluster.data_dir / f"worker-{busy}.log").read_text()
-            assert "reconnecting" in busy_log, logs(cluster)  # its RQ loop did end, and resumed
             assert_exactly_once(pg_url, model["id"], accepted, n_samples=7)
             verify = c.get("/v1/audit/verify").json()
             assert verify["ok"] and verify["checked"] == len(accepted), verify

@@ -391,3 +391,26 @@ def test_worker_metrics_reach_prometheus(make_cluster) -> None:
     assert worker_side['lethe_deletions_processed_total{method="retrain"}'] == 1.0
     assert worker_side['lethe_job_duration_seconds_count{job="train_model"}'] == 1.0
     assert not any(k.startswith("lethe_deletions_processed_total") for k in api_side)
+
+
+def test_a_models_next_update_stays_on_the_worker_holding_its_session(
+    make_cluster, pg_url: str
+) -> None:
+    """Issue 28: with two workers, a worker keeps a model's lease for `sticky_seconds` after
+    its last batch, so sequential deletions land on the warm session (no training row read)
+    instead of alternating between the workers (Redis hands a job to the longest-waiting
+    worker, which is the other one)."""
+    cluster = make_cluster()
+    cluster.start_worker()
+    cluster.start_worker()
+    with cluster.client() as c:
+        ds, model = ready_model(c, "breast_cancer")
+        for sample in train_ids(c, ds["id"], 4):
+            made = c.post("/v1/deletions", json={"dataset_id": ds["id"], "sample_ids": [sample]})
+            request_id = made.json()["id"]
+            url = f"/v1/deletions/{request_id}"
+            wait_until(lambda url=url: c.get(url).json()["status"] == "done")
+    versions = assert_single_chain(pg_url, model["id"])
+    assert len(versions) == 5
+    loaded = [v.metrics["rows_loaded"] for v in versions[1:]]
+    assert loaded[1:] == [0, 0, 0], loaded  # the first may find the other worker idle

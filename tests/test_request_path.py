@@ -267,5 +267,5 @@ def test_opened_samples_are_cached_and_erased_ones_dropped(
         after = data.training_arrays(session, ready_model["id"], dataset)
     gone = set(first.sample_ids) - set(after.sample_ids)
     assert len(gone) == 1
-    cached = {s for block in data.OPENED._blocks.values() for s in block.arrays.sample_ids}
+    cached = {s for block in data.OPENED._blocks.values() for s in block.ids.tolist()}
     assert not gone & cached  # the erased sample's plaintext is no longer held

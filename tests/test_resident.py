@@ -102,7 +102,10 @@ def test_a_session_is_reused_rebuilt_when_moved_on_and_equals_a_cold_update(
     session = a.take(where, warm["id"], _version_id(api, warm["id"]))
     assert session is not None and len(session) == n - 4
     removed = _erased(api, digits["id"])
-    assert removed and not removed & set(session.sample_ids.tolist())
+    assert removed and not removed & set(session.held_ids().tolist())
+    dead = ~session.alive  # rows still in the arrays are overwritten: no plaintext is left
+    assert not session.X[torch.from_numpy(dead)].any()
+    assert all(e == "" for e in session.external_ids[dead])
 
 
 def weights(api: Api, model_id: int) -> dict[str, torch.Tensor]:
@@ -156,6 +159,27 @@ def test_split_and_advance_use_index_arrays_and_refuse_unheld_ids() -> None:
             s.rows_of(missing)
 
 
+def test_one_removal_marks_and_overwrites_its_row_and_copies_nothing_else() -> None:
+    s = session_of(12)
+    removed, retained = s.split([14], {}, [])
+    assert len(retained) == 11 and retained._rows is None  # nothing drawn yet
+    first = retained.head(2)[0]
+    assert torch.equal(first, s.X[[0, 1]])
+    blocks = list(retained.blocks(5))
+    assert [len(b[1]) for b in blocks] == [4, 5, 2]  # the dead row is left out of its block
+    kept_before = retained.X.clone()
+    after = s.advance(8, [14], {"w": torch.zeros(3)})
+    assert after.X.data_ptr() == s.X.data_ptr()  # no copy below a quarter of dead rows
+    assert after.held_ids().tolist() == retained.sample_ids and len(after) == 11
+    assert not after.X[2].any() and after.external_ids[2] == "" and after.subjects[2] is None
+    assert torch.equal(kept_before, retained.X)  # what the update read is unchanged
+    with pytest.raises(LookupError):
+        after.rows_of([14])  # a removed id is no longer held
+    later = after.advance(9, [10, 12], {"w": torch.zeros(3)})  # 3 of 12: compacted
+    assert len(later.sample_ids) == 9 and later.alive.all()
+    assert later.held_ids().tolist() == [16 + 2 * i for i in range(9)]
+
+
 def test_sessions_hand_out_only_the_current_version_and_keep_the_most_recent() -> None:
     held = Sessions(2)
     for model in (1, 2, 3):
@@ -166,3 +190,24 @@ def test_sessions_hand_out_only_the_current_version_and_keep_the_most_recent() -
     off = Sessions(0)  # LETHE_RESIDENT_MODELS=0: nothing is kept
     off.put("db", session_of(2))
     assert off.take("db", 1, 7) is None and len(off) == 0
+
+
+def test_the_opened_samples_block_merges_drops_and_takes_with_index_arrays() -> None:
+    """workers/data.py's cache of opened samples (issue 28: no Python loop over the samples)."""
+    from workers.data import _Block
+
+    def rows(ids: list[int]) -> Arrays:
+        X = torch.tensor([[float(i)] for i in ids])
+        return Arrays(ids, [f"e{i}" for i in ids], X, torch.tensor(ids) % 3, [f"s{i}" for i in ids])
+
+    block = _Block.empty([1]).merge(rows([2, 5, 9]))
+    assert block.missing([9, 1, 5, 7, 7]) == [1, 7]
+    block = block.merge(rows([1, 7]))  # interleaved ids: kept in ascending order
+    assert block.ids.tolist() == [1, 2, 5, 7, 9]
+    taken = block.take([9, 1, 7])  # any order in, the same order out
+    assert taken.sample_ids == [9, 1, 7] and taken.external_ids == ["e9", "e1", "e7"]
+    assert taken.X[:, 0].tolist() == [9.0, 1.0, 7.0] and taken.subjects == ["s9", "s1", "s7"]
+    dropped = block.drop({5, 99})
+    assert dropped.ids.tolist() == [1, 2, 7, 9] and block.drop(set()) is block
+    with pytest.raises(RuntimeError, match=r"\[5\]"):
+        dropped.take([1, 5])

@@ -109,13 +109,9 @@ class OpenedSamples:
         with self._lock:
             block = self._blocks.get(where) or _Block.empty(dataset.feature_shape)
             block = block.drop(erased)
-            new = sorted(set(ids) - set(block.index))
+            new = block.missing(ids)
             if new:
-                rows: list[Any] = []
-                for chunk in chunked(new):
-                    rows += session.execute(sealed_samples().where(Sample.id.in_(chunk))).all()
-                rows.sort(key=lambda r: r.id)
-                block = block.merge(_decode(rows, dataset.feature_shape))
+                block = block.merge(_open_new(session, dataset, new))
             self._blocks[where] = block
         return block.take(ids)
 
@@ -124,56 +120,118 @@ class OpenedSamples:
             self._blocks.clear()
 
 
+def _open_new(session: Session, dataset: Dataset, new: list[int]) -> Arrays:
+    """These samples (ids ascending) opened a chunk at a time into one preallocated array: the
+    sealed bytes of one chunk are held at once, not of all of them (issue 28: 1.1 GB of
+    ciphertext and 1 GB of plaintext records at a million rows)."""
+    shape = dataset.feature_shape
+    n_feat = int(np.prod(shape)) if shape else 1
+    X = np.empty((len(new), n_feat), dtype=np.float32)
+    y = np.empty(len(new), dtype=np.int64)
+    sample_ids: list[int] = []
+    external_ids: list[str] = []
+    subjects: list[str | None] = []
+    at = 0
+    for chunk in chunked(new):
+        rows = sorted(
+            session.execute(sealed_samples().where(Sample.id.in_(chunk))).all(),
+            key=lambda r: r.id,
+        )
+        part = _decode(rows, shape)
+        m = len(part)
+        X[at : at + m] = part.X.reshape(m, -1).numpy()
+        y[at : at + m] = part.y.numpy()
+        sample_ids += part.sample_ids
+        external_ids += part.external_ids
+        subjects += part.subjects
+        at += m
+    if at != len(new):
+        raise RuntimeError("samples are erased but were asked for")
+    features = torch.from_numpy(X.reshape(len(new), *shape))
+    return Arrays(sample_ids, external_ids, features, torch.from_numpy(y), subjects)
+
+
 @dataclass
 class _Block:
-    """One dataset's opened samples, rows in ascending id order."""
+    """One dataset's opened samples, rows in ascending id order, indexed by a sorted id array
+    (no Python loop over the samples: issue 28)."""
 
-    arrays: Arrays
-    index: dict[int, int]  # sample id -> row
+    ids: np.ndarray  # int64, ascending
+    external_ids: np.ndarray  # object
+    subjects: np.ndarray  # object
+    X: torch.Tensor
+    y: torch.Tensor
 
     @classmethod
     def empty(cls, shape: list[int]) -> _Block:
-        nothing = Arrays([], [], torch.zeros((0, *shape)), torch.zeros(0, dtype=torch.long), [])
-        return cls(nothing, {})
+        return cls.of(
+            Arrays([], [], torch.zeros((0, *shape)), torch.zeros(0, dtype=torch.long), [])
+        )
 
     @classmethod
     def of(cls, arrays: Arrays) -> _Block:
-        return cls(arrays, {s: i for i, s in enumerate(arrays.sample_ids)})
+        """From rows already in ascending id order."""
+        return cls(
+            np.asarray(arrays.sample_ids, dtype=np.int64),
+            object_array(arrays.external_ids),
+            object_array(arrays.subjects),
+            arrays.X,
+            arrays.y,
+        )
+
+    def __len__(self) -> int:
+        return int(self.ids.shape[0])
+
+    def missing(self, ids: list[int]) -> list[int]:
+        """Those of `ids` not opened here, ascending, without repeats."""
+        wanted = np.unique(np.asarray(ids, dtype=np.int64))
+        return np.setdiff1d(wanted, self.ids, assume_unique=True).tolist()
 
     def drop(self, erased: set[int]) -> _Block:
-        if not erased & self.index.keys():
+        gone = np.isin(self.ids, np.fromiter(erased, dtype=np.int64, count=len(erased)))
+        if not gone.any():
             return self
-        rows = [i for i, s in enumerate(self.arrays.sample_ids) if s not in erased]
-        return _Block.of(_rows(self.arrays, rows))
+        return self._rows(np.flatnonzero(~gone))
 
     def merge(self, more: Arrays) -> _Block:
-        a = self.arrays
-        both = Arrays(
-            a.sample_ids + more.sample_ids,
-            a.external_ids + more.external_ids,
-            torch.cat([a.X, more.X]),
-            torch.cat([a.y, more.y]),
-            a.subjects + more.subjects,
+        if not len(self):  # nothing opened yet: `more` is already in id order
+            return _Block.of(more)
+        both = _Block(
+            np.concatenate([self.ids, np.asarray(more.sample_ids, dtype=np.int64)]),
+            np.concatenate([self.external_ids, object_array(more.external_ids)]),
+            np.concatenate([self.subjects, object_array(more.subjects)]),
+            torch.cat([self.X, more.X]),
+            torch.cat([self.y, more.y]),
         )
-        order = sorted(range(len(both)), key=both.sample_ids.__getitem__)
-        return _Block.of(_rows(both, order))
+        return both._rows(np.argsort(both.ids, kind="stable"))
 
     def take(self, ids: list[int]) -> Arrays:
-        missing = [s for s in ids if s not in self.index]
-        if missing:
-            raise RuntimeError(f"samples {missing[:10]} are erased but were asked for")
-        return _rows(self.arrays, [self.index[s] for s in ids])
+        wanted = np.asarray(ids, dtype=np.int64)
+        at = np.searchsorted(self.ids, wanted)
+        found = at < len(self)
+        found[found] = self.ids[at[found]] == wanted[found]
+        if not found.all():
+            missing = wanted[~found][:10].tolist()
+            raise RuntimeError(f"samples {missing} are erased but were asked for")
+        return self._rows(at).arrays()
+
+    def _rows(self, at: np.ndarray) -> _Block:
+        rows = torch.from_numpy(at.astype(np.int64))
+        return _Block(
+            self.ids[at], self.external_ids[at], self.subjects[at], self.X[rows], self.y[rows]
+        )
+
+    def arrays(self) -> Arrays:
+        return Arrays(
+            self.ids.tolist(), self.external_ids.tolist(), self.X, self.y, self.subjects.tolist()
+        )
 
 
-def _rows(a: Arrays, rows: list[int]) -> Arrays:
-    at = torch.tensor(rows, dtype=torch.long)
-    return Arrays(
-        [a.sample_ids[i] for i in rows],
-        [a.external_ids[i] for i in rows],
-        a.X[at],
-        a.y[at],
-        [a.subjects[i] for i in rows],
-    )
+def object_array(values: Sequence[Any]) -> np.ndarray:
+    """A list as a numpy object array (rows are taken by index arrays, not Python loops)."""
+    out = np.empty(len(values), dtype=object)
+    out[:] = values
+    return out
 
 
 OPENED = OpenedSamples()

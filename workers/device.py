@@ -79,7 +79,7 @@ def state_to(state: ModelState, device: torch.device) -> ModelState:
 
 
 def retained_to(data: RetainedData, device: torch.device) -> RetainedData:
-    return replace(data, X=data.X.to(device), y=data.y.to(device))
+    return data.to(device)
 
 
 def removed_to(removed: RemovedSamples, device: torch.device) -> RemovedSamples:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import math
 import time
+from dataclasses import replace
 
 import torch
 from safetensors.torch import load as st_load
@@ -31,7 +32,7 @@ from app.storage.erasure import compact_after_erasure
 from app.wire import Progress
 from maths.nets import build_net
 from maths.training import Diverged, ProgressFn, accuracy, check_converged
-from methods.compute import ModelSpec, RetainedData, Trained, fit
+from methods.compute import ModelSpec, RetainedData, Trained, fit, method_for
 from workers import pause, pipeline
 from workers.data import database_key, test_arrays, training_arrays
 from workers.device import trained_to_cpu, training_inputs_to, worker_device
@@ -126,6 +127,9 @@ def _seed_session(
     try:
         state = {k: v.detach().cpu() for k, v in trained.next_state.items()}
         first = ModelSession.of(model_id, version_id, inputs.data, state, inputs.test)
+        data = RetainedData(inputs.data.sample_ids, inputs.data.X, inputs.data.y)
+        prepared = method_for(inputs.spec.method.name, inputs.spec).prepare(data, state)
+        first = replace(first, method_state=prepared)
         resident_sessions(settings).put(database_key(db.engine), first)
     except Exception:
         log.warning("model %s: no resident session after training", model_id, exc_info=True)
@@ -286,14 +290,41 @@ def process_deletions(model_id: int) -> str:
         with _lease(settings, model_id) as lease:
             if not lease.held:
                 return f"busy (applied {applied})"
-            while tasks := _claim(db, settings, model_id, lease):
-                if not _run_batch(db, settings, model_id, tasks, device):
-                    return f"applied {applied}; a batch failed and will be retried"
-                applied += len(tasks)
+            lingered = False
+            while True:
+                claimed = False
+                while tasks := _claim(db, settings, model_id, lease):
+                    claimed = True
+                    if not _run_batch(db, settings, model_id, tasks, device):
+                        return f"applied {applied}; a batch failed and will be retried"
+                    applied += len(tasks)
+                # due work this worker cannot claim (the model is not ready): stop lingering
+                if (lingered and not claimed) or not _linger(db, settings, model_id):
+                    break
+                lingered = True
         # Re-check after releasing: a request committed while we held the lease may have had
         # its signal dropped by a worker that saw the model busy.
         if not _has_due(db, model_id):
             return f"applied {applied}"
+
+
+STICKY_POLL_SECONDS = 0.02
+
+
+def _linger(db: Database, settings: Settings, model_id: int) -> bool:
+    """Distributed: keep the lease for `sticky_seconds` after a model's last batch, watching
+    for its next due task (True when one came). Another worker signalled meanwhile finds the
+    model busy, so the next update runs here, on the warm session (issue 28). The lease stays
+    the truth: if this worker dies, the lease expires and any worker takes over."""
+    if settings.embedded or settings.sticky_seconds <= 0:
+        return False
+    deadline = time.monotonic() + settings.sticky_seconds
+    while time.monotonic() < deadline:
+        shutdown.check()
+        if _has_due(db, model_id):
+            return True
+        time.sleep(STICKY_POLL_SECONDS)
+    return False
 
 
 def _claim(db: Database, settings: Settings, model_id: int, lease: ModelLease) -> list[ClaimedTask]:
@@ -392,8 +423,9 @@ def _keep_resident(
     if outcome is None or version_id is None:
         sessions.put(where, batch.session)
         return
-    state = {k: v.detach().cpu() for k, v in outcome.decision.release.next_state.items()}
-    sessions.put(where, batch.session.advance(version_id, batch.removed, state))
+    release = outcome.decision.release
+    state = {k: v.detach().cpu() for k, v in release.next_state.items()}
+    sessions.put(where, batch.session.advance(version_id, batch.removed, state, release.resident))
 
 
 def _withdraw(db: Database, model_id: int, reason: str) -> None:

@@ -217,6 +217,7 @@ def load_batch(
     where = database_key(session.get_bind().engine)
     warm = sessions.take(where, model_id, parent.id) if sessions is not None else None
     rows_loaded = 0
+    resident = warm.method_state if warm is not None else None  # the method's, from the session
     if warm is None:
         warm, rows_loaded = _cold_session(session, model_id, parent, dataset)
     else:
@@ -266,6 +267,7 @@ def load_batch(
         test=RetainedData(test.sample_ids, test.X, test.y, test.subjects, test.external_ids),
         history=lineage_history(session, model_id),
         record=record,
+        resident=resident if method.name == spec.method.name else None,
     )
     return batch, inputs
 
@@ -287,17 +289,20 @@ def _cold_session(
 
 def _with_current_test(session: Session, dataset: Dataset, warm: ModelSession) -> ModelSession:
     """The session with the test split as it is now. Test rows only ever leave (a sample is
-    active, then erasing, then erased), so an unchanged count means an unchanged split."""
-    active = session.scalar(  # answered from ix_samples_dataset_split_status alone
+    active, then erasing, then erased), so an unchanged count of rows that left means an
+    unchanged split: counted from ix_samples_dataset_split_status over the few rows that
+    left, not the many still active (issue 28). A session that never counted them reads the
+    split once."""
+    left = session.scalar(
         select(func.count()).where(
             Sample.dataset_id == dataset.id,
             Sample.split == "test",
-            Sample.status == SampleStatus.active,  # an active sample always has its key
+            Sample.status.in_([SampleStatus.erasing, SampleStatus.erased]),
         )
     )
-    if active == len(warm.test):
+    if left == warm.test_left:
         return warm
-    return replace(warm, test=test_arrays(session, dataset))
+    return replace(warm, test=test_arrays(session, dataset), test_left=left)
 
 
 def _openings(session: Session, request_ids: set[int]) -> dict[int, bytes]:

@@ -8,9 +8,11 @@ for that version alone and drops it otherwise, so a version another worker commi
 failed commit) makes the next update rebuild from the database. Leases stay the truth; a
 session is a cache of what the database says at one version, never a source of it.
 
-After an update commits, `advance` drops the removed rows from the session (it no longer
-references their plaintext; the opened-samples cache of workers/data.py drops them at the
-next load of their dataset) and moves it to the new version. A session is
+After an update commits, `advance` overwrites the removed rows in the session's arrays (their
+plaintext leaves with the commit; the opened-samples cache of workers/data.py drops them at
+the next load of their dataset), marks them dead and moves it to the new version; the arrays
+are rebuilt without dead rows once a quarter of them are. The method keeps its own state
+beside the rows (`method_state`: convex_head's anchored Hessian, issue 28). A session is
 forgotten when its model's lease is lost, when an update fails, or when more than `capacity`
 models were used since (least recently used first).
 """
@@ -19,66 +21,88 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict
+from collections.abc import Iterator
 from dataclasses import dataclass, replace
 
 import numpy as np
 import torch
 
-from methods.compute import ModelState, RemovedSamples, RetainedData
-from workers.data import Arrays
+from methods.compute import ModelState, RemovedSamples, RetainedData, Rows
+from workers.data import Arrays, object_array
+
+COMPACT_FRACTION = 0.25  # rebuild the arrays once a quarter of their rows have left
 
 
 @dataclass(frozen=True)
 class ModelSession:
-    """One model's retained rows and noise-free state at one version."""
+    """One model's retained rows and noise-free state at one version.
+
+    The arrays keep their rows in ascending id order; `alive` marks the retained ones. A
+    removed row is marked and its features, label, subject and external id are overwritten
+    in place when its update commits (O(k), no copy of the rest); the arrays are rebuilt
+    without dead rows once they are a quarter of them."""
 
     model_id: int
     version_id: int
-    sample_ids: np.ndarray  # int64, ascending
+    sample_ids: np.ndarray  # int64, ascending (dead rows included)
+    alive: np.ndarray  # bool, per row
+    count: int  # alive rows
     X: torch.Tensor
     y: torch.Tensor
     subjects: np.ndarray  # object: str | None per row
     external_ids: np.ndarray  # object: str per row
     state: ModelState
     test: Arrays  # the test split's active rows when the session was made or refreshed
+    method_state: object | None = None  # the method's own (UpdateInputs.resident)
+    test_left: int | None = None  # test rows gone (erasing or erased) when `test` was read
 
     @classmethod
     def of(
         cls, model_id: int, version_id: int, rows: Arrays, state: ModelState, test: Arrays
     ) -> ModelSession:
+        n = len(rows)
         return cls(
             model_id,
             version_id,
             np.asarray(rows.sample_ids, dtype=np.int64),
+            np.ones(n, dtype=bool),
+            n,
             rows.X,
             rows.y,
-            _objects(rows.subjects),
-            _objects(rows.external_ids),
+            object_array(rows.subjects),
+            object_array(rows.external_ids),
             state,
             test,
         )
 
     def __len__(self) -> int:
-        return int(self.sample_ids.shape[0])
+        return self.count
+
+    def held_ids(self) -> np.ndarray:
+        """The ids of the retained rows, ascending."""
+        return self.sample_ids[self.alive]
 
     def rows_of(self, ids: list[int]) -> np.ndarray:
         """The rows of `ids` (each must be held), as positions into the session's arrays."""
         wanted = np.asarray(sorted(ids), dtype=np.int64)
         at = np.searchsorted(self.sample_ids, wanted)
-        if wanted.size and (at[-1] >= len(self) or not np.array_equal(self.sample_ids[at], wanted)):
+        if wanted.size and (
+            at[-1] >= len(self.sample_ids)
+            or not np.array_equal(self.sample_ids[at], wanted)
+            or not bool(self.alive[at].all())
+        ):
             raise LookupError("the session does not hold every sample asked for")
         return at
 
     def split(
         self, removed_ids: list[int], statistics: dict[int, torch.Tensor], previously: list[int]
     ) -> tuple[RemovedSamples, RetainedData]:
-        """The removal and what is retained, with array masks (no per-sample Python over n)."""
+        """The removal, and what is retained as rows drawn from the session only when a method
+        reads them (no per-sample Python over n, no copy of the retained set)."""
         out = self.rows_of(removed_ids)
-        keep = np.ones(len(self), dtype=bool)
+        keep = self.alive.copy()
         keep[out] = False
         out_t = torch.from_numpy(out)
-        kept = np.flatnonzero(keep)
-        keep_t = torch.from_numpy(kept)
         removed = RemovedSamples(
             self.sample_ids[out].tolist(),
             self.X[out_t],
@@ -86,36 +110,89 @@ class ModelSession:
             statistics=statistics,
             previously_removed=previously,
         )
-        retained = RetainedData(
-            self.sample_ids[kept].tolist(),
-            self.X[keep_t],
-            self.y[keep_t],
-            self.subjects[kept].tolist(),
-            self.external_ids[kept].tolist(),
-        )
-        return removed, retained
+        return removed, RetainedData.deferred(self.count - len(out), _Kept(self, keep))
 
     def external_ids_of(self, ids: list[int]) -> dict[int, str]:
         at = self.rows_of(ids)
         return dict(zip(self.sample_ids[at].tolist(), self.external_ids[at].tolist(), strict=True))
 
-    def advance(self, version_id: int, removed_ids: list[int], state: ModelState) -> ModelSession:
-        """The session after a committed update: the removed rows gone, the new state."""
-        keep = np.ones(len(self), dtype=bool)
+    def advance(
+        self,
+        version_id: int,
+        removed_ids: list[int],
+        state: ModelState,
+        method_state: object | None = None,
+    ) -> ModelSession:
+        """The session after a committed update: the removed rows overwritten and marked, the
+        new state. The arrays are shared with this session, which must not be used again."""
+        alive, count = self.alive, self.count
         if removed_ids:
-            keep[self.rows_of(removed_ids)] = False
-        kept = np.flatnonzero(keep)
+            out = self.rows_of(removed_ids)
+            out_t = torch.from_numpy(out)
+            self.X[out_t] = 0  # the plaintext leaves the worker's memory with the commit
+            self.y[out_t] = 0
+            self.subjects[out] = None
+            self.external_ids[out] = ""
+            alive = alive.copy()
+            alive[out] = False
+            count -= len(out)
+        moved = replace(
+            self,
+            version_id=version_id,
+            alive=alive,
+            count=count,
+            state=state,
+            method_state=method_state,
+        )
+        return moved._compacted() if count <= (1 - COMPACT_FRACTION) * len(alive) else moved
+
+    def _compacted(self) -> ModelSession:
+        kept = np.flatnonzero(self.alive)
         at = torch.from_numpy(kept)
         return replace(
             self,
-            version_id=version_id,
             sample_ids=self.sample_ids[kept],
+            alive=np.ones(len(kept), dtype=bool),
             X=self.X[at],
             y=self.y[at],
             subjects=self.subjects[kept],
             external_ids=self.external_ids[kept],
-            state=state,
         )
+
+
+@dataclass(frozen=True)
+class _Kept:
+    """The retained rows of one update: a session's arrays under a mask (a RowSource)."""
+
+    session: ModelSession
+    keep: np.ndarray
+
+    def rows(self) -> Rows:
+        kept = np.flatnonzero(self.keep)
+        at = torch.from_numpy(kept)
+        s = self.session
+        return (
+            s.sample_ids[kept].tolist(),
+            s.X[at],
+            s.y[at],
+            s.subjects[kept].tolist(),
+            s.external_ids[kept].tolist(),
+        )
+
+    def blocks(self, size: int) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        """Blocks of the arrays, dead rows left out (a view where none is in the block)."""
+        X, y, keep = self.session.X, self.session.y, self.keep
+        for start in range(0, len(keep), size):
+            mask = keep[start : start + size]
+            if mask.all():
+                yield X[start : start + size], y[start : start + size]
+            elif mask.any():
+                at = torch.from_numpy(np.flatnonzero(mask) + start)
+                yield X[at], y[at]
+
+    def head(self, count: int) -> tuple[torch.Tensor, torch.Tensor]:
+        at = torch.from_numpy(np.flatnonzero(self.keep)[:count])
+        return self.session.X[at], self.session.y[at]
 
 
 class Sessions:
@@ -158,10 +235,3 @@ class Sessions:
 
     def __len__(self) -> int:
         return len(self._held)
-
-
-def _objects(values: list[str | None] | list[str]) -> np.ndarray:
-    """A list as a numpy object array (rows are taken by index arrays, not Python loops)."""
-    out = np.empty(len(values), dtype=object)
-    out[:] = values
-    return out

@@ -268,24 +268,20 @@ def _erased_by_others(
 
 
 def _affected_models(session: Session, sample_ids: list[int]) -> list[ModelRef]:
-    """Models (not failed) still holding any of these samples."""
-    model_ids: set[int] = set()
+    """Models (not failed) still holding any of these samples: one query per chunk of ids
+    (one round trip for a request of up to a chunk of samples, issue 28)."""
+    found: dict[int, ModelRef] = {}
     for chunk in chunked(sample_ids):
-        model_ids.update(
-            session.scalars(
-                select(ModelSample.model_id)
-                .distinct()
-                .where(ModelSample.sample_id.in_(chunk), ModelSample.removed_version_id.is_(None))
-            )
+        held = (
+            select(ModelSample.model_id)
+            .where(ModelSample.sample_id.in_(chunk), ModelSample.removed_version_id.is_(None))
+            .distinct()
         )
-    if not model_ids:
-        return []
-    models = session.execute(
-        select(*MODEL_REF)
-        .where(Model.id.in_(model_ids), Model.status != ModelStatus.failed)
-        .order_by(Model.id)
-    ).all()
-    return list(models)
+        for m in session.execute(
+            select(*MODEL_REF).where(Model.id.in_(held), Model.status != ModelStatus.failed)
+        ):
+            found[m.id] = m
+    return [found[i] for i in sorted(found)]
 
 
 def _check_models(models: list[ModelRef], body: DeletionCreate) -> None:

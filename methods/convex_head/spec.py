@@ -47,15 +47,15 @@ class ConvexHeadOptions(MethodOptions):
         6,
         ge=1,
         le=50,
-        description="most Newton steps per removal (one Hessian factor reused; stops once "
-        "‖∇F‖ ≤ λβ/100)",
+        description="most Newton steps per removal (each with the resident anchored Hessian; "
+        "stops once the bound on ‖∇F‖ is ≤ λβ)",
     )
     hessian_samples: int = Field(
         50_000,
         ge=100,
         le=10_000_000,
-        description="retained samples the Newton Hessian is built from (a uniform subsample; "
-        "it changes speed and s, never the guarantee: s is measured on all data)",
+        description="unused since issue 28 (removals use the exact float64 Hessian over every "
+        "retained row, kept resident); still accepted so that stored models load",
     )
 
 

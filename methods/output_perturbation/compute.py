@@ -42,16 +42,20 @@ class OutputPerturbation(UnlearningMethod):
             raise TargetInfeasible(plan.reason or "σ below the numerical floor")
         base = clip_to_ball(inputs.state, o.C0)
         noisy = add_gaussian(base, plan.sigma, secure_generator())
-        data = inputs.retained
-        weights = finetune(
-            m.architecture,
-            m.training,
-            m.n_classes,
-            noisy,
-            data.X,
-            data.y,
-            o.finetune_epochs,
-            o.finetune_learning_rate,
+        data = inputs.retained  # read only to fine-tune: the release alone reads no row
+        weights = (
+            finetune(
+                m.architecture,
+                m.training,
+                m.n_classes,
+                noisy,
+                data.X,
+                data.y,
+                o.finetune_epochs,
+                o.finetune_learning_rate,
+            )
+            if o.finetune_epochs
+            else noisy
         )
         n = len(inputs.removed.sample_ids)
         epsilon = epsilon_for(plan.sensitivity, plan.sigma, target.delta)

@@ -1,0 +1,140 @@
+"""One million samples on this machine, embedded (issue 28, goal 6).
+
+A fresh embedded `lethe serve` (SQLite, inline worker) with the dataset limits raised to fit
+(LETHE_MAX_DATASET_CELLS; the defaults refuse 256 M values): register
+`{"builtin": "synthetic", "n_samples": N, "n_features": 256, "n_classes": 10,
+"subject_size": 10000}`, train a convex_head model (λ = 1e-3, R = 20, β = 1e-3), then 20
+sequential single-sample deletions and one deletion of a 10,000-sample subject, each timed
+POST→certificate as the client sees it, with the update's own compute and its passes over the
+retained rows from the version's metrics. Peak RSS of the server process (the API and its
+inline worker are one process in embedded mode) from /proc's VmHWM.
+
+    .venv/bin/python -m bench.million [--n 1000000] [--deletions 20]
+
+Writes bench/results/million.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from app.client import Client
+from bench.cluster import Cluster
+from bench.common import write_result
+
+METHOD = {"name": "convex_head", "lam": 1e-3, "R": 20.0, "beta": 1e-3}
+SUBJECT_SIZE = 10_000
+
+
+def peak_rss_mib(pid: int) -> float | None:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
+    return None
+
+
+def timed_deletion(
+    c: Client, dataset_id: int, model_id: int, samples: list[str], subjects: list[str]
+) -> dict[str, Any]:
+    t0 = time.perf_counter()
+    done = c.wait_deletion(c.delete(dataset_id, samples, subjects).id)
+    seconds = time.perf_counter() - t0
+    assert done.status == "done", done
+    version = c.model(model_id).current_version
+    assert version is not None
+    m = version.metrics
+    return {
+        "post_to_certificate_s": seconds,
+        "compute_s": m.get("unlearn_seconds"),
+        "method": m.get("method"),
+        "n_removed": m.get("n_removed"),
+        "gradient_passes": m.get("gradient_passes"),
+        "hessian_passes": m.get("hessian_passes"),
+        "rows_loaded": m.get("rows_loaded"),
+        "test_accuracy": m.get("test_accuracy"),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--n", type=int, default=1_000_000)
+    parser.add_argument("--deletions", type=int, default=20)
+    args = parser.parse_args()
+    n = args.n
+    with tempfile.TemporaryDirectory(prefix="lethe-million-") as tmp:
+        cluster = Cluster(
+            Path(tmp),
+            None,
+            None,
+            max_dataset_cells=n * 256,
+            max_dataset_samples=n,
+            job_timeout_seconds=7200,
+        )
+        with cluster:
+            c = Client(cluster.start_api(), cluster.admin_key, timeout=7200)
+            assert cluster.api is not None
+            t0 = time.perf_counter()
+            body = {"builtin": "synthetic", "n_samples": n, "n_features": 256,
+                    "n_classes": 10, "subject_size": SUBJECT_SIZE}  # fmt: skip
+            ds = c.post("/v1/datasets", json=body)
+            register_s = time.perf_counter() - t0
+            rss_after_register = peak_rss_mib(cluster.api.pid)
+            print("registered", n, "in", round(register_s, 1), "s", flush=True)
+            t0 = time.perf_counter()
+            spec = {"name": "million", "dataset_id": ds["id"],
+                    "architecture": {"type": "logreg", "feature_norm": METHOD["R"]},
+                    "method": METHOD}  # fmt: skip
+            model = c.wait_model(c.create_model(spec).id)
+            train_s = time.perf_counter() - t0
+            assert model.status == "ready", model
+            version = model.current_version
+            assert version is not None
+            print("trained in", round(train_s, 1), "s", flush=True)
+            page = c.get(f"/v1/datasets/{ds['id']}/samples",
+                         params={"split": "train", "limit": args.deletions,
+                                 "offset": SUBJECT_SIZE * 3})  # fmt: skip
+            singles = []
+            for item in page["items"]:
+                row = timed_deletion(c, ds["id"], model.id, [item["external_id"]], [])
+                singles.append(row)
+                print(row, flush=True)
+            subject = timed_deletion(c, ds["id"], model.id, [], ["subject-0"])
+            print("subject", subject, flush=True)
+            warm = [r["post_to_certificate_s"] for r in singles[1:]]
+            result = {
+                "n_samples": n,
+                "n_train": version.n_train,
+                "register_s": register_s,
+                "train_s": train_s,
+                "train_metrics": {
+                    k: version.metrics.get(k)
+                    for k in (
+                        "train_seconds",
+                        "lbfgs_iterations",
+                        "gradient_norm",
+                        "test_accuracy",
+                    )  # fmt: skip
+                },
+                "first_deletion": singles[0],
+                "single_post_to_certificate_p50_s": statistics.median(warm) if warm else None,
+                "single_compute_p50_s": statistics.median(
+                    [float(r["compute_s"] or 0.0) for r in singles[1:]]
+                )
+                if warm
+                else None,
+                "subject_deletion": subject,
+                "peak_rss_mib_after_register": rss_after_register,
+                "peak_rss_mib": peak_rss_mib(cluster.api.pid),
+                "float32_data_mib": n * 256 * 4 / 2**20,
+                "deletions": singles,
+            }
+    write_result("million", result)
+
+
+if __name__ == "__main__":
+    main()

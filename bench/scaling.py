@@ -1,0 +1,95 @@
+"""POST→certificate against n, per method, with resident sessions (issue 28, goal 3).
+
+The embedded service (bench/resident.py's `run`, LETHE_RESIDENT_MODELS=2, one torch thread) at
+n = 10,000, 100,000 and 1,000,000 synthetic samples × `--features` features, 2 classes:
+`--deletions` sequential single-sample deletions per method. For each method, the median
+POST→certificate and compute per n, and the slope of log(POST→certificate) against log(n)
+fitted by least squares (0: flat in n; 1: linear). recollection only up to
+`--recollection-max` (its training is O(n²)), so it has no slope below two sizes.
+
+    .venv/bin/python -m bench.scaling [--sizes 10000,100000,1000000] [--deletions 6]
+
+Writes bench/results/scaling.json and scaling.png (log-log, one line per method).
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from bench.common import RESULTS, write_result
+from bench.resident import METHODS, run
+
+
+def slope(ns: list[int], seconds: list[float]) -> float | None:
+    if len(ns) < 2:
+        return None
+    fit = np.polyfit([math.log(n) for n in ns], [math.log(s) for s in seconds], 1)
+    return float(fit[0])
+
+
+def plot(per_method: dict[str, Any], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for method, row in per_method.items():
+        if not row["n"]:
+            continue
+        label = f"{method} (slope {row['slope']:.2f})" if row["slope"] is not None else method
+        ax.loglog(row["n"], row["post_to_certificate_p50_s"], "o-", label=label)
+        ax.loglog(row["n"], row["compute_p50_s"], "x:", color=ax.lines[-1].get_color())
+    ax.set_xlabel("training samples n")
+    ax.set_ylabel("seconds (o POST→certificate p50, x compute p50)")
+    ax.set_title("Single-sample deletion, embedded, resident sessions")
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--sizes", default="10000,100000,1000000")
+    parser.add_argument("--methods", default=",".join(METHODS))
+    parser.add_argument("--deletions", type=int, default=6)
+    parser.add_argument("--features", type=int, default=20)
+    parser.add_argument("--recollection-max", type=int, default=10_000)
+    args = parser.parse_args()
+    sizes = [int(s) for s in args.sizes.split(",")]
+    methods = args.methods.split(",")
+    runs: dict[str, Any] = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        for n in sizes:
+            runs[str(n)] = run(n, 2, methods, args, Path(tmp))
+    per_method: dict[str, Any] = {}
+    for method in methods:
+        measured = [(n, runs[str(n)][method]) for n in sizes if "deletions" in runs[str(n)][method]]
+        ns = [n for n, _ in measured]
+        post = [m["p50_post_to_certificate_s"] for _, m in measured]
+        per_method[method] = {
+            "n": ns,
+            "post_to_certificate_p50_s": post,
+            "compute_p50_s": [m["p50_compute_s"] for _, m in measured],
+            "plumbing_p50_s": [m["p50_plumbing_s"] for _, m in measured],
+            "slope": slope(ns, post),
+            "compute_slope": slope(ns, [max(m["p50_compute_s"], 1e-6) for _, m in measured]),
+            "within_goal": [  # POST→certificate ≤ 1.5 × compute + 30 ms
+                m["p50_post_to_certificate_s"] <= 1.5 * m["p50_compute_s"] + 0.030
+                for _, m in measured
+            ],
+        }
+    write_result("scaling", {"sizes": sizes, "features": args.features, "classes": 2,
+                             "methods": per_method, "runs": runs})  # fmt: skip
+    plot(per_method, RESULTS / "scaling.png")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,256 @@
+"""convex_head's removal without a pass over the retained rows (issue 28): a resident float64
+Hessian at an anchor, downdated exactly as rows leave, and a rigorous bound on the gradient
+after each Newton step, carried from one request to the next against λβ.
+
+Notation (maths/convex.py): F(Θ; D) = Σ_a (1/m) Σ_{i∈D} ℓ(t_ia θ_a·z_i) + (λ/2)‖Θ‖², ℓ the
+logistic loss, ‖z_i‖ ≤ R. A `Resident` holds, for the retained set D (m rows) at the noise-free
+Θ₀: a known vector g with ‖∇F(Θ₀; D) − g‖ ≤ b, and an `Anchor`: H̃_a = fl(∇²F_a(θ_A; D)) with
+‖H̃_a − ∇²F_a(θ_A; D)‖₂ ≤ e_H, and S̃ = fl((1/m) Σ z_i z_iᵀ) with ‖S̃ − S‖₂ ≤ e_S.
+
+Removing rows K (m' = m − k) is exact algebra on both, O(k·d²) per class:
+  ∇F(Θ; D') = (m/m')(∇F(Θ; D) − λΘ) − (1/m') Σ_K ∇ℓ_j(Θ) + λΘ, likewise for ∇²F and S.
+A Newton step δ = −H̃⁻¹g then leaves (Taylor with integral remainder)
+  ∇F(Θ₀+δ; D') = r + e + (∇²F(θ_A) − H̃)δ + ∫₀¹ (∇²F(Θ₀+tδ) − ∇²F(θ_A)) δ dt,  r = g + H̃δ,
+and since |ℓ'''| ≤ c = 1/(6√3), ‖(∇²F_a(θ) − ∇²F_a(θ'))v‖ ≤ c·R·‖θ − θ'‖_S·‖v‖_S
+(‖v‖_S² = vᵀSv; Cauchy–Schwarz over the rows), so per class the remainder is at most
+  c·R·(‖θ₀ − θ_A‖_S + ½‖δ‖_S)·‖δ‖_S.
+This is Guo, Goldstein, Hannun & van der Maaten 2020, Theorem 1 (‖∇L(w⁻)‖ ≤ γ(n−1)‖H⁻¹Δ‖²),
+for Lethe's mean objective with the data's second moment in place of the worst case ‖x‖ ≤ 1,
+and with the Hessian taken at an anchor rather than at the current point. The new g is r;
+b collects every other term and each step's float64 rounding (Higham 2002, §3.1).
+When the carried bound runs out, one pass measures the gradient (maths/convex.py) and resets
+b; when the anchor has drifted, one more pass rebuilds the Hessian at the current point.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, replace
+
+import torch
+
+from maths import convex
+
+LOGISTIC_THIRD = 1.0 / (6.0 * math.sqrt(3.0))  # max |ℓ'''| of ℓ(u) = log(1 + e^{−u})
+U = convex.UNIT_ROUNDOFF
+CHUNK = 16_384  # rows per block of the Hessian pass (bounds its scratch memory)
+
+
+def gamma(m: int) -> float:
+    """γ_m = m·u / (1 − m·u): the relative error of an m-term float64 sum or product."""
+    return m * U / (1.0 - m * U)
+
+
+@dataclass(frozen=True)
+class Anchor:
+    """Exact-up-to-e_H float64 class Hessians at θ_A on the current retained rows, their
+    Cholesky factors, and the rows' second moment S̃."""
+
+    theta: torch.Tensor  # (k, d) Θ_A
+    H: torch.Tensor  # (k, d, d)
+    factor: torch.Tensor  # (k, d, d) Cholesky factors of H
+    S: torch.Tensor  # (d, d)
+    e_H: float
+    e_S: float
+    # ≥ Σ_i |z_i| over the retained rows (with room for its rounding), for the gradient's
+    # rounding bound; removed rows are subtracted, so it holds nothing of them.
+    column_abs: torch.Tensor  # (d,)
+
+
+@dataclass(frozen=True)
+class Step:
+    """What one Newton step's bound was made of (the next step's decisions use it)."""
+
+    residual: float  # ‖r‖: the known part
+    carried: float  # the bound carried in (b, rescaled by m/m')
+    anchor_mismatch: float  # e_H‖δ‖ + rounding of r
+    remainder: float  # the Lipschitz remainder, Σ over classes in quadrature
+    drift: float  # its part due to θ₀ ≠ θ_A
+
+
+@dataclass(frozen=True)
+class Resident:
+    """What convex_head keeps between updates for the retained rows (m of them) at Θ₀."""
+
+    m: int
+    theta: torch.Tensor  # (k, d) Θ₀, the noise-free state this describes
+    g: torch.Tensor  # (k, d), ‖∇F(Θ₀; D) − g‖ ≤ b
+    b: float
+    anchor: Anchor
+    R: float
+    lam: float
+    last: Step | None = None
+
+    @property
+    def bound(self) -> float:
+        """A rigorous upper bound on ‖∇F(Θ₀; D)‖."""
+        return float(torch.linalg.norm(self.g)) + self.b
+
+    def describes(self, theta: torch.Tensor, m: int, R: float, lam: float) -> bool:
+        """Whether this is the resident state of `theta` on m rows under (R, λ)."""
+        return (
+            self.m == m
+            and self.R == R
+            and self.lam == lam
+            and self.theta.shape == theta.shape
+            and bool(torch.equal(self.theta, theta.to(self.theta)))
+        )
+
+
+Blocks = Callable[[], Iterable[tuple[torch.Tensor, torch.Tensor]]]
+"""The retained rows as (Z, T) blocks: clipped float64 features with the bias coordinate and
+±1 targets (maths/convex.Problem per block), so no float64 copy of all rows is ever held."""
+
+
+def anchored(blocks: Blocks, m: int, theta: torch.Tensor, R: float, lam: float) -> Resident:
+    """The resident state at Θ on the m retained rows: one Hessian pass (O(m·d²) per class)
+    and one gradient pass, both float64, with their rounding bounds."""
+    k, d = theta.shape
+    H = torch.zeros(k, d, d, dtype=torch.float64, device=theta.device)
+    S = torch.zeros(d, d, dtype=torch.float64, device=theta.device)
+    column_abs = torch.zeros(d, dtype=torch.float64, device=theta.device)
+    weight_error = 0.0
+    for z, t in blocks():
+        u = t * (z @ theta.T)
+        w = torch.sigmoid(u) * torch.sigmoid(-u)
+        for a in range(k):
+            H[a] += (z * w[:, a : a + 1]).T @ z
+        S += z.T @ z
+        column_abs += z.abs().sum(dim=0)
+        # ℓ'' evaluated at a rounded margin: |Δu| ≤ γ_d |z|·|θ|, ℓ'' is c-Lipschitz
+        margin_error = gamma(d) * (z.abs() @ theta.abs().T)
+        weight_error = max(weight_error, float((LOGISTIC_THIRD * margin_error).max()) + 8 * U)
+    eye = lam * torch.eye(d, dtype=torch.float64, device=theta.device)
+    H = H / m + eye
+    S = S / m
+    r2 = _row_norm_bound(R) ** 2
+    # |fl(H) − H| ≤ γ_{m+3}·|Z|ᵀW|Z|/m entrywise; that PSD matrix's norm ≤ its trace ≤ ¼R².
+    e_H = gamma(m + 3) * (0.25 + weight_error) * r2 + weight_error * r2 + gamma(2) * lam
+    e_S = gamma(m + 3) * r2
+    factor, info = torch.linalg.cholesky_ex(H)
+    if bool((info != 0).any()):
+        raise ValueError("the Hessian is not positive definite")
+    column_abs *= 1 + gamma(m)
+    anchor = Anchor(theta.clone(), H, factor, S, e_H, e_S, column_abs)
+    start = Resident(m, theta.clone(), torch.zeros_like(theta), math.inf, anchor, R, lam)
+    return measured(start, blocks)
+
+
+def measured(resident: Resident, blocks: Blocks) -> Resident:
+    """The gradient at Θ₀ measured over all retained rows in one float64 pass; b becomes its
+    rounding bound: maths/convex.rounding_bound's γ_m·‖(|C| + ¼|Z||Θ|ᵀ)ᵀ|Z|/n + λ|Θ|‖ with
+    |c_ia| ≤ 1 and |z_i|·|θ_a| ≤ R‖θ_a‖, and Σ|z_i| at most the anchor's (no second product
+    over the rows)."""
+    theta, lam = resident.theta, resident.lam
+    total = torch.zeros_like(theta)
+    rows = 0
+    for z, t in blocks():
+        coef = -t * torch.sigmoid(-(t * (z @ theta.T)))
+        total += coef.T @ z
+        rows += len(z)
+    if rows != resident.m:
+        raise ValueError("the rows are not the resident state's")
+    g = total / rows + lam * theta
+    m = rows + theta.shape[1] + 3
+    per_class = 1.0 + 0.25 * _row_norm_bound(resident.R) * torch.linalg.norm(theta, dim=1)
+    column_abs = resident.anchor.column_abs
+    terms = per_class.unsqueeze(1) * (column_abs / rows).unsqueeze(0) + lam * theta.abs()
+    bound = gamma(m) * float(torch.linalg.norm(terms)) * (1 + gamma(m))
+    return replace(resident, g=g, b=bound, last=None)
+
+
+def without(resident: Resident, Z: torch.Tensor, T: torch.Tensor) -> Resident:
+    """The resident state once the rows (Z, T) (clipped, with the bias coordinate) leave:
+    the gradient at Θ₀, the anchor's Hessians and S downdated exactly, O(k·d²) per class."""
+    k_rows, m = len(Z), resident.m
+    m2 = m - k_rows
+    if m2 <= 0:
+        raise ValueError("every retained row would leave")
+    scale, lam, theta = m / m2, resident.lam, resident.theta
+    d = theta.shape[1]
+    Z_abs = Z.abs()
+    # gradient at Θ₀ (the same margins and rounding analysis as convex.rounding_bound)
+    coef = -T * torch.sigmoid(-(T * (Z @ theta.T)))
+    g = scale * (resident.g - lam * theta) - coef.T @ Z / m2 + lam * theta
+    # |coef| plus the margin's rounding carried through σ (¼-Lipschitz), as in rounding_bound
+    coef_abs = coef.abs() + 0.25 * (Z_abs @ theta.abs().T)
+    terms = (
+        scale * (resident.g.abs() + lam * theta.abs()) + coef_abs.T @ Z_abs / m2 + lam * theta.abs()
+    )
+    b = scale * resident.b + gamma(k_rows + d + 8) * float(torch.linalg.norm(terms))
+    # the anchor's Hessians and second moment
+    A = resident.anchor
+    u = T * (Z @ A.theta.T)
+    w = torch.sigmoid(u) * torch.sigmoid(-u)
+    eye = lam * torch.eye(d, dtype=torch.float64, device=Z.device)
+    H_rows = torch.einsum("ja,ji,jl->ail", w, Z, Z)
+    H = scale * (A.H - eye) - H_rows / m2 + eye
+    weight_error = LOGISTIC_THIRD * gamma(d) * (Z_abs @ A.theta.abs().T) + 8 * U
+    abs_terms = scale * (A.H - eye).abs() + torch.einsum("ja,ji,jl->ail", w, Z_abs, Z_abs) / m2
+    evaluation = float((weight_error.max(dim=1).values * (Z * Z).sum(dim=1)).sum()) / m2
+    e_H = (
+        scale * A.e_H
+        + gamma(k_rows + 8) * float(torch.linalg.matrix_norm(abs_terms).max())
+        + evaluation
+        + gamma(2) * lam
+    )
+    S = scale * A.S - Z.T @ Z / m2
+    S_abs = scale * A.S.abs() + Z_abs.T @ Z_abs / m2
+    e_S = scale * A.e_S + gamma(k_rows + 4) * float(torch.linalg.matrix_norm(S_abs))
+    factor, info = torch.linalg.cholesky_ex(H)
+    if bool((info != 0).any()):  # cannot happen for an exact λ-convex H; be safe
+        raise ValueError("the downdated Hessian lost positive definiteness")
+    removed_abs = Z_abs.sum(dim=0)
+    column_abs = A.column_abs - removed_abs + gamma(k_rows + 2) * (A.column_abs + removed_abs)
+    anchor = Anchor(A.theta, H, factor, S, e_H, e_S, column_abs)
+    return replace(resident, m=m2, g=g, b=b, anchor=anchor, last=None)
+
+
+def newton_step(resident: Resident) -> Resident:
+    """Θ₁ = Θ₀ − H̃⁻¹g with the anchor's factors, and the rigorous bound on ‖∇F(Θ₁)‖ (no pass
+    over the rows: O(d²) per class given the factors)."""
+    A, lam = resident.anchor, resident.lam
+    k, d = resident.theta.shape
+    delta = -torch.cholesky_solve(resident.g.unsqueeze(-1), A.factor).squeeze(-1)
+    theta = resident.theta + delta
+    step = theta - resident.theta  # the step as represented: error ≤ u|step| per entry
+    Hs = torch.bmm(A.H, step.unsqueeze(-1)).squeeze(-1)
+    r = resident.g + Hs
+    rounding_r = gamma(d + 2) * float(
+        torch.linalg.norm(
+            resident.g.abs() + torch.bmm(A.H.abs(), step.abs().unsqueeze(-1)).squeeze(-1)
+        )
+    )
+    R = _row_norm_bound(resident.R)
+    h_max = 0.25 * R * R + lam + A.e_H  # ≥ ‖∇²F‖₂ anywhere
+    step_norm = float(torch.linalg.norm(step))
+    mismatch = A.e_H * step_norm * (1 + U) + h_max * U * step_norm + rounding_r
+    drift_terms = _s_norms(A, resident.theta - A.theta, inflate=U)
+    step_terms = _s_norms(A, step, inflate=U)
+    per_class = LOGISTIC_THIRD * R * (drift_terms + 0.5 * step_terms) * step_terms
+    remainder = float(torch.linalg.norm(per_class)) * (1 + 4 * U)
+    drift = float(torch.linalg.norm(LOGISTIC_THIRD * R * drift_terms * step_terms))
+    residual = float(torch.linalg.norm(r))
+    carried = resident.b
+    b = (carried + mismatch + remainder) * (1 + 8 * U)
+    last = Step(residual, carried, mismatch, remainder, drift)
+    return replace(resident, theta=theta, g=r, b=b, last=last)
+
+
+def _s_norms(A: Anchor, V: torch.Tensor, inflate: float) -> torch.Tensor:
+    """Per class, an upper bound on ‖v‖_S = √(vᵀSv) for the exact S: the float quadratic
+    form plus its rounding, plus e_S‖v‖², and the error of v itself (|v|·inflate)."""
+    d = V.shape[1]
+    quad = ((V @ A.S) * V).sum(dim=1)
+    quad_abs = ((V.abs() @ A.S.abs()) * V.abs()).sum(dim=1)
+    sq = (V * V).sum(dim=1)
+    bound = quad + gamma(2 * d + 4) * quad_abs + A.e_S * sq
+    norms = torch.sqrt(bound.clamp(min=0.0)) * (1 + 4 * U)
+    largest = float(A.S.diagonal().sum()) * (1 + gamma(d)) + A.e_S  # ≥ ‖S‖₂ (its trace)
+    return norms + inflate * torch.sqrt(sq) * math.sqrt(largest) * (1 + 4 * U)
+
+
+def _row_norm_bound(R: float) -> float:
+    """R with room for the rounding of the clipping itself (‖z‖ ≤ R(1 + 1e-12))."""
+    return R * (1.0 + 1e-12)
