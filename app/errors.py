@@ -16,9 +16,17 @@ from app.jsontypes import JsonObject
 class APIError(Exception):
     """A client-facing error with an HTTP status, a stable code and optional details."""
 
-    def __init__(self, status: int, code: str, message: str, details: Any = None) -> None:
+    def __init__(
+        self,
+        status: int,
+        code: str,
+        message: str,
+        details: Any = None,
+        headers: dict[str, str] | None = None,
+    ) -> None:
         super().__init__(message)
         self.status, self.code, self.message, self.details = status, code, message, details
+        self.headers = headers
 
 
 def not_found(what: str, ident: Any, **details: Any) -> APIError:

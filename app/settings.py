@@ -65,6 +65,34 @@ class Settings(BaseSettings):
         "its last batch, watching for the model's next request, so that the worker holding "
         "the warm session applies it (0: release at once).",
     )
+    blob_store: Literal["filesystem", "database", "s3"] = Field(
+        "filesystem",
+        description="Where weights and noise-free states live, sealed in chunks "
+        "(app/storage/blobs.py): filesystem = <blob_dir> (the embedded default; in distributed "
+        "mode every process must mount the same folder), database = rows of blob_chunks, "
+        "s3 = an S3-compatible bucket (LETHE_S3_*).",
+    )
+    blob_dir: Path | None = Field(None, description="default <data_dir>/blobs")
+    blob_chunk_bytes: int = Field(
+        1 << 20, ge=4096, le=64 << 20, description="Plaintext bytes per sealed chunk of a blob."
+    )
+    blob_orphan_grace_seconds: float = Field(
+        900.0,
+        ge=0.0,
+        description="An object no blob row references is swept once it is this old: longer "
+        "than any write-then-commit of a job (a lease is 60 s).",
+    )
+    blob_sweep_seconds: float = Field(
+        300.0, gt=0.0, description="How often the reconciler sweeps orphaned objects."
+    )
+    s3_bucket: str | None = Field(None, description="The bucket (created when missing).")
+    s3_prefix: str = Field("", description="Prefix of every object key, e.g. 'lethe/'.")
+    s3_endpoint_url: str | None = Field(
+        None, description="e.g. http://seaweedfs:8333 or https://<account>.r2.cloudflarestorage.com"
+    )
+    s3_region: str | None = None
+    s3_access_key_id: str | None = None
+    s3_secret_access_key: SecretStr | None = None
     job_timeout_seconds: int = 3600
     signal_ttl_seconds: int = Field(
         60, ge=1, description="A waiting queue signal de-duplicates others this long at most."
@@ -132,6 +160,16 @@ class Settings(BaseSettings):
                 "LETHE_METRICS_ACCESS=token needs LETHE_METRICS_TOKEN (at least 16 characters)"
             )
         return self
+
+    @model_validator(mode="after")
+    def _s3_bucket_given(self) -> "Settings":
+        if self.blob_store == "s3" and not self.s3_bucket:
+            raise ValueError("LETHE_BLOB_STORE=s3 needs LETHE_S3_BUCKET")
+        return self
+
+    @property
+    def resolved_blob_dir(self) -> Path:
+        return self.blob_dir or self.data_dir / "blobs"
 
     @property
     def resolved_database_url(self) -> str:

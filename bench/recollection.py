@@ -27,13 +27,13 @@ from app.client import Client
 from app.db.session import Database, database
 from app.db.tables import Model, ModelVersion, Sample
 from app.settings import Settings, use_settings
-from app.storage.blobs import DatabaseBlobStore
 from app.storage.crypto import keyring
 from bench.common import RESULTS, embedded_server, percentiles, write_result
 from maths.evaluation import membership_auc, per_sample_losses
 from maths.nets import FlatModel, build_net
 from maths.training import accuracy, train
 from methods.recollection.maths import train_recollection
+from tests.factories import stored_bytes
 from workers.statistics import read_vectors
 
 ARCHS = {
@@ -61,7 +61,7 @@ def noise_free_state(db: Path, model_id: int) -> dict[str, torch.Tensor]:
         assert model is not None
         version = session.get(ModelVersion, model.current_version_id)
         assert version is not None and version.state_key is not None
-        data = DatabaseBlobStore(session).get(version.state_key)
+        data = stored_bytes(session, version.state_key)
     assert data is not None
     return dict(st_load(data))
 

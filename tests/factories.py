@@ -7,8 +7,12 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
+import torch
+from sqlalchemy.orm import Session
+
 from app.privacy.lineage import LineageEvent
 from app.specs import PrivacyPolicy, TrainingConfig, architecture_of, training_of
+from app.storage.blobs import blobs
 from methods import method_of
 from methods.compute import (
     ModelSpec,
@@ -19,6 +23,7 @@ from methods.compute import (
     Trained,
     UpdateInputs,
 )
+from workers import tensorfile
 
 if TYPE_CHECKING:
     from tests.conftest import Api
@@ -114,3 +119,16 @@ def certificate_of(api: Api, done: dict[str, Any], index: int = 0) -> dict[str, 
     """A finished request's certificate, as an auditor reads it."""
     cid = done["certificate_ids"][index]
     return api.get(f"/v1/audit/certificates/{cid}", role="auditor").json()
+
+
+def stored_bytes(session: Session, key: str) -> bytes | None:
+    """A blob's plaintext as the service stores it (any backend), or None once erased."""
+    data = blobs().read(session, key)
+    return None if data is None else bytes(data)
+
+
+def stored_state(session: Session, key: str) -> dict[str, torch.Tensor]:
+    """A stored safetensors blob (a noise-free state, weights) as tensors."""
+    data = blobs().read(session, key)
+    assert data is not None, f"blob {key} is erased"
+    return tensorfile.decode(data)

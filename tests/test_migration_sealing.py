@@ -13,7 +13,7 @@ from app.db.migrate import alembic_config
 from app.db.session import database, engine_for
 from app.db.tables import Dataset
 from app.settings import Settings, get_settings, use_settings
-from app.storage.blobs import DatabaseBlobStore
+from tests.factories import stored_bytes
 from workers.data import arrays_for
 from workers.statistics import read_vectors
 
@@ -89,7 +89,7 @@ def _seal_and_read(tmp_path: Path) -> None:
         assert torch.equal(arrays.X[0], torch.from_numpy(features))
         assert int(arrays.y[0]) == 1
         assert torch.equal(read_vectors(session, 1, [1])[1], torch.from_numpy(vector))
-        assert DatabaseBlobStore(session).get("model-1/weights/x") == weights
+        assert stored_bytes(session, "model-1/weights/x") == weights
         left = session.execute(sa.text("SELECT count(*) FROM sample_statistics")).scalar_one()
         assert left == 1  # the erased sample's statistic went with it
     engine_for(url).dispose()

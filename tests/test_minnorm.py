@@ -11,11 +11,11 @@ from sqlalchemy import func, select
 
 from app.db.session import database
 from app.db.tables import Dataset, Model, ModelVersion
-from app.storage.blobs import DatabaseBlobStore
 from maths.nets import build_net
 from methods.minnorm import maths as mn
 from methods.minnorm.compute import GRAM, ROWS
 from methods.minnorm_og.compute import orthonormal_basis, project_step
+from tests import factories
 from tests.conftest import Api, train_ids
 from tests.factories import forget
 from workers.data import training_arrays
@@ -67,7 +67,7 @@ def stored_state(api: Api, model_id: int) -> dict[str, torch.Tensor]:
     with database(api.url).read() as session:
         model = session.get(Model, model_id)
         version = session.get(ModelVersion, model.current_version_id)
-        return dict(st_load(DatabaseBlobStore(session).get(version.state_key)))
+        return dict(factories.stored_state(session, version.state_key))
 
 
 @pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)  # maths, not storage: SQLite

@@ -12,12 +12,11 @@ from sklearn.datasets import make_classification
 
 from app.db.session import database
 from app.db.tables import Dataset, Model, ModelVersion
-from app.storage.blobs import DatabaseBlobStore
 from maths.nets import FlatModel, build_net
 from maths.training import train
 from methods.newton.maths import lissa, objective
 from tests.conftest import Api
-from tests.factories import certificate_of, forget
+from tests.factories import certificate_of, forget, stored_state
 from workers.data import training_arrays
 
 
@@ -127,7 +126,7 @@ def test_newton_step_lands_near_the_convex_retrained_optimum(api: Api) -> None:
     with database(api.url).write() as session:
         m = session.get(Model, model["id"])
         v = session.get(ModelVersion, m.current_version_id)
-        noise_free = st_load(DatabaseBlobStore(session).get(v.state_key))
+        noise_free = stored_state(session, v.state_key)
         retained = training_arrays(session, m.id, session.get(Dataset, m.dataset_id))
     retrained = train({"type": "logreg"}, TRAINING, retained.X, retained.y, 3, project_radius=100.0)
     before = float((flat(original) - flat(retrained)).norm())

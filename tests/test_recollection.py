@@ -8,18 +8,16 @@ import io
 import numpy as np
 import pytest
 import torch
-from safetensors.torch import load as st_load
 from sklearn.datasets import make_classification
 from sqlalchemy import func, select
 
 from app.db.session import database
 from app.db.tables import Model, ModelVersion, Sample, SampleStatistic
-from app.storage.blobs import DatabaseBlobStore
 from app.storage.crypto import keyring
 from maths.nets import FlatModel, build_net
 from methods.recollection.maths import train_recollection
 from tests.conftest import Api
-from tests.factories import forget
+from tests.factories import forget, stored_state
 
 CONFIG = {"epochs": 10, "batch_size": 64, "learning_rate": 0.05, "weight_decay": 1e-3, "seed": 0}
 LOGREG = {"type": "logreg"}
@@ -138,7 +136,7 @@ def noise_free_state(api: Api, model_id: int) -> dict[str, torch.Tensor]:
     with database(api.url).write() as session:
         model = session.get(Model, model_id)
         version = session.get(ModelVersion, model.current_version_id)
-        return dict(st_load(DatabaseBlobStore(session).get(version.state_key)))
+        return stored_state(session, version.state_key)
 
 
 def train_external_ids(api: Api, dataset_id: int, n: int) -> list[str]:

@@ -14,12 +14,12 @@ from sqlalchemy import select
 
 from app.db.session import database
 from app.db.tables import Blob, DataKey, Dataset, Model, ModelVersion
-from app.storage.blobs import DatabaseBlobStore
 from lethe.loader import load_model
 from maths.ensemble import Ensemble, shard_states
 from methods.compute import RetainedData, fit
 from methods.sharded_retrain import maths as sh
 from tests.conftest import Api
+from tests.factories import stored_bytes
 from tests.test_erasure import wait_until_absent
 from workers import pipeline
 from workers.data import training_arrays
@@ -74,7 +74,7 @@ def current_state(api: Api, model_id: int) -> tuple[dict[str, torch.Tensor], str
     with database(api.url).read() as session:
         model = session.get(Model, model_id)
         version = session.get(ModelVersion, model.current_version_id)
-        data = DatabaseBlobStore(session).get(version.state_key)
+        data = stored_bytes(session, version.state_key)
         return dict(st_load(data)), version.state_key
 
 

@@ -13,7 +13,6 @@ from safetensors.torch import load as st_load
 
 from app.db.session import database
 from app.db.tables import Dataset, Model, ModelVersion, Sample
-from app.storage.blobs import DatabaseBlobStore
 from app.text import count_documents, synthetic_corpus
 from maths import convex
 from maths import topics as tp
@@ -25,7 +24,7 @@ from methods.topic_head.compute import ANCHORS as HEAD_ANCHORS
 from methods.topic_head.compute import BASE, frequencies
 from methods.topic_head.compute import HEAD as W_S
 from tests.conftest import Api, train_ids
-from tests.factories import forget
+from tests.factories import forget, stored_state
 from workers.data import training_arrays
 
 CORPUS = {
@@ -76,7 +75,7 @@ def retained(api: Api, model_id: int) -> tuple[torch.Tensor, dict[str, torch.Ten
         dataset = session.get(Dataset, model.dataset_id)
         data = training_arrays(session, model_id, dataset)
         version = session.get(ModelVersion, model.current_version_id)
-        state = dict(st_load(DatabaseBlobStore(session).get(version.state_key)))
+        state = stored_state(session, version.state_key)
     return data.X, state
 
 

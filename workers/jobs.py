@@ -27,7 +27,7 @@ from app.ledger.transparency import signing_key
 from app.settings import Settings, get_settings
 from app.specs import ImportedWeights
 from app.states import ModelStatus, Stage, TaskStatus, VersionKind
-from app.storage.blobs import DatabaseBlobStore
+from app.storage.blobs import blobs
 from app.storage.erasure import compact_after_erasure
 from app.wire import Progress
 from maths.nets import build_net
@@ -84,8 +84,12 @@ def train_model(model_id: int) -> str:
             with db.read() as session:
                 inputs = _load_training(session, model_id)
             trained, metrics = _train(inputs, _progress_writer(db, model_id), device)
+            kind = VersionKind.imported if inputs.imported else VersionKind.trained
+            stored = pipeline.store_version_blobs(
+                db, model_id, 1, None, kind, trained.state, trained.next_state
+            )
             version_id = db.run(
-                lambda session: _commit_trained(session, model_id, inputs, trained, metrics)
+                lambda session: _commit_trained(session, model_id, inputs, trained, stored, metrics)
             )
             _seed_session(settings, db, model_id, version_id, inputs, trained)
         except LeaseLost:
@@ -156,7 +160,7 @@ def _load_training(session: Session, model_id: int) -> TrainingInputs:
         data=training_arrays(session, model_id, dataset),
         test=test_arrays(session, dataset),
         imported=imported,
-        imported_bytes=DatabaseBlobStore(session).get(imported.blob) if imported else None,
+        imported_bytes=blobs().read(session, imported.blob) if imported else None,
     )
 
 
@@ -194,11 +198,13 @@ def _train(
     return trained_to_cpu(trained), metrics
 
 
-def _load_imported(spec: ModelSpec, imported: ImportedWeights, data: bytes | None) -> Trained:
+def _load_imported(
+    spec: ModelSpec, imported: ImportedWeights, data: bytes | bytearray | None
+) -> Trained:
     """Weights trained elsewhere, loaded without pickle and checked against the spec."""
     if data is None:
         raise LookupError("the imported weights are missing")
-    tensors = {k: v.float().contiguous() for k, v in st_load(data).items()}
+    tensors = {k: v.float().contiguous() for k, v in st_load(bytes(data)).items()}
     net = build_net(spec.architecture, spec.n_features, spec.n_classes)
     net.load_state_dict(tensors, strict=True)
     if not all(torch.isfinite(v).all() for v in tensors.values()):
@@ -239,22 +245,26 @@ def _progress_writer(db: Database, model_id: int) -> ProgressFn:
 
 
 def _commit_trained(
-    session: Session, model_id: int, inputs: TrainingInputs, trained: Trained, metrics: JsonObject
+    session: Session,
+    model_id: int,
+    inputs: TrainingInputs,
+    trained: Trained,
+    stored: pipeline.VersionBlobs,
+    metrics: JsonObject,
 ) -> int:
-    """Write version 1 and make the model ready; returns the version's id."""
+    """Record version 1 (its blobs are `stored`) and make the model ready; returns its id."""
     model = pipeline.check_lease(session, model_id)
     if trained.record:
         metrics = {**metrics, "record": json_object(trained.record)}
     if inputs.imported is not None:
-        DatabaseBlobStore(session).delete([inputs.imported.blob])
+        blobs().retire(session, [inputs.imported.blob])
     version = pipeline.write_version(
         session,
         model_id,
         number=1,
         parent_id=None,
         kind=VersionKind.imported if inputs.imported else VersionKind.trained,
-        weights=trained.state,
-        next_state=trained.next_state,
+        stored=stored,
         metrics=metrics,
     )
     if trained.statistics is not None:
@@ -371,12 +381,18 @@ def _run_batch(
             with db.read() as session:  # one short read; no transaction while computing
                 batch, inputs = pipeline.load_batch(session, model_id, tasks, sessions)
             outcome: Outcome | None = compute_on(inputs, device) if batch.removed else None
-            pause.point("before-commit", model_id)
+            stored = pipeline.store_release(db, batch, outcome)  # no transaction open
+            pause.point("before-commit", model_id)  # (a crash here leaves orphans: swept)
             signer = signing_key(settings)
-            version_id = db.run(
-                lambda session: pipeline.commit_update(session, batch, outcome, signer),
-                retry_integrity=True,
-            )
+            try:
+                version_id = db.run(
+                    lambda session: pipeline.commit_update(session, batch, outcome, stored, signer),
+                    retry_integrity=True,
+                )
+            except LeaseLost:  # refused before its commit: nothing references them
+                if stored is not None:
+                    blobs().discard(stored.both)
+                raise
         except BaseException:
             sessions.drop(where, model_id)  # it may no longer be at the current version
             raise

@@ -10,18 +10,17 @@ from __future__ import annotations
 import json
 import secrets
 import uuid
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from typing import Any
 
 import numpy as np
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
-from safetensors.torch import load as st_load
-from safetensors.torch import save as st_save
 from sqlalchemy import delete, func, select, update
 from sqlalchemy.orm import Session
 
 from app.db.chunks import chunked
+from app.db.session import Database
 from app.db.tables import (
     Certificate,
     Dataset,
@@ -39,7 +38,7 @@ from app.jsontypes import json_object
 from app.ledger.certificates import append_certificates, lineage_history, removed_ids_commitment
 from app.specs import architecture_of, training_of
 from app.states import ModelStatus, RequestStatus, SampleStatus, Stage, TaskStatus, VersionKind
-from app.storage.blobs import DatabaseBlobStore
+from app.storage.blobs import WrittenBlob, blobs
 from app.storage.crypto import keyring
 from app.storage.erasure import erase_payloads
 from app.storage.keystore import destroy_keys, load_keys
@@ -52,6 +51,7 @@ from methods.compute import (
     RetainedData,
     UpdateInputs,
 )
+from workers import tensorfile
 from workers.certify import CertificateContext, certificate_fields
 from workers.data import database_key, test_arrays, training_arrays
 from workers.lease import WORKER_ID, LeaseLost
@@ -107,39 +107,95 @@ def weights_metadata(
     }
 
 
-def write_version(
-    session: Session,
+@dataclass(frozen=True)
+class VersionBlobs:
+    """A version's weights and noise-free state, sealed and stored before the commit that
+    records them (issue 29): no transaction is open while they stream out."""
+
+    weights: WrittenBlob
+    state: WrittenBlob
+
+    @property
+    def both(self) -> tuple[WrittenBlob, WrittenBlob]:
+        return self.weights, self.state
+
+
+def store_version_blobs(
+    db: Database,
     model_id: int,
     number: int,
     parent_id: int | None,
     kind: VersionKind,
     weights: ModelState,
     next_state: ModelState,
+) -> VersionBlobs:
+    """Seal and store a version's downloadable weights (with what a loader needs in their
+    safetensors metadata, `weights_metadata`) and its noise-free state, each as a stream of
+    views of the tensors' own memory (workers/tensorfile.py)."""
+    with db.read() as session:
+        metadata = weights_metadata(session, model_id, number, parent_id, kind)
+    store = blobs()
+    _, stream = tensorfile.encode(weights, metadata)
+    stored_weights = store.write(f"model-{model_id}/weights", stream)
+    _, stream = tensorfile.encode(next_state)
+    return VersionBlobs(
+        stored_weights, store.write(f"model-{model_id}/state", stream, digest=False)
+    )
+
+
+def write_version(
+    session: Session,
+    model_id: int,
+    number: int,
+    parent_id: int | None,
+    kind: VersionKind,
+    stored: VersionBlobs,
     metrics: dict[str, Any],
 ) -> ModelVersion:
-    """Store a version's downloadable weights and its noise-free state as blobs. The weights
-    carry what a loader needs in their safetensors metadata (`weights_metadata`)."""
-    store = DatabaseBlobStore(session)
-    data = st_save(weights, metadata=weights_metadata(session, model_id, number, parent_id, kind))
-    wkey, wsha = store.put(data, f"model-{model_id}/weights")
-    state = st_save(next_state)
-    skey, _ = store.put(state, f"model-{model_id}/state")
-    metrics = {**metrics, "storage": {"weights_bytes": len(data), "state_bytes": len(state)}}
+    """Record a version whose blobs are stored: their keys and rows and the version row, in
+    the caller's commit."""
+    store = blobs()
+    for blob in stored.both:
+        store.record(session, blob)
+    metrics = {
+        **metrics,
+        "storage": {
+            "weights_bytes": stored.weights.size,
+            "state_bytes": stored.state.size,
+            "location": stored.weights.location,
+        },
+    }
     version = ModelVersion(
         model_id=model_id,
         number=number,
         parent_id=parent_id,
         kind=kind,
-        weights_key=wkey,
-        weights_sha256=wsha,
-        weights_size=len(data),
-        state_key=skey,
+        weights_key=stored.weights.key,
+        weights_sha256=stored.weights.sha256,
+        weights_size=stored.weights.size,
+        state_key=stored.state.key,
         metrics=metrics,
         n_train=int(metrics.get("n_train", 0)),
     )
     session.add(version)
     session.flush()
     return version
+
+
+def store_release(db: Database, batch: Batch, outcome: Outcome | None) -> VersionBlobs | None:
+    """The blobs of the version a batch's update releases (None when nothing was removed)."""
+    if outcome is None:
+        return None
+    release = outcome.decision.release
+    return store_version_blobs(
+        db,
+        batch.model_id,
+        batch.parent_number + 1,
+        batch.parent_id,
+        release.version_kind,
+        release.weights,
+        release.next_state,
+    )
 
 
 def training_record(session: Session, model_id: int) -> tuple[dict[str, Any] | None, list[int]]:
@@ -278,11 +334,11 @@ def _cold_session(
     """The model's session read from the database: its retained rows, the parent version's
     noise-free state and the test split; and how many training rows that read."""
     assert parent.state_key is not None
-    state_bytes = DatabaseBlobStore(session).get(parent.state_key)
+    state_bytes = blobs().read(session, parent.state_key)
     if state_bytes is None:
         raise LookupError(f"the state of version {parent.number} is missing")
     rows = training_arrays(session, model_id, dataset)
-    state = dict(st_load(state_bytes))
+    state = tensorfile.decode(state_bytes)
     made = ModelSession.of(model_id, parent.id, rows, state, test_arrays(session, dataset))
     return made, len(rows)
 
@@ -337,15 +393,20 @@ def _held(session: Session, model_id: int, sample_ids: list[int]) -> set[int]:
 
 
 def commit_update(
-    session: Session, batch: Batch, outcome: Outcome | None, signer: Ed25519PrivateKey
+    session: Session,
+    batch: Batch,
+    outcome: Outcome | None,
+    stored: VersionBlobs | None,
+    signer: Ed25519PrivateKey,
 ) -> int | None:
-    """Apply the update atomically, the log's new head signed by `signer`; returns the new
-    version id (None if nothing to remove)."""
+    """Apply the update atomically, recording the `stored` blobs of its release, the log's new
+    head signed by `signer`; returns the new version id (None if nothing to remove)."""
     model = check_lease(session, batch.model_id)
     if model.current_version_id != batch.parent_id:
         raise LeaseLost(f"model {batch.model_id} moved past version {batch.parent_number}")
     version = None
     if outcome is not None:
+        assert stored is not None, "a release's blobs are stored before its commit"
         release = outcome.decision.release
         metrics = {
             **outcome.metrics,
@@ -358,8 +419,7 @@ def commit_update(
             batch.parent_number + 1,
             batch.parent_id,
             release.version_kind,
-            release.weights,
-            release.next_state,
+            stored,
             metrics,
         )
     rows = {
@@ -464,9 +524,9 @@ def _purge_older_versions(session: Session, model_id: int, keep_id: int | None) 
             ModelVersion.erased_at.is_(None),
         )
     ).all()
-    store = DatabaseBlobStore(session)
+    store = blobs()
     for v in older:
-        store.delete([k for k in (v.weights_key, v.state_key) if k])
+        store.retire(session, [k for k in (v.weights_key, v.state_key) if k])
         v.weights_key, v.state_key, v.erased_at = None, None, utcnow()
 
 

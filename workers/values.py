@@ -22,7 +22,7 @@ class TrainingInputs:
     data: Arrays
     test: Arrays
     imported: ImportedWeights | None
-    imported_bytes: bytes | None
+    imported_bytes: bytes | bytearray | None
 
 
 # ---- an update: its decision and outcome ----------------------------------------------------

@@ -23,6 +23,8 @@ from starlette.routing import Match
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from app.errors import RETRY_AFTER_SECONDS, APIError, error_body
+from app.storage.crypto import SealError
+from app.storage.objects import BlobMissing, BlobStoreUnavailable
 
 log = logging.getLogger("lethe.errors")
 
@@ -123,7 +125,27 @@ def allowed_methods(request: Request) -> list[str]:
 def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(APIError)
     async def _api_error(_: Request, exc: APIError) -> JSONResponse:
-        return ErrorResponse(error_body(exc.code, exc.message, exc.details), exc.status)
+        body = error_body(exc.code, exc.message, exc.details)
+        return ErrorResponse(body, exc.status, headers=exc.headers)
+
+    @app.exception_handler(BlobMissing)
+    async def _blob_missing(_: Request, exc: BlobMissing) -> JSONResponse:
+        log.error("a committed blob is missing: %s", exc)
+        message = "the stored bytes of this blob are missing from the object store"
+        retry = {"Retry-After": str(RETRY_AFTER_SECONDS)}
+        return ErrorResponse(error_body("blob_missing", message), 503, headers=retry)
+
+    @app.exception_handler(BlobStoreUnavailable)
+    async def _blob_store(_: Request, exc: BlobStoreUnavailable) -> JSONResponse:
+        log.warning("object store unavailable: %s", exc)
+        body = error_body("blob_store_unavailable", "the object store is unavailable; retry")
+        return ErrorResponse(body, 503, headers={"Retry-After": str(RETRY_AFTER_SECONDS)})
+
+    @app.exception_handler(SealError)
+    async def _blob_corrupt(_: Request, exc: SealError) -> JSONResponse:
+        log.error("sealed bytes do not open: %s", exc)
+        message = "stored bytes failed their integrity check; nothing was served"
+        return ErrorResponse(error_body("blob_corrupt", message), 500)
 
     @app.exception_handler(RequestValidationError)
     async def _validation(_: Request, exc: RequestValidationError) -> JSONResponse:

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import itertools
 import json
+import re
+from collections.abc import Mapping
 from typing import Annotated
 
 from fastapi import APIRouter, Body, Request
 from fastapi.concurrency import run_in_threadpool
-from fastapi.responses import Response
+from fastapi.responses import Response, StreamingResponse
 from pydantic import ValidationError
 from sqlalchemy import select
 
@@ -39,8 +42,12 @@ WEIGHTS_DOC: dict[int | str, JsonObject] = {
         "description": "safetensors bytes; `ETag` is their sha256",
         "content": {"application/octet-stream": {"schema": {"type": "string", "format": "binary"}}},
     },
+    206: {
+        "description": "The byte range a `Range: bytes=…` header asked for (`Content-Range`)",
+        "content": {"application/octet-stream": {"schema": {"type": "string", "format": "binary"}}},
+    },
     304: {"description": "Not modified (`If-None-Match` names the current ETag)"},
-    **errors(404, 409, 410),
+    **errors(404, 409, 410, 416, 500),
 }
 
 
@@ -160,12 +167,7 @@ async def import_weights(
             [{"loc": list(e["loc"]), "msg": e["msg"]} for e in exc.errors()],
         ) from exc
 
-    def store() -> tuple[int, JsonObject]:
-        with db.write() as session:
-            model = import_model(session, spec, data)
-            return model.id, model_view(session, model)
-
-    model_id, view = await run_in_threadpool(store)
+    model_id, view = await run_in_threadpool(import_model, db, spec, data)
     dispatcher.enqueue(TRAIN, model_id)
     return view
 
@@ -226,15 +228,18 @@ def version_weights(
 
 
 def _weights(request: Request, db: DbDep, model_id: int, number: int | None) -> Response:
-    """Conditional (`If-None-Match`: 304 with no body) and served from the process's cache
-    of released weights by sha256; the version row is read every time, so a purged version
-    is 410 at once."""
+    """Conditional (`If-None-Match`: 304 with no body), ranged (`Range: bytes=…`, one range,
+    206; `If-Range` honoured) and streamed: a large blob is opened chunk by chunk as it is
+    sent, a small one served from the process's cache by sha256. The version row is read
+    every time, so a purged version is 410 at once. The first chunk is opened before any
+    header is sent: a missing object is 503 and a corrupt one 500, never wrong bytes."""
     cache: WeightsCache = request.app.state.weights_cache
     with db.read() as session:
         v = get_version(session, model_id, number)
         etag = f'"{v.weights_sha256}"'
         headers = {
             "ETag": etag,
+            "Accept-Ranges": "bytes",
             "Cache-Control": "no-cache",  # clients revalidate with If-None-Match
             "X-Lethe-Version": str(v.number),
             "Content-Disposition": f'attachment; filename="model-{model_id}-v{v.number}'
@@ -245,8 +250,57 @@ def _weights(request: Request, db: DbDep, model_id: int, number: int | None) -> 
             released_weights(session, v)  # raises 410
         if request.headers.get("if-none-match") == etag:
             return Response(status_code=304, headers=headers)
+        span = requested_range(request.headers, etag, v.weights_size)
         data = cache.get(v.weights_sha256)
-        if data is None:
-            data = released_weights(session, v)
-            cache.put(v.weights_sha256, data)
-    return Response(data, media_type="application/octet-stream", headers=headers)
+        handle = None if data is not None else released_weights(session, v)
+    if handle is not None and handle.size <= cache.max_bytes // 16:
+        data = bytes(handle.read())
+        cache.put(v.weights_sha256, data)
+    start, end = span or (0, v.weights_size)
+    status = 200 if span is None else 206
+    if span is not None:
+        headers["Content-Range"] = f"bytes {start}-{end - 1}/{v.weights_size}"
+    if data is not None:
+        return Response(data[start:end], status, headers, "application/octet-stream")
+    assert handle is not None
+    chunks = handle.chunks(start, end)
+    first = next(chunks, b"")  # raises BlobMissing / SealError while a status can still be sent
+    headers["Content-Length"] = str(end - start)
+    return StreamingResponse(
+        itertools.chain((first,), chunks), status, headers, "application/octet-stream"
+    )
+
+
+def requested_range(headers: Mapping[str, str], etag: str, size: int) -> tuple[int, int] | None:
+    """The one byte range [start, end) a `Range` header asks for, or None for the whole body
+    (no header, a syntax this server ignores as RFC 9110 §14.2 allows, several ranges, or an
+    `If-Range` naming other bytes). 416 when the range starts past the end."""
+    value = headers.get("range")
+    if not value or headers.get("if-range", etag) != etag:
+        return None
+    match = _RANGE.fullmatch(value.strip())
+    if match is None:
+        return None
+    first, last = match.group(1), match.group(2)
+    if first:
+        start = int(first)
+        end = min(int(last) + 1, size) if last else size
+        if last and int(last) < start:
+            return None
+    elif last:
+        start, end = max(size - int(last), 0), size
+        if int(last) == 0:
+            start = size
+    else:
+        return None
+    if start >= size:
+        raise APIError(
+            416,
+            "range_not_satisfiable",
+            f"the weights are {size} bytes; the range starts past the end",
+            headers={"Content-Range": f"bytes */{size}"},
+        )
+    return start, end
+
+
+_RANGE = re.compile(r"bytes=(\d{0,19})-(\d{0,19})")

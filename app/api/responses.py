@@ -38,8 +38,11 @@ DESCRIPTIONS = {
     410: "Gone: erased",
     413: "Body or dataset too large",
     415: "Unsupported content type",
+    416: "The byte range starts past the end (`Content-Range: bytes */<size>`)",
     422: "Invalid input",
-    503: "The database or the queue cannot be reached; retry after `Retry-After` seconds",
+    500: "Stored bytes failed their integrity check (`blob_corrupt`); nothing was served",
+    503: "The database, the queue or the object store cannot be reached, or a stored object "
+    "is missing (`blob_missing`); retry after `Retry-After` seconds",
 }
 
 RETRY_AFTER_HEADER = {

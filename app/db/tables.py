@@ -189,12 +189,30 @@ class ModelVersion(Base):
 
 
 class Blob(Base):
+    """A blob's row: where its sealed bytes are (`location`: database, filesystem or s3) and
+    the data key that opens them. The row is the truth; an object without one is an orphan
+    (app/storage/blobs.py). `data` holds a blob of format 1 (sealed whole, before issue 29)
+    until `lethe storage migrate` moves it out; `chunk_size` is null for those."""
+
     __tablename__ = "blobs"
     key: Mapped[str] = mapped_column(String(100), primary_key=True)
-    data: Mapped[bytes] = mapped_column(LargeBinary)  # sealed with the blob's own data key
+    data: Mapped[bytes | None] = mapped_column(LargeBinary)
     key_id: Mapped[uuid.UUID | None] = mapped_column(Uuid)
     size: Mapped[int] = mapped_column(BigInteger)
     sha256: Mapped[str] = mapped_column(String(64))
+    location: Mapped[str] = mapped_column(String(20), default="database")
+    chunk_size: Mapped[int | None]
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+
+class BlobChunk(Base):
+    """The database backend's objects: sealed bytes in pieces, so no row nears a bytea's or
+    SQLite's 1 GB limit and a range reads only its pieces."""
+
+    __tablename__ = "blob_chunks"
+    key: Mapped[str] = mapped_column(String(100), primary_key=True)
+    idx: Mapped[int] = mapped_column(primary_key=True)
+    data: Mapped[bytes] = mapped_column(LargeBinary)
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
 
 

@@ -9,8 +9,10 @@ from sqlalchemy import func, insert, literal, select
 from sqlalchemy.orm import Session
 
 from app.architectures import check_weights
+from app.db.session import Database
 from app.db.tables import Dataset, Model, ModelSample, ModelVersion, Sample
 from app.errors import APIError, not_found, unprocessable
+from app.jsontypes import JsonObject
 from app.schemas import ModelCreate
 from app.services import memory
 from app.services.datasets import get_dataset
@@ -22,7 +24,7 @@ from app.specs import (
     TopicModelSpec,
 )
 from app.states import ModelStatus, SampleStatus, Stage
-from app.storage.blobs import DatabaseBlobStore
+from app.storage.blobs import OpenBlob, WrittenBlob, blobs
 from app.wire import Progress
 from methods import get_method, method_names, method_of
 
@@ -212,8 +214,8 @@ def get_version(session: Session, model_id: int, number: int | None) -> ModelVer
     return version
 
 
-def released_weights(session: Session, version: ModelVersion) -> bytes:
-    """The safetensors bytes users may download; 410 once the version was purged."""
+def released_weights(session: Session, version: ModelVersion) -> OpenBlob:
+    """The safetensors blob users may download; 410 once the version was purged."""
     if version.erased_at is not None or version.weights_key is None:
         raise APIError(
             410,
@@ -222,16 +224,31 @@ def released_weights(session: Session, version: ModelVersion) -> bytes:
             "are purged (metadata and hashes stay for the audit)",
             {"erased_at": version.erased_at, "sha256": version.weights_sha256},
         )
-    data = DatabaseBlobStore(session).get(version.weights_key)
-    if data is None:
+    handle = blobs().open(session, version.weights_key)
+    if handle is None:
         raise APIError(410, "weights_erased", f"version {version.number} has no weights")
-    return data
+    return handle
 
 
-def import_model(session: Session, spec: ModelCreate, weights: bytes) -> Model:
-    """A model trained elsewhere: its weights are checked against the architecture now and
-    loaded by the worker (status queued → ready). Only methods that need nothing recorded
-    during training can serve it."""
+def import_model(db: Database, spec: ModelCreate, weights: bytes) -> tuple[int, JsonObject]:
+    """Seal and store the uploaded weights, then create the model that references them in one
+    transaction; returns its id and view. A refusal deletes the stored object."""
+    stored = blobs().write("imports", [weights])  # before the transaction: no lock held
+    try:
+        with db.write() as session:
+            model = _import_model(session, spec, weights, stored)
+            return model.id, model_view(session, model)
+    except APIError:  # refused before any commit: nothing references the object
+        blobs().discard([stored])
+        raise
+
+
+def _import_model(
+    session: Session, spec: ModelCreate, weights: bytes, stored: WrittenBlob
+) -> Model:
+    """A model trained elsewhere: its weights (`stored` already, sealed, before this
+    transaction) are checked against the architecture now and loaded by the worker (status
+    queued → ready). Only methods that need nothing recorded during training can serve it."""
     if get_method(spec.method.name).records_training:
         usable = [n for n in method_names() if not get_method(n).records_training]
         raise unprocessable(
@@ -244,8 +261,8 @@ def import_model(session: Session, spec: ModelCreate, weights: bytes) -> Model:
         weights, spec.architecture.model_dump(), int(math.prod(ds.feature_shape)), ds.n_classes
     )
     model = create_model(session, spec)
-    key, digest = DatabaseBlobStore(session).put(weights, f"model-{model.id}/import")
-    imported = ImportedWeights(blob=key, sha256=digest)
+    blobs().record(session, stored)
+    imported = ImportedWeights(blob=stored.key, sha256=stored.sha256)
     model.training = model.training.model_copy(update={"imported": imported})
     model.progress = Progress(stage=Stage.importing)
     return model

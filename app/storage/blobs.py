@@ -1,55 +1,363 @@
-"""The one place blobs (weights, noise-free states) are read and written.
+"""The one place blobs (weights, noise-free states) are read and written (issue 29).
 
-Every blob is sealed with its own data key (app/storage/crypto.py): deleting a blob destroys its
-key, so the copies the database's free space, WAL or backups keep can never be opened. Behind
-this small interface a filesystem or S3-compatible store can replace the database."""
+A blob's bytes are sealed in chunks under its own data key (app/storage/sealing.py) and kept
+in an object store (app/storage/objects.py: the database, a folder or an S3 bucket); its row
+in `blobs` and its wrapped data key stay in the database, which is the truth:
+
+- **write, then record.** `write` seals and stores the bytes as a stream, with no transaction
+  open; `record` adds the key and the row inside the commit that references the blob. A crash
+  in between leaves an object nobody references: `sweep` removes it after a grace period.
+- **retire = erase.** `retire` deletes the rows and destroys the data keys in the caller's
+  transaction; the objects are deleted once that commit is durable (a failed delete leaves
+  ciphertext whose key is gone, and the sweeper retries). No committed row ever points at an
+  object deleted before its commit.
+- **read as a stream.** `open` returns a handle that yields plaintext chunk by chunk, for any
+  byte range; `read` fills one buffer of the blob's size. A missing object raises BlobMissing,
+  a tampered one SealError: never wrong bytes."""
 
 from __future__ import annotations
 
 import hashlib
+import logging
+import time
 import uuid
-from typing import Protocol
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from typing import Any
 
-from sqlalchemy import delete, select
+from sqlalchemy import delete, event, select
 from sqlalchemy.orm import Session
 
-from app.db.tables import Blob
-from app.storage.crypto import Keyring, blob_aad, keyring, open_sealed, seal
-from app.storage.keystore import create_keys, destroy_keys, load_keys
+from app.db.chunks import chunked
+from app.db.session import Database, database
+from app.db.tables import Blob, DataKey
+from app.settings import Settings, get_settings
+from app.storage.crypto import Keyring, SealError, blob_aad, keyring, open_sealed
+from app.storage.keystore import destroy_keys, load_keys
+from app.storage.objects import (
+    BlobMissing,
+    BlobStoreUnavailable,
+    DatabaseObjects,
+    FilesystemObjects,
+    ObjectStore,
+    S3Objects,
+)
+from app.storage.sealing import HEADER, OVERHEAD, Layout, open_chunks, parse_header, seal_stream
+
+log = logging.getLogger("lethe.blobs")
+
+__all__ = ["BlobMissing", "BlobStoreUnavailable", "Blobs", "OpenBlob", "WrittenBlob", "blobs"]
+
+_RETIRED = "lethe.retired_objects"  # Session.info: objects to delete once the commit is durable
 
 
-class BlobStore(Protocol):
-    def put(self, data: bytes, prefix: str) -> tuple[str, str]: ...
-    def get(self, key: str) -> bytes | None: ...
-    def delete(self, keys: list[str]) -> None: ...
+@dataclass(frozen=True)
+class WrittenBlob:
+    """A blob whose sealed bytes are stored but not yet referenced by any committed row."""
+
+    key: str
+    key_id: uuid.UUID
+    wrapped: bytes
+    size: int
+    sha256: str
+    location: str
+    chunk_size: int
 
 
-class DatabaseBlobStore:
-    """Blobs as rows of `blobs`, inside the caller's transaction (so writes are atomic)."""
+@dataclass(frozen=True)
+class OpenBlob:
+    """A blob ready to read: its data key is unwrapped, its bytes are where `store` says."""
 
-    def __init__(self, session: Session, ring: Keyring | None = None) -> None:
-        self.session = session
-        self.ring = ring or keyring()
+    key: str
+    size: int
+    sha256: str
+    data_key: bytes
+    store: ObjectStore | None  # None: a format-1 blob, whole in `legacy`
+    chunk_size: int | None
+    legacy: bytes | None = None
 
-    def put(self, data: bytes, prefix: str) -> tuple[str, str]:
-        """Store bytes sealed with a new data key; return (key, sha256 hex of the plaintext)."""
-        digest = hashlib.sha256(data).hexdigest()
+    def chunks(self, start: int = 0, end: int | None = None) -> Iterator[bytes]:
+        """Plaintext bytes [start, end) in pieces of at most one chunk."""
+        end = self.size if end is None else min(end, self.size)
+        if start >= end:
+            return iter(())
+        if self.store is None or self.chunk_size is None:
+            assert self.legacy is not None
+            plain = open_sealed(self.data_key, self.legacy, blob_aad(self.key))
+            return iter((plain[start:end],))
+        return self._sealed_range(start, end)
+
+    def _sealed_range(self, start: int, end: int) -> Iterator[bytes]:
+        assert self.store is not None and self.chunk_size is not None
+        layout = Layout(self.size, self.chunk_size)
+        first, last = start // self.chunk_size, (end - 1) // self.chunk_size
+        header = b"".join(self.store.read(self.key, 0, HEADER.size))
+        if parse_header(header, self.key) != self.chunk_size:
+            raise SealError(f"blob {self.key!r}: its header disagrees with its row")
+        offset = layout.offset(first)
+        length = layout.offset(last) + OVERHEAD + layout.plain_length(last) - offset
+        sealed = self.store.read(self.key, offset, length)
+        at = first * self.chunk_size
+        for plain in open_chunks(self.data_key, self.key, header, layout, first, sealed):
+            lo, hi = max(start - at, 0), min(end - at, len(plain))
+            at += len(plain)
+            if lo == 0 and hi == len(plain):
+                yield plain
+            elif lo < hi:
+                yield plain[lo:hi]
+            if at >= end:
+                return
+
+    def read(self) -> bytearray:
+        """The whole blob in one buffer of its size (the only whole copy held)."""
+        out = bytearray(self.size)
+        at = 0
+        for piece in self.chunks():
+            out[at : at + len(piece)] = piece
+            at += len(piece)
+        if at != self.size:
+            raise BlobMissing(f"blob {self.key!r} ended after {at} of {self.size} bytes")
+        return out
+
+
+class Blobs:
+    """Sealed, streamed blobs in one object store, their keys and rows in the database."""
+
+    def __init__(
+        self, store: ObjectStore, ring: Keyring, db: Database, chunk_size: int = 1 << 20
+    ) -> None:
+        self.store, self.ring, self.db, self.chunk_size = store, ring, db, chunk_size
+        self._database_store = store if isinstance(store, DatabaseObjects) else DatabaseObjects(db)
+
+    def write(
+        self, prefix: str, pieces: Iterable[bytes | memoryview], digest: bool = True
+    ) -> WrittenBlob:
+        """Seal `pieces` under a new data key into a new object; nothing is committed. The
+        plaintext is hashed as it streams when `digest` (the weights' ETag and audit hash)."""
         key = f"{prefix}/{uuid.uuid4().hex}"
-        [(key_id, raw)] = create_keys(self.session, self.ring, 1)
-        sealed = seal(raw, data, blob_aad(key))
-        self.session.add(Blob(key=key, data=sealed, key_id=key_id, size=len(data), sha256=digest))
-        return key, digest
+        raw, wrapped = self.ring.new_data_key()
+        hasher = hashlib.sha256() if digest else None
+        size = [0]
 
-    def get(self, key: str) -> bytes | None:
-        row = self.session.execute(select(Blob.data, Blob.key_id).where(Blob.key == key)).first()
+        def counted() -> Iterator[bytes | memoryview]:
+            for piece in pieces:
+                view = memoryview(piece).cast("B")
+                size[0] += len(view)
+                if hasher is not None:
+                    hasher.update(view)
+                yield view
+
+        sealed = seal_stream(raw, key, counted(), self.chunk_size)
+        self.store.write(key, sealed)
+        return WrittenBlob(
+            key=key,
+            key_id=uuid.uuid4(),
+            wrapped=wrapped,
+            size=size[0],
+            sha256=hasher.hexdigest() if hasher is not None else "",
+            location=self.store.location,
+            chunk_size=self.chunk_size,
+        )
+
+    def record(self, session: Session, blob: WrittenBlob) -> None:
+        """Reference a written blob: its wrapped key and its row, in the caller's commit."""
+        session.add(DataKey(id=blob.key_id, wrapped=blob.wrapped, kek_id=self.ring.kek_id))
+        session.add(
+            Blob(
+                key=blob.key,
+                data=None,
+                key_id=blob.key_id,
+                size=blob.size,
+                sha256=blob.sha256,
+                location=blob.location,
+                chunk_size=blob.chunk_size,
+            )
+        )
+
+    def discard(self, written: Iterable[WrittenBlob]) -> None:
+        """Delete objects that will never be recorded (their commit failed); best effort, the
+        sweeper removes what this misses."""
+        try:
+            self.store.delete([w.key for w in written])
+        except Exception:
+            log.warning("could not delete unreferenced blobs; the sweeper will", exc_info=True)
+
+    def open(self, session: Session, key: str) -> OpenBlob | None:
+        """The blob to read, or None when it has no row or its key was destroyed (erased)."""
+        row = session.execute(
+            select(
+                Blob.key_id, Blob.size, Blob.sha256, Blob.location, Blob.chunk_size, Blob.data
+            ).where(Blob.key == key)
+        ).first()
         if row is None or row.key_id is None:
             return None
-        raw = load_keys(self.session, self.ring, [row.key_id]).get(row.key_id)
-        return None if raw is None else open_sealed(raw, row.data, blob_aad(key))
+        raw = load_keys(session, self.ring, [row.key_id]).get(row.key_id)
+        if raw is None:
+            return None
+        if row.chunk_size is None:
+            return OpenBlob(key, row.size, row.sha256, raw, None, None, row.data)
+        store = self._store_at(row.location)
+        return OpenBlob(key, row.size, row.sha256, raw, store, row.chunk_size)
 
-    def delete(self, keys: list[str]) -> None:
-        """Delete the rows and destroy their keys: erased weights are gone, not hidden."""
-        if keys:
-            key_ids = self.session.scalars(select(Blob.key_id).where(Blob.key.in_(keys))).all()
-            self.session.execute(delete(Blob).where(Blob.key.in_(keys)))
-            destroy_keys(self.session, [k for k in key_ids if k is not None])
+    def read(self, session: Session, key: str) -> bytearray | None:
+        """The whole blob, or None when it was erased."""
+        handle = self.open(session, key)
+        return None if handle is None else handle.read()
+
+    def put(self, session: Session, data: bytes, prefix: str) -> WrittenBlob:
+        """Write and record small bytes at once (an imported model's upload)."""
+        written = self.write(prefix, [data])
+        self.record(session, written)
+        return written
+
+    def retire(self, session: Session, keys: list[str]) -> None:
+        """Erase these blobs in the caller's transaction: rows deleted, data keys destroyed;
+        their objects are deleted once the commit is durable."""
+        keys = [k for k in keys if k]
+        if not keys:
+            return
+        rows = session.execute(
+            select(Blob.key, Blob.key_id, Blob.location).where(Blob.key.in_(keys))
+        ).all()
+        session.execute(delete(Blob).where(Blob.key.in_(keys)))
+        destroy_keys(session, [r.key_id for r in rows if r.key_id is not None])
+        retired: list[tuple[ObjectStore, str]] = session.info.setdefault(_RETIRED, [])
+        for row in rows:
+            try:
+                retired.append((self._store_at(row.location), row.key))
+            except BlobStoreUnavailable:
+                log.warning("blob %s is in %s, not configured here", row.key, row.location)
+
+    def _store_at(self, location: str) -> ObjectStore:
+        if location == self.store.location:
+            return self.store
+        if location == "database":
+            return self._database_store
+        raise BlobStoreUnavailable(
+            f"this blob is stored in {location!r}, but this deployment is configured for "
+            f"{self.store.location!r}; run `lethe storage migrate` where both are reachable"
+        )
+
+    def sweep(self, grace_seconds: float) -> int:
+        """Delete objects no blob row references and older than `grace_seconds` (a crash
+        between a write and its commit, a delete that failed). Returns how many."""
+        cutoff = time.time() - grace_seconds
+        stale = [o.key for o in self.store.listing() if o.modified < cutoff]
+        orphans: list[str] = []
+        for part in chunked(stale):
+            with self.db.read() as session:
+                known = set(session.scalars(select(Blob.key).where(Blob.key.in_(part))))
+            orphans += [k for k in part if k not in known]
+        if orphans:
+            self.store.delete(orphans)
+            log.info("swept %d orphaned blob objects", len(orphans))
+        return len(orphans)
+
+    def migrate(self, limit: int | None = None) -> int:
+        """Move blobs stored elsewhere (format-1 rows, another location) into this store under
+        new data keys, one commit per blob; the old keys are destroyed in that commit. Returns
+        how many moved."""
+        moved = 0
+        while limit is None or moved < limit:
+            with self.db.read() as session:
+                key = session.scalar(
+                    select(Blob.key)
+                    .where(
+                        Blob.key_id.is_not(None),
+                        (Blob.chunk_size.is_(None)) | (Blob.location != self.store.location),
+                    )
+                    .order_by(Blob.key)
+                    .limit(1)
+                )
+                handle = self.open(session, key) if key is not None else None
+            if key is None:
+                return moved
+            if handle is None:
+                continue
+            self._move(key, handle)
+            moved += 1
+        return moved
+
+    def _move(self, key: str, handle: OpenBlob) -> None:
+        raw, wrapped = self.ring.new_data_key()
+        old = handle.store
+        self.store.write(key, seal_stream(raw, key, handle.chunks(), self.chunk_size))
+        new_id = uuid.uuid4()
+
+        def commit(session: Session) -> None:
+            row = session.get(Blob, key)
+            if row is None:  # retired meanwhile
+                return
+            old_id = row.key_id
+            session.add(DataKey(id=new_id, wrapped=wrapped, kek_id=self.ring.kek_id))
+            row.key_id, row.data = new_id, None
+            row.location, row.chunk_size = self.store.location, self.chunk_size
+            if old_id is not None:
+                destroy_keys(session, [old_id])
+            if old is not None and old is not self.store:
+                session.info.setdefault(_RETIRED, []).append((old, key))
+
+        self.db.run(commit)
+
+
+@event.listens_for(Session, "after_commit")
+def _delete_retired_objects(session: Session) -> None:
+    retired: list[tuple[ObjectStore, str]] = session.info.pop(_RETIRED, [])
+    by_store: dict[int, tuple[ObjectStore, list[str]]] = {}
+    for store, key in retired:
+        by_store.setdefault(id(store), (store, []))[1].append(key)
+    for store, keys in by_store.values():
+        try:
+            store.delete(keys)
+        except Exception:  # the keys are destroyed; the sweeper deletes the ciphertext later
+            log.warning("deleting %d retired blob objects failed", len(keys), exc_info=True)
+
+
+@event.listens_for(Session, "after_rollback")
+def _keep_retired_objects(session: Session) -> None:
+    session.info.pop(_RETIRED, None)
+
+
+def object_store(settings: Settings, db: Database) -> ObjectStore:
+    """The object store the settings name."""
+    if settings.blob_store == "database":
+        return DatabaseObjects(db)
+    if settings.blob_store == "s3":
+        assert settings.s3_bucket is not None  # Settings checks it
+        secret = settings.s3_secret_access_key
+        return S3Objects(
+            settings.s3_bucket,
+            settings.s3_prefix,
+            settings.s3_endpoint_url,
+            settings.s3_region,
+            settings.s3_access_key_id,
+            secret.get_secret_value() if secret is not None else None,
+        )
+    return FilesystemObjects(settings.resolved_blob_dir)
+
+
+_BLOBS: dict[tuple[Any, ...], Blobs] = {}
+
+
+def blobs(settings: Settings | None = None) -> Blobs:
+    """The process's blob store for the active settings (one per configuration)."""
+    s = settings or get_settings()
+    secret = s.s3_secret_access_key.get_secret_value() if s.s3_secret_access_key else None
+    ring = keyring(s)
+    key = (
+        s.resolved_database_url,
+        s.blob_store,
+        str(s.resolved_blob_dir.resolve()),
+        s.blob_chunk_bytes,
+        s.s3_bucket,
+        s.s3_prefix,
+        s.s3_endpoint_url,
+        s.s3_access_key_id,
+        secret,
+        ring.kek_id,
+    )
+    made = _BLOBS.get(key)
+    if made is None:
+        db = database(s.resolved_database_url)
+        made = _BLOBS.setdefault(key, Blobs(object_store(s, db), ring, db, s.blob_chunk_bytes))
+    return made

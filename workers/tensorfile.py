@@ -1,0 +1,113 @@
+"""Safetensors without whole copies (issue 29): encode tensors as a stream of views of their
+own memory, decode a buffer into tensors that share it.
+
+The format is the safetensors specification (huggingface/safetensors, "Format"): an 8-byte
+little-endian header length N, N bytes of JSON header (padded with spaces to a multiple of 8)
+mapping each name to dtype, shape and [begin, end) offsets into the byte buffer that follows,
+and `__metadata__` (strings only). The library's own `save` builds one bytes object of the
+whole file and `load` copies every tensor out of one; a 1 GiB state would be held two or three
+times. Tensors are laid out largest element size first, so every tensor starts aligned."""
+
+from __future__ import annotations
+
+import json
+import struct
+from collections.abc import Iterator, Mapping
+
+import torch
+
+_DTYPES: dict[torch.dtype, str] = {
+    torch.float64: "F64",
+    torch.float32: "F32",
+    torch.float16: "F16",
+    torch.bfloat16: "BF16",
+    torch.int64: "I64",
+    torch.int32: "I32",
+    torch.int16: "I16",
+    torch.int8: "I8",
+    torch.uint8: "U8",
+    torch.bool: "BOOL",
+}
+_NAMES = {name: dtype for dtype, name in _DTYPES.items()}
+
+
+def encode(
+    tensors: Mapping[str, torch.Tensor], metadata: Mapping[str, str] | None = None
+) -> tuple[int, Iterator[memoryview]]:
+    """(total bytes, the file as a stream of memoryviews): the header, then each tensor's
+    own bytes (a CPU tensor that is already contiguous is not copied)."""
+    ordered = sorted(tensors.items(), key=lambda kv: (-kv[1].element_size(), kv[0]))
+    cpu = [(name, t.detach().to("cpu").contiguous()) for name, t in ordered]
+    header: dict[str, object] = {}
+    if metadata:
+        header["__metadata__"] = dict(metadata)
+    at = 0
+    for name, t in cpu:
+        if t.dtype not in _DTYPES:
+            raise TypeError(f"{name}: dtype {t.dtype} has no safetensors name")
+        n = t.numel() * t.element_size()
+        header[name] = {
+            "dtype": _DTYPES[t.dtype],
+            "shape": list(t.shape),
+            "data_offsets": [at, at + n],
+        }
+        at += n
+    text = json.dumps(header, separators=(",", ":")).encode()
+    text += b" " * (-len(text) % 8)
+    head = struct.pack("<Q", len(text)) + text
+
+    def stream() -> Iterator[memoryview]:
+        yield memoryview(head)
+        for _, t in cpu:
+            if t.numel():
+                yield t.reshape(-1).view(torch.uint8).numpy().data
+
+    return len(head) + at, stream()
+
+
+def decode(buffer: bytearray) -> dict[str, torch.Tensor]:
+    """Tensors viewing `buffer` (no copy; they keep it alive). Checks the offsets cover the
+    buffer exactly, as the specification requires."""
+    if len(buffer) < 8:
+        raise ValueError("not a safetensors file: shorter than its header length")
+    (n,) = struct.unpack_from("<Q", buffer)
+    if n > len(buffer) - 8:
+        raise ValueError("not a safetensors file: the header runs past the end")
+    header = json.loads(bytes(buffer[8 : 8 + n]))
+    base = 8 + n
+    out: dict[str, torch.Tensor] = {}
+    spans = []
+    for name, info in header.items():
+        if name == "__metadata__":
+            continue
+        dtype = _NAMES[info["dtype"]]
+        shape = [int(s) for s in info["shape"]]
+        begin, end = (int(v) for v in info["data_offsets"])
+        count = 1
+        for s in shape:
+            count *= s
+        itemsize = torch.empty((), dtype=dtype).element_size()
+        if end - begin != count * itemsize or base + end > len(buffer):
+            raise ValueError(f"{name}: its offsets do not match its shape")
+        spans.append((begin, end))
+        if count == 0:
+            out[name] = torch.empty(shape, dtype=dtype)
+        else:
+            flat = torch.frombuffer(buffer, dtype=dtype, count=count, offset=base + begin)
+            out[name] = flat.reshape(shape)
+    at = 0
+    for begin, end in sorted(spans):
+        if begin != at:
+            raise ValueError("the tensors' offsets leave a gap or overlap")
+        at = end
+    if base + at != len(buffer):
+        raise ValueError("the buffer holds bytes after the last tensor")
+    return out
+
+
+def encode_bytes(
+    tensors: Mapping[str, torch.Tensor], metadata: Mapping[str, str] | None = None
+) -> bytes:
+    """The whole file as bytes (tests and small blobs)."""
+    _, stream = encode(tensors, metadata)
+    return b"".join(bytes(v) for v in stream)
