@@ -71,6 +71,15 @@ def migrate() -> None:
     url = get_settings().resolved_database_url
     upgrade_to_head(url)
     console.print(f"migrated {url.split('@')[-1]} to head")
+    _move_blobs()
+
+
+def _move_blobs() -> None:
+    from app.storage.blobs import blobs
+
+    store = blobs()
+    moved = store.migrate()
+    console.print(f"blobs: {moved} moved into the {store.store.location} store")
 
 
 @app.command("create-key")
@@ -125,12 +134,35 @@ datasets = typer.Typer(help="Datasets")
 models = typer.Typer(help="Models")
 deletions = typer.Typer(help="Deletion requests")
 audit = typer.Typer(help="Audit log")
+storage = typer.Typer(help="The blob store (weights, noise-free states)")
 privacy = typer.Typer(help="Privacy accounting")
 app.add_typer(privacy, name="privacy")
 app.add_typer(datasets, name="datasets")
 app.add_typer(models, name="models")
 app.add_typer(deletions, name="deletions")
 app.add_typer(audit, name="audit")
+app.add_typer(storage, name="storage")
+
+
+@storage.command("migrate")
+def storage_migrate() -> None:
+    """Move every blob stored elsewhere (in the database before issue 29, or in another
+    backend) into the configured store (LETHE_BLOB_STORE), re-sealed under new data keys."""
+    _move_blobs()
+
+
+@storage.command("sweep")
+def storage_sweep(
+    grace_seconds: Annotated[
+        float | None, typer.Option(help="default LETHE_BLOB_ORPHAN_GRACE_SECONDS")
+    ] = None,
+) -> None:
+    """Delete objects no blob row references (a crash between a write and its commit)."""
+    from app.settings import get_settings
+    from app.storage.blobs import blobs
+
+    grace = get_settings().blob_orphan_grace_seconds if grace_seconds is None else grace_seconds
+    console.print(f"swept {blobs().sweep(grace)} orphaned objects")
 
 
 @datasets.command("add")

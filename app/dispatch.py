@@ -10,6 +10,7 @@ import importlib
 import logging
 import queue
 import threading
+import time
 from typing import Protocol
 
 from sqlalchemy import or_, select, update
@@ -18,8 +19,9 @@ from sqlalchemy.orm import Session
 from app import shutdown
 from app.db.session import database
 from app.db.tables import DeletionTask, Model, task_is_due, utcnow
-from app.settings import Settings
+from app.settings import Settings, get_settings
 from app.states import ModelStatus, TaskStatus
+from app.storage.blobs import blobs
 
 log = logging.getLogger("lethe.dispatch")
 
@@ -214,9 +216,17 @@ class Reconciler:
         self._thread.join(timeout=10)
 
     def _loop(self) -> None:
+        swept = time.monotonic()
         while not self._stop.is_set():
             try:
                 reconcile_and_signal(self.url, self.dispatcher)
             except Exception:
                 log.warning("reconcile failed; retrying", exc_info=True)
+            settings = get_settings()
+            if time.monotonic() - swept >= settings.blob_sweep_seconds:
+                swept = time.monotonic()
+                try:
+                    blobs(settings).sweep(settings.blob_orphan_grace_seconds)
+                except Exception:
+                    log.warning("sweeping orphaned blobs failed; retrying", exc_info=True)
             self._stop.wait(self.period)

@@ -21,6 +21,7 @@ from app.metrics import MetricsMiddleware, pipeline_registry
 from app.security import Role, create_key, has_any_key
 from app.services.weights_cache import WeightsCache
 from app.settings import Settings, get_settings, use_settings
+from app.storage.blobs import blobs
 
 log = logging.getLogger("lethe")
 
@@ -44,6 +45,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         if settings.embedded:
             upgrade_to_head(url)
+            moved = blobs(settings).migrate()  # blobs of an older database leave it (issue 29)
+            if moved:
+                log.info("moved %d blobs into the %s store", moved, settings.blob_store)
         if settings.bootstrap_admin_key and (raw := bootstrap_admin_key(url)):
             print(
                 f"\n  Lethe admin API key (shown once, store it now):\n\n    {raw}\n",

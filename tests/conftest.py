@@ -24,7 +24,7 @@ from app.db.tables import Base
 from app.main import create_app
 from app.security import Role, create_key
 from app.settings import Settings
-from tests.servers import RedisServer
+from tests.servers import S3_ACCESS_KEY, S3_SECRET_KEY, RedisServer, SeaweedServer
 
 PG_ADMIN_URL = os.environ.get(
     "LETHE_TEST_PG_ADMIN", "postgresql+psycopg://postgres@127.0.0.1:5432/postgres"
@@ -39,6 +39,28 @@ def redis_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     server.start()
     yield server.url
     server.kill()
+
+
+@pytest.fixture(scope="session")
+def seaweed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SeaweedServer]:
+    """SeaweedFS of our own (`weed server -s3`) on free ports: the tests' real S3 server."""
+    server = SeaweedServer(tmp_path_factory.mktemp("seaweed"))
+    server.start()
+    yield server
+    server.kill()
+
+
+@pytest.fixture
+def s3_settings(seaweed: SeaweedServer) -> dict[str, object]:
+    """Settings that keep blobs in a fresh bucket of that server (one bucket per test)."""
+    return {
+        "blob_store": "s3",
+        "s3_bucket": f"lethe-{uuid.uuid4().hex[:12]}",
+        "s3_endpoint_url": seaweed.endpoint,
+        "s3_region": "us-east-1",
+        "s3_access_key_id": S3_ACCESS_KEY,
+        "s3_secret_access_key": S3_SECRET_KEY,
+    }
 
 
 @pytest.fixture(scope="session")
@@ -87,8 +109,8 @@ class Api:
     def h(self, role: str = "admin") -> dict[str, str]:
         return {"Authorization": f"Bearer {self.keys[role]}"}
 
-    def get(self, path: str, role: str = "admin", **kw):
-        return self.client.get(path, headers=self.h(role), **kw)
+    def get(self, path: str, role: str = "admin", headers: dict | None = None, **kw):
+        return self.client.get(path, headers={**self.h(role), **(headers or {})}, **kw)
 
     def post(self, path: str, role: str = "admin", headers: dict | None = None, **kw):
         return self.client.post(path, headers={**self.h(role), **(headers or {})}, **kw)

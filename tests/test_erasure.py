@@ -12,6 +12,7 @@ from __future__ import annotations
 import io
 import logging
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -25,8 +26,10 @@ from app.db.migrate import upgrade_to_head
 from app.db.session import database, dispose_engines, engine_for
 from app.db.tables import Blob, DataKey, ModelVersion, Sample
 from app.main import create_app
-from app.settings import Settings
+from app.settings import Settings, get_settings
+from app.storage.blobs import blobs
 from app.storage.crypto import Keyring, SealError, keyring, open_sealed, seal
+from app.storage.objects import S3Objects
 from tests.conftest import Api, make_keys
 from workers.statistics import read_vectors
 
@@ -119,6 +122,43 @@ def wait_until_absent(url: str, needles: dict[str, bytes], timeout: float = 20.0
 
 
 def test_byte_search_finds_nothing_of_an_erased_person(api: Api) -> None:
+    """The database files and the blob folder (the embedded default's object store)."""
+    folder = get_settings().resolved_blob_dir
+    byte_search_scenario(api, lambda: folder_bytes(folder))
+
+
+def test_byte_search_covers_the_bucket(tmp_path: Path, s3_settings: dict, seaweed) -> None:
+    """Blobs in S3 (SeaweedFS): every object of the bucket as a client reads it, and the
+    server's own volume files on disk, where a deleted object's bytes may linger."""
+    settings = Settings(
+        data_dir=tmp_path,
+        database_url=f"sqlite:///{tmp_path / 'lethe.db'}",
+        redis_url=None,
+        reconcile_seconds=0.5,
+        bootstrap_admin_key=False,
+        **s3_settings,
+    )
+    upgrade_to_head(settings.resolved_database_url)
+    with TestClient(create_app(settings)) as client:
+        api = Api(client, settings.resolved_database_url, make_keys(settings.resolved_database_url))
+        store = blobs(settings).store
+        assert isinstance(store, S3Objects)
+
+        def bucket_bytes() -> bytes:
+            objects = [o.key for o in store.listing()]
+            return b"".join(b"".join(store.read(k, 0, 1 << 40)) for k in objects)
+
+        byte_search_scenario(api, lambda: bucket_bytes() + folder_bytes(seaweed.folder))
+
+
+def folder_bytes(folder: Path) -> bytes:
+    return b"".join(p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file())
+
+
+def byte_search_scenario(api: Api, stored_bytes: Callable[[], bytes]) -> None:
+    """A person's samples, statistics, ids and the weights trained on them: found nowhere
+    (database files, `stored_bytes()`) in plaintext, and after the person's deletion not
+    even the wrapped keys are."""
     ds = person_dataset(api)
     model = recollection_model(api, ds["id"])
     ring = keyring()
@@ -175,6 +215,9 @@ def test_byte_search_finds_nothing_of_an_erased_person(api: Api) -> None:
     }
     before = database_bytes(api.url)
     assert not [name for name, needle in plaintext.items() if needle in before]
+    objects = stored_bytes()
+    assert len(objects) > len(weights_v1), "the search must see the stored blobs"
+    assert not [name for name, needle in {**plaintext, **keys}.items() if needle in objects]
     assert all(w in before for w in keys.values()), "the search must see the keys before"
 
     listed = api.get(f"/v1/datasets/{ds['id']}/samples", params={"subject": person}).json()
@@ -191,6 +234,8 @@ def test_byte_search_finds_nothing_of_an_erased_person(api: Api) -> None:
 
     after = wait_until_absent(api.url, {**plaintext, **keys})
     assert kept in after, "control: a retained sample's key is still found"
+    objects = stored_bytes()
+    assert not [name for name, needle in {**plaintext, **keys}.items() if needle in objects]
 
     listed = api.get(f"/v1/datasets/{ds['id']}/samples", params={"subject": person}).json()
     assert listed["total"] == 0 and listed["items"] == []

@@ -243,13 +243,19 @@ def test_worker_takes_a_new_name_when_redis_still_lists_the_old_one(
 
 
 def test_redis_restart_while_a_worker_is_busy(
-    own_redis: RedisServer, pg_url: str, tmp_path: Path
+    own_redis: RedisServer, pg_url: str, tmp_path: Path, s3_settings: dict[str, object]
 ) -> None:
     truncate_all(pg_url)
     pauses = tmp_path / "pauses"
     pauses.mkdir()
     # No sticky linger: the busy job must end (and its RQ bookkeeping fail) while Redis is down.
-    settings = {**FAST, "pause_dir": pauses, "pause_at": ["before-commit"], "sticky_seconds": 0}
+    settings = {
+        **FAST,
+        **s3_settings,
+        "pause_dir": pauses,
+        "pause_at": ["before-commit"],
+        "sticky_seconds": 0,
+    }
     with Cluster(tmp_path / "cluster", pg_url, own_redis.url, **settings) as cluster:
         cluster.start_api()
         for _ in range(2):
@@ -355,12 +361,12 @@ def task_of(url: str, request_id: int) -> DeletionTask | None:
 
 
 def test_postgres_stopped_and_started_mid_run(
-    own_postgres: PostgresServer, redis_url: str, tmp_path: Path
+    own_postgres: PostgresServer, redis_url: str, tmp_path: Path, s3_settings: dict[str, object]
 ) -> None:
     url = own_postgres.create_database("lethe")
     upgrade_to_head(url)
     engine_for(url).dispose()
-    settings = {**FAST, "retry_backoff_seconds": [2], "job_retries": 3}
+    settings = {**FAST, **s3_settings, "retry_backoff_seconds": [2], "job_retries": 3}
     outage: list[tuple[str, object]] = []  # (sample, status) of POSTs while it was down
     blocker = CommitBlocker(url)
     accepted: list[int] = []

@@ -3,6 +3,7 @@ and `lethe worker` processes (RQ SimpleWorker)."""
 
 from __future__ import annotations
 
+import base64
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -14,7 +15,7 @@ from fastapi.testclient import TestClient
 from redis import Redis
 from rq import Queue
 from rq.registry import FailedJobRegistry
-from sqlalchemy import func, select, text
+from sqlalchemy import func, select
 
 from app.db.session import database, engine_for
 from app.db.tables import (
@@ -28,6 +29,8 @@ from app.db.tables import (
 )
 from app.main import create_app
 from app.settings import Settings
+from app.storage.blobs import Blobs, object_store
+from app.storage.crypto import Keyring
 from bench.cluster import Cluster
 from tests.conftest import SMALL_TRAINING, truncate_all
 from tests.servers import free_port
@@ -44,12 +47,16 @@ FAST = {
 
 
 @pytest.fixture
-def make_cluster(pg_url: str, redis_url: str, tmp_path: Path) -> Iterator:
+def make_cluster(
+    pg_url: str, redis_url: str, tmp_path: Path, s3_settings: dict[str, object]
+) -> Iterator:
+    """Distributed clusters as deployed: PostgreSQL, Redis and blobs in SeaweedFS (S3)."""
     clusters: list[Cluster] = []
 
     def make(**settings: object) -> Cluster:
         truncate_all(pg_url)
-        cluster = Cluster(tmp_path / f"c{len(clusters)}", pg_url, redis_url, **{**FAST, **settings})
+        merged = {**FAST, **s3_settings, **settings}
+        cluster = Cluster(tmp_path / f"c{len(clusters)}", pg_url, redis_url, **merged)
         clusters.append(cluster)
         cluster.start_api()
         return cluster
@@ -58,6 +65,14 @@ def make_cluster(pg_url: str, redis_url: str, tmp_path: Path) -> Iterator:
     for cluster in clusters:
         cluster.stop()
         Redis.from_url(redis_url).delete(f"rq:queue:{cluster.queue}")
+
+
+def bucket_of(cluster: Cluster, s3_settings: dict[str, object], pg_url: str) -> Blobs:
+    """The cluster's blob store seen from the test, with the cluster's master key."""
+    settings = Settings(database_url=pg_url, **s3_settings)  # type: ignore[arg-type]
+    db = database(pg_url)
+    master = base64.b64decode((cluster.data_dir / "master.key").read_text())
+    return Blobs(object_store(settings, db), Keyring(master), db)
 
 
 def wait_until(predicate, timeout: float = 120.0, every: float = 0.1) -> None:
@@ -77,7 +92,7 @@ def ready_model(c: httpx.Client, dataset: str = "digits", **model: object) -> tu
     model_id = created.json()["id"]
     wait_until(lambda: c.get(f"/v1/models/{model_id}").json()["status"] in ("ready", "failed"))
     m = c.get(f"/v1/models/{model_id}").json()
-    assert m["status"] == "ready", m
+    assert m["status"] == "ready", m.get("error")
     return ds, m
 
 
@@ -131,7 +146,7 @@ def test_flushall_loses_nothing(make_cluster, pg_url: str, redis_url: str) -> No
 
 
 def test_kill_9_mid_update_completes_exactly_once(
-    make_cluster, pg_url: str, tmp_path: Path
+    make_cluster, pg_url: str, tmp_path: Path, s3_settings: dict[str, object]
 ) -> None:
     pauses = tmp_path / "pauses"
     pauses.mkdir()
@@ -163,7 +178,18 @@ def test_kill_9_mid_update_completes_exactly_once(
         assert session.scalar(select(func.count()).select_from(Certificate)) == 1
         task = session.scalar(select(DeletionTask))
         assert task.attempts == 2 and task.n_removed == 2
-        assert session.scalar(select(func.count()).select_from(Blob)) == 2  # no orphans
+        rows = set(session.scalars(select(Blob.key)))
+    assert len(rows) == 2  # v2's weights and state: v1's were retired with the update
+    # The victim had stored its release's two blobs when it was killed, before its commit:
+    # objects no row references. The sweeper removes exactly those.
+    store = bucket_of(cluster, s3_settings, pg_url)
+    listed = {o.key for o in store.store.listing()}
+    assert rows <= listed and len(listed - rows) == 2, (rows, listed)
+    assert store.sweep(grace_seconds=0) == 2
+    assert {o.key for o in store.store.listing()} == rows
+    with database(pg_url).read() as session:
+        for key in rows:  # every committed blob opens
+            assert store.read(session, key) is not None
 
 
 def test_500_concurrent_requests_form_one_chain(make_cluster, pg_url: str) -> None:
@@ -292,18 +318,16 @@ def test_fan_out_idempotency_and_erasure_sweep(make_cluster, pg_url: str) -> Non
 
 
 def test_final_failure_withdraws_the_model_erases_and_lands_in_rq_failed_registry(
-    make_cluster, pg_url: str, redis_url: str
+    make_cluster, pg_url: str, redis_url: str, s3_settings: dict[str, object]
 ) -> None:
     # No resident session: the update reads the stored state (a warm worker would not).
     cluster = make_cluster(resident_models=0)
     cluster.start_worker()
     with cluster.client() as c:
         ds, model = ready_model(c, "breast_cancer")
-        with database(pg_url).write() as session:  # storage corruption: the state is unreadable
+        with database(pg_url).read() as session:  # storage corruption: the state is unreadable
             key = session.scalar(select(ModelVersion.state_key))
-            session.execute(
-                text("UPDATE blobs SET data = :d WHERE key = :k"), {"d": b"corrupt", "k": key}
-            )
+        bucket_of(cluster, s3_settings, pg_url).store.write(key, [b"corrupt"])
         req = c.post(
             "/v1/deletions", json={"dataset_id": ds["id"], "sample_ids": train_ids(c, ds["id"], 1)}
         ).json()

@@ -98,7 +98,7 @@ class OpenBlob:
         length = layout.offset(last) + OVERHEAD + layout.plain_length(last) - offset
         sealed = self.store.read(self.key, offset, length)
         at = first * self.chunk_size
-        for plain in open_chunks(self.data_key, self.key, header, layout, first, sealed):
+        for plain in open_chunks(self.data_key, self.key, header, layout, first, last, sealed):
             lo, hi = max(start - at, 0), min(end - at, len(plain))
             at += len(plain)
             if lo == 0 and hi == len(plain):

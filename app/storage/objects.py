@@ -152,14 +152,16 @@ class DatabaseObjects:
             index += 1
             written += len(piece)
             if len(batch) == self.PIECES_PER_COMMIT:
-                self._insert(batch)
+                self._insert(key, batch, replace=index == len(batch))
                 batch = []
         if batch or index == 0:
-            self._insert(batch or [{"key": key, "idx": 0, "data": b""}])
+            self._insert(key, batch or [{"key": key, "idx": 0, "data": b""}], index == len(batch))
         return written
 
-    def _insert(self, rows: list[dict[str, Any]]) -> None:
+    def _insert(self, key: str, rows: list[dict[str, Any]], replace: bool) -> None:
         with self.db.write() as session:
+            if replace:  # the first batch replaces an object of the same key
+                session.execute(delete(BlobChunk).where(BlobChunk.key == key))
             session.execute(insert(BlobChunk), rows)
 
     def read(self, key: str, start: int, length: int) -> Iterator[bytes]:
@@ -291,7 +293,11 @@ class S3Objects:
             except ClientError as exc:
                 if _code(exc) not in {"404", "NoSuchBucket", "NotFound"}:
                     raise
-                self.client.create_bucket(Bucket=self.bucket)
+                try:
+                    self.client.create_bucket(Bucket=self.bucket)
+                except ClientError as again:  # another process created it meanwhile
+                    if _code(again) not in {"BucketAlreadyOwnedByYou", "BucketAlreadyExists"}:
+                        raise
         self._ready = True
 
     def write(self, key: str, pieces: Iterable[bytes]) -> int:

@@ -110,25 +110,28 @@ def open_chunks(
     header: bytes,
     layout: Layout,
     first: int,
+    last: int,
     sealed: Iterable[bytes],
 ) -> Iterator[bytes]:
-    """Plaintext chunks `first`, `first`+1, … of a blob from its sealed bytes starting at chunk
-    `first` (in pieces of any size); stops after the last chunk the bytes hold. A tampered,
-    misplaced or cut-short chunk raises SealError."""
+    """Plaintext chunks `first` … `last` of a blob from its sealed bytes starting at chunk
+    `first` (in pieces of any size). A tampered, misplaced or missing chunk raises SealError:
+    bytes that end before chunk `last` are a blob cut short, never a shorter answer."""
     aead = AESGCM(data_key)
     index = first
     buf = bytearray()
     need = OVERHEAD + layout.plain_length(index)
     for piece in sealed:
         buf += piece
-        while index < layout.chunks and len(buf) >= need:
+        while index <= last and len(buf) >= need:
             yield _open_chunk(aead, key, header, index, index == layout.chunks - 1, buf[:need])
             del buf[:need]
             index += 1
-            if index < layout.chunks:
+            if index <= last:
                 need = OVERHEAD + layout.plain_length(index)
-    if buf and index < layout.chunks:
-        raise SealError(f"blob {key!r}: chunk {index} is cut short")
+        if index > last:
+            return
+    if index <= last:
+        raise SealError(f"blob {key!r}: chunk {index} is cut short or missing")
 
 
 def _open_chunk(
