@@ -52,10 +52,12 @@ def seaweed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SeaweedServer]
 
 @pytest.fixture
 def s3_settings(seaweed: SeaweedServer) -> dict[str, object]:
-    """Settings that keep blobs in a fresh bucket of that server (one bucket per test)."""
+    """Settings that keep blobs in that server's bucket under a fresh prefix (one per test:
+    SeaweedFS gives every bucket volumes of its own, so buckets are not made per test)."""
     return {
         "blob_store": "s3",
-        "s3_bucket": f"lethe-{uuid.uuid4().hex[:12]}",
+        "s3_bucket": "lethe-tests",
+        "s3_prefix": f"{uuid.uuid4().hex[:12]}/",
         "s3_endpoint_url": seaweed.endpoint,
         "s3_region": "us-east-1",
         "s3_access_key_id": S3_ACCESS_KEY,

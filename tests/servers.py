@@ -108,7 +108,7 @@ class SeaweedServer:
             )
         )
         args = [weed, "server", "-ip=127.0.0.1", f"-dir={data}", "-s3", "-filer"]
-        args += [f"-s3.config={config}", "-master.volumeSizeLimitMB=256", "-volume.max=32"]
+        args += [f"-s3.config={config}", "-master.volumeSizeLimitMB=64", "-volume.max=400"]
         args += ["-s3.port.iceberg=0", "-s3.port.lance=0", "-metricsPort=0"]
         for name in self.ports:
             args += [f"-{name}.port={self.ports[name]}", f"-{name}.port.grpc={self.grpc[name]}"]

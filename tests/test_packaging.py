@@ -13,7 +13,7 @@ from pathlib import Path
 import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
-LONG_RUNNING = ("postgres", "redis", "api", "worker")
+LONG_RUNNING = ("postgres", "redis", "s3", "api", "worker")
 
 
 def test_compose_services_restart_and_report_health() -> None:
@@ -32,6 +32,12 @@ def test_compose_services_restart_and_report_health() -> None:
     assert worker_env["LETHE_DATABASE_URL"] == services["api"]["environment"]["LETHE_DATABASE_URL"]
     assert "9100" in " ".join(services["worker"]["healthcheck"]["test"])
     assert "lethe_adm_" in (ROOT / "docker-compose.yml").read_text()  # how to read the key
+    for name in ("migrate", "api", "worker"):  # blobs in the compose's S3 service, one bucket
+        env = services[name]["environment"]
+        assert env["LETHE_BLOB_STORE"] == "s3" and env["LETHE_S3_BUCKET"] == "lethe"
+        assert env["LETHE_S3_ENDPOINT_URL"] == "http://s3:8333"
+    assert services["migrate"]["depends_on"]["s3"]["condition"] == "service_healthy"
+    assert "-s3" in services["s3"]["command"]
 
 
 def test_the_image_runs_unprivileged_with_dependencies_in_their_own_layer() -> None:
