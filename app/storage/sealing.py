@@ -65,20 +65,26 @@ def seal_stream(
     aead = AESGCM(data_key)
     yield header
     index = 0
-    pending: bytes | None = None  # a full chunk, sealed once we know whether another follows
-    fill = bytearray()
+    pending: bytes | memoryview | None = None  # a full chunk, sealed once we know whether
+    fill = bytearray()  # another follows; `fill` collects a chunk that spans pieces
     for piece in pieces:
         view = memoryview(piece).cast("B")
         at = 0
         while at < len(view):
-            take = min(chunk_size - len(fill), len(view) - at)
-            fill += view[at : at + take]
-            at += take
-            if len(fill) == chunk_size:
-                if pending is not None:
-                    yield _seal_chunk(aead, key, header, index, False, pending)
-                    index += 1
-                pending, fill = bytes(fill), bytearray()
+            if not fill and len(view) - at >= chunk_size:  # a whole chunk in place: no copy
+                full: bytes | memoryview = view[at : at + chunk_size]
+                at += chunk_size
+            else:
+                take = min(chunk_size - len(fill), len(view) - at)
+                fill += view[at : at + take]
+                at += take
+                if len(fill) < chunk_size:
+                    continue
+                full, fill = bytes(fill), bytearray()
+            if pending is not None:
+                yield _seal_chunk(aead, key, header, index, False, pending)
+                index += 1
+            pending = full
     if pending is not None and fill:
         yield _seal_chunk(aead, key, header, index, False, pending)
         index += 1
@@ -88,7 +94,7 @@ def seal_stream(
 
 
 def _seal_chunk(
-    aead: AESGCM, key: str, header: bytes, index: int, final: bool, plain: bytes
+    aead: AESGCM, key: str, header: bytes, index: int, final: bool, plain: bytes | memoryview
 ) -> bytes:
     nonce = os.urandom(NONCE_BYTES)
     return nonce + aead.encrypt(nonce, plain, _aad(key, header, index, final))
