@@ -7,6 +7,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -252,3 +253,61 @@ def test_every_backend_leaves_the_row_count_to_the_database(store: Blobs) -> Non
         store.record(session, written)
     with store.db.read() as session:
         assert session.scalar(select(func.count()).select_from(Blob)) == before + 1
+
+
+def test_an_object_store_outage_delays_deletions_and_loses_nothing(tmp_path: Path) -> None:
+    """SeaweedFS stopped under an embedded service: downloads are 503 with Retry-After, a
+    deletion waits (never counted as a failed attempt, so its model is not withdrawn) and
+    completes with its certificate once the store is back."""
+    from fastapi.testclient import TestClient
+
+    from app.main import create_app
+    from tests.conftest import SMALL_TRAINING, Api, make_keys
+    from tests.servers import S3_ACCESS_KEY, S3_SECRET_KEY, SeaweedServer
+
+    own = SeaweedServer(tmp_path / "seaweed")
+    own.start()
+    url = f"sqlite:///{tmp_path / 'lethe.db'}"
+    upgrade_to_head(url)
+    settings = Settings(
+        data_dir=tmp_path,
+        database_url=url,
+        reconcile_seconds=0.3,
+        bootstrap_admin_key=False,
+        weights_cache_bytes=0,
+        job_retries=1,
+        retry_backoff_seconds=[1],
+        blob_store="s3",
+        s3_bucket="outage",
+        s3_endpoint_url=own.endpoint,
+        s3_access_key_id=S3_ACCESS_KEY,
+        s3_secret_access_key=S3_SECRET_KEY,
+    )
+    try:
+        with TestClient(create_app(settings)) as client:
+            api = Api(client, url, make_keys(url))
+            ds = api.post("/v1/datasets", json={"builtin": "breast_cancer"}).json()
+            body = {"name": "m", "dataset_id": ds["id"], "training": SMALL_TRAINING}
+            model = api.post("/v1/models", json=body).json()
+            assert api.wait(f"/v1/models/{model['id']}", ("ready", "failed"))["status"] == "ready"
+            sample = api.get(
+                f"/v1/datasets/{ds['id']}/samples", params={"split": "train", "limit": 1}
+            ).json()["items"][0]["external_id"]
+            own.kill()
+            down = api.get(f"/v1/models/{model['id']}/weights")
+            assert down.status_code == 503, down.text
+            assert down.json()["error"]["code"] == "blob_store_unavailable"
+            assert down.headers["retry-after"]
+            request = api.post(
+                "/v1/deletions", json={"dataset_id": ds["id"], "sample_ids": [sample]}
+            ).json()
+            time.sleep(8)  # several retry periods: with job_retries=1 a failure would withdraw
+            waiting = api.get(f"/v1/deletions/{request['id']}").json()
+            assert waiting["status"] in ("queued", "running"), waiting
+            assert api.get(f"/v1/models/{model['id']}").json()["status"] == "ready"
+            own.start()  # same ports, same data folder
+            done = api.wait(f"/v1/deletions/{request['id']}", ("done", "failed"), timeout=60)
+            assert done["status"] == "done" and len(done["certificate_ids"]) == 1, done
+            assert api.get(f"/v1/models/{model['id']}/weights").status_code == 200
+    finally:
+        own.kill()

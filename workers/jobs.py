@@ -27,7 +27,7 @@ from app.ledger.transparency import signing_key
 from app.settings import Settings, get_settings
 from app.specs import ImportedWeights
 from app.states import ModelStatus, Stage, TaskStatus, VersionKind
-from app.storage.blobs import blobs
+from app.storage.blobs import BlobStoreUnavailable, blobs
 from app.storage.erasure import compact_after_erasure
 from app.wire import Progress
 from maths.nets import build_net
@@ -94,7 +94,9 @@ def train_model(model_id: int) -> str:
             _seed_session(settings, db, model_id, version_id, inputs, trained)
         except LeaseLost:
             raise
-        except shutdown.Interrupted:  # back to queued: the next start trains it again
+        except (shutdown.Interrupted, BlobStoreUnavailable) as exc:  # back to queued: trained
+            if isinstance(exc, BlobStoreUnavailable):  # again once the object store answers
+                log.warning("model %s: %s; training goes back to the queue", model_id, exc)
             with db.write() as session:
                 session.execute(
                     update(Model)
@@ -400,6 +402,11 @@ def _run_batch(
     except shutdown.Interrupted:  # back to queued, unpenalised: the next start applies them
         ids = [t.task_id for t in tasks]
         db.run(lambda session: pipeline.release_tasks(session, ids))
+        return False
+    except BlobStoreUnavailable as exc:  # an outage, not the update's fault: unpenalised too
+        log.warning("model %s: %s; its deletions wait for the object store", model_id, exc)
+        ids, wait = [t.task_id for t in tasks], (settings.retry_backoff_seconds or [5])[0]
+        db.run(lambda session: pipeline.release_tasks(session, ids, wait))
         return False
     except Unrecoverable as exc:  # the retrain itself diverged: retrying cannot help
         _withdraw(db, model_id, str(exc))

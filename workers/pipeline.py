@@ -592,12 +592,14 @@ def finish_requests(session: Session, request_ids: set[int]) -> None:
         request.commitment_key_id = None
 
 
-def release_tasks(session: Session, task_ids: list[int]) -> None:
-    """Put claimed tasks back to queued, due now, their attempt not counted: the job was
-    interrupted by a shutdown, not failed (app/shutdown.py)."""
+def release_tasks(session: Session, task_ids: list[int], delay_seconds: float = 0) -> None:
+    """Put claimed tasks back to queued, due after `delay_seconds`, their attempt not counted:
+    the job was interrupted by a shutdown (app/shutdown.py) or an object-store outage, not
+    failed."""
+    due = utcnow() + timedelta(seconds=delay_seconds) if delay_seconds else None
     for task in session.scalars(select(DeletionTask).where(DeletionTask.id.in_(task_ids))):
         if task.status == TaskStatus.running and task.lease_owner == WORKER_ID:
-            task.status, task.not_before = TaskStatus.queued, None
+            task.status, task.not_before = TaskStatus.queued, due
             task.lease_owner = task.lease_expires_at = None
             task.attempts = max(0, task.attempts - 1)
 

@@ -42,7 +42,15 @@ from app.storage.objects import (
     ObjectStore,
     S3Objects,
 )
-from app.storage.sealing import HEADER, OVERHEAD, Layout, open_chunks, parse_header, seal_stream
+from app.storage.sealing import (
+    HEADER,
+    OVERHEAD,
+    Layout,
+    open_chunks,
+    open_into,
+    parse_header,
+    seal_stream,
+)
 
 log = logging.getLogger("lethe.blobs")
 
@@ -87,16 +95,26 @@ class OpenBlob:
             return iter((plain[start:end],))
         return self._sealed_range(start, end)
 
-    def _sealed_range(self, start: int, end: int) -> Iterator[bytes]:
-        assert self.store is not None and self.chunk_size is not None
-        layout = Layout(self.size, self.chunk_size)
-        first, last = start // self.chunk_size, (end - 1) // self.chunk_size
+    def _header(self) -> bytes:
+        assert self.store is not None
         header = b"".join(self.store.read(self.key, 0, HEADER.size))
         if parse_header(header, self.key) != self.chunk_size:
             raise SealError(f"blob {self.key!r}: its header disagrees with its row")
+        return header
+
+    def _sealed(self, layout: Layout, first: int, last: int) -> Iterator[bytes]:
+        """The sealed bytes of chunks first … last, read in pieces of one sealed chunk."""
+        assert self.store is not None
         offset = layout.offset(first)
         length = layout.offset(last) + OVERHEAD + layout.plain_length(last) - offset
-        sealed = self.store.read(self.key, offset, length)
+        return self.store.read(self.key, offset, length, layout.chunk_size + OVERHEAD)
+
+    def _sealed_range(self, start: int, end: int) -> Iterator[bytes]:
+        assert self.chunk_size is not None
+        layout = Layout(self.size, self.chunk_size)
+        first, last = start // self.chunk_size, (end - 1) // self.chunk_size
+        header = self._header()
+        sealed = self._sealed(layout, first, last)
         at = first * self.chunk_size
         for plain in open_chunks(self.data_key, self.key, header, layout, first, last, sealed):
             lo, hi = max(start - at, 0), min(end - at, len(plain))
@@ -109,14 +127,17 @@ class OpenBlob:
                 return
 
     def read(self) -> bytearray:
-        """The whole blob in one buffer of its size (the only whole copy held)."""
+        """The whole blob in one buffer of its size (the only whole copy held), each chunk
+        decrypted straight into its place."""
         out = bytearray(self.size)
-        at = 0
-        for piece in self.chunks():
-            out[at : at + len(piece)] = piece
-            at += len(piece)
-        if at != self.size:
-            raise BlobMissing(f"blob {self.key!r} ended after {at} of {self.size} bytes")
+        if self.store is None or self.chunk_size is None:
+            out[:] = b"".join(self.chunks())
+            return out
+        if self.size:
+            layout = Layout(self.size, self.chunk_size)
+            sealed = self._sealed(layout, 0, layout.chunks - 1)
+            with memoryview(out) as view:
+                open_into(self.data_key, self.key, self._header(), layout, sealed, view)
         return out
 
 

@@ -22,6 +22,7 @@ from app.db.chunks import chunked
 from app.db.session import Database
 from app.db.tables import BlobChunk
 
+PIECE = 1 << 20  # bytes per piece a read yields unless the caller asks for another size
 KEY_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._/-]{0,199}$")
 
 
@@ -44,7 +45,7 @@ class ObjectStore(Protocol):
     location: str  # "database", "filesystem" or "s3": recorded on each blob's row
 
     def write(self, key: str, pieces: Iterable[bytes]) -> int: ...
-    def read(self, key: str, start: int, length: int) -> Iterator[bytes]: ...
+    def read(self, key: str, start: int, length: int, piece: int = ...) -> Iterator[bytes]: ...
     def delete(self, keys: Sequence[str]) -> None: ...
     def listing(self) -> Iterator[StoredObject]: ...
 
@@ -90,12 +91,12 @@ class FilesystemObjects:
         _fsync_dir(target.parent)
         return written
 
-    def read(self, key: str, start: int, length: int) -> Iterator[bytes]:
+    def read(self, key: str, start: int, length: int, piece: int = PIECE) -> Iterator[bytes]:
         try:
             fh = self._path(key).open("rb")
         except FileNotFoundError as exc:
             raise BlobMissing(f"blob {key!r} is not in {self.root}") from exc
-        return _read_file(fh, start, length)
+        return _read_file(fh, start, length, piece)
 
     def delete(self, keys: Sequence[str]) -> None:
         for key in keys:
@@ -112,7 +113,7 @@ class FilesystemObjects:
                 yield StoredObject(str(path.relative_to(self.root)), stat.st_mtime, stat.st_size)
 
 
-def _read_file(fh: Any, start: int, length: int, piece: int = 1 << 20) -> Iterator[bytes]:
+def _read_file(fh: Any, start: int, length: int, piece: int) -> Iterator[bytes]:
     with fh:
         fh.seek(start)
         left = length
@@ -138,8 +139,8 @@ class DatabaseObjects:
     batches, so the write lock is never held for a whole large blob."""
 
     location = "database"
-    PIECE = 4 << 20
-    PIECES_PER_COMMIT = 8
+    ROW_BYTES = 4 << 20
+    ROWS_PER_COMMIT = 8
 
     def __init__(self, db: Database) -> None:
         self.db = db
@@ -147,11 +148,11 @@ class DatabaseObjects:
     def write(self, key: str, pieces: Iterable[bytes]) -> int:
         check_key(key)
         written, index, batch = 0, 0, []
-        for piece in _repiece(pieces, self.PIECE):
+        for piece in _repiece(pieces, self.ROW_BYTES):
             batch.append({"key": key, "idx": index, "data": piece})
             index += 1
             written += len(piece)
-            if len(batch) == self.PIECES_PER_COMMIT:
+            if len(batch) == self.ROWS_PER_COMMIT:
                 self._insert(key, batch, replace=index == len(batch))
                 batch = []
         if batch or index == 0:
@@ -164,16 +165,16 @@ class DatabaseObjects:
                 session.execute(delete(BlobChunk).where(BlobChunk.key == key))
             session.execute(insert(BlobChunk), rows)
 
-    def read(self, key: str, start: int, length: int) -> Iterator[bytes]:
-        first, last = start // self.PIECE, (start + length - 1) // self.PIECE
+    def read(self, key: str, start: int, length: int, piece: int = PIECE) -> Iterator[bytes]:
+        first, last = start // self.ROW_BYTES, (start + length - 1) // self.ROW_BYTES
         with self.db.read() as session:
             present = session.scalar(select(func.count()).where(BlobChunk.key == key))
         if not present:
             raise BlobMissing(f"blob {key!r} has no rows in blob_chunks")
-        return self._pieces(key, start, length, first, last)
+        return _repiece(self._pieces(key, start, length, first, last), piece)
 
     def _pieces(self, key: str, start: int, length: int, first: int, last: int) -> Iterator[bytes]:
-        skip, left = start - first * self.PIECE, length
+        skip, left = start - first * self.ROW_BYTES, length
         for index in range(first, last + 1):  # one row per query: memory stays one piece
             with self.db.read() as session:
                 data = session.scalar(
@@ -276,6 +277,9 @@ class S3Objects:
         self.transfer = TransferConfig(
             multipart_threshold=part_bytes, multipart_chunksize=part_bytes, max_concurrency=2
         )
+        # s3transfer buffers 10 parts of a stream by default (160 MiB here): two in flight
+        # and two waiting bound an upload's memory to about four parts.
+        self.transfer.max_in_memory_upload_chunks = 2
         self._ready = False
 
     def _key(self, key: str) -> str:
@@ -307,7 +311,7 @@ class S3Objects:
             self.client.upload_fileobj(reader, self.bucket, self._key(key), Config=self.transfer)
         return reader.total
 
-    def read(self, key: str, start: int, length: int) -> Iterator[bytes]:
+    def read(self, key: str, start: int, length: int, piece: int = PIECE) -> Iterator[bytes]:
         from botocore.exceptions import ClientError
 
         with _unavailable():
@@ -324,7 +328,7 @@ class S3Objects:
                     return iter(())
                 raise
         body = answer["Body"]
-        return _closing(body.iter_chunks(1 << 20), body)
+        return _closing(body.iter_chunks(piece), body)
 
     def delete(self, keys: Sequence[str]) -> None:
         if not keys:
@@ -353,7 +357,8 @@ class S3Objects:
 
 def _closing(chunks: Iterator[bytes], body: Any) -> Iterator[bytes]:
     try:
-        yield from chunks
+        with _unavailable():  # a connection lost mid-body is an outage too
+            yield from chunks
     finally:
         body.close()
 

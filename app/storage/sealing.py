@@ -110,6 +110,34 @@ def parse_header(header: bytes, key: str) -> int:
     return int(chunk_size)
 
 
+def sealed_chunks(
+    key: str, layout: Layout, first: int, last: int, sealed: Iterable[bytes]
+) -> Iterator[tuple[int, bytes | bytearray]]:
+    """(index, sealed bytes) of chunks `first` … `last` from the blob's sealed bytes starting
+    at chunk `first`, in pieces of any size (a piece that is exactly one chunk is passed on
+    without a copy). Bytes that end before chunk `last` are a blob cut short: SealError."""
+    index = first
+    buf = bytearray()
+    need = OVERHEAD + layout.plain_length(index)
+    for piece in sealed:
+        if not buf and len(piece) == need:  # the reader cut its pieces at chunk boundaries
+            yield index, piece
+            index += 1
+        else:
+            buf += piece
+            while index <= last and len(buf) >= need:
+                yield index, buf[:need]
+                del buf[:need]
+                index += 1
+                if index <= last:
+                    need = OVERHEAD + layout.plain_length(index)
+        if index > last:
+            return
+        need = OVERHEAD + layout.plain_length(index)
+    if index <= last:
+        raise SealError(f"blob {key!r}: chunk {index} is cut short or missing")
+
+
 def open_chunks(
     data_key: bytes,
     key: str,
@@ -119,32 +147,41 @@ def open_chunks(
     last: int,
     sealed: Iterable[bytes],
 ) -> Iterator[bytes]:
-    """Plaintext chunks `first` … `last` of a blob from its sealed bytes starting at chunk
-    `first` (in pieces of any size). A tampered, misplaced or missing chunk raises SealError:
-    bytes that end before chunk `last` are a blob cut short, never a shorter answer."""
+    """Plaintext chunks `first` … `last`. A tampered, misplaced or missing chunk raises
+    SealError: never a shorter or different answer."""
     aead = AESGCM(data_key)
-    index = first
-    buf = bytearray()
-    need = OVERHEAD + layout.plain_length(index)
-    for piece in sealed:
-        buf += piece
-        while index <= last and len(buf) >= need:
-            yield _open_chunk(aead, key, header, index, index == layout.chunks - 1, buf[:need])
-            del buf[:need]
-            index += 1
-            if index <= last:
-                need = OVERHEAD + layout.plain_length(index)
-        if index > last:
-            return
-    if index <= last:
-        raise SealError(f"blob {key!r}: chunk {index} is cut short or missing")
+    for index, chunk in sealed_chunks(key, layout, first, last, sealed):
+        aad = _aad(key, header, index, index == layout.chunks - 1)
+        view = memoryview(chunk)
+        try:
+            yield aead.decrypt(view[:NONCE_BYTES], view[NONCE_BYTES:], aad)
+        except InvalidTag as exc:
+            raise _tampered(key, index) from exc
+        finally:
+            view.release()
 
 
-def _open_chunk(
-    aead: AESGCM, key: str, header: bytes, index: int, final: bool, sealed: bytearray
-) -> bytes:
-    try:
-        aad = _aad(key, header, index, final)
-        return aead.decrypt(bytes(sealed[:NONCE_BYTES]), bytes(sealed[NONCE_BYTES:]), aad)
-    except InvalidTag as exc:
-        raise SealError(f"blob {key!r}: chunk {index} does not open (tampered or moved)") from exc
+def open_into(
+    data_key: bytes,
+    key: str,
+    header: bytes,
+    layout: Layout,
+    sealed: Iterable[bytes],
+    out: memoryview,
+) -> None:
+    """Open a whole blob straight into `out` (its size): each chunk is decrypted in place."""
+    aead = AESGCM(data_key)
+    for index, chunk in sealed_chunks(key, layout, 0, layout.chunks - 1, sealed):
+        at, n = index * layout.chunk_size, layout.plain_length(index)
+        aad = _aad(key, header, index, index == layout.chunks - 1)
+        view = memoryview(chunk)
+        try:
+            aead.decrypt_into(view[:NONCE_BYTES], view[NONCE_BYTES:], aad, out[at : at + n])
+        except InvalidTag as exc:
+            raise _tampered(key, index) from exc
+        finally:
+            view.release()
+
+
+def _tampered(key: str, index: int) -> SealError:
+    return SealError(f"blob {key!r}: chunk {index} does not open (tampered or moved)")
