@@ -6,6 +6,7 @@ import hashlib
 import importlib
 import json
 import sys
+import time
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -381,8 +382,16 @@ def audit_certificates(model: int | None = None, url: Url = None, key: Key = Non
 
 @audit.command("verify-receipt")
 def audit_verify_receipt(
-    receipt: Annotated[Path, typer.Argument(help="a receipt (from a finished deletion)")],
-    keys: Annotated[Path, typer.Option(help="GET /v1/audit/public-key, saved")],
+    receipt: Annotated[
+        Path, typer.Argument(help="a .tlog-proof file, or a JSON receipt of a finished deletion")
+    ],
+    policy: Annotated[
+        Path | None,
+        typer.Option(help="for a .tlog-proof: lines `log <vkey>`, `witness <vkey>`, `quorum <n>`"),
+    ] = None,
+    keys: Annotated[
+        Path | None, typer.Option(help="for a JSON receipt: GET /v1/audit/public-key, saved")
+    ] = None,
     head: Annotated[Path | None, typer.Option(help="a newer head (GET /v1/audit/head)")] = None,
     consistency: Annotated[
         Path | None, typer.Option(help="GET /v1/audit/proof/consistency?first=M&second=N")
@@ -395,18 +404,57 @@ def audit_verify_receipt(
         typer.Option("--id", help="a removed id (repeat: every id the certificate removed)"),
     ] = None,
 ) -> None:
-    """Check a receipt offline, from files alone: the head's signature, the certificate's
-    inclusion, (with --head and --consistency) that a newer head extends it, and (with
-    --opening and --id) that the certificate removed exactly these ids."""
+    """Check a receipt offline, from files alone. A `.tlog-proof` (C2SP tlog-proof@v1): the
+    checkpoint's log signature and the policy's quorum of witness cosignatures, and the
+    certificate's inclusion. A JSON receipt: the head's signature, the inclusion, and (with
+    --head and --consistency) that a newer head extends it. With --opening and --id: that
+    the certificate removed exactly these ids."""
     from app.ledger.certificates import commitment_holds
-    from app.ledger.receipts import ReceiptError, verify_extension, verify_receipt
 
-    if (head is None) != (consistency is None):
-        raise CliError("--head and --consistency go together: a head alone proves nothing")
     if (opening is None) != (not sample_id):
         raise CliError("--opening and --id go together")
+    text = receipt.read_text()
+    if text.startswith("c2sp.org/tlog-proof@v1\n"):
+        entry = _verify_tlog_proof(text, policy)
+    else:
+        entry = _verify_json_receipt(text, keys, head, consistency)
+    if opening is not None and sample_id:
+        certificate = json.loads(entry)
+        commitment = str(certificate.get("removed_ids_commitment", ""))
+        if not commitment_holds(opening, list(sample_id), commitment):
+            raise CliError("the certificate does not commit to these ids under this opening")
+        console.print(f"committed: the certificate removed exactly these {len(sample_id)} ids")
+
+
+def _verify_tlog_proof(text: str, policy: Path | None) -> str:
+    from app.ledger.notes import NoteError
+    from app.ledger.tiles import ProofPolicy, verify_tlog_proof
+
+    if policy is None:
+        raise CliError("a .tlog-proof is checked against a --policy file (log and witnesses)")
+    try:
+        proven = verify_tlog_proof(text, ProofPolicy.parse(policy.read_text()))
+    except (NoteError, ValueError) as exc:
+        raise CliError(f"receipt does not verify: {exc}") from exc
+    witnessed = ", ".join(proven.cosigned_by) or "no witness"
+    console.print(
+        f"included: entry {proven.index} under the checkpoint of size {proven.checkpoint.size} "
+        f"of {proven.checkpoint.origin}, cosigned by {witnessed}"
+    )
+    return proven.entry.decode()
+
+
+def _verify_json_receipt(
+    text: str, keys: Path | None, head: Path | None, consistency: Path | None
+) -> str:
+    from app.ledger.receipts import ReceiptError, verify_extension, verify_receipt
+
+    if keys is None:
+        raise CliError("a JSON receipt is checked against --keys (GET /v1/audit/public-key)")
+    if (head is None) != (consistency is None):
+        raise CliError("--head and --consistency go together: a head alone proves nothing")
     key_table = json.loads(keys.read_text())
-    document = json.loads(receipt.read_text())
+    document = json.loads(text)
     try:
         old = verify_receipt(document, key_table)
         console.print(
@@ -419,12 +467,80 @@ def audit_verify_receipt(
             console.print(f"consistent: the head of size {newer['tree_size']} extends it")
     except ReceiptError as exc:
         raise CliError(f"receipt does not verify: {exc}") from exc
-    if opening is not None and sample_id:
-        certificate = json.loads(document["entry"])
-        commitment = str(certificate.get("removed_ids_commitment", ""))
-        if not commitment_holds(opening, list(sample_id), commitment):
-            raise CliError("the certificate does not commit to these ids under this opening")
-        console.print(f"committed: the certificate removed exactly these {len(sample_id)} ids")
+    return str(document["entry"])
+
+
+@audit.command("monitor")
+def audit_monitor(
+    url: Annotated[str, typer.Argument(help="the log's URL prefix, e.g. https://host/log")],
+    policy: Annotated[
+        Path, typer.Option(help="lines `log <vkey>`, `witness <vkey>`, `quorum <n>`")
+    ],
+    state: Annotated[Path, typer.Option(help="where the last checked checkpoint is kept")],
+    every: Annotated[float, typer.Option(help="seconds between checks")] = 60.0,
+    once: Annotated[bool, typer.Option(help="check once and exit")] = False,
+) -> None:
+    """Follow a log's checkpoints from a saved state, with no API key: each new checkpoint
+    must carry the policy's signatures and extend the last one checked (a consistency proof
+    computed from the public tiles). Exits 1 on an inconsistency."""
+
+    from app.ledger import notes
+    from app.ledger.tiles import ProofPolicy, check_extension
+
+    trust = ProofPolicy.parse(policy.read_text())
+    base = url.rstrip("/")
+
+    def fetch(path: str) -> bytes:
+        answer = httpx.get(f"{base}/{path}", timeout=30)
+        answer.raise_for_status()
+        return answer.content
+
+    while True:
+        note = fetch("checkpoint").decode()
+        try:
+            opened = notes.open_note(note, [trust.log, *trust.witnesses])
+            cosigned = [n for n in opened.signed_by if n != trust.log.name]
+            if trust.log.name not in opened.signed_by or len(cosigned) < trust.quorum:
+                raise notes.NoteError("the checkpoint lacks the policy's signatures")
+            new = notes.Checkpoint.parse(opened.text)
+            old = (
+                notes.Checkpoint.parse(notes.split(state.read_text())[0])
+                if state.exists()
+                else notes.Checkpoint(new.origin, 0, b"")
+            )
+            check_extension(old, new, fetch)
+        except notes.NoteError as exc:
+            console.print(f"[red]inconsistent:[/red] {exc}")
+            raise typer.Exit(1) from exc
+        if new.size != old.size or not state.exists():
+            state.write_text(note)
+        console.print(f"consistent: {new.origin} at size {new.size}")
+        if once:
+            return
+        time.sleep(every)
+
+
+@app.command()
+def witness(
+    name: Annotated[str, typer.Option(help="the witness's key name, e.g. witness.example/w1")],
+    key_file: Annotated[Path, typer.Option(help="its Ed25519 seed (created 0600 if missing)")],
+    log: Annotated[list[str], typer.Option(help="a log's vkey it witnesses (repeat)")],
+    state: Annotated[Path, typer.Option(help="the JSON file of the checkpoints it cosigned")],
+    host: str = "127.0.0.1",
+    port: int = 8100,
+) -> None:
+    """Run a C2SP tlog-witness: POST /add-checkpoint cosigns checkpoints that extend the last
+    one it cosigned for that log; GET /vkey gives its cosignature verifier key."""
+    import uvicorn
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+    from app.ledger.notes import Verifier
+    from app.storage.crypto import secret_at
+    from app.witness import create_witness_app
+
+    key = Ed25519PrivateKey.from_private_bytes(secret_at(key_file))
+    app_ = create_witness_app(name, key, [Verifier.parse(v) for v in log], state)
+    uvicorn.run(app_, host=host, port=port, log_level="warning")
 
 
 @audit.command("rotate-key")

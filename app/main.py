@@ -11,6 +11,7 @@ from fastapi import FastAPI
 
 from app import accesslog
 from app.api import audit, datasets, deletions, docs, health, keys, models, privacy, ui
+from app.api import log as public_log
 from app.api.errors import DependencyGuard, install_error_handlers
 from app.api.limits import IngressLimitMiddleware
 from app.db.group_commit import GroupCommitter
@@ -98,6 +99,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         models.router,
         deletions.router,
         audit.router,
+        public_log.router,
         keys.router,
         privacy.router,
         ui.router,

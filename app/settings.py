@@ -122,6 +122,21 @@ class Settings(BaseSettings):
     audit_signing_key_file: Path | None = Field(
         None, description="file holding it; default <data_dir>/audit-signing.key"
     )
+    log_origin: str = Field(
+        "localhost/lethe/audit",
+        pattern=r"^[^\s+]+$",
+        description="The log's origin (C2SP tlog-checkpoint), also its key name: set it to "
+        "<your host>/lethe/<log name> before anyone pins the log's vkey.",
+    )
+    log_witnesses: list[str] = Field(
+        [],
+        description="Witnesses (C2SP tlog-witness) a checkpoint must be cosigned by before it "
+        "is published: each '<submission URL prefix> <witness vkey>'.",
+    )
+    log_witness_quorum: int | None = Field(
+        None, ge=0, description="How many of them must cosign (default: all)."
+    )
+    witness_timeout_seconds: float = Field(5.0, gt=0, description="Per witness request.")
     erasure_compaction: bool = Field(
         True, description="after an erasure, compact the key table (VACUUM FULL / checkpoint)"
     )
@@ -166,6 +181,21 @@ class Settings(BaseSettings):
         if self.blob_store == "s3" and not self.s3_bucket:
             raise ValueError("LETHE_BLOB_STORE=s3 needs LETHE_S3_BUCKET")
         return self
+
+    @model_validator(mode="after")
+    def _witnesses_parse(self) -> "Settings":
+        for entry in self.log_witnesses:
+            url, _, vkey = entry.strip().partition(" ")
+            if not url.startswith(("http://", "https://")) or vkey.count("+") < 2:
+                raise ValueError(f"LETHE_LOG_WITNESSES: {entry!r} is not '<url> <vkey>'")
+        if (self.log_witness_quorum or 0) > len(self.log_witnesses):
+            raise ValueError("LETHE_LOG_WITNESS_QUORUM is larger than the witnesses named")
+        return self
+
+    @property
+    def witness_quorum(self) -> int:
+        q = self.log_witness_quorum
+        return len(self.log_witnesses) if q is None else q
 
     @property
     def resolved_blob_dir(self) -> Path:

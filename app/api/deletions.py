@@ -7,11 +7,18 @@ import time
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Body, Header, Query, Request
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response
 from sqlalchemy.orm import Session
 from starlette.concurrency import run_in_threadpool
 
-from app.api.deps import CommitterDep, DbDep, DeletionViewer, DispatcherDep, Requester
+from app.api.deps import (
+    CommitterDep,
+    DbDep,
+    DeletionViewer,
+    DispatcherDep,
+    Requester,
+    SettingsDep,
+)
 from app.api.params import PathId
 from app.api.responses import COMMON, errors
 from app.dispatch import DELETE
@@ -24,6 +31,7 @@ from app.services.deletions import (
     deletion_view,
     get_deletion,
     list_deletions,
+    tlog_proof_of,
 )
 from app.states import FINISHED_REQUEST
 from app.storage.erasure import compact_after_erasure
@@ -129,3 +137,33 @@ async def read(
             return current
         await asyncio.sleep(min(pause, max(0.0, deadline - time.monotonic())))
         pause = min(pause * 1.5, 0.1)
+
+
+@router.get(
+    "/{request_id}/tlog-proofs/{certificate_id}",
+    response_class=Response,
+    responses={
+        200: {
+            "description": "a C2SP tlog-proof@v1 file (`.tlog-proof`), checkable offline",
+            "content": {"text/plain": {"schema": {"type": "string"}}},
+        },
+        **errors(404, 409),
+    },
+)
+def tlog_proof(
+    request_id: PathId,
+    certificate_id: PathId,
+    key: DeletionViewer,
+    db: DbDep,
+    settings: SettingsDep,
+) -> Response:
+    """One certificate of this request as a `.tlog-proof`: the certificate (its `extra` line),
+    its index and inclusion proof, and the published checkpoint with the witnesses'
+    cosignatures. `lethe audit verify-receipt FILE --policy POLICY` checks it offline."""
+    text = tlog_proof_of(db, settings, request_id, certificate_id, key)
+    filename = f"lethe-certificate-{certificate_id}.tlog-proof"
+    return Response(
+        text,
+        media_type="text/plain; charset=utf-8",
+        headers={"Content-Disposition": f'attachment; filename="{filename}"'},
+    )

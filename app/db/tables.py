@@ -332,6 +332,19 @@ class MerkleNode(Base):
     hash: Mapped[str] = mapped_column(String(64))
 
 
+class PublishedCheckpoint(Base):
+    """A checkpoint the log published (C2SP tlog-checkpoint, issue 30): the signed note with
+    the witnesses' cosignatures it gathered, once a quorum cosigned it."""
+
+    __tablename__ = "checkpoints"
+    tree_size: Mapped[int] = mapped_column(
+        BigInteger().with_variant(Integer, "sqlite"), primary_key=True, autoincrement=False
+    )
+    note: Mapped[str] = mapped_column(Text)
+    cosigners: Mapped[int] = mapped_column(Integer, default=0)
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+
 class TreeHead(Base):
     """A signed tree head: Ed25519 over (tree size, root hash, timestamp) by key `key_id`."""
 

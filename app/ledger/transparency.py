@@ -106,7 +106,7 @@ def head_message(tree_size: int, root_hash: str, timestamp: str) -> bytes:
 # ---- growing the tree -----------------------------------------------------------------------
 
 
-class _Nodes:
+class StoredNodes:
     """Stored complete subtrees, read through a cache; `subtree` hashes any leaf range."""
 
     def __init__(self, session: Session) -> None:
@@ -153,7 +153,7 @@ def append(
 ) -> JsonObject:
     """Add these certificates' leaves (after any the tree is missing, e.g. certificates
     written before the tree existed) and sign the new head, in the caller's transaction."""
-    nodes = _Nodes(session)
+    nodes = StoredNodes(session)
     size = leaf_count(session)
     last = max(c.seq for c in certificates)
     if size < last - len(certificates):  # catch up on earlier certificates first
@@ -169,7 +169,9 @@ def append(
     return _sign_head(session, nodes, last, signer)
 
 
-def _sign_head(session: Session, nodes: _Nodes, size: int, key: Ed25519PrivateKey) -> JsonObject:
+def _sign_head(
+    session: Session, nodes: StoredNodes, size: int, key: Ed25519PrivateKey
+) -> JsonObject:
     root = nodes.subtree(0, size).hex()
     timestamp = datetime.now(UTC).isoformat(timespec="microseconds")
     head = TreeHead(
@@ -189,7 +191,7 @@ def rebuild(session: Session, signer: Ed25519PrivateKey) -> JsonObject:
     The log's tables are append-only: run it inside `app.db.append_only.lifted`."""
     session.execute(delete(MerkleNode))
     session.execute(delete(TreeHead))
-    nodes = _Nodes(session)
+    nodes = StoredNodes(session)
     size = 0
     for cert in session.scalars(select(Certificate).order_by(Certificate.seq)):
         nodes.add_leaf(cert.seq - 1, cert.body.encode())
@@ -247,7 +249,7 @@ def inclusion(session: Session, certificate_id: int, tree_size: int | None) -> J
             f"certificate {certificate_id} is leaf {cert.seq - 1}; tree_size must be in "
             f"[{cert.seq}, {leaf_count(session)}]",
         )
-    nodes = _Nodes(session)
+    nodes = StoredNodes(session)
     path = merkle.inclusion_path(cert.seq - 1, size, nodes.subtree)
     head = session.get(TreeHead, size)
     return {
@@ -269,7 +271,7 @@ def consistency(session: Session, first: int, second: int) -> JsonObject:
         raise APIError(
             422, "bad_tree_size", f"need 0 < first ≤ second ≤ {size}, got {first}, {second}"
         )
-    nodes = _Nodes(session)
+    nodes = StoredNodes(session)
     return {
         "first": first,
         "second": second,

@@ -11,8 +11,10 @@ from sqlalchemy import Row, select, update
 from sqlalchemy.orm import Session
 
 from app.db.chunks import chunked
+from app.db.session import Database
 from app.db.tables import (
     ApiKey,
+    Certificate,
     DeletionRequest,
     DeletionTask,
     Model,
@@ -26,6 +28,7 @@ from app.ledger import transparency
 from app.schemas import DeletionCreate
 from app.security import Role
 from app.services.datasets import get_dataset
+from app.settings import Settings
 from app.specs import PrivacyPolicy, StoredMethod
 from app.states import ModelStatus, RequestStatus, SampleStatus, TaskStatus
 from app.storage.crypto import keyring
@@ -422,3 +425,35 @@ def _receipts(
         return []
     mine = sorted({m["certificate_id"] for m in models if m["certificate_id"] and m["version"]})
     return [transparency.receipt(session, c) for c in mine]
+
+
+def tlog_proof_of(
+    db: Database, settings: Settings, request_id: int, certificate_id: int, viewer: ApiKey
+) -> str:
+    """A certificate of this request as a C2SP `.tlog-proof` under the newest published
+    checkpoint (witness-cosigned when witnesses are configured); 409 until one includes it."""
+    from app.ledger.publish import latest_published, publish
+    from app.ledger.tiles import tlog_proof
+
+    with db.read() as session:
+        request = get_deletion(session, request_id, viewer)
+        mine = session.scalars(
+            select(DeletionTask.certificate_id).where(DeletionTask.request_id == request.id)
+        ).all()
+        if certificate_id not in mine:
+            raise not_found("certificate", certificate_id, request_id=request_id)
+        cert = session.get(Certificate, certificate_id)
+        assert cert is not None
+    published = latest_published(db) if settings.log_witnesses else publish(db, settings)
+    if published is None or published.tree_size < cert.seq:
+        raise APIError(
+            409,
+            "not_yet_published",
+            "no published checkpoint includes this certificate yet (its witnesses have not "
+            "cosigned one); retry shortly",
+            headers={"Retry-After": "2"},
+        )
+    with db.read() as session:
+        cert = session.get(Certificate, certificate_id)
+        assert cert is not None
+        return tlog_proof(session, cert, published.note)

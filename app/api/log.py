@@ -1,0 +1,70 @@
+"""The log as anyone can read it, with no key (issue 30): C2SP tlog-tiles under /log/.
+
+`/log/checkpoint` (the newest published checkpoint, a signed note), `/log/vkey` (the log's
+verifier key, to pin), `/log/tile/<L>/<N>[.p/<W>]` (hashes) and `/log/tile/entries/<N>[.p/<W>]`
+(the certificates' public bodies). Tiles never change once served: long cache headers."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter
+from fastapi.concurrency import run_in_threadpool
+from fastapi.responses import Response
+
+from app.api.deps import DbDep, SettingsDep
+from app.api.responses import errors
+from app.errors import APIError
+from app.ledger import tiles
+from app.ledger.notes import log_verifier
+from app.ledger.publish import latest_published, publish
+from app.ledger.transparency import leaf_count, signing_key
+
+router = APIRouter(prefix="/log", tags=["log"], responses=errors(404))
+
+TEXT = "text/plain; charset=utf-8"
+IMMUTABLE = "public, max-age=31536000, immutable"
+
+
+@router.get("/checkpoint", response_class=Response)
+async def checkpoint(db: DbDep, settings: SettingsDep) -> Response:
+    """The newest published checkpoint: origin, size, base64 root; the log's signature and
+    the witnesses' cosignatures. With no witnesses configured a new head is published here."""
+
+    def newest() -> str | None:
+        witnessed = bool(settings.log_witnesses)
+        found = latest_published(db) if witnessed else publish(db, settings)
+        return found.note if found is not None else None
+
+    note = await run_in_threadpool(newest)
+    if note is None:
+        raise APIError(404, "log_empty", "the log has no checkpoint yet")
+    return Response(note, media_type=TEXT, headers={"Cache-Control": "no-cache"})
+
+
+@router.get("/vkey", response_class=Response)
+def vkey(settings: SettingsDep) -> Response:
+    """The log's signed-note verifier key: `<origin>+<key id>+<base64(0x01 ‖ key)>`."""
+    verifier = log_verifier(settings.log_origin, signing_key(settings).public_key())
+    return Response(verifier.vkey + "\n", media_type=TEXT)
+
+
+@router.get("/tile/{path:path}", response_class=Response)
+def tile(path: str, db: DbDep) -> Response:
+    """A hash tile or an entry bundle, full (256 wide) or partial (`.p/<W>`)."""
+    try:
+        wanted = tiles.parse_tile_path(path)
+    except ValueError as exc:
+        raise APIError(404, "no_such_tile", f"not a tile path: {exc}") from exc
+    with db.read() as session:
+        size = leaf_count(session)
+        level = wanted.level if wanted.level is not None else 0
+        have = tiles.tile_width(size, level, wanted.index)
+        width = wanted.width or tiles.WIDTH
+        if have < width:
+            raise APIError(404, "no_such_tile", f"tile {path} does not exist (yet)")
+        if wanted.level is None:
+            data = tiles.entry_bundle(session, wanted.index, width)
+        else:
+            data = tiles.hash_tile(session, wanted.level, wanted.index, width)
+    return Response(
+        data, media_type="application/octet-stream", headers={"Cache-Control": IMMUTABLE}
+    )

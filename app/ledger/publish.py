@@ -1,0 +1,147 @@
+"""Publishing the log's checkpoints through witnesses (issue 30; C2SP tlog-witness).
+
+The log signs a checkpoint of its newest tree head and asks each configured witness to
+cosign it (`POST <prefix>/add-checkpoint` with the size the witness last cosigned and a
+consistency proof from it). Only once a quorum of valid cosignatures came back is the
+checkpoint, with them, stored as published: `/log/checkpoint` and `.tlog-proof` receipts use
+published checkpoints only. A log that rewrites its history cannot publish (the witnesses
+answer 409 or 422), so a rewrite needs the witnesses' keys too. With no witnesses configured
+(the embedded default) every head is published as the log signed it."""
+
+from __future__ import annotations
+
+import base64
+import logging
+from dataclasses import dataclass
+
+import httpx
+from sqlalchemy import select
+from sqlalchemy.exc import IntegrityError
+
+from app.db.session import Database
+from app.db.tables import PublishedCheckpoint, TreeHead
+from app.ledger import merkle, notes
+from app.ledger.notes import Checkpoint, NoteError, Verifier
+from app.ledger.tiles import signed_checkpoint
+from app.ledger.transparency import StoredNodes, signing_key
+from app.settings import Settings
+
+log = logging.getLogger("lethe.log")
+
+
+class WitnessError(RuntimeError):
+    """A witness refused or did not answer."""
+
+
+@dataclass(frozen=True)
+class Witness:
+    url: str  # the submission prefix
+    verifier: Verifier
+
+
+def witnesses(settings: Settings) -> list[Witness]:
+    out = []
+    for entry in settings.log_witnesses:
+        url, _, vkey = entry.strip().partition(" ")
+        out.append(Witness(url.rstrip("/"), Verifier.parse(vkey)))
+    return out
+
+
+def latest_published(db: Database) -> PublishedCheckpoint | None:
+    with db.read() as session:
+        return session.scalar(
+            select(PublishedCheckpoint).order_by(PublishedCheckpoint.tree_size.desc()).limit(1)
+        )
+
+
+def publish(db: Database, settings: Settings) -> PublishedCheckpoint | None:
+    """Publish the newest head if it is newer than the last published checkpoint and a quorum
+    of witnesses cosigns it. Returns the newest published checkpoint."""
+    last = latest_published(db)
+    with db.read() as session:
+        head = session.scalar(select(TreeHead).order_by(TreeHead.tree_size.desc()).limit(1))
+    if head is None or (last is not None and last.tree_size >= head.tree_size):
+        return last
+    checkpoint = Checkpoint(settings.log_origin, head.tree_size, bytes.fromhex(head.root_hash))
+    note = signed_checkpoint(checkpoint, signing_key(settings))
+    cosignatures: list[str] = []
+    for witness in witnesses(settings):
+        old = last.tree_size if last is not None else 0
+        try:
+            cosignatures.append(
+                ask(db, witness, note, checkpoint, old, settings.witness_timeout_seconds)
+            )
+        except WitnessError as exc:
+            log.warning("witness %s: %s", witness.verifier.name, exc)
+    if len(cosignatures) < settings.witness_quorum:
+        log.warning(
+            "checkpoint %d not published: %d of %d cosignatures",
+            checkpoint.size,
+            len(cosignatures),
+            settings.witness_quorum,
+        )
+        return last
+    row = PublishedCheckpoint(
+        tree_size=checkpoint.size,
+        note=notes.with_signatures(note, cosignatures),
+        cosigners=len(cosignatures),
+    )
+    try:
+        with db.write() as session:
+            session.add(row)
+    except IntegrityError:  # another process published this size meanwhile
+        pass
+    return latest_published(db)
+
+
+def ask(
+    db: Database, witness: Witness, note: str, checkpoint: Checkpoint, old: int, timeout: float
+) -> str:
+    """The witness's verified cosignature line for `note`; a 409 naming the size the witness
+    holds is answered once more with a proof from that size."""
+    for _ in range(2):
+        body = f"old {old}\n" + "".join(f"{h}\n" for h in _proof(db, old, checkpoint.size))
+        try:
+            answer = httpx.post(
+                f"{witness.url}/add-checkpoint",
+                content=(body + "\n" + note).encode(),
+                timeout=timeout,
+            )
+        except httpx.HTTPError as exc:
+            raise WitnessError(f"unreachable: {exc}") from exc
+        if answer.status_code == 409 and answer.headers.get("content-type", "").startswith(
+            "text/x.tlog.size"
+        ):
+            held = answer.text.strip()
+            if not held.isdigit() or int(held) > checkpoint.size or int(held) == old:
+                raise WitnessError(f"409: it holds a checkpoint of size {held[:20]}")
+            old = int(held)
+            continue
+        if answer.status_code != 200:
+            raise WitnessError(f"{answer.status_code}: {answer.text[:200]}")
+        for line in answer.text.splitlines():
+            try:
+                opened = notes.open_note(notes.with_signatures(note, [line]), [witness.verifier])
+            except NoteError:
+                continue
+            if witness.verifier.name in opened.signed_by:
+                return line + "\n"
+        raise WitnessError("its answer holds no valid cosignature by its key")
+    raise WitnessError("it keeps answering 409")
+
+
+def _proof(db: Database, old: int, new: int) -> list[str]:
+    if old == 0 or old == new:
+        return []
+    with db.read() as session:
+        nodes = StoredNodes(session)
+        path = merkle.consistency_path(old, new, nodes.subtree)
+    return [base64.b64encode(h).decode() for h in path]
+
+
+def publish_quietly(db: Database, settings: Settings) -> None:
+    """`publish`, logging instead of raising: called after commits and by the reconciler."""
+    try:
+        publish(db, settings)
+    except Exception:
+        log.warning("publishing a checkpoint failed; the reconciler retries", exc_info=True)
