@@ -524,23 +524,43 @@ def audit_monitor(
 def witness(
     name: Annotated[str, typer.Option(help="the witness's key name, e.g. witness.example/w1")],
     key_file: Annotated[Path, typer.Option(help="its Ed25519 seed (created 0600 if missing)")],
-    log: Annotated[list[str], typer.Option(help="a log's vkey it witnesses (repeat)")],
-    state: Annotated[Path, typer.Option(help="the JSON file of the checkpoints it cosigned")],
+    log: Annotated[list[str], typer.Option(help="a log's vkey it witnesses (repeat)")] = [],  # noqa: B006
+    state: Annotated[
+        Path, typer.Option(help="the JSON file of the checkpoints it cosigned")
+    ] = Path("witness-state.json"),
     host: str = "127.0.0.1",
     port: int = 8100,
+    print_vkey: Annotated[bool, typer.Option(help="print its vkey and exit")] = False,
 ) -> None:
     """Run a C2SP tlog-witness: POST /add-checkpoint cosigns checkpoints that extend the last
     one it cosigned for that log; GET /vkey gives its cosignature verifier key."""
     import uvicorn
     from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-    from app.ledger.notes import Verifier
+    from app.ledger.notes import Verifier, witness_verifier
     from app.storage.crypto import secret_at
     from app.witness import create_witness_app
 
     key = Ed25519PrivateKey.from_private_bytes(secret_at(key_file))
+    if print_vkey:
+        print(witness_verifier(name, key.public_key()).vkey)
+        return
+    if not log:
+        raise CliError("name at least one --log <vkey> to witness")
     app_ = create_witness_app(name, key, [Verifier.parse(v) for v in log], state)
     uvicorn.run(app_, host=host, port=port, log_level="warning")
+
+
+@audit.command("vkey")
+def audit_vkey() -> None:
+    """Print the log's verifier key (as GET /log/vkey serves it) from this machine's settings
+    (LETHE_AUDIT_SIGNING_KEY or its file, LETHE_LOG_ORIGIN): what witnesses and policies pin."""
+    from app.ledger.notes import log_verifier
+    from app.ledger.transparency import signing_key
+    from app.settings import get_settings
+
+    settings = get_settings()
+    print(log_verifier(settings.log_origin, signing_key(settings).public_key()).vkey)
 
 
 @audit.command("rotate-key")

@@ -13,7 +13,7 @@ from pathlib import Path
 import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
-LONG_RUNNING = ("postgres", "redis", "s3", "api", "worker")
+LONG_RUNNING = ("postgres", "redis", "s3", "witness", "api", "worker")
 
 
 def test_compose_services_restart_and_report_health() -> None:
@@ -38,6 +38,10 @@ def test_compose_services_restart_and_report_health() -> None:
         assert env["LETHE_S3_ENDPOINT_URL"] == "http://s3:8333"
     assert services["migrate"]["depends_on"]["s3"]["condition"] == "service_healthy"
     assert "-s3" in services["s3"]["command"]
+    witnesses = services["api"]["environment"]["LETHE_LOG_WITNESSES"]  # the log asks its witness
+    assert witnesses.startswith('["http://witness:8100 ') and "8100" in services["witness"][
+        "command"
+    ][-1]
 
 
 def test_the_image_runs_unprivileged_with_dependencies_in_their_own_layer() -> None:

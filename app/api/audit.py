@@ -98,10 +98,18 @@ def certificate(certificate_id: PathId, _: Auditor, db: DbDep) -> JsonObject:
 
 
 @router.get("/head", responses=errors(404))
-def head(_: AnyRole, db: DbDep) -> JsonObject:
-    """The latest signed tree head: Ed25519 over (tree size, root hash, timestamp)."""
+def head(_: AnyRole, db: DbDep, settings: SettingsDep) -> JsonObject:
+    """The latest signed tree head: Ed25519 over (tree size, root hash, timestamp), and how its
+    checkpoints are witnessed (`witnesses`: how many are configured, the quorum a published
+    checkpoint needs; 0 means checkpoints are published with the log's signature alone)."""
     with db.read() as session:
-        return transparency.latest_head(session)
+        latest = transparency.latest_head(session)
+    witnessing: JsonObject = {
+        "configured": len(settings.log_witnesses),
+        "quorum": settings.witness_quorum,
+        "checkpoint": "/log/checkpoint",
+    }
+    return {**latest, "witnesses": witnessing}
 
 
 @router.get("/public-key")
