@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import base64
 import logging
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import httpx
@@ -54,9 +55,12 @@ def latest_published(db: Database) -> PublishedCheckpoint | None:
         )
 
 
-def publish(db: Database, settings: Settings) -> PublishedCheckpoint | None:
+def publish(
+    db: Database, settings: Settings, clients: Mapping[str, httpx.Client] | None = None
+) -> PublishedCheckpoint | None:
     """Publish the newest head if it is newer than the last published checkpoint and a quorum
-    of witnesses cosigns it. Returns the newest published checkpoint."""
+    of witnesses cosigns it. Returns the newest published checkpoint. `clients` maps a
+    witness URL to the HTTP client that reaches it (default: a plain request each time)."""
     last = latest_published(db)
     with db.read() as session:
         head = session.scalar(select(TreeHead).order_by(TreeHead.tree_size.desc()).limit(1))
@@ -68,9 +72,9 @@ def publish(db: Database, settings: Settings) -> PublishedCheckpoint | None:
     for witness in witnesses(settings):
         old = last.tree_size if last is not None else 0
         try:
-            cosignatures.append(
-                ask(db, witness, note, checkpoint, old, settings.witness_timeout_seconds)
-            )
+            client = (clients or {}).get(witness.url)
+            timeout = settings.witness_timeout_seconds
+            cosignatures.append(ask(db, witness, note, checkpoint, old, timeout, client))
         except WitnessError as exc:
             log.warning("witness %s: %s", witness.verifier.name, exc)
     if len(cosignatures) < settings.witness_quorum:
@@ -95,14 +99,21 @@ def publish(db: Database, settings: Settings) -> PublishedCheckpoint | None:
 
 
 def ask(
-    db: Database, witness: Witness, note: str, checkpoint: Checkpoint, old: int, timeout: float
+    db: Database,
+    witness: Witness,
+    note: str,
+    checkpoint: Checkpoint,
+    old: int,
+    timeout: float,
+    client: httpx.Client | None = None,
 ) -> str:
     """The witness's verified cosignature line for `note`; a 409 naming the size the witness
     holds is answered once more with a proof from that size."""
     for _ in range(2):
         body = f"old {old}\n" + "".join(f"{h}\n" for h in _proof(db, old, checkpoint.size))
         try:
-            answer = httpx.post(
+            post = client.post if client is not None else httpx.post
+            answer = post(
                 f"{witness.url}/add-checkpoint",
                 content=(body + "\n" + note).encode(),
                 timeout=timeout,
