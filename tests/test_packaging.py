@@ -39,9 +39,10 @@ def test_compose_services_restart_and_report_health() -> None:
     assert services["migrate"]["depends_on"]["s3"]["condition"] == "service_healthy"
     assert "-s3" in services["s3"]["command"]
     witnesses = services["api"]["environment"]["LETHE_LOG_WITNESSES"]  # the log asks its witness
-    assert witnesses.startswith('["http://witness:8100 ') and "8100" in services["witness"][
-        "command"
-    ][-1]
+    assert (
+        witnesses.startswith('["http://witness:8100 ')
+        and "8100" in services["witness"]["command"][-1]
+    )
 
 
 def test_the_image_runs_unprivileged_with_dependencies_in_their_own_layer() -> None:
