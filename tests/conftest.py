@@ -195,7 +195,16 @@ def ready_model(api: Api, digits: dict) -> dict:
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Mark every test that uses the PostgreSQL server `postgres` (for `make unit`)."""
+    """Mark every test that uses the PostgreSQL server `postgres`, and every test that starts
+    SeaweedFS `integration` (for `make unit`)."""
     for item in items:
-        if "pg_url" in getattr(item, "fixturenames", ()):
+        names = getattr(item, "fixturenames", ())
+        if "pg_url" in names:
             item.add_marker(pytest.mark.postgres)
+        params = getattr(item, "callspec", None)
+        if (
+            "seaweed" in names
+            or "s3_settings" in names
+            or (params is not None and params.params.get("store") == "s3")
+        ):
+            item.add_marker(pytest.mark.integration)

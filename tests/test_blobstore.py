@@ -216,6 +216,7 @@ print(json.dumps({"base": base, "after_write": after_write, "after_read": peak()
 """
 
 
+@pytest.mark.integration
 def test_a_large_state_round_trips_holding_one_copy(tmp_path: Path) -> None:
     """A 512 MiB state written and read back on the filesystem backend: the write holds a
     chunk or two, the read one buffer of the state's size (bench/blobstore.py: 1 GiB)."""
@@ -255,6 +256,7 @@ def test_every_backend_leaves_the_row_count_to_the_database(store: Blobs) -> Non
         assert session.scalar(select(func.count()).select_from(Blob)) == before + 1
 
 
+@pytest.mark.integration
 def test_an_object_store_outage_delays_deletions_and_loses_nothing(tmp_path: Path) -> None:
     """SeaweedFS stopped under an embedded service: downloads are 503 with Retry-After, a
     deletion waits (never counted as a failed attempt, so its model is not withdrawn) and

@@ -172,6 +172,7 @@ def _lethe(*args: str, cwd: Path) -> subprocess.CompletedProcess:
     return subprocess.run([*LETHE, *args], capture_output=True, text=True, cwd=cwd, timeout=120)
 
 
+@pytest.mark.integration
 def test_the_public_log_verifies_with_go_and_offline(served, tmp_path: Path) -> None:
     cluster, c, ds, ids = served
     public = httpx.Client(base_url=cluster.url, timeout=30)  # no key: the log is public
@@ -236,6 +237,7 @@ def test_the_public_log_verifies_with_go_and_offline(served, tmp_path: Path) -> 
     assert caught.returncode == 1 and "rewritten" in caught.stdout, caught.stdout
 
 
+@pytest.mark.integration
 def test_a_witnessed_log_cannot_publish_a_rewrite(tmp_path: Path) -> None:
     """With a witness (`lethe witness`) and a quorum of 1: checkpoints carry its cosignature,
     receipts verify under a policy that needs it, and after a rewrite the witness refuses
