@@ -170,7 +170,7 @@ def tiles(folder: Path, certificates: int, seconds: float, threads: int = 4) -> 
 
 def sizes(n: int = 10**6) -> dict:
     counts = merkle.proof_sizes(n)
-    inclusion = counts["inclusion_last_leaf"]
+    inclusion = max(counts["inclusion_first_leaf"], counts["inclusion_last_leaf"])
     b64 = len(base64.b64encode(bytes(32)))
     checkpoint = len(f"lethe.example/lethe/audit\n{n}\n") + b64 + 1
     signature = len("— lethe.example/lethe/audit ") + len(base64.b64encode(bytes(68))) + 1

@@ -23,7 +23,7 @@ from app.db.session import Database, database
 from app.db.tables import Dataset, DeletionTask, Model, task_is_due, utcnow
 from app.dispatch import DELETE, TRAIN, take_signal
 from app.jsontypes import JsonObject, json_object
-from app.ledger.publish import publish_quietly
+from app.ledger.publish import publish_soon
 from app.ledger.transparency import signing_key
 from app.settings import Settings, get_settings
 from app.specs import ImportedWeights
@@ -424,7 +424,7 @@ def _run_batch(
     compacting = time.perf_counter()
     compact_after_erasure(db)  # destroyed keys (samples, purged versions) leave the files
     if outcome is not None:  # new certificates: a checkpoint for the witnesses to cosign
-        publish_quietly(db, settings)
+        publish_soon(db, settings)
     JOB_DURATION.labels("erasure_compaction").observe(time.perf_counter() - compacting)
     method = outcome.decision.method if outcome is not None else "none"
     if outcome is not None and isinstance(outcome.decision, Fallback):

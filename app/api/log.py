@@ -36,7 +36,7 @@ async def checkpoint(db: DbDep, settings: SettingsDep) -> Response:
 
     note = await run_in_threadpool(newest)
     if note is None:
-        raise APIError(404, "log_empty", "the log has no checkpoint yet")
+        raise APIError(404, "no_checkpoint", "the log has published no checkpoint yet")
     return Response(note, media_type=TEXT, headers={"Cache-Control": "no-cache"})
 
 

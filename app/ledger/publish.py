@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import base64
 import logging
+import threading
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -151,8 +152,22 @@ def _proof(db: Database, old: int, new: int) -> list[str]:
 
 
 def publish_quietly(db: Database, settings: Settings) -> None:
-    """`publish`, logging instead of raising: called after commits and by the reconciler."""
+    """`publish`, logging instead of raising (the reconciler calls it every period)."""
     try:
-        publish(db, settings)
+        with _PUBLISHING:
+            publish(db, settings)
     except Exception:
         log.warning("publishing a checkpoint failed; the reconciler retries", exc_info=True)
+
+
+_PUBLISHING = threading.Lock()
+
+
+def publish_soon(db: Database, settings: Settings) -> None:
+    """Publish in a background thread, unless a publication is already under way (it will
+    see the new head or the reconciler's next one will): a slow or unreachable witness never
+    delays the worker's next update."""
+    if not _PUBLISHING.locked():
+        threading.Thread(
+            target=publish_quietly, args=(db, settings), name="lethe-publish", daemon=True
+        ).start()
