@@ -10,7 +10,9 @@ from contextlib import contextmanager
 
 from sqlalchemy import Connection, text
 
-TABLES = ("certificates", "merkle_nodes", "tree_heads")
+TABLES = ("certificates", "merkle_nodes", "tree_heads")  # since migration 0009
+CHECKPOINTS = ("checkpoints",)  # since migration 0012 (issue 30): published checkpoints
+EVERY_TABLE = TABLES + CHECKPOINTS
 
 _PG_FUNCTION = """
 CREATE OR REPLACE FUNCTION lethe_append_only() RETURNS trigger AS $$
@@ -21,14 +23,15 @@ $$ LANGUAGE plpgsql
 """
 
 
-def install(conn: Connection) -> None:
-    """Create the triggers on every append-only table (idempotent)."""
-    for statement in _statements(conn.dialect.name, create=True):
+def install(conn: Connection, tables: tuple[str, ...] = TABLES) -> None:
+    """Create the triggers on these append-only tables (idempotent); a migration names the
+    tables it made append-only."""
+    for statement in _statements(conn.dialect.name, tables, create=True):
         conn.execute(text(statement))
 
 
-def drop(conn: Connection) -> None:
-    for statement in _statements(conn.dialect.name, create=False):
+def drop(conn: Connection, tables: tuple[str, ...] = TABLES) -> None:
+    for statement in _statements(conn.dialect.name, tables, create=False):
         conn.execute(text(statement))
 
 
@@ -42,12 +45,12 @@ def lifted(conn: Connection) -> Iterator[Connection]:
         install(conn)
 
 
-def _statements(dialect: str, create: bool) -> list[str]:
+def _statements(dialect: str, tables: tuple[str, ...], create: bool) -> list[str]:
     out: list[str] = []
     if dialect == "postgresql":
         if create:
             out.append(_PG_FUNCTION)
-        for table in TABLES:
+        for table in tables:
             out.append(f"DROP TRIGGER IF EXISTS {table}_append_only ON {table}")
             if create:
                 out.append(
@@ -55,7 +58,7 @@ def _statements(dialect: str, create: bool) -> list[str]:
                     "FOR EACH ROW EXECUTE FUNCTION lethe_append_only()"
                 )
     elif dialect == "sqlite":
-        for table in TABLES:
+        for table in tables:
             for op in ("update", "delete"):
                 name = f"{table}_append_only_{op}"
                 out.append(f"DROP TRIGGER IF EXISTS {name}")

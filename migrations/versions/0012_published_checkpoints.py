@@ -1,5 +1,5 @@
 """Published checkpoints (issue 30): the log's signed C2SP checkpoints with the witness
-cosignatures each gathered; `/log/checkpoint` serves the newest.
+cosignatures each gathered; `/log/checkpoint` serves the newest. Append-only, like the tree.
 
 Revision ID: 0012
 Revises: 0011
@@ -11,6 +11,7 @@ import sqlalchemy as sa
 from alembic import op
 
 import app.db.tables
+from app.db import append_only
 
 revision = "0012"
 down_revision = "0011"
@@ -29,7 +30,9 @@ def upgrade() -> None:
         sa.Column("created_at", app.db.tables.UTCDateTime(timezone=True), nullable=False),
         sa.PrimaryKeyConstraint("tree_size", name=op.f("pk_checkpoints")),
     )
+    append_only.install(op.get_bind(), append_only.CHECKPOINTS)
 
 
 def downgrade() -> None:
+    append_only.drop(op.get_bind(), append_only.CHECKPOINTS)
     op.drop_table("checkpoints")
