@@ -115,13 +115,15 @@ def test_verify_names_first_bad_certificate(db_url: str, sql: str, reason: str) 
 
 def test_the_log_tables_refuse_update_and_delete(db_url: str) -> None:
     """On PostgreSQL and SQLite alike (issue 26): the chain, the tree and the heads; and the
-    published checkpoints (issue 30)."""
+    public log's tree and published checkpoints (issue 30)."""
     write_chain(db_url, 1)
     with database(db_url).write() as session:
         session.add(PublishedCheckpoint(tree_size=1, note="a signed note", cosigners=0))
     for sql in (
         "UPDATE checkpoints SET note = 'x'",
         "DELETE FROM checkpoints",
+        "UPDATE public_nodes SET hash = 'x'",
+        "DELETE FROM public_nodes",
         "UPDATE certificates SET epsilon = 1",
         "DELETE FROM certificates",
         "UPDATE merkle_nodes SET hash = 'x'",

@@ -4,6 +4,7 @@ witnesses; checked with Go's reference packages and against a rewrite."""
 from __future__ import annotations
 
 import base64
+import hashlib
 import os
 import shutil
 import subprocess
@@ -18,7 +19,7 @@ from fastapi.testclient import TestClient
 from sqlalchemy.orm import Session
 
 from app.db import append_only
-from app.db.session import engine_for
+from app.db.session import database, engine_for
 from app.ledger import merkle, notes, tiles, transparency
 from app.ledger.notes import Checkpoint, NoteError
 from app.ledger.tiles import ProofPolicy, check_extension, verify_tlog_proof
@@ -217,7 +218,8 @@ def test_the_public_log_verifies_with_go_and_offline(served, tmp_path: Path) -> 
     receipt.write_text(proof.text)
     policy.write_text(f"log {vkey}\n")
     proven = verify_tlog_proof(proof.text, ProofPolicy.parse(policy.read_text()))
-    assert proven.index == 0 and proven.entry == entries[0]
+    assert proven.index == 0 and hashlib.sha256(proven.entry).digest() == entries[0]
+    assert all(len(e) == 32 for e in entries)  # the public log holds hashes, not certificates
     ok = _lethe("audit", "verify-receipt", str(receipt), "--policy", str(policy), cwd=ROOT)
     assert ok.returncode == 0 and "included: entry 0" in ok.stdout, ok.stdout + ok.stderr
     lines = proof.text.split("\n")
@@ -387,3 +389,31 @@ def _build_go(folder: Path) -> Path:
     )
     assert built.returncode == 0, built.stderr
     return binary
+
+
+def test_the_public_tree_is_built_for_certificates_logged_before_it(tmp_path: Path) -> None:
+    """Migration 0013 builds the public log's tree from the certificates already in a
+    database; it equals the tree grown with them, and its leaves are the bodies' hashes."""
+    from alembic import command
+    from sqlalchemy import select
+
+    from app.db.migrate import alembic_config, upgrade_to_head
+    from app.db.tables import Certificate, PublicNode
+    from app.ledger.transparency import StoredNodes
+    from tests.test_audit import write_chain
+
+    url = f"sqlite:///{tmp_path / 'lethe.db'}"
+    upgrade_to_head(url)
+    write_chain(url, 5)
+    with database(url).read() as session:
+        grown = StoredNodes(session, PublicNode).subtree(0, 5)
+        bodies = session.scalars(select(Certificate.body).order_by(Certificate.seq)).all()
+    expected = merkle.root_of(
+        [merkle.leaf_hash(hashlib.sha256(b.encode()).digest()) for b in bodies]
+    )
+    assert grown == expected
+    command.downgrade(alembic_config(url), "0012")  # an older database: no public tree
+    engine_for(url).dispose()
+    upgrade_to_head(url)
+    with database(url).read() as session:
+        assert StoredNodes(session, PublicNode).subtree(0, 5) == expected

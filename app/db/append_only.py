@@ -12,7 +12,8 @@ from sqlalchemy import Connection, text
 
 TABLES = ("certificates", "merkle_nodes", "tree_heads")  # since migration 0009
 CHECKPOINTS = ("checkpoints",)  # since migration 0012 (issue 30): published checkpoints
-EVERY_TABLE = TABLES + CHECKPOINTS
+PUBLIC_TREE = ("public_nodes",)  # since migration 0013 (issue 30): the public log's tree
+EVERY_TABLE = TABLES + CHECKPOINTS + PUBLIC_TREE
 
 _PG_FUNCTION = """
 CREATE OR REPLACE FUNCTION lethe_append_only() RETURNS trigger AS $$
@@ -37,12 +38,13 @@ def drop(conn: Connection, tables: tuple[str, ...] = TABLES) -> None:
 
 @contextmanager
 def lifted(conn: Connection) -> Iterator[Connection]:
-    """The triggers off for what runs inside, on again after (in the same transaction)."""
-    drop(conn)
+    """The tree's triggers off for what runs inside, on again after (in the same
+    transaction); published checkpoints stay append-only even then."""
+    drop(conn, TABLES + PUBLIC_TREE)
     try:
         yield conn
     finally:
-        install(conn)
+        install(conn, TABLES + PUBLIC_TREE)
 
 
 def _statements(dialect: str, tables: tuple[str, ...], create: bool) -> list[str]:

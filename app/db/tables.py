@@ -345,6 +345,19 @@ class PublishedCheckpoint(Base):
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
 
 
+class PublicNode(Base):
+    """A complete subtree of the public log's tree (issue 30): the same shape as `merkle_nodes`
+    but its leaf i is SHA-256(0x00 ‖ SHA-256(body of certificate i + 1)), so the public tiles
+    and entries reveal that a certificate was logged, never what it says."""
+
+    __tablename__ = "public_nodes"
+    level: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=False)
+    idx: Mapped[int] = mapped_column(
+        BigInteger().with_variant(Integer, "sqlite"), primary_key=True, autoincrement=False
+    )
+    hash: Mapped[str] = mapped_column(String(64))
+
+
 class TreeHead(Base):
     """A signed tree head: Ed25519 over (tree size, root hash, timestamp) by key `key_id`."""
 

@@ -21,10 +21,10 @@ from sqlalchemy import select
 from sqlalchemy.exc import IntegrityError
 
 from app.db.session import Database
-from app.db.tables import PublishedCheckpoint, TreeHead
+from app.db.tables import PublicNode, PublishedCheckpoint, TreeHead
 from app.ledger import merkle, notes
 from app.ledger.notes import Checkpoint, NoteError, Verifier
-from app.ledger.tiles import signed_checkpoint
+from app.ledger.tiles import public_checkpoint, signed_checkpoint
 from app.ledger.transparency import StoredNodes, signing_key
 from app.settings import Settings
 
@@ -64,10 +64,11 @@ def publish(
     witness URL to the HTTP client that reaches it (default: a plain request each time)."""
     last = latest_published(db)
     with db.read() as session:
-        head = session.scalar(select(TreeHead).order_by(TreeHead.tree_size.desc()).limit(1))
-    if head is None or (last is not None and last.tree_size >= head.tree_size):
-        return last
-    checkpoint = Checkpoint(settings.log_origin, head.tree_size, bytes.fromhex(head.root_hash))
+        size = session.scalar(select(TreeHead.tree_size).order_by(TreeHead.tree_size.desc()))
+        if not size or (last is not None and last.tree_size >= size):
+            return last
+        checkpoint = public_checkpoint(session, settings.log_origin)
+    assert checkpoint is not None
     note = signed_checkpoint(checkpoint, signing_key(settings))
     cosignatures: list[str] = []
     for witness in witnesses(settings):
@@ -146,7 +147,7 @@ def _proof(db: Database, old: int, new: int) -> list[str]:
     if old == 0 or old == new:
         return []
     with db.read() as session:
-        nodes = StoredNodes(session)
+        nodes = StoredNodes(session, PublicNode)
         path = merkle.consistency_path(old, new, nodes.subtree)
     return [base64.b64encode(h).decode() for h in path]
 

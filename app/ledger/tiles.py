@@ -1,14 +1,18 @@
-"""The certificates' Merkle tree as C2SP tlog-tiles, checkpoints and tlog-proof files (issue 30).
+"""The public log as C2SP tlog-tiles, checkpoints and tlog-proof files (issue 30).
 
-Tiles are read from `merkle_nodes`, which already holds every complete subtree: the hashes of
-tile (L, N) are the nodes at tree level 8·L, indices N·256 … N·256 + W − 1. Entry bundles are
-the certificates' bodies (each leaf is SHA-256(0x00 ‖ body), as since issue 17), each prefixed
-by its length as a big-endian uint16. A checkpoint is the signed note of a tree head's size and
-root under the log's origin (app/ledger/notes.py)."""
+The public log is its own tree (`public_nodes`), grown with the certificates' tree in the same
+transaction: its entry i is SHA-256 of certificate i + 1's body (32 bytes), so tiles, entries
+and checkpoints can be public while a certificate's content (its counts, its n-dependent
+constants) stays with its requester and the auditors. The hashes of tile (L, N) are the
+stored nodes at tree level 8·L, indices N·256 … N·256 + W − 1; entry bundles are the entries,
+each prefixed by its length as a big-endian uint16. A checkpoint is the signed note of the
+public tree's size and root under the log's origin (app/ledger/notes.py); a `.tlog-proof`
+carries the certificate body in its `extra` line, which the verifier hashes to the entry."""
 
 from __future__ import annotations
 
 import base64
+import hashlib
 import re
 import struct
 from collections.abc import Callable
@@ -18,10 +22,10 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from app.db.tables import Certificate, MerkleNode, TreeHead
+from app.db.tables import Certificate, PublicNode, TreeHead
 from app.ledger import merkle, notes
 from app.ledger.notes import Checkpoint, NoteError, Verifier
-from app.ledger.transparency import StoredNodes
+from app.ledger.transparency import StoredNodes, public_entry
 
 HEIGHT = 8
 WIDTH = 1 << HEIGHT
@@ -84,13 +88,13 @@ def hash_tile(session: Session, level: int, index: int, width: int) -> bytes:
     """The concatenated hashes of a tile: complete subtrees at tree level 8·level."""
     first = index * WIDTH
     rows = session.execute(
-        select(MerkleNode.idx, MerkleNode.hash)
+        select(PublicNode.idx, PublicNode.hash)
         .where(
-            MerkleNode.level == HEIGHT * level,
-            MerkleNode.idx >= first,
-            MerkleNode.idx < first + width,
+            PublicNode.level == HEIGHT * level,
+            PublicNode.idx >= first,
+            PublicNode.idx < first + width,
         )
-        .order_by(MerkleNode.idx)
+        .order_by(PublicNode.idx)
     ).all()
     if [r.idx for r in rows] != list(range(first, first + width)):
         raise LookupError(f"tile {level}/{index} is missing nodes")
@@ -109,7 +113,7 @@ def entry_bundle(session: Session, index: int, width: int) -> bytes:
         raise LookupError(f"entry bundle {index} is missing entries")
     out = bytearray()
     for body in bodies:
-        raw = body.encode()
+        raw = public_entry(body)
         out += struct.pack(">H", len(raw)) + raw
     return bytes(out)
 
@@ -130,8 +134,12 @@ def split_bundle(bundle: bytes) -> list[bytes]:
 # ---- checkpoints ----------------------------------------------------------------------------
 
 
-def checkpoint_of(head: TreeHead, origin: str) -> Checkpoint:
-    return Checkpoint(origin, head.tree_size, bytes.fromhex(head.root_hash))
+def public_checkpoint(session: Session, origin: str) -> Checkpoint | None:
+    """The public tree's checkpoint at the newest head's size (None when nothing is logged)."""
+    size = session.scalar(select(TreeHead.tree_size).order_by(TreeHead.tree_size.desc()))
+    if not size:
+        return None
+    return Checkpoint(origin, size, StoredNodes(session, PublicNode).subtree(0, size))
 
 
 def signed_checkpoint(checkpoint: Checkpoint, key: Ed25519PrivateKey) -> str:
@@ -144,12 +152,13 @@ def signed_checkpoint(checkpoint: Checkpoint, key: Ed25519PrivateKey) -> str:
 
 def tlog_proof(session: Session, certificate: Certificate, note: str) -> str:
     """A `.tlog-proof` for a certificate under a signed checkpoint (which must include it):
-    the entry itself rides in the `extra` line, so the file alone is enough offline."""
+    the certificate's body rides in the `extra` line (its SHA-256 is the public entry), so the
+    file alone is enough offline."""
     checkpoint = Checkpoint.parse(notes.split(note)[0])
     index = certificate.seq - 1
     if index >= checkpoint.size:
         raise LookupError(f"leaf {index} is not under the checkpoint of size {checkpoint.size}")
-    nodes = StoredNodes(session)
+    nodes = StoredNodes(session, PublicNode)
     path = merkle.inclusion_path(index, checkpoint.size, nodes.subtree)
     lines = [
         PROOF_HEADER,
@@ -205,7 +214,8 @@ class ProvenEntry:
 
 def verify_tlog_proof(text: str, policy: ProofPolicy) -> ProvenEntry:
     """Check a `.tlog-proof` offline: the checkpoint's log signature, a quorum of witness
-    cosignatures, and that the entry (the `extra` line) is at `index` in its tree."""
+    cosignatures, and that the certificate body (the `extra` line) hashes to the entry at
+    `index` in its tree. Returns the body as `entry`."""
     head, sep, note = text.partition("\n\n")
     lines = head.split("\n")
     if not sep or lines[0] != PROOF_HEADER:
@@ -230,7 +240,7 @@ def verify_tlog_proof(text: str, policy: ProofPolicy) -> ProvenEntry:
         raise NoteError(
             f"{len(cosigners)} of the {policy.quorum} witness cosignatures the policy needs"
         )
-    leaf = merkle.leaf_hash(entry)
+    leaf = merkle.leaf_hash(hashlib.sha256(entry).digest())  # the body's public entry
     if not merkle.verify_inclusion(leaf, index, checkpoint.size, path, checkpoint.root):
         raise NoteError("the inclusion proof does not lead to the checkpoint's root")
     return ProvenEntry(index, entry, checkpoint, cosigners)

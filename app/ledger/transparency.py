@@ -17,6 +17,7 @@ import base64
 import hashlib
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import cast
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import (
     Ed25519PrivateKey,
@@ -26,7 +27,7 @@ from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
 from sqlalchemy import delete, func, select
 from sqlalchemy.orm import Session
 
-from app.db.tables import Certificate, MerkleNode, TreeHead
+from app.db.tables import Certificate, MerkleNode, PublicNode, TreeHead
 from app.errors import APIError, not_found
 from app.jsontypes import JsonObject
 from app.ledger import merkle
@@ -107,23 +108,26 @@ def head_message(tree_size: int, root_hash: str, timestamp: str) -> bytes:
 
 
 class StoredNodes:
-    """Stored complete subtrees, read through a cache; `subtree` hashes any leaf range."""
+    """Stored complete subtrees of one tree (the certificates' `merkle_nodes`, or the public
+    log's `public_nodes`), read through a cache; `subtree` hashes any leaf range."""
 
-    def __init__(self, session: Session) -> None:
-        self.session = session
+    def __init__(
+        self, session: Session, table: type[MerkleNode] | type[PublicNode] = MerkleNode
+    ) -> None:
+        self.session, self.table = session, table
         self.cache: dict[tuple[int, int], bytes] = {}
 
     def get(self, level: int, idx: int) -> bytes:
         if (level, idx) not in self.cache:
-            node = self.session.get(MerkleNode, (level, idx))
+            node = cast(MerkleNode | PublicNode | None, self.session.get(self.table, (level, idx)))
             if node is None:
-                raise LookupError(f"merkle node ({level}, {idx}) is missing")
+                raise LookupError(f"{self.table.__tablename__} ({level}, {idx}) is missing")
             self.cache[(level, idx)] = bytes.fromhex(node.hash)
         return self.cache[(level, idx)]
 
     def put(self, level: int, idx: int, value: bytes) -> None:
         self.cache[(level, idx)] = value
-        self.session.add(MerkleNode(level=level, idx=idx, hash=value.hex()))
+        self.session.add(self.table(level=level, idx=idx, hash=value.hex()))
 
     def subtree(self, start: int, end: int) -> bytes:
         n = end - start
@@ -153,20 +157,30 @@ def append(
 ) -> JsonObject:
     """Add these certificates' leaves (after any the tree is missing, e.g. certificates
     written before the tree existed) and sign the new head, in the caller's transaction."""
-    nodes = StoredNodes(session)
+    nodes, public = StoredNodes(session), StoredNodes(session, PublicNode)
     size = leaf_count(session)
     last = max(c.seq for c in certificates)
+    earlier: list[Certificate] = []
     if size < last - len(certificates):  # catch up on earlier certificates first
-        for cert in session.scalars(
-            select(Certificate)
-            .where(Certificate.seq > size, Certificate.seq <= last - len(certificates))
-            .order_by(Certificate.seq)
-        ):
-            nodes.add_leaf(cert.seq - 1, cert.body.encode())
-    for cert in sorted(certificates, key=lambda c: c.seq):
+        earlier = list(
+            session.scalars(
+                select(Certificate)
+                .where(Certificate.seq > size, Certificate.seq <= last - len(certificates))
+                .order_by(Certificate.seq)
+            )
+        )
+    for cert in [*earlier, *sorted(certificates, key=lambda c: c.seq)]:
         nodes.add_leaf(cert.seq - 1, cert.body.encode())
+        public.add_leaf(cert.seq - 1, public_entry(cert.body))
     session.flush()
     return _sign_head(session, nodes, last, signer)
+
+
+def public_entry(body: str) -> bytes:
+    """The public log's entry for a certificate: the SHA-256 of its body (32 bytes). Whoever
+    holds the body (its requester, an auditor) checks it against the public log; nobody
+    learns from the log what a certificate says (issue 30)."""
+    return hashlib.sha256(body.encode()).digest()
 
 
 def _sign_head(
@@ -190,11 +204,13 @@ def rebuild(session: Session, signer: Ed25519PrivateKey) -> JsonObject:
     restore, or, as the tests do, to show that a rewritten log cannot pass for the old one).
     The log's tables are append-only: run it inside `app.db.append_only.lifted`."""
     session.execute(delete(MerkleNode))
+    session.execute(delete(PublicNode))
     session.execute(delete(TreeHead))
-    nodes = StoredNodes(session)
+    nodes, public = StoredNodes(session), StoredNodes(session, PublicNode)
     size = 0
     for cert in session.scalars(select(Certificate).order_by(Certificate.seq)):
         nodes.add_leaf(cert.seq - 1, cert.body.encode())
+        public.add_leaf(cert.seq - 1, public_entry(cert.body))
         size = cert.seq
     session.flush()
     return _sign_head(session, nodes, size, signer)
