@@ -283,6 +283,13 @@ def test_a_witnessed_log_cannot_publish_a_rewrite(tmp_path: Path) -> None:
             note = _published(cluster.url, 2)
             opened = notes.open_note(note, [policy.log, *policy.witnesses])
             assert opened.signed_by == (origin, "witness.test/w1")
+            go = _build_go(tmp_path)  # Go checks the cosignature too, from the specification
+            args = [str(go), f"{cluster.url}/log", _vkey_of(seed, origin), "1", "-"]
+            cosigned = subprocess.run([*args, witness_vkey], capture_output=True, text=True)
+            assert cosigned.returncode == 0, cosigned.stdout + cosigned.stderr
+            stranger = _vkey_of(_seed(), "witness.test/w1", notes.COSIGNATURE)
+            unknown = subprocess.run([*args, stranger], capture_output=True, text=True)
+            assert unknown.returncode == 1 and "no cosignature" in unknown.stdout
             second = done[1]
             proof = c.get(
                 f"/v1/deletions/{second['id']}/tlog-proofs/{second['certificate_ids'][0]}"

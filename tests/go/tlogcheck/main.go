@@ -9,8 +9,11 @@ package main
 
 import (
 	"bytes"
+	"crypto/ed25519"
+	"crypto/sha256"
 	"encoding/base64"
 	"encoding/binary"
+	"encoding/hex"
 	"fmt"
 	"io"
 	"net/http"
@@ -155,7 +158,10 @@ func main() {
 	if err := tlog.CheckRecord(proof, size, root, index, tlog.RecordHash(entry)); err != nil {
 		fail("inclusion: %v", err)
 	}
-	if len(os.Args) > 4 {
+	for _, w := range os.Args[5:] {
+		checkCosignature(string(msg), n.Text, w)
+	}
+	if len(os.Args) > 4 && os.Args[4] != "-" {
 		older, err := os.ReadFile(os.Args[4])
 		if err != nil {
 			fail("older checkpoint: %v", err)
@@ -174,4 +180,39 @@ func main() {
 		}
 	}
 	fmt.Printf("ok %s size %d entry %d\n", origin, size, index)
+}
+
+// checkCosignature finds the witness's signature line in the note and verifies it: key id
+// SHA-256(name || "\n" || 0x04 || key)[:4], signature over
+// "cosignature/v1\ntime <t>\n" || the checkpoint text, as a big-endian u64 time and 64 bytes.
+func checkCosignature(note, text, vkey string) {
+	parts := strings.SplitN(strings.TrimSpace(vkey), "+", 3)
+	if len(parts) != 3 {
+		fail("witness vkey %q", vkey)
+	}
+	raw, err := base64.StdEncoding.DecodeString(parts[2])
+	if err != nil || len(raw) != 33 || raw[0] != 0x04 {
+		fail("witness vkey %q is not a cosignature key", vkey)
+	}
+	name, pub := parts[0], ed25519.PublicKey(raw[1:])
+	h := sha256.Sum256(append([]byte(name+"\n\x04"), pub...))
+	if hex.EncodeToString(h[:4]) != parts[1] {
+		fail("witness vkey %q: wrong key id", vkey)
+	}
+	for _, line := range strings.Split(note, "\n") {
+		if !strings.HasPrefix(line, "\u2014 "+name+" ") {
+			continue
+		}
+		sig, err := base64.StdEncoding.DecodeString(strings.TrimPrefix(line, "\u2014 "+name+" "))
+		if err != nil || len(sig) != 4+8+64 || !bytes.Equal(sig[:4], h[:4]) {
+			continue
+		}
+		t := binary.BigEndian.Uint64(sig[4:12])
+		message := fmt.Sprintf("cosignature/v1\ntime %d\n%s", t, text)
+		if !ed25519.Verify(pub, []byte(message), sig[12:]) {
+			fail("cosignature by %s does not verify", name)
+		}
+		return
+	}
+	fail("no cosignature by %s", name)
 }
