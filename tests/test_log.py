@@ -424,3 +424,30 @@ def test_the_public_tree_is_built_for_certificates_logged_before_it(tmp_path: Pa
     upgrade_to_head(url)
     with database(url).read() as session:
         assert StoredNodes(session, PublicNode).subtree(0, 5) == expected
+
+
+def test_full_tiles_are_served_and_kept(tmp_path: Path) -> None:
+    """300 certificates: one full level-0 tile and bundle (256), a partial one (44); a full
+    tile served twice is the same bytes, and it is the public tree's."""
+    from app.db.migrate import upgrade_to_head
+    from app.main import create_app
+    from tests.test_audit import write_chain
+
+    url = f"sqlite:///{tmp_path / 'lethe.db'}"
+    upgrade_to_head(url)
+    write_chain(url, 300)
+    settings = Settings(data_dir=tmp_path, database_url=url, bootstrap_admin_key=False)
+    with TestClient(create_app(settings)) as c:
+        first, again = c.get("/log/tile/0/000"), c.get("/log/tile/0/000")
+        assert first.status_code == 200 and len(first.content) == 256 * 32
+        assert again.content == first.content
+        assert first.headers["cache-control"].endswith("immutable")
+        partial = c.get("/log/tile/0/001.p/44")
+        assert len(partial.content) == 44 * 32
+        bundle = tiles.split_bundle(c.get("/log/tile/entries/000").content)
+        assert len(bundle) == 256 and all(len(e) == 32 for e in bundle)
+        leaves = [merkle.leaf_hash(e) for e in bundle]
+        assert b"".join(leaves) == first.content
+        level1 = c.get("/log/tile/1/000.p/1").content  # the full tile's root, one level up
+        assert level1 == merkle.root_of(leaves)
+        assert c.get("/log/tile/1/000").status_code == 404

@@ -2,9 +2,12 @@
 
 `/log/checkpoint` (the newest published checkpoint, a signed note), `/log/vkey` (the log's
 verifier key, to pin), `/log/tile/<L>/<N>[.p/<W>]` (hashes) and `/log/tile/entries/<N>[.p/<W>]`
-(the certificates' public bodies). Tiles never change once served: long cache headers."""
+(each certificate body's SHA-256). Tiles never change once served: long cache headers."""
 
 from __future__ import annotations
+
+import threading
+from collections import OrderedDict
 
 from fastapi import APIRouter
 from fastapi.concurrency import run_in_threadpool
@@ -47,6 +50,33 @@ def vkey(settings: SettingsDep) -> Response:
     return Response(verifier.vkey + "\n", media_type=TEXT)
 
 
+class _FullTiles:
+    """Full tiles already served, by database and path: a full tile never changes (it is
+    served `immutable`, so every cache on the way keeps it too), so the API keeps the most
+    recent ones instead of reading 256 rows again."""
+
+    def __init__(self, entries: int = 2048) -> None:
+        self.entries = entries
+        self._data: OrderedDict[tuple[str, str], bytes] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def get(self, key: tuple[str, str]) -> bytes | None:
+        with self._lock:
+            data = self._data.get(key)
+            if data is not None:
+                self._data.move_to_end(key)
+            return data
+
+    def put(self, key: tuple[str, str], data: bytes) -> None:
+        with self._lock:
+            self._data[key] = data
+            while len(self._data) > self.entries:
+                self._data.popitem(last=False)
+
+
+FULL_TILES = _FullTiles()
+
+
 @router.get("/tile/{path:path}", response_class=Response)
 def tile(path: str, db: DbDep) -> Response:
     """A hash tile or an entry bundle, full (256 wide) or partial (`.p/<W>`)."""
@@ -54,6 +84,10 @@ def tile(path: str, db: DbDep) -> Response:
         wanted = tiles.parse_tile_path(path)
     except ValueError as exc:
         raise APIError(404, "no_such_tile", f"not a tile path: {exc}") from exc
+    key = (db.url, path)
+    cached = FULL_TILES.get(key) if wanted.width is None else None
+    if cached is not None:
+        return _tile_response(cached)
     with db.read() as session:
         size = leaf_count(session)
         level = wanted.level if wanted.level is not None else 0
@@ -65,6 +99,12 @@ def tile(path: str, db: DbDep) -> Response:
             data = tiles.entry_bundle(session, wanted.index, width)
         else:
             data = tiles.hash_tile(session, wanted.level, wanted.index, width)
+    if wanted.width is None:
+        FULL_TILES.put(key, data)
+    return _tile_response(data)
+
+
+def _tile_response(data: bytes) -> Response:
     return Response(
         data, media_type="application/octet-stream", headers={"Cache-Control": IMMUTABLE}
     )
