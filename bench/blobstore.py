@@ -11,6 +11,7 @@ own. Writes bench/results/blobstore.json.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import shutil
@@ -24,8 +25,11 @@ from pathlib import Path
 import httpx
 
 from app.client import Client
+from app.db.session import dispose_engines
+from bench import overparameterized_service
 from bench.cluster import Cluster
-from bench.common import percentiles, write_result
+from bench.common import write_result
+from bench.request_path import pg_database
 from tests.servers import S3_ACCESS_KEY, S3_SECRET_KEY, SeaweedServer
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -197,45 +201,15 @@ def download(folder: Path, size: int) -> dict:
 
 def minnorm(folder: Path, n_train: int, deletions: int, settings: dict) -> dict:
     """minnorm (random features, p = 20,000) through the embedded service on one backend."""
-    n_samples = int(n_train / 0.8) + 1
     with Cluster(folder, None, None, max_dataset_cells=10**9, **settings) as cluster:
         c = Client(cluster.start_api(), cluster.admin_key, timeout=7200)
-        ds = c.post(
-            "/v1/datasets",
-            json={"builtin": "synthetic", "n_samples": n_samples, "n_features": 20, "n_classes": 2},
-        )
-        start = time.time()
-        model = c.post(
-            "/v1/models",
-            json={
-                "name": "minnorm",
-                "dataset_id": ds["id"],
-                "architecture": {"type": "random_features", "width": 19_999},
-                "method": {"name": "minnorm"},
-            },
-        )
-        model = c.wait_model(model["id"], timeout=7200).model_dump(mode="json")
-        train_s = time.time() - start
-        page = c.get(
-            f"/v1/datasets/{ds['id']}/samples", params={"split": "train", "limit": deletions}
-        )
-        latencies, compute, state_bytes = [], [], 0
-        for item in page["items"]:
-            start = time.time()
-            request = c.post(
-                "/v1/deletions", json={"dataset_id": ds["id"], "sample_ids": [item["external_id"]]}
-            )
-            assert c.wait_deletion(request["id"], timeout=7200).status == "done"
-            latencies.append(time.time() - start)
-            version = c.get(f"/v1/models/{model['id']}")["current_version"]
-            compute.append(version["metrics"]["unlearn_seconds"])
-            state_bytes = version["metrics"]["storage"]["state_bytes"]
-    return {
-        "n_train": model["n_train"],
-        "state_bytes": state_bytes,
-        "train_post_to_ready_s": train_s,
-        "post_to_certificate_s": percentiles(latencies),
-        "compute_s": percentiles(compute),
+        got = overparameterized_service.run(c, int(n_train / 0.8) + 1, deletions)
+    return {  # the names bench/results/blobstore.json has used
+        "n_train": got["n_train"],
+        "state_bytes": got["state_bytes"],
+        "train_post_to_ready_s": got["train_seconds_post_to_ready"],
+        "post_to_certificate_s": got["post_to_certificate_seconds"],
+        "compute_s": got["unlearn_compute_seconds"],
     }
 
 
@@ -249,8 +223,9 @@ def main() -> None:
     size = args.size_mib << 20
     backends = args.backends.split(",")
     result: dict = {"size_bytes": size, "backends": {}, "minnorm": {}}
-    with tempfile.TemporaryDirectory() as tmp:
+    with tempfile.TemporaryDirectory() as tmp, contextlib.ExitStack() as stack:
         root = Path(tmp)
+        pg_url = stack.enter_context(pg_database())
         seaweed = SeaweedServer(root / "seaweed")
         seaweed.start()
         try:
@@ -264,7 +239,7 @@ def main() -> None:
             configs = {
                 "filesystem": {"blob_store": "filesystem"},
                 "database": {"blob_store": "database"},  # SQLite
-                "postgres": {"blob_store": "database", "database_url": _pg(root)},
+                "postgres": {"blob_store": "database", "database_url": pg_url},
                 "s3": s3,
             }
             result["plain_file_copy"] = file_copy(root, size)
@@ -287,38 +262,8 @@ def main() -> None:
                     shutil.rmtree(folder, ignore_errors=True)
         finally:
             seaweed.kill()
-            _drop(configs["postgres"]["database_url"])
+            dispose_engines(pg_url)
     write_result("blobstore", result)
-
-
-def _pg(root: Path) -> str:
-    """A fresh PostgreSQL database on the local server for the database backend's run."""
-    import uuid
-
-    import sqlalchemy as sa
-
-    name = f"lethe_bench_{uuid.uuid4().hex[:8]}"
-    admin = sa.create_engine(
-        "postgresql+psycopg://postgres@127.0.0.1:5432/postgres", isolation_level="AUTOCOMMIT"
-    )
-    with admin.connect() as conn:
-        conn.exec_driver_sql(f'CREATE DATABASE "{name}"')
-    admin.dispose()
-    return f"postgresql+psycopg://postgres@127.0.0.1:5432/{name}"
-
-
-def _drop(url: str) -> None:
-    import sqlalchemy as sa
-
-    from app.db.session import dispose_engines
-
-    dispose_engines(url)
-    admin = sa.create_engine(
-        "postgresql+psycopg://postgres@127.0.0.1:5432/postgres", isolation_level="AUTOCOMMIT"
-    )
-    with admin.connect() as conn:
-        conn.exec_driver_sql(f'DROP DATABASE IF EXISTS "{url.rsplit("/", 1)[1]}" WITH (FORCE)')
-    admin.dispose()
 
 
 if __name__ == "__main__":

@@ -34,10 +34,24 @@ def free_port() -> int:
 
 def _answers(url: str) -> bool:
     """uvicorn logs "startup complete" before it binds: wait until /healthz answers."""
+    return answers(f"{url}/healthz")
+
+
+def answers(url: str) -> bool:
+    """Whether a GET of `url` answers 200 now."""
     try:
-        return httpx.get(f"{url}/healthz", timeout=2).status_code == 200
+        return httpx.get(url, timeout=2).status_code == 200
     except httpx.HTTPError:
         return False
+
+
+def wait_for(url: str, timeout: float = 30.0) -> None:
+    """Wait until a GET of `url` answers 200 (a server started as a process)."""
+    deadline = time.monotonic() + timeout
+    while not answers(url):
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"{url} did not answer within {timeout:.0f} s")
+        time.sleep(0.1)
 
 
 class Cluster:

@@ -36,7 +36,7 @@ from app.ledger.publish import publish
 from app.ledger.tiles import tile_path
 from app.settings import Settings
 from app.witness import create_witness_app
-from bench.cluster import LETHE, Cluster
+from bench.cluster import LETHE, Cluster, wait_for
 from bench.common import write_result
 from bench.transparency import fields
 from tests.servers import free_port
@@ -86,7 +86,7 @@ def run(folder: Path, n_witnesses: int, mode: str, batch: int, seconds: float) -
                 )
             )
             base = f"http://127.0.0.1:{port}"
-            _wait_for(f"{base}/vkey")
+            wait_for(f"{base}/vkey")
             clients[base] = httpx.Client()  # keep-alive, as the specification recommends
         entries.append(f"{base} {vkey}")
     settings = Settings(
@@ -196,18 +196,6 @@ def sizes(n: int = 10**6) -> dict:
         "tlog_proof_file_bytes_with_3_cosignatures": proof_file,
         "full_tiles_level_0": n // 256,
     }
-
-
-def _wait_for(url: str, timeout: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            if httpx.get(url, timeout=2).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.1)
-    raise RuntimeError(f"{url} did not answer")
 
 
 def main() -> None:

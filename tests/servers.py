@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import json
+import shutil
 import socket
 import subprocess
+import sys
 import time
 from pathlib import Path
 
+import boto3
 from redis import Redis
 from redis.exceptions import RedisError
 
@@ -82,12 +86,6 @@ class SeaweedServer:
         self.proc: subprocess.Popen | None = None
 
     def start(self, timeout: float = 60.0) -> None:
-        import json
-        import shutil
-        import sys
-
-        import boto3
-
         weed = shutil.which("weed") or str(Path(sys.executable).parent / "weed")
         data = self.folder / "data"
         data.mkdir(parents=True, exist_ok=True)
@@ -112,8 +110,8 @@ class SeaweedServer:
         args += ["-s3.port.iceberg=0", "-s3.port.lance=0", "-metricsPort=0"]
         for name in self.ports:
             args += [f"-{name}.port={self.ports[name]}", f"-{name}.port.grpc={self.grpc[name]}"]
-        self.log = (self.folder / "weed.log").open("ab")
-        self.proc = subprocess.Popen(args, stdout=self.log, stderr=subprocess.STDOUT)
+        with (self.folder / "weed.log").open("ab") as log:  # the child keeps its own handle
+            self.proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT)
         client = boto3.client(
             "s3",
             endpoint_url=self.endpoint,

@@ -25,7 +25,7 @@ from app.ledger.notes import Checkpoint, NoteError
 from app.ledger.tiles import ProofPolicy, check_extension, verify_tlog_proof
 from app.settings import Settings
 from app.witness import create_witness_app
-from bench.cluster import LETHE, Cluster
+from bench.cluster import LETHE, Cluster, wait_for
 from tests.servers import free_port
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -258,7 +258,7 @@ def test_a_witnessed_log_cannot_publish_a_rewrite(tmp_path: Path) -> None:
         cwd=ROOT,
     )
     try:
-        _wait_for(f"http://127.0.0.1:{port}/vkey")
+        wait_for(f"http://127.0.0.1:{port}/vkey")
         cluster = Cluster(
             tmp_path / "log",
             None,
@@ -360,18 +360,6 @@ def _published(url: str, size: int, timeout: float = 30.0) -> str:
             return answer.text
         time.sleep(0.2)
     raise AssertionError(f"no checkpoint of size {size} published")
-
-
-def _wait_for(url: str, timeout: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            if httpx.get(url, timeout=2).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.1)
-    raise AssertionError(f"{url} did not answer")
 
 
 def _build_go(folder: Path) -> Path:

@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import hashlib
-from pathlib import Path
 
 import pytest
 from sqlalchemy import select
@@ -17,17 +16,9 @@ from tests.conftest import SMALL_TRAINING, Api
 
 
 @pytest.fixture
-def settings(db_url: str, tmp_path: Path) -> Settings:
-    """Small chunks and no cache: every download below streams from sealed chunks."""
-    return Settings(
-        data_dir=tmp_path,
-        database_url=db_url,
-        redis_url=None,
-        reconcile_seconds=0.5,
-        bootstrap_admin_key=False,
-        blob_chunk_bytes=4096,
-        weights_cache_bytes=0,
-    )
+def settings(settings: Settings) -> Settings:
+    """conftest's settings with small chunks and no cache: every download streams."""
+    return settings.model_copy(update={"blob_chunk_bytes": 4096, "weights_cache_bytes": 0})
 
 
 @pytest.fixture

@@ -18,7 +18,7 @@ from app.api.responses import errors
 from app.errors import APIError
 from app.ledger import tiles
 from app.ledger.notes import log_verifier
-from app.ledger.publish import latest_published, publish
+from app.ledger.publish import current_checkpoint
 from app.ledger.transparency import leaf_count, signing_key
 
 router = APIRouter(prefix="/log", tags=["log"], responses=errors(404, 422))
@@ -33,8 +33,7 @@ async def checkpoint(db: DbDep, settings: SettingsDep) -> Response:
     the witnesses' cosignatures. With no witnesses configured a new head is published here."""
 
     def newest() -> str | None:
-        witnessed = bool(settings.log_witnesses)
-        found = latest_published(db) if witnessed else publish(db, settings)
+        found = current_checkpoint(db, settings)
         return found.note if found is not None else None
 
     note = await run_in_threadpool(newest)

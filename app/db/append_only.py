@@ -13,7 +13,6 @@ from sqlalchemy import Connection, text
 TABLES = ("certificates", "merkle_nodes", "tree_heads")  # since migration 0009
 CHECKPOINTS = ("checkpoints",)  # since migration 0012 (issue 30): published checkpoints
 PUBLIC_TREE = ("public_nodes",)  # since migration 0013 (issue 30): the public log's tree
-EVERY_TABLE = TABLES + CHECKPOINTS + PUBLIC_TREE
 
 _PG_FUNCTION = """
 CREATE OR REPLACE FUNCTION lethe_append_only() RETURNS trigger AS $$

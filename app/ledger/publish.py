@@ -152,6 +152,12 @@ def _proof(db: Database, old: int, new: int) -> list[str]:
     return [base64.b64encode(h).decode() for h in path]
 
 
+def current_checkpoint(db: Database, settings: Settings) -> PublishedCheckpoint | None:
+    """The checkpoint to serve: the newest published one; with no witnesses configured the
+    newest head is published first (it needs nobody's cosignature)."""
+    return latest_published(db) if settings.log_witnesses else publish(db, settings)
+
+
 def publish_quietly(db: Database, settings: Settings) -> None:
     """`publish`, logging instead of raising (the reconciler calls it every period)."""
     try:

@@ -23,7 +23,6 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import (
     Ed25519PrivateKey,
     Ed25519PublicKey,
 )
-from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
 from sqlalchemy import delete, func, select
 from sqlalchemy.orm import Session
 
@@ -31,6 +30,7 @@ from app.db.tables import Certificate, MerkleNode, PublicNode, TreeHead
 from app.errors import APIError, not_found
 from app.jsontypes import JsonObject
 from app.ledger import merkle
+from app.ledger.notes import raw_public
 from app.settings import Settings
 from app.storage.crypto import forget_key_files, secret_at, secret_from_text
 
@@ -58,19 +58,15 @@ def retired_dir(settings: Settings) -> Path:
     return settings.data_dir / "audit-retired-keys"
 
 
-def public_raw(key: Ed25519PublicKey) -> bytes:
-    return key.public_bytes(Encoding.Raw, PublicFormat.Raw)
-
-
 def key_id(key: Ed25519PublicKey) -> str:
-    return hashlib.sha256(public_raw(key)).hexdigest()[:32]
+    return hashlib.sha256(raw_public(key)).hexdigest()[:32]
 
 
 def public_keys(settings: Settings) -> list[JsonObject]:
     """The current public key and every retired one: heads name the key that signed them."""
     current = signing_key(settings).public_key()
     keys: list[JsonObject] = [
-        {"key_id": key_id(current), "public_key": _b64(public_raw(current)), "current": True}
+        {"key_id": key_id(current), "public_key": _b64(raw_public(current)), "current": True}
     ]
     folder = retired_dir(settings)
     for path in sorted(folder.glob("*.pub")) if folder.exists() else []:
@@ -89,7 +85,7 @@ def rotate(settings: Settings) -> tuple[str, str]:
     old = signing_key(settings).public_key()
     folder = retired_dir(settings)
     folder.mkdir(parents=True, exist_ok=True)
-    (folder / f"{key_id(old)}.pub").write_text(_b64(public_raw(old)))
+    (folder / f"{key_id(old)}.pub").write_text(_b64(raw_public(old)))
     signing_key_file(settings).unlink()
     forget_key_files()
     return key_id(old), key_id(signing_key(settings).public_key())

@@ -432,7 +432,7 @@ def tlog_proof_of(
 ) -> str:
     """A certificate of this request as a C2SP `.tlog-proof` under the newest published
     checkpoint (witness-cosigned when witnesses are configured); 409 until one includes it."""
-    from app.ledger.publish import latest_published, publish
+    from app.ledger.publish import current_checkpoint
     from app.ledger.tiles import tlog_proof
 
     with db.read() as session:
@@ -444,7 +444,7 @@ def tlog_proof_of(
             raise not_found("certificate", certificate_id, request_id=request_id)
         cert = session.get(Certificate, certificate_id)
         assert cert is not None
-    published = latest_published(db) if settings.log_witnesses else publish(db, settings)
+    published = current_checkpoint(db, settings)
     if published is None or published.tree_size < cert.seq:
         raise APIError(
             409,

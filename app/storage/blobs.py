@@ -225,12 +225,6 @@ class Blobs:
         handle = self.open(session, key)
         return None if handle is None else handle.read()
 
-    def put(self, session: Session, data: bytes, prefix: str) -> WrittenBlob:
-        """Write and record small bytes at once (an imported model's upload)."""
-        written = self.write(prefix, [data])
-        self.record(session, written)
-        return written
-
     def retire(self, session: Session, keys: list[str]) -> None:
         """Erase these blobs in the caller's transaction: rows deleted, data keys destroyed;
         their objects are deleted once the commit is durable."""
