@@ -19,7 +19,7 @@ from rich.table import Table
 from sqlalchemy.exc import OperationalError, ProgrammingError
 
 from app.client import Client, LetheError
-from app.jsontypes import JsonObject
+from app.jsontypes import JsonObject, as_object, optional_object
 from app.wire import DeletionOut, ModelOut
 
 
@@ -264,6 +264,51 @@ def train_with_progress(c: Client, model_id: int, epochs: int) -> ModelOut:
             bar.update(task, completed=model.progress.epoch or 0)
 
         return c.wait_model(model_id, on_progress)
+
+
+@models.command("audit")
+def models_audit(
+    model_id: int,
+    canaries: int = 1000,
+    kind: str = "random",
+    score: str = "loss",
+    confidence: float = 0.95,
+    seed: int | None = None,
+    url: Url = None,
+    key: Key = None,
+) -> None:
+    """Audit the model's certificates with canaries (auditor or admin key) and wait for the
+    verdict: the lower bounds on ε per canary against what the certificate implies."""
+    c = _client(url, key)
+    options = {"canaries": canaries, "kind": kind, "score": score, "confidence": confidence}
+    started = c.start_audit(model_id, **options, **({"seed": seed} if seed is not None else {}))
+    with console.status(f"audit {started.id}: queued") as shown:
+        done = c.wait_audit(
+            started.id, lambda a: shown.update(f"audit {a.id}: {a.stage or a.status}")
+        )
+    if done.result is None:
+        console.print(f"audit {done.id} failed: {done.error}")
+        raise typer.Exit(1)
+    r = done.result
+    table = Table("audit", "verdict", "certified ε", "ε′ per canary", "ε lower bound", "f-DP",
+                  "ceiling", "control", "AUC")  # fmt: skip
+    control = optional_object(r.get("control"))
+    table.add_row(
+        str(done.id),
+        str(done.verdict),
+        _fmt(r.get("certified_epsilon")),
+        _fmt(r.get("implied_epsilon")),
+        _fmt(as_object(r["one_run"])["epsilon"]),
+        _fmt(as_object(r["fdp"])["epsilon"]),
+        _fmt(r.get("ceiling_one_run")),
+        _fmt(as_object(control["one_run"])["epsilon"] if control else None),
+        _fmt(r.get("auc")),
+    )
+    console.print(table)
+
+
+def _fmt(x: object) -> str:
+    return f"{x:.3g}" if isinstance(x, int | float) else "-"
 
 
 @models.command("get")

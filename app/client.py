@@ -26,8 +26,9 @@ from typing import Any, Generic, ParamSpec, TypeVar, overload
 import httpx
 from pydantic import BaseModel
 
-from app.states import FINISHED_REQUEST, ModelStatus
+from app.states import FINISHED_REQUEST, AuditStatus, ModelStatus
 from app.wire import (
+    AuditOut,
     CertificateOut,
     CertificatePage,
     ChainCheck,
@@ -319,6 +320,20 @@ def _preview(
     return Call("GET", "/v1/privacy/preview", _model(PreviewOut), {"params": params})
 
 
+def _start_audit(model_id: int, **options: Any) -> Call[AuditOut]:
+    """Queue a privacy audit of the model's certificates (auditors and admins): `canaries`,
+    `kind`, `score`, `confidence`, `control`."""
+    return Call("POST", f"/v1/models/{model_id}/audits", _model(AuditOut), {"json": options})
+
+
+def _audit(audit_id: int) -> Call[AuditOut]:
+    return Call("GET", f"/v1/audits/{audit_id}", _model(AuditOut))
+
+
+def _audits(model_id: int) -> Call[list[AuditOut]]:
+    return Call("GET", f"/v1/models/{model_id}/audits", _models(AuditOut))
+
+
 def _create_key(role: str, name: str = "api key") -> Call[KeyOut]:
     return Call("POST", "/v1/keys", _model(KeyOut), {"json": {"role": role, "name": name}})
 
@@ -350,6 +365,9 @@ class Endpoints:
     verify = endpoint(_verify)
     export = endpoint(_export)
     preview = endpoint(_preview)
+    start_audit = endpoint(_start_audit)
+    audit = endpoint(_audit)
+    audits = endpoint(_audits)
     create_key = endpoint(_create_key)
     revoke_key = endpoint(_revoke_key)
 
@@ -444,6 +462,23 @@ class Client(Endpoints):
             if req.status in FINISHED_REQUEST:
                 return req
         raise TimeoutError(f"deletion {request_id} not finished after {timeout}s")
+
+    def wait_audit(
+        self,
+        audit_id: int,
+        on_progress: Callable[[AuditOut], None] | None = None,
+        timeout: float = 3600,
+    ) -> AuditOut:
+        """Poll until the audit is done or failed; `on_progress(audit)` sees its stage."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            audit = self.audit(audit_id)
+            if on_progress:
+                on_progress(audit)
+            if audit.status in (AuditStatus.done, AuditStatus.failed):
+                return audit
+            time.sleep(0.5)
+        raise TimeoutError(f"audit {audit_id} not finished after {timeout}s")
 
 
 # ---- async ----------------------------------------------------------------------------------

@@ -11,6 +11,7 @@ import logging
 import queue
 import threading
 import time
+from datetime import timedelta
 from typing import Protocol
 
 from sqlalchemy import or_, select, update
@@ -18,16 +19,17 @@ from sqlalchemy.orm import Session
 
 from app import shutdown
 from app.db.session import database
-from app.db.tables import DeletionTask, Model, task_is_due, utcnow
+from app.db.tables import DeletionTask, Model, PrivacyAudit, task_is_due, utcnow
 from app.ledger.publish import publish_quietly
 from app.settings import Settings, get_settings
-from app.states import ModelStatus, TaskStatus
+from app.states import AuditStatus, ModelStatus, TaskStatus
 from app.storage.blobs import blobs
 
 log = logging.getLogger("lethe.dispatch")
 
 TRAIN = "workers.jobs.train_model"
 DELETE = "workers.jobs.process_deletions"
+AUDIT = "workers.audits.run_audit"
 
 
 class Dispatcher(Protocol):
@@ -188,7 +190,16 @@ def reconcile(session: Session) -> dict[str, list[int]]:
             free,
         )
     ).all()
-    return {"train": sorted(to_train), "delete": sorted(to_delete)}
+    stale = now - timedelta(seconds=get_settings().job_timeout_seconds)
+    to_audit = session.scalars(
+        select(PrivacyAudit.id).where(
+            or_(
+                PrivacyAudit.status == AuditStatus.queued,
+                (PrivacyAudit.status == AuditStatus.running) & (PrivacyAudit.started_at < stale),
+            )
+        )
+    ).all()
+    return {"train": sorted(to_train), "delete": sorted(to_delete), "audit": sorted(to_audit)}
 
 
 def reconcile_and_signal(url: str, dispatcher: Dispatcher) -> dict[str, list[int]]:
@@ -198,6 +209,8 @@ def reconcile_and_signal(url: str, dispatcher: Dispatcher) -> dict[str, list[int
         dispatcher.enqueue(TRAIN, model_id)
     for model_id in work["delete"]:
         dispatcher.enqueue(DELETE, model_id)
+    for audit_id in work["audit"]:
+        dispatcher.enqueue(AUDIT, audit_id)
     return work
 
 

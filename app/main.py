@@ -10,7 +10,7 @@ from contextlib import asynccontextmanager
 from fastapi import FastAPI
 
 from app import accesslog
-from app.api import audit, datasets, deletions, docs, health, keys, models, privacy, ui
+from app.api import audit, audits, datasets, deletions, docs, health, keys, models, privacy, ui
 from app.api import log as public_log
 from app.api.errors import DependencyGuard, install_error_handlers
 from app.api.limits import IngressLimitMiddleware
@@ -99,6 +99,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         models.router,
         deletions.router,
         audit.router,
+        audits.router,
         public_log.router,
         keys.router,
         privacy.router,

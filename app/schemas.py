@@ -302,3 +302,28 @@ class KeyCreate(In):
     (reads models, downloads weights)"""
     name: str = Field("api key", min_length=1, max_length=200)
     """a label for the key"""
+
+
+class AuditCreate(In):
+    """An empirical privacy audit of a model's certificates with canaries (issue 31)."""
+
+    canaries: int = Field(1000, ge=20, le=10_000, description="m, the number of canaries")
+    kind: Literal["random", "mislabelled"] = Field(
+        "random",
+        description="random: inputs drawn like the data's features with random labels; "
+        "mislabelled: test-split rows with a wrong label (needs m test rows)",
+    )
+    score: Literal["loss", "margin"] = Field(
+        "loss", description="what the attack ranks canaries by: −loss or the logit margin"
+    )
+    confidence: float = Field(0.95, ge=0.5, le=0.999, description="of the lower bounds")
+    control: bool = Field(
+        True, description="also bound the shadow before the removal (canaries never unlearned)"
+    )
+    seed: int | None = Field(
+        None,
+        ge=0,
+        le=2**63 - 1,
+        description="draw the canaries and their bits from this seed, to repeat an audit "
+        "exactly (default: fresh randomness)",
+    )

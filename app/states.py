@@ -32,6 +32,16 @@ class RequestStatus(StrEnum):
     failed = "failed"
 
 
+class AuditStatus(StrEnum):
+    """A privacy audit (issue 31): queued, running its shadow experiment, then done (or
+    failed)."""
+
+    queued = "queued"
+    running = "running"
+    done = "done"
+    failed = "failed"
+
+
 class SampleStatus(StrEnum):
     """A sample: active, erasing (a request holds it), erased (its data key destroyed)."""
 

@@ -14,7 +14,15 @@ from pydantic import BaseModel, ConfigDict
 
 from app.jsontypes import JsonObject
 from app.specs import Architecture, PrivacyPolicy, StoredMethod, StoredTraining
-from app.states import ModelStatus, RequestStatus, SampleStatus, Stage, TaskStatus, VersionKind
+from app.states import (
+    AuditStatus,
+    ModelStatus,
+    RequestStatus,
+    SampleStatus,
+    Stage,
+    TaskStatus,
+    VersionKind,
+)
 
 
 class Out(BaseModel):
@@ -208,6 +216,40 @@ class DeletionOut(Out):
     """why it failed"""
     created_at: datetime
     """when it was accepted (UTC)"""
+    finished_at: datetime | None
+    """when it finished"""
+
+
+class AuditOut(Out):
+    """A privacy audit of a model's certificates (issue 31) and, once done, its result."""
+
+    id: int
+    """the audit's id"""
+    model_id: int
+    """the model audited"""
+    status: AuditStatus
+    """queued, running, done or failed"""
+    stage: str | None
+    """while running: loading, training the shadow, removing the canaries, scoring"""
+    options: JsonObject
+    """canaries, kind, score, confidence, control"""
+    verdict: str | None = None
+    """consistent, violated (the lower bound exceeds what the certificate implies per canary),
+    inconclusive (not even a perfect attack with these canaries could show a violation) or
+    uncertified (a heuristic release: only the empirical figure)"""
+    result: JsonObject | None
+    """the audited release's certificate (guarantee, ε, δ, and the (ε', δ') it implies per
+    canary), the one-run and f-DP lower bounds with the guesses that proved them, their
+    ceilings with these canaries (a perfect attack), the attack's AUC, the control's bounds
+    and AUC, the wall time of each step"""
+    certificate_id: int | None
+    """the audit's entry in the audit log"""
+    error: str | None
+    """why it failed"""
+    created_at: datetime
+    """when it was asked for (UTC)"""
+    started_at: datetime | None
+    """when its last attempt started"""
     finished_at: datetime | None
     """when it finished"""
 

@@ -38,6 +38,11 @@ def peak_rss_mib(pid: int) -> float | None:
     return None
 
 
+def reset_peak(pid: int) -> None:
+    """Start a new VmHWM window (Linux: writing 5 to clear_refs resets the peak RSS)."""
+    Path(f"/proc/{pid}/clear_refs").write_text("5")
+
+
 def timed_deletion(
     c: Client, dataset_id: int, model_id: int, samples: list[str], subjects: list[str]
 ) -> dict[str, Any]:
@@ -83,7 +88,9 @@ def main() -> None:
                     "n_classes": 10, "subject_size": SUBJECT_SIZE}  # fmt: skip
             ds = c.post("/v1/datasets", json=body)
             register_s = time.perf_counter() - t0
-            rss_after_register = peak_rss_mib(cluster.api.pid)
+            pid = cluster.api.pid
+            phase_peaks = {"register": peak_rss_mib(pid)}
+            reset_peak(pid)
             print("registered", n, "in", round(register_s, 1), "s", flush=True)
             t0 = time.perf_counter()
             spec = {"name": "million", "dataset_id": ds["id"],
@@ -92,6 +99,8 @@ def main() -> None:
             model = c.wait_model(c.create_model(spec).id)
             train_s = time.perf_counter() - t0
             assert model.status == "ready", model
+            phase_peaks["train"] = peak_rss_mib(pid)
+            reset_peak(pid)
             version = model.current_version
             assert version is not None
             print("trained in", round(train_s, 1), "s", flush=True)
@@ -103,8 +112,15 @@ def main() -> None:
                 row = timed_deletion(c, ds["id"], model.id, [item["external_id"]], [])
                 singles.append(row)
                 print(row, flush=True)
+                if len(singles) == 1:
+                    phase_peaks["first_deletion"] = peak_rss_mib(pid)
+                    reset_peak(pid)
+            phase_peaks["single_deletions"] = peak_rss_mib(pid)
+            reset_peak(pid)
             subject = timed_deletion(c, ds["id"], model.id, [], ["subject-0"])
             print("subject", subject, flush=True)
+            phase_peaks["subject_deletion"] = peak_rss_mib(pid)
+            print("peaks", phase_peaks, flush=True)
             warm = [r["post_to_certificate_s"] for r in singles[1:]]
             result = {
                 "n_samples": n,
@@ -128,8 +144,8 @@ def main() -> None:
                 if warm
                 else None,
                 "subject_deletion": subject,
-                "peak_rss_mib_after_register": rss_after_register,
-                "peak_rss_mib": peak_rss_mib(cluster.api.pid),
+                "peak_rss_mib_by_phase": phase_peaks,
+                "peak_rss_mib": max(v or 0.0 for v in phase_peaks.values()),
                 "float32_data_mib": n * 256 * 4 / 2**20,
                 "deletions": singles,
             }

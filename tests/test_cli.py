@@ -101,3 +101,6 @@ def test_a_sharded_model_from_the_cli_and_its_deletion_cost(
     assert preview.returncode == 0, preview.stderr
     assert "one deletion: sharded_retrain shards=3 slices=2" in preview.stdout
     assert "one deletion: retrain" in preview.stdout and "(measured)" in preview.stdout
+    audited = lethe("models", "audit", "1", "--canaries", "200", "--seed", "3", **env)
+    assert audited.returncode == 0, audited.stderr
+    assert "consistent" in audited.stdout  # SISA retrains the canaries' shards exactly

@@ -38,6 +38,7 @@ from app.specs import (
     StoredTraining,
 )
 from app.states import (
+    AuditStatus,
     ModelStatus,
     RequestStatus,
     SampleStatus,
@@ -330,6 +331,27 @@ class MerkleNode(Base):
         BigInteger().with_variant(Integer, "sqlite"), primary_key=True, autoincrement=False
     )
     hash: Mapped[str] = mapped_column(String(64))
+
+
+class PrivacyAudit(Base):
+    """An empirical privacy audit of a model's certificates (issue 31): its options, where it
+    stands, and its result (aggregate figures only: the canaries, the shadow model and the
+    scores never reach the database). `certificate_id` is its entry in the audit log."""
+
+    __tablename__ = "privacy_audits"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    model_id: Mapped[int] = mapped_column(ForeignKey("models.id", ondelete="CASCADE"), index=True)
+    requester_key_id: Mapped[int | None] = mapped_column(Integer)
+    options: Mapped[dict[str, Any]]
+    status: Mapped[AuditStatus] = state_column(AuditStatus, 10, AuditStatus.queued)
+    stage: Mapped[str | None] = mapped_column(String(40))
+    attempts: Mapped[int] = mapped_column(Integer, default=0)
+    result: Mapped[dict[str, Any] | None] = mapped_column(JSON)
+    error: Mapped[str | None] = mapped_column(Text)
+    certificate_id: Mapped[int | None] = mapped_column(Integer)
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    started_at: Mapped[datetime | None]
+    finished_at: Mapped[datetime | None]
 
 
 class PublishedCheckpoint(Base):

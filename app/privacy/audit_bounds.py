@@ -11,17 +11,33 @@ q = e^ε / (1 + e^ε), up to a δ term (their Theorem 3):
 is a p-value for the hypothesis "the mechanism is (ε, δ)-DP". The audited lower bound at
 confidence c is the largest ε that hypothesis test rejects at level 1 − c. No guess can prove
 more than the ceiling a perfect attack reaches with m canaries (`perfect_attack_ceiling`).
+
+The f-DP bound (Mahloujifar, Melis & Chaudhuri, "Auditing f-Differential Privacy in One Run",
+2024) tests the stronger hypothesis "the mechanism is μ-GDP" (its trade-off curve is the
+Gaussian one, `fdp_rejects`), with μ the GDP parameter whose (ε, δ) curve passes through the
+claimed (ε, δ); for a Gaussian-noise release that is the release's own curve, and its bound is
+tighter than the one-run bound's. For a mechanism whose trade-off is not Gaussian it is a
+figure about the Gaussian hypothesis only, and Lethe's verdicts use the one-run bound.
+
+`audit_scores` turns canary scores and inclusion bits into both bounds: a fixed grid of guess
+rules (how many guesses, one-sided or two-sided), every rule tested at level (1 − c)/rules
+(Bonferroni), so picking the best rule after seeing the scores keeps the confidence.
 Nothing here is a point estimate: an "estimated ε" from fitting scores is not a lower bound
 and is not computed here."""
 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
+from functools import lru_cache
 
 import numpy as np
-from scipy import stats
+from scipy import special, stats
+
+from app.privacy.gaussian import sigma_for
 
 MAX_EPSILON = 60.0
+BISECTIONS = 30  # ε to within 60 / 2³⁰ ≈ 6e-8, rounded down (a lower bound stays one)
 
 
 def p_value(m: int, r: int, v: int, epsilon: float, delta: float) -> float:
@@ -50,7 +66,7 @@ def epsilon_lower_bound(
     if p_value(m, r, v, MAX_EPSILON, delta) < alpha:
         return MAX_EPSILON
     lo, hi = 0.0, MAX_EPSILON  # p rises with ε: rejected at lo, not rejected at hi
-    for _ in range(60):
+    for _ in range(BISECTIONS):
         mid = (lo + hi) / 2
         if p_value(m, r, v, mid, delta) < alpha:
             lo = mid
@@ -68,3 +84,172 @@ def perfect_attack_ceiling(m: int, delta: float = 1e-5, confidence: float = 0.95
         best = max(best, epsilon_lower_bound(m, r, r, delta, confidence))
         r = r + 1 if r < 64 else int(r * 1.05) + 1
     return max(best, epsilon_lower_bound(m, m, m, delta, confidence))
+
+
+def gaussian_mu(epsilon: float, delta: float) -> float:
+    """The μ of the μ-GDP mechanism that is exactly (ε, δ)-DP at this δ (Dong, Roth & Su 2022,
+    Cor. 2.13: a Gaussian mechanism with σ/Δ = 1/μ), from the analytic Gaussian σ."""
+    if epsilon <= 0:
+        return 0.0
+    return 1.0 / sigma_for(1.0, epsilon, delta)
+
+
+def fdp_rejects(m: int, r: int, v: int, mu: float, alpha: float) -> bool:
+    """Whether v right guesses of r (of m canaries) reject "μ-GDP" at level α: Mahloujifar et
+    al. 2024's recursion bounding the probability of v or more right guesses under an f-DP
+    mechanism, with f the Gaussian trade-off f(x) = Φ(Φ⁻¹(1 − x) − μ), written through the
+    inverse of its blow-up x ↦ Φ(Φ⁻¹(x) − μ)."""
+    if not 0 <= v <= r <= m:
+        raise ValueError("need 0 ≤ v ≤ r ≤ m")
+    if v == 0:
+        return False
+    right, wrong = alpha * v / m, alpha * (r - v) / m  # the masses the bound tracks
+    for i in range(v - 1, -1, -1):
+        raised = max(wrong, float(special.ndtr(special.ndtri(right) - mu)))
+        if raised == wrong:  # neither mass can change again
+            break
+        right = min(right + i / (r - i) * (raised - wrong), 1.0)
+        wrong = raised
+    return right + wrong > r / m
+
+
+def fdp_epsilon_lower_bound(
+    m: int, r: int, v: int, delta: float = 1e-5, confidence: float = 0.95
+) -> float:
+    """The largest ε whose Gaussian f-DP hypothesis (μ from (ε, δ)) v right guesses of r
+    reject at `confidence` (0 when not even ε → 0 is rejected)."""
+    alpha = 1.0 - confidence
+    if not fdp_rejects(m, r, v, gaussian_mu(1e-9, delta), alpha):
+        return 0.0
+    if fdp_rejects(m, r, v, gaussian_mu(MAX_EPSILON, delta), alpha):
+        return MAX_EPSILON
+    lo, hi = 0.0, MAX_EPSILON  # rejection gets harder as ε (so μ) grows
+    for _ in range(BISECTIONS):
+        mid = (lo + hi) / 2
+        if fdp_rejects(m, r, v, gaussian_mu(mid, delta), alpha):
+            lo = mid
+        else:
+            hi = mid
+    return lo
+
+
+GUESS_FRACTIONS = (0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0)  # one-sided: up to ½ (about all in)
+
+
+@dataclass(frozen=True)
+class GuessRule:
+    """Guess "included" for the `positive` highest scores and "excluded" for the `negative`
+    lowest; abstain on the rest."""
+
+    positive: int
+    negative: int
+
+    @property
+    def guesses(self) -> int:
+        return self.positive + self.negative
+
+
+def guess_rules(m: int) -> list[GuessRule]:
+    """The fixed grid every audit tests: each fraction of the canaries guessed one-sided
+    (only "included") and two-sided (half each way)."""
+    rules: list[GuessRule] = []
+    for f in GUESS_FRACTIONS:
+        r = max(2, min(m, round(m * f)))
+        for rule in (GuessRule(r, 0), GuessRule(r - r // 2, r // 2)):
+            if rule not in rules and (rule.negative or f <= 0.5):
+                rules.append(rule)
+    return rules
+
+
+@dataclass(frozen=True)
+class Bound:
+    """One lower bound: ε, and the guess rule that proved it with its counts."""
+
+    epsilon: float
+    rule: GuessRule | None
+    guesses: int
+    right: int
+
+
+@dataclass(frozen=True)
+class AuditBounds:
+    """What one run's canary scores prove, and the most they could have proved."""
+
+    one_run: Bound
+    fdp: Bound
+    ceiling_one_run: float
+    ceiling_fdp: float
+    auc: float
+    rules_tested: int
+
+
+def right_guesses(scores: np.ndarray, included: np.ndarray, rule: GuessRule) -> int:
+    """How many of a rule's guesses are right (ties broken by position, a fixed order)."""
+    order = np.argsort(-scores, kind="stable")
+    top, bottom = order[: rule.positive], order[len(order) - rule.negative :]
+    return int(included[top].sum()) + int((~included[bottom]).sum())
+
+
+def audit_scores(
+    scores: np.ndarray, included: np.ndarray, delta: float, confidence: float = 0.95
+) -> AuditBounds:
+    """Both lower bounds from one run: higher scores should mean "included"; every rule of
+    the grid tested at the Bonferroni level, the best kept. The ceilings are the same audit
+    of a perfect attack on the same bits (scores that are the bits themselves)."""
+    scores = np.asarray(scores, dtype=np.float64)
+    included = np.asarray(included, dtype=bool)
+    m = len(scores)
+    if m < 2 or included.shape != scores.shape or not np.isfinite(scores).all():
+        raise ValueError("need at least two finite scores, one inclusion bit each")
+    rules = guess_rules(m)
+    level = 1.0 - (1.0 - confidence) / len(rules)
+    one_run, fdp = _best(scores, included, rules, delta, level)
+    perfect = _best(included.astype(np.float64), included, rules, delta, level)
+    return AuditBounds(
+        one_run, fdp, perfect[0].epsilon, perfect[1].epsilon, auc(scores, included), len(rules)
+    )
+
+
+def _best(
+    scores: np.ndarray, included: np.ndarray, rules: list[GuessRule], delta: float, level: float
+) -> tuple[Bound, Bound]:
+    """The highest one-run and f-DP bounds any rule proves at `level`."""
+    m = len(scores)
+    one_run, fdp = Bound(0.0, None, 0, 0), Bound(0.0, None, 0, 0)
+    for rule in rules:
+        r, v = rule.guesses, right_guesses(scores, included, rule)
+        eps = _one_run_cached(m, r, v, delta, level)
+        if eps > one_run.epsilon:
+            one_run = Bound(eps, rule, r, v)
+        eps = _fdp_cached(m, r, v, delta, level)
+        if eps > fdp.epsilon:
+            fdp = Bound(eps, rule, r, v)
+    return one_run, fdp
+
+
+@lru_cache(maxsize=4096)
+def _one_run_cached(m: int, r: int, v: int, delta: float, level: float) -> float:
+    return epsilon_lower_bound(m, r, v, delta, level)
+
+
+@lru_cache(maxsize=4096)
+def _fdp_cached(m: int, r: int, v: int, delta: float, level: float) -> float:
+    return fdp_epsilon_lower_bound(m, r, v, delta, level)
+
+
+def auc(scores: np.ndarray, included: np.ndarray) -> float:
+    """The area under the ROC curve of "higher score ⇒ included" (0.5: no signal), ties
+    counted half (the Mann–Whitney statistic)."""
+    n_in, n_out = int(included.sum()), int((~included).sum())
+    if n_in == 0 or n_out == 0:
+        return 0.5
+    ranks = stats.rankdata(scores)
+    return float((ranks[included].sum() - n_in * (n_in + 1) / 2) / (n_in * n_out))
+
+
+def implied_per_canary(epsilon: float, delta: float) -> tuple[float, float]:
+    """The (ε', δ') a certificate of (ε, δ) implies for one canary's inclusion bit in Lethe's
+    audit (README, "Auditing a certificate"): every release is (ε, δ)-close to the one
+    retrained without all removed canaries, which is the same release whatever the bits, so
+    any two bit vectors give (2ε, (1 + e^ε)·δ) (the triangle through that common release)."""
+    return 2.0 * epsilon, min(1.0, (1.0 + math.exp(epsilon)) * delta)

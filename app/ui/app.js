@@ -25,10 +25,15 @@ function el(tag, attrs = {}, ...children) {
   return node;
 }
 
-async function api(path) {
-  const response = await fetch(path, {
-    headers: { Authorization: `Bearer ${sessionStorage.getItem(KEY) || ""}` },
-  });
+// GET `path`, or POST `payload` as JSON to it; never throws on an HTTP error.
+async function api(path, payload) {
+  const init = { headers: { Authorization: `Bearer ${sessionStorage.getItem(KEY) || ""}` } };
+  if (payload !== undefined) {
+    init.method = "POST";
+    init.headers["Content-Type"] = "application/json";
+    init.body = JSON.stringify(payload);
+  }
+  const response = await fetch(path, init);
   let body = null;
   try { body = await response.json(); } catch (_) { body = null; }
   return { status: response.status, ok: response.ok, body };
@@ -198,6 +203,8 @@ async function modelPage(id) {
     nodes.push(el("p", { class: "notice", id: "certificates-hidden" },
       `Certificates and the cumulative ε need an auditor or admin key (${errorText(certificates)}).`));
   }
+  const audits = await auditSection(id);
+  nodes.push(...audits.nodes);
   nodes.push(el("h2", {}, "Next release"));
   if (preview.ok) {
     const p = preview.body;
@@ -217,7 +224,44 @@ async function modelPage(id) {
       + `noise-free state ${bytes(storage.state_bytes)}`
       + (sisa ? ` (${sisa.checkpoints} checkpoints)` : "")));
   }
-  return { live: m.status === "queued" || m.status === "training", nodes };
+  const training = m.status === "queued" || m.status === "training";
+  return { live: training || audits.live, nodes };
+}
+
+// Privacy audits (issue 31): each audit's lower bounds beside what the certificate implies.
+async function auditSection(id) {
+  const audits = await api(`/v1/models/${id}/audits`);
+  const out = [el("h2", {}, "Privacy audits")];
+  const message = el("p", { id: "audit-message" });
+  const start = el("button", { id: "run-audit", onclick: async () => {
+    start.disabled = true;
+    const started = await api(`/v1/models/${id}/audits`, { canaries: 1000, score: "margin" });
+    message.textContent = started.ok ? `Audit ${started.body.id} queued.` : errorText(started);
+    message.className = started.ok ? "" : "error";
+    start.disabled = false;
+    if (started.ok) render();
+  } }, "Run an audit (1,000 canaries)");
+  out.push(el("p", {}, start, " ", message));
+  if (!audits.ok) return { live: false, nodes: [...out, el("p", { class: "notice" }, errorText(audits))] };
+  const items = audits.body;
+  if (!items.length) return { live: false, nodes: [...out, el("p", { id: "no-audits" }, "No audit yet.")] };
+  const r = a => a.result || {};
+  out.push(el("table", { id: "audits" },
+    el("tr", {}, ...["audit", "status", "verdict", "certified ε", "ε′ per canary", "ε lower bound",
+                     "f-DP bound", "ceiling", "control bound", "AUC", "log entry"]
+                   .map(h => el("th", {}, h))),
+    items.map(a => el("tr", { "data-audit": a.id },
+      el("td", {}, a.id), el("td", {}, status(a.status), a.stage ? ` ${a.stage}` : ""),
+      el("td", { class: `verdict ${a.verdict || ""}` }, a.verdict || (a.error || "—")),
+      el("td", {}, fmt(r(a).certified_epsilon)), el("td", {}, fmt(r(a).implied_epsilon)),
+      el("td", {}, fmt(r(a).one_run && r(a).one_run.epsilon)),
+      el("td", {}, fmt(r(a).fdp && r(a).fdp.epsilon)), el("td", {}, fmt(r(a).ceiling_one_run)),
+      el("td", {}, fmt(r(a).control && r(a).control.one_run.epsilon)),
+      el("td", {}, fmt(r(a).auc)), el("td", {}, a.certificate_id ? `#${a.certificate_id}` : "—")))));
+  out.push(el("p", { class: "sentence" }, "ε′ is what the certificate implies for one canary "
+    + "(2ε); the lower bounds hold at 95 % confidence; the ceiling is the most any attack could "
+    + "show with these canaries, so a certificate above it cannot be tested by this audit."));
+  return { live: items.some(a => a.status === "queued" || a.status === "running"), nodes: out };
 }
 
 function bytes(n) {

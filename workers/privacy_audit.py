@@ -1,0 +1,269 @@
+"""The canary experiment of a privacy audit (issue 31), with no database: a shadow of the
+model's recipe, trained on the model's retained rows plus canaries, the canaries it included
+removed through the model's own method and decision path, every canary scored.
+
+Each of m canaries is independently, with probability ½, either never included or included
+in the shadow's training and then removed in one coalesced update (`workers.updates.decide`:
+the same method, fallbacks, lineage admission and certificate fields as a real request). The
+release is scored on every canary; `app/privacy/audit_bounds.py` turns the scores and the
+inclusion bits into lower bounds on ε. The shadow before the removal, scored the same way, is
+the control: the same canaries included and never unlearned.
+
+What the certificate implies for one canary's bit: the release is (ε, δ)-close to retraining
+without every removed canary, and that retrain is one and the same release whatever the bits
+(it sees the retained rows only), so two bit vectors give (2ε, (1 + e^ε)δ)
+(`implied_per_canary`). Nothing of the experiment outlives it: the canaries, the shadow's
+states and the scores are dropped when `run` returns; only aggregate figures come back.
+"""
+
+from __future__ import annotations
+
+import math
+import secrets
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Literal
+
+import numpy as np
+import torch
+
+from app.jsontypes import JsonObject, JsonValue
+from app.privacy.audit_bounds import AuditBounds, Bound, audit_scores, implied_per_canary
+from app.specs import PrivacyPolicy
+from app.states import Guarantee
+from maths.training import logits
+from methods.compute import (
+    ModelSpec,
+    ModelState,
+    PrivacyTarget,
+    RemovedSamples,
+    RetainedData,
+    UpdateInputs,
+    fit,
+    method_for,
+)
+from workers.updates import decide
+
+CanaryKind = Literal["random", "mislabelled"]
+ScoreKind = Literal["loss", "margin"]
+Stage = Callable[[str], None]
+
+
+@dataclass(frozen=True)
+class AuditOptions:
+    canaries: int = 1000
+    kind: CanaryKind = "random"
+    score: ScoreKind = "loss"
+    confidence: float = 0.95
+    control: bool = True
+
+
+@dataclass(frozen=True)
+class Canaries:
+    X: torch.Tensor
+    y: torch.Tensor
+    included: np.ndarray  # bool: included in training, then removed
+
+
+def make_canaries(
+    options: AuditOptions,
+    retained: RetainedData,
+    test: RetainedData,
+    n_classes: int,
+    rng: np.random.Generator,
+) -> Canaries:
+    """m canaries and their inclusion bits. `random`: inputs drawn per feature from a normal
+    with the retained rows' mean and spread, labels uniform; `mislabelled`: test-split rows
+    (distinct, drawn at random) each given a uniformly drawn wrong label."""
+    m = options.canaries
+    if options.kind == "mislabelled":
+        if len(test) < m:
+            raise ValueError(f"the test split has {len(test)} rows; {m} canaries need as many")
+        rows = torch.from_numpy(rng.choice(len(test), size=m, replace=False))
+        X = test.X[rows].clone()
+        shift = torch.from_numpy(rng.integers(1, n_classes, size=m))
+        y = (test.y[rows] + shift) % n_classes
+    else:
+        sample = retained.head(min(len(retained), 50_000))[0].double()
+        flat = sample.reshape(len(sample), -1)
+        mean, spread = flat.mean(0), flat.std(0).clamp_min(1e-6)
+        noise = torch.from_numpy(rng.standard_normal((m, flat.shape[1])))
+        X = (mean + spread * noise).to(retained.X.dtype).reshape(m, *retained.X.shape[1:])
+        y = torch.from_numpy(rng.integers(0, n_classes, size=m))
+    return Canaries(X, y.long(), rng.random(m) < 0.5)
+
+
+@torch.no_grad()
+def scores(spec: ModelSpec, state: ModelState, canaries: Canaries, kind: ScoreKind) -> np.ndarray:
+    """Higher means "the release fits this canary": −loss, or the logit margin of the
+    canary's label over the best other class."""
+    out = logits(spec.architecture, state, canaries.X, spec.n_classes, spec.aggregation).double()
+    y = canaries.y
+    if kind == "loss":
+        return -torch.nn.functional.cross_entropy(out, y, reduction="none").numpy()
+    own = out.gather(1, y.unsqueeze(1)).squeeze(1)
+    others = out.scatter(1, y.unsqueeze(1), -math.inf).max(1).values
+    return (own - others).numpy()
+
+
+@dataclass(frozen=True)
+class AuditRun:
+    """What one audit found: the certificate it audited, the bounds, the control's."""
+
+    method: str  # what made the release (the configured method, or `retrain` on fallback)
+    fallback_reason: str | None
+    guarantee: str
+    certified_epsilon: float | None
+    certified_delta: float | None
+    implied_epsilon: float | None
+    implied_delta: float | None
+    audit_delta: float  # the δ the bounds were computed at
+    bounds: AuditBounds
+    control: AuditBounds | None
+    included: int
+    seconds: dict[str, JsonValue]
+
+    @property
+    def verdict(self) -> str:
+        """violated: the lower bound exceeds what the certificate allows; inconclusive: not
+        even a perfect attack with these canaries could have shown that; uncertified: the
+        release claims nothing (guarantee `none`); else consistent."""
+        if self.implied_epsilon is None:
+            return "uncertified"
+        if self.bounds.one_run.epsilon > self.implied_epsilon:
+            return "violated"
+        if self.bounds.ceiling_one_run <= self.implied_epsilon:
+            return "inconclusive"
+        return "consistent"
+
+    def document(self) -> JsonObject:
+        """The audit's result as published: aggregate figures only, no canary or score."""
+        return {
+            "method": self.method,
+            "fallback_reason": self.fallback_reason,
+            "guarantee": self.guarantee,
+            "certified_epsilon": self.certified_epsilon,
+            "certified_delta": self.certified_delta,
+            "implied_epsilon": self.implied_epsilon,
+            "implied_delta": self.implied_delta,
+            "audit_delta": self.audit_delta,
+            "verdict": self.verdict,
+            "one_run": _bound(self.bounds.one_run),
+            "fdp": _bound(self.bounds.fdp),
+            "ceiling_one_run": self.bounds.ceiling_one_run,
+            "ceiling_fdp": self.bounds.ceiling_fdp,
+            "auc": self.bounds.auc,
+            "rules_tested": self.bounds.rules_tested,
+            "control": None
+            if self.control is None
+            else {
+                "one_run": _bound(self.control.one_run),
+                "fdp": _bound(self.control.fdp),
+                "auc": self.control.auc,
+            },
+            "canaries_included": self.included,
+            "seconds": dict(self.seconds),
+        }
+
+
+def _bound(b: Bound) -> JsonObject:
+    return {
+        "epsilon": b.epsilon,
+        "guesses": b.guesses,
+        "right": b.right,
+        "rule": None
+        if b.rule is None
+        else {"positive": b.rule.positive, "negative": b.rule.negative},
+    }
+
+
+def run(
+    spec: ModelSpec,
+    policy: PrivacyPolicy,
+    retained: RetainedData,
+    test: RetainedData,
+    options: AuditOptions,
+    stage: Stage | None = None,
+    seed: int | None = None,
+) -> AuditRun:
+    """Train the shadow, remove its included canaries, score, bound (module docstring)."""
+    say = stage or (lambda _: None)
+    rng = np.random.default_rng(seed if seed is not None else secrets.randbits(128))
+    clock: dict[str, JsonValue] = {}
+    started = time.perf_counter()
+    canaries = make_canaries(options, retained, test, spec.n_classes, rng)
+    inc = torch.from_numpy(np.flatnonzero(canaries.included))
+    first = max(retained.sample_ids, default=0) + 1
+    ids = list(range(first, first + len(inc)))
+    shadow_data = RetainedData(
+        [*retained.sample_ids, *ids],
+        torch.cat([retained.X, canaries.X[inc]]),
+        torch.cat([retained.y, canaries.y[inc]]),
+        [*retained.subjects, *([None] * len(ids))] if retained.subjects else [],
+        [*retained.external_ids, *(f"canary-{i}" for i in ids)] if retained.external_ids else [],
+    )
+    say("training the shadow")
+    t0 = time.perf_counter()
+    trained = fit(spec, shadow_data)
+    clock["train"] = time.perf_counter() - t0
+    control = scores(spec, trained.state, canaries, options.score) if options.control else None
+    say("removing the canaries")
+    t0 = time.perf_counter()
+    stats = trained.statistics
+    vectors = {s: stats.vectors[i] for i, s in enumerate(stats.sample_ids)} if stats else {}
+    state = trained.next_state
+    target = PrivacyTarget(policy.epsilon, policy.delta)
+    inputs = UpdateInputs(
+        model_id=0,
+        spec=spec,
+        method=spec.method,
+        policy=policy,
+        target=target,
+        state=state,
+        removed=RemovedSamples(
+            ids, canaries.X[inc], canaries.y[inc], {s: vectors[s] for s in ids if s in vectors}
+        ),
+        retained=retained,
+        test=test,
+        history=[],
+        record=trained.record,
+        resident=method_for(spec.method.name, spec).prepare(shadow_data, state),
+    )
+    decision = decide(inputs)
+    clock["unlearn"] = time.perf_counter() - t0
+    say("scoring the canaries")
+    release = decision.release
+    found = scores(spec, release.weights, canaries, options.score)
+    cert = release.certificate
+    exact = cert.guarantee == Guarantee.exact
+    implied = (
+        (0.0, 0.0)
+        if exact
+        else None
+        if cert.epsilon is None or cert.delta is None
+        else implied_per_canary(cert.epsilon, cert.delta)
+    )
+    # δ = 0 (exact) is tested at the policy's δ: rejecting (0, δ) rejects (0, 0) too
+    delta = implied[1] if implied is not None and implied[1] > 0 else policy.delta
+    bounds = audit_scores(found, canaries.included, delta, options.confidence)
+    control_bounds = (
+        audit_scores(control, canaries.included, delta, options.confidence)
+        if control is not None
+        else None
+    )
+    clock["total"] = time.perf_counter() - started
+    return AuditRun(
+        method=decision.method,
+        fallback_reason=getattr(decision, "reason", None),
+        guarantee=str(cert.guarantee),
+        certified_epsilon=0.0 if exact else cert.epsilon,
+        certified_delta=0.0 if exact else cert.delta,
+        implied_epsilon=None if implied is None else implied[0],
+        implied_delta=None if implied is None else implied[1],
+        audit_delta=delta,
+        bounds=bounds,
+        control=control_bounds,
+        included=int(canaries.included.sum()),
+        seconds=clock,
+    )
