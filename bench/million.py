@@ -38,6 +38,14 @@ def peak_rss_mib(pid: int) -> float | None:
     return None
 
 
+def rss_mib(pid: int) -> float | None:
+    """The resident set now (VmRSS): what a phase leaves behind."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return None
+
+
 def reset_peak(pid: int) -> None:
     """Start a new VmHWM window (Linux: writing 5 to clear_refs resets the peak RSS)."""
     Path(f"/proc/{pid}/clear_refs").write_text("5")
@@ -69,6 +77,7 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--n", type=int, default=1_000_000)
     parser.add_argument("--deletions", type=int, default=20)
+    parser.add_argument("--out", default="million", help="bench/results/<out>.json")
     args = parser.parse_args()
     n = args.n
     with tempfile.TemporaryDirectory(prefix="lethe-million-") as tmp:
@@ -90,6 +99,7 @@ def main() -> None:
             register_s = time.perf_counter() - t0
             pid = cluster.api.pid
             phase_peaks = {"register": peak_rss_mib(pid)}
+            after = {"register": rss_mib(pid)}
             reset_peak(pid)
             print("registered", n, "in", round(register_s, 1), "s", flush=True)
             t0 = time.perf_counter()
@@ -100,6 +110,7 @@ def main() -> None:
             train_s = time.perf_counter() - t0
             assert model.status == "ready", model
             phase_peaks["train"] = peak_rss_mib(pid)
+            after["train"] = rss_mib(pid)
             reset_peak(pid)
             version = model.current_version
             assert version is not None
@@ -116,10 +127,12 @@ def main() -> None:
                     phase_peaks["first_deletion"] = peak_rss_mib(pid)
                     reset_peak(pid)
             phase_peaks["single_deletions"] = peak_rss_mib(pid)
+            after["single_deletions"] = rss_mib(pid)
             reset_peak(pid)
             subject = timed_deletion(c, ds["id"], model.id, [], ["subject-0"])
             print("subject", subject, flush=True)
             phase_peaks["subject_deletion"] = peak_rss_mib(pid)
+            after["subject_deletion"] = rss_mib(pid)
             print("peaks", phase_peaks, flush=True)
             warm = [r["post_to_certificate_s"] for r in singles[1:]]
             result = {
@@ -146,10 +159,11 @@ def main() -> None:
                 "subject_deletion": subject,
                 "peak_rss_mib_by_phase": phase_peaks,
                 "peak_rss_mib": max(v or 0.0 for v in phase_peaks.values()),
+                "rss_after_phase_mib": after,
                 "float32_data_mib": n * 256 * 4 / 2**20,
                 "deletions": singles,
             }
-    write_result("million", result)
+    write_result(args.out, result)
 
 
 if __name__ == "__main__":

@@ -12,13 +12,14 @@ Everything runs on the device of the features given to `Problem.of` (float64 on 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 
 import torch
 from torch.nn.functional import logsigmoid
 
 UNIT_ROUNDOFF = 2.0**-53
-HESSIAN_BLOCK = 65_536  # rows per block of the float32 Hessian
+BLOCK = 65_536  # rows per block of every pass: bounds the float64 scratch of one pass
 
 
 @dataclass(frozen=True)
@@ -50,59 +51,115 @@ class Problem:
     def n(self) -> int:
         return len(self.Z)
 
+    @property
+    def shape(self) -> tuple[int, int]:
+        """(k classes, d = p + 1 parameters per class)."""
+        return self.T.shape[1], self.Z.shape[1]
 
-def objective(problem: Problem, theta: torch.Tensor) -> torch.Tensor:
-    margins = problem.T * (problem.Z @ theta.T)
-    return -logsigmoid(margins).sum() / problem.n + 0.5 * problem.lam * (theta * theta).sum()
+    @property
+    def device(self) -> torch.device:
+        return self.Z.device
+
+    def blocks(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        """(Z, T) in views of at most BLOCK rows."""
+        for start in range(0, self.n, BLOCK):
+            yield self.Z[start : start + BLOCK], self.T[start : start + BLOCK]
 
 
-def gradient(problem: Problem, theta: torch.Tensor) -> torch.Tensor:
+@dataclass(frozen=True)
+class Streamed:
+    """The same objective over rows kept elsewhere in their own dtype (a resident session's
+    float32): each pass builds the float64 (Z, T) of one block at a time, so no float64 copy
+    of all rows is ever held (issue 28, goal 6: 1.6 GB at a million rows of 256 features)."""
+
+    rows: Callable[[int], Iterable[tuple[torch.Tensor, torch.Tensor]]]  # (X, y) blocks
+    n: int
+    features: int
+    n_classes: int
+    R: float
+    lam: float
+    device: torch.device
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return self.n_classes, self.features + 1
+
+    def blocks(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        for X, y in self.rows(BLOCK):
+            block = Problem.of(
+                X.to(self.device), y.to(self.device), self.n_classes, self.R, self.lam
+            )
+            yield block.Z, block.T
+
+
+Objective = Problem | Streamed
+
+
+def objective(problem: Objective, theta: torch.Tensor) -> torch.Tensor:
+    return value_and_gradient(problem, theta)[0]
+
+
+def gradient(problem: Objective, theta: torch.Tensor) -> torch.Tensor:
     """∇F(Θ), exact up to float64 rounding: (1/n) Cᵀ Z + λΘ with c_ia = −t_ia σ(−m_ia)."""
-    return _coefficients(problem, theta).T @ problem.Z / problem.n + problem.lam * theta
+    total = torch.zeros_like(theta)
+    for Z, T in problem.blocks():
+        total += _coefficients(Z, T, theta).T @ Z
+    return total / problem.n + problem.lam * theta
 
 
-def _coefficients(problem: Problem, theta: torch.Tensor) -> torch.Tensor:
-    margins = problem.T * (problem.Z @ theta.T)
-    return -problem.T * torch.sigmoid(-margins)
+def value_and_gradient(
+    problem: Objective, theta: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """F(Θ) and ∇F(Θ) in one pass over the rows."""
+    loss = torch.zeros((), dtype=torch.float64, device=theta.device)
+    total = torch.zeros_like(theta)
+    for Z, T in problem.blocks():
+        margins = T * (Z @ theta.T)
+        loss += -logsigmoid(margins).sum()
+        total += (-T * torch.sigmoid(-margins)).T @ Z
+    regulariser = 0.5 * problem.lam * (theta * theta).sum()
+    return loss / problem.n + regulariser, total / problem.n + problem.lam * theta
 
 
-def rounding_bound(problem: Problem, theta: torch.Tensor) -> float:
+def _coefficients(Z: torch.Tensor, T: torch.Tensor, theta: torch.Tensor) -> torch.Tensor:
+    margins = T * (Z @ theta.T)
+    return -T * torch.sigmoid(-margins)
+
+
+def rounding_bound(problem: Objective, theta: torch.Tensor) -> float:
     """A bound on ‖fl(∇F) − ∇F‖ for the float64 computation above: the sums' error is at
-    most γ_m times the sums of absolute terms (Higham 2002, §3.1, §4.2), with the margins'
-    own error carried through σ (Lipschitz ¼). m = n + p + 3 covers every chained sum."""
-    Z_abs = problem.Z.abs()
-    C_abs = _coefficients(problem, theta).abs() + 0.25 * (Z_abs @ theta.abs().T)
-    terms = C_abs.T @ Z_abs / problem.n + problem.lam * theta.abs()
-    m = problem.n + problem.Z.shape[1] + 3
+    most γ_m times the sums of absolute terms (Higham 2002, §3.1, §4.2; in any order of
+    summation, so blocks too), with the margins' own error carried through σ (Lipschitz ¼).
+    m = n + p + 3 covers every chained sum."""
+    terms = torch.zeros_like(theta)
+    for Z, T in problem.blocks():
+        Z_abs = Z.abs()
+        C_abs = _coefficients(Z, T, theta).abs() + 0.25 * (Z_abs @ theta.abs().T)
+        terms += C_abs.T @ Z_abs
+    terms = terms / problem.n + problem.lam * theta.abs()
+    m = problem.n + problem.shape[1] + 3
     gamma = m * UNIT_ROUNDOFF / (1.0 - m * UNIT_ROUNDOFF)
     return float(gamma * torch.linalg.norm(terms))
 
 
-def hessians(
-    problem: Problem, theta: torch.Tensor, rows: torch.Tensor | None = None
-) -> torch.Tensor:
-    """Class Hessians (k, p+1, p+1) at Θ from the samples `rows` (all by default), built in
-    float32 (they precondition Newton steps; the certificate never relies on them), a block of
-    rows at a time so no float32 copy of every row is made (issue 28: 1.6 GB at a million)."""
-    if rows is not None:
-        rows = rows.to(problem.Z.device)
-    Z = problem.Z if rows is None else problem.Z[rows]
-    T = problem.T if rows is None else problem.T[rows]
+def hessians(problem: Objective, theta: torch.Tensor) -> torch.Tensor:
+    """Class Hessians (k, p+1, p+1) at Θ, built in float32 (they precondition Newton steps;
+    the certificate never relies on them), a block of rows at a time so no float32 copy of
+    every row is made (issue 28: 1.6 GB at a million)."""
     k, d = theta.shape
-    H32 = torch.zeros(k, d, d, dtype=torch.float32, device=Z.device)
-    for start in range(0, len(Z), HESSIAN_BLOCK):
-        z, t = Z[start : start + HESSIAN_BLOCK], T[start : start + HESSIAN_BLOCK]
-        s = torch.sigmoid(t * (z @ theta.T))
+    H32 = torch.zeros(k, d, d, dtype=torch.float32, device=theta.device)
+    for Z, T in problem.blocks():
+        s = torch.sigmoid(T * (Z @ theta.T))
         weights = (s * (1.0 - s)).float()
-        z32 = z.float()
+        z32 = Z.float()
         for a in range(k):
             H32[a] += (z32 * weights[:, a : a + 1]).T @ z32
-    H = H32.double() / len(Z)
-    return H + problem.lam * torch.eye(d, dtype=torch.float64, device=Z.device)
+    H = H32.double() / problem.n
+    return H + problem.lam * torch.eye(d, dtype=torch.float64, device=theta.device)
 
 
 def newton_steps(
-    problem: Problem, theta: torch.Tensor, H: torch.Tensor, steps: int, tolerance: float = 0.0
+    problem: Objective, theta: torch.Tensor, H: torch.Tensor, steps: int, tolerance: float = 0.0
 ) -> tuple[torch.Tensor, int]:
     """Θ ← Θ − H⁻¹∇F(Θ) with one Cholesky factor of H reused; stops early below
     `tolerance`. Returns (Θ, steps taken)."""
@@ -124,7 +181,7 @@ class Solution:
 
 
 def solve(
-    problem: Problem,
+    problem: Objective,
     tolerance: float,
     max_iterations: int,
     start: torch.Tensor | None = None,
@@ -140,10 +197,9 @@ def solve(
         norm = float(torch.linalg.norm(gradient(problem, theta)))
         if norm <= tolerance:
             return Solution(theta, norm, 0, steps)
-    k, d = problem.T.shape[1], problem.Z.shape[1]
-    zeros = torch.zeros(k, d, dtype=torch.float64, device=problem.Z.device)
+    k, d = problem.shape
+    zeros = torch.zeros(k, d, dtype=torch.float64, device=problem.device)
     theta = (start if start is not None else zeros).clone()
-    theta.requires_grad_(True)
     optimizer = torch.optim.LBFGS(
         [theta],
         lr=1.0,
@@ -155,14 +211,13 @@ def solve(
     )
 
     def closure() -> torch.Tensor:
-        optimizer.zero_grad()
-        loss = objective(problem, theta)
-        loss.backward()
+        # the analytic gradient, one blocked pass (no autograd graph over every row)
+        loss, theta.grad = value_and_gradient(problem, theta.detach())
         return loss
 
     optimizer.step(closure)
     iterations = int(optimizer.state[optimizer._params[0]].get("n_iter", 0))
-    result = theta.detach()
+    result = theta.detach().clone()
     result, polished = newton_steps(
         problem, result, hessians(problem, result), polish_steps, tolerance
     )

@@ -19,7 +19,7 @@ from app.states import SampleStatus
 from tests.conftest import SMALL_TRAINING, Api, train_ids
 from tests.factories import forget
 from workers import jobs
-from workers.data import Arrays
+from workers.data import OPENED, Arrays
 from workers.resident import ModelSession, Sessions
 
 
@@ -63,6 +63,10 @@ def test_a_session_is_reused_rebuilt_when_moved_on_and_equals_a_cold_update(
     a, b = two_workers
     warm = create(api, digits["id"], "warm")  # trained by worker a: its session is seeded
     n = warm["current_version"]["n_train"]
+    # The session holds the training rows now: the opened-samples cache keeps only the test
+    # split's (goal 6: no second copy of the data in the worker's memory).
+    opened = [b for w, b in OPENED._blocks.items() if w[1] == digits["id"]]
+    assert opened and all(set(b.ids.tolist()) == _test_ids(api, digits["id"]) for b in opened)
     cold = create(api, digits["id"], "cold")
     ids = train_ids(api, digits["id"], 4)
     where = settings.resolved_database_url
@@ -121,6 +125,15 @@ def _erased(api: Api, dataset_id: int) -> set[int]:
                 select(Sample.id).where(
                     Sample.dataset_id == dataset_id, Sample.status == SampleStatus.erased
                 )
+            )
+        )
+
+
+def _test_ids(api: Api, dataset_id: int) -> set[int]:
+    with database(api.url).read() as session:
+        return set(
+            session.scalars(
+                select(Sample.id).where(Sample.dataset_id == dataset_id, Sample.split == "test")
             )
         )
 

@@ -115,6 +115,16 @@ class OpenedSamples:
             self._blocks[where] = block
         return block.take(ids)
 
+    def keep_only(self, database: str, dataset_id: int, ids: list[int]) -> None:
+        """Drop this dataset's opened rows but `ids` (issue 28, goal 6): a resident session
+        now holds the model's training rows, so a second copy here would double the data in
+        memory; the test split stays, for the updates that re-read it."""
+        with self._lock:
+            for where, block in list(self._blocks.items()):
+                if where[:2] == (database, dataset_id):
+                    at = np.flatnonzero(np.isin(block.ids, np.asarray(ids, dtype=np.int64)))
+                    self._blocks[where] = block._rows(at)
+
     def clear(self) -> None:
         with self._lock:
             self._blocks.clear()

@@ -35,7 +35,7 @@ from maths.nets import build_net
 from maths.training import Diverged, ProgressFn, accuracy, check_converged
 from methods.compute import ModelSpec, RetainedData, Trained, fit, method_for
 from workers import pause, pipeline
-from workers.data import database_key, test_arrays, training_arrays
+from workers.data import OPENED, database_key, test_arrays, training_arrays
 from workers.device import trained_to_cpu, training_inputs_to, worker_device
 from workers.lease import WORKER_ID, LeaseLost, ModelLease
 from workers.metrics import DELETIONS_PROCESSED, FALLBACKS, JOB_DURATION
@@ -138,6 +138,7 @@ def _seed_session(
         prepared = method_for(inputs.spec.method.name, inputs.spec).prepare(data, state)
         first = replace(first, method_state=prepared)
         resident_sessions(settings).put(database_key(db.engine), first)
+        OPENED.keep_only(database_key(db.engine), inputs.dataset_id, inputs.test.sample_ids)
     except Exception:
         log.warning("model %s: no resident session after training", model_id, exc_info=True)
 
@@ -164,6 +165,7 @@ def _load_training(session: Session, model_id: int) -> TrainingInputs:
         test=test_arrays(session, dataset),
         imported=imported,
         imported_bytes=blobs().read(session, imported.blob) if imported else None,
+        dataset_id=dataset.id,
     )
 
 

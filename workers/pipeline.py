@@ -53,7 +53,7 @@ from methods.compute import (
 )
 from workers import tensorfile
 from workers.certify import CertificateContext, certificate_fields
-from workers.data import database_key, test_arrays, training_arrays
+from workers.data import OPENED, database_key, test_arrays, training_arrays
 from workers.lease import WORKER_ID, LeaseLost
 from workers.resident import ModelSession, Sessions
 from workers.statistics import delete_rows, read_vectors, write_block
@@ -276,6 +276,8 @@ def load_batch(
     resident = warm.method_state if warm is not None else None  # the method's, from the session
     if warm is None:
         warm, rows_loaded = _cold_session(session, model_id, parent, dataset)
+        if sessions is not None:  # the session holds the rows from now on
+            OPENED.keep_only(where, dataset.id, warm.test.sample_ids)
     else:
         warm = _with_current_test(session, dataset, warm)
     held = _held(session, model_id, sorted({s for t in tasks for s in t.sample_ids}))

@@ -23,6 +23,7 @@ class TrainingInputs:
     test: Arrays
     imported: ImportedWeights | None
     imported_bytes: bytes | bytearray | None
+    dataset_id: int = 0  # whose opened rows a resident session replaces after training
 
 
 # ---- an update: its decision and outcome ----------------------------------------------------

@@ -142,7 +142,7 @@ def load_builtin(spec: BuiltinDatasetIn) -> ParsedDataset:
         kind = "tabular"
     y = y.astype(np.int64)
     return ParsedDataset(
-        X=X.astype(np.float32),
+        X=X.astype(np.float32, copy=False),
         y=y,
         ids=[str(i) for i in range(len(y))],
         subjects=_subjects(len(y), spec.subject_size if spec.builtin == "synthetic" else None),
@@ -152,31 +152,72 @@ def load_builtin(spec: BuiltinDatasetIn) -> ParsedDataset:
     )
 
 
+class _StateBeforeDraw(np.random.RandomState):
+    """A RandomState that keeps its state from just before its first `uniform(size=n)`: in
+    `make_classification` with no noise columns that is the flip draw, which with noise
+    columns comes right after them."""
+
+    def __init__(self, seed: int, n: int) -> None:
+        super().__init__(seed)
+        self.n = n
+        self.before: dict[str, Any] | None = None
+
+    def uniform(self, low=0.0, high=1.0, size=None):
+        if self.before is None and size == self.n:
+            self.before = self.get_state(legacy=False)
+        return super().uniform(low, high, size)
+
+
+GENERATION_BLOCK = 8_192  # rows per block of the synthetic mixture: bounds its float64 scratch
+
+
 def _gaussian_mixture(spec: BuiltinDatasetIn) -> tuple[np.ndarray, np.ndarray]:
-    """scikit-learn's `make_classification` for the seed, bit for bit, in float32: unshuffled
-    from the seeded generator, then the same row and feature shuffles it would make, done after
-    the cast, so a million rows × 256 peak at 3.9 GB instead of 6.0 GB (issue 28)."""
+    """scikit-learn's `make_classification` for the seed, bit for bit, written straight into
+    one float32 array (issue 28, goal 6: a million rows × 256 peaked at 3.9 GB, now the
+    float32 array plus blocks). The informative columns come from scikit-learn itself (the
+    same call with no noise columns and no flips: the same draws in the same order); the
+    noise columns, drawn next in its stream, are drawn twice a block at a time — once to
+    reach the label flips that follow them, once to write them — and each row lands where
+    the row and feature shuffles that follow would put it."""
     from sklearn import datasets as skd
 
-    generator = np.random.RandomState(spec.seed)
-    X64, y = skd.make_classification(
-        n_samples=spec.n_samples,
-        n_features=spec.n_features,
-        n_informative=max(2, min(spec.n_features, spec.n_classes * 2)),
+    n, p = spec.n_samples, spec.n_features
+    informative = max(2, min(p, spec.n_classes * 2))
+    generator = _StateBeforeDraw(spec.seed, n)
+    Xi, y = skd.make_classification(
+        n_samples=n,
+        n_features=informative,
+        n_informative=informative,
         n_redundant=0,
         n_classes=spec.n_classes,
         n_clusters_per_class=1,
+        flip_y=0.0,  # flips nothing; its draw marks where the noise columns start
         shuffle=False,
         random_state=generator,
     )
-    X = X64.astype(np.float32)
-    del X64
-    rows = np.arange(len(y))  # sklearn.utils.shuffle's draw, then its feature shuffle
+    noise = p - informative
+    before_noise = generator.before
+    assert before_noise is not None
+    generator.set_state(before_noise)
+    for start in range(0, n, GENERATION_BLOCK):
+        generator.standard_normal(size=(min(GENERATION_BLOCK, n - start), noise))
+    flipped = generator.uniform(size=n) < 0.01  # make_classification's flip_y=0.01
+    y[flipped] = generator.randint(spec.n_classes, size=flipped.sum())
+    rows = np.arange(n)  # sklearn.utils.shuffle's draw, then its feature shuffle
     generator.shuffle(rows)
-    X, y = X[rows], y[rows]
-    features = np.arange(X.shape[1])
+    features = np.arange(p)
     generator.shuffle(features)
-    return np.ascontiguousarray(X[:, features]), y
+    destination = np.empty(n, dtype=np.int64)
+    destination[rows] = np.arange(n)
+    X = np.empty((n, p), dtype=np.float32)
+    generator.set_state(before_noise)
+    for start in range(0, n, GENERATION_BLOCK):
+        stop = min(n, start + GENERATION_BLOCK)
+        block = np.empty((stop - start, p))
+        block[:, :informative] = Xi[start:stop]
+        block[:, informative:] = generator.standard_normal(size=(stop - start, noise))
+        X[destination[start:stop]] = block[:, features]
+    return X, y[rows]
 
 
 def _subjects(n: int, size: int | None) -> list[str | None]:
@@ -449,7 +490,7 @@ def _finish(
             {"duplicates": dupes[:50], "count": len(dupes)},
         )
     return ParsedDataset(
-        X=X.astype(np.float32),
+        X=X.astype(np.float32, copy=False),
         y=y,
         ids=ids,
         subjects=subjects,

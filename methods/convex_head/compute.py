@@ -10,6 +10,7 @@ and releases w⁻ + N(0, σ²I) with σ = β·z(ε, δ) when s ≤ β; otherwise
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -66,8 +67,13 @@ class ConvexHead(UnlearningMethod):
     def options(self) -> ConvexHeadOptions:
         return self.model.method.options
 
-    def problem(self, data: RetainedData) -> convex.Problem:
-        return self.problem_of(data.X, data.y)
+    def problem(self, data: RetainedData) -> convex.Streamed:
+        """The objective over `data`'s rows, streamed in float64 blocks from their float32."""
+        o = self.options
+        X, _ = data.head(1)
+        features = math.prod(X.shape[1:])
+        classes = self.model.n_classes
+        return convex.Streamed(data.blocks, len(data), features, classes, o.R, o.lam, X.device)
 
     def train(self, data: RetainedData, progress: ProgressFn | None = None) -> Trained:
         """Full-batch L-BFGS then Newton polish, in float64, to ‖∇F_D(w)‖ ≤ tolerance."""
