@@ -17,7 +17,11 @@ Writes bench/results/million.json.
 from __future__ import annotations
 
 import argparse
+import shutil
+import signal
 import statistics
+import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -26,6 +30,7 @@ from typing import Any
 from app.client import Client
 from bench.cluster import Cluster
 from bench.common import write_result
+from bench.profile_request import busy_shares
 
 METHOD = {"name": "convex_head", "lam": 1e-3, "R": 20.0, "beta": 1e-3}
 SUBJECT_SIZE = 10_000
@@ -44,6 +49,15 @@ def rss_mib(pid: int) -> float | None:
         if line.startswith("VmRSS:"):
             return int(line.split()[1]) / 1024
     return None
+
+
+def profiler(pid: int, out: Path) -> subprocess.Popen[bytes]:
+    """py-spy sampling the server until SIGINT (a `bench` extra)."""
+    spy = shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy")
+    command = [spy, "record", "--pid", str(pid), "-r", "50", "--format", "raw", "--threads"]
+    process = subprocess.Popen([*command, "-o", str(out)], stdout=subprocess.DEVNULL)
+    time.sleep(1.0)  # attached before the request goes out
+    return process
 
 
 def reset_peak(pid: int) -> None:
@@ -119,8 +133,16 @@ def main() -> None:
                          params={"split": "train", "limit": args.deletions,
                                  "offset": SUBJECT_SIZE * 3})  # fmt: skip
             singles = []
+            first_profile = None
             for item in page["items"]:
+                spy = profiler(pid, Path(tmp) / "first.txt") if not singles else None
                 row = timed_deletion(c, ds["id"], model.id, [item["external_id"]], [])
+                if spy is not None:  # where the first deletion's time goes
+                    spy.send_signal(signal.SIGINT)
+                    spy.wait(timeout=120)
+                    first_profile = busy_shares(Path(tmp) / "first.txt")[1][:40]
+                    for name, share in first_profile[:25]:
+                        print(f"{share:6.1%} {name}", flush=True)
                 singles.append(row)
                 print(row, flush=True)
                 if len(singles) == 1:
@@ -162,6 +184,7 @@ def main() -> None:
                 "rss_after_phase_mib": after,
                 "float32_data_mib": n * 256 * 4 / 2**20,
                 "deletions": singles,
+                "first_deletion_profile": first_profile,
             }
     write_result(args.out, result)
 

@@ -145,6 +145,7 @@ def is_classifier(architecture: ArchitectureSpec | JsonObject) -> bool:
     return not isinstance(architecture_of(architecture), TopicModelSpec)
 
 
+@torch.no_grad()
 def logits(
     architecture: ArchitectureSpec | JsonObject,
     state: dict[str, torch.Tensor],
@@ -154,21 +155,36 @@ def logits(
 ) -> torch.Tensor:
     """Class logits of a released state: the network built from the spec, a sharded
     ensemble's aggregated log-probabilities (`shard{k}.*` keys; SISA §IV-D), or a topic head's
-    x̄ᵀB + bias (x̄ the word frequencies; seed 000 §A.6)."""
-    if count_shards(state):
-        n_features = int(np.prod(X.shape[1:]))
-        ensemble = ensemble_of(
-            architecture_of(architecture), state, n_features, n_classes, aggregation
-        )
-        return ensemble.to(X.device).train(False)(X)
+    x̄ᵀB + bias (x̄ the word frequencies; seed 000 §A.6). Computed a block of rows at a
+    time, so a network's activations (a clipped copy of the features, hidden layers) are
+    never held for every row at once (issue 28, goal 6: 1.6 GB at 800,000 × 256)."""
     if isinstance(architecture_of(architecture), TopicHeadSpec):
-        counts = X.reshape(len(X), -1).double()
-        frequencies = counts / counts.sum(1, keepdim=True).clamp(min=1.0)
-        return frequencies @ state["B"].to(X.device).double() + state["bias"].to(X.device)
-    net = build_net(architecture, int(np.prod(X.shape[1:])), n_classes).to(X.device)
+        B, bias = state["B"].to(X.device).double(), state["bias"].to(X.device)
+
+        def topic_head(x: torch.Tensor) -> torch.Tensor:
+            counts = x.reshape(len(x), -1).double()
+            frequencies = counts / counts.sum(1, keepdim=True).clamp(min=1.0)
+            return frequencies @ B + bias
+
+        return _in_blocks(topic_head, X)
+    n_features = int(np.prod(X.shape[1:]))
+    if count_shards(state):
+        arch = architecture_of(architecture)
+        ensemble = ensemble_of(arch, state, n_features, n_classes, aggregation)
+        return _in_blocks(ensemble.to(X.device).train(False), X)
+    net = build_net(architecture, n_features, n_classes).to(X.device)
     net.load_state_dict(parameters_of(net, state))  # copies across devices and dtypes
     net.train(False)  # inference mode
-    return net(X)
+    return _in_blocks(net, X)
+
+
+SCORE_BLOCK = 65_536  # rows per forward pass when scoring
+
+
+def _in_blocks(f: Callable[[torch.Tensor], torch.Tensor], X: torch.Tensor) -> torch.Tensor:
+    if len(X) <= SCORE_BLOCK:
+        return f(X)
+    return torch.cat([f(X[s : s + SCORE_BLOCK]) for s in range(0, len(X), SCORE_BLOCK)])
 
 
 @torch.no_grad()

@@ -115,6 +115,21 @@ def test_each_page_shows_what_the_api_returns(
     versions = api.get(f"/v1/models/{model_id}/versions").json()
     expected = sorted((v["number"], v["metrics"]["test_accuracy"]) for v in versions)
     assert same(points(page, "plot-accuracy"), expected)
+    # Issue 32: accuracy in percent on a padded axis with ticks (at least 4 points tall, so a
+    # 0.3-point change cannot fill it), one x tick per version, the value shown on hover.
+    ticks = page.locator("#plot-accuracy text.tick.y").all_text_contents()
+    assert len(ticks) >= 3 and all(t.endswith(" %") for t in ticks)
+    shown = [float(t.removesuffix(" %")) for t in ticks]
+    assert max(shown) - min(shown) >= 4 - 1e-9
+    assert min(shown) <= 100 * min(a for _, a in expected) <= 100 * max(a for _, a in expected)
+    assert 100 * max(a for _, a in expected) <= max(shown) <= 100
+    x_ticks = page.locator("#plot-accuracy text.tick.x").all_text_contents()
+    assert x_ticks == [f"v{n}" for n, _ in expected]
+    page.hover("#plot-accuracy circle.point >> nth=0")
+    number, value = expected[0]
+    assert (
+        page.text_content("#plot-accuracy text.readout") == f"version {number}: {100 * value:.2f} %"
+    )
     certificates = api.get("/v1/audit/certificates", params={"model": model_id}).json()["items"]
     assert len(certificates) == 2
     cumulative = sorted({(c["to_version"], c["cumulative_epsilon"]) for c in certificates})
@@ -194,6 +209,12 @@ def test_training_updates_without_a_reload(
     # ... then refreshed by itself until the training finishes.
     page.wait_for_selector(f'tr[data-model="{model["id"]}"] .status.ready', timeout=120_000)
     assert page.evaluate("() => window.reloaded") is False  # the same document throughout
+    # A one-version model's chart: one point at its one tick, no line (issue 32).
+    page.click(f'a[href="#/models/{model["id"]}"]')
+    page.wait_for_selector("#plot-accuracy circle.point")
+    assert page.locator("#plot-accuracy text.tick.x").all_text_contents() == ["v1"]
+    assert page.locator("#plot-accuracy circle.point").count() == 1
+    assert page.locator("#plot-accuracy polyline").count() == 0
 
 
 def test_docs_work_offline_with_an_authorize_button(

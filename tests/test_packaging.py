@@ -81,7 +81,7 @@ def test_a_built_wheel_carries_the_dashboard_and_the_loader(tmp_path: Path) -> N
         check=True,
         timeout=300,
     )
-    wheel = next(tmp_path.glob("lethe-*.whl"))
+    wheel = next(tmp_path.glob("lethe_unlearning-*.whl"))  # the distribution's name (issue 32)
     names = set(zipfile.ZipFile(wheel).namelist())
     assert {"app/ui/index.html", "app/ui/app.js", "app/ui/app.css"} <= names
     assert "lethe/loader.py" in names

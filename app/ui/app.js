@@ -53,8 +53,41 @@ function status(s) { return el("span", { class: `status ${s}` }, s); }
 
 // ---- charts ---------------------------------------------------------------------------------
 
-function lineChart(id, points, { yLabel, xLabel = "version", yMin = null, yMax = null }) {
-  const W = 460, H = 220, L = 48, R = 12, T = 12, B = 36;
+// A step of 1, 2 or 5 × 10^k giving about `count` intervals over `span`.
+function niceStep(span, count) {
+  const raw = span / count, power = 10 ** Math.floor(Math.log10(raw)), f = raw / power;
+  return (f <= 1 ? 1 : f <= 2 ? 2 : f <= 5 ? 5 : 10) * power;
+}
+
+// The y axis: the data's range padded (never narrower than `minSpan`, never past `bounds`),
+// widened to whole steps, with a tick at each step (issue 32: a 0.3-point change no longer
+// fills the chart).
+function yAxis(values, { min = null, minSpan = 0, bounds = [-Infinity, Infinity] }) {
+  let lo = min ?? Math.min(...values), hi = Math.max(...values);
+  const pad = Math.max((hi - lo) * 0.15, (minSpan - (hi - lo)) / 2, 0) || Math.abs(hi) * 0.1 || 1;
+  if (min === null) lo -= pad;
+  hi += pad;
+  lo = Math.max(lo, bounds[0]);
+  hi = Math.min(hi, bounds[1]);
+  const step = niceStep(hi - lo, 4);
+  lo = Math.max(Math.floor(lo / step + 1e-9) * step, bounds[0]);
+  hi = Math.min(Math.ceil(hi / step - 1e-9) * step, bounds[1]);
+  const ticks = [];
+  for (let v = lo; v <= hi + step / 2; v += step) ticks.push(Number(v.toPrecision(12)));
+  return { lo, hi, ticks, step };
+}
+
+// Versions are integers: one tick each (every few when there are many); one version, one tick.
+function xTicks(x0, x1) {
+  const step = Math.max(1, Math.ceil((x1 - x0) / 10));
+  const ticks = [];
+  for (let v = x0; v <= x1; v += step) ticks.push(v);
+  if (ticks[ticks.length - 1] !== x1) ticks.push(x1);
+  return ticks;
+}
+
+function lineChart(id, points, { yLabel, xLabel = "version", yMin = null, percent = false }) {
+  const W = 460, H = 230, L = 56, R = 16, T = 24, B = 40;
   const svg = el("svg", { class: "chart", id, width: W, height: H, viewBox: `0 0 ${W} ${H}`,
                           role: "img", "aria-label": `${yLabel} by ${xLabel}` });
   if (points.length === 0) {
@@ -63,25 +96,45 @@ function lineChart(id, points, { yLabel, xLabel = "version", yMin = null, yMax =
   }
   const xs = points.map(p => p.x), ys = points.map(p => p.y);
   const x0 = Math.min(...xs), x1 = Math.max(...xs);
-  const y0 = yMin ?? Math.min(...ys);
-  let y1 = yMax ?? Math.max(...ys);
-  if (y1 === y0) y1 = y0 + (Math.abs(y0) || 1);  // a flat series sits on its own value
+  const y = yAxis(ys, percent ? { minSpan: 0.04, bounds: [0, 1] } : { min: yMin });
+  const label = v => percent ? `${(v * 100).toFixed(y.step * 100 < 1 ? 1 : 0)} %` : fmt(v);
+  const value = v => percent ? `${(v * 100).toFixed(2)} %` : fmt(v, 4);
   const sx = x => L + (x1 === x0 ? (W - L - R) / 2 : (x - x0) / (x1 - x0) * (W - L - R));
-  const sy = y => H - B - (y1 === y0 ? (H - T - B) / 2 : (y - y0) / (y1 - y0) * (H - T - B));
+  const sy = v => H - B - (v - y.lo) / (y.hi - y.lo || 1) * (H - T - B);
+  for (const v of y.ticks) {
+    svg.append(el("line", { class: "grid", x1: L, y1: sy(v), x2: W - R, y2: sy(v) }));
+    svg.append(el("text", { class: "tick y", x: L - 6, y: sy(v) + 4, "text-anchor": "end" },
+                  label(v)));
+  }
+  for (const v of xTicks(x0, x1)) {
+    svg.append(el("line", { class: "axis", x1: sx(v), y1: H - B, x2: sx(v), y2: H - B + 4 }));
+    svg.append(el("text", { class: "tick x", x: sx(v), y: H - B + 16, "text-anchor": "middle" },
+                  `v${v}`));
+  }
   svg.append(el("line", { class: "axis", x1: L, y1: H - B, x2: W - R, y2: H - B }));
   svg.append(el("line", { class: "axis", x1: L, y1: T, x2: L, y2: H - B }));
-  svg.append(el("text", { x: 4, y: T + 8 }, fmt(y1)));
-  svg.append(el("text", { x: 4, y: H - B }, fmt(y0)));
-  svg.append(el("text", { x: L, y: H - 8 }, `${xLabel} ${x0}`));
-  svg.append(el("text", { x: W - R - 60, y: H - 8 }, `${xLabel} ${x1}`));
-  svg.append(el("text", { x: L + 8, y: T + 8 }, yLabel));
-  svg.append(el("polyline", { class: "line",
-                              points: points.map(p => `${sx(p.x)},${sy(p.y)}`).join(" ") }));
-  for (const p of points) {
-    svg.append(el("circle", { class: "point", cx: sx(p.x), cy: sy(p.y), r: 4,
-                              "data-x": p.x, "data-y": p.y },
-                  el("title", {}, `${xLabel} ${p.x}: ${fmt(p.y, 4)}`)));
+  svg.append(el("text", { class: "title", x: L, y: T - 10 }, yLabel));
+  svg.append(el("text", { class: "title", x: W - R, y: H - 6, "text-anchor": "end" }, xLabel));
+  if (points.length > 1) {
+    svg.append(el("polyline", { class: "line",
+                                points: points.map(p => `${sx(p.x)},${sy(p.y)}`).join(" ") }));
   }
+  for (const p of points) {
+    const text = `${xLabel} ${p.x}: ${value(p.y)}`;
+    svg.append(el("circle", { class: "point", cx: sx(p.x), cy: sy(p.y), r: 5, tabindex: 0,
+                              "data-x": p.x, "data-y": p.y, "data-label": text },
+                  el("title", {}, text)));
+  }
+  // hover (or focus) a point: its value in the chart's corner, not only in a tooltip
+  const readout = el("text", { class: "readout", x: W - R, y: T - 10, "text-anchor": "end" }, "");
+  svg.append(readout);
+  svg.addEventListener("pointerover", e => {
+    if (e.target.classList && e.target.classList.contains("point")) {
+      readout.textContent = e.target.getAttribute("data-label");
+    }
+  });
+  svg.addEventListener("focusin", e => { readout.textContent = e.target.getAttribute("data-label") || ""; });
+  svg.addEventListener("pointerleave", () => { readout.textContent = ""; });
   return svg;
 }
 
@@ -178,10 +231,11 @@ async function modelPage(id) {
       el("td", {}, el("code", {}, v.weights_sha256.slice(0, 12))),
       el("td", {}, v.weights_available ? "available" : "purged")))));
   const accuracy = vs.filter(v => typeof v.metrics.test_accuracy === "number")
-                     .map(v => ({ x: v.number, y: v.metrics.test_accuracy }));
+                     .map(v => ({ x: v.number, y: v.metrics.test_accuracy }))
+                     .sort((a, b) => a.x - b.x);
   const certificates = await api(`/v1/audit/certificates?model=${id}&limit=1000`);
   const charts = el("div", { class: "charts" },
-    lineChart("plot-accuracy", accuracy, { yLabel: "test accuracy" }));
+    lineChart("plot-accuracy", accuracy, { yLabel: "test accuracy", percent: true }));
   nodes.push(el("h2", {}, "Test accuracy and cumulative ε by version"), charts);
   if (certificates.ok) {
     const byVersion = new Map();
