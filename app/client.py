@@ -35,6 +35,7 @@ from app.wire import (
     DatasetOut,
     DeletionOut,
     DeletionPage,
+    HealthOut,
     KeyOut,
     ModelOut,
     PreviewOut,
@@ -183,9 +184,9 @@ class endpoint(Generic[P, T]):  # noqa: N801 - used as a decorator-like field
         return send
 
 
-def _health() -> Call[dict[str, Any]]:
-    """The service's health: database, queue, workers."""
-    return Call("GET", "/healthz", _json)
+def _health() -> Call[HealthOut]:
+    """That the service answers (`/healthz`)."""
+    return Call("GET", "/healthz", _model(HealthOut))
 
 
 def _me() -> Call[KeyOut]:
@@ -541,3 +542,20 @@ class AsyncClient(Endpoints):
             if req.status in FINISHED_REQUEST:
                 return req
         raise TimeoutError(f"deletion {request_id} not finished after {timeout}s")
+
+    async def wait_audit(
+        self,
+        audit_id: int,
+        on_progress: Callable[[AuditOut], None] | None = None,
+        timeout: float = 3600,
+    ) -> AuditOut:
+        """Poll until the audit is done or failed; `on_progress(audit)` sees its stage."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            audit = await self.audit(audit_id)
+            if on_progress:
+                on_progress(audit)
+            if audit.status in (AuditStatus.done, AuditStatus.failed):
+                return audit
+            await asyncio.sleep(0.5)
+        raise TimeoutError(f"audit {audit_id} not finished after {timeout}s")

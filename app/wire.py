@@ -31,6 +31,13 @@ class Out(BaseModel):
     model_config = ConfigDict(from_attributes=True, use_attribute_docstrings=True)
 
 
+class HealthOut(BaseModel):
+    """`GET /healthz`: the process answers."""
+
+    status: str
+    """Always "ok" when the process answers; readiness (database, queue) is `/readyz`."""
+
+
 class DatasetOut(Out):
     """A registered dataset and its sample counts."""
 

@@ -13,6 +13,7 @@ import pytest
 
 from app.client import AsyncClient, Client, Forbidden, Gone, Invalid, NotFound, Unauthorized
 from app.wire import (
+    AuditOut,
     CertificateOut,
     ChainCheck,
     DatasetOut,
@@ -37,7 +38,7 @@ def served(tmp_path: Path) -> Iterator[tuple[str, str]]:
 def test_the_sync_client_covers_the_api_with_types(served: tuple[str, str], tmp_path: Path) -> None:
     url, admin = served
     with Client(url, admin) as c:
-        assert c.health()["status"] == "ok" and c.me().role == "admin"
+        assert c.health().status == "ok" and c.me().role == "admin"
         ds = c.register_builtin("digits")
         assert isinstance(ds, DatasetOut) and c.dataset(ds.id).n_samples == 1797
         csv = tmp_path / "rows.csv"
@@ -105,7 +106,7 @@ def test_the_client_imports_neither_torch_nor_the_server_maths() -> None:
 def test_the_async_client_waits_with_progress(served: tuple[str, str]) -> None:
     url, admin = served
 
-    async def story() -> tuple[ModelOut, DeletionOut, list[str]]:
+    async def story() -> tuple[ModelOut, DeletionOut, list[str], AuditOut]:
         async with AsyncClient(url, admin) as c:
             ds = await c.register_builtin("digits")
             model = await c.create_model({"name": "a", "dataset_id": ds.id, "training": TRAINING})
@@ -114,8 +115,11 @@ def test_the_async_client_waits_with_progress(served: tuple[str, str]) -> None:
             page = await c.samples(ds.id, split="train", limit=1)
             req = await c.delete(ds.id, [page.items[0].external_id or ""])
             done = await c.wait_deletion(req.id, poll=2.0)
-            return model, done, stages
+            started = await c.start_audit(model.id, canaries=200, seed=1, control=False)
+            audit = await c.wait_audit(started.id)
+            return model, done, stages, audit
 
-    model, done, stages = asyncio.run(story())
+    model, done, stages, audit = asyncio.run(story())
     assert model.status == "ready" and stages[-1] == "ready"
     assert done.status == "done" and done.models[0].version == 2
+    assert audit.status == "done" and audit.verdict in ("consistent", "violated")

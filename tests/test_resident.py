@@ -19,7 +19,7 @@ from app.states import SampleStatus
 from tests.conftest import SMALL_TRAINING, Api, train_ids
 from tests.factories import forget
 from workers import jobs
-from workers.data import OPENED, Arrays
+from workers.data import OPENED, Arrays, database_key
 from workers.resident import ModelSession, Sessions
 
 
@@ -65,7 +65,8 @@ def test_a_session_is_reused_rebuilt_when_moved_on_and_equals_a_cold_update(
     n = warm["current_version"]["n_train"]
     # The session holds the training rows now: the opened-samples cache keeps only the test
     # split's (goal 6: no second copy of the data in the worker's memory).
-    opened = [b for w, b in OPENED._blocks.items() if w[1] == digits["id"]]
+    here = (database_key(database(api.url).engine), digits["id"])  # other tests' are there too
+    opened = [b for w, b in OPENED._blocks.items() if w[:2] == here]
     assert opened and all(set(b.ids.tolist()) == _test_ids(api, digits["id"]) for b in opened)
     cold = create(api, digits["id"], "cold")
     ids = train_ids(api, digits["id"], 4)

@@ -14,6 +14,7 @@ from app.api.deps import DbDep, DispatcherDep, SettingsDep, require
 from app.api.responses import errors
 from app.errors import APIError
 from app.security import Role
+from app.wire import HealthOut
 
 router = APIRouter(tags=["health"])
 
@@ -30,9 +31,9 @@ READY_SCHEMA = {
 }
 
 
-@router.get("/healthz")
-def healthz() -> dict[str, str]:
-    return {"status": "ok"}
+@router.get("/healthz", response_model=HealthOut)
+def healthz() -> HealthOut:
+    return HealthOut(status="ok")
 
 
 @router.get(
