@@ -137,8 +137,10 @@ def _seed_session(
         data = RetainedData(inputs.data.sample_ids, inputs.data.X, inputs.data.y)
         prepared = method_for(inputs.spec.method.name, inputs.spec).prepare(data, state)
         first = replace(first, method_state=prepared)
-        resident_sessions(settings).put(database_key(db.engine), first)
-        OPENED.keep_only(database_key(db.engine), inputs.dataset_id, inputs.test.sample_ids)
+        sessions = resident_sessions(settings)
+        sessions.put(database_key(db.engine), first)
+        if sessions.capacity > 0:  # the session holds the training rows from now on
+            OPENED.keep_only(database_key(db.engine), inputs.dataset_id, inputs.test.sample_ids)
     except Exception:
         log.warning("model %s: no resident session after training", model_id, exc_info=True)
 

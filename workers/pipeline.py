@@ -276,7 +276,7 @@ def load_batch(
     resident = warm.method_state if warm is not None else None  # the method's, from the session
     if warm is None:
         warm, rows_loaded = _cold_session(session, model_id, parent, dataset)
-        if sessions is not None:  # the session holds the rows from now on
+        if sessions is not None and sessions.capacity > 0:  # the session holds the rows now
             OPENED.keep_only(where, dataset.id, warm.test.sample_ids)
     else:
         warm = _with_current_test(session, dataset, warm)
