@@ -34,6 +34,8 @@ class Out(BaseModel):
 class HealthOut(BaseModel):
     """`GET /healthz`: the process answers."""
 
+    model_config = ConfigDict(use_attribute_docstrings=True)
+
     status: str
     """Always "ok" when the process answers; readiness (database, queue) is `/readyz`."""
 
