@@ -380,6 +380,47 @@ def _settings(url: str | None, key: str | None) -> tuple[str, str]:
     )
 
 
+def _poll(
+    fetch: Callable[[float], T],
+    finished: Callable[[T], bool],
+    on_progress: Callable[[T], None] | None,
+    timeout: float,
+    pause: float,
+    late: str,
+) -> T:
+    """Fetch (given the deadline) until `finished`, showing each answer to `on_progress` and
+    pausing `pause` s between fetches; TimeoutError(`late`) at the deadline."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        answer = fetch(deadline)
+        if on_progress:
+            on_progress(answer)
+        if finished(answer):
+            return answer
+        time.sleep(pause)
+    raise TimeoutError(f"{late} after {timeout}s")
+
+
+async def _poll_async(
+    fetch: Callable[[float], Awaitable[T]],
+    finished: Callable[[T], bool],
+    on_progress: Callable[[T], None] | None,
+    timeout: float,
+    pause: float,
+    late: str,
+) -> T:
+    """`_poll` for the async client."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        answer = await fetch(deadline)
+        if on_progress:
+            on_progress(answer)
+        if finished(answer):
+            return answer
+        await asyncio.sleep(pause)
+    raise TimeoutError(f"{late} after {timeout}s")
+
+
 def _poll_window(http: httpx.Client | httpx.AsyncClient, poll: float, deadline: float) -> float:
     """How long one long poll may wait: under the read timeout and the caller's deadline."""
     read_timeout = http.timeout.read or 60.0
@@ -436,15 +477,14 @@ class Client(Endpoints):
     ) -> ModelOut:
         """Poll until the model is ready or failed; `on_progress(model)` sees each poll (with
         `progress`: stage, epoch, epochs)."""
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            model = self.model(model_id)
-            if on_progress:
-                on_progress(model)
-            if model.status in (ModelStatus.ready, ModelStatus.failed):
-                return model
-            time.sleep(0.3)
-        raise TimeoutError(f"model {model_id} not ready after {timeout}s")
+        return _poll(
+            lambda _: self.model(model_id),
+            lambda m: m.status in (ModelStatus.ready, ModelStatus.failed),
+            on_progress,
+            timeout,
+            0.3,
+            f"model {model_id} not ready",
+        )
 
     def wait_deletion(
         self,
@@ -455,14 +495,16 @@ class Client(Endpoints):
     ) -> DeletionOut:
         """Long-poll until the request is done or failed; `on_progress(request)` sees each
         answer (every `poll` seconds at most), with its per-model progress."""
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            req = self.deletion(request_id, wait=_poll_window(self.http, poll, deadline))
-            if on_progress:
-                on_progress(req)
-            if req.status in FINISHED_REQUEST:
-                return req
-        raise TimeoutError(f"deletion {request_id} not finished after {timeout}s")
+        return _poll(
+            lambda deadline: self.deletion(
+                request_id, wait=_poll_window(self.http, poll, deadline)
+            ),
+            lambda r: r.status in FINISHED_REQUEST,
+            on_progress,
+            timeout,
+            0.0,  # the long poll waits on the server
+            f"deletion {request_id} not finished",
+        )
 
     def wait_audit(
         self,
@@ -471,15 +513,14 @@ class Client(Endpoints):
         timeout: float = 3600,
     ) -> AuditOut:
         """Poll until the audit is done or failed; `on_progress(audit)` sees its stage."""
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            audit = self.audit(audit_id)
-            if on_progress:
-                on_progress(audit)
-            if audit.status in (AuditStatus.done, AuditStatus.failed):
-                return audit
-            time.sleep(0.5)
-        raise TimeoutError(f"audit {audit_id} not finished after {timeout}s")
+        return _poll(
+            lambda _: self.audit(audit_id),
+            lambda a: a.status in (AuditStatus.done, AuditStatus.failed),
+            on_progress,
+            timeout,
+            0.5,
+            f"audit {audit_id} not finished",
+        )
 
 
 # ---- async ----------------------------------------------------------------------------------
@@ -517,15 +558,14 @@ class AsyncClient(Endpoints):
         on_progress: Callable[[ModelOut], None] | None = None,
         timeout: float = 3600,
     ) -> ModelOut:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            model = await self.model(model_id)
-            if on_progress:
-                on_progress(model)
-            if model.status in (ModelStatus.ready, ModelStatus.failed):
-                return model
-            await asyncio.sleep(0.3)
-        raise TimeoutError(f"model {model_id} not ready after {timeout}s")
+        return await _poll_async(
+            lambda _: self.model(model_id),
+            lambda m: m.status in (ModelStatus.ready, ModelStatus.failed),
+            on_progress,
+            timeout,
+            0.3,
+            f"model {model_id} not ready",
+        )
 
     async def wait_deletion(
         self,
@@ -534,14 +574,16 @@ class AsyncClient(Endpoints):
         timeout: float = 3600,
         poll: float = 20.0,
     ) -> DeletionOut:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            req = await self.deletion(request_id, wait=_poll_window(self.http, poll, deadline))
-            if on_progress:
-                on_progress(req)
-            if req.status in FINISHED_REQUEST:
-                return req
-        raise TimeoutError(f"deletion {request_id} not finished after {timeout}s")
+        return await _poll_async(
+            lambda deadline: self.deletion(
+                request_id, wait=_poll_window(self.http, poll, deadline)
+            ),
+            lambda r: r.status in FINISHED_REQUEST,
+            on_progress,
+            timeout,
+            0.0,  # the long poll waits on the server
+            f"deletion {request_id} not finished",
+        )
 
     async def wait_audit(
         self,
@@ -550,12 +592,11 @@ class AsyncClient(Endpoints):
         timeout: float = 3600,
     ) -> AuditOut:
         """Poll until the audit is done or failed; `on_progress(audit)` sees its stage."""
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            audit = await self.audit(audit_id)
-            if on_progress:
-                on_progress(audit)
-            if audit.status in (AuditStatus.done, AuditStatus.failed):
-                return audit
-            await asyncio.sleep(0.5)
-        raise TimeoutError(f"audit {audit_id} not finished after {timeout}s")
+        return await _poll_async(
+            lambda _: self.audit(audit_id),
+            lambda a: a.status in (AuditStatus.done, AuditStatus.failed),
+            on_progress,
+            timeout,
+            0.5,
+            f"audit {audit_id} not finished",
+        )
