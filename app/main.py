@@ -23,6 +23,7 @@ from app.security import Role, create_key, has_any_key
 from app.services.weights_cache import WeightsCache
 from app.settings import Settings, get_settings, use_settings
 from app.storage.blobs import blobs
+from app.wakeups import Listener
 
 log = logging.getLogger("lethe")
 
@@ -56,13 +57,18 @@ def create_app(settings: Settings | None = None) -> FastAPI:
                 flush=True,
             )
         dispatcher = app.state.dispatcher
-        reconciler = None
+        reconciler, listener = None, None
         if isinstance(dispatcher, InlineDispatcher):
             dispatcher.start()
             reconciler = Reconciler(url, dispatcher, settings.reconcile_seconds)
             reconciler.start()
+        elif settings.redis_url:  # workers announce finished requests on Redis
+            listener = Listener(settings.redis_url, settings.queue_name)
+            listener.start()
         yield
         app.state.committer.stop()
+        if listener is not None:
+            listener.stop()
         if reconciler is not None:
             reconciler.stop()
         if isinstance(dispatcher, InlineDispatcher):

@@ -66,6 +66,7 @@ class Stage(StrEnum):
     loading = "loading data"
     importing = "importing"
     training = "training"
+    preparing = "preparing updates"  # the method's resident state (issue 28), before ready
     ready = "ready"
     failed = "failed"
     withdrawn = "withdrawn"  # failed for good: `workers.pipeline.withdraw_model`

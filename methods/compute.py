@@ -274,8 +274,8 @@ class UnlearningMethod:
         raise NotImplementedError
 
     def prepare(self, data: RetainedData, state: ModelState) -> object | None:
-        """What the method keeps resident for the model's first update, made once training
-        has committed (UpdateInputs.resident); None: nothing (the default)."""
+        """What the method keeps resident for the model's first update, made after training
+        and before the version commits (UpdateInputs.resident); None: nothing (the default)."""
         return None
 
     def projection_radius(self) -> float | None:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 import math
 import time
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 import torch
 from safetensors.torch import load as st_load
@@ -30,6 +30,7 @@ from app.specs import ImportedWeights
 from app.states import ModelStatus, Stage, TaskStatus, VersionKind
 from app.storage.blobs import BlobStoreUnavailable, blobs
 from app.storage.erasure import compact_after_erasure
+from app.wakeups import Announcer, channel
 from app.wire import Progress
 from maths.nets import build_net
 from maths.training import Diverged, ProgressFn, accuracy, check_converged
@@ -85,6 +86,7 @@ def train_model(model_id: int) -> str:
             with db.read() as session:
                 inputs = _load_training(session, model_id)
             trained, metrics = _train(inputs, _progress_writer(db, model_id), device)
+            prepared = _prepare_resident(settings, db, model_id, inputs, trained)
             kind = VersionKind.imported if inputs.imported else VersionKind.trained
             stored = pipeline.store_version_blobs(
                 db, model_id, 1, None, kind, trained.state, trained.next_state
@@ -92,7 +94,7 @@ def train_model(model_id: int) -> str:
             version_id = db.run(
                 lambda session: _commit_trained(session, model_id, inputs, trained, stored, metrics)
             )
-            _seed_session(settings, db, model_id, version_id, inputs, trained)
+            _seed_session(settings, db, model_id, version_id, inputs, prepared)
         except LeaseLost:
             raise
         except (shutdown.Interrupted, BlobStoreUnavailable) as exc:  # back to queued: trained
@@ -121,26 +123,59 @@ def train_model(model_id: int) -> str:
     return "trained"
 
 
+@dataclass(frozen=True)
+class _Prepared:
+    """What the first resident session starts from: the noise-free state on CPU and the
+    method's resident state (None when `prepare` failed: the first update prepares it)."""
+
+    state: dict[str, torch.Tensor]
+    method_state: object | None
+
+
+def _prepare_resident(
+    settings: Settings, db: Database, model_id: int, inputs: TrainingInputs, trained: Trained
+) -> _Prepared | None:
+    """The method's resident state (convex_head's anchored float64 Hessians: a pass over the
+    rows), computed before the version commits, so a model is `ready` only once its first
+    deletion can run warm (issue 28: at a million rows the first deletion waited 40 s for it
+    after `ready`). None when this worker keeps no sessions."""
+    if resident_sessions(settings).capacity <= 0:
+        return None
+    with db.write(durable=False) as session:
+        session.execute(
+            update(Model)
+            .where(Model.id == model_id, Model.lease_owner == WORKER_ID)
+            .values(progress=Progress(stage=Stage.preparing))
+        )
+    state = {k: v.detach().cpu() for k, v in trained.next_state.items()}
+    data = RetainedData(inputs.data.sample_ids, inputs.data.X, inputs.data.y)
+    try:
+        prepared = method_for(inputs.spec.method.name, inputs.spec).prepare(data, state)
+    except Exception:  # not the version's fault: the first update prepares it again
+        log.warning("model %s: could not prepare its resident state", model_id, exc_info=True)
+        prepared = None
+    return _Prepared(state, prepared)
+
+
 def _seed_session(
     settings: Settings,
     db: Database,
     model_id: int,
     version_id: int,
     inputs: TrainingInputs,
-    trained: Trained,
+    prepared: _Prepared | None,
 ) -> None:
     """Keep what training read as the model's first resident session (the version is
     committed: a failure here only costs the first update a cold read)."""
+    if prepared is None:
+        return
     try:
-        state = {k: v.detach().cpu() for k, v in trained.next_state.items()}
-        first = ModelSession.of(model_id, version_id, inputs.data, state, inputs.test)
-        data = RetainedData(inputs.data.sample_ids, inputs.data.X, inputs.data.y)
-        prepared = method_for(inputs.spec.method.name, inputs.spec).prepare(data, state)
-        first = replace(first, method_state=prepared)
-        sessions = resident_sessions(settings)
-        sessions.put(database_key(db.engine), first)
-        if sessions.capacity > 0:  # the session holds the training rows from now on
-            OPENED.keep_only(database_key(db.engine), inputs.dataset_id, inputs.test.sample_ids)
+        first = ModelSession.of(model_id, version_id, inputs.data, prepared.state, inputs.test)
+        if prepared.method_state is not None:
+            first = replace(first, method_state=prepared.method_state)
+        resident_sessions(settings).put(database_key(db.engine), first)
+        # the session holds the training rows from now on
+        OPENED.keep_only(database_key(db.engine), inputs.dataset_id, inputs.test.sample_ids)
     except Exception:
         log.warning("model %s: no resident session after training", model_id, exc_info=True)
 
@@ -286,6 +321,7 @@ def _commit_trained(
 
 
 _SESSIONS: Sessions | None = None
+_ANNOUNCER: Announcer | None = None
 
 
 def resident_sessions(settings: Settings) -> Sessions:
@@ -294,6 +330,14 @@ def resident_sessions(settings: Settings) -> Sessions:
     if _SESSIONS is None or _SESSIONS.capacity != settings.resident_models:
         _SESSIONS = Sessions(settings.resident_models)
     return _SESSIONS
+
+
+def announcer(settings: Settings) -> Announcer:
+    """This process's announcer of finished requests (app/wakeups.py)."""
+    global _ANNOUNCER
+    if _ANNOUNCER is None or _ANNOUNCER.channel != channel(settings.queue_name):
+        _ANNOUNCER = Announcer(settings.redis_url, settings.queue_name)
+    return _ANNOUNCER
 
 
 def process_deletions(model_id: int) -> str:
@@ -315,6 +359,8 @@ def process_deletions(model_id: int) -> str:
                     if not _run_batch(db, settings, model_id, tasks, device):
                         return f"applied {applied}; a batch failed and will be retried"
                     applied += len(tasks)
+                    if not _has_due(db, model_id):  # a read, not an empty claim's write
+                        break
                 # due work this worker cannot claim (the model is not ready): stop lingering
                 if (lingered and not claimed) or not _linger(db, settings, model_id):
                     break
@@ -403,6 +449,7 @@ def _run_batch(
         except BaseException:
             sessions.drop(where, model_id)  # it may no longer be at the current version
             raise
+        announcer(settings).announce()  # the long polls of these requests look again now
         _keep_resident(sessions, where, batch, outcome, version_id)
     except shutdown.Interrupted:  # back to queued, unpenalised: the next start applies them
         ids = [t.task_id for t in tasks]
@@ -415,11 +462,13 @@ def _run_batch(
         return False
     except Unrecoverable as exc:  # the retrain itself diverged: retrying cannot help
         _withdraw(db, model_id, str(exc))
+        announcer(settings).announce()
         log.error("model %s withdrawn: %s", model_id, exc)
         compact_after_erasure(db)
         return False
     except Exception as exc:
         final = _fail(db, settings, tasks, exc)
+        announcer(settings).announce()
         log.exception("deletion batch for model %s failed (final=%s)", model_id, final)
         if final:  # the model was withdrawn and the data erased: compact, then let RQ see it
             compact_after_erasure(db)

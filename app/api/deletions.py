@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import time
 from typing import Annotated, Any
 
@@ -11,6 +10,7 @@ from fastapi.responses import JSONResponse, Response
 from sqlalchemy.orm import Session
 from starlette.concurrency import run_in_threadpool
 
+from app import wakeups
 from app.api.deps import (
     CommitterDep,
     DbDep,
@@ -119,8 +119,9 @@ async def read(
     ] = 0,
 ) -> JsonObject:
     """A requester sees only its own requests; auditors and admins see all. With `wait`, the
-    answer comes when the request finishes (checked every few milliseconds at first, then
-    less often), so a client learns of its certificate without polling."""
+    answer comes when the request finishes: a worker's commit wakes the wait (app/wakeups.py),
+    and a look every 50–250 ms covers a lost wake-up, so a client learns of its certificate
+    without polling."""
 
     def view() -> JsonObject:
         with db.read() as session:
@@ -128,15 +129,18 @@ async def read(
             return deletion_view(session, request, receipts=True)
 
     deadline = time.monotonic() + wait
-    pause = 0.002
+    pause = 0.05
     while True:
+        woken = wakeups.FINISHED.register()  # before the read: no wake-up falls in between
         current = await run_in_threadpool(view)
         if current["status"] in FINISHED_REQUEST or time.monotonic() >= deadline:
+            wakeups.FINISHED.forget(woken)
             return current
         if await request.is_disconnected():  # nobody is waiting: stop reading the database
+            wakeups.FINISHED.forget(woken)
             return current
-        await asyncio.sleep(min(pause, max(0.0, deadline - time.monotonic())))
-        pause = min(pause * 1.5, 0.1)
+        await wakeups.wait(woken, min(pause, max(0.0, deadline - time.monotonic())))
+        pause = min(pause * 1.5, 0.25)
 
 
 @router.get(

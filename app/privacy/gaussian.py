@@ -33,6 +33,12 @@ def epsilon_for(sensitivity: float, sigma: float, delta: float) -> float:
     return _epsilon(sigma / sensitivity, delta)
 
 
+def epsilon_of_multiplier(noise_multiplier: float, delta: float) -> float:
+    """The ε (at δ) of a Gaussian mechanism with noise multiplier z = σ/Δ (cached)."""
+    check_positive("σ/Δ", noise_multiplier)
+    return _epsilon(noise_multiplier, check_delta(delta))
+
+
 # Both are pure functions of floats that dp-accounting solves numerically (5 % of a warm
 # update at a million rows, issue 28); a model's updates repeat the same ones.
 @lru_cache(maxsize=4096)

@@ -22,6 +22,7 @@ from dp_accounting.rdp import RdpAccountant
 
 from app.jsontypes import JsonObject
 from app.privacy import DP_ACCOUNTING_VERSION
+from app.privacy.gaussian import epsilon_of_multiplier
 from app.privacy.rdp import epsilon_from_slope
 from app.privacy.validate import check_delta, check_positive
 
@@ -59,7 +60,7 @@ def compose(multipliers: list[float], delta: float) -> LineageSpend:
     if not multipliers:
         return LineageSpend(0.0, 0.0, 0, EXACT_NAME)
     z = exact_gaussian_composition(multipliers)
-    eps = float(dp_accounting.get_epsilon_gaussian(z, delta))
+    eps = epsilon_of_multiplier(z, delta)  # cached: the next release's "spent" is this one
     if not math.isfinite(eps):
         raise ValueError("lineage ε is not finite")
     return LineageSpend(eps, delta, len(multipliers), EXACT_NAME)
