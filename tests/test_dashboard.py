@@ -4,6 +4,8 @@ not see, and live updates. Screenshots go to the test's temporary directory."""
 
 from __future__ import annotations
 
+import base64
+import json
 import shutil
 import time
 from collections.abc import Iterator
@@ -11,8 +13,13 @@ from pathlib import Path
 
 import httpx
 import pytest
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from playwright.sync_api import Browser, Page, sync_playwright
 
+from app.api.ui import CSP
+from app.ledger import notes
+from app.ledger.notes import Checkpoint
+from app.ledger.tiles import ProofPolicy, verify_tlog_proof
 from bench.cluster import Cluster
 
 pytestmark = pytest.mark.integration
@@ -269,3 +276,159 @@ def test_an_auditor_runs_a_privacy_audit_from_the_model_page(
     assert float(cells[7]) == pytest.approx(result["ceiling_one_run"], abs=5e-3)
     assert cells[10] == f"#{audit['certificate_id']}"
     page.screenshot(path=str(tmp_path / "audit-on-model-page.png"), full_page=True)
+
+
+# ---- issue 32: acting from the dashboard, verifying in the browser ---------------------------
+
+
+def requester_receipt(url: str, keys: dict[str, str]) -> tuple[str, dict]:
+    """The requester's newest finished request and its first certificate's `.tlog-proof`."""
+    with httpx.Client(base_url=url, headers={"Authorization": f"Bearer {keys['requester']}"}) as c:
+        done = [r for r in c.get("/v1/deletions").json()["items"] if r["certificate_ids"]]
+        request = done[0]
+        proof = c.get(f"/v1/deletions/{request['id']}/tlog-proofs/{request['certificate_ids'][0]}")
+        assert proof.status_code == 200, proof.text
+        return proof.text, request
+
+
+def verdict(page: Page, url: str, path: Path) -> tuple[str, str]:
+    page.goto(f"{url}/verify")
+    page.set_input_files("#receipt", str(path))
+    page.wait_for_selector("#result [data-verdict]")
+    card = page.locator("#result [data-verdict]")
+    return card.get_attribute("data-verdict") or "", page.inner_text("#proven")
+
+
+def test_a_receipt_verifies_in_the_browser_with_no_key(
+    browser: Browser, service: tuple[str, dict[str, str]], tmp_path: Path
+) -> None:
+    """/verify checks a `.tlog-proof` with WebCrypto against the pinned log key and today's
+    checkpoint; a changed certificate, a changed checkpoint and a stranger's signature are
+    refused, each saying why."""
+    url, keys = service
+    text, _ = requester_receipt(url, keys)
+    served = httpx.get(f"{url}/verify")
+    assert served.status_code == 200 and served.headers["content-security-policy"] == CSP
+    vkey = httpx.get(f"{url}/log/vkey").text.strip()
+    assert f'content="{vkey}"' in served.text  # the key the page pins is the log's
+    head, _, note = text.partition("\n\n")
+    lines = head.split("\n")
+    index = int(lines[2].removeprefix("index "))
+    # one more certificate after the receipt's checkpoint: the page must show, from the public
+    # tiles, that the larger latest tree extends the receipt's
+    with httpx.Client(base_url=url, headers={"Authorization": f"Bearer {keys['admin']}"}) as c:
+        dataset = c.get("/v1/models").json()[0]["dataset_id"]
+        more = c.get(
+            f"/v1/datasets/{dataset}/samples", params={"split": "train", "offset": 20, "limit": 1}
+        ).json()["items"][0]["external_id"]
+        filed = c.post("/v1/deletions", json={"dataset_id": dataset, "sample_ids": [more]})
+        assert (
+            c.get(f"/v1/deletions/{filed.json()['id']}", params={"wait": 30}).json()["status"]
+            == "done"
+        )
+    latest = Checkpoint.parse(notes.split(httpx.get(f"{url}/log/checkpoint").text)[0])
+    assert latest.size > Checkpoint.parse(notes.split(note)[0]).size
+
+    page = browser.new_page(viewport={"width": 1100, "height": 900})
+    errors: list[str] = []
+    page.on("pageerror", lambda exc: errors.append(str(exc)))
+    requested: list[str] = []
+    page.on("request", lambda r: requested.append(r.url))
+    good = tmp_path / "receipt.tlog-proof"
+    good.write_text(text)
+    kind, sentence = verdict(page, url, good)
+    assert kind == "verified", sentence
+    assert f"is entry {index} of the public log" in sentence
+    assert f"latest checkpoint ({latest.size} entries)" in sentence
+    assert "Not proven" in page.inner_text("#limits")
+    page.screenshot(path=str(tmp_path / "verify-ok.png"), full_page=True)
+    assert all(r.startswith(url) for r in requested), requested  # nothing leaves the origin
+
+    body = json.loads(base64.b64decode(lines[1].removeprefix("extra ")))
+    body["epsilon"] = float(body.get("epsilon") or 0) + 1.0  # a certificate made to say more
+    forged = (
+        "\n".join(
+            [lines[0], "extra " + base64.b64encode(json.dumps(body).encode()).decode(), *lines[2:]]
+        )
+        + "\n\n"
+        + note
+    )
+    (tmp_path / "forged.tlog-proof").write_text(forged)
+    kind, sentence = verdict(page, url, tmp_path / "forged.tlog-proof")
+    assert kind == "refused" and "inclusion proof does not lead" in sentence, sentence
+
+    checkpoint_text, signatures = notes.split(note)
+    cp = Checkpoint.parse(checkpoint_text)
+    moved = Checkpoint(cp.origin, cp.size, bytes(32)).text  # another root under the same line
+    line = next(f"{notes.DASH} {name} {base64.b64encode(raw).decode()}\n"
+                for name, raw in signatures if name == cp.origin)  # fmt: skip
+    (tmp_path / "moved.tlog-proof").write_text(head + "\n\n" + moved + "\n" + line)
+    kind, sentence = verdict(page, url, tmp_path / "moved.tlog-proof")
+    assert kind == "refused" and "signature on the checkpoint does not verify" in sentence
+
+    stranger = Ed25519PrivateKey.generate()  # the same origin, someone else's key
+    resigned = checkpoint_text + "\n" + notes.sign(checkpoint_text, cp.origin, stranger)
+    (tmp_path / "stranger.tlog-proof").write_text(head + "\n\n" + resigned)
+    kind, sentence = verdict(page, url, tmp_path / "stranger.tlog-proof")
+    assert kind == "refused" and "not signed by this log's key" in sentence, sentence
+    page.screenshot(path=str(tmp_path / "verify-refused.png"), full_page=True)
+    assert not errors, errors
+
+
+def test_a_requester_files_a_deletion_and_downloads_its_receipt(
+    browser: Browser, service: tuple[str, dict[str, str]], tmp_path: Path
+) -> None:
+    """Issue 32: the deletions page files a request with the signed-in key (after a
+    confirmation, with an idempotency key), follows it to its certificate, and hands over the
+    receipt, which verifies offline; the API's refusal is shown as it comes; a reader gets no
+    form."""
+    url, keys = service
+    admin = httpx.Client(base_url=url, headers={"Authorization": f"Bearer {keys['admin']}"})
+    dataset = admin.get("/v1/models").json()[0]["dataset_id"]
+    sample = admin.get(
+        f"/v1/datasets/{dataset}/samples", params={"split": "train", "offset": 10, "limit": 1}
+    ).json()["items"][0]["external_id"]
+
+    page = browser.new_page(viewport={"width": 1280, "height": 1000})
+    sign_in(page, url, keys["requester"])
+    page.click('nav a[href="#/deletions"]')
+    page.wait_for_selector("#new-deletion")
+    dialogs: list[str] = []
+
+    def answer(dialog) -> None:  # type: ignore[no-untyped-def]
+        dialogs.append(dialog.message)
+        dialog.accept()
+
+    page.on("dialog", answer)
+    page.fill("#del-dataset", str(dataset))
+    page.fill("#del-samples", "no-such-sample")
+    page.click("#del-submit")
+    page.wait_for_selector("#del-error:not(:empty)")
+    assert page.inner_text("#del-error").startswith("404 ")  # the API's own message
+
+    page.fill("#del-dataset", str(dataset))
+    page.fill("#del-samples", sample)
+    page.click("#del-submit")
+    page.wait_for_selector("#del-done:not(:empty)")
+    assert dialogs and "cannot be undone" in dialogs[-1]
+    request_id = int(page.inner_text("#del-done").split("#")[1].split(" ")[0])
+    with httpx.Client(base_url=url, headers={"Authorization": f"Bearer {keys['requester']}"}) as c:
+        filed = c.get(f"/v1/deletions/{request_id}", params={"wait": 30}).json()
+    assert filed["status"] == "done"
+    row = f'tr[data-request="{request_id}"]'
+    page.wait_for_selector(f"{row} .status.done", timeout=60_000)  # it followed, no reload
+    page.wait_for_selector(f"{row} button.receipt")
+    with page.expect_download() as download:
+        page.click(f"{row} button.receipt")
+    saved = tmp_path / "download.tlog-proof"
+    download.value.save_as(saved)
+    policy = ProofPolicy.parse(f"log {httpx.get(f'{url}/log/vkey').text.strip()}\n")
+    proven = verify_tlog_proof(saved.read_text(), policy)
+    assert json.loads(proven.entry)["request_id"] == request_id
+    page.screenshot(path=str(tmp_path / "deletions-filed.png"), full_page=True)
+
+    reader = browser.new_page()
+    sign_in(reader, url, keys["auditor"])
+    reader.click('nav a[href="#/deletions"]')
+    reader.wait_for_selector("table#deletions")
+    assert reader.locator("#new-deletion").count() == 0  # an auditor reads, it does not file

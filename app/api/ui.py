@@ -1,16 +1,25 @@
 """GET /ui: the dashboard, our own static HTML, CSS and JavaScript on the JSON API (no CDN,
 no third-party code). The page holds no data: it signs in with an API key kept in the tab's
-sessionStorage and reads everything through the API, so each role sees what its key may."""
+sessionStorage and reads everything through the API, so each role sees what its key may.
+
+GET /verify (no key, issue 32): a data subject drops a `.tlog-proof` receipt and the page
+checks it in the browser (app/ui/verify.js, WebCrypto) against the log key pinned in the page
+and the public log's latest checkpoint and tiles."""
 
 from __future__ import annotations
 
+import html
 from pathlib import Path
 
 from fastapi import APIRouter
-from fastapi.responses import FileResponse, PlainTextResponse, RedirectResponse
+from fastapi.responses import FileResponse, HTMLResponse, PlainTextResponse, RedirectResponse
 from fastapi.staticfiles import StaticFiles
 from starlette.responses import Response
 from starlette.types import Scope
+
+from app.api.deps import SettingsDep
+from app.ledger.notes import log_verifier
+from app.ledger.transparency import signing_key
 
 UI = Path(__file__).resolve().parent.parent / "ui"
 # Scripts, styles and requests from this origin only; nothing inline, no frames.
@@ -31,6 +40,15 @@ def dashboard() -> FileResponse:
 @router.get("/ui/")
 def dashboard_slash() -> RedirectResponse:
     return RedirectResponse("/ui")
+
+
+@router.get("/verify")
+def verify_page(settings: SettingsDep) -> HTMLResponse:
+    """The receipt checker, with the log's verifier key pinned in the page (a meta tag: data,
+    not script, so the CSP stays as it is)."""
+    vkey = log_verifier(settings.log_origin, signing_key(settings).public_key()).vkey
+    page = (UI / "verify.html").read_text().replace("{vkey}", html.escape(vkey, quote=True))
+    return HTMLResponse(page, headers={**HEADERS, "Cache-Control": "no-cache"})
 
 
 class _Assets(StaticFiles):

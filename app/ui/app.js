@@ -25,9 +25,11 @@ function el(tag, attrs = {}, ...children) {
   return node;
 }
 
-// GET `path`, or POST `payload` as JSON to it; never throws on an HTTP error.
-async function api(path, payload) {
-  const init = { headers: { Authorization: `Bearer ${sessionStorage.getItem(KEY) || ""}` } };
+// GET `path`, or POST `payload` as JSON to it (with `headers` added); never throws on an
+// HTTP error.
+async function api(path, payload, headers = {}) {
+  const init = { headers: { Authorization: `Bearer ${sessionStorage.getItem(KEY) || ""}`,
+                            ...headers } };
   if (payload !== undefined) {
     init.method = "POST";
     init.headers["Content-Type"] = "application/json";
@@ -338,6 +340,86 @@ function costTable(cost) {
         el("td", { class: "sentence" }, c.basis)))));
 }
 
+// ---- actions --------------------------------------------------------------------------------
+
+function ids(text) {
+  return text.split(/[\s,]+/).map(x => x.trim()).filter(x => x.length);
+}
+
+// File a deletion (requester or admin): by subject or sample ids, with an idempotency key, after
+// a confirmation that says what it erases. The API's error is shown as it comes.
+let deletionFormOf = null;  // [role, form]: kept across live re-renders, so typing survives
+
+function deletionForm() {
+  const role = sessionStorage.getItem("lethe.role");
+  if (role !== "requester" && role !== "admin") return null;
+  if (deletionFormOf && deletionFormOf[0] === role) return deletionFormOf[1];
+  const error = el("p", { class: "error", id: "del-error" });
+  const done = el("p", { class: "notice", id: "del-done" });
+  const form = el("form", { id: "new-deletion", class: "card action" },
+    el("h2", {}, "Forget someone"),
+    el("label", {}, "dataset ", el("input", { id: "del-dataset", type: "number", min: 1,
+                                             required: "" })),
+    el("label", {}, "subject ids ", el("input", { id: "del-subjects",
+                                                 placeholder: "person-7, person-9" })),
+    el("label", {}, "or sample ids ", el("input", { id: "del-samples", placeholder: "17, 42" })),
+    el("button", { type: "submit", id: "del-submit" }, "File deletion"), error, done);
+  form.addEventListener("submit", async (event) => {
+    event.preventDefault();
+    error.textContent = done.textContent = "";
+    const dataset = Number(document.getElementById("del-dataset").value);
+    const subjects = ids(document.getElementById("del-subjects").value);
+    const samples = ids(document.getElementById("del-samples").value);
+    if (!subjects.length && !samples.length) {
+      error.textContent = "Give subject ids or sample ids.";
+      return;
+    }
+    const what = subjects.length ? `everything of ${subjects.length} subject(s)`
+                                 : `${samples.length} sample(s)`;
+    if (!confirm(`Forget ${what} in dataset ${dataset}? The data is erased and every model ` +
+                 "trained on it is updated. This cannot be undone.")) return;
+    const key = crypto.randomUUID();
+    const body = { dataset_id: dataset };
+    if (subjects.length) body.subject_ids = subjects;
+    if (samples.length) body.sample_ids = samples;
+    const result = await api("/v1/deletions", body, { "Idempotency-Key": key });
+    if (!result.ok) {
+      error.textContent = errorText(result);
+      return;
+    }
+    done.textContent = `Request #${result.body.id} filed (idempotency key ${key}).`;
+    form.reset();
+    render();
+  });
+  deletionFormOf = [role, form];
+  return form;
+}
+
+// The receipt of one certificate of a finished request, as a `.tlog-proof` file download.
+async function downloadReceipt(requestId, certificateId, button) {
+  const response = await fetch(`/v1/deletions/${requestId}/tlog-proofs/${certificateId}`, {
+    headers: { Authorization: `Bearer ${sessionStorage.getItem(KEY) || ""}` } });
+  if (!response.ok) {
+    let body = null;
+    try { body = await response.json(); } catch (_) { body = null; }
+    button.replaceWith(el("span", { class: "error" }, errorText({ status: response.status, body })));
+    return;
+  }
+  const text = await response.text();
+  const link = el("a", { download: `deletion-${requestId}-certificate-${certificateId}.tlog-proof`,
+                         href: URL.createObjectURL(new Blob([text], { type: "text/plain" })),
+                         class: "receipt-file" }, `receipt #${certificateId} (saved)`);
+  button.replaceWith(link);
+  link.click();
+}
+
+function receipts(r) {
+  if (r.status !== "done" || !r.certificate_ids.length) return "—";
+  return r.certificate_ids.map(c => el("button", { type: "button", class: "receipt",
+    "data-certificate": c, onclick: (e) => downloadReceipt(r.id, c, e.currentTarget) },
+    `receipt #${c}`));
+}
+
 async function deletionsPage() {
   const list = await api("/v1/deletions?limit=200");
   if (!list.ok) {
@@ -348,15 +430,19 @@ async function deletionsPage() {
   const items = list.body.items;
   const live = items.some(r => r.status !== "done" && r.status !== "failed");
   return { live, nodes: [el("h1", {}, "Deletion requests"),
+    deletionForm(),
     timeline("timeline", items),
+    el("p", { class: "notice" }, "A receipt checks in any browser at ",
+       el("a", { href: "/verify" }, "/verify"), ", with no key."),
     el("table", { id: "deletions" },
-      el("tr", {}, ...["request", "status", "samples", "per model", "certificates", "created",
-                       "finished"].map(h => el("th", {}, h))),
+      el("tr", {}, ...["request", "status", "samples", "per model", "certificates", "receipts",
+                       "created", "finished"].map(h => el("th", {}, h))),
       items.map(r => el("tr", { "data-request": r.id },
         el("td", {}, `#${r.id}`), el("td", {}, status(r.status)), el("td", {}, r.n_samples),
         el("td", {}, r.models.map(m => el("div", {}, `model ${m.model_id}: `, status(m.status),
                                             m.version ? ` → v${m.version}` : ""))),
         el("td", {}, r.certificate_ids.join(", ") || "—"),
+        el("td", {}, receipts(r)),
         el("td", {}, new Date(r.created_at).toLocaleTimeString()),
         el("td", {}, r.finished_at ? new Date(r.finished_at).toLocaleTimeString() : "—"))))] };
 }
@@ -404,7 +490,8 @@ function navigation(role) {
   if (role === "admin" || role === "auditor") links.push(["#/audit", "Audit"]);
   const nav = document.getElementById("nav");
   nav.replaceChildren(...links.map(([href, text]) =>
-    el("a", { href, class: here.startsWith(href) ? "active" : null }, text)));
+    el("a", { href, class: here.startsWith(href) ? "active" : null }, text)),
+    el("a", { href: "/verify" }, "Verify a receipt"));
   document.getElementById("who").replaceChildren(
     `signed in as ${role} `,
     el("a", { href: "#/", id: "signout", onclick: () => {
@@ -430,7 +517,7 @@ async function render(message) {
   else if (hash === "#/audit") page = await auditPage();
   else page = await modelsPage();
   const nodes = Array.isArray(page) ? page : page.nodes;
-  main.replaceChildren(...nodes);
+  main.replaceChildren(...nodes.filter(n => n !== null && n !== undefined));
   main.setAttribute("data-rendered", String(Date.now()));
   if (!Array.isArray(page) && page.live) timer = setTimeout(() => render(), LIVE_MS);
 }
