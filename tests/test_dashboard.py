@@ -432,3 +432,49 @@ def test_a_requester_files_a_deletion_and_downloads_its_receipt(
     reader.click('nav a[href="#/deletions"]')
     reader.wait_for_selector("table#deletions")
     assert reader.locator("#new-deletion").count() == 0  # an auditor reads, it does not file
+
+
+def test_an_admin_registers_a_dataset_and_creates_a_model(
+    browser: Browser, service: tuple[str, dict[str, str]], tmp_path: Path
+) -> None:
+    """Issue 32: the models page registers an uploaded CSV (multipart, with the signed-in key)
+    and creates a model on it, which then trains in the list; the API's refusal of a bad file
+    is shown as it comes; a requester's models page has neither form."""
+    url, keys = service
+    rows = ["label,f0,f1,f2"] + [f"{i % 2},{i % 7},{(i * 3) % 5},{i % 2 + 0.5}" for i in range(60)]
+    good = tmp_path / "people.csv"
+    good.write_text("\n".join(rows) + "\n")
+    bad = tmp_path / "bad.csv"
+    bad.write_text("no label column here\n1,2\n")
+
+    page = browser.new_page(viewport={"width": 1280, "height": 1200})
+    sign_in(page, url, keys["admin"])
+    page.wait_for_selector("#new-dataset")
+    page.set_input_files("#ds-file", str(bad))
+    page.click("#ds-submit")
+    page.wait_for_selector("#ds-error:not(:empty)")
+    assert page.inner_text("#ds-error")[:3] in {"400", "422"}  # the API's answer, as it came
+
+    page.set_input_files("#ds-file", str(good))
+    page.click("#ds-submit")
+    page.wait_for_selector("#ds-done:not(:empty)")
+    dataset_id = int(page.inner_text("#ds-done").split("#")[1].split(" ")[0])
+    admin = httpx.Client(base_url=url, headers={"Authorization": f"Bearer {keys['admin']}"})
+    registered = admin.get(f"/v1/datasets/{dataset_id}").json()
+    assert registered["n_samples"] == 60 and registered["source"] == "csv"
+    assert page.input_value("#m-dataset") == str(dataset_id)  # carried to the model form
+
+    page.fill("#m-name", "from-the-dashboard")
+    page.select_option("#m-method", "retrain")
+    page.click("#m-submit")
+    page.wait_for_selector("#m-done:not(:empty)")
+    model_id = int(page.inner_text("#m-done").split("#")[1].split(" ")[0])
+    created = admin.get(f"/v1/models/{model_id}").json()
+    assert created["name"] == "from-the-dashboard" and created["dataset_id"] == dataset_id
+    page.wait_for_selector(f'tr[data-model="{model_id}"] .status.ready', timeout=120_000)
+    page.screenshot(path=str(tmp_path / "models-created.png"), full_page=True)
+
+    requester = browser.new_page()
+    sign_in(requester, url, keys["requester"])
+    assert requester.locator("#new-dataset").count() == 0
+    assert requester.locator("#new-model").count() == 0

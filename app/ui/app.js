@@ -181,6 +181,74 @@ function signIn(message) {
           message ? el("p", { class: "error", id: "signin-error" }, message) : null];
 }
 
+// Register a dataset and create a model (admin keys: the API allows no other role). Kept across
+// live re-renders like the deletion form, so a half-filled form survives.
+let setupFormsOf = null;
+
+function setupForms() {
+  const role = sessionStorage.getItem("lethe.role");
+  if (role !== "admin") return null;
+  if (setupFormsOf && setupFormsOf[0] === role) return setupFormsOf[1];
+  const dsError = el("p", { class: "error", id: "ds-error" });
+  const dsDone = el("p", { class: "notice", id: "ds-done" });
+  const builtin = el("select", { id: "ds-builtin" },
+    ["digits", "breast_cancer", "synthetic"].map(b => el("option", { value: b }, b)));
+  const file = el("input", { id: "ds-file", type: "file", accept: ".npz,.csv,text/csv" });
+  const dataset = el("form", { id: "new-dataset", class: "card action" },
+    el("h2", {}, "Register a dataset"),
+    el("label", {}, "builtin ", builtin),
+    el("label", {}, "or upload an .npz / CSV ", file),
+    el("button", { type: "submit", id: "ds-submit" }, "Register"), dsError, dsDone);
+  dataset.addEventListener("submit", async (event) => {
+    event.preventDefault();
+    dsError.textContent = dsDone.textContent = "";
+    let response;
+    const auth = { Authorization: `Bearer ${sessionStorage.getItem(KEY) || ""}` };
+    if (file.files.length) {
+      const form = new FormData();
+      form.append("file", file.files[0]);
+      response = await fetch("/v1/datasets", { method: "POST", headers: auth, body: form });
+    } else {
+      response = await fetch("/v1/datasets", { method: "POST",
+        headers: { ...auth, "Content-Type": "application/json" },
+        body: JSON.stringify({ builtin: builtin.value }) });
+    }
+    let body = null;
+    try { body = await response.json(); } catch (_) { body = null; }
+    if (!response.ok) { dsError.textContent = errorText({ status: response.status, body }); return; }
+    dsDone.textContent = `Dataset #${body.id} registered: ${body.name}, ${body.n_samples} samples.`;
+    document.getElementById("m-dataset").value = body.id;
+    dataset.reset();
+  });
+
+  const mError = el("p", { class: "error", id: "m-error" });
+  const mDone = el("p", { class: "notice", id: "m-done" });
+  const method = el("select", { id: "m-method" },
+    ["retrain", "sharded_retrain", "output_perturbation", "convex_head", "recollection"]
+      .map(m => el("option", { value: m }, m)));
+  const model = el("form", { id: "new-model", class: "card action" },
+    el("h2", {}, "Create a model"),
+    el("label", {}, "name ", el("input", { id: "m-name", required: "" })),
+    el("label", {}, "dataset ", el("input", { id: "m-dataset", type: "number", min: 1,
+                                             required: "" })),
+    el("label", {}, "unlearning method ", method),
+    el("button", { type: "submit", id: "m-submit" }, "Create and train"), mError, mDone);
+  model.addEventListener("submit", async (event) => {
+    event.preventDefault();
+    mError.textContent = mDone.textContent = "";
+    const result = await api("/v1/models", {
+      name: document.getElementById("m-name").value,
+      dataset_id: Number(document.getElementById("m-dataset").value),
+      method: { name: method.value } });
+    if (!result.ok) { mError.textContent = errorText(result); return; }
+    mDone.textContent = `Model #${result.body.id} created; training runs as a job.`;
+    model.reset();
+    render();
+  });
+  setupFormsOf = [role, [dataset, model]];
+  return setupFormsOf[1];
+}
+
 async function modelsPage() {
   const models = await api("/v1/models");
   if (!models.ok) return [el("p", { class: "error" }, errorText(models))];
@@ -210,7 +278,8 @@ async function modelsPage() {
     el("table", { id: "models" },
        el("tr", {}, ...["model", "status", "method", "guarantee", "version",
                         "lineage ε spent / budget"].map(h => el("th", {}, h))),
-       rows)] };
+       rows),
+    ...(setupForms() || [])] };
 }
 
 async function modelPage(id) {
