@@ -443,8 +443,9 @@ function deletionForm() {
       error.textContent = "Give subject ids or sample ids.";
       return;
     }
-    const what = subjects.length ? `everything of ${subjects.length} subject(s)`
-                                 : `${samples.length} sample(s)`;
+    const what = [subjects.length ? `everything of ${subjects.length} subject(s)` : "",
+                  samples.length ? `${samples.length} sample(s)` : ""]
+      .filter(x => x).join(" and ");
     if (!confirm(`Forget ${what} in dataset ${dataset}? The data is erased and every model ` +
                  "trained on it is updated. This cannot be undone.")) return;
     const key = crypto.randomUUID();
@@ -564,7 +565,7 @@ function navigation(role) {
   document.getElementById("who").replaceChildren(
     `signed in as ${role} `,
     el("a", { href: "#/", id: "signout", onclick: () => {
-      sessionStorage.clear(); render(); } }, "sign out"));
+      sessionStorage.clear(); deletionFormOf = setupFormsOf = null; render(); } }, "sign out"));
 }
 
 async function render(message) {
