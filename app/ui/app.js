@@ -8,23 +8,6 @@ const KEY = "lethe.key";
 const LIVE_MS = 2000;
 let timer = null;
 
-function el(tag, attrs = {}, ...children) {
-  const svg = ["svg", "line", "polyline", "circle", "text", "rect", "g"].includes(tag);
-  const node = svg ? document.createElementNS("http://www.w3.org/2000/svg", tag)
-                   : document.createElement(tag);
-  for (const [k, v] of Object.entries(attrs)) {
-    if (v === null || v === undefined) continue;
-    if (k === "onclick" || k === "onsubmit") node.addEventListener(k.slice(2), v);
-    else if (k === "style") node.style.cssText = String(v);  // CSSOM: allowed by style-src 'self'
-    else node.setAttribute(k, String(v));
-  }
-  for (const child of children.flat()) {
-    if (child === null || child === undefined) continue;
-    node.append(child instanceof Node ? child : document.createTextNode(String(child)));
-  }
-  return node;
-}
-
 // GET `path`, or POST `payload` as JSON to it (with `headers` added); never throws on an
 // HTTP error.
 async function api(path, payload, headers = {}) {
@@ -35,7 +18,11 @@ async function api(path, payload, headers = {}) {
     init.headers["Content-Type"] = "application/json";
     init.body = JSON.stringify(payload);
   }
-  const response = await fetch(path, init);
+  return answer(await fetch(path, init));
+}
+
+// An API answer as { status, ok, body }: the JSON body, or null when there is none.
+async function answer(response) {
   let body = null;
   try { body = await response.json(); } catch (_) { body = null; }
   return { status: response.status, ok: response.ok, body };
@@ -213,9 +200,9 @@ function setupForms() {
         headers: { ...auth, "Content-Type": "application/json" },
         body: JSON.stringify({ builtin: builtin.value }) });
     }
-    let body = null;
-    try { body = await response.json(); } catch (_) { body = null; }
-    if (!response.ok) { dsError.textContent = errorText({ status: response.status, body }); return; }
+    const result = await answer(response);
+    if (!result.ok) { dsError.textContent = errorText(result); return; }
+    const body = result.body;
     dsDone.textContent = `Dataset #${body.id} registered: ${body.name}, ${body.n_samples} samples.`;
     document.getElementById("m-dataset").value = body.id;
     dataset.reset();
@@ -470,9 +457,7 @@ async function downloadReceipt(requestId, certificateId, button) {
   const response = await fetch(`/v1/deletions/${requestId}/tlog-proofs/${certificateId}`, {
     headers: { Authorization: `Bearer ${sessionStorage.getItem(KEY) || ""}` } });
   if (!response.ok) {
-    let body = null;
-    try { body = await response.json(); } catch (_) { body = null; }
-    button.replaceWith(el("span", { class: "error" }, errorText({ status: response.status, body })));
+    button.replaceWith(el("span", { class: "error" }, errorText(await answer(response))));
     return;
   }
   const text = await response.text();

@@ -1,5 +1,5 @@
 // Verifying a deletion receipt (a C2SP tlog-proof@v1 file) in the browser, with no key and no
-// third-party code: SHA-256 and Ed25519 come from WebCrypto. The checks mirror
+// third-party code: SHA-256 and Ed25519 come from WebCrypto (`el` from dom.js). The checks mirror
 // app/ledger/tiles.py (verify_tlog_proof, TileHashes, check_extension):
 //   1. the certificate (the `extra` line) hashes to the public entry, SHA-256(body), whose
 //      leaf hash is SHA-256(0x00 ‖ entry) (RFC 9162 §2.1.1);
@@ -18,16 +18,6 @@ const TILE_WIDTH = 1 << TILE_HEIGHT;
 const utf8 = new TextEncoder();
 
 class Failure extends Error {}
-
-function el(tag, attrs = {}, ...children) {
-  const node = document.createElement(tag);
-  for (const [k, v] of Object.entries(attrs)) node.setAttribute(k, String(v));
-  for (const child of children.flat()) {
-    if (child === null || child === undefined) continue;
-    node.append(child instanceof Node ? child : document.createTextNode(String(child)));
-  }
-  return node;
-}
 
 // ---- bytes -----------------------------------------------------------------------------------
 
