@@ -137,6 +137,13 @@ class Settings(BaseSettings):
         None, ge=0, description="How many of them must cosign (default: all)."
     )
     witness_timeout_seconds: float = Field(5.0, gt=0, description="Per witness request.")
+    checkpoint_interval_seconds: float = Field(
+        1.0,
+        ge=0,
+        le=60,
+        description="After an update, the log publishes a checkpoint of its new head at most "
+        "this often (a later head waits for the next one; receipts need a published one).",
+    )
     erasure_compaction: bool = Field(
         True, description="after an erasure, compact the key table (VACUUM FULL / checkpoint)"
     )

@@ -81,6 +81,32 @@ def test_group_commit_answers_after_commit_and_isolates_failures(sqlite_url: str
     assert sum(groups) >= 200 and max(groups) > 1  # grouped, not one transaction each
 
 
+def test_group_commit_runs_after_in_its_writer_once_committed(sqlite_url: str) -> None:
+    """`after` (the signal to a model's worker) runs in the writer thread once the unit's row
+    is committed and before its caller is answered; what it raises, the caller gets, and the
+    row stays committed (a 202 is not sent, the reconciler signals again)."""
+    db = database(sqlite_url)
+    committer = GroupCommitter(db)
+    seen: list[tuple[str, bool]] = []
+
+    def after(key_id: int) -> None:
+        with db.read() as session:  # another connection sees the row already
+            seen.append((threading.current_thread().name, session.get(ApiKey, key_id) is not None))
+
+    key_id = committer.submit(_add_key("after-1"), after=after)
+    assert seen == [("lethe-group-commit", True)]
+
+    def broken(_: int) -> None:
+        raise RuntimeError("redis is down")
+
+    with pytest.raises(RuntimeError, match="redis is down"):
+        committer.submit(_add_key("after-2"), after=broken)
+    committer.stop()
+    with db.read() as session:
+        names = set(session.scalars(select(ApiKey.name)))
+    assert {"after-1", "after-2"} <= names and key_id
+
+
 def test_group_commit_reruns_a_unique_race_and_reports_a_database_error(
     sqlite_url: str,
 ) -> None:

@@ -14,6 +14,7 @@ from sqlalchemy import select
 
 from app.db.session import database
 from app.db.tables import Model, Sample
+from app.ledger.certificates import lineage_history
 from app.settings import Settings
 from app.states import SampleStatus
 from tests.conftest import SMALL_TRAINING, Api, train_ids
@@ -225,3 +226,41 @@ def test_the_opened_samples_block_merges_drops_and_takes_with_index_arrays() -> 
     assert dropped.ids.tolist() == [1, 2, 7, 9] and block.drop(set()) is block
     with pytest.raises(RuntimeError, match=r"\[5\]"):
         dropped.take([1, 5])
+
+
+@pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)
+def test_the_session_keeps_the_lineage_a_fresh_read_of_the_log_gives(
+    api: Api, digits: dict, settings: Settings, two_workers: tuple[Sessions, Sessions]
+) -> None:
+    """The lineage an update admits against is carried in the session and extended by each
+    commit (issue 28: reading it decoded one certificate per version, a cost that grew with
+    every release); after noisy releases and an exact retrain it equals the log's."""
+    a, _ = two_workers
+    body = {
+        "name": "noisy",
+        "dataset_id": digits["id"],
+        "architecture": {"type": "logreg"},
+        "training": SMALL_TRAINING,
+        "method": {"name": "output_perturbation", "C0": 1.0, "finetune_epochs": 0},
+    }
+    response = api.post("/v1/models", json=body)
+    assert response.status_code == 202, response.text
+    model = api.wait(f"/v1/models/{response.json()['id']}", ("ready", "failed"))
+    assert model["status"] == "ready", model
+    ids = train_ids(api, digits["id"], 4)
+    where = settings.resolved_database_url
+    lengths = []
+    for i, method in enumerate([None, None, "retrain", None]):
+        request = {"dataset_id": digits["id"], "sample_ids": ids[i : i + 1]}
+        if method:
+            request["method"] = method
+        response = api.post("/v1/deletions", role="requester", json=request)
+        assert response.status_code == 202, response.text
+        done = api.wait(f"/v1/deletions/{response.json()['id']}", ("done", "failed"))
+        assert done["status"] == "done", done
+        session = a.take(where, model["id"], _version_id(api, model["id"]))
+        assert session is not None and session.history is not None
+        with database(api.url).read() as db:
+            assert list(session.history) == lineage_history(db, model["id"])
+        lengths.append(len(session.history))
+    assert lengths == [1, 2, 0, 1]  # two noisy releases, an exact retrain resets, one more

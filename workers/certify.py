@@ -32,6 +32,17 @@ class CertificateContext:
     removed_ids_commitment: str
 
 
+def lineage_fields(decision: Decision) -> JsonObject:
+    """The fields of a release's certificates that its lineage reads (`app/privacy/lineage`):
+    the guarantee, whether it resets the lineage, and the noisy release it counts."""
+    cert, event = decision.release.certificate, decision.release.event
+    return {
+        "guarantee": str(cert.guarantee),
+        "lineage_reset": cert.resets_lineage,
+        "lineage_event": event_to_json(event) if event is not None else None,
+    }
+
+
 def certificate_fields(
     decision: Decision, policy: PrivacyPolicy, target: PrivacyTarget, ctx: CertificateContext
 ) -> JsonObject:
@@ -50,7 +61,6 @@ def certificate_fields(
     fallback_reason = decision.reason if isinstance(decision, Fallback) else None
     if fallback_reason:
         sentence += f" Exact retraining was used because {fallback_reason}."
-    event = decision.release.event
     constants, restricted = _constants(cert.constants)
     # Other requests' ids and the batch's size concern other requesters: a receipt (the
     # logged body) carries commitments to them, auditors the values (issue 26).
@@ -70,7 +80,6 @@ def certificate_fields(
         "from_version": ctx.from_version,
         "to_version": ctx.to_version,
         "method": decision.method,
-        "guarantee": str(cert.guarantee),
         "epsilon": _claim(cert.epsilon),
         "delta": _claim(cert.delta),
         "sigma": _finite(cert.sigma),
@@ -88,8 +97,7 @@ def certificate_fields(
             "budget_epsilon": policy.lineage_epsilon,
             "budget_delta": policy.lineage_delta,
         },
-        "lineage_reset": cert.resets_lineage,
-        "lineage_event": event_to_json(event) if event is not None else None,
+        **lineage_fields(decision),
         "fallback_reason": fallback_reason,
         "target": {"epsilon": target.epsilon, "delta": target.delta},
         "n_removed": ctx.n_removed,

@@ -11,7 +11,9 @@ from __future__ import annotations
 import logging
 import math
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, replace
+from typing import cast
 
 import torch
 from safetensors.torch import load as st_load
@@ -25,6 +27,7 @@ from app.dispatch import DELETE, TRAIN, take_signal
 from app.jsontypes import JsonObject, json_object
 from app.ledger.publish import publish_soon
 from app.ledger.transparency import signing_key
+from app.privacy.lineage import history_after
 from app.settings import Settings, get_settings
 from app.specs import ImportedWeights
 from app.states import ModelStatus, Stage, TaskStatus, VersionKind
@@ -36,6 +39,7 @@ from maths.nets import build_net
 from maths.training import Diverged, ProgressFn, accuracy, check_converged
 from methods.compute import ModelSpec, RetainedData, Trained, fit, method_for
 from workers import pause, pipeline
+from workers.certify import lineage_fields
 from workers.data import OPENED, database_key, test_arrays, training_arrays
 from workers.device import trained_to_cpu, training_inputs_to, worker_device
 from workers.lease import WORKER_ID, LeaseLost, ModelLease
@@ -56,13 +60,18 @@ def _setup(settings: Settings) -> torch.device:
     return worker_device(settings)
 
 
-def _lease(settings: Settings, model_id: int) -> ModelLease:
+def _lease(
+    settings: Settings,
+    model_id: int,
+    on_take: Callable[[Session, ModelLease], object] | None = None,
+) -> ModelLease:
     return ModelLease(
         settings.resolved_database_url,
         model_id,
         settings.lease_seconds,
         settings.heartbeat_seconds,
         "embedded" if settings.embedded else "rq",
+        on_take,
     )
 
 
@@ -171,6 +180,7 @@ def _seed_session(
         return
     try:
         first = ModelSession.of(model_id, version_id, inputs.data, prepared.state, inputs.test)
+        first = replace(first, history=())  # a trained version has released no noise yet
         if prepared.method_state is not None:
             first = replace(first, method_state=prepared.method_state)
         resident_sessions(settings).put(database_key(db.engine), first)
@@ -347,20 +357,28 @@ def process_deletions(model_id: int) -> str:
     db = database(settings.resolved_database_url)
     device = _setup(settings)
     applied = 0
+
+    def first_batch(session: Session, lease: ModelLease) -> list[ClaimedTask]:
+        return _claim_in(session, settings, model_id, lease)
+
     while True:
-        with _lease(settings, model_id) as lease:
+        with _lease(settings, model_id, first_batch) as lease:
             if not lease.held:
                 return f"busy (applied {applied})"
             lingered = False
+            # the batch claimed in the lease's own transaction, then claims of their own
+            first: list[ClaimedTask] | None = cast(list[ClaimedTask], lease.taken)
             while True:
                 claimed = False
-                while tasks := _claim(db, settings, model_id, lease):
+                while tasks := _next_batch(db, settings, model_id, lease, first):
+                    first = None
                     claimed = True
                     if not _run_batch(db, settings, model_id, tasks, device):
                         return f"applied {applied}; a batch failed and will be retried"
                     applied += len(tasks)
                     if not _has_due(db, model_id):  # a read, not an empty claim's write
                         break
+                first = None
                 # due work this worker cannot claim (the model is not ready): stop lingering
                 if (lingered and not claimed) or not _linger(db, settings, model_id):
                     break
@@ -390,14 +408,30 @@ def _linger(db: Database, settings: Settings, model_id: int) -> bool:
     return False
 
 
+def _next_batch(
+    db: Database,
+    settings: Settings,
+    model_id: int,
+    lease: ModelLease,
+    first: list[ClaimedTask] | None,
+) -> list[ClaimedTask]:
+    """The batch claimed with the lease (`first`, possibly empty), else a new claim."""
+    return first if first is not None else _claim(db, settings, model_id, lease)
+
+
 def _claim(db: Database, settings: Settings, model_id: int, lease: ModelLease) -> list[ClaimedTask]:
     with db.write(durable=False) as session:  # a claim lost in a crash expires with the lease
-        model = session.get(Model, model_id)
-        if model is None or model.status != ModelStatus.ready:
-            return []
-        return pipeline.claim_tasks(
-            session, model_id, settings.max_batch_requests, lease.deadline()
-        )
+        return _claim_in(session, settings, model_id, lease)
+
+
+def _claim_in(
+    session: Session, settings: Settings, model_id: int, lease: ModelLease
+) -> list[ClaimedTask]:
+    """Claim the model's next batch in the caller's transaction (none unless it is ready)."""
+    model = session.get(Model, model_id)
+    if model is None or model.status != ModelStatus.ready:
+        return []
+    return pipeline.claim_tasks(session, model_id, settings.max_batch_requests, lease.deadline())
 
 
 def _has_due(db: Database, model_id: int) -> bool:
@@ -434,7 +468,7 @@ def _run_batch(
             with db.read() as session:  # one short read; no transaction while computing
                 batch, inputs = pipeline.load_batch(session, model_id, tasks, sessions)
             outcome: Outcome | None = compute_on(inputs, device) if batch.removed else None
-            stored = pipeline.store_release(db, batch, outcome)  # no transaction open
+            stored = pipeline.store_release(batch, outcome)  # no transaction open
             pause.point("before-commit", model_id)  # (a crash here leaves orphans: swept)
             signer = signing_key(settings)
             try:
@@ -504,7 +538,15 @@ def _keep_resident(
         return
     release = outcome.decision.release
     state = {k: v.detach().cpu() for k, v in release.next_state.items()}
-    sessions.put(where, batch.session.advance(version_id, batch.removed, state, release.resident))
+    before = batch.session.history
+    history = (
+        tuple(history_after(before, lineage_fields(outcome.decision)))
+        if before is not None
+        else None
+    )
+    sessions.put(
+        where, batch.session.advance(version_id, batch.removed, state, release.resident, history)
+    )
 
 
 def _withdraw(db: Database, model_id: int, reason: str) -> None:

@@ -41,7 +41,7 @@ from app.states import ModelStatus, RequestStatus, SampleStatus, Stage, TaskStat
 from app.storage.blobs import WrittenBlob, blobs
 from app.storage.crypto import keyring
 from app.storage.erasure import erase_payloads
-from app.storage.keystore import destroy_keys, load_keys
+from app.storage.keystore import load_keys
 from app.wire import Progress
 from methods import get_method, method_of
 from methods.compute import (
@@ -92,9 +92,16 @@ def weights_metadata(
     dataset = session.get(Dataset, model.dataset_id)
     assert dataset is not None
     parent = session.get(ModelVersion, parent_id) if parent_id is not None else None
+    return release_metadata(model, dataset, number, parent, kind)
+
+
+def release_metadata(
+    model: Model, dataset: Dataset, number: int, parent: ModelVersion | None, kind: VersionKind
+) -> dict[str, str]:
+    """`weights_metadata` from rows already read (an update reads them in its load)."""
     return {
         "format": "lethe/1",
-        "model_id": str(model_id),
+        "model_id": str(model.id),
         "version": str(number),
         "kind": str(kind),
         "parent_sha256": parent.weights_sha256 if parent is not None else "",
@@ -130,10 +137,17 @@ def store_version_blobs(
     next_state: ModelState,
 ) -> VersionBlobs:
     """Seal and store a version's downloadable weights (with what a loader needs in their
-    safetensors metadata, `weights_metadata`) and its noise-free state, each as a stream of
-    views of the tensors' own memory (workers/tensorfile.py)."""
+    safetensors metadata, `weights_metadata`) and its noise-free state."""
     with db.read() as session:
         metadata = weights_metadata(session, model_id, number, parent_id, kind)
+    return store_blobs(model_id, metadata, weights, next_state)
+
+
+def store_blobs(
+    model_id: int, metadata: dict[str, str], weights: ModelState, next_state: ModelState
+) -> VersionBlobs:
+    """Seal and store a version's weights under `metadata` and its noise-free state, each as
+    a stream of views of the tensors' own memory (workers/tensorfile.py)."""
     store = blobs()
     _, stream = tensorfile.encode(weights, metadata)
     stored_weights = store.write(f"model-{model_id}/weights", stream)
@@ -182,20 +196,14 @@ def write_version(
     return version
 
 
-def store_release(db: Database, batch: Batch, outcome: Outcome | None) -> VersionBlobs | None:
-    """The blobs of the version a batch's update releases (None when nothing was removed)."""
+def store_release(batch: Batch, outcome: Outcome | None) -> VersionBlobs | None:
+    """The blobs of the version a batch's update releases (None when nothing was removed),
+    their metadata from the batch's load: no database access here."""
     if outcome is None:
         return None
     release = outcome.decision.release
-    return store_version_blobs(
-        db,
-        batch.model_id,
-        batch.parent_number + 1,
-        batch.parent_id,
-        release.version_kind,
-        release.weights,
-        release.next_state,
-    )
+    metadata = {**batch.weights_metadata, "kind": str(release.version_kind)}
+    return store_blobs(batch.model_id, metadata, release.weights, release.next_state)
 
 
 def training_record(session: Session, model_id: int) -> tuple[dict[str, Any] | None, list[int]]:
@@ -280,6 +288,8 @@ def load_batch(
             OPENED.keep_only(where, dataset.id, warm.test.sample_ids)
     else:
         warm = _with_current_test(session, dataset, warm)
+    if warm.history is None:  # read once per session, then extended by each commit
+        warm = replace(warm, history=tuple(lineage_history(session, model_id)))
     held = _held(session, model_id, sorted({s for t in tasks for s in t.sample_ids}))
     removed_by_task: dict[int, list[int]] = {}
     claimed: set[int] = set()
@@ -312,6 +322,9 @@ def load_batch(
         openings=_openings(session, {t.request_id for t in tasks}),
         session=warm,
         rows_loaded=rows_loaded,
+        weights_metadata=release_metadata(
+            model, dataset, parent.number + 1, parent, VersionKind.unlearned
+        ),
     )
     inputs = UpdateInputs(
         model_id=model_id,
@@ -323,7 +336,7 @@ def load_batch(
         removed=removed,
         retained=retained,
         test=RetainedData(test.sample_ids, test.X, test.y, test.subjects, test.external_ids),
-        history=lineage_history(session, model_id),
+        history=list(warm.history or ()),
         record=record,
         resident=resident if method.name == spec.method.name else None,
     )
@@ -578,20 +591,21 @@ def finish_requests(session: Session, request_ids: set[int]) -> None:
     requests = session.scalars(
         select(DeletionRequest).where(DeletionRequest.id.in_(request_ids))
     ).all()
-    done = [r for r in requests if statuses[r.id] <= {TaskStatus.done}]
-    erase_payloads(session, sorted({s for r in done for s in r.sample_ids}))
-    now = utcnow()
+    now, openings = utcnow(), []
     for request in requests:
         seen = statuses[request.id]
         if seen <= {TaskStatus.done}:
             request.status, request.finished_at = RequestStatus.done, now
         elif TaskStatus.failed in seen and not seen & {TaskStatus.queued, TaskStatus.running}:
             request.status, request.finished_at = RequestStatus.failed, now
-    finished = [r for r in requests if r.finished_at is not None and r.commitment_key_id]
-    # the opening now lives with the requester alone: destroy the server's copy
-    destroy_keys(session, [r.commitment_key_id for r in finished if r.commitment_key_id])
-    for request in finished:
-        request.commitment_key_id = None
+        if request.finished_at is not None and request.commitment_key_id is not None:
+            # the opening now lives with the requester alone: destroy the server's copy
+            openings.append(request.commitment_key_id)
+            request.commitment_key_id = None
+    done = [r for r in requests if r.status == RequestStatus.done]
+    # one DELETE of data keys for the payloads' and the openings' (issue 28: statements are
+    # most of a warm update's commit)
+    erase_payloads(session, sorted({s for r in done for s in r.sample_ids}), also=openings)
 
 
 def release_tasks(session: Session, task_ids: list[int], delay_seconds: float = 0) -> None:

@@ -12,7 +12,10 @@ After an update commits, `advance` overwrites the removed rows in the session's 
 plaintext leaves with the commit; the opened-samples cache of workers/data.py drops them at
 the next load of their dataset), marks them dead and moves it to the new version; the arrays
 are rebuilt without dead rows once a quarter of them are. The method keeps its own state
-beside the rows (`method_state`: convex_head's anchored Hessian, issue 28). A session is
+beside the rows (`method_state`: convex_head's anchored Hessian, issue 28), and the session
+keeps the model's lineage (its noisy releases since the last exact retrain), extended by each
+commit: read from the log, it is one certificate per version to decode, a cost that grew with
+every release. A session is
 forgotten when its model's lease is lost, when an update fails, or when more than `capacity`
 models were used since (least recently used first).
 """
@@ -27,6 +30,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 import torch
 
+from app.privacy.lineage import LineageEvent
 from methods.compute import ModelState, RemovedSamples, RetainedData, Rows
 from workers.data import Arrays, object_array
 
@@ -55,6 +59,7 @@ class ModelSession:
     test: Arrays  # the test split's active rows when the session was made or refreshed
     method_state: object | None = None  # the method's own (UpdateInputs.resident)
     test_left: int | None = None  # test rows gone (erasing or erased) when `test` was read
+    history: tuple[LineageEvent, ...] | None = None  # the lineage at `version_id` (None: read it)
 
     @classmethod
     def of(
@@ -122,9 +127,11 @@ class ModelSession:
         removed_ids: list[int],
         state: ModelState,
         method_state: object | None = None,
+        history: tuple[LineageEvent, ...] | None = None,
     ) -> ModelSession:
         """The session after a committed update: the removed rows overwritten and marked, the
-        new state. The arrays are shared with this session, which must not be used again."""
+        new state and lineage. The arrays are shared with this session, which must not be
+        used again."""
         alive, count = self.alive, self.count
         if removed_ids:
             out = self.rows_of(removed_ids)
@@ -143,6 +150,7 @@ class ModelSession:
             count=count,
             state=state,
             method_state=method_state,
+            history=history,
         )
         return moved._compacted() if count <= (1 - COMPACT_FRACTION) * len(alive) else moved
 

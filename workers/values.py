@@ -90,6 +90,7 @@ class Batch:
     openings: dict[int, bytes] = field(default_factory=dict)  # request id -> commitment key
     session: ModelSession | None = None  # the resident session the inputs came from
     rows_loaded: int = 0  # training rows read from the database (0: the session was warm)
+    weights_metadata: dict[str, str] = field(default_factory=dict)  # the release's, but its kind
 
     @property
     def removed(self) -> list[int]:

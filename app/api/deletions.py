@@ -80,11 +80,13 @@ def create(
         )
         return DeletionOut.model_validate(view), accepted.models, accepted.replayed
 
-    view, models, replayed = committer.submit(accept)
+    def signal(accepted: tuple[DeletionOut, list[int], bool]) -> None:
+        for model_id in accepted[1]:
+            dispatcher.enqueue(DELETE, model_id)
+
+    view, _, replayed = committer.submit(accept, after=signal)
     if view.status == "done" and not replayed:  # nothing held them: erased on acceptance
         compact_after_erasure(db)
-    for model_id in models:
-        dispatcher.enqueue(DELETE, model_id)
     headers = {"Idempotent-Replayed": "true"} if replayed else {}
     return JSONResponse(view.model_dump(mode="json"), status_code=202, headers=headers)
 

@@ -40,6 +40,7 @@ ATTEMPTS = 5
 @dataclass
 class _Unit:
     work: Callable[[Session], Any]
+    after: Callable[[Any], None] | None = None
     future: Future[Any] = field(default_factory=Future)
     attempts: int = 0
 
@@ -58,12 +59,19 @@ class GroupCommitter:
         """Grouped on SQLite, one transaction per caller elsewhere (see the module)."""
         return cls(db, grouped=db.engine.dialect.name == "sqlite")
 
-    def submit(self, work: Callable[[Session], T]) -> T:
-        """Run `work(session)` in the next group; return its result once committed."""
+    def submit(self, work: Callable[[Session], T], after: Callable[[T], None] | None = None) -> T:
+        """Run `work(session)` in the next group; return its result once committed.
+
+        `after(result)` runs once the commit is durable, before the caller is answered; grouped,
+        the writer thread runs it, so a job it signals starts without waiting for the caller's
+        thread to wake (jobs after commit). What it raises, the caller gets."""
         if not self.grouped:
-            return self.db.run(work, retry_integrity=True)
+            result = self.db.run(work, retry_integrity=True)
+            if after is not None:
+                after(result)
+            return result
         self._ensure_thread()
-        unit = _Unit(work)
+        unit = _Unit(work, after)
         self._queue.put(unit)
         return unit.future.result()
 
@@ -125,6 +133,11 @@ class GroupCommitter:
                 except Exception as exc:
                     results.append((unit, False, exc))
         for unit, ok, value in results:
+            if ok and unit.after is not None:
+                try:
+                    unit.after(value)
+                except Exception as exc:
+                    ok, value = False, exc
             if ok:
                 unit.future.set_result(value)
             else:

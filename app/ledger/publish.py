@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import base64
 import logging
+import math
 import threading
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -168,13 +170,31 @@ def publish_quietly(db: Database, settings: Settings) -> None:
 
 
 _PUBLISHING = threading.Lock()
+_SCHEDULING = threading.Lock()
+_PENDING: dict[str, threading.Timer] = {}  # database URL -> the publication scheduled for it
+_LAST: dict[str, float] = {}  # database URL -> when its last scheduled publication started
 
 
 def publish_soon(db: Database, settings: Settings) -> None:
-    """Publish in a background thread, unless a publication is already under way (it will
-    see the new head or the reconciler's next one will): a slow or unreachable witness never
-    delays the worker's next update."""
-    if not _PUBLISHING.locked():
-        threading.Thread(
-            target=publish_quietly, args=(db, settings), name="lethe-publish", daemon=True
-        ).start()
+    """Publish in a background thread, at most once per `checkpoint_interval_seconds` per
+    database: a head committed while a publication is scheduled is published by it, one
+    committed just after a publication waits for the next. A slow or unreachable witness never
+    delays the worker's next update, and twenty updates a second make one checkpoint a second,
+    not twenty (issue 28: publishing after every update competed with the next one)."""
+    with _SCHEDULING:
+        if db.url in _PENDING:
+            return
+        wait = max(0.0, _LAST.get(db.url, -math.inf) + settings.checkpoint_interval_seconds)
+        timer = threading.Timer(
+            max(0.0, wait - time.monotonic()), _publish_scheduled, args=(db, settings)
+        )
+        timer.name, timer.daemon = "lethe-publish", True
+        _PENDING[db.url] = timer
+        timer.start()
+
+
+def _publish_scheduled(db: Database, settings: Settings) -> None:
+    with _SCHEDULING:
+        _PENDING.pop(db.url, None)
+        _LAST[db.url] = time.monotonic()
+    publish_quietly(db, settings)

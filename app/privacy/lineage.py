@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import math
 from collections import Counter
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -176,15 +176,36 @@ def history_from_certificates(bodies: Iterable[Mapping[str, Any]]) -> list[Linea
     order (one per version: coalesced requests share a release)."""
     releases: dict[int, LineageEvent] = {}
     for doc in bodies:
-        if doc.get("lineage_reset") or doc.get("guarantee") == "exact":
+        if resets_lineage(doc):
             releases.clear()
-        elif doc.get("lineage_event"):
-            releases[doc["to_version"]] = event_from_json(doc["lineage_event"])
-        elif doc.get("sensitivity", 0) > 0 and doc.get("sigma", 0) > 0:
-            releases[doc["to_version"]] = gaussian_event(
-                doc["sigma"], doc["sensitivity"], doc["epsilon"], doc["delta"]
-            )
+        elif (event := release_event(doc)) is not None:
+            releases[doc["to_version"]] = event
     return list(releases.values())
+
+
+def history_after(history: Sequence[LineageEvent], doc: Mapping[str, Any]) -> list[LineageEvent]:
+    """The history once one more version's release `doc` is logged: the rule of
+    `history_from_certificates` for one step, so a worker that keeps the history between
+    updates (issue 28) holds what a fresh read of the log would give."""
+    if resets_lineage(doc):
+        return []
+    event = release_event(doc)
+    return [*history, event] if event is not None else list(history)
+
+
+def resets_lineage(doc: Mapping[str, Any]) -> bool:
+    """Whether a certificate's release starts its lineage afresh (an exact retrain)."""
+    return bool(doc.get("lineage_reset")) or doc.get("guarantee") == "exact"
+
+
+def release_event(doc: Mapping[str, Any]) -> LineageEvent | None:
+    """The noisy release a certificate records (None: it released no noise the lineage counts);
+    certificates older than the `lineage_event` field are read from their σ and sensitivity."""
+    if doc.get("lineage_event"):
+        return event_from_json(doc["lineage_event"])
+    if doc.get("sensitivity", 0) > 0 and doc.get("sigma", 0) > 0:
+        return gaussian_event(doc["sigma"], doc["sensitivity"], doc["epsilon"], doc["delta"])
+    return None
 
 
 def compose_events(events: list[LineageEvent], delta: float) -> LineageSpend:
