@@ -206,3 +206,70 @@ def test_the_verifier_runs_from_a_fresh_folder_with_the_files_alone(
     (folder / "receipt.json").write_text(json.dumps(receipt))
     bad = subprocess.run(args, cwd=folder, env=env, capture_output=True, text=True, timeout=60)
     assert bad.returncode == 1 and "does not hash" in bad.stderr
+
+
+def test_frontier_lists_the_complete_subtrees_that_tile_a_tree() -> None:
+    for size in range(0, 70):
+        tiles = transparency.frontier(size)
+        covered = 0
+        for level, index in tiles:
+            assert index << level == covered  # aligned, left to right, no gap
+            covered += 1 << level
+        assert covered == size and len(tiles) == bin(size).count("1")
+
+
+def test_appends_read_no_node_with_the_kept_frontier_and_sign_a_fresh_trees_root(
+    tmp_path: Path,
+) -> None:
+    """The worker keeps both trees' frontiers between appends (issue 28): an append then reads
+    no stored node, and every head it signs is the root of a tree built from scratch; a rolled
+    back append leaves nothing stale behind."""
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+    from app.db.migrate import upgrade_to_head
+    from app.ledger.certificates import append_certificates
+
+    url = f"sqlite:///{tmp_path / 'tree.db'}"
+    upgrade_to_head(url)
+    db, key = database(url), Ed25519PrivateKey.generate()
+    reads: list[str] = []
+
+    @sa.event.listens_for(db.engine, "before_cursor_execute")
+    def count(conn, cursor, statement, params, context, executemany):  # type: ignore[no-untyped-def]
+        if statement.lstrip().upper().startswith("SELECT") and (
+            "FROM merkle_nodes" in statement or "FROM public_nodes" in statement
+        ):
+            reads.append(statement)
+
+    def fields(i: int) -> dict:
+        return {
+            "request_id": i,
+            "model_id": 1,
+            "from_version": i,
+            "to_version": i + 1,
+            "method": "output_perturbation",
+            "guarantee": "certified",
+            "epsilon": 1.0,
+            "delta": 1e-5,
+            "cumulative_epsilon": 1.0,
+            "cumulative_delta": 1e-5,
+            "n_removed": 1,
+        }
+
+    bodies: list[str] = []
+    for i in range(1, 24):
+        reads.clear()
+        if i == 9:  # an append that rolls back: its nodes must not be trusted afterwards
+            with pytest.raises(RuntimeError), db.write() as session:
+                append_certificates(session, [fields(999)], key)
+                raise RuntimeError("the commit failed")
+        with db.write() as session:
+            bodies += [c.body for c in append_certificates(session, [fields(i), fields(-i)], key)]
+        with db.read() as session:
+            head = transparency.latest_head(session)
+        expected = merkle.root_of([merkle.leaf_hash(b.encode()) for b in bodies])
+        assert head["tree_size"] == len(bodies) and head["root_hash"] == expected.hex()
+        if i > 1 and i != 9:
+            assert reads == []  # the frontier was kept: no node read
+        if i == 9:
+            assert reads  # after the rollback it was forgotten and read again

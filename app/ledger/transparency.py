@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import threading
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import cast
@@ -108,10 +109,13 @@ class StoredNodes:
     log's `public_nodes`), read through a cache; `subtree` hashes any leaf range."""
 
     def __init__(
-        self, session: Session, table: type[MerkleNode] | type[PublicNode] = MerkleNode
+        self,
+        session: Session,
+        table: type[MerkleNode] | type[PublicNode] = MerkleNode,
+        known: dict[tuple[int, int], bytes] | None = None,
     ) -> None:
         self.session, self.table = session, table
-        self.cache: dict[tuple[int, int], bytes] = {}
+        self.cache: dict[tuple[int, int], bytes] = dict(known or {})
 
     def get(self, level: int, idx: int) -> bytes:
         if (level, idx) not in self.cache:
@@ -153,8 +157,11 @@ def append(
 ) -> JsonObject:
     """Add these certificates' leaves (after any the tree is missing, e.g. certificates
     written before the tree existed) and sign the new head, in the caller's transaction."""
-    nodes, public = StoredNodes(session), StoredNodes(session, PublicNode)
-    size = leaf_count(session)
+    size, root = _newest_head(session)
+    where = str(session.get_bind().engine.url)
+    known, known_public = _FRONTIERS.at(where, size, root)
+    nodes = StoredNodes(session, known=known)
+    public = StoredNodes(session, PublicNode, known=known_public)
     last = max(c.seq for c in certificates)
     earlier: list[Certificate] = []
     if size < last - len(certificates):  # catch up on earlier certificates first
@@ -169,7 +176,64 @@ def append(
         nodes.add_leaf(cert.seq - 1, cert.body.encode())
         public.add_leaf(cert.seq - 1, public_entry(cert.body))
     session.flush()
-    return _sign_head(session, nodes, last, signer)
+    head = _sign_head(session, nodes, last, signer)  # reads the certificates' frontier
+    for level, index in frontier(last):  # and the public tree's, once after a cold start
+        public.get(level, index)
+    _FRONTIERS.keep(where, last, str(head["root_hash"]), nodes.cache, public.cache)
+    return head
+
+
+def _newest_head(session: Session) -> tuple[int, str]:
+    """The size and root of the newest signed head ((0, "") before the first)."""
+    row = session.execute(
+        select(TreeHead.tree_size, TreeHead.root_hash).order_by(TreeHead.tree_size.desc()).limit(1)
+    ).first()
+    return (int(row.tree_size), str(row.root_hash)) if row is not None else (0, "")
+
+
+def frontier(size: int) -> list[tuple[int, int]]:
+    """The (level, index) of the complete subtrees a tree of `size` leaves splits into, left to
+    right: all that appending the next leaf and hashing the new root read (RFC 9162 §2.1.1)."""
+    out, start = [], 0
+    for level in range(size.bit_length() - 1, -1, -1):
+        if size & (1 << level):
+            out.append((level, start >> level))
+            start += 1 << level
+    return out
+
+
+class _Frontiers:
+    """The frontier nodes of both trees as this process last appended them, per database, so
+    an append reads no node (issue 28: O(log n) primary-key reads per update). Valid only while
+    the newest signed head is the one they were kept at (same size and root: a rewritten or
+    rolled-back tree has another), else forgotten; O(log n) nodes each."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._held: dict[str, tuple[int, str, Nodes, Nodes]] = {}
+
+    def at(self, where: str, size: int, root: str) -> tuple[Nodes, Nodes]:
+        with self._lock:
+            held = self._held.get(where)
+            if held is None or held[:2] != (size, root):
+                return {}, {}
+            return dict(held[2]), dict(held[3])
+
+    def keep(self, where: str, size: int, root: str, nodes: Nodes, public: Nodes) -> None:
+        """Keep the frontier nodes of both trees at `size` leaves (the next append's frontier
+        is this one's nodes and those it writes)."""
+        wanted = frontier(size)
+        with self._lock:
+            self._held[where] = (
+                size,
+                root,
+                {k: nodes[k] for k in wanted if k in nodes},
+                {k: public[k] for k in wanted if k in public},
+            )
+
+
+Nodes = dict[tuple[int, int], bytes]
+_FRONTIERS = _Frontiers()
 
 
 def public_entry(body: str) -> bytes:
