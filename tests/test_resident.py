@@ -264,3 +264,36 @@ def test_the_session_keeps_the_lineage_a_fresh_read_of_the_log_gives(
             assert list(session.history) == lineage_history(db, model["id"])
         lengths.append(len(session.history))
     assert lengths == [1, 2, 0, 1]  # two noisy releases, an exact retrain resets, one more
+
+
+@pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)
+def test_the_test_split_is_read_once_per_session_not_again_on_its_next_update(
+    api: Api,
+    digits: dict,
+    two_workers: tuple[Sessions, Sessions],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A session is dated by the count of test rows gone when its split was read (issue 28,
+    goal 6: a session seeded by training, or made cold, re-read the whole split on its next
+    update; 4 s of a million-row model's first deletion)."""
+    from workers import pipeline
+
+    _, b = two_workers
+    reads: list[int] = []
+    real = pipeline.test_arrays
+
+    def counted(session, dataset):  # type: ignore[no-untyped-def]
+        reads.append(dataset.id)
+        return real(session, dataset)
+
+    monkeypatch.setattr(pipeline, "test_arrays", counted)
+    model = create(api, digits["id"], "dated")  # worker a seeds the session from training
+    ids = train_ids(api, digits["id"], 4)
+    forget(api, digits["id"], ids[:1])
+    forget(api, digits["id"], ids[1:2])
+    assert reads == []  # warm from training: the split it read is current
+    use(b)  # a worker that never saw the model: one cold read, then none
+    forget(api, digits["id"], ids[2:3])
+    forget(api, digits["id"], ids[3:4])
+    assert reads == [digits["id"]]
+    assert current(api, model["id"])["n_train"] == model["current_version"]["n_train"] - 4

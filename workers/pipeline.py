@@ -355,6 +355,7 @@ def _cold_session(
     rows = training_arrays(session, model_id, dataset)
     state = tensorfile.decode(state_bytes)
     made = ModelSession.of(model_id, parent.id, rows, state, test_arrays(session, dataset))
+    made = replace(made, test_left=test_rows_left(session, dataset.id))  # dated: read once
     return made, len(rows)
 
 
@@ -364,16 +365,25 @@ def _with_current_test(session: Session, dataset: Dataset, warm: ModelSession) -
     unchanged split: counted from ix_samples_dataset_split_status over the few rows that
     left, not the many still active (issue 28). A session that never counted them reads the
     split once."""
-    left = session.scalar(
-        select(func.count()).where(
-            Sample.dataset_id == dataset.id,
-            Sample.split == "test",
-            Sample.status.in_([SampleStatus.erasing, SampleStatus.erased]),
-        )
-    )
+    left = test_rows_left(session, dataset.id)
     if left == warm.test_left:
         return warm
     return replace(warm, test=test_arrays(session, dataset), test_left=left)
+
+
+def test_rows_left(session: Session, dataset_id: int) -> int:
+    """How many of the dataset's test rows have left (erasing or erased): read in the same
+    transaction as the split, it dates the split for `_with_current_test`."""
+    return int(
+        session.scalar(
+            select(func.count()).where(
+                Sample.dataset_id == dataset_id,
+                Sample.split == "test",
+                Sample.status.in_([SampleStatus.erasing, SampleStatus.erased]),
+            )
+        )
+        or 0
+    )
 
 
 def _openings(session: Session, request_ids: set[int]) -> dict[int, bytes]:

@@ -24,6 +24,7 @@ class TrainingInputs:
     imported: ImportedWeights | None
     imported_bytes: bytes | bytearray | None
     dataset_id: int = 0  # whose opened rows a resident session replaces after training
+    test_left: int | None = None  # test rows gone when `test` was read (dates the split)
 
 
 # ---- an update: its decision and outcome ----------------------------------------------------
