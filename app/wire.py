@@ -427,6 +427,57 @@ class DeletionCost(BaseModel):
     """one row per method (the exact retrain first)"""
 
 
+class MethodChoice(BaseModel):
+    """One method for a model not yet created: whether it can serve it, what its first release
+    would promise and what one deletion would cost."""
+
+    model_config = ConfigDict(use_attribute_docstrings=True)
+
+    method: str
+    """the method"""
+    summary: str
+    """what it does, in a line"""
+    guarantee: str
+    """exact, rigorous, conditional or none"""
+    available: bool = False
+    """whether POST /v1/models would accept it here with its default options"""
+    refusal: str | None = None
+    """why not, as the API would say it"""
+    sigma: float | None = None
+    """the σ of its first release at the target (null: none, or measured during the update)"""
+    feasible: bool | None = None
+    """whether it can meet the target (null: decided by what the update measures)"""
+    reason: str = ""
+    """the plan's own words"""
+    fraction_of_full_retrain: float | None = None
+    """one single-sample deletion's share of a full retrain (null: not known before updates)"""
+    expected_compute_seconds: float | None = None
+    """that share of the dataset's measured training (null: nothing measured)"""
+    cost_basis: str = ""
+    """where the share comes from"""
+
+
+class MethodChoices(BaseModel):
+    """Every method, for a dataset, an architecture and a per-release target."""
+
+    model_config = ConfigDict(use_attribute_docstrings=True)
+
+    dataset_id: int
+    """the dataset"""
+    architecture: str
+    """the architecture type"""
+    target: Target
+    """the (ε, δ) planned for"""
+    n_train: int
+    """the dataset's active training samples"""
+    full_retrain_seconds: float | None
+    """a measured full training of this architecture on this dataset (null: none yet)"""
+    full_retrain_basis: str
+    """which"""
+    methods: list[MethodChoice]
+    """one row per method"""
+
+
 class PreviewOut(Document):
     """σ, feasibility and lineage cost of a model's next release, before any request (a
     method may add keys of its own)."""

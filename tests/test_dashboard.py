@@ -464,13 +464,39 @@ def test_an_admin_registers_a_dataset_and_creates_a_model(
     assert registered["n_samples"] == 60 and registered["source"] == "csv"
     assert page.input_value("#m-dataset") == str(dataset_id)  # carried to the model form
 
+    # The method table for this dataset (GET /v1/privacy/methods): what the API plans and
+    # refuses, row by row; choosing a row chooses the method.
+    page.wait_for_selector("#method-choices")
+    table = admin.get("/v1/privacy/methods", params={"dataset": dataset_id, "epsilon": 1}).json()
+    shown = page.locator("#method-choices tr[data-method]")
+    assert shown.count() == len(table["methods"])
+    for row in table["methods"]:
+        cells = page.locator(f'#method-choices tr[data-method="{row["method"]}"] td')
+        assert cells.nth(1).inner_text() == row["guarantee"]
+        if row["available"]:
+            sigma = cells.nth(2).inner_text()
+            assert (
+                sigma == "—"
+                if row["sigma"] is None
+                else float(sigma) == pytest.approx(row["sigma"], rel=1e-3)
+            )
+        else:
+            assert cells.nth(6).inner_text() == row["refusal"]  # the API's refusal, as it came
+    options = page.locator("#m-method option").all_inner_texts()
+    assert options == [r["method"] for r in table["methods"] if r["available"]]
+    page.click('#method-choices tr[data-method="sharded_retrain"] button.choose')
+    assert page.input_value("#m-method") == "sharded_retrain"
+    assert "chosen" in (
+        page.get_attribute('#method-choices tr[data-method="sharded_retrain"]', "class") or ""
+    )
+    page.screenshot(path=str(tmp_path / "models-method-table.png"), full_page=True)
     page.fill("#m-name", "from-the-dashboard")
-    page.select_option("#m-method", "retrain")
     page.click("#m-submit")
     page.wait_for_selector("#m-done:not(:empty)")
     model_id = int(page.inner_text("#m-done").split("#")[1].split(" ")[0])
     created = admin.get(f"/v1/models/{model_id}").json()
     assert created["name"] == "from-the-dashboard" and created["dataset_id"] == dataset_id
+    assert created["method"]["name"] == "sharded_retrain"  # the row chosen in the table
     page.wait_for_selector(f'tr[data-model="{model_id}"] .status.ready', timeout=120_000)
     page.screenshot(path=str(tmp_path / "models-created.png"), full_page=True)
 

@@ -143,3 +143,61 @@ def test_preview_unknown_model_and_bad_method_options(api: Api) -> None:
         json={"name": "x", "dataset_id": ds["id"], "privacy": {"epsilon": 1, "delta": 1.5}},
     )
     assert bad_policy.status_code == 422
+
+
+def test_the_method_table_for_a_new_model_plans_checks_and_costs_each_method(
+    api: Api, ready_model: dict
+) -> None:
+    """GET /v1/privacy/methods (the model form's table, issue 32): every method, refused with
+    the API's own message where POST /v1/models would refuse it, planned at the target, with
+    the share of a full retrain scaled by the dataset's measured training."""
+    dataset = ready_model["dataset_id"]
+    table = api.get(
+        "/v1/privacy/methods", params={"dataset": dataset, "epsilon": 0.5, "delta": 1e-6}
+    )
+    assert table.status_code == 200, table.text
+    body = table.json()
+    rows = {r["method"]: r for r in body["methods"]}
+    assert body["target"] == {"epsilon": 0.5, "delta": 1e-6} and body["n_train"] > 0
+    assert body["full_retrain_seconds"] > 0
+    assert f"model {ready_model['id']}" in body["full_retrain_basis"]
+    # the planned σ is the preview's: a model of that method at the same target plans it so
+    op = rows["output_perturbation"]
+    assert op["available"] and op["guarantee"] == "rigorous" and op["sigma"] > 0
+    sharded = rows["sharded_retrain"]
+    assert sharded["available"] and 0 < sharded["fraction_of_full_retrain"] < 1
+    assert sharded["expected_compute_seconds"] == pytest.approx(
+        body["full_retrain_seconds"] * sharded["fraction_of_full_retrain"]
+    )
+    assert rows["retrain"]["fraction_of_full_retrain"] == 1.0
+    # refused as the API refuses: a heuristic without allow_heuristic, a topic model on images
+    heuristic = rows["minnorm_og"]
+    assert not heuristic["available"] and "allow_heuristic" in heuristic["refusal"]
+    refused = api.post(
+        "/v1/models",
+        json={"name": "x", "dataset_id": dataset, "method": {"name": "minnorm_og"}},
+    )
+    assert refused.status_code == 422
+    assert not rows["anchor_topics"]["available"]
+    # an available method's row is what creating it gives: its preview has the same σ
+    created = api.post(
+        "/v1/models",
+        json={
+            "name": "chosen",
+            "dataset_id": dataset,
+            "training": SMALL_TRAINING,
+            "method": {"name": "output_perturbation"},
+            "privacy": {"epsilon": 0.5, "delta": 1e-6},
+        },
+    )
+    assert created.status_code == 202, created.text
+    model = api.wait(f"/v1/models/{created.json()['id']}", ("ready", "failed"))
+    preview = api.get("/v1/privacy/preview", params={"model": model["id"]}).json()
+    assert preview["sigma"] == pytest.approx(op["sigma"])
+    assert (
+        api.get(
+            "/v1/privacy/methods", params={"dataset": dataset, "architecture": "nope"}
+        ).status_code
+        == 422
+    )
+    assert api.get("/v1/privacy/methods", params={"dataset": 99999}).status_code == 404

@@ -1,4 +1,5 @@
-"""GET /v1/privacy/preview: what the next release of a model would cost."""
+"""GET /v1/privacy/preview: what the next release of a model would cost; GET
+/v1/privacy/methods: what each method would promise and cost for a model not yet created."""
 
 from __future__ import annotations
 
@@ -10,8 +11,9 @@ from app.api.deps import AnyRole, DbDep
 from app.api.responses import COMMON, errors
 from app.schemas import MAX_ID
 from app.security import Role
+from app.services.method_choice import method_choices
 from app.services.privacy import preview as preview_release
-from app.wire import PreviewOut
+from app.wire import MethodChoices, PreviewOut
 
 router = APIRouter(prefix="/v1/privacy", tags=["privacy"], responses=COMMON)
 
@@ -28,3 +30,19 @@ def preview(
     with db.read() as session:
         disclose = key.role in (Role.auditor, Role.admin)
         return preview_release(session, model, epsilon, delta, disclose)
+
+
+@router.get("/methods", response_model=MethodChoices, responses=errors(404, 422))
+def methods(
+    key: AnyRole,
+    db: DbDep,
+    dataset: Annotated[int, Query(ge=1, le=MAX_ID)],
+    architecture: Annotated[str, Query(pattern=r"^[a-z_]{1,40}$")] = "logreg",
+    epsilon: Annotated[float, Query(gt=0, le=100)] = 1.0,
+    delta: Annotated[float, Query(gt=0, lt=1)] = 1e-5,
+) -> MethodChoices:
+    """Before creating a model: each method's guarantee, first-release σ, whether it can
+    serve this dataset and architecture (with the API's refusal if not) and the cost of one
+    deletion, so a method is chosen with numbers."""
+    with db.read() as session:
+        return method_choices(session, dataset, {"type": architecture}, epsilon, delta)

@@ -204,7 +204,9 @@ function setupForms() {
     if (!result.ok) { dsError.textContent = errorText(result); return; }
     const body = result.body;
     dsDone.textContent = `Dataset #${body.id} registered: ${body.name}, ${body.n_samples} samples.`;
-    document.getElementById("m-dataset").value = body.id;
+    const target = document.getElementById("m-dataset");
+    target.value = body.id;
+    target.dispatchEvent(new Event("change"));  // the method table for the new dataset
     dataset.reset();
   });
 
@@ -213,27 +215,84 @@ function setupForms() {
   const method = el("select", { id: "m-method" },
     ["retrain", "sharded_retrain", "output_perturbation", "convex_head", "recollection"]
       .map(m => el("option", { value: m }, m)));
+  const datasetId = el("input", { id: "m-dataset", type: "number", min: 1, required: "" });
+  const epsilon = el("input", { id: "m-epsilon", type: "number", min: 0.01, step: "any",
+                                value: "1" });
+  const choices = el("div", { id: "m-methods" });
   const model = el("form", { id: "new-model", class: "card action" },
     el("h2", {}, "Create a model"),
     el("label", {}, "name ", el("input", { id: "m-name", required: "" })),
-    el("label", {}, "dataset ", el("input", { id: "m-dataset", type: "number", min: 1,
-                                             required: "" })),
+    el("label", {}, "dataset ", datasetId),
+    el("label", {}, "per-release ε ", epsilon),
     el("label", {}, "unlearning method ", method),
+    choices,
     el("button", { type: "submit", id: "m-submit" }, "Create and train"), mError, mDone);
+  const choose = name => { method.value = name; markChosen(choices, name); };
+  const loadChoices = () => methodChoices(choices, method, datasetId.value, epsilon.value, choose);
+  datasetId.addEventListener("change", loadChoices);
+  epsilon.addEventListener("change", loadChoices);
+  method.addEventListener("change", () => markChosen(choices, method.value));
   model.addEventListener("submit", async (event) => {
     event.preventDefault();
     mError.textContent = mDone.textContent = "";
     const result = await api("/v1/models", {
       name: document.getElementById("m-name").value,
-      dataset_id: Number(document.getElementById("m-dataset").value),
-      method: { name: method.value } });
+      dataset_id: Number(datasetId.value),
+      method: { name: method.value },
+      privacy: { epsilon: Number(epsilon.value) || 1 } });
     if (!result.ok) { mError.textContent = errorText(result); return; }
     mDone.textContent = `Model #${result.body.id} created; training runs as a job.`;
     model.reset();
+    choices.replaceChildren();
     render();
   });
   setupFormsOf = [role, [dataset, model]];
   return setupFormsOf[1];
+}
+
+// The model form's method table (GET /v1/privacy/methods): each method's guarantee, the σ of
+// its first release at the chosen ε, whether it can serve this dataset (else the API's own
+// refusal) and one deletion's cost; a row's button chooses it.
+async function methodChoices(box, select, datasetId, epsilon, choose) {
+  if (!Number(datasetId)) { box.replaceChildren(); return; }
+  const eps = Number(epsilon) > 0 ? Number(epsilon) : 1;
+  const result = await api(`/v1/privacy/methods?dataset=${Number(datasetId)}&epsilon=${eps}`);
+  if (!result.ok) {
+    box.replaceChildren(el("p", { class: "error", id: "m-methods-error" }, errorText(result)));
+    return;
+  }
+  const body = result.body;
+  const secs = s => (typeof s === "number" ? `${s.toPrecision(3)} s` : "—");
+  const share = f => (typeof f === "number" ? `${(100 * f).toPrecision(3)}%` : "—");
+  const available = body.methods.filter(c => c.available).map(c => c.method);
+  select.replaceChildren(...available.map(m => el("option", { value: m }, m)));
+  box.replaceChildren(
+    el("p", {}, `${body.n_train} training samples · one deletion's cost is a share of a full ` +
+                `retrain (${body.full_retrain_seconds === null ? "none measured yet"
+                  : secs(body.full_retrain_seconds)}; ${body.full_retrain_basis})`),
+    el("table", { id: "method-choices" },
+      el("tr", {}, ...["method", "guarantee", "σ of a release", "meets the target",
+                       "one deletion", "share of a retrain", ""].map(h => el("th", {}, h))),
+      body.methods.map(c => el("tr",
+        { "data-method": c.method, class: c.available ? "" : "refused", title: c.summary },
+        el("td", {}, c.method),
+        el("td", {}, c.guarantee),
+        el("td", { class: "sigma" }, c.available ? fmt(c.sigma) : "—"),
+        el("td", {}, !c.available ? "—" : c.feasible === null ? "decided per update"
+                      : c.feasible ? "yes" : "no: retrains exactly"),
+        el("td", {}, c.available ? secs(c.expected_compute_seconds) : "—"),
+        el("td", { class: "share" }, c.available ? share(c.fraction_of_full_retrain) : "—"),
+        el("td", { class: "sentence" }, c.available
+          ? el("button", { type: "button", class: "choose",
+                           onclick: () => choose(c.method) }, "choose")
+          : c.refusal)))));
+  markChosen(box, select.value);
+}
+
+function markChosen(box, name) {
+  for (const row of box.querySelectorAll("tr[data-method]")) {
+    row.classList.toggle("chosen", row.dataset.method === name);
+  }
 }
 
 async function modelsPage() {
