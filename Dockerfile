@@ -1,13 +1,26 @@
-# Lethe API and worker image (distributed mode). CPU torch by default; for GPU workers build
-# FROM an image with CUDA and install the matching torch build instead.
-FROM python:3.11-slim
+# Lethe API and worker image (distributed mode; embedded when no LETHE_REDIS_URL is set). CPU
+# torch by default; for GPU workers build FROM an image with CUDA and install the matching torch.
+# BASE is any Debian-family image with Python 3.11: python:3.11-slim from a registry, or, where
+# no registry is reachable, a bookworm root filesystem made from Debian's packages and imported
+# (scripts/build-image does that with mmdebstrap and podman). Torch comes from TORCH_INDEX, or
+# from a directory of wheels mounted at /wheels during the build (podman build --volume).
+ARG BASE=docker.io/library/python:3.11-slim
+FROM ${BASE}
+ARG TORCH_INDEX=https://download.pytorch.org/whl/cpu
+ARG PIP_CERT=/etc/ssl/certs/ca-certificates.crt
 ENV PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 PIP_NO_CACHE_DIR=1 \
-    OMP_WAIT_POLICY=PASSIVE LETHE_DATA_DIR=/var/lib/lethe
+    PIP_DISABLE_PIP_VERSION_CHECK=1 OMP_WAIT_POLICY=PASSIVE LETHE_DATA_DIR=/var/lib/lethe \
+    PATH=/opt/lethe/bin:$PATH
 WORKDIR /srv/lethe
-RUN useradd --system --uid 10001 --home-dir /var/lib/lethe --create-home lethe
+RUN python3 -m venv /opt/lethe \
+ && useradd --system --uid 10001 --home-dir /var/lib/lethe --create-home lethe
 
 # Dependencies first, in layers that change only with pyproject.toml.
-RUN pip install torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu
+RUN if ls /wheels/torch-2.13.0+cpu-*.whl >/dev/null 2>&1; then \
+      pip install --find-links /wheels "torch==2.13.0+cpu"; \
+    else \
+      pip install torch==2.13.0 --index-url "$TORCH_INDEX"; \
+    fi
 COPY pyproject.toml ./
 RUN python -c "import subprocess, sys, tomllib; \
 deps = [d for d in tomllib.load(open('pyproject.toml', 'rb'))['project']['dependencies'] \
@@ -21,7 +34,6 @@ COPY workers ./workers
 COPY methods ./methods
 COPY maths ./maths
 COPY lethe ./lethe
-COPY migrations ./migrations
 COPY scripts ./scripts
 RUN pip install --no-deps . && rm -rf build *.egg-info
 

@@ -2,6 +2,7 @@
 #   make serve   install everything into .venv and start Lethe (embedded: SQLite + inline worker)
 #   make test    start PostgreSQL/Redis if stopped, install chromium if missing, install the
 #                test extras and run the whole suite (.ci/run calls only this)
+#   make test-image  build the container image with podman from Debian's packages and run it
 #   make unit    the fast layer: no PostgreSQL, no Redis, no worker processes
 #   make lint    ruff (lint + format check) and mypy on app/ and workers/
 PYTHON ?= python3
@@ -10,7 +11,7 @@ BIN := $(VENV)/bin
 HOST ?= 127.0.0.1
 PORT ?= 8000
 
-.PHONY: install install-test prerequisites serve test unit lint bench
+.PHONY: install install-test prerequisites serve test test-image unit lint bench
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -37,12 +38,17 @@ prerequisites:
 	scripts/test-prerequisites
 
 test: prerequisites install-test lint
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q -m "not image"
+
+# The container image built with podman from Debian's packages and run (tests/test_image.py).
+test-image: install-test
+	scripts/test-prerequisites --image
+	$(BIN)/python -m pytest -q -m image
 
 unit: install-test
-	$(BIN)/python -m pytest -q -m "not postgres and not integration"
+	$(BIN)/python -m pytest -q -m "not postgres and not integration and not image"
 
 lint: install-test
-	$(BIN)/ruff check app workers methods maths lethe tests bench migrations scripts
-	$(BIN)/ruff format --check app workers methods maths lethe tests bench migrations scripts
+	$(BIN)/ruff check app workers methods maths lethe tests bench scripts
+	$(BIN)/ruff format --check app workers methods maths lethe tests bench scripts
 	$(BIN)/mypy

@@ -85,3 +85,10 @@ def test_a_built_wheel_carries_the_dashboard_and_the_loader(tmp_path: Path) -> N
     names = set(zipfile.ZipFile(wheel).namelist())
     assert {"app/ui/index.html", "app/ui/app.js", "app/ui/app.css"} <= names
     assert "lethe/loader.py" in names
+    # Alembic's scripts ship inside the package: an installed Lethe migrates its database (the
+    # image's first start failed on a path outside site-packages before, issue 32)
+    assert {
+        "app/migrations/env.py",
+        "app/migrations/script.py.mako",
+        "app/migrations/versions/0001_initial_schema.py",
+    } <= names
