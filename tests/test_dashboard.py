@@ -484,6 +484,7 @@ def test_an_admin_registers_a_dataset_and_creates_a_model(
             assert cells.nth(6).inner_text() == row["refusal"]  # the API's refusal, as it came
     options = page.locator("#m-method option").all_inner_texts()
     assert options == [r["method"] for r in table["methods"] if r["available"]]
+    assert page.input_value("#m-method") == "retrain"  # the form's default, still allowed
     page.click('#method-choices tr[data-method="sharded_retrain"] button.choose')
     assert page.input_value("#m-method") == "sharded_retrain"
     assert "chosen" in (

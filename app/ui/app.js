@@ -265,7 +265,10 @@ async function methodChoices(box, select, datasetId, epsilon, choose) {
   const secs = s => (typeof s === "number" ? `${s.toPrecision(3)} s` : "—");
   const share = f => (typeof f === "number" ? `${(100 * f).toPrecision(3)}%` : "—");
   const available = body.methods.filter(c => c.available).map(c => c.method);
+  const before = select.value;  // kept if this dataset allows it, else the exact retrain
   select.replaceChildren(...available.map(m => el("option", { value: m }, m)));
+  if (available.includes(before)) select.value = before;
+  else if (available.includes("retrain")) select.value = "retrain";
   box.replaceChildren(
     el("p", {}, `${body.n_train} training samples · one deletion's cost is a share of a full ` +
                 `retrain (${body.full_retrain_seconds === null ? "none measured yet"
