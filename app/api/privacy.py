@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Literal
 
 from fastapi import APIRouter, Query
 
@@ -37,7 +37,10 @@ def methods(
     key: AnyRole,
     db: DbDep,
     dataset: Annotated[int, Query(ge=1, le=MAX_ID)],
-    architecture: Annotated[str, Query(pattern=r"^[a-z_]{1,40}$")] = "logreg",
+    architecture: Annotated[
+        Literal["logreg", "mlp", "random_features"],
+        Query(description="an architecture type built from its defaults"),
+    ] = "logreg",
     epsilon: Annotated[float, Query(gt=0, le=100)] = 1.0,
     delta: Annotated[float, Query(gt=0, lt=1)] = 1e-5,
 ) -> MethodChoices:
