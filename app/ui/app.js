@@ -38,6 +38,9 @@ function fmt(x, digits = 3) {
   return typeof x === "number" ? Number(x.toPrecision(digits)).toString() : String(x);
 }
 
+function asSeconds(s) { return typeof s === "number" ? `${s.toPrecision(3)} s` : "—"; }
+function asPercent(f) { return typeof f === "number" ? `${(100 * f).toPrecision(3)}%` : "—"; }
+
 function status(s) { return el("span", { class: `status ${s}` }, s); }
 
 // ---- charts ---------------------------------------------------------------------------------
@@ -262,8 +265,6 @@ async function methodChoices(box, select, datasetId, epsilon, choose) {
     return;
   }
   const body = result.body;
-  const secs = s => (typeof s === "number" ? `${s.toPrecision(3)} s` : "—");
-  const share = f => (typeof f === "number" ? `${(100 * f).toPrecision(3)}%` : "—");
   const available = body.methods.filter(c => c.available).map(c => c.method);
   const before = select.value;  // kept if this dataset allows it, else the exact retrain
   select.replaceChildren(...available.map(m => el("option", { value: m }, m)));
@@ -272,7 +273,7 @@ async function methodChoices(box, select, datasetId, epsilon, choose) {
   box.replaceChildren(
     el("p", {}, `${body.n_train} training samples · one deletion's cost is a share of a full ` +
                 `retrain (${body.full_retrain_seconds === null ? "none measured yet"
-                  : secs(body.full_retrain_seconds)}; ${body.full_retrain_basis})`),
+                  : asSeconds(body.full_retrain_seconds)}; ${body.full_retrain_basis})`),
     el("table", { id: "method-choices" },
       el("tr", {}, ...["method", "guarantee", "σ of a release", "meets the target",
                        "one deletion", "share of a retrain", ""].map(h => el("th", {}, h))),
@@ -283,8 +284,8 @@ async function methodChoices(box, select, datasetId, epsilon, choose) {
         el("td", { class: "sigma" }, c.available ? fmt(c.sigma) : "—"),
         el("td", {}, !c.available ? "—" : c.feasible === null ? "decided per update"
                       : c.feasible ? "yes" : "no: retrains exactly"),
-        el("td", {}, c.available ? secs(c.expected_compute_seconds) : "—"),
-        el("td", { class: "share" }, c.available ? share(c.fraction_of_full_retrain) : "—"),
+        el("td", {}, c.available ? asSeconds(c.expected_compute_seconds) : "—"),
+        el("td", { class: "share" }, c.available ? asPercent(c.fraction_of_full_retrain) : "—"),
         el("td", { class: "sentence" }, c.available
           ? el("button", { type: "button", class: "choose",
                            onclick: () => choose(c.method) }, "choose")
@@ -443,8 +444,6 @@ function bytes(n) {
 }
 
 function costTable(cost) {
-  const share = f => (typeof f === "number" ? `${(100 * f).toPrecision(3)}%` : "—");
-  const secs = s => (typeof s === "number" ? `${s.toPrecision(3)} s` : "—");
   return el("div", {},
     el("h2", {}, "Cost of one deletion, by method"),
     el("table", { id: "deletion-cost" },
@@ -453,8 +452,8 @@ function costTable(cost) {
       cost.methods.map(c => el("tr", { "data-method": c.method },
         el("td", {}, c.method),
         el("td", {}, Object.entries(c.options).map(([k, v]) => `${k}=${v}`).join(" ") || "—"),
-        el("td", {}, secs(c.expected_compute_seconds)),
-        el("td", {}, share(c.fraction_of_full_retrain)),
+        el("td", {}, asSeconds(c.expected_compute_seconds)),
+        el("td", {}, asPercent(c.fraction_of_full_retrain)),
         el("td", { class: "sentence" }, c.basis)))));
 }
 
