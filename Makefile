@@ -1,7 +1,8 @@
 # The two commands of the README:
 #   make serve   install everything into .venv and start Lethe (embedded: SQLite + inline worker)
 #   make test    start PostgreSQL/Redis if stopped, install chromium if missing, install the
-#                test extras and run the whole suite (.ci/run calls only this)
+#                test extras and run the whole suite but the image test (.ci/run: this, then
+#                make test-image)
 #   make test-image  build the container image with podman from Debian's packages and run it
 #   make unit    the fast layer: no PostgreSQL, no Redis, no worker processes
 #   make lint    ruff (lint + format check) and mypy on app/ and workers/
