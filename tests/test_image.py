@@ -6,11 +6,9 @@ the build alone taking minutes."""
 
 from __future__ import annotations
 
-import os
 import re
 import shutil
 import subprocess
-import sys
 import time
 import uuid
 from pathlib import Path
@@ -18,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from bench.cluster import free_port
-from tests.test_walkthrough import walkthrough
+from tests.test_walkthrough import run_walkthrough
 
 pytestmark = pytest.mark.image
 ROOT = Path(__file__).resolve().parents[1]
@@ -70,20 +68,7 @@ def test_the_image_builds_from_debian_packages_passes_its_healthcheck_and_serves
         logs = subprocess.run(["podman", "logs", name], capture_output=True, text=True, check=True)
         keys = re.findall(r"lethe_adm_[A-Za-z0-9_-]+", logs.stdout + logs.stderr)
         assert keys, "the first start prints an admin key once"
-        work = tmp_path / "work"
-        (work / "scripts").mkdir(parents=True)
-        shutil.copy(ROOT / "scripts" / "verify_audit.py", work / "scripts")
-        env = {**os.environ, "KEY": keys[0], "L": f"http://127.0.0.1:{port}", "PY": sys.executable}
-        result = subprocess.run(
-            ["bash", "-c", walkthrough()],
-            cwd=work,
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=300,
-            check=False,
-        )
-        assert result.returncode == 0, f"{result.stdout[-3000:]}\n{result.stderr[-3000:]}"
+        result = run_walkthrough(tmp_path / "work", f"http://127.0.0.1:{port}", keys[0])
         assert '"status": "done"' in result.stdout and '"ok": true' in result.stdout
     finally:
         podman("rm", "--force", name, check=False)

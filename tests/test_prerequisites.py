@@ -38,29 +38,25 @@ def test_missing_chromium_and_go_are_installed_then_nothing_is(tmp_path: Path) -
         f'  golang-go) printf "#!/bin/sh\\necho go version stand-in\\n" > {bin_}/go;;\n'
         f"esac; done; chmod +x {bin_}/chromium {bin_}/go 2>/dev/null; fi; exit 0",
     )
-    env = {**os.environ, "PATH": str(bin_)}
-    first = subprocess.run(
-        [str(bin_ / "bash"), str(ROOT / "scripts" / "test-prerequisites")],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
-    assert first.returncode == 0, first.stdout + first.stderr
+
+    def prerequisites() -> subprocess.CompletedProcess[str]:
+        done = subprocess.run(
+            [str(bin_ / "bash"), str(ROOT / "scripts" / "test-prerequisites")],
+            env={**os.environ, "PATH": str(bin_)},
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+        assert done.returncode == 0, done.stdout + done.stderr
+        return done
+
+    first = prerequisites()
     calls = asked.read_text().splitlines()
     assert calls[0] == "update -qq"
     installed = calls[1].split()
     assert installed[:3] == ["install", "-y", "-qq"] and {"chromium", "golang-go"} <= set(installed)
     assert "Chromium 156-stand-in" in first.stdout and "go version stand-in" in first.stdout
 
-    again = subprocess.run(
-        [str(bin_ / "bash"), str(ROOT / "scripts" / "test-prerequisites")],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
-    assert again.returncode == 0, again.stdout + again.stderr
+    prerequisites()
     assert asked.read_text().splitlines() == calls  # nothing missing: apt is not asked again

@@ -430,17 +430,7 @@ def commit_update(
     Autoflush is off: the writes are flushed where a later read depends on them (the version
     and the certificates as they are added, everything before the requests are finished), not
     before every query (issue 28: eight flushes were a quarter of the commit's CPU)."""
-    with session.no_autoflush:
-        return _commit_update(session, batch, outcome, stored, signer)
-
-
-def _commit_update(
-    session: Session,
-    batch: Batch,
-    outcome: Outcome | None,
-    stored: VersionBlobs | None,
-    signer: Ed25519PrivateKey,
-) -> int | None:
+    session.autoflush = False  # the commit's own session (db.run makes one per attempt)
     model = check_lease(session, batch.model_id)
     if model.current_version_id != batch.parent_id:
         raise LeaseLost(f"model {batch.model_id} moved past version {batch.parent_number}")
