@@ -217,13 +217,22 @@ def test_the_opened_samples_block_merges_drops_and_takes_with_index_arrays() -> 
 
     block = _Block.empty([1]).merge(rows([2, 5, 9]))
     assert block.missing([9, 1, 5, 7, 7]) == [1, 7]
-    block = block.merge(rows([1, 7]))  # interleaved ids: kept in ascending order
-    assert block.ids.tolist() == [1, 2, 5, 7, 9]
+    block = block.merge(rows([1, 7, 10]))  # interleaved ids: kept in ascending order
+    assert block.ids.tolist() == [1, 2, 5, 7, 9, 10]
+    assert block.X[:, 0].tolist() == [1.0, 2.0, 5.0, 7.0, 9.0, 10.0]  # every array merged alike
+    assert block.y.tolist() == [1, 2, 2, 1, 0, 1]
+    assert block.external_ids.tolist() == ["e1", "e2", "e5", "e7", "e9", "e10"]
+    assert block.subjects.tolist() == ["s1", "s2", "s5", "s7", "s9", "s10"]
     taken = block.take([9, 1, 7])  # any order in, the same order out
     assert taken.sample_ids == [9, 1, 7] and taken.external_ids == ["e9", "e1", "e7"]
     assert taken.X[:, 0].tolist() == [9.0, 1.0, 7.0] and taken.subjects == ["s9", "s1", "s7"]
-    dropped = block.drop({5, 99})
-    assert dropped.ids.tolist() == [1, 2, 7, 9] and block.drop(set()) is block
+    # the whole block in order: the block's own rows when the caller may share them, else a copy
+    assert block.take(block.ids.tolist(), copy=False).X is block.X
+    whole = block.take(block.ids.tolist())
+    assert whole.X.data_ptr() != block.X.data_ptr() and torch.equal(whole.X, block.X)
+    assert block.take([1, 2], copy=False).X.data_ptr() != block.X.data_ptr()  # a part: copied
+    dropped = block.drop(np.array([5, 99]))
+    assert dropped.ids.tolist() == [1, 2, 7, 9, 10] and block.drop(np.array([], int)) is block
     with pytest.raises(RuntimeError, match=r"\[5\]"):
         dropped.take([1, 5])
 

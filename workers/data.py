@@ -81,49 +81,63 @@ def sealed_samples() -> Select[int, int, str, bytes | None, uuid.UUID | None, by
 
 
 class OpenedSamples:
-    """Samples this process has opened, per database and dataset, as contiguous arrays (issue
-    13): an update used to decrypt and decode the whole training set each time, most of its
-    cost on small models. Each load reads the ids it needs and the dataset's erased ids, opens
-    what is new, and drops every cached sample whose key is gone, so erased plaintext does not
+    """Samples this process has opened, per database, dataset and part (a model's training rows
+    or the test split), as contiguous arrays (issue 13): an update used to decrypt and decode
+    the whole training set each time, most of its cost on small models. Each load reads the
+    ids it needs and the dataset's erased ids, opens what is new, and drops every cached
+    sample whose key is gone from every part of the dataset, so erased plaintext does not
     outlive the next load of its dataset in any worker. Blocks are keyed by the dataset's id
-    and creation time, so a reused id is never mistaken for an old dataset's sample."""
+    and creation time, so a reused id is never mistaken for an old dataset's sample.
+
+    The parts are kept apart so a load never concatenates the training rows with the test
+    split (at a million rows that merge and its reordering were two more copies of all the
+    data, issue 28 goal 6), and a part asked for whole comes back without a copy where its
+    caller cannot write to the cache's rows: the test split (`shared`, read only) or training
+    rows handed over to a resident session (`hand_over`: the cache forgets them, so the
+    session's in-place erasure of a removed row never reaches another reader)."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._blocks: dict[tuple[str, int, str], _Block] = {}
+        self._blocks: dict[tuple[str, int, str, str], _Block] = {}
 
-    def arrays(self, session: Session, dataset: Dataset, ids: list[int]) -> Arrays:
-        """These samples (ids ascending), opened once per process."""
+    def arrays(
+        self,
+        session: Session,
+        dataset: Dataset,
+        ids: list[int],
+        part: str,
+        *,
+        shared: bool = False,
+        hand_over: bool = False,
+    ) -> Arrays:
+        """These samples (ids ascending), opened once per process. `shared`: the caller only
+        reads the arrays (they may be the cache's own); `hand_over`: the caller keeps them and
+        the cache drops this part."""
         # Only the dataset's erased ids come back (usually few): reading every (id, key id)
         # pair was most of an update's time at n = 100,000 (bench/scale.py).
-        erased = set(
+        erased = np.fromiter(
             session.scalars(
                 select(Sample.id).where(Sample.dataset_id == dataset.id, Sample.key_id.is_(None))
-            )
+            ),
+            dtype=np.int64,
         )
-        where = (
+        here = (
             database_key(session.get_bind().engine),
             dataset.id,
             dataset.created_at.isoformat(),  # a dataset id reused after a delete starts afresh
         )
+        where = (*here, part)
         with self._lock:
-            block = self._blocks.get(where) or _Block.empty(dataset.feature_shape)
-            block = block.drop(erased)
+            for key, cached in list(self._blocks.items()):  # erased rows leave every part
+                if key[:3] == here:
+                    self._blocks[key] = cached.drop(erased)
+            block = self._blocks.pop(where, None) or _Block.empty(dataset.feature_shape)
             new = block.missing(ids)
             if new:
                 block = block.merge(_open_new(session, dataset, new))
-            self._blocks[where] = block
-        return block.take(ids)
-
-    def keep_only(self, database: str, dataset_id: int, ids: list[int]) -> None:
-        """Drop this dataset's opened rows but `ids` (issue 28, goal 6): a resident session
-        now holds the model's training rows, so a second copy here would double the data in
-        memory; the test split stays, for the updates that re-read it."""
-        with self._lock:
-            for where, block in list(self._blocks.items()):
-                if where[:2] == (database, dataset_id):
-                    at = np.flatnonzero(np.isin(block.ids, np.asarray(ids, dtype=np.int64)))
-                    self._blocks[where] = block._rows(at)
+            if not hand_over:
+                self._blocks[where] = block
+        return block.take(ids, copy=not (shared or hand_over))
 
     def clear(self) -> None:
         with self._lock:
@@ -197,26 +211,37 @@ class _Block:
         wanted = np.unique(np.asarray(ids, dtype=np.int64))
         return np.setdiff1d(wanted, self.ids, assume_unique=True).tolist()
 
-    def drop(self, erased: set[int]) -> _Block:
-        gone = np.isin(self.ids, np.fromiter(erased, dtype=np.int64, count=len(erased)))
+    def drop(self, erased: np.ndarray) -> _Block:
+        gone = np.isin(self.ids, erased)
         if not gone.any():
             return self
         return self._rows(np.flatnonzero(~gone))
 
     def merge(self, more: Arrays) -> _Block:
+        """These rows and `more`'s (both in ascending id order, no id in both), written once
+        into arrays of the merged size: no concatenation reordered afterwards."""
         if not len(self):  # nothing opened yet: `more` is already in id order
             return _Block.of(more)
-        both = _Block(
-            np.concatenate([self.ids, np.asarray(more.sample_ids, dtype=np.int64)]),
-            np.concatenate([self.external_ids, object_array(more.external_ids)]),
-            np.concatenate([self.subjects, object_array(more.subjects)]),
-            torch.cat([self.X, more.X]),
-            torch.cat([self.y, more.y]),
-        )
-        return both._rows(np.argsort(both.ids, kind="stable"))
+        other = _Block.of(more)
+        n = len(self) + len(other)
+        mine = np.arange(len(self)) + np.searchsorted(other.ids, self.ids)
+        theirs = np.arange(len(other)) + np.searchsorted(self.ids, other.ids)
+        ids = np.empty(n, dtype=np.int64)
+        external_ids = np.empty(n, dtype=object)
+        subjects = np.empty(n, dtype=object)
+        X = self.X.new_empty((n, *self.X.shape[1:]))
+        y = self.y.new_empty(n)
+        for at, part in ((mine, self), (theirs, other)):
+            ids[at], external_ids[at], subjects[at] = part.ids, part.external_ids, part.subjects
+            rows = torch.from_numpy(at)
+            X[rows], y[rows] = part.X, part.y
+        return _Block(ids, external_ids, subjects, X, y)
 
-    def take(self, ids: list[int]) -> Arrays:
+    def take(self, ids: list[int], copy: bool = True) -> Arrays:
+        """These rows; all of them in order come back as the block's own arrays unless `copy`."""
         wanted = np.asarray(ids, dtype=np.int64)
+        if not copy and np.array_equal(wanted, self.ids):
+            return self.arrays()
         at = np.searchsorted(self.ids, wanted)
         found = at < len(self)
         found[found] = self.ids[at[found]] == wanted[found]
@@ -248,21 +273,29 @@ OPENED = OpenedSamples()
 
 
 def training_arrays(
-    session: Session, model_id: int, dataset: Dataset, exclude: set[int] | None = None
+    session: Session,
+    model_id: int,
+    dataset: Dataset,
+    exclude: set[int] | None = None,
+    hand_over: bool = False,
 ) -> Arrays:
-    """Samples the model still holds (ordered by id), minus `exclude`."""
+    """Samples the model still holds (ordered by id), minus `exclude`. `hand_over`: for a
+    resident session, which keeps them (and erases removed rows in place): the opened-samples
+    cache gives them up instead of keeping a second copy (issue 28, goal 6)."""
     ids = session.scalars(
         select(ModelSample.sample_id)
         .where(ModelSample.model_id == model_id, ModelSample.removed_version_id.is_(None))
         .order_by(ModelSample.sample_id)
     ).all()
     exclude = exclude or set()
-    return OPENED.arrays(session, dataset, [s for s in ids if s not in exclude])
+    kept = [s for s in ids if s not in exclude]
+    return OPENED.arrays(session, dataset, kept, "train", hand_over=hand_over)
 
 
 def test_arrays(session: Session, dataset: Dataset) -> Arrays:
     """The test split's active samples: none that a request has asked to forget (`erasing`),
-    so no version is ever scored on rows its own request erases (issue 25)."""
+    so no version is ever scored on rows its own request erases (issue 25). Read only: the
+    arrays may be the opened-samples cache's own."""
     ids = session.scalars(
         select(Sample.id)
         .where(
@@ -273,7 +306,7 @@ def test_arrays(session: Session, dataset: Dataset) -> Arrays:
         )
         .order_by(Sample.id)
     ).all()
-    return OPENED.arrays(session, dataset, list(ids))
+    return OPENED.arrays(session, dataset, list(ids), "test", shared=True)
 
 
 def arrays_for(session: Session, dataset: Dataset, sample_ids: list[int]) -> Arrays:

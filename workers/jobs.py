@@ -40,7 +40,7 @@ from maths.training import Diverged, ProgressFn, accuracy, check_converged
 from methods.compute import ModelSpec, RetainedData, Trained, fit, method_for
 from workers import pause, pipeline
 from workers.certify import lineage_fields
-from workers.data import OPENED, database_key, test_arrays, training_arrays
+from workers.data import database_key, test_arrays, training_arrays
 from workers.device import trained_to_cpu, training_inputs_to, worker_device
 from workers.lease import WORKER_ID, LeaseLost, ModelLease
 from workers.metrics import DELETIONS_PROCESSED, FALLBACKS, JOB_DURATION
@@ -93,7 +93,8 @@ def train_model(model_id: int) -> str:
         pause.point("training", model_id)
         try:
             with db.read() as session:
-                inputs = _load_training(session, model_id)
+                keeps = resident_sessions(settings).capacity > 0
+                inputs = _load_training(session, model_id, hand_over=keeps)
             trained, metrics = _train(inputs, _progress_writer(db, model_id), device)
             prepared = _prepare_resident(settings, db, model_id, inputs, trained)
             kind = VersionKind.imported if inputs.imported else VersionKind.trained
@@ -186,8 +187,6 @@ def _seed_session(
         if prepared.method_state is not None:
             first = replace(first, method_state=prepared.method_state)
         resident_sessions(settings).put(database_key(db.engine), first)
-        # the session holds the training rows from now on
-        OPENED.keep_only(database_key(db.engine), inputs.dataset_id, inputs.test.sample_ids)
     except Exception:
         log.warning("model %s: no resident session after training", model_id, exc_info=True)
 
@@ -202,7 +201,9 @@ def _start_training(db: Database, model_id: int) -> bool:
         return True
 
 
-def _load_training(session: Session, model_id: int) -> TrainingInputs:
+def _load_training(session: Session, model_id: int, hand_over: bool) -> TrainingInputs:
+    """`hand_over`: the training rows go to the model's first resident session, so the
+    opened-samples cache does not keep a second copy of them."""
     model = session.get(Model, model_id)
     assert model is not None, "the caller holds the model's lease"
     dataset = session.get(Dataset, model.dataset_id)
@@ -210,7 +211,7 @@ def _load_training(session: Session, model_id: int) -> TrainingInputs:
     imported = model.training.imported
     return TrainingInputs(
         spec=pipeline.model_spec(model, dataset),
-        data=training_arrays(session, model_id, dataset),
+        data=training_arrays(session, model_id, dataset, hand_over=hand_over),
         test=test_arrays(session, dataset),
         test_left=pipeline.test_rows_left(session, dataset.id),
         imported=imported,

@@ -53,7 +53,7 @@ from methods.compute import (
 )
 from workers import tensorfile
 from workers.certify import CertificateContext, certificate_fields
-from workers.data import OPENED, database_key, test_arrays, training_arrays
+from workers.data import database_key, test_arrays, training_arrays
 from workers.lease import WORKER_ID, LeaseLost
 from workers.resident import ModelSession, Sessions
 from workers.statistics import delete_rows, read_vectors, write_block
@@ -283,9 +283,8 @@ def load_batch(
     rows_loaded = 0
     resident = warm.method_state if warm is not None else None  # the method's, from the session
     if warm is None:
-        warm, rows_loaded = _cold_session(session, model_id, parent, dataset)
-        if sessions is not None and sessions.capacity > 0:  # the session holds the rows now
-            OPENED.keep_only(where, dataset.id, warm.test.sample_ids)
+        keeps = sessions is not None and sessions.capacity > 0  # the session holds the rows
+        warm, rows_loaded = _cold_session(session, model_id, parent, dataset, hand_over=keeps)
     else:
         warm = _with_current_test(session, dataset, warm)
     if warm.history is None:  # read once per session, then extended by each commit
@@ -344,15 +343,16 @@ def load_batch(
 
 
 def _cold_session(
-    session: Session, model_id: int, parent: ModelVersion, dataset: Dataset
+    session: Session, model_id: int, parent: ModelVersion, dataset: Dataset, hand_over: bool
 ) -> tuple[ModelSession, int]:
     """The model's session read from the database: its retained rows, the parent version's
-    noise-free state and the test split; and how many training rows that read."""
+    noise-free state and the test split; and how many training rows that read. `hand_over`:
+    the session will be kept, so the opened-samples cache gives the rows up to it."""
     assert parent.state_key is not None
     state_bytes = blobs().read(session, parent.state_key)
     if state_bytes is None:
         raise LookupError(f"the state of version {parent.number} is missing")
-    rows = training_arrays(session, model_id, dataset)
+    rows = training_arrays(session, model_id, dataset, hand_over=hand_over)
     state = tensorfile.decode(state_bytes)
     made = ModelSession.of(model_id, parent.id, rows, state, test_arrays(session, dataset))
     made = replace(made, test_left=test_rows_left(session, dataset.id))  # dated: read once
