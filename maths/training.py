@@ -158,24 +158,38 @@ def logits(
     x̄ᵀB + bias (x̄ the word frequencies; seed 000 §A.6). Computed a block of rows at a
     time, so a network's activations (a clipped copy of the features, hidden layers) are
     never held for every row at once (issue 28, goal 6: 1.6 GB at 800,000 × 256)."""
+    n_features = int(np.prod(X.shape[1:]))
+    return scorer(architecture, state, n_features, n_classes, X.device, aggregation)(X)
+
+
+def scorer(
+    architecture: ArchitectureSpec | JsonObject,
+    state: dict[str, torch.Tensor],
+    n_features: int,
+    n_classes: int,
+    device: torch.device,
+    aggregation: str = "probabilities",
+) -> Callable[[torch.Tensor], torch.Tensor]:
+    """`logits` with the module built once, for scoring several sets with one release (a
+    sharded ensemble is S networks: building it per set was most of an update's scoring)."""
     if isinstance(architecture_of(architecture), TopicHeadSpec):
-        B, bias = state["B"].to(X.device).double(), state["bias"].to(X.device)
+        B, bias = state["B"].to(device).double(), state["bias"].to(device)
 
         def topic_head(x: torch.Tensor) -> torch.Tensor:
             counts = x.reshape(len(x), -1).double()
             frequencies = counts / counts.sum(1, keepdim=True).clamp(min=1.0)
             return frequencies @ B + bias
 
-        return _in_blocks(topic_head, X)
-    n_features = int(np.prod(X.shape[1:]))
+        return lambda X: _in_blocks(topic_head, X.to(device))
     if count_shards(state):
         arch = architecture_of(architecture)
-        ensemble = ensemble_of(arch, state, n_features, n_classes, aggregation)
-        return _in_blocks(ensemble.to(X.device).train(False), X)
-    net = build_net(architecture, n_features, n_classes).to(X.device)
-    net.load_state_dict(parameters_of(net, state))  # copies across devices and dtypes
+        net: torch.nn.Module = ensemble_of(arch, state, n_features, n_classes, aggregation)
+        net = net.to(device)
+    else:
+        net = build_net(architecture, n_features, n_classes).to(device)
+        net.load_state_dict(parameters_of(net, state))  # copies across devices and dtypes
     net.train(False)  # inference mode
-    return _in_blocks(net, X)
+    return torch.no_grad()(lambda X: _in_blocks(net, X.to(device)))
 
 
 SCORE_BLOCK = 65_536  # rows per forward pass when scoring
@@ -198,5 +212,11 @@ def accuracy(
 ) -> float | None:
     if len(y) == 0 or not is_classifier(architecture):
         return None
-    scores = logits(architecture, state, X, n_classes, aggregation)
+    return hits(logits(architecture, state, X, n_classes, aggregation), y)
+
+
+def hits(scores: torch.Tensor, y: torch.Tensor) -> float | None:
+    """The share of rows whose largest logit is their label (None for no rows)."""
+    if len(y) == 0:
+        return None
     return float((scores.argmax(1) == y).float().mean())

@@ -64,6 +64,10 @@ class RowSource(Protocol):
 
     def head(self, count: int) -> tuple[torch.Tensor, torch.Tensor]: ...
 
+    def ids(self) -> torch.Tensor: ...
+
+    def take(self, at: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]: ...
+
 
 class RetainedData:
     """Samples as tensors, rows in `sample_ids` order, with what the data says of each: its
@@ -141,6 +145,19 @@ class RetainedData:
             return self._source.head(count)
         _, X, y, _, _ = self._all()
         return X[:count], y[:count]
+
+    def ids(self) -> torch.Tensor:
+        """The sample ids as an int64 CPU tensor, without drawing the rows themselves."""
+        if self._rows is None and self._source is not None:
+            return self._source.ids()
+        return torch.as_tensor(self._all()[0], dtype=torch.int64, device="cpu")
+
+    def take(self, at: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(X, y) of the rows at positions `at` (row order), copying only those rows."""
+        if self._rows is None and self._source is not None:
+            return self._source.take(at)
+        _, X, y, _, _ = self._all()
+        return X[at.to(X.device)], y[at.to(y.device)]
 
     def to(self, device: torch.device) -> RetainedData:
         """The same rows with their tensors on `device` (deferred rows stay deferred on the

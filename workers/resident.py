@@ -26,6 +26,7 @@ import threading
 from collections import OrderedDict
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
+from functools import cached_property
 
 import numpy as np
 import torch
@@ -176,7 +177,7 @@ class _Kept:
     keep: np.ndarray
 
     def rows(self) -> Rows:
-        kept = np.flatnonzero(self.keep)
+        kept = self._kept
         at = torch.from_numpy(kept)
         s = self.session
         return (
@@ -199,8 +200,20 @@ class _Kept:
                 yield X[at], y[at]
 
     def head(self, count: int) -> tuple[torch.Tensor, torch.Tensor]:
-        at = torch.from_numpy(np.flatnonzero(self.keep)[:count])
+        at = torch.from_numpy(self._kept[:count])
         return self.session.X[at], self.session.y[at]
+
+    def ids(self) -> torch.Tensor:
+        return torch.from_numpy(self.session.sample_ids[self._kept])
+
+    def take(self, at: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        rows = torch.from_numpy(self._kept)[at]
+        return self.session.X[rows], self.session.y[rows]
+
+    @cached_property
+    def _kept(self) -> np.ndarray:
+        """The session's positions of the retained rows, in row order."""
+        return np.flatnonzero(self.keep)
 
 
 class Sessions:

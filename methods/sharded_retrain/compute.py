@@ -13,6 +13,8 @@ from __future__ import annotations
 import time
 from typing import Any
 
+import torch
+
 from app.states import Guarantee, VersionKind
 from maths.ensemble import shard_prefix
 from maths.training import ProgressFn
@@ -57,7 +59,7 @@ class ShardedRetrain(UnlearningMethod):
 
     def retrain(self, inputs: UpdateInputs) -> tuple[Trained, str]:
         """Every shard from scratch, on the recorded assignment of the retained samples."""
-        assignment = sh.Assignment.from_state(inputs.state).restricted(inputs.retained.sample_ids)
+        assignment = sh.Assignment.from_state(inputs.state).restricted(inputs.retained.ids())
         how = f"retrained all {self.options.shards} shards from scratch"
         return self._train_all(inputs.retained, assignment), how
 
@@ -81,7 +83,7 @@ class ShardedRetrain(UnlearningMethod):
         weights: ModelState = {}
         checkpoints: ModelState = {}
         for k in range(setup.shards):
-            states = sh.train_shard(setup, k, data.X, data.y, assignment, None, 1, on_stage)
+            states = sh.train_shard(setup, k, data.take, assignment, None, 1, on_stage)
             _store(weights, checkpoints, k, 1, states)
         metrics: dict[str, Any] = {
             "train_seconds": time.perf_counter() - start,
@@ -103,8 +105,9 @@ class ShardedRetrain(UnlearningMethod):
         start = time.perf_counter()
         setup = self.setup
         recorded = sh.Assignment.from_state(inputs.state)
-        first = _earliest_stages(recorded, inputs.removed.sample_ids)
-        retained = recorded.restricted(inputs.retained.sample_ids)
+        removed = recorded.restricted(sh.ids_tensor(inputs.removed.sample_ids))
+        first = _earliest_stages(removed)
+        retained = recorded.restricted(inputs.retained.ids())
         weights: ModelState = {}
         checkpoints: ModelState = {}
         for k in range(setup.shards):
@@ -114,11 +117,10 @@ class ShardedRetrain(UnlearningMethod):
             r = first[k]
             _copy_checkpoints(inputs.state, checkpoints, k, range(1, r))
             start_state = _checkpoint(inputs.state, k, r - 1) if r > 1 else None
-            X, y = inputs.retained.X, inputs.retained.y
-            states = sh.train_shard(setup, k, X, y, retained, start_state, r)
+            states = sh.train_shard(setup, k, inputs.retained.take, retained, start_state, r)
             _store(weights, checkpoints, k, r, states)
         sizes = sh.stage_sizes(retained, setup.shards, setup.slices)
-        details = _work_done(setup, sizes, first, recorded, inputs.removed.sample_ids)
+        details = _work_done(setup, sizes, first, removed)
         return Release(
             next_state={**weights, **checkpoints, **retained.to_state()},
             weights=weights,
@@ -177,21 +179,19 @@ def _work_done(
     setup: sh.ShardedSetup,
     sizes: list[list[int]],
     first: dict[int, int],
-    recorded: sh.Assignment,
-    removed: list[int],
+    removed: sh.Assignment,
 ) -> dict[str, Any]:
     """Which shards were retrained from which slice, and the share of a full retrain's
     sample-gradient passes that took (for the certificate)."""
     epochs = sh.stage_epochs(setup.training.epochs, setup.slices)
     passes = sum(sh.work(sizes, epochs, k, r) for k, r in first.items())
     full = sum(sh.work(sizes, epochs, k, 1) for k in range(setup.shards))
-    shard_of = {s: k for s, (k, _) in recorded.place().items()}
+    per_shard = torch.bincount(removed.shard, minlength=setup.shards).tolist()
     return {
         "shards": setup.shards,
         "slices": setup.slices,
         "retrained": [
-            {"shard": k, "from_slice": r, "removed": sum(1 for s in removed if shard_of[s] == k)}
-            for k, r in sorted(first.items())
+            {"shard": k, "from_slice": r, "removed": per_shard[k]} for k, r in sorted(first.items())
         ],
         "reused_shards": [k for k in range(setup.shards) if k not in first],
         "sample_passes": passes,
@@ -200,14 +200,11 @@ def _work_done(
     }
 
 
-def _earliest_stages(assignment: sh.Assignment, removed: list[int]) -> dict[int, int]:
-    """shard → the first stage (1-based) whose data held a removed sample."""
-    place = assignment.place()
+def _earliest_stages(removed: sh.Assignment) -> dict[int, int]:
+    """shard → the first stage (1-based) whose data held a removed sample (O(k) for the k
+    removed samples' places)."""
     first: dict[int, int] = {}
-    for s in removed:
-        if s not in place:
-            raise LookupError(f"sample {s} is not in the recorded shard assignment")
-        k, j = place[s]
+    for k, j in zip(removed.shard.tolist(), removed.slice.tolist(), strict=True):
         first[k] = min(first.get(k, j + 1), j + 1)
     return first
 

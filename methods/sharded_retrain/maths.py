@@ -61,13 +61,15 @@ def content_hash(x: torch.Tensor, label: int) -> str:
     return hashlib.blake2b(raw + label.to_bytes(8, "big", signed=True), digest_size=16).hexdigest()
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class Assignment:
-    """Which shard and slice (both 0-based) each sample belongs to, in `sample_ids` order."""
+    """Which shard and slice (both 0-based) each sample belongs to, in `sample_ids` order, as
+    int64 CPU tensors: an update looks samples up and restricts the assignment with index
+    arrays, never a Python loop over the n samples (issue 28, goal 2)."""
 
-    sample_ids: list[int]
-    shard: list[int]
-    slice: list[int]
+    sample_ids: torch.Tensor
+    shard: torch.Tensor
+    slice: torch.Tensor
 
     @staticmethod
     def draw(
@@ -76,41 +78,76 @@ class Assignment:
         """Seeded and stable: a sample's place depends on its key (`assignment_keys`) and the
         seed only (never on the other samples), so removing samples moves nobody."""
         return Assignment(
-            list(sample_ids),
-            [_unit_hash(seed, "shard", k) % shards for k in keys],
-            [_unit_hash(seed, "slice", k) % slices for k in keys],
+            ids_tensor(sample_ids),
+            ids_tensor([_unit_hash(seed, "shard", k) % shards for k in keys]),
+            ids_tensor([_unit_hash(seed, "slice", k) % slices for k in keys]),
         )
 
-    @cached_property
-    def tensors(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """(sample ids, shard, slice) as int64 CPU tensors, built once."""
-        as_tensor = lambda v: torch.tensor(v, dtype=torch.int64, device=CPU)  # noqa: E731
-        return as_tensor(self.sample_ids), as_tensor(self.shard), as_tensor(self.slice)
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Assignment) and all(
+            torch.equal(a, b)
+            for a, b in zip(
+                (self.sample_ids, self.shard, self.slice),
+                (other.sample_ids, other.shard, other.slice),
+                strict=True,
+            )
+        )
+
+    def __len__(self) -> int:
+        return len(self.sample_ids)
 
     def to_state(self) -> ModelState:
-        ids, shard, slice_ = self.tensors
-        return {ASSIGNMENT_IDS: ids, ASSIGNMENT_SHARD: shard, ASSIGNMENT_SLICE: slice_}
+        return {
+            ASSIGNMENT_IDS: self.sample_ids,
+            ASSIGNMENT_SHARD: self.shard,
+            ASSIGNMENT_SLICE: self.slice,
+        }
 
     @staticmethod
     def from_state(state: ModelState) -> Assignment:
         return Assignment(
-            state[ASSIGNMENT_IDS].tolist(),
-            state[ASSIGNMENT_SHARD].tolist(),
-            state[ASSIGNMENT_SLICE].tolist(),
+            ids_tensor(state[ASSIGNMENT_IDS]),
+            ids_tensor(state[ASSIGNMENT_SHARD]),
+            ids_tensor(state[ASSIGNMENT_SLICE]),
         )
 
-    def place(self) -> dict[int, tuple[int, int]]:
-        """sample id → (shard, slice); built once per assignment (an update asks three times)."""
-        return self._places
+    def positions(self, ids: torch.Tensor) -> torch.Tensor:
+        """Where each of `ids` sits in this assignment; LookupError if one is not in it."""
+        order = self._order
+        ranked = self.sample_ids if order is None else self.sample_ids[order]
+        at = torch.searchsorted(ranked, ids).clamp_max(max(len(ranked) - 1, 0))
+        if len(ids) and (not len(ranked) or not torch.equal(ranked[at], ids)):
+            missing = ids[ranked[at] != ids] if len(ranked) else ids
+            raise LookupError(f"sample {int(missing[0])} is not in the recorded shard assignment")
+        return at if order is None else order[at]
 
     @cached_property
-    def _places(self) -> dict[int, tuple[int, int]]:
-        return {s: (k, j) for s, k, j in zip(self.sample_ids, self.shard, self.slice, strict=True)}
+    def _order(self) -> torch.Tensor | None:
+        """None when the ids ascend (as training's rows do), else the order that sorts them."""
+        ids = self.sample_ids
+        if bool((ids[1:] > ids[:-1]).all()):
+            return None
+        return torch.argsort(ids, stable=True)
 
-    def restricted(self, keep: Sequence[int]) -> Assignment:
+    def restricted(self, keep: torch.Tensor) -> Assignment:
         """The assignment of the samples in `keep` (in that order)."""
-        where = self.place()
-        return Assignment(list(keep), [where[s][0] for s in keep], [where[s][1] for s in keep])
+        at = self.positions(keep)
+        return Assignment(keep, self.shard[at], self.slice[at])
+
+    def place(self) -> dict[int, tuple[int, int]]:
+        """sample id → (shard, slice) as a dict: for reading and tests, not the update path."""
+        return dict(
+            zip(
+                self.sample_ids.tolist(),
+                zip(self.shard.tolist(), self.slice.tolist(), strict=True),
+                strict=True,
+            )
+        )
+
+
+def ids_tensor(values: Sequence[int] | torch.Tensor) -> torch.Tensor:
+    """int64 on the CPU, whatever torch's default device (no copy when it already is)."""
+    return torch.as_tensor(values, dtype=torch.int64, device=CPU)
 
 
 ASSIGNMENT_IDS = "sisa.assignment.sample_ids"
@@ -150,14 +187,14 @@ class ShardedSetup:
 
 def stage_rows(assignment: Assignment, shard: int, stage: int) -> torch.Tensor:
     """Row indices (into the assignment's order) of shard k's slices 1..j, by sample id."""
-    ids, shards, slices = assignment.tensors
+    ids, shards, slices = assignment.sample_ids, assignment.shard, assignment.slice
     rows = ((shards == shard) & (slices < stage)).nonzero().flatten()
     return rows[torch.argsort(ids[rows], stable=True)]
 
 
 def slice_counts(assignment: Assignment, shards: int, slices: int) -> torch.Tensor:
     """counts[k, j]: samples in shard k's slice j (0-based)."""
-    _, shard, slice_ = assignment.tensors
+    shard, slice_ = assignment.shard, assignment.slice
     cells = torch.bincount(shard * slices + slice_, minlength=shards * slices)
     return cells.reshape(shards, slices)
 
@@ -173,11 +210,14 @@ def work(sizes: list[list[int]], epochs_per_stage: int, shard: int, from_stage: 
     return epochs_per_stage * sum(sizes[shard][from_stage - 1 :])
 
 
+TakeFn = Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
+"""(X, y) of the rows at these positions, in the assignment's row order."""
+
+
 def train_shard(
     setup: ShardedSetup,
     shard: int,
-    X: torch.Tensor,
-    y: torch.Tensor,
+    take: TakeFn,
     assignment: Assignment,
     start: ModelState | None,
     from_stage: int,
@@ -185,11 +225,11 @@ def train_shard(
 ) -> list[ModelState]:
     """Stages from_stage..R of one shard from `start` (the checkpoint after stage
     from_stage − 1; None: the seeded initialisation of stage 1). Returns their states, the
-    last being the constituent. X, y are in the assignment's row order."""
+    last being the constituent. `take` draws a stage's rows (only the shard's are copied)."""
     states: list[ModelState] = []
     state = start
     for stage in range(from_stage, setup.slices + 1):
-        rows = stage_rows(assignment, shard, stage).to(X.device)
+        X, y = take(stage_rows(assignment, shard, stage))
         losses: list[float] = []  # the stage's per-epoch mean losses
 
         def record(_epoch: int, _epochs: int, loss: float, into: list[float] = losses) -> None:
@@ -198,8 +238,8 @@ def train_shard(
         state = train(
             setup.architecture,
             setup.stage_config(shard, stage),
-            X[rows],
-            y[rows],
+            X,
+            y,
             setup.n_classes,
             progress=record if on_stage else None,
             init_state=state,
