@@ -12,7 +12,7 @@ import torch
 from torch import nn
 
 from app.specs import ArchitectureSpec
-from maths.nets import build_net, parameters_of
+from maths.nets import ClipFeatures, build_net, parameters_of
 
 ModelState = dict[str, torch.Tensor]
 AGGREGATIONS = ("probabilities", "vote")
@@ -54,12 +54,46 @@ class Ensemble(nn.Module):
         self.aggregation = aggregation
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        probs = torch.stack([m(x).softmax(-1) for m in self.members])  # S × n × classes
+        # The softmax runs over dim 1 of S × classes × n: along a last dimension of 2 to 10
+        # classes torch's CPU kernel took 20× longer (26 ms against 1.2 ms, 16 × 20,000 × 2).
+        probs = self._scores(x).softmax(1).transpose(1, 2)  # S × n × classes
         mean = probs.mean(0)
         if self.aggregation == "probabilities":
             return mean.clamp_min(torch.finfo(mean.dtype).tiny).log()
         votes = nn.functional.one_hot(probs.argmax(-1), mean.shape[-1]).sum(0).to(mean.dtype)
         return ((votes + mean) / (len(self.members) + 1)).log()
+
+    def _scores(self, x: torch.Tensor) -> torch.Tensor:
+        """Every member's logits, S × classes × n. Linear members behind the same
+        parameter-free input layer (logreg: flatten, or clip to ‖(x, 1)‖ ≤ R) are one matrix
+        product: 16 separate forwards were most of a sharded update's scoring."""
+        shared = self._linear_layers()
+        if shared is None:
+            return torch.stack([m(x).T for m in self.members])
+        first, linear = shared
+        W = torch.cat([layer.weight for layer in linear])  # (S·classes) × d
+        b = torch.cat([layer.bias for layer in linear])
+        scores = torch.addmm(b, first(x), W.T)  # n × (S·classes)
+        return scores.T.reshape(len(linear), -1, len(x))
+
+    def _linear_layers(self) -> tuple[nn.Module, list[nn.Linear]] | None:
+        """(the shared input layer, each member's linear layer), or None for other members."""
+        layers: list[nn.Linear] = []
+        inputs: set[tuple[type, float | None]] = set()
+        for m in self.members:
+            if not (isinstance(m, nn.Sequential) and len(m) == 2 and isinstance(m[1], nn.Linear)):
+                return None
+            first = m[0]
+            if type(first) is nn.Flatten and (first.start_dim, first.end_dim) == (1, -1):
+                inputs.add((nn.Flatten, None))
+            elif type(first) is ClipFeatures:
+                inputs.add((ClipFeatures, first.R))
+            else:
+                return None
+            layers.append(m[1])
+        if len(inputs) != 1 or any(layer.bias is None for layer in layers):
+            return None
+        return first, layers
 
 
 def ensemble_of(

@@ -236,6 +236,34 @@ def test_aggregations() -> None:
         Ensemble(members, "median")
 
 
+@pytest.mark.parametrize(
+    "architecture",
+    [{"type": "logreg"}, {"type": "logreg", "feature_norm": 2.0}, {"type": "mlp", "hidden": [6]}],
+)
+@pytest.mark.parametrize("aggregation", ["probabilities", "vote"])
+def test_linear_members_are_scored_in_one_product_with_each_members_numbers(
+    architecture: dict, aggregation: str
+) -> None:
+    """Logreg members (flatten or clip, then one linear layer) take one matrix product; an
+    MLP's go one by one; both give what each member's own forward gives."""
+    from maths.nets import build_net
+
+    torch.manual_seed(3)
+    members = [build_net(architecture_of(architecture), 12, 3) for _ in range(5)]
+    x = torch.randn(40, 3, 4)
+    ensemble = Ensemble(members, aggregation).train(False)
+    assert (ensemble._linear_layers() is None) == (architecture["type"] == "mlp")
+    with torch.no_grad():
+        probs = torch.stack([m(x).softmax(-1) for m in members])
+        mean = probs.mean(0)
+        if aggregation == "probabilities":
+            want = mean.log()
+        else:
+            votes = torch.nn.functional.one_hot(probs.argmax(-1), 3).sum(0).float()
+            want = ((votes + mean) / 6).log()
+        assert torch.allclose(ensemble(x), want, atol=1e-6)
+
+
 def test_the_loader_rebuilds_the_ensemble(trained) -> None:
     model, result = trained
     X, _ = data()
