@@ -74,7 +74,7 @@ class Ensemble(nn.Module):
         W = torch.cat([layer.weight for layer in linear])  # (S·classes) × d
         b = torch.cat([layer.bias for layer in linear])
         scores = torch.addmm(b, first(x), W.T)  # n × (S·classes)
-        return scores.T.reshape(len(linear), -1, len(x))
+        return scores.T.reshape(len(linear), -1, len(x)).contiguous()  # rows last in memory
 
     def _linear_layers(self) -> tuple[nn.Module, list[nn.Linear]] | None:
         """(the shared input layer, each member's linear layer), or None for other members."""
