@@ -6,12 +6,12 @@ aggregation (averaged probabilities or majority vote) travels in the safetensors
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 from torch import nn
 
-from app.specs import ArchitectureSpec
+from app.specs import ArchitectureSpec, LogRegSpec
 from maths.nets import ClipFeatures, build_net, parameters_of
 
 ModelState = dict[str, torch.Tensor]
@@ -54,14 +54,7 @@ class Ensemble(nn.Module):
         self.aggregation = aggregation
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        # The softmax runs over dim 1 of S × classes × n: along a last dimension of 2 to 10
-        # classes torch's CPU kernel took 20× longer (26 ms against 1.2 ms, 16 × 20,000 × 2).
-        probs = self._scores(x).softmax(1).transpose(1, 2)  # S × n × classes
-        mean = probs.mean(0)
-        if self.aggregation == "probabilities":
-            return mean.clamp_min(torch.finfo(mean.dtype).tiny).log()
-        votes = nn.functional.one_hot(probs.argmax(-1), mean.shape[-1]).sum(0).to(mean.dtype)
-        return ((votes + mean) / (len(self.members) + 1)).log()
+        return aggregate(self._scores(x), self.aggregation)
 
     def _scores(self, x: torch.Tensor) -> torch.Tensor:
         """Every member's logits, S × classes × n. Linear members behind the same
@@ -71,10 +64,9 @@ class Ensemble(nn.Module):
         if shared is None:
             return torch.stack([m(x).T for m in self.members])
         first, linear = shared
-        W = torch.cat([layer.weight for layer in linear])  # (S·classes) × d
+        W = torch.cat([layer.weight for layer in linear])
         b = torch.cat([layer.bias for layer in linear])
-        scores = torch.addmm(b, first(x), W.T)  # n × (S·classes)
-        return scores.T.reshape(len(linear), -1, len(x)).contiguous()  # rows last in memory
+        return stacked_scores(first(x), W, b, len(linear))
 
     def _linear_layers(self) -> tuple[nn.Module, list[nn.Linear]] | None:
         """(the shared input layer, each member's linear layer), or None for other members."""
@@ -94,6 +86,41 @@ class Ensemble(nn.Module):
         if len(inputs) != 1 or any(layer.bias is None for layer in layers):
             return None
         return first, layers
+
+
+def aggregate(scores: torch.Tensor, aggregation: str) -> torch.Tensor:
+    """Log-probabilities (n × classes) from every member's logits, S × classes × n. The
+    softmax runs over dim 1 with the rows last in memory: along a last dimension of 2 to 10
+    classes torch's CPU kernel took 20× longer (26 ms against 1.2 ms, 16 × 20,000 × 2)."""
+    if aggregation not in AGGREGATIONS:
+        raise ValueError(f"unknown aggregation {aggregation!r}")
+    probs = scores.softmax(1).transpose(1, 2)  # S × n × classes
+    mean = probs.mean(0)
+    if aggregation == "probabilities":
+        return mean.clamp_min(torch.finfo(mean.dtype).tiny).log()
+    votes = nn.functional.one_hot(probs.argmax(-1), mean.shape[-1]).sum(0).to(mean.dtype)
+    return ((votes + mean) / (len(scores) + 1)).log()
+
+
+def stacked_scores(z: torch.Tensor, W: torch.Tensor, b: torch.Tensor, S: int) -> torch.Tensor:
+    """S linear members' logits on inputs z in one product: W, b stack their weights
+    ((S·classes) × d) and biases; S × classes × n, rows last in memory."""
+    scores = torch.addmm(b, z, W.T)  # n × (S·classes)
+    return scores.T.reshape(S, -1, len(z)).contiguous()
+
+
+def linear_scorer(
+    architecture: LogRegSpec, weights: ModelState, aggregation: str, device: torch.device
+) -> Callable[[torch.Tensor], torch.Tensor]:
+    """A logreg ensemble's log-probabilities straight from its released weights, as
+    `Ensemble` computes them, without building a module per member (16 initialised and
+    then overwritten linear layers were half of a sharded update's scoring)."""
+    states = shard_states(weights, count_shards(weights))
+    W = torch.cat([s["1.weight"] for s in states]).to(device)
+    b = torch.cat([s["1.bias"] for s in states]).to(device)
+    R = architecture.feature_norm
+    first: nn.Module = nn.Flatten() if R is None else ClipFeatures(R)
+    return lambda x: aggregate(stacked_scores(first(x), W, b, len(states)), aggregation)
 
 
 def ensemble_of(

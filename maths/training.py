@@ -12,13 +12,14 @@ from app import shutdown
 from app.jsontypes import JsonObject
 from app.specs import (
     ArchitectureSpec,
+    LogRegSpec,
     TopicHeadSpec,
     TopicModelSpec,
     TrainingConfig,
     architecture_of,
     training_of,
 )
-from maths.ensemble import count_shards, ensemble_of
+from maths.ensemble import count_shards, ensemble_of, linear_scorer
 from maths.nets import build_net, parameters_of, state_of
 from maths.norms import project_parameters_
 
@@ -189,6 +190,9 @@ def scorer(
         return lambda X: _in_blocks(topic_head, X.to(device))
     if count_shards(state):
         arch = architecture_of(architecture)
+        if isinstance(arch, LogRegSpec):
+            linear = linear_scorer(arch, state, aggregation, device)
+            return torch.no_grad()(lambda X: _in_blocks(linear, X.to(device)))
         net: torch.nn.Module = ensemble_of(arch, state, n_features, n_classes, aggregation)
         net = net.to(device)
     else:

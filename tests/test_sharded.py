@@ -11,10 +11,10 @@ import torch
 from safetensors.torch import save as st_save
 
 from app.errors import APIError
-from app.specs import TrainingConfig, architecture_of
+from app.specs import LogRegSpec, TrainingConfig, architecture_of
 from app.states import Guarantee
 from lethe.loader import load_model
-from maths.ensemble import Ensemble, count_shards, shard_states
+from maths.ensemble import Ensemble, count_shards, linear_scorer, shard_states
 from maths.training import logits
 from methods import method_of
 from methods.compute import (
@@ -262,6 +262,16 @@ def test_linear_members_are_scored_in_one_product_with_each_members_numbers(
             votes = torch.nn.functional.one_hot(probs.argmax(-1), 3).sum(0).float()
             want = ((votes + mean) / 6).log()
         assert torch.allclose(ensemble(x), want, atol=1e-6)
+        if architecture["type"] == "logreg":  # and from the released weights, no modules
+            weights = {
+                f"shard{k}.{name}": v
+                for k, m in enumerate(members)
+                for name, v in m.state_dict().items()
+            }
+            arch = architecture_of(architecture)
+            assert isinstance(arch, LogRegSpec)
+            score = linear_scorer(arch, weights, aggregation, torch.device("cpu"))
+            assert torch.allclose(score(x), want, atol=1e-6)
 
 
 def test_the_loader_rebuilds_the_ensemble(trained) -> None:
