@@ -103,6 +103,10 @@ def test_training_records_the_assignment_and_every_checkpoint(trained) -> None:
     assert count_shards(result.state) == 4 and not any(k.startswith("sisa.") for k in result.state)
     recorded = sh.Assignment.from_state(result.extra_state)
     assert recorded == sh.Assignment.draw(IDS, keys(IDS), 4, 3, seed=TRAINING.seed)
+    stored = {k: v for k, v in result.extra_state.items() if k.startswith("sisa.assignment.")}
+    assert stored[sh.ASSIGNMENT_SHARD].dtype == stored[sh.ASSIGNMENT_SLICE].dtype == torch.uint8
+    wide = {k: v.long() for k, v in stored.items()}  # states stored before it was narrowed
+    assert sh.Assignment.from_state(wide) == recorded
     for k in range(4):
         for j in (1, 2):
             assert any(n.startswith(sh.checkpoint_prefix(k, j)) for n in result.extra_state)

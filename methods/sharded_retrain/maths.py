@@ -97,10 +97,12 @@ class Assignment:
         return len(self.sample_ids)
 
     def to_state(self) -> ModelState:
+        """Shard and slice as uint8 (S ≤ 64, R ≤ 32): the assignment is most of a sharded
+        version's state, sealed and stored with every update (2.4 → 1.0 MB at 100,000)."""
         return {
             ASSIGNMENT_IDS: self.sample_ids,
-            ASSIGNMENT_SHARD: self.shard,
-            ASSIGNMENT_SLICE: self.slice,
+            ASSIGNMENT_SHARD: self.shard.to(torch.uint8),
+            ASSIGNMENT_SLICE: self.slice.to(torch.uint8),
         }
 
     @staticmethod
