@@ -57,35 +57,9 @@ class Ensemble(nn.Module):
         return aggregate(self._scores(x), self.aggregation)
 
     def _scores(self, x: torch.Tensor) -> torch.Tensor:
-        """Every member's logits, S × classes × n. Linear members behind the same
-        parameter-free input layer (logreg: flatten, or clip to ‖(x, 1)‖ ≤ R) are one matrix
-        product: 16 separate forwards were most of a sharded update's scoring."""
-        shared = self._linear_layers()
-        if shared is None:
-            return torch.stack([m(x).T for m in self.members])
-        first, linear = shared
-        W = torch.cat([layer.weight for layer in linear])
-        b = torch.cat([layer.bias for layer in linear])
-        return stacked_scores(first(x), W, b, len(linear))
-
-    def _linear_layers(self) -> tuple[nn.Module, list[nn.Linear]] | None:
-        """(the shared input layer, each member's linear layer), or None for other members."""
-        layers: list[nn.Linear] = []
-        inputs: set[tuple[type, float | None]] = set()
-        for m in self.members:
-            if not (isinstance(m, nn.Sequential) and len(m) == 2 and isinstance(m[1], nn.Linear)):
-                return None
-            first = m[0]
-            if type(first) is nn.Flatten and (first.start_dim, first.end_dim) == (1, -1):
-                inputs.add((nn.Flatten, None))
-            elif type(first) is ClipFeatures:
-                inputs.add((ClipFeatures, first.R))
-            else:
-                return None
-            layers.append(m[1])
-        if len(inputs) != 1 or any(layer.bias is None for layer in layers):
-            return None
-        return first, layers
+        """Every member's logits, S × classes × n (a logreg ensemble on the update path is
+        scored from its weights instead: `linear_scorer`)."""
+        return torch.stack([m(x).T for m in self.members])
 
 
 def aggregate(scores: torch.Tensor, aggregation: str) -> torch.Tensor:
