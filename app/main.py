@@ -18,6 +18,7 @@ from app.db.group_commit import GroupCommitter
 from app.db.migrate import upgrade_to_head
 from app.db.session import database
 from app.dispatch import InlineDispatcher, Reconciler, make_dispatcher
+from app.ledger.publish import finish_publishing
 from app.metrics import MetricsMiddleware, pipeline_registry
 from app.security import Role, create_key, has_any_key
 from app.services.weights_cache import WeightsCache
@@ -73,6 +74,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             reconciler.stop()
         if isinstance(dispatcher, InlineDispatcher):
             dispatcher.stop()
+        finish_publishing(url)
 
     app = FastAPI(
         title="Lethe",

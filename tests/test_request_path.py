@@ -17,6 +17,7 @@ from sqlalchemy import func, select, text
 from sqlalchemy.orm import Session
 
 import app.api.models
+import app.ledger.publish as publication
 from app.db.group_commit import GroupCommitter
 from app.db.migrate import upgrade_to_head
 from app.db.session import database
@@ -295,3 +296,32 @@ def test_opened_samples_are_cached_and_erased_ones_dropped(
     assert len(gone) == 1
     cached = {s for block in data.OPENED._blocks.values() for s in block.ids.tolist()}
     assert not gone & cached  # the erased sample's plaintext is no longer held
+
+
+def test_a_clean_stop_runs_the_scheduled_publication_and_joins_it(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """Checkpoints are published at most once per interval in a timer thread (issue 28); a
+    clean stop publishes the head still waiting and leaves no timer holding a connection."""
+    published: list[float] = []
+    monkeypatch.setattr(publication, "publish", lambda db, settings: published.append(time.time()))
+    settings = Settings(data_dir=tmp_path, checkpoint_interval_seconds=60.0)
+    db = database(f"sqlite:///{tmp_path / 'publish.db'}")
+
+    publication.publish_soon(db, settings)  # the first publication runs at once
+    deadline = time.monotonic() + 10
+    while not published and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert len(published) == 1
+    publication.publish_soon(db, settings)  # the next waits for the interval
+    publication.publish_soon(db, settings)  # and carries this head too
+    time.sleep(0.2)
+    assert len(published) == 1
+    waiting = [t for t in threading.enumerate() if t.name == "lethe-publish"]
+    assert waiting
+
+    publication.finish_publishing(db.url)
+    assert len(published) == 2
+    assert not any(t.is_alive() for t in waiting)
+    publication.finish_publishing(db.url)  # nothing scheduled: nothing published
+    assert len(published) == 2

@@ -21,6 +21,7 @@ from types import FrameType
 from typing import Any
 
 from app.dispatch import Reconciler, RQDispatcher, reconcile_and_signal
+from app.ledger.publish import finish_publishing
 from app.settings import get_settings
 from workers import metrics
 from workers.device import DeviceUnavailable, worker_device
@@ -64,6 +65,7 @@ def run(burst: bool = False) -> None:
         serve(settings.redis_url, settings.queue_name, burst=burst)
     finally:
         stop.set()
+        finish_publishing(url)  # the last update's checkpoint, before the process exits
 
 
 def _logged(step: Callable[[], object], what: str) -> None:

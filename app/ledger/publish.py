@@ -173,6 +173,7 @@ _PUBLISHING = threading.Lock()
 _SCHEDULING = threading.Lock()
 _PENDING: dict[str, threading.Timer] = {}  # database URL -> the publication scheduled for it
 _LAST: dict[str, float] = {}  # database URL -> when its last scheduled publication started
+_TIMERS: dict[str, list[threading.Timer]] = {}  # database URL -> its timers not yet joined
 
 
 def publish_soon(db: Database, settings: Settings) -> None:
@@ -190,7 +191,24 @@ def publish_soon(db: Database, settings: Settings) -> None:
         )
         timer.name, timer.daemon = "lethe-publish", True
         _PENDING[db.url] = timer
+        live = [t for t in _TIMERS.get(db.url, []) if t.is_alive()]
+        _TIMERS[db.url] = [*live, timer]
         timer.start()
+
+
+def finish_publishing(url: str) -> None:
+    """At a clean stop, after the workers stopped: a publication still scheduled for `url`
+    runs now and every one under way is waited for, so the last head is published and no
+    background thread holds a database connection once the service has stopped (an embedded
+    SQLite database's WAL is then checkpointed and removed as its last connection closes)."""
+    with _SCHEDULING:
+        _PENDING.pop(url, None)
+        timers = _TIMERS.pop(url, [])
+    for timer in timers:
+        timer.cancel()  # not yet started: it never runs; under way: it finishes
+        timer.join()
+    if timers:
+        publish_quietly(*timers[-1].args)
 
 
 def _publish_scheduled(db: Database, settings: Settings) -> None:
