@@ -7,8 +7,9 @@ import secrets
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, PlainTextResponse
-from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, CollectorRegistry, generate_latest
 from sqlalchemy import text
+from starlette.concurrency import run_in_threadpool
 
 from app.api.deps import DbDep, DispatcherDep, SettingsDep, require
 from app.api.responses import errors
@@ -64,7 +65,7 @@ def _db_ok(db: DbDep) -> bool:
 _metrics_key = require(Role.auditor)  # an admin or auditor key
 
 
-def check_metrics_access(request: Request, settings: SettingsDep, db: DbDep) -> None:
+async def check_metrics_access(request: Request, settings: SettingsDep, db: DbDep) -> None:
     """LETHE_METRICS_ACCESS: `key` (admin or auditor API key), `token` (the scraper's
     LETHE_METRICS_TOKEN as Bearer), `public`, or `off` (404, as if there were no route)."""
     mode = settings.metrics_access
@@ -73,7 +74,7 @@ def check_metrics_access(request: Request, settings: SettingsDep, db: DbDep) -> 
     if mode == "off":
         raise APIError(404, "not_found", "Not Found")
     if mode == "key":
-        _metrics_key(request, db)
+        await _metrics_key(request, db)
         return
     expected = settings.metrics_token.get_secret_value() if settings.metrics_token else ""
     scheme, _, raw = request.headers.get("authorization", "").partition(" ")
@@ -98,11 +99,17 @@ def check_metrics_access(request: Request, settings: SettingsDep, db: DbDep) -> 
         **errors(401, 403, 404, 503),
     },
 )
-def metrics(request: Request, settings: SettingsDep, db: DbDep) -> PlainTextResponse:
+async def metrics(request: Request, settings: SettingsDep, db: DbDep) -> PlainTextResponse:
     """Prometheus metrics; who may read them is LETHE_METRICS_ACCESS (default: an admin or
     auditor API key)."""
-    check_metrics_access(request, settings, db)
+    await check_metrics_access(request, settings, db)
+    body = await run_in_threadpool(_exposition, request.app.state.pipeline_registry)
+    return PlainTextResponse(body, media_type=CONTENT_TYPE_LATEST)
+
+
+def _exposition(pipeline: CollectorRegistry) -> bytes:
+    """The process's metrics, then the pipeline's (read from the database: in a thread)."""
     body = generate_latest(REGISTRY)
     with contextlib.suppress(Exception):  # database down: still serve the process metrics
-        body += generate_latest(request.app.state.pipeline_registry)
-    return PlainTextResponse(body, media_type=CONTENT_TYPE_LATEST)
+        body += generate_latest(pipeline)
+    return body

@@ -20,22 +20,27 @@ _known: dict[tuple[str, str], tuple[float, ApiKey]] = {}  # (database url, key h
 MAX_ENTRIES = 10_000
 
 
+def cached_key(db: Database, raw: str) -> ApiKey | None:
+    """The key if this process verified it within the cache's lifetime; None when it must be
+    looked up (`known_key`). Never blocks: the event loop calls it before any thread hop."""
+    with _lock:
+        entry = _known.get((db.url, hash_key(raw)))
+    return entry[1] if entry is not None and entry[0] > time.monotonic() else None
+
+
 def known_key(db: Database, raw: str) -> ApiKey | None:
     """A known key that is not revoked (cached); None otherwise (never cached)."""
+    if (key := cached_key(db, raw)) is not None:
+        return key
     ttl = get_settings().key_cache_seconds
-    entry_key = (db.url, hash_key(raw))
     now = time.monotonic()
-    with _lock:
-        entry = _known.get(entry_key)
-    if entry is not None and entry[0] > now:
-        return entry[1]
     with db.read() as session:
         key = lookup_key(session, raw)
     if key is not None and ttl > 0:
         with _lock:
             if len(_known) >= MAX_ENTRIES:
                 _known.clear()
-            _known[entry_key] = (now + ttl, key)
+            _known[(db.url, hash_key(raw))] = (now + ttl, key)
     return key
 
 
