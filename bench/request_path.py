@@ -75,8 +75,10 @@ def load(
     seconds: float,
     clients: int,
     etag: str,
+    server_pid: int,
 ) -> dict:
-    """16 clients POSTing deletions, and alongside 2 GETting weights (plain, then conditional)."""
+    """16 clients POSTing deletions, and alongside 2 GETting weights (plain, then conditional);
+    the server process's CPU over the whole load, per request served."""
     post_env = {
         "WRK_IDS": str(ids_file),
         "WRK_DATASET": str(dataset_id),
@@ -84,12 +86,23 @@ def load(
         "WRK_KEY": key,
     }
     get_env = {"WRK_PATH": weights_path, "WRK_KEY": reader}
+    cpu_before = cpu_seconds(server_pid)
     with cf.ThreadPoolExecutor(2) as pool:
         posts = pool.submit(wrk, "deletions.lua", url, seconds, clients, post_env)
         time.sleep(1.0)
         plain = wrk("get.lua", url, (seconds - 2) / 2, 2, get_env)
         conditional = wrk("get.lua", url, (seconds - 2) / 2, 2, {**get_env, "WRK_ETAG": etag})
-        return {"posts": posts.result(), "weights": plain, "weights_if_none_match": conditional}
+        result = {"posts": posts.result(), "weights": plain, "weights_if_none_match": conditional}
+    cpu = cpu_seconds(server_pid) - cpu_before
+    served = sum(r["requests"] for r in result.values())
+    return {**result, "server_cpu_seconds": cpu, "server_cpu_ms_per_request": 1e3 * cpu / served}
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU of one process so far (/proc/PID/stat): what each request costs the
+    server's own process, apart from the database, the worker and the load generator."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 @contextlib.contextmanager
@@ -173,7 +186,7 @@ def background_work() -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def minimal_server(url: str, env_extra: dict[str, str], log: Path) -> Iterator[str]:
+def minimal_server(url: str, env_extra: dict[str, str], log: Path) -> Iterator[tuple[str, int]]:
     port = free_port()
     with log.open("w") as fh:
         proc = subprocess.Popen(
@@ -198,7 +211,7 @@ def minimal_server(url: str, env_extra: dict[str, str], log: Path) -> Iterator[s
                 if httpx.get(f"{base}/docs", timeout=1).status_code == 200:
                     break
             time.sleep(0.1)
-        yield base
+        yield base, proc.pid
     finally:
         proc.terminate()
         proc.wait(timeout=30)
@@ -219,6 +232,7 @@ def run_mode(mode: str, seconds: float, clients: int, n_samples: int) -> dict:
             upgrade_to_head(lethe_url)
         cluster = stack.enter_context(Cluster(tmp / "lethe", lethe_url, redis, torch_threads=1))
         base = cluster.start_api()
+        assert cluster.api is not None
         if mode != "embedded":
             cluster.start_worker()
         p = prepare(cluster, n_samples, tmp)
@@ -234,12 +248,13 @@ def run_mode(mode: str, seconds: float, clients: int, n_samples: int) -> dict:
             seconds,
             clients,
             p["etag"],
+            cluster.api.pid,
         )
         lethe["new_versions_during_load"] = versions(cluster, p["model_id"]) - before
         seed(minimal_url, p["ids"], p["weights"])
         with (
             background_work(),
-            minimal_server(minimal_url, {}, tmp / "minimal.log") as mbase,
+            minimal_server(minimal_url, {}, tmp / "minimal.log") as (mbase, mpid),
         ):
             with httpx.Client() as hc:
                 metag = hc.get(f"{mbase}/weights").headers["etag"]
@@ -254,11 +269,13 @@ def run_mode(mode: str, seconds: float, clients: int, n_samples: int) -> dict:
                 seconds,
                 clients,
                 metag,
+                mpid,
             )
         return {
             "lethe": lethe,
             "minimal": minimal,
             "weights_bytes": len(p["weights"]),
+            "throughput_ratio": lethe["posts"]["per_second"] / minimal["posts"]["per_second"],
             "p99_ratio": lethe["posts"]["p99_ms"] / minimal["posts"]["p99_ms"],
         }
 
@@ -287,9 +304,11 @@ def main() -> None:
                 f"{mode:9} {who:8} POST {posts['per_second']:7.1f}/s p50 {posts['p50_ms']:7.1f} "
                 f"p99 {posts['p99_ms']:7.1f} ms (non-2xx {posts['non_2xx']}) | weights p50 "
                 f"{w['p50_ms']:.1f} p99 {w['p99_ms']:.1f} ms | 304 p50 {wc['p50_ms']:.1f} "
-                f"p99 {wc['p99_ms']:.1f} ms",
+                f"p99 {wc['p99_ms']:.1f} ms | server CPU "
+                f"{r[who]['server_cpu_ms_per_request']:.2f} ms/request",
                 flush=True,
             )
+        print(f"{mode:9} ratio {r['throughput_ratio']:.2f}x, p99 ratio {r['p99_ratio']:.2f}")
     path = write_result(args.out, results)
     print(f"wrote {path}")
 

@@ -50,7 +50,7 @@ def make_engine(url: str, readonly: bool = False, bookkeeping: bool = False) -> 
     engine = create_engine(
         url,
         pool_pre_ping=True,
-        pool_size=10,
+        pool_size=20,  # the API keeps a connection per busy request (16 clients: no reconnects)
         max_overflow=20,
         connect_args={"connect_timeout": 5},  # an unreachable host is a 503, not a hang
     )
