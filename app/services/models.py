@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from sqlalchemy import func, insert, literal, select
+from sqlalchemy import bindparam, func, insert, literal, select
 from sqlalchemy.orm import Session
 
 from app.architectures import check_weights
@@ -191,9 +191,19 @@ def model_view(session: Session, model: Model, forget_metrics: bool = False) -> 
     }
 
 
+# The current version in one query (the weights path reads it on every GET, issue 28).
+CURRENT_VERSION = (
+    select(ModelVersion)
+    .join(Model, Model.current_version_id == ModelVersion.id)
+    .where(Model.id == bindparam("model_id"))
+)
+
+
 def get_version(session: Session, model_id: int, number: int | None) -> ModelVersion:
     """The numbered version, or the current one when `number` is None."""
-    model = get_model(session, model_id)
+    if number is None and (found := session.scalar(CURRENT_VERSION, {"model_id": model_id})):
+        return found
+    model = get_model(session, model_id)  # no current version: say why
     if number is None:
         if model.current_version_id is None and model.progress.stage == Stage.withdrawn:
             raise APIError(410, "model_withdrawn", model.error or "the model was withdrawn")
