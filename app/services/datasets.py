@@ -3,24 +3,27 @@
 from __future__ import annotations
 
 from typing import Any
-from uuid import UUID
 
-from sqlalchemy import func, insert, select
+from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
+from app.db.bulk import driver_uuid, insert_rows
 from app.db.tables import Base, Dataset, Sample
 from app.errors import not_found
 from app.services.dataset_files import ParsedDataset
 from app.states import SampleStatus
 from app.storage.crypto import Keyring, SampleRecord, keyring, open_sealed, sample_aad, seal
-from app.storage.keystore import create_keys, load_keys
+from app.storage.keystore import load_keys, new_keys, store_keys
 
 INSERT_CHUNK = 5000
 
 
 def create_dataset(session: Session, name: str, source: str, parsed: ParsedDataset) -> Dataset:
     """Insert the dataset and all its samples in one transaction: each sample's label, ids and
-    float32 features sealed with its own data key, its ids stored only as keyed tokens."""
+    float32 features sealed with its own data key, its ids stored only as keyed tokens.
+
+    (Sealing the next chunk in a helper thread while one is written was slower, 11.8 s against
+    8.9 s for 100,000 samples: the writer waited for the interpreter lock after every row.)"""
     ring = keyring()
     ds = Dataset(
         name=name,
@@ -34,17 +37,24 @@ def create_dataset(session: Session, name: str, source: str, parsed: ParsedDatas
     session.add(ds)
     session.flush()
     subjects = _SubjectTokens(ring, ds.id)
+    conn = session.connection()
     for start in range(0, len(parsed.y), INSERT_CHUNK):
         stop = min(start + INSERT_CHUNK, len(parsed.y))
-        keys = create_keys(session, ring, stop - start)
-        session.connection().execute(
-            insert(Base.metadata.tables["samples"]),
+        keys = new_keys(ring, stop - start)
+        store_keys(conn, ring, keys)
+        insert_rows(
+            conn,
+            Base.metadata.tables["samples"],
+            SAMPLE_COLUMNS,
             [
-                _sealed_row(ring, ds.id, parsed, i, key, subjects)
-                for i, key in zip(range(start, stop), keys, strict=True)
+                _sealed_row(ring, ds.id, parsed, i, (driver_uuid(conn, key_id), raw), subjects)
+                for i, (key_id, raw, _) in zip(range(start, stop), keys, strict=True)
             ],
         )
     return ds
+
+
+SAMPLE_COLUMNS = ("dataset_id", "external_id", "subject_id", "split", "payload", "key_id", "status")
 
 
 class _SubjectTokens(dict[str, str]):
@@ -65,22 +75,24 @@ def _sealed_row(
     dataset_id: int,
     parsed: ParsedDataset,
     i: int,
-    key: tuple[UUID, bytes],
+    key: tuple[Any, bytes],
     subjects: _SubjectTokens,
-) -> dict[str, Any]:
+) -> tuple[Any, ...]:
+    """One sample's row in SAMPLE_COLUMNS order; `key` is (its key id in the driver's form,
+    the raw key)."""
     key_id, raw = key
     subject = parsed.subjects[i]
     token = ring.token("sample", dataset_id, parsed.ids[i])
     record = SampleRecord(int(parsed.y[i]), parsed.ids[i], subject, parsed.X[i].tobytes())
-    return {
-        "dataset_id": dataset_id,
-        "external_id": token,
-        "subject_id": None if subject is None else subjects[subject],
-        "split": parsed.split[i],
-        "payload": seal(raw, record.encode(), sample_aad(dataset_id, token)),
-        "key_id": key_id,
-        "status": SampleStatus.active,
-    }
+    return (
+        dataset_id,
+        token,
+        None if subject is None else subjects[subject],
+        parsed.split[i],
+        seal(raw, record.encode(), sample_aad(dataset_id, token)),
+        key_id,
+        SampleStatus.active.value,
+    )
 
 
 def get_dataset(session: Session, dataset_id: int) -> Dataset:

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from uuid import UUID, uuid4
 
-from sqlalchemy import delete, insert, select
+from sqlalchemy import Connection, delete, select
 from sqlalchemy.orm import Session
 
+from app.db.bulk import driver_uuid, insert_rows
 from app.db.chunks import chunked
 from app.db.session import rowcount
 from app.db.tables import Base, DataKey
@@ -16,14 +17,25 @@ from app.storage.crypto import Keyring
 def create_keys(session: Session, ring: Keyring, count: int) -> list[tuple[UUID, bytes]]:
     """`count` fresh data keys, stored wrapped: [(key_id, raw key)]. Ids are random UUIDs, so
     one bulk insert needs no RETURNING (row-at-a-time on SQLite)."""
-    if count == 0:
-        return []
-    fresh = [(uuid4(), *ring.new_data_key()) for _ in range(count)]
-    session.connection().execute(  # Core executemany: the ORM's bulk path costs more than AES
-        insert(Base.metadata.tables["data_keys"]),
-        [{"id": key_id, "wrapped": wrapped, "kek_id": ring.kek_id} for key_id, _, wrapped in fresh],
-    )
+    fresh = new_keys(ring, count)
+    store_keys(session.connection(), ring, fresh)
     return [(key_id, raw) for key_id, raw, _ in fresh]
+
+
+def new_keys(ring: Keyring, count: int) -> list[tuple[UUID, bytes, bytes]]:
+    """`count` fresh data keys, not yet stored: [(key_id, raw, wrapped)]. No database: a
+    registration makes the next chunk's keys while the previous chunk is written."""
+    return [(uuid4(), *ring.new_data_key()) for _ in range(count)]
+
+
+def store_keys(conn: Connection, ring: Keyring, fresh: list[tuple[UUID, bytes, bytes]]) -> None:
+    """Insert the wrapped form of `new_keys`'s keys (the raw form is never stored)."""
+    insert_rows(  # the driver's executemany: per-row parameter processing cost more than AES
+        conn,
+        Base.metadata.tables["data_keys"],
+        ("id", "wrapped", "kek_id"),
+        [(driver_uuid(conn, key_id), wrapped, ring.kek_id) for key_id, _, wrapped in fresh],
+    )
 
 
 def load_keys(session: Session, ring: Keyring, key_ids: list[UUID]) -> dict[UUID, bytes]:

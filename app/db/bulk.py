@@ -1,0 +1,35 @@
+"""Bulk inserts through the driver's `executemany`, for rows counted in millions.
+
+SQLAlchemy processes every parameter of every row (type processors, a dict per row); at a
+million samples that was a third of a registration's Python (issue 28). Rows here are tuples
+already in the driver's form; `driver_uuid` gives a UUID the form the column expects."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+from uuid import UUID
+
+from sqlalchemy import Connection, Table
+
+
+def insert_rows(conn: Connection, table: Table, columns: Sequence[str], rows: list[tuple]) -> None:
+    """INSERT `rows` (tuples in `columns` order) into `table`: one executemany, no RETURNING."""
+    if not rows:
+        return
+    unknown = [name for name in columns if name not in table.c]
+    if unknown:  # refused before any SQL is built from the names
+        raise KeyError(f"{table.name} has no column(s) {unknown}")
+    quote = conn.dialect.identifier_preparer.quote
+    marker = "?" if conn.dialect.paramstyle == "qmark" else "%s"
+    conn.exec_driver_sql(
+        f"INSERT INTO {quote(table.name)} ({', '.join(quote(c) for c in columns)}) "
+        f"VALUES ({', '.join([marker] * len(columns))})",
+        rows,
+    )
+
+
+def driver_uuid(conn: Connection, value: UUID) -> Any:
+    """A UUID as the driver stores it: native on PostgreSQL, 32 hex digits on SQLite (the form
+    SQLAlchemy's `Uuid` type uses there)."""
+    return value if conn.dialect.name == "postgresql" else value.hex
