@@ -131,12 +131,10 @@ def test_unknown_ids_are_404_and_nothing_is_queued(
     details = response.json()["error"]["details"]
     assert details["unknown_sample_ids"] == ["nope-1", "nope-2"]
     assert details["unknown_subject_ids"] == ["ghost"]
-    assert (
-        api.post(
-            "/v1/deletions", role="requester", json={"dataset_id": 999, "sample_ids": ids}
-        ).status_code
-        == 404
-    )
+    for body in ({"sample_ids": ids}, {"sample_ids": []}, {"subject_ids": ["ghost"]}):
+        unknown = api.post("/v1/deletions", role="requester", json={"dataset_id": 999, **body})
+        assert unknown.status_code == 404, body
+        assert unknown.json()["error"]["code"] == "dataset_not_found", body
     with database(api.url).write() as session:
         assert session.scalar(select(func.count()).select_from(DeletionRequest)) == 0
         assert session.scalar(select(func.count()).where(Sample.status != "active")) == 0

@@ -278,6 +278,7 @@ def _resolve(
     unknown = [raw for token, raw in names.samples.items() if token not in known]
     unknown_subjects = [raw for token, raw in names.subjects.items() if token not in seen_subjects]
     if unknown or unknown_subjects:
+        get_dataset(session, body.dataset_id)  # no such dataset: that is the 404 to give
         n = len(unknown) + len(unknown_subjects)
         raise APIError(
             404,
