@@ -1,8 +1,8 @@
 """Dependencies: settings, a unit-of-work factory, the dispatcher, and role-checked API keys.
 
-All are `async def`: FastAPI runs a plain `def` dependency in its thread pool, and a thread hop
-per dependency was a fifth of a POST's CPU (issue 28). Only a key missing from the cache is
-looked up in a thread."""
+All are `async def`: FastAPI runs a plain `def` dependency in its thread pool, and the thread
+hops (four dependencies and the endpoint) were a fifth of a POST's CPU (issue 28). Only a key
+missing from the cache is looked up in a thread."""
 
 from __future__ import annotations
 
