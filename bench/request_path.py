@@ -10,7 +10,8 @@ Embedded: `lethe serve` on a SQLite file with its inline worker; the minimal end
 another SQLite file. Postgres: `lethe serve` + 1 `lethe worker` on a fresh PostgreSQL database
 and Redis; the minimal endpoint on another fresh database. Dataset: synthetic 50,000 × 20,
 2 classes; model: logreg with method `retrain` (every batch of deletions is a real retrain).
-Writes bench/results/request_path.json.
+Each side also records its server process's CPU per request served (`/proc/PID/stat`; Lethe's
+embedded figure includes its worker thread). Writes bench/results/request_path.json.
 """
 
 from __future__ import annotations
