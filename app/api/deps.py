@@ -11,9 +11,8 @@ from typing import Annotated
 
 from fastapi import Depends, Request, Security
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
-from starlette.concurrency import run_in_threadpool
 
-from app.api.keycache import cached_key, known_key
+from app.api.keycache import verified_key
 from app.api.limits import VERIFIED_KEY
 from app.db.group_commit import GroupCommitter
 from app.db.session import Database
@@ -77,8 +76,7 @@ def require(*roles: Role) -> Callable[..., Awaitable[ApiKey]]:
         if verified is not None and verified[0] == raw.strip():
             key = verified[1]
         else:
-            # A cached key costs no thread hop (issue 28: each hop was CPU on the request path).
-            key = cached_key(db, raw.strip()) or await run_in_threadpool(known_key, db, raw.strip())
+            key = await verified_key(db, raw.strip())
         if key is None:
             raise APIError(401, "unauthorized", "invalid or revoked API key")
         if key.role not in allowed:

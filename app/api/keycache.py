@@ -10,6 +10,8 @@ from __future__ import annotations
 import threading
 import time
 
+from starlette.concurrency import run_in_threadpool
+
 from app.db.session import Database
 from app.db.tables import ApiKey
 from app.security import hash_key, lookup_key
@@ -26,6 +28,12 @@ def cached_key(db: Database, raw: str) -> ApiKey | None:
     with _lock:
         entry = _known.get((db.url, hash_key(raw)))
     return entry[1] if entry is not None and entry[0] > time.monotonic() else None
+
+
+async def verified_key(db: Database, raw: str) -> ApiKey | None:
+    """`known_key` for the event loop: a cached key costs no thread hop (issue 28: each hop
+    was CPU on the request path); a miss is looked up in the thread pool."""
+    return cached_key(db, raw) or await run_in_threadpool(known_key, db, raw)
 
 
 def known_key(db: Database, raw: str) -> ApiKey | None:

@@ -21,12 +21,11 @@ from __future__ import annotations
 
 from collections.abc import Collection
 
-from starlette.concurrency import run_in_threadpool
 from starlette.datastructures import Headers
 from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from app.api.keycache import cached_key, known_key
+from app.api.keycache import verified_key
 from app.db.session import Database
 from app.errors import error_body
 
@@ -78,7 +77,7 @@ class IngressLimitMiddleware:
         if scheme.lower() != "bearer" or not raw.strip():
             return "missing API key: send 'Authorization: Bearer <key>'"
         db: Database = scope["app"].state.db
-        key = cached_key(db, raw.strip()) or await run_in_threadpool(known_key, db, raw.strip())
+        key = await verified_key(db, raw.strip())
         if key is None:
             return "invalid or revoked API key"
         # The route's dependency checks the role of this same key without a second lookup.

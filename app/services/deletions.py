@@ -7,7 +7,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import BindParameter, Row, Table, bindparam, insert, select, update
+from sqlalchemy import BindParameter, Row, bindparam, insert, select, update
 from sqlalchemy.orm import Session
 
 from app.db.chunks import chunked
@@ -135,57 +135,51 @@ def create_deletion(
     _check_models(affected, body)
 
     now = utcnow()
-    request = DeletionRequest(
-        dataset_id=body.dataset_id,
-        idempotency_key=idempotency_key,
-        fingerprint=fingerprint(body, names),
-        requester_key_id=requester_key_id,
-        selector=names.selector(),
-        sample_ids=sorted(s.id for s in pending),
-        already_erased=_erased_report(session, erased),
-        method=body.method,
-        epsilon=body.epsilon,
-        delta=body.delta,
-        status=RequestStatus.queued if affected else RequestStatus.done,
-        error=None,
-        commitment_key_id=None,
-        created_at=now,
-        updated_at=now,
-        finished_at=None if affected else now,
-    )
-    opening = None
+    opening, commitment_key_id = None, None
     if pending and affected:  # certificates will be written: they commit under this key
-        ((key_id, opening),) = create_keys(session, keyring(), 1)
-        request.commitment_key_id = key_id
-    # Core statements (see REQUESTS): `request` and `tasks` stay transient objects that carry
-    # the answer's values.
-    request.id = session.execute(INSERT_REQUEST, _columns(request, REQUESTS)).scalar_one()
-    tasks = [
-        DeletionTask(
-            request_id=request.id,
-            model_id=m.id,
-            status=TaskStatus.queued,
-            attempts=0,
-            n_removed=0,
-            created_at=now,
-            updated_at=now,
-        )
+        ((commitment_key_id, opening),) = create_keys(session, keyring(), 1)
+    row: dict[str, Any] = {
+        "dataset_id": body.dataset_id,
+        "idempotency_key": idempotency_key,
+        "fingerprint": fingerprint(body, names),
+        "requester_key_id": requester_key_id,
+        "selector": names.selector(),
+        "sample_ids": sorted(s.id for s in pending),
+        "already_erased": _erased_report(session, erased),
+        "method": body.method,
+        "epsilon": body.epsilon,
+        "delta": body.delta,
+        "status": RequestStatus.queued if affected else RequestStatus.done,
+        "error": None,
+        "commitment_key_id": commitment_key_id,
+        "created_at": now,
+        "updated_at": now,
+        "finished_at": None if affected else now,
+    }
+    # Core statements (see REQUESTS); the request and its tasks are transient objects made
+    # from the rows written, for the answer.
+    request = DeletionRequest(id=session.execute(INSERT_REQUEST, row).scalar_one(), **row)
+    task_rows = [
+        {
+            "request_id": request.id,
+            "model_id": m.id,
+            "status": TaskStatus.queued,
+            "attempts": 0,
+            "n_removed": 0,
+            "created_at": now,
+            "updated_at": now,
+        }
         for m in affected
     ]
-    if tasks:
-        session.execute(insert(TASKS), [_columns(t, TASKS) for t in tasks])
+    if task_rows:
+        session.execute(insert(TASKS), task_rows)
     if pending:
         for chunk in chunked([s.id for s in pending]):
             session.execute(MARK_ERASING, {"ids": chunk})
     if not affected:
         erase_payloads(session, [s.id for s in pending])
+    tasks = [DeletionTask(**t) for t in task_rows]
     return Accepted(request, tasks, replayed=False, opening=opening)
-
-
-def _columns(row: DeletionRequest | DeletionTask, table: Table) -> dict[str, Any]:
-    """The column values set on a transient row (its id, when unset, is the database's)."""
-    state = row.__dict__
-    return {c.name: state[c.name] for c in table.columns if c.name in state}
 
 
 def _opening(session: Session, request: DeletionRequest) -> bytes | None:
