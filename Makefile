@@ -1,8 +1,8 @@
 # The two commands of the README:
 #   make serve   install everything into .venv and start Lethe (embedded: SQLite + inline worker)
 #   make test    start PostgreSQL/Redis if stopped, install chromium if missing, install the
-#                test extras and run the whole suite but the image test (.ci/run: this, then
-#                make test-image)
+#                test extras and run the whole suite but the image test, in two processes
+#                (.ci/run: this, then make test-image)
 #   make test-image  build the container image with podman from Debian's packages and run it
 #   make unit    the fast layer: no PostgreSQL, no Redis, no worker processes
 #   make lint    ruff (lint + format check) and mypy on app/ and workers/
@@ -38,8 +38,12 @@ serve: install
 prerequisites:
 	scripts/test-prerequisites
 
+# Two pytest processes (pytest-xdist), each with its own PostgreSQL database, Redis and SeaweedFS
+# (session fixtures): most of a test's time is waiting on servers and worker processes.
+TEST_PROCESSES ?= 2
+
 test: prerequisites install-test lint
-	$(BIN)/python -m pytest -q -m "not image"
+	$(BIN)/python -m pytest -q -m "not image" -n $(TEST_PROCESSES) --dist worksteal
 
 # The container image built with podman from Debian's packages and run (tests/test_image.py).
 test-image: install-test
