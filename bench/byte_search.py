@@ -19,7 +19,6 @@ import io
 import json
 import tempfile
 import time
-import uuid
 from pathlib import Path
 
 import numpy as np
@@ -31,9 +30,8 @@ from app.db.session import database, engine_for
 from app.main import create_app
 from app.security import Role, create_key
 from app.settings import Settings
-from bench.common import write_result
+from bench.common import scratch_database, write_result
 
-PG_ADMIN = "postgresql+psycopg://postgres@127.0.0.1:5432/postgres"
 N = 240
 PERSON = "subject-person-07-zq"
 TRAINING = {"epochs": 5, "batch_size": 64, "learning_rate": 0.05, "weight_decay": 1e-3, "seed": 0}
@@ -133,17 +131,8 @@ def main() -> None:
     results: dict[str, object] = {}
     with tempfile.TemporaryDirectory() as tmp:
         results["sqlite"] = measure(f"sqlite:///{Path(tmp) / 'lethe.db'}", Path(tmp))
-        name = f"lethe_bytes_{uuid.uuid4().hex[:8]}"
-        admin = sa.create_engine(PG_ADMIN, isolation_level="AUTOCOMMIT")
-        with admin.connect() as conn:
-            conn.exec_driver_sql(f'CREATE DATABASE "{name}"')
-        url = PG_ADMIN.rsplit("/", 1)[0] + f"/{name}"
-        try:
+        with scratch_database("lethe_bytes", migrate=False) as url:
             results["postgresql"] = measure(url, Path(tmp))
-        finally:
-            engine_for(url).dispose()
-            with admin.connect() as conn:
-                conn.exec_driver_sql(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
     print(json.dumps(results, indent=1))
     write_result("byte_search", results)  # into the bench/results of the code measured
 

@@ -13,7 +13,6 @@ from __future__ import annotations
 import argparse
 import tempfile
 import time
-import uuid
 from pathlib import Path
 
 import numpy as np
@@ -27,10 +26,8 @@ from app.services.dataset_files import ParsedDataset
 from app.services.datasets import create_dataset
 from app.settings import Settings, use_settings
 from app.storage.erasure import compact, erase_payloads
-from bench.common import write_result
+from bench.common import scratch_database, write_result
 from workers.data import _decode, sealed_samples
-
-PG_ADMIN = "postgresql+psycopg://postgres@127.0.0.1:5432/postgres"
 
 
 def parsed_dataset(n: int, d: int) -> ParsedDataset:
@@ -134,23 +131,12 @@ def main() -> None:
         results["sqlite"] = measure(url, parsed, args.erase)
         engine_for(url).dispose()
 
-        name = f"lethe_bench_{uuid.uuid4().hex[:8]}"
-        admin = sa.create_engine(PG_ADMIN, isolation_level="AUTOCOMMIT")
-        with admin.connect() as conn:
-            conn.exec_driver_sql(f'CREATE DATABASE "{name}"')
-        pg = PG_ADMIN.rsplit("/", 1)[0] + f"/{name}"
-        try:
-            upgrade_to_head(pg)
+        with scratch_database() as pg:
             results["postgresql"] = measure(pg, parsed, args.erase)
             with engine_for(pg).connect() as conn:
                 results["postgresql"]["data_keys_bytes"] = conn.execute(  # type: ignore[index]
                     sa.text("SELECT pg_total_relation_size('data_keys')")
                 ).scalar_one()
-        finally:
-            engine_for(pg).dispose()
-            with admin.connect() as conn:
-                conn.exec_driver_sql(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-            admin.dispose()
     for backend in ("sqlite", "postgresql"):
         print(backend, results[backend])
     write_result("erasure", results)

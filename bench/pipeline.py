@@ -17,22 +17,16 @@ from __future__ import annotations
 import argparse
 import tempfile
 import time
-import uuid
 from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
 from pathlib import Path
 
-import sqlalchemy as sa
 from sqlalchemy import func, select
 
-from app.db.migrate import upgrade_to_head
-from app.db.session import database, engine_for
+from app.db.session import database
 from app.db.tables import DeletionRequest, ModelVersion
 from bench.cluster import Cluster
-from bench.common import percentiles, write_result
-
-PG_ADMIN = "postgresql+psycopg://postgres@127.0.0.1:5432/postgres"
-REDIS = "redis://127.0.0.1:6379/0"
+from bench.common import REDIS, percentiles, scratch_database, write_result
 
 
 def run(cluster: Cluster, db_url: str, n_requests: int, n_clients: int) -> dict:
@@ -107,25 +101,18 @@ def main() -> None:
         "started": datetime.now(UTC).isoformat(),
     }
 
-    name = f"lethe_bench_{uuid.uuid4().hex[:8]}"
-    admin = sa.create_engine(PG_ADMIN, isolation_level="AUTOCOMMIT")
-    with admin.connect() as conn:
-        conn.exec_driver_sql(f'CREATE DATABASE "{name}"')
-    pg_url = PG_ADMIN.rsplit("/", 1)[0] + f"/{name}"
-    try:
-        upgrade_to_head(pg_url)
-        with tempfile.TemporaryDirectory() as tmp, Cluster(Path(tmp), pg_url, REDIS) as cluster:
-            cluster.start_api()
-            for _ in range(args.workers):
-                cluster.start_worker()
-            results["distributed"] = {
-                "workers": args.workers,
-                **run(cluster, pg_url, args.requests, args.clients),
-            }
-        engine_for(pg_url).dispose()
-    finally:
-        with admin.connect() as conn:
-            conn.exec_driver_sql(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    with (
+        scratch_database() as pg_url,
+        tempfile.TemporaryDirectory() as tmp,
+        Cluster(Path(tmp), pg_url, REDIS) as cluster,
+    ):
+        cluster.start_api()
+        for _ in range(args.workers):
+            cluster.start_worker()
+        results["distributed"] = {
+            "workers": args.workers,
+            **run(cluster, pg_url, args.requests, args.clients),
+        }
 
     with tempfile.TemporaryDirectory() as tmp, Cluster(Path(tmp), None, None) as cluster:
         cluster.start_api()

@@ -3,11 +3,13 @@ compute, with the worker keeping each model's retained rows and noise-free state
 updates (LETHE_RESIDENT_MODELS=2, the default) and without (=0), side by side in one run.
 
 For each n and each setting: a fresh embedded `lethe serve` (SQLite, inline worker, one torch
-thread), the builtin synthetic dataset (n samples, `--features` features, 2 classes), one
-model per method, then `--deletions` sequential single-sample deletions per model. Per
-deletion: POST→certificate as the client sees it (long poll), the update's own compute
-(`unlearn_seconds`, the method's maths as the worker timed it), and `rows_loaded` (training
-rows the update read from the database: 0 when the session was warm). The summary is the
+thread) — or, with `mode="distributed"`, `lethe serve` and one `lethe worker` process on a
+fresh PostgreSQL database and the local Redis (`deployment`) — the builtin synthetic dataset
+(n samples, `--features` features, 2 classes), one model per method, then `--deletions`
+sequential single-sample deletions per model. Per deletion: POST→certificate as the client
+sees it (long poll), the update's own compute (`unlearn_seconds`, the method's maths as the
+worker timed it), and `rows_loaded` (training rows the update read from the database: 0 when
+the session was warm). The summary is the
 median over the deletions of POST→certificate, of compute, and of their difference (the
 plumbing), per n, method and setting.
 
@@ -24,12 +26,16 @@ import argparse
 import statistics
 import tempfile
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 from app.client import Client
 from bench.cluster import Cluster
-from bench.common import write_result
+from bench.common import REDIS, scratch_database, write_result
+
+MODES = ("embedded", "distributed")
 
 TRAINING = {"epochs": 2, "batch_size": 256, "learning_rate": 0.1, "seed": 0}
 METHODS: dict[str, dict[str, Any]] = {
@@ -63,11 +69,31 @@ def deletion(c: Client, dataset_id: int, model_id: int, sample: str) -> dict[str
     }
 
 
-def run(n: int, resident: int, methods: list[str], args: argparse.Namespace, tmp: Path) -> dict:
+@contextmanager
+def deployment(data_dir: Path, mode: str, resident: int) -> Iterator[Client]:
+    """A started service and an admin client: embedded (SQLite, the worker a thread of the
+    API), or distributed (PostgreSQL, Redis, one `lethe worker` process holding the sessions)."""
+    settings: dict[str, object] = {"torch_threads": 1, "resident_models": resident}
+    if mode == "embedded":
+        with Cluster(data_dir, None, None, **settings) as cluster:
+            yield Client(cluster.start_api(), cluster.admin_key, timeout=3600)
+        return
+    with scratch_database() as url, Cluster(data_dir, url, REDIS, **settings) as cluster:
+        api = cluster.start_api()
+        cluster.start_worker()
+        yield Client(api, cluster.admin_key, timeout=3600)
+
+
+def run(
+    n: int,
+    resident: int,
+    methods: list[str],
+    args: argparse.Namespace,
+    tmp: Path,
+    mode: str = "embedded",
+) -> dict:
     out: dict[str, Any] = {}
-    data_dir = tmp / f"n{n}-r{resident}"
-    with Cluster(data_dir, None, None, torch_threads=1, resident_models=resident) as cluster:
-        c = Client(cluster.start_api(), cluster.admin_key, timeout=3600)
+    with deployment(tmp / f"{mode}-n{n}-r{resident}", mode, resident) as c:
         for method in methods:
             if method == "recollection" and n > args.recollection_max:
                 out[method] = {"skipped": f"recollection's training is O(n²): n > {n}"}
@@ -90,7 +116,7 @@ def run(n: int, resident: int, methods: list[str], args: argparse.Namespace, tmp
                 "p50_plumbing_s": statistics.median(r["plumbing_s"] for r in rows),
             }
             print(
-                f"n={n} resident={resident} {method}: "
+                f"{mode} n={n} resident={resident} {method}: "
                 f"p50 POST→cert {out[method]['p50_post_to_certificate_s']:.3f} s, "
                 f"compute {out[method]['p50_compute_s']:.3f} s, "
                 f"rows loaded {[r['rows_loaded'] for r in rows]}",

@@ -1,15 +1,18 @@
 """POST→certificate against n, per method, with resident sessions (issue 28, goal 3).
 
-The embedded service (bench/resident.py's `run`, LETHE_RESIDENT_MODELS=2, one torch thread) at
-n = 10,000, 100,000 and 1,000,000 synthetic samples × `--features` features, 2 classes:
-`--deletions` sequential single-sample deletions per method. For each method, the median
-POST→certificate and compute per n, and the slope of log(POST→certificate) against log(n)
-fitted by least squares (0: flat in n; 1: linear). recollection only up to
-`--recollection-max` (its training is O(n²)), so it has no slope below two sizes.
+The service (bench/resident.py's `run`, LETHE_RESIDENT_MODELS=2, one torch thread), embedded
+(SQLite, inline worker) at `--sizes` and distributed (PostgreSQL, Redis, one worker process) at
+`--distributed-sizes`, on synthetic samples × `--features` features, 2 classes: `--deletions`
+sequential single-sample deletions per method. For each mode and method, the median
+POST→certificate and compute per n, whether it is within the goal (≤ 1.5 × compute + 30 ms),
+and the slope of log(POST→certificate) against log(n) fitted by least squares (0: flat in n;
+1: linear). recollection only up to `--recollection-max` (its training is O(n²)), so it has no
+slope below two sizes.
 
-    .venv/bin/python -m bench.scaling [--sizes 10000,100000,1000000] [--deletions 6]
+    .venv/bin/python -m bench.scaling [--sizes 10000,100000,1000000]
+        [--distributed-sizes 10000,100000] [--deletions 6]
 
-Writes bench/results/scaling.json and scaling.png (log-log, one line per method).
+Writes bench/results/scaling.json and scaling.png (log-log, a line per method and mode).
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ from typing import Any
 import numpy as np
 
 from bench.common import RESULTS, write_result
-from bench.resident import METHODS, run
+from bench.resident import METHODS, MODES, run
 
 
 def slope(ns: list[int], seconds: list[float]) -> float | None:
@@ -33,42 +36,40 @@ def slope(ns: list[int], seconds: list[float]) -> float | None:
     return float(fit[0])
 
 
-def plot(per_method: dict[str, Any], path: Path) -> None:
+def plot(modes: dict[str, dict[str, Any]], path: Path) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(7, 4.5))
-    for method, row in per_method.items():
-        if not row["n"]:
-            continue
-        label = f"{method} (slope {row['slope']:.2f})" if row["slope"] is not None else method
-        ax.loglog(row["n"], row["post_to_certificate_p50_s"], "o-", label=label)
-        ax.loglog(row["n"], row["compute_p50_s"], "x:", color=ax.lines[-1].get_color())
+    fig, ax = plt.subplots(figsize=(8, 5))
+    colours: dict[str, Any] = {}
+    for mode, per_method in modes.items():
+        style = "o-" if mode == "embedded" else "s--"
+        for method, row in per_method.items():
+            if not row["n"]:
+                continue
+            label = f"{method}, {mode}" + (
+                f" (slope {row['slope']:.2f})" if row["slope"] is not None else ""
+            )
+            line = ax.loglog(
+                row["n"], row["post_to_certificate_p50_s"], style, label=label,
+                color=colours.get(method),
+            )[0]  # fmt: skip
+            colours[method] = line.get_color()
+            if mode == "embedded":
+                ax.loglog(row["n"], row["compute_p50_s"], "x:", color=colours[method])
     ax.set_xlabel("training samples n")
-    ax.set_ylabel("seconds (o POST→certificate p50, x compute p50)")
-    ax.set_title("Single-sample deletion, embedded, resident sessions")
+    ax.set_ylabel("seconds (POST→certificate p50; x: compute p50)")
+    ax.set_title("Single-sample deletion with resident sessions: embedded (o) and distributed (s)")
     ax.grid(True, which="both", alpha=0.3)
-    ax.legend(fontsize=8)
+    ax.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--sizes", default="10000,100000,1000000")
-    parser.add_argument("--methods", default=",".join(METHODS))
-    parser.add_argument("--deletions", type=int, default=6)
-    parser.add_argument("--features", type=int, default=20)
-    parser.add_argument("--recollection-max", type=int, default=10_000)
-    args = parser.parse_args()
-    sizes = [int(s) for s in args.sizes.split(",")]
-    methods = args.methods.split(",")
-    runs: dict[str, Any] = {}
-    with tempfile.TemporaryDirectory() as tmp:
-        for n in sizes:
-            runs[str(n)] = run(n, 2, methods, args, Path(tmp))
+def summary(methods: list[str], sizes: list[int], runs: dict[str, Any]) -> dict[str, Any]:
+    """Per method: the medians per n, whether each is within the goal, and the fitted slopes."""
     per_method: dict[str, Any] = {}
     for method in methods:
         measured = [(n, runs[str(n)][method]) for n in sizes if "deletions" in runs[str(n)][method]]
@@ -86,9 +87,35 @@ def main() -> None:
                 for _, m in measured
             ],
         }
-    write_result("scaling", {"sizes": sizes, "features": args.features, "classes": 2,
-                             "methods": per_method, "runs": runs})  # fmt: skip
-    plot(per_method, RESULTS / "scaling.png")
+    return per_method
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--sizes", default="10000,100000,1000000")
+    parser.add_argument("--distributed-sizes", default="10000,100000")
+    parser.add_argument("--modes", default=",".join(MODES))
+    parser.add_argument("--methods", default=",".join(METHODS))
+    parser.add_argument("--deletions", type=int, default=6)
+    parser.add_argument("--features", type=int, default=20)
+    parser.add_argument("--recollection-max", type=int, default=10_000)
+    args = parser.parse_args()
+    methods = args.methods.split(",")
+    sizes = {
+        "embedded": [int(s) for s in args.sizes.split(",")],
+        "distributed": [int(s) for s in args.distributed_sizes.split(",")],
+    }
+    modes: dict[str, Any] = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        for mode in args.modes.split(","):
+            runs = {str(n): run(n, 2, methods, args, Path(tmp), mode) for n in sizes[mode]}
+            modes[mode] = {
+                "sizes": sizes[mode],
+                "methods": summary(methods, sizes[mode], runs),
+                "runs": runs,
+            }
+    write_result("scaling", {"features": args.features, "classes": 2, "modes": modes})
+    plot({mode: m["methods"] for mode, m in modes.items()}, RESULTS / "scaling.png")
 
 
 if __name__ == "__main__":
