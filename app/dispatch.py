@@ -21,6 +21,7 @@ from app import shutdown
 from app.db.session import database
 from app.db.tables import DeletionTask, Model, PrivacyAudit, task_is_due, utcnow
 from app.ledger.publish import publish_quietly
+from app.services import registration
 from app.settings import Settings, get_settings
 from app.states import AuditStatus, ModelStatus, TaskStatus
 from app.storage.blobs import blobs
@@ -168,8 +169,10 @@ def make_dispatcher(settings: Settings) -> InlineDispatcher | RQDispatcher:
 
 def reconcile(session: Session) -> dict[str, list[int]]:
     """Requeue expired leases and list the models that need a training or deletion job (a
-    task waiting out its retry backoff is signalled once it is due)."""
+    task waiting out its retry backoff is signalled once it is due), the audits to run and
+    the registrations abandoned by a process that died (to discard)."""
     now = utcnow()
+    settings = get_settings()
     session.execute(
         update(DeletionTask)
         .where(DeletionTask.status == TaskStatus.running, DeletionTask.lease_expires_at < now)
@@ -190,7 +193,7 @@ def reconcile(session: Session) -> dict[str, list[int]]:
             free,
         )
     ).all()
-    stale = now - timedelta(seconds=get_settings().job_timeout_seconds)
+    stale = now - timedelta(seconds=settings.job_timeout_seconds)
     to_audit = session.scalars(
         select(PrivacyAudit.id).where(
             or_(
@@ -199,12 +202,21 @@ def reconcile(session: Session) -> dict[str, list[int]]:
             )
         )
     ).all()
-    return {"train": sorted(to_train), "delete": sorted(to_delete), "audit": sorted(to_audit)}
+    return {
+        "train": sorted(to_train),
+        "delete": sorted(to_delete),
+        "audit": sorted(to_audit),
+        "discard": registration.abandoned(session, now, settings.registration_stale_seconds),
+    }
 
 
 def reconcile_and_signal(url: str, dispatcher: Dispatcher) -> dict[str, list[int]]:
-    with database(url).write() as session:
+    db = database(url)
+    with db.write() as session:
         work = reconcile(session)
+    for dataset_id in work["discard"]:
+        log.warning("dataset %s: its registration stopped; discarding it", dataset_id)
+        registration.discard(db, dataset_id)
     for model_id in work["train"]:
         dispatcher.enqueue(TRAIN, model_id)
     for model_id in work["delete"]:

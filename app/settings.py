@@ -49,6 +49,12 @@ class Settings(BaseSettings):
     lease_seconds: float = Field(60.0, description="A worker's claim on a model expires after.")
     heartbeat_seconds: float = 10.0
     reconcile_seconds: float = Field(5.0, description="Reconciler period.")
+    registration_stale_seconds: float = Field(
+        120.0,
+        gt=0,
+        description="A registering dataset whose last chunk committed longer ago than this is "
+        "discarded by the reconciler (its process died): its samples' keys and rows go.",
+    )
     max_batch_requests: int = Field(256, description="Most deletion requests applied at once.")
     resident_models: int = Field(
         2,

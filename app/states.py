@@ -42,6 +42,14 @@ class AuditStatus(StrEnum):
     failed = "failed"
 
 
+class DatasetStatus(StrEnum):
+    """A dataset: registering (its samples are committed in chunks; no model or deletion may
+    use it yet), then ready."""
+
+    registering = "registering"
+    ready = "ready"
+
+
 class SampleStatus(StrEnum):
     """A sample: active, erasing (a request holds it), erased (its data key destroyed)."""
 

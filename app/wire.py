@@ -56,7 +56,10 @@ class DatasetOut(Out):
     n_classes: int
     """number of labels (1 when unlabelled)"""
     n_samples: int
-    """samples registered"""
+    """samples registered (while registering: the samples it will hold)"""
+    status: str = "ready"
+    """registering (samples are still being committed, a chunk at a time: models and
+    deletions on it are refused with 409 until it is ready) or ready"""
     counts: dict[str, int] = {}
     """samples per split and per status (active, erased)"""
     text: JsonObject | None = None

@@ -7,7 +7,11 @@ A fresh embedded `lethe serve` (SQLite, inline worker) with the dataset limits r
 sequential single-sample deletions and one deletion of a 10,000-sample subject, each timed
 POST→certificate as the client sees it, with the update's own compute and its passes over the
 retained rows from the version's metrics. Peak RSS of the server process (the API and its
-inline worker are one process in embedded mode) from /proc's VmHWM.
+inline worker are one process in embedded mode) from /proc's VmHWM. While the big dataset
+registers, a second client files a single-sample deletion every half second against a small
+dataset (digits, an exact-retrain logreg) trained beforehand: how long each POST waited for
+its 202 and for its certificate (the registration commits a chunk at a time, so other writers
+are not locked out for its whole insert).
 
     .venv/bin/python -m bench.million [--n 1000000] [--deletions 20]
 
@@ -23,6 +27,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -87,6 +92,41 @@ def timed_deletion(
     }
 
 
+def deletions_during(
+    c: Client, dataset_id: int, ids: list[str], stop: threading.Event
+) -> list[dict[str, Any]]:
+    """Single-sample deletions, one every half second until `stop`: time to the 202 and to
+    the certificate, or the error the POST got."""
+    rows: list[dict[str, Any]] = []
+    for sample in ids:
+        if stop.is_set():
+            break
+        t0 = time.perf_counter()
+        try:
+            request = c.delete(dataset_id, [sample])
+        except Exception as exc:  # noqa: BLE001 - what a client would see, recorded
+            rows.append({"error": f"{type(exc).__name__}: {exc}"[:300],
+                         "waited_s": time.perf_counter() - t0})  # fmt: skip
+            continue
+        accepted = time.perf_counter() - t0
+        done = c.wait_deletion(request.id)
+        rows.append({"accepted_s": accepted, "post_to_certificate_s": time.perf_counter() - t0,
+                     "status": done.status})  # fmt: skip
+        time.sleep(0.5)
+    return rows
+
+
+def small_model(c: Client) -> tuple[int, list[str]]:
+    """digits with a ready exact-retrain logreg; its dataset id and 400 training sample ids."""
+    ds = c.post("/v1/datasets", json={"builtin": "digits"})
+    spec = {"name": "beside", "dataset_id": ds["id"], "architecture": {"type": "logreg"},
+            "method": {"name": "retrain"}}  # fmt: skip
+    model = c.wait_model(c.create_model(spec).id)
+    assert model.status == "ready", model
+    page = c.get(f"/v1/datasets/{ds['id']}/samples", params={"split": "train", "limit": 400})
+    return ds["id"], [item["external_id"] for item in page["items"]]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--n", type=int, default=1_000_000)
@@ -106,11 +146,25 @@ def main() -> None:
         with cluster:
             c = Client(cluster.start_api(), cluster.admin_key, timeout=7200)
             assert cluster.api is not None
+            beside, beside_ids = small_model(c)
+            stop, during = threading.Event(), []
+            other = Client(c.url, cluster.admin_key, timeout=600)
+            thread = threading.Thread(
+                target=lambda: during.extend(deletions_during(other, beside, beside_ids, stop))
+            )
             t0 = time.perf_counter()
+            thread.start()
             body = {"builtin": "synthetic", "n_samples": n, "n_features": 256,
                     "n_classes": 10, "subject_size": SUBJECT_SIZE}  # fmt: skip
             ds = c.post("/v1/datasets", json=body)
             register_s = time.perf_counter() - t0
+            stop.set()
+            thread.join()
+            accepted = [r["accepted_s"] for r in during if "accepted_s" in r]
+            print("deletions during registration:", len(during), "accepted p50",
+                  statistics.median(accepted) if accepted else None, "max",
+                  max(accepted, default=None), "errors",
+                  sum("error" in r for r in during), flush=True)  # fmt: skip
             pid = cluster.api.pid
             phase_peaks = {"register": peak_rss_mib(pid)}
             after = {"register": rss_mib(pid)}
@@ -184,6 +238,18 @@ def main() -> None:
                 "rss_after_phase_mib": after,
                 "float32_data_mib": n * 256 * 4 / 2**20,
                 "deletions": singles,
+                "deletions_during_registration": {
+                    "filed": len(during),
+                    "errors": sum("error" in r for r in during),
+                    "accepted_p50_s": statistics.median(accepted) if accepted else None,
+                    "accepted_max_s": max(accepted, default=None),
+                    "post_to_certificate_p50_s": statistics.median(
+                        [r["post_to_certificate_s"] for r in during if "accepted_s" in r]
+                    )
+                    if accepted
+                    else None,
+                    "rows": during,
+                },
                 "first_deletion_profile": first_profile,
             }
     write_result(args.out, result)

@@ -17,7 +17,7 @@ from sqlalchemy import LargeBinary, String, Text, select
 
 from app.db.migrate import alembic_config
 from app.db.session import database, engine_for
-from app.db.tables import Base, Dataset
+from app.db.tables import Base
 from app.ledger.certificates import RESTRICTED, canonical_json, constant_commitment
 from app.schemas import DeletionCreate
 from app.services.deletions import request_fingerprint
@@ -86,13 +86,13 @@ def test_migration_0008_rewrites_stored_fingerprints_over_tokens(tmp_path: Path)
     command.upgrade(alembic_config(url), "0007")
     selector = {"sample_ids": ["tok-a", "tok-b"], "subject_ids": []}
     raw = hashlib.sha256(b'{"dataset_id": 1, "sample_ids": ["17", "18"]}').hexdigest()
-    with database(url).write() as session:  # a dataset for the request to belong to
-        session.add(
-            Dataset(
-                name="d", kind="tabular", source="t", feature_shape=[2], n_classes=2, n_samples=0
+    with engine_for(url).begin() as conn:  # (the schema of 0007: no ORM on its tables)
+        conn.execute(
+            sa.text(
+                "INSERT INTO datasets (id, name, kind, source, feature_shape, n_classes, "
+                "n_samples, created_at) VALUES (1, 'd', 'tabular', 't', '[2]', 2, 0, '2026-01-01')"
             )
-        )
-    with engine_for(url).begin() as conn:
+        )  # a dataset for the request to belong to
         conn.execute(
             sa.text(
                 "INSERT INTO deletion_requests (id, dataset_id, idempotency_key, fingerprint, "

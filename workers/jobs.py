@@ -20,7 +20,7 @@ from safetensors.torch import load as st_load
 from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 
-from app import shutdown
+from app import pause, shutdown
 from app.db.session import Database, database
 from app.db.tables import Dataset, DeletionTask, Model, task_is_due, utcnow
 from app.dispatch import DELETE, TRAIN, take_signal
@@ -38,7 +38,7 @@ from app.wire import Progress
 from maths.nets import build_net
 from maths.training import Diverged, ProgressFn, accuracy, check_converged
 from methods.compute import ModelSpec, RetainedData, Trained, fit, method_for
-from workers import pause, pipeline
+from workers import pipeline
 from workers.certify import lineage_fields
 from workers.data import database_key, test_arrays, training_arrays
 from workers.device import trained_to_cpu, training_inputs_to, worker_device

@@ -20,9 +20,11 @@ from collections.abc import Callable
 from types import FrameType
 from typing import Any
 
+from app.db.session import database
 from app.dispatch import Reconciler, RQDispatcher, reconcile_and_signal
 from app.ledger.publish import finish_publishing
 from app.settings import get_settings
+from app.storage.erasure import compact
 from workers import metrics
 from workers.device import DeviceUnavailable, worker_device
 from workers.lease import WORKER_ID, beat
@@ -50,6 +52,8 @@ def run(burst: bool = False) -> None:
     # Neither the database nor Redis has to be up yet: the threads below retry both.
     _logged(lambda: beat(url, "rq"), "first heartbeat")
     _logged(lambda: reconcile_and_signal(url, dispatcher), "first reconcile")
+    # keys destroyed by a process that died before compacting leave the files now
+    _logged(lambda: compact(database(url), everything=True), "first compaction")
     stop = threading.Event()
     reconciler = Reconciler(url, dispatcher, settings.reconcile_seconds)
     heart = threading.Thread(

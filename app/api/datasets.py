@@ -13,8 +13,8 @@ from app.errors import APIError, unprocessable
 from app.jsontypes import JsonObject
 from app.schemas import BuiltinDatasetIn, DatasetOut, SamplePage, Text
 from app.security import Role
-from app.services import dataset_files
-from app.services.datasets import create_dataset, dataset_view, get_dataset, list_samples
+from app.services import dataset_files, registration
+from app.services.datasets import dataset_view, get_dataset, list_samples
 
 router = APIRouter(prefix="/v1/datasets", tags=["datasets"], responses=COMMON)
 
@@ -104,9 +104,9 @@ async def register_dataset(
         parsed = parse()
         if len(parsed.y) > settings.max_dataset_samples:
             raise APIError(413, "too_many_samples", f"at most {settings.max_dataset_samples}")
-        with db.write() as session:
-            ds = create_dataset(session, name, source, parsed)
-            return dataset_view(session, ds)
+        dataset_id = registration.register(db, name, source, parsed)  # a commit per chunk
+        with db.read() as session:
+            return dataset_view(session, get_dataset(session, dataset_id))
 
     return await run_in_threadpool(store)
 

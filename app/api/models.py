@@ -51,7 +51,7 @@ WEIGHTS_DOC: dict[int | str, JsonObject] = {
 }
 
 
-@router.post("", status_code=202, response_model=ModelOut, responses=errors(404))
+@router.post("", status_code=202, response_model=ModelOut, responses=errors(404, 409))
 def create(
     spec: Annotated[ModelCreate, Body(openapi_examples=MODEL_EXAMPLES)],
     _: Admin,
@@ -131,7 +131,7 @@ IMPORT_DOC = {
     "/import",
     status_code=202,
     response_model=ModelOut,
-    responses=errors(400, 404),
+    responses=errors(400, 404, 409),
     openapi_extra=IMPORT_DOC,
 )
 async def import_weights(

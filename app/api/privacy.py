@@ -32,7 +32,7 @@ def preview(
         return preview_release(session, model, epsilon, delta, disclose)
 
 
-@router.get("/methods", response_model=MethodChoices, responses=errors(404, 422))
+@router.get("/methods", response_model=MethodChoices, responses=errors(404, 409, 422))
 def methods(
     key: AnyRole,
     db: DbDep,

@@ -39,6 +39,7 @@ from app.specs import (
 )
 from app.states import (
     AuditStatus,
+    DatasetStatus,
     ModelStatus,
     RequestStatus,
     SampleStatus,
@@ -109,6 +110,11 @@ class Dataset(Base):
     # A corpus (kind "text"): its fixed vocabulary and counts (app/text.py); None otherwise.
     text: Mapped[dict[str, Any] | None] = mapped_column(JSON)
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    # Registering: samples are committed a chunk at a time, `progress_at` set with each, so
+    # other writers are not locked out for the whole insert (issue 28); a registration whose
+    # progress stopped is discarded by the reconciler (app/services/registration.py).
+    status: Mapped[DatasetStatus] = state_column(DatasetStatus, 12, DatasetStatus.ready)
+    progress_at: Mapped[datetime | None]
 
 
 class Sample(Base):

@@ -1,4 +1,4 @@
-"""Registering datasets and reading their samples."""
+"""Reading datasets and their samples (registering them: app/services/registration.py)."""
 
 from __future__ import annotations
 
@@ -7,98 +7,31 @@ from typing import Any
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
-from app.db.bulk import driver_uuid, insert_rows
-from app.db.tables import Base, Dataset, Sample
-from app.errors import not_found
-from app.services.dataset_files import ParsedDataset
-from app.states import SampleStatus
-from app.storage.crypto import Keyring, SampleRecord, keyring, open_sealed, sample_aad, seal
-from app.storage.keystore import load_keys, new_keys, store_keys
-
-INSERT_CHUNK = 5000
-
-
-def create_dataset(session: Session, name: str, source: str, parsed: ParsedDataset) -> Dataset:
-    """Insert the dataset and all its samples in one transaction: each sample's label, ids and
-    float32 features sealed with its own data key, its ids stored only as keyed tokens.
-
-    (Sealing the next chunk in a helper thread while one is written was slower, 11.8 s against
-    8.9 s for 100,000 samples: the writer waited for the interpreter lock after every row.)"""
-    ring = keyring()
-    ds = Dataset(
-        name=name,
-        kind=parsed.kind,
-        source=source,
-        feature_shape=list(parsed.X.shape[1:]),
-        n_classes=parsed.n_classes,
-        n_samples=len(parsed.y),
-        text=parsed.text,
-    )
-    session.add(ds)
-    session.flush()
-    subjects = _SubjectTokens(ring, ds.id)
-    conn = session.connection()
-    for start in range(0, len(parsed.y), INSERT_CHUNK):
-        stop = min(start + INSERT_CHUNK, len(parsed.y))
-        keys = new_keys(ring, stop - start)
-        store_keys(conn, ring, keys)
-        insert_rows(
-            conn,
-            Base.metadata.tables["samples"],
-            SAMPLE_COLUMNS,
-            [
-                _sealed_row(ring, ds.id, parsed, i, (driver_uuid(conn, key_id), raw), subjects)
-                for i, (key_id, raw, _) in zip(range(start, stop), keys, strict=True)
-            ],
-        )
-    return ds
-
-
-SAMPLE_COLUMNS = ("dataset_id", "external_id", "subject_id", "split", "payload", "key_id", "status")
-
-
-class _SubjectTokens(dict[str, str]):
-    """A dataset's subject tokens, each computed once: a subject owns many rows (at a million
-    rows one HMAC per row was a tenth of the registration's Python)."""
-
-    def __init__(self, ring: Keyring, dataset_id: int) -> None:
-        super().__init__()
-        self.ring, self.dataset_id = ring, dataset_id
-
-    def __missing__(self, subject: str) -> str:
-        token = self[subject] = self.ring.token("subject", self.dataset_id, subject)
-        return token
-
-
-def _sealed_row(
-    ring: Keyring,
-    dataset_id: int,
-    parsed: ParsedDataset,
-    i: int,
-    key: tuple[Any, bytes],
-    subjects: _SubjectTokens,
-) -> tuple[Any, ...]:
-    """One sample's row in SAMPLE_COLUMNS order; `key` is (its key id in the driver's form,
-    the raw key)."""
-    key_id, raw = key
-    subject = parsed.subjects[i]
-    token = ring.token("sample", dataset_id, parsed.ids[i])
-    record = SampleRecord(int(parsed.y[i]), parsed.ids[i], subject, parsed.X[i].tobytes())
-    return (
-        dataset_id,
-        token,
-        None if subject is None else subjects[subject],
-        parsed.split[i],
-        seal(raw, record.encode(), sample_aad(dataset_id, token)),
-        key_id,
-        SampleStatus.active.value,
-    )
+from app.db.tables import Dataset, Sample
+from app.errors import APIError, not_found
+from app.states import DatasetStatus, SampleStatus
+from app.storage.crypto import SampleRecord, keyring, open_sealed, sample_aad
+from app.storage.keystore import load_keys
 
 
 def get_dataset(session: Session, dataset_id: int) -> Dataset:
     ds = session.get(Dataset, dataset_id)
     if ds is None:
         raise not_found("dataset", dataset_id)
+    return ds
+
+
+def ready_dataset(session: Session, dataset_id: int) -> Dataset:
+    """The dataset, 404 when unknown and 409 while it is registering: a model or a deletion
+    must see all its samples (app/services/registration.py)."""
+    ds = get_dataset(session, dataset_id)
+    if ds.status == DatasetStatus.registering:
+        raise APIError(
+            409,
+            "dataset_registering",
+            f"dataset {dataset_id} is still being registered; retry when its status is ready",
+            {"dataset_id": dataset_id},
+        )
     return ds
 
 
@@ -130,6 +63,7 @@ def dataset_view(session: Session, ds: Dataset) -> dict[str, Any]:
                 "created_at",
             )
         },
+        "status": ds.status,
         "counts": dataset_counts(session, ds.id),
         "text": None if ds.text is None else text_summary(ds.text),
     }

@@ -15,7 +15,7 @@ from sqlalchemy.orm import Session
 from app.db.tables import Model, ModelVersion, Sample
 from app.errors import APIError, unprocessable
 from app.schemas import ModelCreate
-from app.services.datasets import get_dataset
+from app.services.datasets import ready_dataset
 from app.states import SampleStatus, VersionKind
 from app.wire import MethodChoice, MethodChoices, Target
 from methods import get_method, method_names, method_of
@@ -32,7 +32,7 @@ def method_choices(
 ) -> MethodChoices:
     """One row per method, checked as POST /v1/models would check a model with its default
     options (a refusal is the API's own message), its first release planned at (ε, δ)."""
-    ds = get_dataset(session, dataset_id)
+    ds = ready_dataset(session, dataset_id)
     try:
         ModelCreate.model_validate(
             {"name": "choice", "dataset_id": ds.id, "architecture": architecture}

@@ -15,7 +15,7 @@ from app.errors import APIError, not_found, unprocessable
 from app.jsontypes import JsonObject
 from app.schemas import ModelCreate
 from app.services import memory
-from app.services.datasets import get_dataset
+from app.services.datasets import ready_dataset
 from app.specs import (
     ImportedWeights,
     StoredMethod,
@@ -33,7 +33,7 @@ def create_model(session: Session, spec: ModelCreate, memory_limit: int | None =
     """Record the model and snapshot its training set (active train samples); status queued.
     The method may refuse the model first (e.g. minnorm when n ≥ p), and so may the memory
     budget (`memory_limit` bytes, app/services/memory.py): nothing is written."""
-    ds = get_dataset(session, spec.dataset_id)
+    ds = ready_dataset(session, spec.dataset_id)
     active_train = (
         Sample.dataset_id == ds.id,
         Sample.split == "train",
@@ -266,7 +266,7 @@ def _import_model(
             f"{spec.method.name!r} needs Lethe to record or constrain training; "
             "an imported model can use: " + ", ".join(usable),
         )
-    ds = get_dataset(session, spec.dataset_id)
+    ds = ready_dataset(session, spec.dataset_id)
     check_weights(
         weights, spec.architecture.model_dump(), int(math.prod(ds.feature_shape)), ds.n_classes
     )

@@ -4,11 +4,16 @@ Erasure is crypto-shredding (app/storage/crypto.py): the sample's data key is de
 sealed payload (label, raw ids, features) and its sealed statistics can never be opened again,
 wherever their bytes survive. `compact_after_erasure` then removes the destroyed keys' own bytes
 from the database files: SQLite zeroes freed cells (`secure_delete`) and the WAL is checkpointed
-and truncated; PostgreSQL rewrites the small key table (`VACUUM FULL data_keys`)."""
+and truncated; PostgreSQL rewrites the partitions of the key table that this process destroyed
+keys in (`VACUUM FULL data_keys_p017, ...`; migration 0016), a few milliseconds each at a
+million keys, where rewriting the whole table grew with every key ever made (issue 28).
+`compact(db, everything=True)` rewrites the whole table: at a process's start, for keys
+destroyed by a process that died before compacting."""
 
 from __future__ import annotations
 
 import logging
+import re
 from collections.abc import Sequence
 from uuid import UUID
 
@@ -19,7 +24,7 @@ from app.db.chunks import chunked
 from app.db.session import Database, rowcount
 from app.db.tables import Model, ModelSample, Sample, utcnow
 from app.states import ModelStatus, SampleStatus
-from app.storage.keystore import destroy_keys
+from app.storage.keystore import destroy_keys, destroyed_in, note_destroyed
 
 log = logging.getLogger("lethe.erasure")
 
@@ -76,8 +81,9 @@ def compact_after_erasure(db: Database) -> None:
         log.warning("compaction after erasure failed; the next erasure retries", exc_info=True)
 
 
-def compact(db: Database) -> None:
-    """Compact now: SQLite checkpoints and truncates its WAL, PostgreSQL rewrites data_keys."""
+def compact(db: Database, everything: bool = False) -> None:
+    """Compact now: SQLite checkpoints and truncates its WAL; PostgreSQL rewrites the key
+    table's partitions in which this process destroyed keys (all of it with `everything`)."""
     engine = db.engine
     if engine.dialect.name == "sqlite":
         # Every connection runs with secure_delete (app/db/session.py): freed cells are zeroed.
@@ -93,5 +99,23 @@ def compact(db: Database) -> None:
         if busy:
             log.info("WAL checkpoint was busy; the next erasure retries")
     elif engine.dialect.name == "postgresql":
-        with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
-            conn.execute(text("VACUUM FULL data_keys"))
+        where = engine.url.render_as_string()
+        taken = destroyed_in(where)
+        tables = {"data_keys"} if everything else taken
+        if not tables:
+            return
+        names = ", ".join(_quoted(t) for t in sorted(tables))
+        try:
+            with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
+                conn.execute(text(f"VACUUM FULL {names}"))
+        except BaseException:
+            note_destroyed(where, taken)
+            raise
+
+
+def _quoted(table: str) -> str:
+    """A table name from `tableoid::regclass` (already quoted where it needs it) checked
+    to be data_keys or one of its partitions before it goes into a statement."""
+    if not re.fullmatch(r'"?data_keys(_p\d{3})?"?', table):
+        raise ValueError(f"not a data_keys table: {table!r}")
+    return table

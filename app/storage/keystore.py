@@ -1,10 +1,15 @@
-"""The `data_keys` table: create, load (unwrapped) and destroy data keys in bulk."""
+"""The `data_keys` table: create, load (unwrapped) and destroy data keys in bulk.
+
+On PostgreSQL the table is hash-partitioned on the key id (migration 0016): destroying keys
+notes the partitions they were in (`destroyed_in`), so that compaction rewrites only those
+(app/storage/erasure.py) instead of the whole table."""
 
 from __future__ import annotations
 
+import threading
 from uuid import UUID, uuid4
 
-from sqlalchemy import Connection, delete, select
+from sqlalchemy import Connection, String, delete, literal_column, select
 from sqlalchemy.orm import Session
 
 from app.db.bulk import driver_uuid, insert_rows
@@ -50,8 +55,45 @@ def load_keys(session: Session, ring: Keyring, key_ids: list[UUID]) -> dict[UUID
 
 
 def destroy_keys(session: Session, key_ids: list[UUID]) -> int:
-    """Delete these keys: what they sealed can no longer be opened. Returns how many."""
+    """Delete these keys: what they sealed can no longer be opened. Returns how many. On
+    PostgreSQL the tables they were deleted from are noted for this process's next compaction
+    (noted before the commit: compacting a table whose delete rolled back costs time, not
+    correctness)."""
     destroyed = 0
+    postgres = session.get_bind().dialect.name == "postgresql"
     for chunk in chunked(sorted(set(key_ids))):
-        destroyed += rowcount(session.execute(delete(DataKey).where(DataKey.id.in_(chunk))))
+        statement = delete(DataKey).where(DataKey.id.in_(chunk))
+        if not postgres:
+            destroyed += rowcount(session.execute(statement))
+            continue
+        table = literal_column("tableoid::regclass::text", String)
+        found: list[str] = list(session.scalars(statement.returning(table)))
+        destroyed += len(found)
+        _note(_where(session), set(found))
     return destroyed
+
+
+_LOCK = threading.Lock()
+_DESTROYED: dict[str, set[str]] = {}  # database -> tables holding keys destroyed, not compacted
+
+
+def _where(session: Session) -> str:
+    return session.get_bind().engine.url.render_as_string()
+
+
+def _note(database: str, tables: set[str]) -> None:
+    with _LOCK:
+        _DESTROYED.setdefault(database, set()).update(tables)
+
+
+def destroyed_in(database: str) -> set[str]:
+    """Take the tables (data_keys' partitions) in which this process destroyed keys since the
+    last call, for `database` (its URL): the caller compacts them, or gives them back with
+    `note_destroyed` when it could not."""
+    with _LOCK:
+        return _DESTROYED.pop(database, set())
+
+
+def note_destroyed(database: str, tables: set[str]) -> None:
+    """Give back tables a compaction did not reach: the next one retries them."""
+    _note(database, tables)

@@ -1,9 +1,10 @@
 """Named pause points for tests that must act at an exact moment of a job (e.g. kill -9 a
-worker between compute and commit), instead of racing a poll against it.
+worker between compute and commit, or post while a registration is between chunks), instead of
+racing a poll against it.
 
-Off unless LETHE_PAUSE_DIR is set and LETHE_PAUSE_AT names the point. At a point, the worker
-writes `<name>-<model>.reached`
-(holding its pid) into that folder and waits until `<name>-<model>.go` exists.
+Off unless LETHE_PAUSE_DIR is set and LETHE_PAUSE_AT names the point. At a point, the process
+writes `<name>-<id>.reached` (holding its pid) into that folder and waits until `<name>-<id>.go`
+exists; `id` is the model's or the dataset's.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ MAX_WAIT_SECONDS = 300.0
 
 
 def point(name: str, model_id: int) -> None:
+    """Wait at the point `name` for `model_id` (a model's or a dataset's id) when a test set it."""
     settings = get_settings()
     folder = settings.pause_dir
     if folder is None or name not in settings.pause_at:

@@ -1,0 +1,206 @@
+"""Registering a dataset a chunk per commit (issue 28): other writers proceed between chunks,
+nothing may use a registering dataset, and a registration that fails or whose process dies
+leaves nothing behind."""
+
+from __future__ import annotations
+
+import contextlib
+import signal
+import sqlite3
+import threading
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+import sqlalchemy as sa
+from fastapi.testclient import TestClient
+
+from app.db.session import database
+from app.db.tables import DataKey, Dataset, Sample
+from app.main import create_app
+from app.services import registration
+from app.settings import Settings
+from bench.cluster import Cluster
+from tests.conftest import SMALL_TRAINING, Api, make_keys
+
+# Three chunks of registration.CHUNK samples (the last one short).
+BIG = {"builtin": "synthetic", "n_samples": 12_000, "n_features": 4, "n_classes": 2}
+
+
+def wait_file(path: Path, timeout: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not path.exists():
+        assert time.monotonic() < deadline, f"{path.name} never appeared"
+        time.sleep(0.01)
+
+
+def counts(url: str, dataset_id: int) -> tuple[int, int]:
+    """(the dataset's sample rows, all data keys)."""
+    with database(url).read() as session:
+        samples = session.scalar(
+            sa.select(sa.func.count()).select_from(Sample).where(Sample.dataset_id == dataset_id)
+        )
+        keys = session.scalar(sa.select(sa.func.count()).select_from(DataKey))
+    return int(samples or 0), int(keys or 0)
+
+
+@pytest.fixture
+def paused_api(settings: Settings, tmp_path: Path):
+    """The app with the pause point between a registration's chunk commits switched on."""
+    pause = tmp_path / "pause"
+    pause.mkdir()
+    paused = settings.model_copy(update={"pause_dir": pause, "pause_at": ["registration-chunk"]})
+    url = paused.resolved_database_url
+    with TestClient(create_app(paused)) as client:
+        yield Api(client=client, url=url, keys=make_keys(url)), pause
+
+
+def test_other_writers_proceed_between_chunks_and_a_registering_dataset_is_refused(
+    paused_api: tuple[Api, Path],
+) -> None:
+    api, pause = paused_api
+    (pause / "registration-chunk-1.go").touch()  # the first dataset registers straight through
+    digits = api.post("/v1/datasets", json={"builtin": "digits"}).json()
+    assert digits["id"] == 1 and digits["status"] == "ready"
+    model = api.post(
+        "/v1/models",
+        json={
+            "name": "m",
+            "dataset_id": 1,
+            "architecture": {"type": "logreg"},
+            "training": SMALL_TRAINING,
+        },  # fmt: skip
+    ).json()
+    assert api.wait(f"/v1/models/{model['id']}", ("ready", "failed"))["status"] == "ready"
+
+    answer: dict[str, httpx.Response] = {}
+    thread = threading.Thread(
+        target=lambda: answer.update(big=api.post("/v1/datasets", json=BIG)), daemon=True
+    )
+    thread.start()
+    wait_file(pause / "registration-chunk-2.reached")  # its first chunk is committed
+
+    seen = api.get("/v1/datasets/2").json()
+    assert seen["status"] == "registering" and seen["n_samples"] == 12_000
+    assert sum(seen["counts"][s] for s in ("train", "test")) == registration.CHUNK
+    one = api.get("/v1/datasets/2/samples", params={"limit": 1}).json()["items"][0]
+    refused = [
+        api.post(
+            "/v1/models", json={"name": "x", "dataset_id": 2, "architecture": {"type": "logreg"}}
+        ),  # fmt: skip
+        api.post("/v1/deletions", json={"dataset_id": 2, "sample_ids": [one["external_id"]]}),
+        api.post("/v1/deletions", json={"dataset_id": 2, "subject_ids": ["nobody"]}),
+        api.get("/v1/privacy/methods", params={"dataset": 2, "architecture": "logreg"}),
+    ]
+    for response in refused:
+        assert response.status_code == 409, response.text
+        assert response.json()["error"]["code"] == "dataset_registering"
+
+    # The write lock is not held between chunks: a deletion on another dataset is accepted
+    # and applied while the registration waits.
+    started = time.monotonic()
+    deletion = api.post(
+        "/v1/deletions", json={"dataset_id": 1, "sample_ids": [api.get(
+            "/v1/datasets/1/samples", params={"limit": 1, "split": "train"}
+        ).json()["items"][0]["external_id"]]},
+    )  # fmt: skip
+    assert deletion.status_code == 202, deletion.text
+    assert time.monotonic() - started < 10  # SQLite's busy timeout is 30 s
+    assert api.wait(f"/v1/deletions/{deletion.json()['id']}", ("done", "failed"))["status"] == (
+        "done"
+    )
+    assert thread.is_alive()
+
+    (pause / "registration-chunk-2.go").touch()
+    thread.join(timeout=60)
+    big = answer["big"]
+    assert big.status_code == 201, big.text
+    assert big.json()["status"] == "ready"
+    assert sum(big.json()["counts"][s] for s in ("train", "test")) == 12_000
+    created = api.post(
+        "/v1/models",
+        json={
+            "name": "later",
+            "dataset_id": 2,
+            "architecture": {"type": "logreg"},
+            "training": SMALL_TRAINING,
+        },  # fmt: skip
+    )
+    assert created.status_code == 202, created.text
+
+
+def test_a_registration_that_fails_midway_leaves_nothing(
+    api: Api, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    api.post("/v1/datasets", json={"builtin": "breast_cancer"})
+    before = counts(api.url, 2)[1]
+    commit = registration._commit_chunk
+    calls = {"n": 0}
+
+    def failing(*args, **kwargs):
+        calls["n"] += 1
+        if calls["n"] == 2:
+            raise OSError("disk full")
+        return commit(*args, **kwargs)
+
+    monkeypatch.setattr(registration, "_commit_chunk", failing)
+    with pytest.raises(OSError, match="disk full"):  # (TestClient raises what the server did)
+        api.post("/v1/datasets", json=BIG)
+    assert calls["n"] == 2  # the first chunk had committed
+    assert api.get("/v1/datasets/2").status_code == 404
+    assert counts(api.url, 2) == (0, before)
+    with database(api.url).read() as session:
+        assert session.scalar(sa.select(sa.func.count()).select_from(Dataset)) == 1
+
+
+@pytest.mark.integration
+def test_a_registration_whose_server_died_is_discarded_with_its_keys(tmp_path: Path) -> None:
+    pause = tmp_path / "pause"
+    pause.mkdir()
+    data = tmp_path / "data"
+    with Cluster(data, None, None, pause_dir=pause, pause_at=["registration-chunk"]) as cluster:
+        url = cluster.start_api()
+
+        def register() -> None:  # its server is killed mid-way: no answer comes
+            with contextlib.suppress(httpx.HTTPError):
+                httpx.post(
+                    f"{url}/v1/datasets", json=BIG, timeout=120,
+                    headers={"Authorization": f"Bearer {cluster.admin_key}"},
+                )  # fmt: skip
+
+        thread = threading.Thread(target=register, daemon=True)
+        thread.start()
+        wait_file(pause / "registration-chunk-1.reached")
+        db_file = data / "lethe.db"
+        with sqlite3.connect(db_file) as conn:
+            wrapped = [
+                bytes(w)
+                for (w,) in conn.execute(
+                    "SELECT wrapped FROM data_keys JOIN samples ON samples.key_id = data_keys.id"
+                )
+            ]
+        assert len(wrapped) == registration.CHUNK
+        assert cluster.api is not None
+        cluster.api.send_signal(signal.SIGKILL)  # the server dies between two chunks
+        cluster.api.wait(timeout=30)
+        thread.join(timeout=30)
+
+        cluster.env["LETHE_REGISTRATION_STALE_SECONDS"] = "1"
+        cluster.env["LETHE_PAUSE_AT"] = "[]"
+        url = cluster.start_api()  # its reconciler discards the registration
+        deadline = time.monotonic() + 60
+        with cluster.client() as c:
+            while c.get("/v1/datasets/1").status_code != 404:
+                assert time.monotonic() < deadline, "the registration was never discarded"
+                time.sleep(0.2)
+        with sqlite3.connect(db_file) as conn:
+            assert conn.execute("SELECT count(*) FROM samples").fetchone() == (0,)
+            assert conn.execute("SELECT count(*) FROM data_keys").fetchone() == (0,)
+        cluster.stop()
+        files = b"".join(
+            p.read_bytes()
+            for p in (db_file, Path(f"{db_file}-wal"), Path(f"{db_file}-shm"))
+            if p.exists()
+        )
+        assert not [w for w in wrapped if w in files]
