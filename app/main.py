@@ -24,7 +24,7 @@ from app.security import Role, create_key, has_any_key
 from app.services.weights_cache import WeightsCache
 from app.settings import Settings, get_settings, use_settings
 from app.storage.blobs import blobs
-from app.storage.erasure import compact
+from app.storage.erasure import compact, finish_compacting
 from app.wakeups import Listener
 
 log = logging.getLogger("lethe")
@@ -77,6 +77,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         if isinstance(dispatcher, InlineDispatcher):
             dispatcher.stop()
         finish_publishing(url)
+        finish_compacting(url)
 
     app = FastAPI(
         title="Lethe",

@@ -24,7 +24,7 @@ from app.db.session import database
 from app.dispatch import Reconciler, RQDispatcher, reconcile_and_signal
 from app.ledger.publish import finish_publishing
 from app.settings import get_settings
-from app.storage.erasure import compact
+from app.storage.erasure import compact, finish_compacting
 from workers import metrics
 from workers.device import DeviceUnavailable, worker_device
 from workers.lease import WORKER_ID, beat
@@ -70,6 +70,7 @@ def run(burst: bool = False) -> None:
     finally:
         stop.set()
         finish_publishing(url)  # the last update's checkpoint, before the process exits
+        finish_compacting(url)  # and the compaction under way
 
 
 def _logged(step: Callable[[], object], what: str) -> None:

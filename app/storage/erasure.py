@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 import re
+import threading
 from collections.abc import Sequence
 from uuid import UUID
 
@@ -24,7 +25,7 @@ from app.db.chunks import chunked
 from app.db.session import Database, rowcount
 from app.db.tables import Model, ModelSample, Sample, utcnow
 from app.states import ModelStatus, SampleStatus
-from app.storage.keystore import destroy_keys, destroyed_in, note_destroyed
+from app.storage.keystore import destroy_keys, destroyed_in, has_destroyed, note_destroyed
 
 log = logging.getLogger("lethe.erasure")
 
@@ -67,7 +68,9 @@ def erase_payloads(session: Session, sample_ids: list[int], also: Sequence[UUID]
 
 
 def compact_after_erasure(db: Database) -> None:
-    """Remove destroyed keys' bytes from the database files (run after the erasure commits).
+    """Remove destroyed keys' bytes from the database files (run after the erasure commits):
+    SQLite's WAL checkpoint at once; PostgreSQL's rewrite of the partitions that lost keys in
+    a background thread (`compact_soon`), so the worker's next update does not wait for it.
 
     A failure is logged, not raised: the erasure itself has committed and the next erasure
     compacts again."""
@@ -75,10 +78,57 @@ def compact_after_erasure(db: Database) -> None:
 
     if not get_settings().erasure_compaction:
         return
+    if db.engine.dialect.name == "postgresql":
+        compact_soon(db)
+        return
+    _compact_logged(db)
+
+
+def _compact_logged(db: Database) -> None:
     try:
         compact(db)
     except Exception:
         log.warning("compaction after erasure failed; the next erasure retries", exc_info=True)
+
+
+_SCHEDULING = threading.Lock()
+_RUNNING: dict[str, threading.Thread] = {}  # database URL -> its compaction thread
+_AGAIN: set[str] = set()  # databases with keys destroyed while their compaction ran
+
+
+def compact_soon(db: Database) -> None:
+    """Compact in a background thread: one per database, which runs again when keys were
+    destroyed while it ran. VACUUM FULL of even a small partition costs about 5 ms of fixed
+    work (a new file, its fsync, the index rebuilt): 20–30 ms for an update's four keys."""
+    if not has_destroyed(db.engine.url.render_as_string()):
+        return
+    with _SCHEDULING:
+        running = _RUNNING.get(db.url)
+        if running is not None and running.is_alive():
+            _AGAIN.add(db.url)
+            return
+        thread = threading.Thread(target=_compacting, args=(db,), name="lethe-compact", daemon=True)
+        _RUNNING[db.url] = thread
+        thread.start()
+
+
+def _compacting(db: Database) -> None:
+    while True:
+        _compact_logged(db)
+        with _SCHEDULING:
+            if db.url not in _AGAIN:
+                _RUNNING.pop(db.url, None)
+                return
+            _AGAIN.discard(db.url)
+
+
+def finish_compacting(url: str) -> None:
+    """At a clean stop: wait for the compaction under way, so the last keys' bytes leave the
+    files and no background thread holds a connection once the service has stopped."""
+    with _SCHEDULING:
+        running = _RUNNING.get(url)
+    if running is not None:
+        running.join()
 
 
 def compact(db: Database, everything: bool = False) -> None:

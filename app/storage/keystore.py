@@ -94,6 +94,12 @@ def destroyed_in(database: str) -> set[str]:
         return _DESTROYED.pop(database, set())
 
 
+def has_destroyed(database: str) -> bool:
+    """Whether this process destroyed keys in `database` since its last compaction."""
+    with _LOCK:
+        return bool(_DESTROYED.get(database))
+
+
 def note_destroyed(database: str, tables: set[str]) -> None:
     """Give back tables a compaction did not reach: the next one retries them."""
     _note(database, tables)
