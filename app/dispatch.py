@@ -97,6 +97,16 @@ def signal_key(queue_name: str, job: str, args: tuple[int, ...]) -> str:
     return f"lethe:{queue_name}:pending:{job}:{','.join(map(str, args))}"
 
 
+def due_key(queue_name: str, model_id: int) -> str:
+    """The Redis list a worker lingering on a model's lease blocks on (BLPOP): the API pushes
+    to it after committing a deletion for that model, so the warm worker starts at once
+    instead of at its next look at the database (issue 28)."""
+    return f"lethe:{queue_name}:due:{model_id}"
+
+
+DUE_TTL_SECONDS = 5  # a push nobody pops (no worker lingering) goes by itself
+
+
 def take_signal(job: str, *args: int) -> None:
     """Called by a job as it starts: its signal is no longer waiting, so the next request
     signals again (it may arrive after this job read the database). No-op inline."""
@@ -132,7 +142,13 @@ class RQDispatcher:
     def enqueue(self, job: str, *args: int) -> None:
         try:  # no RQ retries: failed attempts are retried from the database (fail_tasks)
             pending = signal_key(self.settings.queue_name, job, args)
-            if not self.redis.set(pending, 1, nx=True, ex=self.settings.signal_ttl_seconds):
+            batch = self.redis.pipeline(transaction=False)  # one round trip
+            if job == DELETE:  # wake a worker lingering on the model's lease
+                due = due_key(self.settings.queue_name, args[0])
+                batch.rpush(due, 1)
+                batch.expire(due, DUE_TTL_SECONDS)
+            batch.set(pending, 1, nx=True, ex=self.settings.signal_ttl_seconds)
+            if not batch.execute()[-1]:
                 return  # a signal for this model is already waiting: its job will see this
             try:
                 self.queue.enqueue(

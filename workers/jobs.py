@@ -13,7 +13,7 @@ import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
-from typing import cast
+from typing import Any, cast
 
 import torch
 from safetensors.torch import load as st_load
@@ -23,7 +23,7 @@ from sqlalchemy.orm import Session
 from app import pause, shutdown
 from app.db.session import Database, database
 from app.db.tables import Dataset, DeletionTask, Model, task_is_due, utcnow
-from app.dispatch import DELETE, TRAIN, take_signal
+from app.dispatch import DELETE, TRAIN, due_key, take_signal
 from app.jsontypes import JsonObject, json_object
 from app.ledger.publish import publish_soon
 from app.ledger.transparency import signing_key
@@ -393,23 +393,47 @@ def process_deletions(model_id: int) -> str:
             return f"applied {applied}"
 
 
-STICKY_POLL_SECONDS = 0.02
+STICKY_POLL_SECONDS = 0.1  # the fallback look when no wake-up comes through Redis
 
 
 def _linger(db: Database, settings: Settings, model_id: int) -> bool:
     """Distributed: keep the lease for `sticky_seconds` after a model's last batch, watching
     for its next due task (True when one came). Another worker signalled meanwhile finds the
-    model busy, so the next update runs here, on the warm session (issue 28). The lease stays
-    the truth: if this worker dies, the lease expires and any worker takes over."""
+    model busy, so the next update runs here, on the warm session (issue 28). The API pushes
+    to the model's due list after committing a deletion (`dispatch.due_key`): the worker
+    blocks on it, and looks at the database when woken or every STICKY_POLL_SECONDS (a 20 ms
+    sleep between looks cost a deletion 10 ms on average). The lease stays the truth: if this
+    worker dies, the lease expires and any worker takes over."""
     if settings.embedded or settings.sticky_seconds <= 0:
         return False
     deadline = time.monotonic() + settings.sticky_seconds
-    while time.monotonic() < deadline:
+    key = due_key(settings.queue_name, model_id)
+    while (left := deadline - time.monotonic()) > 0:
         shutdown.check()
         if _has_due(db, model_id):
             return True
-        time.sleep(STICKY_POLL_SECONDS)
-    return False
+        _wait_for_due(settings, key, min(left, STICKY_POLL_SECONDS))
+    return _has_due(db, model_id)
+
+
+_DUE_REDIS: dict[str, Any] = {}  # redis URL -> this process's connection for due lists
+
+
+def _wait_for_due(settings: Settings, key: str, timeout: float) -> None:
+    """Until the API pushes to `key` or `timeout` passes; a sleep when Redis is away (the
+    database is the record: a lost wake-up costs one fallback look)."""
+    from redis import Redis
+
+    url = str(settings.redis_url)
+    try:
+        redis = _DUE_REDIS.get(url)
+        if redis is None:
+            redis = _DUE_REDIS[url] = Redis.from_url(url, socket_timeout=5)
+        if redis.blpop([key], timeout=timeout) is not None:
+            redis.delete(key)  # the look that follows covers every push before it
+    except Exception:  # noqa: BLE001 - Redis away: poll the database instead
+        log.debug("could not wait on %s", key, exc_info=True)
+        time.sleep(timeout)
 
 
 def _next_batch(
