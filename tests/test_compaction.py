@@ -4,12 +4,19 @@ number of keys (issue 28)."""
 
 from __future__ import annotations
 
-import sqlalchemy as sa
+import uuid
+from collections.abc import Iterator
 
-from app.db.session import database
+import pytest
+import sqlalchemy as sa
+from alembic import command
+
+from app.db.migrate import alembic_config
+from app.db.session import database, engine_for
 from app.storage.crypto import Keyring
 from app.storage.erasure import compact
 from app.storage.keystore import create_keys, destroy_keys, destroyed_in
+from tests.conftest import PG_ADMIN_URL, PG_BASE
 
 
 def files(url: str) -> dict[str, int]:
@@ -53,3 +60,47 @@ def test_compaction_rewrites_only_the_partitions_that_lost_keys(pg_url: str) -> 
     assert files(pg_url) == after
     compact(db, everything=True)  # a process's start: every partition
     assert all(files(pg_url)[name] != after[name] for name in after)
+
+
+@pytest.fixture
+def empty_pg_database() -> Iterator[str]:
+    """A PostgreSQL database of this test's own, not migrated."""
+    name = f"lethe_keys_{uuid.uuid4().hex[:8]}"
+    admin = sa.create_engine(PG_ADMIN_URL, isolation_level="AUTOCOMMIT")
+    with admin.connect() as conn:
+        conn.exec_driver_sql(f'CREATE DATABASE "{name}"')
+    try:
+        yield f"{PG_BASE}/{name}"
+    finally:
+        engine_for(f"{PG_BASE}/{name}").dispose()
+        with admin.connect() as conn:
+            conn.exec_driver_sql(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        admin.dispose()
+
+
+@pytest.mark.postgres
+def test_migration_0016_partitions_the_keys_a_database_holds_and_back(
+    empty_pg_database: str,
+) -> None:
+    url = empty_pg_database
+    command.upgrade(alembic_config(url), "0015")
+    keys = {uuid.uuid4(): bytes([i]) * 60 for i in range(50)}
+    with engine_for(url).begin() as conn:
+        conn.execute(
+            sa.text("INSERT INTO data_keys (id, wrapped, kek_id) VALUES (:id, :w, 'k')"),
+            [{"id": k, "w": w} for k, w in keys.items()],
+        )
+
+    def stored() -> tuple[dict[uuid.UUID, bytes], str, int]:
+        with engine_for(url).connect() as conn:
+            rows = dict(conn.execute(sa.text("SELECT id, wrapped FROM data_keys")).all())
+            kind = conn.scalar(sa.text("SELECT relkind FROM pg_class WHERE relname = 'data_keys'"))
+            parts = conn.scalar(
+                sa.text("SELECT count(*) FROM pg_inherits WHERE inhparent = 'data_keys'::regclass")
+            )
+        return {k: bytes(v) for k, v in rows.items()}, kind, parts
+
+    command.upgrade(alembic_config(url), "head")
+    assert stored() == (keys, "p", 128)
+    command.downgrade(alembic_config(url), "0015")
+    assert stored() == (keys, "r", 0)

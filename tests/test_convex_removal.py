@@ -115,3 +115,89 @@ def test_a_stale_anchor_is_paid_for_by_its_drift_term() -> None:
     assert stepped.last is not None and stepped.last.drift > 0
     true_gradient = float(torch.linalg.norm(convex.gradient(problem, stepped.theta)))
     assert true_gradient <= stepped.bound
+
+
+def test_kept_rows_lose_exactly_the_removed_rows_and_hold_nothing_of_them() -> None:
+    """removal.Rows: after removals, the kept float64 rows are the retained rows (as a set:
+    holes are filled from the end), nothing of a removed row stays in the buffers, and a
+    measured pass over them gives the exact gradient of the retained rows within its bound."""
+    problem, resident = start()
+    ids = torch.arange(100, 100 + problem.n)
+    rows = removal.Rows(problem.Z.clone(), problem.T.clone(), ids.clone())
+    buffer = rows.Z
+    kept = torch.ones(problem.n, dtype=torch.bool)
+    for out in (torch.tensor([0, 5, problem.n - 1]), torch.arange(1000, 1100), torch.tensor([7])):
+        kept[out] = False
+        rows = rows.without(ids[out])
+        resident = removal.without(resident, problem.Z[out], problem.T[out])
+        assert len(rows.Z) == int(kept.sum()) == resident.m
+        order = torch.argsort(rows.ids)
+        assert torch.equal(rows.ids[order], ids[kept])
+        assert torch.equal(rows.Z[order], problem.Z[kept])
+        assert torch.equal(rows.T[order], problem.T[kept])
+        for row in problem.Z[~kept]:  # neither in the view nor past its end
+            assert not bool((buffer == row).all(dim=1).any())
+    measured = removal.measured(resident, rows.blocks)
+    retained = convex.Problem(problem.Z[kept], problem.T[kept], LAM)
+    truth = convex.gradient(retained, resident.theta)
+    assert float(torch.linalg.norm(measured.g - truth)) <= measured.b
+    with pytest.raises(ValueError, match="not among the resident rows"):
+        rows.without(ids[:1])  # already gone
+
+
+@pytest.mark.parametrize("keep_rows", [True, False])
+def test_sequential_removals_through_the_method_stay_within_their_certified_shift(
+    keep_rows: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """ConvexHead.unlearn with its resident state carried from request to request, as the
+    job does (a session split, then advanced): with the rows kept in float64 and with them
+    streamed from float32 (ROWS_BYTES = 0), every release's noise-free state lies within its
+    certified shift s of the exact optimum on what is left."""
+    from dataclasses import replace
+
+    from methods.compute import PrivacyTarget
+    from methods.convex_head.compute import ConvexHead, to_theta
+    from tests.factories import model_spec, update_inputs
+    from workers.data import Arrays
+    from workers.resident import ModelSession
+
+    if not keep_rows:
+        monkeypatch.setattr(removal, "ROWS_BYTES", 0)
+    X, y = data()
+    n = len(y)
+    ids = list(range(n))
+    spec = model_spec(
+        {"type": "logreg", "feature_norm": R},
+        {"name": "convex_head", "lam": LAM, "R": R, "beta": 0.05},
+        X.shape[1],
+        CLASSES,
+    )
+    head = ConvexHead(spec)
+    arrays = Arrays(ids, [str(i) for i in ids], X, y, [None] * n)
+    _, whole = ModelSession.of(0, 1, arrays, {}, arrays).split([], {}, [])
+    session = ModelSession.of(0, 1, arrays, dict(head.train(whole).state), arrays)
+    resident: object | None = None
+    gone: list[int] = []
+    for version, out in enumerate([[3], [10], [2999], list(range(100, 150))], start=2):
+        removed, retained = session.split(out, {}, [])
+        inputs = replace(
+            update_inputs(spec, dict(session.state), removed, retained,
+                          target=PrivacyTarget(1.0, 1e-5)),
+            resident=resident,
+        )  # fmt: skip
+        release = head.unlearn(inputs)
+        resident = release.resident
+        assert isinstance(resident, removal.Resident)
+        assert (resident.rows is not None) is keep_rows
+        if resident.rows is not None:
+            assert len(resident.rows.Z) == n - len(gone) - len(out)
+        gone += out
+        kept = torch.ones(n, dtype=torch.bool)
+        kept[gone] = False
+        retained_problem = convex.Problem.of(X[kept], y[kept], CLASSES, R, LAM)
+        theta = to_theta(release.next_state)
+        optimum = convex.solve(retained_problem, 1e-13, 5000, start=theta)
+        shift = release.certificate.constants["s"].value
+        distance = float(torch.linalg.norm(theta - optimum.theta))
+        assert distance <= shift + optimum.gradient_norm / LAM
+        session = session.advance(version, out, dict(release.next_state), release.resident)

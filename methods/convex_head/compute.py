@@ -13,7 +13,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -136,9 +136,31 @@ class ConvexHead(UnlearningMethod):
 
     def prepare(self, data: RetainedData, state: ModelState) -> removal.Resident:
         """The anchored Hessian at the trained state: the first removal then reads no row."""
-        theta = to_theta(state)
+        return self._anchored(data, to_theta(state))
+
+    def _anchored(self, data: RetainedData, theta: torch.Tensor) -> removal.Resident:
+        """The resident state anchored at Θ on `data`'s rows (one Hessian and one gradient
+        pass), with the rows kept in float64 when they fit (removal.Rows)."""
         o = self.options
-        return removal.anchored(self._blocks(data, theta), len(data), theta, o.R, o.lam)
+        rows = self._rows(data, theta)
+        blocks = rows.blocks if rows is not None else self._blocks(data, theta)
+        return replace(removal.anchored(blocks, len(data), theta, o.R, o.lam), rows=rows)
+
+    def _rows(self, data: RetainedData, theta: torch.Tensor) -> removal.Rows | None:
+        """`data`'s rows as one float64 (Z, T) with their sample ids, or None when they do
+        not fit removal.ROWS_BYTES (then every pass streams them from float32)."""
+        k, d = theta.shape
+        n = len(data)
+        if not removal.Rows.fit(n, d, k):
+            return None
+        Z = torch.empty(n, d, dtype=torch.float64, device=theta.device)
+        T = torch.empty(n, k, dtype=torch.float64, device=theta.device)
+        at = 0
+        for X, y in data.blocks(removal.CHUNK):
+            block = self.problem_of(X.to(theta.device), y.to(theta.device))
+            Z[at : at + block.n], T[at : at + block.n] = block.Z, block.T
+            at += block.n
+        return removal.Rows(Z, T, data.ids().to(theta.device))
 
     def _blocks(self, data: RetainedData, theta: torch.Tensor) -> removal.Blocks:
         """The rows as (Z, T) blocks on Θ's device."""
@@ -160,17 +182,21 @@ class ConvexHead(UnlearningMethod):
         n = len(inputs.retained)
         removed = self.problem_of(inputs.removed.X, inputs.removed.y)
         theta = to_theta(inputs.state)
-        blocks = self._blocks(inputs.retained, theta)
         work = Work()
         previous = inputs.resident
         if isinstance(previous, removal.Resident) and previous.describes(
             theta, n + removed.n, o.R, o.lam
         ):
             state = removal.without(previous, removed.Z.to(theta), removed.T.to(theta))
+            if previous.rows is not None:  # the removed rows leave the kept ones too
+                gone = torch.as_tensor(inputs.removed.sample_ids, dtype=torch.int64)
+                state = replace(state, rows=previous.rows.without(gone))
         else:
-            state = removal.anchored(blocks, n, theta, o.R, o.lam)
+            state = self._anchored(inputs.retained, theta)
             work.hessian_passes += 1
             work.gradient_passes += 1
+        rows = state.rows
+        blocks = rows.blocks if rows is not None else self._blocks(inputs.retained, theta)
         work.before = state.bound
         while work.steps < o.newton_steps:
             state = removal.newton_step(state)
@@ -183,7 +209,7 @@ class ConvexHead(UnlearningMethod):
             if state.bound <= budget:
                 break
             if step is not None and step.drift > budget / 4 and work.hessian_passes < 2:
-                state = removal.anchored(blocks, n, state.theta, o.R, o.lam)
+                state = replace(removal.anchored(blocks, n, state.theta, o.R, o.lam), rows=rows)
                 work.hessian_passes += 1
                 work.gradient_passes += 1
         return state, work

@@ -69,6 +69,48 @@ class Step:
     drift: float  # its part due to θ₀ ≠ θ_A
 
 
+ROWS_BYTES = 256 * 2**20  # the largest float64 (Z, T) of the retained rows kept resident
+
+
+@dataclass(frozen=True)
+class Rows:
+    """The retained rows' float64 (Z, T) and their sample ids, kept with the resident state
+    when they fit ROWS_BYTES (100,000 × 257 is 206 MB; a million rows stream instead): a pass
+    reads them instead of rebuilding each block from the float32 rows, which made a pass twice
+    as long at 100,000 × 256 (issue 28, goal 4). Rows that leave are overwritten in place
+    (`without`): the removed rows' features do not stay in the worker's memory."""
+
+    Z: torch.Tensor  # (m, d) float64, clipped, with the bias coordinate
+    T: torch.Tensor  # (m, k) float64 ±1
+    ids: torch.Tensor  # (m,) int64 sample ids, row for row
+
+    @staticmethod
+    def fit(m: int, d: int, k: int) -> bool:
+        """Whether m rows of d features and k classes fit ROWS_BYTES."""
+        return m * (d + k) * 8 <= ROWS_BYTES
+
+    def blocks(self) -> Iterable[tuple[torch.Tensor, torch.Tensor]]:
+        for start in range(0, len(self.Z), CHUNK):
+            yield self.Z[start : start + CHUNK], self.T[start : start + CHUNK]
+
+    def without(self, sample_ids: torch.Tensor) -> Rows:
+        """These rows gone: each hole in the first m − k rows takes a live row from the last
+        k (O(k·d), order is irrelevant to every sum), then the last k rows are zeroed and cut
+        off. The buffers are shared with the previous state, which this supersedes."""
+        gone = torch.isin(self.ids, sample_ids.to(self.ids))
+        k = int(gone.sum())
+        if k != len(torch.unique(sample_ids)):
+            raise ValueError("a removed row is not among the resident rows")
+        m2 = len(self.ids) - k
+        holes = torch.nonzero(gone[:m2]).squeeze(1)
+        movers = m2 + torch.nonzero(~gone[m2:]).squeeze(1)
+        for buffer in (self.Z, self.T, self.ids):
+            buffer[holes] = buffer[movers]
+        self.Z[m2:] = 0.0
+        self.T[m2:] = 0.0
+        return Rows(self.Z[:m2], self.T[:m2], self.ids[:m2])
+
+
 @dataclass(frozen=True)
 class Resident:
     """What convex_head keeps between updates for the retained rows (m of them) at Θ₀."""
@@ -81,6 +123,7 @@ class Resident:
     R: float
     lam: float
     last: Step | None = None
+    rows: Rows | None = None  # the rows themselves in float64, when they fit
 
     @property
     def bound(self) -> float:
