@@ -306,3 +306,22 @@ def test_the_test_split_is_read_once_per_session_not_again_on_its_next_update(
     forget(api, digits["id"], ids[3:4])
     assert reads == [digits["id"]]
     assert current(api, model["id"])["n_train"] == model["current_version"]["n_train"] - 4
+
+
+def test_accuracies_are_taken_on_a_fixed_head_of_the_test_split(
+    api: Api, digits: dict, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The test accuracy of a trained and of an unlearned version is on the same first
+    ACCURACY_ROWS test rows: an update's metrics do not grow with the test split (issue 28)."""
+    from workers import updates
+
+    monkeypatch.setattr(updates, "ACCURACY_ROWS", 50)
+    monkeypatch.setattr(jobs, "ACCURACY_ROWS", 50)
+    model = create(api, digits["id"], "head")
+    forget(api, digits["id"], train_ids(api, digits["id"], 1))
+    versions = api.get(f"/v1/models/{model['id']}/versions").json()
+    assert [v["number"] for v in versions] == [1, 2]
+    for v in versions:
+        m = v["metrics"]
+        assert m["n_test"] > 50 and m["test_accuracy_rows"] == 50
+        assert round(m["test_accuracy"] * 50, 6) == int(round(m["test_accuracy"] * 50))

@@ -46,7 +46,7 @@ from workers.lease import WORKER_ID, LeaseLost, ModelLease
 from workers.metrics import DELETIONS_PROCESSED, FALLBACKS, JOB_DURATION
 from workers.resident import ModelSession, Sessions
 from workers.statistics import write_block
-from workers.updates import compute_on
+from workers.updates import ACCURACY_ROWS, compute_on
 from workers.values import Batch, ClaimedTask, Fallback, Outcome, TrainingInputs, Unrecoverable
 
 log = logging.getLogger("lethe.jobs")
@@ -247,9 +247,16 @@ def _train(
         "train_accuracy": accuracy(
             spec.architecture, trained.state, data.X, data.y, spec.n_classes, spec.aggregation
         ),
+        # on the rows an update's metric uses (updates.ACCURACY_ROWS), so versions compare
         "test_accuracy": accuracy(
-            spec.architecture, trained.state, test.X, test.y, spec.n_classes, spec.aggregation
+            spec.architecture,
+            trained.state,
+            test.X[:ACCURACY_ROWS],
+            test.y[:ACCURACY_ROWS],
+            spec.n_classes,
+            spec.aggregation,
         ),
+        "test_accuracy_rows": min(len(test.y), ACCURACY_ROWS),
     }
     return trained_to_cpu(trained), metrics
 
