@@ -123,7 +123,7 @@ def test_kept_rows_lose_exactly_the_removed_rows_and_hold_nothing_of_them() -> N
     measured pass over them gives the exact gradient of the retained rows within its bound."""
     problem, resident = start()
     ids = torch.arange(100, 100 + problem.n)
-    rows = removal.Rows(problem.Z.clone(), problem.T.clone(), ids.clone())
+    rows = removal.Rows.of(problem.Z.clone(), problem.T.clone(), ids.clone())
     buffer = rows.Z
     kept = torch.ones(problem.n, dtype=torch.bool)
     for out in (torch.tensor([0, 5, problem.n - 1]), torch.arange(1000, 1100), torch.tensor([7])):
@@ -141,8 +141,10 @@ def test_kept_rows_lose_exactly_the_removed_rows_and_hold_nothing_of_them() -> N
     retained = convex.Problem(problem.Z[kept], problem.T[kept], LAM)
     truth = convex.gradient(retained, resident.theta)
     assert float(torch.linalg.norm(measured.g - truth)) <= measured.b
-    with pytest.raises(ValueError, match="not among the resident rows"):
-        rows.without(ids[:1])  # already gone
+    for unknown in (ids[:1], torch.tensor([5]), torch.tensor([10**6])):  # gone, or never
+        with pytest.raises(ValueError, match="not among the resident rows"):
+            rows.without(unknown)
+    assert all(int(rows.at[int(i) - rows.base]) == r for r, i in enumerate(rows.ids))
 
 
 @pytest.mark.parametrize("keep_rows", [True, False])

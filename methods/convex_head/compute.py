@@ -160,7 +160,7 @@ class ConvexHead(UnlearningMethod):
             block = self.problem_of(X.to(theta.device), y.to(theta.device))
             Z[at : at + block.n], T[at : at + block.n] = block.Z, block.T
             at += block.n
-        return removal.Rows(Z, T, data.ids().to(theta.device))
+        return removal.Rows.of(Z, T, data.ids().to(theta.device))
 
     def _blocks(self, data: RetainedData, theta: torch.Tensor) -> removal.Blocks:
         """The rows as (Z, T) blocks on Θ's device."""

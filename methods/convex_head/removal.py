@@ -75,40 +75,59 @@ ROWS_BYTES = 256 * 2**20  # the largest float64 (Z, T) of the retained rows kept
 @dataclass(frozen=True)
 class Rows:
     """The retained rows' float64 (Z, T) and their sample ids, kept with the resident state
-    when they fit ROWS_BYTES (100,000 × 257 is 206 MB; a million rows stream instead): a pass
-    reads them instead of rebuilding each block from the float32 rows, which made a pass twice
-    as long at 100,000 × 256 (issue 28, goal 4). Rows that leave are overwritten in place
-    (`without`): the removed rows' features do not stay in the worker's memory."""
+    when they fit ROWS_BYTES (100,000 × 257 is 206 MB; a million rows of 256 features stream
+    instead): a pass reads them instead of rebuilding each block from the float32 rows, which
+    made a pass twice as long at 100,000 × 256 (issue 28, goal 4). Rows that leave are
+    overwritten in place (`without`, O(k) with the id → row index `at`): the removed rows'
+    features do not stay in the worker's memory."""
 
     Z: torch.Tensor  # (m, d) float64, clipped, with the bias coordinate
     T: torch.Tensor  # (m, k) float64 ±1
     ids: torch.Tensor  # (m,) int64 sample ids, row for row
+    at: torch.Tensor  # row of sample id `base + i` at [i], −1 for none
+    base: int
 
     @staticmethod
     def fit(m: int, d: int, k: int) -> bool:
         """Whether m rows of d features and k classes fit ROWS_BYTES."""
         return m * (d + k) * 8 <= ROWS_BYTES
 
+    @classmethod
+    def of(cls, Z: torch.Tensor, T: torch.Tensor, ids: torch.Tensor) -> Rows:
+        """Rows with their index; `ids` distinct (a dataset's sample ids are dense)."""
+        base = int(ids.min()) if len(ids) else 0
+        at = torch.full((int(ids.max()) - base + 1 if len(ids) else 0,), -1, dtype=torch.int64)
+        at = at.to(ids.device)
+        at[ids - base] = torch.arange(len(ids), device=ids.device)
+        return cls(Z, T, ids, at, base)
+
     def blocks(self) -> Iterable[tuple[torch.Tensor, torch.Tensor]]:
         for start in range(0, len(self.Z), CHUNK):
             yield self.Z[start : start + CHUNK], self.T[start : start + CHUNK]
 
     def without(self, sample_ids: torch.Tensor) -> Rows:
-        """These rows gone: each hole in the first m − k rows takes a live row from the last
-        k (O(k·d), order is irrelevant to every sum), then the last k rows are zeroed and cut
+        """These rows gone, in O(k·d): each hole in the first m − k rows takes a live row from
+        the last k (order is irrelevant to every sum), then the last k rows are zeroed and cut
         off. The buffers are shared with the previous state, which this supersedes."""
-        gone = torch.isin(self.ids, sample_ids.to(self.ids))
-        k = int(gone.sum())
-        if k != len(torch.unique(sample_ids)):
+        m = len(self.ids)
+        gone = torch.unique(sample_ids.to(self.ids))
+        offset = gone - self.base
+        inside = (offset >= 0) & (offset < len(self.at))
+        rows = self.at[offset[inside]] if bool(inside.all()) else self.at[:0]
+        if len(rows) != len(gone) or bool((rows < 0).any()) or bool((rows >= m).any()):
             raise ValueError("a removed row is not among the resident rows")
-        m2 = len(self.ids) - k
-        holes = torch.nonzero(gone[:m2]).squeeze(1)
-        movers = m2 + torch.nonzero(~gone[m2:]).squeeze(1)
+        m2 = m - len(gone)
+        holes = rows[rows < m2]
+        tail = torch.ones(m - m2, dtype=torch.bool, device=self.ids.device)
+        tail[rows[rows >= m2] - m2] = False
+        movers = m2 + torch.nonzero(tail).squeeze(1)
+        self.at[offset] = -1
+        self.at[self.ids[movers] - self.base] = holes
         for buffer in (self.Z, self.T, self.ids):
             buffer[holes] = buffer[movers]
         self.Z[m2:] = 0.0
         self.T[m2:] = 0.0
-        return Rows(self.Z[:m2], self.T[:m2], self.ids[:m2])
+        return Rows(self.Z[:m2], self.T[:m2], self.ids[:m2], self.at, self.base)
 
 
 @dataclass(frozen=True)
