@@ -96,8 +96,8 @@ class Rows:
     def of(cls, Z: torch.Tensor, T: torch.Tensor, ids: torch.Tensor) -> Rows:
         """Rows with their index; `ids` distinct (a dataset's sample ids are dense)."""
         base = int(ids.min()) if len(ids) else 0
-        at = torch.full((int(ids.max()) - base + 1 if len(ids) else 0,), -1, dtype=torch.int64)
-        at = at.to(ids.device)
+        size = int(ids.max()) - base + 1 if len(ids) else 0
+        at = torch.full((size,), -1, dtype=torch.int64, device=ids.device)
         at[ids - base] = torch.arange(len(ids), device=ids.device)
         return cls(Z, T, ids, at, base)
 
