@@ -30,7 +30,11 @@ from app.storage.crypto import Keyring, SampleRecord, keyring, sample_aad, seal
 from app.storage.erasure import compact_after_erasure
 from app.storage.keystore import destroy_keys, new_keys, store_keys
 
-CHUNK = 5000  # samples per commit: the longest a deletion POST waits behind a registration
+# Samples per commit: the longest a deletion POST waits behind a registration. Measured at a
+# million × 256 (embedded, 2 cores): 66.8 s alone against 48.4 s as one transaction, deletion
+# POSTs meanwhile accepted within 0.25 s; 20,000 per commit took 52.9 s but made them wait
+# up to 0.72 s.
+CHUNK = 5000
 SAMPLES, DATASETS = Base.metadata.tables["samples"], Base.metadata.tables["datasets"]
 SAMPLE_COLUMNS = ("dataset_id", "external_id", "subject_id", "split", "payload", "key_id", "status")
 
@@ -80,11 +84,13 @@ def register(db: Database, name: str, source: str, parsed: ParsedDataset) -> int
                 _commit_chunk(session, ring, dataset_id, keys, rows)
             pause.point("registration-chunk", dataset_id)  # tests: between two commits
         with db.write() as session:
-            session.execute(
+            finished = session.execute(
                 update(DATASETS)
-                .where(DATASETS.c.id == dataset_id)
+                .where(DATASETS.c.id == dataset_id, DATASETS.c.status == DatasetStatus.registering)
                 .values(status=DatasetStatus.ready, progress_at=None)
             )
+            if rowcount(finished) != 1:  # discarded by the reconciler after the last chunk
+                raise RegistrationDiscarded(dataset_id)
     except BaseException:
         discard(db, dataset_id)
         raise
