@@ -11,6 +11,7 @@ import os
 import time
 import uuid
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -65,20 +66,31 @@ def s3_settings(seaweed: SeaweedServer) -> dict[str, object]:
     }
 
 
-@pytest.fixture(scope="session")
-def pg_url() -> Iterator[str]:
-    """A fresh PostgreSQL database for this test session, migrated to head."""
-    name = f"lethe_test_{uuid.uuid4().hex[:8]}"
+@contextmanager
+def own_database(prefix: str, migrate: bool = True) -> Iterator[str]:
+    """A PostgreSQL database the tests create (migrated to head unless `migrate` is False),
+    and alone close and drop afterwards; yields its URL."""
+    name = f"{prefix}_{uuid.uuid4().hex[:8]}"
     admin = sa.create_engine(PG_ADMIN_URL, isolation_level="AUTOCOMMIT")
     with admin.connect() as conn:
         conn.exec_driver_sql(f'CREATE DATABASE "{name}"')
     url = f"{PG_BASE}/{name}"
-    upgrade_to_head(url)
-    yield url
-    engine_for(url).dispose()
-    with admin.connect() as conn:
-        conn.exec_driver_sql(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-    admin.dispose()
+    try:
+        if migrate:
+            upgrade_to_head(url)
+        yield url
+    finally:
+        engine_for(url).dispose()
+        with admin.connect() as conn:
+            conn.exec_driver_sql(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        admin.dispose()
+
+
+@pytest.fixture(scope="session")
+def pg_url() -> Iterator[str]:
+    """A fresh PostgreSQL database for this test session, migrated to head."""
+    with own_database("lethe_test") as url:
+        yield url
 
 
 def truncate_all(url: str) -> None:

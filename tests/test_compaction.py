@@ -16,7 +16,7 @@ from app.db.session import database, engine_for
 from app.storage.crypto import Keyring
 from app.storage.erasure import compact
 from app.storage.keystore import create_keys, destroy_keys, destroyed_in
-from tests.conftest import PG_ADMIN_URL, PG_BASE
+from tests.conftest import own_database
 
 
 def files(url: str) -> dict[str, int]:
@@ -65,17 +65,8 @@ def test_compaction_rewrites_only_the_partitions_that_lost_keys(pg_url: str) -> 
 @pytest.fixture
 def empty_pg_database() -> Iterator[str]:
     """A PostgreSQL database of this test's own, not migrated."""
-    name = f"lethe_keys_{uuid.uuid4().hex[:8]}"
-    admin = sa.create_engine(PG_ADMIN_URL, isolation_level="AUTOCOMMIT")
-    with admin.connect() as conn:
-        conn.exec_driver_sql(f'CREATE DATABASE "{name}"')
-    try:
-        yield f"{PG_BASE}/{name}"
-    finally:
-        engine_for(f"{PG_BASE}/{name}").dispose()
-        with admin.connect() as conn:
-            conn.exec_driver_sql(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-        admin.dispose()
+    with own_database("lethe_keys", migrate=False) as url:
+        yield url
 
 
 @pytest.mark.postgres

@@ -19,7 +19,7 @@ from app.errors import RETRY_AFTER_SECONDS
 from app.main import create_app
 from app.security import lookup_key
 from app.settings import Settings
-from tests.conftest import PG_ADMIN_URL, PG_BASE, Api, make_keys
+from tests.conftest import PG_ADMIN_URL, Api, make_keys, own_database
 from tests.servers import free_port
 
 DEAD_REDIS = "redis://127.0.0.1:1/0"  # nothing listens on port 1
@@ -64,19 +64,8 @@ def test_unreachable_database_is_503_with_retry_after(tmp_path: Path) -> None:
 @pytest.fixture
 def own_pg_database() -> Iterator[str]:
     """A PostgreSQL database this test creates (and alone may close and drop)."""
-    name = f"lethe_outage_{uuid.uuid4().hex[:8]}"
-    admin = sa.create_engine(PG_ADMIN_URL, isolation_level="AUTOCOMMIT")
-    with admin.connect() as conn:
-        conn.exec_driver_sql(f'CREATE DATABASE "{name}"')
-    url = f"{PG_BASE}/{name}"
-    try:
-        upgrade_to_head(url)
+    with own_database("lethe_outage") as url:
         yield url
-    finally:
-        engine_for(url).dispose()
-        with admin.connect() as conn:
-            conn.exec_driver_sql(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-        admin.dispose()
 
 
 def set_connectable(url: str, allowed: bool) -> None:

@@ -28,6 +28,12 @@ from tests.conftest import SMALL_TRAINING, Api, make_keys
 BIG = {"builtin": "synthetic", "n_samples": 12_000, "n_features": 4, "n_classes": 2}
 
 
+def logreg(name: str, dataset_id: int) -> dict:
+    """A model body: a small logreg on the dataset."""
+    return {"name": name, "dataset_id": dataset_id, "architecture": {"type": "logreg"},
+            "training": SMALL_TRAINING}  # fmt: skip
+
+
 def wait_file(path: Path, timeout: float = 60.0) -> None:
     deadline = time.monotonic() + timeout
     while not path.exists():
@@ -63,15 +69,7 @@ def test_other_writers_proceed_between_chunks_and_a_registering_dataset_is_refus
     (pause / "registration-chunk-1.go").touch()  # the first dataset registers straight through
     digits = api.post("/v1/datasets", json={"builtin": "digits"}).json()
     assert digits["id"] == 1 and digits["status"] == "ready"
-    model = api.post(
-        "/v1/models",
-        json={
-            "name": "m",
-            "dataset_id": 1,
-            "architecture": {"type": "logreg"},
-            "training": SMALL_TRAINING,
-        },  # fmt: skip
-    ).json()
+    model = api.post("/v1/models", json=logreg("m", 1)).json()
     assert api.wait(f"/v1/models/{model['id']}", ("ready", "failed"))["status"] == "ready"
 
     answer: dict[str, httpx.Response] = {}
@@ -118,15 +116,7 @@ def test_other_writers_proceed_between_chunks_and_a_registering_dataset_is_refus
     assert big.status_code == 201, big.text
     assert big.json()["status"] == "ready"
     assert sum(big.json()["counts"][s] for s in ("train", "test")) == 12_000
-    created = api.post(
-        "/v1/models",
-        json={
-            "name": "later",
-            "dataset_id": 2,
-            "architecture": {"type": "logreg"},
-            "training": SMALL_TRAINING,
-        },  # fmt: skip
-    )
+    created = api.post("/v1/models", json=logreg("later", 2))
     assert created.status_code == 202, created.text
 
 
