@@ -10,6 +10,7 @@ import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -80,6 +81,26 @@ def write_result(name: str, result: dict) -> Path:
     path = RESULTS / f"{name}.json"
     path.write_text(json.dumps(result, indent=2))
     return path
+
+
+def device_info(device: str) -> dict[str, Any]:
+    """What a bench computed on: the device, torch and, for a GPU, its name and memory."""
+    import torch
+
+    where = torch.device(device)
+    info: dict[str, Any] = {
+        "device": str(where),
+        "torch": torch.__version__,
+        "torch_threads": torch.get_num_threads(),
+        "processor": platform.processor() or platform.machine(),
+    }
+    if where.type == "cuda":
+        info |= {
+            "gpu": torch.cuda.get_device_name(where),
+            "cuda": torch.version.cuda,
+            "gpu_memory_gib": torch.cuda.get_device_properties(where).total_memory / 2**30,
+        }
+    return info
 
 
 def model_spec(arch: dict, training: dict, method: dict, n_features: int, n_classes: int):

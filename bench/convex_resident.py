@@ -11,8 +11,11 @@ passes over the retained rows, s/β. At the end: test accuracy of the last relea
 exact optimum on the same retained rows.
 
     .venv/bin/python -m bench.convex_resident [--sizes 100000 1000000] [--requests 20]
+        [--device cpu|cuda] [--out convex_resident]
 
-Writes bench/results/convex_resident.json.
+Writes bench/results/<out>.json. With `--device cuda` the rows, the resident state and both
+computations are on the GPU (as a GPU worker's session keeps them); every timing ends with a
+synchronize.
 """
 
 from __future__ import annotations
@@ -27,12 +30,13 @@ import numpy as np
 import torch
 from sklearn import datasets as skd
 
-from bench.common import model_spec, write_result
+from bench.common import device_info, model_spec, write_result
 from maths.training import accuracy
 from methods.compute import PrivacyTarget, RetainedData, UpdateInputs
 from methods.convex_head.compute import ConvexHead, ShiftOverBudget
 from tests.factories import update_inputs
 from workers.data import Arrays
+from workers.device import synchronize
 from workers.resident import ModelSession
 
 TARGET = PrivacyTarget(1.0, 1e-5)
@@ -61,7 +65,11 @@ def arrays(X: torch.Tensor, y: torch.Tensor, first_id: int = 0) -> Arrays:
     return Arrays(ids, [str(i) for i in ids], X, y, [None] * len(y))
 
 
-def run(n: int, requests: int, batch: int, retrains: int) -> dict[str, Any]:
+def run(n: int, requests: int, batch: int, retrains: int, device: torch.device) -> dict[str, Any]:
+    def clock() -> float:
+        synchronize(device)
+        return time.perf_counter()
+
     started = time.perf_counter()
     X, y, X_test, y_test = synthetic(n)
     made = time.perf_counter() - started
@@ -74,13 +82,14 @@ def run(n: int, requests: int, batch: int, retrains: int) -> dict[str, Any]:
     )
     head = ConvexHead(spec)
     test = arrays(X_test, y_test, first_id=n)
-    session = ModelSession.of(0, 1, arrays(X, y), {}, test)
-    start = time.perf_counter()
+    session = ModelSession.of(0, 1, arrays(X, y), {}, test, device)
+    start = clock()
     _, whole = session.split([], {}, [])
     trained = head.train(whole)
-    train_seconds = time.perf_counter() - start
+    train_seconds = clock() - start
     print(n, "trained in", round(train_seconds, 1), "s", flush=True)
-    session = ModelSession.of(0, 1, arrays(X, y), dict(trained.state), test)
+    session = ModelSession.of(0, 1, arrays(X, y), dict(trained.state), test, device)
+    test = session.test
     order = torch.randperm(n, generator=torch.Generator().manual_seed(0)).tolist()
     test_data = RetainedData(test.sample_ids, test.X, test.y)
 
@@ -94,9 +103,9 @@ def run(n: int, requests: int, batch: int, retrains: int) -> dict[str, Any]:
     retrain_seconds = []
     for r in range(retrains):
         inputs = inputs_for([order[-1 - r]], None)
-        t0 = time.perf_counter()
+        t0 = clock()
         head.retrain(inputs)
-        retrain_seconds.append(time.perf_counter() - t0)
+        retrain_seconds.append(clock() - t0)
     print(n, "warm retrains", retrain_seconds, flush=True)
 
     per_request: list[dict[str, Any]] = []
@@ -105,18 +114,18 @@ def run(n: int, requests: int, batch: int, retrains: int) -> dict[str, Any]:
     for r in range(requests + 1):
         ids = [order[r]] if r < requests else order[requests : requests + batch]
         inputs = inputs_for(ids, resident)
-        t0 = time.perf_counter()
+        t0 = clock()
         try:
             release = head.unlearn(inputs)
         except ShiftOverBudget:
             per_request.append({"request": r + 1, "removed": len(ids), "fallback": True,
-                                "compute_s": time.perf_counter() - t0})  # fmt: skip
+                                "compute_s": clock() - t0})  # fmt: skip
             break
-        compute = time.perf_counter() - t0
-        t1 = time.perf_counter()
+        compute = clock() - t0
+        t1 = clock()
         version += 1
         session = session.advance(version, ids, dict(release.next_state), release.resident)
-        advance = time.perf_counter() - t1
+        advance = clock() - t1
         resident = release.resident
         row = {
             "request": r + 1,
@@ -136,8 +145,8 @@ def run(n: int, requests: int, batch: int, retrains: int) -> dict[str, Any]:
     exact, _ = head.retrain(update_inputs(spec, dict(session.state), inputs.removed, retained,
                                           target=TARGET, test=test_data, model_id=0))  # fmt: skip
     arch = spec.architecture
-    release_acc = accuracy(arch, last_weights, X_test, y_test, 10)
-    exact_acc = accuracy(arch, exact.state, X_test, y_test, 10)
+    release_acc = accuracy(arch, last_weights, test.X, test.y, 10)
+    exact_acc = accuracy(arch, exact.state, test.X, test.y, 10)
     singles = [p for p in per_request[1:requests] if not p.get("fallback")]
     steady = float(np.median([p["compute_s"] for p in singles])) if singles else None
     all_singles = [p["compute_s"] for p in per_request[:requests] if not p.get("fallback")]
@@ -172,14 +181,19 @@ def main() -> None:
     parser.add_argument("--requests", type=int, default=20)
     parser.add_argument("--batch", type=int, default=10_000)
     parser.add_argument("--retrains", type=int, default=2)
+    parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
+    parser.add_argument("--out", default="convex_resident", help="bench/results/<out>.json")
     args = parser.parse_args()
+    device = torch.device(args.device)
+    sizes = {str(n): run(n, args.requests, args.batch, args.retrains, device) for n in args.sizes}
     results = {
         "target": {"epsilon": TARGET.epsilon, "delta": TARGET.delta},
         "options": OPTIONS,
         "torch_threads": torch.get_num_threads(),
-        "sizes": {str(n): run(n, args.requests, args.batch, args.retrains) for n in args.sizes},
+        "device": device_info(args.device),
+        "sizes": sizes,
     }
-    write_result("convex_resident", results)
+    write_result(args.out, results)
 
 
 if __name__ == "__main__":

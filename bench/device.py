@@ -24,7 +24,6 @@ Writes bench/results/device-<device>[-small].json (or NAME.json).
 from __future__ import annotations
 
 import argparse
-import platform
 import time
 from collections.abc import Callable
 from dataclasses import replace
@@ -36,7 +35,7 @@ import torch
 
 from app.schemas import BuiltinDatasetIn
 from app.services.dataset_files import load_builtin
-from bench.common import model_spec, percentiles, update_inputs, write_result
+from bench.common import device_info, model_spec, percentiles, update_inputs, write_result
 from maths.training import accuracy
 from methods import get_method
 from methods.compute import (
@@ -207,22 +206,6 @@ def split(parsed: Any) -> tuple[RetainedData, RetainedData]:
     return train, RetainedData(te.tolist(), X[te], y[te])
 
 
-def device_info(device: torch.device) -> dict[str, Any]:
-    info: dict[str, Any] = {
-        "device": str(device),
-        "torch": torch.__version__,
-        "torch_threads": torch.get_num_threads(),
-        "processor": platform.processor() or platform.machine(),
-    }
-    if device.type == "cuda":
-        info |= {
-            "gpu": torch.cuda.get_device_name(device),
-            "cuda": torch.version.cuda,
-            "gpu_memory_gib": torch.cuda.get_device_properties(device).total_memory / 2**30,
-        }
-    return info
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--device", choices=["cpu", "cuda", "auto"], default="cpu")
@@ -256,7 +239,7 @@ def main() -> None:
                 + f"--device {args.device}"
                 + (" --small" if args.small else ""),
                 "complete": complete,
-                "device_info": device_info(device),
+                "device_info": device_info(str(device)),
                 "training": TRAINING,
                 "target": {"epsilon": TARGET.epsilon, "delta": TARGET.delta},
                 "repeats": args.repeats,

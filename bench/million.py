@@ -34,7 +34,7 @@ from typing import Any
 
 from app.client import Client
 from bench.cluster import Cluster
-from bench.common import write_result
+from bench.common import device_info, write_result
 from bench.profile_request import busy_shares
 
 METHOD = {"name": "convex_head", "lam": 1e-3, "R": 20.0, "beta": 1e-3}
@@ -56,13 +56,29 @@ def rss_mib(pid: int) -> float | None:
     return None
 
 
-def profiler(pid: int, out: Path) -> subprocess.Popen[bytes]:
-    """py-spy sampling the server until SIGINT (a `bench` extra)."""
+def profiler(pid: int, out: Path) -> subprocess.Popen[bytes] | None:
+    """py-spy sampling the server until SIGINT (a `bench` extra); None where it is missing."""
     spy = shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy")
+    if not Path(spy).exists():
+        print("no py-spy: the first deletion is not profiled", flush=True)
+        return None
     command = [spy, "record", "--pid", str(pid), "-r", "50", "--format", "raw", "--threads"]
     process = subprocess.Popen([*command, "-o", str(out)], stdout=subprocess.DEVNULL)
     time.sleep(1.0)  # attached before the request goes out
     return process
+
+
+def gpu_memory_mib(pid: int) -> float | None:
+    """The GPU memory the process holds now (nvidia-smi; None without a GPU or the tool)."""
+    try:
+        out = subprocess.run(
+            ["nvidia-smi", "--query-compute-apps=pid,used_memory", "--format=csv,noheader,nounits"],
+            capture_output=True, text=True, timeout=30, check=True,
+        ).stdout  # fmt: skip
+    except (OSError, subprocess.SubprocessError):
+        return None
+    used = [float(m) for p, m in (line.split(",") for line in out.splitlines()) if int(p) == pid]
+    return sum(used) if used else None
 
 
 def reset_peak(pid: int) -> None:
@@ -132,6 +148,7 @@ def main() -> None:
     parser.add_argument("--n", type=int, default=1_000_000)
     parser.add_argument("--deletions", type=int, default=20)
     parser.add_argument("--out", default="million", help="bench/results/<out>.json")
+    parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu", help="LETHE_DEVICE")
     args = parser.parse_args()
     n = args.n
     with tempfile.TemporaryDirectory(prefix="lethe-million-") as tmp:
@@ -142,6 +159,7 @@ def main() -> None:
             max_dataset_cells=n * 256,
             max_dataset_samples=n,
             job_timeout_seconds=7200,
+            device=args.device,
         )
         with cluster:
             c = Client(cluster.start_api(), cluster.admin_key, timeout=7200)
@@ -210,9 +228,11 @@ def main() -> None:
             phase_peaks["subject_deletion"] = peak_rss_mib(pid)
             after["subject_deletion"] = rss_mib(pid)
             print("peaks", phase_peaks, flush=True)
+            gpu_mib = gpu_memory_mib(pid) if args.device == "cuda" else None
             warm = [r["post_to_certificate_s"] for r in singles[1:]]
             result = {
                 "n_samples": n,
+                "device": device_info(args.device),
                 "n_train": version.n_train,
                 "register_s": register_s,
                 "train_s": train_s,
@@ -236,6 +256,7 @@ def main() -> None:
                 "peak_rss_mib_by_phase": phase_peaks,
                 "peak_rss_mib": max(v or 0.0 for v in phase_peaks.values()),
                 "rss_after_phase_mib": after,
+                "gpu_memory_mib_after": gpu_mib,
                 "float32_data_mib": n * 256 * 4 / 2**20,
                 "deletions": singles,
                 "deletions_during_registration": {

@@ -70,10 +70,15 @@ def deletion(c: Client, dataset_id: int, model_id: int, sample: str) -> dict[str
 
 
 @contextmanager
-def deployment(data_dir: Path, mode: str, resident: int) -> Iterator[Client]:
+def deployment(data_dir: Path, mode: str, resident: int, device: str = "cpu") -> Iterator[Client]:
     """A started service and an admin client: embedded (SQLite, the worker a thread of the
-    API), or distributed (PostgreSQL, Redis, one `lethe worker` process holding the sessions)."""
-    settings: dict[str, object] = {"torch_threads": 1, "resident_models": resident}
+    API), or distributed (PostgreSQL, Redis, one `lethe worker` process holding the sessions);
+    its worker computing on `device` (LETHE_DEVICE)."""
+    settings: dict[str, object] = {
+        "torch_threads": 1,
+        "resident_models": resident,
+        "device": device,
+    }
     if mode == "embedded":
         with Cluster(data_dir, None, None, **settings) as cluster:
             yield Client(cluster.start_api(), cluster.admin_key, timeout=3600)
@@ -91,9 +96,10 @@ def run(
     args: argparse.Namespace,
     tmp: Path,
     mode: str = "embedded",
+    device: str = "cpu",
 ) -> dict:
     out: dict[str, Any] = {}
-    with deployment(tmp / f"{mode}-n{n}-r{resident}", mode, resident) as c:
+    with deployment(tmp / f"{mode}-n{n}-r{resident}", mode, resident, device) as c:
         for method in methods:
             if method == "recollection" and n > args.recollection_max:
                 out[method] = {"skipped": f"recollection's training is O(n²): n > {n}"}

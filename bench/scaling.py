@@ -10,9 +10,11 @@ and the slope of log(POST→certificate) against log(n) fitted by least squares 
 slope below two sizes.
 
     .venv/bin/python -m bench.scaling [--sizes 10000,100000,1000000]
-        [--distributed-sizes 10000,100000] [--deletions 6]
+        [--distributed-sizes 10000,100000] [--deletions 6] [--device cpu|cuda] [--out scaling]
 
-Writes bench/results/scaling.json and scaling.png (log-log, a line per method and mode).
+Writes bench/results/<out>.json and <out>.png (log-log, a line per method and mode). With
+`--device cuda` the worker computes on the GPU (LETHE_DEVICE=cuda) and keeps its sessions'
+rows there.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ from typing import Any
 
 import numpy as np
 
-from bench.common import RESULTS, write_result
+from bench.common import RESULTS, device_info, write_result
 from bench.resident import METHODS, MODES, run
 
 
@@ -99,6 +101,8 @@ def main() -> None:
     parser.add_argument("--deletions", type=int, default=6)
     parser.add_argument("--features", type=int, default=20)
     parser.add_argument("--recollection-max", type=int, default=10_000)
+    parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
+    parser.add_argument("--out", default="scaling", help="bench/results/<out>.json and .png")
     args = parser.parse_args()
     methods = args.methods.split(",")
     sizes = {
@@ -108,14 +112,17 @@ def main() -> None:
     modes: dict[str, Any] = {}
     with tempfile.TemporaryDirectory() as tmp:
         for mode in args.modes.split(","):
-            runs = {str(n): run(n, 2, methods, args, Path(tmp), mode) for n in sizes[mode]}
+            runs = {
+                str(n): run(n, 2, methods, args, Path(tmp), mode, args.device) for n in sizes[mode]
+            }
             modes[mode] = {
                 "sizes": sizes[mode],
                 "methods": summary(methods, sizes[mode], runs),
                 "runs": runs,
             }
-    write_result("scaling", {"features": args.features, "classes": 2, "modes": modes})
-    plot({mode: m["methods"] for mode, m in modes.items()}, RESULTS / "scaling.png")
+    result = {"features": args.features, "classes": 2, "device": device_info(args.device)}
+    write_result(args.out, {**result, "modes": modes})
+    plot({mode: m["methods"] for mode, m in modes.items()}, RESULTS / f"{args.out}.png")
 
 
 if __name__ == "__main__":

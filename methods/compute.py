@@ -68,6 +68,14 @@ class RowSource(Protocol):
 
     def take(self, at: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]: ...
 
+    @property
+    def device(self) -> torch.device: ...
+
+
+def same_device(a: torch.device, b: torch.device) -> bool:
+    """`cuda` and `cuda:0` are one device when no index tells them apart."""
+    return a.type == b.type and (a.index is None or b.index is None or a.index == b.index)
+
 
 class RetainedData:
     """Samples as tensors, rows in `sample_ids` order, with what the data says of each: its
@@ -160,9 +168,13 @@ class RetainedData:
         return X[at.to(X.device)], y[at.to(y.device)]
 
     def to(self, device: torch.device) -> RetainedData:
-        """The same rows with their tensors on `device` (deferred rows stay deferred on the
-        CPU, where sessions live)."""
-        if self._rows is None and device.type == "cpu":
+        """The same rows with their tensors on `device` (deferred rows stay deferred when their
+        session lives there: a worker keeps its sessions on its own device)."""
+        if (
+            self._rows is None
+            and self._source is not None
+            and same_device(self._source.device, device)
+        ):
             return self
         ids, X, y, subjects, external_ids = self._all()
         return RetainedData(ids, X.to(device), y.to(device), subjects, external_ids)

@@ -147,7 +147,7 @@ def _version_id(api: Api, model_id: int) -> int:
         return model.current_version_id
 
 
-def session_of(n: int) -> ModelSession:
+def session_of(n: int, device: torch.device = torch.device("cpu")) -> ModelSession:
     ids = list(range(10, 10 + 2 * n, 2))  # ascending, with gaps
     rows = Arrays(
         ids,
@@ -157,7 +157,7 @@ def session_of(n: int) -> ModelSession:
         [None] * n,
     )
     test = Arrays([], [], torch.zeros((0, 3)), torch.zeros(0, dtype=torch.long), [])
-    return ModelSession.of(1, 7, rows, {"w": torch.ones(3)}, test)
+    return ModelSession.of(1, 7, rows, {"w": torch.ones(3)}, test, device)
 
 
 def test_split_and_advance_use_index_arrays_and_refuse_unheld_ids() -> None:
@@ -193,6 +193,27 @@ def test_one_removal_marks_and_overwrites_its_row_and_copies_nothing_else() -> N
     later = after.advance(9, [10, 12], {"w": torch.zeros(3)})  # 3 of 12: compacted
     assert len(later.sample_ids) == 9 and later.alive.all()
     assert later.held_ids().tolist() == [16 + 2 * i for i in range(9)]
+
+
+def test_a_session_on_the_workers_device_draws_its_rows_there() -> None:
+    """A GPU worker keeps its sessions' rows on its device (LETHE_DEVICE): moving an update's
+    inputs there copies nothing, and removal, blocks and compaction index on that device.
+    `meta` stands in for the GPU (a CPU index or a CPU copy on the way fails the test)."""
+    meta = torch.device("meta")
+    s = session_of(12, meta)
+    assert s.X.device == meta and s.test.X.device == meta
+    removed, retained = s.split([14], {}, [])
+    assert removed.X.device == meta and retained.to(meta) is retained  # still deferred
+    assert retained._rows is None
+    assert all(X.device == meta for X, _ in retained.blocks(5))
+    assert retained.head(2)[0].device == meta
+    assert retained.take(torch.tensor([0, 3]))[0].shape == (2, 3)
+    after = s.advance(8, [14], {"w": torch.zeros(3)})
+    later = after.advance(9, [10, 12], {"w": torch.zeros(3)})  # compacted on the device
+    assert later.X.device == meta and later.X.shape == (9, 3)
+    on_cpu = session_of(12)
+    _, kept = on_cpu.split([14], {}, [])
+    assert kept.to(torch.device("cpu")) is kept
 
 
 def test_sessions_hand_out_only_the_current_version_and_keep_the_most_recent() -> None:

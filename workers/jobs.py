@@ -104,7 +104,7 @@ def train_model(model_id: int) -> str:
             version_id = db.run(
                 lambda session: _commit_trained(session, model_id, inputs, trained, stored, metrics)
             )
-            _seed_session(settings, db, model_id, version_id, inputs, prepared)
+            _seed_session(settings, db, model_id, version_id, inputs, prepared, device)
         except LeaseLost:
             raise
         except (shutdown.Interrupted, BlobStoreUnavailable) as exc:  # back to queued: trained
@@ -174,13 +174,17 @@ def _seed_session(
     version_id: int,
     inputs: TrainingInputs,
     prepared: _Prepared | None,
+    device: torch.device,
 ) -> None:
-    """Keep what training read as the model's first resident session (the version is
-    committed: a failure here only costs the first update a cold read)."""
+    """Keep what training read as the model's first resident session, its rows on the
+    worker's device (the version is committed: a failure here only costs the first update a
+    cold read)."""
     if prepared is None:
         return
     try:
-        first = ModelSession.of(model_id, version_id, inputs.data, prepared.state, inputs.test)
+        first = ModelSession.of(
+            model_id, version_id, inputs.data, prepared.state, inputs.test, device
+        )
         # a trained version has released no noise yet; the split is dated by training's read,
         # so the first update does not read it again (at a million rows that was 4 s)
         first = replace(first, history=(), test_left=inputs.test_left)
@@ -501,7 +505,7 @@ def _run_batch(
     try:
         try:
             with db.read() as session:  # one short read; no transaction while computing
-                batch, inputs = pipeline.load_batch(session, model_id, tasks, sessions)
+                batch, inputs = pipeline.load_batch(session, model_id, tasks, sessions, device)
             outcome: Outcome | None = compute_on(inputs, device) if batch.removed else None
             stored = pipeline.store_release(batch, outcome)  # no transaction open
             pause.point("before-commit", model_id)  # (a crash here leaves orphans: swept)

@@ -15,6 +15,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 import numpy as np
+import torch
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from sqlalchemy import delete, func, select, update
 from sqlalchemy.orm import Session
@@ -55,7 +56,7 @@ from workers import tensorfile
 from workers.certify import CertificateContext, certificate_fields
 from workers.data import database_key, test_arrays, training_arrays
 from workers.lease import WORKER_ID, LeaseLost
-from workers.resident import ModelSession, Sessions
+from workers.resident import CPU, ModelSession, Sessions
 from workers.statistics import delete_rows, read_vectors, write_block
 from workers.values import Batch, ClaimedTask, Outcome
 
@@ -266,13 +267,18 @@ def claim_tasks(
 
 
 def load_batch(
-    session: Session, model_id: int, tasks: list[ClaimedTask], sessions: Sessions | None = None
+    session: Session,
+    model_id: int,
+    tasks: list[ClaimedTask],
+    sessions: Sessions | None = None,
+    device: torch.device = CPU,
 ) -> tuple[Batch, UpdateInputs]:
     """Everything the update needs, in one read: no database access happens after this.
 
     With `sessions`, the model's resident session at the current version supplies the
     retained rows, the noise-free state and the test split, and only what the requests name
-    is read (O(k)); without one (or at another version) they are read and a session is made."""
+    is read (O(k)); without one (or at another version) they are read and a session is made,
+    its rows on `device` (the worker's)."""
     model = session.get(Model, model_id)
     assert model is not None and model.current_version_id is not None
     dataset = session.get(Dataset, model.dataset_id)
@@ -284,7 +290,7 @@ def load_batch(
     resident = warm.method_state if warm is not None else None  # the method's, from the session
     if warm is None:
         keeps = sessions is not None and sessions.capacity > 0  # the session holds the rows
-        warm, rows_loaded = _cold_session(session, model_id, parent, dataset, hand_over=keeps)
+        warm, rows_loaded = _cold_session(session, model_id, parent, dataset, keeps, device)
     else:
         warm = _with_current_test(session, dataset, warm)
     if warm.history is None:  # read once per session, then extended by each commit
@@ -343,7 +349,12 @@ def load_batch(
 
 
 def _cold_session(
-    session: Session, model_id: int, parent: ModelVersion, dataset: Dataset, hand_over: bool
+    session: Session,
+    model_id: int,
+    parent: ModelVersion,
+    dataset: Dataset,
+    hand_over: bool,
+    device: torch.device,
 ) -> tuple[ModelSession, int]:
     """The model's session read from the database: its retained rows, the parent version's
     noise-free state and the test split; and how many training rows that read. `hand_over`:
@@ -354,7 +365,8 @@ def _cold_session(
         raise LookupError(f"the state of version {parent.number} is missing")
     rows = training_arrays(session, model_id, dataset, hand_over=hand_over)
     state = tensorfile.decode(state_bytes)
-    made = ModelSession.of(model_id, parent.id, rows, state, test_arrays(session, dataset))
+    test = test_arrays(session, dataset)
+    made = ModelSession.of(model_id, parent.id, rows, state, test, device)
     made = replace(made, test_left=test_rows_left(session, dataset.id))  # dated: read once
     return made, len(rows)
 

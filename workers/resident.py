@@ -35,6 +35,8 @@ from app.privacy.lineage import LineageEvent
 from methods.compute import ModelState, RemovedSamples, RetainedData, Rows
 from workers.data import Arrays, object_array
 
+CPU = torch.device("cpu")
+
 COMPACT_FRACTION = 0.25  # rebuild the arrays once a quarter of their rows have left
 
 
@@ -64,8 +66,17 @@ class ModelSession:
 
     @classmethod
     def of(
-        cls, model_id: int, version_id: int, rows: Arrays, state: ModelState, test: Arrays
+        cls,
+        model_id: int,
+        version_id: int,
+        rows: Arrays,
+        state: ModelState,
+        test: Arrays,
+        device: torch.device = CPU,
     ) -> ModelSession:
+        """The session of `rows`, its features and labels (and the test split's) on `device`,
+        the worker's: a GPU worker's updates then draw the retained rows where they compute
+        instead of moving the whole retained set there on every update."""
         n = len(rows)
         return cls(
             model_id,
@@ -73,13 +84,21 @@ class ModelSession:
             np.asarray(rows.sample_ids, dtype=np.int64),
             np.ones(n, dtype=bool),
             n,
-            rows.X,
-            rows.y,
+            rows.X.to(device),
+            rows.y.to(device),
             object_array(rows.subjects),
             object_array(rows.external_ids),
             state,
-            test,
+            replace(test, X=test.X.to(device), y=test.y.to(device)),
         )
+
+    @property
+    def device(self) -> torch.device:
+        return self.X.device
+
+    def positions(self, rows: np.ndarray) -> torch.Tensor:
+        """Row positions as an index tensor on the session's device."""
+        return torch.from_numpy(rows).to(self.X.device)
 
     def __len__(self) -> int:
         return self.count
@@ -108,7 +127,7 @@ class ModelSession:
         out = self.rows_of(removed_ids)
         keep = self.alive.copy()
         keep[out] = False
-        out_t = torch.from_numpy(out)
+        out_t = self.positions(out)
         removed = RemovedSamples(
             self.sample_ids[out].tolist(),
             self.X[out_t],
@@ -136,7 +155,7 @@ class ModelSession:
         alive, count = self.alive, self.count
         if removed_ids:
             out = self.rows_of(removed_ids)
-            out_t = torch.from_numpy(out)
+            out_t = self.positions(out)
             self.X[out_t] = 0  # the plaintext leaves the worker's memory with the commit
             self.y[out_t] = 0
             self.subjects[out] = None
@@ -157,7 +176,7 @@ class ModelSession:
 
     def _compacted(self) -> ModelSession:
         kept = np.flatnonzero(self.alive)
-        at = torch.from_numpy(kept)
+        at = self.positions(kept)
         return replace(
             self,
             sample_ids=self.sample_ids[kept],
@@ -178,8 +197,8 @@ class _Kept:
 
     def rows(self) -> Rows:
         kept = self._kept
-        at = torch.from_numpy(kept)
         s = self.session
+        at = s.positions(kept)
         return (
             s.sample_ids[kept].tolist(),
             s.X[at],
@@ -196,19 +215,23 @@ class _Kept:
             if mask.all():
                 yield X[start : start + size], y[start : start + size]
             elif mask.any():
-                at = torch.from_numpy(np.flatnonzero(mask) + start)
+                at = self.session.positions(np.flatnonzero(mask) + start)
                 yield X[at], y[at]
 
     def head(self, count: int) -> tuple[torch.Tensor, torch.Tensor]:
-        at = torch.from_numpy(self._kept[:count])
+        at = self.session.positions(self._kept[:count])
         return self.session.X[at], self.session.y[at]
 
     def ids(self) -> torch.Tensor:
         return torch.from_numpy(self.session.sample_ids[self._kept])
 
     def take(self, at: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        rows = torch.from_numpy(self._kept)[at]
+        rows = self.session.positions(self._kept[at.cpu().numpy()])
         return self.session.X[rows], self.session.y[rows]
+
+    @property
+    def device(self) -> torch.device:
+        return self.session.device
 
     @cached_property
     def _kept(self) -> np.ndarray:
