@@ -7,7 +7,9 @@ device-clean computation gives exactly the numbers of a plain run."""
 from __future__ import annotations
 
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import replace
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -342,3 +344,43 @@ def test_recollection_training_returns_cpu_statistics(
     assert trained.statistics.vectors.device == CPU
     assert trained.statistics.vectors.shape == (N, (P + 1) * K)
     assert all(v.device == CPU for v in trained.state.values())
+
+
+def test_the_resident_state_is_prepared_where_the_updates_compute(
+    cpu_settings: app_settings.Settings, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """After training, the method prepares its resident state (convex_head's anchored
+    Hessians) from the session's rows on the worker's device, with the state moved there: made
+    on the CPU, a GPU worker's first update failed on it and fell back to an exact retrain.
+    `meta` stands in for the GPU."""
+    X, y = data()
+    ids = list(range(N))
+    spec = ModelSpec(
+        architecture_of({"type": "logreg", "feature_norm": 10.0}),
+        TRAINING,
+        method_of(METHODS["convex_head"]),
+        P,
+        K,
+    )
+    arrays = Arrays(ids, [str(i) for i in ids], X, y, [None] * N)
+    inputs = values.TrainingInputs(spec, arrays, arrays, None, None)
+    trained, _ = jobs._train(inputs, lambda *_: None, CPU)
+    seen: dict[str, Any] = {}
+
+    class Recording:
+        def prepare(self, data: RetainedData, state: dict[str, torch.Tensor]) -> str:
+            seen["rows"], seen["state"] = data.X.device, {v.device for v in state.values()}
+            return "resident"
+
+    class Writes:  # the progress write ("preparing") goes nowhere
+        @contextmanager
+        def write(self, durable: bool = True) -> Iterator[Any]:
+            yield SimpleNamespace(execute=lambda *args, **kwargs: None)
+
+    monkeypatch.setattr(jobs, "method_for", lambda name, spec: Recording())
+    meta = torch.device("meta")
+    rows = dev.arrays_to(arrays, meta)
+    prepared = jobs._prepare_resident(cpu_settings, Writes(), 1, inputs, rows, trained)  # type: ignore[arg-type]
+    assert seen == {"rows": meta, "state": {meta}}
+    assert prepared is not None and prepared.method_state == "resident"
+    assert all(v.device == CPU for v in prepared.state.values())  # the session's state: CPU

@@ -40,8 +40,8 @@ from maths.training import Diverged, ProgressFn, accuracy, check_converged
 from methods.compute import ModelSpec, RetainedData, Trained, fit, method_for
 from workers import pipeline
 from workers.certify import lineage_fields
-from workers.data import database_key, test_arrays, training_arrays
-from workers.device import trained_to_cpu, training_inputs_to, worker_device
+from workers.data import Arrays, database_key, test_arrays, training_arrays
+from workers.device import arrays_to, trained_to_cpu, training_inputs_to, worker_device
 from workers.lease import WORKER_ID, LeaseLost, ModelLease
 from workers.metrics import DELETIONS_PROCESSED, FALLBACKS, JOB_DURATION
 from workers.resident import ModelSession, Sessions
@@ -96,7 +96,8 @@ def train_model(model_id: int) -> str:
                 keeps = resident_sessions(settings).capacity > 0
                 inputs = _load_training(session, model_id, hand_over=keeps)
             trained, metrics = _train(inputs, _progress_writer(db, model_id), device)
-            prepared = _prepare_resident(settings, db, model_id, inputs, trained)
+            rows = arrays_to(inputs.data, device)  # the session's rows, where it computes
+            prepared = _prepare_resident(settings, db, model_id, inputs, rows, trained)
             kind = VersionKind.imported if inputs.imported else VersionKind.trained
             stored = pipeline.store_version_blobs(
                 db, model_id, 1, None, kind, trained.state, trained.next_state
@@ -104,7 +105,7 @@ def train_model(model_id: int) -> str:
             version_id = db.run(
                 lambda session: _commit_trained(session, model_id, inputs, trained, stored, metrics)
             )
-            _seed_session(settings, db, model_id, version_id, inputs, prepared, device)
+            _seed_session(settings, db, model_id, version_id, inputs, rows, prepared, device)
         except LeaseLost:
             raise
         except (shutdown.Interrupted, BlobStoreUnavailable) as exc:  # back to queued: trained
@@ -143,12 +144,19 @@ class _Prepared:
 
 
 def _prepare_resident(
-    settings: Settings, db: Database, model_id: int, inputs: TrainingInputs, trained: Trained
+    settings: Settings,
+    db: Database,
+    model_id: int,
+    inputs: TrainingInputs,
+    rows: Arrays,
+    trained: Trained,
 ) -> _Prepared | None:
     """The method's resident state (convex_head's anchored float64 Hessians: a pass over the
     rows), computed before the version commits, so a model is `ready` only once its first
     deletion can run warm (issue 28: at a million rows the first deletion waited 40 s for it
-    after `ready`). None when this worker keeps no sessions."""
+    after `ready`). It is made on the device of `rows`, the worker's, where the updates that
+    use it compute (made on the CPU, a GPU worker's first update failed on it and retrained).
+    None when this worker keeps no sessions."""
     if resident_sessions(settings).capacity <= 0:
         return None
     with db.write(durable=False) as session:
@@ -158,9 +166,10 @@ def _prepare_resident(
             .values(progress=Progress(stage=Stage.preparing))
         )
     state = {k: v.detach().cpu() for k, v in trained.next_state.items()}
-    data = RetainedData(inputs.data.sample_ids, inputs.data.X, inputs.data.y)
+    data = RetainedData(rows.sample_ids, rows.X, rows.y)
+    on_device = {k: v.to(rows.X.device) for k, v in state.items()}
     try:
-        prepared = method_for(inputs.spec.method.name, inputs.spec).prepare(data, state)
+        prepared = method_for(inputs.spec.method.name, inputs.spec).prepare(data, on_device)
     except Exception:  # not the version's fault: the first update prepares it again
         log.warning("model %s: could not prepare its resident state", model_id, exc_info=True)
         prepared = None
@@ -173,6 +182,7 @@ def _seed_session(
     model_id: int,
     version_id: int,
     inputs: TrainingInputs,
+    rows: Arrays,
     prepared: _Prepared | None,
     device: torch.device,
 ) -> None:
@@ -182,9 +192,7 @@ def _seed_session(
     if prepared is None:
         return
     try:
-        first = ModelSession.of(
-            model_id, version_id, inputs.data, prepared.state, inputs.test, device
-        )
+        first = ModelSession.of(model_id, version_id, rows, prepared.state, inputs.test, device)
         # a trained version has released no noise yet; the split is dated by training's read,
         # so the first update does not read it again (at a million rows that was 4 s)
         first = replace(first, history=(), test_left=inputs.test_left)
