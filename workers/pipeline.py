@@ -19,6 +19,7 @@ import torch
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from sqlalchemy import delete, func, select, update
 from sqlalchemy.orm import Session
+from sqlalchemy.sql.selectable import ScalarSelect
 
 from app.db.chunks import chunked
 from app.db.session import Database
@@ -385,17 +386,19 @@ def _with_current_test(session: Session, dataset: Dataset, warm: ModelSession) -
 
 def test_rows_left(session: Session, dataset_id: int) -> int:
     """How many of the dataset's test rows have left (erasing or erased): read in the same
-    transaction as the split, it dates the split for `_with_current_test`."""
-    return int(
-        session.scalar(
-            select(func.count()).where(
-                Sample.dataset_id == dataset_id,
-                Sample.split == "test",
-                Sample.status.in_([SampleStatus.erasing, SampleStatus.erased]),
-            )
+    transaction as the split, it dates the split for `_with_current_test`. One count per status,
+    each an equality on all three columns of ix_samples_dataset_split_status, so only the rows
+    that left are visited: with `status IN (...)` PostgreSQL filtered every test row of the
+    dataset (10 ms at 20,000, before the table was first analysed)."""
+
+    def left(status: SampleStatus) -> ScalarSelect[int]:
+        return (
+            select(func.count())
+            .where(Sample.dataset_id == dataset_id, Sample.split == "test", Sample.status == status)
+            .scalar_subquery()
         )
-        or 0
-    )
+
+    return int(session.scalar(select(left(SampleStatus.erasing) + left(SampleStatus.erased))) or 0)
 
 
 def _openings(session: Session, request_ids: set[int]) -> dict[int, bytes]:

@@ -161,8 +161,10 @@ def model_view(session: Session, model: Model, forget_metrics: bool = False) -> 
         session.get(ModelVersion, model.current_version_id) if model.current_version_id else None
     )
     parent = session.get(ModelVersion, current.parent_id) if current and current.parent_id else None
-    n_train = (
-        session.scalar(
+    n_train = (  # the current version's count: counting the model's rows was O(n) per read
+        current.n_train
+        if current is not None
+        else session.scalar(
             select(func.count()).where(
                 ModelSample.model_id == model.id, ModelSample.removed_version_id.is_(None)
             )
