@@ -153,6 +153,14 @@ class Settings(BaseSettings):
     erasure_compaction: bool = Field(
         True, description="after an erasure, compact the key table (VACUUM FULL / checkpoint)"
     )
+    compaction_interval_seconds: float = Field(
+        1.0,
+        ge=0,
+        le=60,
+        description="PostgreSQL: the first erasure after a quiet spell is compacted at once; "
+        "keys destroyed while a compaction runs wait until this long after its start, and are "
+        "compacted together (0: one run after another)",
+    )
     key_cache_seconds: float = Field(
         2.0,
         ge=0,

@@ -4,8 +4,10 @@ number of keys (issue 28)."""
 
 from __future__ import annotations
 
+import time
 import uuid
 from collections.abc import Iterator
+from types import SimpleNamespace
 
 import pytest
 import sqlalchemy as sa
@@ -13,6 +15,7 @@ from alembic import command
 
 from app.db.migrate import alembic_config
 from app.db.session import database, engine_for
+from app.storage import erasure
 from app.storage.crypto import Keyring
 from app.storage.erasure import compact
 from app.storage.keystore import create_keys, destroy_keys, destroyed_in
@@ -95,3 +98,38 @@ def test_migration_0016_partitions_the_keys_a_database_holds_and_back(
     assert stored() == (keys, "p", 128)
     command.downgrade(alembic_config(url), "0015")
     assert stored() == (keys, "r", 0)
+
+
+def test_erasures_during_a_compaction_are_compacted_together_after_the_interval(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The first erasure after a quiet spell is compacted at once; those that come while it
+    runs wait for LETHE_COMPACTION_INTERVAL_SECONDS after its start and go in one run; a clean
+    stop (`finish_compacting`) runs the waiting one at once."""
+    runs: list[float] = []
+
+    def slow_compact(db: object, everything: bool = False) -> None:
+        runs.append(time.monotonic())
+        time.sleep(0.05)
+
+    monkeypatch.setattr(erasure, "compact", slow_compact)
+    monkeypatch.setattr(erasure, "has_destroyed", lambda where: True)
+    url = f"postgresql+psycopg://nowhere/{uuid.uuid4().hex}"
+    db = SimpleNamespace(url=url, engine=SimpleNamespace(url=sa.make_url(url)))
+
+    start = time.monotonic()
+    erasure.compact_soon(db, interval=0.4)  # type: ignore[arg-type]
+    for _ in range(3):  # three more updates erase while the first run works
+        erasure.compact_soon(db, interval=0.4)  # type: ignore[arg-type]
+    running = erasure._RUNNING.get(url)
+    assert running is not None
+    running.join(timeout=2.0)  # left to itself: it waits out the interval
+    assert len(runs) == 2  # one at once, one for the three together
+    assert runs[0] - start < 0.04 and runs[1] - runs[0] >= 0.39
+
+    runs.clear()
+    erasure.compact_soon(db, interval=30.0)  # type: ignore[arg-type]
+    erasure.compact_soon(db, interval=30.0)  # type: ignore[arg-type]
+    began = time.monotonic()
+    erasure.finish_compacting(url)  # a clean stop does not wait 30 s
+    assert len(runs) == 2 and time.monotonic() - began < 1.0

@@ -273,3 +273,27 @@ def test_appends_read_no_node_with_the_kept_frontier_and_sign_a_fresh_trees_root
             assert reads == []  # the frontier was kept: no node read
         if i == 9:
             assert reads  # after the rollback it was forgotten and read again
+
+    # Proofs read their nodes in one query each (issue 28: a receipt was one primary-key lookup
+    # per node) and verify against the root of the tree built from scratch.
+    sa.event.listen(engine_for(url, readonly=True), "before_cursor_execute", count)
+    with db.read() as session:
+        ids = session.scalars(sa.text("SELECT id FROM certificates ORDER BY seq")).all()
+        size = len(bodies)
+        root = merkle.root_of([merkle.leaf_hash(b.encode()) for b in bodies])
+        for cert_id in ids:
+            reads.clear()
+            proof = transparency.inclusion(session, cert_id, size)
+            assert len(reads) <= 1
+            path = [bytes.fromhex(h) for h in proof["inclusion_path"]]
+            leaf = bytes.fromhex(proof["leaf_hash"])
+            assert proof["root_hash"] == root.hex()
+            assert merkle.verify_inclusion(leaf, proof["leaf_index"], size, path, root)
+        for first in (1, 5, 17, size - 1):
+            reads.clear()
+            made = transparency.consistency(session, first, size)
+            assert len(reads) <= 1 and made["second_root"] == root.hex()
+            steps = [bytes.fromhex(h) for h in made["consistency_path"]]
+            old = bytes.fromhex(made["first_root"])
+            assert merkle.verify_consistency(first, size, steps, old, root)
+    sa.event.remove(engine_for(url, readonly=True), "before_cursor_execute", count)

@@ -16,6 +16,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import threading
+from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import cast
@@ -24,9 +25,10 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import (
     Ed25519PrivateKey,
     Ed25519PublicKey,
 )
-from sqlalchemy import delete, func, select
+from sqlalchemy import delete, func, select, tuple_
 from sqlalchemy.orm import Session
 
+from app.db.chunks import chunked
 from app.db.tables import Certificate, MerkleNode, PublicNode, TreeHead
 from app.errors import APIError, not_found
 from app.jsontypes import JsonObject
@@ -125,6 +127,28 @@ class StoredNodes:
             self.cache[(level, idx)] = bytes.fromhex(node.hash)
         return self.cache[(level, idx)]
 
+    def preload(self, walk: Callable[[merkle.Subtree], object]) -> None:
+        """Read in one query every stored node that `walk` (a proof computed through the
+        `subtree` it is given) will ask for: a proof is O(log² n) nodes, and reading them one
+        primary-key lookup at a time was most of a receipt's cost (issue 28)."""
+        wanted: set[tuple[int, int]] = set()
+
+        def record(start: int, end: int) -> bytes:
+            wanted.update(_complete_parts(start, end))
+            return bytes(32)
+
+        walk(record)
+        missing = sorted(k for k in wanted if k not in self.cache)
+        table = self.table
+        for chunk in chunked(missing):
+            rows = self.session.execute(
+                select(table.level, table.idx, table.hash).where(
+                    tuple_(table.level, table.idx).in_(chunk)
+                )
+            )
+            for level, idx, value in rows:
+                self.cache[(level, idx)] = bytes.fromhex(value)
+
     def put(self, level: int, idx: int, value: bytes) -> None:
         self.cache[(level, idx)] = value
         self.session.add(self.table(level=level, idx=idx, hash=value.hex()))
@@ -144,6 +168,15 @@ class StoredNodes:
             value = merkle.node_hash(self.get(level, idx - 1), value)
             level, idx = level + 1, idx >> 1
             self.put(level, idx, value)
+
+
+def _complete_parts(start: int, end: int) -> list[tuple[int, int]]:
+    """The stored complete subtrees, as (level, index), whose hashes make leaves [start, end)."""
+    n = end - start
+    if n & (n - 1) == 0 and start % n == 0:
+        return [(n.bit_length() - 1, start // n)]
+    k = merkle.split(n)
+    return _complete_parts(start, start + k) + _complete_parts(start + k, end)
 
 
 def leaf_count(session: Session) -> int:
@@ -326,6 +359,9 @@ def inclusion(session: Session, certificate_id: int, tree_size: int | None) -> J
             f"[{cert.seq}, {leaf_count(session)}]",
         )
     nodes = StoredNodes(session)
+    nodes.preload(
+        lambda subtree: (merkle.inclusion_path(cert.seq - 1, size, subtree), subtree(0, size))
+    )
     path = merkle.inclusion_path(cert.seq - 1, size, nodes.subtree)
     head = session.get(TreeHead, size)
     return {
@@ -348,6 +384,13 @@ def consistency(session: Session, first: int, second: int) -> JsonObject:
             422, "bad_tree_size", f"need 0 < first ≤ second ≤ {size}, got {first}, {second}"
         )
     nodes = StoredNodes(session)
+    nodes.preload(
+        lambda subtree: (
+            subtree(0, first),
+            subtree(0, second),
+            merkle.consistency_path(first, second, subtree),
+        )
+    )
     return {
         "first": first,
         "second": second,
