@@ -107,12 +107,13 @@ def test_a_lingering_worker_is_woken_by_the_apis_push_not_its_fallback_look() ->
     try:
         dispatcher.enqueue(DELETE, 7)
         assert redis.llen(key) == 1 and 0 < redis.ttl(key) <= DUE_TTL_SECONDS
-        _wait_for_due(settings, key, 10.0)  # already pushed: returns at once and empties it
+        assert _wait_for_due(settings, key, 10.0)  # already pushed: at once, and emptied
         assert redis.exists(key) == 0
+        assert not _wait_for_due(settings, key, 0.1)  # nothing pushed: the timeout
 
         threading.Timer(0.2, dispatcher.enqueue, (DELETE, 7)).start()
         started = time.monotonic()
-        _wait_for_due(settings, key, 10.0)
+        assert _wait_for_due(settings, key, 10.0)
         assert 0.1 < time.monotonic() - started < 5.0  # woken by the push, not the timeout
         assert redis.exists(key) == 0
     finally:

@@ -377,6 +377,7 @@ def process_deletions(model_id: int) -> str:
     """Apply every due deletion task of the model, coalesced, one update per batch."""
     take_signal(DELETE, model_id)  # before reading: a request committed from now on re-signals
     settings = get_settings()
+    _forget_due(settings, model_id)  # the claim below covers every push made before it
     db = database(settings.resolved_database_url)
     device = _setup(settings)
     applied = 0
@@ -393,7 +394,10 @@ def process_deletions(model_id: int) -> str:
             first: list[ClaimedTask] | None = cast(list[ClaimedTask], lease.taken)
             while True:
                 claimed = False
-                while tasks := _next_batch(db, settings, model_id, lease, first):
+                while True:
+                    _forget_due(settings, model_id)  # the claim covers every push before it
+                    if not (tasks := _next_batch(db, settings, model_id, lease, first)):
+                        break
                     first = None
                     claimed = True
                     if not _run_batch(db, settings, model_id, tasks, device):
@@ -419,40 +423,63 @@ def _linger(db: Database, settings: Settings, model_id: int) -> bool:
     """Distributed: keep the lease for `sticky_seconds` after a model's last batch, watching
     for its next due task (True when one came). Another worker signalled meanwhile finds the
     model busy, so the next update runs here, on the warm session (issue 28). The API pushes
-    to the model's due list after committing a deletion (`dispatch.due_key`): the worker
-    blocks on it, and looks at the database when woken or every STICKY_POLL_SECONDS (a 20 ms
-    sleep between looks cost a deletion 10 ms on average). The lease stays the truth: if this
-    worker dies, the lease expires and any worker takes over."""
+    to the model's due list after committing a deletion (`dispatch.due_key`; a push waits
+    there for 5 s): the worker blocks on it and, when woken, goes straight to its claim; it
+    looks at the database itself every STICKY_POLL_SECONDS, for a push lost with Redis (a
+    20 ms sleep between looks cost a deletion 10 ms on average; a look before and after each
+    wait, 2–3 ms). The caller has just looked. The lease stays the truth: if this worker
+    dies, the lease expires and any worker takes over."""
     if settings.embedded or settings.sticky_seconds <= 0:
         return False
     deadline = time.monotonic() + settings.sticky_seconds
     key = due_key(settings.queue_name, model_id)
     while (left := deadline - time.monotonic()) > 0:
         shutdown.check()
+        if _wait_for_due(settings, key, min(left, STICKY_POLL_SECONDS)):
+            return True
         if _has_due(db, model_id):
             return True
-        _wait_for_due(settings, key, min(left, STICKY_POLL_SECONDS))
-    return _has_due(db, model_id)
+    return False
 
 
 _DUE_REDIS: dict[str, Any] = {}  # redis URL -> this process's connection for due lists
 
 
-def _wait_for_due(settings: Settings, key: str, timeout: float) -> None:
-    """Until the API pushes to `key` or `timeout` passes; a sleep when Redis is away (the
-    database is the record: a lost wake-up costs one fallback look)."""
+def _due_redis(settings: Settings) -> Any:
     from redis import Redis
 
     url = str(settings.redis_url)
+    redis = _DUE_REDIS.get(url)
+    if redis is None:
+        redis = _DUE_REDIS[url] = Redis.from_url(url, socket_timeout=5)
+    return redis
+
+
+def _forget_due(settings: Settings, model_id: int) -> None:
+    """Before a claim, empty the model's due list: the claim covers every push made before it,
+    so a push left there would wake the lingering worker for tasks already applied (and end
+    its linger on an empty claim)."""
+    if settings.embedded or settings.sticky_seconds <= 0:
+        return
     try:
-        redis = _DUE_REDIS.get(url)
-        if redis is None:
-            redis = _DUE_REDIS[url] = Redis.from_url(url, socket_timeout=5)
+        _due_redis(settings).delete(due_key(settings.queue_name, model_id))
+    except Exception:  # noqa: BLE001 - Redis away: a stale push costs one empty claim
+        log.debug("could not empty the due list of model %s", model_id, exc_info=True)
+
+
+def _wait_for_due(settings: Settings, key: str, timeout: float) -> bool:
+    """Until the API pushes to `key` (True) or `timeout` passes; a sleep when Redis is away
+    (the database is the record: a lost wake-up costs one fallback look)."""
+    try:
+        redis = _due_redis(settings)
         if redis.blpop([key], timeout=timeout) is not None:
-            redis.delete(key)  # the look that follows covers every push before it
+            redis.delete(key)  # the claim that follows covers every push before it
+            return True
+        return False
     except Exception:  # noqa: BLE001 - Redis away: poll the database instead
         log.debug("could not wait on %s", key, exc_info=True)
         time.sleep(timeout)
+        return False
 
 
 def _next_batch(
