@@ -25,7 +25,7 @@ from app.services.weights_cache import WeightsCache
 from app.settings import Settings, get_settings, use_settings
 from app.storage.blobs import blobs
 from app.storage.erasure import compact, finish_compacting
-from app.wakeups import Listener
+from app.wakeups import FINISHED, Listener
 
 log = logging.getLogger("lethe")
 
@@ -63,6 +63,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         reconciler, listener = None, None
         if isinstance(dispatcher, InlineDispatcher):
             dispatcher.start()
+            FINISHED.dependable = True  # the inline worker wakes the waiters itself
             reconciler = Reconciler(url, dispatcher, settings.reconcile_seconds)
             reconciler.start()
         elif settings.redis_url:  # workers announce finished requests on Redis
@@ -70,6 +71,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             listener.start()
         yield
         app.state.committer.stop()
+        FINISHED.dependable = False
         if listener is not None:
             listener.stop()
         if reconciler is not None:

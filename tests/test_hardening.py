@@ -3,6 +3,7 @@ out, and who may read /metrics."""
 
 from __future__ import annotations
 
+import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -85,6 +86,39 @@ def set_connectable(url: str, allowed: bool) -> None:
                 {"name": name},
             )
     admin.dispose()
+
+
+@pytest.mark.postgres
+def test_a_pooled_connection_is_pinged_only_after_sitting_idle(
+    own_pg_database: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Checkout pings a server connection only after it sat idle for
+    PING_AFTER_IDLE_SECONDS (a ping per checkout was a round trip per transaction); one that
+    died while idle fails its ping and the pool hands out a fresh one, so the caller's
+    statement runs."""
+    from app.db import session as db_session
+
+    engine = db_session.make_engine(own_pg_database)
+    pings: list[int] = []
+    ping = engine.dialect.do_ping
+    monkeypatch.setattr(engine.dialect, "do_ping", lambda conn: pings.append(1) or ping(conn))
+    monkeypatch.setattr(db_session, "PING_AFTER_IDLE_SECONDS", 0.2)
+    backend = "SELECT pg_backend_pid()"
+    try:
+        with engine.connect() as conn:
+            first = conn.exec_driver_sql(backend).scalar()
+        for _ in range(3):  # used again at once: no ping
+            with engine.connect() as conn:
+                assert conn.exec_driver_sql(backend).scalar() == first
+        assert pings == []
+        with sa.create_engine(PG_ADMIN_URL, isolation_level="AUTOCOMMIT").connect() as admin:
+            admin.execute(sa.text("SELECT pg_terminate_backend(:pid)"), {"pid": first})
+        time.sleep(0.3)  # idle past the threshold: the next checkout pings, finds it dead
+        with engine.connect() as conn:
+            assert conn.exec_driver_sql(backend).scalar() != first
+        assert pings
+    finally:
+        engine.dispose()
 
 
 @pytest.mark.postgres

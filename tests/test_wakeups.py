@@ -88,8 +88,11 @@ def test_a_distributed_worker_wakes_the_api_through_redis() -> None:
                 assert woken.done()
 
         asyncio.run(asyncio.wait_for(scenario(), 30.0))
+        # subscribed: a long poll's first look of its own comes after 250 ms, not 50
+        assert FINISHED.dependable and FINISHED.first_look_seconds() == 0.25
     finally:
         listener.stop()
+    assert not FINISHED.dependable and FINISHED.first_look_seconds() == 0.05
 
 
 def test_a_lingering_worker_is_woken_by_the_apis_push_not_its_fallback_look() -> None:

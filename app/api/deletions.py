@@ -122,8 +122,8 @@ async def read(
 ) -> JsonObject:
     """A requester sees only its own requests; auditors and admins see all. With `wait`, the
     answer comes when the request finishes: a worker's commit wakes the wait (app/wakeups.py),
-    and a look every 50–250 ms covers a lost wake-up, so a client learns of its certificate
-    without polling."""
+    and a look every 50–250 ms (250 ms while wake-ups are dependable) covers a lost wake-up,
+    so a client learns of its certificate without polling."""
 
     def view() -> JsonObject:
         with db.read() as session:
@@ -131,7 +131,7 @@ async def read(
             return deletion_view(session, request, receipts=True)
 
     deadline = time.monotonic() + wait
-    pause = 0.05
+    pause = wakeups.FINISHED.first_look_seconds()
     while True:
         woken = wakeups.FINISHED.register()  # before the read: no wake-up falls in between
         current = await run_in_threadpool(view)
