@@ -11,7 +11,10 @@ sees it (long poll), the update's own compute (`unlearn_seconds`, the method's m
 worker timed it), and `rows_loaded` (training rows the update read from the database: 0 when
 the session was warm). The summary is the
 median over the deletions of POST→certificate, of compute, and of their difference (the
-plumbing), per n, method and setting.
+plumbing), per n, method and setting; and the CPU milliseconds per deletion of the API, the
+worker processes, PostgreSQL and Redis (`cpu_ms_per_deletion`, from /proc, less what the same
+processes spend idle for as long): wall time on a shared 2-core machine moves by tens of
+percent from run to run, CPU time much less.
 
     .venv/bin/python -m bench.resident [--sizes 10000,100000] [--deletions 4]
         [--methods output_perturbation,convex_head,sharded_retrain,recollection]
@@ -23,7 +26,9 @@ Writes bench/results/resident.json.
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
+import subprocess
 import tempfile
 import time
 from collections.abc import Iterator
@@ -70,7 +75,9 @@ def deletion(c: Client, dataset_id: int, model_id: int, sample: str) -> dict[str
 
 
 @contextmanager
-def deployment(data_dir: Path, mode: str, resident: int, device: str = "cpu") -> Iterator[Client]:
+def deployment(
+    data_dir: Path, mode: str, resident: int, device: str = "cpu"
+) -> Iterator[tuple[Client, Cluster]]:
     """A started service and an admin client: embedded (SQLite, the worker a thread of the
     API), or distributed (PostgreSQL, Redis, one `lethe worker` process holding the sessions);
     its worker computing on `device` (LETHE_DEVICE)."""
@@ -81,12 +88,45 @@ def deployment(data_dir: Path, mode: str, resident: int, device: str = "cpu") ->
     }
     if mode == "embedded":
         with Cluster(data_dir, None, None, **settings) as cluster:
-            yield Client(cluster.start_api(), cluster.admin_key, timeout=3600)
+            yield Client(cluster.start_api(), cluster.admin_key, timeout=3600), cluster
         return
     with scratch_database() as url, Cluster(data_dir, url, REDIS, **settings) as cluster:
         api = cluster.start_api()
         cluster.start_worker()
-        yield Client(api, cluster.admin_key, timeout=3600)
+        yield Client(api, cluster.admin_key, timeout=3600), cluster
+
+
+_TICK = os.sysconf("SC_CLK_TCK")
+IDLE_SECONDS = 1.5
+
+
+def cpu_seconds(pid: int) -> float:
+    """User and system CPU time of a process, all its threads (Linux /proc)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except FileNotFoundError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / _TICK
+
+
+def server_cpu(name: str) -> float:
+    """CPU seconds of every process whose command line holds `name` (PostgreSQL's backends
+    and background processes, Redis)."""
+    found = subprocess.run(["pgrep", "-f", name], capture_output=True, text=True).stdout
+    return sum(cpu_seconds(int(pid)) for pid in found.split())
+
+
+def cpu_now(cluster: Cluster) -> dict[str, float]:
+    """CPU seconds so far of the API, the worker processes, PostgreSQL and Redis: their
+    difference over the deletions, per deletion, says what a deletion costs in CPU when wall
+    time on a shared 2-core machine moves by tens of percent from run to run."""
+    assert cluster.api is not None
+    return {
+        "api": cpu_seconds(cluster.api.pid),
+        "workers": sum(cpu_seconds(w.pid) for w in cluster.workers),
+        "postgres": server_cpu("postgres"),
+        "redis": server_cpu("redis-server"),
+    }
 
 
 def run(
@@ -99,7 +139,7 @@ def run(
     device: str = "cpu",
 ) -> dict:
     out: dict[str, Any] = {}
-    with deployment(tmp / f"{mode}-n{n}-r{resident}", mode, resident, device) as c:
+    with deployment(tmp / f"{mode}-n{n}-r{resident}", mode, resident, device) as (c, cluster):
         for method in methods:
             if method == "recollection" and n > args.recollection_max:
                 out[method] = {"skipped": f"recollection's training is O(n²): n > {n}"}
@@ -112,7 +152,18 @@ def run(
             model = c.wait_model(c.create_model(spec).id)
             assert model.status == "ready", model.error
             ids = [s.external_id or "" for s in c.samples(ds["id"], split="train", limit=50).items]
+            idle, t0 = cpu_now(cluster), time.perf_counter()
+            time.sleep(IDLE_SECONDS)  # what the processes spend doing nothing, subtracted below
+            before, t1 = cpu_now(cluster), time.perf_counter()
             rows = [deletion(c, ds["id"], model.id, ids[i]) for i in range(args.deletions)]
+            time.sleep(IDLE_SECONDS)  # the compaction that the last deletions asked for
+            after, t2 = cpu_now(cluster), time.perf_counter()
+            cpu_ms = {
+                k: 1000
+                * (after[k] - before[k] - (before[k] - idle[k]) * (t2 - t1) / (t1 - t0))
+                / len(rows)
+                for k in before
+            }
             out[method] = {
                 "deletions": rows,
                 "p50_post_to_certificate_s": statistics.median(
@@ -120,12 +171,14 @@ def run(
                 ),
                 "p50_compute_s": statistics.median(r["compute_s"] for r in rows),
                 "p50_plumbing_s": statistics.median(r["plumbing_s"] for r in rows),
+                "cpu_ms_per_deletion": cpu_ms,  # each deletion's reads of the model included
             }
             print(
                 f"{mode} n={n} resident={resident} {method}: "
                 f"p50 POST→cert {out[method]['p50_post_to_certificate_s']:.3f} s, "
                 f"compute {out[method]['p50_compute_s']:.3f} s, "
-                f"rows loaded {[r['rows_loaded'] for r in rows]}",
+                f"rows loaded {[r['rows_loaded'] for r in rows]}, CPU ms per deletion "
+                f"{ {k: round(v, 1) for k, v in cpu_ms.items()} }",
                 flush=True,
             )
     return out

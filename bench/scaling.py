@@ -82,6 +82,7 @@ def summary(methods: list[str], sizes: list[int], runs: dict[str, Any]) -> dict[
             "post_to_certificate_p50_s": post,
             "compute_p50_s": [m["p50_compute_s"] for _, m in measured],
             "plumbing_p50_s": [m["p50_plumbing_s"] for _, m in measured],
+            "cpu_ms_per_deletion": [m.get("cpu_ms_per_deletion") for _, m in measured],
             "slope": slope(ns, post),
             "compute_slope": slope(ns, [max(m["p50_compute_s"], 1e-6) for _, m in measured]),
             "within_goal": [  # POST→certificate ≤ 1.5 × compute + 30 ms
