@@ -25,10 +25,9 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import (
     Ed25519PrivateKey,
     Ed25519PublicKey,
 )
-from sqlalchemy import delete, func, select, tuple_
+from sqlalchemy import and_, delete, func, or_, select
 from sqlalchemy.orm import Session
 
-from app.db.chunks import chunked
 from app.db.tables import Certificate, MerkleNode, PublicNode, TreeHead
 from app.errors import APIError, not_found
 from app.jsontypes import JsonObject
@@ -138,16 +137,21 @@ class StoredNodes:
             return bytes(32)
 
         walk(record)
-        missing = sorted(k for k in wanted if k not in self.cache)
+        by_level: dict[int, list[int]] = {}
+        for level, idx in sorted(k for k in wanted if k not in self.cache):
+            by_level.setdefault(level, []).append(idx)
+        if not by_level:
+            return
         table = self.table
-        for chunk in chunked(missing):
-            rows = self.session.execute(
-                select(table.level, table.idx, table.hash).where(
-                    tuple_(table.level, table.idx).in_(chunk)
-                )
+        # `level = ? AND idx IN (...)` per level: both databases search the primary key with
+        # it, where SQLite scans the whole table for a row-value `(level, idx) IN (...)`
+        rows = self.session.execute(
+            select(table.level, table.idx, table.hash).where(
+                or_(*(and_(table.level == lv, table.idx.in_(ix)) for lv, ix in by_level.items()))
             )
-            for level, idx, value in rows:
-                self.cache[(level, idx)] = bytes.fromhex(value)
+        )
+        for level, idx, value in rows:
+            self.cache[(level, idx)] = bytes.fromhex(value)
 
     def put(self, level: int, idx: int, value: bytes) -> None:
         self.cache[(level, idx)] = value
