@@ -56,8 +56,9 @@ from methods.compute import (
 from workers import tensorfile
 from workers.certify import CertificateContext, certificate_fields
 from workers.data import database_key, test_arrays, training_arrays
+from workers.device import CPU
 from workers.lease import WORKER_ID, LeaseLost
-from workers.resident import CPU, ModelSession, Sessions
+from workers.resident import ModelSession, Sessions
 from workers.statistics import delete_rows, read_vectors, write_block
 from workers.values import Batch, ClaimedTask, Outcome
 

@@ -34,8 +34,7 @@ import torch
 from app.privacy.lineage import LineageEvent
 from methods.compute import ModelState, RemovedSamples, RetainedData, Rows
 from workers.data import Arrays, object_array
-
-CPU = torch.device("cpu")
+from workers.device import CPU
 
 COMPACT_FRACTION = 0.25  # rebuild the arrays once a quarter of their rows have left
 

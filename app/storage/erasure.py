@@ -19,7 +19,7 @@ import time
 from collections.abc import Sequence
 from uuid import UUID
 
-from sqlalchemy import select, text, update
+from sqlalchemy import Connection, select, text, update
 from sqlalchemy.orm import Session
 
 from app.db.chunks import chunked
@@ -124,15 +124,23 @@ def compact_soon(db: Database, interval: float | None = None) -> None:
         thread.start()
 
 
+RETRIES = 3  # runs in a row that leave partitions to compact before the thread gives up
+
+
 def _compacting(db: Database, interval: float, hurry: threading.Event) -> None:
+    misses = 0
     while True:
         began = time.monotonic()
         _compact_logged(db)
+        left = has_destroyed(db.engine.url.render_as_string())
+        misses = misses + 1 if left else 0
         with _SCHEDULING:
-            if db.url not in _AGAIN:
-                _RUNNING.pop(db.url, None)
+            if db.url not in _AGAIN and (not left or misses >= RETRIES):
+                _RUNNING.pop(db.url, None)  # what is left waits for the next erasure or start
                 return
-        hurry.wait(max(0.0, began + interval - time.monotonic()))
+        # more keys destroyed meanwhile, or a run that must be repeated (it failed, or a
+        # snapshot older than its erasures was open): again one interval after this one began
+        hurry.wait(max(0.0, began + max(interval, 0.05) - time.monotonic()))
         with _SCHEDULING:
             _AGAIN.discard(db.url)  # a key destroyed from here on asks for one more run
 
@@ -179,10 +187,41 @@ def compact(db: Database, everything: bool = False) -> None:
         names = ", ".join(_quoted(t) for t in sorted(tables))
         try:
             with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
+                settled = _older_snapshots_ended(conn)
                 conn.execute(text(f"VACUUM FULL {names}"))
         except BaseException:
             note_destroyed(where, taken)
             raise
+        if not settled:  # a rewritten partition may have kept a key: rewrite it again later
+            log.info("a transaction older than the erasure is still open; compacting again")
+            note_destroyed(where, taken)
+
+
+SNAPSHOT_WAIT_SECONDS = 5.0
+
+# Other sessions of this database with a snapshot that began before `since` (a vacuum's own
+# snapshot does not hold another vacuum back).
+_OLDER_SNAPSHOTS = text(
+    "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+    "AND backend_type = 'client backend' AND pid <> pg_backend_pid() "
+    "AND backend_xmin IS NOT NULL AND xact_start < :since"
+)
+
+
+def _older_snapshots_ended(conn: Connection) -> bool:
+    """Wait (up to SNAPSHOT_WAIT_SECONDS) until no other transaction of this database began
+    before now. VACUUM FULL keeps a deleted row that an open snapshot may still see ("recently
+    dead"): a key destroyed while a read that began before its erasure was open would be
+    copied into the rewritten partition and stay there. The erasures being compacted have
+    committed, or hold a lock that the VACUUM waits for, so waiting for what began before now
+    is enough. False when one is still open: the caller compacts those partitions again."""
+    since = conn.execute(text("SELECT clock_timestamp()")).scalar_one()
+    deadline = time.monotonic() + SNAPSHOT_WAIT_SECONDS
+    while conn.execute(_OLDER_SNAPSHOTS, {"since": since}).scalar_one():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.01)
+    return True
 
 
 def _quoted(table: str) -> str:
