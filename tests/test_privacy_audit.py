@@ -104,8 +104,15 @@ def test_mislabelled_canaries_come_from_the_test_split() -> None:
     spec = model_spec(MLP, {"name": "retrain"}, 64, 10, training={"epochs": 5})
     with pytest.raises(ValueError, match="test split"):
         run(spec, PrivacyPolicy(), retained, test, AuditOptions(canaries=500, kind="mislabelled"))
+    # seeded: at 95 % confidence an exact method is flagged in up to 5 % of unseeded runs (1 of
+    # 40 in bench/results/audit_false_alarms.json), and CI once drew one of those
     found = run(
-        spec, PrivacyPolicy(), retained, test, AuditOptions(canaries=150, kind="mislabelled")
+        spec,
+        PrivacyPolicy(),
+        retained,
+        test,
+        AuditOptions(canaries=150, kind="mislabelled"),
+        seed=1,
     )
     assert found.verdict in ("consistent", "inconclusive")
 
