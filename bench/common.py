@@ -6,7 +6,6 @@ import json
 import os
 import platform
 import time
-import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -17,7 +16,6 @@ import numpy as np
 from bench.cluster import Cluster
 
 RESULTS = Path(__file__).resolve().parent / "results"
-PG_ADMIN = "postgresql+psycopg://postgres@127.0.0.1:5432/postgres"
 REDIS = "redis://127.0.0.1:6379/0"  # the local server; each Cluster uses a queue of its own
 
 
@@ -25,25 +23,16 @@ REDIS = "redis://127.0.0.1:6379/0"  # the local server; each Cluster uses a queu
 def scratch_database(prefix: str = "lethe_bench", migrate: bool = True) -> Iterator[str]:
     """A PostgreSQL database of the bench's own on the local server (migrated to head unless
     `migrate` is False), dropped afterwards; yields its URL."""
-    import sqlalchemy as sa
+    from tests.databases import own_database
 
-    from app.db.migrate import upgrade_to_head
-    from app.db.session import engine_for
-
-    name = f"{prefix}_{uuid.uuid4().hex[:8]}"
-    admin = sa.create_engine(PG_ADMIN, isolation_level="AUTOCOMMIT")
-    with admin.connect() as conn:
-        conn.exec_driver_sql(f'CREATE DATABASE "{name}"')
-    url = PG_ADMIN.rsplit("/", 1)[0] + f"/{name}"
-    try:
-        if migrate:
-            upgrade_to_head(url)
+    with own_database(prefix, migrate) as url:
         yield url
-    finally:
-        engine_for(url).dispose()
-        with admin.connect() as conn:
-            conn.exec_driver_sql(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-        admin.dispose()
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU of one process so far, all its threads (/proc/PID/stat)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 @contextmanager

@@ -25,18 +25,15 @@ import subprocess
 import sys
 import tempfile
 import time
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
-import sqlalchemy as sa
 
 from app.db.migrate import upgrade_to_head
 from bench.cluster import Cluster, free_port
-from bench.common import write_result
+from bench.common import cpu_seconds, scratch_database, write_result
 
-PG_ADMIN = "postgresql+psycopg://postgres@127.0.0.1:5432/postgres"
 REDIS = "redis://127.0.0.1:6379/0"
 WRK = Path(__file__).resolve().parent / "wrk"
 
@@ -97,27 +94,6 @@ def load(
     cpu = cpu_seconds(server_pid) - cpu_before
     served = sum(r["requests"] for r in result.values())
     return {**result, "server_cpu_seconds": cpu, "server_cpu_ms_per_request": 1e3 * cpu / served}
-
-
-def cpu_seconds(pid: int) -> float:
-    """User + system CPU of one process so far (/proc/PID/stat): what each request costs the
-    server's own process, apart from the database, the worker and the load generator."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
-@contextlib.contextmanager
-def pg_database() -> Iterator[str]:
-    name = f"lethe_bench_{uuid.uuid4().hex[:8]}"
-    admin = sa.create_engine(PG_ADMIN, isolation_level="AUTOCOMMIT")
-    with admin.connect() as conn:
-        conn.exec_driver_sql(f'CREATE DATABASE "{name}"')
-    try:
-        yield PG_ADMIN.rsplit("/", 1)[0] + f"/{name}"
-    finally:
-        with admin.connect() as conn:
-            conn.exec_driver_sql(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-        admin.dispose()
 
 
 def prepare(cluster: Cluster, n_samples: int, tmp: Path) -> dict:
@@ -227,8 +203,8 @@ def run_mode(mode: str, seconds: float, clients: int, n_samples: int) -> dict:
             lethe_url, redis = None, None
             minimal_url = f"sqlite:///{tmp / 'minimal.db'}"
         else:
-            lethe_url = stack.enter_context(pg_database())
-            minimal_url = stack.enter_context(pg_database())
+            lethe_url = stack.enter_context(scratch_database(migrate=False))
+            minimal_url = stack.enter_context(scratch_database(migrate=False))
             redis = REDIS
             upgrade_to_head(lethe_url)
         cluster = stack.enter_context(Cluster(tmp / "lethe", lethe_url, redis, torch_threads=1))

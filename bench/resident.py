@@ -26,7 +26,7 @@ Writes bench/results/resident.json.
 from __future__ import annotations
 
 import argparse
-import os
+import contextlib
 import statistics
 import subprocess
 import tempfile
@@ -38,7 +38,7 @@ from typing import Any
 
 from app.client import Client
 from bench.cluster import Cluster
-from bench.common import REDIS, scratch_database, write_result
+from bench.common import REDIS, cpu_seconds, scratch_database, write_result
 
 MODES = ("embedded", "distributed")
 
@@ -96,24 +96,18 @@ def deployment(
         yield Client(api, cluster.admin_key, timeout=3600), cluster
 
 
-_TICK = os.sysconf("SC_CLK_TCK")
 IDLE_SECONDS = 1.5
-
-
-def cpu_seconds(pid: int) -> float:
-    """User and system CPU time of a process, all its threads (Linux /proc)."""
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except FileNotFoundError:
-        return 0.0
-    return (int(fields[11]) + int(fields[12])) / _TICK
 
 
 def server_cpu(name: str) -> float:
     """CPU seconds of every process whose command line holds `name` (PostgreSQL's backends
     and background processes, Redis)."""
     found = subprocess.run(["pgrep", "-f", name], capture_output=True, text=True).stdout
-    return sum(cpu_seconds(int(pid)) for pid in found.split())
+    total = 0.0
+    for pid in found.split():
+        with contextlib.suppress(FileNotFoundError):  # a backend that ended since pgrep
+            total += cpu_seconds(int(pid))
+    return total
 
 
 def cpu_now(cluster: Cluster) -> dict[str, float]:

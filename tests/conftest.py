@@ -7,16 +7,13 @@ transaction, as in Polar's fixtures, cannot hold them).
 
 from __future__ import annotations
 
-import os
 import time
 import uuid
 from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-import sqlalchemy as sa
 from fastapi.testclient import TestClient
 
 from app.db.migrate import upgrade_to_head
@@ -25,12 +22,8 @@ from app.db.tables import Base
 from app.main import create_app
 from app.security import Role, create_key
 from app.settings import Settings
+from tests.databases import own_database
 from tests.servers import S3_ACCESS_KEY, S3_SECRET_KEY, RedisServer, SeaweedServer
-
-PG_ADMIN_URL = os.environ.get(
-    "LETHE_TEST_PG_ADMIN", "postgresql+psycopg://postgres@127.0.0.1:5432/postgres"
-)
-PG_BASE = PG_ADMIN_URL.rsplit("/", 1)[0]
 
 
 @pytest.fixture(scope="session")
@@ -64,26 +57,6 @@ def s3_settings(seaweed: SeaweedServer) -> dict[str, object]:
         "s3_access_key_id": S3_ACCESS_KEY,
         "s3_secret_access_key": S3_SECRET_KEY,
     }
-
-
-@contextmanager
-def own_database(prefix: str, migrate: bool = True) -> Iterator[str]:
-    """A PostgreSQL database the tests create (migrated to head unless `migrate` is False),
-    and alone close and drop afterwards; yields its URL."""
-    name = f"{prefix}_{uuid.uuid4().hex[:8]}"
-    admin = sa.create_engine(PG_ADMIN_URL, isolation_level="AUTOCOMMIT")
-    with admin.connect() as conn:
-        conn.exec_driver_sql(f'CREATE DATABASE "{name}"')
-    url = f"{PG_BASE}/{name}"
-    try:
-        if migrate:
-            upgrade_to_head(url)
-        yield url
-    finally:
-        engine_for(url).dispose()
-        with admin.connect() as conn:
-            conn.exec_driver_sql(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-        admin.dispose()
 
 
 @pytest.fixture(scope="session")

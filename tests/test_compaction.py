@@ -20,7 +20,7 @@ from app.storage import erasure
 from app.storage.crypto import Keyring
 from app.storage.erasure import compact
 from app.storage.keystore import create_keys, destroy_keys, destroyed_in
-from tests.conftest import own_database
+from tests.databases import own_database
 
 
 def files(url: str) -> dict[str, int]:

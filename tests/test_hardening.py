@@ -20,7 +20,8 @@ from app.errors import RETRY_AFTER_SECONDS
 from app.main import create_app
 from app.security import lookup_key
 from app.settings import Settings
-from tests.conftest import PG_ADMIN_URL, Api, make_keys, own_database
+from tests.conftest import Api, make_keys
+from tests.databases import PG_ADMIN_URL, own_database
 from tests.servers import free_port
 
 DEAD_REDIS = "redis://127.0.0.1:1/0"  # nothing listens on port 1

@@ -18,6 +18,10 @@ branch_labels = None
 depends_on = None
 
 PARTITIONS = 128  # app/storage/keystore.py names them data_keys_pNNN
+COLUMNS = (
+    "id UUID NOT NULL, wrapped BYTEA NOT NULL, kek_id VARCHAR(16) NOT NULL, "
+    "CONSTRAINT pk_data_keys PRIMARY KEY (id)"
+)
 
 
 def upgrade() -> None:
@@ -25,11 +29,7 @@ def upgrade() -> None:
         return
     op.execute("ALTER TABLE data_keys RENAME TO data_keys_unpartitioned")
     op.execute("ALTER INDEX pk_data_keys RENAME TO pk_data_keys_unpartitioned")
-    op.execute(
-        "CREATE TABLE data_keys (id UUID NOT NULL, wrapped BYTEA NOT NULL, "
-        "kek_id VARCHAR(16) NOT NULL, CONSTRAINT pk_data_keys PRIMARY KEY (id)) "
-        "PARTITION BY HASH (id)"
-    )
+    op.execute(f"CREATE TABLE data_keys ({COLUMNS}) PARTITION BY HASH (id)")
     for i in range(PARTITIONS):
         op.execute(
             f"CREATE TABLE data_keys_p{i:03d} PARTITION OF data_keys "
@@ -44,9 +44,6 @@ def downgrade() -> None:
         return
     op.execute("ALTER TABLE data_keys RENAME TO data_keys_partitioned")
     op.execute("ALTER INDEX pk_data_keys RENAME TO pk_data_keys_partitioned")
-    op.execute(
-        "CREATE TABLE data_keys (id UUID NOT NULL, wrapped BYTEA NOT NULL, "
-        "kek_id VARCHAR(16) NOT NULL, CONSTRAINT pk_data_keys PRIMARY KEY (id))"
-    )
+    op.execute(f"CREATE TABLE data_keys ({COLUMNS})")
     op.execute("INSERT INTO data_keys SELECT id, wrapped, kek_id FROM data_keys_partitioned")
     op.execute("DROP TABLE data_keys_partitioned")
