@@ -24,7 +24,7 @@ from app.security import Role, create_key, has_any_key
 from app.services.weights_cache import WeightsCache
 from app.settings import Settings, get_settings, use_settings
 from app.storage.blobs import blobs
-from app.storage.erasure import compact, finish_compacting
+from app.storage.erasure import compact_at_start, finish_compacting
 from app.wakeups import FINISHED, Listener
 
 log = logging.getLogger("lethe")
@@ -49,7 +49,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         if settings.embedded:
             upgrade_to_head(url)
-            compact(database(url), everything=True)  # keys a stopped process destroyed
+            compact_at_start(database(url))  # keys a stopped process destroyed
             moved = blobs(settings).migrate()  # blobs of an older database leave it (issue 29)
             if moved:
                 log.info("moved %d blobs into the %s store", moved, settings.blob_store)

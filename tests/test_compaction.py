@@ -15,12 +15,12 @@ import sqlalchemy as sa
 from alembic import command
 
 from app.db.migrate import alembic_config
-from app.db.session import database, engine_for
+from app.db.session import Database, database, engine_for
 from app.storage import erasure
 from app.storage.crypto import Keyring
 from app.storage.erasure import compact
-from app.storage.keystore import create_keys, destroy_keys, destroyed_in
-from tests.databases import own_database
+from app.storage.keystore import create_keys, destroy_keys, destroyed_in, has_destroyed
+from tests.databases import PG_ADMIN_URL, own_database
 
 
 def files(url: str) -> dict[str, int]:
@@ -110,10 +110,11 @@ def test_erasures_during_a_compaction_are_compacted_together_after_the_interval(
     runs: list[float] = []
     noted = [False]  # keys destroyed and not yet compacted (keystore's notes)
 
-    def slow_compact(db: object, everything: bool = False) -> None:
+    def slow_compact(db: object, everything: bool = False) -> erasure.Compaction:
         noted[0] = False
         runs.append(time.monotonic())
         time.sleep(0.05)
+        return erasure.Compaction.clean
 
     def erased(interval: float) -> None:  # an update destroys keys, then asks for compaction
         noted[0] = True
@@ -142,15 +143,25 @@ def test_erasures_during_a_compaction_are_compacted_together_after_the_interval(
     assert len(runs) == 2 and time.monotonic() - began < 1.0
 
 
-def test_a_key_destroyed_under_an_older_snapshot_still_leaves_the_files(pg_url: str) -> None:
-    """VACUUM FULL keeps a deleted row that an open snapshot may still see: compaction waits
-    until the transactions older than it have ended, so the rewritten partition does not keep
-    the destroyed key (a read that began before the erasure was open meanwhile)."""
-    from tests.test_erasure import database_bytes
+def older_transaction(url: str, kind: str) -> sa.Connection:
+    """A transaction of another session, begun now and left open, on another table (no lock
+    on data_keys for a VACUUM to wait on): a repeatable-read snapshot, or a read-committed
+    transaction that holds a transaction id between statements (no snapshot then: only its
+    id holds VACUUM back), or such a transaction in another database (transaction ids are
+    the cluster's)."""
+    conn = sa.create_engine(PG_ADMIN_URL if kind == "xid elsewhere" else url).connect()
+    if kind == "snapshot":
+        conn.execute(sa.text("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ"))
+        conn.execute(sa.text("SELECT count(*) FROM models")).scalar_one()
+    else:
+        conn.execute(sa.text("SELECT pg_current_xact_id()")).scalar_one()
+    return conn
 
-    db, ring = database(pg_url), Keyring(b"k" * 32)
+
+def two_keys(db: Database) -> tuple[uuid.UUID, uuid.UUID, dict[uuid.UUID, bytes]]:
+    """A key to destroy, a key to keep (the byte search's control) and their wrapped bytes."""
     with db.write() as session:
-        (key_id, _), (kept_id, _) = create_keys(session, ring, 2)
+        (key_id, _), (kept_id, _) = create_keys(session, Keyring(b"k" * 32), 2)
         wrapped = dict(
             session.execute(
                 sa.text("SELECT id, wrapped FROM data_keys WHERE id IN (:a, :b)"),
@@ -158,22 +169,68 @@ def test_a_key_destroyed_under_an_older_snapshot_still_leaves_the_files(pg_url: 
             ).all()
         )
     destroyed_in(db.engine.url.render_as_string())  # nothing left over from earlier tests
-    # an older snapshot: a read still open, of another table (no lock on data_keys to wait on)
-    reader = sa.create_engine(pg_url).connect()
-    reader.execute(sa.text("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ"))
-    reader.execute(sa.text("SELECT count(*) FROM models")).scalar_one()
+    return key_id, kept_id, {k: bytes(v) for k, v in wrapped.items()}
+
+
+@pytest.mark.parametrize("kind", ["snapshot", "xid", "xid elsewhere"])
+def test_a_key_destroyed_under_an_older_transaction_still_leaves_the_files(
+    pg_url: str, kind: str
+) -> None:
+    """VACUUM FULL keeps a deleted row that an open transaction may still see: compaction waits
+    until the transactions older than it have ended, so the rewritten partition does not keep
+    the destroyed key (a read, or a transaction holding an id, even in another database, began
+    before the erasure)."""
+    from tests.test_erasure import database_bytes
+
+    db = database(pg_url)
+    key_id, kept_id, wrapped = two_keys(db)
+    older = older_transaction(pg_url, kind)
     try:
         with db.write() as session:
             destroy_keys(session, [key_id])
-        compacting = threading.Thread(target=compact, args=(db,))
+        outcome: list[erasure.Compaction] = []
+        compacting = threading.Thread(target=lambda: outcome.append(compact(db)))
         compacting.start()
         time.sleep(0.5)
-        assert compacting.is_alive()  # it waits for the older read
+        assert compacting.is_alive()  # it waits for the older transaction
     finally:
-        reader.rollback()
-        reader.close()
+        older.rollback()
+        older.close()
     compacting.join(timeout=10)
-    assert not compacting.is_alive()
+    assert not compacting.is_alive() and outcome == [erasure.Compaction.clean]
     haystack = database_bytes(pg_url)
-    assert bytes(wrapped[key_id]) not in haystack
-    assert bytes(wrapped[kept_id]) in haystack  # control: the search sees a kept key
+    assert wrapped[key_id] not in haystack
+    assert wrapped[kept_id] in haystack  # control: the search sees a kept key
+
+
+def test_compaction_retries_while_a_transaction_older_than_the_erasure_stays_open(
+    pg_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A transaction that outlasts the wait: VACUUM FULL keeps the destroyed key, the run says
+    so (VACUUM's own count of rows it could not remove), and the compaction thread runs again,
+    backing off, for as long as that transaction lasts: the key leaves the files soon after it
+    ends (it had stayed until the next erasure)."""
+    from tests.test_erasure import database_bytes
+
+    monkeypatch.setattr(erasure, "SNAPSHOT_WAIT_SECONDS", 0.1)
+    db, where = database(pg_url), database(pg_url).engine.url.render_as_string()
+    key_id, kept_id, wrapped = two_keys(db)
+    older = older_transaction(pg_url, "xid")
+    try:
+        with db.write() as session:
+            destroy_keys(session, [key_id])
+        assert compact(db) is erasure.Compaction.kept
+        assert wrapped[key_id] in database_bytes(pg_url)
+        assert has_destroyed(where)  # noted again for the next run
+        erasure.compact_soon(db, interval=0.05)
+        time.sleep(2.0)  # longer than three runs and their waits
+        running = erasure._RUNNING.get(db.url)
+        assert running is not None and running.is_alive()
+    finally:
+        older.rollback()
+        older.close()
+    running.join(timeout=10)
+    assert not running.is_alive() and not has_destroyed(where)
+    haystack = database_bytes(pg_url)
+    assert wrapped[key_id] not in haystack
+    assert wrapped[kept_id] in haystack

@@ -24,7 +24,7 @@ from app.db.session import database
 from app.dispatch import Reconciler, RQDispatcher, reconcile_and_signal
 from app.ledger.publish import finish_publishing
 from app.settings import get_settings
-from app.storage.erasure import compact, finish_compacting
+from app.storage.erasure import compact_at_start, finish_compacting
 from workers import metrics
 from workers.device import DeviceUnavailable, worker_device
 from workers.lease import WORKER_ID, beat
@@ -53,7 +53,7 @@ def run(burst: bool = False) -> None:
     _logged(lambda: beat(url, "rq"), "first heartbeat")
     _logged(lambda: reconcile_and_signal(url, dispatcher), "first reconcile")
     # keys destroyed by a process that died before compacting leave the files now
-    _logged(lambda: compact(database(url), everything=True), "first compaction")
+    _logged(lambda: compact_at_start(database(url)), "first compaction")
     stop = threading.Event()
     reconciler = Reconciler(url, dispatcher, settings.reconcile_seconds)
     heart = threading.Thread(

@@ -12,11 +12,13 @@ destroyed by a process that died before compacting."""
 
 from __future__ import annotations
 
+import enum
 import logging
 import re
 import threading
 import time
 from collections.abc import Sequence
+from typing import Any
 from uuid import UUID
 
 from sqlalchemy import Connection, select, text, update
@@ -85,11 +87,13 @@ def compact_after_erasure(db: Database) -> None:
     _compact_logged(db)
 
 
-def _compact_logged(db: Database) -> None:
+def _compact_logged(db: Database) -> Compaction | None:
+    """`compact(db)`, or None (logged) when it failed: the tables stay noted for a retry."""
     try:
-        compact(db)
+        return compact(db)
     except Exception:
-        log.warning("compaction after erasure failed; the next erasure retries", exc_info=True)
+        log.warning("compaction after erasure failed; it is retried", exc_info=True)
+        return None
 
 
 _SCHEDULING = threading.Lock()
@@ -124,25 +128,39 @@ def compact_soon(db: Database, interval: float | None = None) -> None:
         thread.start()
 
 
-RETRIES = 3  # runs in a row that leave partitions to compact before the thread gives up
+BACKOFF_SECONDS = 30.0  # the longest wait between runs that left destroyed keys in the files
+GIVE_UP_AFTER = 3  # failed runs in a row (errors, not old snapshots) before the thread stops
 
 
 def _compacting(db: Database, interval: float, hurry: threading.Event) -> None:
-    misses = 0
+    """Run compactions until no destroyed key is left to compact. A run kept keys when a
+    transaction older than their erasure was still open: the next run waits one interval,
+    doubling up to BACKOFF_SECONDS, for as long as that lasts; a run that failed is retried
+    GIVE_UP_AFTER times (what is left then waits for the next erasure or start)."""
+    kept_runs, failures = 0, 0
     while True:
         began = time.monotonic()
-        _compact_logged(db)
+        outcome = _compact_logged(db)
         left = has_destroyed(db.engine.url.render_as_string())
-        misses = misses + 1 if left else 0
+        kept_runs = kept_runs + 1 if outcome is Compaction.kept else 0
+        failures = failures + 1 if outcome is None else 0
         with _SCHEDULING:
-            if db.url not in _AGAIN and (not left or misses >= RETRIES):
+            finished = not left or failures >= GIVE_UP_AFTER or hurry.is_set()
+            if db.url not in _AGAIN and finished:
                 _RUNNING.pop(db.url, None)  # what is left waits for the next erasure or start
                 return
-        # more keys destroyed meanwhile, or a run that must be repeated (it failed, or a
-        # snapshot older than its erasures was open): again one interval after this one began
-        hurry.wait(max(0.0, began + max(interval, 0.05) - time.monotonic()))
+        # more keys destroyed meanwhile, or a run to repeat: one interval after this one began
+        wait = max(interval, 0.05) * (2 ** min(kept_runs, 10) if kept_runs else 1)
+        hurry.wait(max(0.0, began + min(wait, BACKOFF_SECONDS) - time.monotonic()))
         with _SCHEDULING:
             _AGAIN.discard(db.url)  # a key destroyed from here on asks for one more run
+
+
+def compact_at_start(db: Database) -> None:
+    """A process's first compaction: the whole key table, for keys destroyed by a process that
+    died before compacting; if an older transaction kept some, the background thread retries."""
+    if compact(db, everything=True) is Compaction.kept:
+        compact_soon(db)
 
 
 def finish_compacting(url: str) -> None:
@@ -161,7 +179,16 @@ def finish_compacting(url: str) -> None:
         hurry.clear()
 
 
-def compact(db: Database, everything: bool = False) -> None:
+class Compaction(enum.Enum):
+    """What a compaction did: nothing to do, rewrote the tables clean, or rewrote them but
+    kept destroyed keys that an older transaction could still see (noted again)."""
+
+    idle = "idle"
+    clean = "clean"
+    kept = "kept"
+
+
+def compact(db: Database, everything: bool = False) -> Compaction:
     """Compact now: SQLite checkpoints and truncates its WAL; PostgreSQL rewrites the key
     table's partitions in which this process destroyed keys (all of it with `everything`)."""
     engine = db.engine
@@ -178,46 +205,79 @@ def compact(db: Database, everything: bool = False) -> None:
             raw.close()
         if busy:
             log.info("WAL checkpoint was busy; the next erasure retries")
-    elif engine.dialect.name == "postgresql":
-        where = engine.url.render_as_string()
-        taken = destroyed_in(where)
-        tables = {"data_keys"} if everything else taken
-        if not tables:
-            return
-        names = ", ".join(_quoted(t) for t in sorted(tables))
-        try:
-            with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
-                settled = _older_snapshots_ended(conn)
-                conn.execute(text(f"VACUUM FULL {names}"))
-        except BaseException:
-            note_destroyed(where, taken)
-            raise
-        if not settled:  # a rewritten partition may have kept a key: rewrite it again later
-            log.info("a transaction older than the erasure is still open; compacting again")
-            note_destroyed(where, taken)
+        return Compaction.clean
+    where = engine.url.render_as_string()
+    taken = destroyed_in(where)
+    tables = {"data_keys"} if everything else taken
+    if not tables:
+        return Compaction.idle
+    names = ", ".join(_quoted(t) for t in sorted(tables))
+    try:
+        with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
+            settled = _older_transactions_ended(conn)
+            kept = _vacuum_full(conn, names)
+    except BaseException:
+        note_destroyed(where, taken)
+        raise
+    if kept or (kept is None and not settled):
+        log.warning(
+            "compaction kept %s destroyed row(s): a transaction older than their erasure is "
+            "still open; compacting again",
+            "some" if kept is None else kept,
+        )
+        note_destroyed(where, tables)
+        return Compaction.kept
+    return Compaction.clean
+
+
+# VACUUM VERBOSE's detail for each table it rewrote (src/backend/commands/cluster.c)
+_KEPT_DETAIL = re.compile(r"(\d+) dead row versions cannot be removed yet")
+
+
+def _vacuum_full(conn: Connection, names: str) -> int | None:
+    """VACUUM FULL these tables; how many deleted rows it had to keep ("recently dead": an
+    open transaction may still see them), read from its VERBOSE report; None when the report
+    could not be read (a server whose messages are not in English)."""
+    raw = conn.connection.dbapi_connection
+    details: list[str] = []
+
+    def heard(notice: Any) -> None:
+        if notice.message_detail:
+            details.append(notice.message_detail)
+
+    raw.add_notice_handler(heard)  # type: ignore[union-attr]
+    try:
+        conn.execute(text(f"VACUUM (FULL, VERBOSE) {names}"))
+    finally:
+        raw.remove_notice_handler(heard)  # type: ignore[union-attr]
+    counts = [int(m.group(1)) for d in details if (m := _KEPT_DETAIL.search(d))]
+    return sum(counts) if counts else None
 
 
 SNAPSHOT_WAIT_SECONDS = 5.0
 
-# Other sessions of this database with a snapshot that began before `since` (a vacuum's own
-# snapshot does not hold another vacuum back).
-_OLDER_SNAPSHOTS = text(
-    "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
-    "AND backend_type = 'client backend' AND pid <> pg_backend_pid() "
-    "AND backend_xmin IS NOT NULL AND xact_start < :since"
+# Other sessions that may still see a row deleted before `since`: of this database, those
+# with a snapshot (backend_xmin) from a transaction begun before then; of any database, those
+# holding a transaction id from then (ids are cluster-wide: VACUUM keeps rows deleted after
+# the oldest running one, whichever database it runs in). Every kind of backend counts (an
+# autovacuum ANALYZE holds a snapshot too).
+_OLDER_TRANSACTIONS = text(
+    "SELECT count(*) FROM pg_stat_activity WHERE pid <> pg_backend_pid() "
+    "AND xact_start < :since AND (backend_xid IS NOT NULL "
+    "OR (backend_xmin IS NOT NULL AND datname = current_database()))"
 )
 
 
-def _older_snapshots_ended(conn: Connection) -> bool:
-    """Wait (up to SNAPSHOT_WAIT_SECONDS) until no other transaction of this database began
-    before now. VACUUM FULL keeps a deleted row that an open snapshot may still see ("recently
-    dead"): a key destroyed while a read that began before its erasure was open would be
-    copied into the rewritten partition and stay there. The erasures being compacted have
-    committed, or hold a lock that the VACUUM waits for, so waiting for what began before now
-    is enough. False when one is still open: the caller compacts those partitions again."""
+def _older_transactions_ended(conn: Connection) -> bool:
+    """Wait (up to SNAPSHOT_WAIT_SECONDS) until no other transaction that could hold VACUUM
+    back began before now. VACUUM FULL keeps a deleted row that an open transaction may still see
+    ("recently dead"): a key destroyed while a transaction older than its erasure was open
+    would be copied into the rewritten partition and stay there. The erasures being
+    compacted have committed, or hold a lock that the VACUUM waits for, so waiting for what
+    began before now is enough. False when one is still open."""
     since = conn.execute(text("SELECT clock_timestamp()")).scalar_one()
     deadline = time.monotonic() + SNAPSHOT_WAIT_SECONDS
-    while conn.execute(_OLDER_SNAPSHOTS, {"since": since}).scalar_one():
+    while conn.execute(_OLDER_TRANSACTIONS, {"since": since}).scalar_one():
         if time.monotonic() > deadline:
             return False
         time.sleep(0.01)
