@@ -316,7 +316,8 @@ def test_a_receipt_verifies_in_the_browser_with_no_key(
     index = int(lines[2].removeprefix("index "))
     # one more certificate after the receipt's checkpoint: the page must show, from the public
     # tiles, that the larger latest tree extends the receipt's
-    with httpx.Client(base_url=url, headers={"Authorization": f"Bearer {keys['admin']}"}) as c:
+    admin = {"Authorization": f"Bearer {keys['admin']}"}
+    with httpx.Client(base_url=url, headers=admin, timeout=60) as c:  # a long poll of 30 s
         dataset = c.get("/v1/models").json()[0]["dataset_id"]
         more = c.get(
             f"/v1/datasets/{dataset}/samples", params={"split": "train", "offset": 20, "limit": 1}
@@ -412,7 +413,8 @@ def test_a_requester_files_a_deletion_and_downloads_its_receipt(
     page.wait_for_selector("#del-done:not(:empty)")
     assert dialogs and "cannot be undone" in dialogs[-1]
     request_id = int(page.inner_text("#del-done").split("#")[1].split(" ")[0])
-    with httpx.Client(base_url=url, headers={"Authorization": f"Bearer {keys['requester']}"}) as c:
+    requester = {"Authorization": f"Bearer {keys['requester']}"}
+    with httpx.Client(base_url=url, headers=requester, timeout=60) as c:  # a long poll of 30 s
         filed = c.get(f"/v1/deletions/{request_id}", params={"wait": 30}).json()
     assert filed["status"] == "done"
     row = f'tr[data-request="{request_id}"]'
