@@ -158,8 +158,8 @@ class Settings(BaseSettings):
         ge=0,
         le=60,
         description="PostgreSQL: the first erasure after a quiet spell is compacted at once; "
-        "keys destroyed while a compaction runs wait until this long after its start, and are "
-        "compacted together (0: one run after another)",
+        "keys destroyed within this long of a compaction's start wait until then, and are "
+        "compacted together (at most one run per interval; 0: one run after another)",
     )
     key_cache_seconds: float = Field(
         2.0,

@@ -103,12 +103,12 @@ _HURRY: dict[str, threading.Event] = {}  # set at a clean stop: no wait for the 
 
 
 def compact_soon(db: Database, interval: float | None = None) -> None:
-    """Compact in a background thread, one per database. The first erasure after a quiet
-    spell is compacted at once; keys destroyed while a compaction runs are compacted by the
-    same thread once `interval` seconds (LETHE_COMPACTION_INTERVAL_SECONDS) have passed since
-    that run began, all together. VACUUM FULL costs about 5 ms of fixed work per partition (a
-    new file, its fsync, the index rebuilt) and 25–50 ms of PostgreSQL's CPU for an update's
-    four keys at 100,000 keys: rewriting after every update took that from every next one."""
+    """Compact in a background thread, one per database, at most once per `interval` seconds
+    (LETHE_COMPACTION_INTERVAL_SECONDS): the first erasure after a quiet spell is compacted at
+    once; those that come within an interval of a run's start wait until that interval has
+    passed and go in one run. VACUUM FULL costs about 5 ms of fixed work per partition (a
+    new file, its fsync, the index rebuilt) and 5–50 ms of PostgreSQL's CPU for an update's
+    four keys: rewriting after every update took that from every next one."""
     if not has_destroyed(db.engine.url.render_as_string()):
         return
     if interval is None:
@@ -130,16 +130,22 @@ def compact_soon(db: Database, interval: float | None = None) -> None:
 
 BACKOFF_SECONDS = 30.0  # the longest wait between runs that left destroyed keys in the files
 GIVE_UP_AFTER = 3  # failed runs in a row (errors, not old snapshots) before the thread stops
+_LAST_BEGAN: dict[str, float] = {}  # database URL -> when its last compaction began (monotonic)
 
 
 def _compacting(db: Database, interval: float, hurry: threading.Event) -> None:
-    """Run compactions until no destroyed key is left to compact. A run kept keys when a
-    transaction older than their erasure was still open: the next run waits one interval,
-    doubling up to BACKOFF_SECONDS, for as long as that lasts; a run that failed is retried
-    GIVE_UP_AFTER times (what is left then waits for the next erasure or start)."""
-    kept_runs, failures = 0, 0
+    """Run compactions until no destroyed key is left to compact, each at least `interval`
+    after the last one began. A run kept keys when a transaction older than their erasure was
+    still open: the next waits one interval, doubling up to BACKOFF_SECONDS, for as long as
+    that lasts; a run that failed is retried GIVE_UP_AFTER times (what is left then waits for
+    the next erasure or start)."""
+    kept_runs, failures, interval = 0, 0, max(interval, 0.05)
     while True:
-        began = time.monotonic()
+        wait = min(interval * 2 ** min(kept_runs, 10), BACKOFF_SECONDS)
+        hurry.wait(max(0.0, _LAST_BEGAN.get(db.url, -wait) + wait - time.monotonic()))
+        with _SCHEDULING:
+            _AGAIN.discard(db.url)  # a key destroyed from here on asks for one more run
+        _LAST_BEGAN[db.url] = time.monotonic()
         outcome = _compact_logged(db)
         left = has_destroyed(db.engine.url.render_as_string())
         kept_runs = kept_runs + 1 if outcome is Compaction.kept else 0
@@ -149,11 +155,6 @@ def _compacting(db: Database, interval: float, hurry: threading.Event) -> None:
             if db.url not in _AGAIN and finished:
                 _RUNNING.pop(db.url, None)  # what is left waits for the next erasure or start
                 return
-        # more keys destroyed meanwhile, or a run to repeat: one interval after this one began
-        wait = max(interval, 0.05) * (2 ** min(kept_runs, 10) if kept_runs else 1)
-        hurry.wait(max(0.0, began + min(wait, BACKOFF_SECONDS) - time.monotonic()))
-        with _SCHEDULING:
-            _AGAIN.discard(db.url)  # a key destroyed from here on asks for one more run
 
 
 def compact_at_start(db: Database) -> None:
