@@ -403,6 +403,8 @@ def process_deletions(model_id: int) -> str:
                     if not _run_batch(db, settings, model_id, tasks, device):
                         return f"applied {applied}; a batch failed and will be retried"
                     applied += len(tasks)
+                    if _lingers(settings) and len(tasks) < settings.max_batch_requests:
+                        break  # it claimed all that was due; its wait wakes on a push since
                     if not _has_due(db, model_id):  # a read, not an empty claim's write
                         break
                 first = None
@@ -429,7 +431,7 @@ def _linger(db: Database, settings: Settings, model_id: int) -> bool:
     20 ms sleep between looks cost a deletion 10 ms on average; a look before and after each
     wait, 2–3 ms). The caller has just looked. The lease stays the truth: if this worker
     dies, the lease expires and any worker takes over."""
-    if settings.embedded or settings.sticky_seconds <= 0:
+    if not _lingers(settings):
         return False
     deadline = time.monotonic() + settings.sticky_seconds
     key = due_key(settings.queue_name, model_id)
@@ -440,6 +442,11 @@ def _linger(db: Database, settings: Settings, model_id: int) -> bool:
         if _has_due(db, model_id):
             return True
     return False
+
+
+def _lingers(settings: Settings) -> bool:
+    """Whether this worker keeps a model's lease after its last batch (`_linger`)."""
+    return not settings.embedded and settings.sticky_seconds > 0
 
 
 _DUE_REDIS: dict[str, Any] = {}  # redis URL -> this process's connection for due lists
@@ -459,7 +466,7 @@ def _forget_due(settings: Settings, model_id: int) -> None:
     """Before a claim, empty the model's due list: the claim covers every push made before it,
     so a push left there would wake the lingering worker for tasks already applied (and end
     its linger on an empty claim)."""
-    if settings.embedded or settings.sticky_seconds <= 0:
+    if not _lingers(settings):
         return
     try:
         _due_redis(settings).delete(due_key(settings.queue_name, model_id))

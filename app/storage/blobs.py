@@ -232,9 +232,8 @@ class Blobs:
         if not keys:
             return
         rows = session.execute(
-            select(Blob.key, Blob.key_id, Blob.location).where(Blob.key.in_(keys))
+            delete(Blob).where(Blob.key.in_(keys)).returning(Blob.key, Blob.key_id, Blob.location)
         ).all()
-        session.execute(delete(Blob).where(Blob.key.in_(keys)))
         destroy_keys(session, [r.key_id for r in rows if r.key_id is not None])
         retired: list[tuple[ObjectStore, str]] = session.info.setdefault(_RETIRED, [])
         for row in rows:

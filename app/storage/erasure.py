@@ -37,32 +37,28 @@ def erase_payloads(session: Session, sample_ids: list[int], also: Sequence[UUID]
     """Destroy the data keys of samples no live model still holds, and the keys `also` with
     them (one DELETE for all). Returns how many samples were erased."""
     erased, keys = 0, list[UUID | None](also)
-    for chunk in chunked(sample_ids):
-        held = set(
-            session.scalars(
-                select(ModelSample.sample_id)
-                .distinct()
-                .join(Model, Model.id == ModelSample.model_id)
-                .where(
-                    ModelSample.sample_id.in_(chunk),
-                    ModelSample.removed_version_id.is_(None),
-                    Model.status != ModelStatus.failed,
-                )
-            )
+    held = (
+        select(ModelSample.sample_id)
+        .join(Model, Model.id == ModelSample.model_id)
+        .where(
+            ModelSample.sample_id == Sample.id,
+            ModelSample.removed_version_id.is_(None),
+            Model.status != ModelStatus.failed,
         )
-        free = [s for s in chunk if s not in held]
-        if not free:
-            continue
-        keys += session.scalars(
-            select(Sample.key_id).where(
-                Sample.id.in_(free),
-                Sample.status != SampleStatus.erased,
-                Sample.key_id.is_not(None),
+        .exists()
+    )
+    for chunk in chunked(sample_ids):
+        free = session.execute(  # one read: the samples not yet erased that no model holds
+            select(Sample.id, Sample.key_id).where(
+                Sample.id.in_(chunk), Sample.status != SampleStatus.erased, ~held
             )
         ).all()
+        if not free:
+            continue
+        keys += [row.key_id for row in free]
         result = session.execute(
             update(Sample)
-            .where(Sample.id.in_(free), Sample.status != SampleStatus.erased)
+            .where(Sample.id.in_([row.id for row in free]), Sample.status != SampleStatus.erased)
             .values(payload=None, key_id=None, status=SampleStatus.erased, erased_at=utcnow())
         )
         erased += rowcount(result)
