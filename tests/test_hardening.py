@@ -123,6 +123,29 @@ def test_a_pooled_connection_is_pinged_only_after_sitting_idle(
 
 
 @pytest.mark.postgres
+def test_reads_keep_their_statements_prepared(own_pg_database: str) -> None:
+    """A query run more than psycopg's prepare threshold (5) is prepared on the server and
+    stays so from read to read: a read ends with COMMIT, where a ROLLBACK made psycopg forget
+    (DEALLOCATE ALL) every prepared statement of the connection."""
+    from app.db.session import Database
+
+    db = Database(own_pg_database)
+    query = sa.select(sa.literal_column("count(*)")).select_from(sa.table("models"))
+    try:
+        for _ in range(8):
+            with db.read() as session:
+                session.execute(query).scalar_one()
+        with db.read() as session:
+            prepared = session.execute(
+                sa.text("SELECT count(*) FROM pg_prepared_statements WHERE statement LIKE :q"),
+                {"q": "%FROM models%"},
+            ).scalar_one()
+        assert prepared == 1
+    finally:
+        db.engine.dispose()
+
+
+@pytest.mark.postgres
 def test_database_outage_is_503_and_recovers(own_pg_database: str, tmp_path: Path) -> None:
     url = own_pg_database
     keys = make_keys(url)

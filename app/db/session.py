@@ -51,6 +51,7 @@ def make_engine(url: str, readonly: bool = False, bookkeeping: bool = False) -> 
         url,
         pool_size=20,  # the API keeps a connection per busy request (16 clients: no reconnects)
         max_overflow=20,
+        pool_use_lifo=True,  # the most recently used connection: its prepared statements
         connect_args={"connect_timeout": 5},  # an unreachable host is a 503, not a hang
     )
     event.listen(engine, "connect", lambda dbapi_conn, _record: _SERVER_CONNECTIONS.add(dbapi_conn))
@@ -137,8 +138,8 @@ class Database:
     """The one way to a database: units of work, the same in the API and the workers.
 
     `read()` is a read-only session that never takes SQLite's write lock (deferred, WAL),
-    closed at the end (loaded objects stay readable, detached); `write()` is a transaction
-    that commits on success and rolls back on error; `run(work)` is `write()` retried on
+    committed and closed at the end (loaded objects stay readable, detached); `write()` is a
+    transaction that commits on success and rolls back on error; `run(work)` is `write()` retried on
     transient conflicts (the one retry policy; the reconciler covers everything longer).
     `write(durable=False)` commits without waiting for the disk (SQLite synchronous=NORMAL,
     PostgreSQL synchronous_commit=off): for bookkeeping that a crash may lose harmlessly,
@@ -164,6 +165,11 @@ class Database:
     def read(self) -> Iterator[Session]:
         with self._reader() as session:  # closing returns the connection, ending its snapshot
             yield session
+            # A read ends with COMMIT, not ROLLBACK (the same for a transaction that wrote
+            # nothing): psycopg forgets every prepared statement of a connection at a
+            # rollback, and sent DEALLOCATE ALL once a deletion, so no statement of the worker
+            # or the API ever stayed prepared (issue 28).
+            session.commit()
 
     @contextmanager
     def write(self, durable: bool = True) -> Iterator[Session]:
