@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import secrets
-import uuid
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
@@ -26,6 +25,7 @@ from app.db.chunks import chunked
 from app.db.session import Database
 from app.db.tables import (
     Certificate,
+    DataKey,
     Dataset,
     DeletionRequest,
     DeletionTask,
@@ -44,7 +44,6 @@ from app.states import ModelStatus, RequestStatus, SampleStatus, Stage, TaskStat
 from app.storage.blobs import WrittenBlob, blobs
 from app.storage.crypto import keyring
 from app.storage.erasure import erase_payloads
-from app.storage.keystore import load_keys
 from app.wire import Progress
 from methods import get_method, method_of
 from methods.compute import (
@@ -291,11 +290,13 @@ def load_batch(
     retained rows, the noise-free state and the test split, and only what the requests name
     is read (O(k)); without one (or at another version) they are read and a session is made,
     its rows on `device` (the worker's)."""
-    model = session.get(Model, model_id)
-    assert model is not None and model.current_version_id is not None
-    dataset = session.get(Dataset, model.dataset_id)
-    parent = session.get(ModelVersion, model.current_version_id)
-    assert dataset is not None and parent is not None and parent.state_key is not None
+    model, dataset, parent = session.execute(  # one read for the three rows
+        select(Model, Dataset, ModelVersion)
+        .join(Dataset, Dataset.id == Model.dataset_id)
+        .join(ModelVersion, ModelVersion.id == Model.current_version_id)
+        .where(Model.id == model_id)
+    ).one()
+    assert parent.state_key is not None
     where = database_key(session.get_bind().engine)
     warm = sessions.take(where, model_id, parent.id) if sessions is not None else None
     rows_loaded = 0
@@ -414,17 +415,15 @@ def test_rows_left(session: Session, dataset_id: int) -> int:
 
 def _openings(session: Session, request_ids: set[int]) -> dict[int, bytes]:
     """The requests' commitment keys, where the server still keeps them."""
-    key_ids: dict[int, uuid.UUID] = {}
-    for request_id, key_id in session.execute(
-        select(DeletionRequest.id, DeletionRequest.commitment_key_id).where(
-            DeletionRequest.id.in_(sorted(request_ids)),
-            DeletionRequest.commitment_key_id.is_not(None),
-        )
-    ):
-        if key_id is not None:
-            key_ids[request_id] = key_id
-    keys = load_keys(session, keyring(), list(key_ids.values()))
-    return {r: keys[k] for r, k in key_ids.items() if k in keys}
+    ring, openings = keyring(), {}
+    for chunk in chunked(sorted(request_ids)):
+        for request_id, wrapped in session.execute(  # one read: the requests with their keys
+            select(DeletionRequest.id, DataKey.wrapped)
+            .join(DataKey, DataKey.id == DeletionRequest.commitment_key_id)
+            .where(DeletionRequest.id.in_(chunk))
+        ):
+            openings[request_id] = ring.unwrap(wrapped)
+    return openings
 
 
 def _held(session: Session, model_id: int, sample_ids: list[int]) -> set[int]:
