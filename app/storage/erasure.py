@@ -202,7 +202,7 @@ def compact(db: Database, everything: bool = False) -> Compaction:
             raw.close()
         if busy:
             log.info("WAL checkpoint was busy; the next erasure retries")
-        return Compaction.clean
+        return Compaction.kept if busy else Compaction.clean
     where = engine.url.render_as_string()
     taken = destroyed_in(where)
     tables = {"data_keys"} if everything else taken
