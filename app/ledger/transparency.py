@@ -362,6 +362,11 @@ def inclusion(session: Session, certificate_id: int, tree_size: int | None) -> J
             f"certificate {certificate_id} is leaf {cert.seq - 1}; tree_size must be in "
             f"[{cert.seq}, {leaf_count(session)}]",
         )
+    return _inclusion_at(session, cert, size)
+
+
+def _inclusion_at(session: Session, cert: Certificate, size: int) -> JsonObject:
+    """The inclusion proof of `cert` at `size`, a size the tree has reached."""
     nodes = StoredNodes(session)
     nodes.preload(
         lambda subtree: (merkle.inclusion_path(cert.seq - 1, size, subtree), subtree(0, size))
@@ -417,4 +422,4 @@ def receipt(session: Session, certificate_id: int) -> JsonObject:
     )
     if head is None:
         raise LookupError(f"certificate {certificate_id} is in no signed head yet")
-    return inclusion(session, certificate_id, head.tree_size)
+    return _inclusion_at(session, cert, head.tree_size)  # a signed size: no check to read
