@@ -28,8 +28,7 @@ from app.client import Client
 from app.db.session import dispose_engines
 from bench import overparameterized_service
 from bench.cluster import Cluster
-from bench.common import write_result
-from bench.request_path import pg_database
+from bench.common import scratch_database, write_result
 from tests.servers import S3_ACCESS_KEY, S3_SECRET_KEY, SeaweedServer
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -225,7 +224,7 @@ def main() -> None:
     result: dict = {"size_bytes": size, "backends": {}, "minnorm": {}}
     with tempfile.TemporaryDirectory() as tmp, contextlib.ExitStack() as stack:
         root = Path(tmp)
-        pg_url = stack.enter_context(pg_database())
+        pg_url = stack.enter_context(scratch_database(migrate=False))
         seaweed = SeaweedServer(root / "seaweed")
         seaweed.start()
         try:

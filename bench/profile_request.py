@@ -23,10 +23,9 @@ import tempfile
 import time
 from pathlib import Path
 
-from app.db.migrate import upgrade_to_head
 from bench.cluster import Cluster
-from bench.common import write_result
-from bench.request_path import REDIS, pg_database, prepare, wrk
+from bench.common import REDIS, scratch_database, write_result
+from bench.request_path import prepare, wrk
 
 IDLE_LEAVES = re.compile(
     r"^(wait|get|select|poll|epoll|accept|recv|read|sleep|acquire|_worker|run_forever)\b"
@@ -70,8 +69,7 @@ def main() -> None:
         tmp = Path(stack.enter_context(tempfile.TemporaryDirectory()))
         url, redis = None, None
         if args.mode == "postgres":  # the API alone is sampled; its worker is a process
-            url, redis = stack.enter_context(pg_database()), REDIS
-            upgrade_to_head(url)
+            url, redis = stack.enter_context(scratch_database()), REDIS
         with Cluster(tmp / "lethe", url, redis, torch_threads=1) as cluster:
             base = cluster.start_api()
             if args.mode == "postgres":

@@ -1,13 +1,19 @@
-"""Where a warm single-sample deletion's time goes (issue 28): py-spy samples the embedded
-`lethe serve` (API and inline worker in one process) while a client runs sequential
-single-sample deletions on one model whose resident session is warm, and the busy samples
-(threads waiting on a queue, a condition or a socket left out) are summed per function,
-inclusive, as a share of the run.
+"""Where a warm single-sample deletion's time goes (issue 28): py-spy samples the service's
+processes while a client runs sequential single-sample deletions on one model whose resident
+session is warm — embedded, the one `lethe serve` (API and inline worker); distributed, the
+API and the `lethe worker` (PostgreSQL, Redis) each — and the busy samples (threads waiting on
+a queue, a condition or a socket left out) are summed per function, inclusive, per process: a
+share of that process's busy samples and milliseconds per deletion.
 
     .venv/bin/python -m bench.profile_update [--n 100000] [--deletions 30]
-        [--method output_perturbation] [--out update_profile]
+        [--method output_perturbation] [--mode embedded|distributed] [--gil]
+        [--out update_profile]
 
-Writes bench/results/<out>.json: POST→certificate per deletion and the top functions.
+With `--gil` only samples of the thread holding the interpreter lock count: Python's CPU,
+without the time a thread waits on PostgreSQL or Redis.
+
+Writes bench/results/<out>.json: POST→certificate per deletion and each process's top
+functions.
 """
 
 from __future__ import annotations
@@ -23,11 +29,11 @@ import time
 from pathlib import Path
 from typing import Any
 
-from app.client import Client
-from bench.cluster import Cluster
 from bench.common import write_result
 from bench.profile_request import busy_shares
-from bench.resident import METHODS, TRAINING
+from bench.resident import METHODS, MODES, TRAINING, deployment
+
+RATE = 250  # samples per second
 
 
 def main() -> None:
@@ -35,13 +41,14 @@ def main() -> None:
     parser.add_argument("--n", type=int, default=100_000)
     parser.add_argument("--deletions", type=int, default=30)
     parser.add_argument("--method", default="output_perturbation")
+    parser.add_argument("--mode", choices=MODES, default="embedded")
+    parser.add_argument("--gil", action="store_true", help="only the thread holding the GIL")
     parser.add_argument("--out", default="update_profile")
     args = parser.parse_args()
     spy = shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy")
     with tempfile.TemporaryDirectory() as tmp_name:
         tmp = Path(tmp_name)
-        with Cluster(tmp / "lethe", None, None, torch_threads=1) as cluster:
-            c = Client(cluster.start_api(), cluster.admin_key, timeout=3600)
+        with deployment(tmp / "lethe", args.mode, resident=2) as (c, cluster):
             body = {"builtin": "synthetic", "n_samples": args.n, "n_features": 20, "n_classes": 2}
             ds = c.post("/v1/datasets", json=body)
             spec: dict[str, Any] = {
@@ -53,37 +60,62 @@ def main() -> None:
             }
             model = c.wait_model(c.create_model(spec).id)
             assert model.status == "ready", model.error
-            page = c.samples(ds["id"], split="train", limit=args.deletions + 1)
+            page = c.samples(ds["id"], split="train", limit=args.deletions + 3)
             ids = [s.external_id or "" for s in page.items]
-            c.wait_deletion(c.delete(ds["id"], ids[:1]).id)  # warm: the first is not sampled
+            for sample in ids[:3]:  # warm: these are not sampled
+                c.wait_deletion(c.delete(ds["id"], [sample]).id)
             assert cluster.api is not None
-            spy_proc = subprocess.Popen(
-                [spy, "record", "--pid", str(cluster.api.pid), "-r", "250", "--format", "raw"]
-                + ["--threads", "-o", str(tmp / "raw.txt")],
-                stdout=subprocess.DEVNULL,
-                stderr=subprocess.DEVNULL,
-            )
+            pids = {"api": cluster.api.pid} | {
+                f"worker{i}": w.pid for i, w in enumerate(cluster.workers)
+            }
+            spies = {
+                name: subprocess.Popen(
+                    [spy, "record", "--pid", str(pid), "-r", str(RATE), "--format", "raw"]
+                    + ["--threads", "-o", str(tmp / f"{name}.txt")]
+                    + (["--gil"] if args.gil else []),
+                    stdout=subprocess.DEVNULL,
+                    stderr=subprocess.DEVNULL,
+                )
+                for name, pid in pids.items()
+            }
             time.sleep(1.0)
             seconds = []
-            for sample in ids[1:]:
+            for sample in ids[3:]:
                 t0 = time.perf_counter()
                 done = c.wait_deletion(c.delete(ds["id"], [sample]).id)
                 seconds.append(time.perf_counter() - t0)
                 assert done.status == "done"
-            spy_proc.send_signal(signal.SIGINT)
-            spy_proc.wait(timeout=60)
-        total, shares = busy_shares(tmp / "raw.txt")
+            for proc in spies.values():
+                proc.send_signal(signal.SIGINT)
+            for proc in spies.values():
+                proc.wait(timeout=60)
+        processes = {}
+        for name in pids:
+            total, shares = busy_shares(tmp / f"{name}.txt")
+            per_deletion = 1000.0 / RATE / len(seconds)
+            processes[name] = {
+                "busy_samples": total,
+                "busy_ms_per_deletion": total * per_deletion,
+                "inclusive": [
+                    {"function": f, "share": s, "ms_per_deletion": s * total * per_deletion}
+                    for f, s in shares
+                ],
+            }
     result = {
         "n": args.n,
         "method": args.method,
+        "mode": args.mode,
+        "gil_only": args.gil,
+        "rate_hz": RATE,
         "post_to_certificate_s": seconds,
         "p50_post_to_certificate_s": statistics.median(seconds),
-        "busy_samples": total,
-        "inclusive_share": shares,
+        "processes": processes,
     }
     print(f"p50 POST→certificate {result['p50_post_to_certificate_s']:.3f} s")
-    for name, share in shares[:45]:
-        print(f"{share:6.1%} {name}")
+    for name, p in processes.items():
+        print(f"== {name}: {p['busy_ms_per_deletion']:.1f} busy ms per deletion")
+        for row in p["inclusive"][:40]:
+            print(f"{row['share']:6.1%} {row['ms_per_deletion']:6.2f} ms {row['function']}")
     print("wrote", write_result(args.out, result))
 
 

@@ -27,8 +27,7 @@ from app.db.session import database
 from app.ledger import certificates as audit
 from app.ledger import merkle, transparency
 from app.settings import Settings, use_settings
-from bench.common import write_result
-from bench.request_path import pg_database
+from bench.common import scratch_database, write_result
 
 
 def fields(i: int) -> dict[str, Any]:
@@ -91,7 +90,7 @@ def run(n: int) -> dict[str, Any]:
                         if backend == "sqlite":
                             url = f"sqlite:///{tmp}/{batch}-{tree}.db"
                         else:
-                            url = stack.enter_context(pg_database())
+                            url = stack.enter_context(scratch_database(migrate=False))
                         upgrade_to_head(url)
                         ms = appends(url, n, batch, tree)
                         key = f"{backend}_batch{batch}_{'with' if tree else 'without'}_tree"

@@ -35,8 +35,7 @@ from app.db.migrate import upgrade_to_head
 from app.db.session import database
 from app.db.tables import DeletionRequest, ModelVersion
 from bench.cluster import Cluster
-from bench.common import percentiles, write_result
-from bench.request_path import REDIS, pg_database
+from bench.common import REDIS, percentiles, scratch_database, write_result
 
 BUDGET = {"epsilon": 1.0, "delta": 1e-5, "lineage_epsilon": 1000.0, "lineage_delta": 1e-3}
 METHODS: dict[str, dict[str, Any]] = {
@@ -157,7 +156,7 @@ def throughput(method: str, n_requests: int, mode: str) -> dict[str, Any]:
     )
     with contextlib.ExitStack() as stack:
         tmp = Path(stack.enter_context(tempfile.TemporaryDirectory()))
-        url = stack.enter_context(pg_database())
+        url = stack.enter_context(scratch_database(migrate=False))
         upgrade_to_head(url)
         cluster = stack.enter_context(Cluster(tmp, url, REDIS))
         cluster.start_api()

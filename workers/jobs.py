@@ -509,9 +509,6 @@ def _claim_in(
     session: Session, settings: Settings, model_id: int, lease: ModelLease
 ) -> list[ClaimedTask]:
     """Claim the model's next batch in the caller's transaction (none unless it is ready)."""
-    model = session.get(Model, model_id)
-    if model is None or model.status != ModelStatus.ready:
-        return []
     return pipeline.claim_tasks(session, model_id, settings.max_batch_requests, lease.deadline())
 
 

@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 import torch
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
-from sqlalchemy import delete, func, select, update
+from sqlalchemy import Row, delete, func, select
 from sqlalchemy.orm import Session
 from sqlalchemy.sql.selectable import ScalarSelect
 
@@ -34,7 +34,6 @@ from app.db.tables import (
     ModelVersion,
     Sample,
     SampleStatistic,
-    task_is_due,
     utcnow,
 )
 from app.jsontypes import json_object
@@ -53,6 +52,7 @@ from methods.compute import (
     RetainedData,
     UpdateInputs,
 )
+from workers import statements as sql
 from workers import tensorfile
 from workers.certify import CertificateContext, certificate_fields
 from workers.data import database_key, test_arrays, training_arrays
@@ -169,6 +169,15 @@ def store_blobs(
 _WRITER = ThreadPoolExecutor(max_workers=2, thread_name_prefix="lethe-blob")
 
 
+@dataclass(frozen=True)
+class VersionRow:
+    """A version just written: what its certificates and the rest of its commit use."""
+
+    id: int
+    number: int
+    weights_sha256: str
+
+
 def write_version(
     session: Session,
     model_id: int,
@@ -177,12 +186,11 @@ def write_version(
     kind: VersionKind,
     stored: VersionBlobs,
     metrics: dict[str, Any],
-) -> ModelVersion:
+) -> VersionRow:
     """Record a version whose blobs are stored: their keys and rows and the version row, in
-    the caller's commit."""
-    store = blobs()
-    for blob in stored.both:
-        store.record(session, blob)
+    the caller's commit (Core statements: the ORM's unit of work was most of the commit's CPU,
+    issue 28)."""
+    blobs().record(session, *stored.both)
     metrics = {
         **metrics,
         "storage": {
@@ -191,21 +199,27 @@ def write_version(
             "location": stored.weights.location,
         },
     }
-    version = ModelVersion(
-        model_id=model_id,
-        number=number,
-        parent_id=parent_id,
-        kind=kind,
-        weights_key=stored.weights.key,
-        weights_sha256=stored.weights.sha256,
-        weights_size=stored.weights.size,
-        state_key=stored.state.key,
-        metrics=metrics,
-        n_train=int(metrics.get("n_train", 0)),
+    version_id = (
+        session.connection()
+        .execute(
+            sql.INSERT_VERSION,
+            {
+                "model_id": model_id,
+                "number": number,
+                "parent_id": parent_id,
+                "kind": kind,
+                "weights_key": stored.weights.key,
+                "weights_sha256": stored.weights.sha256,
+                "weights_size": stored.weights.size,
+                "state_key": stored.state.key,
+                "metrics": metrics,
+                "n_train": int(metrics.get("n_train", 0)),
+                "created_at": utcnow(),
+            },
+        )
+        .scalar_one()
     )
-    session.add(version)
-    session.flush()
-    return version
+    return VersionRow(version_id, number, stored.weights.sha256)
 
 
 def store_release(batch: Batch, outcome: Outcome | None) -> VersionBlobs | None:
@@ -241,40 +255,44 @@ def training_record(session: Session, model_id: int) -> tuple[dict[str, Any] | N
 def claim_tasks(
     session: Session, model_id: int, limit: int, deadline: datetime
 ) -> list[ClaimedTask]:
-    """Mark up to `limit` due queued tasks of the model running under our lease (coalescing)."""
-    now = utcnow()
-    rows = session.execute(
-        select(DeletionTask, DeletionRequest)
-        .join(DeletionRequest, DeletionRequest.id == DeletionTask.request_id)
-        .where(
-            DeletionTask.model_id == model_id,
-            DeletionTask.status == TaskStatus.queued,
-            task_is_due(now),
-        )
-        .order_by(DeletionTask.id)
-        .limit(limit)
+    """Mark up to `limit` due queued tasks of the model running under our lease (coalescing);
+    none unless the model is ready."""
+    conn, now = session.connection(), utcnow()
+    rows = conn.execute(
+        sql.CLAIMABLE,
+        {
+            "model_id": model_id,
+            "queued": TaskStatus.queued,
+            "ready": ModelStatus.ready,
+            "now": now,
+            "limit": limit,
+        },
     ).all()
-    claimed = []
-    for task, request in rows:
-        task.status, task.lease_owner, task.lease_expires_at = (
-            TaskStatus.running,
-            WORKER_ID,
-            deadline,
-        )
-        task.attempts += 1
-        if request.status == RequestStatus.queued:
-            request.status = RequestStatus.running
-        claimed.append(
-            ClaimedTask(
-                task.id,
-                request.id,
-                list(request.sample_ids),
-                request.method,
-                request.epsilon,
-                request.delta,
-            )
-        )
-    return claimed
+    if not rows:
+        return []
+    conn.execute(
+        sql.CLAIM_TASKS,
+        {
+            "ids": [r.id for r in rows],
+            "running": TaskStatus.running,
+            "owner": WORKER_ID,
+            "deadline": deadline,
+            "now": now,
+        },
+    )
+    conn.execute(
+        sql.START_REQUESTS,
+        {
+            "ids": sorted({r.request_id for r in rows}),
+            "queued": RequestStatus.queued,
+            "running": RequestStatus.running,
+            "now": now,
+        },
+    )
+    return [
+        ClaimedTask(r.id, r.request_id, list(r.sample_ids), r.method, r.epsilon, r.delta)
+        for r in rows
+    ]
 
 
 def load_batch(
@@ -452,13 +470,13 @@ def commit_update(
     """Apply the update atomically, recording the `stored` blobs of its release, the log's new
     head signed by `signer`; returns the new version id (None if nothing to remove).
 
-    Autoflush is off: the writes are flushed where a later read depends on them (the version
-    and the certificates as they are added, everything before the requests are finished), not
-    before every query (issue 28: eight flushes were a quarter of the commit's CPU)."""
+    The rows are written with Core statements, each executed where it stands; only the
+    certificates go through the ORM (the log's tree reads them back). Under a sampling
+    profile the ORM's unit of work (flushes, per-object UPDATEs) was over half the commit's
+    CPU in a distributed worker (issue 28)."""
     session.autoflush = False  # the commit's own session (db.run makes one per attempt)
-    model = check_lease(session, batch.model_id)
-    if model.current_version_id != batch.parent_id:
-        raise LeaseLost(f"model {batch.model_id} moved past version {batch.parent_number}")
+    _check_lease_at(session, batch)
+    _check_tasks(session, batch)
     version = None
     if outcome is not None:
         assert stored is not None, "a release's blobs are stored before its commit"
@@ -477,16 +495,6 @@ def commit_update(
             stored,
             metrics,
         )
-    rows = {
-        t.id: t
-        for t in session.scalars(
-            select(DeletionTask).where(DeletionTask.id.in_([t.task_id for t in batch.tasks]))
-        )
-    }
-    for task in batch.tasks:
-        row = rows[task.task_id]
-        if row.status != TaskStatus.running or row.lease_owner != WORKER_ID:
-            raise LeaseLost(f"task {task.task_id} was reclaimed")
     certs: dict[int, Certificate] = {}  # task id -> its certificate, one flush for all
     certified = [t for t in batch.tasks if batch.removed_by_task[t.task_id]]
     if certified and version is not None and outcome is not None:
@@ -496,28 +504,41 @@ def commit_update(
         ]
         appended = append_certificates(session, fields, signer)
         certs = {t.task_id: c for t, c in zip(certified, appended, strict=True)}
+    conn, now = session.connection(), utcnow()
     removals: list[dict[str, int]] = []
+    certified_rows: list[dict[str, Any]] = []
+    earlier_rows: list[dict[str, Any]] = []
     for task in batch.tasks:
         removed = batch.removed_by_task[task.task_id]
-        row = rows[task.task_id]
         cert = certs.get(task.task_id)
+        row: dict[str, Any] = {
+            "task_id": task.task_id,
+            "done": TaskStatus.done,
+            "removed": len(removed),
+            "now": now,
+        }
         if cert is not None and version is not None:
             removals += [
                 {
-                    "model_id": batch.model_id,
-                    "sample_id": s,
-                    "removed_version_id": version.id,
-                    "removed_certificate_id": cert.id,
+                    "model": batch.model_id,
+                    "sample": s,
+                    "version": version.id,
+                    "certificate": cert.id,
                 }
                 for s in removed
             ]
-            row.certificate_id, row.version_id = cert.id, version.id
+            certified_rows.append(row | {"certificate": cert.id, "version": version.id})
         else:
-            row.certificate_id = _earlier_certificate(session, batch.model_id, task.sample_ids)
-        row.status, row.n_removed = TaskStatus.done, len(removed)
-        row.lease_owner = row.lease_expires_at = None
-    if removals:  # bulk UPDATE by primary key; these samples were held (checked under lease)
-        session.execute(update(ModelSample), removals)
+            certificate = _earlier_certificate(session, batch.model_id, task.sample_ids)
+            earlier_rows.append(row | {"certificate": certificate})
+    for statement, rows in (
+        (sql.FINISH_TASK, certified_rows),
+        (sql.FINISH_TASK_AS_BEFORE, earlier_rows),
+    ):
+        if rows:
+            conn.execute(statement, rows)
+    if removals:  # one row each; these samples were held (checked under lease)
+        conn.execute(sql.REMOVE_SAMPLE, removals)
     if version is not None and outcome is not None:
         release = outcome.decision.release
         if release.replace_statistics is not None:  # a retrain re-recorded everything
@@ -525,14 +546,38 @@ def commit_update(
         else:
             delete_rows(session, batch.model_id, release.statistics_to_delete)
         _purge_older_versions(session, batch.model_id, version.id)
-        model.current_version_id = version.id
-    session.flush()
+        conn.execute(
+            sql.MAKE_CURRENT, {"model_id": batch.model_id, "version": version.id, "now": now}
+        )
     finish_requests(session, {t.request_id for t in batch.tasks})
     return version.id if version is not None else None
 
 
+def _check_lease_at(session: Session, batch: Batch) -> None:
+    """LeaseLost unless this worker still holds the model's lease and the model is still at
+    the batch's parent version (two columns read, not the model's row)."""
+    row = session.connection().execute(sql.LEASE, {"model_id": batch.model_id}).first()
+    if row is None or row.lease_owner != WORKER_ID:
+        owner = row.lease_owner if row is not None else None
+        raise LeaseLost(f"model {batch.model_id} is now leased by {owner}")
+    if row.current_version_id != batch.parent_id:
+        raise LeaseLost(f"model {batch.model_id} moved past version {batch.parent_number}")
+
+
+def _check_tasks(session: Session, batch: Batch) -> None:
+    """LeaseLost unless every task of the batch is still running under this worker."""
+    ids = [t.task_id for t in batch.tasks]
+    held: set[int] = set()
+    for chunk in chunked(ids):
+        params = {"ids": chunk, "running": TaskStatus.running, "owner": WORKER_ID}
+        held.update(session.connection().execute(sql.TASKS_HELD, params).scalars())
+    for task_id in ids:
+        if task_id not in held:
+            raise LeaseLost(f"task {task_id} was reclaimed")
+
+
 def _certificate(
-    batch: Batch, task: ClaimedTask, outcome: Outcome, version: ModelVersion, removed: list[int]
+    batch: Batch, task: ClaimedTask, outcome: Outcome, version: VersionRow, removed: list[int]
 ) -> dict[str, Any]:
     # A request without a kept key (accepted before issue 25) commits under a key nobody
     # keeps: the commitment cannot be opened, by anyone, which is what it must not leak.
@@ -572,17 +617,13 @@ def _earlier_certificate(session: Session, model_id: int, sample_ids: list[int])
 def _purge_older_versions(session: Session, model_id: int, keep_id: int | None) -> None:
     """Every earlier version was trained with the removed samples: delete its bytes (all of
     them when `keep_id` is None)."""
-    older = session.scalars(
-        select(ModelVersion).where(
-            ModelVersion.model_id == model_id,
-            ModelVersion.id != (keep_id if keep_id is not None else -1),
-            ModelVersion.erased_at.is_(None),
-        )
-    ).all()
-    store = blobs()
-    for v in older:
-        store.retire(session, [k for k in (v.weights_key, v.state_key) if k])
-        v.weights_key, v.state_key, v.erased_at = None, None, utcnow()
+    conn = session.connection()
+    keep = keep_id if keep_id is not None else -1
+    older = conn.execute(sql.OLDER_VERSIONS, {"model_id": model_id, "keep_id": keep}).all()
+    if not older:
+        return
+    blobs().retire(session, [k for v in older for k in (v.weights_key, v.state_key) if k])
+    conn.execute(sql.ERASE_VERSIONS, {"ids": [v.id for v in older], "now": utcnow()})
 
 
 def withdraw_model(session: Session, model_id: int, reason: str) -> set[int]:
@@ -622,30 +663,43 @@ def finish_requests(session: Session, request_ids: set[int]) -> None:
     if not request_ids:
         return
     statuses: dict[int, set[str]] = {r: set() for r in request_ids}
-    found: dict[int, DeletionRequest] = {}
-    for request, status in session.execute(  # each request with its tasks' statuses, one read
-        select(DeletionRequest, DeletionTask.status)
-        .join(DeletionTask, DeletionTask.request_id == DeletionRequest.id)
-        .where(DeletionRequest.id.in_(request_ids))
-    ):
-        found[request.id] = request
-        statuses[request.id].add(status)
-    requests = list(found.values())
-    now, openings = utcnow(), []
-    for request in requests:
+    found: dict[int, Row[Any, Any, Any, Any, Any, Any]] = {}
+    conn = session.connection()
+    for chunk in chunked(sorted(request_ids)):  # each request with its tasks' statuses
+        for row in conn.execute(sql.REQUESTS_WITH_TASKS, {"ids": chunk}):
+            found[row.id] = row
+            statuses[row.id].add(row.task_status)
+    now, openings, changed, erased = utcnow(), [], [], set[int]()
+    for request in found.values():
         seen = statuses[request.id]
+        status, finished_at = request.status, request.finished_at
         if seen <= {TaskStatus.done}:
-            request.status, request.finished_at = RequestStatus.done, now
+            status, finished_at = RequestStatus.done, now
         elif TaskStatus.failed in seen and not seen & {TaskStatus.queued, TaskStatus.running}:
-            request.status, request.finished_at = RequestStatus.failed, now
-        if request.finished_at is not None and request.commitment_key_id is not None:
+            status, finished_at = RequestStatus.failed, now
+        key = request.commitment_key_id
+        if finished_at is not None and key is not None:
             # the opening now lives with the requester alone: destroy the server's copy
-            openings.append(request.commitment_key_id)
-            request.commitment_key_id = None
-    done = [r for r in requests if r.status == RequestStatus.done]
+            openings.append(key)
+            key = None
+        if status == RequestStatus.done:
+            erased.update(request.sample_ids)
+        before = (request.status, request.finished_at, request.commitment_key_id)
+        if (status, finished_at, key) != before:
+            changed.append(
+                {
+                    "request_id": request.id,
+                    "outcome": status,
+                    "finished": finished_at,
+                    "key": key,
+                    "now": now,
+                }
+            )
+    if changed:
+        conn.execute(sql.FINISH_REQUEST, changed)
     # one DELETE of data keys for the payloads' and the openings' (issue 28: statements are
     # most of a warm update's commit)
-    erase_payloads(session, sorted({s for r in done for s in r.sample_ids}), also=openings)
+    erase_payloads(session, sorted(erased), also=openings)
 
 
 def release_tasks(session: Session, task_ids: list[int], delay_seconds: float = 0) -> None:

@@ -25,12 +25,12 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import delete, event, select
+from sqlalchemy import delete, event, insert, select
 from sqlalchemy.orm import Session
 
 from app.db.chunks import chunked
 from app.db.session import Database, database
-from app.db.tables import Blob, DataKey
+from app.db.tables import Blob, DataKey, utcnow
 from app.settings import Settings, get_settings
 from app.storage.crypto import Keyring, SealError, blob_aad, keyring, open_sealed
 from app.storage.keystore import destroy_keys, load_keys
@@ -180,19 +180,31 @@ class Blobs:
             chunk_size=self.chunk_size,
         )
 
-    def record(self, session: Session, blob: WrittenBlob) -> None:
-        """Reference a written blob: its wrapped key and its row, in the caller's commit."""
-        session.add(DataKey(id=blob.key_id, wrapped=blob.wrapped, kek_id=self.ring.kek_id))
-        session.add(
-            Blob(
-                key=blob.key,
-                data=None,
-                key_id=blob.key_id,
-                size=blob.size,
-                sha256=blob.sha256,
-                location=blob.location,
-                chunk_size=blob.chunk_size,
-            )
+    def record(self, session: Session, *written: WrittenBlob) -> None:
+        """Reference written blobs: their wrapped keys and their rows, in the caller's commit
+        (one INSERT per table, executed now, not at the session's next flush)."""
+        if not written:
+            return
+        session.execute(
+            insert(DataKey),
+            [{"id": b.key_id, "wrapped": b.wrapped, "kek_id": self.ring.kek_id} for b in written],
+        )
+        now = utcnow()
+        session.execute(
+            insert(Blob),
+            [
+                {
+                    "key": b.key,
+                    "data": None,
+                    "key_id": b.key_id,
+                    "size": b.size,
+                    "sha256": b.sha256,
+                    "location": b.location,
+                    "chunk_size": b.chunk_size,
+                    "created_at": now,
+                }
+                for b in written
+            ],
         )
 
     def discard(self, written: Iterable[WrittenBlob]) -> None:
