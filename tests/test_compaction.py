@@ -122,7 +122,7 @@ def test_erasures_are_compacted_at_most_once_per_interval(
         erasure.compact_soon(db, interval=interval)  # type: ignore[arg-type]
 
     def finished() -> None:
-        running = erasure._RUNNING.get(url)
+        running = erasure.compaction_thread(url)
         assert running is not None
         running.join(timeout=2.0)  # left to itself: it waits out the interval
         assert not running.is_alive()
@@ -239,7 +239,7 @@ def test_compaction_retries_while_a_transaction_older_than_the_erasure_stays_ope
         assert has_destroyed(where)  # noted again for the next run
         erasure.compact_soon(db, interval=0.05)
         time.sleep(2.0)  # longer than three runs and their waits
-        running = erasure._RUNNING.get(db.url)
+        running = erasure.compaction_thread(db.url)
         assert running is not None and running.is_alive()
     finally:
         older.rollback()

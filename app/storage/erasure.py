@@ -18,6 +18,7 @@ import re
 import threading
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 from typing import Any
 from uuid import UUID
 
@@ -102,10 +103,27 @@ def _compact_logged(db: Database) -> Compaction | None:
         return None
 
 
-_SCHEDULING = threading.Lock()
-_RUNNING: dict[str, threading.Thread] = {}  # database URL -> its compaction thread
-_AGAIN: set[str] = set()  # databases with keys destroyed while their compaction ran
-_HURRY: dict[str, threading.Event] = {}  # set at a clean stop: no wait for the next interval
+@dataclass
+class _Compactor:
+    """One database's background compaction: its thread while one runs, whether keys were
+    destroyed while it ran (one more run), when its last run began, and the event a clean
+    stop sets so that the next run does not wait for its interval."""
+
+    thread: threading.Thread | None = None
+    again: bool = False
+    last_began: float | None = None  # time.monotonic()
+    hurry: threading.Event = field(default_factory=threading.Event)
+
+
+_SCHEDULING = threading.Lock()  # guards every _Compactor's thread and again
+_COMPACTORS: dict[str, _Compactor] = {}  # database URL -> its compaction
+
+
+def compaction_thread(url: str) -> threading.Thread | None:
+    """The thread compacting this database now, if one is."""
+    with _SCHEDULING:
+        state = _COMPACTORS.get(url)
+        return state.thread if state is not None else None
 
 
 def compact_soon(db: Database, interval: float | None = None) -> None:
@@ -122,24 +140,21 @@ def compact_soon(db: Database, interval: float | None = None) -> None:
 
         interval = get_settings().compaction_interval_seconds
     with _SCHEDULING:
-        running = _RUNNING.get(db.url)
-        if running is not None and running.is_alive():
-            _AGAIN.add(db.url)
+        state = _COMPACTORS.setdefault(db.url, _Compactor())
+        if state.thread is not None and state.thread.is_alive():
+            state.again = True
             return
-        hurry = _HURRY.setdefault(db.url, threading.Event())
-        thread = threading.Thread(
-            target=_compacting, args=(db, interval, hurry), name="lethe-compact", daemon=True
+        state.thread = threading.Thread(
+            target=_compacting, args=(db, interval, state), name="lethe-compact", daemon=True
         )
-        _RUNNING[db.url] = thread
-        thread.start()
+        state.thread.start()
 
 
 BACKOFF_SECONDS = 30.0  # the longest wait between runs that left destroyed keys in the files
 GIVE_UP_AFTER = 3  # failed runs in a row (errors, not old snapshots) before the thread stops
-_LAST_BEGAN: dict[str, float] = {}  # database URL -> when its last compaction began (monotonic)
 
 
-def _compacting(db: Database, interval: float, hurry: threading.Event) -> None:
+def _compacting(db: Database, interval: float, state: _Compactor) -> None:
     """Run compactions until no destroyed key is left to compact, each at least `interval`
     after the last one began. A run kept keys when a transaction older than their erasure was
     still open: the next waits one interval, doubling up to BACKOFF_SECONDS, for as long as
@@ -148,18 +163,19 @@ def _compacting(db: Database, interval: float, hurry: threading.Event) -> None:
     kept_runs, failures, interval = 0, 0, max(interval, 0.05)
     while True:
         wait = min(interval * 2 ** min(kept_runs, 10), BACKOFF_SECONDS)
-        hurry.wait(max(0.0, _LAST_BEGAN.get(db.url, -wait) + wait - time.monotonic()))
+        began = state.last_began if state.last_began is not None else -wait
+        state.hurry.wait(max(0.0, began + wait - time.monotonic()))
         with _SCHEDULING:
-            _AGAIN.discard(db.url)  # a key destroyed from here on asks for one more run
-        _LAST_BEGAN[db.url] = time.monotonic()
+            state.again = False  # a key destroyed from here on asks for one more run
+        state.last_began = time.monotonic()
         outcome = _compact_logged(db)
         left = has_destroyed(db.engine.url.render_as_string())
         kept_runs = kept_runs + 1 if outcome is Compaction.kept else 0
         failures = failures + 1 if outcome is None else 0
         with _SCHEDULING:
-            finished = not left or failures >= GIVE_UP_AFTER or hurry.is_set()
-            if db.url not in _AGAIN and finished:
-                _RUNNING.pop(db.url, None)  # what is left waits for the next erasure or start
+            finished = not left or failures >= GIVE_UP_AFTER or state.hurry.is_set()
+            if not state.again and finished:
+                state.thread = None  # what is left waits for the next erasure or start
                 return
 
 
@@ -175,15 +191,13 @@ def finish_compacting(url: str) -> None:
     so the last keys' bytes leave the files and no background thread holds a connection once
     the service has stopped."""
     with _SCHEDULING:
-        running = _RUNNING.get(url)
-        hurry = _HURRY.get(url)
-    if running is None:
+        state = _COMPACTORS.get(url)
+        running = state.thread if state is not None else None
+    if state is None or running is None:
         return
-    if hurry is not None:
-        hurry.set()
+    state.hurry.set()
     running.join()
-    if hurry is not None:
-        hurry.clear()
+    state.hurry.clear()
 
 
 class Compaction(enum.Enum):
