@@ -41,7 +41,7 @@ def frame_name(frame: str) -> str:
     return f"{match.group(1)} @{match.group(2).rsplit('/', 1)[-1]}"
 
 
-def busy_shares(raw: Path) -> tuple[int, list[tuple[str, float]]]:
+def busy_shares(raw: Path, top: int = 60) -> tuple[int, list[tuple[str, float]]]:
     inclusive: collections.Counter[str] = collections.Counter()
     total = 0
     for line in raw.read_text().splitlines():
@@ -54,7 +54,7 @@ def busy_shares(raw: Path) -> tuple[int, list[tuple[str, float]]]:
         total += int(count)
         for name in set(names):
             inclusive[name] += int(count)
-    return total, [(name, n / total) for name, n in inclusive.most_common(60)]
+    return total, [(name, n / total) for name, n in inclusive.most_common(top)]
 
 
 def main() -> None:

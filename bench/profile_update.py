@@ -91,7 +91,7 @@ def main() -> None:
                 proc.wait(timeout=60)
         processes = {}
         for name in pids:
-            total, shares = busy_shares(tmp / f"{name}.txt")
+            total, shares = busy_shares(tmp / f"{name}.txt", top=200)
             per_deletion = 1000.0 / RATE / len(seconds)
             processes[name] = {
                 "busy_samples": total,

@@ -11,13 +11,21 @@ from __future__ import annotations
 
 from typing import Any
 
-from sqlalchemy import BindParameter, bindparam, insert, null, or_, select, update
+from sqlalchemy import BindParameter, bindparam, func, insert, null, or_, select, update
 
 from app.db.tables import Base
 
-MODELS, VERSIONS, TASKS, REQUESTS, MODEL_SAMPLES = (
+MODELS, VERSIONS, TASKS, REQUESTS, MODEL_SAMPLES, SAMPLES, DATA_KEYS = (
     Base.metadata.tables[t]
-    for t in ("models", "model_versions", "deletion_tasks", "deletion_requests", "model_samples")
+    for t in (
+        "models",
+        "model_versions",
+        "deletion_tasks",
+        "deletion_requests",
+        "model_samples",
+        "samples",
+        "data_keys",
+    )
 )
 
 _IDS: BindParameter[list[Any]] = bindparam("ids", expanding=True)
@@ -132,4 +140,34 @@ FINISH_REQUEST = (
         commitment_key_id=bindparam("key"),
         updated_at=bindparam("now"),
     )
+)
+
+
+# ---- the load ----------------------------------------------------------------------------
+
+
+def _left(status: str) -> Any:
+    return (
+        select(func.count())
+        .where(
+            SAMPLES.c.dataset_id == bindparam("dataset_id"),
+            SAMPLES.c.split == "test",
+            SAMPLES.c.status == bindparam(status),
+        )
+        .scalar_subquery()
+    )
+
+
+# test rows that left the split: one count per status, each an equality on all three columns
+# of ix_samples_dataset_split_status (see pipeline.test_rows_left)
+TEST_ROWS_LEFT = select(_left("erasing") + _left("erased"))
+HELD = select(MODEL_SAMPLES.c.sample_id).where(
+    MODEL_SAMPLES.c.model_id == bindparam("model_id"),
+    MODEL_SAMPLES.c.removed_version_id.is_(None),
+    MODEL_SAMPLES.c.sample_id.in_(_IDS),
+)
+OPENINGS = (
+    select(REQUESTS.c.id, DATA_KEYS.c.wrapped)
+    .join(DATA_KEYS, DATA_KEYS.c.id == REQUESTS.c.commitment_key_id)
+    .where(REQUESTS.c.id.in_(_IDS))
 )

@@ -9,11 +9,11 @@ from uuid import UUID
 
 import numpy as np
 import torch
-from sqlalchemy import delete, insert, select
+from sqlalchemy import bindparam, delete, insert, select
 from sqlalchemy.orm import Session
 
 from app.db.chunks import chunked
-from app.db.tables import Sample, SampleStatistic
+from app.db.tables import Base, Sample, SampleStatistic
 from app.storage.crypto import keyring, open_sealed, seal, statistic_aad
 from app.storage.keystore import load_keys
 from methods.compute import StatisticsBlock
@@ -31,14 +31,18 @@ def write_block(
     return _insert(session, model_id, block)
 
 
+_STATISTICS = Base.metadata.tables["sample_statistics"]
+_DELETE = delete(_STATISTICS).where(  # built once (issue 28)
+    _STATISTICS.c.model_id == bindparam("model_id"),
+    _STATISTICS.c.sample_id.in_(bindparam("ids", expanding=True)),
+)
+
+
 def delete_rows(session: Session, model_id: int, sample_ids: list[int]) -> None:
     """Delete these samples' statistics rows (consumed by an update)."""
+    conn = session.connection()
     for chunk in chunked(sample_ids):
-        session.execute(
-            delete(SampleStatistic).where(
-                SampleStatistic.model_id == model_id, SampleStatistic.sample_id.in_(chunk)
-            )
-        )
+        conn.execute(_DELETE, {"model_id": model_id, "ids": chunk})
 
 
 def _insert(session: Session, model_id: int, block: StatisticsBlock) -> int:

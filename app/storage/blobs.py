@@ -25,12 +25,12 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import delete, event, insert, select
+from sqlalchemy import bindparam, delete, event, insert, select
 from sqlalchemy.orm import Session
 
 from app.db.chunks import chunked
 from app.db.session import Database, database
-from app.db.tables import Blob, DataKey, utcnow
+from app.db.tables import Base, Blob, DataKey, utcnow
 from app.settings import Settings, get_settings
 from app.storage.crypto import Keyring, SealError, blob_aad, keyring, open_sealed
 from app.storage.keystore import destroy_keys, load_keys
@@ -141,6 +141,17 @@ class OpenBlob:
         return out
 
 
+_BLOB_ROWS, _KEY_ROWS = Base.metadata.tables["blobs"], Base.metadata.tables["data_keys"]
+# built once: a commit records and retires blobs on every update (issue 28)
+_INSERT_KEY = insert(_KEY_ROWS)
+_INSERT_BLOB = insert(_BLOB_ROWS)
+_RETIRE = (
+    delete(_BLOB_ROWS)
+    .where(_BLOB_ROWS.c.key.in_(bindparam("keys", expanding=True)))
+    .returning(_BLOB_ROWS.c.key, _BLOB_ROWS.c.key_id, _BLOB_ROWS.c.location)
+)
+
+
 class Blobs:
     """Sealed, streamed blobs in one object store, their keys and rows in the database."""
 
@@ -182,20 +193,20 @@ class Blobs:
 
     def record(self, session: Session, *written: WrittenBlob) -> None:
         """Reference written blobs: their wrapped keys and their rows, in the caller's commit
-        (one INSERT per table, executed now, not at the session's next flush)."""
+        (one executemany per table, run now, not at the session's next flush)."""
         if not written:
             return
-        session.execute(
-            insert(DataKey),
+        conn = session.connection()
+        conn.execute(
+            _INSERT_KEY,
             [{"id": b.key_id, "wrapped": b.wrapped, "kek_id": self.ring.kek_id} for b in written],
         )
         now = utcnow()
-        session.execute(
-            insert(Blob),
+        conn.execute(
+            _INSERT_BLOB,
             [
                 {
                     "key": b.key,
-                    "data": None,
                     "key_id": b.key_id,
                     "size": b.size,
                     "sha256": b.sha256,
@@ -243,9 +254,7 @@ class Blobs:
         keys = [k for k in keys if k]
         if not keys:
             return
-        rows = session.execute(
-            delete(Blob).where(Blob.key.in_(keys)).returning(Blob.key, Blob.key_id, Blob.location)
-        ).all()
+        rows = session.connection().execute(_RETIRE, {"keys": keys}).all()
         destroy_keys(session, [r.key_id for r in rows if r.key_id is not None])
         retired: list[tuple[ObjectStore, str]] = session.info.setdefault(_RETIRED, [])
         for row in rows:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import threading
 from uuid import UUID, uuid4
 
-from sqlalchemy import Connection, String, delete, literal_column, select
+from sqlalchemy import Connection, String, bindparam, delete, literal_column, select
 from sqlalchemy.orm import Session
 
 from app.db.bulk import driver_uuid, insert_rows
@@ -54,6 +54,12 @@ def load_keys(session: Session, ring: Keyring, key_ids: list[UUID]) -> dict[UUID
     return out
 
 
+_KEYS = Base.metadata.tables["data_keys"]
+_DESTROY = delete(_KEYS).where(_KEYS.c.id.in_(bindparam("ids", expanding=True)))
+# PostgreSQL: the partitions they were in (built once: issue 28)
+_DESTROY_NOTING = _DESTROY.returning(literal_column("tableoid::regclass::text", String))
+
+
 def destroy_keys(session: Session, key_ids: list[UUID]) -> int:
     """Delete these keys: what they sealed can no longer be opened. Returns how many. On
     PostgreSQL the tables they were deleted from are noted for this process's next compaction
@@ -61,13 +67,12 @@ def destroy_keys(session: Session, key_ids: list[UUID]) -> int:
     correctness)."""
     destroyed = 0
     postgres = session.get_bind().dialect.name == "postgresql"
+    conn = session.connection()
     for chunk in chunked(sorted(set(key_ids))):
-        statement = delete(DataKey).where(DataKey.id.in_(chunk))
         if not postgres:
-            destroyed += rowcount(session.execute(statement))
+            destroyed += rowcount(conn.execute(_DESTROY, {"ids": chunk}))
             continue
-        table = literal_column("tableoid::regclass::text", String)
-        found: list[str] = list(session.scalars(statement.returning(table)))
+        found: list[str] = list(conn.execute(_DESTROY_NOTING, {"ids": chunk}).scalars())
         destroyed += len(found)
         _note(_where(session), set(found))
     return destroyed
