@@ -13,6 +13,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from typing import Any
+from uuid import UUID
 
 import numpy as np
 import torch
@@ -427,12 +428,14 @@ def test_rows_left(session: Session, dataset_id: int) -> int:
 
 def _openings(session: Session, request_ids: set[int]) -> dict[int, bytes]:
     """The requests' commitment keys, where the server still keeps them."""
-    ring, openings, conn = keyring(), {}, session.connection()
+    conn, keys = session.connection(), dict[int, UUID]()
     for chunk in chunked(sorted(request_ids)):
-        # one read: the requests with their keys
-        for request_id, wrapped in conn.execute(sql.OPENINGS, {"ids": chunk}):
-            openings[request_id] = ring.unwrap(wrapped)
-    return openings
+        keys.update((r, k) for r, k in conn.execute(sql.COMMITMENT_KEYS, {"ids": chunk}))
+    wrapped: dict[UUID, bytes] = {}
+    for key_ids in chunked(sorted(set(keys.values()))):
+        wrapped.update((k, w) for k, w in conn.execute(sql.WRAPPED_KEYS, {"ids": key_ids}))
+    ring = keyring()
+    return {r: ring.unwrap(wrapped[k]) for r, k in keys.items() if k in wrapped}
 
 
 def _held(session: Session, model_id: int, sample_ids: list[int]) -> set[int]:

@@ -166,8 +166,11 @@ HELD = select(MODEL_SAMPLES.c.sample_id).where(
     MODEL_SAMPLES.c.removed_version_id.is_(None),
     MODEL_SAMPLES.c.sample_id.in_(_IDS),
 )
-OPENINGS = (
-    select(REQUESTS.c.id, DATA_KEYS.c.wrapped)
-    .join(DATA_KEYS, DATA_KEYS.c.id == REQUESTS.c.commitment_key_id)
-    .where(REQUESTS.c.id.in_(_IDS))
+# Two reads, not a join: joined to the hash-partitioned data_keys, PostgreSQL planned the
+# read against all 128 partitions every time (6.9 ms of planning per deletion in
+# pg_stat_statements, more than every other statement of a deletion together); by id it
+# prunes to the keys' partitions.
+COMMITMENT_KEYS = select(REQUESTS.c.id, REQUESTS.c.commitment_key_id).where(
+    REQUESTS.c.id.in_(_IDS), REQUESTS.c.commitment_key_id.is_not(None)
 )
+WRAPPED_KEYS = select(DATA_KEYS.c.id, DATA_KEYS.c.wrapped).where(DATA_KEYS.c.id.in_(_IDS))
