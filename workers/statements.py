@@ -15,7 +15,7 @@ from sqlalchemy import BindParameter, bindparam, func, insert, null, or_, select
 
 from app.db.tables import Base
 
-MODELS, VERSIONS, TASKS, REQUESTS, MODEL_SAMPLES, SAMPLES, DATA_KEYS = (
+MODELS, VERSIONS, TASKS, REQUESTS, MODEL_SAMPLES, SAMPLES = (
     Base.metadata.tables[t]
     for t in (
         "models",
@@ -24,7 +24,6 @@ MODELS, VERSIONS, TASKS, REQUESTS, MODEL_SAMPLES, SAMPLES, DATA_KEYS = (
         "deletion_requests",
         "model_samples",
         "samples",
-        "data_keys",
     )
 )
 
@@ -166,11 +165,10 @@ HELD = select(MODEL_SAMPLES.c.sample_id).where(
     MODEL_SAMPLES.c.removed_version_id.is_(None),
     MODEL_SAMPLES.c.sample_id.in_(_IDS),
 )
-# Two reads, not a join: joined to the hash-partitioned data_keys, PostgreSQL planned the
-# read against all 128 partitions every time (6.9 ms of planning per deletion in
-# pg_stat_statements, more than every other statement of a deletion together); by id it
-# prunes to the keys' partitions.
+# The requests' keys are then read by id (keystore.wrapped_keys), not joined: joined to the
+# hash-partitioned data_keys, PostgreSQL planned the read against all 128 partitions every
+# time (6.9 ms of planning per deletion, bench.pg_time, more than every other statement of a
+# deletion together); by id it prunes to the keys' partitions.
 COMMITMENT_KEYS = select(REQUESTS.c.id, REQUESTS.c.commitment_key_id).where(
     REQUESTS.c.id.in_(_IDS), REQUESTS.c.commitment_key_id.is_not(None)
 )
-WRAPPED_KEYS = select(DATA_KEYS.c.id, DATA_KEYS.c.wrapped).where(DATA_KEYS.c.id.in_(_IDS))

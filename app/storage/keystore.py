@@ -16,7 +16,7 @@ from sqlalchemy.orm import Session
 from app.db.bulk import driver_uuid, insert_rows
 from app.db.chunks import chunked
 from app.db.session import rowcount
-from app.db.tables import Base, DataKey
+from app.db.tables import Base
 from app.storage.crypto import Keyring
 
 if TYPE_CHECKING:
@@ -49,24 +49,42 @@ def store_keys(conn: Connection, ring: Keyring, fresh: list[tuple[UUID, bytes, b
 
 def load_keys(session: Session, ring: Keyring, key_ids: list[UUID]) -> dict[UUID, bytes]:
     """The raw data keys for these ids; a destroyed key is simply absent."""
+    return {k: ring.unwrap(w) for k, w in wrapped_keys(session, key_ids).items()}
+
+
+def wrapped_keys(session: Session, key_ids: list[UUID]) -> dict[UUID, bytes]:
+    """The stored (wrapped) form of these keys; a destroyed key is simply absent. Read by id
+    with a statement PostgreSQL plans with the ids (`_unprepared`)."""
     out: dict[UUID, bytes] = {}
+    postgres = session.get_bind().dialect.name == "postgresql"
+    conn = session.connection()
     for chunk in chunked(sorted(set(key_ids))):
-        for key_id, wrapped in session.execute(
-            select(DataKey.id, DataKey.wrapped).where(DataKey.id.in_(chunk))
-        ):
-            out[key_id] = ring.unwrap(wrapped)
+        if postgres:
+            out.update(_unprepared(conn, _READ_WRAPPED, chunk))
+        else:
+            out.update((k, w) for k, w in conn.execute(_READ, {"ids": chunk}))
     return out
 
 
 _KEYS = Base.metadata.tables["data_keys"]
 _DESTROY = delete(_KEYS).where(_KEYS.c.id.in_(bindparam("ids", expanding=True)))
-# PostgreSQL: one statement text for any number of keys, returning the partitions they were
-# in. It is never prepared (`prepare=False`): every compaction's VACUUM FULL rewrites
-# partitions, which invalidates a prepared statement's plans, and PostgreSQL then rebuilt a
-# generic plan over all 128 partitions to compare it with the custom one (6.4 ms of planning
-# per deletion in bench.pg_time); unprepared, it is planned with the ids, pruned to their
-# partitions.
+_READ = select(_KEYS.c.id, _KEYS.c.wrapped).where(_KEYS.c.id.in_(bindparam("ids", expanding=True)))
+# PostgreSQL: one statement text for any number of keys. Never prepared (`_unprepared`).
+_READ_WRAPPED = "SELECT id, wrapped FROM data_keys WHERE id = ANY(%s)"
 _DESTROY_NOTING = "DELETE FROM data_keys WHERE id = ANY(%s) RETURNING tableoid::regclass::text"
+
+
+def _unprepared(conn: Connection, statement: str, key_ids: list[UUID]) -> list[Any]:
+    """Run a statement on the key table that PostgreSQL plans with these ids, pruned to their
+    partitions: never prepared. Every compaction's VACUUM FULL rewrites partitions, which
+    invalidates a prepared statement's plans, and PostgreSQL then rebuilt a generic plan over
+    all 128 partitions to compare it with the custom one (6.4 ms of planning per deletion for
+    the deletion of keys alone, bench.pg_time)."""
+    # psycopg's connection, in the session's transaction
+    raw = cast("psycopg.Connection[Any]", conn.connection.dbapi_connection)
+    with raw.cursor() as cursor:
+        cursor.execute(statement, (key_ids,), prepare=False)
+        return list(cursor.fetchall())
 
 
 def destroy_keys(session: Session, key_ids: list[UUID]) -> int:
@@ -81,11 +99,7 @@ def destroy_keys(session: Session, key_ids: list[UUID]) -> int:
         if not postgres:
             destroyed += rowcount(conn.execute(_DESTROY, {"ids": chunk}))
             continue
-        # psycopg's connection, in this session's transaction
-        raw = cast("psycopg.Connection[Any]", conn.connection.dbapi_connection)
-        with raw.cursor() as cursor:
-            cursor.execute(_DESTROY_NOTING, (chunk,), prepare=False)
-            found: list[str] = [row[0] for row in cursor.fetchall()]
+        found: list[str] = [row[0] for row in _unprepared(conn, _DESTROY_NOTING, chunk)]
         destroyed += len(found)
         _note(_where(session), set(found))
     return destroyed
