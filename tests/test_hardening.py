@@ -146,6 +146,42 @@ def test_reads_keep_their_statements_prepared(own_pg_database: str) -> None:
 
 
 @pytest.mark.postgres
+def test_statements_on_the_key_table_are_never_prepared(own_pg_database: str) -> None:
+    """Reads and deletions of data keys by id are planned with their ids every time (each
+    compaction rewrites key partitions, invalidating a prepared plan, and PostgreSQL then
+    re-planned over all 128 partitions), while the connection's other statements are still
+    prepared, and errors still come through SQLAlchemy."""
+    from app.db.session import Database
+    from app.storage.crypto import Keyring
+    from app.storage.keystore import create_keys, destroy_keys, load_keys
+
+    db, ring = Database(own_pg_database), Keyring(b"k" * 32)
+    other = sa.select(sa.literal_column("count(*)")).select_from(sa.table("models"))
+    try:
+        for _ in range(8):
+            with db.write() as session:
+                made = create_keys(session, ring, 2)
+                ids = [key_id for key_id, _ in made]
+                assert load_keys(session, ring, ids) == dict(made)
+                assert destroy_keys(session, ids) == 2
+                session.execute(other).scalar_one()
+        with db.read() as session:
+            assert load_keys(session, ring, ids) == {}
+            prepared = (
+                session.execute(sa.text("SELECT statement FROM pg_prepared_statements"))
+                .scalars()
+                .all()
+            )
+            with pytest.raises(sa.exc.DBAPIError):  # wrapped as SQLAlchemy's, not psycopg's
+                destroy_keys(session, ["not a uuid"])  # type: ignore[list-item]
+        by_id = [s for s in prepared if "data_keys" in s and not s.startswith("INSERT")]
+        assert not by_id, prepared  # an insert is routed to its partition when it runs
+        assert [s for s in prepared if "FROM models" in s]
+    finally:
+        db.engine.dispose()
+
+
+@pytest.mark.postgres
 def test_database_outage_is_503_and_recovers(own_pg_database: str, tmp_path: Path) -> None:
     url = own_pg_database
     keys = make_keys(url)

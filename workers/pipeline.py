@@ -187,8 +187,7 @@ def write_version(
     metrics: dict[str, Any],
 ) -> VersionRow:
     """Record a version whose blobs are stored: their keys and rows and the version row, in
-    the caller's commit (Core statements: the ORM's unit of work was most of the commit's CPU,
-    issue 28)."""
+    the caller's commit (Core statements built once, as the rest of the commit: issue 28)."""
     blobs().record(session, *stored.both)
     metrics = {
         **metrics,

@@ -80,11 +80,12 @@ def _unprepared(conn: Connection, statement: str, key_ids: list[UUID]) -> list[A
     invalidates a prepared statement's plans, and PostgreSQL then rebuilt a generic plan over
     all 128 partitions to compare it with the custom one (6.4 ms of planning per deletion for
     the deletion of keys alone, bench.pg_time)."""
-    # psycopg's connection, in the session's transaction
     raw = cast("psycopg.Connection[Any]", conn.connection.dbapi_connection)
-    with raw.cursor() as cursor:
-        cursor.execute(statement, (key_ids,), prepare=False)
-        return list(cursor.fetchall())
+    threshold, raw.prepare_threshold = raw.prepare_threshold, None  # this statement only
+    try:  # through SQLAlchemy: its errors, retries and disconnect handling apply as usual
+        return list(conn.exec_driver_sql(statement, (key_ids,)).all())
+    finally:
+        raw.prepare_threshold = threshold
 
 
 def destroy_keys(session: Session, key_ids: list[UUID]) -> int:
