@@ -293,8 +293,9 @@ class DeletionTask(Base):
     updated_at: Mapped[datetime] = mapped_column(default=utcnow, onupdate=utcnow)
 
 
-def task_is_due(now: datetime) -> ColumnElement[bool]:
-    """A deletion task not waiting out a retry backoff (claim, reconcile and re-check agree)."""
+def task_is_due(now: datetime | ColumnElement[datetime]) -> ColumnElement[bool]:
+    """A deletion task not waiting out a retry backoff (claim, reconcile and re-check agree);
+    `now` a time or a bound parameter (the claim's statement is built once)."""
     return or_(DeletionTask.not_before.is_(None), DeletionTask.not_before <= now)
 
 
