@@ -26,12 +26,11 @@ import subprocess
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
 
 import psycopg
 
 from bench.common import cpu_seconds, write_result
-from bench.resident import METHODS, TRAINING, deployment
+from bench.resident import deployment, trained_model
 
 ADMIN = "host=127.0.0.1 user=postgres dbname=postgres"
 
@@ -60,28 +59,16 @@ def main() -> None:
         tempfile.TemporaryDirectory() as tmp,
         deployment(Path(tmp) / "lethe", "distributed", resident=2) as (c, _),
     ):
-        body = {"builtin": "synthetic", "n_samples": args.n, "n_features": 20, "n_classes": 2}
-        ds = c.post("/v1/datasets", json=body)
-        spec: dict[str, Any] = {
-            "name": "m",
-            "dataset_id": ds["id"],
-            "training": TRAINING,
-            "architecture": {"type": "logreg"},
-            **METHODS[args.method],
-        }
-        model = c.wait_model(c.create_model(spec).id)
-        assert model.status == "ready", model.error
-        page = c.samples(ds["id"], split="train", limit=args.deletions + 3)
-        ids = [s.external_id or "" for s in page.items]
+        ds_id, model_id, ids = trained_model(c, args.method, args.n, args.deletions + 3)
         for sample in ids[:3]:  # warm
-            c.wait_deletion(c.delete(ds["id"], [sample]).id)
+            c.wait_deletion(c.delete(ds_id, [sample]).id)
         time.sleep(1.5)  # the warm-up's compaction
         with psycopg.connect(ADMIN, autocommit=True) as admin:
             admin.execute("SELECT pg_stat_statements_reset()")
         before, t0 = postgres_processes(), time.perf_counter()
         for sample in ids[3:]:
-            c.wait_deletion(c.delete(ds["id"], [sample]).id)
-            c.model(model.id)
+            c.wait_deletion(c.delete(ds_id, [sample]).id)
+            c.model(model_id)
         seconds, after = time.perf_counter() - t0, postgres_processes()
         with psycopg.connect(ADMIN, autocommit=True) as admin:
             rows = admin.execute(

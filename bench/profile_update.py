@@ -27,11 +27,10 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
 
 from bench.common import write_result
 from bench.profile_request import busy_shares
-from bench.resident import METHODS, MODES, TRAINING, deployment
+from bench.resident import MODES, deployment, trained_model
 
 RATE = 250  # samples per second
 
@@ -49,21 +48,9 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp_name:
         tmp = Path(tmp_name)
         with deployment(tmp / "lethe", args.mode, resident=2) as (c, cluster):
-            body = {"builtin": "synthetic", "n_samples": args.n, "n_features": 20, "n_classes": 2}
-            ds = c.post("/v1/datasets", json=body)
-            spec: dict[str, Any] = {
-                "name": "m",
-                "dataset_id": ds["id"],
-                "training": TRAINING,
-                "architecture": {"type": "logreg"},
-                **METHODS[args.method],
-            }
-            model = c.wait_model(c.create_model(spec).id)
-            assert model.status == "ready", model.error
-            page = c.samples(ds["id"], split="train", limit=args.deletions + 3)
-            ids = [s.external_id or "" for s in page.items]
+            ds_id, _, ids = trained_model(c, args.method, args.n, args.deletions + 3)
             for sample in ids[:3]:  # warm: these are not sampled
-                c.wait_deletion(c.delete(ds["id"], [sample]).id)
+                c.wait_deletion(c.delete(ds_id, [sample]).id)
             assert cluster.api is not None
             pids = {"api": cluster.api.pid} | {
                 f"worker{i}": w.pid for i, w in enumerate(cluster.workers)
@@ -82,7 +69,7 @@ def main() -> None:
             seconds = []
             for sample in ids[3:]:
                 t0 = time.perf_counter()
-                done = c.wait_deletion(c.delete(ds["id"], [sample]).id)
+                done = c.wait_deletion(c.delete(ds_id, [sample]).id)
                 seconds.append(time.perf_counter() - t0)
                 assert done.status == "done"
             for proc in spies.values():

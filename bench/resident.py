@@ -56,6 +56,22 @@ METHODS: dict[str, dict[str, Any]] = {
 }
 
 
+def trained_model(
+    c: Client, method: str, n: int, samples: int, features: int = 20
+) -> tuple[int, int, list[str]]:
+    """A synthetic dataset (n × `features`, 2 classes) of its own and a logreg model under
+    `method` trained on it; returns the dataset's id, the model's id and the external ids of
+    its first `samples` training samples."""
+    body = {"builtin": "synthetic", "n_samples": n, "n_features": features, "n_classes": 2}
+    ds = c.post("/v1/datasets", json=body)
+    spec = {"name": method, "dataset_id": ds["id"], "training": TRAINING,
+            "architecture": {"type": "logreg"}, **METHODS[method]}  # fmt: skip
+    model = c.wait_model(c.create_model(spec).id)
+    assert model.status == "ready", model.error
+    page = c.samples(ds["id"], split="train", limit=samples)
+    return ds["id"], model.id, [s.external_id or "" for s in page.items]
+
+
 def deletion(c: Client, dataset_id: int, model_id: int, sample: str) -> dict[str, Any]:
     t0 = time.perf_counter()
     done = c.wait_deletion(c.delete(dataset_id, [sample]).id)
@@ -138,18 +154,12 @@ def run(
             if method == "recollection" and n > args.recollection_max:
                 out[method] = {"skipped": f"recollection's training is O(n²): n > {n}"}
                 continue
-            body = {"builtin": "synthetic", "n_samples": n, "n_features": args.features,
-                    "n_classes": 2}  # fmt: skip
-            ds = c.post("/v1/datasets", json=body)  # a dataset per model: no fan-out
-            spec = {"name": method, "dataset_id": ds["id"], "training": TRAINING,
-                    "architecture": {"type": "logreg"}, **METHODS[method]}  # fmt: skip
-            model = c.wait_model(c.create_model(spec).id)
-            assert model.status == "ready", model.error
-            ids = [s.external_id or "" for s in c.samples(ds["id"], split="train", limit=50).items]
+            # a dataset per model: no fan-out
+            ds_id, model_id, ids = trained_model(c, method, n, 50, args.features)
             idle, t0 = cpu_now(cluster), time.perf_counter()
             time.sleep(IDLE_SECONDS)  # what the processes spend doing nothing, subtracted below
             before, t1 = cpu_now(cluster), time.perf_counter()
-            rows = [deletion(c, ds["id"], model.id, ids[i]) for i in range(args.deletions)]
+            rows = [deletion(c, ds_id, model_id, ids[i]) for i in range(args.deletions)]
             time.sleep(IDLE_SECONDS)  # the compaction that the last deletions asked for
             after, t2 = cpu_now(cluster), time.perf_counter()
             cpu_ms = {

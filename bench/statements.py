@@ -27,7 +27,7 @@ from typing import Any
 import sqlalchemy as sa
 
 from bench.common import write_result
-from bench.resident import METHODS, TRAINING, deployment
+from bench.resident import METHODS, deployment, trained_model
 from tests.databases import PG_ADMIN_URL
 
 LINE = re.compile(
@@ -74,15 +74,10 @@ def main() -> None:
             cluster,
         ),
     ):
-        body = {"builtin": "synthetic", "n_samples": args.n, "n_features": 20, "n_classes": 2}
-        ds = c.post("/v1/datasets", json=body)
-        spec = {"name": args.method, "dataset_id": ds["id"], "training": TRAINING,
-                "architecture": {"type": "logreg"}, **METHODS[args.method]}  # fmt: skip
-        model = c.wait_model(c.create_model(spec).id)
-        ids = [s.external_id or "" for s in c.samples(ds["id"], split="train", limit=50).items]
+        ds_id, model_id, ids = trained_model(c, args.method, args.n, 50)
         for sample in ids[:3]:  # warm: the resident session, the pools, prepared statements
-            c.wait_deletion(c.delete(ds["id"], [sample]).id)
-            c.model(model.id)
+            c.wait_deletion(c.delete(ds_id, [sample]).id)
+            c.model(model_id)
         time.sleep(1.5)  # the compaction the warm-up asked for
         assert cluster.api is not None
         pids = {"api": cluster.api.pid, "worker": cluster.workers[0].pid}
@@ -92,8 +87,8 @@ def main() -> None:
         try:
             time.sleep(0.3)
             for sample in ids[3 : 3 + args.deletions]:
-                c.wait_deletion(c.delete(ds["id"], [sample]).id)
-                c.model(model.id)
+                c.wait_deletion(c.delete(ds_id, [sample]).id)
+                c.model(model_id)
             time.sleep(1.5)  # the compaction the last deletions asked for
         finally:
             log_every_statement(admin, False)
