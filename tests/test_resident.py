@@ -4,6 +4,7 @@ worker moved the model on, and drops the removed rows with the commit."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 
 import numpy as np
@@ -105,7 +106,7 @@ def test_a_session_is_reused_rebuilt_when_moved_on_and_equals_a_cold_update(
     assert warm_state.keys() == cold_state.keys()
     assert all(torch.equal(warm_state[k], cold_state[k]) for k in warm_state)
     # The removed rows left worker a's memory with the commit.
-    session = a.take(where, warm["id"], _version_id(api, warm["id"]))
+    session = _settled(a, where, warm["id"], _version_id(api, warm["id"]))
     assert session is not None and len(session) == n - 4
     removed = _erased(api, digits["id"])
     assert removed and not removed & set(session.held_ids().tolist())
@@ -138,6 +139,16 @@ def _test_ids(api: Api, dataset_id: int) -> set[int]:
                 select(Sample.id).where(Sample.dataset_id == dataset_id, Sample.split == "test")
             )
         )
+
+
+def _settled(sessions: Sessions, where: str, model_id: int, version_id: int) -> ModelSession:
+    """The model's session at `version_id`, once the worker has kept it: a request's long
+    poll wakes when its update commits, a moment before the worker moves its session on."""
+    deadline = time.monotonic() + 10
+    while (session := sessions.peek(where, model_id)) is None or session.version_id != version_id:
+        assert time.monotonic() < deadline, "the worker kept no session at the current version"
+        time.sleep(0.01)
+    return session
 
 
 def _version_id(api: Api, model_id: int) -> int:
@@ -288,12 +299,69 @@ def test_the_session_keeps_the_lineage_a_fresh_read_of_the_log_gives(
         assert response.status_code == 202, response.text
         done = api.wait(f"/v1/deletions/{response.json()['id']}", ("done", "failed"))
         assert done["status"] == "done", done
-        session = a.take(where, model["id"], _version_id(api, model["id"]))
+        session = _settled(a, where, model["id"], _version_id(api, model["id"]))
         assert session is not None and session.history is not None
         with database(api.url).read() as db:
             assert list(session.history) == lineage_history(db, model["id"])
         lengths.append(len(session.history))
     assert lengths == [1, 2, 0, 1]  # two noisy releases, an exact retrain resets, one more
+
+
+@pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)  # the worker's memory, not storage
+def test_the_session_keeps_the_training_record_a_fresh_read_gives(
+    api: Api,
+    digits: dict,
+    settings: Settings,
+    two_workers: tuple[Sessions, Sessions],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A recording method's training record and the samples removed since are carried in the
+    session (issue 28: reading them decoded every version's metrics, a cost that grew with
+    every release): read once by a worker new to the model, then kept by each commit, equal
+    to a fresh read after every update, a retrain (which records anew) included."""
+    from workers import pipeline
+
+    _, b = two_workers
+    reads: list[int] = []
+    real = pipeline.training_record
+
+    def counted(session, model_id):  # type: ignore[no-untyped-def]
+        reads.append(model_id)
+        return real(session, model_id)
+
+    monkeypatch.setattr(pipeline, "training_record", counted)
+    body = {
+        "name": "recorded",
+        "dataset_id": digits["id"],
+        "architecture": {"type": "logreg"},
+        "training": SMALL_TRAINING,
+        "method": {"name": "recollection", "max_relative_noise": None, "rho_checks": 1},
+    }
+    response = api.post("/v1/models", json=body)
+    assert response.status_code == 202, response.text
+    model = api.wait(f"/v1/models/{response.json()['id']}", ("ready", "failed"))
+    assert model["status"] == "ready", model
+    use(b)  # a worker that never saw the model
+    ids = train_ids(api, digits["id"], 5)
+    where = settings.resolved_database_url
+    kept: list[int] = []
+    for i, method in enumerate([None, None, "retrain", None, None]):
+        request = {"dataset_id": digits["id"], "sample_ids": ids[i : i + 1]}
+        if method:
+            request["method"] = method
+        response = api.post("/v1/deletions", role="requester", json=request)
+        assert response.status_code == 202, response.text
+        done = api.wait(f"/v1/deletions/{response.json()['id']}", ("done", "failed"))
+        assert done["status"] == "done", done
+        session = _settled(b, where, model["id"], _version_id(api, model["id"]))
+        assert session.record is not None
+        with database(api.url).read() as db:
+            record, since = real(db, model["id"])
+        assert record is not None and session.record.record == record
+        assert session.record.removed_since.tolist() == since.tolist()
+        kept.append(len(since))
+    assert kept == [1, 2, 0, 1, 2]  # the retrain recorded anew; nothing removed since
+    assert reads == [model["id"]]  # one read, by the first update of worker b
 
 
 @pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)

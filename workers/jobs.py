@@ -8,6 +8,7 @@ its results come back to CPU before they are committed.
 
 from __future__ import annotations
 
+import json
 import logging
 import math
 import time
@@ -24,7 +25,7 @@ from app import pause, shutdown
 from app.db.session import Database, database
 from app.db.tables import Dataset, DeletionTask, Model, task_is_due, utcnow
 from app.dispatch import DELETE, TRAIN, due_key, take_signal
-from app.jsontypes import JsonObject, json_object
+from app.jsontypes import JsonMap, JsonObject, json_object
 from app.ledger.publish import publish_soon
 from app.ledger.transparency import signing_key
 from app.privacy.lineage import history_after
@@ -622,9 +623,17 @@ def _keep_resident(
         if before is not None
         else None
     )
+    kept = batch.session.record
+    record = kept.after(batch.removed, _as_stored(release.record)) if kept is not None else None
     sessions.put(
-        where, batch.session.advance(version_id, batch.removed, state, release.resident, history)
+        where,
+        batch.session.advance(version_id, batch.removed, state, release.resident, history, record),
     )
+
+
+def _as_stored(record: JsonMap | None) -> JsonMap | None:
+    """A release's training record as a read of its version's metrics gives it back."""
+    return json.loads(json.dumps(json_object(record))) if record else None
 
 
 def _withdraw(db: Database, model_id: int, reason: str) -> None:

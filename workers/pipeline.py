@@ -57,7 +57,7 @@ from workers.certify import CertificateContext, certificate_fields
 from workers.data import database_key, test_arrays, training_arrays
 from workers.device import CPU
 from workers.lease import WORKER_ID, LeaseLost
-from workers.resident import ModelSession, Sessions
+from workers.resident import ModelSession, Sessions, TrainingRecord
 from workers.statistics import delete_rows, read_vectors, write_block
 from workers.values import Batch, ClaimedTask, Outcome
 
@@ -230,8 +230,9 @@ def store_release(batch: Batch, outcome: Outcome | None) -> VersionBlobs | None:
     return store_blobs(batch.model_id, metadata, release.weights, release.next_state)
 
 
-def training_record(session: Session, model_id: int) -> tuple[dict[str, Any] | None, list[int]]:
-    """The newest version's training record, and the samples removed since it was made."""
+def training_record(session: Session, model_id: int) -> tuple[dict[str, Any] | None, np.ndarray]:
+    """The newest version's training record, and the samples removed since it was made
+    (int64, ascending)."""
     versions = session.execute(
         select(ModelVersion.id, ModelVersion.number, ModelVersion.metrics)
         .where(ModelVersion.model_id == model_id)
@@ -246,8 +247,8 @@ def training_record(session: Session, model_id: int) -> tuple[dict[str, Any] | N
                     ModelSample.removed_version_id.in_(later or [-1]),
                 )
             ).all()
-            return metrics["record"], sorted(removed)
-    return None, []
+            return metrics["record"], np.unique(np.asarray(removed, dtype=np.int64))
+    return None, np.empty(0, dtype=np.int64)
 
 
 def claim_tasks(
@@ -334,9 +335,12 @@ def load_batch(
     spec = model_spec(model, dataset)
     requested = {t.method for t in tasks if t.method}
     method = method_of({"name": "retrain"}) if "retrain" in requested else spec.method
-    record, previously_removed = (  # only a method that records training has a record
-        training_record(session, model_id) if spec.method.spec.records_training else (None, [])
-    )
+    record, previously_removed = None, []  # only a method that records training has a record
+    if spec.method.spec.records_training:
+        if warm.record is None:  # read once per session, then kept by each commit
+            warm = replace(warm, record=TrainingRecord(*training_record(session, model_id)))
+        assert warm.record is not None
+        record, previously_removed = warm.record.record, warm.record.removed_since.tolist()
     removed_ids = sorted(claimed)
     statistics = (
         read_vectors(session, model_id, removed_ids)

@@ -15,7 +15,8 @@ are rebuilt without dead rows once a quarter of them are. The method keeps its o
 beside the rows (`method_state`: convex_head's anchored Hessian, issue 28), and the session
 keeps the model's lineage (its noisy releases since the last exact retrain), extended by each
 commit: read from the log, it is one certificate per version to decode, a cost that grew with
-every release. A session is
+every release. For the same reason it keeps the training record of a method that records
+training, with the samples removed since (`TrainingRecord`). A session is
 forgotten when its model's lease is lost, when an update fails, or when more than `capacity`
 models were used since (least recently used first).
 """
@@ -31,12 +32,33 @@ from functools import cached_property
 import numpy as np
 import torch
 
+from app.jsontypes import JsonMap
 from app.privacy.lineage import LineageEvent
 from methods.compute import ModelState, RemovedSamples, RetainedData, Rows
 from workers.data import Arrays, object_array
 from workers.device import CPU
 
 COMPACT_FRACTION = 0.25  # rebuild the arrays once a quarter of their rows have left
+
+
+@dataclass(frozen=True)
+class TrainingRecord:
+    """What training recorded for a method's statistics (the newest version's `record`
+    metric; None when no version has one) and the samples removed since, ascending. Read
+    from the database once per session (`pipeline.training_record`: every version's metrics,
+    a cost that grew with every release), then kept by each commit (`after`)."""
+
+    record: JsonMap | None
+    removed_since: np.ndarray  # int64, ascending
+
+    def after(self, removed_ids: list[int], new_record: JsonMap | None) -> TrainingRecord:
+        """The record once an update removed `removed_ids`: a release that recorded training
+        anew starts over (what the database then says: its version is the newest with a
+        record, and nothing was removed after it)."""
+        if new_record:
+            return TrainingRecord(new_record, np.empty(0, dtype=np.int64))
+        removed = np.asarray(removed_ids, dtype=np.int64)
+        return TrainingRecord(self.record, np.union1d(self.removed_since, removed))
 
 
 @dataclass(frozen=True)
@@ -62,6 +84,7 @@ class ModelSession:
     method_state: object | None = None  # the method's own (UpdateInputs.resident)
     test_left: int | None = None  # test rows gone (erasing or erased) when `test` was read
     history: tuple[LineageEvent, ...] | None = None  # the lineage at `version_id` (None: read it)
+    record: TrainingRecord | None = None  # a recording method's (None: read it)
 
     @classmethod
     def of(
@@ -147,10 +170,11 @@ class ModelSession:
         state: ModelState,
         method_state: object | None = None,
         history: tuple[LineageEvent, ...] | None = None,
+        record: TrainingRecord | None = None,
     ) -> ModelSession:
         """The session after a committed update: the removed rows overwritten and marked, the
-        new state and lineage. The arrays are shared with this session, which must not be
-        used again."""
+        new state, lineage and training record. The arrays are shared with this session,
+        which must not be used again."""
         alive, count = self.alive, self.count
         if removed_ids:
             out = self.rows_of(removed_ids)
@@ -170,6 +194,7 @@ class ModelSession:
             state=state,
             method_state=method_state,
             history=history,
+            record=record,
         )
         return moved._compacted() if count <= (1 - COMPACT_FRACTION) * len(alive) else moved
 
@@ -258,6 +283,11 @@ class Sessions:
                 return None
             self._held.move_to_end((database, model_id))
             return held
+
+    def peek(self, database: str, model_id: int) -> ModelSession | None:
+        """The model's session at whatever version, left in place (for tests and metrics)."""
+        with self._lock:
+            return self._held.get((database, model_id))
 
     def put(self, database: str, session: ModelSession) -> None:
         if self.capacity <= 0:
