@@ -6,6 +6,7 @@ from __future__ import annotations
 import time
 import uuid
 from collections.abc import Iterator
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
@@ -179,6 +180,45 @@ def test_statements_on_the_key_table_are_never_prepared(own_pg_database: str) ->
         assert [s for s in prepared if "FROM models" in s]
     finally:
         db.engine.dispose()
+
+
+@pytest.mark.postgres
+def test_a_commit_finds_the_live_versions_without_reading_the_erased_ones(
+    own_pg_database: str,
+) -> None:
+    """Each commit purges the model's older versions; with migration 0017's partial index
+    it reads only the versions whose bytes are kept, not every version the model ever had
+    (a cost that grew with each deletion)."""
+    from app.db.tables import ModelVersion
+    from workers import statements
+
+    engine = sa.create_engine(own_pg_database)
+    versions = ModelVersion.__table__
+    now = datetime.now(UTC)
+    row = {"model_id": 1, "kind": "unlearned", "weights_sha256": "0" * 64, "weights_size": 1,
+           "metrics": {}, "n_train": 1, "created_at": now}  # fmt: skip
+    erased = [{**row, "number": i, "erased_at": now} for i in range(1, 3001)]
+    live = [{**row, "number": i, "erased_at": None} for i in (3001, 3002)]
+    try:
+        with engine.begin() as conn:
+            conn.exec_driver_sql("SET LOCAL session_replication_role = replica")  # no model row
+            conn.execute(versions.insert(), erased + live)
+        with engine.begin() as conn:
+            conn.exec_driver_sql("ANALYZE model_versions")
+            keep = conn.execute(
+                sa.select(versions.c.id).where(versions.c.number == 3002)
+            ).scalar_one()
+            query = statements.OLDER_VERSIONS.params(model_id=1, keep_id=keep).compile(
+                dialect=conn.dialect, compile_kwargs={"literal_binds": True}
+            )
+            plan = conn.exec_driver_sql(f"EXPLAIN (ANALYZE, FORMAT JSON) {query}").scalar_one()
+            found = conn.execute(statements.OLDER_VERSIONS, {"model_id": 1, "keep_id": keep})
+            assert len(found.all()) == 1
+    finally:
+        engine.dispose()
+    top = plan[0]["Plan"]
+    assert top.get("Index Name") == "ix_model_versions_live", top
+    assert top["Actual Rows"] + top.get("Rows Removed by Filter", 0) <= 2, top
 
 
 @pytest.mark.postgres

@@ -25,6 +25,7 @@ from sqlalchemy import (
     UniqueConstraint,
     Uuid,
     or_,
+    text,
 )
 from sqlalchemy.engine import Dialect
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
@@ -179,6 +180,14 @@ class ModelVersion(Base):
         UniqueConstraint("model_id", "number", name="uq_model_versions_number"),
         # One child per parent: two workers can never fork a model's chain.
         UniqueConstraint("model_id", "parent_id", name="uq_model_versions_parent"),
+        # The versions whose bytes are kept (migration 0017): each commit purges the model's
+        # older ones, and found them by scanning every version it ever had.
+        Index(
+            "ix_model_versions_live",
+            "model_id",
+            postgresql_where=text("erased_at IS NULL"),
+            sqlite_where=text("erased_at IS NULL"),
+        ),
     )
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
     model_id: Mapped[int] = mapped_column(ForeignKey("models.id", ondelete="CASCADE"))
