@@ -17,11 +17,11 @@ from sqlalchemy import func, select, text
 
 from app.db.migrate import upgrade_to_head
 from app.db.session import database
-from app.db.tables import Blob, DataKey
+from app.db.tables import Blob, ShortKey
 from app.settings import Settings
 from app.storage.blobs import Blobs, object_store
 from app.storage.crypto import Keyring, SealError, blob_aad, seal
-from app.storage.keystore import create_keys
+from app.storage.keystore import KeyTable, create_keys
 from app.storage.objects import BlobMissing
 from app.storage.sealing import HEADER, OVERHEAD, Layout, open_chunks, seal_stream
 
@@ -112,7 +112,7 @@ def test_write_record_read_ranges_and_retire(store: Blobs) -> None:
     assert written.key not in {o.key for o in store.store.listing()}  # deleted after commit
     with store.db.read() as session:
         assert store.open(session, written.key) is None
-        assert session.get(DataKey, written.key_id) is None  # the key is destroyed
+        assert session.get(ShortKey, written.key_id) is None  # the key is destroyed
 
 
 def test_sweep_removes_only_what_no_row_references(store: Blobs) -> None:
@@ -159,7 +159,7 @@ def test_blobs_of_an_older_database_move_out_under_new_keys(tmp_path: Path) -> N
     store = Blobs(object_store(settings, db), ring, db, CHUNK)
     data = os.urandom(5 * CHUNK + 1)
     with db.write() as session:
-        [(old_key, raw)] = create_keys(session, ring, 1)
+        [(old_key, raw)] = create_keys(session, ring, 1, KeyTable.short)  # a blob's key
         session.execute(
             text(
                 "INSERT INTO blobs (key, data, key_id, size, sha256, location, created_at)"
@@ -179,7 +179,7 @@ def test_blobs_of_an_older_database_move_out_under_new_keys(tmp_path: Path) -> N
         row = session.get(Blob, "model-1/weights/old")
         assert row is not None and row.data is None
         assert (row.location, row.chunk_size) == ("filesystem", CHUNK)
-        assert row.key_id != old_key and session.get(DataKey, old_key) is None
+        assert row.key_id != old_key and session.get(ShortKey, old_key) is None
         assert bytes(store.read(session, "model-1/weights/old") or b"") == data
     on_disk = (tmp_path / "blobs" / "model-1" / "weights" / "old").read_bytes()
     assert len(on_disk) == Layout(len(data), CHUNK).sealed_size and data[:64] not in on_disk

@@ -19,7 +19,14 @@ from app.db.session import Database, database, engine_for
 from app.storage import erasure
 from app.storage.crypto import Keyring
 from app.storage.erasure import compact
-from app.storage.keystore import create_keys, destroy_keys, destroyed_in, has_destroyed
+from app.storage.keystore import (
+    KeyTable,
+    create_keys,
+    destroy_keys,
+    destroyed_in,
+    has_destroyed,
+    load_keys,
+)
 from tests.databases import PG_ADMIN_URL, own_database
 
 
@@ -99,6 +106,81 @@ def test_migration_0016_partitions_the_keys_a_database_holds_and_back(
     assert stored() == (keys, "p", 128)
     command.downgrade(alembic_config(url), "0015")
     assert stored() == (keys, "r", 0)
+
+
+@pytest.mark.postgres
+def test_migration_0018_moves_blob_and_opening_keys_out_of_data_keys_and_back(
+    empty_pg_database: str,
+) -> None:
+    """Blobs' keys and requests' commitment openings move to short_keys, their old copies
+    compacted out of data_keys' files (a rewrite of each partition); samples' keys stay."""
+    url = empty_pg_database
+    command.upgrade(alembic_config(url), "0017")
+    sample, blob, opening = (uuid.uuid4() for _ in range(3))
+    wrapped = {sample: b"s" * 60, blob: b"b" * 60, opening: b"o" * 60}
+    now = "2026-01-01T00:00:00+00:00"
+    with engine_for(url).begin() as conn:
+        conn.exec_driver_sql("SET LOCAL session_replication_role = replica")  # no parent rows
+        conn.execute(
+            sa.text("INSERT INTO data_keys (id, wrapped, kek_id) VALUES (:id, :w, 'k')"),
+            [{"id": k, "w": w} for k, w in wrapped.items()],
+        )
+        conn.execute(
+            sa.text(
+                "INSERT INTO blobs (key, key_id, size, sha256, location, created_at) "
+                "VALUES ('model-1/weights/x', :k, 1, '', 'filesystem', :now)"
+            ),
+            {"k": blob, "now": now},
+        )
+        conn.execute(
+            sa.text(
+                "INSERT INTO deletion_requests (dataset_id, fingerprint, selector, sample_ids, "
+                "already_erased, status, commitment_key_id, created_at, updated_at) "
+                "VALUES (1, 'f', '{}', '[]', '[]', 'queued', :k, :now, :now)"
+            ),
+            {"k": opening, "now": now},
+        )
+    before = files(url)
+
+    def keys(table: str) -> dict[uuid.UUID, bytes]:
+        with engine_for(url).connect() as conn:
+            rows = conn.execute(sa.text(f"SELECT id, wrapped FROM {table}")).all()
+        return {k: bytes(v) for k, v in rows}
+
+    command.upgrade(alembic_config(url), "0018")
+    assert keys("data_keys") == {sample: wrapped[sample]}
+    assert keys("short_keys") == {blob: wrapped[blob], opening: wrapped[opening]}
+    after = files(url)
+    assert all(after[name] != before[name] for name in before)  # the moved bytes left
+    command.downgrade(alembic_config(url), "0017")
+    assert keys("data_keys") == wrapped
+
+
+@pytest.mark.postgres
+def test_a_short_key_destroyed_rewrites_its_small_table_not_a_partition(pg_url: str) -> None:
+    """Blobs' keys and openings die in short_keys: compaction rewrites that one small table
+    and no partition of the samples' keys (issue 28)."""
+    db, ring = database(pg_url), Keyring(b"k" * 32)
+    with db.write() as session:
+        made = [k for k, _ in create_keys(session, ring, 3, KeyTable.short)]
+    destroyed_in(db.engine.url.render_as_string())  # nothing left over from earlier tests
+
+    def short_file() -> int:
+        with db.read() as session:
+            return session.scalar(
+                sa.text("SELECT relfilenode FROM pg_class WHERE relname = 'short_keys'")
+            )
+
+    before, partitions = short_file(), files(pg_url)
+    with db.write() as session:
+        assert destroy_keys(session, made[:2], KeyTable.short) == 2
+        assert destroy_keys(session, made[2:]) == 0  # not a sample's key
+    assert destroyed_in(db.engine.url.render_as_string()) == {"short_keys"}
+    erasure.note_destroyed(db.engine.url.render_as_string(), {"short_keys"})
+    compact(db)
+    assert short_file() != before and files(pg_url) == partitions
+    with db.read() as session:
+        assert load_keys(session, ring, made, KeyTable.short).keys() == {made[2]}
 
 
 def test_erasures_are_compacted_at_most_once_per_interval(

@@ -24,7 +24,7 @@ from sqlalchemy import select
 from app.accesslog import DropQueryString
 from app.db.migrate import upgrade_to_head
 from app.db.session import database, dispose_engines, engine_for
-from app.db.tables import Blob, DataKey, ModelVersion, Sample
+from app.db.tables import Blob, DataKey, ModelVersion, Sample, ShortKey
 from app.main import create_app
 from app.settings import Settings, get_settings
 from app.storage.blobs import blobs
@@ -187,7 +187,7 @@ def byte_search_scenario(api: Api, stored_bytes: Callable[[], bytes]) -> None:
         blob_keys = {
             k: w
             for k, w in session.execute(
-                select(DataKey.id, DataKey.wrapped).where(DataKey.id.in_(blob_key_ids))
+                select(ShortKey.id, ShortKey.wrapped).where(ShortKey.id.in_(blob_key_ids))
             )
         }
         kept = session.execute(  # another person's sample: the subject's test sample goes too
@@ -266,8 +266,8 @@ def test_sqlite_keeps_nothing_after_a_clean_stop(tmp_path: Path) -> None:
         with database(api.url).read() as session:
             v1 = session.scalar(select(ModelVersion).where(ModelVersion.model_id == model["id"]))
             wrapped = session.scalar(
-                select(DataKey.wrapped)
-                .join(Blob, Blob.key_id == DataKey.id)
+                select(ShortKey.wrapped)
+                .join(Blob, Blob.key_id == ShortKey.id)
                 .where(Blob.key == v1.weights_key)
             )
         request = api.post(

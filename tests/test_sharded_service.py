@@ -13,7 +13,7 @@ from safetensors.torch import load as st_load
 from sqlalchemy import select
 
 from app.db.session import database
-from app.db.tables import Blob, DataKey, Dataset, Model, ModelVersion
+from app.db.tables import Blob, Dataset, Model, ModelVersion, ShortKey
 from lethe.loader import load_model
 from maths.ensemble import Ensemble, shard_states
 from methods.compute import RetainedData, fit
@@ -104,7 +104,7 @@ def test_a_subject_deletion_retrains_one_shard_exactly_and_erases_its_checkpoint
     old_state, old_key = current_state(api, mid)
     with database(api.url).read() as session:
         key_id = session.scalar(select(Blob.key_id).where(Blob.key == old_key))
-        wrapped = session.scalar(select(DataKey.wrapped).where(DataKey.id == key_id))
+        wrapped = session.scalar(select(ShortKey.wrapped).where(ShortKey.id == key_id))
     assert wrapped is not None
 
     request = api.post(

@@ -41,7 +41,7 @@ from app.states import ModelStatus, RequestStatus, SampleStatus, Stage, TaskStat
 from app.storage.blobs import WrittenBlob, blobs
 from app.storage.crypto import keyring
 from app.storage.erasure import erase_payloads
-from app.storage.keystore import wrapped_keys
+from app.storage.keystore import KeyTable, wrapped_keys
 from app.wire import Progress
 from methods import get_method, method_of
 from methods.compute import (
@@ -435,7 +435,7 @@ def _openings(session: Session, request_ids: set[int]) -> dict[int, bytes]:
     conn, keys = session.connection(), dict[int, UUID]()
     for chunk in chunked(sorted(request_ids)):
         keys.update((r, k) for r, k in conn.execute(sql.COMMITMENT_KEYS, {"ids": chunk}))
-    wrapped, ring = wrapped_keys(session, list(keys.values())), keyring()
+    wrapped, ring = wrapped_keys(session, list(keys.values()), KeyTable.short), keyring()
     return {r: ring.unwrap(wrapped[k]) for r, k in keys.items() if k in wrapped}
 
 

@@ -32,7 +32,7 @@ from app.specs import PrivacyPolicy, StoredMethod
 from app.states import DatasetStatus, ModelStatus, RequestStatus, SampleStatus, TaskStatus
 from app.storage.crypto import keyring
 from app.storage.erasure import erase_payloads
-from app.storage.keystore import create_keys, load_keys
+from app.storage.keystore import KeyTable, create_keys, load_keys
 from methods import method_names
 
 # The request path's tables (issue 28): Core statements on them skip the ORM's compile, load
@@ -144,7 +144,7 @@ def create_deletion(
     now = utcnow()
     opening, commitment_key_id = None, None
     if pending and affected:  # certificates will be written: they commit under this key
-        ((commitment_key_id, opening),) = create_keys(session, keyring(), 1)
+        ((commitment_key_id, opening),) = create_keys(session, keyring(), 1, KeyTable.short)
     row: dict[str, Any] = {
         "dataset_id": body.dataset_id,
         "idempotency_key": idempotency_key,
@@ -193,7 +193,8 @@ def _opening(session: Session, request: DeletionRequest) -> bytes | None:
     """The request's opening while the server still keeps it (until the request finishes)."""
     if request.commitment_key_id is None:
         return None
-    return load_keys(session, keyring(), [request.commitment_key_id]).get(request.commitment_key_id)
+    key_id = request.commitment_key_id
+    return load_keys(session, keyring(), [key_id], KeyTable.short).get(key_id)
 
 
 @dataclass(frozen=True)

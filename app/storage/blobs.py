@@ -30,10 +30,10 @@ from sqlalchemy.orm import Session
 
 from app.db.chunks import chunked
 from app.db.session import Database, database
-from app.db.tables import Base, Blob, DataKey, utcnow
+from app.db.tables import Base, Blob, ShortKey, utcnow
 from app.settings import Settings, get_settings
 from app.storage.crypto import Keyring, SealError, blob_aad, keyring, open_sealed
-from app.storage.keystore import destroy_keys, load_keys
+from app.storage.keystore import KeyTable, destroy_keys, load_keys
 from app.storage.objects import (
     BlobMissing,
     BlobStoreUnavailable,
@@ -141,7 +141,7 @@ class OpenBlob:
         return out
 
 
-_BLOB_ROWS, _KEY_ROWS = Base.metadata.tables["blobs"], Base.metadata.tables["data_keys"]
+_BLOB_ROWS, _KEY_ROWS = Base.metadata.tables["blobs"], Base.metadata.tables[KeyTable.short]
 # built once: a commit records and retires blobs on every update (issue 28)
 _INSERT_KEY = insert(_KEY_ROWS)
 _INSERT_BLOB = insert(_BLOB_ROWS)
@@ -235,7 +235,7 @@ class Blobs:
         ).first()
         if row is None or row.key_id is None:
             return None
-        raw = load_keys(session, self.ring, [row.key_id]).get(row.key_id)
+        raw = load_keys(session, self.ring, [row.key_id], KeyTable.short).get(row.key_id)
         if raw is None:
             return None
         if row.chunk_size is None:
@@ -255,7 +255,7 @@ class Blobs:
         if not keys:
             return
         rows = session.connection().execute(_RETIRE, {"keys": keys}).all()
-        destroy_keys(session, [r.key_id for r in rows if r.key_id is not None])
+        destroy_keys(session, [r.key_id for r in rows if r.key_id is not None], KeyTable.short)
         retired: list[tuple[ObjectStore, str]] = session.info.setdefault(_RETIRED, [])
         for row in rows:
             try:
@@ -324,11 +324,11 @@ class Blobs:
             if row is None:  # retired meanwhile
                 return
             old_id = row.key_id
-            session.add(DataKey(id=new_id, wrapped=wrapped, kek_id=self.ring.kek_id))
+            session.add(ShortKey(id=new_id, wrapped=wrapped, kek_id=self.ring.kek_id))
             row.key_id, row.data = new_id, None
             row.location, row.chunk_size = self.store.location, self.chunk_size
             if old_id is not None:
-                destroy_keys(session, [old_id])
+                destroy_keys(session, [old_id], KeyTable.short)
             if old is not None and old is not self.store:
                 session.info.setdefault(_RETIRED, []).append((old, key))
 

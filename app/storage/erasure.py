@@ -6,8 +6,9 @@ wherever their bytes survive. `compact_after_erasure` then removes the destroyed
 from the database files: SQLite zeroes freed cells (`secure_delete`) and the WAL is checkpointed
 and truncated; PostgreSQL rewrites the partitions of the key table that this process destroyed
 keys in (`VACUUM FULL data_keys_p017, ...`; migration 0016), a few milliseconds each at a
-million keys, where rewriting the whole table grew with every key ever made (issue 28).
-`compact(db, everything=True)` rewrites the whole table: at a process's start, for keys
+million keys, where rewriting the whole table grew with every key ever made (issue 28), and
+the small `short_keys` when blobs' keys or commitment openings were destroyed.
+`compact(db, everything=True)` rewrites both tables whole: at a process's start, for keys
 destroyed by a process that died before compacting."""
 
 from __future__ import annotations
@@ -29,7 +30,13 @@ from app.db.chunks import chunked
 from app.db.session import Database, rowcount
 from app.db.tables import Base, utcnow
 from app.states import ModelStatus, SampleStatus
-from app.storage.keystore import destroy_keys, destroyed_in, has_destroyed, note_destroyed
+from app.storage.keystore import (
+    KeyTable,
+    destroy_keys,
+    destroyed_in,
+    has_destroyed,
+    note_destroyed,
+)
 
 log = logging.getLogger("lethe.erasure")
 
@@ -60,9 +67,10 @@ _ERASE = (
 
 
 def erase_payloads(session: Session, sample_ids: list[int], also: Sequence[UUID] = ()) -> int:
-    """Destroy the data keys of samples no live model still holds, and the keys `also` with
-    them (one DELETE for all). Returns how many samples were erased."""
-    erased, keys = 0, list[UUID | None](also)
+    """Destroy the data keys of samples no live model still holds, and the short keys `also`
+    (requests' commitment openings) with them. Returns how many samples were erased."""
+    destroy_keys(session, list(also), KeyTable.short)
+    erased, keys = 0, list[UUID | None]()
     conn = session.connection()
     for chunk in chunked(sample_ids):
         free = conn.execute(  # one read: the samples not yet erased that no model holds
@@ -229,7 +237,7 @@ def compact(db: Database, everything: bool = False) -> Compaction:
         return Compaction.kept if busy else Compaction.clean
     where = engine.url.render_as_string()
     taken = destroyed_in(where)
-    tables = {"data_keys"} if everything else taken
+    tables = {str(t) for t in KeyTable} if everything else taken
     if not tables:
         return Compaction.idle
     names = ", ".join(_quoted(t) for t in sorted(tables))
@@ -307,7 +315,8 @@ def _older_transactions_ended(conn: Connection) -> bool:
 
 def _quoted(table: str) -> str:
     """A table name from `tableoid::regclass` (already quoted where it needs it) checked
-    to be data_keys or one of its partitions before it goes into a statement."""
-    if not re.fullmatch(r'"?data_keys(_p\d{3})?"?', table):
-        raise ValueError(f"not a data_keys table: {table!r}")
+    to be a key table (data_keys, one of its partitions, short_keys) before it goes into a
+    statement."""
+    if not re.fullmatch(r'"?(data_keys(_p\d{3})?|short_keys)"?', table):
+        raise ValueError(f"not a key table: {table!r}")
     return table

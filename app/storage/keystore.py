@@ -1,16 +1,20 @@
-"""The `data_keys` table: create, load (unwrapped) and destroy data keys in bulk.
+"""The key tables: create, load (unwrapped) and destroy data keys in bulk.
 
-On PostgreSQL the table is hash-partitioned on the key id (migration 0016): destroying keys
-notes the partitions they were in (`destroyed_in`), so that compaction rewrites only those
-(app/storage/erasure.py) instead of the whole table."""
+Samples' keys are in `data_keys` (`KeyTable.samples`); blobs' keys and requests' commitment
+openings, each dying with its version or request, in the small `short_keys`
+(`KeyTable.short`, migration 0018). On PostgreSQL `data_keys` is hash-partitioned on the key
+id (migration 0016): destroying keys notes the tables they were in (`destroyed_in`: the
+partitions, or `short_keys`), so that compaction rewrites only those (app/storage/erasure.py)
+instead of the whole table."""
 
 from __future__ import annotations
 
+import enum
 import threading
 from typing import TYPE_CHECKING, Any, cast
 from uuid import UUID, uuid4
 
-from sqlalchemy import Connection, bindparam, delete, select
+from sqlalchemy import BindParameter, Connection, bindparam, delete, select
 from sqlalchemy.orm import Session
 
 from app.db.bulk import driver_uuid, insert_rows
@@ -23,11 +27,20 @@ if TYPE_CHECKING:
     import psycopg
 
 
-def create_keys(session: Session, ring: Keyring, count: int) -> list[tuple[UUID, bytes]]:
+class KeyTable(enum.StrEnum):
+    """Which table holds a key: a sample's, or a blob's or commitment opening's."""
+
+    samples = "data_keys"
+    short = "short_keys"
+
+
+def create_keys(
+    session: Session, ring: Keyring, count: int, table: KeyTable = KeyTable.samples
+) -> list[tuple[UUID, bytes]]:
     """`count` fresh data keys, stored wrapped: [(key_id, raw key)]. Ids are random UUIDs, so
     one bulk insert needs no RETURNING (row-at-a-time on SQLite)."""
     fresh = new_keys(ring, count)
-    store_keys(session.connection(), ring, fresh)
+    store_keys(session.connection(), ring, fresh, table)
     return [(key_id, raw) for key_id, raw, _ in fresh]
 
 
@@ -37,22 +50,31 @@ def new_keys(ring: Keyring, count: int) -> list[tuple[UUID, bytes, bytes]]:
     return [(uuid4(), *ring.new_data_key()) for _ in range(count)]
 
 
-def store_keys(conn: Connection, ring: Keyring, fresh: list[tuple[UUID, bytes, bytes]]) -> None:
+def store_keys(
+    conn: Connection,
+    ring: Keyring,
+    fresh: list[tuple[UUID, bytes, bytes]],
+    table: KeyTable = KeyTable.samples,
+) -> None:
     """Insert the wrapped form of `new_keys`'s keys (the raw form is never stored)."""
     insert_rows(  # the driver's executemany: per-row parameter processing cost more than AES
         conn,
-        Base.metadata.tables["data_keys"],
+        Base.metadata.tables[table],
         ("id", "wrapped", "kek_id"),
         [(driver_uuid(conn, key_id), wrapped, ring.kek_id) for key_id, _, wrapped in fresh],
     )
 
 
-def load_keys(session: Session, ring: Keyring, key_ids: list[UUID]) -> dict[UUID, bytes]:
+def load_keys(
+    session: Session, ring: Keyring, key_ids: list[UUID], table: KeyTable = KeyTable.samples
+) -> dict[UUID, bytes]:
     """The raw data keys for these ids; a destroyed key is simply absent."""
-    return {k: ring.unwrap(w) for k, w in wrapped_keys(session, key_ids).items()}
+    return {k: ring.unwrap(w) for k, w in wrapped_keys(session, key_ids, table).items()}
 
 
-def wrapped_keys(session: Session, key_ids: list[UUID]) -> dict[UUID, bytes]:
+def wrapped_keys(
+    session: Session, key_ids: list[UUID], table: KeyTable = KeyTable.samples
+) -> dict[UUID, bytes]:
     """The stored (wrapped) form of these keys; a destroyed key is simply absent. Read by id
     with a statement PostgreSQL plans with the ids (`_unprepared`)."""
     out: dict[UUID, bytes] = {}
@@ -60,18 +82,21 @@ def wrapped_keys(session: Session, key_ids: list[UUID]) -> dict[UUID, bytes]:
     conn = session.connection()
     for chunk in chunked(sorted(set(key_ids))):
         if postgres:
-            out.update(_unprepared(conn, _READ_WRAPPED, chunk))
+            out.update(_unprepared(conn, _READ_WRAPPED[table], chunk))
         else:
-            out.update((k, w) for k, w in conn.execute(_READ, {"ids": chunk}))
+            out.update((k, w) for k, w in conn.execute(_READ[table], {"ids": chunk}))
     return out
 
 
-_KEYS = Base.metadata.tables["data_keys"]
-_DESTROY = delete(_KEYS).where(_KEYS.c.id.in_(bindparam("ids", expanding=True)))
-_READ = select(_KEYS.c.id, _KEYS.c.wrapped).where(_KEYS.c.id.in_(bindparam("ids", expanding=True)))
+_IDS: BindParameter[list[Any]] = bindparam("ids", expanding=True)
+_TABLES = {t: Base.metadata.tables[t] for t in KeyTable}
+_DESTROY = {t: delete(k).where(k.c.id.in_(_IDS)) for t, k in _TABLES.items()}
+_READ = {t: select(k.c.id, k.c.wrapped).where(k.c.id.in_(_IDS)) for t, k in _TABLES.items()}
 # PostgreSQL: one statement text for any number of keys. Never prepared (`_unprepared`).
-_READ_WRAPPED = "SELECT id, wrapped FROM data_keys WHERE id = ANY(%s)"
-_DESTROY_NOTING = "DELETE FROM data_keys WHERE id = ANY(%s) RETURNING tableoid::regclass::text"
+_READ_WRAPPED = {t: f"SELECT id, wrapped FROM {t} WHERE id = ANY(%s)" for t in KeyTable}
+_DESTROY_NOTING = {
+    t: f"DELETE FROM {t} WHERE id = ANY(%s) RETURNING tableoid::regclass::text" for t in KeyTable
+}
 
 
 def _unprepared(conn: Connection, statement: str, key_ids: list[UUID]) -> list[Any]:
@@ -88,7 +113,7 @@ def _unprepared(conn: Connection, statement: str, key_ids: list[UUID]) -> list[A
         raw.prepare_threshold = threshold
 
 
-def destroy_keys(session: Session, key_ids: list[UUID]) -> int:
+def destroy_keys(session: Session, key_ids: list[UUID], table: KeyTable = KeyTable.samples) -> int:
     """Delete these keys: what they sealed can no longer be opened. Returns how many. On
     PostgreSQL the tables they were deleted from are noted for this process's next compaction
     (noted before the commit: compacting a table whose delete rolled back costs time, not
@@ -98,9 +123,9 @@ def destroy_keys(session: Session, key_ids: list[UUID]) -> int:
     conn = session.connection()
     for chunk in chunked(sorted(set(key_ids))):
         if not postgres:
-            destroyed += rowcount(conn.execute(_DESTROY, {"ids": chunk}))
+            destroyed += rowcount(conn.execute(_DESTROY[table], {"ids": chunk}))
             continue
-        found: list[str] = [row[0] for row in _unprepared(conn, _DESTROY_NOTING, chunk)]
+        found: list[str] = [row[0] for row in _unprepared(conn, _DESTROY_NOTING[table], chunk)]
         destroyed += len(found)
         _note(_where(session), set(found))
     return destroyed
@@ -120,9 +145,9 @@ def _note(database: str, tables: set[str]) -> None:
 
 
 def destroyed_in(database: str) -> set[str]:
-    """Take the tables (data_keys' partitions) in which this process destroyed keys since the
-    last call, for `database` (its URL): the caller compacts them, or gives them back with
-    `note_destroyed` when it could not."""
+    """Take the tables (data_keys' partitions, short_keys) in which this process destroyed
+    keys since the last call, for `database` (its URL): the caller compacts them, or gives
+    them back with `note_destroyed` when it could not."""
     with _LOCK:
         return _DESTROYED.pop(database, set())
 
