@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import math
 import os
 import time
 from collections.abc import Awaitable, Callable
@@ -263,8 +264,11 @@ def _delete(
     epsilon: float | None = None,
     delta: float | None = None,
     idempotency_key: str | None = None,
+    wait: float = 0,
 ) -> Call[DeletionOut]:
-    """Ask for samples (or subjects) to be forgotten; keep the answer's `opening`."""
+    """Ask for samples (or subjects) to be forgotten; keep the answer's `opening`. With
+    `wait`, the answer comes once the request is finished (or after that many seconds, at
+    most 30, with its status then): `Prefer: wait` (RFC 7240), one round trip."""
     body = {
         "dataset_id": dataset_id,
         "sample_ids": sample_ids or [],
@@ -272,6 +276,8 @@ def _delete(
         **_params(method=method, epsilon=epsilon, delta=delta),
     }
     headers = {"Idempotency-Key": idempotency_key} if idempotency_key else {}
+    if wait > 0:
+        headers["Prefer"] = f"wait={math.ceil(wait)}"
     return Call("POST", "/v1/deletions", _model(DeletionOut), {"json": body, "headers": headers})
 
 

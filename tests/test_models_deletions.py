@@ -19,6 +19,7 @@ from app.main import create_app
 from app.settings import Settings
 from app.storage.crypto import keyring
 from tests.conftest import SMALL_TRAINING, Api, make_keys, train_ids
+from workers import jobs
 
 
 def delete(api: Api, body: dict, **headers: str) -> dict:
@@ -95,6 +96,49 @@ def test_retrain_deletion_end_to_end(api: Api, digits: dict, ready_model: dict) 
 
     verify = api.get("/v1/audit/verify", role="auditor").json()
     assert verify["ok"] and verify["checked"] == 1
+
+
+def test_prefer_wait_answers_the_post_with_the_finished_request(
+    api: Api, digits: dict, ready_model: dict, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`Prefer: wait=N` (RFC 7240): the POST answers once the request is finished, 200 with
+    its certificates, receipts and the requester's opening, in one round trip; a preference
+    it cannot read is ignored (202 at once), and a wait that runs out answers 202."""
+    ids = train_ids(api, digits["id"], 3)
+    body = {"dataset_id": digits["id"], "sample_ids": ids[:1]}
+    waited = api.post("/v1/deletions", role="requester", json=body, headers={"Prefer": "wait=30"})
+    assert waited.status_code == 200, waited.text
+    assert waited.headers["preference-applied"] == "wait=30"
+    done = waited.json()
+    assert done["status"] == "done" and done["certificate_ids"] and done["receipts"]
+    assert done["selector"]["sample_ids"] == ids[:1]  # the sender's own ids, not tokens
+    assert done["opening"]  # the requester's copy, though the server's is now destroyed
+    again = api.get(f"/v1/deletions/{done['id']}", role="requester").json()
+    assert again["opening"] is None and again["certificate_ids"] == done["certificate_ids"]
+    cert = api.get(f"/v1/audit/certificates/{done['certificate_ids'][0]}", role="auditor").json()
+    opening = bytes.fromhex(done["opening"])
+    ids_hmac = hmac.new(opening, ids[0].encode(), hashlib.sha256).hexdigest()
+    assert cert["removed_ids_commitment"] == ids_hmac
+
+    for prefer in ("wait=soon", "respond-async", "wait=-1"):
+        body = {"dataset_id": digits["id"], "sample_ids": ids[1:2]}
+        plain = api.post("/v1/deletions", role="requester", json=body, headers={"Prefer": prefer})
+        assert plain.status_code == 202 and "preference-applied" not in plain.headers
+        api.wait(f"/v1/deletions/{plain.json()['id']}", ("done",))
+
+    real = jobs.compute_on
+
+    def slow(*args, **kwargs):  # type: ignore[no-untyped-def]
+        time.sleep(2.5)  # the update cannot finish within the 1 s asked for
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(jobs, "compute_on", slow)
+    body = {"dataset_id": digits["id"], "sample_ids": ids[2:3]}
+    started = time.monotonic()
+    late = api.post("/v1/deletions", role="requester", json=body, headers={"Prefer": "wait=1"})
+    assert late.status_code == 202 and late.json()["status"] in ("queued", "running")
+    assert 1.0 <= time.monotonic() - started < 2.5 and late.json()["opening"]
+    api.wait(f"/v1/deletions/{late.json()['id']}", ("done",))
 
 
 def test_already_erased_reports_earlier_certificate(

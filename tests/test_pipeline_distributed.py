@@ -429,8 +429,13 @@ def test_a_models_next_update_stays_on_the_worker_holding_its_session(
     cluster.start_worker()
     with cluster.client() as c:
         ds, model = ready_model(c, "breast_cancer")
-        for sample in train_ids(c, ds["id"], 4):
-            made = c.post("/v1/deletions", json={"dataset_id": ds["id"], "sample_ids": [sample]})
+        for i, sample in enumerate(train_ids(c, ds["id"], 4)):
+            body = {"dataset_id": ds["id"], "sample_ids": [sample]}
+            if i % 2:  # the POST waits for its request (`Prefer: wait`; a worker wakes it)
+                made = c.post("/v1/deletions", json=body, headers={"Prefer": "wait=30"})
+                assert made.status_code == 200 and made.json()["status"] == "done", made.text
+                continue
+            made = c.post("/v1/deletions", json=body)
             request_id = made.json()["id"]
             url = f"/v1/deletions/{request_id}"
             wait_until(lambda url=url: c.get(url).json()["status"] == "done")

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import asyncio
+import re
 import time
+from collections.abc import Callable
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Body, Header, Query, Request
@@ -57,38 +60,95 @@ DELETION_EXAMPLES: JsonObject = {
 }
 
 
-@router.post("", status_code=202, response_model=DeletionOut, responses=errors(404, 409))
-def create(
+@router.post(
+    "",
+    status_code=202,
+    response_model=DeletionOut,
+    responses={
+        200: {"description": "done or failed within the `Prefer: wait` asked for"},
+        **errors(404, 409),
+    },
+)
+async def create(
     body: Annotated[DeletionCreate, Body(openapi_examples=DELETION_EXAMPLES)],
     key: Requester,
     db: DbDep,
     committer: CommitterDep,
     dispatcher: DispatcherDep,
+    request: Request,
     idempotency_key: Annotated[str | None, Header(min_length=1, max_length=180)] = None,
+    prefer: Annotated[
+        str | None,
+        Header(
+            description="RFC 7240: `wait=N` answers when the request is done or failed, or "
+            f"after N seconds (at most {MAX_WAIT_SECONDS:.0f}) with its status then.",
+        ),
+    ] = None,
 ) -> Any:
     """Commit the request (in the next group commit), then signal each affected model's
-    worker; 202 with the request."""
+    worker; 202 with the request. With `Prefer: wait=N` the answer waits, as a long poll of
+    the request does, until it is finished (200, with its certificates and receipts) or N
+    seconds have passed (202): one round trip from request to certificate."""
 
-    names = Names.of(body)  # keyed tokens of the ids: computed once, outside the transaction
+    wait = preferred_wait(prefer)
+    woken = wakeups.FINISHED.register() if wait else None  # before the commit: none is lost
 
-    def accept(session: Session) -> tuple[DeletionOut, list[int], bool]:
-        accepted = create_deletion(
-            session, body, names, key.id, idempotency_key, key.role == Role.admin
-        )
-        view = deletion_view(
-            session, accepted.request, names, new_tasks=accepted.tasks, opening=accepted.opening
-        )
-        return DeletionOut.model_validate(view), accepted.models, accepted.replayed
+    def accept() -> tuple[DeletionOut, bool, Names]:
+        names = Names.of(body)  # keyed tokens of the ids: computed once, outside the transaction
 
-    def signal(accepted: tuple[DeletionOut, list[int], bool]) -> None:
-        for model_id in accepted[1]:
-            dispatcher.enqueue(DELETE, model_id)
+        def unit(session: Session) -> tuple[DeletionOut, list[int], bool]:
+            accepted = create_deletion(
+                session, body, names, key.id, idempotency_key, key.role == Role.admin
+            )
+            view = deletion_view(
+                session,
+                accepted.request,
+                names,
+                new_tasks=accepted.tasks,
+                opening=accepted.opening,
+            )
+            return DeletionOut.model_validate(view), accepted.models, accepted.replayed
 
-    view, _, replayed = committer.submit(accept, after=signal)
-    if view.status == "done" and not replayed:  # nothing held them: erased on acceptance
-        compact_after_erasure(db)
+        def signal(accepted: tuple[DeletionOut, list[int], bool]) -> None:
+            for model_id in accepted[1]:
+                dispatcher.enqueue(DELETE, model_id)
+
+        view, _, replayed = committer.submit(unit, after=signal)
+        if view.status == "done" and not replayed:  # nothing held them: erased on acceptance
+            compact_after_erasure(db)
+        return view, replayed, names
+
+    try:
+        view, replayed, names = await run_in_threadpool(accept)  # as a sync route runs
+    except BaseException:
+        if woken is not None:
+            wakeups.FINISHED.forget(woken)
+        raise
     headers = {"Idempotent-Replayed": "true"} if replayed else {}
-    return JSONResponse(view.model_dump(mode="json"), status_code=202, headers=headers)
+    if woken is None:
+        return JSONResponse(view.model_dump(mode="json"), status_code=202, headers=headers)
+    opening = bytes.fromhex(view.opening) if view.opening else None
+
+    def again() -> JsonObject:  # as its sender sees it: its own ids, its opening
+        with db.read() as session:
+            found = get_deletion(session, view.id, key)
+            return deletion_view(session, found, names, receipts=True, opening=opening)
+
+    current = await _long_poll(again, request, wait, view.model_dump(mode="json"), woken)
+    headers["Preference-Applied"] = f"wait={wait:g}"
+    status = 200 if current["status"] in FINISHED_REQUEST else 202
+    out = DeletionOut.model_validate(current).model_dump(mode="json")
+    return JSONResponse(out, status_code=status, headers=headers)
+
+
+_PREFER_WAIT = re.compile(r'(?:^|[,;])\s*wait\s*=\s*"?(\d{1,9})"?\s*(?:$|[,;])', re.IGNORECASE)
+
+
+def preferred_wait(prefer: str | None) -> float:
+    """The `wait` preference of a Prefer header (RFC 7240 §4.3: delta-seconds), capped at
+    MAX_WAIT_SECONDS; 0 without one. A preference it cannot read is ignored, as the RFC asks."""
+    found = _PREFER_WAIT.search(prefer or "")
+    return min(float(found.group(1)), MAX_WAIT_SECONDS) if found else 0.0
 
 
 @router.get("", response_model=DeletionPage)
@@ -130,11 +190,25 @@ async def read(
             request = get_deletion(session, request_id, key)
             return deletion_view(session, request, receipts=True)
 
+    return await _long_poll(view, request, wait)
+
+
+async def _long_poll(
+    view: Callable[[], JsonObject],
+    request: Request,
+    wait: float,
+    current: JsonObject | None = None,
+    woken: asyncio.Future[None] | None = None,
+) -> JsonObject:
+    """`view()` once the request is finished or `wait` seconds have passed: a worker's commit
+    wakes the wait, a look every 50–250 ms covers a lost wake-up. `current` is a view already
+    read with `woken` registered before it (the caller's)."""
     deadline = time.monotonic() + wait
     pause = wakeups.FINISHED.first_look_seconds()
     while True:
-        woken = wakeups.FINISHED.register()  # before the read: no wake-up falls in between
-        current = await run_in_threadpool(view)
+        if current is None or woken is None:
+            woken = wakeups.FINISHED.register()  # before the read: no wake-up falls in between
+            current = await run_in_threadpool(view)
         if current["status"] in FINISHED_REQUEST or time.monotonic() >= deadline:
             wakeups.FINISHED.forget(woken)
             return current
@@ -143,6 +217,7 @@ async def read(
             return current
         await wakeups.wait(woken, min(pause, max(0.0, deadline - time.monotonic())))
         pause = min(pause * 1.5, 0.25)
+        current = None
 
 
 @router.get(
