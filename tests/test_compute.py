@@ -172,3 +172,26 @@ def test_convex_head_releases_on_a_measured_shift_and_retrains_over_budget() -> 
     over = decision(beta=1e-15)
     assert isinstance(over, Fallback) and "exceeds the budget" in over.reason
     assert over.release.certificate.guarantee == Guarantee.exact
+
+
+@pytest.mark.parametrize("feature_norm", [None, 2.0])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_a_logreg_release_is_scored_as_its_module_scores_it(
+    feature_norm: float | None, dtype: torch.dtype
+) -> None:
+    """The accuracies score a logistic regression with its layer's functional forward, no
+    module built per update: the same logits, bit for bit, as the module loaded with the
+    release (float64 releases, convex_head's, included)."""
+    from maths.nets import build_net, parameters_of
+    from maths.training import scorer
+
+    spec = {"type": "logreg", "feature_norm": feature_norm}
+    torch.manual_seed(0)
+    release = {k: v.to(dtype) * 3 for k, v in build_net(spec, 6, 3).state_dict().items()}
+    X = torch.randn(50, 2, 3) * 2
+    net = build_net(spec, 6, 3)
+    net.load_state_dict(parameters_of(net, release))
+    with torch.no_grad():
+        want = net(X)
+    got = scorer(spec, release, 6, 3, torch.device("cpu"))(X)
+    assert torch.equal(got, want)
