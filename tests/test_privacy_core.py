@@ -97,3 +97,24 @@ def test_output_perturbation_plan() -> None:
     assert plan.constants["C0"]["source"] == "declared"
     exact = method_of({"name": "retrain"}).plan(1.0, 1e-5)
     assert (exact.sigma, exact.sensitivity, exact.guarantee) == (0.0, 0.0, "exact")
+
+
+def test_preparing_the_next_admission_solves_its_epsilon_before_it_is_asked() -> None:
+    """A worker composes the lineage with one more release like its newest between updates
+    (`prepare_next`): the next admission of that release then solves nothing, and admits
+    exactly what it would have admitted cold."""
+    from app.privacy import gaussian
+    from app.privacy.lineage import GaussianRelease, LineageBudget, admit, prepare_next
+
+    z = 3.123456789  # a multiplier no other test composes
+    history = [GaussianRelease(z, 1.0, 1e-5) for _ in range(7)]
+    budget = LineageBudget(10.0, 1e-4)
+    cold = compose([z] * 8, budget.delta)
+    gaussian._epsilon.cache_clear()
+    admit(budget, history[:-1], history[-1])  # the previous update: its "after" is cached
+    prepare_next(budget, history)
+    solved = gaussian._epsilon.cache_info().misses
+    admission = admit(budget, history, history[-1])
+    assert gaussian._epsilon.cache_info().misses == solved  # both lookups were hits
+    assert admission.after == cold and admission.admitted
+    prepare_next(budget, [])  # an exact retrain's empty lineage: nothing to prepare

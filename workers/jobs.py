@@ -28,7 +28,7 @@ from app.dispatch import DELETE, TRAIN, due_key, take_signal
 from app.jsontypes import JsonMap, JsonObject, json_object
 from app.ledger.publish import publish_soon
 from app.ledger.transparency import signing_key
-from app.privacy.lineage import history_after
+from app.privacy.lineage import LineageBudget, history_after, prepare_next
 from app.settings import Settings, get_settings
 from app.specs import ImportedWeights
 from app.states import ModelStatus, Stage, TaskStatus, VersionKind
@@ -629,6 +629,12 @@ def _keep_resident(
         where,
         batch.session.advance(version_id, batch.removed, state, release.resident, history, record),
     )
+    if history and release.event is not None:  # the next noisy release's ε, solved now
+        try:
+            policy = batch.policy
+            prepare_next(LineageBudget(policy.lineage_epsilon, policy.lineage_delta), history)
+        except Exception:  # noqa: BLE001 - only a head start: the admission solves it anyway
+            log.debug("could not prepare the next admission of model %s", batch.model_id)
 
 
 def _as_stored(record: JsonMap | None) -> JsonMap | None:

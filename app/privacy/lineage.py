@@ -271,3 +271,12 @@ def admit(
     after = compose_events([*history, event], budget.delta)
     fits = after.epsilon <= budget.epsilon and after.delta <= budget.delta
     return Admission(spent, after, budget, fits)
+
+
+def prepare_next(budget: LineageBudget, history: Sequence[LineageEvent]) -> None:
+    """Compose the lineage with one more release like its newest, so that the next admission
+    (most often that same release again: the same target gives the same noise multiplier)
+    finds its ε cached. Solving dp-accounting's analytic Gaussian for it took 1.5 ms of a
+    warm update's 17 ms of worker CPU; a worker does it between updates (issue 28)."""
+    if history:
+        compose_events([*history, history[-1]], budget.delta)
