@@ -14,7 +14,7 @@ from app.errors import APIError
 from app.specs import LogRegSpec, TrainingConfig, architecture_of
 from app.states import Guarantee
 from lethe.loader import load_model
-from maths.ensemble import Ensemble, count_shards, linear_scorer, shard_states
+from maths.ensemble import Ensemble, count_shards, linear_scorer, shard_prefix, shard_states
 from maths.training import logits
 from methods import method_of
 from methods.compute import (
@@ -324,3 +324,30 @@ def test_refusals(options: dict, arch: dict, n: int, code: str) -> None:
     with pytest.raises(APIError) as caught:
         choice.check_model(architecture_of(arch), n, 64)
     assert caught.value.code == code
+
+
+def test_an_update_finds_each_shards_weights_and_checkpoints_by_prefix() -> None:
+    """The state is split by prefix in one pass (`_parts`): every shard's weights and every
+    checkpoint's tensors under its own prefix, two-digit shards and stages included, the
+    assignment in none."""
+    from methods.sharded_retrain.compute import _parts
+
+    shards, slices = 12, 11
+    state = {
+        **{f"{shard_prefix(k)}{p}": torch.tensor([k]) for k in range(shards) for p in "ab"},
+        **{
+            f"{sh.checkpoint_prefix(k, j)}{p}": torch.tensor([k, j])
+            for k in range(shards)
+            for j in range(1, slices)
+            for p in ("1.weight", "1.bias")
+        },
+        **sh.Assignment(torch.arange(5), torch.zeros(5), torch.zeros(5)).to_state(),
+    }
+    parts = _parts(state)
+    want = {shard_prefix(k) for k in range(shards)} | {
+        sh.checkpoint_prefix(k, j) for k in range(shards) for j in range(1, slices)
+    }
+    assert parts.keys() == want
+    for prefix, tensors in parts.items():
+        assert tensors and all(name.startswith(prefix) for name in tensors)
+    assert sum(len(t) for t in parts.values()) == len(state) - 3

@@ -108,15 +108,17 @@ class ShardedRetrain(UnlearningMethod):
         removed = recorded.restricted(sh.ids_tensor(inputs.removed.sample_ids))
         first = _earliest_stages(removed)
         retained = recorded.restricted(inputs.retained.ids())
+        parts = _parts(inputs.state)
         weights: ModelState = {}
         checkpoints: ModelState = {}
         for k in range(setup.shards):
             if k not in first:  # untouched: the same tensors, bit for bit
-                _copy_shard(inputs.state, weights, checkpoints, k, setup.slices)
+                weights.update(parts.get(shard_prefix(k), {}))
+                _copy_checkpoints(parts, checkpoints, k, range(1, setup.slices))
                 continue
             r = first[k]
-            _copy_checkpoints(inputs.state, checkpoints, k, range(1, r))
-            start_state = _checkpoint(inputs.state, k, r - 1) if r > 1 else None
+            _copy_checkpoints(parts, checkpoints, k, range(1, r))
+            start_state = _checkpoint(parts, k, r - 1) if r > 1 else None
             states = sh.train_shard(setup, k, inputs.retained.take, retained, start_state, r)
             _store(weights, checkpoints, k, r, states)
         sizes = sh.stage_sizes(retained, setup.shards, setup.slices)
@@ -209,23 +211,32 @@ def _earliest_stages(removed: sh.Assignment) -> dict[int, int]:
     return first
 
 
-def _checkpoint(state: ModelState, shard: int, stage: int) -> ModelState:
+def _parts(state: ModelState) -> dict[str, ModelState]:
+    """The state's tensors by prefix (a shard's released weights `shard{k}.`, a checkpoint's
+    `sisa.checkpoint.s{k}.r{j}.`), in one pass: looking each prefix up across the whole state
+    took S·R passes, 2 ms of a warm update at 16 × 4."""
+    parts: dict[str, ModelState] = {}
+    for name, value in state.items():
+        if name.startswith(sh.CHECKPOINTS):  # up to the dot after its stage
+            prefix = name[: name.index(".", name.index(".", len(sh.CHECKPOINTS)) + 1) + 1]
+        elif name.startswith("shard"):
+            prefix = name[: name.index(".") + 1]
+        else:
+            continue  # the assignment
+        parts.setdefault(prefix, {})[name] = value
+    return parts
+
+
+def _checkpoint(parts: dict[str, ModelState], shard: int, stage: int) -> ModelState:
     prefix = sh.checkpoint_prefix(shard, stage)
-    return {n[len(prefix) :]: v for n, v in state.items() if n.startswith(prefix)}
+    return {n[len(prefix) :]: v for n, v in parts.get(prefix, {}).items()}
 
 
-def _copy_checkpoints(state: ModelState, into: ModelState, shard: int, stages: range) -> None:
-    for j in stages:
-        prefix = sh.checkpoint_prefix(shard, j)
-        into.update({n: v for n, v in state.items() if n.startswith(prefix)})
-
-
-def _copy_shard(
-    state: ModelState, weights: ModelState, checkpoints: ModelState, shard: int, slices: int
+def _copy_checkpoints(
+    parts: dict[str, ModelState], into: ModelState, shard: int, stages: range
 ) -> None:
-    prefix = shard_prefix(shard)
-    weights.update({n: v for n, v in state.items() if n.startswith(prefix)})
-    _copy_checkpoints(state, checkpoints, shard, range(1, slices))
+    for j in stages:
+        into.update(parts.get(sh.checkpoint_prefix(shard, j), {}))
 
 
 def _store(

@@ -157,9 +157,12 @@ ASSIGNMENT_SHARD = "sisa.assignment.shard"
 ASSIGNMENT_SLICE = "sisa.assignment.slice"
 
 
+CHECKPOINTS = "sisa.checkpoint."  # every checkpoint's key prefix starts so
+
+
 def checkpoint_prefix(shard: int, stage: int) -> str:
     """Noise-free-state key prefix of shard k's checkpoint after stage j (1-based, j < R)."""
-    return f"sisa.checkpoint.s{shard}.r{stage}."
+    return f"{CHECKPOINTS}s{shard}.r{stage}."
 
 
 def stage_epochs(epochs: int, slices: int) -> int:
