@@ -127,6 +127,7 @@ def test_prefer_wait_answers_the_post_with_the_finished_request(
         api.wait(f"/v1/deletions/{plain.json()['id']}", ("done",))
 
     real = jobs.compute_on
+    from app.api.deletions import get_deletion as real_get
 
     def slow(*args, **kwargs):  # type: ignore[no-untyped-def]
         time.sleep(2.5)  # the update cannot finish within the 1 s asked for
@@ -139,6 +140,18 @@ def test_prefer_wait_answers_the_post_with_the_finished_request(
     assert late.status_code == 202 and late.json()["status"] in ("queued", "running")
     assert 1.0 <= time.monotonic() - started < 2.5 and late.json()["opening"]
     api.wait(f"/v1/deletions/{late.json()['id']}", ("done",))
+
+    from app.api import deletions as route
+
+    def unreadable(*args, **kwargs):  # type: ignore[no-untyped-def]
+        raise RuntimeError("the database went away while the POST waited")
+
+    monkeypatch.setattr(route, "get_deletion", unreadable)  # only the wait reads with it
+    body = {"dataset_id": digits["id"], "sample_ids": train_ids(api, digits["id"], 1, offset=9)}
+    lost = api.post("/v1/deletions", role="requester", json=body, headers={"Prefer": "wait=30"})
+    assert lost.status_code == 202 and lost.json()["opening"]  # accepted and durable: not a 5xx
+    monkeypatch.setattr(route, "get_deletion", real_get)
+    api.wait(f"/v1/deletions/{lost.json()['id']}", ("done",))
 
 
 def test_already_erased_reports_earlier_certificate(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import re
 import time
 from collections.abc import Callable
@@ -40,6 +41,8 @@ from app.states import FINISHED_REQUEST
 from app.storage.erasure import compact_after_erasure
 
 MAX_WAIT_SECONDS = 30.0
+
+log = logging.getLogger("lethe.api")
 
 router = APIRouter(prefix="/v1/deletions", tags=["deletions"], responses=COMMON)
 
@@ -134,7 +137,13 @@ async def create(
             found = get_deletion(session, view.id, key)
             return deletion_view(session, found, names, receipts=True, opening=opening)
 
-    current = await _long_poll(again, request, wait, view.model_dump(mode="json"), woken)
+    accepted = view.model_dump(mode="json")
+    try:
+        current = await _long_poll(again, request, wait, accepted, woken)
+    except Exception:  # the request is durable: say so (202), not that the POST failed
+        log.warning("deletion %s: waiting for it failed; answering 202", view.id, exc_info=True)
+        wakeups.FINISHED.forget(woken)
+        return JSONResponse(accepted, status_code=202, headers=headers)
     headers["Preference-Applied"] = f"wait={wait:g}"
     status = 200 if current["status"] in FINISHED_REQUEST else 202
     out = DeletionOut.model_validate(current).model_dump(mode="json")
