@@ -30,9 +30,7 @@ from bench.resident import cpu_now, deletion, deployment, trained_model
 
 def slope_per_thousand(xs: list[float], ys: list[float]) -> float:
     """Least-squares slope of ys against xs, per 1,000 of x."""
-    mx, my = statistics.fmean(xs), statistics.fmean(ys)
-    var = sum((x - mx) ** 2 for x in xs)
-    return 1000 * sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True)) / var
+    return 1000 * statistics.linear_regression(xs, ys).slope
 
 
 def run_method(method: str, args: argparse.Namespace, tmp: Path) -> dict[str, Any]:

@@ -104,11 +104,19 @@ def update_inputs(
 # ---- through the service ----------------------------------------------------------------------
 
 
-def forget(api: Api, dataset_id: int, ids: list[str], timeout: float = 300.0) -> dict[str, Any]:
-    """POST a deletion of `ids` as a requester and wait for it; it must end `done`."""
-    response = api.post(
-        "/v1/deletions", role="requester", json={"dataset_id": dataset_id, "sample_ids": ids}
-    )
+def forget(
+    api: Api,
+    dataset_id: int,
+    ids: list[str],
+    timeout: float = 300.0,
+    method: str | None = None,
+) -> dict[str, Any]:
+    """POST a deletion of `ids` as a requester (with `method`, e.g. "retrain", if given) and
+    wait for it; it must end `done`."""
+    body: dict[str, Any] = {"dataset_id": dataset_id, "sample_ids": ids}
+    if method:
+        body["method"] = method
+    response = api.post("/v1/deletions", role="requester", json=body)
     assert response.status_code == 202, response.text
     done = api.wait(f"/v1/deletions/{response.json()['id']}", ("done", "failed"), timeout)
     assert done["status"] == "done", done

@@ -41,17 +41,20 @@ def use(sessions: Sessions) -> None:
     _active[:] = [sessions]
 
 
-def create(api: Api, dataset_id: int, name: str) -> dict:
+def create(api: Api, dataset_id: int, name: str, method: dict | None = None) -> dict:
+    """A logreg model under `method` (retrain by default), trained and ready."""
     body = {
         "name": name,
         "dataset_id": dataset_id,
         "architecture": {"type": "logreg"},
         "training": SMALL_TRAINING,
-        "method": {"name": "retrain"},
+        "method": method or {"name": "retrain"},
     }
     response = api.post("/v1/models", json=body)
     assert response.status_code == 202, response.text
-    return api.wait(f"/v1/models/{response.json()['id']}", ("ready", "failed"))
+    model = api.wait(f"/v1/models/{response.json()['id']}", ("ready", "failed"))
+    assert model["status"] == "ready", model
+    return model
 
 
 def current(api: Api, model_id: int) -> dict:
@@ -277,28 +280,13 @@ def test_the_session_keeps_the_lineage_a_fresh_read_of_the_log_gives(
     commit (issue 28: reading it decoded one certificate per version, a cost that grew with
     every release); after noisy releases and an exact retrain it equals the log's."""
     a, _ = two_workers
-    body = {
-        "name": "noisy",
-        "dataset_id": digits["id"],
-        "architecture": {"type": "logreg"},
-        "training": SMALL_TRAINING,
-        "method": {"name": "output_perturbation", "C0": 1.0, "finetune_epochs": 0},
-    }
-    response = api.post("/v1/models", json=body)
-    assert response.status_code == 202, response.text
-    model = api.wait(f"/v1/models/{response.json()['id']}", ("ready", "failed"))
-    assert model["status"] == "ready", model
+    noisy = {"name": "output_perturbation", "C0": 1.0, "finetune_epochs": 0}
+    model = create(api, digits["id"], "noisy", noisy)
     ids = train_ids(api, digits["id"], 4)
     where = settings.resolved_database_url
     lengths = []
     for i, method in enumerate([None, None, "retrain", None]):
-        request = {"dataset_id": digits["id"], "sample_ids": ids[i : i + 1]}
-        if method:
-            request["method"] = method
-        response = api.post("/v1/deletions", role="requester", json=request)
-        assert response.status_code == 202, response.text
-        done = api.wait(f"/v1/deletions/{response.json()['id']}", ("done", "failed"))
-        assert done["status"] == "done", done
+        forget(api, digits["id"], ids[i : i + 1], method=method)
         session = _settled(a, where, model["id"], _version_id(api, model["id"]))
         assert session is not None and session.history is not None
         with database(api.url).read() as db:
@@ -330,29 +318,14 @@ def test_the_session_keeps_the_training_record_a_fresh_read_gives(
         return real(session, model_id)
 
     monkeypatch.setattr(pipeline, "training_record", counted)
-    body = {
-        "name": "recorded",
-        "dataset_id": digits["id"],
-        "architecture": {"type": "logreg"},
-        "training": SMALL_TRAINING,
-        "method": {"name": "recollection", "max_relative_noise": None, "rho_checks": 1},
-    }
-    response = api.post("/v1/models", json=body)
-    assert response.status_code == 202, response.text
-    model = api.wait(f"/v1/models/{response.json()['id']}", ("ready", "failed"))
-    assert model["status"] == "ready", model
+    recording = {"name": "recollection", "max_relative_noise": None, "rho_checks": 1}
+    model = create(api, digits["id"], "recorded", recording)
     use(b)  # a worker that never saw the model
     ids = train_ids(api, digits["id"], 5)
     where = settings.resolved_database_url
     kept: list[int] = []
     for i, method in enumerate([None, None, "retrain", None, None]):
-        request = {"dataset_id": digits["id"], "sample_ids": ids[i : i + 1]}
-        if method:
-            request["method"] = method
-        response = api.post("/v1/deletions", role="requester", json=request)
-        assert response.status_code == 202, response.text
-        done = api.wait(f"/v1/deletions/{response.json()['id']}", ("done", "failed"))
-        assert done["status"] == "done", done
+        forget(api, digits["id"], ids[i : i + 1], method=method)
         session = _settled(b, where, model["id"], _version_id(api, model["id"]))
         assert session.record is not None
         with database(api.url).read() as db:

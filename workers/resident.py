@@ -285,7 +285,7 @@ class Sessions:
             return held
 
     def peek(self, database: str, model_id: int) -> ModelSession | None:
-        """The model's session at whatever version, left in place (for tests and metrics)."""
+        """The model's session at whatever version, left in place (for tests)."""
         with self._lock:
             return self._held.get((database, model_id))
 
