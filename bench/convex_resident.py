@@ -11,11 +11,13 @@ passes over the retained rows, s/β. At the end: test accuracy of the last relea
 exact optimum on the same retained rows.
 
     .venv/bin/python -m bench.convex_resident [--sizes 100000 1000000] [--requests 20]
-        [--device cpu|cuda] [--out convex_resident]
+        [--device cpu|cuda] [--out convex_resident] [--profile]
 
 Writes bench/results/<out>.json. With `--device cuda` the rows, the resident state and both
 computations are on the GPU (as a GPU worker's session keeps them); every timing ends with a
-synchronize.
+synchronize. `--profile` also profiles one steady single removal (torch.profiler, CPU and,
+on cuda, the GPU): its operators by self time, how many it ran and how many made the host wait
+for the device (a tensor read back as a Python number).
 """
 
 from __future__ import annotations
@@ -65,7 +67,51 @@ def arrays(X: torch.Tensor, y: torch.Tensor, first_id: int = 0) -> Arrays:
     return Arrays(ids, [str(i) for i in ids], X, y, [None] * len(y))
 
 
-def run(n: int, requests: int, batch: int, retrains: int, device: torch.device) -> dict[str, Any]:
+def profiled(head: ConvexHead, inputs: UpdateInputs, device: torch.device) -> dict[str, Any]:
+    """One removal under torch.profiler: the operators by self time (CPU, and the device's on
+    cuda), how many ran, and how many read a tensor back to the host (each one a wait)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    activities = [ProfilerActivity.CPU]
+    if device.type == "cuda":
+        activities.append(ProfilerActivity.CUDA)
+    synchronize(device)
+    started = time.perf_counter()
+    with profile(activities=activities) as prof:
+        head.unlearn(inputs)
+        synchronize(device)
+    wall = time.perf_counter() - started
+    events = prof.key_averages()
+    device_time = "self_device_time_total" if device.type == "cuda" else "self_cpu_time_total"
+
+    def top(key: str) -> list[dict[str, Any]]:
+        ranked = sorted(events, key=lambda e: getattr(e, key), reverse=True)[:25]
+        return [
+            {
+                "op": e.key,
+                "calls": e.count,
+                "self_cpu_ms": e.self_cpu_time_total / 1e3,
+                "self_device_ms": getattr(e, "self_device_time_total", 0.0) / 1e3,
+            }
+            for e in ranked
+        ]
+
+    aten = [e for e in events if e.key.startswith("aten::")]
+    return {
+        "wall_s_profiled": wall,
+        "aten_calls": sum(e.count for e in aten),
+        "host_reads": sum(e.count for e in events if e.key == "aten::_local_scalar_dense"),
+        # on cuda: copies back to the host and explicit waits (each one drains the queue)
+        "device_to_host_copies": sum(e.count for e in events if "DtoH" in e.key),
+        "synchronize_calls": sum(e.count for e in events if "Synchronize" in e.key),
+        "by_self_cpu": top("self_cpu_time_total"),
+        "by_self_device": top(device_time),
+    }
+
+
+def run(
+    n: int, requests: int, batch: int, retrains: int, device: torch.device, profile: bool = False
+) -> dict[str, Any]:
     def clock() -> float:
         synchronize(device)
         return time.perf_counter()
@@ -111,7 +157,10 @@ def run(n: int, requests: int, batch: int, retrains: int, device: torch.device) 
     per_request: list[dict[str, Any]] = []
     resident: object | None = None
     version = 1
+    profile_row = None
     for r in range(requests + 1):
+        if r == requests and profile:  # a steady single removal, not kept
+            profile_row = profiled(head, inputs_for([order[-1]], resident), device)
         ids = [order[r]] if r < requests else order[requests : requests + batch]
         inputs = inputs_for(ids, resident)
         t0 = clock()
@@ -172,6 +221,7 @@ def run(n: int, requests: int, batch: int, retrains: int, device: torch.device) 
         else 100 * (exact_acc - release_acc),
         "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
         "per_request": per_request,
+        "profile": profile_row,
     }
 
 
@@ -183,9 +233,13 @@ def main() -> None:
     parser.add_argument("--retrains", type=int, default=2)
     parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     parser.add_argument("--out", default="convex_resident", help="bench/results/<out>.json")
+    parser.add_argument("--profile", action="store_true", help="profile one steady removal")
     args = parser.parse_args()
     device = torch.device(args.device)
-    sizes = {str(n): run(n, args.requests, args.batch, args.retrains, device) for n in args.sizes}
+    sizes = {
+        str(n): run(n, args.requests, args.batch, args.retrains, device, args.profile)
+        for n in args.sizes
+    }
     results = {
         "target": {"epsilon": TARGET.epsilon, "delta": TARGET.delta},
         "options": OPTIONS,

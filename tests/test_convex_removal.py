@@ -203,3 +203,41 @@ def test_sequential_removals_through_the_method_stay_within_their_certified_shif
         distance = float(torch.linalg.norm(theta - optimum.theta))
         assert distance <= shift + optimum.gradient_norm / LAM
         session = session.advance(version, out, dict(release.next_state), release.resident)
+
+
+def test_a_downdate_and_a_newton_step_each_read_back_from_the_device_once(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """On a GPU every value read back to the host waits for the device's queue: a downdate
+    and a Newton step gather their bound's scalars into one read each (no float() or bool()
+    of a tensor), and a removal from the kept rows reads their places once."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    problem, resident = start()
+    ids = torch.arange(problem.n)
+    rows = removal.Rows.of(problem.Z.clone(), problem.T.clone(), ids.clone())
+    reads: list[str] = []
+
+    class Scalars(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+            if func is torch.ops.aten._local_scalar_dense.default:
+                reads.append("scalar")
+            return func(*args, **(kwargs or {}))
+
+    for name in ("tolist", "cpu"):
+        original = getattr(torch.Tensor, name)
+
+        def counted(self: torch.Tensor, *a: object, _f=original, _n=name, **k: object) -> object:  # type: ignore[no-untyped-def]
+            reads.append(_n)
+            return _f(self, *a, **k)
+
+        monkeypatch.setattr(torch.Tensor, name, counted)
+    out = torch.arange(5)
+    with Scalars():
+        after = removal.without(resident, problem.Z[out], problem.T[out])
+        assert reads == ["tolist"]
+        removal.newton_step(after)
+        assert reads == ["tolist", "tolist"]
+    reads.clear()
+    rows.without(ids[out])  # the removed ids come from the host; their rows go back once
+    assert reads.count("cpu") == 1

@@ -112,7 +112,7 @@ class ConvexHead(UnlearningMethod):
         facts = Bound(
             n_removed=len(inputs.removed.sample_ids),
             shift=shift,
-            known=float(torch.linalg.norm(resident.g)),
+            known=resident.known,
             slack=resident.b,
             before=work.before,
         )

@@ -56,6 +56,7 @@ class Anchor:
     # ≥ Σ_i |z_i| over the retained rows (with room for its rounding), for the gradient's
     # rounding bound; removed rows are subtracted, so it holds nothing of them.
     column_abs: torch.Tensor  # (d,)
+    S_norm: float  # ≥ ‖S‖₂ for the exact S: S̃'s trace with its rounding, plus e_S
 
 
 @dataclass(frozen=True)
@@ -110,18 +111,24 @@ class Rows:
         the last k (order is irrelevant to every sum), then the last k rows are zeroed and cut
         off. The buffers are shared with the previous state, which this supersedes."""
         m = len(self.ids)
-        gone = torch.unique(sample_ids.to(self.ids))
+        # The index arithmetic is O(k) on the host: on a GPU each masked selection would be a
+        # wait for the device; the rows' places are read back once.
+        gone = torch.unique(sample_ids.to("cpu", torch.int64))
         offset = gone - self.base
-        inside = (offset >= 0) & (offset < len(self.at))
-        rows = self.at[offset[inside]] if bool(inside.all()) else self.at[:0]
-        if len(rows) != len(gone) or bool((rows < 0).any()) or bool((rows >= m).any()):
+        if bool(((offset < 0) | (offset >= len(self.at))).any()):
+            raise ValueError("a removed row is not among the resident rows")
+        device = self.ids.device
+        at = offset.to(device)
+        rows = self.at[at].cpu()
+        if bool(((rows < 0) | (rows >= m)).any()):
             raise ValueError("a removed row is not among the resident rows")
         m2 = m - len(gone)
         holes = rows[rows < m2]
-        tail = torch.ones(m - m2, dtype=torch.bool, device=self.ids.device)
+        tail = torch.ones(m - m2, dtype=torch.bool)
         tail[rows[rows >= m2] - m2] = False
-        movers = m2 + torch.nonzero(tail).squeeze(1)
-        self.at[offset] = -1
+        movers = (m2 + torch.nonzero(tail).squeeze(1)).to(device)
+        holes = holes.to(device)
+        self.at[at] = -1
         self.at[self.ids[movers] - self.base] = holes
         for buffer in (self.Z, self.T, self.ids):
             buffer[holes] = buffer[movers]
@@ -143,11 +150,19 @@ class Resident:
     lam: float
     last: Step | None = None
     rows: Rows | None = None  # the rows themselves in float64, when they fit
+    # fl(‖g‖), read back with the other scalars of the step that made g (each read is a wait
+    # on a GPU); NaN: not known, computed when asked. Every function that sets g sets it.
+    g_norm: float = math.nan
+
+    @property
+    def known(self) -> float:
+        """fl(‖g‖), the bound's known part."""
+        return float(torch.linalg.norm(self.g)) if math.isnan(self.g_norm) else self.g_norm
 
     @property
     def bound(self) -> float:
         """A rigorous upper bound on ‖∇F(Θ₀; D)‖."""
-        return float(torch.linalg.norm(self.g)) + self.b
+        return self.known + self.b
 
     def describes(self, theta: torch.Tensor, m: int, R: float, lam: float) -> bool:
         """Whether this is the resident state of `theta` on m rows under (R, λ)."""
@@ -172,7 +187,7 @@ def anchored(blocks: Blocks, m: int, theta: torch.Tensor, R: float, lam: float) 
     H = torch.zeros(k, d, d, dtype=torch.float64, device=theta.device)
     S = torch.zeros(d, d, dtype=torch.float64, device=theta.device)
     column_abs = torch.zeros(d, dtype=torch.float64, device=theta.device)
-    weight_error = 0.0
+    weight_error = torch.zeros((), dtype=torch.float64, device=theta.device)
     for z, t in blocks():
         u = t * (z @ theta.T)
         w = torch.sigmoid(u) * torch.sigmoid(-u)
@@ -182,19 +197,21 @@ def anchored(blocks: Blocks, m: int, theta: torch.Tensor, R: float, lam: float) 
         column_abs += z.abs().sum(dim=0)
         # ℓ'' evaluated at a rounded margin: |Δu| ≤ γ_d |z|·|θ|, ℓ'' is c-Lipschitz
         margin_error = gamma(d) * (z.abs() @ theta.abs().T)
-        weight_error = max(weight_error, float((LOGISTIC_THIRD * margin_error).max()) + 8 * U)
+        weight_error = torch.maximum(weight_error, (LOGISTIC_THIRD * margin_error).max() + 8 * U)
     eye = lam * torch.eye(d, dtype=torch.float64, device=theta.device)
     H = H / m + eye
     S = S / m
     r2 = _row_norm_bound(R) ** 2
     # |fl(H) − H| ≤ γ_{m+3}·|Z|ᵀW|Z|/m entrywise; that PSD matrix's norm ≤ its trace ≤ ¼R².
-    e_H = gamma(m + 3) * (0.25 + weight_error) * r2 + weight_error * r2 + gamma(2) * lam
-    e_S = gamma(m + 3) * r2
     factor, info = torch.linalg.cholesky_ex(H)
-    if bool((info != 0).any()):
+    read = torch.stack([weight_error, S.diagonal().sum(), (info != 0).any().to(H)]).tolist()
+    if read[2]:
         raise ValueError("the Hessian is not positive definite")
+    weight_error_max = read[0]
+    e_H = gamma(m + 3) * (0.25 + weight_error_max) * r2 + weight_error_max * r2 + gamma(2) * lam
+    e_S = gamma(m + 3) * r2
     column_abs *= 1 + gamma(m)
-    anchor = Anchor(theta.clone(), H, factor, S, e_H, e_S, column_abs)
+    anchor = Anchor(theta.clone(), H, factor, S, e_H, e_S, column_abs, _s_norm(read[1], d, e_S))
     start = Resident(m, theta.clone(), torch.zeros_like(theta), math.inf, anchor, R, lam)
     return measured(start, blocks)
 
@@ -218,8 +235,9 @@ def measured(resident: Resident, blocks: Blocks) -> Resident:
     per_class = 1.0 + 0.25 * _row_norm_bound(resident.R) * torch.linalg.norm(theta, dim=1)
     column_abs = resident.anchor.column_abs
     terms = per_class.unsqueeze(1) * (column_abs / rows).unsqueeze(0) + lam * theta.abs()
-    bound = gamma(m) * float(torch.linalg.norm(terms)) * (1 + gamma(m))
-    return replace(resident, g=g, b=bound, last=None)
+    terms_norm, g_norm = torch.stack([torch.linalg.norm(terms), torch.linalg.norm(g)]).tolist()
+    bound = gamma(m) * terms_norm * (1 + gamma(m))
+    return replace(resident, g=g, b=bound, last=None, g_norm=g_norm)
 
 
 def without(resident: Resident, Z: torch.Tensor, T: torch.Tensor) -> Resident:
@@ -240,7 +258,6 @@ def without(resident: Resident, Z: torch.Tensor, T: torch.Tensor) -> Resident:
     terms = (
         scale * (resident.g.abs() + lam * theta.abs()) + coef_abs.T @ Z_abs / m2 + lam * theta.abs()
     )
-    b = scale * resident.b + gamma(k_rows + d + 8) * float(torch.linalg.norm(terms))
     # the anchor's Hessians and second moment
     A = resident.anchor
     u = T * (Z @ A.theta.T)
@@ -250,23 +267,32 @@ def without(resident: Resident, Z: torch.Tensor, T: torch.Tensor) -> Resident:
     H = scale * (A.H - eye) - H_rows / m2 + eye
     weight_error = LOGISTIC_THIRD * gamma(d) * (Z_abs @ A.theta.abs().T) + 8 * U
     abs_terms = scale * (A.H - eye).abs() + torch.einsum("ja,ji,jl->ail", w, Z_abs, Z_abs) / m2
-    evaluation = float((weight_error.max(dim=1).values * (Z * Z).sum(dim=1)).sum()) / m2
-    e_H = (
-        scale * A.e_H
-        + gamma(k_rows + 8) * float(torch.linalg.matrix_norm(abs_terms).max())
-        + evaluation
-        + gamma(2) * lam
-    )
+    evaluation = (weight_error.max(dim=1).values * (Z * Z).sum(dim=1)).sum()
     S = scale * A.S - Z.T @ Z / m2
     S_abs = scale * A.S.abs() + Z_abs.T @ Z_abs / m2
-    e_S = scale * A.e_S + gamma(k_rows + 4) * float(torch.linalg.matrix_norm(S_abs))
     factor, info = torch.linalg.cholesky_ex(H)
-    if bool((info != 0).any()):  # cannot happen for an exact λ-convex H; be safe
+    # every scalar the bounds need, read back at once (one wait on a GPU)
+    scalars = [
+        torch.linalg.norm(terms),
+        torch.linalg.matrix_norm(abs_terms).max(),
+        evaluation,
+        torch.linalg.matrix_norm(S_abs),
+        S.diagonal().sum(),
+        torch.linalg.norm(g),
+        (info != 0).any().to(H),
+    ]
+    terms_norm, abs_norm, evaluated, S_abs_norm, S_trace, g_norm, failed = torch.stack(
+        scalars
+    ).tolist()
+    if failed:  # cannot happen for an exact λ-convex H; be safe
         raise ValueError("the downdated Hessian lost positive definiteness")
+    b = scale * resident.b + gamma(k_rows + d + 8) * terms_norm
+    e_H = scale * A.e_H + gamma(k_rows + 8) * abs_norm + evaluated / m2 + gamma(2) * lam
+    e_S = scale * A.e_S + gamma(k_rows + 4) * S_abs_norm
     removed_abs = Z_abs.sum(dim=0)
     column_abs = A.column_abs - removed_abs + gamma(k_rows + 2) * (A.column_abs + removed_abs)
-    anchor = Anchor(A.theta, H, factor, S, e_H, e_S, column_abs)
-    return replace(resident, m=m2, g=g, b=b, anchor=anchor, last=None)
+    anchor = Anchor(A.theta, H, factor, S, e_H, e_S, column_abs, _s_norm(S_trace, d, e_S))
+    return replace(resident, m=m2, g=g, b=b, anchor=anchor, last=None, g_norm=g_norm)
 
 
 def newton_step(resident: Resident) -> Resident:
@@ -279,25 +305,27 @@ def newton_step(resident: Resident) -> Resident:
     step = theta - resident.theta  # the step as represented: error ≤ u|step| per entry
     Hs = torch.bmm(A.H, step.unsqueeze(-1)).squeeze(-1)
     r = resident.g + Hs
-    rounding_r = gamma(d + 2) * float(
-        torch.linalg.norm(
-            resident.g.abs() + torch.bmm(A.H.abs(), step.abs().unsqueeze(-1)).squeeze(-1)
-        )
-    )
+    r_abs = resident.g.abs() + torch.bmm(A.H.abs(), step.abs().unsqueeze(-1)).squeeze(-1)
     R = _row_norm_bound(resident.R)
     h_max = 0.25 * R * R + lam + A.e_H  # ≥ ‖∇²F‖₂ anywhere
-    step_norm = float(torch.linalg.norm(step))
-    mismatch = A.e_H * step_norm * (1 + U) + h_max * U * step_norm + rounding_r
     drift_terms = _s_norms(A, resident.theta - A.theta, inflate=U)
     step_terms = _s_norms(A, step, inflate=U)
     per_class = LOGISTIC_THIRD * R * (drift_terms + 0.5 * step_terms) * step_terms
-    remainder = float(torch.linalg.norm(per_class)) * (1 + 4 * U)
-    drift = float(torch.linalg.norm(LOGISTIC_THIRD * R * drift_terms * step_terms))
-    residual = float(torch.linalg.norm(r))
+    scalars = [
+        torch.linalg.norm(r_abs),
+        torch.linalg.norm(step),
+        torch.linalg.norm(per_class),
+        torch.linalg.norm(LOGISTIC_THIRD * R * drift_terms * step_terms),
+        torch.linalg.norm(r),
+    ]
+    r_abs_norm, step_norm, per_class_norm, drift, residual = torch.stack(scalars).tolist()
+    rounding_r = gamma(d + 2) * r_abs_norm
+    mismatch = A.e_H * step_norm * (1 + U) + h_max * U * step_norm + rounding_r
+    remainder = per_class_norm * (1 + 4 * U)
     carried = resident.b
     b = (carried + mismatch + remainder) * (1 + 8 * U)
     last = Step(residual, carried, mismatch, remainder, drift)
-    return replace(resident, theta=theta, g=r, b=b, last=last)
+    return replace(resident, theta=theta, g=r, b=b, last=last, g_norm=residual)
 
 
 def _s_norms(A: Anchor, V: torch.Tensor, inflate: float) -> torch.Tensor:
@@ -309,8 +337,12 @@ def _s_norms(A: Anchor, V: torch.Tensor, inflate: float) -> torch.Tensor:
     sq = (V * V).sum(dim=1)
     bound = quad + gamma(2 * d + 4) * quad_abs + A.e_S * sq
     norms = torch.sqrt(bound.clamp(min=0.0)) * (1 + 4 * U)
-    largest = float(A.S.diagonal().sum()) * (1 + gamma(d)) + A.e_S  # ≥ ‖S‖₂ (its trace)
-    return norms + inflate * torch.sqrt(sq) * math.sqrt(largest) * (1 + 4 * U)
+    return norms + inflate * torch.sqrt(sq) * math.sqrt(A.S_norm) * (1 + 4 * U)
+
+
+def _s_norm(trace: float, d: int, e_S: float) -> float:
+    """≥ ‖S‖₂ for the exact S, from fl(trace S̃) (S is PSD: its norm is at most its trace)."""
+    return trace * (1 + gamma(d)) + e_S
 
 
 def _row_norm_bound(R: float) -> float:
