@@ -118,3 +118,20 @@ def test_preparing_the_next_admission_solves_its_epsilon_before_it_is_asked() ->
     assert gaussian._epsilon.cache_info().misses == solved  # both lookups were hits
     assert admission.after == cold and admission.admitted
     prepare_next(budget, [])  # an exact retrain's empty lineage: nothing to prepare
+
+
+def test_the_analytic_gaussian_epsilon_agrees_with_dp_accounting_and_never_undershoots() -> None:
+    """app/privacy's own ε solver (Balle & Wang 2018, Thm 8) against dp-accounting's
+    get_epsilon_gaussian over noise multipliers from 0.05 to 200 and δ from 1e-12 to 0.5:
+    equal within the solvers' tolerance, and δ(ε) ≤ δ holds at the ε it returns."""
+    from dp_accounting import get_epsilon_gaussian
+
+    from app.privacy.gaussian import epsilon_of, log_delta
+
+    for z in [0.05 * 1.25**i for i in range(37)]:
+        for delta in (1e-12, 1e-9, 1e-6, 1e-5, 1e-3, 0.1, 0.5):
+            mine, theirs = epsilon_of(z, delta), get_epsilon_gaussian(z, delta)
+            assert abs(mine - theirs) <= 1e-11 * max(1.0, theirs), (z, delta)
+            assert mine == 0.0 or log_delta(z, mine) <= math.log(delta), (z, delta)
+    assert epsilon_of(1.0, 1.0) == 0.0 and epsilon_of(0.0, 1e-5) == math.inf
+    assert epsilon_of(math.inf, 1e-5) == 0.0 and epsilon_of(2.0, 0.0) == math.inf
