@@ -297,3 +297,63 @@ def test_appends_read_no_node_with_the_kept_frontier_and_sign_a_fresh_trees_root
             old = bytes.fromhex(made["first_root"])
             assert merkle.verify_consistency(first, size, steps, old, root)
     sa.event.remove(engine_for(url, readonly=True), "before_cursor_execute", count)
+
+
+def test_receipts_reuse_the_nodes_earlier_proofs_read_and_drop_them_when_they_do_not_prove(
+    tmp_path: Path,
+) -> None:
+    """A receipt for the newest certificate needs the nodes the previous receipt read (issue
+    28): after the first, sequential receipts read no stored node. Every receipt's proof
+    verifies against its signed head; a wrong node among the kept ones (a database restored
+    under the process) is noticed by that check, dropped, and the proof read again."""
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+    from app.db.migrate import upgrade_to_head
+    from app.ledger.certificates import append_certificates
+
+    url = f"sqlite:///{tmp_path / 'receipts.db'}"
+    upgrade_to_head(url)
+    db, key = database(url), Ed25519PrivateKey.generate()
+    reads: list[str] = []
+
+    def count(conn, cursor, statement, params, context, executemany):  # type: ignore[no-untyped-def]
+        if "FROM merkle_nodes" in statement:
+            reads.append(statement)
+
+    sa.event.listen(engine_for(url, readonly=True), "before_cursor_execute", count)
+    fields = {"model_id": 1, "method": "output_perturbation", "guarantee": "certified",
+              "epsilon": 1.0, "delta": 1e-5, "cumulative_epsilon": 1.0,
+              "cumulative_delta": 1e-5, "n_removed": 1}  # fmt: skip
+    where = str(engine_for(url, readonly=True).url)
+
+    def receipt_of_newest(i: int) -> dict:
+        with db.write() as session:
+            cert_id = append_certificates(
+                session, [{**fields, "request_id": i, "from_version": i, "to_version": i + 1}], key
+            )[0].id
+        reads.clear()
+        with db.read() as session:
+            made = transparency.receipt(session, cert_id)
+        root = bytes.fromhex(made["tree_head"]["root_hash"])
+        path = [bytes.fromhex(h) for h in made["inclusion_path"]]
+        leaf = bytes.fromhex(made["leaf_hash"])
+        assert merkle.verify_inclusion(leaf, made["leaf_index"], made["tree_size"], path, root)
+        return made
+
+    try:
+        for i in range(1, 40):
+            receipt_of_newest(i)
+            if i > 2:
+                assert reads == [], i  # the previous receipt read every node this one needs
+        kept = transparency._PROVEN._held[where]
+        assert kept
+        for node in kept:  # poison every kept node
+            kept[node] = bytes(32)
+        receipt_of_newest(40)  # still a valid proof: read again from the database
+        assert reads
+        assert bytes(32) not in transparency._PROVEN.known(where).values()
+        receipt_of_newest(41)
+        assert reads == []
+    finally:
+        sa.event.remove(engine_for(url, readonly=True), "before_cursor_execute", count)
+        transparency._PROVEN.forget(where)

@@ -138,7 +138,7 @@ class StoredNodes:
 
         walk(record)
         by_level: dict[int, list[int]] = {}
-        for level, idx in sorted(k for k in wanted if k not in self.cache):
+        for level, idx in sorted(k for k in wanted if not self._derived(*k)):
             by_level.setdefault(level, []).append(idx)
         if not by_level:
             return
@@ -152,6 +152,19 @@ class StoredNodes:
         )
         for level, idx, value in rows:
             self.cache[(level, idx)] = bytes.fromhex(value)
+
+    def _derived(self, level: int, idx: int) -> bool:
+        """Whether (level, idx) is cached or is now, hashed from its children (RFC 9162
+        §2.1.1) down its right edge while each left child is cached: the subtrees a new leaf
+        completes, at most `level` hashes, no read."""
+        if (level, idx) in self.cache:
+            return True
+        left = (level - 1, 2 * idx)
+        if level == 0 or left not in self.cache or not self._derived(level - 1, 2 * idx + 1):
+            return False
+        right = self.cache[(level - 1, 2 * idx + 1)]
+        self.cache[(level, idx)] = merkle.node_hash(self.cache[left], right)
+        return True
 
     def put(self, level: int, idx: int, value: bytes) -> None:
         self.cache[(level, idx)] = value
@@ -273,6 +286,39 @@ Nodes = dict[tuple[int, int], bytes]
 _FRONTIERS = _Frontiers()
 
 
+class _ProvenNodes:
+    """Stored complete subtrees of the certificates' tree that this process has read for
+    proofs, per database: a stored complete subtree never changes, and a receipt for the
+    newest certificate needs the nodes the previous receipt read (issue 28: one query and
+    its ORM rows per receipt in the API). A proof made from them is checked against its
+    signed head's root, and they are dropped if it differs (a database restored under the
+    process). At most LIMIT nodes per database."""
+
+    LIMIT = 4096
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._held: dict[str, Nodes] = {}
+
+    def known(self, where: str) -> Nodes:
+        with self._lock:
+            return dict(self._held.get(where, {}))
+
+    def keep(self, where: str, nodes: Nodes) -> None:
+        with self._lock:
+            held = self._held.setdefault(where, {})
+            if len(held) + len(nodes) > self.LIMIT:
+                held.clear()
+            held.update(nodes)
+
+    def forget(self, where: str) -> None:
+        with self._lock:
+            self._held.pop(where, None)
+
+
+_PROVEN = _ProvenNodes()
+
+
 def public_entry(body: str) -> bytes:
     """The public log's entry for a certificate: the SHA-256 of its body (32 bytes). Whoever
     holds the body (its requester, an auditor) checks it against the public log; nobody
@@ -366,23 +412,45 @@ def inclusion(session: Session, certificate_id: int, tree_size: int | None) -> J
 
 
 def _inclusion_at(session: Session, cert: Certificate, size: int) -> JsonObject:
-    """The inclusion proof of `cert` at `size`, a size the tree has reached."""
-    nodes = StoredNodes(session)
-    nodes.preload(
-        lambda subtree: (merkle.inclusion_path(cert.seq - 1, size, subtree), subtree(0, size))
-    )
-    path = merkle.inclusion_path(cert.seq - 1, size, nodes.subtree)
+    """The inclusion proof of `cert` at `size`, a size the tree has reached: from the nodes
+    earlier proofs read (_PROVEN) when it proves the leaf against the signed head's root at
+    that size, else from the database alone."""
     head = session.get(TreeHead, size)
+    where = str(session.get_bind().engine.url)
+    leaf = merkle.leaf_hash(cert.body.encode())
+    known = _PROVEN.known(where) if head is not None else {}
+    nodes, path, root = _inclusion_path(session, cert, size, known)
+    if head is not None:
+        signed = bytes.fromhex(head.root_hash)
+        if known and not merkle.verify_inclusion(leaf, cert.seq - 1, size, path, signed):
+            _PROVEN.forget(where)
+            nodes, path, root = _inclusion_path(session, cert, size, {})
+        if merkle.verify_inclusion(leaf, cert.seq - 1, size, path, signed):
+            _PROVEN.keep(where, nodes.cache)
     return {
         "certificate_id": cert.id,
         "leaf_index": cert.seq - 1,
         "tree_size": size,
         "entry": cert.body,
-        "leaf_hash": merkle.leaf_hash(cert.body.encode()).hex(),
-        "root_hash": nodes.subtree(0, size).hex(),
+        "leaf_hash": leaf.hex(),
+        "root_hash": root,
         "inclusion_path": [h.hex() for h in path],
         "tree_head": head_view(head) if head is not None else None,
     }
+
+
+def _inclusion_path(
+    session: Session, cert: Certificate, size: int, known: Nodes
+) -> tuple[StoredNodes, list[bytes], str]:
+    """The nodes read (and the leaf itself), the inclusion path of `cert` at `size` and the
+    root they give."""
+    nodes = StoredNodes(session, known=known)
+    nodes.cache[(0, cert.seq - 1)] = merkle.leaf_hash(cert.body.encode())
+    nodes.preload(
+        lambda subtree: (merkle.inclusion_path(cert.seq - 1, size, subtree), subtree(0, size))
+    )
+    path = merkle.inclusion_path(cert.seq - 1, size, nodes.subtree)
+    return nodes, path, nodes.subtree(0, size).hex()
 
 
 def consistency(session: Session, first: int, second: int) -> JsonObject:
