@@ -6,9 +6,9 @@ Appends go through `app.ledger.certificates.append_certificates` exactly as a de
 does, in batches of 1 (one request per update) and 100 (a coalesced update), into a fresh
 database; "without" replaces `transparency.append` by a no-op for the same run.
 
-    .venv/bin/python -m bench.transparency [--certificates 400]
+    .venv/bin/python -m bench.transparency [--certificates 400] [--out transparency]
 
-Writes bench/results/transparency.json.
+Writes bench/results/<out>.json.
 """
 
 from __future__ import annotations
@@ -79,6 +79,23 @@ def proofs(url: str, samples: int = 50) -> dict[str, float]:
     return {"tree_size": size, "inclusion_ms": inclusion, "consistency_ms": consistency}
 
 
+def receipts(url: str, n: int) -> float:
+    """Milliseconds per receipt of the newest certificate, each after its own append (what a
+    requester's finished deletion reads: `transparency.receipt`, its proof reusing the nodes
+    earlier receipts read)."""
+    signer = Ed25519PrivateKey.generate()
+    db = database(url)
+    spent = 0.0
+    for i in range(n):
+        with db.write() as session:
+            newest = audit.append_certificates(session, [fields(i)], signer)[0].id
+        with db.read() as session:
+            start = time.perf_counter()
+            transparency.receipt(session, newest)
+            spent += time.perf_counter() - start
+    return spent * 1000 / n
+
+
 def run(n: int) -> dict[str, Any]:
     out: dict[str, Any] = {}
     with tempfile.TemporaryDirectory() as tmp:
@@ -97,6 +114,9 @@ def run(n: int) -> dict[str, Any]:
                         out[key] = {"ms_per_certificate": ms}
                         if tree and batch == 100:
                             out[f"{backend}_proofs"] = proofs(url)
+                        if tree and batch == 1:
+                            out[f"{backend}_newest_receipt_ms"] = receipts(url, n)
+                            print(key, "receipt", round(out[f"{backend}_newest_receipt_ms"], 3))
                         print(key, round(ms, 3), flush=True)
     return out
 
@@ -104,6 +124,7 @@ def run(n: int) -> dict[str, Any]:
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--certificates", type=int, default=400)
+    parser.add_argument("--out", default="transparency", help="bench/results/<out>.json")
     args = parser.parse_args()
     result = {
         "certificates": args.certificates,
@@ -114,7 +135,7 @@ def main() -> None:
         },
     }
     print(result["proof_sizes_at_1e6"])
-    print(f"wrote {write_result('transparency', result)}")
+    print(f"wrote {write_result(args.out, result)}")
 
 
 if __name__ == "__main__":
