@@ -422,10 +422,12 @@ def _inclusion_at(session: Session, cert: Certificate, size: int) -> JsonObject:
     nodes, path, root = _inclusion_path(session, cert, size, known)
     if head is not None:
         signed = bytes.fromhex(head.root_hash)
-        if known and not merkle.verify_inclusion(leaf, cert.seq - 1, size, path, signed):
+        proves = merkle.verify_inclusion(leaf, cert.seq - 1, size, path, signed)
+        if known and not proves:
             _PROVEN.forget(where)
             nodes, path, root = _inclusion_path(session, cert, size, {})
-        if merkle.verify_inclusion(leaf, cert.seq - 1, size, path, signed):
+            proves = merkle.verify_inclusion(leaf, cert.seq - 1, size, path, signed)
+        if proves:
             _PROVEN.keep(where, nodes.cache)
     return {
         "certificate_id": cert.id,
