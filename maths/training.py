@@ -181,7 +181,8 @@ def scorer(
     sharded ensemble is S networks: building it per set was most of an update's scoring);
     a logistic regression's with its layer's own functional forward (building and loading
     the module was a millisecond of every update's accuracies)."""
-    if isinstance(architecture_of(architecture), TopicHeadSpec):
+    arch = architecture_of(architecture)
+    if isinstance(arch, TopicHeadSpec):
         B, bias = state["B"].to(device).double(), state["bias"].to(device)
 
         def topic_head(x: torch.Tensor) -> torch.Tensor:
@@ -190,7 +191,6 @@ def scorer(
             return frequencies @ B + bias
 
         return lambda X: _in_blocks(topic_head, X.to(device))
-    arch = architecture_of(architecture)
     if count_shards(state):
         if isinstance(arch, LogRegSpec):
             linear = linear_scorer(arch, state, aggregation, device)
