@@ -477,13 +477,10 @@ def _forget_due(settings: Settings, model_id: int) -> None:
 
 def _wait_for_due(settings: Settings, key: str, timeout: float) -> bool:
     """Until the API pushes to `key` (True) or `timeout` passes; a sleep when Redis is away
-    (the database is the record: a lost wake-up costs one fallback look)."""
+    (the database is the record: a lost wake-up costs one fallback look). The pushes left
+    behind are emptied by `_forget_due` just before the claim that covers them."""
     try:
-        redis = _due_redis(settings)
-        if redis.blpop([key], timeout=timeout) is not None:
-            redis.delete(key)  # the claim that follows covers every push before it
-            return True
-        return False
+        return _due_redis(settings).blpop([key], timeout=timeout) is not None
     except Exception:  # noqa: BLE001 - Redis away: poll the database instead
         log.debug("could not wait on %s", key, exc_info=True)
         time.sleep(timeout)
