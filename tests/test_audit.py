@@ -87,6 +87,39 @@ def test_a_batch_appends_in_order_and_releases_read_one_per_version(db_url: str)
     assert len(history) == 3 and history == history_from_certificates(every)
 
 
+def test_an_append_reads_both_heads_at_once_and_inserts_a_batch_in_one_statement(
+    db_url: str,
+) -> None:
+    """A coalesced update's certificates go in with one INSERT, each tree's new nodes with
+    one, the signed head with one, after a single read of the chain's and the tree's heads
+    (issue 28: every statement of the commit is on the path to a certificate)."""
+    write_chain(db_url, 3)
+    engine = engine_for(db_url)
+    statements: list[str] = []
+
+    def seen(conn, cursor, statement, parameters, context, executemany) -> None:  # noqa: ANN001
+        statements.append(" ".join(statement.split()).lower())
+
+    sa.event.listen(engine, "before_cursor_execute", seen)
+    try:
+        with database(db_url).write() as session:
+            certs = append_certificates(session, [fields(10 + i) for i in range(3)], SIGNER)
+    finally:
+        sa.event.remove(engine, "before_cursor_execute", seen)
+    writes = [s.split("(")[0].strip() for s in statements if s.startswith("insert")]
+    reads = [s for s in statements if s.startswith("select") and "advisory" not in s]
+    assert writes == [
+        "insert into certificates",
+        "insert into merkle_nodes",
+        "insert into public_nodes",
+        "insert into tree_heads",
+    ], statements
+    assert len(reads) == 1 and "tree_heads" in reads[0] and "certificates" in reads[0]
+    assert [c.seq for c in certs] == [4, 5, 6] and all(c.id is not None for c in certs)
+    with database(db_url).read() as session:
+        assert verify_chain(session)["ok"]
+
+
 def tamper(url: str, sql: str) -> None:
     with engine_for(url).begin() as conn, append_only.lifted(conn):
         conn.exec_driver_sql(sql)

@@ -459,9 +459,10 @@ def commit_update(
     head signed by `signer`; returns the new version id (None if nothing to remove).
 
     The rows are written with Core statements built once (workers/statements.py), each
-    executed where it stands; only the certificates go through the ORM (the log's tree reads
-    them back). Through the ORM the commit took 25 ms of a distributed worker's Python per
-    deletion, 10 of them in flushes; this way 16 (issue 28, bench.profile_update --gil)."""
+    executed where it stands; the certificates, the trees' nodes and the signed head by
+    app/ledger's own Core INSERTs. Through the ORM the commit took 25 ms of a distributed
+    worker's Python per deletion, 10 of them in flushes; this way 16 (issue 28,
+    bench.profile_update --gil), before the log's rows left the ORM too."""
     session.autoflush = False  # the commit's own session (db.run makes one per attempt)
     _check_lease_at(session, batch)
     _check_tasks(session, batch)
@@ -483,7 +484,7 @@ def commit_update(
             stored,
             metrics,
         )
-    certs: dict[int, Certificate] = {}  # task id -> its certificate, one flush for all
+    certs: dict[int, Certificate] = {}  # task id -> its certificate, one INSERT for all
     certified = [t for t in batch.tasks if batch.removed_by_task[t.task_id]]
     if certified and version is not None and outcome is not None:
         fields = [

@@ -201,8 +201,8 @@ def append_certificates(
         prev = row["entry_hash"]
     # one Core INSERT ... RETURNING for all (issue 28: the ORM's flush of these rows was a
     # millisecond of every deletion's commit); the rows come back as detached Certificates
-    ids = session.connection().execute(_INSERT, rows).scalars().all() if rows else []
-    certs = [Certificate(id=i, **row) for i, row in zip(ids, rows, strict=True)]
+    ids = {seq: id_ for seq, id_ in session.connection().execute(_INSERT, rows)} if rows else {}
+    certs = [Certificate(id=ids[row["seq"]], **row) for row in rows]
     if certs:  # the tree and a signed head, same transaction
         signed = transparency.append(session, certs, signer, tree)
         tree = (seq, str(signed["root_hash"]))  # signed at the newest certificate's seq
@@ -210,7 +210,9 @@ def append_certificates(
     return certs
 
 
-_INSERT = insert(Certificate).returning(Certificate.id, sort_by_parameter_order=True)
+# (seq, id) back, matched by seq: asking for the rows in parameter order would make SQLAlchemy
+# send SQLite one INSERT per row
+_INSERT = insert(Certificate).returning(Certificate.seq, Certificate.id)
 
 
 def _read_head(session: Session) -> tuple[int, str, tuple[int, str]]:
