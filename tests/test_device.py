@@ -6,6 +6,7 @@ device-clean computation gives exactly the numbers of a plain run."""
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import replace
@@ -22,6 +23,7 @@ from app.specs import PrivacyPolicy, architecture_of
 from methods import method_of, noise
 from methods.compute import (
     ModelSpec,
+    Release,
     RemovedSamples,
     RetainedData,
     UpdateInputs,
@@ -254,6 +256,62 @@ def test_each_method_computes_on_the_settings_device(
     assert all(t.device == CPU for t in tensors.values())
     assert all(bool(torch.isfinite(t).all()) for t in tensors.values())
     assert outcome.metrics["n_removed"] == 3
+
+
+@pytest.mark.parametrize("name", ["output_perturbation", "convex_head", "sharded_retrain"])
+def test_the_job_stores_the_release_while_measuring_it_with_the_same_outcome(
+    name: str, cpu_settings: app_settings.Settings, seeded_noise: list[int]
+) -> None:
+    """`compute_storing` (what the job runs) hands the CPU release to `store` on another
+    thread while the metrics are measured, and gives the outcome `compute_on` gives."""
+    inputs = update_inputs(name)
+    seeded_noise[0] = 0
+    expected = compute_on(inputs, dev.worker_device())
+    seen: list[tuple[int, dict[str, torch.Tensor]]] = []
+    main = threading.get_ident()
+
+    def store(release: Release) -> str:
+        seen.append((threading.get_ident(), {**release.weights, **release.next_state}))
+        return "stored"
+
+    seeded_noise[0] = 0
+    outcome, stored = updates.compute_storing(
+        inputs, dev.worker_device(), store, lambda _: pytest.fail("nothing to discard")
+    )
+    assert stored == "stored" and len(seen) == 1 and seen[0][0] != main
+    assert all(t.device == CPU for t in seen[0][1].values())
+    got, want = release_tensors(outcome), release_tensors(expected)
+    assert got.keys() == want.keys() and all(torch.equal(got[k], want[k]) for k in got)
+    assert untimed(outcome.metrics) == untimed(expected.metrics)
+
+
+def untimed(metrics: dict[str, Any]) -> dict[str, Any]:
+    """Metrics without the seconds things took (the update's, its evaluation's)."""
+    out = {k: v for k, v in metrics.items() if k != "unlearn_seconds"}
+    if "evaluation" in out:
+        out["evaluation"] = {k: v for k, v in out["evaluation"].items() if k != "seconds"}
+    return out
+
+
+def test_what_was_stored_is_discarded_when_measuring_fails(
+    cpu_settings: app_settings.Settings, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A failure after the release was handed to the store leaves no blob behind: the job's
+    `discard` gets what `store` returned, and the failure propagates."""
+    discarded: list[str] = []
+
+    def broken(*args: Any) -> dict[str, Any]:
+        raise RuntimeError("the accuracies failed")
+
+    monkeypatch.setattr(updates, "_accuracies", broken)
+    with pytest.raises(RuntimeError, match="accuracies failed"):
+        updates.compute_storing(
+            update_inputs("output_perturbation"),
+            dev.worker_device(),
+            lambda release: "blob-keys",
+            discarded.append,
+        )
+    assert discarded == ["blob-keys"]
 
 
 @pytest.mark.parametrize("name", sorted(set(METHODS) - {"recollection"}))

@@ -126,14 +126,14 @@ def test_prefer_wait_answers_the_post_with_the_finished_request(
         assert plain.status_code == 202 and "preference-applied" not in plain.headers
         api.wait(f"/v1/deletions/{plain.json()['id']}", ("done",))
 
-    real = jobs.compute_on
+    real = jobs.compute_storing
     from app.api.deletions import get_deletion as real_get
 
     def slow(*args, **kwargs):  # type: ignore[no-untyped-def]
         time.sleep(2.5)  # the update cannot finish within the 1 s asked for
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(jobs, "compute_on", slow)
+    monkeypatch.setattr(jobs, "compute_storing", slow)
     body = {"dataset_id": digits["id"], "sample_ids": ids[2:3]}
     started = time.monotonic()
     late = api.post("/v1/deletions", role="requester", json=body, headers={"Prefer": "wait=1"})

@@ -38,7 +38,7 @@ from app.wakeups import Announcer, channel
 from app.wire import Progress
 from maths.nets import build_net
 from maths.training import Diverged, ProgressFn, accuracy, check_converged
-from methods.compute import ModelSpec, RetainedData, Trained, fit, method_for
+from methods.compute import ModelSpec, RetainedData, Trained, UpdateInputs, fit, method_for
 from workers import pipeline
 from workers.certify import lineage_fields
 from workers.data import Arrays, database_key, test_arrays, training_arrays
@@ -47,7 +47,7 @@ from workers.lease import WORKER_ID, LeaseLost, ModelLease
 from workers.metrics import DELETIONS_PROCESSED, FALLBACKS, JOB_DURATION
 from workers.resident import ModelSession, Sessions
 from workers.statistics import write_block
-from workers.updates import ACCURACY_ROWS, compute_on
+from workers.updates import ACCURACY_ROWS, compute_storing
 from workers.values import Batch, ClaimedTask, Fallback, Outcome, TrainingInputs, Unrecoverable
 
 log = logging.getLogger("lethe.jobs")
@@ -543,8 +543,7 @@ def _run_batch(
         try:
             with db.read() as session:  # one short read; no transaction while computing
                 batch, inputs = pipeline.load_batch(session, model_id, tasks, sessions, device)
-            outcome: Outcome | None = compute_on(inputs, device) if batch.removed else None
-            stored = pipeline.store_release(batch, outcome)  # no transaction open
+            outcome, stored = _compute(batch, inputs, device)  # no transaction open
             pause.point("before-commit", model_id)  # (a crash here leaves orphans: swept)
             signer = signing_key(settings)
             try:
@@ -595,6 +594,21 @@ def _run_batch(
     DELETIONS_PROCESSED.labels(method).inc(len(tasks))
     JOB_DURATION.labels("process_deletions").observe(time.perf_counter() - started)
     return True
+
+
+def _compute(
+    batch: Batch, inputs: UpdateInputs, device: torch.device
+) -> tuple[Outcome | None, pipeline.VersionBlobs | None]:
+    """The update and its release's blobs, written while its metrics are measured (nothing
+    when the batch removes nothing: no new version)."""
+    if not batch.removed:
+        return None, None
+    return compute_storing(
+        inputs,
+        device,
+        lambda release: pipeline.store_release(batch, release),
+        lambda stored: blobs().discard(stored.both),
+    )
 
 
 def _keep_resident(

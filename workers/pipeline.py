@@ -48,6 +48,7 @@ from methods.compute import (
     ModelSpec,
     ModelState,
     PrivacyTarget,
+    Release,
     RetainedData,
     UpdateInputs,
 )
@@ -220,12 +221,9 @@ def write_version(
     return VersionRow(version_id, number, stored.weights.sha256)
 
 
-def store_release(batch: Batch, outcome: Outcome | None) -> VersionBlobs | None:
-    """The blobs of the version a batch's update releases (None when nothing was removed),
-    their metadata from the batch's load: no database access here."""
-    if outcome is None:
-        return None
-    release = outcome.decision.release
+def store_release(batch: Batch, release: Release) -> VersionBlobs:
+    """The blobs of the version a batch's update releases, their metadata from the batch's
+    load: no database access here."""
     metadata = {**batch.weights_metadata, "kind": str(release.version_kind)}
     return store_blobs(batch.model_id, metadata, release.weights, release.next_state)
 
