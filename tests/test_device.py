@@ -141,6 +141,14 @@ def release_tensors(outcome: Outcome) -> dict[str, torch.Tensor]:
     return out
 
 
+def untimed(metrics: dict[str, Any]) -> dict[str, Any]:
+    """Metrics without the seconds things took (the update's, its evaluation's)."""
+    out = {k: v for k, v in metrics.items() if k != "unlearn_seconds"}
+    if "evaluation" in out:
+        out["evaluation"] = {k: v for k, v in out["evaluation"].items() if k != "seconds"}
+    return out
+
+
 # ---- the setting ---------------------------------------------------------------------------
 
 
@@ -233,8 +241,9 @@ def test_each_method_computes_on_the_settings_device(
     cpu_settings: app_settings.Settings,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """What the job runs (`compute_on` with the settings' device): the method sees inputs
-    moved there by the helper, and the release it hands back for committing is on CPU."""
+    """`compute_on` with the settings' device (the job's `compute_storing` moves them the
+    same way): the method sees inputs moved there by the helper, and the release it hands
+    back for committing is on CPU."""
     inputs = update_inputs(name)
     seen: list[UpdateInputs] = []
     plain = updates.compute
@@ -283,14 +292,6 @@ def test_the_job_stores_the_release_while_measuring_it_with_the_same_outcome(
     got, want = release_tensors(outcome), release_tensors(expected)
     assert got.keys() == want.keys() and all(torch.equal(got[k], want[k]) for k in got)
     assert untimed(outcome.metrics) == untimed(expected.metrics)
-
-
-def untimed(metrics: dict[str, Any]) -> dict[str, Any]:
-    """Metrics without the seconds things took (the update's, its evaluation's)."""
-    out = {k: v for k, v in metrics.items() if k != "unlearn_seconds"}
-    if "evaluation" in out:
-        out["evaluation"] = {k: v for k, v in out["evaluation"].items() if k != "seconds"}
-    return out
 
 
 def test_what_was_stored_is_discarded_when_measuring_fails(
