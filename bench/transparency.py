@@ -53,7 +53,7 @@ def appends(url: str, n: int, batch: int, tree: bool) -> float:
     original = transparency.append
     if not tree:  # the tree left as it was: an empty one
 
-        def no_tree(session: Any, certs: Any, signer: Any, newest: Any = None) -> JsonObject:
+        def no_tree(session: Any, certs: Any, signer: Any, newest: Any) -> JsonObject:
             return {"tree_size": 0, "root_hash": ""}
 
         transparency.append = no_tree  # type: ignore[assignment]

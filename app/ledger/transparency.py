@@ -214,13 +214,13 @@ def append(
     session: Session,
     certificates: list[Certificate],
     signer: Ed25519PrivateKey,
-    newest: tuple[int, str] | None = None,
+    newest: tuple[int, str],
 ) -> JsonObject:
     """Add these certificates' leaves (after any the tree is missing, e.g. certificates
     written before the tree existed) and sign the new head, in the caller's transaction.
-    `newest`: the newest signed head's (size, root) as the caller read it in this
-    transaction, else read here."""
-    size, root = newest if newest is not None else _newest_head(session)
+    `newest`: the newest signed head's (size, root), as the caller read it in this
+    transaction ((0, "") before the first)."""
+    size, root = newest
     where = str(session.get_bind().engine.url)
     known, known_public = _FRONTIERS.at(where, size, root)
     nodes = StoredNodes(session, known=known)
@@ -245,14 +245,6 @@ def append(
         public.get(level, index)
     _FRONTIERS.keep(where, last, str(head["root_hash"]), nodes.cache, public.cache)
     return head
-
-
-def _newest_head(session: Session) -> tuple[int, str]:
-    """The size and root of the newest signed head ((0, "") before the first)."""
-    row = session.execute(
-        select(TreeHead.tree_size, TreeHead.root_hash).order_by(TreeHead.tree_size.desc()).limit(1)
-    ).first()
-    return (int(row.tree_size), str(row.root_hash)) if row is not None else (0, "")
 
 
 def frontier(size: int) -> list[tuple[int, int]]:
@@ -435,13 +427,13 @@ def _inclusion_at(session: Session, cert: Certificate, size: int) -> JsonObject:
     where = str(session.get_bind().engine.url)
     leaf = merkle.leaf_hash(cert.body.encode())
     known = _PROVEN.known(where) if head is not None else {}
-    nodes, path, root = _inclusion_path(session, cert, size, known)
+    nodes, path, root = _inclusion_path(session, cert, leaf, size, known)
     if head is not None:
         signed = bytes.fromhex(head.root_hash)
         proves = merkle.verify_inclusion(leaf, cert.seq - 1, size, path, signed)
         if known and not proves:
             _PROVEN.forget(where)
-            nodes, path, root = _inclusion_path(session, cert, size, {})
+            nodes, path, root = _inclusion_path(session, cert, leaf, size, {})
             proves = merkle.verify_inclusion(leaf, cert.seq - 1, size, path, signed)
         if proves:
             _PROVEN.keep(where, nodes.cache)
@@ -458,12 +450,12 @@ def _inclusion_at(session: Session, cert: Certificate, size: int) -> JsonObject:
 
 
 def _inclusion_path(
-    session: Session, cert: Certificate, size: int, known: Nodes
+    session: Session, cert: Certificate, leaf: bytes, size: int, known: Nodes
 ) -> tuple[StoredNodes, list[bytes], str]:
-    """The nodes read (and the leaf itself), the inclusion path of `cert` at `size` and the
-    root they give."""
+    """The nodes read (and `cert`'s leaf hash, `leaf`), the inclusion path of `cert` at
+    `size` and the root they give."""
     nodes = StoredNodes(session, known=known)
-    nodes.cache[(0, cert.seq - 1)] = merkle.leaf_hash(cert.body.encode())
+    nodes.cache[(0, cert.seq - 1)] = leaf
     nodes.preload(
         lambda subtree: (merkle.inclusion_path(cert.seq - 1, size, subtree), subtree(0, size))
     )
