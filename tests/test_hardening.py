@@ -147,6 +147,35 @@ def test_reads_keep_their_statements_prepared(own_pg_database: str) -> None:
 
 
 @pytest.mark.postgres
+def test_only_bookkeeping_commits_skip_the_wait_for_the_disk(own_pg_database: str) -> None:
+    """`write(durable=False)` (claims, leases) commits with synchronous_commit off, set once
+    per connection rather than by a `SET LOCAL` round trip per transaction; `write()` and
+    `read()` keep PostgreSQL's default, so what a client is told is committed is on disk."""
+    from app.db.session import Database, dispose_engines
+
+    db = Database(own_pg_database)
+    show = sa.text("SHOW synchronous_commit")
+    sent: list[str] = []
+
+    def seen(conn: object, cursor: object, statement: str, *args: object) -> None:
+        sent.append(statement)
+
+    sa.event.listen(sa.Engine, "before_cursor_execute", seen)
+    try:
+        for _ in range(2):  # a pooled connection keeps it
+            with db.write(durable=False) as session:
+                assert session.execute(show).scalar_one() == "off"
+        with db.write() as session:
+            assert session.execute(show).scalar_one() == "on"
+        with db.read() as session:
+            assert session.execute(show).scalar_one() == "on"
+        assert sent == ["SHOW synchronous_commit"] * 4  # no SET LOCAL in between
+    finally:
+        sa.event.remove(sa.Engine, "before_cursor_execute", seen)
+        dispose_engines(own_pg_database)
+
+
+@pytest.mark.postgres
 def test_statements_on_the_key_table_are_never_prepared(own_pg_database: str) -> None:
     """Reads and deletions of data keys by id are planned with their ids every time (each
     compaction rewrites key partitions, invalidating a prepared plan, and PostgreSQL then

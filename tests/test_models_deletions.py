@@ -154,6 +154,50 @@ def test_prefer_wait_answers_the_post_with_the_finished_request(
     api.wait(f"/v1/deletions/{lost.json()['id']}", ("done",))
 
 
+def test_a_commit_is_refused_when_the_lease_the_version_or_a_task_moved(
+    api: Api, digits: dict, ready_model: dict, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The commit's one read of the model's lease, its version and the batch's tasks refuses
+    (LeaseLost, nothing written) when another worker took the model, moved it on, or
+    reclaimed a task; then, all restored, the same commit goes through."""
+    from app.db.tables import DeletionTask, Model
+    from workers import pipeline
+    from workers.lease import LeaseLost
+
+    real = pipeline.commit_update
+    refusals: list[str] = []
+    moves = [
+        (Model, "lease_owner", "another-worker", "now leased by another-worker"),
+        (Model, "current_version_id", None, "moved past version 1"),
+        (DeletionTask, "lease_owner", "another-worker", "was reclaimed"),
+    ]
+
+    def refused_first(session, batch, outcome, stored, signer):  # type: ignore[no-untyped-def]
+        for table, column, value, message in moves:
+            row_id = batch.model_id if table is Model else batch.tasks[0].task_id
+            with database(api.url).write() as other:
+                row = other.get(table, row_id)
+                kept = getattr(row, column)
+                setattr(row, column, value)
+            with pytest.raises(LeaseLost, match=message), database(api.url).write() as tried:
+                real(tried, batch, outcome, stored, signer)
+            refusals.append(message)
+            with database(api.url).write() as other:
+                setattr(other.get(table, row_id), column, kept)
+        return real(session, batch, outcome, stored, signer)
+
+    monkeypatch.setattr(pipeline, "commit_update", refused_first)
+    done = delete(api, {"dataset_id": digits["id"], "sample_ids": train_ids(api, digits["id"], 1)})
+    body = api.wait(f"/v1/deletions/{done['id']}", ("done", "failed"))
+    assert body["status"] == "done", body
+    assert refusals == [m for *_, m in moves]
+    with database(api.url).read() as session:
+        versions = session.scalars(
+            select(ModelVersion.number).where(ModelVersion.model_id == ready_model["id"])
+        ).all()
+    assert sorted(versions) == [1, 2]  # the refused commits wrote nothing
+
+
 def test_already_erased_reports_earlier_certificate(
     api: Api, digits: dict, ready_model: dict
 ) -> None:

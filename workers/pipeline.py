@@ -463,7 +463,6 @@ def commit_update(
     bench.profile_update --gil), before the log's rows left the ORM too."""
     session.autoflush = False  # the commit's own session (db.run makes one per attempt)
     _check_lease_at(session, batch)
-    _check_tasks(session, batch)
     version = None
     if outcome is not None:
         assert stored is not None, "a release's blobs are stored before its commit"
@@ -541,19 +540,29 @@ def commit_update(
 
 
 def _check_lease_at(session: Session, batch: Batch) -> None:
-    """LeaseLost unless this worker still holds the model's lease and the model is still at
-    the batch's parent version (two columns read, not the model's row)."""
-    row = session.connection().execute(sql.LEASE, {"model_id": batch.model_id}).first()
+    """LeaseLost unless this worker still holds the model's lease, the model is still at the
+    batch's parent version and every task of the batch still runs under this worker: one
+    SELECT when the tasks fit in one chunk (a round trip less on every commit, issue 28)."""
+    ids = [t.task_id for t in batch.tasks]
+    first = next(chunked(ids), [])
+    params = {
+        "model_id": batch.model_id,
+        "ids": first,
+        "running": TaskStatus.running,
+        "owner": WORKER_ID,
+    }
+    row = session.connection().execute(sql.LEASE, params).first()
     if row is None or row.lease_owner != WORKER_ID:
         owner = row.lease_owner if row is not None else None
         raise LeaseLost(f"model {batch.model_id} is now leased by {owner}")
     if row.current_version_id != batch.parent_id:
         raise LeaseLost(f"model {batch.model_id} moved past version {batch.parent_number}")
+    if row.tasks_held != len(first) or len(first) < len(ids):
+        _check_tasks(session, ids)  # which one was reclaimed, or the chunks after the first
 
 
-def _check_tasks(session: Session, batch: Batch) -> None:
-    """LeaseLost unless every task of the batch is still running under this worker."""
-    ids = [t.task_id for t in batch.tasks]
+def _check_tasks(session: Session, ids: list[int]) -> None:
+    """LeaseLost unless every one of these tasks still runs under this worker."""
     held: set[int] = set()
     for chunk in chunked(ids):
         params = {"ids": chunk, "running": TaskStatus.running, "owner": WORKER_ID}

@@ -68,14 +68,17 @@ START_REQUESTS = (
     .where(REQUESTS.c.id.in_(_IDS), REQUESTS.c.status == bindparam("queued"))
     .values(status=bindparam("running"), updated_at=bindparam("now"))
 )
-LEASE = select(MODELS.c.lease_owner, MODELS.c.current_version_id).where(
-    MODELS.c.id == bindparam("model_id")
-)
 TASKS_HELD = select(TASKS.c.id).where(
     TASKS.c.id.in_(_IDS),
     TASKS.c.status == bindparam("running"),
     TASKS.c.lease_owner == bindparam("owner"),
 )
+# the model's lease and version, and how many of the tasks `ids` are still ours: one read
+LEASE = select(
+    MODELS.c.lease_owner,
+    MODELS.c.current_version_id,
+    select(func.count()).select_from(TASKS_HELD.subquery()).scalar_subquery().label("tasks_held"),
+).where(MODELS.c.id == bindparam("model_id"))
 INSERT_VERSION = insert(VERSIONS).returning(VERSIONS.c.id)
 
 # a finished task, one row each (executemany); `_AS_BEFORE` when its samples were removed

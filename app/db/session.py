@@ -11,7 +11,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any, TypeVar
 
-from sqlalchemy import Engine, create_engine, event, text
+from sqlalchemy import Engine, create_engine, event
 from sqlalchemy.exc import DBAPIError, DisconnectionError, IntegrityError
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -23,8 +23,10 @@ def make_engine(url: str, readonly: bool = False, bookkeeping: bool = False) -> 
 
     On SQLite, write transactions take the write lock up front (BEGIN IMMEDIATE); a
     `readonly` engine uses deferred transactions, which in WAL mode block no writer. A
-    `bookkeeping` engine's commits skip the fsync (synchronous=NORMAL): for leases and claims,
-    which expire if lost, never for what a client was told is committed.
+    `bookkeeping` engine's commits skip the fsync (SQLite synchronous=NORMAL, PostgreSQL
+    synchronous_commit=off for the connection's whole life, so no `SET LOCAL` round trip per
+    transaction): for leases and claims, which expire if lost, never for what a client was
+    told is committed.
     """
     if url.startswith("sqlite"):
         engine = create_engine(url, connect_args={"timeout": 30, "check_same_thread": False})
@@ -52,7 +54,10 @@ def make_engine(url: str, readonly: bool = False, bookkeeping: bool = False) -> 
         pool_size=20,  # the API keeps a connection per busy request (16 clients: no reconnects)
         max_overflow=20,
         pool_use_lifo=True,  # the most recently used connection: its prepared statements
-        connect_args={"connect_timeout": 5},  # an unreachable host is a 503, not a hang
+        connect_args={
+            "connect_timeout": 5,  # an unreachable host is a 503, not a hang
+            **({"options": "-c synchronous_commit=off"} if bookkeeping else {}),
+        },
     )
     event.listen(engine, "connect", lambda dbapi_conn, _record: _SERVER_CONNECTIONS.add(dbapi_conn))
     _ping_when_idle(engine)
@@ -126,7 +131,8 @@ def dispose_engines(url: str) -> None:
 
 
 def bookkeeping_engine_for(url: str) -> Engine:
-    """SQLite only: the engine of `Database.write(durable=False)`."""
+    """The engine of `Database.write(durable=False)`: its own pool, its commits not waited
+    for (make_engine)."""
     key = f"{url}#bk"
     with _ENGINES_LOCK:
         if key not in _ENGINES:
@@ -151,11 +157,7 @@ class Database:
         self.engine = engine_for(url)
         self._writer = sessionmaker(bind=engine_for(url), expire_on_commit=False)
         self._reader = sessionmaker(bind=engine_for(url, readonly=True), expire_on_commit=False)
-        self._bookkeeper = (
-            sessionmaker(bind=bookkeeping_engine_for(url), expire_on_commit=False)
-            if url.startswith("sqlite")
-            else self._writer
-        )
+        self._bookkeeper = sessionmaker(bind=bookkeeping_engine_for(url), expire_on_commit=False)
         # SQLite has one write lock per file; threads of this process queue for it here, in
         # order, instead of polling it through SQLite's busy handler (whose sleeps grow to
         # 100 ms and made the tail latency of the API seconds long under load; issue 13).
@@ -176,8 +178,6 @@ class Database:
         lock = self._write_lock or contextlib.nullcontext()
         factory = self._writer if durable else self._bookkeeper
         with lock, factory() as session, session.begin():
-            if not durable and not self.url.startswith("sqlite"):
-                session.execute(text("SET LOCAL synchronous_commit = off"))
             yield session
 
     def run(
