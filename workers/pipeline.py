@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import secrets
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
@@ -41,7 +42,7 @@ from app.states import ModelStatus, RequestStatus, SampleStatus, Stage, TaskStat
 from app.storage.blobs import WrittenBlob, blobs
 from app.storage.crypto import keyring
 from app.storage.erasure import erase_payloads
-from app.storage.keystore import KeyTable, wrapped_keys
+from app.storage.keystore import KeyTable, destroy_keys
 from app.wire import Progress
 from methods import get_method, method_of
 from methods.compute import (
@@ -430,11 +431,10 @@ def test_rows_left(session: Session, dataset_id: int) -> int:
 
 def _openings(session: Session, request_ids: set[int]) -> dict[int, bytes]:
     """The requests' commitment keys, where the server still keeps them."""
-    conn, keys = session.connection(), dict[int, UUID]()
+    conn, ring, out = session.connection(), keyring(), dict[int, bytes]()
     for chunk in chunked(sorted(request_ids)):
-        keys.update((r, k) for r, k in conn.execute(sql.COMMITMENT_KEYS, {"ids": chunk}))
-    wrapped, ring = wrapped_keys(session, list(keys.values()), KeyTable.short), keyring()
-    return {r: ring.unwrap(wrapped[k]) for r, k in keys.items() if k in wrapped}
+        out.update((r, ring.unwrap(w)) for r, w in conn.execute(sql.OPENINGS, {"ids": chunk}))
+    return out
 
 
 def _held(session: Session, model_id: int, sample_ids: list[int]) -> set[int]:
@@ -491,6 +491,7 @@ def commit_update(
         appended = append_certificates(session, fields, signer)
         certs = {t.task_id: c for t, c in zip(certified, appended, strict=True)}
     conn, now = session.connection(), utcnow()
+    blob_keys: list[UUID] = []
     removals: list[dict[str, int]] = []
     certified_rows: list[dict[str, Any]] = []
     earlier_rows: list[dict[str, Any]] = []
@@ -531,11 +532,12 @@ def commit_update(
             write_block(session, batch.model_id, release.replace_statistics, replace=True)
         else:
             delete_rows(session, batch.model_id, release.statistics_to_delete)
-        _purge_older_versions(session, batch.model_id, version.id)
+        # their blobs' keys are destroyed with the requests' openings, in one DELETE
+        blob_keys = _purge_older_versions(session, batch.model_id, version.id, destroy=False)
         conn.execute(
             sql.MAKE_CURRENT, {"model_id": batch.model_id, "version": version.id, "now": now}
         )
-    finish_requests(session, {t.request_id for t in batch.tasks})
+    finish_requests(session, {t.request_id for t in batch.tasks}, also=blob_keys)
     return version.id if version is not None else None
 
 
@@ -610,16 +612,21 @@ def _earlier_certificate(session: Session, model_id: int, sample_ids: list[int])
     return None
 
 
-def _purge_older_versions(session: Session, model_id: int, keep_id: int | None) -> None:
+def _purge_older_versions(
+    session: Session, model_id: int, keep_id: int | None, destroy: bool = True
+) -> list[UUID]:
     """Every earlier version was trained with the removed samples: delete its bytes (all of
-    them when `keep_id` is None)."""
+    them when `keep_id` is None). Returns its blobs' key ids, which with `destroy=False` the
+    caller destroys in this transaction (`Blobs.retire`)."""
     conn = session.connection()
     keep = keep_id if keep_id is not None else -1
     older = conn.execute(sql.OLDER_VERSIONS, {"model_id": model_id, "keep_id": keep}).all()
     if not older:
-        return
-    blobs().retire(session, [k for v in older for k in (v.weights_key, v.state_key) if k])
+        return []
+    keys = [k for v in older for k in (v.weights_key, v.state_key) if k]
+    key_ids = blobs().retire(session, keys, destroy=destroy)
     conn.execute(sql.ERASE_VERSIONS, {"ids": [v.id for v in older], "now": utcnow()})
+    return key_ids
 
 
 def withdraw_model(session: Session, model_id: int, reason: str) -> set[int]:
@@ -654,9 +661,12 @@ def withdraw_model(session: Session, model_id: int, reason: str) -> set[int]:
     return requests
 
 
-def finish_requests(session: Session, request_ids: set[int]) -> None:
-    """A request is done when all its models are; only then are its payloads erased."""
+def finish_requests(session: Session, request_ids: set[int], also: Sequence[UUID] = ()) -> None:
+    """A request is done when all its models are; only then are its payloads erased. The
+    short keys `also` (a commit's purged blobs') are destroyed with the finished requests'
+    openings (issue 28: one DELETE, a round trip less per commit)."""
     if not request_ids:
+        destroy_keys(session, list(also), KeyTable.short)
         return
     statuses: dict[int, set[str]] = {r: set() for r in request_ids}
     found: dict[int, Row[Any, Any, Any, Any, Any, Any]] = {}
@@ -695,7 +705,7 @@ def finish_requests(session: Session, request_ids: set[int]) -> None:
         conn.execute(sql.FINISH_REQUEST, changed)
     # one DELETE of data keys for the payloads' and the openings' (issue 28: statements are
     # most of a warm update's commit)
-    erase_payloads(session, sorted(erased), also=openings)
+    erase_payloads(session, sorted(erased), also=[*openings, *also])
 
 
 def release_tasks(session: Session, task_ids: list[int], delay_seconds: float = 0) -> None:

@@ -248,20 +248,25 @@ class Blobs:
         handle = self.open(session, key)
         return None if handle is None else handle.read()
 
-    def retire(self, session: Session, keys: list[str]) -> None:
+    def retire(self, session: Session, keys: list[str], destroy: bool = True) -> list[uuid.UUID]:
         """Erase these blobs in the caller's transaction: rows deleted, data keys destroyed;
-        their objects are deleted once the commit is durable."""
+        their objects are deleted once the commit is durable. Returns the data keys' ids;
+        with `destroy=False` the caller destroys them (`KeyTable.short`) in the same
+        transaction, with others in one DELETE."""
         keys = [k for k in keys if k]
         if not keys:
-            return
+            return []
         rows = session.connection().execute(_RETIRE, {"keys": keys}).all()
-        destroy_keys(session, [r.key_id for r in rows if r.key_id is not None], KeyTable.short)
+        key_ids = [r.key_id for r in rows if r.key_id is not None]
+        if destroy:
+            destroy_keys(session, key_ids, KeyTable.short)
         retired: list[tuple[ObjectStore, str]] = session.info.setdefault(_RETIRED, [])
         for row in rows:
             try:
                 retired.append((self._store_at(row.location), row.key))
             except BlobStoreUnavailable:
                 log.warning("blob %s is in %s, not configured here", row.key, row.location)
+        return key_ids
 
     def _store_at(self, location: str) -> ObjectStore:
         if location == self.store.location:
