@@ -91,8 +91,9 @@ def test_an_append_reads_both_heads_at_once_and_inserts_a_batch_in_one_statement
     db_url: str,
 ) -> None:
     """A coalesced update's certificates go in with one INSERT, each tree's new nodes with
-    one, the signed head with one, after a single read of the chain's and the tree's heads
-    (issue 28: every statement of the commit is on the path to a certificate)."""
+    one, the signed head with one, after a single read of the chain's and the tree's heads;
+    on PostgreSQL the four INSERTs are one statement (issue 28: every statement of the
+    commit is on the path to a certificate)."""
     write_chain(db_url, 3)
     engine = engine_for(db_url)
     statements: list[str] = []
@@ -106,14 +107,16 @@ def test_an_append_reads_both_heads_at_once_and_inserts_a_batch_in_one_statement
             certs = append_certificates(session, [fields(10 + i) for i in range(3)], SIGNER)
     finally:
         sa.event.remove(engine, "before_cursor_execute", seen)
-    writes = [s.split("(")[0].strip() for s in statements if s.startswith("insert")]
     reads = [s for s in statements if s.startswith("select") and "advisory" not in s]
-    assert writes == [
-        "insert into certificates",
-        "insert into merkle_nodes",
-        "insert into public_nodes",
-        "insert into tree_heads",
-    ], statements
+    writes = [s for s in statements if s.startswith(("insert", "with"))]
+    tables = ["merkle_nodes", "public_nodes", "tree_heads", "certificates"]
+    if db_url.startswith("postgresql"):
+        assert len(writes) == 1, statements
+        assert [writes[0].index(f"insert into {t}") for t in tables] == sorted(
+            writes[0].index(f"insert into {t}") for t in tables
+        )
+    else:
+        assert [w.split("(")[0].strip() for w in writes] == [f"insert into {t}" for t in tables]
     assert len(reads) == 1 and "tree_heads" in reads[0] and "certificates" in reads[0]
     assert [c.seq for c in certs] == [4, 5, 6] and all(c.id is not None for c in certs)
     with database(db_url).read() as session:

@@ -3,6 +3,7 @@ out, and who may read /metrics."""
 
 from __future__ import annotations
 
+import json
 import time
 import uuid
 from collections.abc import Iterator
@@ -237,16 +238,21 @@ def test_a_commit_finds_the_live_versions_without_reading_the_erased_ones(
             keep = conn.execute(
                 sa.select(versions.c.id).where(versions.c.number == 3002)
             ).scalar_one()
-            query = statements.OLDER_VERSIONS.params(model_id=1, keep_id=keep).compile(
+            query = statements.OLDER_VERSIONS.params(model=1, keep=keep).compile(
                 dialect=conn.dialect, compile_kwargs={"literal_binds": True}
             )
             plan = conn.exec_driver_sql(f"EXPLAIN (ANALYZE, FORMAT JSON) {query}").scalar_one()
-            found = conn.execute(statements.OLDER_VERSIONS, {"model_id": 1, "keep_id": keep})
+            found = conn.execute(statements.OLDER_VERSIONS, {"model": 1, "keep": keep})
             assert len(found.all()) == 1
+            purge = statements.PURGE_AT_ONCE.compile(dialect=conn.dialect)
+            purge_plan = conn.exec_driver_sql(  # the commit's statement on PostgreSQL: not run
+                f"EXPLAIN (FORMAT JSON) {purge}", {"model": 1, "keep": keep, "now": now}
+            ).scalar_one()
     finally:
         engine.dispose()
     top = plan[0]["Plan"]
     assert top.get("Index Name") == "ix_model_versions_live", top
+    assert '"Index Name": "ix_model_versions_live"' in json.dumps(purge_plan), purge_plan
     assert top["Actual Rows"] + top.get("Rows Removed by Filter", 0) <= 2, top
 
 

@@ -198,6 +198,50 @@ def test_a_commit_is_refused_when_the_lease_the_version_or_a_task_moved(
     assert sorted(versions) == [1, 2]  # the refused commits wrote nothing
 
 
+def test_a_claim_is_one_statement_on_postgresql(
+    api: Api, digits: dict, ready_model: dict, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The claim marks the model's due tasks and their requests running and returns them: on
+    PostgreSQL in one statement (data-modifying CTEs), on SQLite in three; either way the
+    rows it returns are the ones it marked."""
+    import sqlalchemy as sa
+
+    from app.db.tables import DeletionTask
+    from workers import pipeline
+
+    real, seen = pipeline.claim_tasks, list[tuple[int, list[int], set[str], set[str]]]()
+
+    def counted(session, model_id, limit, deadline):  # type: ignore[no-untyped-def]
+        sent: list[str] = []
+
+        def one(*args: object) -> None:
+            sent.append(str(args[2]))
+
+        engine = session.connection().engine
+        sa.event.listen(engine, "before_cursor_execute", one)
+        try:
+            claimed = real(session, model_id, limit, deadline)
+        finally:
+            sa.event.remove(engine, "before_cursor_execute", one)
+        ids = [t.task_id for t in claimed]
+        tasks = session.scalars(select(DeletionTask).where(DeletionTask.id.in_(ids))).all()
+        requests = session.scalars(
+            select(DeletionRequest.status).where(
+                DeletionRequest.id.in_([t.request_id for t in claimed])
+            )
+        ).all()
+        seen.append((len(sent), ids, {t.status for t in tasks}, set(requests)))
+        return claimed
+
+    monkeypatch.setattr(pipeline, "claim_tasks", counted)
+    done = delete(api, {"dataset_id": digits["id"], "sample_ids": train_ids(api, digits["id"], 1)})
+    assert api.wait(f"/v1/deletions/{done['id']}", ("done", "failed"))["status"] == "done"
+    statements, ids, task_statuses, request_statuses = next(s for s in seen if s[1])
+    postgres = api.url.startswith("postgresql")
+    assert statements == (1 if postgres else 3)
+    assert task_statuses == {"running"} and request_statuses == {"running"}
+
+
 def test_already_erased_reports_earlier_certificate(
     api: Api, digits: dict, ready_model: dict
 ) -> None:

@@ -256,37 +256,27 @@ def claim_tasks(
     """Mark up to `limit` due queued tasks of the model running under our lease (coalescing);
     none unless the model is ready."""
     conn, now = session.connection(), utcnow()
-    rows = conn.execute(
-        sql.CLAIMABLE,
-        {
-            "model_id": model_id,
-            "queued": TaskStatus.queued,
-            "ready": ModelStatus.ready,
-            "now": now,
-            "limit": limit,
-        },
-    ).all()
-    if not rows:
-        return []
-    conn.execute(
-        sql.CLAIM_TASKS,
-        {
-            "ids": [r.id for r in rows],
-            "running": TaskStatus.running,
-            "owner": WORKER_ID,
-            "deadline": deadline,
-            "now": now,
-        },
-    )
-    conn.execute(
-        sql.START_REQUESTS,
-        {
-            "ids": sorted({r.request_id for r in rows}),
-            "queued": RequestStatus.queued,
-            "running": RequestStatus.running,
-            "now": now,
-        },
-    )
+    find = {
+        "model": model_id,
+        "queued": TaskStatus.queued,
+        "ready": ModelStatus.ready,
+        "now": now,
+        "limit": limit,
+    }
+    claim = {"running": TaskStatus.running, "owner": WORKER_ID, "deadline": deadline, "now": now}
+    start = {
+        "request_queued": RequestStatus.queued,
+        "request_running": RequestStatus.running,
+        "now": now,
+    }
+    if conn.dialect.name == "postgresql":  # one statement
+        rows = conn.execute(sql.CLAIM_AT_ONCE, find | claim | start).all()
+    else:
+        rows = conn.execute(sql.CLAIMABLE, find).all()
+        if not rows:
+            return []
+        conn.execute(sql.CLAIM_TASKS, claim | {"ids": [r.id for r in rows]})
+        conn.execute(sql.START_REQUESTS, start | {"ids": sorted({r.request_id for r in rows})})
     return [
         ClaimedTask(r.id, r.request_id, list(r.sample_ids), r.method, r.epsilon, r.delta)
         for r in rows
@@ -619,13 +609,15 @@ def _purge_older_versions(
     them when `keep_id` is None). Returns its blobs' key ids, which with `destroy=False` the
     caller destroys in this transaction (`Blobs.retire`)."""
     conn = session.connection()
-    keep = keep_id if keep_id is not None else -1
-    older = conn.execute(sql.OLDER_VERSIONS, {"model_id": model_id, "keep_id": keep}).all()
+    params = {"model": model_id, "keep": keep_id if keep_id is not None else -1, "now": utcnow()}
+    if conn.dialect.name == "postgresql":  # one statement
+        return blobs().retired(session, conn.execute(sql.PURGE_AT_ONCE, params).all(), destroy)
+    older = conn.execute(sql.OLDER_VERSIONS, params).all()
     if not older:
         return []
     keys = [k for v in older for k in (v.weights_key, v.state_key) if k]
     key_ids = blobs().retire(session, keys, destroy=destroy)
-    conn.execute(sql.ERASE_VERSIONS, {"ids": [v.id for v in older], "now": utcnow()})
+    conn.execute(sql.ERASE_VERSIONS, params | {"ids": [v.id for v in older]})
     return key_ids
 
 

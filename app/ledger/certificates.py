@@ -11,12 +11,13 @@ import hashlib
 import hmac
 import json
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, cast
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
-from sqlalchemy import event, func, insert, select
+from sqlalchemy import Table, event, func, select
 from sqlalchemy.orm import Session
 
+from app.db.bulk import insert_together
 from app.db.tables import Certificate, TreeHead, utcnow
 from app.jsontypes import JsonObject, as_object, optional_object
 from app.ledger import transparency
@@ -199,12 +200,13 @@ def append_certificates(
         }
         rows.append(row)
         prev = row["entry_hash"]
-    # one Core INSERT ... RETURNING for all (issue 28: the ORM's flush of these rows was a
-    # millisecond of every deletion's commit); the rows come back as detached Certificates
-    ids = {seq: id_ for seq, id_ in session.connection().execute(_INSERT, rows)} if rows else {}
-    certs = [Certificate(id=ids[row["seq"]], **row) for row in rows]
-    if certs:  # the tree and a signed head, same transaction
-        signed = transparency.append(session, certs, signer, tree)
+    certs = [Certificate(**row) for row in rows]  # detached; their ids come with the INSERT
+    if certs:  # the tree and a signed head, inserted with the certificates (Core, issue 28)
+        signed, tree_rows = transparency.append(session, certs, signer, tree)
+        returned = insert_together(session.connection(), tree_rows, (_TABLE, rows), _RETURNED)
+        ids = {row.seq: row.id for row in returned}  # matched by seq, in any order
+        for cert in certs:
+            cert.id = ids[cert.seq]
         tree = (seq, str(signed["root_hash"]))  # signed at the newest certificate's seq
     session.info["audit_head"] = (seq, prev, tree)
     return certs
@@ -212,7 +214,8 @@ def append_certificates(
 
 # (seq, id) back, matched by seq: asking for the rows in parameter order would make SQLAlchemy
 # send SQLite one INSERT per row
-_INSERT = insert(Certificate).returning(Certificate.seq, Certificate.id)
+_TABLE = cast(Table, Certificate.__table__)
+_RETURNED = (_TABLE.c.seq, _TABLE.c.id)
 
 
 def _read_head(session: Session) -> tuple[int, str, tuple[int, str]]:

@@ -19,13 +19,13 @@ import threading
 from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import cast
+from typing import Any, cast
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import (
     Ed25519PrivateKey,
     Ed25519PublicKey,
 )
-from sqlalchemy import and_, delete, func, insert, or_, select
+from sqlalchemy import Table, and_, delete, func, insert, or_, select
 from sqlalchemy.orm import Session
 
 from app.db.tables import Certificate, MerkleNode, PublicNode, TreeHead
@@ -215,11 +215,13 @@ def append(
     certificates: list[Certificate],
     signer: Ed25519PrivateKey,
     newest: tuple[int, str],
-) -> JsonObject:
+) -> tuple[JsonObject, list[tuple[Table, list[dict[str, Any]]]]]:
     """Add these certificates' leaves (after any the tree is missing, e.g. certificates
-    written before the tree existed) and sign the new head, in the caller's transaction.
-    `newest`: the newest signed head's (size, root), as the caller read it in this
-    transaction ((0, "") before the first)."""
+    written before the tree existed) and sign the new head: returns the head and the rows
+    to insert, table by table (the new nodes of both trees and the head), which the caller
+    inserts in its transaction with the certificates (`bulk.insert_together`). `newest`: the
+    newest signed head's (size, root), as the caller read it in this transaction ((0, "")
+    before the first)."""
     size, root = newest
     where = str(session.get_bind().engine.url)
     known, known_public = _FRONTIERS.at(where, size, root)
@@ -238,13 +240,14 @@ def append(
     for cert in [*earlier, *sorted(certificates, key=lambda c: c.seq)]:
         nodes.add_leaf(cert.seq - 1, cert.body.encode())
         public.add_leaf(cert.seq - 1, public_entry(cert.body))
-    nodes.write()
-    public.write()
-    head = _sign_head(session, nodes, last, signer)  # reads the certificates' frontier
+    head = _signed_head(nodes, last, signer)  # reads the certificates' frontier
     for level, index in frontier(last):  # and the public tree's, once after a cold start
         public.get(level, index)
     _FRONTIERS.keep(where, last, str(head["root_hash"]), nodes.cache, public.cache)
-    return head
+    return head, [(_MERKLE, nodes.added), (_PUBLIC, public.added), (_HEADS, [head])]
+
+
+_MERKLE, _PUBLIC, _HEADS = (cast(Table, t.__table__) for t in (MerkleNode, PublicNode, TreeHead))
 
 
 def frontier(size: int) -> list[tuple[int, int]]:
@@ -335,6 +338,13 @@ def public_entry(body: str) -> bytes:
 def _sign_head(
     session: Session, nodes: StoredNodes, size: int, key: Ed25519PrivateKey
 ) -> JsonObject:
+    view = _signed_head(nodes, size, key)
+    session.connection().execute(insert(TreeHead), view)
+    return view
+
+
+def _signed_head(nodes: StoredNodes, size: int, key: Ed25519PrivateKey) -> JsonObject:
+    """The tree head of `size` leaves, signed with `key`: not yet stored."""
     root = nodes.subtree(0, size).hex()
     timestamp = datetime.now(UTC).isoformat(timespec="microseconds")
     head = TreeHead(
@@ -344,9 +354,7 @@ def _sign_head(
         key_id=key_id(key.public_key()),
         signature=_b64(key.sign(head_message(size, root, timestamp))),
     )
-    view = head_view(head)
-    session.connection().execute(insert(TreeHead), view)
-    return view
+    return head_view(head)
 
 
 def rebuild(session: Session, signer: Ed25519PrivateKey) -> JsonObject:

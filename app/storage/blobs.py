@@ -256,7 +256,14 @@ class Blobs:
         keys = [k for k in keys if k]
         if not keys:
             return []
-        rows = session.connection().execute(_RETIRE, {"keys": keys}).all()
+        return self.retired(session, session.connection().execute(_RETIRE, {"keys": keys}), destroy)
+
+    def retired(
+        self, session: Session, rows: Iterable[Any], destroy: bool = True
+    ) -> list[uuid.UUID]:
+        """What `retire` does once the blobs' rows are deleted, given the deleted rows' `key`,
+        `key_id` and `location` (a caller that deleted them in a statement of its own)."""
+        rows = list(rows)
         key_ids = [r.key_id for r in rows if r.key_id is not None]
         if destroy:
             destroy_keys(session, key_ids, KeyTable.short)
