@@ -66,21 +66,42 @@ _ERASE = (
 )
 
 
+# PostgreSQL: both in one statement, the erased samples' former keys returned (the FROM
+# subquery reads the rows as they were; the status is checked again on the row updated, so a
+# sample erased meanwhile by another transaction is neither counted nor updated twice)
+_FREED = _FREE.subquery("free")
+_ERASE_FREE = (
+    update(_SAMPLES)
+    .where(_SAMPLES.c.id == _FREED.c.id, _SAMPLES.c.status != bindparam("erased"))
+    .values(payload=null(), key_id=null(), status=bindparam("erased"), erased_at=bindparam("now"))
+    .returning(_FREED.c.key_id)
+)
+
+
 def erase_payloads(session: Session, sample_ids: list[int], also: Sequence[UUID] = ()) -> int:
     """Destroy the data keys of samples no live model still holds, and the short keys `also`
     (requests' commitment openings) with them. Returns how many samples were erased."""
     destroy_keys(session, list(also), KeyTable.short)
     erased, keys = 0, list[UUID | None]()
     conn = session.connection()
+    postgres = conn.dialect.name == "postgresql"
     for chunk in chunked(sample_ids):
-        free = conn.execute(  # one read: the samples not yet erased that no model holds
-            _FREE, {"ids": chunk, "erased": SampleStatus.erased, "failed": ModelStatus.failed}
-        ).all()
+        params = {
+            "ids": chunk,
+            "erased": SampleStatus.erased,
+            "failed": ModelStatus.failed,
+            "now": utcnow(),
+        }
+        if postgres:  # one statement
+            freed = conn.execute(_ERASE_FREE, params).scalars().all()
+            keys += freed
+            erased += len(freed)
+            continue
+        free = conn.execute(_FREE, params).all()  # the samples not yet erased no model holds
         if not free:
             continue
         keys += [row.key_id for row in free]
-        params = {"ids": [row.id for row in free], "erased": SampleStatus.erased, "now": utcnow()}
-        erased += rowcount(conn.execute(_ERASE, params))
+        erased += rowcount(conn.execute(_ERASE, params | {"ids": [row.id for row in free]}))
     destroy_keys(session, [k for k in keys if k is not None])
     return erased
 
