@@ -53,8 +53,8 @@ def appends(url: str, n: int, batch: int, tree: bool) -> float:
     original = transparency.append
     if not tree:  # the tree left as it was: an empty one
 
-        def no_tree(session: Any, certs: Any, signer: Any, newest: Any) -> JsonObject:
-            return {"tree_size": 0, "root_hash": ""}
+        def no_tree(session: Any, certs: Any, signer: Any, newest: Any) -> tuple[JsonObject, list]:
+            return {"tree_size": 0, "root_hash": ""}, []  # no nodes, no head to insert
 
         transparency.append = no_tree  # type: ignore[assignment]
     signer = Ed25519PrivateKey.generate()

@@ -22,6 +22,7 @@ from app.storage.erasure import compact
 from app.storage.keystore import (
     KeyTable,
     create_keys,
+    destroy_both,
     destroy_keys,
     destroyed_in,
     has_destroyed,
@@ -154,6 +155,39 @@ def test_migration_0018_moves_blob_and_opening_keys_out_of_data_keys_and_back(
     assert all(after[name] != before[name] for name in before)  # the moved bytes left
     command.downgrade(alembic_config(url), "0017")
     assert keys("data_keys") == wrapped
+
+
+def test_short_and_sample_keys_are_destroyed_together(db_url: str) -> None:
+    """`destroy_both` (a commit's blob keys and openings, and its erased samples' keys)
+    deletes exactly those keys of each table, on PostgreSQL in one statement, and notes both
+    kinds of table for compaction there."""
+    db, ring = database(db_url), Keyring(b"k" * 32)
+    with db.write() as session:
+        short = [k for k, _ in create_keys(session, ring, 3, KeyTable.short)]
+        samples = [k for k, _ in create_keys(session, ring, 3)]
+    where = db.engine.url.render_as_string()
+    destroyed_in(where)  # nothing left over from earlier tests
+    sent: list[str] = []
+
+    def seen(*args: object) -> None:
+        sent.append(str(args[2]))
+
+    sa.event.listen(db.engine, "before_cursor_execute", seen)
+    try:
+        with db.write() as session:
+            assert destroy_both(session, short[:2], samples[1:]) == 4
+    finally:
+        sa.event.remove(db.engine, "before_cursor_execute", seen)
+    deletes = [s for s in sent if "DELETE" in s]
+    with db.read() as session:
+        assert load_keys(session, ring, short, KeyTable.short).keys() == {short[2]}
+        assert load_keys(session, ring, samples).keys() == {samples[0]}
+    if db_url.startswith("postgresql"):
+        assert len(deletes) == 1, sent
+        noted = destroyed_in(where)
+        assert "short_keys" in noted and any(t.startswith("data_keys_p") for t in noted)
+    else:
+        assert len(deletes) == 2, sent
 
 
 @pytest.mark.postgres

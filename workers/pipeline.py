@@ -22,6 +22,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from sqlalchemy import Row, delete, select
 from sqlalchemy.orm import Session
 
+from app.db.bulk import insert_together
 from app.db.chunks import chunked
 from app.db.session import Database
 from app.db.tables import (
@@ -189,8 +190,7 @@ def write_version(
     metrics: dict[str, Any],
 ) -> VersionRow:
     """Record a version whose blobs are stored: their keys and rows and the version row, in
-    the caller's commit (Core statements built once, as the rest of the commit: issue 28)."""
-    blobs().record(session, *stored.both)
+    the caller's commit; on PostgreSQL in one statement (`bulk.insert_together`: issue 28)."""
     metrics = {
         **metrics,
         "storage": {
@@ -199,27 +199,24 @@ def write_version(
             "location": stored.weights.location,
         },
     }
-    version_id = (
-        session.connection()
-        .execute(
-            sql.INSERT_VERSION,
-            {
-                "model_id": model_id,
-                "number": number,
-                "parent_id": parent_id,
-                "kind": kind,
-                "weights_key": stored.weights.key,
-                "weights_sha256": stored.weights.sha256,
-                "weights_size": stored.weights.size,
-                "state_key": stored.state.key,
-                "metrics": metrics,
-                "n_train": int(metrics.get("n_train", 0)),
-                "created_at": utcnow(),
-            },
-        )
-        .scalar_one()
+    row = {
+        "model_id": model_id,
+        "number": number,
+        "parent_id": parent_id,
+        "kind": kind,
+        "weights_key": stored.weights.key,
+        "weights_sha256": stored.weights.sha256,
+        "weights_size": stored.weights.size,
+        "state_key": stored.state.key,
+        "metrics": metrics,
+        "n_train": int(metrics.get("n_train", 0)),
+        "created_at": utcnow(),
+    }
+    blob_rows = blobs().rows(*stored.both)
+    (inserted,) = insert_together(
+        session.connection(), blob_rows, (sql.VERSIONS, [row]), (sql.VERSIONS.c.id,)
     )
-    return VersionRow(version_id, number, stored.weights.sha256)
+    return VersionRow(inserted.id, number, stored.weights.sha256)
 
 
 def store_release(batch: Batch, release: Release) -> VersionBlobs:

@@ -17,7 +17,6 @@ from sqlalchemy import (
     bindparam,
     delete,
     func,
-    insert,
     null,
     select,
     union_all,
@@ -110,7 +109,6 @@ LEASE = select(
     MODELS.c.current_version_id,
     select(func.count()).select_from(TASKS_HELD.subquery()).scalar_subquery().label("tasks_held"),
 ).where(MODELS.c.id == bindparam("model_id"))
-INSERT_VERSION = insert(VERSIONS).returning(VERSIONS.c.id)
 
 # a finished task, one row each (executemany); `_AS_BEFORE` when its samples were removed
 # by an earlier certificate (no version of this update)

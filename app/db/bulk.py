@@ -10,7 +10,8 @@ from collections.abc import Sequence
 from typing import Any
 from uuid import UUID
 
-from sqlalchemy import Column, Connection, Row, Table, insert
+from sqlalchemy import Column, Connection, Row, Table, bindparam, func, insert, select
+from sqlalchemy.dialects.postgresql import ARRAY
 
 
 def insert_rows(conn: Connection, table: Table, columns: Sequence[str], rows: list[tuple]) -> None:
@@ -42,9 +43,11 @@ def insert_together(
     returning: Sequence[Column[Any]],
 ) -> list[Row[Any]]:
     """INSERT each of `parts`' rows and `last`'s, and return `returning` of `last`'s rows (in
-    no particular order). On PostgreSQL one statement, the parts as data-modifying CTEs
-    (one round trip: every statement of a commit is on the path to a certificate, issue 28);
-    elsewhere one statement per table. The tables must not refer to one another."""
+    no particular order). The rows of one table share their keys. On PostgreSQL one
+    statement, the parts as data-modifying CTEs, each table's rows sent as one array per
+    column: one round trip, and a statement built once per shape (a multi-row VALUES is
+    compiled anew for its values and cost more than the round trips it saved; issue 28).
+    Elsewhere one statement per table. The tables must not refer to one another."""
     table, rows = last
     if not rows:
         raise ValueError("insert_together needs rows to return")
@@ -53,6 +56,33 @@ def insert_together(
         for part, part_rows in parts:
             conn.execute(insert(part), part_rows)
         return list(conn.execute(insert(table).returning(*returning), rows))
-    statement = insert(table).values(rows).returning(*returning)
-    ctes = [insert(t).values(r).cte(f"part_{i}") for i, (t, r) in enumerate(parts)]
-    return list(conn.execute(statement.add_cte(*ctes) if ctes else statement))
+    every = [*parts, last]
+    shape = (
+        tuple((t.name, tuple(r[0]), len(r) > 1) for t, r in every),
+        tuple(str(c) for c in returning),
+    )
+    statement = _TOGETHER.get(shape)
+    if statement is None:
+        built = [_rows_in(t, tuple(r[0]), f"p{i}_", len(r) > 1) for i, (t, r) in enumerate(every)]
+        ctes = [b.cte(f"part_{i}") for i, b in enumerate(built[:-1])]
+        statement = _TOGETHER[shape] = built[-1].returning(*returning).add_cte(*ctes)
+    params: dict[str, Any] = {}
+    for i, (_, part_rows) in enumerate(every):
+        for column in part_rows[0]:
+            values = [row[column] for row in part_rows]
+            params[f"p{i}_{column}"] = values if len(part_rows) > 1 else values[0]
+    return list(conn.execute(statement, params))
+
+
+_TOGETHER: dict[tuple[Any, ...], Any] = {}  # shape -> its statement (see insert_together)
+
+
+def _rows_in(table: Table, columns: tuple[str, ...], prefix: str, many: bool) -> Any:
+    """INSERT into `table` of one row of parameters `prefix`+column, or (`many`) of the rows
+    of as many arrays, unnested side by side (PostgreSQL)."""
+    if not many:
+        return insert(table).values(
+            {c: bindparam(prefix + c, type_=table.c[c].type) for c in columns}
+        )
+    arrays = [func.unnest(bindparam(prefix + c, type_=ARRAY(table.c[c].type))) for c in columns]
+    return insert(table).from_select(list(columns), select(*arrays))

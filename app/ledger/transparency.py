@@ -500,12 +500,16 @@ def consistency(session: Session, first: int, second: int) -> JsonObject:
 def receipt(session: Session, certificate_id: int) -> JsonObject:
     """What a requester keeps: the certificate, the first signed head that includes it, and the
     inclusion proof at that size."""
-    cert = session.get(Certificate, certificate_id)
-    if cert is None:
-        raise not_found("certificate", certificate_id)
-    head = session.scalar(
-        select(TreeHead).where(TreeHead.tree_size >= cert.seq).order_by(TreeHead.tree_size)
-    )
-    if head is None:
+    found = session.execute(  # one read for both (issue 28: it is on a certificate's path)
+        select(Certificate, TreeHead)
+        .join(TreeHead, TreeHead.tree_size >= Certificate.seq)
+        .where(Certificate.id == certificate_id)
+        .order_by(TreeHead.tree_size)
+        .limit(1)
+    ).first()
+    if found is None:
+        if session.get(Certificate, certificate_id) is None:
+            raise not_found("certificate", certificate_id)
         raise LookupError(f"certificate {certificate_id} is in no signed head yet")
+    cert, head = found
     return _inclusion_at(session, cert, head.tree_size)  # a signed size: no check to read

@@ -25,7 +25,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import bindparam, delete, event, insert, select
+from sqlalchemy import Table, bindparam, delete, event, insert, select
 from sqlalchemy.orm import Session
 
 from app.db.chunks import chunked
@@ -197,26 +197,29 @@ class Blobs:
         if not written:
             return
         conn = session.connection()
-        conn.execute(
-            _INSERT_KEY,
-            [{"id": b.key_id, "wrapped": b.wrapped, "kek_id": self.ring.kek_id} for b in written],
-        )
+        for statement, (_, rows) in zip(
+            (_INSERT_KEY, _INSERT_BLOB), self.rows(*written), strict=True
+        ):
+            conn.execute(statement, rows)
+
+    def rows(self, *written: WrittenBlob) -> list[tuple[Table, list[dict[str, Any]]]]:
+        """What `record` inserts, table by table (keys before the blobs that refer to them),
+        for a caller that inserts them with rows of its own (`bulk.insert_together`)."""
         now = utcnow()
-        conn.execute(
-            _INSERT_BLOB,
-            [
-                {
-                    "key": b.key,
-                    "key_id": b.key_id,
-                    "size": b.size,
-                    "sha256": b.sha256,
-                    "location": b.location,
-                    "chunk_size": b.chunk_size,
-                    "created_at": now,
-                }
-                for b in written
-            ],
-        )
+        keys = [{"id": b.key_id, "wrapped": b.wrapped, "kek_id": self.ring.kek_id} for b in written]
+        rows = [
+            {
+                "key": b.key,
+                "key_id": b.key_id,
+                "size": b.size,
+                "sha256": b.sha256,
+                "location": b.location,
+                "chunk_size": b.chunk_size,
+                "created_at": now,
+            }
+            for b in written
+        ]
+        return [(_KEY_ROWS, keys), (_BLOB_ROWS, rows)]
 
     def discard(self, written: Iterable[WrittenBlob]) -> None:
         """Delete objects that will never be recorded (their commit failed); best effort, the

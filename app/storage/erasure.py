@@ -32,7 +32,7 @@ from app.db.tables import Base, utcnow
 from app.states import ModelStatus, SampleStatus
 from app.storage.keystore import (
     KeyTable,
-    destroy_keys,
+    destroy_both,
     destroyed_in,
     has_destroyed,
     note_destroyed,
@@ -81,7 +81,6 @@ _ERASE_FREE = (
 def erase_payloads(session: Session, sample_ids: list[int], also: Sequence[UUID] = ()) -> int:
     """Destroy the data keys of samples no live model still holds, and the short keys `also`
     (requests' commitment openings) with them. Returns how many samples were erased."""
-    destroy_keys(session, list(also), KeyTable.short)
     erased, keys = 0, list[UUID | None]()
     conn = session.connection()
     postgres = conn.dialect.name == "postgresql"
@@ -102,7 +101,7 @@ def erase_payloads(session: Session, sample_ids: list[int], also: Sequence[UUID]
             continue
         keys += [row.key_id for row in free]
         erased += rowcount(conn.execute(_ERASE, params | {"ids": [row.id for row in free]}))
-    destroy_keys(session, [k for k in keys if k is not None])
+    destroy_both(session, list(also), [k for k in keys if k is not None])
     return erased
 
 
