@@ -242,6 +242,49 @@ def test_a_claim_is_one_statement_on_postgresql(
     assert task_statuses == {"running"} and request_statuses == {"running"}
 
 
+def test_an_acceptance_writes_in_one_statement_on_postgresql(
+    api: Api, digits: dict, ready_model: dict, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A POST's commitment key, request, task and the sample's move to erasing are one
+    statement on PostgreSQL (data-modifying CTEs), four on SQLite; either way the request
+    is done with a certificate whose commitment opens with the opening it was given."""
+    import threading
+
+    import sqlalchemy as sa
+
+    from app.api import deletions as route
+
+    real, seen = route.create_deletion, list[list[str]]()
+
+    def counted(session, *args, **kwargs):  # type: ignore[no-untyped-def]
+        sent: list[str] = []
+        me = threading.get_ident()  # not the inline worker's statements
+
+        def one(*event: object) -> None:
+            if threading.get_ident() == me:
+                sent.append(" ".join(str(event[2]).split()).upper())
+
+        engine = session.get_bind()
+        sa.event.listen(engine, "before_cursor_execute", one)
+        try:
+            return real(session, *args, **kwargs)
+        finally:
+            sa.event.remove(engine, "before_cursor_execute", one)
+            seen.append(sent)
+
+    monkeypatch.setattr(route, "create_deletion", counted)
+    ids = train_ids(api, digits["id"], 1)
+    sent = delete(api, {"dataset_id": digits["id"], "sample_ids": ids})
+    done = api.wait(f"/v1/deletions/{sent['id']}", ("done", "failed"))
+    assert done["status"] == "done" and done["certificate_ids"], done
+    writes = [s for s in seen[0] if s.startswith(("INSERT", "UPDATE", "DELETE", "WITH"))]
+    assert len(writes) == (1 if api.url.startswith("postgresql") else 4), seen[0]
+    cert = api.get(f"/v1/audit/certificates/{done['certificate_ids'][0]}", role="auditor").json()
+    opening = bytes.fromhex(sent["opening"])
+    expected = hmac.new(opening, ids[0].encode(), hashlib.sha256).hexdigest()
+    assert cert["removed_ids_commitment"] == expected
+
+
 def test_already_erased_reports_earlier_certificate(
     api: Api, digits: dict, ready_model: dict
 ) -> None:

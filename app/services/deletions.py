@@ -7,7 +7,8 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import BindParameter, Row, bindparam, insert, select, update
+from sqlalchemy import BindParameter, Row, any_, bindparam, func, insert, select, update
+from sqlalchemy.dialects.postgresql import ARRAY
 from sqlalchemy.orm import Session
 
 from app.db.chunks import chunked
@@ -32,7 +33,7 @@ from app.specs import PrivacyPolicy, StoredMethod
 from app.states import DatasetStatus, ModelStatus, RequestStatus, SampleStatus, TaskStatus
 from app.storage.crypto import keyring
 from app.storage.erasure import erase_payloads
-from app.storage.keystore import KeyTable, create_keys, load_keys
+from app.storage.keystore import KeyTable, load_keys, new_keys, store_keys
 from methods import method_names
 
 # The request path's tables (issue 28): Core statements on them skip the ORM's compile, load
@@ -142,9 +143,13 @@ def create_deletion(
     _check_models(affected, body)
 
     now = utcnow()
-    opening, commitment_key_id = None, None
+    ring, postgres = keyring(), session.get_bind().dialect.name == "postgresql"
+    opening, commitment_key_id, key = None, None, None
     if pending and affected:  # certificates will be written: they commit under this key
-        ((commitment_key_id, opening),) = create_keys(session, keyring(), 1, KeyTable.short)
+        ((commitment_key_id, opening, wrapped),) = fresh = new_keys(ring, 1)
+        key = {"id": commitment_key_id, "wrapped": wrapped, "kek_id": ring.kek_id}
+        if not postgres:
+            store_keys(session.connection(), ring, fresh, KeyTable.short)
     row: dict[str, Any] = {
         "dataset_id": body.dataset_id,
         "idempotency_key": idempotency_key,
@@ -165,28 +170,86 @@ def create_deletion(
     }
     # Core statements (see REQUESTS); the request and its tasks are transient objects made
     # from the rows written, for the answer.
-    request = DeletionRequest(id=session.execute(INSERT_REQUEST, row).scalar_one(), **row)
-    task_rows = [
-        {
-            "request_id": request.id,
-            "model_id": m.id,
-            "status": TaskStatus.queued,
-            "attempts": 0,
-            "n_removed": 0,
-            "created_at": now,
-            "updated_at": now,
-        }
-        for m in affected
-    ]
-    if task_rows:
-        session.execute(insert(TASKS), task_rows)
-    if pending:
-        for chunk in chunked([s.id for s in pending]):
+    task = {"status": TaskStatus.queued, "attempts": 0, "n_removed": 0}
+    task |= {"created_at": now, "updated_at": now}
+    models, marked = [m.id for m in affected], [s.id for s in pending]
+    if postgres:  # one statement
+        request_id = _accept_at_once(session, key, row, task, models, marked)
+    else:
+        request_id = session.execute(INSERT_REQUEST, row).scalar_one()
+        if models:
+            session.execute(insert(TASKS), _task_rows(task, request_id, models))
+        for chunk in chunked(marked):
             session.execute(MARK_ERASING, {"ids": chunk})
+    request = DeletionRequest(id=request_id, **row)
     if not affected:
         erase_payloads(session, [s.id for s in pending])
-    tasks = [DeletionTask(**t) for t in task_rows]
+    tasks = [DeletionTask(**t) for t in _task_rows(task, request_id, models)]
     return Accepted(request, tasks, replayed=False, opening=opening)
+
+
+def _task_rows(task: dict[str, Any], request_id: int, models: list[int]) -> list[dict[str, Any]]:
+    return [{**task, "request_id": request_id, "model_id": m} for m in models]
+
+
+def _accept_at_once(
+    session: Session,
+    key: dict[str, Any] | None,
+    request: dict[str, Any],
+    task: dict[str, Any],
+    models: list[int],
+    marked: list[int],
+) -> int:
+    """PostgreSQL: the commitment key, the request, its tasks (one per model of `models`, each
+    `task`) and the `marked` samples' move to erasing, in one statement (data-modifying CTEs;
+    three round trips less on every POST, issue 28). Returns the request's id."""
+    shape = (key is not None, bool(models), bool(marked))
+    statement = _ACCEPT.get(shape)
+    if statement is None:
+        statement = _ACCEPT[shape] = _accept_statement(*shape, tuple(request), tuple(task))
+    params: dict[str, Any] = {f"r_{c}": v for c, v in request.items()}
+    params |= {f"k_{c}": v for c, v in (key or {}).items()}
+    params |= {f"t_{c}": v for c, v in task.items()}
+    params |= {"t_models": models, "m_ids": marked}
+    params |= {"m_active": SampleStatus.active, "m_erasing": SampleStatus.erasing}
+    return int(session.execute(statement, params).scalar_one())
+
+
+_ACCEPT: dict[tuple[bool, bool, bool], Any] = {}  # shape -> statement (_accept_at_once)
+
+
+def _accept_statement(
+    key: bool, tasks: bool, marks: bool, request: tuple[str, ...], task: tuple[str, ...]
+) -> Any:
+    """The statement of `_accept_at_once` for one shape. Parameters are prefixed, never a
+    column's name (which SQLAlchemy would add to an INSERT's or UPDATE's columns)."""
+
+    def bound(table: Any, prefix: str, columns: tuple[str, ...]) -> dict[str, Any]:
+        return {c: bindparam(prefix + c, type_=table.c[c].type) for c in columns}
+
+    made = insert(REQUESTS).values(bound(REQUESTS, "r_", request)).returning(REQUESTS.c.id)
+    made_cte = made.cte("request")
+    ctes = []
+    if key:
+        short = Base.metadata.tables[KeyTable.short]
+        ctes.append(
+            insert(short).values(bound(short, "k_", ("id", "wrapped", "kek_id"))).cte("key")
+        )
+    if tasks:
+        columns = bound(TASKS, "t_", task)
+        models = func.unnest(bindparam("t_models", type_=ARRAY(TASKS.c.model_id.type)))
+        chosen = select(made_cte.c.id, models, *columns.values())
+        names = ["request_id", "model_id", *columns]
+        ctes.append(insert(TASKS).from_select(names, chosen).cte("tasks"))
+    if marks:
+        ids = bindparam("m_ids", type_=ARRAY(SAMPLES.c.id.type))
+        ctes.append(
+            update(SAMPLES)
+            .where(SAMPLES.c.id == any_(ids), SAMPLES.c.status == bindparam("m_active"))
+            .values(status=bindparam("m_erasing"))
+            .cte("marked")
+        )
+    return select(made_cte.c.id).add_cte(*ctes)
 
 
 def _opening(session: Session, request: DeletionRequest) -> bytes | None:
