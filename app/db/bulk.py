@@ -2,7 +2,9 @@
 
 SQLAlchemy processes every parameter of every row (type processors, a dict per row); without
 that a million-sample registration took 123 s instead of 174 s (issue 28, same sitting). Rows
-here are tuples already in the driver's form; `driver_uuid` gives a UUID the column's form."""
+here are tuples already in the driver's form; `driver_uuid` gives a UUID the column's form.
+`insert_together` is the other kind of bulk: the few rows of several tables that one commit
+writes, in one statement on PostgreSQL."""
 
 from __future__ import annotations
 

@@ -100,11 +100,11 @@ _DESTROY_NOTING = {
 
 
 def _unprepared(conn: Connection, statement: str, *key_ids: list[UUID]) -> list[Any]:
-    """Run a statement on the key table that PostgreSQL plans with these ids, pruned to their
-    partitions: never prepared. Every compaction's VACUUM FULL rewrites partitions, which
-    invalidates a prepared statement's plans, and PostgreSQL then rebuilt a generic plan over
-    all 128 partitions to compare it with the custom one (6.4 ms of planning per deletion for
-    the deletion of keys alone, bench.pg_time)."""
+    """Run a statement on the key table that PostgreSQL plans with these ids (a list per
+    parameter), pruned to their partitions: never prepared. Every compaction's VACUUM FULL
+    rewrites partitions, which invalidates a prepared statement's plans, and PostgreSQL then
+    rebuilt a generic plan over all 128 partitions to compare it with the custom one (6.4 ms
+    of planning per deletion for the deletion of keys alone, bench.pg_time)."""
     raw = cast("psycopg.Connection[Any]", conn.connection.dbapi_connection)
     threshold, raw.prepare_threshold = raw.prepare_threshold, None  # this statement only
     try:  # through SQLAlchemy: its errors, retries and disconnect handling apply as usual
@@ -149,6 +149,8 @@ _DESTROY_BOTH = (
     f"samples AS ({_DESTROY_NOTING[KeyTable.samples]}) "
     "SELECT * FROM short UNION ALL SELECT * FROM samples"
 )
+
+
 _LOCK = threading.Lock()
 _DESTROYED: dict[str, set[str]] = {}  # database -> tables holding keys destroyed, not compacted
 
