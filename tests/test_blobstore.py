@@ -313,3 +313,25 @@ def test_an_object_store_outage_delays_deletions_and_loses_nothing(tmp_path: Pat
             assert api.get(f"/v1/models/{model['id']}/weights").status_code == 200
     finally:
         own.kill()
+
+
+@pytest.mark.integration
+def test_seaweedfs_starts_again_on_other_ports_when_one_was_taken(tmp_path: Path) -> None:
+    """A port chosen free for the tests' SeaweedFS can be taken before it binds it (another
+    test process chose the same one; CI saw it once): it is started again on other ports."""
+    import socket
+
+    from tests.servers import SeaweedServer
+
+    server = SeaweedServer(tmp_path / "weed")
+    taken = server.ports["s3"]
+    with socket.socket() as holder:
+        holder.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        holder.bind(("127.0.0.1", taken))
+        holder.listen()
+        try:
+            server.start()
+            assert server.ports["s3"] != taken
+            assert b"address already in use" in (tmp_path / "weed" / "weed.log").read_bytes()
+        finally:
+            server.kill()
