@@ -79,12 +79,17 @@ def insert_together(
 _TOGETHER: dict[tuple[Any, ...], Any] = {}  # shape -> its statement (see insert_together)
 
 
+def bound_values(table: Table, prefix: str, columns: Sequence[str]) -> dict[str, Any]:
+    """column -> a parameter named `prefix`+column of the column's type. Prefixed: a
+    parameter named after a column of the table an INSERT or UPDATE writes is added by
+    SQLAlchemy to its columns."""
+    return {c: bindparam(prefix + c, type_=table.c[c].type) for c in columns}
+
+
 def _rows_in(table: Table, columns: tuple[str, ...], prefix: str, many: bool) -> Any:
     """INSERT into `table` of one row of parameters `prefix`+column, or (`many`) of the rows
     of as many arrays, unnested side by side (PostgreSQL)."""
     if not many:
-        return insert(table).values(
-            {c: bindparam(prefix + c, type_=table.c[c].type) for c in columns}
-        )
+        return insert(table).values(bound_values(table, prefix, columns))
     arrays = [func.unnest(bindparam(prefix + c, type_=ARRAY(table.c[c].type))) for c in columns]
     return insert(table).from_select(list(columns), select(*arrays))

@@ -11,6 +11,7 @@ from sqlalchemy import BindParameter, Row, any_, bindparam, func, insert, select
 from sqlalchemy.dialects.postgresql import ARRAY
 from sqlalchemy.orm import Session
 
+from app.db.bulk import bound_values
 from app.db.chunks import chunked
 from app.db.session import Database
 from app.db.tables import (
@@ -221,24 +222,19 @@ _ACCEPT: dict[tuple[bool, bool, bool], Any] = {}  # shape -> statement (_accept_
 def _accept_statement(
     key: bool, tasks: bool, marks: bool, request: tuple[str, ...], task: tuple[str, ...]
 ) -> Any:
-    """The statement of `_accept_at_once` for one shape. Parameters are prefixed, never a
-    column's name (which SQLAlchemy would add to an INSERT's or UPDATE's columns)."""
-
-    def bound(table: Any, prefix: str, columns: tuple[str, ...]) -> dict[str, Any]:
-        return {c: bindparam(prefix + c, type_=table.c[c].type) for c in columns}
-
-    made = insert(REQUESTS).values(bound(REQUESTS, "r_", request)).returning(REQUESTS.c.id)
-    made_cte = made.cte("request")
+    """The statement of `_accept_at_once` for one shape (parameters prefixed, `bound_values`)."""
+    values = bound_values(REQUESTS, "r_", request)
+    made = insert(REQUESTS).values(values).returning(REQUESTS.c.id).cte("request")
     ctes = []
     if key:
         short = Base.metadata.tables[KeyTable.short]
         ctes.append(
-            insert(short).values(bound(short, "k_", ("id", "wrapped", "kek_id"))).cte("key")
+            insert(short).values(bound_values(short, "k_", ("id", "wrapped", "kek_id"))).cte("key")
         )
     if tasks:
-        columns = bound(TASKS, "t_", task)
+        columns = bound_values(TASKS, "t_", task)
         models = func.unnest(bindparam("t_models", type_=ARRAY(TASKS.c.model_id.type)))
-        chosen = select(made_cte.c.id, models, *columns.values())
+        chosen = select(made.c.id, models, *columns.values())
         names = ["request_id", "model_id", *columns]
         ctes.append(insert(TASKS).from_select(names, chosen).cte("tasks"))
     if marks:
@@ -249,7 +245,7 @@ def _accept_statement(
             .values(status=bindparam("m_erasing"))
             .cte("marked")
         )
-    return select(made_cte.c.id).add_cte(*ctes)
+    return select(made.c.id).add_cte(*ctes)
 
 
 def _opening(session: Session, request: DeletionRequest) -> bytes | None:
