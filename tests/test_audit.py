@@ -77,7 +77,7 @@ def test_a_batch_appends_in_order_and_releases_read_one_per_version(db_url: str)
             certs = append_certificates(session, batch, SIGNER)
             assert [c.seq for c in certs] == sorted(c.seq for c in certs)
             assert all(c.id is not None for c in certs)
-    with database(db_url).read() as session:
+    with database(db_url).read(streaming=True) as session:
         assert verify_chain(session)["ok"]
         every = certificate_documents(session, 1)
         releases = release_documents(session, 1)
@@ -119,7 +119,7 @@ def test_an_append_reads_both_heads_at_once_and_inserts_a_batch_in_one_statement
         assert [w.split("(")[0].strip() for w in writes] == [f"insert into {t}" for t in tables]
     assert len(reads) == 1 and "tree_heads" in reads[0] and "certificates" in reads[0]
     assert [c.seq for c in certs] == [4, 5, 6] and all(c.id is not None for c in certs)
-    with database(db_url).read() as session:
+    with database(db_url).read(streaming=True) as session:
         assert verify_chain(session)["ok"]
 
 

@@ -9,6 +9,7 @@ import uuid
 from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 import pytest
 import sqlalchemy as sa
@@ -173,6 +174,54 @@ def test_only_bookkeeping_commits_skip_the_wait_for_the_disk(own_pg_database: st
         assert sent == ["SHOW synchronous_commit"] * 4  # no SET LOCAL in between
     finally:
         sa.event.remove(sa.Engine, "before_cursor_execute", seen)
+        dispose_engines(own_pg_database)
+
+
+@pytest.mark.postgres
+def test_reads_and_single_statements_send_no_begin_or_commit(
+    own_pg_database: str, tmp_path: Path
+) -> None:
+    """On PostgreSQL a read and `single()` send their statements alone, in autocommit: no
+    BEGIN and no COMMIT, two round trips fewer each (issue 28); `write()` still sends both
+    around its statements, and what `single()` wrote is committed when it returns."""
+    from psycopg import pq
+
+    from app.db.session import Database, dispose_engines
+
+    db = Database(own_pg_database)
+    select_one = sa.text("SELECT 1")
+
+    def traced(open_session: Any, statement: Any) -> str:
+        """libpq's trace of the messages the session sent, from its first statement on."""
+        trace = tmp_path / "trace.txt"
+        with trace.open("w") as out:
+            with open_session() as session:
+                pgconn = session.connection().connection.dbapi_connection.pgconn
+                pgconn.trace(out.fileno())
+                pgconn.set_trace_flags(pq.Trace.SUPPRESS_TIMESTAMPS)
+                session.execute(statement)
+            pgconn.untrace()  # after the session's end: its COMMIT, if any, is in the trace
+        return trace.read_text()
+
+    try:
+        with db.write() as session:
+            session.execute(sa.text("CREATE TABLE single_probe (x int)"))
+        for _ in range(2):  # a pooled connection, back from another mode, behaves the same
+            read = traced(db.read, select_one)
+            assert '"SELECT 1"' in read
+            assert '"BEGIN"' not in read and '"COMMIT"' not in read
+            written = traced(db.write, select_one)
+            assert '"BEGIN"' in written and '"COMMIT"' in written
+            for durable in (True, False):
+                single = traced(
+                    lambda d=durable: db.single(durable=d),
+                    sa.text("INSERT INTO single_probe VALUES (1)"),
+                )
+                assert "INSERT INTO single_probe" in single
+                assert '"BEGIN"' not in single and '"COMMIT"' not in single
+        with db.read() as session:
+            assert session.execute(sa.text("SELECT count(*) FROM single_probe")).scalar() == 4
+    finally:
         dispose_engines(own_pg_database)
 
 

@@ -222,11 +222,12 @@ def _load_training(session: Session, model_id: int, hand_over: bool) -> Training
     dataset = session.get(Dataset, model.dataset_id)
     assert dataset is not None, "a model's dataset is never deleted"
     imported = model.training.imported
+    test_left = pipeline.test_rows_left(session, dataset.id)  # before the split it dates
     return TrainingInputs(
         spec=pipeline.model_spec(model, dataset),
         data=training_arrays(session, model_id, dataset, hand_over=hand_over),
         test=test_arrays(session, dataset),
-        test_left=pipeline.test_rows_left(session, dataset.id),
+        test_left=test_left,
         imported=imported,
         imported_bytes=blobs().read(session, imported.blob) if imported else None,
         dataset_id=dataset.id,
@@ -499,7 +500,8 @@ def _next_batch(
 
 
 def _claim(db: Database, settings: Settings, model_id: int, lease: ModelLease) -> list[ClaimedTask]:
-    with db.write(durable=False) as session:  # a claim lost in a crash expires with the lease
+    # one statement on PostgreSQL; a claim lost in a crash expires with the lease
+    with db.single(durable=False) as session:
         return _claim_in(session, settings, model_id, lease)
 
 

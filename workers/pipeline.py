@@ -384,9 +384,10 @@ def _cold_session(
         raise LookupError(f"the state of version {parent.number} is missing")
     rows = training_arrays(session, model_id, dataset, hand_over=hand_over)
     state = tensorfile.decode(state_bytes)
-    test = test_arrays(session, dataset)
+    left = test_rows_left(session, dataset.id)  # before the split: a row leaving between the
+    test = test_arrays(session, dataset)  # two reads makes the next count differ, not match
     made = ModelSession.of(model_id, parent.id, rows, state, test, device)
-    made = replace(made, test_left=test_rows_left(session, dataset.id))  # dated: read once
+    made = replace(made, test_left=left)  # dated: read once
     return made, len(rows)
 
 
@@ -403,8 +404,9 @@ def _with_current_test(session: Session, dataset: Dataset, warm: ModelSession) -
 
 
 def test_rows_left(session: Session, dataset_id: int) -> int:
-    """How many of the dataset's test rows have left (erasing or erased): read in the same
-    transaction as the split, it dates the split for `_with_current_test`. One count per status,
+    """How many of the dataset's test rows have left (erasing or erased): read before the
+    split (statements of a read do not share a snapshot on PostgreSQL), it dates the split for
+    `_with_current_test`. One count per status,
     each an equality on all three columns of ix_samples_dataset_split_status, so only the rows
     that left are visited: with `status IN (...)` PostgreSQL filtered every test row of the
     dataset (10 ms at 20,000, before the table was first analysed)."""

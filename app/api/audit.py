@@ -149,7 +149,7 @@ def consistency_proof(
 @router.get("/verify", response_model=ChainCheck)
 def verify(_: Auditor, db: DbDep) -> JsonObject:
     """Recompute every entry hash and link; name the first certificate that does not hold."""
-    with db.read() as session:
+    with db.read(streaming=True) as session:
         return verify_chain(session)
 
 
@@ -167,7 +167,7 @@ def export(_: Auditor, db: DbDep) -> StreamingResponse:
     """JSONL, verifiable offline with scripts/verify_audit.py."""
 
     def lines():
-        with db.read() as session:
+        with db.read(streaming=True) as session:
             yield from export_lines(session)
 
     return StreamingResponse(lines(), media_type="application/x-ndjson")

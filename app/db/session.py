@@ -156,21 +156,31 @@ class Database:
         self.url = url
         self.engine = engine_for(url)
         self._writer = sessionmaker(bind=engine_for(url), expire_on_commit=False)
-        self._reader = sessionmaker(bind=engine_for(url, readonly=True), expire_on_commit=False)
+        self._reader = sessionmaker(bind=_autocommit(engine_for(url, True)), expire_on_commit=False)
+        self._streamer = sessionmaker(bind=engine_for(url, readonly=True), expire_on_commit=False)
         self._bookkeeper = sessionmaker(bind=bookkeeping_engine_for(url), expire_on_commit=False)
+        self._single = {
+            durable: sessionmaker(bind=_autocommit(e), expire_on_commit=False)
+            for durable, e in ((True, engine_for(url)), (False, bookkeeping_engine_for(url)))
+        }
         # SQLite has one write lock per file; threads of this process queue for it here, in
         # order, instead of polling it through SQLite's busy handler (whose sleeps grow to
         # 100 ms and made the tail latency of the API seconds long under load; issue 13).
         self._write_lock = threading.RLock() if url.startswith("sqlite") else None
 
     @contextmanager
-    def read(self) -> Iterator[Session]:
-        with self._reader() as session:  # closing returns the connection, ending its snapshot
+    def read(self, streaming: bool = False) -> Iterator[Session]:
+        """On PostgreSQL each statement of a read runs on its own (autocommit): at READ
+        COMMITTED, its isolation, a transaction gave statements no common snapshot anyway,
+        and its BEGIN and COMMIT were two round trips more per read (issue 28). `streaming`:
+        in a transaction, which PostgreSQL's server-side cursors (`yield_per`) need."""
+        factory = self._streamer if streaming else self._reader
+        with factory() as session:  # closing returns the connection, ending its snapshot
             yield session
             # A read ends with COMMIT, not ROLLBACK (the same for a transaction that wrote
             # nothing): psycopg forgets every prepared statement of a connection at a
             # rollback, and sent DEALLOCATE ALL once a deletion, so no statement of the worker
-            # or the API ever stayed prepared (issue 28).
+            # or the API ever stayed prepared (issue 28). In autocommit both send nothing.
             session.commit()
 
     @contextmanager
@@ -179,6 +189,19 @@ class Database:
         factory = self._writer if durable else self._bookkeeper
         with lock, factory() as session, session.begin():
             yield session
+
+    @contextmanager
+    def single(self, durable: bool = True) -> Iterator[Session]:
+        """`write()` for work that is one statement on PostgreSQL: there the statement
+        commits on its own (autocommit), so the BEGIN and COMMIT round trips are spared
+        (issue 28: the claim). On SQLite it is `write()`, whatever the work sends."""
+        if self._write_lock is not None:
+            with self.write(durable) as session:
+                yield session
+            return
+        with self._single[durable]() as session:
+            yield session
+            session.commit()  # nothing to send in autocommit but what the ORM holds
 
     def run(
         self, work: Callable[[Session], T], attempts: int = 5, retry_integrity: bool = False
@@ -198,6 +221,13 @@ class Database:
             return is_retryable(exc) or (retry_integrity and isinstance(exc, IntegrityError))
 
         return retrying(once, attempts, transient)
+
+
+def _autocommit(engine: Engine) -> Engine:
+    """`engine`'s sessions in autocommit on PostgreSQL (its pool shared); SQLite's as they are."""
+    if engine.dialect.name != "postgresql":
+        return engine
+    return engine.execution_options(isolation_level="AUTOCOMMIT")
 
 
 _DATABASES: dict[str, Database] = {}
