@@ -168,3 +168,37 @@ def test_recorded_vectors_equal_the_generic_path(arch: dict, C: float) -> None:
     assert float(fast.vectors[exclude].abs().max()) == 0.0  # never trained on, never visited
     assert float(fast.vectors[~exclude].norm(dim=1).min()) > 0.0
     assert abs(fast.rho - generic.rho) < 1e-4
+
+
+@pytest.mark.parametrize("n, epochs, batch_size", [(1000, 3, 64), (1037, 2, 100), (5, 4, 8)])
+def test_the_replay_gives_the_schedules_steps_and_bound(
+    n: int, epochs: int, batch_size: int
+) -> None:
+    """The resident replay (issue 28) gives each sample the steps the batch schedule puts it
+    in, and Theorem 2's bound as replaying the schedule sample by sample gives it."""
+    from app.privacy.sensitivity import recollection_sensitivity_schedule
+    from methods.recollection.maths import batch_schedule
+    from methods.recollection.replay import Replay
+
+    rng = np.random.default_rng(n)
+    order = (rng.permutation(n) * 7 + 3).tolist()  # ids in training order, not ascending
+    record = {
+        "train_sample_ids": order, "rho": 0.995, "rho_trace": [[0, 0.995]], "C": 2.0,
+        "q": 0.999, "eta": 0.1, "epochs": epochs, "batch_size": batch_size, "seed": n,
+        "weight_decay": 1e-3, "steps": 0, "clipped_steps": 0, "precompute_seconds": 0.0,
+        "d": 3, "storage_dtype": "float32", "rows": n,
+    }  # fmt: skip
+    replay = Replay.of(record)
+    schedule = batch_schedule(n, epochs, batch_size, n, 0.1, 0.999)
+    position = {s: i for i, s in enumerate(order)}
+    for k in (1, min(n, 7), n):
+        removed = sorted(rng.choice(order, k, replace=False).tolist())
+        expected = schedule.steps_of([position[s] for s in removed])
+        assert replay.steps_of(removed).tolist() == expected
+        by_sample = recollection_sensitivity_schedule(
+            schedule.etas, 2.0, 0.995, expected, [len(b) for b in schedule.batches]
+        )
+        assert replay.sensitivity(removed) == pytest.approx(by_sample, rel=1e-12)
+    assert replay.made_from(record) and not replay.made_from(dict(record))
+    with pytest.raises(KeyError):
+        replay.steps_of([order[0], 10 * n + 5])  # never trained on

@@ -53,11 +53,11 @@ def recollection_rho(eta: float, lam: float, M: float) -> float:
 
 
 def recollection_sensitivity_schedule(
-    etas: Sequence[float],
+    etas: Sequence[float] | np.ndarray,
     C: float,
     rho: float | Sequence[float],
-    removed_steps: Sequence[Sequence[int]],
-    batch_sizes: float | Sequence[float],
+    removed_steps: Sequence[Sequence[int]] | np.ndarray,
+    batch_sizes: float | Sequence[float] | np.ndarray,
 ) -> float:
     """Seed 003 Theorem 2, un-folded (note 003 §5.2), for any step-size schedule:
     Δ_U = Σ_t Π_{k>t}ρ_k·η_t·2C·Σ_{s<t}η_s + Σ_j Σ_{s∈S(u_j)} Π_{k>s}ρ_k·2C·η_s/|B_s|.
@@ -69,7 +69,8 @@ def recollection_sensitivity_schedule(
         value for all steps or one per step ρ_t; the error of step t is propagated by
         Π_{k=t+1}^{T−1} ρ_k (ρ^{T−1−t} for a constant ρ).
       removed_steps: for each removed sample u_j (m = len(removed_steps)), the global steps
-        s = e·B + b(u_j) at which it was in the mini-batch (one per epoch).
+        s = e·B + b(u_j) at which it was in the mini-batch (one per epoch); a list per sample,
+        or an (m, epochs) array.
       batch_sizes: |B_s|, the size of the mini-batch of step s (one value or one per step).
     The first term bounds the dropped Taylor remainders (η_t·‖w_t^{-U} − w_t‖, Lemma 1); the
     second the removed samples' gradients taken on w instead of w^{-U} (≤ 2C apart). Nothing
@@ -91,13 +92,16 @@ def recollection_sensitivity_schedule(
         raise PrivacyParameterError("ρ must be finite and ≥ 0")
     if not (np.all(np.isfinite(sizes)) and np.all(sizes >= 1)):
         raise PrivacyParameterError("every batch size |B_s| must be finite and ≥ 1")
-    steps: list[np.ndarray] = []
-    for j, used in enumerate(removed_steps):
-        s = np.asarray(used, dtype=int)
-        if s.ndim != 1 or np.any(s < 0) or np.any(s >= T):
-            raise PrivacyParameterError(f"steps of removed sample {j} must lie in [0, {T - 1}]")
-        steps.append(s)
-    if not steps:
+    if isinstance(removed_steps, np.ndarray) and removed_steps.ndim == 2:  # (m, epochs)
+        steps = removed_steps.astype(int, copy=False).ravel()
+    else:
+        rows = [np.asarray(used, dtype=int) for used in removed_steps]
+        if any(s.ndim != 1 for s in rows):
+            raise PrivacyParameterError("the steps of each removed sample must be a 1-D list")
+        steps = np.concatenate(rows) if rows else np.empty(0, dtype=int)
+    if steps.size and (steps.min() < 0 or steps.max() >= T):
+        raise PrivacyParameterError(f"steps of removed samples must lie in [0, {T - 1}]")
+    if not len(removed_steps):
         return 0.0
     # Π_{k=t+1}^{T−1} ρ_k through log-space sums: ρ > 1 over many steps gives inf, not an error.
     with np.errstate(divide="ignore", over="ignore", invalid="ignore"):
@@ -110,7 +114,9 @@ def recollection_sensitivity_schedule(
 
         seen = np.concatenate([[0.0], np.cumsum(eta)[:-1]])  # Σ_{s<t} η_s
         remainder = propagated(eta * 2.0 * C * seen, slice(None))
-        gradients = sum(propagated(2.0 * C * eta[s] / sizes[s], s) for s in steps)
+        # every removed sample's steps at once (one gather, O(m · epochs)): a step counts
+        # once per removed sample in its batch
+        gradients = propagated(2.0 * C * eta[steps] / sizes[steps], steps)
     return remainder + gradients
 
 

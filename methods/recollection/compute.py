@@ -16,7 +16,6 @@ import torch
 
 from app.privacy.gaussian import epsilon_for, sigma_for
 from app.privacy.lineage import gaussian_event
-from app.privacy.sensitivity import recollection_sensitivity_schedule
 from app.states import Guarantee
 from maths.nets import FlatModel, build_net
 from maths.training import ProgressFn
@@ -36,7 +35,8 @@ from methods.compute import (
     register,
 )
 from methods.noise import check_relative_noise, draw_gaussian, secure_generator
-from methods.recollection.maths import batch_schedule, train_recollection
+from methods.recollection.maths import train_recollection
+from methods.recollection.replay import Replay
 from methods.recollection.spec import SPEC, RecollectionOptions, RecollectionRecord
 
 KIND, SUBJECT_KIND = "recollection", "recollection_subject"
@@ -153,28 +153,24 @@ class Recollection(UnlearningMethod):
             raise TargetInfeasible(f"no recollection vector for samples {sorted(missing)[:5]}")
         return total
 
-    @staticmethod
-    def sensitivity(rec: RecollectionRecord, removed_total: list[int]) -> float:
-        """Theorem 2 (unfolded) for every sample removed since the vectors were recorded."""
-        pos = {s: i for i, s in enumerate(rec.train_sample_ids)}
-        sched = batch_schedule(len(pos), rec.epochs, rec.batch_size, rec.seed, rec.eta, rec.q)
-        steps = sched.steps_of([pos[s] for s in removed_total])
-        return recollection_sensitivity_schedule(
-            sched.etas, rec.C, rec.rho, steps, [len(b) for b in sched.batches]
-        )
-
     def unlearn(self, inputs: UpdateInputs) -> Release:
         start = time.perf_counter()
         removed, target = inputs.removed, inputs.target
         if not inputs.record or inputs.record.get("method") != KIND:
             raise TargetInfeasible("this model has no recollection record")
-        record = RecollectionRecord.model_validate(inputs.record)
+        replay = inputs.resident  # the record's schedule as the last update left it, if any
+        if not isinstance(replay, Replay) or not replay.made_from(inputs.record):
+            replay = Replay.of(inputs.record)  # O(n · epochs), once per session
+        record = replay.record
         flat = self._flat()
         w_det = flat.vector(inputs.state).double()
         w_det = w_det + self._sum_vectors(removed, record)
         compute_seconds = time.perf_counter() - start
         removed_total = sorted(set(removed.previously_removed) | set(removed.sample_ids))
-        sensitivity = self.sensitivity(record, removed_total)
+        try:
+            sensitivity = replay.sensitivity(removed_total)
+        except KeyError as exc:
+            raise TargetInfeasible(f"the record does not cover the removal: {exc}") from exc
         if not math.isfinite(sensitivity) or sensitivity <= 0:
             raise TargetInfeasible(f"the Theorem 2 bound is {sensitivity} (ρ={record.rho:.4g})")
         sigma = sigma_for(sensitivity, target.epsilon, target.delta)
@@ -208,6 +204,7 @@ class Recollection(UnlearningMethod):
                 "sensitivity": sensitivity,
                 "removed_since_record": len(removed_total),
             },
+            resident=replay,  # the next update's schedule, with no replay over all n
         )
 
     def _certificate(
