@@ -18,7 +18,7 @@ percent from run to run, CPU time much less.
 
     .venv/bin/python -m bench.resident [--sizes 10000,100000] [--deletions 4]
         [--methods output_perturbation,convex_head,sharded_retrain,recollection]
-        [--recollection-max 10000]
+        [--recollection-max 100000]
 
 Writes bench/results/resident.json.
 """
@@ -197,7 +197,7 @@ def main() -> None:
     parser.add_argument("--methods", default=",".join(METHODS))
     parser.add_argument("--deletions", type=int, default=4)
     parser.add_argument("--features", type=int, default=20)
-    parser.add_argument("--recollection-max", type=int, default=10_000)
+    parser.add_argument("--recollection-max", type=int, default=100_000)
     args = parser.parse_args()
     sizes = [int(s) for s in args.sizes.split(",")]
     methods = args.methods.split(",")

@@ -6,8 +6,8 @@ The service (bench/resident.py's `run`, LETHE_RESIDENT_MODELS=2, one torch threa
 sequential single-sample deletions per method. For each mode and method, the median
 POST→certificate and compute per n, whether it is within the goal (≤ 1.5 × compute + 30 ms),
 and the slope of log(POST→certificate) against log(n) fitted by least squares (0: flat in n;
-1: linear). recollection only up to `--recollection-max` (its training is O(n²)), so it has no
-slope below two sizes.
+1: linear). recollection only up to `--recollection-max` (100,000 by default: its training is
+O(n²)).
 
     .venv/bin/python -m bench.scaling [--sizes 10000,100000,1000000]
         [--distributed-sizes 10000,100000] [--deletions 6] [--device cpu|cuda] [--out scaling]
@@ -101,7 +101,7 @@ def main() -> None:
     parser.add_argument("--methods", default=",".join(METHODS))
     parser.add_argument("--deletions", type=int, default=6)
     parser.add_argument("--features", type=int, default=20)
-    parser.add_argument("--recollection-max", type=int, default=10_000)
+    parser.add_argument("--recollection-max", type=int, default=100_000)
     parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     parser.add_argument("--out", default="scaling", help="bench/results/<out>.json and .png")
     args = parser.parse_args()
