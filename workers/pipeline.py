@@ -406,10 +406,10 @@ def _with_current_test(session: Session, dataset: Dataset, warm: ModelSession) -
 def test_rows_left(session: Session, dataset_id: int) -> int:
     """How many of the dataset's test rows have left (erasing or erased): read before the
     split (statements of a read do not share a snapshot on PostgreSQL), it dates the split for
-    `_with_current_test`. One count per status,
-    each an equality on all three columns of ix_samples_dataset_split_status, so only the rows
-    that left are visited: with `status IN (...)` PostgreSQL filtered every test row of the
-    dataset (10 ms at 20,000, before the table was first analysed)."""
+    `_with_current_test`. One count per status, each an equality on all three columns of
+    ix_samples_dataset_split_status, so only the rows that left are visited: with
+    `status IN (...)` PostgreSQL filtered every test row of the dataset (10 ms at 20,000,
+    before the table was first analysed)."""
     params = {
         "dataset_id": dataset_id,
         "erasing": SampleStatus.erasing,
