@@ -11,7 +11,9 @@ another SQLite file. Postgres: `lethe serve` + 1 `lethe worker` on a fresh Postg
 and Redis; the minimal endpoint on another fresh database. Dataset: synthetic 50,000 × 20,
 2 classes; model: logreg with method `retrain` (every batch of deletions is a real retrain).
 Each side also records its server process's CPU per request served (`/proc/PID/stat`; Lethe's
-embedded figure includes its worker thread). Writes bench/results/request_path.json.
+embedded figure includes its worker thread), and Lethe's side the model's versions every second
+during the load and for 10 s after it (`versions_timeline`): whether updates complete while
+the POSTs arrive. Writes bench/results/request_path.json.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ import os
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -36,6 +39,7 @@ from bench.common import cpu_seconds, scratch_database, write_result
 
 REDIS = "redis://127.0.0.1:6379/0"
 WRK = Path(__file__).resolve().parent / "wrk"
+AFTER_SECONDS = 10.0  # how long versions are still watched once Lethe's load has stopped
 
 
 def wrk(script: str, url: str, seconds: float, connections: int, env: dict[str, str]) -> dict:
@@ -140,6 +144,29 @@ def versions(cluster: Cluster, model_id: int) -> int:
         return len(c.get(f"/v1/models/{model_id}/versions").json())
 
 
+@contextlib.contextmanager
+def version_timeline(cluster: Cluster, model_id: int, every: float = 1.0) -> Iterator[list]:
+    """[seconds since start, versions] sampled every `every` s while the block runs: whether
+    updates complete during the load, or only once it stops."""
+    timeline: list[list[float]] = []
+    stop = threading.Event()
+
+    def watch() -> None:
+        start = time.monotonic()
+        while not stop.is_set():
+            with contextlib.suppress(httpx.HTTPError):
+                timeline.append([round(time.monotonic() - start, 1), versions(cluster, model_id)])
+            stop.wait(every)
+
+    watcher = threading.Thread(target=watch, daemon=True)
+    watcher.start()
+    try:
+        yield timeline
+    finally:
+        stop.set()
+        watcher.join(timeout=10)
+
+
 BURN = (
     "import torch\n"
     "torch.set_num_threads(1)\n"
@@ -207,27 +234,39 @@ def run_mode(mode: str, seconds: float, clients: int, n_samples: int) -> dict:
             minimal_url = stack.enter_context(scratch_database(migrate=False))
             redis = REDIS
             upgrade_to_head(lethe_url)
-        cluster = stack.enter_context(Cluster(tmp / "lethe", lethe_url, redis, torch_threads=1))
+        lethe_side = stack.enter_context(contextlib.ExitStack())
+        cluster = lethe_side.enter_context(
+            Cluster(tmp / "lethe", lethe_url, redis, torch_threads=1)
+        )
         base = cluster.start_api()
         assert cluster.api is not None
         if mode != "embedded":
             cluster.start_worker()
         p = prepare(cluster, n_samples, tmp)
         before = versions(cluster, p["model_id"])
-        lethe = load(
-            base,
-            "/v1/deletions",
-            f"/v1/models/{p['model_id']}/weights",
-            p["requester"],
-            p["reader"],
-            p["dataset_id"],
-            p["ids_file"],
-            seconds,
-            clients,
-            p["etag"],
-            cluster.api.pid,
-        )
-        lethe["new_versions_during_load"] = versions(cluster, p["model_id"]) - before
+        with version_timeline(cluster, p["model_id"]) as timeline:
+            lethe = load(
+                base,
+                "/v1/deletions",
+                f"/v1/models/{p['model_id']}/weights",
+                p["requester"],
+                p["reader"],
+                p["dataset_id"],
+                p["ids_file"],
+                seconds,
+                clients,
+                p["etag"],
+                cluster.api.pid,
+            )
+            lethe["new_versions_during_load"] = versions(cluster, p["model_id"]) - before
+            time.sleep(AFTER_SECONDS)  # the backlog's first updates, once the load stopped
+        lethe["versions_timeline"] = timeline
+        during = lethe["new_versions_during_load"]
+        last = timeline[-1][1] if timeline else before + during
+        lethe["new_versions_after_load"] = last - before - during
+        # Lethe stops before the minimal endpoint's turn: its worker would still be applying
+        # the load's backlog, CPU work on top of the background work the minimal side is given
+        lethe_side.close()
         seed(minimal_url, p["ids"], p["weights"])
         with (
             background_work(),
@@ -286,6 +325,11 @@ def main() -> None:
                 flush=True,
             )
         print(f"{mode:9} ratio {r['throughput_ratio']:.2f}x, p99 ratio {r['p99_ratio']:.2f}")
+        print(
+            f"{mode:9} model versions committed during the load: "
+            f"{r['lethe']['new_versions_during_load']}, in the {AFTER_SECONDS:.0f} s after it: "
+            f"{r['lethe']['new_versions_after_load']}"
+        )
     path = write_result(args.out, results)
     print(f"wrote {path}")
 
