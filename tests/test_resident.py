@@ -306,7 +306,12 @@ def test_the_session_keeps_the_training_record_a_fresh_read_gives(
     """A recording method's training record and the samples removed since are carried in the
     session (issue 28: reading them decoded every version's metrics, a cost that grew with
     every release): read once by a worker new to the model, then kept by each commit, equal
-    to a fresh read after every update, a retrain (which records anew) included."""
+    to a fresh read after every update, a retrain (which records anew) included. recollection
+    keeps its record's batch schedule resident too (methods/recollection/replay.py: replaying
+    it walked all n samples per update, 14–22 ms at 100,000): made by the first update,
+    reused by the next, made again after the retrain."""
+    from methods.recollection import compute
+    from methods.recollection.replay import Replay
     from workers import pipeline
 
     _, b = two_workers
@@ -317,7 +322,15 @@ def test_the_session_keeps_the_training_record_a_fresh_read_gives(
         reads.append(model_id)
         return real(session, model_id)
 
+    replays: list[int] = []
+    replay = Replay.of
+
+    def replayed(source):  # type: ignore[no-untyped-def]
+        replays.append(len(source["train_sample_ids"]))
+        return replay(source)
+
     monkeypatch.setattr(pipeline, "training_record", counted)
+    monkeypatch.setattr(compute.Replay, "of", staticmethod(replayed))
     recording = {"name": "recollection", "max_relative_noise": None, "rho_checks": 1}
     model = create(api, digits["id"], "recorded", recording)
     use(b)  # a worker that never saw the model
@@ -333,46 +346,12 @@ def test_the_session_keeps_the_training_record_a_fresh_read_gives(
         assert record is not None and session.record.record == record
         assert session.record.removed_since.tolist() == since.tolist()
         kept.append(len(since))
+        if method is None:  # the schedule of the session's own record
+            assert isinstance(session.method_state, Replay)
+            assert session.method_state.made_from(session.record.record)
     assert kept == [1, 2, 0, 1, 2]  # the retrain recorded anew; nothing removed since
     assert reads == [model["id"]]  # one read, by the first update of worker b
-
-
-@pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)  # the worker's memory
-def test_a_recollection_session_replays_its_schedule_once_per_record(
-    api: Api,
-    digits: dict,
-    settings: Settings,
-    two_workers: tuple[Sessions, Sessions],
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    """recollection keeps its record's batch schedule resident (methods/recollection/replay.py;
-    replaying it walked all n samples per update, 14–22 ms at 100,000): made by the first
-    update of a worker, reused by the next, made again after a retrain records anew."""
-    from methods.recollection import compute
-    from methods.recollection.replay import Replay
-
-    _, b = two_workers
-    made: list[int] = []
-    real = Replay.of
-
-    def counted(source):  # type: ignore[no-untyped-def]
-        made.append(len(source["train_sample_ids"]))
-        return real(source)
-
-    monkeypatch.setattr(compute.Replay, "of", staticmethod(counted))
-    recording = {"name": "recollection", "max_relative_noise": None, "rho_checks": 1}
-    model = create(api, digits["id"], "replayed", recording)
-    use(b)
-    ids = train_ids(api, digits["id"], 5)
-    where = settings.resolved_database_url
-    for i, method in enumerate([None, None, "retrain", None, None]):
-        forget(api, digits["id"], ids[i : i + 1], method=method)
-        session = _settled(b, where, model["id"], _version_id(api, model["id"]))
-        if method is None:
-            assert isinstance(session.method_state, Replay)
-            assert session.record is not None
-            assert session.method_state.made_from(session.record.record)
-    assert len(made) == 2  # the first update, and the first after the retrain
+    assert len(replays) == 2  # the first update, and the first after the retrain
 
 
 @pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)
