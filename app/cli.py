@@ -48,14 +48,18 @@ def _show(data: Any) -> None:
 
 @app.command()
 def serve(host: str = "127.0.0.1", port: int = 8000) -> None:
-    """Start the API (embedded mode: SQLite file and an in-process worker)."""
+    """Start the API (embedded mode: SQLite file and a worker process of its own)."""
     import uvicorn
 
     from app.main import create_app
     from app.settings import get_settings
 
     settings = get_settings()
-    mode = "embedded (SQLite + inline worker)" if settings.embedded else "distributed (RQ)"
+    mode = (
+        f"embedded (SQLite + worker {settings.embedded_worker})"
+        if settings.embedded
+        else "distributed (RQ)"
+    )
     console.print(
         f"[bold]Lethe[/bold] on http://{host}:{port}  mode: {mode}\n"
         f"database: {settings.resolved_database_url}"

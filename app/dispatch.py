@@ -25,6 +25,7 @@ from app.services import registration
 from app.settings import Settings, get_settings
 from app.states import AuditStatus, ModelStatus, TaskStatus
 from app.storage.blobs import blobs
+from app.worker_process import ProcessDispatcher
 
 log = logging.getLogger("lethe.dispatch")
 
@@ -37,6 +38,7 @@ class Dispatcher(Protocol):
     def enqueue(self, job: str, *args: int) -> None: ...
     def ping(self) -> bool: ...
     def depth(self) -> int: ...
+    def metrics(self) -> bytes: ...
 
 
 def run_job(job: str, *args: int) -> None:
@@ -80,6 +82,10 @@ class InlineDispatcher:
 
     def depth(self) -> int:
         return self._queue.qsize()
+
+    def metrics(self) -> bytes:
+        """Nothing apart: the thread's counters are this process's."""
+        return b""
 
     def _loop(self) -> None:
         shutdown.bind(self._stopping)
@@ -178,9 +184,18 @@ class RQDispatcher:
         except Exception:
             return -1
 
+    def metrics(self) -> bytes:
+        """Nothing: each `lethe worker` serves its own (LETHE_WORKER_METRICS_PORT)."""
+        return b""
 
-def make_dispatcher(settings: Settings) -> InlineDispatcher | RQDispatcher:
-    return InlineDispatcher() if settings.embedded else RQDispatcher(settings)
+
+def make_dispatcher(settings: Settings) -> InlineDispatcher | ProcessDispatcher | RQDispatcher:
+    """RQ with Redis; else the embedded worker, a child process or a thread."""
+    if not settings.embedded:
+        return RQDispatcher(settings)
+    if settings.embedded_worker == "process":
+        return ProcessDispatcher(settings)
+    return InlineDispatcher()
 
 
 def reconcile(session: Session) -> dict[str, list[int]]:

@@ -26,6 +26,7 @@ from app.settings import Settings, get_settings, use_settings
 from app.storage.blobs import blobs
 from app.storage.erasure import compact_at_start, finish_compacting
 from app.wakeups import FINISHED, Listener
+from app.worker_process import ProcessDispatcher
 
 log = logging.getLogger("lethe")
 
@@ -61,9 +62,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             )
         dispatcher = app.state.dispatcher
         reconciler, listener = None, None
-        if isinstance(dispatcher, InlineDispatcher):
+        if isinstance(dispatcher, InlineDispatcher | ProcessDispatcher):
             dispatcher.start()
-            FINISHED.dependable = True  # the inline worker wakes the waiters itself
+            FINISHED.dependable = True  # the embedded worker wakes the waiters itself
             reconciler = Reconciler(url, dispatcher, settings.reconcile_seconds)
             reconciler.start()
         elif settings.redis_url:  # workers announce finished requests on Redis
@@ -76,7 +77,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             listener.stop()
         if reconciler is not None:
             reconciler.stop()
-        if isinstance(dispatcher, InlineDispatcher):
+        if isinstance(dispatcher, InlineDispatcher | ProcessDispatcher):
             dispatcher.stop()
         finish_publishing(url)
         finish_compacting(url)

@@ -20,6 +20,12 @@ class Settings(BaseSettings):
     )
     redis_url: str | None = Field(None, description="Redis URL; unset = embedded inline worker.")
     queue_name: str = "lethe"
+    embedded_worker: Literal["process", "thread"] = Field(
+        "process",
+        description="Embedded mode's worker: a child process of the API (its own interpreter "
+        "lock: the request path keeps its pace while updates run) or a thread of the API "
+        "process (one process; tests that patch jobs in-process use it).",
+    )
     max_upload_bytes: int = Field(64 * 1024 * 1024, description="Largest accepted upload.")
     max_dataset_samples: int = 2_000_000
     max_json_bytes: int = Field(

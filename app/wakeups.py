@@ -2,9 +2,9 @@
 growing timer (issue 28: a certificate committed 1 ms after a poll was seen up to 20 ms late).
 
 The database stays the record: a wake-up only says "look again", so a lost one costs a
-fallback poll, never a wrong answer. Embedded, the worker thread wakes the API's waiters
-directly; distributed, a worker publishes on a Redis channel and each API process's
-listener thread wakes its own waiters.
+fallback poll, never a wrong answer. Embedded, the worker wakes the API's waiters directly
+(a thread) or over its pipe (a process); distributed, a worker publishes on a Redis channel
+and each API process's listener thread wakes its own waiters.
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
+from collections.abc import Callable
 from typing import Any
 
 log = logging.getLogger("lethe.wakeups")
@@ -31,6 +32,9 @@ class Wakeups:
         # wake-ups reach this process now (an inline worker, or a subscribed listener): a
         # waiter may then look at the database itself less often (`first_look_seconds`)
         self.dependable = False
+        # the embedded worker process passes its wake-ups on to the API process
+        # (workers/embedded.py); None elsewhere
+        self.relay: Callable[[], None] | None = None
 
     def first_look_seconds(self) -> float:
         """How long a waiter waits before its first look of its own: 250 ms while wake-ups
@@ -52,7 +56,10 @@ class Wakeups:
             self._waiters = {w for w in self._waiters if w[1] is not future}
 
     def wake(self) -> None:
-        """Resolve every registered future (thread-safe; cheap when nobody waits)."""
+        """Resolve every registered future (thread-safe; cheap when nobody waits), and
+        pass the wake-up on where a relay is set."""
+        if self.relay is not None:
+            self.relay()
         with self._lock:
             waiters, self._waiters = self._waiters, set()
         for loop, future in waiters:

@@ -7,6 +7,7 @@ transaction, as in Polar's fixtures, cannot hold them).
 
 from __future__ import annotations
 
+import os
 import time
 import uuid
 from collections.abc import Iterator
@@ -24,6 +25,11 @@ from app.security import Role, create_key
 from app.settings import Settings
 from tests.databases import own_database
 from tests.servers import S3_ACCESS_KEY, S3_SECRET_KEY, RedisServer, SeaweedServer
+
+# Apps made in the test process run their embedded worker as a thread, so that tests may patch
+# a job in-process; every `lethe serve` a test starts (bench/cluster.py, tests/test_e2e.py)
+# gets the product's default, a worker process (tests/test_worker_process.py).
+os.environ.setdefault("LETHE_EMBEDDED_WORKER", "thread")
 
 
 @pytest.fixture(scope="session")

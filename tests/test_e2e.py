@@ -85,6 +85,7 @@ def test_embedded_server_full_story(server: tuple[str, str], tmp_path: Path) -> 
 
 def test_restart_keeps_state_and_does_not_print_a_new_key(tmp_path: Path) -> None:
     env = {**os.environ, "LETHE_DATA_DIR": str(tmp_path / "data")}
+    env.pop("LETHE_EMBEDDED_WORKER", None)  # the default: a worker process
     keys = []
     for _ in range(2):
         port, log = free_port(), tmp_path / f"serve-{len(keys)}.log"

@@ -13,6 +13,7 @@ from starlette.concurrency import run_in_threadpool
 
 from app.api.deps import DbDep, DispatcherDep, SettingsDep, require
 from app.api.responses import errors
+from app.dispatch import Dispatcher
 from app.errors import APIError
 from app.security import Role
 from app.wire import HealthOut
@@ -103,13 +104,15 @@ async def metrics(request: Request, settings: SettingsDep, db: DbDep) -> PlainTe
     """Prometheus metrics; who may read them is LETHE_METRICS_ACCESS (default: an admin or
     auditor API key)."""
     await check_metrics_access(request, settings, db)
-    body = await run_in_threadpool(_exposition, request.app.state.pipeline_registry)
+    state = request.app.state
+    body = await run_in_threadpool(_exposition, state.pipeline_registry, state.dispatcher)
     return PlainTextResponse(body, media_type=CONTENT_TYPE_LATEST)
 
 
-def _exposition(pipeline: CollectorRegistry) -> bytes:
-    """The process's metrics, then the pipeline's (read from the database: in a thread)."""
-    body = generate_latest(REGISTRY)
+def _exposition(pipeline: CollectorRegistry, dispatcher: Dispatcher) -> bytes:
+    """The process's metrics, an embedded worker process's counters, then the pipeline's
+    (read from the database: in a thread)."""
+    body = generate_latest(REGISTRY) + dispatcher.metrics()
     with contextlib.suppress(Exception):  # database down: still serve the process metrics
         body += generate_latest(pipeline)
     return body

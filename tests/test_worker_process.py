@@ -1,0 +1,205 @@
+"""The embedded worker as a process of its own (issue 28, goal 5): `lethe serve`'s default.
+
+The dispatcher's side is driven directly with a test job run in the real child process
+(wake-ups reach the API process; a dead child is replaced and its signal sent again; stop
+ends it); the whole service is driven through a real `lethe serve`."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+from sqlalchemy import select
+
+from app.db.session import database
+from app.db.tables import Model
+from app.settings import Settings
+from app.wakeups import FINISHED, wait
+from app.worker_process import ProcessDispatcher
+from bench.cluster import Cluster
+from tests.test_faults import wait_until
+
+MARK = "LETHE_TEST_WORKER_MARK"
+
+
+def mark_and_wake(n: int) -> None:
+    """A job for the child: note what ran where, then wake the API's long polls."""
+    with Path(os.environ[MARK]).open("a") as fh:
+        fh.write(f"{n} {os.getpid()}\n")
+    FINISHED.wake()
+
+
+def marks(path: Path) -> list[tuple[int, int]]:
+    if not path.exists():
+        return []
+    return [tuple(map(int, line.split())) for line in path.read_text().splitlines()]  # type: ignore[misc]
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    return state != "Z"
+
+
+def test_the_child_runs_jobs_wakes_the_api_and_is_replaced_when_it_dies(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = tmp_path / "marks"
+    monkeypatch.setenv(MARK, str(path))  # the spawned child inherits the environment
+    dispatcher = ProcessDispatcher(Settings(data_dir=tmp_path, redis_url=None))
+    dispatcher.start()
+    try:
+        first = dispatcher.pid
+        assert first is not None and first != os.getpid() and dispatcher.ping()
+
+        async def run_and_wait(n: int) -> bool:
+            woken = FINISHED.register()
+            dispatcher.enqueue(f"{__name__}.mark_and_wake", n)
+            await wait(woken, 60)
+            return woken.done()
+
+        assert asyncio.run(run_and_wait(1))  # woken over the pipe, not by a timeout
+        assert marks(path) == [(1, first)]
+        wait_until(lambda: dispatcher.depth() == 0, what="the child took the signal")
+
+        os.kill(first, signal.SIGKILL)
+        wait_until(lambda: dispatcher.starts == 2 and dispatcher.pid != first, what="restart")
+        assert asyncio.run(run_and_wait(2))
+        second = dispatcher.pid
+        assert second is not None and alive(second) and not alive(first)
+        assert marks(path) == [(1, first), (2, second)]
+        assert b"lethe_job_duration_seconds" in dispatcher.metrics()
+    finally:
+        dispatcher.stop()
+    assert not dispatcher.ping() and not alive(second)
+
+
+def test_a_signal_sent_while_no_child_lives_runs_on_the_next(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = tmp_path / "marks"
+    monkeypatch.setenv(MARK, str(path))
+    dispatcher = ProcessDispatcher(Settings(data_dir=tmp_path, redis_url=None))
+    dispatcher.start()
+    try:
+        first = dispatcher.pid
+        assert first is not None
+        os.kill(first, signal.SIGKILL)
+        wait_until(lambda: not dispatcher.ping(), what="the child is gone")
+        dispatcher.enqueue(f"{__name__}.mark_and_wake", 3)  # lost with the pipe, kept pending
+        wait_until(lambda: len(marks(path)) == 1, what="the next child ran the signal")
+        assert marks(path)[0][0] == 3 and marks(path)[0][1] not in (first, os.getpid())
+    finally:
+        dispatcher.stop()
+
+
+def _children(pid: int) -> list[int]:
+    found = []
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        found += [int(c) for c in (task / "children").read_text().split()]
+    return found
+
+
+@pytest.mark.integration
+def test_lethe_serve_updates_in_its_worker_process_and_takes_it_down_with_it(
+    tmp_path: Path,
+) -> None:
+    cluster = Cluster(tmp_path / "serve", None, None, reconcile_seconds=0.5)
+    cluster.start_api()
+    with cluster, cluster.client() as c:
+        assert cluster.api is not None
+        api_pid = cluster.api.pid
+        ds = c.post("/v1/datasets", json={"builtin": "breast_cancer"}).json()
+        body = {"name": "m", "dataset_id": ds["id"], "architecture": {"type": "logreg"}}
+        model = c.post("/v1/models", json=body).json()
+        url = database(f"sqlite:///{tmp_path / 'serve' / 'lethe.db'}")
+        wait_until(lambda: c.get(f"/v1/models/{model['id']}").json()["status"] == "ready")
+        with url.read() as session:
+            owner = session.scalar(select(Model.lease_owner).where(Model.id == model["id"]))
+        page = c.get(f"/v1/datasets/{ds['id']}/samples", params={"split": "train", "limit": 2})
+        ids = [s["external_id"] for s in page.json()["items"]]
+
+        answer = c.post(
+            "/v1/deletions",
+            json={"dataset_id": ds["id"], "sample_ids": ids[:1]},
+            headers={"Prefer": "wait=60"},
+        )
+        assert answer.status_code == 200 and answer.json()["status"] == "done", answer.text
+        children = [p for p in _children(api_pid) if "spawn_main" in _cmdline(p)]
+        assert len(children) == 1
+        worker = children[0]
+        # the update ran there (a lingering lease names its holder: host:pid:nonce)
+        assert owner is None or f":{worker}:" in owner
+        text = c.get("/metrics").text
+        assert 'lethe_deletions_processed_total{method="' in text
+        assert text.count("# TYPE lethe_job_duration_seconds histogram") == 1
+
+        os.kill(worker, signal.SIGKILL)  # the API starts another and the next request runs
+        second = c.post(
+            "/v1/deletions",
+            json={"dataset_id": ds["id"], "sample_ids": ids[1:2]},
+            headers={"Prefer": "wait=60"},
+        )
+        assert second.status_code == 200 and second.json()["status"] == "done", second.text
+        assert c.get("/readyz").status_code == 200
+
+        replacement = [p for p in _children(api_pid) if "spawn_main" in _cmdline(p)]
+        assert len(replacement) == 1 and replacement[0] != worker
+        cluster.api.kill()  # kill -9 of the API: its worker must not outlive it
+        cluster.api.wait(10)
+        wait_until(lambda: not alive(replacement[0]), timeout=10, what="the worker died too")
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+    except FileNotFoundError:
+        return ""
+
+
+@pytest.mark.integration
+def test_sigterm_stops_training_in_the_worker_process_and_the_next_start_resumes_it(
+    tmp_path: Path,
+) -> None:
+    """Issue 26 with the worker a process: SIGTERM to `lethe serve` stops the child's
+    training between epochs, puts the model back to `queued` and exits cleanly."""
+    cluster = Cluster(tmp_path / "serve", None, None)
+    cluster.start_api()
+    with cluster, cluster.client() as c:
+        assert cluster.api is not None
+        ds = c.post("/v1/datasets", json={"builtin": "digits"}).json()
+        body = {
+            "name": "long",
+            "dataset_id": ds["id"],
+            "architecture": {"type": "mlp", "hidden": [64]},
+            "training": {"epochs": 1000, "batch_size": 32},
+        }
+        model = c.post("/v1/models", json=body).json()
+        wait_until(
+            lambda: (c.get(f"/v1/models/{model['id']}").json()["progress"]["epoch"] or 0) >= 1,
+            every=0.05,
+            what="training started",
+        )
+        started = time.monotonic()
+        cluster.api.send_signal(signal.SIGTERM)
+        assert cluster.api.wait(60) in (0, -signal.SIGTERM)  # uvicorn re-raises the signal
+        assert time.monotonic() - started < 30
+        assert "Application shutdown complete" in (tmp_path / "serve" / "api.log").read_text()
+        url = f"sqlite:///{tmp_path / 'serve' / 'lethe.db'}"
+        with database(url).read() as session:
+            status = session.scalar(select(Model.status).where(Model.id == model["id"]))
+        assert status == "queued"
+        cluster.start_api()  # the next start trains it again
+        with httpx.Client(base_url=cluster.url, headers=c.headers) as again:
+            wait_until(
+                lambda: again.get(f"/v1/models/{model['id']}").json()["status"] == "training",
+                what="the next start resumed training",
+            )

@@ -1,0 +1,118 @@
+"""The embedded worker as a process of its own (issue 28, goal 5).
+
+`lethe serve` without Redis spawns this process so that the worker's Python work (a retrain's
+SGD loop, an update's bookkeeping) no longer takes the API's interpreter lock from the request
+path. It runs the same job functions as the inline thread and as RQ. One pipe joins it to the
+API process (app/worker_process.py): signals come in; "taken", wake-ups of the API's long
+polls and this process's worker metrics go out. It dies with the API process.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import logging
+import os
+import queue
+import signal
+import threading
+from multiprocessing.connection import Connection
+
+from prometheus_client import generate_latest
+
+from app import shutdown
+from app.dispatch import run_job
+from app.settings import Settings, use_settings
+from app.wakeups import FINISHED
+from workers import metrics
+
+log = logging.getLogger("lethe.embedded")
+
+_PR_SET_PDEATHSIG = 1
+
+
+class _Link:
+    """This end of the pipe: sends from any thread, one at a time."""
+
+    def __init__(self, conn: Connection) -> None:
+        self.conn = conn
+        self._lock = threading.Lock()
+
+    def send(self, message: tuple[object, ...]) -> None:
+        with self._lock:
+            self.conn.send(message)
+
+    def wake(self) -> None:
+        """Relay of app/wakeups.FINISHED: the API process wakes its long polls."""
+        with contextlib.suppress(OSError):  # the API process is gone; this one will be too
+            self.send(("wake",))
+
+
+class _WorkerMetrics:
+    """The worker's own counters (workers/metrics.py), without the process and platform
+    collectors the API process reports for itself."""
+
+    def collect(self):  # noqa: ANN201 - prometheus_client's collector protocol
+        for metric in (metrics.DELETIONS_PROCESSED, metrics.JOB_DURATION, metrics.FALLBACKS):
+            yield from metric.collect()
+
+
+def _die_with(parent: int) -> None:
+    """Linux: the kernel kills this process when the API process dies (kill -9 included);
+    a parent that died before the call is caught by the pid check."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+    except (OSError, AttributeError):  # not Linux: the pipe's end-of-file still stops us
+        pass
+    if os.getppid() != parent:
+        os._exit(1)
+
+
+def _listen(
+    link: _Link, jobs: queue.Queue[tuple[str, tuple[int, ...]]], stopping: threading.Event
+) -> None:
+    """Read the API process's messages until it says stop or goes away."""
+    exposition = _WorkerMetrics()
+    while True:
+        try:
+            message = link.conn.recv()
+        except (EOFError, OSError):  # the API process died: nothing may outlive it
+            os._exit(1)
+        kind = message[0]
+        if kind == "job":
+            jobs.put((message[1], tuple(message[2])))
+        elif kind == "metrics":
+            link.send(("metrics", message[1], generate_latest(exposition)))
+        elif kind == "stop":
+            stopping.set()
+            return
+
+
+def main(settings: Settings, conn: Connection, parent: int) -> None:
+    """The process's entry point: run signalled jobs one at a time until told to stop."""
+    _die_with(parent)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # a terminal's Ctrl-C: the API stops us
+    stopping = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stopping.set())  # a service manager's stop
+    use_settings(settings)
+    logging.basicConfig(
+        level=logging.INFO, format="%(levelname)s:     [worker] %(name)s: %(message)s"
+    )
+    link = _Link(conn)
+    FINISHED.relay = link.wake
+    jobs: queue.Queue[tuple[str, tuple[int, ...]]] = queue.Queue()
+    threading.Thread(
+        target=_listen, args=(link, jobs, stopping), name="lethe-embedded-link", daemon=True
+    ).start()
+    shutdown.bind(stopping)  # a running job stops at its next check, its work put back
+    while not stopping.is_set():
+        try:
+            job, args = jobs.get(timeout=0.5)
+        except queue.Empty:
+            continue
+        link.send(("taken", job, args))  # a new signal for it may now be sent
+        try:
+            run_job(job, *args)
+        except Exception:  # the API's reconciler signals again whatever is left
+            log.exception("embedded job %s%s failed", job, args)
