@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import platform
@@ -33,6 +34,25 @@ def cpu_seconds(pid: int) -> float:
     """User + system CPU of one process so far, all its threads (/proc/PID/stat)."""
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def children(pid: int) -> list[int]:
+    """The live child processes of `pid` (/proc/PID/task/*/children): `lethe serve`'s
+    embedded worker process, and multiprocessing's resource tracker."""
+    found: list[int] = []
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        with contextlib.suppress(FileNotFoundError):  # a thread that ended meanwhile
+            found += [int(c) for c in (task / "children").read_text().split()]
+    return found
+
+
+def children_cpu_seconds(pid: int) -> float:
+    """The CPU so far of the live children of `pid` (0 when it has none)."""
+    total = 0.0
+    for child in children(pid):
+        with contextlib.suppress(FileNotFoundError):  # it ended since it was listed
+            total += cpu_seconds(child)
+    return total
 
 
 @contextmanager

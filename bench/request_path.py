@@ -6,12 +6,13 @@ is measured under that load too (2 more connections), plain and conditional (If-
 
     .venv/bin/python -m bench.request_path [--modes embedded,postgres] [--seconds 20]
 
-Embedded: `lethe serve` on a SQLite file with its inline worker; the minimal endpoint on
+Embedded: `lethe serve` on a SQLite file with its worker process (`embedded-thread`: the
+worker as a thread of the API process, as before issue 28's goal 5); the minimal endpoint on
 another SQLite file. Postgres: `lethe serve` + 1 `lethe worker` on a fresh PostgreSQL database
 and Redis; the minimal endpoint on another fresh database. Dataset: synthetic 50,000 × 20,
 2 classes; model: logreg with method `retrain` (every batch of deletions is a real retrain).
 Each side also records its server process's CPU per request served (`/proc/PID/stat`; Lethe's
-embedded figure includes its worker thread), and Lethe's side the model's versions every second
+embedded figure includes its worker process), and Lethe's side the model's versions every second
 during the load and for 10 s after it (`versions_timeline`): whether updates complete while
 the POSTs arrive. Writes bench/results/request_path.json.
 """
@@ -35,7 +36,7 @@ import httpx
 
 from app.db.migrate import upgrade_to_head
 from bench.cluster import Cluster, free_port
-from bench.common import cpu_seconds, scratch_database, write_result
+from bench.common import children_cpu_seconds, cpu_seconds, scratch_database, write_result
 
 REDIS = "redis://127.0.0.1:6379/0"
 WRK = Path(__file__).resolve().parent / "wrk"
@@ -88,14 +89,14 @@ def load(
         "WRK_KEY": key,
     }
     get_env = {"WRK_PATH": weights_path, "WRK_KEY": reader}
-    cpu_before = cpu_seconds(server_pid)
+    cpu_before = cpu_seconds(server_pid) + children_cpu_seconds(server_pid)
     with cf.ThreadPoolExecutor(2) as pool:
         posts = pool.submit(wrk, "deletions.lua", url, seconds, clients, post_env)
         time.sleep(1.0)
         plain = wrk("get.lua", url, (seconds - 2) / 2, 2, get_env)
         conditional = wrk("get.lua", url, (seconds - 2) / 2, 2, {**get_env, "WRK_ETAG": etag})
         result = {"posts": posts.result(), "weights": plain, "weights_if_none_match": conditional}
-    cpu = cpu_seconds(server_pid) - cpu_before
+    cpu = cpu_seconds(server_pid) + children_cpu_seconds(server_pid) - cpu_before
     served = sum(r["requests"] for r in result.values())
     return {**result, "server_cpu_seconds": cpu, "server_cpu_ms_per_request": 1e3 * cpu / served}
 
@@ -226,7 +227,8 @@ def run_mode(mode: str, seconds: float, clients: int, n_samples: int) -> dict:
 
     with contextlib.ExitStack() as stack:
         tmp = Path(stack.enter_context(tempfile.TemporaryDirectory()))
-        if mode == "embedded":
+        embedded = mode.startswith("embedded")
+        if embedded:
             lethe_url, redis = None, None
             minimal_url = f"sqlite:///{tmp / 'minimal.db'}"
         else:
@@ -235,12 +237,13 @@ def run_mode(mode: str, seconds: float, clients: int, n_samples: int) -> dict:
             redis = REDIS
             upgrade_to_head(lethe_url)
         lethe_side = stack.enter_context(contextlib.ExitStack())
+        worker = "thread" if mode == "embedded-thread" else "process"
         cluster = lethe_side.enter_context(
-            Cluster(tmp / "lethe", lethe_url, redis, torch_threads=1)
+            Cluster(tmp / "lethe", lethe_url, redis, torch_threads=1, embedded_worker=worker)
         )
         base = cluster.start_api()
         assert cluster.api is not None
-        if mode != "embedded":
+        if not embedded:
             cluster.start_worker()
         p = prepare(cluster, n_samples, tmp)
         before = versions(cluster, p["model_id"])
@@ -298,7 +301,7 @@ def run_mode(mode: str, seconds: float, clients: int, n_samples: int) -> dict:
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--modes", default="embedded,postgres")
+    parser.add_argument("--modes", default="embedded,postgres", help="also: embedded-thread")
     parser.add_argument("--seconds", type=float, default=20)
     parser.add_argument("--clients", type=int, default=16)
     parser.add_argument("--samples", type=int, default=50_000)

@@ -39,7 +39,7 @@ from typing import Any
 from app.client import Client
 from app.states import FINISHED_REQUEST
 from bench.cluster import Cluster
-from bench.common import REDIS, cpu_seconds, scratch_database, write_result
+from bench.common import REDIS, children_cpu_seconds, cpu_seconds, scratch_database, write_result
 
 MODES = ("embedded", "distributed")
 
@@ -136,7 +136,9 @@ def cpu_now(cluster: Cluster) -> dict[str, float]:
     assert cluster.api is not None
     return {
         "api": cpu_seconds(cluster.api.pid),
-        "workers": sum(cpu_seconds(w.pid) for w in cluster.workers),
+        # distributed: the `lethe worker`s; embedded: the API's worker process
+        "workers": sum(cpu_seconds(w.pid) for w in cluster.workers)
+        + children_cpu_seconds(cluster.api.pid),
         "postgres": server_cpu("postgres"),
         "redis": server_cpu("redis-server"),
     }
