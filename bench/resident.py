@@ -42,6 +42,8 @@ from bench.cluster import Cluster
 from bench.common import REDIS, children_cpu_seconds, cpu_seconds, scratch_database, write_result
 
 MODES = ("embedded", "distributed")
+# the embedded worker as a thread of the API process, as before issue 28's goal 5 (not a default)
+EMBEDDED_THREAD = "embedded-thread"
 
 TRAINING = {"epochs": 2, "batch_size": 256, "learning_rate": 0.1, "seed": 0}
 METHODS: dict[str, dict[str, Any]] = {
@@ -97,16 +99,17 @@ def deletion(c: Client, dataset_id: int, model_id: int, sample: str) -> dict[str
 def deployment(
     data_dir: Path, mode: str, resident: int, device: str = "cpu"
 ) -> Iterator[tuple[Client, Cluster]]:
-    """A started service and an admin client: embedded (SQLite, the worker a thread of the
-    API), or distributed (PostgreSQL, Redis, one `lethe worker` process holding the sessions);
-    its worker computing on `device` (LETHE_DEVICE)."""
+    """A started service and an admin client: embedded (SQLite, the worker a child process
+    of the API; `embedded-thread`: a thread of it), or distributed (PostgreSQL, Redis, one
+    `lethe worker` process holding the sessions); its worker computing on `device`."""
     settings: dict[str, object] = {
         "torch_threads": 1,
         "resident_models": resident,
         "device": device,
     }
-    if mode == "embedded":
-        with Cluster(data_dir, None, None, **settings) as cluster:
+    if mode in ("embedded", EMBEDDED_THREAD):
+        worker = "thread" if mode == EMBEDDED_THREAD else "process"
+        with Cluster(data_dir, None, None, embedded_worker=worker, **settings) as cluster:
             yield Client(cluster.start_api(), cluster.admin_key, timeout=3600), cluster
         return
     with scratch_database() as url, Cluster(data_dir, url, REDIS, **settings) as cluster:

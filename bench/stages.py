@@ -8,7 +8,7 @@ the answer are marked with one wall clock. `--deletions` sequential single-sampl
 (`Prefer: wait`, one round trip each) after three that warm the session; for each stage, the
 median and mean of its milliseconds, and the median POST→certificate.
 
-    .venv/bin/python -m bench.stages [--mode embedded|distributed] [--n 10000]
+    .venv/bin/python -m bench.stages [--mode embedded|embedded-thread|distributed] [--n 10000]
         [--method output_perturbation] [--deletions 30] [--out stages]
 
 Writes bench/results/<out>.json.
@@ -26,7 +26,7 @@ from typing import Any
 
 from bench import stage_marks
 from bench.common import write_result
-from bench.resident import MODES, deployment, trained_model
+from bench.resident import EMBEDDED_THREAD, MODES, deployment, trained_model
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -53,7 +53,7 @@ def stages(log: Path, windows: list[tuple[float, float]]) -> dict[str, Any]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--mode", choices=MODES, default="distributed")
+    parser.add_argument("--mode", choices=(*MODES, EMBEDDED_THREAD), default="distributed")
     parser.add_argument("--n", type=int, default=10_000)
     parser.add_argument("--method", default="output_perturbation")
     parser.add_argument("--deletions", type=int, default=30)
