@@ -46,6 +46,15 @@ def children(pid: int) -> list[int]:
     return found
 
 
+def embedded_worker(api: int) -> int | None:
+    """The pid of `lethe serve`'s embedded worker process (None: a thread, or not started)."""
+    for child in children(api):
+        with contextlib.suppress(FileNotFoundError):
+            if b"spawn_main" in Path(f"/proc/{child}/cmdline").read_bytes():
+                return child
+    return None
+
+
 def children_cpu_seconds(pid: int) -> float:
     """The CPU so far of the live children of `pid` (0 when it has none)."""
     total = 0.0

@@ -1,17 +1,17 @@
 """One million samples on this machine, embedded (issue 28, goal 6).
 
-A fresh embedded `lethe serve` (SQLite, inline worker) with the dataset limits raised to fit
+A fresh embedded `lethe serve` (SQLite, its worker process) with the dataset limits raised to fit
 (LETHE_MAX_DATASET_CELLS; the defaults refuse 256 M values): register
 `{"builtin": "synthetic", "n_samples": N, "n_features": 256, "n_classes": 10,
 "subject_size": 10000}`, train a convex_head model (λ = 1e-3, R = 20, β = 1e-3), then 20
 sequential single-sample deletions and one deletion of a 10,000-sample subject, each timed
 POST→certificate as the client sees it, with the update's own compute and its passes over the
-retained rows from the version's metrics. Peak RSS of the server process (the API and its
-inline worker are one process in embedded mode) from /proc's VmHWM. While the big dataset
-registers, a second client files a single-sample deletion every half second against a small
-dataset (digits, an exact-retrain logreg) trained beforehand: how long each POST waited for
-its 202 and for its certificate (the registration commits a chunk at a time, so other writers
-are not locked out for its whole insert).
+retained rows from the version's metrics. Peak RSS of the API process and of its embedded
+worker process, each phase, from /proc's VmHWM (the first deletion is profiled in the
+worker). While the big dataset registers, a second client files a single-sample deletion every
+half second against a small dataset (digits, an exact-retrain logreg) trained beforehand: how
+long each POST waited for its 202 and for its certificate (the registration commits a chunk at
+a time, so other writers are not locked out for its whole insert).
 
     .venv/bin/python -m bench.million [--n 1000000] [--deletions 20]
 
@@ -34,7 +34,7 @@ from typing import Any
 
 from app.client import Client
 from bench.cluster import Cluster
-from bench.common import device_info, write_result
+from bench.common import device_info, embedded_worker, write_result
 from bench.profile_request import busy_shares
 
 METHOD = {"name": "convex_head", "lam": 1e-3, "R": 20.0, "beta": 1e-3}
@@ -184,9 +184,21 @@ def main() -> None:
                   max(accepted, default=None), "errors",
                   sum("error" in r for r in during), flush=True)  # fmt: skip
             pid = cluster.api.pid
-            phase_peaks = {"register": peak_rss_mib(pid)}
-            after = {"register": rss_mib(pid)}
-            reset_peak(pid)
+            worker = embedded_worker(pid)
+            watched = {"api": pid, **({"worker": worker} if worker is not None else {})}
+
+            def peaks() -> dict[str, float | None]:
+                """Each process's peak RSS since the last call, which starts a new window."""
+                found = {name: peak_rss_mib(p) for name, p in watched.items()}
+                for p in watched.values():
+                    reset_peak(p)
+                return found
+
+            def now() -> dict[str, float | None]:
+                return {name: rss_mib(p) for name, p in watched.items()}
+
+            phase_peaks = {"register": peaks()}
+            after = {"register": now()}
             print("registered", n, "in", round(register_s, 1), "s", flush=True)
             t0 = time.perf_counter()
             spec = {"name": "million", "dataset_id": ds["id"],
@@ -195,9 +207,8 @@ def main() -> None:
             model = c.wait_model(c.create_model(spec).id)
             train_s = time.perf_counter() - t0
             assert model.status == "ready", model
-            phase_peaks["train"] = peak_rss_mib(pid)
-            after["train"] = rss_mib(pid)
-            reset_peak(pid)
+            phase_peaks["train"] = peaks()
+            after["train"] = now()
             version = model.current_version
             assert version is not None
             print("trained in", round(train_s, 1), "s", flush=True)
@@ -207,7 +218,7 @@ def main() -> None:
             singles = []
             first_profile = None
             for item in page["items"]:
-                spy = profiler(pid, Path(tmp) / "first.txt") if not singles else None
+                spy = profiler(worker or pid, Path(tmp) / "first.txt") if not singles else None
                 row = timed_deletion(c, ds["id"], model.id, [item["external_id"]], [])
                 if spy is not None:  # where the first deletion's time goes
                     spy.send_signal(signal.SIGINT)
@@ -218,17 +229,15 @@ def main() -> None:
                 singles.append(row)
                 print(row, flush=True)
                 if len(singles) == 1:
-                    phase_peaks["first_deletion"] = peak_rss_mib(pid)
-                    reset_peak(pid)
-            phase_peaks["single_deletions"] = peak_rss_mib(pid)
-            after["single_deletions"] = rss_mib(pid)
-            reset_peak(pid)
+                    phase_peaks["first_deletion"] = peaks()
+            phase_peaks["single_deletions"] = peaks()
+            after["single_deletions"] = now()
             subject = timed_deletion(c, ds["id"], model.id, [], ["subject-0"])
             print("subject", subject, flush=True)
-            phase_peaks["subject_deletion"] = peak_rss_mib(pid)
-            after["subject_deletion"] = rss_mib(pid)
+            phase_peaks["subject_deletion"] = peaks()
+            after["subject_deletion"] = now()
             print("peaks", phase_peaks, flush=True)
-            gpu_mib = gpu_memory_mib(pid) if args.device == "cuda" else None
+            gpu_mib = gpu_memory_mib(worker or pid) if args.device == "cuda" else None
             warm = [r["post_to_certificate_s"] for r in singles[1:]]
             result = {
                 "n_samples": n,
@@ -254,7 +263,16 @@ def main() -> None:
                 else None,
                 "subject_deletion": subject,
                 "peak_rss_mib_by_phase": phase_peaks,
-                "peak_rss_mib": max(v or 0.0 for v in phase_peaks.values()),
+                # each process's highest peak; `sum`: the highest phase's sum of the two
+                "peak_rss_mib": {
+                    **{
+                        name: max(phase.get(name) or 0.0 for phase in phase_peaks.values())
+                        for name in watched
+                    },
+                    "sum": max(
+                        sum(v or 0.0 for v in phase.values()) for phase in phase_peaks.values()
+                    ),
+                },
                 "rss_after_phase_mib": after,
                 "gpu_memory_mib_after": gpu_mib,
                 "float32_data_mib": n * 256 * 4 / 2**20,
