@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 
 from bench.common import RESULTS, device_info, write_result
-from bench.resident import METHODS, MODES, run
+from bench.resident import EMBEDDED_THREAD, METHODS, MODES, run
 
 
 def slope(ns: list[int], seconds: list[float]) -> float | None:
@@ -97,7 +97,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sizes", default="10000,100000,1000000")
     parser.add_argument("--distributed-sizes", default="10000,100000")
-    parser.add_argument("--modes", default=",".join(MODES))
+    parser.add_argument("--modes", default=",".join(MODES), help=f"also: {EMBEDDED_THREAD}")
     parser.add_argument("--methods", default=",".join(METHODS))
     parser.add_argument("--deletions", type=int, default=6)
     parser.add_argument("--features", type=int, default=20)
@@ -110,6 +110,7 @@ def main() -> None:
         "embedded": [int(s) for s in args.sizes.split(",")],
         "distributed": [int(s) for s in args.distributed_sizes.split(",")],
     }
+    sizes[EMBEDDED_THREAD] = sizes["embedded"]  # the old worker thread, for comparison
     modes: dict[str, Any] = {}
     with tempfile.TemporaryDirectory() as tmp:
         for mode in args.modes.split(","):
