@@ -149,6 +149,12 @@ def main() -> None:
     parser.add_argument("--deletions", type=int, default=20)
     parser.add_argument("--out", default="million", help="bench/results/<out>.json")
     parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu", help="LETHE_DEVICE")
+    parser.add_argument(
+        "--embedded-worker",
+        choices=["process", "thread"],
+        default="process",
+        help="LETHE_EMBEDDED_WORKER (thread: as before issue 28's goal 5, for comparison)",
+    )
     args = parser.parse_args()
     n = args.n
     with tempfile.TemporaryDirectory(prefix="lethe-million-") as tmp:
@@ -160,6 +166,7 @@ def main() -> None:
             max_dataset_samples=n,
             job_timeout_seconds=7200,
             device=args.device,
+            embedded_worker=args.embedded_worker,
         )
         with cluster:
             c = Client(cluster.start_api(), cluster.admin_key, timeout=7200)
@@ -242,6 +249,7 @@ def main() -> None:
             result = {
                 "n_samples": n,
                 "device": device_info(args.device),
+                "embedded_worker": args.embedded_worker,
                 "n_train": version.n_train,
                 "register_s": register_s,
                 "train_s": train_s,

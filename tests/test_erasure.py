@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import io
 import logging
+import os
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -248,12 +249,33 @@ def byte_search_scenario(api: Api, stored_bytes: Callable[[], bytes]) -> None:
     assert stored["selector"]["subject_ids"] == [ring.token("subject", ds["id"], person)]
 
 
-def test_sqlite_keeps_nothing_after_a_clean_stop(tmp_path: Path) -> None:
-    """The service also leaves nothing once stopped (the WAL is checkpointed and gone)."""
+def test_byte_search_with_the_worker_process(tmp_path: Path) -> None:
+    """`lethe serve`'s default: the update, the erasure and its compaction run in the API's
+    worker process (issue 28, goal 5); the database files and blobs keep nothing either."""
     settings = Settings(
         data_dir=tmp_path,
         database_url=f"sqlite:///{tmp_path / 'lethe.db'}",
         redis_url=None,
+        embedded_worker="process",
+        bootstrap_admin_key=False,
+        reconcile_seconds=0.5,
+    )
+    upgrade_to_head(settings.resolved_database_url)
+    with TestClient(create_app(settings)) as client:
+        assert client.app.state.dispatcher.pid not in (None, os.getpid())
+        api = Api(client, settings.resolved_database_url, make_keys(settings.resolved_database_url))
+        byte_search_scenario(api, lambda: folder_bytes(settings.resolved_blob_dir))
+
+
+@pytest.mark.parametrize("worker", ["thread", "process"])
+def test_sqlite_keeps_nothing_after_a_clean_stop(tmp_path: Path, worker: str) -> None:
+    """The service also leaves nothing once stopped (the WAL is checkpointed and gone), with
+    the embedded worker a thread or a process of its own."""
+    settings = Settings(
+        data_dir=tmp_path,
+        database_url=f"sqlite:///{tmp_path / 'lethe.db'}",
+        redis_url=None,
+        embedded_worker=worker,
         bootstrap_admin_key=False,
         reconcile_seconds=0.5,
     )

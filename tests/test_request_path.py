@@ -3,6 +3,8 @@ cache with conditional requests, and one pending queue signal per model."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -183,6 +185,35 @@ def test_sqlite_writers_of_one_process_queue_in_process(sqlite_url: str) -> None
     assert most == 1
     with db.read() as session:
         assert session.scalar(select(func.count()).select_from(ApiKey)) == 64
+
+
+def test_sqlite_writers_of_two_processes_queue_on_the_lock_file(sqlite_url: str) -> None:
+    """The API and its embedded worker process (issue 28) queue for SQLite's write lock on
+    `<file>.lock` too: another process holding it holds this process's writes back."""
+    db = database(sqlite_url)
+    held = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import sys, time\n"
+            "from app.db.session import WriteLock\n"
+            "with WriteLock(sys.argv[1]):\n"
+            "    print('held', flush=True)\n"
+            "    time.sleep(0.6)\n",
+            sqlite_url.removeprefix("sqlite:///"),
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert held.stdout is not None and held.stdout.readline().strip() == "held"
+        start = time.monotonic()
+        with db.write() as session:
+            waited = time.monotonic() - start
+            session.add(ApiKey(name="after", role="reader", key_hash="after", prefix="a"))
+    finally:
+        held.wait(10)
+    assert waited > 0.3, f"the write went ahead after {waited:.3f} s"
 
 
 def test_weights_are_cached_by_sha256_and_304_has_no_body(

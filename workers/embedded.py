@@ -21,8 +21,11 @@ from multiprocessing.connection import Connection
 from prometheus_client import generate_latest
 
 from app import shutdown
+from app.db.session import database
 from app.dispatch import run_job
+from app.ledger.publish import finish_publishing
 from app.settings import Settings, use_settings
+from app.storage.erasure import compact_at_start, finish_compacting
 from app.wakeups import FINISHED
 from workers import metrics
 
@@ -105,6 +108,8 @@ def main(settings: Settings, conn: Connection, parent: int) -> None:
     threading.Thread(
         target=_listen, args=(link, jobs, stopping), name="lethe-embedded-link", daemon=True
     ).start()
+    url = settings.resolved_database_url
+    compact_at_start(database(url))  # keys a worker process that died had destroyed
     shutdown.bind(stopping)  # a running job stops at its next check, its work put back
     while not stopping.is_set():
         try:
@@ -116,3 +121,5 @@ def main(settings: Settings, conn: Connection, parent: int) -> None:
             run_job(job, *args)
         except Exception:  # the API's reconciler signals again whatever is left
             log.exception("embedded job %s%s failed", job, args)
+    finish_publishing(url)  # the last update's checkpoint, before the process exits
+    finish_compacting(url)  # and the compaction of the keys its last erasure destroyed

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import os
 import threading
 import time
@@ -11,7 +12,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any, TypeVar
 
-from sqlalchemy import Engine, create_engine, event
+from sqlalchemy import Engine, create_engine, event, make_url
 from sqlalchemy.exc import DBAPIError, DisconnectionError, IntegrityError
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -140,6 +141,40 @@ def bookkeeping_engine_for(url: str) -> Engine:
         return _ENGINES[key]
 
 
+class WriteLock:
+    """SQLite has one write lock per file: writers queue for it here, in order, instead of
+    polling it through SQLite's busy handler, whose sleeps grow to 100 ms (they made the API's
+    tail latency seconds long under load; issue 13). Threads of this process queue on a
+    reentrant lock; processes (the API and its embedded worker process, issue 28) on an
+    exclusive flock of `<database file>.lock`, which the kernel hands to the next waiter as
+    soon as it is released. SQLite's own locking stays the truth: this only orders writers."""
+
+    def __init__(self, database_file: str | None) -> None:
+        self._threads = threading.RLock()
+        self._depth = 0  # nested write()s of the thread holding the lock
+        in_memory = not database_file or database_file == ":memory:"
+        self._path = None if in_memory else f"{database_file}.lock"
+        self._fd: int | None = None
+
+    def __enter__(self) -> None:
+        self._threads.acquire()
+        try:
+            if self._depth == 0 and self._path is not None:
+                if self._fd is None:
+                    self._fd = os.open(self._path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+                fcntl.flock(self._fd, fcntl.LOCK_EX)  # releases the GIL while it waits
+        except BaseException:
+            self._threads.release()
+            raise
+        self._depth += 1
+
+    def __exit__(self, *exc: object) -> None:
+        self._depth -= 1
+        if self._depth == 0 and self._fd is not None:
+            fcntl.flock(self._fd, fcntl.LOCK_UN)
+        self._threads.release()
+
+
 class Database:
     """The one way to a database: units of work, the same in the API and the workers.
 
@@ -163,10 +198,7 @@ class Database:
             durable: sessionmaker(bind=_autocommit(e), expire_on_commit=False)
             for durable, e in ((True, engine_for(url)), (False, bookkeeping_engine_for(url)))
         }
-        # SQLite has one write lock per file; threads of this process queue for it here, in
-        # order, instead of polling it through SQLite's busy handler (whose sleeps grow to
-        # 100 ms and made the tail latency of the API seconds long under load; issue 13).
-        self._write_lock = threading.RLock() if url.startswith("sqlite") else None
+        self._write_lock = WriteLock(make_url(url).database) if url.startswith("sqlite") else None
 
     @contextmanager
     def read(self, streaming: bool = False) -> Iterator[Session]:
