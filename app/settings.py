@@ -10,7 +10,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 
 class Settings(BaseSettings):
-    """All knobs of a Lethe deployment. No Redis URL means the embedded inline worker."""
+    """All knobs of a Lethe deployment. No Redis URL means embedded mode (SQLite, one worker)."""
 
     model_config = SettingsConfigDict(env_prefix="LETHE_", env_file=".env", extra="ignore")
 
@@ -18,7 +18,7 @@ class Settings(BaseSettings):
     database_url: str | None = Field(
         None, description="SQLAlchemy URL; default sqlite:///<data_dir>/lethe.db"
     )
-    redis_url: str | None = Field(None, description="Redis URL; unset = embedded inline worker.")
+    redis_url: str | None = Field(None, description="Redis URL; unset = embedded mode.")
     queue_name: str = "lethe"
     embedded_worker: Literal["process", "thread"] = Field(
         "process",
