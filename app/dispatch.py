@@ -42,13 +42,14 @@ class Dispatcher(Protocol):
 
 
 def run_job(job: str, *args: int) -> None:
-    """Import a job by dotted path and call it (used by the inline worker)."""
+    """Import a job by dotted path and call it (used by the embedded worker, thread or process)."""
     module, name = job.rsplit(".", 1)
     getattr(importlib.import_module(module), name)(*args)
 
 
 class InlineDispatcher:
-    """Embedded mode: one in-process worker thread runs the same job functions as RQ."""
+    """Embedded mode with LETHE_EMBEDDED_WORKER=thread: one worker thread of the API process
+    runs the same job functions as RQ (the default is a process: app/worker_process.py)."""
 
     def __init__(self) -> None:
         self._queue: queue.Queue[tuple[str, tuple[int, ...]] | None] = queue.Queue()

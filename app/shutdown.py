@@ -1,9 +1,9 @@
 """Stopping cleanly (issue 26): SIGTERM stops the embedded service while it trains.
 
-The app's shutdown sets its inline worker's stop event; a job on that thread checks it
-between epochs (`check`) and raises `Interrupted`, which puts its work back as it was (a model
-back to `queued`, claimed deletion tasks back to `queued` with no attempt counted), so the
-next start resumes it. One long array operation (a topic model's solve) is not interruptible:
+The app's shutdown sets its embedded worker's stop event (in its thread, or told over the
+worker process's pipe); a job of that worker checks it between epochs (`check`) and raises
+`Interrupted`, which puts its work back as it was (a model back to `queued`, claimed deletion
+tasks back to `queued` with no attempt counted), so the next start resumes it. One long array operation (a topic model's solve) is not interruptible:
 it ends first, which is why the memory budget refuses what would not fit."""
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ class Interrupted(RuntimeError):
 
 
 def bind(stopping: threading.Event) -> None:
-    """Make `stopping` the event this thread's jobs check (the inline worker's loop calls
+    """Make `stopping` the event this thread's jobs check (the embedded worker's loop calls
     it; a thread that never binds one, like an RQ worker or a test, is never interrupted)."""
     _local.stopping = stopping
 

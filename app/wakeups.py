@@ -29,7 +29,7 @@ class Wakeups:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._waiters: set[tuple[asyncio.AbstractEventLoop, asyncio.Future[None]]] = set()
-        # wake-ups reach this process now (an inline worker, or a subscribed listener): a
+        # wake-ups reach this process now (an embedded worker, or a subscribed listener): a
         # waiter may then look at the database itself less often (`first_look_seconds`)
         self.dependable = False
         # the embedded worker process passes its wake-ups on to the API process

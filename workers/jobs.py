@@ -1,4 +1,4 @@
-"""Job entry points (RQ or the inline worker): train_model and process_deletions.
+"""Job entry points (RQ or the embedded worker): train_model and process_deletions.
 
 Every job is load → compute → commit: one short read loads what the computation needs, the
 computation runs with no transaction open, one write commits the result (DESIGN §6). The load
