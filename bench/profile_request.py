@@ -6,7 +6,8 @@ waiting on a queue, a condition or a socket left out) are summed per function, i
         [--out request_profile]
 
 Writes bench/results/<out>.json: the share of busy samples per function (top 60) and the
-load's throughput. py-spy is a test extra (`pip install py-spy`).
+load's throughput; embedded, the API's worker process is sampled apart (`worker_*`). py-spy
+is a test extra (`pip install py-spy`).
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ import time
 from pathlib import Path
 
 from bench.cluster import Cluster
-from bench.common import REDIS, scratch_database, write_result
+from bench.common import REDIS, embedded_worker, scratch_database, write_result
 from bench.request_path import prepare, wrk
 
 IDLE_LEAVES = re.compile(
@@ -81,22 +82,36 @@ def main() -> None:
                 "WRK_PATH": "/v1/deletions",
                 "WRK_KEY": p["requester"],
             }
-            with cf.ThreadPoolExecutor(1) as pool:
+            assert cluster.api is not None
+            sampled = {"api": cluster.api.pid}
+            if (worker := embedded_worker(cluster.api.pid)) is not None:
+                sampled["worker"] = worker  # embedded: the API's worker process, apart
+            with cf.ThreadPoolExecutor(1 + len(sampled)) as pool:
                 load = pool.submit(wrk, "deletions.lua", base, args.seconds, 16, env)
                 time.sleep(1)
-                assert cluster.api is not None
-                subprocess.run(
-                    [spy, "record", "--pid", str(cluster.api.pid), "-d", str(args.seconds - 3)]
-                    + ["-r", "200", "--format", "raw", "--threads", "-o", str(tmp / "raw.txt")],
-                    check=True,
-                    capture_output=True,
-                )
+                spies = [
+                    pool.submit(
+                        subprocess.run,
+                        [spy, "record", "--pid", str(pid), "-d", str(args.seconds - 3), "-r"]
+                        + ["200", "--format", "raw", "--threads", "-o", str(tmp / f"{name}.txt")],
+                        check=True,
+                        capture_output=True,
+                    )
+                    for name, pid in sampled.items()
+                ]
+                for done in spies:
+                    done.result()
                 posts = load.result()
-        total, shares = busy_shares(tmp / "raw.txt")
+        profiles = {name: busy_shares(tmp / f"{name}.txt") for name in sampled}
+    total, shares = profiles["api"]
     result = {"posts": posts, "busy_samples": total, "inclusive_share": shares}
+    if "worker" in profiles:
+        result["worker_busy_samples"], result["worker_inclusive_share"] = profiles["worker"]
     print(f"{posts['per_second']:.0f} POST/s, p99 {posts['p99_ms']:.0f} ms")
-    for name, share in shares[:40]:
-        print(f"{share:6.1%} {name}")
+    for name, (busy, found) in profiles.items():
+        print(f"{name}: {busy} busy samples")
+        for function, share in found[:30]:
+            print(f"{share:6.1%} {function}")
     print("wrote", write_result(args.out, result))
 
 
