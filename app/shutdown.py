@@ -3,8 +3,9 @@
 The app's shutdown sets its embedded worker's stop event (in its thread, or told over the
 worker process's pipe); a job of that worker checks it between epochs (`check`) and raises
 `Interrupted`, which puts its work back as it was (a model back to `queued`, claimed deletion
-tasks back to `queued` with no attempt counted), so the next start resumes it. One long array operation (a topic model's solve) is not interruptible:
-it ends first, which is why the memory budget refuses what would not fit."""
+tasks back to `queued` with no attempt counted), so the next start resumes it. One long array
+operation (a topic model's solve) is not interruptible: it ends first, which is why the memory
+budget refuses what would not fit."""
 
 from __future__ import annotations
 
