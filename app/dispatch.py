@@ -23,6 +23,7 @@ from app.db.tables import DeletionTask, Model, PrivacyAudit, task_is_due, utcnow
 from app.ledger.publish import publish_quietly
 from app.services import registration
 from app.settings import Settings, get_settings
+from app.signals import Signal, WaitingSignals
 from app.states import AuditStatus, ModelStatus, TaskStatus
 from app.storage.blobs import blobs
 from app.worker_process import ProcessDispatcher
@@ -52,9 +53,8 @@ class InlineDispatcher:
     runs the same job functions as RQ (the default is a process: app/worker_process.py)."""
 
     def __init__(self) -> None:
-        self._queue: queue.Queue[tuple[str, tuple[int, ...]] | None] = queue.Queue()
-        self._pending: set[tuple[str, tuple[int, ...]]] = set()
-        self._lock = threading.Lock()
+        self._queue: queue.Queue[Signal | None] = queue.Queue()
+        self._waiting = WaitingSignals()
         self._thread: threading.Thread | None = None
         self._stopping = threading.Event()  # set by stop(); the running job checks it
 
@@ -71,12 +71,8 @@ class InlineDispatcher:
             self._thread.join(timeout=30)
 
     def enqueue(self, job: str, *args: int) -> None:
-        item = (job, args)
-        with self._lock:
-            if item in self._pending:
-                return  # already waiting: one run will see all the work
-            self._pending.add(item)
-        self._queue.put(item)
+        if self._waiting.add((job, args)):  # else already waiting: one run sees all the work
+            self._queue.put((job, args))
 
     def ping(self) -> bool:
         return self._thread is not None and self._thread.is_alive()
@@ -91,8 +87,7 @@ class InlineDispatcher:
     def _loop(self) -> None:
         shutdown.bind(self._stopping)
         while (item := self._queue.get()) is not None:
-            with self._lock:
-                self._pending.discard(item)
+            self._waiting.taken(item)
             try:
                 run_job(item[0], *item[1])
             except Exception:  # the reconciler re-signals anything left queued

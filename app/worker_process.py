@@ -19,6 +19,7 @@ from multiprocessing.connection import Connection
 from multiprocessing.process import BaseProcess
 
 from app.settings import Settings
+from app.signals import WaitingSignals
 from app.wakeups import FINISHED
 
 log = logging.getLogger("lethe.dispatch")
@@ -41,8 +42,7 @@ class ProcessDispatcher:
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
         self._send_lock = threading.Lock()
-        self._pending: set[tuple[str, tuple[int, ...]]] = set()
-        self._pending_lock = threading.Lock()
+        self._waiting = WaitingSignals()
         self._conn: Connection | None = None
         self._process: BaseProcess | None = None
         self._stopping = threading.Event()
@@ -76,19 +76,14 @@ class ProcessDispatcher:
             self._supervisor.join(5)
 
     def enqueue(self, job: str, *args: int) -> None:
-        item = (job, args)
-        with self._pending_lock:
-            if item in self._pending:
-                return  # already waiting: one run will see all the work
-            self._pending.add(item)
-        self._send(("job", job, args))
+        if self._waiting.add((job, args)):  # else already waiting: one run sees all the work
+            self._send(("job", job, args))
 
     def ping(self) -> bool:
         return self._process is not None and self._process.is_alive()
 
     def depth(self) -> int:
-        with self._pending_lock:
-            return len(self._pending)
+        return len(self._waiting)
 
     @property
     def pid(self) -> int | None:
@@ -133,9 +128,7 @@ class ProcessDispatcher:
         with self._send_lock:
             self._conn, self._process = ours, process
         self.starts += 1
-        with self._pending_lock:
-            waiting = list(self._pending)
-        for job, args in waiting:  # signals a dead child never took
+        for job, args in self._waiting.all():  # signals a dead child never took
             self._send(("job", job, args))
 
     def _supervise(self) -> None:
@@ -165,8 +158,7 @@ class ProcessDispatcher:
                 return
             kind = message[0]
             if kind == "taken":
-                with self._pending_lock:
-                    self._pending.discard((message[1], tuple(message[2])))
+                self._waiting.taken((message[1], tuple(message[2])))
             elif kind == "wake":
                 FINISHED.wake()
             elif kind == "metrics":

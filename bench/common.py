@@ -46,13 +46,20 @@ def children(pid: int) -> list[int]:
     return found
 
 
-def embedded_worker(api: int) -> int | None:
-    """The pid of `lethe serve`'s embedded worker process (None: a thread, or not started)."""
+def worker_processes(api: int) -> list[int]:
+    """The pids of `lethe serve`'s embedded worker processes (one while it runs; none with
+    the worker a thread), told from multiprocessing's resource tracker by their command line."""
+    found = []
     for child in children(api):
         with contextlib.suppress(FileNotFoundError):
             if b"spawn_main" in Path(f"/proc/{child}/cmdline").read_bytes():
-                return child
-    return None
+                found.append(child)
+    return found
+
+
+def embedded_worker(api: int) -> int | None:
+    """The pid of `lethe serve`'s embedded worker process (None: a thread, or not started)."""
+    return next(iter(worker_processes(api)), None)
 
 
 def children_cpu_seconds(pid: int) -> float:

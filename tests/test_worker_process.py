@@ -21,6 +21,7 @@ from app.settings import Settings
 from app.wakeups import FINISHED, wait
 from app.worker_process import ProcessDispatcher
 from bench.cluster import Cluster
+from bench.common import worker_processes
 from tests.test_faults import wait_until
 
 MARK = "LETHE_TEST_WORKER_MARK"
@@ -88,13 +89,6 @@ def test_the_child_runs_jobs_wakes_the_api_and_is_replaced_when_it_dies(
     assert not dispatcher.ping() and third is not None and not alive(third)
 
 
-def _children(pid: int) -> list[int]:
-    found = []
-    for task in Path(f"/proc/{pid}/task").iterdir():
-        found += [int(c) for c in (task / "children").read_text().split()]
-    return found
-
-
 @pytest.mark.integration
 def test_lethe_serve_updates_in_its_worker_process_and_takes_it_down_with_it(
     tmp_path: Path,
@@ -117,7 +111,7 @@ def test_lethe_serve_updates_in_its_worker_process_and_takes_it_down_with_it(
             headers={"Prefer": "wait=60"},
         )
         assert answer.status_code == 200 and answer.json()["status"] == "done", answer.text
-        children = [p for p in _children(api_pid) if "spawn_main" in _cmdline(p)]
+        children = worker_processes(api_pid)
         assert len(children) == 1
         worker = children[0]
         # the API process never imports the workers' counters: these are the child's
@@ -134,18 +128,11 @@ def test_lethe_serve_updates_in_its_worker_process_and_takes_it_down_with_it(
         assert second.status_code == 200 and second.json()["status"] == "done", second.text
         assert c.get("/readyz").status_code == 200
 
-        replacement = [p for p in _children(api_pid) if "spawn_main" in _cmdline(p)]
+        replacement = worker_processes(api_pid)
         assert len(replacement) == 1 and replacement[0] != worker
         cluster.api.kill()  # kill -9 of the API: its worker must not outlive it
         cluster.api.wait(10)
         wait_until(lambda: not alive(replacement[0]), timeout=10, what="the worker died too")
-
-
-def _cmdline(pid: int) -> str:
-    try:
-        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
-    except FileNotFoundError:
-        return ""
 
 
 @pytest.mark.integration
