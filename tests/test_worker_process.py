@@ -114,9 +114,12 @@ def test_lethe_serve_updates_in_its_worker_process_and_takes_it_down_with_it(
         children = worker_processes(api_pid)
         assert len(children) == 1
         worker = children[0]
-        # the API process never imports the workers' counters: these are the child's
+        # the API process never imports the workers' counters: these are the child's. The
+        # job counts its deletions as it ends, after it woke this answer (and compacted)
+        counted = 'lethe_deletions_processed_total{method="retrain"} 1.0'
+        wait_until(lambda: counted in c.get("/metrics").text, timeout=20, what="the count")
         text = c.get("/metrics").text
-        assert 'lethe_deletions_processed_total{method="retrain"} 1.0' in text
+        assert counted in text
         assert text.count("# TYPE lethe_job_duration_seconds histogram") == 1
 
         os.kill(worker, signal.SIGKILL)  # the API starts another and the next request runs
