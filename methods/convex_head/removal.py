@@ -272,9 +272,13 @@ def without(resident: Resident, Z: torch.Tensor, T: torch.Tensor) -> Resident:
     w = torch.sigmoid(u) * torch.sigmoid(-u)
     eye = lam * torch.eye(d, dtype=torch.float64, device=Z.device)
     H_rows = torch.einsum("ja,ji,jl->ail", w, Z, Z)
-    H = scale * (A.H - eye) - H_rows / m2 + eye
+    # scale·(H_A − λI) − H_rows/m' + λI, and its terms' magnitudes for the rounding bound,
+    # from one (k, d, d) temporary worked in place (the same roundings, half the passes)
+    data_part = A.H - eye
+    H = (data_part * scale).sub_(H_rows / m2).add_(eye)
     weight_error = LOGISTIC_THIRD * gamma(d) * (Z_abs @ A.theta.abs().T) + 8 * U
-    abs_terms = scale * (A.H - eye).abs() + torch.einsum("ja,ji,jl->ail", w, Z_abs, Z_abs) / m2
+    abs_terms = data_part.abs_().mul_(scale)
+    abs_terms.add_(torch.einsum("ja,ji,jl->ail", w, Z_abs, Z_abs) / m2)
     evaluation = (weight_error.max(dim=1).values * (Z * Z).sum(dim=1)).sum()
     S = scale * A.S - Z.T @ Z / m2
     S_abs = scale * A.S.abs() + Z_abs.T @ Z_abs / m2
