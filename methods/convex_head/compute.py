@@ -156,7 +156,7 @@ class ConvexHead(UnlearningMethod):
         Z = torch.empty(n, d, dtype=torch.float64, device=theta.device)
         T = torch.empty(n, k, dtype=torch.float64, device=theta.device)
         at = 0
-        for X, y in data.blocks(removal.CHUNK):
+        for X, y in data.blocks(convex.block_rows(theta.device)):
             block = self.problem_of(X.to(theta.device), y.to(theta.device))
             Z[at : at + block.n], T[at : at + block.n] = block.Z, block.T
             at += block.n
@@ -166,7 +166,7 @@ class ConvexHead(UnlearningMethod):
         """The rows as (Z, T) blocks on Θ's device."""
 
         def blocks() -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-            for X, y in data.blocks(removal.CHUNK):
+            for X, y in data.blocks(convex.block_rows(theta.device)):
                 problem = self.problem_of(X.to(theta.device), y.to(theta.device))
                 yield problem.Z, problem.T
 

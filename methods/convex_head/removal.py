@@ -34,11 +34,6 @@ from maths import convex
 
 LOGISTIC_THIRD = 1.0 / (6.0 * math.sqrt(3.0))  # max |ℓ'''| of ℓ(u) = log(1 + e^{−u})
 U = convex.UNIT_ROUNDOFF
-CHUNK = 16_384  # rows per block of a pass streamed from float32 (bounds its scratch memory)
-# Rows per block of a pass over the resident float64 rows. On a CPU a 2,048 × 257 block (4 MB)
-# stays in cache between a gradient pass's two products, so the rows come from memory once:
-# 100,000 × 257 in 32 ms instead of 51 ms with CHUNK on 2 cores (issue 28, goal 4).
-RESIDENT_BLOCK = {"cpu": 2_048}
 
 
 def gamma(m: int) -> float:
@@ -107,7 +102,7 @@ class Rows:
         return cls(Z, T, ids, at, base)
 
     def blocks(self) -> Iterable[tuple[torch.Tensor, torch.Tensor]]:
-        size = RESIDENT_BLOCK.get(self.Z.device.type, CHUNK)
+        size = convex.block_rows(self.Z.device)
         for start in range(0, len(self.Z), size):
             yield self.Z[start : start + size], self.T[start : start + size]
 
