@@ -222,15 +222,7 @@ def measured(resident: Resident, blocks: Blocks) -> Resident:
     |c_ia| ≤ 1 and |z_i|·|θ_a| ≤ R‖θ_a‖, and Σ|z_i| at most the anchor's (no second product
     over the rows)."""
     theta, lam = resident.theta, resident.lam
-    total = torch.zeros_like(theta)
-    theta_t = theta.T.contiguous()
-    rows = 0
-    for z, t in blocks():
-        # coef = −t·σ(−t·(zΘᵀ)), in place in the margins' buffer; total −= (t·σ(…))ᵀz
-        coef = torch.mm(z, theta_t)
-        coef.mul_(t).neg_().sigmoid_().mul_(t)
-        total.addmm_(coef.T, z, alpha=-1.0)
-        rows += len(z)
+    total, rows = convex.coefficient_sum(blocks(), theta)
     if rows != resident.m:
         raise ValueError("the rows are not the resident state's")
     g = total / rows + lam * theta
