@@ -136,16 +136,31 @@ def coefficient_sum(
     """CᵀZ summed over the blocks' rows, and how many rows there were: one pass, each block's
     coefficients made in place in its margins' buffer (a block stays in cache between the two
     products; see CPU_BLOCK)."""
+    total, rows, _ = coefficient_sums(blocks, theta, magnitudes=False)
+    return total, rows
+
+
+def coefficient_sums(
+    blocks: Iterable[tuple[torch.Tensor, torch.Tensor]], theta: torch.Tensor, magnitudes: bool
+) -> tuple[torch.Tensor, int, torch.Tensor | None]:
+    """`coefficient_sum`, and with `magnitudes` also, per class, Σ_i |c_ia|·‖z_i‖ and the
+    largest ‖z_i‖ (a (k + 1,) vector, last entry the norm): what a rounding bound of the
+    |C|ᵀ|Z| form needs (issue 52), for one matrix-vector product more per block."""
     total = torch.zeros_like(theta)
     theta_t = theta.T.contiguous()
     rows = 0
+    sizes = torch.zeros(theta.shape[0] + 1, dtype=theta.dtype, device=theta.device)
     for Z, T in blocks:
         # c = −t·σ(−t·(zΘᵀ)): the buffer holds t·σ(−t·m), and total −= bufferᵀz
         coef = torch.mm(Z, theta_t)
         coef.mul_(T).neg_().sigmoid_().mul_(T)
         total.addmm_(coef.T, Z, alpha=-1.0)
+        if magnitudes and len(Z):
+            norms = torch.linalg.vector_norm(Z, dim=1)
+            sizes[:-1].addmv_(coef.abs().T, norms)
+            sizes[-1] = torch.maximum(sizes[-1], norms.max())
         rows += len(Z)
-    return total, rows
+    return total, rows, sizes if magnitudes else None
 
 
 def value_and_gradient(

@@ -251,7 +251,15 @@ class Constant:
 
 
 class TargetInfeasible(RuntimeError):
-    """The method cannot meet the target; the pipeline retrains exactly instead."""
+    """The method cannot meet the target; the pipeline retrains exactly instead. Unless it is
+    a `PublicInfeasible`, the reason is taken to depend on the removed rows: a method that
+    can (`through_mechanism`) then releases the retrain through its own mechanism (issue 52)."""
+
+
+class PublicInfeasible(TargetInfeasible):
+    """The target cannot be met for a reason that is a function of public values only (the
+    options, the target, the counts of removed rows, the public lineage): the exact retrain
+    it leads to, noise-free and resetting the lineage, reveals nothing of which rows left."""
 
 
 @dataclass(frozen=True)
@@ -301,6 +309,15 @@ class UnlearningMethod:
 
     def unlearn(self, inputs: UpdateInputs) -> Release:
         raise NotImplementedError
+
+    def through_mechanism(self, inputs: UpdateInputs, exact: Release) -> Release | None:
+        """The exact retrain `exact` released through this method's own mechanism, with the
+        certificate its releases carry (issue 52): when the method could not release for a
+        reason that depends on the removed rows, the published output is then distributed
+        as the reference its certificate compares with (the retrain through the mechanism),
+        so it does not reveal the branch. None (the default): the method cannot, and its
+        fallback is the public exact retrain."""
+        return None
 
     def prepare(self, data: RetainedData, state: ModelState) -> object | None:
         """What the method keeps resident for the model's first update, made after training

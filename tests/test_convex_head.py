@@ -86,14 +86,20 @@ def test_measured_shift_bounds_the_distance_to_the_retrained_optimum(api: Api) -
         assert metrics["n_train"] == 455 - offset
 
 
-def test_a_shift_over_the_budget_retrains_exactly(api: Api) -> None:
+def test_a_shift_over_the_budget_releases_the_retrain_through_the_mechanism(api: Api) -> None:
+    """s > β: the exact optimum (a cold solve) is released with the same noise and the same
+    certificate; which branch ran is for auditors only (issue 52)."""
     ds = api.post("/v1/datasets", json={"builtin": "breast_cancer"}).json()
     model = convex_model(api, ds["id"], beta=1e-14, newton_steps=1)
     done = forget(api, ds["id"], train_ids(api, ds["id"], 3))
     cert = certificate_of(api, done)
-    assert cert["method"] == "retrain" and cert["guarantee"] == "exact"
-    assert "exceeds the budget" in cert["fallback_reason"]
-    assert "warm-started" in cert["sentence"] and "within ‖∇F‖/λ" in cert["sentence"]
+    assert cert["method"] == "convex_head" and cert["guarantee"] == "rigorous", cert
+    assert cert["fallback_reason"] is None and cert["lineage_reset"] is False
+    assert "exceeds the budget" in cert["branch"]  # the auditor's view
+    receipt = json.loads(done["receipts"][0]["entry"])  # the requester's: a commitment only
+    assert set(receipt["branch"]) == {"commitment", "disclosed_to"}
+    version = api.get(f"/v1/models/{model['id']}/versions/2", role="reader").json()
+    assert version["kind"] == "unlearned"
     released, optimum = noise_free_and_optimum(api, model["id"])
     assert float(torch.linalg.norm(released - optimum)) < 1e-6  # the exact solve
 

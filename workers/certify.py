@@ -14,7 +14,7 @@ from app.privacy.lineage import event_to_json
 from app.specs import PrivacyPolicy
 from app.states import Guarantee
 from methods.compute import CertificateFields, Constant, PrivacyTarget
-from workers.values import Decision, Fallback
+from workers.values import Decision, Fallback, Released
 
 
 @dataclass(frozen=True)
@@ -64,10 +64,14 @@ def certificate_fields(
     constants, restricted = _constants(cert.constants)
     # Other requests' ids and the batch's size concern other requesters: a receipt (the
     # logged body) carries commitments to them, auditors the values (issue 26).
-    others = {
+    others: dict[str, Any] = {
         "coalesced_requests": ctx.coalesced_requests,
         "n_removed_in_update": ctx.n_removed_in_update,
     }
+    if isinstance(decision, Released) and decision.hides_branch:
+        # which branch ran depends on the removed rows (issue 52): a commitment in every
+        # release of such a method, the value ("method", or the retrain's reason) to auditors
+        others["branch"] = decision.branch or "method"
     hidden = {name: _sealed(value) for name, value in others.items()}
     return {
         RESTRICTED: {

@@ -591,8 +591,11 @@ def _run_batch(
         publish_soon(db, settings)
     JOB_DURATION.labels("erasure_compaction").observe(time.perf_counter() - compacting)
     method = outcome.decision.method if outcome is not None else "none"
-    if outcome is not None and isinstance(outcome.decision, Fallback):
-        FALLBACKS.labels(outcome.decision.requested).inc()
+    decision = outcome.decision if outcome is not None else None
+    if isinstance(decision, Fallback):
+        FALLBACKS.labels(decision.requested).inc()
+    elif decision is not None and decision.branch:  # the retrain through the mechanism
+        FALLBACKS.labels(decision.method).inc()
     DELETIONS_PROCESSED.labels(method).inc(len(tasks))
     JOB_DURATION.labels("process_deletions").observe(time.perf_counter() - started)
     return True

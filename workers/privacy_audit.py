@@ -255,7 +255,7 @@ def run(
     clock["total"] = time.perf_counter() - started
     return AuditRun(
         method=decision.method,
-        fallback_reason=getattr(decision, "reason", None),
+        fallback_reason=getattr(decision, "reason", None) or getattr(decision, "branch", None),
         guarantee=str(cert.guarantee),
         certified_epsilon=0.0 if exact else cert.epsilon,
         certified_delta=0.0 if exact else cert.delta,

@@ -15,7 +15,7 @@ import math
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import TypeVar
 
 import torch
@@ -33,7 +33,14 @@ from maths.training import (
     is_classifier,
     scorer,
 )
-from methods.compute import Release, TargetInfeasible, UpdateInputs, method_for
+from methods.compute import (
+    PublicInfeasible,
+    Release,
+    TargetInfeasible,
+    UnlearningMethod,
+    UpdateInputs,
+    method_for,
+)
 from workers.device import inputs_to, outcome_to_cpu, release_to_cpu
 from workers.values import Decision, Fallback, Outcome, Released, Unrecoverable
 
@@ -103,7 +110,9 @@ def measure(inputs: UpdateInputs, decision: Decision, seconds: float) -> JsonObj
         "n_test": len(inputs.test.y),
         "n_removed": len(inputs.removed.y),
         "method": decision.method,
-        "fallback_reason": decision.reason if isinstance(decision, Fallback) else None,
+        # auditors only (app/services/models.PUBLIC_METRICS): the public fallback's reason is
+        # in its certificate; a hidden branch's is a function of the removed rows
+        "fallback_reason": decision.reason if isinstance(decision, Fallback) else decision.branch,
     }
     if inputs.method.options.evaluate and is_classifier(inputs.spec.architecture):
         metrics["evaluation"] = _evaluate(inputs, decision)
@@ -113,37 +122,95 @@ def measure(inputs: UpdateInputs, decision: Decision, seconds: float) -> JsonObj
 def decide(inputs: UpdateInputs) -> Decision:
     """The configured method's release, or the exact retrain and the reason for it. A method
     that fails or releases non-finite weights falls back to the retrain too, so a deletion
-    never fails for good because an update cannot be computed."""
+    never fails for good because an update cannot be computed.
+
+    Which branch ran must not tell which rows left (issue 52): a failure whose reason depends
+    on the removed rows (a measured bound over budget, a diverged step, an error) is, for a
+    method that can (`hides_branch`), answered by the exact retrain released through the
+    method's own mechanism, with the certificate its releases carry; the branch goes to
+    auditors only. A reason that is a function of public values (`PublicInfeasible`, the
+    lineage budget) leads to the public, noise-free exact retrain."""
     name = inputs.method.name
     if name == "retrain":
         return Released(exact_retrain(inputs), name, None)
     method = method_for(name, inputs.spec)
-    target = inputs.target
+    hides = hides_branch(method)
+    attempt = _attempt(method, inputs)
+    exact: Release | None = None
+    branch: str | None = None
+    if isinstance(attempt, _Failure):
+        if attempt.public or not hides:
+            return _fallback(inputs, attempt.reason)
+        exact = exact_retrain(inputs)
+        disguised = _through_mechanism(method, inputs, exact)
+        if disguised is None:
+            return Fallback(exact, name, attempt.reason)
+        release, branch = disguised, attempt.reason
+    else:
+        release = attempt
+    if method.spec.guarantee == Guarantee.exact or release.event is None:
+        return Released(release, name, None, hides, branch)
+    budget = LineageBudget(inputs.policy.lineage_epsilon, inputs.policy.lineage_delta)
+    admission = admit(budget, inputs.history, release.event)
+    if not admission.admitted:  # a function of the public history and the planned event
+        return _fallback(inputs, admission.reason, exact)
+    return Released(release, name, admission, hides, branch)
+
+
+def hides_branch(method: UnlearningMethod) -> bool:
+    """Whether the method releases its data-dependent fallbacks through its own mechanism:
+    a property of the method, never of the request."""
+    return type(method).through_mechanism is not UnlearningMethod.through_mechanism
+
+
+@dataclass(frozen=True)
+class _Failure:
+    """Why the method's own update cannot be released; `public`: a function of public values."""
+
+    reason: str
+    public: bool
+
+
+def _attempt(method: UnlearningMethod, inputs: UpdateInputs) -> Release | _Failure:
+    """The method's release, checked, or why it cannot be released."""
+    name, target = inputs.method.name, inputs.target
+    cannot = f"{name} cannot meet (ε={target.epsilon:g}, δ={target.delta:g})"
     try:
         release = method.unlearn(inputs)
         check_finite(release.weights)
         check_finite(release.next_state)
+    except PublicInfeasible as exc:
+        return _Failure(f"{cannot}: {exc}", public=True)
     except TargetInfeasible as exc:
-        return _fallback(
-            inputs, f"{name} cannot meet (ε={target.epsilon:g}, δ={target.delta:g}): {exc}"
-        )
+        return _Failure(f"{cannot}: {exc}", public=False)
     except shutdown.Interrupted:
         raise  # not a failure of the method: the job stops and resumes on the next start
     except Exception as exc:  # noqa: BLE001 - any failure of the update: retrain exactly
-        return _fallback(inputs, f"{name} could not compute the update: {_described(exc)}")
-    if method.spec.guarantee == Guarantee.exact:
-        return Released(release, name, None)
-    if release.certificate.guarantee == Guarantee.none and not inputs.policy.allow_heuristic:
-        return _fallback(
-            inputs, "the method's guarantee is heuristic and the policy does not allow it"
+        return _Failure(f"{name} could not compute the update: {_described(exc)}", False)
+    heuristic = release.certificate.guarantee == Guarantee.none
+    if method.spec.guarantee != Guarantee.exact and heuristic and not inputs.policy.allow_heuristic:
+        return _Failure(
+            "the method's guarantee is heuristic and the policy does not allow it", False
         )
-    if release.event is None:
-        return Released(release, name, None)
-    budget = LineageBudget(inputs.policy.lineage_epsilon, inputs.policy.lineage_delta)
-    admission = admit(budget, inputs.history, release.event)
-    if not admission.admitted:
-        return _fallback(inputs, admission.reason)
-    return Released(release, name, admission)
+    return release
+
+
+def _through_mechanism(
+    method: UnlearningMethod, inputs: UpdateInputs, exact: Release
+) -> Release | None:
+    """`exact` released through the method's mechanism, checked; None if that failed (the
+    worker's log says why; the public retrain follows)."""
+    try:
+        release = method.through_mechanism(inputs, exact)
+        if release is not None:
+            check_finite(release.weights)
+            check_finite(release.next_state)
+        return release
+    except shutdown.Interrupted:
+        raise
+    except Exception:  # noqa: BLE001 - the public exact retrain is still a correct answer
+        log.warning("releasing the exact retrain through the mechanism failed", exc_info=True)
+        return None
 
 
 def exact_retrain(inputs: UpdateInputs) -> Release:
@@ -175,8 +242,10 @@ def _described(exc: Exception) -> str:
     return f"{type(exc).__name__} (see the worker's log)"
 
 
-def _fallback(inputs: UpdateInputs, reason: str) -> Fallback:
-    return Fallback(exact_retrain(inputs), inputs.method.name, reason)
+def _fallback(inputs: UpdateInputs, reason: str, exact: Release | None = None) -> Fallback:
+    """The public exact retrain (made now unless `exact` was)."""
+    release = exact if exact is not None else exact_retrain(inputs)
+    return Fallback(release, inputs.method.name, reason)
 
 
 def _accuracies(inputs: UpdateInputs, release: Release) -> dict[str, float | int | None]:

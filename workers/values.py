@@ -32,11 +32,18 @@ class TrainingInputs:
 
 @dataclass(frozen=True)
 class Released:
-    """The configured method's release, admitted by the lineage accountant (None: exact)."""
+    """The configured method's release, admitted by the lineage accountant (None: exact).
+
+    For a method that hides its branch (`hides_branch`: it can release an exact retrain
+    through its own mechanism, issue 52), `branch` is None when the method's own update was
+    released and, when it could not be, the reason the exact retrain was released through
+    the mechanism instead. Which one ran depends on the removed rows: auditors only."""
 
     release: Release
     method: str
     admission: Admission | None
+    hides_branch: bool = False
+    branch: str | None = None
 
 
 @dataclass(frozen=True)

@@ -48,4 +48,5 @@ def methods(
     serve this dataset and architecture (with the API's refusal if not) and the cost of one
     deletion, so a method is chosen with numbers."""
     with db.read() as session:
-        return method_choices(session, dataset, {"type": architecture}, epsilon, delta)
+        disclose = key.role in (Role.auditor, Role.admin)
+        return method_choices(session, dataset, {"type": architecture}, epsilon, delta, disclose)

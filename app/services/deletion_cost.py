@@ -20,8 +20,10 @@ from methods import get_method, method_names, method_of
 TRAINING_KINDS = (VersionKind.trained, VersionKind.retrained)
 
 
-def deletion_cost(session: Session, model: Model) -> DeletionCost | None:
-    """Expected seconds and share of a full retrain for one single-sample deletion."""
+def deletion_cost(session: Session, model: Model, disclose: bool = False) -> DeletionCost | None:
+    """Expected seconds and share of a full retrain for one single-sample deletion. The
+    per-update timings are functions of the removed rows and of which branch ran (issue 52):
+    only a caller who may see such values (`disclose`: admins, auditors) gets them."""
     rows = session.execute(
         select(ModelVersion.number, ModelVersion.kind, ModelVersion.metrics)
         .where(ModelVersion.model_id == model.id)
@@ -36,19 +38,21 @@ def deletion_cost(session: Session, model: Model) -> DeletionCost | None:
     entries = [_entry("retrain", {}, full, 1.0, "measured: the model's latest full training")]
     if own.spec.own_cost is not None:  # the method knows its share from the model's shape
         cost = own.spec.own_cost(own.options, current)
-        measured = _measured_updates(rows, own.name)
+        measured = _measured_updates(rows, own.name) if disclose else None
         entries.append(
             _entry(
                 own.name, cost.options, full * cost.fraction, cost.fraction, cost.basis, measured
             )
         )
     elif own.name != "retrain":
-        updates = _measured_updates(rows, own.name)
+        updates = _measured_updates(rows, own.name) if disclose else []
         seconds = median(updates) if updates else None
         basis = (
             f"measured: median of this model's {len(updates)} {own.name} update(s)"
             if updates
             else "no update measured yet"
+            if disclose
+            else "measured per update: disclosed to auditors and admins"
         )
         entries.append(_entry(own.name, {}, seconds, _ratio(seconds, full), basis, updates))
     architecture = architecture_of(model.architecture)

@@ -113,21 +113,42 @@ def get_model(session: Session, model_id: int) -> Model:
     return model
 
 
-FORGET_SET_METRICS = frozenset({"forget_accuracy", "mia_auc"})
+# What a version's metrics show every role (issue 52): what the released weights themselves
+# show (accuracies of the release on the test split and on retained rows), the noise's
+# data-free scale, and counts of retained rows. Everything else a release's metrics hold is a
+# function of the removed rows or of which branch ran (noise-free norms, Newton steps, passes,
+# per-request timings, the fallback's reason, forget-set accuracies) and goes to admins and
+# auditors only: a list of what may be shown, so a metric added later is hidden until placed.
+PUBLIC_METRICS = frozenset(
+    {
+        "test_accuracy",
+        "test_accuracy_rows",
+        "retain_accuracy",
+        "retain_accuracy_rows",
+        "train_accuracy",
+        "n_train",
+        "n_test",
+        "sigma",
+        "expected_noise_norm",
+        "noisy_steps",
+        "finetune_epochs",
+    }
+)
 
 
-def without_forget_set(metrics: Any) -> Any:
-    """Metrics minus those computed on the forget set: on a handful of samples they reveal
-    who was removed (issue 11), so only admins and auditors see them."""
-    if isinstance(metrics, dict):
-        return {k: without_forget_set(v) for k, v in metrics.items() if k not in FORGET_SET_METRICS}
-    return metrics
+def public_metrics(metrics: Any) -> dict[str, Any]:
+    """The metrics every role may read (PUBLIC_METRICS); admins and auditors read them all."""
+    if not isinstance(metrics, dict):
+        return {}
+    return {k: v for k, v in metrics.items() if k in PUBLIC_METRICS}
 
 
 def version_view(
     version: ModelVersion, parent_number: int | None, forget_metrics: bool = False
 ) -> dict[str, Any]:
-    """A version; `forget_metrics` (admins, auditors) keeps the forget-set metrics."""
+    """A version; `forget_metrics` (admins, auditors) keeps every metric, else only the
+    public ones of a version still served (a purged version's were measured on rows that
+    may since have been erased)."""
     return {
         "number": version.number,
         "parent": parent_number,
@@ -135,7 +156,9 @@ def version_view(
         "weights_sha256": version.weights_sha256,
         "weights_size": version.weights_size,
         "weights_available": version.weights_key is not None and version.erased_at is None,
-        "metrics": version.metrics if forget_metrics else without_forget_set(version.metrics),
+        "metrics": version.metrics
+        if forget_metrics
+        else public_metrics(version.metrics if version.erased_at is None else {}),
         "n_train": version.n_train,
         "created_at": version.created_at,
         "erased_at": version.erased_at,

@@ -76,7 +76,8 @@ def preview(
         ),
         would_retrain_exactly=plan.feasible is False or not admission.admitted,
         deletion_capacity=_capacity_view(plan, current),
-        deletion_cost=deletion_cost(session, model),
+        # timings of trainings and updates, each a function of rows since removed (issue 52)
+        deletion_cost=deletion_cost(session, model, disclose) if disclose else None,
         # a measured-shift method's extras replace it
         **{"shift": None, **_extras(session, model, plan.sigma, documents, disclose)},
     )

@@ -28,6 +28,7 @@ from methods.compute import (
     Constant,
     ModelState,
     PrivacyTarget,
+    PublicInfeasible,
     Release,
     RetainedData,
     TargetInfeasible,
@@ -99,7 +100,9 @@ class AnchorTopics(UnlearningMethod):
         topics = tp.recover_topics(S, m, anchors)
         limit = self._capacity(topics, m_original, target)
         if m_u > limit["documents"]:
-            raise TargetInfeasible(
+            # with declared constants the capacity is a function of counts and options, so
+            # the retrain it leads to is public; estimated constants are the data's (issue 52)
+            raise _infeasible(self.options.calibrate_with)(
                 f"the cumulative {m_u} removed documents exceed the deletion capacity "
                 f"{limit['documents']:.4g} (Theorem 5: noise term {limit['noise_term']:.4g}, "
                 f"bias term {limit['bias_term']:.4g}; anchor stability "
@@ -241,3 +244,8 @@ class AnchorTopics(UnlearningMethod):
             compares="release vs. the topic model retrained on the retained documents with the "
             "same anchors, through the same Gaussian mechanism (seed 000, Def. 4)",
         )
+
+
+def _infeasible(calibrate_with: str) -> type[TargetInfeasible]:
+    """Over capacity: public with declared constants, data-dependent with estimated ones."""
+    return PublicInfeasible if calibrate_with == "declared" else TargetInfeasible

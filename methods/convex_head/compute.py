@@ -19,6 +19,7 @@ import torch
 
 from app.privacy.gaussian import epsilon_for
 from app.privacy.lineage import gaussian_event
+from app.privacy.plans import ReleasePlan
 from app.states import Guarantee
 from maths import convex
 from maths.training import ProgressFn
@@ -26,6 +27,7 @@ from methods.compute import (
     CertificateFields,
     Constant,
     ModelState,
+    PublicInfeasible,
     Release,
     RetainedData,
     TargetInfeasible,
@@ -97,18 +99,13 @@ class ConvexHead(UnlearningMethod):
         without a pass over the rows while the carried bound lasts (removal.py), and released
         with N(0, σ²I) once the bound on ‖∇F_{D_r}(w⁻)‖ is ≤ λβ."""
         start = time.perf_counter()
-        o, target = self.options, inputs.target
-        plan = self.spec.plan(o, target.epsilon, target.delta)
-        if not plan.feasible:
-            raise TargetInfeasible(plan.reason)
+        o, plan = self.options, self._plan(inputs)
+        if not plan.feasible:  # a function of the options and the target
+            raise PublicInfeasible(plan.reason)
         resident, work = self._removal(inputs)
         shift = resident.bound / o.lam
         if shift > o.beta:
             raise ShiftOverBudget(shift, o.beta)
-        theta = resident.theta
-        noise_free = to_state(theta)
-        weights = add_gaussian(noise_free, plan.sigma, secure_generator())
-        epsilon = epsilon_for(o.beta, plan.sigma, target.delta)
         facts = Bound(
             n_removed=len(inputs.removed.sample_ids),
             shift=shift,
@@ -116,6 +113,51 @@ class ConvexHead(UnlearningMethod):
             slack=resident.b,
             before=work.before,
         )
+        return self._released(inputs, resident.theta, facts, work, start, resident)
+
+    def through_mechanism(self, inputs: UpdateInputs, exact: Release) -> Release:
+        """The exact optimum on the retained rows released through the same Gaussian
+        mechanism, with the same certificate (issue 52): this is the very reference the
+        certificate compares with, so its claim holds with room to spare, and the published
+        output does not say that the measured bound ran over β. Its noise-free state starts
+        the next update; the bound's constants (auditors only) are the retrain's measured
+        gradient and its float64 rounding."""
+        start = time.perf_counter()
+        o = self.options
+        theta = to_theta(exact.next_state)
+        problem = self.problem(inputs.retained)
+        measured = float(torch.linalg.norm(convex.gradient(problem, theta)))
+        slack = convex.rounding_bound(problem, theta)
+        facts = Bound(
+            n_removed=len(inputs.removed.sample_ids),
+            shift=(measured + slack) / o.lam,
+            known=measured,
+            slack=slack,
+            before=measured + slack,
+        )
+        return self._released(inputs, theta, facts, Work(gradient_passes=2), start, None)
+
+    def _plan(self, inputs: UpdateInputs) -> ReleasePlan:
+        target = inputs.target
+        return self.spec.plan(self.options, target.epsilon, target.delta)
+
+    def _released(
+        self,
+        inputs: UpdateInputs,
+        theta: torch.Tensor,
+        facts: Bound,
+        work: Work,
+        start: float,
+        resident: removal.Resident | None,
+    ) -> Release:
+        """Θ + N(0, σ²I) with σ = β·z(ε, δ), and its certificate: the same public fields
+        whichever branch made Θ (the metrics that depend on the rows are auditors' only:
+        app/services/models.PUBLIC_METRICS)."""
+        o, target = self.options, inputs.target
+        plan = self._plan(inputs)
+        noise_free = to_state(theta)
+        weights = add_gaussian(noise_free, plan.sigma, secure_generator())
+        epsilon = epsilon_for(o.beta, plan.sigma, target.delta)
         return Release(
             next_state=noise_free,
             weights=weights,
@@ -175,8 +217,11 @@ class ConvexHead(UnlearningMethod):
     def _removal(self, inputs: UpdateInputs) -> tuple[removal.Resident, Work]:
         """The state after the removal and its bound: the resident state downdated (O(k·d²))
         or anchored afresh (one Hessian pass); then Newton steps, measuring the gradient (one
-        pass) when the carried bound exceeds λβ, and re-anchoring when the anchor's drift is
-        what keeps it there."""
+        pass) when the carried bound exceeds λβ and re-anchoring when the anchor's drift is
+        what keeps it there. Damped (issue 52): a measured step that made the bound grow is
+        rejected, and the next try re-anchors at the current point (a stale anchor's step
+        can overshoot) or halves the step; the loop stops once a measurement's rounding floor
+        alone exceeds λβ, which no step can go below."""
         o = self.options
         budget = o.lam * o.beta
         n = len(inputs.retained)
@@ -198,20 +243,33 @@ class ConvexHead(UnlearningMethod):
         rows = state.rows
         blocks = rows.blocks if rows is not None else self._blocks(inputs.retained, theta)
         work.before = state.bound
-        while work.steps < o.newton_steps:
-            state = removal.newton_step(state)
-            work.steps += 1
-            if state.bound <= budget:
-                break
-            step = state.last
-            state = removal.measured(state, blocks)
+
+        def reanchored(at: removal.Resident) -> removal.Resident:
+            work.hessian_passes += 1
             work.gradient_passes += 1
-            if state.bound <= budget:
+            return replace(removal.anchored(blocks, n, at.theta, o.R, o.lam), rows=rows)
+
+        alpha = 1.0  # the step length: halved when a measured step made ‖∇F‖ grow
+        while work.steps < o.newton_steps and state.bound > budget:
+            stepped = removal.newton_step(state, alpha)
+            work.steps += 1
+            if stepped.bound <= budget:  # certified without a pass
+                state = stepped
                 break
-            if step is not None and step.drift > budget / 4 and work.hessian_passes < 2:
-                state = replace(removal.anchored(blocks, n, state.theta, o.R, o.lam), rows=rows)
-                work.hessian_passes += 1
-                work.gradient_passes += 1
+            drift = stepped.last.drift if stepped.last is not None else 0.0
+            tried = removal.measured(stepped, blocks)
+            work.gradient_passes += 1
+            stale = not torch.equal(state.anchor.theta, state.theta)
+            if tried.bound < state.bound:  # the step lowered the measured bound: kept
+                state, alpha = tried, min(1.0, 2 * alpha)
+                if state.bound > budget and drift > budget / 4 and work.hessian_passes < 2:
+                    state = reanchored(state)
+            elif stale and work.hessian_passes < 2:  # rejected: a Hessian at this point
+                state = reanchored(state)
+            else:  # rejected: a shorter step along the same direction
+                alpha /= 2
+            if state.b > budget:  # a measurement's rounding floor alone is over λβ
+                break
         return state, work
 
     def problem_of(self, X: torch.Tensor, y: torch.Tensor) -> convex.Problem:
@@ -235,10 +293,12 @@ class ConvexHead(UnlearningMethod):
             "on Δ = β). No unverifiable constant is assumed. What is compared: this release "
             "against w*, the optimum retrained on the retained data, released through the same "
             "mechanism (Guo et al. 2020, Theorem 1); Lethe's own exact retrains and the first "
-            "trained version are released without noise. Published: that s ≤ β held (a "
-            "request whose s exceeds β is retrained instead, so which branch ran is one bit "
-            "about the removed rows); the values of s and the gradient norms, functions of "
-            "the removed rows, go to auditors and admins only, committed to here."
+            "trained version are released without noise. When the bound cannot be brought "
+            "to s ≤ β, the exact optimum retrained on the retained rows is released through "
+            "this same mechanism with this same certificate (it is the reference itself), so "
+            "the release does not say which branch ran; the branch, the values of s and the "
+            "gradient norms, functions of the removed rows, go to auditors and admins only, "
+            "committed to here."
         )
         return CertificateFields(
             guarantee=Guarantee.rigorous,
@@ -292,28 +352,25 @@ class ConvexHead(UnlearningMethod):
         )
 
     def retrain(self, inputs: UpdateInputs) -> tuple[Trained, str]:
-        """The exact retrain, warm-started from the noise-free state: the optimum is unique, so
-        it reaches the cold-started model to within the solver's tolerance (stated)."""
+        """The exact retrain, solved from a cold start (zeros), as training solves: a function
+        of the retained rows alone, bit for bit (issue 52: warm-started from the noise-free
+        state, two worlds with the same retained rows differed by 1e-10 while the certificate
+        said ε = δ = 0)."""
         start = time.perf_counter()
         o = self.options
-        solution = convex.solve(
-            self.problem(inputs.retained),
-            o.tolerance,
-            o.max_iterations,
-            start=to_theta(inputs.state),
-        )
+        solution = convex.solve(self.problem(inputs.retained), o.tolerance, o.max_iterations)
         metrics = {
             "train_seconds": time.perf_counter() - start,
             "n_train": len(inputs.retained.y),
             "gradient_norm": solution.gradient_norm,
             "lbfgs_iterations": solution.iterations,
-            "warm_start": True,
+            "warm_start": False,
             "weight_norm": float(torch.linalg.norm(solution.theta)),
         }
         how = (
-            "solved the strongly convex objective warm-started from the previous state to "
+            "solved the strongly convex objective from a cold start, as training does, to "
             f"‖∇F‖ = {solution.gradient_norm:.3g} (tolerance {o.tolerance:g}; its optimum is "
-            f"unique, so this is the cold-started model within ‖∇F‖/λ = "
+            f"unique, and this is within ‖∇F‖/λ = "
             f"{solution.gradient_norm / o.lam:.3g})"
         )
         return Trained(to_state(solution.theta), None, {}, metrics), how

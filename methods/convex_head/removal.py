@@ -56,6 +56,10 @@ class Anchor:
     # rounding bound; removed rows are subtracted, so it holds nothing of them.
     column_abs: torch.Tensor  # (d,)
     S_norm: float  # ≥ ‖S‖₂ for the exact S: S̃'s trace with its rounding, plus e_S
+    # ≥ max ‖z_i‖ over the retained rows, measured (≤ R): rows only leave, so it stays an
+    # upper bound; the bounds use it where R was (issue 52: R = 1000 against rows of norm 6
+    # made every allowance 160× too wide)
+    rho: float = math.inf
 
 
 @dataclass(frozen=True)
@@ -188,7 +192,10 @@ def anchored(blocks: Blocks, m: int, theta: torch.Tensor, R: float, lam: float) 
     S = torch.zeros(d, d, dtype=torch.float64, device=theta.device)
     column_abs = torch.zeros(d, dtype=torch.float64, device=theta.device)
     weight_error = torch.zeros((), dtype=torch.float64, device=theta.device)
+    row_norm = torch.zeros((), dtype=torch.float64, device=theta.device)
     for z, t in blocks():
+        if len(z):
+            row_norm = torch.maximum(row_norm, torch.linalg.vector_norm(z, dim=1).max())
         u = t * (z @ theta.T)
         w = torch.sigmoid(u) * torch.sigmoid(-u)
         for a in range(k):
@@ -201,38 +208,53 @@ def anchored(blocks: Blocks, m: int, theta: torch.Tensor, R: float, lam: float) 
     eye = lam * torch.eye(d, dtype=torch.float64, device=theta.device)
     H = H / m + eye
     S = S / m
-    r2 = _row_norm_bound(R) ** 2
-    # |fl(H) − H| ≤ γ_{m+3}·|Z|ᵀW|Z|/m entrywise; that PSD matrix's norm ≤ its trace ≤ ¼R².
+    # |fl(H) − H| ≤ γ_{m+3}·|Z|ᵀW|Z|/m entrywise; that PSD matrix's norm ≤ its trace ≤ ¼ρ².
     factor, info = torch.linalg.cholesky_ex(H)
-    read = torch.stack([weight_error, S.diagonal().sum(), (info != 0).any().to(H)]).tolist()
+    read = torch.stack(
+        [weight_error, S.diagonal().sum(), (info != 0).any().to(H), row_norm]
+    ).tolist()
     if read[2]:
         raise ValueError("the Hessian is not positive definite")
     weight_error_max = read[0]
+    rho = _measured_norm(read[3], d, R)
+    r2 = rho**2
     e_H = gamma(m + 3) * (0.25 + weight_error_max) * r2 + weight_error_max * r2 + gamma(2) * lam
     e_S = gamma(m + 3) * r2
     column_abs *= 1 + gamma(m)
-    anchor = Anchor(theta.clone(), H, factor, S, e_H, e_S, column_abs, _s_norm(read[1], d, e_S))
+    anchor = Anchor(
+        theta.clone(), H, factor, S, e_H, e_S, column_abs, _s_norm(read[1], d, e_S), rho
+    )
     start = Resident(m, theta.clone(), torch.zeros_like(theta), math.inf, anchor, R, lam)
     return measured(start, blocks)
 
 
 def measured(resident: Resident, blocks: Blocks) -> Resident:
     """The gradient at Θ₀ measured over all retained rows in one float64 pass; b becomes its
-    rounding bound: maths/convex.rounding_bound's γ_m·‖(|C| + ¼|Z||Θ|ᵀ)ᵀ|Z|/n + λ|Θ|‖ with
-    |c_ia| ≤ 1 and |z_i|·|θ_a| ≤ R‖θ_a‖, and Σ|z_i| at most the anchor's (no second product
-    over the rows)."""
+    rounding bound, maths/convex.rounding_bound's γ_m·‖(|C| + ¼|Z||Θ|ᵀ)ᵀ|Z|/n + λ|Θ|‖ taken
+    per class from what the pass measures (issue 52): ‖Σ_i |c_ia||z_i|‖ ≤ Σ_i |c_ia|‖z_i‖
+    (and ≤ ‖Σ_i |z_i|‖, as |c| ≤ 1), |z_i|·|θ_a| ≤ ρ‖θ_a‖ with ρ the rows' largest norm, and
+    Σ|z_i| at most the anchor's (no second product over the rows)."""
     theta, lam = resident.theta, resident.lam
-    total, rows = convex.coefficient_sum(blocks(), theta)
+    k, d = theta.shape
+    total, rows, sizes = convex.coefficient_sums(blocks(), theta, magnitudes=True)
+    assert sizes is not None
     if rows != resident.m:
         raise ValueError("the rows are not the resident state's")
     g = total / rows + lam * theta
-    m = rows + theta.shape[1] + 3
-    per_class = 1.0 + 0.25 * _row_norm_bound(resident.R) * torch.linalg.norm(theta, dim=1)
-    column_abs = resident.anchor.column_abs
-    terms = per_class.unsqueeze(1) * (column_abs / rows).unsqueeze(0) + lam * theta.abs()
-    terms_norm, g_norm = torch.stack([torch.linalg.norm(terms), torch.linalg.norm(g)]).tolist()
-    bound = gamma(m) * terms_norm * (1 + gamma(m))
-    return replace(resident, g=g, b=bound, last=None, g_norm=g_norm)
+    m = rows + d + 3
+    anchor = resident.anchor
+    theta_norms = torch.linalg.norm(theta, dim=1)
+    column = torch.linalg.norm(anchor.column_abs / rows)
+    read = torch.cat([sizes, torch.stack([column, torch.linalg.norm(g)]), theta_norms]).tolist()
+    weighted, row_norm, column_norm, g_norm = read[:k], read[k], read[k + 1], read[k + 2]
+    rho = min(anchor.rho, _measured_norm(row_norm, d, resident.R))
+    per_class = [
+        min(w * (1 + gamma(rows + 2)) / rows, column_norm) + 0.25 * rho * t * column_norm + lam * t
+        for w, t in zip(weighted, read[k + 3 :], strict=True)
+    ]
+    bound = gamma(m) * math.sqrt(sum(x * x for x in per_class)) * (1 + gamma(m + k))
+    anchor = replace(anchor, rho=rho)
+    return replace(resident, g=g, b=bound, last=None, g_norm=g_norm, anchor=anchor)
 
 
 def without(resident: Resident, Z: torch.Tensor, T: torch.Tensor) -> Resident:
@@ -290,22 +312,30 @@ def without(resident: Resident, Z: torch.Tensor, T: torch.Tensor) -> Resident:
     e_S = scale * A.e_S + gamma(k_rows + 4) * S_abs_norm
     removed_abs = Z_abs.sum(dim=0)
     column_abs = A.column_abs - removed_abs + gamma(k_rows + 2) * (A.column_abs + removed_abs)
-    anchor = Anchor(A.theta, H, factor, S, e_H, e_S, column_abs, _s_norm(S_trace, d, e_S))
+    anchor = Anchor(A.theta, H, factor, S, e_H, e_S, column_abs, _s_norm(S_trace, d, e_S), A.rho)
     return replace(resident, m=m2, g=g, b=b, anchor=anchor, last=None, g_norm=g_norm)
 
 
-def newton_step(resident: Resident) -> Resident:
-    """Θ₁ = Θ₀ − H̃⁻¹g with the anchor's factors, and the rigorous bound on ‖∇F(Θ₁)‖ (no pass
-    over the rows: O(d²) per class given the factors)."""
+def direction(resident: Resident) -> torch.Tensor:
+    """The Newton direction −H̃⁻¹g with the anchor's factors."""
+    return -torch.cholesky_solve(resident.g.unsqueeze(-1), resident.anchor.factor).squeeze(-1)
+
+
+def newton_step(
+    resident: Resident, alpha: float = 1.0, along: torch.Tensor | None = None
+) -> Resident:
+    """Θ₁ = Θ₀ − αH̃⁻¹g with the anchor's factors, and the rigorous bound on ‖∇F(Θ₁)‖ (no pass
+    over the rows: O(d²) per class given the factors). The bound holds for any step: r below
+    is the step's own residual g + H̃δ, whatever δ is."""
     A, lam = resident.anchor, resident.lam
     k, d = resident.theta.shape
-    delta = -torch.cholesky_solve(resident.g.unsqueeze(-1), A.factor).squeeze(-1)
+    delta = alpha * (along if along is not None else direction(resident))
     theta = resident.theta + delta
     step = theta - resident.theta  # the step as represented: error ≤ u|step| per entry
     Hs = torch.bmm(A.H, step.unsqueeze(-1)).squeeze(-1)
     r = resident.g + Hs
     r_abs = resident.g.abs() + torch.bmm(A.H.abs(), step.abs().unsqueeze(-1)).squeeze(-1)
-    R = _row_norm_bound(resident.R)
+    R = min(A.rho, _row_norm_bound(resident.R))  # ≥ every retained ‖z_i‖
     h_max = 0.25 * R * R + lam + A.e_H  # ≥ ‖∇²F‖₂ anywhere
     drift_terms = _s_norms(A, resident.theta - A.theta, inflate=U)
     step_terms = _s_norms(A, step, inflate=U)
@@ -342,6 +372,12 @@ def _s_norms(A: Anchor, V: torch.Tensor, inflate: float) -> torch.Tensor:
 def _s_norm(trace: float, d: int, e_S: float) -> float:
     """≥ ‖S‖₂ for the exact S, from fl(trace S̃) (S is PSD: its norm is at most its trace)."""
     return trace * (1 + gamma(d)) + e_S
+
+
+def _measured_norm(norm: float, d: int, R: float) -> float:
+    """≥ the largest exact ‖z_i‖, from its float64 value (a d-term sum and a square root),
+    and never above the clipping bound."""
+    return min(norm * (1 + gamma(d + 2)) + 4 * U * norm, _row_norm_bound(R))
 
 
 def _row_norm_bound(R: float) -> float:

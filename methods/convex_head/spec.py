@@ -95,8 +95,8 @@ def clipped_logreg(o: ConvexHeadOptions, architecture: ArchitectureSpec) -> Arch
 
 
 def shift_view(o: ConvexHeadOptions, facts: PreviewFacts) -> JsonObject:
-    """The preview's `shift`: the expected noise norm σ·√d against the current ‖w‖, and, for
-    auditors and admins (s is a function of the removed rows), the last requests' s/β."""
+    """The preview's `shift`: the expected noise norm σ·√d and, for auditors and admins (each
+    a function of the removed rows), the current noise-free ‖w‖ and the last requests' s/β."""
     d = facts.n_classes * (facts.n_features + 1)
     rows = [
         {
@@ -113,7 +113,8 @@ def shift_view(o: ConvexHeadOptions, facts: PreviewFacts) -> JsonObject:
     return {
         "shift": {
             "expected_noise_norm": facts.sigma * math.sqrt(d),
-            "weight_norm": facts.version_metrics.get("weight_norm"),
+            # the noise-free ‖w‖ is a function of the removed rows (issue 52): auditors only
+            "weight_norm": facts.version_metrics.get("weight_norm") if facts.disclose else None,
             "parameters": d,
             "recent": recent if facts.disclose else None,
             "recent_disclosed_to": "auditors and admins",

@@ -10,6 +10,7 @@ time: the 2·C0 worst case covers any starting point); the lineage composes the 
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 
 import torch
 from torch import nn
@@ -24,9 +25,9 @@ from maths.training import finetune
 from methods.compute import (
     CertificateFields,
     Constant,
+    PublicInfeasible,
     Release,
     RetainedData,
-    TargetInfeasible,
     UnlearningMethod,
     UpdateInputs,
     register,
@@ -45,12 +46,12 @@ class NoisyFinetune(UnlearningMethod):
 
     def unlearn(self, inputs: UpdateInputs) -> Release:
         data, target, m = inputs.retained, inputs.target, self.model
-        if len(data.y) == 0:
-            raise TargetInfeasible("no retained samples to fine-tune on")
+        if len(data.y) == 0:  # a count: public
+            raise PublicInfeasible("no retained samples to fine-tune on")
         start = time.perf_counter()
         plan = self.spec.plan(self.o, target.epsilon, target.delta)
-        if not plan.feasible or plan.steps is None:
-            raise TargetInfeasible(plan.reason)
+        if not plan.feasible or plan.steps is None:  # the options and the target
+            raise PublicInfeasible(plan.reason)
         flat = FlatModel(build_net(m.architecture, m.n_features, m.n_classes))
         x = clip_vector(flat.vector(inputs.state), self.o.C0)
         noisy = self.noisy_phase(flat, x, data, plan.sigma, plan.steps)
@@ -78,6 +79,12 @@ class NoisyFinetune(UnlearningMethod):
                 "finetune_epochs": self.o.finetune_epochs,
             },
         )
+
+    def through_mechanism(self, inputs: UpdateInputs, exact: Release) -> Release:
+        """The same noisy fine-tuning from the model retrained without the removed samples:
+        the procedure the certificate compares with (seed 002, Definition 2.1), so neither
+        the release nor its certificate says the method's own run failed (issue 52)."""
+        return self.unlearn(replace(inputs, state=exact.next_state, resident=None))
 
     def noisy_phase(
         self, model: FlatModel, x: torch.Tensor, data: RetainedData, sigma: float, steps: int

@@ -10,6 +10,7 @@ fresh noise and the lineage accountant composes the releases.
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 
 from app.privacy.gaussian import epsilon_for
 from app.privacy.lineage import gaussian_event
@@ -19,8 +20,8 @@ from maths.training import finetune
 from methods.compute import (
     CertificateFields,
     Constant,
+    PublicInfeasible,
     Release,
-    TargetInfeasible,
     UnlearningMethod,
     UpdateInputs,
     register,
@@ -38,8 +39,8 @@ class OutputPerturbation(UnlearningMethod):
         o: OutputPerturbationOptions = self.model.method.options
         target, m = inputs.target, self.model
         plan = self.spec.plan(o, target.epsilon, target.delta)
-        if not plan.feasible:
-            raise TargetInfeasible(plan.reason or "σ below the numerical floor")
+        if not plan.feasible:  # a function of the options and the target
+            raise PublicInfeasible(plan.reason or "σ below the numerical floor")
         base = clip_to_ball(inputs.state, o.C0)
         noisy = add_gaussian(base, plan.sigma, secure_generator())
         data = inputs.retained  # read only to fine-tune: the release alone reads no row
@@ -83,7 +84,11 @@ class OutputPerturbation(UnlearningMethod):
             constants={
                 "C0": Constant(o.C0, "declared", "clipping radius, enforced by projection"),
                 "clipped_norm": Constant(
-                    global_norm(base.values()), "measured", "‖Π_C0(x)‖ of the noise-free state"
+                    global_norm(base.values()),
+                    "measured",
+                    "‖Π_C0(x)‖ of the noise-free state",
+                    "auditors",  # a noise-free function of the data (issue 52)
+                    f"≤ C0 = {o.C0:g}",
                 ),
             },
             compares="release vs. the same procedure on the model retrained without the "
@@ -97,3 +102,9 @@ class OutputPerturbation(UnlearningMethod):
             statistics_to_delete=list(inputs.removed.sample_ids),
             metrics={"unlearn_seconds": time.perf_counter() - start, "sigma": plan.sigma},
         )
+
+    def through_mechanism(self, inputs: UpdateInputs, exact: Release) -> Release:
+        """The same procedure on the model retrained without the removed samples: exactly
+        what the certificate compares with (seed 002, Definition 2.1), so the release and its
+        certificate do not say that the method's own update failed (issue 52)."""
+        return self.unlearn(replace(inputs, state=exact.next_state, resident=None))

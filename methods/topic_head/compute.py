@@ -27,6 +27,7 @@ from methods.compute import (
     CertificateFields,
     Constant,
     ModelState,
+    PublicInfeasible,
     Release,
     RetainedData,
     TargetInfeasible,
@@ -130,7 +131,9 @@ class TopicHead(UnlearningMethod):
             target.delta,
         )
         if m_u > limit["documents"]:
-            raise TargetInfeasible(
+            # with declared constants the capacity is a function of counts and options, so
+            # the retrain it leads to is public; estimated constants are the data's (issue 52)
+            raise _infeasible(self.options.calibrate_with)(
                 f"the cumulative {m_u} removed documents exceed the head's deletion capacity "
                 f"{limit['documents']:.4g} (Theorem 7: noise term {limit['noise_term']:.4g}, "
                 f"bias term {limit['bias_term']:.4g}; anchor stability "
@@ -279,3 +282,8 @@ def _served(A_S: torch.Tensor, v: torch.Tensor, bias: torch.Tensor) -> ModelStat
 
 def _source(o: TopicHeadOptions) -> Any:
     return "declared" if o.calibrate_with == "declared" else "measured"
+
+
+def _infeasible(calibrate_with: str) -> type[TargetInfeasible]:
+    """Over capacity: public with declared constants, data-dependent with estimated ones."""
+    return PublicInfeasible if calibrate_with == "declared" else TargetInfeasible
