@@ -16,12 +16,17 @@ trees):
 - `boundary`: 10,000 × 32 near-separable rows (2 classes, class_sep 3), λ = 1e-5, R = 50,
   β = 1e-3; the removed rows are those of smallest margin under the trained state (the rows
   that hold the boundary);
-- `boundary10`: the same with 10,000 × 64 rows of 10 classes (class_sep 2.5).
+- `boundary10`: the same with 10,000 × 64 rows of 10 classes (class_sep 2.5);
+- `boundary257`: the issue's shape, 20,000 × 256 near-separable rows of 10 classes
+  (class_sep 4, scaled by 1/4), λ = 1e-5, R = 20, β = 1e-3, default options.
 
 The first request finds the resident state `prepare` made after training, as the pipeline
 does; after a fallback the next request anchors afresh.
 
     .venv/bin/python -m bench.convex_branch [--other /tmp/before] [--requests 40]
+
+And goal 4's divergence (`far_start`): one removal from a state far from the optimum, the
+bound on ‖∇F‖ before and after the steps.
 
 Writes bench/results/convex_branch.json: per tree and case, requests released (and released
 with no pass), fallbacks, median passes and steps, and the largest true ‖∇F‖/λβ after a
@@ -42,7 +47,7 @@ from typing import Any
 
 import numpy as np
 
-CASES = ("standardized", "digits", "embeddings", "boundary", "boundary10")
+CASES = ("standardized", "digits", "embeddings", "boundary", "boundary10", "boundary257")
 
 
 def _case(name: str) -> tuple[Any, Any, dict[str, float], str]:
@@ -66,6 +71,12 @@ def _case(name: str) -> tuple[Any, Any, dict[str, float], str]:
         centres = rng.standard_normal((4, 16)) * 1.5
         codes = centres[y] + rng.standard_t(3, (10_000, 16))
         return codes @ basis / 8.0, y, {"lam": 1e-4, "R": 50.0, "beta": 1e-4}, "random"
+    if name == "boundary257":  # the issue's shape: 20,000 × 257 × 10, λ = 1e-5, defaults
+        X, y = skd.make_classification(
+            20_000, 256, n_informative=32, n_redundant=0, n_classes=10,
+            n_clusters_per_class=1, class_sep=4.0, flip_y=0.0, random_state=5,
+        )  # fmt: skip
+        return X / 4.0, y, {"lam": 1e-5, "R": 20.0, "beta": 1e-3}, "boundary"
     if name == "boundary10":
         X, y = skd.make_classification(
             10_000, 64, n_informative=16, n_classes=10, class_sep=2.5, flip_y=0.0,
@@ -176,6 +187,39 @@ def run_case(name: str, requests: int) -> dict[str, Any]:
     }
 
 
+def far_start() -> list[dict[str, Any]]:
+    """Goal 4's divergence, reproduced: 400 separable rows × 3 features, λ = 1e-4, R = 10, one
+    row removed from a noise-free state 3, 10 and 30 times the trained optimum (where the loss
+    is flat, so a full Newton step with the Hessian there overshoots); the bound on ‖∇F‖
+    before and after the removal's steps (default options: 6 steps, 2 Hessian passes)."""
+    import torch
+
+    from bench.common import model_spec
+    from methods.compute import PrivacyTarget, RetainedData
+    from methods.convex_head.compute import ConvexHead
+    from tests.factories import split_off, update_inputs
+
+    rng = np.random.default_rng(0)
+    y = rng.integers(0, 2, 400)
+    X = rng.standard_normal((400, 3)) * 0.5
+    X[:, 0] += np.where(y == 1, 2.0, -2.0)
+    data = RetainedData(list(range(400)), torch.tensor(X, dtype=torch.float32), torch.tensor(y))
+    options = {"name": "convex_head", "lam": 1e-4, "R": 10.0, "beta": 1e-3}
+    spec = model_spec({"type": "logreg", "feature_norm": 10.0}, {}, options, 3, 2)
+    head = ConvexHead(spec)
+    trained = head.train(data)
+    rows = []
+    for scale in (3.0, 10.0, 30.0):
+        state = {k: v * scale for k, v in trained.state.items()}
+        removed, retained = split_off(data, [5])
+        inputs = update_inputs(spec, state, removed, retained, target=PrivacyTarget(1.0, 1e-5))
+        after, work = head._removal(inputs)
+        rows.append({"scale": scale, "bound_before": work.before, "bound_after": after.bound,
+                     "gradient_passes": work.gradient_passes,
+                     "hessian_passes": work.hessian_passes})  # fmt: skip
+    return rows
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--other", help="a second source tree to run the same cases in")
@@ -185,7 +229,8 @@ def main() -> None:
     parser.add_argument("--out", default="convex_branch")
     args = parser.parse_args()
     if args.one:  # inside one tree: print the cases' results as JSON
-        print(json.dumps([run_case(c, args.requests) for c in args.cases]))
+        cases = [run_case(c, args.requests) for c in args.cases]
+        print(json.dumps({"cases": cases, "far_start": far_start()}))
         return
     here = Path(__file__).resolve().parent.parent
     trees = {"this": here, **({"other": Path(args.other).resolve()} if args.other else {})}
@@ -201,11 +246,14 @@ def main() -> None:
         done = subprocess.run(command, cwd=tree, env=env, capture_output=True, text=True)
         if done.returncode:
             sys.exit(f"{label} ({tree}) failed:\n{done.stderr[-4000:]}")
-        cases = json.loads(done.stdout.strip().splitlines()[-1])
+        found = json.loads(done.stdout.strip().splitlines()[-1])
+        cases = found["cases"]
         dirty = bool(subprocess.run(["git", "-C", str(tree), "status", "--porcelain"],
                                     capture_output=True, text=True).stdout.strip())  # fmt: skip
         result["trees"][label] = {"path": str(tree), "commit": commit, "dirty": dirty,
-                                  "cases": cases}  # fmt: skip
+                                  "cases": cases, "far_start": found["far_start"]}  # fmt: skip
+        print(label, "far start", [(r["scale"], r["bound_before"], r["bound_after"])
+                                   for r in found["far_start"]])  # fmt: skip
         shown = ("released", "released_pass_free", "fallbacks", "median_gradient_passes",
                  "max_true_gradient_over_budget")  # fmt: skip
         for c in cases:

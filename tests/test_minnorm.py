@@ -105,8 +105,10 @@ def test_projection_is_the_min_norm_retrain_and_keeps_retained_outputs(
         assert state[ROWS].tolist() == ids
         own = torch.linalg.inv(phi @ phi.T)
         assert float((state[GRAM] - own).norm() / own.norm()) <= 1e-6
-    version = api.get(f"/v1/models/{mid}", role="reader").json()["current_version"]
+    version = api.get(f"/v1/models/{mid}", role="auditor").json()["current_version"]
     assert version["metrics"]["route"].startswith("Gram-inverse downdate")
+    public = api.get(f"/v1/models/{mid}", role="reader").json()["current_version"]
+    assert "route" not in public["metrics"]  # which path ran is auditors' (issue 52)
     with database(api.url).read() as session:  # earlier states (and their inverses) purged
         live = session.scalar(
             select(func.count())

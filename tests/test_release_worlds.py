@@ -180,6 +180,12 @@ def public_answers(api: Api, dataset: int, model: int, request: int) -> dict[str
             params={"dataset": dataset, "architecture": "logreg"},
         ),
         "dataset": api.get(f"/v1/datasets/{dataset}", role="reader"),
+        "samples": api.get(
+            f"/v1/datasets/{dataset}/samples", role="reader", params={"limit": 500}
+        ),
+        "samples_requester": api.get(
+            f"/v1/datasets/{dataset}/samples", role="requester", params={"limit": 500}
+        ),
     }
     for name, response in answers.items():
         assert response.status_code == 200, (name, response.text)
