@@ -180,9 +180,7 @@ def public_answers(api: Api, dataset: int, model: int, request: int) -> dict[str
             params={"dataset": dataset, "architecture": "logreg"},
         ),
         "dataset": api.get(f"/v1/datasets/{dataset}", role="reader"),
-        "samples": api.get(
-            f"/v1/datasets/{dataset}/samples", role="reader", params={"limit": 500}
-        ),
+        "samples": api.get(f"/v1/datasets/{dataset}/samples", role="reader", params={"limit": 500}),
         "samples_requester": api.get(
             f"/v1/datasets/{dataset}/samples", role="requester", params={"limit": 500}
         ),
