@@ -596,8 +596,24 @@ def witness(
         return
     if not log:
         raise CliError("name at least one --log <vkey> to witness")
-    app_ = create_witness_app(name, key, [Verifier.parse(v) for v in log], state)
+    app_ = create_witness_app(name, key, [_log_verifier(v) for v in log], state)
     uvicorn.run(app_, host=host, port=port, log_level="warning")
+
+
+def _log_verifier(vkey: str) -> Any:
+    """A --log value as a verifier key, or a CliError that says what to pass (issue 53: an
+    empty LETHE_LOG_VKEY in compose crash-looped on a NoteError traceback)."""
+    from app.ledger.notes import NoteError, Verifier
+
+    if not vkey.strip():
+        raise CliError(
+            "--log is empty: pass the log's verifier key (compose: set LETHE_LOG_VKEY to what "
+            "`lethe audit vkey` prints on the API's machine)"
+        )
+    try:
+        return Verifier.parse(vkey.strip())
+    except NoteError as exc:
+        raise CliError(f"--log {vkey[:80]!r} is not a log's verifier key: {exc}") from exc
 
 
 @audit.command("vkey")

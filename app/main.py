@@ -16,7 +16,7 @@ from app.api.errors import DependencyGuard, install_error_handlers
 from app.api.limits import IngressLimitMiddleware
 from app.db.group_commit import GroupCommitter
 from app.db.migrate import upgrade_to_head
-from app.db.session import database
+from app.db.session import database, dispose_engines
 from app.dispatch import InlineDispatcher, Reconciler, make_dispatcher
 from app.ledger.publish import finish_publishing
 from app.metrics import MetricsMiddleware, pipeline_registry
@@ -81,6 +81,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             dispatcher.stop()
         finish_publishing(url)
         finish_compacting(url)
+        dispose_engines(url)  # the last SQLite connection to close removes the WAL (issue 53)
 
     app = FastAPI(
         title="Lethe",

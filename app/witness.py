@@ -64,8 +64,8 @@ def parse_request(body: str) -> tuple[int, list[bytes], str]:
     if not sep or not lines[0].startswith("old "):
         raise ValueError("the body starts with `old <size>`, proof lines, a blank line")
     old_text = lines[0][4:]
-    if not old_text.isdigit() or str(int(old_text)) != old_text:
-        raise ValueError("the old size is a decimal with no leading zeros")
+    if not notes.is_uint64(old_text):
+        raise ValueError("the old size is a decimal below 2^64 with no leading zeros")
     if len(lines) - 1 > MAX_PROOF:
         raise ValueError("at most 63 proof lines")
     try:
@@ -75,6 +75,24 @@ def parse_request(body: str) -> tuple[int, list[bytes], str]:
     if any(len(h) != 32 for h in proof):
         raise ValueError("a proof line is not a SHA-256 hash")
     return int(old_text), proof, note
+
+
+async def bounded_body(request: Request, limit: int) -> bytes | None:
+    """The request's body, or None as soon as it is known to exceed `limit` bytes: a declared
+    Content-Length over it is refused before anything is read, and a streamed body is read
+    only until it passes it (issue 53: the whole body used to be read first, so a client with
+    no key could grow the witness by hundreds of MB a request)."""
+    declared = request.headers.get("content-length")
+    if declared is not None and (not declared.isdigit() or len(declared) > 12):
+        return None
+    if declared is not None and int(declared) > limit:
+        return None
+    body = bytearray()
+    async for chunk in request.stream():
+        body += chunk
+        if len(body) > limit:
+            return None
+    return bytes(body)
 
 
 def create_witness_app(
@@ -94,8 +112,8 @@ def create_witness_app(
 
     @app.post("/add-checkpoint")
     async def add_checkpoint(request: Request) -> Response:
-        raw = await request.body()
-        if len(raw) > MAX_BODY:
+        raw = await bounded_body(request, MAX_BODY)
+        if raw is None:
             return PlainTextResponse("body too large\n", 413)
         try:
             old, proof, note = parse_request(raw.decode())

@@ -49,6 +49,14 @@ def test_an_unreachable_service_is_one_line_unless_debug() -> None:
     assert debug.returncode != 0 and "ConnectError" in debug.stderr
 
 
+def test_a_witness_refuses_an_empty_or_malformed_log_key(tmp_path: Path) -> None:
+    """Issue 53: compose with an empty LETHE_LOG_VKEY passed `--log ""`, and the witness
+    crash-looped on a NoteError traceback; it refuses with one line that says what to set."""
+    base = ["witness", "--name", "w.example/1", "--key-file", str(tmp_path / "w.key")]
+    one_line_failure(lethe(*base, "--log", ""), "set LETHE_LOG_VKEY")
+    one_line_failure(lethe(*base, "--log", "nonsense"), "is not a log's verifier key")
+
+
 @pytest.fixture
 def served(tmp_path: Path) -> Iterator[tuple[str, str, Path]]:
     with Cluster(tmp_path / "data", None, None) as cluster:

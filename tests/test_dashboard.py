@@ -234,14 +234,26 @@ def test_docs_work_offline_with_an_authorize_button(
     assert "/docs/static/swagger-ui-bundle.js" in html and "cdn" not in html.lower()
     schemes = httpx.get(f"{url}/openapi.json").json()["components"]["securitySchemes"]
     assert schemes["APIKey"] == {**schemes["APIKey"], "type": "http", "scheme": "bearer"}
+    for path in ("/docs", "/redoc"):  # issue 53: a policy, and no frame may hold them
+        policy = httpx.get(f"{url}{path}").headers["content-security-policy"]
+        assert (
+            "frame-ancestors 'none'" in policy
+            and "'unsafe-inline'" not in policy.split("style-src")[0]
+        )
     page = browser.new_page()
     requested: list[str] = []
+    refused: list[str] = []
     page.on("request", lambda r: requested.append(r.url))
+    page.on("console", lambda m: refused.append(m.text) if "Security Policy" in m.text else None)
     page.goto(f"{url}/docs")
     page.wait_for_selector(".swagger-ui button.authorize", timeout=30_000)
     assert page.locator(".opblock").count() > 20  # every operation is listed
     assert all(r.startswith(url) for r in requested), requested
     page.screenshot(path=str(tmp_path / "docs.png"))
+    page.goto(f"{url}/redoc")  # ReDoc renders under its policy too
+    page.wait_for_selector("[data-section-id]", timeout=30_000)
+    # what the policy refused is the bundle's logo on a CDN, never a script or style of ours
+    assert not [m for m in refused if "script" in m or "style" in m], refused
 
 
 def test_an_auditor_runs_a_privacy_audit_from_the_model_page(

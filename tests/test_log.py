@@ -41,9 +41,13 @@ def test_tile_paths_and_widths_are_the_specifications() -> None:
     assert tiles.tile_path(None, 2) == "tile/entries/002"
     assert tiles.parse_tile_path("0/x001/x234/067.p/3") == tiles.TilePath(0, 1234067, 3)
     assert tiles.parse_tile_path("entries/002") == tiles.TilePath(None, 2, None)
-    for bad in ["0/5", "00/005", "0/x001", "0/001/002", "0/005.p/0", "0/005.p/256", "64/000"]:
-        with pytest.raises(ValueError):
+    long_index = "/".join(["x123"] * 1500 + ["456"])  # 4,503 digits (issue 53)
+    for bad in ["0/5", "00/005", "0/x001", "0/001/002", "0/005.p/0", "0/005.p/256", "64/000",
+                f"0/{long_index}", "9" * 4500 + "/000", "0/005.p/" + "1" * 4500]:  # fmt: skip
+        with pytest.raises(ValueError) as refused:
             tiles.parse_tile_path(bad)
+        assert "int_max_str_digits" not in str(refused.value)
+    assert tiles.parse_tile_path("0/" + tiles.encode_index(2**56)).index == 2**56
     # "a tree of size 70,000 will be represented by 273 full level 0 tiles, one partial level 0
     # tile of width 112, one full level 1 tile, one partial level 1 tile of width 17, and one
     # partial level 2 tile of width 1"
@@ -76,6 +80,11 @@ def test_notes_verify_by_known_keys_only() -> None:
     assert opened.times == {"w.example/1": 1679315147}
     with pytest.raises(NoteError):
         notes.Verifier.parse(verifier.vkey.replace("+", "+0", 1))  # the key id must match
+    root = base64.b64encode(bytes(32)).decode()
+    assert Checkpoint.parse(f"o\n{2**64 - 1}\n{root}\n").size == 2**64 - 1
+    for size in (str(2**64), "9" * 4500, "-1", "07", "٣"):  # issue 53: a uint64, in ASCII
+        with pytest.raises(NoteError, match="below 2\\^64"):
+            Checkpoint.parse(f"o\n{size}\n{root}\n")
 
 
 def test_witness_follows_the_specification(tmp_path: Path) -> None:
@@ -118,6 +127,14 @@ def test_witness_follows_the_specification(tmp_path: Path) -> None:
         unknown = Checkpoint("example.com/other", 3, merkle.root_of(leaves[:3]))
         assert c.post("/add-checkpoint", content=body(0, unknown)).status_code == 404
         assert c.post("/add-checkpoint", content=b"nonsense").status_code == 400
+        huge = c.post("/add-checkpoint", content=b"old " + b"9" * 4500 + b"\n\n")
+        assert huge.status_code == 400 and "int_max_str_digits" not in huge.text
+        beyond = body(0, Checkpoint(origin, 2**64, merkle.root_of(leaves[:3])))
+        assert c.post("/add-checkpoint", content=beyond).status_code == 400  # not uint64
+        # a body over 64 KiB is refused, streamed or declared, and read no further
+        streamed = c.post("/add-checkpoint", content=(b"B" * 2**16 for _ in range(4)))
+        assert streamed.status_code == 413
+        assert c.post("/add-checkpoint", content=b"B" * (2**16 + 1)).status_code == 413
         assert c.post("/add-checkpoint", content=body(9, tree(13))).status_code == 200
     restarted = create_witness_app("w.example/1", witness_key, [verifier], tmp_path / "state.json")
     with TestClient(restarted) as c:  # the state survives a restart

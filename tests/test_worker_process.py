@@ -166,6 +166,9 @@ def test_sigterm_stops_training_in_the_worker_process_and_puts_the_model_back(
         assert cluster.api.wait(60) in (0, -signal.SIGTERM)  # uvicorn re-raises the signal
         assert time.monotonic() - started < 30
         assert "Application shutdown complete" in (tmp_path / "serve" / "api.log").read_text()
+        # both processes closed their connections: the last one checkpointed and removed the
+        # WAL (issue 53: an 8 KB lethe.db-wal remained), before this test opens the file again
+        assert not (tmp_path / "serve" / "lethe.db-wal").exists()
         url = f"sqlite:///{tmp_path / 'serve' / 'lethe.db'}"
         with database(url).read() as session:
             status = session.scalar(select(Model.status).where(Model.id == model["id"]))

@@ -21,7 +21,7 @@ from multiprocessing.connection import Connection
 from prometheus_client import generate_latest
 
 from app import shutdown
-from app.db.session import database
+from app.db.session import database, dispose_engines
 from app.dispatch import run_job
 from app.ledger.publish import finish_publishing
 from app.settings import Settings, use_settings
@@ -123,3 +123,4 @@ def main(settings: Settings, conn: Connection, parent: int) -> None:
             log.exception("embedded job %s%s failed", job, args)
     finish_publishing(url)  # the last update's checkpoint, before the process exits
     finish_compacting(url)  # and the compaction of the keys its last erasure destroyed
+    dispose_engines(url)  # its connections closed, so the API's last close removes the WAL

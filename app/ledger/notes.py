@@ -104,14 +104,25 @@ class Checkpoint:
         lines = text.split("\n")
         if len(lines) < 4 or lines[-1] != "" or not lines[0]:
             raise NoteError("a checkpoint is origin, size and root hash, each on a line")
+        if not is_uint64(lines[1]):
+            raise NoteError("a checkpoint's size is a decimal below 2^64, no leading zeros")
         try:
-            size = int(lines[1])
             root = base64.b64decode(lines[2], validate=True)
         except (ValueError, binascii.Error) as exc:
-            raise NoteError("a checkpoint's size or root hash does not parse") from exc
-        if size < 0 or str(size) != lines[1] or len(root) != 32:
-            raise NoteError("a checkpoint's size or root hash is malformed")
+            raise NoteError("a checkpoint's root hash does not parse") from exc
+        size = int(lines[1])
+        if len(root) != 32:
+            raise NoteError("a checkpoint's root hash is malformed")
         return cls(lines[0], size, root)
+
+
+def is_uint64(text: str) -> bool:
+    """Whether `text` is a decimal in [0, 2^64) in ASCII digits with no leading zeros (a tree
+    size, c2sp.org/tlog-checkpoint); checked before `int`, whose error for a very long number
+    names an interpreter setting (issue 53)."""
+    if not (0 < len(text) <= 20 and text.isascii() and text.isdigit()):
+        return False
+    return (text == "0" or text[0] != "0") and int(text) < 2**64
 
 
 # ---- signing and opening --------------------------------------------------------------------

@@ -32,6 +32,7 @@ WIDTH = 1 << HEIGHT
 PROOF_HEADER = "c2sp.org/tlog-proof@v1"
 
 _INDEX = re.compile(r"^(?:x\d{3}/)*\d{3}$")
+MAX_INDEX_TEXT = 33  # an index below 2^64: 7 groups of 3 digits, 6 of them "x…/"
 
 
 @dataclass(frozen=True)
@@ -63,17 +64,21 @@ def parse_tile_path(path: str) -> TilePath:
     width = None
     if ".p/" in rest:
         rest, _, w = rest.partition(".p/")
-        if not w.isdigit() or str(int(w)) != w or not 1 <= int(w) < WIDTH:
+        if not (len(w) <= 3 and w.isascii() and w.isdigit()) or str(int(w)) != w:
+            raise ValueError("a partial tile's width is 1 to 255, no leading zeros")
+        if not 1 <= int(w) < WIDTH:
             raise ValueError("a partial tile's width is 1 to 255, no leading zeros")
         width = int(w)
-    if not _INDEX.match(rest):
-        raise ValueError("a tile index is 3-digit groups, all but the last prefixed by x")
+    if not _INDEX.match(rest) or len(rest) > MAX_INDEX_TEXT:
+        raise ValueError("a tile index is at most 7 3-digit groups, all but the last prefixed by x")
     index = int(rest.replace("x", "").replace("/", ""))
     if encode_index(index) != rest:
         raise ValueError("a tile index has no extra leading groups")
     if head == "entries":
         return TilePath(None, index, width)
-    if not head.isdigit() or str(int(head)) != head or int(head) > 63:
+    if not (len(head) <= 2 and head.isascii() and head.isdigit()) or str(int(head)) != head:
+        raise ValueError("a tile level is 0 to 63, no leading zeros")
+    if int(head) > 63:
         raise ValueError("a tile level is 0 to 63, no leading zeros")
     return TilePath(int(head), index, width)
 
