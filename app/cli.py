@@ -586,7 +586,7 @@ def witness(
     import uvicorn
     from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-    from app.ledger.notes import Verifier, witness_verifier
+    from app.ledger.notes import witness_verifier
     from app.storage.crypto import secret_at
     from app.witness import create_witness_app
 
