@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import importlib
 import logging
-import queue
 import threading
 import time
 from datetime import timedelta
@@ -17,13 +16,13 @@ from typing import Protocol
 from sqlalchemy import or_, select, update
 from sqlalchemy.orm import Session
 
-from app import shutdown
 from app.db.session import database
 from app.db.tables import DeletionTask, Model, PrivacyAudit, task_is_due, utcnow
+from app.lanes import Lanes
 from app.ledger.publish import publish_quietly
 from app.services import registration
 from app.settings import Settings, get_settings
-from app.signals import Signal, WaitingSignals
+from app.signals import WaitingSignals
 from app.states import AuditStatus, ModelStatus, TaskStatus
 from app.storage.blobs import blobs
 from app.worker_process import ProcessDispatcher
@@ -49,54 +48,49 @@ def run_job(job: str, *args: int) -> None:
 
 
 class InlineDispatcher:
-    """Embedded mode with LETHE_EMBEDDED_WORKER=thread: one worker thread of the API process
-    runs the same job functions as RQ (the default is a process: app/worker_process.py)."""
+    """Embedded mode with LETHE_EMBEDDED_WORKER=thread: worker threads of the API process run
+    the same job functions as RQ (the default is a process: app/worker_process.py), in two
+    lanes, deletions apart from training and audits (app/lanes.py, issue 53)."""
 
     def __init__(self) -> None:
-        self._queue: queue.Queue[Signal | None] = queue.Queue()
         self._waiting = WaitingSignals()
-        self._thread: threading.Thread | None = None
-        self._stopping = threading.Event()  # set by stop(); the running job checks it
+        self._stopping = threading.Event()  # set by stop(); the running jobs check it
+        self._lanes: Lanes | None = None
 
     def start(self) -> None:
         self._stopping.clear()
-        self._thread = threading.Thread(target=self._loop, name="lethe-inline-worker", daemon=True)
-        self._thread.start()
+        self._lanes = Lanes(self._stopping, run_job, self._waiting.taken, "lethe-inline")
+        self._lanes.start()
 
     def stop(self) -> None:
-        """Ask the running job to stop at its next check (app/shutdown.py), then wait."""
-        if self._thread is not None:
+        """Ask the running jobs to stop at their next check (app/shutdown.py), then wait."""
+        if self._lanes is not None:
             self._stopping.set()
-            self._queue.put(None)
-            self._thread.join(timeout=30)
+            self._lanes.stop()
 
     def enqueue(self, job: str, *args: int) -> None:
-        if self._waiting.add((job, args)):  # else already waiting: one run sees all the work
-            self._queue.put((job, args))
+        if self._waiting.add((job, args)) and self._lanes is not None:
+            self._lanes.put((job, args))  # else already waiting: one run sees all the work
 
     def ping(self) -> bool:
-        return self._thread is not None and self._thread.is_alive()
+        return self._lanes is not None and self._lanes.alive()
 
     def depth(self) -> int:
-        return self._queue.qsize()
+        return self._lanes.depth() if self._lanes is not None else 0
 
     def metrics(self) -> bytes:
-        """Nothing apart: the thread's counters are this process's."""
+        """Nothing apart: the threads' counters are this process's."""
         return b""
-
-    def _loop(self) -> None:
-        shutdown.bind(self._stopping)
-        while (item := self._queue.get()) is not None:
-            self._waiting.taken(item)
-            try:
-                run_job(item[0], *item[1])
-            except Exception:  # the reconciler re-signals anything left queued
-                log.exception("inline job %s%s failed", item[0], item[1])
 
 
 def signal_key(queue_name: str, job: str, args: tuple[int, ...]) -> str:
     """The Redis key that marks a signal as waiting in the queue."""
     return f"lethe:{queue_name}:pending:{job}:{','.join(map(str, args))}"
+
+
+def deletions_queue(queue_name: str) -> str:
+    """The RQ queue of deletion signals, listened to before `queue_name` (issue 53)."""
+    return f"{queue_name}-deletions"
 
 
 def due_key(queue_name: str, model_id: int) -> str:
@@ -140,6 +134,9 @@ class RQDispatcher:
         self.settings = settings
         self.redis = Redis.from_url(settings.redis_url, socket_timeout=5, socket_connect_timeout=5)
         self.queue = Queue(settings.queue_name, connection=self.redis)
+        # deletions on a queue of their own, which every `lethe worker` takes from first
+        # (RQ dequeues in the order of its queues; issue 53: deletions first)
+        self.deletions = Queue(deletions_queue(settings.queue_name), connection=self.redis)
 
     def enqueue(self, job: str, *args: int) -> None:
         try:  # no RQ retries: failed attempts are retried from the database (fail_tasks)
@@ -153,7 +150,7 @@ class RQDispatcher:
             if not batch.execute()[-1]:
                 return  # a signal for this model is already waiting: its job will see this
             try:
-                self.queue.enqueue(
+                (self.deletions if job == DELETE else self.queue).enqueue(
                     job,
                     *args,
                     job_timeout=self.settings.job_timeout_seconds,
@@ -176,7 +173,7 @@ class RQDispatcher:
 
     def depth(self) -> int:
         try:
-            return self.queue.count
+            return self.queue.count + self.deletions.count
         except Exception:
             return -1
 

@@ -173,3 +173,46 @@ def test_sigterm_stops_training_in_the_worker_process_and_puts_the_model_back(
         with database(url).read() as session:
             status = session.scalar(select(Model.status).where(Model.id == model["id"]))
         assert status == "queued"  # the next start resumes it (tests/test_probing.py)
+
+
+@pytest.mark.integration
+def test_a_deletion_is_not_queued_behind_a_long_training(tmp_path: Path) -> None:
+    """Issue 53, deletions first: while the worker process trains a long model, a deletion on
+    another dataset's model certifies (its own lane), and the training, paused meanwhile at
+    its next epoch, is still running when the deletion is done. One lane, first in first out,
+    made the deletion wait for all 1,000 epochs."""
+    cluster = Cluster(tmp_path / "serve", None, None, reconcile_seconds=0.5)
+    cluster.start_api()
+    with cluster, cluster.client() as c:
+        small = c.post("/v1/datasets", json={"builtin": "breast_cancer"}).json()
+        body = {"name": "quick", "dataset_id": small["id"], "architecture": {"type": "logreg"}}
+        quick = c.post("/v1/models", json=body).json()
+        wait_until(lambda: c.get(f"/v1/models/{quick['id']}").json()["status"] == "ready")
+        big = c.post("/v1/datasets", json={"builtin": "digits"}).json()
+        long = {
+            "name": "long",
+            "dataset_id": big["id"],
+            "architecture": {"type": "mlp", "hidden": [64]},
+            "training": {"epochs": 1000, "batch_size": 32},
+        }
+        slow = c.post("/v1/models", json=long).json()
+        wait_until(
+            lambda: (c.get(f"/v1/models/{slow['id']}").json()["progress"]["epoch"] or 0) >= 1,
+            every=0.05,
+            what="the long training started",
+        )
+        page = c.get(f"/v1/datasets/{small['id']}/samples", params={"split": "train", "limit": 1})
+        answer = c.post(
+            "/v1/deletions",
+            json={"dataset_id": small["id"], "sample_ids": [page.json()["items"][0]["external_id"]]},
+            headers={"Prefer": "wait=30"},
+        )
+        deletion = answer.json()
+        wait_until(
+            lambda: c.get(f"/v1/deletions/{deletion['id']}").json()["status"] == "done",
+            timeout=120,
+            what="the deletion",
+        )
+        training = c.get(f"/v1/models/{slow['id']}").json()
+        assert training["status"] == "training", training  # it waited; the deletion did not
+        assert training["progress"]["epoch"] < 1000

@@ -17,6 +17,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from sqlalchemy import ColumnElement, update
 from sqlalchemy.orm import Session
 
+from app import shutdown
 from app.db.session import Database, database
 from app.db.tables import Dataset, Model, ModelVersion, PrivacyAudit, utcnow
 from app.dispatch import AUDIT, take_signal
@@ -65,7 +66,7 @@ def run_audit(audit_id: int) -> str:
             inputs.retained,
             inputs.test,
             inputs.options,
-            stage=lambda stage: _stage(db, audit_id, attempt, stage),
+            stage=lambda stage: _staged(db, audit_id, attempt, stage),
             seed=inputs.seed,
         )
     except Exception as exc:
@@ -77,6 +78,13 @@ def run_audit(audit_id: int) -> str:
     if committed:
         publish_soon(db, settings)
     return "done" if committed else "superseded"
+
+
+def _staged(db: Database, audit_id: int, attempt: int, stage: str) -> None:
+    """A new stage, after any deletion running in this process (issue 53: an audit waits
+    between its stages; a deletion never waits for an audit)."""
+    shutdown.yield_to_deletions()
+    _stage(db, audit_id, attempt, stage)
 
 
 def _claim(db: Database, audit_id: int) -> int | None:

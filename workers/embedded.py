@@ -13,16 +13,15 @@ import contextlib
 import ctypes
 import logging
 import os
-import queue
 import signal
 import threading
 from multiprocessing.connection import Connection
 
 from prometheus_client import generate_latest
 
-from app import shutdown
 from app.db.session import database, dispose_engines
 from app.dispatch import run_job
+from app.lanes import Lanes
 from app.ledger.publish import finish_publishing
 from app.settings import Settings, use_settings
 from app.storage.erasure import compact_at_start, finish_compacting
@@ -72,9 +71,7 @@ def _die_with(parent: int) -> None:
         os._exit(1)
 
 
-def _listen(
-    link: _Link, jobs: queue.Queue[tuple[str, tuple[int, ...]]], stopping: threading.Event
-) -> None:
+def _listen(link: _Link, jobs: Lanes, stopping: threading.Event) -> None:
     """Read the API process's messages until it says stop or goes away."""
     exposition = _WorkerMetrics()
     while True:
@@ -84,7 +81,7 @@ def _listen(
             os._exit(1)
         kind = message[0]
         if kind == "job":
-            jobs.put((message[1], tuple(message[2])))
+            jobs.put((str(message[1]), tuple(message[2])))
         elif kind == "metrics":
             link.send(("metrics", message[1], generate_latest(exposition)))
         elif kind == "stop":
@@ -104,23 +101,22 @@ def main(settings: Settings, conn: Connection, parent: int) -> None:
     )
     link = _Link(conn)
     FINISHED.relay = link.wake
-    jobs: queue.Queue[tuple[str, tuple[int, ...]]] = queue.Queue()
+    url = settings.resolved_database_url
+    compact_at_start(database(url))  # keys a worker process that died had destroyed
+
+    def taken(item: tuple[str, tuple[int, ...]]) -> None:
+        link.send(("taken", item[0], item[1]))  # a new signal for it may now be sent
+
+    # two lanes (app/lanes.py): deletions never wait behind training or audits; a running
+    # job stops at its next check once `stopping` is set, its work put back
+    jobs = Lanes(stopping, run_job, taken, "lethe-embedded")
+    jobs.start()
     threading.Thread(
         target=_listen, args=(link, jobs, stopping), name="lethe-embedded-link", daemon=True
     ).start()
-    url = settings.resolved_database_url
-    compact_at_start(database(url))  # keys a worker process that died had destroyed
-    shutdown.bind(stopping)  # a running job stops at its next check, its work put back
-    while not stopping.is_set():
-        try:
-            job, args = jobs.get(timeout=0.5)
-        except queue.Empty:
-            continue
-        link.send(("taken", job, args))  # a new signal for it may now be sent
-        try:
-            run_job(job, *args)
-        except Exception:  # the API's reconciler signals again whatever is left
-            log.exception("embedded job %s%s failed", job, args)
+    while not stopping.wait(0.5):  # a signal's handler runs between the waits
+        pass
+    jobs.stop()
     finish_publishing(url)  # the last update's checkpoint, before the process exits
     finish_compacting(url)  # and the compaction of the keys its last erasure destroyed
     dispose_engines(url)  # its connections closed, so the API's last close removes the WAL

@@ -21,7 +21,7 @@ from types import FrameType
 from typing import Any
 
 from app.db.session import database
-from app.dispatch import Reconciler, RQDispatcher, reconcile_and_signal
+from app.dispatch import Reconciler, RQDispatcher, deletions_queue, reconcile_and_signal
 from app.ledger.publish import finish_publishing
 from app.settings import get_settings
 from app.storage.erasure import compact_at_start, finish_compacting
@@ -165,7 +165,12 @@ def serve(redis_url: str, queue_name: str, burst: bool = False) -> None:
         worker = None
         try:
             worker = worker_class(
-                [Queue(queue_name, connection=connection)], connection=connection, name=name
+                [
+                    Queue(deletions_queue(queue_name), connection=connection),  # first
+                    Queue(queue_name, connection=connection),
+                ],
+                connection=connection,
+                name=name,
             )
             worker.stopping = stopping
             worker.work(with_scheduler=True, burst=burst, logging_level="INFO")
