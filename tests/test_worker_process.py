@@ -204,7 +204,10 @@ def test_a_deletion_is_not_queued_behind_a_long_training(tmp_path: Path) -> None
         page = c.get(f"/v1/datasets/{small['id']}/samples", params={"split": "train", "limit": 1})
         answer = c.post(
             "/v1/deletions",
-            json={"dataset_id": small["id"], "sample_ids": [page.json()["items"][0]["external_id"]]},
+            json={
+                "dataset_id": small["id"],
+                "sample_ids": [page.json()["items"][0]["external_id"]],
+            },
             headers={"Prefer": "wait=30"},
         )
         deletion = answer.json()

@@ -55,7 +55,12 @@ class _WorkerMetrics:
     collectors the API process reports for itself."""
 
     def collect(self):  # noqa: ANN201 - prometheus_client's collector protocol
-        for metric in (metrics.DELETIONS_PROCESSED, metrics.JOB_DURATION, metrics.FALLBACKS):
+        for metric in (
+            metrics.DELETIONS_PROCESSED,
+            metrics.JOB_DURATION,
+            metrics.FALLBACKS,
+            metrics.STORAGE_FAULTS,
+        ):
             yield from metric.collect()
 
 

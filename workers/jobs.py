@@ -32,8 +32,9 @@ from app.privacy.lineage import LineageBudget, history_after, prepare_next
 from app.settings import Settings, get_settings
 from app.specs import ImportedWeights
 from app.states import ModelStatus, Stage, TaskStatus, VersionKind
-from app.storage.blobs import BlobStoreUnavailable, blobs
+from app.storage.blobs import blobs
 from app.storage.erasure import compact_after_erasure
+from app.storage.faults import fault_text, is_fault
 from app.wakeups import Announcer, channel
 from app.wire import Progress
 from maths.nets import build_net
@@ -44,7 +45,7 @@ from workers.certify import lineage_fields
 from workers.data import Arrays, database_key, test_arrays, training_arrays
 from workers.device import arrays_to, trained_to_cpu, training_inputs_to, worker_device
 from workers.lease import WORKER_ID, LeaseLost, ModelLease
-from workers.metrics import DELETIONS_PROCESSED, FALLBACKS, JOB_DURATION
+from workers.metrics import DELETIONS_PROCESSED, FALLBACKS, JOB_DURATION, STORAGE_FAULTS
 from workers.resident import ModelSession, Sessions
 from workers.statistics import write_block
 from workers.updates import ACCURACY_ROWS, compute_storing
@@ -92,6 +93,8 @@ def train_model(model_id: int) -> str:
         if not _start_training(db, model_id):
             return "nothing to do"
         pause.point("training", model_id)
+        stored: pipeline.VersionBlobs | None = None
+        version_id: int | None = None
         try:
             with db.read() as session:
                 keeps = resident_sessions(settings).capacity > 0
@@ -107,10 +110,16 @@ def train_model(model_id: int) -> str:
                 lambda session: _commit_trained(session, model_id, inputs, trained, stored, metrics)
             )
             _seed_session(settings, db, model_id, version_id, inputs, rows, prepared, device)
-        except LeaseLost:
-            raise
-        except (shutdown.Interrupted, BlobStoreUnavailable) as exc:  # back to queued: trained
-            if isinstance(exc, BlobStoreUnavailable):  # again once the object store answers
+        except BaseException as exc:
+            if stored is not None and version_id is None:  # written, never to be recorded
+                blobs().discard(stored.both)  # (issue 53: a 4 MB orphan until the sweep)
+            if isinstance(exc, LeaseLost) or not isinstance(exc, Exception):
+                raise
+            if not isinstance(exc, shutdown.Interrupted) and not is_fault(exc):
+                _training_failed(db, model_id, exc)
+                raise
+            if is_fault(exc):  # back to the queue: trained again once storage answers
+                STORAGE_FAULTS.labels("train_model").inc()
                 log.warning("model %s: %s; training goes back to the queue", model_id, exc)
             with db.write() as session:
                 session.execute(
@@ -119,18 +128,6 @@ def train_model(model_id: int) -> str:
                     .values(status=ModelStatus.queued, progress=Progress(stage=Stage.queued))
                 )
             return "interrupted"
-        except Exception as exc:
-            with db.write() as session:
-                session.execute(
-                    update(Model)
-                    .where(Model.id == model_id, Model.lease_owner == WORKER_ID)
-                    .values(
-                        status=ModelStatus.failed,
-                        error=f"training failed: {exc}",
-                        progress=Progress(stage=Stage.failed),
-                    )
-                )
-            raise
     JOB_DURATION.labels("train_model").observe(time.perf_counter() - started)
     return "trained"
 
@@ -142,6 +139,20 @@ class _Prepared:
 
     state: dict[str, torch.Tensor]
     method_state: object | None
+
+
+def _training_failed(db: Database, model_id: int, exc: Exception) -> None:
+    """The model is `failed`, with the error, under this worker's lease."""
+    with db.write() as session:
+        session.execute(
+            update(Model)
+            .where(Model.id == model_id, Model.lease_owner == WORKER_ID)
+            .values(
+                status=ModelStatus.failed,
+                error=f"training failed: {exc}",
+                progress=Progress(stage=Stage.failed),
+            )
+        )
 
 
 def _prepare_resident(
@@ -566,11 +577,6 @@ def _run_batch(
         ids = [t.task_id for t in tasks]
         db.run(lambda session: pipeline.release_tasks(session, ids))
         return False
-    except BlobStoreUnavailable as exc:  # an outage, not the update's fault: unpenalised too
-        log.warning("model %s: %s; its deletions wait for the object store", model_id, exc)
-        ids, wait = [t.task_id for t in tasks], (settings.retry_backoff_seconds or [5])[0]
-        db.run(lambda session: pipeline.release_tasks(session, ids, wait))
-        return False
     except Unrecoverable as exc:  # the retrain itself diverged: retrying cannot help
         _withdraw(db, model_id, str(exc))
         announcer(settings).announce()
@@ -578,6 +584,14 @@ def _run_batch(
         compact_after_erasure(db)
         return False
     except Exception as exc:
+        if is_fault(exc):  # a full disk, an I/O error, a store outage: not the update's
+            # fault, so unpenalised and retried with back-off (issue 53: ENOSPC withdrew)
+            STORAGE_FAULTS.labels("process_deletions").inc()
+            log.warning("model %s: %s; its deletions wait for storage", model_id, exc)
+            ids, wait = [t.task_id for t in tasks], (settings.retry_backoff_seconds or [5])[0]
+            why = fault_text(exc)
+            db.run(lambda session: pipeline.release_tasks(session, ids, wait, why))
+            return False
         final = _fail(db, settings, tasks, exc)
         announcer(settings).announce()
         log.exception("deletion batch for model %s failed (final=%s)", model_id, final)

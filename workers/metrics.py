@@ -20,6 +20,12 @@ FALLBACKS = Counter(
     ["method"],
 )
 
+STORAGE_FAULTS = Counter(
+    "lethe_storage_faults_total",
+    "Jobs put back to wait for storage (a full disk, an I/O error, an object store outage)",
+    ["job"],
+)
+
 
 def serve(port: int, host: str = "127.0.0.1") -> None:
     """Expose this process's metrics on http://host:port/metrics (a daemon thread)."""

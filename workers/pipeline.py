@@ -8,6 +8,7 @@ removals, the purge of older versions and the request states together, or nothin
 from __future__ import annotations
 
 import json
+import logging
 import secrets
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -40,8 +41,8 @@ from app.jsontypes import json_object
 from app.ledger.certificates import append_certificates, lineage_history, removed_ids_commitment
 from app.specs import architecture_of, training_of
 from app.states import ModelStatus, RequestStatus, SampleStatus, Stage, TaskStatus, VersionKind
-from app.storage.blobs import WrittenBlob, blobs
-from app.storage.crypto import keyring
+from app.storage.blobs import BlobMissing, WrittenBlob, blobs
+from app.storage.crypto import SealError, keyring
 from app.storage.erasure import erase_payloads
 from app.storage.keystore import KeyTable, destroy_keys
 from app.wire import Progress
@@ -63,6 +64,8 @@ from workers.lease import WORKER_ID, LeaseLost
 from workers.resident import ModelSession, Sessions, TrainingRecord
 from workers.statistics import delete_rows, read_vectors, write_block
 from workers.values import Batch, ClaimedTask, Outcome
+
+log = logging.getLogger("lethe.pipeline")
 
 
 def model_spec(model: Model, dataset: Dataset) -> ModelSpec:
@@ -320,6 +323,8 @@ def load_batch(
         removed_by_task[t.task_id] = mine
     spec = model_spec(model, dataset)
     requested = {t.method for t in tasks if t.method}
+    if not warm.state:  # the state could not be read back (_parent_state): retrain exactly
+        requested.add("retrain")
     method = method_of({"name": "retrain"}) if "retrain" in requested else spec.method
     record, previously_removed = None, []  # only a method that records training has a record
     if spec.method.spec.records_training:
@@ -379,16 +384,29 @@ def _cold_session(
     noise-free state and the test split; and how many training rows that read. `hand_over`:
     the session will be kept, so the opened-samples cache gives the rows up to it."""
     assert parent.state_key is not None
-    state_bytes = blobs().read(session, parent.state_key)
-    if state_bytes is None:
-        raise LookupError(f"the state of version {parent.number} is missing")
+    state = _parent_state(session, parent)
     rows = training_arrays(session, model_id, dataset, hand_over=hand_over)
-    state = tensorfile.decode(state_bytes)
     left = test_rows_left(session, dataset.id)  # before the split: a row leaving between the
     test = test_arrays(session, dataset)  # two reads makes the next count differ, not match
     made = ModelSession.of(model_id, parent.id, rows, state, test, device)
     made = replace(made, test_left=left)  # dated: read once
     return made, len(rows)
+
+
+def _parent_state(session: Session, parent: ModelVersion) -> dict[str, torch.Tensor]:
+    """The parent version's noise-free state, or {} when it cannot be read back (a corrupt or
+    missing object: issue 53): the update is then the exact retrain from the retained rows,
+    which needs no state (`load_batch`), rather than a failure that withdraws the model. An
+    unreachable store is not this: it raises, and the update waits."""
+    assert parent.state_key is not None
+    try:
+        data = blobs().read(session, parent.state_key)
+        if data is None:
+            raise LookupError(f"the state of version {parent.number} is missing")
+        return tensorfile.decode(data)
+    except (SealError, BlobMissing, LookupError, ValueError) as exc:
+        log.warning("version %s's state cannot be read (%s); retraining exactly", parent.id, exc)
+        return {}
 
 
 def _with_current_test(session: Session, dataset: Dataset, warm: ModelSession) -> ModelSession:
@@ -699,14 +717,17 @@ def finish_requests(session: Session, request_ids: set[int], also: Sequence[UUID
     erase_payloads(session, sorted(erased), also=[*openings, *also])
 
 
-def release_tasks(session: Session, task_ids: list[int], delay_seconds: float = 0) -> None:
+def release_tasks(
+    session: Session, task_ids: list[int], delay_seconds: float = 0, why: str | None = None
+) -> None:
     """Put claimed tasks back to queued, due after `delay_seconds`, their attempt not counted:
-    the job was interrupted by a shutdown (app/shutdown.py) or an object-store outage, not
-    failed."""
+    the job was interrupted by a shutdown (app/shutdown.py) or a storage fault
+    (app/storage/faults.py), not failed; `why` is what the request shows meanwhile."""
     due = utcnow() + timedelta(seconds=delay_seconds) if delay_seconds else None
     for task in session.scalars(select(DeletionTask).where(DeletionTask.id.in_(task_ids))):
         if task.status == TaskStatus.running and task.lease_owner == WORKER_ID:
             task.status, task.not_before = TaskStatus.queued, due
+            task.error = why
             task.lease_owner = task.lease_expires_at = None
             task.attempts = max(0, task.attempts - 1)
 

@@ -114,6 +114,7 @@ LEASE = select(
 # by an earlier certificate (no version of this update)
 _FINISHED = {
     "status": bindparam("done"),
+    "error": null(),  # a wait for storage, or an earlier attempt's failure, is over
     "n_removed": bindparam("removed"),
     "certificate_id": bindparam("certificate"),
     "lease_owner": null(),

@@ -30,7 +30,11 @@ class Retrain(UnlearningMethod):
     def unlearn(self, inputs: UpdateInputs) -> Release:
         start = time.perf_counter()
         retained = inputs.retained
-        trained, how = method_for(self.model.method.name, self.model).retrain(inputs)
+        own = method_for(self.model.method.name, self.model)
+        if inputs.state:
+            trained, how = own.retrain(inputs)
+        else:  # the previous state could not be read back (issue 53): from scratch
+            trained, how = own.train(retained), "trained from scratch (no previous state)"
         n = len(inputs.removed.sample_ids)
         sentence = (
             f"Exact: {how} on the {len(retained.sample_ids)} retained "
