@@ -88,9 +88,12 @@ def signal_key(queue_name: str, job: str, args: tuple[int, ...]) -> str:
     return f"lethe:{queue_name}:pending:{job}:{','.join(map(str, args))}"
 
 
+DELETIONS_SUFFIX = "-deletions"
+
+
 def deletions_queue(queue_name: str) -> str:
     """The RQ queue of deletion signals, listened to before `queue_name` (issue 53)."""
-    return f"{queue_name}-deletions"
+    return f"{queue_name}{DELETIONS_SUFFIX}"
 
 
 def due_key(queue_name: str, model_id: int) -> str:
@@ -111,7 +114,9 @@ def take_signal(job: str, *args: int) -> None:
     current = get_current_job()
     if current is not None:
         try:
-            current.connection.delete(signal_key(current.origin, job, args))
+            # the key is named after the base queue whichever queue the job came from
+            base = current.origin.removesuffix(DELETIONS_SUFFIX)
+            current.connection.delete(signal_key(base, job, args))
         except Exception:  # Redis gone: the key expires on its own
             log.warning("could not clear the pending signal of %s%s", job, args, exc_info=True)
 

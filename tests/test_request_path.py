@@ -24,7 +24,7 @@ from app.db.group_commit import GroupCommitter
 from app.db.migrate import upgrade_to_head
 from app.db.session import database
 from app.db.tables import ApiKey
-from app.dispatch import DELETE, RQDispatcher, signal_key
+from app.dispatch import DELETE, RQDispatcher, deletions_queue, signal_key
 from app.errors import APIError
 from app.settings import Settings
 from tests.conftest import Api
@@ -261,7 +261,7 @@ def test_one_pending_signal_per_model(redis_server: RedisServer, tmp_path: Path)
     assert redis.ttl(signal_key("dedup", DELETE, (7,))) > 0  # expires if its job is lost
 
     # A job taking its signal clears the mark: the next request signals again.
-    queue = Queue("dedup", connection=redis)
+    queue = Queue(deletions_queue("dedup"), connection=redis)  # deletions' own (issue 53)
     queue.empty()
     queue.enqueue("app.dispatch.take_signal", DELETE, 7)
     SimpleWorker([queue], connection=redis).work(burst=True)
