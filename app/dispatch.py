@@ -59,7 +59,9 @@ class InlineDispatcher:
 
     def start(self) -> None:
         self._stopping.clear()
-        self._lanes = Lanes(self._stopping, run_job, self._waiting.taken, "lethe-inline")
+        self._lanes = Lanes(
+            self._stopping, run_job, self._waiting.taken, frozenset({DELETE}), "lethe-inline"
+        )
         self._lanes.start()
 
     def stop(self) -> None:

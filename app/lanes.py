@@ -19,25 +19,20 @@ from app.signals import Signal
 
 log = logging.getLogger("lethe.lanes")
 
-DELETE = "workers.jobs.process_deletions"
-
-
-def lane_of(job: str) -> str:
-    """ "deletions" for a deletion job, "background" for training and audits."""
-    return "deletions" if job == DELETE else "background"
-
 
 class Lanes:
-    """Two job threads: deletions, and everything else."""
+    """Two job threads: the `foreground` jobs (deletions), and everything else."""
 
     def __init__(
         self,
         stopping: threading.Event,
         run: Callable[..., None],
         on_taken: Callable[[Signal], None],
+        foreground: frozenset[str],
         name: str = "lethe-worker",
     ) -> None:
         self._stopping, self._run, self._on_taken = stopping, run, on_taken
+        self._foreground = foreground
         self._queues: dict[str, queue.Queue[Signal | None]] = {
             "deletions": queue.Queue(),
             "background": queue.Queue(),
@@ -52,7 +47,11 @@ class Lanes:
             thread.start()
 
     def put(self, item: Signal) -> None:
-        self._queues[lane_of(item[0])].put(item)
+        self._queues[self.lane_of(item[0])].put(item)
+
+    def lane_of(self, job: str) -> str:
+        """The lane a job runs in: "deletions" for a foreground job, else "background"."""
+        return "deletions" if job in self._foreground else "background"
 
     def depth(self) -> int:
         return sum(q.qsize() for q in self._queues.values())

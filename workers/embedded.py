@@ -20,7 +20,7 @@ from multiprocessing.connection import Connection
 from prometheus_client import generate_latest
 
 from app.db.session import database, dispose_engines
-from app.dispatch import run_job
+from app.dispatch import DELETE, run_job
 from app.lanes import Lanes
 from app.ledger.publish import finish_publishing
 from app.settings import Settings, use_settings
@@ -114,7 +114,7 @@ def main(settings: Settings, conn: Connection, parent: int) -> None:
 
     # two lanes (app/lanes.py): deletions never wait behind training or audits; a running
     # job stops at its next check once `stopping` is set, its work put back
-    jobs = Lanes(stopping, run_job, taken, "lethe-embedded")
+    jobs = Lanes(stopping, run_job, taken, frozenset({DELETE}), "lethe-embedded")
     jobs.start()
     threading.Thread(
         target=_listen, args=(link, jobs, stopping), name="lethe-embedded-link", daemon=True

@@ -268,7 +268,7 @@ class ConvexHead(UnlearningMethod):
                 state = reanchored(state)
             else:  # rejected: a shorter step along the same direction
                 alpha /= 2
-            if state.b > budget:  # a measurement's rounding floor alone is over λβ
+            if tried.b > budget:  # the measurement's rounding floor alone is over λβ
                 break
         return state, work
 
