@@ -48,40 +48,43 @@ def run_job(job: str, *args: int) -> None:
 
 
 class InlineDispatcher:
-    """Embedded mode with LETHE_EMBEDDED_WORKER=thread: worker threads of the API process run
-    the same job functions as RQ (the default is a process: app/worker_process.py), in two
-    lanes, deletions apart from training and audits (app/lanes.py, issue 53)."""
+    """Embedded mode with LETHE_EMBEDDED_WORKER=thread: one worker thread of the API process
+    runs the same job functions as RQ (the default is a process: app/worker_process.py),
+    deletions first (app/lanes.py, issue 53)."""
 
     def __init__(self) -> None:
         self._waiting = WaitingSignals()
-        self._stopping = threading.Event()  # set by stop(); the running jobs check it
+        self._stopping = threading.Event()  # set by stop(); the running job checks it
         self._lanes: Lanes | None = None
+        self._thread: threading.Thread | None = None
 
     def start(self) -> None:
         self._stopping.clear()
-        self._lanes = Lanes(
-            self._stopping, run_job, self._waiting.taken, frozenset({DELETE}), "lethe-inline"
+        self._lanes = Lanes(self._stopping, run_job, self._waiting.taken, frozenset({DELETE}))
+        self._thread = threading.Thread(
+            target=self._lanes.serve, name="lethe-inline-worker", daemon=True
         )
-        self._lanes.start()
+        self._thread.start()
 
     def stop(self) -> None:
-        """Ask the running jobs to stop at their next check (app/shutdown.py), then wait."""
-        if self._lanes is not None:
+        """Ask the running job to stop at its next check (app/shutdown.py), then wait."""
+        if self._lanes is not None and self._thread is not None:
             self._stopping.set()
-            self._lanes.stop()
+            self._lanes.close()
+            self._thread.join(timeout=30)
 
     def enqueue(self, job: str, *args: int) -> None:
         if self._waiting.add((job, args)) and self._lanes is not None:
             self._lanes.put((job, args))  # else already waiting: one run sees all the work
 
     def ping(self) -> bool:
-        return self._lanes is not None and self._lanes.alive()
+        return self._thread is not None and self._thread.is_alive()
 
     def depth(self) -> int:
         return self._lanes.depth() if self._lanes is not None else 0
 
     def metrics(self) -> bytes:
-        """Nothing apart: the threads' counters are this process's."""
+        """Nothing apart: the thread's counters are this process's."""
         return b""
 
 

@@ -1,16 +1,20 @@
-"""Deletions first (issue 53): the embedded worker runs deletion jobs in a lane of their own,
-never queued behind training or an audit, and while one runs the background lane's job waits
-at its next check (app/shutdown.py), so a deletion certifies about as fast as when idle.
+"""Deletions first (issue 53): the embedded worker takes a waiting deletion before any queued
+training or audit, and a running training or audit runs waiting deletions at its next check
+(`shutdown.check`: a training's next epoch, an audit's next stage), in the same thread, then
+goes on. So a deletion never waits behind a queue of background jobs, and waits at most for
+one epoch or stage of the running one.
 
-Each lane is a thread with its own queue; one signal per (job, model) waits
-(app/signals.py, through `on_taken`). The distributed mode's equivalent is RQ's queue order:
-a `lethe worker` listens on the deletions queue first (app/dispatch.py, workers/worker.py).
+One thread runs every job, as before: the jobs' torch work stays in the thread that always ran
+it (issue 53: a second job thread made a logistic retrain 1.5× slower, 55 → 96 ms, through
+torch's per-thread OpenMP teams). One signal per (job, model) waits (app/signals.py, through
+`on_taken`). The distributed mode's equivalent is RQ's queue order: a `lethe worker` listens
+on the deletions queue first (app/dispatch.py, workers/worker.py).
 """
 
 from __future__ import annotations
 
+import collections
 import logging
-import queue
 import threading
 from collections.abc import Callable
 
@@ -21,7 +25,7 @@ log = logging.getLogger("lethe.lanes")
 
 
 class Lanes:
-    """Two job threads: the `foreground` jobs (deletions), and everything else."""
+    """Waiting jobs in two lanes, `foreground` (deletions) taken first, run by `serve`."""
 
     def __init__(
         self,
@@ -29,57 +33,58 @@ class Lanes:
         run: Callable[..., None],
         on_taken: Callable[[Signal], None],
         foreground: frozenset[str],
-        name: str = "lethe-worker",
     ) -> None:
         self._stopping, self._run, self._on_taken = stopping, run, on_taken
         self._foreground = foreground
-        self._queues: dict[str, queue.Queue[Signal | None]] = {
-            "deletions": queue.Queue(),
-            "background": queue.Queue(),
+        self._waiting: dict[bool, collections.deque[Signal]] = {
+            True: collections.deque(),
+            False: collections.deque(),
         }
-        self._threads = [
-            threading.Thread(target=self._loop, args=(lane,), name=f"{name}-{lane}", daemon=True)
-            for lane in self._queues
-        ]
-
-    def start(self) -> None:
-        for thread in self._threads:
-            thread.start()
+        self._changed = threading.Condition()
+        self._closed = False
 
     def put(self, item: Signal) -> None:
-        self._queues[self.lane_of(item[0])].put(item)
-
-    def lane_of(self, job: str) -> str:
-        """The lane a job runs in: "deletions" for a foreground job, else "background"."""
-        return "deletions" if job in self._foreground else "background"
+        with self._changed:
+            self._waiting[item[0] in self._foreground].append(item)
+            self._changed.notify_all()
 
     def depth(self) -> int:
-        return sum(q.qsize() for q in self._queues.values())
+        with self._changed:
+            return sum(len(q) for q in self._waiting.values())
 
-    def alive(self) -> bool:
-        return all(t.is_alive() for t in self._threads)
+    def close(self) -> None:
+        """`serve` returns once its running job ends (the caller set `stopping`)."""
+        with self._changed:
+            self._closed = True
+            self._changed.notify_all()
 
-    def stop(self, timeout: float = 30.0) -> None:
-        """Let each lane's running job stop at its next check (the caller set `stopping`),
-        then wait for both threads."""
-        for q in self._queues.values():
-            q.put(None)
-        for thread in self._threads:
-            if thread.is_alive():
-                thread.join(timeout=timeout)
+    def serve(self) -> None:
+        """Run jobs in the calling thread until `close` or `stopping`: foreground first; a
+        background job's checks run the foreground jobs that wait meanwhile."""
+        shutdown.bind(self._stopping, preempt=self._run_foreground)
+        while True:
+            with self._changed:
+                while not self._closed and not self._stopping.is_set() and not self.depth():
+                    self._changed.wait(0.5)
+                if self._closed or self._stopping.is_set():
+                    return
+                foreground = bool(self._waiting[True])
+                item = self._waiting[foreground].popleft()
+            self._one(item, background=not foreground)
 
-    def _loop(self, lane: str) -> None:
-        shutdown.bind(self._stopping, background=lane == "background")
-        jobs = self._queues[lane]
-        while (item := jobs.get()) is not None:
-            if self._stopping.is_set():
-                continue  # stopping: what waits is signalled again at the next start
-            self._on_taken(item)
-            try:
-                if lane == "deletions":
-                    with shutdown.priority():
-                        self._run(item[0], *item[1])
-                else:
-                    self._run(item[0], *item[1])
-            except Exception:  # the reconciler re-signals anything left queued
-                log.exception("%s job %s%s failed", lane, item[0], item[1])
+    def _run_foreground(self) -> None:
+        """At a background job's check: the foreground jobs waiting now, one by one."""
+        while not self._stopping.is_set():
+            with self._changed:
+                if not self._waiting[True]:
+                    return
+                item = self._waiting[True].popleft()
+            self._one(item, background=False)
+
+    def _one(self, item: Signal, background: bool) -> None:
+        self._on_taken(item)
+        try:
+            with shutdown.lane(background):
+                self._run(item[0], *item[1])
+        except Exception:  # the reconciler re-signals anything left queued
+            log.exception("job %s%s failed", item[0], item[1])

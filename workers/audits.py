@@ -81,9 +81,9 @@ def run_audit(audit_id: int) -> str:
 
 
 def _staged(db: Database, audit_id: int, attempt: int, stage: str) -> None:
-    """A new stage, after any deletion running in this process (issue 53: an audit waits
-    between its stages; a deletion never waits for an audit)."""
-    shutdown.yield_to_deletions()
+    """A new stage, after the deletions waiting in this worker have run (issue 53: a
+    deletion waits at most for one stage of an audit)."""
+    shutdown.run_waiting_deletions()
     _stage(db, audit_id, attempt, stage)
 
 

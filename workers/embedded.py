@@ -112,16 +112,13 @@ def main(settings: Settings, conn: Connection, parent: int) -> None:
     def taken(item: tuple[str, tuple[int, ...]]) -> None:
         link.send(("taken", item[0], item[1]))  # a new signal for it may now be sent
 
-    # two lanes (app/lanes.py): deletions never wait behind training or audits; a running
-    # job stops at its next check once `stopping` is set, its work put back
-    jobs = Lanes(stopping, run_job, taken, frozenset({DELETE}), "lethe-embedded")
-    jobs.start()
+    # deletions first (app/lanes.py): taken before queued training and audits, and run at a
+    # running one's next check; every job runs here, in the main thread, as it always did
+    jobs = Lanes(stopping, run_job, taken, frozenset({DELETE}))
     threading.Thread(
         target=_listen, args=(link, jobs, stopping), name="lethe-embedded-link", daemon=True
     ).start()
-    while not stopping.wait(0.5):  # a signal's handler runs between the waits
-        pass
-    jobs.stop()
+    jobs.serve()  # until `stopping` (SIGTERM or the API's "stop")
     finish_publishing(url)  # the last update's checkpoint, before the process exits
     finish_compacting(url)  # and the compaction of the keys its last erasure destroyed
     dispose_engines(url)  # its connections closed, so the API's last close removes the WAL
