@@ -178,9 +178,9 @@ def test_sigterm_stops_training_in_the_worker_process_and_puts_the_model_back(
 @pytest.mark.integration
 def test_a_deletion_is_not_queued_behind_a_long_training(tmp_path: Path) -> None:
     """Issue 53, deletions first: while the worker process trains a long model, a deletion on
-    another dataset's model certifies (its own lane), and the training, paused meanwhile at
-    its next epoch, is still running when the deletion is done. One lane, first in first out,
-    made the deletion wait for all 1,000 epochs."""
+    another dataset's model certifies (the training runs it at its next epoch's check), and
+    the training is still running when the deletion is done. First in first out, the
+    deletion waited for all 1,000 epochs."""
     cluster = Cluster(tmp_path / "serve", None, None, reconcile_seconds=0.5)
     cluster.start_api()
     with cluster, cluster.client() as c:
