@@ -92,6 +92,24 @@ def percentiles(values: list[float]) -> dict[str, float]:
     }
 
 
+def run_in_tree(tree: Path, module: str, args: list[str]) -> tuple[str, dict[str, Any]]:
+    """`python -m <module> --one <args>` with `tree` first on the path (a bench comparing two
+    source trees side by side): the tree's short commit and the JSON its last line printed."""
+    import subprocess
+    import sys
+
+    commit = subprocess.run(
+        ["git", "-C", str(tree), "rev-parse", "--short", "HEAD"],
+        capture_output=True, text=True, check=False,
+    ).stdout.strip()  # fmt: skip
+    env = {**os.environ, "PYTHONPATH": str(tree)}
+    command = [sys.executable, "-m", module, "--one", *args]
+    done = subprocess.run(command, cwd=tree, env=env, capture_output=True, text=True)
+    if done.returncode:
+        sys.exit(f"{module} in {tree} failed:\n{done.stderr[-4000:]}")
+    return commit, json.loads(done.stdout.strip().splitlines()[-1])
+
+
 def write_result(name: str, result: dict) -> Path:
     RESULTS.mkdir(exist_ok=True)
     result = {

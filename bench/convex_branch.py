@@ -37,9 +37,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import subprocess
-import sys
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -192,18 +190,13 @@ def far_start() -> list[dict[str, Any]]:
     row removed from a noise-free state 3, 10 and 30 times the trained optimum (where the loss
     is flat, so a full Newton step with the Hessian there overshoots); the bound on ‖∇F‖
     before and after the removal's steps (default options: 6 steps, 2 Hessian passes)."""
-    import torch
 
     from bench.common import model_spec
-    from methods.compute import PrivacyTarget, RetainedData
+    from methods.compute import PrivacyTarget
     from methods.convex_head.compute import ConvexHead
-    from tests.factories import split_off, update_inputs
+    from tests.factories import separable_rows, split_off, update_inputs
 
-    rng = np.random.default_rng(0)
-    y = rng.integers(0, 2, 400)
-    X = rng.standard_normal((400, 3)) * 0.5
-    X[:, 0] += np.where(y == 1, 2.0, -2.0)
-    data = RetainedData(list(range(400)), torch.tensor(X, dtype=torch.float32), torch.tensor(y))
+    data = separable_rows()
     options = {"name": "convex_head", "lam": 1e-4, "R": 10.0, "beta": 1e-3}
     spec = model_spec({"type": "logreg", "feature_norm": 10.0}, {}, options, 3, 2)
     head = ConvexHead(spec)
@@ -232,21 +225,14 @@ def main() -> None:
         cases = [run_case(c, args.requests) for c in args.cases]
         print(json.dumps({"cases": cases, "far_start": far_start()}))
         return
+    from bench.common import run_in_tree, write_result
+
     here = Path(__file__).resolve().parent.parent
     trees = {"this": here, **({"other": Path(args.other).resolve()} if args.other else {})}
     result: dict[str, Any] = {"requests": args.requests, "trees": {}}
     for label, tree in trees.items():
-        commit = subprocess.run(
-            ["git", "-C", str(tree), "rev-parse", "--short", "HEAD"],
-            capture_output=True, text=True, check=False,
-        ).stdout.strip()  # fmt: skip
-        env = {**os.environ, "PYTHONPATH": str(tree)}
-        command = [sys.executable, "-m", "bench.convex_branch", "--one",
-                   "--requests", str(args.requests), "--cases", *args.cases]  # fmt: skip
-        done = subprocess.run(command, cwd=tree, env=env, capture_output=True, text=True)
-        if done.returncode:
-            sys.exit(f"{label} ({tree}) failed:\n{done.stderr[-4000:]}")
-        found = json.loads(done.stdout.strip().splitlines()[-1])
+        args_one = ["--requests", str(args.requests), "--cases", *args.cases]
+        commit, found = run_in_tree(tree, "bench.convex_branch", args_one)
         cases = found["cases"]
         dirty = bool(subprocess.run(["git", "-C", str(tree), "status", "--porcelain"],
                                     capture_output=True, text=True).stdout.strip())  # fmt: skip
@@ -258,8 +244,6 @@ def main() -> None:
                  "max_true_gradient_over_budget")  # fmt: skip
         for c in cases:
             print(label, c["case"], {k: c[k] for k in shown})
-    from bench.common import write_result
-
     print(write_result(args.out, result))
 
 

@@ -23,8 +23,6 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -111,6 +109,8 @@ def main() -> None:
     if args.one:
         print(json.dumps(run_tree(args.requests, args.canaries, args.models)))
         return
+    from bench.common import run_in_tree, write_result
+
     here = Path(__file__).resolve().parent.parent
     trees = {"this": here, **({"other": Path(args.other).resolve()} if args.other else {})}
     result: dict[str, Any] = {
@@ -121,22 +121,11 @@ def main() -> None:
         "trees": {},
     }
     for label, tree in trees.items():
-        commit = subprocess.run(
-            ["git", "-C", str(tree), "rev-parse", "--short", "HEAD"],
-            capture_output=True, text=True, check=False,
-        ).stdout.strip()  # fmt: skip
-        env = {**os.environ, "PYTHONPATH": str(tree)}
-        command = [sys.executable, "-m", "bench.deletions_first", "--one",
-                   "--requests", str(args.requests), "--canaries", str(args.canaries),
-                   "--models", str(args.models)]  # fmt: skip
-        done = subprocess.run(command, cwd=tree, env=env, capture_output=True, text=True)
-        if done.returncode:
-            sys.exit(f"{label} ({tree}) failed:\n{done.stderr[-4000:]}")
-        found = json.loads(done.stdout.strip().splitlines()[-1])
+        args_one = ["--requests", str(args.requests), "--canaries", str(args.canaries),
+                    "--models", str(args.models)]  # fmt: skip
+        commit, found = run_in_tree(tree, "bench.deletions_first", args_one)
         result["trees"][label] = {"path": str(tree), "commit": commit, **found}
         print(label, {k: v for k, v in found.items() if not k.endswith("_seconds")})
-    from bench.common import write_result
-
     print(write_result(args.out, result))
 
 

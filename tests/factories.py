@@ -101,6 +101,19 @@ def update_inputs(
     )
 
 
+def separable_rows(n: int = 400, seed: int = 0) -> RetainedData:
+    """n rows of 3 features in two well-separated classes (the first feature ±2 apart):
+    logistic regression on them is flat far from its optimum, where a full Newton step
+    overshoots (issue 52's far start, in tests/test_convex_removal.py and bench/convex_branch)."""
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    y = rng.integers(0, 2, n)
+    X = rng.standard_normal((n, 3)) * 0.5
+    X[:, 0] += np.where(y == 1, 2.0, -2.0)
+    return RetainedData(list(range(n)), torch.tensor(X, dtype=torch.float32), torch.tensor(y))
+
+
 # ---- through the service ----------------------------------------------------------------------
 
 

@@ -249,15 +249,11 @@ def test_the_removal_steps_never_let_the_bound_grow_from_a_far_start() -> None:
     damped, a measured step that made it grow is rejected and the bound only goes down."""
     import importlib
 
-    from methods.compute import PrivacyTarget, RetainedData
-    from tests.factories import model_spec, split_off, update_inputs
+    from methods.compute import PrivacyTarget
+    from tests.factories import model_spec, separable_rows, split_off, update_inputs
 
     head_module = importlib.import_module("methods.convex_head.compute")
-    rng = np.random.default_rng(0)
-    y = rng.integers(0, 2, 400)
-    X = rng.standard_normal((400, 3)) * 0.5
-    X[:, 0] += np.where(y == 1, 2.0, -2.0)
-    data = RetainedData(list(range(400)), torch.tensor(X, dtype=torch.float32), torch.tensor(y))
+    data = separable_rows()
     options = {"name": "convex_head", "lam": 1e-4, "R": 10.0, "beta": 1e-3}
     spec = model_spec({"type": "logreg", "feature_norm": 10.0}, options, 3, 2)
     head = head_module.ConvexHead(spec)

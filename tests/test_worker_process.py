@@ -12,6 +12,7 @@ import signal
 import time
 from pathlib import Path
 
+import httpx
 import pytest
 from sqlalchemy import select
 
@@ -138,6 +139,24 @@ def test_lethe_serve_updates_in_its_worker_process_and_takes_it_down_with_it(
         wait_until(lambda: not alive(replacement[0]), timeout=10, what="the worker died too")
 
 
+def long_training(c: httpx.Client) -> dict:
+    """A 1,000-epoch MLP on digits, once its first epoch is done (it runs for minutes)."""
+    ds = c.post("/v1/datasets", json={"builtin": "digits"}).json()
+    body = {
+        "name": "long",
+        "dataset_id": ds["id"],
+        "architecture": {"type": "mlp", "hidden": [64]},
+        "training": {"epochs": 1000, "batch_size": 32},
+    }
+    model = c.post("/v1/models", json=body).json()
+    wait_until(
+        lambda: (c.get(f"/v1/models/{model['id']}").json()["progress"]["epoch"] or 0) >= 1,
+        every=0.05,
+        what="the long training started",
+    )
+    return model
+
+
 @pytest.mark.integration
 def test_sigterm_stops_training_in_the_worker_process_and_puts_the_model_back(
     tmp_path: Path,
@@ -148,19 +167,7 @@ def test_sigterm_stops_training_in_the_worker_process_and_puts_the_model_back(
     cluster.start_api()
     with cluster, cluster.client() as c:
         assert cluster.api is not None
-        ds = c.post("/v1/datasets", json={"builtin": "digits"}).json()
-        body = {
-            "name": "long",
-            "dataset_id": ds["id"],
-            "architecture": {"type": "mlp", "hidden": [64]},
-            "training": {"epochs": 1000, "batch_size": 32},
-        }
-        model = c.post("/v1/models", json=body).json()
-        wait_until(
-            lambda: (c.get(f"/v1/models/{model['id']}").json()["progress"]["epoch"] or 0) >= 1,
-            every=0.05,
-            what="training started",
-        )
+        model = long_training(c)
         started = time.monotonic()
         cluster.api.send_signal(signal.SIGTERM)
         assert cluster.api.wait(60) in (0, -signal.SIGTERM)  # uvicorn re-raises the signal
@@ -188,19 +195,7 @@ def test_a_deletion_is_not_queued_behind_a_long_training(tmp_path: Path) -> None
         body = {"name": "quick", "dataset_id": small["id"], "architecture": {"type": "logreg"}}
         quick = c.post("/v1/models", json=body).json()
         wait_until(lambda: c.get(f"/v1/models/{quick['id']}").json()["status"] == "ready")
-        big = c.post("/v1/datasets", json={"builtin": "digits"}).json()
-        long = {
-            "name": "long",
-            "dataset_id": big["id"],
-            "architecture": {"type": "mlp", "hidden": [64]},
-            "training": {"epochs": 1000, "batch_size": 32},
-        }
-        slow = c.post("/v1/models", json=long).json()
-        wait_until(
-            lambda: (c.get(f"/v1/models/{slow['id']}").json()["progress"]["epoch"] or 0) >= 1,
-            every=0.05,
-            what="the long training started",
-        )
+        slow = long_training(c)
         page = c.get(f"/v1/datasets/{small['id']}/samples", params={"split": "train", "limit": 1})
         answer = c.post(
             "/v1/deletions",
