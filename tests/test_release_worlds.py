@@ -26,10 +26,9 @@ from app.main import create_app
 from app.settings import Settings
 from tests.conftest import Api, make_keys
 from tests.factories import forget
+from tests.test_convex_head import convex_model
 
 N_RETAINED, FEATURES = 240, 4
-LAM, R = 1e-2, 8.0
-OPTIONS = {"name": "convex_head", "lam": LAM, "R": R, "beta": 1e-2, "newton_steps": 1}
 # Functions of the noised weights (allowed to differ), ids the worlds share by construction
 # aside, and clocks and signatures: the keys masked before two public answers are compared.
 NOISED = {"weights_sha256", "test_accuracy", "retain_accuracy", "train_accuracy"}
@@ -107,18 +106,7 @@ def setup_world(api: Api, outlier: bool) -> tuple[int, int]:
     )
     assert response.status_code == 201, response.text
     dataset = response.json()["id"]
-    created = api.post(
-        "/v1/models",
-        json={
-            "name": "head",
-            "dataset_id": dataset,
-            "architecture": {"type": "logreg"},
-            "method": OPTIONS,
-        },
-    )
-    assert created.status_code == 202, created.text
-    model = api.wait(f"/v1/models/{created.json()['id']}", ("ready", "failed"))
-    assert model["status"] == "ready", model
+    model = convex_model(api, dataset, beta=1e-2, newton_steps=1)  # λ = 1e-2, R = 8
     return dataset, model["id"]
 
 
