@@ -110,6 +110,40 @@ def test_recollection_adds_the_vectors_and_certifies_conditionally() -> None:
     assert finite(release.weights)
 
 
+@pytest.mark.parametrize(
+    "method",
+    [
+        {"name": "recollection", "max_relative_noise": None, "rho_checks": 2},
+        {"name": "newton", "max_relative_noise": None, "depth": 50, "chains": 2},
+    ],
+)
+def test_sigma_does_not_depend_on_which_rows_left(method: dict) -> None:
+    """Issue 52: the same count removed from the same model, other rows: the same σ and Δ
+    (public), whatever the rows' own bound or gradient."""
+    first = inputs_for(method)
+    X, y = data()
+    ids = list(range(100, 100 + N))
+    everything = RetainedData(ids, X, y, [None] * N)
+    spec = first.spec
+    trained = fit(spec, everything)
+    removed, retained = split_off(everything, ids[-3:], trained)
+    second = update_inputs(
+        spec,
+        trained.next_state,
+        removed,
+        retained,
+        test=RetainedData(ids[:30], X[:30], y[:30]),
+        record=trained.record or None,
+    )
+    certificates = []
+    for inputs in (first, second):
+        decision = compute(inputs).decision
+        assert isinstance(decision, Released), decision
+        certificates.append(decision.release.certificate)
+    assert certificates[0].sigma == certificates[1].sigma
+    assert certificates[0].sensitivity == certificates[1].sensitivity
+
+
 def test_recollection_noise_guard_falls_back_to_an_exact_retrain() -> None:
     inputs = inputs_for({"name": "recollection", "max_relative_noise": 1e-9, "rho_checks": 2})
     decision = compute(inputs).decision

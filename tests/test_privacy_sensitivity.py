@@ -14,6 +14,7 @@ from app.privacy.sensitivity import (
     recollection_rho,
     recollection_sensitivity,
     recollection_sensitivity_schedule,
+    recollection_worst_cases,
 )
 from app.privacy.validate import PrivacyParameterError
 
@@ -210,3 +211,26 @@ def test_recollection_rho() -> None:
 def test_recollection_bad_inputs(call) -> None:
     with pytest.raises(PrivacyParameterError):
         call()
+
+
+def test_the_worst_case_bound_covers_every_set_of_m_samples_and_is_reached() -> None:
+    """Issue 52: σ is calibrated on the worst m samples of the schedule, so it bounds the
+    Theorem 2 sum of any m samples and equals it for the worst ones."""
+    rng = np.random.default_rng(3)
+    epochs, n, batch = 3, 50, 10
+    per_epoch = n // batch
+    schedule = np.stack([e * per_epoch + rng.permutation(n) // batch for e in range(epochs)])
+    etas = 0.1 * 0.99 ** np.arange(epochs * per_epoch)
+    worst = recollection_worst_cases(etas, 2.0, 1.02, schedule, np.full(etas.size, batch))
+    assert worst[0] == 0.0 and np.all(np.diff(worst[1:]) > 0)
+    for m in (1, 4, 17):
+        for _ in range(20):
+            chosen = rng.choice(n, m, replace=False)
+            exact = recollection_sensitivity_schedule(etas, 2.0, 1.02, schedule[:, chosen].T, batch)
+            assert exact <= worst[m] * (1 + 1e-12)
+    # the worst single sample reaches the bound exactly
+    singles = [
+        recollection_sensitivity_schedule(etas, 2.0, 1.02, schedule[:, [p]].T, batch)
+        for p in range(n)
+    ]
+    assert max(singles) == pytest.approx(worst[1], rel=1e-12)

@@ -239,7 +239,11 @@ def test_float16_storage_and_subject_vectors(api: Api) -> None:
     assert cert["guarantee"] == "conditional" and cert["n_removed"] == 4
     partial = forget(api, ds["id"], ["20"])  # one of p5's four samples
     cert = api.get(f"/v1/audit/certificates/{partial['certificate_ids'][0]}", role="auditor").json()
-    assert cert["guarantee"] == "exact" and "part of its subject" in cert["fallback_reason"]
+    # whether the row's subject is retained depends on the rows (issue 52): the coupled
+    # retrain goes out through the same noise, and only auditors read why
+    assert cert["guarantee"] == "conditional" and "part of its subject" in cert["branch"]
+    kinds = [v["kind"] for v in api.get(f"/v1/models/{model['id']}/versions").json()]
+    assert kinds == ["trained", "unlearned", "unlearned"]
 
 
 def test_nondeterministic_layers_are_refused(api: Api) -> None:

@@ -27,6 +27,7 @@ __all__ = [
     "recollection_rho",
     "recollection_sensitivity",
     "recollection_sensitivity_schedule",
+    "recollection_worst_cases",
 ]
 
 
@@ -103,21 +104,49 @@ def recollection_sensitivity_schedule(
         raise PrivacyParameterError(f"steps of removed samples must lie in [0, {T - 1}]")
     if not len(removed_steps):
         return 0.0
+    remainder, per_step = _recollection_terms(eta, C, rho_t, sizes)
+    # every removed sample's steps at once (one gather, O(m · epochs)): a step counts once per
+    # removed sample in its batch
+    return remainder + float(np.sum(per_step[steps]))
+
+
+def _recollection_terms(
+    eta: np.ndarray, C: float, rho_t: np.ndarray, sizes: np.ndarray
+) -> tuple[float, np.ndarray]:
+    """Theorem 2's first term, and per step s the second term's Π_{k>s}ρ_k·2C·η_s/|B_s|."""
     # Π_{k=t+1}^{T−1} ρ_k through log-space sums: ρ > 1 over many steps gives inf, not an error.
     with np.errstate(divide="ignore", over="ignore", invalid="ignore"):
-        log_rho = np.log(rho_t)
-        prop = np.exp(np.concatenate([np.cumsum(log_rho[::-1])[::-1][1:], [0.0]]))
+        prop = np.exp(np.concatenate([np.cumsum(np.log(rho_t)[::-1])[::-1][1:], [0.0]]))
 
-        def propagated(factor: np.ndarray, where: np.ndarray | slice) -> float:
-            # Σ prop·factor with 0·inf = 0 (a zero term stays zero however far it travels).
-            return float(np.sum(np.where(factor > 0, prop[where] * factor, 0.0)))
+        def propagated(factor: np.ndarray) -> np.ndarray:
+            # prop·factor with 0·inf = 0 (a zero term stays zero however far it travels).
+            return np.where(factor > 0, prop * factor, 0.0)
 
         seen = np.concatenate([[0.0], np.cumsum(eta)[:-1]])  # Σ_{s<t} η_s
-        remainder = propagated(eta * 2.0 * C * seen, slice(None))
-        # every removed sample's steps at once (one gather, O(m · epochs)): a step counts
-        # once per removed sample in its batch
-        gradients = propagated(2.0 * C * eta[steps] / sizes[steps], steps)
-    return remainder + gradients
+        remainder = float(np.sum(propagated(eta * 2.0 * C * seen)))
+        return remainder, propagated(2.0 * C * eta / sizes)
+
+
+def recollection_worst_cases(
+    etas: np.ndarray, C: float, rho: float, schedule: np.ndarray, batch_sizes: np.ndarray
+) -> np.ndarray:
+    """Theorem 2 (unfolded) for the worst m of the n training samples, for every m = 0..n:
+    the first term plus the m largest per-sample sums of the second. A function of the record
+    (schedule, ρ, C) and the count m alone, so a σ calibrated on it does not say which samples
+    were removed (issue 52); entry m bounds `recollection_sensitivity_schedule` for every set
+    of m samples. `schedule[e, p]` is the step of epoch e whose batch held position p."""
+    eta = np.asarray(etas, dtype=float)
+    T = eta.size
+    check_positive("C", C, allow_zero=True)
+    rho_t = np.broadcast_to(np.asarray(rho, dtype=float), (T,))
+    if not (np.all(np.isfinite(rho_t)) and np.all(rho_t >= 0)):
+        raise PrivacyParameterError("ρ must be finite and ≥ 0")
+    sizes = np.broadcast_to(np.asarray(batch_sizes, dtype=float), (T,))
+    remainder, per_step = _recollection_terms(eta, C, rho_t, sizes)
+    largest_first = -np.sort(-per_step[schedule].sum(axis=0))
+    worst = remainder + np.concatenate([[0.0], np.cumsum(largest_first)])
+    worst[0] = 0.0  # nothing removed: w^{-U} = w
+    return worst
 
 
 def recollection_sensitivity(

@@ -26,6 +26,13 @@ class NewtonOptions(MethodOptions):
     rho: float | None = Field(
         None, gt=0.0, lt=1.0, description="LiSSA failure probability, added to δ (default: δ/2)"
     )
+    G_max: float = Field(
+        1.0,
+        ge=0.0,
+        le=1e6,
+        description="declared bound on the residual gradient G of Prop. 4.1, the one Δ and σ "
+        "use: a measured G above it releases the exact retrain through the same noise",
+    )
     residual_tolerance: float = Field(
         1e-4,
         ge=0.0,
@@ -35,7 +42,9 @@ class NewtonOptions(MethodOptions):
     guard_retries: int = Field(2, ge=0, le=10)
     guard_raise: Literal["H_sc", "lam"] = "H_sc"
     power_iterations: int = Field(30, ge=5, le=1000)
-    max_relative_noise: float | None = Field(1.0, gt=0.0)
+    max_relative_noise: float | None = Field(
+        1.0, gt=0.0, description="refuse σ√d above this times C (public values only)"
+    )
 
 
 SPEC = register(

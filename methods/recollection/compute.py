@@ -1,6 +1,9 @@
 """Hessian-free recollection (seed 003): w_det ← w_det + Σ_{u∈U} a_u, released with Gaussian
 noise calibrated by the analytic Gaussian mechanism on the Theorem 2 bound (note 003 §5,
-unfolded sum) for every sample removed since the vectors were recorded.
+unfolded sum) for the worst m training samples, m the count removed since the vectors were
+recorded: σ is a function of the record and the count, not of which samples left (issue 52).
+An update that fails for a reason that depends on the rows releases the coupled retrain with
+the same noise, the very reference the certificate compares with.
 
 Conditional: it holds if the first-order remainder bound of Theorem 2 holds with the measured
 ρ (power iteration on sampled batch Hessians of the trajectory; a heuristic estimate).
@@ -11,6 +14,7 @@ from __future__ import annotations
 import math
 import time
 from collections import defaultdict
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -24,6 +28,7 @@ from methods.compute import (
     Constant,
     ModelSpec,
     ModelState,
+    PublicInfeasible,
     Release,
     RemovedSamples,
     RetainedData,
@@ -40,6 +45,15 @@ from methods.recollection.replay import Replay
 from methods.recollection.spec import SPEC, RecollectionOptions, RecollectionRecord
 
 KIND, SUBJECT_KIND = "recollection", "recollection_subject"
+
+
+@dataclass(frozen=True)
+class NoisePlan:
+    """The release's noise from the record, the options, the target and the count alone."""
+
+    removed_total: list[int]  # every sample removed since the vectors were recorded
+    sensitivity: float  # Theorem 2 for the worst len(removed_total) samples
+    sigma: float
 
 
 @register
@@ -92,6 +106,7 @@ class Recollection(UnlearningMethod):
             storage_dtype=block.dtype,
             rows=len(block.sample_ids),
             subject_groups=groups,
+            trained_norm=float(self._flat().vector(run.state).norm()),
         )
         metrics = {
             "train_seconds": run.seconds,
@@ -153,58 +168,114 @@ class Recollection(UnlearningMethod):
             raise TargetInfeasible(f"no recollection vector for samples {sorted(missing)[:5]}")
         return total
 
-    def unlearn(self, inputs: UpdateInputs) -> Release:
-        start = time.perf_counter()
-        removed, target = inputs.removed, inputs.target
+    def _replay(self, inputs: UpdateInputs) -> Replay:
+        """The record's schedule as the last update left it, or replayed once per session."""
         if not inputs.record or inputs.record.get("method") != KIND:
-            raise TargetInfeasible("this model has no recollection record")
-        replay = inputs.resident  # the record's schedule as the last update left it, if any
+            raise PublicInfeasible("this model has no recollection record")
+        replay = inputs.resident
         if not isinstance(replay, Replay) or not replay.made_from(inputs.record):
             replay = Replay.of(inputs.record)  # O(n · epochs), once per session
+        return replay
+
+    def plan(self, inputs: UpdateInputs, replay: Replay) -> NoisePlan:
+        """σ on Theorem 2 for the worst m samples, and the public refusals (PublicInfeasible):
+        σ over max_sigma, or σ√d over max_relative_noise times the trained weights' norm."""
+        removed, target, o = inputs.removed, inputs.target, self.options
+        removed_total = sorted(set(removed.previously_removed) | set(removed.sample_ids))
+        try:
+            sensitivity = replay.worst_case(len(removed_total))
+        except KeyError as exc:
+            raise PublicInfeasible(f"the record does not cover the removal: {exc}") from exc
+        if not math.isfinite(sensitivity) or sensitivity <= 0:
+            raise PublicInfeasible(
+                f"the Theorem 2 bound is {sensitivity} (ρ={replay.record.rho:.4g})"
+            )
+        sigma = sigma_for(sensitivity, target.epsilon, target.delta)
+        if o.max_sigma is not None and sigma > o.max_sigma:
+            raise PublicInfeasible(
+                f"σ={sigma:.4g} exceeds the configured max_sigma={o.max_sigma:g}"
+            )
+        record = replay.record
+        if record.trained_norm is not None:
+            try:
+                check_relative_noise(
+                    sigma, sensitivity, record.d, record.trained_norm, o.max_relative_noise
+                )
+            except TargetInfeasible as exc:  # σ and the trained norm are public
+                raise PublicInfeasible(str(exc)) from exc
+        return NoisePlan(removed_total, sensitivity, sigma)
+
+    def unlearn(self, inputs: UpdateInputs) -> Release:
+        start = time.perf_counter()
+        replay = self._replay(inputs)
+        plan = self.plan(inputs, replay)
         record = replay.record
         flat = self._flat()
         w_det = flat.vector(inputs.state).double()
-        w_det = w_det + self._sum_vectors(removed, record)
-        compute_seconds = time.perf_counter() - start
-        removed_total = sorted(set(removed.previously_removed) | set(removed.sample_ids))
-        try:
-            sensitivity = replay.sensitivity(removed_total)
-        except KeyError as exc:
-            raise TargetInfeasible(f"the record does not cover the removal: {exc}") from exc
-        if not math.isfinite(sensitivity) or sensitivity <= 0:
-            raise TargetInfeasible(f"the Theorem 2 bound is {sensitivity} (ρ={record.rho:.4g})")
-        sigma = sigma_for(sensitivity, target.epsilon, target.delta)
-        cap = self.options.max_sigma
-        if cap is not None and sigma > cap:
-            raise TargetInfeasible(f"σ={sigma:.4g} exceeds the configured max_sigma={cap:g}")
-        check_relative_noise(
-            sigma, sensitivity, w_det.numel(), float(w_det.norm()), self.options.max_relative_noise
+        w_det = w_det + self._sum_vectors(inputs.removed, record)
+        if record.trained_norm is None:  # a record from before issue 52: the guard is private
+            check_relative_noise(
+                plan.sigma,
+                plan.sensitivity,
+                w_det.numel(),
+                float(w_det.norm()),
+                self.options.max_relative_noise,
+            )
+        release = self._released(inputs, record, plan, flat.state(w_det.float()), start)
+        return replace(release, resident=replay)  # the next update's schedule, no replay
+
+    def through_mechanism(self, inputs: UpdateInputs, exact: Release) -> Release:
+        """The coupled retrain (the certificate's reference, note 003 §1.1) with the same
+        noise and certificate (issue 52); the exact retrain's freshly recorded vectors and
+        state start the next update."""
+        start = time.perf_counter()
+        replay = self._replay(inputs)
+        plan = self.plan(inputs, replay)
+        coupled = self.reference(inputs, exact)
+        release = self._released(inputs, replay.record, plan, coupled, start)
+        return replace(
+            release,
+            next_state=exact.next_state,
+            statistics_to_delete=exact.statistics_to_delete,
+            replace_statistics=exact.replace_statistics,
+            record=exact.record,
         )
-        noise = sigma * draw_gaussian(w_det.shape, secure_generator(), torch.float64, w_det.device)
-        next_state = flat.state(w_det.float())
-        release = flat.state((w_det + noise).float())
-        epsilon = epsilon_for(sensitivity, sigma, target.delta)
+
+    def _released(
+        self,
+        inputs: UpdateInputs,
+        record: RecollectionRecord,
+        plan: NoisePlan,
+        noise_free: ModelState,
+        start: float,
+    ) -> Release:
+        """noise_free + N(0, σ²I) with the plan's σ, and its certificate."""
+        target = inputs.target
+        flat = self._flat()
+        w = flat.vector(noise_free).double()
+        noise = plan.sigma * draw_gaussian(w.shape, secure_generator(), torch.float64, w.device)
+        epsilon = epsilon_for(plan.sensitivity, plan.sigma, target.delta)
+        n_total = len(plan.removed_total)
         return Release(
-            next_state=next_state,
-            weights=release,
-            event=gaussian_event(sigma, sensitivity, epsilon, target.delta),
+            next_state=noise_free,
+            weights=flat.state((w + noise).float()),
+            event=gaussian_event(plan.sigma, plan.sensitivity, epsilon, target.delta),
             certificate=self._certificate(
                 record,
                 epsilon,
                 target.delta,
-                sigma,
-                sensitivity,
-                len(removed.sample_ids),
-                len(removed_total),
+                plan.sigma,
+                plan.sensitivity,
+                len(inputs.removed.sample_ids),
+                n_total,
             ),
-            statistics_to_delete=list(removed.statistics),
+            statistics_to_delete=list(inputs.removed.statistics),
             metrics={
-                "unlearn_compute_seconds": compute_seconds,
-                "sigma": sigma,
-                "sensitivity": sensitivity,
-                "removed_since_record": len(removed_total),
+                "unlearn_compute_seconds": time.perf_counter() - start,
+                "sigma": plan.sigma,
+                "sensitivity": plan.sensitivity,
+                "removed_since_record": n_total,
             },
-            resident=replay,  # the next update's schedule, with no replay over all n
         )
 
     def _certificate(
@@ -226,7 +297,8 @@ class Recollection(UnlearningMethod):
             f"(ε={epsilon:.4g}, δ={delta:.3g})-indistinguishable from retraining "
             f"without these {n} samples (the coupled retrain: same batch order, "
             f"{n_total} samples removed since the vectors were recorded), plus the same "
-            f"Gaussian noise σ={sigma:.4g}, provided the first-order remainder bound of "
+            f"Gaussian noise σ={sigma:.4g} calibrated on the bound for the worst {n_total} "
+            f"training samples, provided the first-order remainder bound of "
             f"seed 003 Theorem 2 holds with {rho_note}."
         )
         constants = {
@@ -247,7 +319,8 @@ class Recollection(UnlearningMethod):
             sigma=sigma,
             sensitivity=sensitivity,
             accountant="analytic Gaussian mechanism (Balle & Wang "
-            "2018) on the seed 003 Theorem 2 bound (unfolded sum, note 003 §5)",
+            "2018) on the seed 003 Theorem 2 bound (unfolded sum, note 003 §5) for the worst "
+            "m training samples, m the count removed since recording",
             sentence=sentence,
             constants=constants,
             compares="release vs. the coupled retrain without all samples removed since "

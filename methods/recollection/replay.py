@@ -9,12 +9,15 @@ samples' rows: O(k · epochs).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
 from app.jsontypes import JsonMap
-from app.privacy.sensitivity import recollection_sensitivity_schedule
+from app.privacy.sensitivity import (
+    recollection_sensitivity_schedule,
+    recollection_worst_cases,
+)
 from methods.recollection.maths import batch_schedule
 from methods.recollection.spec import RecollectionRecord
 
@@ -31,6 +34,7 @@ class Replay:
     steps: np.ndarray  # (epochs, n) int32
     etas: np.ndarray  # η_t per step
     sizes: np.ndarray  # |B_t| per step
+    _worst: list[np.ndarray] = field(default_factory=list, repr=False)  # made on first use
 
     @classmethod
     def of(cls, source: JsonMap) -> Replay:
@@ -76,3 +80,16 @@ class Replay:
         return recollection_sensitivity_schedule(
             self.etas, r.C, r.rho, self.steps_of(removed_total), self.sizes
         )
+
+    def worst_case(self, m: int) -> float:
+        """Theorem 2 for the worst m training samples (issue 52): what σ is calibrated on, a
+        function of the record and the count alone. The table is made once: O(n · epochs)."""
+        if not self._worst:
+            r = self.record
+            self._worst.append(
+                recollection_worst_cases(self.etas, r.C, r.rho, self.steps, self.sizes)
+            )
+        table = self._worst[0]
+        if not 0 <= m < len(table):
+            raise KeyError(f"{m} samples removed of {len(table) - 1} trained on")
+        return float(table[m])

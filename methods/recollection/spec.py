@@ -24,7 +24,7 @@ class RecollectionOptions(MethodOptions):
         1.0,
         gt=0.0,
         description="retrain exactly when the noise norm σ√d exceeds this multiple "
-        "of the weights' norm (the release would be useless); null disables the guard",
+        "of the trained weights' norm (the release would be useless); null disables the guard",
     )
 
 
@@ -52,6 +52,9 @@ class RecollectionRecord(BaseModel):
     storage_dtype: str
     rows: int
     subject_groups: dict[str, list[int]] = {}  # representative id -> the subject's samples
+    # ‖w‖ of the model as trained, published with it: the public reference of the noise
+    # guard (issue 52); None in records made before it was kept
+    trained_norm: float | None = None
 
 
 def _memory(o: RecollectionOptions, f: MemoryFacts) -> dict[str, int]:
