@@ -150,6 +150,19 @@ def estimates(topics: Topics) -> dict[str, float]:
     }
 
 
+ESTIMATE_KEYS = ("a", "p", "gamma", "q")
+
+
+def estimates_tensor(values: dict[str, float]) -> torch.Tensor:
+    """The estimates as a float64 tensor (a model state holds tensors only)."""
+    return torch.tensor([values[k] for k in ESTIMATE_KEYS], dtype=torch.float64)
+
+
+def estimates_of(tensor: torch.Tensor) -> dict[str, float]:
+    """`estimates_tensor` read back."""
+    return dict(zip(ESTIMATE_KEYS, (float(v) for v in tensor.tolist()), strict=True))
+
+
 def learn(
     counts: torch.Tensor, r: int, projection_dim: int | None, seed: int
 ) -> tuple[torch.Tensor, int, list[int], Topics]:

@@ -11,7 +11,7 @@ the original minus every removed document (note A.9 item 5).
 from __future__ import annotations
 
 import time
-from typing import Any
+from typing import Any, Literal
 
 import torch
 
@@ -44,6 +44,9 @@ DOCUMENTS = "topics.documents"  # how many of them have two words or more
 ORIGINAL = "topics.original_documents"  # m at training: the bound's m
 REMOVED = "topics.removed_documents"  # m_U: removed since training
 ANCHORS = "topics.anchors"
+# a, p, γ, q estimated on the model as trained, published with it: what `estimated` calibration
+# uses ever after, so σ and the capacity are no function of the rows later removed (issue 52)
+TRAINED_ESTIMATES = "topics.trained_estimates"
 NOISE = True  # tests switch the Gaussian mechanism off to compare with the noise-free solve
 
 
@@ -74,16 +77,17 @@ class AnchorTopics(UnlearningMethod):
             ORIGINAL: torch.tensor(m),
             REMOVED: torch.tensor(0),
             ANCHORS: torch.tensor(anchors),
+            TRAINED_ESTIMATES: tp.estimates_tensor(tp.estimates(topics)),
         }
         # No request exists yet: the training release is calibrated for the policy's target,
         # the same one every later release (and the preview) uses by default (issue 25).
-        weights, calibration = self._release(topics, m, 0, self.model.target)
+        weights, calibration = self._release(topics, extra, m, 0, self.model.target)
         metrics = {
             "train_seconds": time.perf_counter() - start,
             "n_train": len(data.X),
             "documents_counted": m,
             "anchors": anchors,
-            "plan_inputs": self._plan_inputs(topics, m, 0),
+            "plan_inputs": self._plan_inputs(topics, extra, m, 0),
             **calibration,
         }
         return Trained(
@@ -98,23 +102,24 @@ class AnchorTopics(UnlearningMethod):
         m_u = int(state[REMOVED]) + len(inputs.removed.sample_ids)
         anchors = [int(a) for a in state[ANCHORS].tolist()]
         topics = tp.recover_topics(S, m, anchors)
-        limit = self._capacity(topics, m_original, target)
+        limit = self._capacity(topics, state, m_original, target)
         if m_u > limit["documents"]:
             # with declared constants the capacity is a function of counts and options, so
             # the retrain it leads to is public; estimated constants are the data's (issue 52)
-            raise _infeasible(self.options.calibrate_with)(
+            raise self._infeasible(state)(
                 f"the cumulative {m_u} removed documents exceed the deletion capacity "
                 f"{limit['documents']:.4g} (Theorem 5: noise term {limit['noise_term']:.4g}, "
                 f"bias term {limit['bias_term']:.4g}; anchor stability "
                 f"{limit['anchor_stability']:.4g})"
             )
-        weights, calibration = self._release(topics, m_original, m_u, target)
+        weights, calibration = self._release(topics, state, m_original, m_u, target)
         extra = {
             STATISTIC: S,
             DOCUMENTS: torch.tensor(m),
             ORIGINAL: torch.tensor(m_original),
             REMOVED: torch.tensor(m_u),
             ANCHORS: state[ANCHORS],
+            **({TRAINED_ESTIMATES: state[TRAINED_ESTIMATES]} if TRAINED_ESTIMATES in state else {}),
         }
         cert = self._certificate(calibration, topics, m_original, m_u, target, limit)
         return Release(
@@ -132,7 +137,7 @@ class AnchorTopics(UnlearningMethod):
                 "unlearn_seconds": time.perf_counter() - start,
                 "removed_documents_cumulative": m_u,
                 "documents_counted": m,
-                "plan_inputs": self._plan_inputs(topics, m_original, m_u),
+                "plan_inputs": self._plan_inputs(topics, state, m_original, m_u),
                 **calibration,
             },
         )
@@ -141,32 +146,42 @@ class AnchorTopics(UnlearningMethod):
         words = self.model.vocabulary
         return ids if words is None else [[words[i] for i in topic] for topic in ids]
 
-    def _constants(self, topics: tp.Topics) -> dict[str, float]:
-        """a, γ, p as calibration uses them: declared, or estimated from the model."""
+    def _constants(self, topics: tp.Topics, state: ModelState) -> dict[str, float]:
+        """a, γ, p as calibration uses them: declared, or estimated on the model as trained
+        (a model trained before those were kept: on the updated one, which is private)."""
         o = self.options
         if o.calibrate_with == "declared":
             return {"a": o.a, "gamma": o.gamma, "p": o.p}
+        if TRAINED_ESTIMATES in state:
+            return tp.estimates_of(state[TRAINED_ESTIMATES])
         return tp.estimates(topics)
 
-    def _plan_inputs(self, topics: tp.Topics, m: int, m_u: int) -> JsonObject:
+    def _infeasible(self, state: ModelState) -> type[TargetInfeasible]:
+        """Over capacity: public when the constants are (declared, or estimated at training)."""
+        public = self.options.calibrate_with == "declared" or TRAINED_ESTIMATES in state
+        return PublicInfeasible if public else TargetInfeasible
+
+    def _plan_inputs(self, topics: tp.Topics, state: ModelState, m: int, m_u: int) -> JsonObject:
         """What the preview needs to plan the next release exactly as `unlearn` will
         (spec.py: next_release)."""
-        o, k = self.options, self._constants(topics)
+        o, k = self.options, self._constants(topics, state)
         n, r = topics.A.shape
         return {"c": o.c, **k, "eps0": o.eps0, "n": n, "r": r, "m": m, "m_u": m_u}
 
-    def _capacity(self, topics: tp.Topics, m: int, target: PrivacyTarget) -> dict[str, float]:
-        o, k = self.options, self._constants(topics)
+    def _capacity(
+        self, topics: tp.Topics, state: ModelState, m: int, target: PrivacyTarget
+    ) -> dict[str, float]:
+        o, k = self.options, self._constants(topics, state)
         n, r = topics.A.shape
         return capacity(
             o.c, k["a"], k["gamma"], k["p"], o.eps0, n, r, m, target.epsilon, target.delta
         )
 
     def _release(
-        self, topics: tp.Topics, m: int, m_u: int, target: PrivacyTarget
+        self, topics: tp.Topics, state: ModelState, m: int, m_u: int, target: PrivacyTarget
     ) -> tuple[ModelState, dict[str, Any]]:
         """Ã = columns of A + ν_A on the simplex, R̃ = R + ν_R on the PSD cone."""
-        o, k = self.options, self._constants(topics)
+        o, k = self.options, self._constants(topics, state)
         n, r = topics.A.shape
         delta_a = sensitivity(o.c, k["a"], k["gamma"], k["p"], o.eps0, n, r, m, m_u)
         joint = delta_a * 2**0.5
@@ -187,7 +202,8 @@ class AnchorTopics(UnlearningMethod):
             "noise": NOISE,
             "calibrated_with": o.calibrate_with,
             "estimates": tp.estimates(topics),
-            "deletion_capacity": self._capacity(topics, m, target),
+            "calibration_constants": k,
+            "deletion_capacity": self._capacity(topics, state, m, target),
             "top_words": self._words(tp.top_words(released["A"])),  # of the noised release
         }
         return released, calibration
@@ -201,7 +217,7 @@ class AnchorTopics(UnlearningMethod):
         target: PrivacyTarget,
         limit: dict[str, float],
     ) -> CertificateFields:
-        o, est = self.options, calibration["estimates"]
+        o, est, k = self.options, calibration["estimates"], calibration["calibration_constants"]
         n, r = topics.A.shape
         sigma, joint = calibration["sigma"], calibration["joint_sensitivity"]
         epsilon = epsilon_for(joint, sigma, target.delta)
@@ -211,8 +227,9 @@ class AnchorTopics(UnlearningMethod):
             f"kept, released through the same Gaussian mechanism, with probability 0.9 over "
             f"the corpus: it holds only if the declared constants c={o.c:g}, a={o.a:g}, "
             f"γ={o.gamma:g}, p={o.p:g} and ε₀={o.eps0:g} hold for the corpus's distribution "
-            f"(estimated from the model: a≈{est['a']:.3g}, γ≈{est['gamma']:.3g}, "
-            f"p≈{est['p']:.3g}; σ used the {o.calibrate_with} ones). σ = {sigma:.4g} covers "
+            f"(σ used the {o.calibrate_with} ones: a={k['a']:.3g}, γ={k['gamma']:.3g}, "
+            f"p={k['p']:.3g}; the estimates on the updated model go to auditors). "
+            f"σ = {sigma:.4g} covers "
             f"the {m_u} documents removed since training out of m = {m} (capacity "
             f"{limit['documents']:.4g}); R's sensitivity is taken equal to A's, which the "
             "paper does not bound."
@@ -223,11 +240,17 @@ class AnchorTopics(UnlearningMethod):
             "gamma": Constant(o.gamma, "declared", "anchor simplex robustness / p"),
             "p": Constant(o.p, "declared", "anchor-word separability"),
             "eps0": Constant(o.eps0, "declared", "learning tolerance ε₀"),
-            "a_estimated": Constant(est["a"], "measured", "max/min topic mass of diag(p)C"),
-            "gamma_estimated": Constant(
-                est["gamma"], "measured", "anchor rows' distance to the others' span / p"
+            **{
+                f"{name}_used": Constant(
+                    k[name], _source(o), f"{name} as σ used it ({o.calibrate_with})"
+                )
+                for name in ("a", "gamma", "p")
+            },
+            "a_estimated": updated(est["a"], "max/min topic mass of diag(p)C"),
+            "gamma_estimated": updated(
+                est["gamma"], "anchor rows' distance to the others' span / p"
             ),
-            "p_estimated": Constant(est["p"], "measured", "min_k A[anchor_k, k]"),
+            "p_estimated": updated(est["p"], "min_k A[anchor_k, k]"),
             "m": Constant(float(m), "measured", "training documents"),
             "m_U": Constant(float(m_u), "measured", "documents removed since training"),
             "capacity": Constant(limit["documents"], "measured", "Theorem 5 / anchor bound"),
@@ -246,6 +269,12 @@ class AnchorTopics(UnlearningMethod):
         )
 
 
-def _infeasible(calibrate_with: str) -> type[TargetInfeasible]:
-    """Over capacity: public with declared constants, data-dependent with estimated ones."""
-    return PublicInfeasible if calibrate_with == "declared" else TargetInfeasible
+def _source(o: AnchorTopicsOptions) -> Literal["declared", "measured"]:
+    return "declared" if o.calibrate_with == "declared" else "measured"
+
+
+def updated(value: float, meaning: str) -> Constant:
+    """An estimate on the updated topics: a function of the rows left, for auditors only."""
+    return Constant(
+        value, "measured", f"{meaning}, on the updated model", "auditors", "shown to auditors"
+    )

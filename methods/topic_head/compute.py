@@ -42,6 +42,9 @@ from methods.topic_head.spec import SPEC, TopicHeadOptions, head_capacity, head_
 STATISTIC = "head.cooccurrence_sum"
 DOCUMENTS = "head.documents"
 ORIGINAL = "head.original_documents"
+# a, p, γ, q estimated on the base as trained, published with it: what `estimated` calibration
+# uses ever after, so σ and the capacity are no function of the rows later removed (issue 52)
+TRAINED_ESTIMATES = "head.trained_estimates"
 REMOVED = "head.removed_documents"
 ANCHORS = "head.anchors"
 BASE = "head.A_S"  # the base topic model the head is served in (never released alone)
@@ -96,6 +99,7 @@ class TopicHead(UnlearningMethod):
             ANCHORS: torch.tensor(anchors),
             BASE: base.A,
             HEAD: w,
+            TRAINED_ESTIMATES: tp.estimates_tensor(tp.estimates(base)),
         }
         metrics: JsonObject = {
             "train_seconds": time.perf_counter() - start,
@@ -103,7 +107,7 @@ class TopicHead(UnlearningMethod):
             "gradient_norm": solution.gradient_norm,
             "head_norm": float(torch.linalg.norm(w)),
             "anchors": list[JsonValue](anchors),
-            "plan_inputs": self._plan_inputs(self._constants(base), base.A.shape, m, 0),
+            "plan_inputs": self._plan_inputs(self._constants(base, extra), base.A.shape, m, 0),
         }
         return Trained(weights, None, {}, metrics, extra_state=extra)
 
@@ -115,7 +119,7 @@ class TopicHead(UnlearningMethod):
         anchors = [int(a) for a in state[ANCHORS].tolist()]
         A_S, w_S = state[BASE].double(), state[HEAD].double()
         updated = tp.recover_topics(S, m, anchors)  # Ā, not released
-        constants = self._constants(updated)
+        constants = self._constants(updated, state)
         n, r = A_S.shape
         limit = head_capacity(
             o.c,
@@ -133,7 +137,7 @@ class TopicHead(UnlearningMethod):
         if m_u > limit["documents"]:
             # with declared constants the capacity is a function of counts and options, so
             # the retrain it leads to is public; estimated constants are the data's (issue 52)
-            raise _infeasible(self.options.calibrate_with)(
+            raise self._infeasible(state)(
                 f"the cumulative {m_u} removed documents exceed the head's deletion capacity "
                 f"{limit['documents']:.4g} (Theorem 7: noise term {limit['noise_term']:.4g}, "
                 f"bias term {limit['bias_term']:.4g}; anchor stability "
@@ -186,6 +190,11 @@ class TopicHead(UnlearningMethod):
                 ANCHORS: state[ANCHORS],
                 BASE: A_S,
                 HEAD: w_S,
+                **(
+                    {TRAINED_ESTIMATES: state[TRAINED_ESTIMATES]}
+                    if TRAINED_ESTIMATES in state
+                    else {}
+                ),
             },
             weights=weights,
             certificate=cert,
@@ -216,13 +225,21 @@ class TopicHead(UnlearningMethod):
         n, r = shape
         return {"c": o.c, **constants, "eps0": o.eps0, "B": o.B, "n": n, "r": r, "m": m, "m_u": m_u}
 
-    def _constants(self, topics: tp.Topics) -> dict[str, float]:
+    def _constants(self, topics: tp.Topics, state: ModelState) -> dict[str, float]:
+        """a, γ, p, q as calibration uses them: declared, or estimated on the base as trained
+        (a model trained before those were kept: on the updated topics, which is private)."""
         o = self.options
-        est = tp.estimates(topics)
         if o.calibrate_with == "estimated":
-            return est
+            if TRAINED_ESTIMATES in state:
+                return tp.estimates_of(state[TRAINED_ESTIMATES])
+            return tp.estimates(topics)
         r = topics.A.shape[1]
         return {"a": o.a, "gamma": o.gamma, "p": o.p, "q": o.q or 1 / (o.a * r)}
+
+    def _infeasible(self, state: ModelState) -> type[TargetInfeasible]:
+        """Over capacity: public when the constants are (declared, or estimated at training)."""
+        public = self.options.calibrate_with == "declared" or TRAINED_ESTIMATES in state
+        return PublicInfeasible if public else TargetInfeasible
 
     def _certificate(
         self,
@@ -282,8 +299,3 @@ def _served(A_S: torch.Tensor, v: torch.Tensor, bias: torch.Tensor) -> ModelStat
 
 def _source(o: TopicHeadOptions) -> Any:
     return "declared" if o.calibrate_with == "declared" else "measured"
-
-
-def _infeasible(calibrate_with: str) -> type[TargetInfeasible]:
-    """Over capacity: public with declared constants, data-dependent with estimated ones."""
-    return PublicInfeasible if calibrate_with == "declared" else TargetInfeasible
