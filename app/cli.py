@@ -132,7 +132,35 @@ def _first_line(exc: BaseException) -> str:
 @app.command()
 def worker(burst: bool = typer.Option(False, help="Exit when the queue is empty")) -> None:
     """Start one RQ worker (distributed mode; needs LETHE_REDIS_URL)."""
+    from app.db.session import database
+    from app.services.restore import journal_of, verdict
+    from app.settings import get_settings
+
+    settings = get_settings()
+    found = verdict(database(settings.resolved_database_url), journal_of(settings))
+    if found.state == "behind":  # it would sign a second tree at a published size
+        raise CliError(f"not starting: {found.reason}; run `lethe restore` first")
     importlib.import_module("workers.worker").run(burst=burst)
+
+
+@app.command()
+def restore() -> None:
+    """After restoring the database from a backup: put the log back as it was published
+    (nothing re-signed) and re-apply every erasure the backup predates (issue 53). Run it
+    with the service stopped, then start the service; it is ready once they are done."""
+    from app.db.migrate import upgrade_to_head
+    from app.db.session import database
+    from app.services.restore import journal_of
+    from app.services.restore import restore as run_restore
+    from app.settings import get_settings, use_settings
+
+    settings = get_settings()
+    use_settings(settings)
+    url = settings.resolved_database_url
+    if settings.embedded:
+        upgrade_to_head(url)
+    report = run_restore(database(url), journal_of(settings))
+    _show(report.as_json())
 
 
 datasets = typer.Typer(help="Datasets")

@@ -14,10 +14,12 @@ from app.api import audit, audits, datasets, deletions, docs, health, keys, mode
 from app.api import log as public_log
 from app.api.errors import DependencyGuard, install_error_handlers
 from app.api.limits import IngressLimitMiddleware
+from app.api.restore_gate import RestoreGate, RestoreGateMiddleware
 from app.db.group_commit import GroupCommitter
 from app.db.migrate import upgrade_to_head
 from app.db.session import database, dispose_engines
 from app.dispatch import InlineDispatcher, Reconciler, make_dispatcher
+from app.ledger.journal import Journal
 from app.ledger.publish import finish_publishing
 from app.metrics import MetricsMiddleware, pipeline_registry
 from app.security import Role, create_key, has_any_key
@@ -62,12 +64,14 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             )
         dispatcher = app.state.dispatcher
         reconciler, listener = None, None
-        if isinstance(dispatcher, InlineDispatcher | ProcessDispatcher):
+        # no worker while behind: it would sign a second tree at a published size (issue 53)
+        behind = _restored_from_backup(app.state.restore_gate)
+        if isinstance(dispatcher, InlineDispatcher | ProcessDispatcher) and not behind:
             dispatcher.start()
             FINISHED.dependable = True  # the embedded worker wakes the waiters itself
             reconciler = Reconciler(url, dispatcher, settings.reconcile_seconds)
             reconciler.start()
-        elif settings.redis_url:  # workers announce finished requests on Redis
+        elif settings.redis_url and not behind:  # workers announce finished requests on Redis
             listener = Listener(settings.redis_url, settings.queue_name)
             listener.start()
         yield
@@ -77,7 +81,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             listener.stop()
         if reconciler is not None:
             reconciler.stop()
-        if isinstance(dispatcher, InlineDispatcher | ProcessDispatcher):
+        if isinstance(dispatcher, InlineDispatcher | ProcessDispatcher) and not behind:
             dispatcher.stop()
         finish_publishing(url)
         finish_compacting(url)
@@ -98,6 +102,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.state.weights_cache = WeightsCache(settings.weights_cache_bytes)
     app.state.dispatcher = make_dispatcher(settings)
     app.state.pipeline_registry = pipeline_registry(url, app.state.dispatcher.depth)
+    app.state.restore_gate = RestoreGate(
+        app.state.db, Journal.of(settings.resolved_journal_dir, url)
+    )
     install_error_handlers(app)
 
     # Inside the metrics middleware (its 401s and 413s are counted), outside the routes.
@@ -106,6 +113,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         max_json_bytes=settings.max_json_bytes,
         max_upload_bytes=settings.max_upload_bytes,
     )
+    app.add_middleware(RestoreGateMiddleware, gate=app.state.restore_gate)
     app.add_middleware(DependencyGuard)  # 503, not 500, when the ingress check finds no database
     app.add_middleware(MetricsMiddleware)
     for router in (
@@ -125,3 +133,13 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.mount("/ui/static", ui.static_files(), name="ui-static")
     app.mount("/docs/static", docs.static_files(), name="docs-static")
     return app
+
+
+def _restored_from_backup(gate: RestoreGate) -> bool:
+    """Whether the database is behind the restore journal; a database that cannot be read
+    now is checked again on the first request."""
+    try:
+        return gate.check().state == "behind"
+    except Exception:  # noqa: BLE001 - readiness reports the database; the gate retries
+        log.warning("could not compare the database with the restore journal", exc_info=True)
+        return False

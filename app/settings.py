@@ -85,6 +85,11 @@ class Settings(BaseSettings):
         "s3 = an S3-compatible bucket (LETHE_S3_*).",
     )
     blob_dir: Path | None = Field(None, description="default <data_dir>/blobs")
+    journal_dir: Path | None = Field(
+        None,
+        description="the restore journal (issue 53), kept apart from the database's backups; "
+        "default <data_dir>/journal",
+    )
     blob_chunk_bytes: int = Field(
         1 << 20, ge=4096, le=64 << 20, description="Plaintext bytes per sealed chunk of a blob."
     )
@@ -223,6 +228,10 @@ class Settings(BaseSettings):
     def witness_quorum(self) -> int:
         q = self.log_witness_quorum
         return len(self.log_witnesses) if q is None else q
+
+    @property
+    def resolved_journal_dir(self) -> Path:
+        return self.journal_dir or self.data_dir / "journal"
 
     @property
     def resolved_blob_dir(self) -> Path:

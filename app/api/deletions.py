@@ -27,6 +27,7 @@ from app.api.params import PathId
 from app.api.responses import COMMON, errors
 from app.dispatch import DELETE
 from app.jsontypes import JsonObject
+from app.ledger.journal import Journal
 from app.schemas import DeletionCreate, DeletionOut, DeletionPage
 from app.security import Role
 from app.services.deletions import (
@@ -99,7 +100,7 @@ async def create(
     def accept() -> tuple[DeletionOut, bool, Names]:
         names = Names.of(body)  # keyed tokens of the ids: computed once, outside the transaction
 
-        def unit(session: Session) -> tuple[DeletionOut, list[int], bool]:
+        def unit(session: Session) -> tuple[DeletionOut, list[int], bool, list[int]]:
             accepted = create_deletion(
                 session, body, names, key.id, idempotency_key, key.role == Role.admin
             )
@@ -110,13 +111,19 @@ async def create(
                 new_tasks=accepted.tasks,
                 opening=accepted.opening,
             )
-            return DeletionOut.model_validate(view), accepted.models, accepted.replayed
+            samples = list(accepted.request.sample_ids)
+            return DeletionOut.model_validate(view), accepted.models, accepted.replayed, samples
 
-        def signal(accepted: tuple[DeletionOut, list[int], bool]) -> None:
+        def signal(accepted: tuple[DeletionOut, list[int], bool, list[int]]) -> None:
             for model_id in accepted[1]:
                 dispatcher.enqueue(DELETE, model_id)
 
-        view, _, replayed = committer.submit(unit, after=signal)
+        view, _, replayed, samples = committer.submit(unit, after=signal)
+        if not replayed:  # durable apart from the database before it is acknowledged
+            journal = Journal.of(request.app.state.settings.resolved_journal_dir, db.url)
+            journal.record_request(
+                view.id, body.dataset_id, samples, list(names.samples), list(names.subjects)
+            )
         if view.status == "done" and not replayed:  # nothing held them: erased on acceptance
             compact_after_erasure(db)
         return view, replayed, names

@@ -27,7 +27,11 @@ READY_SCHEMA = {
         "ready": {"type": "boolean"},
         "checks": {
             "type": "object",
-            "properties": {"database": {"type": "boolean"}, "queue": {"type": "boolean"}},
+            "properties": {
+                "database": {"type": "boolean"},
+                "queue": {"type": "boolean"},
+                "restore": {"type": "boolean"},
+            },
         },
     },
 }
@@ -48,10 +52,18 @@ def healthz() -> HealthOut:
         },
     },
 )
-def readyz(db: DbDep, dispatcher: DispatcherDep) -> JSONResponse:
+def readyz(request: Request, db: DbDep, dispatcher: DispatcherDep) -> JSONResponse:
     checks = {"database": _db_ok(db), "queue": dispatcher.ping()}
+    body: dict[str, object] = {}
+    if checks["database"]:  # issue 53: not ready while behind the restore journal
+        restore = request.app.state.restore_gate.check()
+        checks["restore"] = restore.state == "ok"
+        if restore.state != "ok":
+            body["restore"] = {"state": restore.state, "reason": restore.reason}
     ready = all(checks.values())
-    return JSONResponse({"ready": ready, "checks": checks}, status_code=200 if ready else 503)
+    return JSONResponse(
+        {"ready": ready, "checks": checks, **body}, status_code=200 if ready else 503
+    )
 
 
 def _db_ok(db: DbDep) -> bool:

@@ -25,6 +25,7 @@ from sqlalchemy.exc import IntegrityError
 from app.db.session import Database
 from app.db.tables import PublicNode, PublishedCheckpoint, TreeHead
 from app.ledger import merkle, notes
+from app.ledger.journal import Journal, sync_log
 from app.ledger.notes import Checkpoint, NoteError, Verifier
 from app.ledger.tiles import public_checkpoint, signed_checkpoint
 from app.ledger.transparency import StoredNodes, signing_key
@@ -71,6 +72,8 @@ def publish(
             return last
         checkpoint = public_checkpoint(session, settings.log_origin)
     assert checkpoint is not None
+    journal = Journal.of(settings.resolved_journal_dir, db.url)
+    sync_log(db, journal)  # every certificate it covers outlives a restored backup (issue 53)
     note = signed_checkpoint(checkpoint, signing_key(settings))
     cosignatures: list[str] = []
     for witness in witnesses(settings):
@@ -99,6 +102,7 @@ def publish(
             session.add(row)
     except IntegrityError:  # another process published this size meanwhile
         pass
+    sync_log(db, journal)
     return latest_published(db)
 
 

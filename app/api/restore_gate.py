@@ -1,0 +1,82 @@
+"""The service stays shut while its database is behind the restore journal (issue 53): a
+restored backup serves nothing of a person erased after it was taken.
+
+`RestoreGate` holds the verdict (app/services/restore.py), checked at start and, while it is
+not `ok`, again at most every `RECHECK_SECONDS`. Its middleware answers 503 `restore_required`
+(or `restoring`) to everything but health, readiness, metrics and reading deletion requests.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from app.api.errors import unavailable_response
+from app.db.session import Database
+from app.ledger.journal import Journal
+from app.services.restore import Verdict, still_restoring, verdict
+
+log = logging.getLogger("lethe.restore")
+RECHECK_SECONDS = 2.0
+OPEN_PATHS = ("/healthz", "/readyz", "/metrics")
+
+
+class RestoreGate:
+    """The last verdict, rechecked while it is not `ok`."""
+
+    def __init__(self, db: Database, journal: Journal) -> None:
+        self.db, self.journal = db, journal
+        self._lock = threading.Lock()
+        self._verdict: Verdict | None = None
+        self._at = 0.0
+
+    def check(self) -> Verdict:
+        """The verdict now (read from the database unless `ok` or checked a moment ago)."""
+        with self._lock:
+            known = self._verdict
+            if known is not None and (
+                known.state == "ok" or time.monotonic() - self._at < RECHECK_SECONDS
+            ):
+                return known
+            if known is not None and known.state == "restoring":
+                waiting = still_restoring(self.db, known.requests)
+                found = Verdict("restoring", known.reason, waiting) if waiting else Verdict("ok")
+            else:
+                found = verdict(self.db, self.journal)
+            if found.state != "ok" and (known is None or known.state != found.state):
+                log.error("NOT READY: %s (see README, Backups and restores)", found.reason)
+            elif found.state == "ok" and known is not None and known.state != "ok":
+                log.warning("the restore is complete: serving again")
+            self._verdict, self._at = found, time.monotonic()
+            return found
+
+
+class RestoreGateMiddleware:
+    """503 while the gate is shut, but for health, readiness, metrics and deletions' reads."""
+
+    def __init__(self, app: ASGIApp, gate: RestoreGate) -> None:
+        self.app, self.gate = app, gate
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or _open(scope):
+            await self.app(scope, receive, send)
+            return
+        found = self.gate.check()
+        if found.state == "ok":
+            await self.app(scope, receive, send)
+            return
+        if found.state == "behind":
+            message = f"{found.reason}; an operator must run `lethe restore`"
+            await unavailable_response("restore_required", message)(scope, receive, send)
+        else:
+            await unavailable_response("restoring", found.reason)(scope, receive, send)
+
+
+def _open(scope: Scope) -> bool:
+    path: str = scope["path"]
+    if path in OPEN_PATHS:
+        return True
+    return scope["method"] in ("GET", "HEAD") and path.startswith("/v1/deletions")
