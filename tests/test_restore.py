@@ -210,6 +210,8 @@ def test_a_restored_backup_never_brings_an_erased_person_back(tmp_path: Path, en
             assert api.get(f"/v1/models/{retrain}/weights", role="reader").status_code == 503
             assert api.get("/log/checkpoint").status_code == 503
 
+        refused = CliRunner().invoke(cli, ["worker", "--burst"], env=_env(settings))
+        assert refused.exit_code != 0 and "lethe restore" in str(refused.exception), refused
         result = CliRunner().invoke(cli, ["restore"], env=_env(settings))
         assert result.exit_code == 0, result.output
         assert '"samples": 10' in result.output and f"{lost_request}" in result.output
