@@ -16,6 +16,7 @@ from __future__ import annotations
 import collections
 import logging
 import threading
+import time
 from collections.abc import Callable
 
 from app import shutdown
@@ -58,19 +59,31 @@ class Lanes:
             self._closed = True
             self._changed.notify_all()
 
-    def serve(self) -> None:
+    def serve(self, give_way: Callable[[float], bool] | None = None) -> bool:
         """Run jobs in the calling thread until `close` or `stopping`: foreground first; a
-        background job's checks run the foreground jobs that wait meanwhile."""
+        background job's checks run the foreground jobs that wait meanwhile. `give_way(idle
+        seconds)`, asked between jobs and while idle, ends it early: True then (the jobs still
+        waiting were not taken, so the dispatcher sends them to the next process)."""
         shutdown.bind(self._stopping, preempt=self._run_foreground)
+        idle_since = time.monotonic()
         while True:
             with self._changed:
-                while not self._closed and not self._stopping.is_set() and not self.depth():
+                if not (self._closed or self._stopping.is_set() or self.depth()):
                     self._changed.wait(0.5)
                 if self._closed or self._stopping.is_set():
-                    return
-                foreground = bool(self._waiting[True])
-                item = self._waiting[foreground].popleft()
+                    return False
+                item: Signal | None = None
+                if self.depth():
+                    foreground = bool(self._waiting[True])
+                    item = self._waiting[foreground].popleft()
+            if item is None:
+                if give_way is not None and give_way(time.monotonic() - idle_since):
+                    return True
+                continue
             self._one(item, background=not foreground)
+            idle_since = time.monotonic()
+            if give_way is not None and give_way(0.0):
+                return True
 
     def _run_foreground(self) -> None:
         """At a background job's check: the foreground jobs waiting now, one by one."""

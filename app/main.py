@@ -15,6 +15,7 @@ from app.api import log as public_log
 from app.api.errors import DependencyGuard, install_error_handlers
 from app.api.limits import IngressLimitMiddleware
 from app.api.restore_gate import RestoreGate, RestoreGateMiddleware
+from app.api.scrub import ScrubMiddleware
 from app.db.group_commit import GroupCommitter
 from app.db.migrate import upgrade_to_head
 from app.db.session import database, dispose_engines
@@ -113,6 +114,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         max_json_bytes=settings.max_json_bytes,
         max_upload_bytes=settings.max_upload_bytes,
     )
+    app.add_middleware(ScrubMiddleware)  # an upload's or a deletion's raw body, wiped after
     app.add_middleware(RestoreGateMiddleware, gate=app.state.restore_gate)
     app.add_middleware(DependencyGuard)  # 503, not 500, when the ingress check finds no database
     app.add_middleware(MetricsMiddleware)

@@ -55,6 +55,12 @@ class Settings(BaseSettings):
     lease_seconds: float = Field(60.0, description="A worker's claim on a model expires after.")
     heartbeat_seconds: float = 10.0
     reconcile_seconds: float = Field(5.0, description="Reconciler period.")
+    plaintext_ttl_seconds: float = Field(
+        60.0,
+        gt=0.0,
+        description="a worker process that may hold erased rows in freed memory gives way to "
+        "a fresh one within this long after an erasure finishes (issue 53)",
+    )
     registration_stale_seconds: float = Field(
         120.0,
         gt=0,

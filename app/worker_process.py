@@ -52,6 +52,8 @@ class ProcessDispatcher:
         self._metrics_reply: tuple[int, bytes] | None = None
         self._metrics_ready = threading.Condition()
         self.starts = 0  # how many children were started (a restart counts)
+        self.recycled = 0  # how many gave way after an erasure (workers/recycle.py)
+        self._recycling = False
 
     def start(self) -> None:
         self._stopping.clear()
@@ -140,9 +142,18 @@ class ProcessDispatcher:
             if self._stopping.is_set():
                 return
             process = self._process
-            code = process.exitcode if process is not None else None
-            log.error("the worker process exited (%s); starting another", code)
-            if self._stopping.wait(RESTART_SECONDS):
+            if self._recycling:  # it gave way after an erasure: its successor at once
+                self._recycling = False
+                if process is not None:
+                    process.join(STOP_SECONDS)
+                self.recycled += 1
+                log.info("the worker process gave way after an erasure; starting a fresh one")
+            else:
+                code = process.exitcode if process is not None else None
+                log.error("the worker process exited (%s); starting another", code)
+                if self._stopping.wait(RESTART_SECONDS):
+                    return
+            if self._stopping.is_set():
                 return
             self._spawn()
 
@@ -161,6 +172,8 @@ class ProcessDispatcher:
                 self._waiting.taken((message[1], tuple(message[2])))
             elif kind == "wake":
                 FINISHED.wake()
+            elif kind == "recycle":
+                self._recycling = True
             elif kind == "metrics":
                 with self._metrics_ready:
                     self._metrics_reply = (message[1], message[2])

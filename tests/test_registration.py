@@ -19,7 +19,8 @@ from fastapi.testclient import TestClient
 from app.db.session import database
 from app.db.tables import DataKey, Dataset, Sample
 from app.main import create_app
-from app.services import registration
+from app.schemas import BuiltinDatasetIn
+from app.services import dataset_files, registration
 from app.settings import Settings
 from bench.cluster import Cluster
 from tests.conftest import SMALL_TRAINING, Api, make_keys
@@ -135,8 +136,10 @@ def test_a_registration_that_fails_midway_leaves_nothing(
         return commit(*args, **kwargs)
 
     monkeypatch.setattr(registration, "_commit_chunk", failing)
-    with pytest.raises(OSError, match="disk full"):  # (TestClient raises what the server did)
-        api.post("/v1/datasets", json=BIG)
+    # as the registration child runs it (app/services/isolated.py), here, where the patch is
+    parsed = dataset_files.load_builtin(BuiltinDatasetIn.model_validate(BIG))
+    with pytest.raises(OSError, match="disk full"):
+        registration.register(database(api.url), "big", "builtin:synthetic", parsed)
     assert calls["n"] == 2  # the first chunk had committed
     assert api.get("/v1/datasets/2").status_code == 404
     assert counts(api.url, 2) == (0, before)

@@ -27,6 +27,7 @@ from app.settings import Settings, use_settings
 from app.storage.erasure import compact_at_start, finish_compacting
 from app.wakeups import FINISHED
 from workers import metrics
+from workers.recycle import Recycle
 
 log = logging.getLogger("lethe.embedded")
 
@@ -118,7 +119,13 @@ def main(settings: Settings, conn: Connection, parent: int) -> None:
     threading.Thread(
         target=_listen, args=(link, jobs, stopping), name="lethe-embedded-link", daemon=True
     ).start()
-    jobs.serve()  # until `stopping` (SIGTERM or the API's "stop")
+    # until `stopping` (SIGTERM or the API's "stop"), or until it has lived through an
+    # erasure (workers/recycle.py): then a fresh process takes over, without its memory
+    recycle = Recycle(database(url), settings.plaintext_ttl_seconds)
+    gave_way = jobs.serve(give_way=recycle.due)
     finish_publishing(url)  # the last update's checkpoint, before the process exits
     finish_compacting(url)  # and the compaction of the keys its last erasure destroyed
     dispose_engines(url)  # its connections closed, so the API's last close removes the WAL
+    if gave_way:
+        with contextlib.suppress(OSError):
+            link.send(("recycle",))

@@ -13,7 +13,9 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import signal
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -28,6 +30,7 @@ from app.storage.erasure import compact_at_start, finish_compacting
 from workers import metrics
 from workers.device import DeviceUnavailable, worker_device
 from workers.lease import WORKER_ID, beat
+from workers.recycle import Recycle
 
 log = logging.getLogger("lethe.worker")
 
@@ -65,12 +68,17 @@ def run(burst: bool = False) -> None:
     log.info(
         "worker %s listening on queue %r, computing on %s", WORKER_ID, settings.queue_name, device
     )
+    recycle = Recycle(database(url), settings.plaintext_ttl_seconds)
     try:
-        serve(settings.redis_url, settings.queue_name, burst=burst)
+        gave_way = serve(settings.redis_url, settings.queue_name, burst=burst, recycle=recycle)
     finally:
         stop.set()
         finish_publishing(url)  # the last update's checkpoint, before the process exits
         finish_compacting(url)  # and the compaction under way
+    if gave_way:  # issue 53: the same command in a fresh process image, none of this memory
+        log.info("worker %s gives way after an erasure: re-executing", WORKER_ID)
+        logging.shutdown()
+        os.execv(sys.executable, [sys.executable, *sys.argv])
 
 
 def _logged(step: Callable[[], object], what: str) -> None:
@@ -120,8 +128,22 @@ def _worker_class() -> type:
         """A SimpleWorker that tells `serve` whether its loop ended on a stop request."""
 
         stopping: Stopping
+        recycle: Recycle | None = None
+        gave_way = False
         # RQ's idle loop retries Redis itself, sleeping up to a minute between tries.
         max_connection_wait_time = RECONNECT_MAX_SECONDS
+
+        idled = False
+
+        def dequeue_job_and_maintain_ttl(self, timeout: Any, max_idle_time: Any = None) -> Any:
+            found = super().dequeue_job_and_maintain_ttl(timeout, max_idle_time)
+            self.idled = found is None and max_idle_time is not None
+            return found
+
+        def execute_job(self, job: Any, queue: Any) -> None:
+            super().execute_job(job, queue)
+            if self.recycle is not None and self.recycle.due(0.0):  # issue 53
+                self.gave_way = self._stop_requested = True
 
         def _install_signal_handlers(self) -> None:
             super()._install_signal_handlers()
@@ -138,10 +160,14 @@ def _worker_class() -> type:
     return LetheWorker
 
 
-def serve(redis_url: str, queue_name: str, burst: bool = False) -> None:
+def serve(
+    redis_url: str, queue_name: str, burst: bool = False, recycle: Recycle | None = None
+) -> bool:
     """Run RQ SimpleWorkers on `queue_name` one after another until a stop request (or, in
     burst mode, an empty queue): a loop that ends for any other reason (Redis went away) is
-    followed by a wait for Redis and a new worker."""
+    followed by a wait for Redis and a new worker. With `recycle`, a loop also ends when the
+    process has lived through an erasure and should give way (then True: the caller
+    re-executes the process), checked after each job and every few idle seconds."""
     from redis import Redis
     from redis.exceptions import RedisError
     from rq import Queue
@@ -156,10 +182,11 @@ def serve(redis_url: str, queue_name: str, burst: bool = False) -> None:
     base = WORKER_ID.replace(":", "-")
     suffix = 0
     delay = RECONNECT_FIRST_SECONDS
+    idle = None if recycle is None or burst else max(1, int(recycle.idle_seconds))
     while True:
         stopping.install()  # RQ's handlers belong to a finished loop
         if stopping.requested or not _wait_for_redis(probe, stopping):
-            return
+            return False
         name = base if suffix == 0 else f"{base}-{suffix}"
         started = time.monotonic()
         worker = None
@@ -172,8 +199,8 @@ def serve(redis_url: str, queue_name: str, burst: bool = False) -> None:
                 connection=connection,
                 name=name,
             )
-            worker.stopping = stopping
-            worker.work(with_scheduler=True, burst=burst, logging_level="INFO")
+            worker.stopping, worker.recycle = stopping, recycle
+            worker.work(with_scheduler=True, burst=burst, logging_level="INFO", max_idle_time=idle)
         except ValueError as exc:  # register_birth: "There exists an active worker named ..."
             if "active worker" not in str(exc):
                 raise
@@ -185,8 +212,14 @@ def serve(redis_url: str, queue_name: str, burst: bool = False) -> None:
         finally:
             if worker is not None:
                 _discard(worker)
+        if worker is not None and worker.gave_way:
+            return True
         if burst or stopping.requested:
-            return
+            return False
+        if worker is not None and worker.idled:  # max_idle_time: no outage
+            if recycle is not None and recycle.due(recycle.idle_seconds):
+                return True
+            continue
         delay = RECONNECT_FIRST_SECONDS if time.monotonic() - started > HEALTHY_SECONDS else delay
         log.warning(
             "the RQ loop of %s ended without a stop request (Redis outage?); reconnecting in %.1fs",
@@ -194,7 +227,7 @@ def serve(redis_url: str, queue_name: str, burst: bool = False) -> None:
             delay,
         )
         if stopping.wait(delay):
-            return
+            return False
         delay = min(delay * 2, RECONNECT_MAX_SECONDS)
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from fastapi import APIRouter, Query, Request
 from fastapi.concurrency import run_in_threadpool
 from pydantic import ValidationError
@@ -13,8 +15,9 @@ from app.errors import APIError, unprocessable
 from app.jsontypes import JsonObject
 from app.schemas import BuiltinDatasetIn, DatasetOut, SamplePage, Text
 from app.security import Role
-from app.services import dataset_files, registration
+from app.services import dataset_files
 from app.services.datasets import dataset_view, get_dataset, list_samples
+from app.services.isolated import Registration, register_isolated, wipe, wipe_upload
 
 router = APIRouter(prefix="/v1/datasets", tags=["datasets"], responses=COMMON)
 
@@ -78,7 +81,8 @@ async def register_dataset(
     ctype = request.headers.get("content-type", "")
     limits = dataset_files.Limits.from_settings(settings)
     if ctype.startswith("multipart/form-data"):
-        name, source, parse = await _from_upload(request, settings.max_upload_bytes, limits)
+        name, fmt, params, data = await _from_upload(request, settings.max_upload_bytes)
+        job = Registration(settings, name, fmt, limits, params=params)
     elif ctype.startswith("application/json"):
         try:
             spec = BuiltinDatasetIn.model_validate_json(await request.body())
@@ -89,37 +93,46 @@ async def register_dataset(
                 [{"loc": list(e["loc"]), "msg": e["msg"]} for e in exc.errors()],
             ) from exc
         dataset_files.check_builtin(spec, limits)
-        name, source = spec.name or spec.builtin, f"builtin:{spec.builtin}"
-
-        def parse() -> dataset_files.ParsedDataset:
-            return dataset_files.load_builtin(spec)
+        job = Registration(settings, spec.name or spec.builtin, "builtin", limits, builtin=spec)
+        data = b""
     else:
         raise APIError(
             415,
             "unsupported_media_type",
             "send application/json for a builtin or multipart/form-data with a file",
         )
+    # parsed and sealed in a process of its own, which ends with the plaintext (issue 53)
+    dataset_id = await register_isolated(job, data)
 
-    def store() -> JsonObject:
-        parsed = parse()
-        if len(parsed.y) > settings.max_dataset_samples:
-            raise APIError(413, "too_many_samples", f"at most {settings.max_dataset_samples}")
-        dataset_id = registration.register(db, name, source, parsed)  # a commit per chunk
+    def view() -> JsonObject:
         with db.read() as session:
             return dataset_view(session, get_dataset(session, dataset_id))
 
-    return await run_in_threadpool(store)
+    return await run_in_threadpool(view)
 
 
-async def _from_upload(request: Request, limit: int, limits: dataset_files.Limits):
+async def _from_upload(request: Request, limit: int) -> tuple[str, str, dict[str, Any], bytes]:
+    """The upload's name, format, parse parameters (checked here) and bytes."""
     form = await request.form(max_files=1, max_fields=20)
     upload = form.get("file")
     if upload is None or isinstance(upload, str):
         raise unprocessable("missing_file", "multipart field 'file' is required")
     data = await upload.read(limit + 1)
+    wipe_upload(upload.file)  # the spooled copy: the bytes go on in `data` alone
     if len(data) > limit:
+        wipe(data)
         raise APIError(413, "payload_too_large", f"uploads are limited to {limit} bytes")
     fields = {k: v for k, v in form.items() if isinstance(v, str)}
+    try:
+        return _upload_parameters(upload.filename, fields) + (data,)
+    except APIError:
+        wipe(data)
+        raise
+
+
+def _upload_parameters(
+    filename: str | None, fields: dict[str, str]
+) -> tuple[str, str, dict[str, Any]]:
     try:
         seed = int(fields.get("seed", 0))
         test_fraction = float(fields.get("test_fraction", 0.2))
@@ -127,17 +140,13 @@ async def _from_upload(request: Request, limit: int, limits: dataset_files.Limit
         raise unprocessable("invalid_request", "seed and test_fraction must be numbers") from exc
     if not 0.0 < test_fraction < 1.0 or not 0 <= seed < 2**31:
         raise unprocessable("invalid_request", "test_fraction in (0, 1), seed in [0, 2^31)")
-    filename = (upload.filename or "").lower()
-    fmt = fields.get("format") or ("csv" if filename.endswith(".csv") else "npz")
-    name = fields.get("name") or upload.filename or "upload"
-    if fmt == "npz":
-        return name, "npz", lambda: dataset_files.parse_npz(data, seed, test_fraction, limits)
-    if fmt == "sparse_npz":
-        return (
-            name,
-            "sparse_npz",
-            lambda: dataset_files.parse_sparse_npz(data, seed, test_fraction, limits),
-        )
+    lower = (filename or "").lower()
+    fmt = fields.get("format") or ("csv" if lower.endswith(".csv") else "npz")
+    name = fields.get("name") or filename or "upload"
+    params: dict[str, Any] = {"seed": seed, "test_fraction": test_fraction}
+    columns = ("id_column", "subject_column", "split_column")
+    if fmt in ("npz", "sparse_npz"):
+        return name, fmt, params
     if fmt == "text_csv":
         try:
             min_count = int(fields.get("min_count", 1))
@@ -145,37 +154,15 @@ async def _from_upload(request: Request, limit: int, limits: dataset_files.Limit
             raise unprocessable("invalid_request", "min_count must be an integer") from exc
         if not 1 <= min_count <= 1_000_000:
             raise unprocessable("invalid_request", "min_count in [1, 1000000]")
+        params |= {c: fields.get(c) for c in (*columns, "label_column")}
         return (
             name,
-            "text_csv",
-            lambda: dataset_files.parse_text_csv(
-                data,
-                fields.get("text_column", "text"),
-                fields.get("label_column"),
-                fields.get("id_column"),
-                fields.get("subject_column"),
-                fields.get("split_column"),
-                seed,
-                test_fraction,
-                min_count,
-                limits,
-            ),
+            fmt,
+            params | {"text_column": fields.get("text_column", "text"), "min_count": min_count},
         )
     if fmt == "csv":
-        return (
-            name,
-            "csv",
-            lambda: dataset_files.parse_csv(
-                data,
-                fields.get("label_column", "label"),
-                fields.get("id_column"),
-                fields.get("subject_column"),
-                fields.get("split_column"),
-                seed,
-                test_fraction,
-                limits,
-            ),
-        )
+        params |= {c: fields.get(c) for c in columns}
+        return name, fmt, params | {"label_column": fields.get("label_column", "label")}
     raise unprocessable(
         "unknown_format", f"format must be npz, csv, text_csv or sparse_npz, got {fmt!r}"
     )

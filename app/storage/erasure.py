@@ -105,6 +105,14 @@ def erase_payloads(session: Session, sample_ids: list[int], also: Sequence[UUID]
     return erased
 
 
+_ERASURES_HERE = [0]  # erasures this process committed (workers/recycle.py reads it)
+
+
+def erasures_here() -> int:
+    """How many erasures this process has committed (and compacted after) so far."""
+    return _ERASURES_HERE[0]
+
+
 def compact_after_erasure(db: Database) -> None:
     """Remove destroyed keys' bytes from the database files (run after the erasure commits):
     SQLite's WAL checkpoint at once; PostgreSQL's rewrite of the partitions that lost keys in
@@ -114,6 +122,7 @@ def compact_after_erasure(db: Database) -> None:
     compacts again."""
     from app.settings import get_settings
 
+    _ERASURES_HERE[0] += 1
     if not get_settings().erasure_compaction:
         return
     if db.engine.dialect.name == "postgresql":

@@ -1,0 +1,48 @@
+"""After a request that carried personal data (an upload, a deletion's ids), zero the body
+chunks the server handed over and give free pages back to the kernel (issue 53, memory).
+
+Python frees a request's bytes without zeroing them, so an API process that parsed uploads
+kept erased people's ids in free memory. Parsing now happens in a child process
+(app/services/isolated.py); what this process still saw (the raw body) is wiped here once
+the response is sent, and `malloc_trim` returns the freed pages, which the kernel zeroes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from app.services.isolated import trim, wipe
+
+TRIM_AFTER_SECONDS = 0.5
+SCRUBBED = (("POST", "/v1/datasets"), ("POST", "/v1/deletions"))
+
+
+class ScrubMiddleware:
+    """Wipes the body chunks of the requests in `SCRUBBED` once they are answered."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or (scope["method"], scope["path"]) not in SCRUBBED:
+            await self.app(scope, receive, send)
+            return
+        chunks: list[bytes] = []
+
+        async def keeping() -> Message:
+            message = await receive()
+            body = message.get("body")
+            if isinstance(body, bytes) and body:
+                chunks.append(body)
+            return message
+
+        try:
+            await self.app(scope, keeping, send)
+        finally:
+            for chunk in chunks:
+                wipe(chunk)
+            chunks.clear()
+            # once the server has dropped its own buffers of this request too
+            asyncio.get_running_loop().call_later(TRIM_AFTER_SECONDS, trim)

@@ -1,0 +1,181 @@
+"""Plaintext handled in a process that ends with it (issue 53, memory).
+
+Parsing an upload makes many copies of every row (the decoded text, one string per cell,
+float64 and float32 arrays) that Python frees without zeroing, so the API process kept the
+rows of people long erased. Registration now runs in a child forked from a clean fork server
+(`max_tasks_per_child=1`): the child reads the upload from shared memory, parses, seals and
+commits, returns the dataset's id and exits, and its memory goes with it. The API process
+keeps only the raw upload, which it zeroes (`wipe`) once the child has it, and gives its free
+pages back to the kernel (`trim`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import ctypes
+import gc
+import io
+import multiprocessing
+import threading
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass, field
+from multiprocessing import shared_memory
+from typing import Any
+
+from app.errors import APIError
+from app.schemas import BuiltinDatasetIn
+from app.services import dataset_files
+from app.settings import Settings
+
+_PRELOAD = ["app.services.isolated", "app.services.registration", "app.services.dataset_files"]
+_BYTES_DATA = bytes.__basicsize__ - 1  # where a bytes object's data starts (CPython)
+
+
+@dataclass(frozen=True)
+class Registration:
+    """What the child needs: the settings (its keys and database), the upload's name and
+    format and the checked parameters, or a builtin spec."""
+
+    settings: Settings
+    name: str
+    fmt: str  # npz, sparse_npz, csv, text_csv, or builtin
+    limits: dataset_files.Limits
+    params: dict[str, Any] = field(default_factory=dict)
+    builtin: BuiltinDatasetIn | None = None
+
+
+async def register_isolated(job: Registration, data: bytes) -> int:
+    """Register in a child process; the dataset's id, or the child's APIError raised here.
+    `data` is wiped as soon as the child can read it."""
+    memory = shared_memory.SharedMemory(create=True, size=max(1, len(data)))
+    buffer = _buffer(memory)
+    try:
+        buffer[: len(data)] = data
+        wipe(data)
+        future = _pool().submit(_register, job, memory.name, len(data))
+        outcome = await asyncio.wrap_future(future)
+    finally:
+        buffer[:] = bytes(memory.size)
+        buffer.release()
+        memory.close()
+        memory.unlink()
+        trim()
+    if outcome[0] == "error":
+        _, status, code, message, details = outcome
+        raise APIError(status, code, message, details)
+    return int(outcome[1])
+
+
+def _register(job: Registration, name: str, size: int) -> tuple[Any, ...]:
+    """In the child: parse, check, register; an APIError comes back as a tuple."""
+    from app.db.session import database
+    from app.services import registration
+    from app.settings import use_settings
+
+    use_settings(job.settings)
+    memory = shared_memory.SharedMemory(name=name)
+    try:
+        buffer = _buffer(memory)
+        data = bytes(buffer[:size])
+        buffer.release()
+    finally:
+        memory.close()
+    try:
+        parsed = _parse(job, data)
+        if len(parsed.y) > job.settings.max_dataset_samples:
+            limit = job.settings.max_dataset_samples
+            raise APIError(413, "too_many_samples", f"at most {limit}")
+        db = database(job.settings.resolved_database_url)
+        source = f"builtin:{job.builtin.builtin}" if job.builtin is not None else job.fmt
+        return ("ok", registration.register(db, job.name, source, parsed))
+    except APIError as exc:
+        return ("error", exc.status, exc.code, exc.message, exc.details)
+
+
+def _buffer(memory: shared_memory.SharedMemory) -> memoryview:
+    buffer = memory.buf
+    assert buffer is not None, "an open segment has a buffer"
+    return buffer
+
+
+def _parse(job: Registration, data: bytes) -> dataset_files.ParsedDataset:
+    p, limits = job.params, job.limits
+    if job.builtin is not None:
+        return dataset_files.load_builtin(job.builtin)
+    if job.fmt == "npz":
+        return dataset_files.parse_npz(data, p["seed"], p["test_fraction"], limits)
+    if job.fmt == "sparse_npz":
+        return dataset_files.parse_sparse_npz(data, p["seed"], p["test_fraction"], limits)
+    if job.fmt == "text_csv":
+        return dataset_files.parse_text_csv(
+            data,
+            p["text_column"],
+            p["label_column"],
+            p["id_column"],
+            p["subject_column"],
+            p["split_column"],
+            p["seed"],
+            p["test_fraction"],
+            p["min_count"],
+            limits,
+        )
+    return dataset_files.parse_csv(
+        data,
+        p["label_column"],
+        p["id_column"],
+        p["subject_column"],
+        p["split_column"],
+        p["seed"],
+        p["test_fraction"],
+        limits,
+    )
+
+
+_POOL: list[ProcessPoolExecutor] = []
+_POOL_LOCK = threading.Lock()
+
+
+def _pool() -> ProcessPoolExecutor:
+    """One child per registration, forked from a fork server that never held an upload."""
+    with _POOL_LOCK:
+        if not _POOL:
+            context = multiprocessing.get_context("forkserver")
+            context.set_forkserver_preload(_PRELOAD)
+            _POOL.append(
+                ProcessPoolExecutor(max_workers=2, mp_context=context, max_tasks_per_child=1)
+            )
+        return _POOL[0]
+
+
+def wipe(data: bytes) -> None:
+    """Zero a bytes object's contents in place (CPython): plaintext this process read, about
+    to be freed. Objects of one byte or none are shared singletons and are left alone."""
+    if len(data) > 1:
+        ctypes.memset(id(data) + _BYTES_DATA, 0, len(data))
+
+
+def wipe_upload(file: Any) -> None:
+    """Zero a spooled upload (its in-memory buffer, or the bytes of its temporary file)."""
+    inner = getattr(file, "_file", file)
+    if isinstance(inner, io.BytesIO):
+        view = inner.getbuffer()
+        view[:] = bytes(len(view))
+        view.release()
+        return
+    try:
+        size = inner.seek(0, io.SEEK_END)
+        inner.seek(0)
+        for _ in range(0, size, 1 << 20):
+            inner.write(bytes(min(1 << 20, size - inner.tell())))
+        inner.flush()
+    except (OSError, ValueError):
+        pass
+
+
+def trim() -> None:
+    """Free what is garbage and give the allocator's free pages back to the kernel (glibc
+    `malloc_trim`), which zeroes them before any other use."""
+    gc.collect()
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL("libc.so.6").malloc_trim(0)

@@ -1,0 +1,100 @@
+"""Erased plaintext leaves memory (issue 53): `lethe serve` registers a CSV, trains two models
+and erases one person; within the plaintext TTL the worker process that held the rows has
+given way to a fresh one, and a scan of every Lethe process's memory (/proc/<pid>/mem) finds
+none of the erased rows' feature bytes (float32 or float64) and, in the worker, none of their
+ids either. The API process parses no upload itself any more (app/services/isolated.py)."""
+
+from __future__ import annotations
+
+import io
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from bench.cluster import Cluster
+from bench.common import worker_processes
+from tests.memory_scan import scan
+from tests.test_faults import wait_until
+
+N, D, PEOPLE, PERSON = 300, 32, 30, 7
+
+
+def corpus() -> tuple[bytes, np.ndarray]:
+    rng = np.random.default_rng(11)
+    X = rng.standard_normal((N, D)).astype(np.float32)
+    y = (X[:, 0] > 0).astype(int)
+    header = "id,subject," + ",".join(f"f{j}" for j in range(D)) + ",label,split"
+    lines = [header] + [
+        f"QZXV-{i:04d}-ERASEME,personKQJ{i % PEOPLE:02d},"
+        + ",".join(repr(float(v)) for v in X[i])
+        + f",{y[i]},{'test' if i < 50 else 'train'}"
+        for i in range(N)
+    ]
+    return "\n".join(lines).encode(), X
+
+
+def needles(X: np.ndarray) -> dict[str, dict[str, bytes]]:
+    """What of the erased rows a scan looks for, by kind."""
+    gone = [i for i in range(N) if i % PEOPLE == PERSON]
+    return {
+        "features": {
+            **{f"float32 row {i}": X[i].tobytes() for i in gone},
+            **{f"float64 row {i}": X[i].astype(np.float64).tobytes() for i in gone},
+        },
+        "ids": {
+            **{f"id {i}": f"QZXV-{i:04d}-ERASEME".encode() for i in gone},
+            **{f"id {i} ucs4": f"QZXV-{i:04d}-ERASEME".encode("utf-32-le") for i in gone},
+            "subject": f"personKQJ{PERSON:02d}".encode(),
+            "subject ucs4": f"personKQJ{PERSON:02d}".encode("utf-32-le"),
+        },
+    }
+
+
+@pytest.mark.integration
+def test_no_process_keeps_an_erased_persons_rows(tmp_path: Path) -> None:
+    body, X = corpus()
+    cluster = Cluster(tmp_path / "serve", None, None, plaintext_ttl_seconds=4)
+    cluster.start_api()
+    with cluster, cluster.client() as c:
+        assert cluster.api is not None
+        api = cluster.api.pid
+        ds = c.post(
+            "/v1/datasets",
+            files={"file": ("d.csv", io.BytesIO(body))},
+            data={"id_column": "id", "subject_column": "subject", "split_column": "split"},
+        ).json()
+        for method in ({"name": "retrain"}, {"name": "convex_head", "lam": 1e-2, "R": 20.0}):
+            model = c.post(
+                "/v1/models",
+                json={
+                    "name": method["name"],
+                    "dataset_id": ds["id"],
+                    "architecture": {"type": "logreg"},
+                    "method": method,
+                },
+            ).json()
+            wait_until(lambda m=model: c.get(f"/v1/models/{m['id']}").json()["status"] == "ready")
+        (before,) = worker_processes(api)
+        answer = c.post(
+            "/v1/deletions",
+            json={"dataset_id": ds["id"], "subject_ids": [f"personKQJ{PERSON:02d}"]},
+            headers={"Prefer": "wait=60"},
+        )
+        assert answer.status_code == 200 and answer.json()["status"] == "done", answer.text
+        # the worker that held the rows gives way within the TTL: an event, not a sleep
+        wait_until(lambda: worker_processes(api) not in ([], [before]), what="a fresh worker")
+        wanted = needles(X)
+        (fresh,) = worker_processes(api)
+        for name, pid in (("api", api), ("worker", fresh)):
+            found = scan(pid, wanted["features"])
+            assert not +found, (name, +found)
+        found = scan(fresh, wanted["ids"])
+        assert not +found, ("worker", +found)
+        # the recycled worker still works
+        again = c.post(
+            "/v1/deletions",
+            json={"dataset_id": ds["id"], "sample_ids": ["QZXV-0001-ERASEME"]},
+            headers={"Prefer": "wait=60"},
+        )
+        assert again.status_code == 200 and again.json()["status"] == "done", again.text
