@@ -154,7 +154,8 @@ def distributed(pg_url: str, redis_url: str, tmp_path: Path) -> Iterator[Api]:
 
 def test_distributed_worker_consumes_jobs_from_redis(distributed: Api) -> None:
     api = distributed
-    assert api.client.get("/readyz").json()["checks"] == {"database": True, "queue": True}
+    checks = api.client.get("/readyz").json()["checks"]
+    assert checks == {"database": True, "queue": True, "restore": True}
     ds = api.post("/v1/datasets", json={"builtin": "breast_cancer"}).json()
     model = api.post(
         "/v1/models", json={"name": "rq", "dataset_id": ds["id"], "training": SMALL_TRAINING}

@@ -4,12 +4,14 @@ chunks the server handed over and give free pages back to the kernel (issue 53, 
 Python frees a request's bytes without zeroing them, so an API process that parsed uploads
 kept erased people's ids in free memory. Parsing now happens in a child process
 (app/services/isolated.py); what this process still saw (the raw body) is wiped here once
-the response is sent, and `malloc_trim` returns the freed pages, which the kernel zeroes.
+the response is sent (a chunk something else still holds is left alone), and after an upload
+`malloc_trim`, on a thread, returns the freed pages, which the kernel zeroes.
 """
 
 from __future__ import annotations
 
 import asyncio
+import sys
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -42,7 +44,9 @@ class ScrubMiddleware:
             await self.app(scope, keeping, send)
         finally:
             for chunk in chunks:
-                wipe(chunk)
+                if sys.getrefcount(chunk) <= 2:  # ours alone (a client's constant is not)
+                    wipe(chunk)
             chunks.clear()
-            # once the server has dropped its own buffers of this request too
-            asyncio.get_running_loop().call_later(TRIM_AFTER_SECONDS, trim)
+            if scope["path"] == "/v1/datasets":  # once the server dropped its buffers too
+                loop = asyncio.get_running_loop()
+                loop.call_later(TRIM_AFTER_SECONDS, lambda: loop.run_in_executor(None, trim))

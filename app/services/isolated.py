@@ -5,8 +5,8 @@ float64 and float32 arrays) that Python frees without zeroing, so the API proces
 rows of people long erased. Registration now runs in a child forked from a clean fork server
 (`max_tasks_per_child=1`): the child reads the upload from shared memory, parses, seals and
 commits, returns the dataset's id and exits, and its memory goes with it. The API process
-keeps only the raw upload, which it zeroes (`wipe`) once the child has it, and gives its free
-pages back to the kernel (`trim`).
+keeps only the raw upload, which it zeroes (`wipe`) once the child has it; app/api/scrub.py
+gives its free pages back to the kernel afterwards (`trim`).
 """
 
 from __future__ import annotations
@@ -14,13 +14,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import ctypes
-import gc
 import io
 import multiprocessing
 import threading
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
-from multiprocessing import shared_memory
+from multiprocessing import forkserver, shared_memory
 from typing import Any
 
 from app.errors import APIError
@@ -60,7 +59,6 @@ async def register_isolated(job: Registration, data: bytes) -> int:
         buffer.release()
         memory.close()
         memory.unlink()
-        trim()
     if outcome[0] == "error":
         _, status, code, message, details = outcome
         raise APIError(status, code, message, details)
@@ -148,6 +146,18 @@ def _pool() -> ProcessPoolExecutor:
         return _POOL[0]
 
 
+def warm_up() -> None:
+    """Start the fork server (it imports the parsing modules once) on a thread, so the first
+    upload does not wait for it."""
+
+    def start() -> None:
+        _pool()
+        with contextlib.suppress(Exception):
+            forkserver.ensure_running()
+
+    threading.Thread(target=start, name="lethe-forkserver", daemon=True).start()
+
+
 def wipe(data: bytes) -> None:
     """Zero a bytes object's contents in place (CPython): plaintext this process read, about
     to be freed. Objects of one byte or none are shared singletons and are left alone."""
@@ -174,8 +184,7 @@ def wipe_upload(file: Any) -> None:
 
 
 def trim() -> None:
-    """Free what is garbage and give the allocator's free pages back to the kernel (glibc
-    `malloc_trim`), which zeroes them before any other use."""
-    gc.collect()
+    """Give the allocator's free pages back to the kernel (glibc `malloc_trim`), which zeroes
+    them before any other use (app/api/scrub.py runs it after an upload)."""
     with contextlib.suppress(OSError, AttributeError):
         ctypes.CDLL("libc.so.6").malloc_trim(0)
