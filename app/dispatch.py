@@ -31,6 +31,7 @@ log = logging.getLogger("lethe.dispatch")
 
 TRAIN = "workers.jobs.train_model"
 DELETE = "workers.jobs.process_deletions"
+WARM = "workers.jobs.warm_model"  # a session made ahead of an update (workers/recycle.py)
 AUDIT = "workers.audits.run_audit"
 
 

@@ -54,6 +54,7 @@ class ProcessDispatcher:
         self.starts = 0  # how many children were started (a restart counts)
         self.recycled = 0  # how many gave way after an erasure (workers/recycle.py)
         self._recycling = False
+        self._warm: tuple[int, ...] = ()  # the models the one that gave way held
 
     def start(self) -> None:
         self._stopping.clear()
@@ -121,8 +122,11 @@ class ProcessDispatcher:
     def _spawn(self) -> None:
         context = multiprocessing.get_context("spawn")  # no fork of a threaded process
         ours, theirs = context.Pipe(duplex=True)
+        warm, self._warm = self._warm, ()
         process = context.Process(
-            target=_run, args=(CHILD, self.settings, theirs, os.getpid()), name="lethe-worker"
+            target=_run,
+            args=(CHILD, self.settings, theirs, os.getpid(), warm),
+            name="lethe-worker",
         )
         process.daemon = True
         process.start()
@@ -173,7 +177,7 @@ class ProcessDispatcher:
             elif kind == "wake":
                 FINISHED.wake()
             elif kind == "recycle":
-                self._recycling = True
+                self._recycling, self._warm = True, tuple(message[1])
             elif kind == "metrics":
                 with self._metrics_ready:
                     self._metrics_reply = (message[1], message[2])

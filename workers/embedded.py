@@ -20,13 +20,15 @@ from multiprocessing.connection import Connection
 from prometheus_client import generate_latest
 
 from app.db.session import database, dispose_engines
-from app.dispatch import DELETE, run_job
+from app.dispatch import DELETE, WARM, run_job
 from app.lanes import Lanes
 from app.ledger.publish import finish_publishing
 from app.settings import Settings, use_settings
 from app.storage.erasure import compact_at_start, finish_compacting
 from app.wakeups import FINISHED
 from workers import metrics
+from workers.data import database_key
+from workers.jobs import resident_sessions
 from workers.recycle import Recycle
 
 log = logging.getLogger("lethe.embedded")
@@ -95,8 +97,10 @@ def _listen(link: _Link, jobs: Lanes, stopping: threading.Event) -> None:
             return
 
 
-def main(settings: Settings, conn: Connection, parent: int) -> None:
-    """The process's entry point: run signalled jobs one at a time until told to stop."""
+def main(settings: Settings, conn: Connection, parent: int, warm: tuple[int, ...] = ()) -> None:
+    """The process's entry point: run signalled jobs one at a time until told to stop;
+    first (behind any deletion) warm the sessions of `warm`, the models its predecessor held
+    when it gave way after an erasure."""
     _die_with(parent)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # a terminal's Ctrl-C: the API stops us
     stopping = threading.Event()
@@ -116,6 +120,8 @@ def main(settings: Settings, conn: Connection, parent: int) -> None:
     # deletions first (app/lanes.py): taken before queued training and audits, and run at a
     # running one's next check; every job runs here, in the main thread, as it always did
     jobs = Lanes(stopping, run_job, taken, frozenset({DELETE}))
+    for model_id in warm:
+        jobs.put((WARM, (model_id,)))
     threading.Thread(
         target=_listen, args=(link, jobs, stopping), name="lethe-embedded-link", daemon=True
     ).start()
@@ -126,6 +132,7 @@ def main(settings: Settings, conn: Connection, parent: int) -> None:
     finish_publishing(url)  # the last update's checkpoint, before the process exits
     finish_compacting(url)  # and the compaction of the keys its last erasure destroyed
     dispose_engines(url)  # its connections closed, so the API's last close removes the WAL
-    if gave_way:
+    if gave_way:  # its successor warms the sessions this one held
+        held = resident_sessions(settings).models(database_key(database(url).engine))
         with contextlib.suppress(OSError):
-            link.send(("recycle",))
+            link.send(("recycle", held))

@@ -386,6 +386,19 @@ def announcer(settings: Settings) -> Announcer:
     return _ANNOUNCER
 
 
+def warm_model(model_id: int) -> str:
+    """The model's resident session made ahead of its next update (a worker that replaced
+    one which gave way after an erasure warms what that one held: workers/recycle.py)."""
+    settings = get_settings()
+    db = database(settings.resolved_database_url)
+    try:
+        made = pipeline.warm_session(db, model_id, resident_sessions(settings), _setup(settings))
+    except Exception:  # a cache: the next update reads cold, as it would have
+        log.warning("model %s: could not warm its session", model_id, exc_info=True)
+        return "not warmed"
+    return "warmed" if made else "nothing to warm"
+
+
 def process_deletions(model_id: int) -> str:
     """Apply every due deletion task of the model, coalesced, one update per batch."""
     take_signal(DELETE, model_id)  # before reading: a request committed from now on re-signals

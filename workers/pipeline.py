@@ -54,6 +54,7 @@ from methods.compute import (
     Release,
     RetainedData,
     UpdateInputs,
+    method_for,
 )
 from workers import statements as sql
 from workers import tensorfile
@@ -370,6 +371,39 @@ def load_batch(
         resident=resident if method.name == spec.method.name else None,
     )
     return batch, inputs
+
+
+def warm_session(db: Database, model_id: int, sessions: Sessions, device: torch.device) -> bool:
+    """Make the model's resident session ahead of its next update (the rows, the state, the
+    method's resident state: convex_head's anchored Hessians), as a worker that replaced one
+    which gave way after an erasure does (workers/recycle.py), so that update runs warm.
+    Reads in one transaction, computes with none open; False when there is nothing to do."""
+    if sessions.capacity <= 0:
+        return False
+    with db.read() as session:
+        found = session.execute(
+            select(Model, Dataset, ModelVersion)
+            .join(Dataset, Dataset.id == Model.dataset_id)
+            .join(ModelVersion, ModelVersion.id == Model.current_version_id)
+            .where(Model.id == model_id)
+        ).first()
+        if found is None or found[0].status != ModelStatus.ready:
+            return False
+        model, dataset, parent = found
+        where = database_key(session.get_bind().engine)
+        if sessions.take(where, model_id, parent.id) is not None:
+            return False
+        made, _ = _cold_session(session, model_id, parent, dataset, True, device)
+        made = replace(made, history=tuple(lineage_history(session, model_id)))
+        spec = model_spec(model, dataset)
+    if not made.state:
+        return False
+    _, retained = made.split([], {}, [])
+    prepared = method_for(spec.method.name, spec).prepare(retained, dict(made.state))
+    if prepared is not None:
+        made = replace(made, method_state=prepared)
+    sessions.put(where, made)
+    return True
 
 
 def _cold_session(

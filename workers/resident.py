@@ -302,6 +302,12 @@ class Sessions:
         with self._lock:
             self._held.pop((database, model_id), None)
 
+    def models(self, database: str) -> list[int]:
+        """The models this process holds sessions for in `database`, least recently used
+        first: what a successor process warms (workers/recycle.py)."""
+        with self._lock:
+            return [model for (where, model) in self._held if where == database]
+
     def clear(self) -> None:
         with self._lock:
             self._held.clear()

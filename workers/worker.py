@@ -32,6 +32,8 @@ from workers.device import DeviceUnavailable, worker_device
 from workers.lease import WORKER_ID, beat
 from workers.recycle import Recycle
 
+WARM_ENV = "LETHE_WARM_MODELS"  # set across a re-execution: the models to warm first
+
 log = logging.getLogger("lethe.worker")
 
 RECONNECT_FIRST_SECONDS = 0.5  # first wait before pinging Redis again; doubles each time
@@ -68,6 +70,11 @@ def run(burst: bool = False) -> None:
     log.info(
         "worker %s listening on queue %r, computing on %s", WORKER_ID, settings.queue_name, device
     )
+    from workers.data import database_key
+    from workers.jobs import resident_sessions, warm_model  # after the device is set up
+
+    for model_id in [int(m) for m in os.environ.pop(WARM_ENV, "").split(",") if m]:
+        warm_model(model_id)  # the sessions the process this one replaced held
     recycle = Recycle(database(url), settings.plaintext_ttl_seconds)
     try:
         gave_way = serve(settings.redis_url, settings.queue_name, burst=burst, recycle=recycle)
@@ -76,9 +83,11 @@ def run(burst: bool = False) -> None:
         finish_publishing(url)  # the last update's checkpoint, before the process exits
         finish_compacting(url)  # and the compaction under way
     if gave_way:  # issue 53: the same command in a fresh process image, none of this memory
+        held = resident_sessions(settings).models(database_key(database(url).engine))
         log.info("worker %s gives way after an erasure: re-executing", WORKER_ID)
         logging.shutdown()
-        os.execv(sys.executable, [sys.executable, *sys.argv])
+        env = {**os.environ, WARM_ENV: ",".join(str(m) for m in held)}
+        os.execve(sys.executable, [sys.executable, *sys.argv], env)
 
 
 def _logged(step: Callable[[], object], what: str) -> None:
