@@ -12,6 +12,7 @@ from sqlalchemy import func, select
 
 from app.db.session import database
 from app.db.tables import Dataset, Sample
+from app.services import isolated
 from app.storage.crypto import SampleRecord, keyring, open_sealed, sample_aad
 from app.storage.keystore import load_keys
 from tests.conftest import Api
@@ -83,7 +84,11 @@ def test_npz_upload_with_ids_subjects_and_split(api: Api) -> None:
     }
 
 
-def test_csv_upload(api: Api) -> None:
+@pytest.mark.parametrize("shared_memory", [True, False])
+def test_csv_upload(api: Api, monkeypatch: pytest.MonkeyPatch, shared_memory: bool) -> None:
+    """Parsed in a child process (app/services/isolated.py): the upload crosses in shared
+    memory, or through the pipe where /dev/shm is too small for it."""
+    monkeypatch.setattr(isolated, "_fits_in_shared_memory", lambda size: shared_memory)
     rows = ["id,f1,f2,label,person"] + [f"r{i},{i * 0.1},{-i},{i % 2},u{i % 5}" for i in range(20)]
     response = upload(
         api, "\n".join(rows).encode(), "data.csv", id_column="id", subject_column="person"

@@ -580,9 +580,13 @@ def test_openapi_declares_errors_and_content_types(api: Api) -> None:
     assert set(paths["/metrics"]["get"]["responses"]["200"]["content"]) == {"text/plain"}
     export = paths["/v1/audit/export"]["get"]["responses"]["200"]["content"]
     assert set(export) == {"application/x-ndjson"}
-    weights = paths["/v1/models/{model_id}/weights"]["get"]["responses"]
-    assert set(weights["200"]["content"]) == {"application/octet-stream"}
-    assert {"404", "409", "410"} <= set(weights)
+    for route in (
+        "/v1/models/{model_id}/weights",
+        "/v1/models/{model_id}/versions/{number}/weights",
+    ):
+        weights = paths[route]["get"]["responses"]  # 410: weights_erased, model_withdrawn
+        assert set(weights["200"]["content"]) == {"application/octet-stream"}
+        assert {"404", "409", "410"} <= set(weights), route
 
 
 def test_empty_idempotency_key_is_refused(api: Api, digits: dict) -> None:

@@ -91,7 +91,9 @@ def test_no_process_keeps_an_erased_persons_rows(tmp_path: Path) -> None:
             assert not +found, (name, +found)
         found = scan(fresh, wanted["ids"])
         assert not +found, ("worker", +found)
-        # the recycled worker still works
+        # the successor warms the two sessions its predecessor held, then still works
+        warmed = "lethe_sessions_warmed_total 2.0"
+        wait_until(lambda: warmed in c.get("/metrics").text, what="the sessions warmed")
         again = c.post(
             "/v1/deletions",
             json={"dataset_id": ds["id"], "sample_ids": ["QZXV-0001-ERASEME"]},

@@ -63,6 +63,7 @@ class _WorkerMetrics:
             metrics.JOB_DURATION,
             metrics.FALLBACKS,
             metrics.STORAGE_FAULTS,
+            metrics.SESSIONS_WARMED,
         ):
             yield from metric.collect()
 

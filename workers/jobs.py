@@ -45,7 +45,13 @@ from workers.certify import lineage_fields
 from workers.data import Arrays, database_key, test_arrays, training_arrays
 from workers.device import arrays_to, trained_to_cpu, training_inputs_to, worker_device
 from workers.lease import WORKER_ID, LeaseLost, ModelLease
-from workers.metrics import DELETIONS_PROCESSED, FALLBACKS, JOB_DURATION, STORAGE_FAULTS
+from workers.metrics import (
+    DELETIONS_PROCESSED,
+    FALLBACKS,
+    JOB_DURATION,
+    SESSIONS_WARMED,
+    STORAGE_FAULTS,
+)
 from workers.resident import ModelSession, Sessions
 from workers.statistics import write_block
 from workers.updates import ACCURACY_ROWS, compute_storing
@@ -396,6 +402,8 @@ def warm_model(model_id: int) -> str:
     except Exception:  # a cache: the next update reads cold, as it would have
         log.warning("model %s: could not warm its session", model_id, exc_info=True)
         return "not warmed"
+    if made:
+        SESSIONS_WARMED.inc()
     return "warmed" if made else "nothing to warm"
 
 

@@ -26,6 +26,11 @@ STORAGE_FAULTS = Counter(
     ["job"],
 )
 
+SESSIONS_WARMED = Counter(
+    "lethe_sessions_warmed_total",
+    "Resident sessions a worker made ahead of an update, after its predecessor gave way",
+)
+
 
 def serve(port: int, host: str = "127.0.0.1") -> None:
     """Expose this process's metrics on http://host:port/metrics (a daemon thread)."""

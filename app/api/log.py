@@ -21,7 +21,7 @@ from app.ledger.notes import log_verifier
 from app.ledger.publish import current_checkpoint
 from app.ledger.transparency import leaf_count, signing_key
 
-router = APIRouter(prefix="/log", tags=["log"], responses=errors(404, 422))
+router = APIRouter(prefix="/log", tags=["log"], responses=errors(404, 422, 503))
 
 TEXT = "text/plain; charset=utf-8"
 IMMUTABLE = "public, max-age=31536000, immutable"

@@ -41,8 +41,9 @@ DESCRIPTIONS = {
     416: "The byte range starts past the end (`Content-Range: bytes */<size>`)",
     422: "Invalid input",
     500: "Stored bytes failed their integrity check (`blob_corrupt`); nothing was served",
-    503: "The database, the queue or the object store cannot be reached, or a stored object "
-    "is missing (`blob_missing`); retry after `Retry-After` seconds",
+    503: "The database, the queue or the object store cannot be reached, a stored object "
+    "is missing (`blob_missing`), or the database was restored from a backup and awaits "
+    "`lethe restore` (`restore_required`, `restoring`); retry after `Retry-After` seconds",
 }
 
 RETRY_AFTER_HEADER = {

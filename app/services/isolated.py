@@ -16,6 +16,7 @@ import contextlib
 import ctypes
 import io
 import multiprocessing
+import os
 import threading
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
@@ -46,7 +47,11 @@ class Registration:
 
 async def register_isolated(job: Registration, data: bytes) -> int:
     """Register in a child process; the dataset's id, or the child's APIError raised here.
-    `data` is wiped as soon as the child can read it."""
+    The upload crosses in shared memory, and `data` is wiped as soon as the child can read it;
+    where /dev/shm is too small for it (a container's default 64 MB), it crosses the pipe."""
+    if not _fits_in_shared_memory(len(data)):
+        outcome = await asyncio.wrap_future(_pool().submit(_register, job, None, data))
+        return _outcome(outcome)
     memory = shared_memory.SharedMemory(create=True, size=max(1, len(data)))
     buffer = _buffer(memory)
     try:
@@ -59,26 +64,43 @@ async def register_isolated(job: Registration, data: bytes) -> int:
         buffer.release()
         memory.close()
         memory.unlink()
+    return _outcome(outcome)
+
+
+def _outcome(outcome: tuple[Any, ...]) -> int:
     if outcome[0] == "error":
         _, status, code, message, details = outcome
         raise APIError(status, code, message, details)
     return int(outcome[1])
 
 
-def _register(job: Registration, name: str, size: int) -> tuple[Any, ...]:
-    """In the child: parse, check, register; an APIError comes back as a tuple."""
+def _fits_in_shared_memory(size: int) -> bool:
+    try:
+        found = os.statvfs("/dev/shm")
+    except OSError:
+        return False
+    return size + (1 << 20) < found.f_bavail * found.f_frsize
+
+
+def _register(job: Registration, name: str | None, payload: bytes | int) -> tuple[Any, ...]:
+    """In the child: parse, check, register; an APIError comes back as a tuple. The upload
+    is in the shared-memory segment `name` (`payload` its size), or is `payload` itself."""
     from app.db.session import database
     from app.services import registration
     from app.settings import use_settings
 
     use_settings(job.settings)
-    memory = shared_memory.SharedMemory(name=name)
-    try:
-        buffer = _buffer(memory)
-        data = bytes(buffer[:size])
-        buffer.release()
-    finally:
-        memory.close()
+    if name is None:
+        assert isinstance(payload, bytes)
+        data = payload
+    else:
+        memory = shared_memory.SharedMemory(name=name)
+        try:
+            buffer = _buffer(memory)
+            data = bytes(buffer[: int(payload)])
+            buffer.release()
+        finally:
+            memory.close()
     try:
         parsed = _parse(job, data)
         if len(parsed.y) > job.settings.max_dataset_samples:
