@@ -25,8 +25,12 @@ from sqlalchemy import make_url
 from typer.testing import CliRunner
 
 from app.cli import app as cli
+from app.db.migrate import upgrade_to_head
+from app.db.session import database
 from app.ledger import merkle, notes
+from app.ledger.journal import Journal
 from app.main import create_app
+from app.services.restore import verdict
 from app.settings import Settings
 from bench.cluster import LETHE, wait_for
 from tests.conftest import Api, make_keys
@@ -244,6 +248,10 @@ def test_a_restored_backup_never_brings_an_erased_person_back(tmp_path: Path, en
             first, second = bytes.fromhex(root), bytes.fromhex(proof["second_root"])
             assert merkle.verify_consistency(published, size, path, first, second)
             assert api.get("/v1/audit/verify", role="auditor").json()["ok"] is True
+        again = CliRunner().invoke(cli, ["restore"], env=_env(settings))  # nothing left to do
+        assert again.exit_code == 0 and '"new_requests": []' in again.output, again.output
+        with service(settings, keys) as api:
+            assert api.get("/readyz").status_code == 200
             if witness is not None:  # the witness cosigned the continued log
                 note = api.get("/log/checkpoint", role="reader").text
                 assert "witness.test/w1" in note.split("\n\n", 1)[1], note
@@ -321,3 +329,17 @@ def _env(settings: Settings) -> dict[str, str]:
         "LETHE_JOURNAL_DIR": str(settings.journal_dir),
         "LETHE_REDIS_URL": "",
     }
+
+
+def test_a_restore_that_stopped_half_way_leaves_the_database_behind(tmp_path: Path) -> None:
+    """`lethe restore` marks its start in the journal: a start before it finished is not
+    ready, whatever the database looks like meanwhile (stubs and all)."""
+    url = f"sqlite:///{tmp_path / 'lethe.db'}"
+    upgrade_to_head(url)
+    journal = Journal.of(tmp_path / "journal", url)
+    assert verdict(database(url), journal).state == "ok"
+    journal.record_restore_begun()
+    found = verdict(database(url), journal)
+    assert found.state == "behind" and "did not finish" in found.reason
+    journal.record_restore([], [], 0)
+    assert verdict(database(url), journal).state == "ok"

@@ -69,6 +69,11 @@ class Journal:
         with self._locked():
             self._append(ERASURES, [entry])
 
+    def record_restore_begun(self) -> None:
+        """A restore starts: a start before its `record_restore` finds the database behind."""
+        with self._locked():
+            self._append(ERASURES, [{"type": "restore_begun"}])
+
     def record_restore(self, handled: list[int], requests: list[int], size: int) -> None:
         """A restore: the journaled request ids it found missing and re-applied, the requests
         it made to do so, and the log size it continued from."""

@@ -69,6 +69,8 @@ def verdict(db: Database, journal: Journal) -> Verdict:
             requests[entry["request_id"]] = entry
         else:
             restores.append(entry)
+    if restores and restores[-1]["type"] == "restore_begun":
+        return Verdict("behind", "a restore began and did not finish: run `lethe restore` again")
     with db.read() as session:
         size = session.scalar(select(func.max(Certificate.seq))) or 0
         published = session.scalar(select(func.max(PublishedCheckpoint.tree_size))) or 0
@@ -86,7 +88,7 @@ def verdict(db: Database, journal: Journal) -> Verdict:
                 f"{len(missing)} accepted deletion request(s) are missing from the database "
                 f"(first {missing[:5]}): it was restored from a backup",
             )
-        if restores:
+        if restores:  # the last one is done (`restore`)
             waiting = _unfinished(session, restores[-1]["requests"])
             if waiting:
                 return Verdict(
@@ -119,11 +121,14 @@ def restore(db: Database, journal: Journal) -> RestoreReport:
     their erasures through new deletion requests. Idempotent: a second run finds nothing."""
     entries = list(journal.log_entries())
     requests = {e["request_id"]: e for e in journal.erasures() if e["type"] == "request"}
+    journal.record_restore_begun()  # until it is done, a start finds the database behind
     with db.write() as session:
         restored = _restore_log(session, entries)
     with db.write() as session:
         lost = sorted(set(requests) - _present_requests(session, list(requests)))
-        rows = _still_active(session, [requests[i] for i in lost])
+        # every journaled request's rows, not only the lost ones': a restore that stopped
+        # half-way left stubs, and its rerun must still find their rows
+        rows = _still_active(session, list(requests.values()))
         _keep_ids(session, [requests[i] for i in lost])  # before any new id is given
     made: list[int] = []
     for dataset_id, tokens in rows.items():
