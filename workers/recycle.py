@@ -4,9 +4,10 @@ A worker decrypts rows to train and to update, and Python frees those copies wit
 them, so a long-lived worker kept the rows of people erased long ago. A process that has lived
 through an erasure is replaced: the kernel zeroes its pages before any other use. It gives way
 once idle for a quarter of the plaintext TTL after the erasure (a burst of deletions is not
-split), and at the latest half the TTL after it, at a job boundary (the replacement rebuilds
-resident state on its first update). The embedded worker process exits and its parent starts
-another; `lethe worker` re-executes itself.
+split), and at the latest half the TTL after it, at a job boundary. The embedded worker
+process exits and its parent starts another; `lethe worker` re-executes itself. Either way the
+successor first warms the resident sessions its predecessor held (`workers.jobs.warm_model`),
+so the next deletion does not pay for the change.
 """
 
 from __future__ import annotations
