@@ -9,6 +9,7 @@ from __future__ import annotations
 import io
 from pathlib import Path
 
+import httpx
 import numpy as np
 import pytest
 
@@ -51,6 +52,27 @@ def needles(X: np.ndarray) -> dict[str, dict[str, bytes]]:
     }
 
 
+def register_and_train(c: httpx.Client, body: bytes) -> int:
+    """The CSV registered and a `retrain` and a `convex_head` model trained on it: its id."""
+    dataset = c.post(
+        "/v1/datasets",
+        files={"file": ("d.csv", io.BytesIO(body))},
+        data={"id_column": "id", "subject_column": "subject", "split_column": "split"},
+    ).json()["id"]
+    for method in ({"name": "retrain"}, {"name": "convex_head", "lam": 1e-2, "R": 20.0}):
+        model = c.post(
+            "/v1/models",
+            json={
+                "name": method["name"],
+                "dataset_id": dataset,
+                "architecture": {"type": "logreg"},
+                "method": method,
+            },
+        ).json()
+        wait_until(lambda m=model: c.get(f"/v1/models/{m['id']}").json()["status"] == "ready")
+    return int(dataset)
+
+
 @pytest.mark.integration
 def test_no_process_keeps_an_erased_persons_rows(tmp_path: Path) -> None:
     body, X = corpus()
@@ -59,26 +81,11 @@ def test_no_process_keeps_an_erased_persons_rows(tmp_path: Path) -> None:
     with cluster, cluster.client() as c:
         assert cluster.api is not None
         api = cluster.api.pid
-        ds = c.post(
-            "/v1/datasets",
-            files={"file": ("d.csv", io.BytesIO(body))},
-            data={"id_column": "id", "subject_column": "subject", "split_column": "split"},
-        ).json()
-        for method in ({"name": "retrain"}, {"name": "convex_head", "lam": 1e-2, "R": 20.0}):
-            model = c.post(
-                "/v1/models",
-                json={
-                    "name": method["name"],
-                    "dataset_id": ds["id"],
-                    "architecture": {"type": "logreg"},
-                    "method": method,
-                },
-            ).json()
-            wait_until(lambda m=model: c.get(f"/v1/models/{m['id']}").json()["status"] == "ready")
+        dataset = register_and_train(c, body)
         (before,) = worker_processes(api)
         answer = c.post(
             "/v1/deletions",
-            json={"dataset_id": ds["id"], "subject_ids": [f"personKQJ{PERSON:02d}"]},
+            json={"dataset_id": dataset, "subject_ids": [f"personKQJ{PERSON:02d}"]},
             headers={"Prefer": "wait=60"},
         )
         assert answer.status_code == 200 and answer.json()["status"] == "done", answer.text
@@ -96,7 +103,7 @@ def test_no_process_keeps_an_erased_persons_rows(tmp_path: Path) -> None:
         wait_until(lambda: warmed in c.get("/metrics").text, what="the sessions warmed")
         again = c.post(
             "/v1/deletions",
-            json={"dataset_id": ds["id"], "sample_ids": ["QZXV-0001-ERASEME"]},
+            json={"dataset_id": dataset, "sample_ids": ["QZXV-0001-ERASEME"]},
             headers={"Prefer": "wait=60"},
         )
         assert again.status_code == 200 and again.json()["status"] == "done", again.text
