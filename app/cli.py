@@ -64,7 +64,9 @@ def serve(host: str = "127.0.0.1", port: int = 8000) -> None:
         f"[bold]Lethe[/bold] on http://{host}:{port}  mode: {mode}\n"
         f"database: {settings.resolved_database_url}"
     )
-    uvicorn.run(create_app(settings), host=host, port=port, log_level="info")
+    # asyncio's loop, not uvloop: uvloop reads every socket into one long-lived 256 KiB buffer,
+    # which kept the last upload's and deletion's bytes (ids) after the erasure (issue 53)
+    uvicorn.run(create_app(settings), host=host, port=port, log_level="info", loop="asyncio")
 
 
 @app.command()

@@ -24,7 +24,7 @@ from app.ledger.journal import Journal
 from app.ledger.publish import finish_publishing
 from app.metrics import MetricsMiddleware, pipeline_registry
 from app.security import Role, create_key, has_any_key
-from app.services.isolated import warm_up
+from app.services.isolated import scrub_freed, warm_up
 from app.services.weights_cache import WeightsCache
 from app.settings import Settings, get_settings, use_settings
 from app.storage.blobs import blobs
@@ -65,6 +65,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
                 flush=True,
             )
         warm_up()  # the fork server uploads are parsed from (app/services/isolated.py)
+        scrub_freed()  # freed request buffers overwritten (issue 53, memory)
         dispatcher = app.state.dispatcher
         reconciler, listener = None, None
         # no worker while behind: it would sign a second tree at a published size (issue 53)

@@ -1,5 +1,6 @@
 """After a request that carried personal data (an upload, a deletion's ids), zero the body
-chunks the server handed over and give free pages back to the kernel (issue 53, memory).
+chunks the server handed over and those of the answer (which echoes the ids), and give free
+pages back to the kernel (issue 53, memory).
 
 Python frees a request's bytes without zeroing them, so an API process that parsed uploads
 kept erased people's ids in free memory. Parsing now happens in a child process
@@ -33,15 +34,20 @@ class ScrubMiddleware:
             return
         chunks: list[bytes] = []
 
-        async def keeping() -> Message:
-            message = await receive()
+        def keep(message: Message) -> Message:
             body = message.get("body")
             if isinstance(body, bytes) and body:
                 chunks.append(body)
             return message
 
+        async def receiving() -> Message:
+            return keep(await receive())
+
+        async def sending(message: Message) -> None:  # the answer echoes the ids
+            await send(keep(message))
+
         try:
-            await self.app(scope, keeping, send)
+            await self.app(scope, receiving, sending)
         finally:
             for chunk in chunks:
                 if sys.getrefcount(chunk) <= 2:  # ours alone (a client's constant is not)

@@ -91,23 +91,33 @@ class GroupCommitter:
                 self._thread.start()
 
     def _loop(self) -> None:
-        while (first := self._queue.get()) is not None:
-            units = [first]
-            while len(units) < self.max_batch:
-                try:
-                    unit = self._queue.get_nowait()
-                except queue.Empty:
-                    break
-                if unit is None:
-                    self._queue.put(None)  # stop after this group
-                    break
-                units.append(unit)
+        while self._serve_group():
+            pass
+
+    def _serve_group(self) -> bool:
+        """Wait for the next group and commit it; False once stopped. Its own frame, so that
+        nothing of the group (a request's ids in a unit's closure) stays referenced while the
+        writer waits for the next one (issue 53, memory)."""
+        first = self._queue.get()
+        if first is None:
+            return False
+        units = [first]
+        while len(units) < self.max_batch:
             try:
-                self._commit_group(units)
-            except BaseException as exc:  # never leave a caller waiting
-                for unit in units:
-                    if not unit.future.done():
-                        unit.future.set_exception(exc)
+                unit = self._queue.get_nowait()
+            except queue.Empty:
+                break
+            if unit is None:
+                self._queue.put(None)  # stop after this group
+                break
+            units.append(unit)
+        try:
+            self._commit_group(units)
+        except BaseException as exc:  # never leave a caller waiting
+            for unit in units:
+                if not unit.future.done():
+                    unit.future.set_exception(exc)
+        return True
 
     def _commit_group(self, units: list[_Unit]) -> None:
         again = retrying(lambda: self._attempt(units), ATTEMPTS)
