@@ -35,6 +35,7 @@ COPY workers ./workers
 COPY methods ./methods
 COPY maths ./maths
 COPY lethe ./lethe
+COPY migrations ./migrations
 COPY scripts ./scripts
 RUN pip install --no-deps . && rm -rf build *.egg-info
 

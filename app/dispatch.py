@@ -1,7 +1,9 @@
-"""Signalling workers that a model has work, and reconciling after Redis loses its queue.
+"""Signalling workers that a model has work: the job names, the dispatchers (inline, a worker
+process, RQ) and the Redis keys the signals use.
 
 The database is the record; the queue only carries "model M has work" signals, so any signal
-may be lost or duplicated. Jobs are named by dotted path: `app` never imports `workers`.
+may be lost or duplicated (app/maintenance.py reconciles). Jobs are named by dotted path:
+`app` never imports `workers`.
 """
 
 from __future__ import annotations
@@ -9,22 +11,11 @@ from __future__ import annotations
 import importlib
 import logging
 import threading
-import time
-from datetime import timedelta
 from typing import Protocol
 
-from sqlalchemy import or_, select, update
-from sqlalchemy.orm import Session
-
-from app.db.session import database
-from app.db.tables import DeletionTask, Model, PrivacyAudit, task_is_due, utcnow
 from app.lanes import Lanes
-from app.ledger.publish import publish_quietly
-from app.services import registration
-from app.settings import Settings, get_settings
+from app.settings import Settings
 from app.signals import WaitingSignals
-from app.states import AuditStatus, ModelStatus, TaskStatus
-from app.storage.blobs import blobs
 from app.worker_process import ProcessDispatcher
 
 log = logging.getLogger("lethe.dispatch")
@@ -200,95 +191,3 @@ def make_dispatcher(settings: Settings) -> InlineDispatcher | ProcessDispatcher 
     if settings.embedded_worker == "process":
         return ProcessDispatcher(settings)
     return InlineDispatcher()
-
-
-def reconcile(session: Session) -> dict[str, list[int]]:
-    """Requeue expired leases and list the models that need a training or deletion job (a
-    task waiting out its retry backoff is signalled once it is due), the audits to run and
-    the registrations abandoned by a process that died (to discard)."""
-    now = utcnow()
-    settings = get_settings()
-    session.execute(
-        update(DeletionTask)
-        .where(DeletionTask.status == TaskStatus.running, DeletionTask.lease_expires_at < now)
-        .values(status=TaskStatus.queued, lease_owner=None, lease_expires_at=None)
-    )
-    free = or_(Model.lease_expires_at.is_(None), Model.lease_expires_at < now)
-    to_train = session.scalars(
-        select(Model.id).where(Model.status.in_((ModelStatus.queued, ModelStatus.training)), free)
-    ).all()
-    to_delete = session.scalars(
-        select(DeletionTask.model_id)
-        .distinct()
-        .join(Model, Model.id == DeletionTask.model_id)
-        .where(
-            DeletionTask.status == TaskStatus.queued,
-            task_is_due(now),
-            Model.status == ModelStatus.ready,
-            free,
-        )
-    ).all()
-    stale = now - timedelta(seconds=settings.job_timeout_seconds)
-    to_audit = session.scalars(
-        select(PrivacyAudit.id).where(
-            or_(
-                PrivacyAudit.status == AuditStatus.queued,
-                (PrivacyAudit.status == AuditStatus.running) & (PrivacyAudit.started_at < stale),
-            )
-        )
-    ).all()
-    return {
-        "train": sorted(to_train),
-        "delete": sorted(to_delete),
-        "audit": sorted(to_audit),
-        "discard": registration.abandoned(session, now, settings.registration_stale_seconds),
-    }
-
-
-def reconcile_and_signal(url: str, dispatcher: Dispatcher) -> dict[str, list[int]]:
-    db = database(url)
-    with db.write() as session:
-        work = reconcile(session)
-    for dataset_id in work["discard"]:
-        log.warning("dataset %s: its registration stopped; discarding it", dataset_id)
-        registration.discard(db, dataset_id)
-    for model_id in work["train"]:
-        dispatcher.enqueue(TRAIN, model_id)
-    for model_id in work["delete"]:
-        dispatcher.enqueue(DELETE, model_id)
-    for audit_id in work["audit"]:
-        dispatcher.enqueue(AUDIT, audit_id)
-    return work
-
-
-class Reconciler:
-    """Runs `reconcile_and_signal` now and every `period` seconds in a daemon thread."""
-
-    def __init__(self, url: str, dispatcher: Dispatcher, period: float) -> None:
-        self.url, self.dispatcher, self.period = url, dispatcher, period
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._loop, name="lethe-reconciler", daemon=True)
-
-    def start(self) -> None:
-        self._thread.start()
-
-    def stop(self) -> None:
-        self._stop.set()
-        self._thread.join(timeout=10)
-
-    def _loop(self) -> None:
-        swept = time.monotonic()
-        while not self._stop.is_set():
-            try:
-                reconcile_and_signal(self.url, self.dispatcher)
-            except Exception:
-                log.warning("reconcile failed; retrying", exc_info=True)
-            settings = get_settings()
-            publish_quietly(database(self.url), settings)  # a head the witnesses missed
-            if time.monotonic() - swept >= settings.blob_sweep_seconds:
-                swept = time.monotonic()
-                try:
-                    blobs(settings).sweep(settings.blob_orphan_grace_seconds)
-                except Exception:
-                    log.warning("sweeping orphaned blobs failed; retrying", exc_info=True)
-            self._stop.wait(self.period)

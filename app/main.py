@@ -1,4 +1,4 @@
-"""The app factory and its lifespan: migrations, first admin key, embedded worker, reconciler."""
+"""The app factory and its lifespan: migrations, first admin key, embedded worker, maintenance."""
 
 from __future__ import annotations
 
@@ -19,9 +19,10 @@ from app.api.scrub import ScrubMiddleware
 from app.db.group_commit import GroupCommitter
 from app.db.migrate import upgrade_to_head
 from app.db.session import database, dispose_engines
-from app.dispatch import InlineDispatcher, Reconciler, make_dispatcher
+from app.dispatch import InlineDispatcher, make_dispatcher
 from app.ledger.journal import Journal
 from app.ledger.publish import finish_publishing
+from app.maintenance import Maintenance, maintenance_tasks
 from app.metrics import MetricsMiddleware, pipeline_registry
 from app.security import Role, create_key, has_any_key
 from app.services.isolated import scrub_freed, warm_up
@@ -67,14 +68,14 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         warm_up()  # the fork server uploads are parsed from (app/services/isolated.py)
         scrub_freed()  # freed request buffers overwritten (issue 53, memory)
         dispatcher = app.state.dispatcher
-        reconciler, listener = None, None
+        maintenance, listener = None, None
         # no worker while behind: it would sign a second tree at a published size (issue 53)
         behind = _restored_from_backup(app.state.restore_gate)
         if isinstance(dispatcher, InlineDispatcher | ProcessDispatcher) and not behind:
             dispatcher.start()
             FINISHED.dependable = True  # the embedded worker wakes the waiters itself
-            reconciler = Reconciler(url, dispatcher, settings.reconcile_seconds)
-            reconciler.start()
+            maintenance = Maintenance(maintenance_tasks(app.state.db, dispatcher, settings))
+            maintenance.start()
         elif settings.redis_url and not behind:  # workers announce finished requests on Redis
             listener = Listener(settings.redis_url, settings.queue_name)
             listener.start()
@@ -83,8 +84,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         FINISHED.dependable = False
         if listener is not None:
             listener.stop()
-        if reconciler is not None:
-            reconciler.stop()
+        if maintenance is not None:
+            maintenance.stop()
         if isinstance(dispatcher, InlineDispatcher | ProcessDispatcher) and not behind:
             dispatcher.stop()
         finish_publishing(url)

@@ -20,13 +20,13 @@ import torch
 from sklearn.datasets import load_digits
 
 from app.privacy.gaussian import sigma_for
-from app.privacy.sensitivity import newton_sensitivity
 from bench.common import write_result
 from maths.nets import FlatModel, build_net
 from maths.training import accuracy
 from methods.compute import RetainedData, fit
 from methods.newton.compute import Newton
 from methods.newton.maths import mean_gradient
+from methods.newton.sensitivity import newton_sensitivity
 from methods.recollection.replay import Replay
 from tests.factories import model_spec, split_off
 

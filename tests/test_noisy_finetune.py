@@ -10,7 +10,7 @@ import pytest
 import torch
 from safetensors.torch import save as st_save
 
-from app.privacy.noisy_finetune import gc_certificate, mc_delta
+from methods.noisy_finetune.accountant import gc_certificate, mc_delta
 from tests.conftest import SMALL_TRAINING, Api
 
 GC = {

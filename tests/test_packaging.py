@@ -61,7 +61,7 @@ def test_the_image_runs_unprivileged_with_dependencies_in_their_own_layer() -> N
 
 def test_a_built_wheel_carries_the_dashboard_and_the_loader(tmp_path: Path) -> None:
     source = tmp_path / "source"  # a copy: setuptools writes build/ beside the sources
-    for name in ("app", "workers", "methods", "maths", "lethe"):
+    for name in ("app", "workers", "methods", "maths", "lethe", "migrations"):
         shutil.copytree(ROOT / name, source / name, ignore=shutil.ignore_patterns("__pycache__"))
     for name in ("pyproject.toml", "README.md"):
         shutil.copy(ROOT / name, source / name)
@@ -85,10 +85,12 @@ def test_a_built_wheel_carries_the_dashboard_and_the_loader(tmp_path: Path) -> N
     names = set(zipfile.ZipFile(wheel).namelist())
     assert {"app/ui/index.html", "app/ui/app.js", "app/ui/app.css"} <= names
     assert "lethe/loader.py" in names
-    # Alembic's scripts ship inside the package: an installed Lethe migrates its database (the
-    # image's first start failed on a path outside site-packages before, issue 32)
+    # Alembic's scripts ship in the wheel: an installed Lethe migrates its database (the
+    # image's first start failed on a path outside site-packages before, issue 32); a
+    # top-level folder of the source tree again (issue 54)
     assert {
-        "app/migrations/env.py",
-        "app/migrations/script.py.mako",
-        "app/migrations/versions/0001_initial_schema.py",
+        "migrations/__init__.py",
+        "migrations/env.py",
+        "migrations/script.py.mako",
+        "migrations/versions/0001_initial_schema.py",
     } <= names

@@ -1,4 +1,4 @@
-"""Accountants of seed 002 (noisy fine-tuning): app.privacy.noisy_finetune."""
+"""Accountants of seed 002 (noisy fine-tuning): methods.noisy_finetune.accountant."""
 
 from __future__ import annotations
 
@@ -8,7 +8,9 @@ import numpy as np
 import pytest
 
 from app.privacy.gaussian import epsilon_for
-from app.privacy.noisy_finetune import (
+from app.privacy.rdp import slope_budget
+from app.privacy.validate import PrivacyParameterError
+from methods.noisy_finetune.accountant import (
     NoisyPlan,
     gc_certificate,
     gc_sigma_needed,
@@ -27,8 +29,6 @@ from app.privacy.noisy_finetune import (
     plan_model_clipping,
     theta,
 )
-from app.privacy.rdp import slope_budget
-from app.privacy.validate import PrivacyParameterError
 
 EPS, DELTA = 1.0, 1e-5
 

@@ -7,16 +7,18 @@ import math
 import numpy as np
 import pytest
 
-from app.privacy.sensitivity import (
+from app.privacy.validate import PrivacyParameterError
+from methods.newton.sensitivity import (
     lissa_min_depth,
     newton_sensitivity,
     newton_sensitivity_paper,
+)
+from methods.recollection.sensitivity import (
     recollection_rho,
     recollection_sensitivity,
     recollection_sensitivity_schedule,
     recollection_worst_cases,
 )
-from app.privacy.validate import PrivacyParameterError
 
 # ---------------------------------------------------------------- seed 004: certified Newton
 

@@ -176,9 +176,9 @@ def test_the_replay_gives_the_schedules_steps_and_bound(
 ) -> None:
     """The resident replay (issue 28) gives each sample the steps the batch schedule puts it
     in, and Theorem 2's bound as replaying the schedule sample by sample gives it."""
-    from app.privacy.sensitivity import recollection_sensitivity_schedule
     from methods.recollection.maths import batch_schedule
     from methods.recollection.replay import Replay
+    from methods.recollection.sensitivity import recollection_sensitivity_schedule
 
     rng = np.random.default_rng(n)
     order = (rng.permutation(n) * 7 + 3).tolist()  # ids in training order, not ascending

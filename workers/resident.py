@@ -36,7 +36,6 @@ from app.jsontypes import JsonMap
 from app.privacy.lineage import LineageEvent
 from methods.compute import ModelState, RemovedSamples, RetainedData, Rows
 from workers.data import Arrays, object_array
-from workers.device import CPU
 
 COMPACT_FRACTION = 0.25  # rebuild the arrays once a quarter of their rows have left
 
@@ -94,7 +93,7 @@ class ModelSession:
         rows: Arrays,
         state: ModelState,
         test: Arrays,
-        device: torch.device = CPU,
+        device: torch.device = torch.device("cpu"),
     ) -> ModelSession:
         """The session of `rows`, its features and labels (and the test split's) on `device`,
         the worker's: a GPU worker's updates then draw the retained rows where they compute

@@ -1,11 +1,12 @@
-"""`lethe worker`: an RQ SimpleWorker (no fork, so CUDA works), the reconciler, and the
+"""`lethe worker`: an RQ SimpleWorker (no fork, so CUDA works), the maintenance tasks
+(app/maintenance.py: reconcile, publish, sweep) and the
 worker's Prometheus metrics on LETHE_WORKER_METRICS_PORT. Imports no web framework.
 
 Redis may go away at any moment (it carries only signals; the database is the record). RQ's
 own loop gives up on an error it does not expect ("found an unhandled exception, quitting"),
 e.g. when Redis disappears while a job runs, so `run` keeps a loop around it: when the RQ loop
 ends without a stop request, it waits with capped backoff until Redis answers PING and starts
-a new SimpleWorker. Signals lost with Redis are re-sent by the reconciler thread, which, like
+a new SimpleWorker. Signals lost with Redis are re-sent by the maintenance thread, which, like
 the heartbeat thread, logs and retries through Redis and database outages.
 """
 
@@ -23,8 +24,9 @@ from types import FrameType
 from typing import Any
 
 from app.db.session import database
-from app.dispatch import Reconciler, RQDispatcher, deletions_queue, reconcile_and_signal
+from app.dispatch import RQDispatcher, deletions_queue
 from app.ledger.publish import finish_publishing
+from app.maintenance import Maintenance, maintenance_tasks, reconcile_and_signal
 from app.settings import get_settings
 from app.storage.erasure import compact_at_start, finish_compacting
 from workers import metrics
@@ -56,16 +58,16 @@ def run(burst: bool = False) -> None:
     dispatcher = RQDispatcher(settings)
     # Neither the database nor Redis has to be up yet: the threads below retry both.
     _logged(lambda: beat(url, "rq"), "first heartbeat")
-    _logged(lambda: reconcile_and_signal(url, dispatcher), "first reconcile")
+    _logged(lambda: reconcile_and_signal(database(url), dispatcher, settings), "first reconcile")
     # keys destroyed by a process that died before compacting leave the files now
     _logged(lambda: compact_at_start(database(url)), "first compaction")
     stop = threading.Event()
-    reconciler = Reconciler(url, dispatcher, settings.reconcile_seconds)
+    maintenance = Maintenance(maintenance_tasks(database(url), dispatcher, settings))
     heart = threading.Thread(
         target=_heartbeat, args=(url, settings.heartbeat_seconds, stop), daemon=True
     )
     if not burst:
-        reconciler.start()
+        maintenance.start()
         heart.start()
     log.info(
         "worker %s listening on queue %r, computing on %s", WORKER_ID, settings.queue_name, device

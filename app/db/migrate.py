@@ -7,7 +7,9 @@ from pathlib import Path
 from alembic import command
 from alembic.config import Config
 
-MIGRATIONS_DIR = Path(__file__).resolve().parents[1] / "migrations"  # shipped in the package
+import migrations
+
+MIGRATIONS_DIR = Path(migrations.__file__).resolve().parent  # shipped in the wheel
 
 
 def alembic_config(url: str) -> Config:

@@ -28,3 +28,10 @@ def check_positive(name: str, value: float, allow_zero: bool = False) -> float:
             f"{name} must be finite and {'≥' if allow_zero else '>'} 0, got {value!r}"
         )
     return float(value)
+
+
+def check_finite(name: str, value: float) -> float:
+    """`value` as a float if it is a finite real number (not a bool)."""
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        raise PrivacyParameterError(f"{name} must be a finite number, got {value!r}")
+    return float(value)

@@ -215,9 +215,9 @@ function setupForms() {
 
   const mError = el("p", { class: "error", id: "m-error" });
   const mDone = el("p", { class: "notice", id: "m-done" });
-  const method = el("select", { id: "m-method" },
-    ["retrain", "sharded_retrain", "output_perturbation", "convex_head", "recollection"]
-      .map(m => el("option", { value: m }, m)));
+  // filled from the method table (GET /v1/privacy/methods) once a dataset is chosen
+  const method = el("select", { id: "m-method", required: "" },
+    el("option", { value: "" }, "choose a dataset first"));
   const datasetId = el("input", { id: "m-dataset", type: "number", min: 1, required: "" });
   const epsilon = el("input", { id: "m-epsilon", type: "number", min: 0.01, step: "any",
                                 value: "1" });

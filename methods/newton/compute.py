@@ -17,7 +17,6 @@ import torch
 
 from app.privacy.gaussian import epsilon_for, sigma_for
 from app.privacy.lineage import gaussian_event
-from app.privacy.sensitivity import lissa_min_depth, newton_sensitivity
 from app.privacy.validate import PrivacyParameterError
 from app.states import Guarantee
 from maths.nets import FlatModel, build_net
@@ -34,6 +33,7 @@ from methods.compute import (
     register,
 )
 from methods.newton.maths import LissaDiverged, hessian_extremes, lissa, mean_gradient
+from methods.newton.sensitivity import lissa_min_depth, newton_sensitivity
 from methods.newton.spec import SPEC, NewtonOptions
 from methods.noise import check_relative_noise, draw_gaussian, secure_generator
 

@@ -145,7 +145,7 @@ class NoisyFinetune(UnlearningMethod):
             delta=event.delta,
             sigma=plan.sigma,
             sensitivity=plan.sensitivity,
-            accountant=f"seed 002 {theorem} via app.privacy.noisy_finetune",
+            accountant=f"seed 002 {theorem} via methods.noisy_finetune.accountant",
             sentence=sentence,
             constants=constants,
             compares="release vs. the same procedure on the model retrained without the "

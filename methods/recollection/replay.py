@@ -14,11 +14,11 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from app.jsontypes import JsonMap
-from app.privacy.sensitivity import (
+from methods.recollection.maths import batch_schedule
+from methods.recollection.sensitivity import (
     recollection_sensitivity_schedule,
     recollection_worst_cases,
 )
-from methods.recollection.maths import batch_schedule
 from methods.recollection.spec import RecollectionRecord
 
 
