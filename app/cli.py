@@ -82,9 +82,10 @@ def migrate() -> None:
 
 
 def _move_blobs() -> None:
+    from app.settings import get_settings
     from app.storage.blobs import blobs
 
-    store = blobs()
+    store = blobs(get_settings())
     moved = store.migrate()
     console.print(f"blobs: {moved} moved into the {store.store.location} store")
 
@@ -154,14 +155,14 @@ def restore() -> None:
     from app.db.session import database
     from app.services.restore import journal_of
     from app.services.restore import restore as run_restore
-    from app.settings import get_settings, use_settings
+    from app.settings import get_settings
+    from app.storage.crypto import keyring
 
     settings = get_settings()
-    use_settings(settings)
     url = settings.resolved_database_url
     if settings.embedded:
         upgrade_to_head(url)
-    report = run_restore(database(url), journal_of(settings))
+    report = run_restore(database(url), keyring(settings), journal_of(settings))
     _show(report.as_json())
 
 
@@ -196,8 +197,9 @@ def storage_sweep(
     from app.settings import get_settings
     from app.storage.blobs import blobs
 
-    grace = get_settings().blob_orphan_grace_seconds if grace_seconds is None else grace_seconds
-    console.print(f"swept {blobs().sweep(grace)} orphaned objects")
+    settings = get_settings()
+    grace = settings.blob_orphan_grace_seconds if grace_seconds is None else grace_seconds
+    console.print(f"swept {blobs(settings).sweep(grace)} orphaned objects")
 
 
 @datasets.command("add")

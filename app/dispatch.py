@@ -11,7 +11,9 @@ from __future__ import annotations
 import importlib
 import logging
 import threading
-from typing import Protocol
+import time
+from functools import partial
+from typing import Any, Protocol
 
 from app.lanes import Lanes
 from app.settings import Settings
@@ -33,10 +35,22 @@ class Dispatcher(Protocol):
     def metrics(self) -> bytes: ...
 
 
-def run_job(job: str, *args: int) -> None:
-    """Import a job by dotted path and call it (used by the embedded worker, thread or process)."""
+JOB_CONTEXT = "workers.context.JobContext"  # what a worker builds at start for its jobs
+RQ_ENTRY = "workers.worker.run_signalled"  # what RQ runs: the job, with `lethe worker`'s context
+
+
+def run_job(context: object, job: str, *args: int) -> None:
+    """Import a job by dotted path and call it with the worker's context (a
+    `workers.context.JobContext`, opaque here: `app` never imports `workers`)."""
     module, name = job.rsplit(".", 1)
-    getattr(importlib.import_module(module), name)(*args)
+    getattr(importlib.import_module(module), name)(context, *args)
+
+
+def job_context(settings: Settings) -> object:
+    """A worker's context for its jobs, built from `settings` (the embedded worker's thread,
+    its process, `lethe worker`): the service's Runtime and the worker's own parts."""
+    module, name = JOB_CONTEXT.rsplit(".", 1)
+    return getattr(importlib.import_module(module), name).build(settings)
 
 
 class InlineDispatcher:
@@ -44,7 +58,8 @@ class InlineDispatcher:
     runs the same job functions as RQ (the default is a process: app/worker_process.py),
     deletions first (app/lanes.py, issue 53)."""
 
-    def __init__(self) -> None:
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
         self._waiting = WaitingSignals()
         self._stopping = threading.Event()  # set by stop(); the running job checks it
         self._lanes: Lanes | None = None
@@ -52,7 +67,13 @@ class InlineDispatcher:
 
     def start(self) -> None:
         self._stopping.clear()
-        self._lanes = Lanes(self._stopping, run_job, self._waiting.taken, frozenset({DELETE}))
+        self.context = job_context(self.settings)  # the worker's (tests look into it)
+        self._lanes = Lanes(
+            self._stopping,
+            partial(run_job, self.context),
+            self._waiting.taken,
+            frozenset({DELETE}),
+        )
         self._thread = threading.Thread(
             target=self._lanes.serve, name="lethe-inline-worker", daemon=True
         )
@@ -101,6 +122,42 @@ def due_key(queue_name: str, model_id: int) -> str:
 
 
 DUE_TTL_SECONDS = 5  # a push nobody pops (no worker lingering) goes by itself
+
+
+class DueList:
+    """A worker's side of the models' due lists (`due_key`): what a worker lingering on a
+    model's lease waits on, so no job knows the key format (issue 54). Never raises: Redis
+    carries wake-ups only, and the database is the record."""
+
+    def __init__(self, redis_url: str, queue_name: str) -> None:
+        self.redis_url, self.queue_name = redis_url, queue_name
+        self._redis: Any = None
+
+    def _connection(self) -> Any:
+        if self._redis is None:
+            from redis import Redis
+
+            self._redis = Redis.from_url(self.redis_url, socket_timeout=5)
+        return self._redis
+
+    def forget(self, model_id: int) -> None:
+        """Empty the model's list before a claim: the claim covers every push made before it,
+        so a push left there would wake the lingering worker for tasks already applied."""
+        try:
+            self._connection().delete(due_key(self.queue_name, model_id))
+        except Exception:  # noqa: BLE001 - Redis away: a stale push costs one empty claim
+            log.debug("could not empty the due list of model %s", model_id, exc_info=True)
+
+    def wait(self, model_id: int, timeout: float) -> bool:
+        """Until the API pushes for the model (True) or `timeout` passes; a sleep when Redis
+        is away (a lost wake-up costs one fallback look at the database)."""
+        key = due_key(self.queue_name, model_id)
+        try:
+            return self._connection().blpop([key], timeout=timeout) is not None
+        except Exception:  # noqa: BLE001 - Redis away: poll the database instead
+            log.debug("could not wait on %s", key, exc_info=True)
+            time.sleep(timeout)
+            return False
 
 
 def take_signal(job: str, *args: int) -> None:
@@ -153,6 +210,7 @@ class RQDispatcher:
                 return  # a signal for this model is already waiting: its job will see this
             try:
                 (self.deletions if job == DELETE else self.queue).enqueue(
+                    RQ_ENTRY,
                     job,
                     *args,
                     job_timeout=self.settings.job_timeout_seconds,
@@ -190,4 +248,4 @@ def make_dispatcher(settings: Settings) -> InlineDispatcher | ProcessDispatcher 
         return RQDispatcher(settings)
     if settings.embedded_worker == "process":
         return ProcessDispatcher(settings)
-    return InlineDispatcher()
+    return InlineDispatcher(settings)

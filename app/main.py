@@ -13,6 +13,7 @@ from app import accesslog
 from app.api import audit, audits, datasets, deletions, docs, health, keys, models, privacy, ui
 from app.api import log as public_log
 from app.api.errors import DependencyGuard, install_error_handlers
+from app.api.keycache import KeyCache
 from app.api.limits import IngressLimitMiddleware
 from app.api.restore_gate import RestoreGate, RestoreGateMiddleware
 from app.api.scrub import ScrubMiddleware
@@ -24,11 +25,11 @@ from app.ledger.journal import Journal
 from app.ledger.publish import finish_publishing
 from app.maintenance import Maintenance, maintenance_tasks
 from app.metrics import MetricsMiddleware, pipeline_registry
+from app.runtime import Runtime
 from app.security import Role, create_key, has_any_key
 from app.services.isolated import scrub_freed, warm_up
 from app.services.weights_cache import WeightsCache
-from app.settings import Settings, get_settings, use_settings
-from app.storage.blobs import blobs
+from app.settings import Settings, get_settings
 from app.storage.erasure import compact_at_start, finish_compacting
 from app.wakeups import FINISHED, Listener
 from app.worker_process import ProcessDispatcher
@@ -46,17 +47,19 @@ def bootstrap_admin_key(url: str) -> str | None:
 
 
 def create_app(settings: Settings | None = None) -> FastAPI:
+    """The API of one service: its Runtime is built here and passed in (issue 54), so two
+    apps in one process (tests, a thread-mode embedded worker each) share nothing."""
     settings = settings or get_settings()
-    use_settings(settings)
-    accesslog.install()  # the embedded worker's jobs read the same configuration
+    runtime = Runtime.build(settings)
+    accesslog.install()
     url = settings.resolved_database_url
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         if settings.embedded:
-            upgrade_to_head(url)
-            compact_at_start(database(url))  # keys a stopped process destroyed
-            moved = blobs(settings).migrate()  # blobs of an older database leave it (issue 29)
+            upgrade_to_head(url, settings)
+            compact_at_start(runtime.db, settings)  # keys a stopped process destroyed
+            moved = runtime.blobs.migrate()  # blobs of an older database leave it (issue 29)
             if moved:
                 log.info("moved %d blobs into the %s store", moved, settings.blob_store)
         if settings.bootstrap_admin_key and (raw := bootstrap_admin_key(url)):
@@ -74,7 +77,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         if isinstance(dispatcher, InlineDispatcher | ProcessDispatcher) and not behind:
             dispatcher.start()
             FINISHED.dependable = True  # the embedded worker wakes the waiters itself
-            maintenance = Maintenance(maintenance_tasks(app.state.db, dispatcher, settings))
+            maintenance = Maintenance(maintenance_tasks(runtime, dispatcher))
             maintenance.start()
         elif settings.redis_url and not behind:  # workers announce finished requests on Redis
             listener = Listener(settings.redis_url, settings.queue_name)
@@ -101,8 +104,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         description="Certified machine unlearning: deletion requests in, "
         "unlearned models and (ε, δ) certificates out.",
     )
-    app.state.settings = settings
-    app.state.db = database(url)
+    app.state.runtime = runtime
+    app.state.db = runtime.db
+    app.state.key_cache = KeyCache(runtime.db, settings.key_cache_seconds)
     app.state.committer = GroupCommitter.for_database(app.state.db)
     app.state.weights_cache = WeightsCache(settings.weights_cache_bytes)
     app.state.dispatcher = make_dispatcher(settings)

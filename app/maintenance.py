@@ -22,14 +22,13 @@ from datetime import timedelta
 from sqlalchemy import or_, select, update
 from sqlalchemy.orm import Session
 
-from app.db.session import Database
 from app.db.tables import DeletionTask, Model, PrivacyAudit, task_is_due, utcnow
 from app.dispatch import AUDIT, DELETE, TRAIN, Dispatcher
 from app.ledger.publish import publish_quietly
+from app.runtime import Runtime
 from app.services import registration
 from app.settings import Settings
 from app.states import AuditStatus, ModelStatus, TaskStatus
-from app.storage.blobs import blobs
 
 log = logging.getLogger("lethe.maintenance")
 
@@ -88,15 +87,13 @@ def reconcile(session: Session, settings: Settings) -> dict[str, list[int]]:
     }
 
 
-def reconcile_and_signal(
-    db: Database, dispatcher: Dispatcher, settings: Settings
-) -> dict[str, list[int]]:
+def reconcile_and_signal(runtime: Runtime, dispatcher: Dispatcher) -> dict[str, list[int]]:
     """`reconcile`, then discard the abandoned registrations and signal the rest."""
-    with db.write() as session:
-        work = reconcile(session, settings)
+    with runtime.db.write() as session:
+        work = reconcile(session, runtime.settings)
     for dataset_id in work["discard"]:
         log.warning("dataset %s: its registration stopped; discarding it", dataset_id)
-        registration.discard(db, dataset_id)
+        registration.discard(runtime, dataset_id)
     for model_id in work["train"]:
         dispatcher.enqueue(TRAIN, model_id)
     for model_id in work["delete"]:
@@ -106,21 +103,22 @@ def reconcile_and_signal(
     return work
 
 
-def maintenance_tasks(
-    db: Database, dispatcher: Dispatcher, settings: Settings
-) -> list[PeriodicTask]:
+def maintenance_tasks(runtime: Runtime, dispatcher: Dispatcher) -> list[PeriodicTask]:
     """What an API with an embedded worker, or a `lethe worker`, keeps doing."""
+    settings = runtime.settings
     return [
         PeriodicTask(
             "reconcile",
             settings.reconcile_seconds,
-            lambda: reconcile_and_signal(db, dispatcher, settings),
+            lambda: reconcile_and_signal(runtime, dispatcher),
         ),
-        PeriodicTask("publish", settings.reconcile_seconds, lambda: publish_quietly(db, settings)),
+        PeriodicTask(
+            "publish", settings.reconcile_seconds, lambda: publish_quietly(runtime.db, settings)
+        ),
         PeriodicTask(
             "blob sweep",
             settings.blob_sweep_seconds,
-            lambda: blobs(settings).sweep(settings.blob_orphan_grace_seconds),
+            lambda: runtime.blobs.sweep(settings.blob_orphan_grace_seconds),
             later=True,
         ),
     ]

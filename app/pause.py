@@ -13,14 +13,13 @@ import os
 import time
 from pathlib import Path
 
-from app.settings import get_settings
+from app.settings import Settings
 
 MAX_WAIT_SECONDS = 300.0
 
 
-def point(name: str, model_id: int) -> None:
+def point(settings: Settings, name: str, model_id: int) -> None:
     """Wait at the point `name` for `model_id` (a model's or a dataset's id) when a test set it."""
-    settings = get_settings()
     folder = settings.pause_dir
     if folder is None or name not in settings.pause_at:
         return

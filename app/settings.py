@@ -261,19 +261,12 @@ class Settings(BaseSettings):
         return not self.redis_url
 
 
-_override: Settings | None = None
-
-
-def use_settings(settings: Settings) -> None:
-    """Make `settings` the process-wide configuration (the app factory and tests call this)."""
-    global _override
-    _override = settings
-
-
 @lru_cache
 def _from_environment() -> Settings:
     return Settings()
 
 
 def get_settings() -> Settings:
-    return _override or _from_environment()
+    """The environment's settings, read once: for the entry points (`lethe` commands,
+    `create_app()` without settings), which build a Runtime from them and pass that on."""
+    return _from_environment()

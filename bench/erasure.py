@@ -20,11 +20,12 @@ import sqlalchemy as sa
 from sqlalchemy import insert, select
 
 from app.db.migrate import upgrade_to_head
-from app.db.session import database, engine_for
+from app.db.session import engine_for
 from app.db.tables import Dataset, Sample
+from app.runtime import Runtime
 from app.services.dataset_files import ParsedDataset
 from app.services.registration import register
-from app.settings import Settings, use_settings
+from app.settings import Settings
 from app.storage.erasure import compact, erase_payloads
 from bench.common import scratch_database, write_result
 from workers.data import _decode, sealed_samples
@@ -43,11 +44,12 @@ def parsed_dataset(n: int, d: int) -> ParsedDataset:
     )
 
 
-def measure(url: str, parsed: ParsedDataset, erase: int) -> dict[str, float | int]:
-    db = database(url)
+def measure(url: str, folder: Path, parsed: ParsedDataset, erase: int) -> dict[str, float | int]:
+    runtime = Runtime.build(Settings(data_dir=folder, database_url=url))
+    db = runtime.db
     n, d = parsed.X.shape
     t0 = time.perf_counter()
-    sealed_id = register(db, "sealed", "bench", parsed)
+    sealed_id = register(runtime, "sealed", "bench", parsed)
     register_sealed = time.perf_counter() - t0
 
     t0 = time.perf_counter()  # what registering cost before: plaintext rows, no keys
@@ -124,14 +126,13 @@ def main() -> None:
     parsed = parsed_dataset(args.n, args.d)
     results: dict[str, object] = {"n": args.n, "d": args.d}
     with tempfile.TemporaryDirectory() as tmp:
-        use_settings(Settings(data_dir=Path(tmp)))
         url = f"sqlite:///{Path(tmp) / 'bench.db'}"
         upgrade_to_head(url)
-        results["sqlite"] = measure(url, parsed, args.erase)
+        results["sqlite"] = measure(url, Path(tmp), parsed, args.erase)
         engine_for(url).dispose()
 
         with scratch_database() as pg:
-            results["postgresql"] = measure(pg, parsed, args.erase)
+            results["postgresql"] = measure(pg, Path(tmp), parsed, args.erase)
             with engine_for(pg).connect() as conn:
                 results["postgresql"]["data_keys_bytes"] = conn.execute(  # type: ignore[index]
                     sa.text("SELECT pg_total_relation_size('data_keys')")

@@ -24,10 +24,9 @@ from sklearn.datasets import load_digits
 from sqlalchemy import select
 
 from app.client import Client
-from app.db.session import Database, database
 from app.db.tables import Model, ModelVersion, Sample
-from app.settings import Settings, use_settings
-from app.storage.crypto import keyring
+from app.runtime import Runtime
+from app.settings import Settings
 from bench.common import RESULTS, embedded_server, percentiles, write_result
 from maths.evaluation import membership_auc, per_sample_losses
 from maths.nets import FlatModel, build_net
@@ -49,33 +48,35 @@ PAPER_TABLE1 = [  # seed 003 Table 1, "Proposed" rows (note 003 §8.3, exponents
 ]
 
 
-def _database(db: Path) -> Database:
-    """The server's SQLite file, read with its master key (everything in it is sealed)."""
-    use_settings(Settings(data_dir=db.parent))
-    return database(f"sqlite:///{db}")
+def _runtime(db: Path) -> Runtime:
+    """The server's SQLite file and its master key (everything in it is sealed)."""
+    return Runtime.build(Settings(data_dir=db.parent, database_url=f"sqlite:///{db}"))
 
 
 def noise_free_state(db: Path, model_id: int) -> dict[str, torch.Tensor]:
-    with _database(db).read() as session:
+    runtime = _runtime(db)
+    with runtime.db.read() as session:
         model = session.get(Model, model_id)
         assert model is not None
         version = session.get(ModelVersion, model.current_version_id)
         assert version is not None and version.state_key is not None
-        data = stored_bytes(session, version.state_key)
+        data = stored_bytes(runtime.blobs, session, version.state_key)
     assert data is not None
     return dict(st_load(data))
 
 
 def stored_vectors(db: Path, model_id: int, sample_ids: list[int]) -> torch.Tensor:
-    with _database(db).read() as session:
-        vectors = read_vectors(session, model_id, sample_ids)
+    runtime = _runtime(db)
+    with runtime.db.read() as session:
+        vectors = read_vectors(session, runtime.keyring, model_id, sample_ids)
     return torch.stack([vectors[s] for s in sample_ids])
 
 
 def sample_ids_by_external(db: Path, dataset_id: int, externals: list[str]) -> dict[str, int]:
     """External id -> internal id, through the keyed tokens the database stores."""
-    with _database(db).read() as session:
-        ring = keyring()
+    runtime = _runtime(db)
+    with runtime.db.read() as session:
+        ring = runtime.keyring
         tokens = {ring.token("sample", dataset_id, e): e for e in externals}
         rows = session.execute(
             select(Sample.external_id, Sample.id).where(Sample.dataset_id == dataset_id)

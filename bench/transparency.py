@@ -17,7 +17,6 @@ import argparse
 import contextlib
 import tempfile
 import time
-from pathlib import Path
 from typing import Any
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
@@ -27,7 +26,6 @@ from app.db.session import database
 from app.jsontypes import JsonObject
 from app.ledger import certificates as audit
 from app.ledger import merkle, transparency
-from app.settings import Settings, use_settings
 from bench.common import scratch_database, write_result
 
 
@@ -104,7 +102,6 @@ def receipts(url: str, n: int) -> float:
 def run(n: int) -> dict[str, Any]:
     out: dict[str, Any] = {}
     with tempfile.TemporaryDirectory() as tmp:
-        use_settings(Settings(data_dir=Path(tmp)))
         for backend in ("sqlite", "postgres"):
             for batch in (1, 100):
                 for tree in (False, True):

@@ -13,6 +13,7 @@ import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 from fastapi.testclient import TestClient
@@ -21,6 +22,7 @@ from app.db.migrate import upgrade_to_head
 from app.db.session import database, engine_for
 from app.db.tables import Base
 from app.main import create_app
+from app.runtime import Runtime
 from app.security import Role, create_key
 from app.settings import Settings
 from tests.databases import own_database
@@ -98,6 +100,21 @@ class Api:
     client: TestClient
     url: str
     keys: dict[str, str]
+
+    @property
+    def runtime(self) -> Runtime:
+        """The app's resources (app/runtime.py)."""
+        return self.client.app.state.runtime  # type: ignore[attr-defined,no-any-return]
+
+    def worker(self) -> Any:
+        """The inline worker's JobContext (workers/context.py; the thread-mode worker)."""
+        return self.client.app.state.dispatcher.context  # type: ignore[attr-defined]
+
+    def opened(self) -> Any:
+        """A fresh cache of opened samples under the app's keyring, for reading rows."""
+        from workers.data import OpenedSamples
+
+        return OpenedSamples(self.runtime.keyring)
 
     def h(self, role: str = "admin") -> dict[str, str]:
         return {"Authorization": f"Bearer {self.keys[role]}"}

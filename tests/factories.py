@@ -12,7 +12,7 @@ from sqlalchemy.orm import Session
 
 from app.privacy.lineage import LineageEvent
 from app.specs import PrivacyPolicy, TrainingConfig, architecture_of, training_of
-from app.storage.blobs import blobs
+from app.storage.blobs import Blobs
 from methods import method_of
 from methods.compute import (
     ModelSpec,
@@ -142,14 +142,14 @@ def certificate_of(api: Api, done: dict[str, Any], index: int = 0) -> dict[str, 
     return api.get(f"/v1/audit/certificates/{cid}", role="auditor").json()
 
 
-def stored_bytes(session: Session, key: str) -> bytes | None:
+def stored_bytes(store: Blobs, session: Session, key: str) -> bytes | None:
     """A blob's plaintext as the service stores it (any backend), or None once erased."""
-    data = blobs().read(session, key)
+    data = store.read(session, key)
     return None if data is None else bytes(data)
 
 
-def stored_state(session: Session, key: str) -> dict[str, torch.Tensor]:
+def stored_state(store: Blobs, session: Session, key: str) -> dict[str, torch.Tensor]:
     """A stored safetensors blob (a noise-free state, weights) as tensors."""
-    data = blobs().read(session, key)
+    data = store.read(session, key)
     assert data is not None, f"blob {key} is erased"
     return tensorfile.decode(data)

@@ -6,7 +6,6 @@ import pytest
 
 from app.db.session import database
 from app.security import Role, create_key, hash_key, lookup_key
-from app.settings import get_settings
 from tests.conftest import Api
 
 
@@ -86,10 +85,11 @@ def test_keys_are_looked_up_once_then_remembered_until_revoked(
         calls.append(raw)
         return lookup_key(session, raw)
 
-    app.api.keycache.forget()
+    cache = api.client.app.state.key_cache  # type: ignore[attr-defined]
+    cache.forget()
     monkeypatch.setattr(app.api.keycache, "lookup_key", counting)
     # remembered for longer than these requests take, however busy the machine is
-    monkeypatch.setattr(get_settings(), "key_cache_seconds", 600.0)
+    monkeypatch.setattr(cache, "ttl", 600.0)
     response = api.post("/v1/datasets", json={"builtin": "breast_cancer"})
     assert response.status_code == 201 and len(calls) == 1
     assert api.get("/v1/models").status_code == 200 and len(calls) == 1  # remembered

@@ -50,9 +50,9 @@ def noise_free_and_optimum(api: Api, model_id: int) -> tuple[torch.Tensor, torch
     with database(api.url).read() as session:
         model = session.get(Model, model_id)
         version = session.get(ModelVersion, model.current_version_id)
-        state = stored_state(session, version.state_key)
+        state = stored_state(api.runtime.blobs, session, version.state_key)
         dataset = session.get(Dataset, model.dataset_id)
-        data = training_arrays(session, model_id, dataset)
+        data = training_arrays(session, api.opened(), model_id, dataset)
     problem = convex.Problem.of(data.X, data.y, 2, R, LAM)
     optimum = convex.solve(problem, 1e-10, 5000)
     assert optimum.gradient_norm <= 1e-10

@@ -13,7 +13,7 @@ from sqlalchemy import func, select
 from app.db.session import database
 from app.db.tables import Dataset, Sample
 from app.services import isolated
-from app.storage.crypto import SampleRecord, keyring, open_sealed, sample_aad
+from app.storage.crypto import SampleRecord, open_sealed, sample_aad
 from app.storage.keystore import load_keys
 from tests.conftest import Api
 
@@ -188,7 +188,7 @@ def test_samples_are_sealed_float32_records(api: Api, digits: dict) -> None:
         row = session.execute(
             select(Sample).where(Sample.dataset_id == digits["id"]).order_by(Sample.id).limit(1)
         ).scalar_one()
-        ring = keyring()
+        ring = api.runtime.keyring
         key = load_keys(session, ring, [row.key_id])[row.key_id]
     assert row.external_id == ring.token("sample", digits["id"], "0")
     features = (load_digits().images[0] / 16.0).astype(np.float32).tobytes()

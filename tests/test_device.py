@@ -37,7 +37,9 @@ from methods.recollection import compute as recollection_method
 from tests.test_compute import TRAINING, K, N, P, data, inputs_for
 from workers import device as dev
 from workers import jobs, updates, values, worker
+from workers.context import JobContext
 from workers.data import Arrays
+from workers.resident import Sessions
 from workers.updates import compute_on
 from workers.values import Outcome
 
@@ -89,12 +91,8 @@ METHODS: dict[str, dict[str, Any]] = {
 
 @pytest.fixture
 def cpu_settings(tmp_path) -> Iterator[app_settings.Settings]:
-    """The process's settings with LETHE_DEVICE=cpu, restored afterwards."""
-    previous = app_settings._override
-    settings = app_settings.Settings(data_dir=tmp_path, device="cpu")
-    app_settings.use_settings(settings)
-    yield settings
-    app_settings._override = previous
+    """Settings with LETHE_DEVICE=cpu."""
+    yield app_settings.Settings(data_dir=tmp_path, device="cpu")
 
 
 @pytest.fixture
@@ -184,24 +182,20 @@ def test_the_setting_is_read_from_lethe_device(monkeypatch: pytest.MonkeyPatch, 
 
 
 def test_jobs_and_the_worker_resolve_the_device_before_any_work(tmp_path) -> None:
-    """A job's setup returns the settings' device; LETHE_DEVICE=cuda on a machine without a
-    GPU stops the job's setup and `lethe worker` at start, naming the setting."""
-    assert jobs._setup(app_settings.Settings(data_dir=tmp_path, device="cpu")) == CPU
+    """A job's context gives the settings' device; LETHE_DEVICE=cuda on a machine without a
+    GPU stops the job (before it claims anything) and `lethe worker` at start, naming the
+    setting."""
+    assert JobContext.build(app_settings.Settings(data_dir=tmp_path, device="cpu")).device() == CPU
     cuda = app_settings.Settings(
         data_dir=tmp_path, device="cuda", redis_url="redis://127.0.0.1:1/0"
     )
     if torch.cuda.is_available():
-        assert jobs._setup(cuda).type == "cuda"
+        assert JobContext.build(cuda).device().type == "cuda"
         return
     with pytest.raises(dev.DeviceUnavailable, match="LETHE_DEVICE=cuda"):
-        jobs._setup(cuda)
-    previous = app_settings._override
-    app_settings.use_settings(cuda)
-    try:
-        with pytest.raises(SystemExit, match="lethe worker: LETHE_DEVICE=cuda"):
-            worker.run(burst=True)
-    finally:
-        app_settings._override = previous
+        JobContext.build(cuda).device()
+    with pytest.raises(SystemExit, match="lethe worker: LETHE_DEVICE=cuda"):
+        worker.run(burst=True, settings=cuda)
 
 
 # ---- the helpers ---------------------------------------------------------------------------
@@ -253,7 +247,7 @@ def test_each_method_computes_on_the_settings_device(
         return plain(moved)
 
     monkeypatch.setattr(updates, "compute", spy)
-    device = dev.worker_device()
+    device = dev.worker_device(cpu_settings)
     assert device == CPU
     outcome = compute_on(inputs, device)
     assert len(seen) == 1 and seen[0] is not inputs  # moved by inputs_to, not passed through
@@ -275,7 +269,7 @@ def test_the_job_stores_the_release_while_measuring_it_with_the_same_outcome(
     thread while the metrics are measured, and gives the outcome `compute_on` gives."""
     inputs = update_inputs(name)
     seeded_noise[0] = 0
-    expected = compute_on(inputs, dev.worker_device())
+    expected = compute_on(inputs, dev.worker_device(cpu_settings))
     seen: list[tuple[int, dict[str, torch.Tensor]]] = []
     main = threading.get_ident()
 
@@ -285,7 +279,7 @@ def test_the_job_stores_the_release_while_measuring_it_with_the_same_outcome(
 
     seeded_noise[0] = 0
     outcome, stored = updates.compute_storing(
-        inputs, dev.worker_device(), store, lambda _: pytest.fail("nothing to discard")
+        inputs, dev.worker_device(cpu_settings), store, lambda _: pytest.fail("nothing to discard")
     )
     assert stored == "stored" and len(seen) == 1 and seen[0][0] != main
     assert all(t.device == CPU for t in seen[0][1].values())
@@ -308,7 +302,7 @@ def test_what_was_stored_is_discarded_when_measuring_fails(
     with pytest.raises(RuntimeError, match="accuracies failed"):
         updates.compute_storing(
             update_inputs("output_perturbation"),
-            dev.worker_device(),
+            dev.worker_device(cpu_settings),
             lambda release: "blob-keys",
             discarded.append,
         )
@@ -328,7 +322,7 @@ def test_each_method_is_device_clean_with_unchanged_numbers(
     expected = updates.compute(inputs)
     seeded_noise[0] = 0
     with torch.device("meta"):
-        outcome = compute_on(inputs, dev.worker_device())
+        outcome = compute_on(inputs, dev.worker_device(cpu_settings))
     assert outcome.decision.method == expected.decision.method
     got, want = release_tensors(outcome), release_tensors(expected)
     assert got.keys() == want.keys()
@@ -347,7 +341,7 @@ def test_a_lineage_fallback_retrains_on_the_device(cpu_settings: app_settings.Se
     spent = [gaussian_event(1.0, 1.0, 1.0, 1e-5)] * 50
     inputs = inputs_for({"name": "output_perturbation"}, history=spent)
     with torch.device("meta"):
-        outcome = compute_on(inputs, dev.worker_device())
+        outcome = compute_on(inputs, dev.worker_device(cpu_settings))
     assert outcome.decision.method == "retrain"
     assert all(t.device == CPU for t in release_tensors(outcome).values())
 
@@ -372,7 +366,7 @@ def test_training_jobs_train_on_the_device_and_return_cpu_states(
     arrays = Arrays(ids, [str(i) for i in ids], X, y, [None] * N)
     inputs = values.TrainingInputs(spec, arrays, arrays, None, None)
     losses: list[float] = []
-    device = jobs._setup(cpu_settings)
+    device = dev.worker_device(cpu_settings)
     with torch.device("meta"):
         trained, metrics = jobs._train(inputs, lambda e, E, loss: losses.append(loss), device)
     expected = fit(spec, RetainedData(ids, X, y))
@@ -398,7 +392,7 @@ def test_recollection_training_returns_cpu_statistics(
     )
     arrays = Arrays(ids, [str(i) for i in ids], X, y, [None] * N)
     inputs = values.TrainingInputs(spec, arrays, arrays, None, None)
-    trained, _ = jobs._train(inputs, lambda *_: None, dev.worker_device())
+    trained, _ = jobs._train(inputs, lambda *_: None, dev.worker_device(cpu_settings))
     assert trained.statistics is not None
     assert trained.statistics.vectors.device == CPU
     assert trained.statistics.vectors.shape == (N, (P + 1) * K)
@@ -439,7 +433,8 @@ def test_the_resident_state_is_prepared_where_the_updates_compute(
     monkeypatch.setattr(jobs, "method_for", lambda name, spec: Recording())
     meta = torch.device("meta")
     rows = dev.arrays_to(arrays, meta)
-    prepared = jobs._prepare_resident(cpu_settings, Writes(), 1, inputs, rows, trained)  # type: ignore[arg-type]
+    ctx = SimpleNamespace(db=Writes(), resident_sessions=lambda: Sessions(2))
+    prepared = jobs._prepare_resident(ctx, 1, inputs, rows, trained)  # type: ignore[arg-type]
     assert seen == {"rows": meta, "state": {meta}}
     assert prepared is not None and prepared.method_state == "resident"
     assert all(v.device == CPU for v in prepared.state.values())  # the session's state: CPU

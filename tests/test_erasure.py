@@ -27,9 +27,9 @@ from app.db.migrate import upgrade_to_head
 from app.db.session import database, dispose_engines, engine_for
 from app.db.tables import Blob, DataKey, ModelVersion, Sample, ShortKey
 from app.main import create_app
-from app.settings import Settings, get_settings
+from app.settings import Settings
 from app.storage.blobs import blobs
-from app.storage.crypto import Keyring, SealError, keyring, open_sealed, seal
+from app.storage.crypto import Keyring, SealError, open_sealed, seal
 from app.storage.objects import S3Objects
 from tests.conftest import Api, make_keys
 from workers.statistics import read_vectors
@@ -124,7 +124,7 @@ def wait_until_absent(url: str, needles: dict[str, bytes], timeout: float = 20.0
 
 def test_byte_search_finds_nothing_of_an_erased_person(api: Api) -> None:
     """The database files and the blob folder (the embedded default's object store)."""
-    folder = get_settings().resolved_blob_dir
+    folder = api.runtime.settings.resolved_blob_dir
     byte_search_scenario(api, lambda: folder_bytes(folder))
 
 
@@ -162,7 +162,7 @@ def byte_search_scenario(api: Api, stored_bytes: Callable[[], bytes]) -> None:
     even the wrapped keys are."""
     ds = person_dataset(api)
     model = recollection_model(api, ds["id"])
-    ring = keyring()
+    ring = api.runtime.keyring
     person = "subject-person-07-zq"
     members = [i for i in range(200) if i % 40 == 7]  # the person's 5 training samples
     raw_ids = [f"sample-{i:04d}-of-person-07-zq" for i in members]
@@ -180,7 +180,7 @@ def byte_search_scenario(api: Api, stored_bytes: Callable[[], bytes]) -> None:
                 select(DataKey.id, DataKey.wrapped).where(DataKey.id.in_([r.key_id for r in rows]))
             )
         }
-        vectors = read_vectors(session, model["id"], [r.id for r in rows])
+        vectors = read_vectors(session, api.runtime.keyring, model["id"], [r.id for r in rows])
         v1 = session.scalar(select(ModelVersion).where(ModelVersion.model_id == model["id"]))
         blob_key_ids = session.scalars(
             select(Blob.key_id).where(Blob.key.in_([v1.weights_key, v1.state_key]))

@@ -31,7 +31,7 @@ def test_a_download_rebuilds_the_module_and_names_its_parent(api: Api, digits: d
     assert json.loads(loaded.metadata["architecture"]) == model["architecture"]
     assert loaded.metadata["parent_sha256"] == ""
     with database(api.url).read() as session:
-        test = worker_data.test_arrays(session, session.get(Dataset, digits["id"]))
+        test = worker_data.test_arrays(session, api.opened(), session.get(Dataset, digits["id"]))
     with torch.no_grad():
         accuracy = float((loaded.module(test.X).argmax(1) == test.y).float().mean())
     assert accuracy == model["current_version"]["metrics"]["test_accuracy"]

@@ -12,22 +12,18 @@ from alembic import command
 from app.db.migrate import alembic_config
 from app.db.session import database, engine_for
 from app.db.tables import Dataset
-from app.settings import Settings, get_settings, use_settings
+from app.settings import Settings
+from app.storage.blobs import blobs
+from app.storage.crypto import keyring
 from tests.factories import stored_bytes
 from workers.data import arrays_for
 from workers.statistics import read_vectors
 
 
 def test_plaintext_rows_are_sealed_and_still_read(tmp_path: Path) -> None:
-    previous = get_settings()
-    use_settings(Settings(data_dir=tmp_path))
-    try:
-        _seal_and_read(tmp_path)
-    finally:
-        use_settings(previous)
-
-
-def _seal_and_read(tmp_path: Path) -> None:
+    """Migration 0003 seals what an older database kept in plaintext, under the master key of
+    the settings it is given (`upgrade_to_head`'s), and the worker's reads open it."""
+    settings = Settings(data_dir=tmp_path)
     url = f"sqlite:///{tmp_path / 'old.db'}"
     command.upgrade(alembic_config(url), "0002")
     features = np.arange(4, dtype=np.float32) + 0.25
@@ -74,7 +70,7 @@ def _seal_and_read(tmp_path: Path) -> None:
         )
     engine.dispose()
 
-    command.upgrade(alembic_config(url), "head")
+    command.upgrade(alembic_config(url, settings), "head")
 
     raw = Path(url.removeprefix("sqlite:///")).read_bytes()
     for plaintext in (features.tobytes(), vector.tobytes(), weights[:24], b"alice", b"bob-sample"):
@@ -83,13 +79,14 @@ def _seal_and_read(tmp_path: Path) -> None:
     with db.read() as session:
         ds = session.get(Dataset, 1)
         assert ds is not None
-        arrays = arrays_for(session, ds, [1, 2])
+        arrays = arrays_for(session, keyring(settings), ds, [1, 2])
         assert arrays.external_ids == ["alice-sample", ""]
         assert arrays.subjects == ["alice", None]
         assert torch.equal(arrays.X[0], torch.from_numpy(features))
         assert int(arrays.y[0]) == 1
-        assert torch.equal(read_vectors(session, 1, [1])[1], torch.from_numpy(vector))
-        assert stored_bytes(session, "model-1/weights/x") == weights
+        vectors = read_vectors(session, keyring(settings), 1, [1])
+        assert torch.equal(vectors[1], torch.from_numpy(vector))
+        assert stored_bytes(blobs(settings), session, "model-1/weights/x") == weights
         left = session.execute(sa.text("SELECT count(*) FROM sample_statistics")).scalar_one()
         assert left == 1  # the erased sample's statistic went with it
     engine_for(url).dispose()

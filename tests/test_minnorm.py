@@ -56,7 +56,7 @@ def retained_features(api: Api, model_id: int) -> tuple[torch.Tensor, torch.Tens
     with database(api.url).read() as session:
         model = session.get(Model, model_id)
         dataset = session.get(Dataset, model.dataset_id)
-        data = training_arrays(session, model_id, dataset)
+        data = training_arrays(session, api.opened(), model_id, dataset)
     net = build_net(FEATURES, data.X[0].numel(), 10)
     with torch.no_grad():
         phi = mn.with_bias(net[1](net[0](data.X.double())))
@@ -67,7 +67,7 @@ def stored_state(api: Api, model_id: int) -> dict[str, torch.Tensor]:
     with database(api.url).read() as session:
         model = session.get(Model, model_id)
         version = session.get(ModelVersion, model.current_version_id)
-        return dict(factories.stored_state(session, version.state_key))
+        return dict(factories.stored_state(api.runtime.blobs, session, version.state_key))
 
 
 @pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)  # maths, not storage: SQLite

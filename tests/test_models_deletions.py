@@ -18,7 +18,6 @@ from app.db.session import database
 from app.db.tables import Blob, DeletionRequest, ModelSample, ModelVersion, Sample
 from app.main import create_app
 from app.settings import Settings
-from app.storage.crypto import keyring
 from tests.conftest import SMALL_TRAINING, Api, make_keys, train_ids
 from workers import jobs
 
@@ -77,7 +76,7 @@ def test_retrain_deletion_end_to_end(api: Api, digits: dict, ready_model: dict) 
     assert done["opening"] is None  # reads never show it
 
     with database(api.url).write() as session:
-        tokens = [keyring().token("sample", digits["id"], i) for i in ids]
+        tokens = [api.runtime.keyring.token("sample", digits["id"], i) for i in ids]
         rows = session.execute(
             select(Sample.payload, Sample.key_id, Sample.status).where(
                 Sample.dataset_id == digits["id"], Sample.external_id.in_(tokens)
@@ -178,7 +177,7 @@ def test_a_commit_is_refused_when_the_lease_the_version_or_a_task_moved(
         (DeletionTask, "lease_owner", "another-worker", "was reclaimed"),
     ]
 
-    def refused_first(session, batch, outcome, stored, signer):  # type: ignore[no-untyped-def]
+    def refused_first(session, ctx, batch, outcome, stored, signer):  # type: ignore[no-untyped-def]
         for table, column, value, message in moves:
             row_id = batch.model_id if table is Model else batch.tasks[0].task_id
             with database(api.url).write() as other:
@@ -186,11 +185,11 @@ def test_a_commit_is_refused_when_the_lease_the_version_or_a_task_moved(
                 kept = getattr(row, column)
                 setattr(row, column, value)
             with pytest.raises(LeaseLost, match=message), database(api.url).write() as tried:
-                real(tried, batch, outcome, stored, signer)
+                real(tried, ctx, batch, outcome, stored, signer)
             refusals.append(message)
             with database(api.url).write() as other:
                 setattr(other.get(table, row_id), column, kept)
-        return real(session, batch, outcome, stored, signer)
+        return real(session, ctx, batch, outcome, stored, signer)
 
     monkeypatch.setattr(pipeline, "commit_update", refused_first)
     done = delete(api, {"dataset_id": digits["id"], "sample_ids": train_ids(api, digits["id"], 1)})
@@ -440,7 +439,7 @@ def test_subject_deletion_and_fan_out(api: Api) -> None:
     assert sorted(m["model_id"] for m in done["models"]) == model_ids
     assert all(m["status"] == "done" and m["n_removed"] == 8 for m in done["models"])
     assert len(done["certificate_ids"]) == 2
-    person3 = keyring().token("subject", ds["id"], "person3")
+    person3 = api.runtime.keyring.token("subject", ds["id"], "person3")
     with database(api.url).write() as session:
         held = session.scalar(
             select(func.count())

@@ -129,8 +129,8 @@ def test_newton_step_lands_near_the_convex_retrained_optimum(api: Api) -> None:
     with database(api.url).write() as session:
         m = session.get(Model, model["id"])
         v = session.get(ModelVersion, m.current_version_id)
-        noise_free = stored_state(session, v.state_key)
-        retained = training_arrays(session, m.id, session.get(Dataset, m.dataset_id))
+        noise_free = stored_state(api.runtime.blobs, session, v.state_key)
+        retained = training_arrays(session, api.opened(), m.id, session.get(Dataset, m.dataset_id))
     retrained = train({"type": "logreg"}, TRAINING, retained.X, retained.y, 3, project_radius=100.0)
     before = float((flat(original) - flat(retrained)).norm())
     after = float((flat(noise_free) - flat(retrained)).norm())

@@ -13,7 +13,6 @@ from sqlalchemy import func, select
 
 from app.db.session import database
 from app.db.tables import Model, ModelVersion, Sample, SampleStatistic
-from app.storage.crypto import keyring
 from maths.nets import FlatModel, build_net
 from methods.recollection.maths import train_recollection
 from tests.conftest import Api
@@ -136,7 +135,7 @@ def noise_free_state(api: Api, model_id: int) -> dict[str, torch.Tensor]:
     with database(api.url).write() as session:
         model = session.get(Model, model_id)
         version = session.get(ModelVersion, model.current_version_id)
-        return stored_state(session, version.state_key)
+        return stored_state(api.runtime.blobs, session, version.state_key)
 
 
 def train_external_ids(api: Api, dataset_id: int, n: int) -> list[str]:
@@ -167,11 +166,12 @@ def test_vectors_are_consumed_and_certificate_is_conditional(api: Api) -> None:
     record = model["current_version"]["metrics"]["record"]
     assert record["rows"] == 300 and record["d"] == 63
     ids = train_external_ids(api, ds["id"], 3)
+    ring = api.runtime.keyring
     with database(api.url).write() as session:
         sample_ids = session.scalars(
             select(Sample.id).where(
                 Sample.dataset_id == ds["id"],
-                Sample.external_id.in_([keyring().token("sample", ds["id"], i) for i in ids]),
+                Sample.external_id.in_([ring.token("sample", ds["id"], i) for i in ids]),
             )
         ).all()
         assert (

@@ -139,7 +139,7 @@ def test_a_registration_that_fails_midway_leaves_nothing(
     # as the registration child runs it (app/services/isolated.py), here, where the patch is
     parsed = dataset_files.load_builtin(BuiltinDatasetIn.model_validate(BIG))
     with pytest.raises(OSError, match="disk full"):
-        registration.register(database(api.url), "big", "builtin:synthetic", parsed)
+        registration.register(api.runtime, "big", "builtin:synthetic", parsed)
     assert calls["n"] == 2  # the first chunk had committed
     assert api.get("/v1/datasets/2").status_code == 404
     assert counts(api.url, 2) == (0, before)

@@ -222,9 +222,9 @@ def test_weights_are_cached_by_sha256_and_304_has_no_body(
     opened: list[int] = []
     real = app.api.models.released_weights
 
-    def counting(session, version):  # type: ignore[no-untyped-def]
+    def counting(session, store, version):  # type: ignore[no-untyped-def]
         opened.append(version.id)
-        return real(session, version)
+        return real(session, store, version)
 
     monkeypatch.setattr(app.api.models, "released_weights", counting)
     path = f"/v1/models/{ready_model['id']}/weights"
@@ -299,19 +299,20 @@ def test_opened_samples_are_cached_and_erased_ones_dropped(
     opened: list[int] = []
     real = data._decode
 
-    def counting(rows, shape):  # type: ignore[no-untyped-def]
+    def counting(ring, rows, shape):  # type: ignore[no-untyped-def]
         opened.extend(r.id for r in rows)
-        return real(rows, shape)
+        return real(ring, rows, shape)
 
     monkeypatch.setattr(data, "_decode", counting)
-    data.OPENED.clear()  # training (the inline worker, this process) opened them already
+    cache = api.worker().opened  # the inline worker's own cache of opened samples
+    cache.clear()  # training (the inline worker, this process) opened them already
     url = api.url
     db = database(url)
     with db.read() as session:
         dataset = session.get(Dataset, digits["id"])
         assert dataset is not None
-        first = data.training_arrays(session, ready_model["id"], dataset)
-        again = data.training_arrays(session, ready_model["id"], dataset)
+        first = data.training_arrays(session, cache, ready_model["id"], dataset)
+        again = data.training_arrays(session, cache, ready_model["id"], dataset)
     assert len(opened) == len(first) and first.sample_ids == again.sample_ids
     assert torch.equal(first.X, again.X) and torch.equal(first.y, again.y)
 
@@ -322,10 +323,10 @@ def test_opened_samples_are_cached_and_erased_ones_dropped(
     with db.read() as session:
         dataset = session.get(Dataset, digits["id"])
         assert dataset is not None
-        after = data.training_arrays(session, ready_model["id"], dataset)
+        after = data.training_arrays(session, cache, ready_model["id"], dataset)
     gone = set(first.sample_ids) - set(after.sample_ids)
     assert len(gone) == 1
-    cached = {s for block in data.OPENED._blocks.values() for s in block.ids.tolist()}
+    cached = {s for block in cache._blocks.values() for s in block.ids.tolist()}
     assert not gone & cached  # the erased sample's plaintext is no longer held
 
 

@@ -21,7 +21,8 @@ from app.states import SampleStatus
 from tests.conftest import SMALL_TRAINING, Api, train_ids
 from tests.factories import forget
 from workers import jobs
-from workers.data import OPENED, Arrays, database_key
+from workers.context import JobContext
+from workers.data import Arrays, database_key
 from workers.resident import ModelSession, Sessions
 
 
@@ -29,7 +30,7 @@ from workers.resident import ModelSession, Sessions
 def two_workers(monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[Sessions, Sessions]]:
     """Two workers' session caches; the test says which one the (inline) worker uses."""
     first, second = Sessions(4), Sessions(4)
-    monkeypatch.setattr(jobs, "resident_sessions", lambda settings: _active[0])
+    monkeypatch.setattr(JobContext, "resident_sessions", lambda self: _active[0])
     _active[:] = [first]
     yield first, second
 
@@ -71,7 +72,7 @@ def test_a_session_is_reused_rebuilt_when_moved_on_and_equals_a_cold_update(
     # The session holds the training rows now: the opened-samples cache keeps only the test
     # split's (goal 6: no second copy of the data in the worker's memory).
     here = (database_key(database(api.url).engine), digits["id"])  # other tests' are there too
-    opened = [b for w, b in OPENED._blocks.items() if w[:2] == here]
+    opened = [b for w, b in api.worker().opened._blocks.items() if w[:2] == here]
     assert opened and all(set(b.ids.tolist()) == _test_ids(api, digits["id"]) for b in opened)
     cold = create(api, digits["id"], "cold")
     ids = train_ids(api, digits["id"], 4)
@@ -370,9 +371,9 @@ def test_the_test_split_is_read_once_per_session_not_again_on_its_next_update(
     reads: list[int] = []
     real = pipeline.test_arrays
 
-    def counted(session, dataset):  # type: ignore[no-untyped-def]
+    def counted(session, opened, dataset):  # type: ignore[no-untyped-def]
         reads.append(dataset.id)
-        return real(session, dataset)
+        return real(session, opened, dataset)
 
     monkeypatch.setattr(pipeline, "test_arrays", counted)
     model = create(api, digits["id"], "dated")  # worker a seeds the session from training

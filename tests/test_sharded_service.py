@@ -74,7 +74,7 @@ def current_state(api: Api, model_id: int) -> tuple[dict[str, torch.Tensor], str
     with database(api.url).read() as session:
         model = session.get(Model, model_id)
         version = session.get(ModelVersion, model.current_version_id)
-        data = stored_bytes(session, version.state_key)
+        data = stored_bytes(api.runtime.blobs, session, version.state_key)
         return dict(st_load(data)), version.state_key
 
 
@@ -84,7 +84,7 @@ def from_scratch(api: Api, model_id: int):
         model = session.get(Model, model_id)
         dataset = session.get(Dataset, model.dataset_id)
         spec = pipeline.model_spec(model, dataset)
-        data = training_arrays(session, model_id, dataset)
+        data = training_arrays(session, api.opened(), model_id, dataset)
     return fit(spec, RetainedData(data.sample_ids, data.X, data.y, data.subjects))
 
 

@@ -76,9 +76,9 @@ def retained(api: Api, model_id: int) -> tuple[torch.Tensor, dict[str, torch.Ten
     with database(api.url).read() as session:
         model = session.get(Model, model_id)
         dataset = session.get(Dataset, model.dataset_id)
-        data = training_arrays(session, model_id, dataset)
+        data = training_arrays(session, api.opened(), model_id, dataset)
         version = session.get(ModelVersion, model.current_version_id)
-        state = stored_state(session, version.state_key)
+        state = stored_state(api.runtime.blobs, session, version.state_key)
     return data.X, state
 
 
@@ -304,7 +304,7 @@ def test_the_head_releases_b_in_the_old_base_and_says_its_scope(
     X, state = retained(api, head["id"])
     with database(api.url).read() as session:
         dataset = session.get(Dataset, ds["id"])
-        y = training_arrays(session, head["id"], dataset).y
+        y = training_arrays(session, api.opened(), head["id"], dataset).y
     A_S, w_S = state[BASE], state[W_S]
     assert torch.equal(A_S, before[BASE]) and torch.equal(w_S, before[W_S])  # kept as trained
     S, m = tp.cooccurrence_sum(X)

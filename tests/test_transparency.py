@@ -17,7 +17,7 @@ from app.db import append_only
 from app.db.session import database, engine_for
 from app.ledger import merkle, transparency
 from app.ledger.receipts import ReceiptError, verify_extension, verify_head, verify_receipt
-from app.settings import Settings, get_settings
+from app.settings import Settings
 from tests.conftest import Api
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -128,7 +128,7 @@ def test_rotation_keeps_old_receipts_valid_and_unknown_keys_are_refused(
 ) -> None:
     dataset_id = ready_model["dataset_id"]
     before = delete(api, dataset_id, 0)["receipts"][0]
-    old_id, new_id = transparency.rotate(get_settings())
+    old_id, new_id = transparency.rotate(api.runtime.settings)
     after = delete(api, dataset_id, 1)["receipts"][0]
     keys = api.get("/v1/audit/public-key").json()
     assert old_id != new_id and {k["key_id"] for k in keys["keys"]} == {old_id, new_id}

@@ -99,24 +99,23 @@ def test_a_lingering_worker_is_woken_by_the_apis_push_not_its_fallback_look() ->
     """The API's signal for a deletion pushes to the model's due list (with a TTL, so a push
     nobody pops goes by itself); a worker lingering on the lease blocks on that list and wakes
     as soon as the push comes, then empties it (real Redis; the queue is this test's own)."""
-    from app.dispatch import DELETE, DUE_TTL_SECONDS, RQDispatcher, due_key
+    from app.dispatch import DELETE, DUE_TTL_SECONDS, DueList, RQDispatcher, due_key
     from app.settings import Settings
-    from workers.jobs import _wait_for_due
 
     queue = f"lethe-test-{uuid.uuid4().hex[:8]}"
     settings = Settings(redis_url=REDIS, queue_name=queue)
     redis, key = Redis.from_url(REDIS), due_key(queue, 7)
-    dispatcher = RQDispatcher(settings)
+    dispatcher, due = RQDispatcher(settings), DueList(REDIS, queue)
     try:
         dispatcher.enqueue(DELETE, 7)
         assert redis.llen(key) == 1 and 0 < redis.ttl(key) <= DUE_TTL_SECONDS
-        assert _wait_for_due(settings, key, 10.0)  # already pushed: at once, and emptied
+        assert due.wait(7, 10.0)  # already pushed: at once, and emptied
         assert redis.exists(key) == 0
-        assert not _wait_for_due(settings, key, 0.1)  # nothing pushed: the timeout
+        assert not due.wait(7, 0.1)  # nothing pushed: the timeout
 
         threading.Timer(0.2, dispatcher.enqueue, (DELETE, 7)).start()
         started = time.monotonic()
-        assert _wait_for_due(settings, key, 10.0)
+        assert due.wait(7, 10.0)
         assert 0.1 < time.monotonic() - started < 5.0  # woken by the push, not the timeout
         assert redis.exists(key) == 0
     finally:

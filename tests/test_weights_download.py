@@ -11,7 +11,6 @@ from sqlalchemy import select
 from app.db.session import database
 from app.db.tables import ModelVersion
 from app.settings import Settings
-from app.storage.blobs import blobs
 from tests.conftest import SMALL_TRAINING, Api
 
 
@@ -76,7 +75,7 @@ def test_a_missing_or_corrupt_object_is_an_error_with_a_code(api: Api, mlp: dict
     assert api.get(path).status_code == 200
     with database(api.url).read() as session:
         key = session.scalar(select(ModelVersion.weights_key))
-    store = blobs().store
+    store = api.runtime.blobs.store
     sealed = b"".join(store.read(key, 0, 1 << 30))
     tampered = bytearray(sealed)
     tampered[100] ^= 1

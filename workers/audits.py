@@ -18,19 +18,19 @@ from sqlalchemy import ColumnElement, update
 from sqlalchemy.orm import Session
 
 from app import shutdown
-from app.db.session import Database, database
+from app.db.session import Database
 from app.db.tables import Dataset, Model, ModelVersion, PrivacyAudit, utcnow
 from app.dispatch import AUDIT, take_signal
 from app.jsontypes import JsonObject
 from app.ledger.certificates import append_certificate
 from app.ledger.publish import publish_soon
 from app.ledger.transparency import signing_key
-from app.settings import get_settings
 from app.specs import PrivacyPolicy
 from app.states import AuditStatus, ModelStatus
 from methods.compute import ModelSpec, RetainedData
 from workers import pipeline
-from workers.data import test_arrays, training_arrays
+from workers.context import JobContext
+from workers.data import OpenedSamples, test_arrays, training_arrays
 from workers.privacy_audit import AuditOptions, AuditRun, run
 
 log = logging.getLogger("lethe.audits")
@@ -49,17 +49,16 @@ class AuditInputs:
     seed: int | None
 
 
-def run_audit(audit_id: int) -> str:
+def run_audit(ctx: JobContext, audit_id: int) -> str:
     """Run one queued audit to its result (or its error)."""
     take_signal(AUDIT, audit_id)
-    settings = get_settings()
-    db = database(settings.resolved_database_url)
+    settings, db = ctx.settings, ctx.db
     attempt = _claim(db, audit_id)
     if attempt is None:
         return "nothing to do"
     try:
         with db.read() as session:
-            inputs = _load(session, audit_id, attempt)
+            inputs = _load(session, ctx.opened, audit_id, attempt)
         result = run(
             inputs.spec,
             inputs.policy,
@@ -100,7 +99,7 @@ def _claim(db: Database, audit_id: int) -> int | None:
         return audit.attempts
 
 
-def _load(session: Session, audit_id: int, attempt: int) -> AuditInputs:
+def _load(session: Session, opened: OpenedSamples, audit_id: int, attempt: int) -> AuditInputs:
     audit = session.get(PrivacyAudit, audit_id)
     assert audit is not None
     model = session.get(Model, audit.model_id)
@@ -109,8 +108,8 @@ def _load(session: Session, audit_id: int, attempt: int) -> AuditInputs:
     dataset = session.get(Dataset, model.dataset_id)
     version = session.get(ModelVersion, model.current_version_id)
     assert dataset is not None and version is not None
-    rows = training_arrays(session, model.id, dataset)
-    test = test_arrays(session, dataset)
+    rows = training_arrays(session, opened, model.id, dataset)
+    test = test_arrays(session, opened, dataset)
     o = audit.options
     return AuditInputs(
         attempt=attempt,

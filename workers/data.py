@@ -17,7 +17,7 @@ from sqlalchemy.orm import Session
 from app.db.chunks import chunked
 from app.db.tables import DataKey, Dataset, ModelSample, Sample
 from app.states import SampleStatus
-from app.storage.crypto import SampleRecord, keyring, open_sealed, sample_aad
+from app.storage.crypto import Keyring, SampleRecord, open_sealed, sample_aad
 
 
 @dataclass
@@ -32,10 +32,9 @@ class Arrays:
         return len(self.sample_ids)
 
 
-def _open_rows(rows: Sequence[Any]) -> dict[int, SampleRecord]:
+def _open_rows(ring: Keyring, rows: Sequence[Any]) -> dict[int, SampleRecord]:
     """Open the sealed payloads of rows selected with `sealed_samples()` (each row carries its
     wrapped key); a row whose key is destroyed is left out."""
-    ring = keyring()
     out: dict[int, SampleRecord] = {}
     for r in rows:
         if r.wrapped is not None and r.payload is not None:
@@ -45,8 +44,8 @@ def _open_rows(rows: Sequence[Any]) -> dict[int, SampleRecord]:
     return out
 
 
-def _decode(rows: Sequence[Any], shape: list[int]) -> Arrays:
-    records = _open_rows(rows)
+def _decode(ring: Keyring, rows: Sequence[Any], shape: list[int]) -> Arrays:
+    records = _open_rows(ring, rows)
     missing = [r.id for r in rows if r.id not in records]
     if missing:
         raise RuntimeError(f"samples {missing[:10]} are erased but were asked for")
@@ -96,7 +95,8 @@ class OpenedSamples:
     rows handed over to a resident session (`hand_over`: the cache forgets them, so the
     session's in-place erasure of a removed row never reaches another reader)."""
 
-    def __init__(self) -> None:
+    def __init__(self, ring: Keyring) -> None:
+        self.ring = ring
         self._lock = threading.Lock()
         self._blocks: dict[tuple[str, int, str, str], _Block] = {}
 
@@ -134,7 +134,7 @@ class OpenedSamples:
             block = self._blocks.pop(where, None) or _Block.empty(dataset.feature_shape)
             new = block.missing(ids)
             if new:
-                block = block.merge(_open_new(session, dataset, new))
+                block = block.merge(_open_new(session, self.ring, dataset, new))
             if not hand_over:
                 self._blocks[where] = block
         return block.take(ids, copy=not (shared or hand_over))
@@ -144,7 +144,7 @@ class OpenedSamples:
             self._blocks.clear()
 
 
-def _open_new(session: Session, dataset: Dataset, new: list[int]) -> Arrays:
+def _open_new(session: Session, ring: Keyring, dataset: Dataset, new: list[int]) -> Arrays:
     """These samples (ids ascending) opened a chunk at a time into one preallocated array: the
     sealed bytes of one chunk are held at once, not of all of them (issue 28: 1.1 GB of
     ciphertext and 1 GB of plaintext records at a million rows)."""
@@ -161,7 +161,7 @@ def _open_new(session: Session, dataset: Dataset, new: list[int]) -> Arrays:
             session.execute(sealed_samples().where(Sample.id.in_(chunk))).all(),
             key=lambda r: r.id,
         )
-        part = _decode(rows, shape)
+        part = _decode(ring, rows, shape)
         m = len(part)
         X[at : at + m] = part.X.reshape(m, -1).numpy()
         y[at : at + m] = part.y.numpy()
@@ -269,11 +269,9 @@ def object_array(values: Sequence[Any]) -> np.ndarray:
     return out
 
 
-OPENED = OpenedSamples()
-
-
 def training_arrays(
     session: Session,
+    opened: OpenedSamples,
     model_id: int,
     dataset: Dataset,
     exclude: set[int] | None = None,
@@ -289,10 +287,10 @@ def training_arrays(
     ).all()
     exclude = exclude or set()
     kept = [s for s in ids if s not in exclude]
-    return OPENED.arrays(session, dataset, kept, "train", hand_over=hand_over)
+    return opened.arrays(session, dataset, kept, "train", hand_over=hand_over)
 
 
-def test_arrays(session: Session, dataset: Dataset) -> Arrays:
+def test_arrays(session: Session, opened: OpenedSamples, dataset: Dataset) -> Arrays:
     """The test split's active samples: none that a request has asked to forget (`erasing`),
     so no version is ever scored on rows its own request erases (issue 25). Read only: the
     arrays may be the opened-samples cache's own."""
@@ -306,13 +304,14 @@ def test_arrays(session: Session, dataset: Dataset) -> Arrays:
         )
         .order_by(Sample.id)
     ).all()
-    return OPENED.arrays(session, dataset, list(ids), "test", shared=True)
+    return opened.arrays(session, dataset, list(ids), "test", shared=True)
 
 
-def arrays_for(session: Session, dataset: Dataset, sample_ids: list[int]) -> Arrays:
+def arrays_for(session: Session, ring: Keyring, dataset: Dataset, sample_ids: list[int]) -> Arrays:
     """These samples in this order; erased payloads become zeros (for replays that exclude
     them anyway, like the coupled retrain)."""
-    records = _open_rows(session.execute(sealed_samples().where(Sample.id.in_(sample_ids))).all())
+    rows = session.execute(sealed_samples().where(Sample.id.in_(sample_ids))).all()
+    records = _open_rows(ring, rows)
     shape = dataset.feature_shape
     n_feat = int(np.prod(shape)) if shape else 1
     X = np.zeros((len(sample_ids), n_feat), dtype=np.float32)

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from app.settings import Settings, get_settings
+from app.settings import Settings
 from methods.compute import (
     ModelState,
     Release,
@@ -60,9 +60,9 @@ def resolve_device(setting: str) -> torch.device:
     raise DeviceUnavailable(f"unknown LETHE_DEVICE={setting!r}: use auto, cpu or cuda")
 
 
-def worker_device(settings: Settings | None = None) -> torch.device:
-    """The device of this process's settings (LETHE_DEVICE)."""
-    return resolve_device((settings or get_settings()).device)
+def worker_device(settings: Settings) -> torch.device:
+    """The device `settings` name (LETHE_DEVICE)."""
+    return resolve_device(settings.device)
 
 
 def synchronize(device: torch.device) -> None:

@@ -15,20 +15,21 @@ import logging
 import os
 import signal
 import threading
+from functools import partial
 from multiprocessing.connection import Connection
 
 from prometheus_client import generate_latest
 
-from app.db.session import database, dispose_engines
+from app.db.session import dispose_engines
 from app.dispatch import DELETE, WARM, run_job
 from app.lanes import Lanes
 from app.ledger.publish import finish_publishing
-from app.settings import Settings, use_settings
+from app.settings import Settings
 from app.storage.erasure import compact_at_start, finish_compacting
 from app.wakeups import FINISHED
 from workers import metrics
+from workers.context import JobContext
 from workers.data import database_key
-from workers.jobs import resident_sessions
 from workers.recycle import Recycle
 
 log = logging.getLogger("lethe.embedded")
@@ -106,21 +107,21 @@ def main(settings: Settings, conn: Connection, parent: int, warm: tuple[int, ...
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # a terminal's Ctrl-C: the API stops us
     stopping = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stopping.set())  # a service manager's stop
-    use_settings(settings)
+    ctx = JobContext.build(settings)  # what every job here runs with (issue 54)
     logging.basicConfig(
         level=logging.INFO, format="%(levelname)s:     [worker] %(name)s: %(message)s"
     )
     link = _Link(conn)
     FINISHED.relay = link.wake
     url = settings.resolved_database_url
-    compact_at_start(database(url))  # keys a worker process that died had destroyed
+    compact_at_start(ctx.db, settings)  # keys a worker process that died had destroyed
 
     def taken(item: tuple[str, tuple[int, ...]]) -> None:
         link.send(("taken", item[0], item[1]))  # a new signal for it may now be sent
 
     # deletions first (app/lanes.py): taken before queued training and audits, and run at a
     # running one's next check; every job runs here, in the main thread, as it always did
-    jobs = Lanes(stopping, run_job, taken, frozenset({DELETE}))
+    jobs = Lanes(stopping, partial(run_job, ctx), taken, frozenset({DELETE}))
     for model_id in warm:
         jobs.put((WARM, (model_id,)))
     threading.Thread(
@@ -128,12 +129,12 @@ def main(settings: Settings, conn: Connection, parent: int, warm: tuple[int, ...
     ).start()
     # until `stopping` (SIGTERM or the API's "stop"), or until it has lived through an
     # erasure (workers/recycle.py): then a fresh process takes over, without its memory
-    recycle = Recycle(database(url), settings.plaintext_ttl_seconds)
+    recycle = Recycle(ctx.db, settings.plaintext_ttl_seconds)
     gave_way = jobs.serve(give_way=recycle.due)
     finish_publishing(url)  # the last update's checkpoint, before the process exits
     finish_compacting(url)  # and the compaction of the keys its last erasure destroyed
     dispose_engines(url)  # its connections closed, so the API's last close removes the WAL
     if gave_way:  # its successor warms the sessions this one held
-        held = resident_sessions(settings).models(database_key(database(url).engine))
+        held = ctx.resident_sessions().models(database_key(ctx.db.engine))
         with contextlib.suppress(OSError):
             link.send(("recycle", held))

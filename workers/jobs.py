@@ -14,37 +14,37 @@ import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
-from typing import Any, cast
+from typing import cast
 
 import torch
 from safetensors.torch import load as st_load
-from sqlalchemy import select, update
+from sqlalchemy import update
 from sqlalchemy.orm import Session
 
 from app import pause, shutdown
-from app.db.session import Database, database
-from app.db.tables import Dataset, DeletionTask, Model, task_is_due, utcnow
-from app.dispatch import DELETE, TRAIN, due_key, take_signal
+from app.db.session import Database
+from app.db.tables import Dataset, Model
+from app.dispatch import DELETE, TRAIN, take_signal
 from app.jsontypes import JsonMap, JsonObject, json_object
 from app.ledger.publish import publish_soon
 from app.ledger.transparency import signing_key
 from app.privacy.lineage import LineageBudget, history_after, prepare_next
-from app.settings import Settings, get_settings
+from app.settings import Settings
 from app.specs import ImportedWeights
-from app.states import ModelStatus, Stage, TaskStatus, VersionKind
-from app.storage.blobs import blobs
+from app.states import ModelStatus, Stage, VersionKind
 from app.storage.erasure import compact_after_erasure
 from app.storage.faults import fault_text, is_fault
-from app.wakeups import Announcer, channel
 from app.wire import Progress
 from maths.nets import build_net
 from maths.training import Diverged, ProgressFn, accuracy, check_converged
 from methods.compute import ModelSpec, RetainedData, Trained, UpdateInputs, fit, method_for
 from workers import pipeline
 from workers.certify import lineage_fields
+from workers.context import JobContext
 from workers.data import Arrays, database_key, test_arrays, training_arrays
-from workers.device import arrays_to, trained_to_cpu, training_inputs_to, worker_device
+from workers.device import arrays_to, trained_to_cpu, training_inputs_to
 from workers.lease import WORKER_ID, LeaseLost, ModelLease
+from workers.linger import Linger
 from workers.metrics import (
     DELETIONS_PROCESSED,
     FALLBACKS,
@@ -58,14 +58,6 @@ from workers.updates import ACCURACY_ROWS, compute_storing
 from workers.values import Batch, ClaimedTask, Fallback, Outcome, TrainingInputs, Unrecoverable
 
 log = logging.getLogger("lethe.jobs")
-
-
-def _setup(settings: Settings) -> torch.device:
-    """Threads, and the device the job computes on (DeviceUnavailable before any work is
-    claimed when LETHE_DEVICE=cuda finds no GPU)."""
-    if settings.torch_threads > 0:
-        torch.set_num_threads(settings.torch_threads)
-    return worker_device(settings)
 
 
 def _lease(
@@ -86,39 +78,40 @@ def _lease(
 # ---- training -------------------------------------------------------------------------------
 
 
-def train_model(model_id: int) -> str:
+def train_model(ctx: JobContext, model_id: int) -> str:
     """Train version 1 of a queued model (with its method's recording), reporting progress."""
     take_signal(TRAIN, model_id)  # before reading: a later signal is not de-duplicated away
-    settings = get_settings()
-    db = database(settings.resolved_database_url)
-    device = _setup(settings)
+    settings, db = ctx.settings, ctx.db
+    device = ctx.device()
     started = time.perf_counter()
     with _lease(settings, model_id) as lease:
         if not lease.held:
             return "busy"
         if not _start_training(db, model_id):
             return "nothing to do"
-        pause.point("training", model_id)
+        pause.point(settings, "training", model_id)
         stored: pipeline.VersionBlobs | None = None
         version_id: int | None = None
         try:
             with db.read() as session:
-                keeps = resident_sessions(settings).capacity > 0
-                inputs = _load_training(session, model_id, hand_over=keeps)
+                keeps = ctx.resident_sessions().capacity > 0
+                inputs = _load_training(session, ctx, model_id, hand_over=keeps)
             trained, metrics = _train(inputs, _progress_writer(db, model_id), device)
             rows = arrays_to(inputs.data, device)  # the session's rows, where it computes
-            prepared = _prepare_resident(settings, db, model_id, inputs, rows, trained)
+            prepared = _prepare_resident(ctx, model_id, inputs, rows, trained)
             kind = VersionKind.imported if inputs.imported else VersionKind.trained
             stored = pipeline.store_version_blobs(
-                db, model_id, 1, None, kind, trained.state, trained.next_state
+                db, ctx.blobs, model_id, 1, None, kind, trained.state, trained.next_state
             )
             version_id = db.run(
-                lambda session: _commit_trained(session, model_id, inputs, trained, stored, metrics)
+                lambda session: _commit_trained(
+                    session, ctx, model_id, inputs, trained, stored, metrics
+                )
             )
-            _seed_session(settings, db, model_id, version_id, inputs, rows, prepared, device)
+            _seed_session(ctx, model_id, version_id, inputs, rows, prepared, device)
         except BaseException as exc:
             if stored is not None and version_id is None:  # written, never to be recorded
-                blobs().discard(stored.both)  # (issue 53: a 4 MB orphan until the sweep)
+                ctx.blobs.discard(stored.both)  # (issue 53: a 4 MB orphan until the sweep)
             if isinstance(exc, LeaseLost) or not isinstance(exc, Exception):
                 raise
             if not isinstance(exc, shutdown.Interrupted) and not is_fault(exc):
@@ -162,8 +155,7 @@ def _training_failed(db: Database, model_id: int, exc: Exception) -> None:
 
 
 def _prepare_resident(
-    settings: Settings,
-    db: Database,
+    ctx: JobContext,
     model_id: int,
     inputs: TrainingInputs,
     rows: Arrays,
@@ -175,9 +167,9 @@ def _prepare_resident(
     after `ready`). It is made on the device of `rows`, the worker's, where the updates that
     use it compute (made on the CPU, a GPU worker's first update failed on it and retrained).
     None when this worker keeps no sessions."""
-    if resident_sessions(settings).capacity <= 0:
+    if ctx.resident_sessions().capacity <= 0:
         return None
-    with db.write(durable=False) as session:
+    with ctx.db.write(durable=False) as session:
         session.execute(
             update(Model)
             .where(Model.id == model_id, Model.lease_owner == WORKER_ID)
@@ -195,8 +187,7 @@ def _prepare_resident(
 
 
 def _seed_session(
-    settings: Settings,
-    db: Database,
+    ctx: JobContext,
     model_id: int,
     version_id: int,
     inputs: TrainingInputs,
@@ -216,7 +207,7 @@ def _seed_session(
         first = replace(first, history=(), test_left=inputs.test_left)
         if prepared.method_state is not None:
             first = replace(first, method_state=prepared.method_state)
-        resident_sessions(settings).put(database_key(db.engine), first)
+        ctx.resident_sessions().put(database_key(ctx.db.engine), first)
     except Exception:
         log.warning("model %s: no resident session after training", model_id, exc_info=True)
 
@@ -231,7 +222,9 @@ def _start_training(db: Database, model_id: int) -> bool:
         return True
 
 
-def _load_training(session: Session, model_id: int, hand_over: bool) -> TrainingInputs:
+def _load_training(
+    session: Session, ctx: JobContext, model_id: int, hand_over: bool
+) -> TrainingInputs:
     """`hand_over`: the training rows go to the model's first resident session, so the
     opened-samples cache does not keep a second copy of them."""
     model = session.get(Model, model_id)
@@ -242,11 +235,11 @@ def _load_training(session: Session, model_id: int, hand_over: bool) -> Training
     test_left = pipeline.test_rows_left(session, dataset.id)  # before the split it dates
     return TrainingInputs(
         spec=pipeline.model_spec(model, dataset),
-        data=training_arrays(session, model_id, dataset, hand_over=hand_over),
-        test=test_arrays(session, dataset),
+        data=training_arrays(session, ctx.opened, model_id, dataset, hand_over=hand_over),
+        test=test_arrays(session, ctx.opened, dataset),
         test_left=test_left,
         imported=imported,
-        imported_bytes=blobs().read(session, imported.blob) if imported else None,
+        imported_bytes=ctx.blobs.read(session, imported.blob) if imported else None,
         dataset_id=dataset.id,
     )
 
@@ -340,6 +333,7 @@ def _progress_writer(db: Database, model_id: int) -> ProgressFn:
 
 def _commit_trained(
     session: Session,
+    ctx: JobContext,
     model_id: int,
     inputs: TrainingInputs,
     trained: Trained,
@@ -351,9 +345,10 @@ def _commit_trained(
     if trained.record:
         metrics = {**metrics, "record": json_object(trained.record)}
     if inputs.imported is not None:
-        blobs().retire(session, [inputs.imported.blob])
+        ctx.blobs.retire(session, [inputs.imported.blob])
     version = pipeline.write_version(
         session,
+        ctx.blobs,
         model_id,
         number=1,
         parent_id=None,
@@ -362,7 +357,7 @@ def _commit_trained(
         metrics=metrics,
     )
     if trained.statistics is not None:
-        write_block(session, model_id, trained.statistics, replace=True)
+        write_block(session, ctx.keyring, model_id, trained.statistics, replace=True)
     epochs = inputs.spec.training.epochs
     model.current_version_id, model.status, model.error = version.id, ModelStatus.ready, None
     model.progress = Progress(stage=Stage.ready, epoch=epochs, epochs=epochs)
@@ -372,33 +367,11 @@ def _commit_trained(
 # ---- deletions ------------------------------------------------------------------------------
 
 
-_SESSIONS: Sessions | None = None
-_ANNOUNCER: Announcer | None = None
-
-
-def resident_sessions(settings: Settings) -> Sessions:
-    """This process's resident model sessions (made on first use, sized by the settings)."""
-    global _SESSIONS
-    if _SESSIONS is None or _SESSIONS.capacity != settings.resident_models:
-        _SESSIONS = Sessions(settings.resident_models)
-    return _SESSIONS
-
-
-def announcer(settings: Settings) -> Announcer:
-    """This process's announcer of finished requests (app/wakeups.py)."""
-    global _ANNOUNCER
-    if _ANNOUNCER is None or _ANNOUNCER.channel != channel(settings.queue_name):
-        _ANNOUNCER = Announcer(settings.redis_url, settings.queue_name)
-    return _ANNOUNCER
-
-
-def warm_model(model_id: int) -> str:
+def warm_model(ctx: JobContext, model_id: int) -> str:
     """The model's resident session made ahead of its next update (a worker that replaced
     one which gave way after an erasure warms what that one held: workers/recycle.py)."""
-    settings = get_settings()
-    db = database(settings.resolved_database_url)
     try:
-        made = pipeline.warm_session(db, model_id, resident_sessions(settings), _setup(settings))
+        made = pipeline.warm_session(ctx, model_id, ctx.device())
     except Exception:  # a cache: the next update reads cold, as it would have
         log.warning("model %s: could not warm its session", model_id, exc_info=True)
         return "not warmed"
@@ -407,202 +380,109 @@ def warm_model(model_id: int) -> str:
     return "warmed" if made else "nothing to warm"
 
 
-def process_deletions(model_id: int) -> str:
-    """Apply every due deletion task of the model, coalesced, one update per batch."""
+def process_deletions(ctx: JobContext, model_id: int) -> str:
+    """Apply every due deletion task of the model, coalesced, one update per batch, under its
+    lease; after releasing it, look once more (a request committed while the lease was held
+    may have had its signal dropped by a worker that saw the model busy)."""
     take_signal(DELETE, model_id)  # before reading: a request committed from now on re-signals
-    settings = get_settings()
-    _forget_due(settings, model_id)  # the claim below covers every push made before it
-    db = database(settings.resolved_database_url)
-    device = _setup(settings)
+    work = Linger(ctx, model_id)
+    work.forget_due()  # the claim below covers every push made before it
+    device = ctx.device()
     applied = 0
-
-    def first_batch(session: Session, lease: ModelLease) -> list[ClaimedTask]:
-        return _claim_in(session, settings, model_id, lease)
-
     while True:
-        with _lease(settings, model_id, first_batch) as lease:
+        with _lease(ctx.settings, model_id, work.claim_in) as lease:
             if not lease.held:
                 return f"busy (applied {applied})"
-            lingered = False
-            # the batch claimed in the lease's own transaction, then claims of their own
-            first: list[ClaimedTask] | None = cast(list[ClaimedTask], lease.taken)
-            while True:
-                claimed = False
-                while True:
-                    _forget_due(settings, model_id)  # the claim covers every push before it
-                    if not (tasks := _next_batch(db, settings, model_id, lease, first)):
-                        break
-                    first = None
-                    claimed = True
-                    if not _run_batch(db, settings, model_id, tasks, device):
-                        return f"applied {applied}; a batch failed and will be retried"
-                    applied += len(tasks)
-                    if _lingers(settings) and len(tasks) < settings.max_batch_requests:
-                        break  # it claimed all that was due; its wait wakes on a push since
-                    if not _has_due(db, model_id):  # a read, not an empty claim's write
-                        break
-                first = None
-                # due work this worker cannot claim (the model is not ready): stop lingering
-                if (lingered and not claimed) or not _linger(db, settings, model_id):
-                    break
-                lingered = True
-        # Re-check after releasing: a request committed while we held the lease may have had
-        # its signal dropped by a worker that saw the model busy.
-        if not _has_due(db, model_id):
+            done, ok = _apply_under_lease(ctx, work, lease, device)
+            applied += done
+            if not ok:
+                return f"applied {applied}; a batch failed and will be retried"
+        if not work.has_due():
             return f"applied {applied}"
 
 
-STICKY_POLL_SECONDS = 0.1  # the fallback look when no wake-up comes through Redis
+def _apply_under_lease(
+    ctx: JobContext, work: Linger, lease: ModelLease, device: torch.device
+) -> tuple[int, bool]:
+    """The batches due (the first claimed with the lease, in its own transaction), then, in
+    distributed mode, the lease kept a while for the next one (`Linger.linger`): how many
+    tasks were applied, and False when a batch failed."""
+    applied, lingered = 0, False
+    first: list[ClaimedTask] | None = cast(list[ClaimedTask], lease.taken)
+    while True:
+        done, ok, claimed = _apply_due(ctx, work, lease, first, device)
+        applied, first = applied + done, None
+        if not ok:
+            return applied, False
+        # due work this worker cannot claim (the model is not ready): stop lingering
+        if (lingered and not claimed) or not work.linger():
+            return applied, True
+        lingered = True
 
 
-def _linger(db: Database, settings: Settings, model_id: int) -> bool:
-    """Distributed: keep the lease for `sticky_seconds` after a model's last batch, watching
-    for its next due task (True when one came). Another worker signalled meanwhile finds the
-    model busy, so the next update runs here, on the warm session (issue 28). The API pushes
-    to the model's due list after committing a deletion (`dispatch.due_key`; a push waits
-    there for 5 s): the worker blocks on it and, when woken, goes straight to its claim; it
-    looks at the database itself every STICKY_POLL_SECONDS, for a push lost with Redis (a
-    20 ms sleep between looks cost a deletion 10 ms on average; a look before and after each
-    wait, 2–3 ms). The caller has just looked. The lease stays the truth: if this worker
-    dies, the lease expires and any worker takes over."""
-    if not _lingers(settings):
-        return False
-    deadline = time.monotonic() + settings.sticky_seconds
-    key = due_key(settings.queue_name, model_id)
-    while (left := deadline - time.monotonic()) > 0:
-        shutdown.check()
-        if _wait_for_due(settings, key, min(left, STICKY_POLL_SECONDS)):
-            return True
-        if _has_due(db, model_id):
-            return True
-    return False
-
-
-def _lingers(settings: Settings) -> bool:
-    """Whether this worker keeps a model's lease after its last batch (`_linger`)."""
-    return not settings.embedded and settings.sticky_seconds > 0
-
-
-_DUE_REDIS: dict[str, Any] = {}  # redis URL -> this process's connection for due lists
-
-
-def _due_redis(settings: Settings) -> Any:
-    from redis import Redis
-
-    url = str(settings.redis_url)
-    redis = _DUE_REDIS.get(url)
-    if redis is None:
-        redis = _DUE_REDIS[url] = Redis.from_url(url, socket_timeout=5)
-    return redis
-
-
-def _forget_due(settings: Settings, model_id: int) -> None:
-    """Before a claim, empty the model's due list: the claim covers every push made before it,
-    so a push left there would wake the lingering worker for tasks already applied (and end
-    its linger on an empty claim)."""
-    if not _lingers(settings):
-        return
-    try:
-        _due_redis(settings).delete(due_key(settings.queue_name, model_id))
-    except Exception:  # noqa: BLE001 - Redis away: a stale push costs one empty claim
-        log.debug("could not empty the due list of model %s", model_id, exc_info=True)
-
-
-def _wait_for_due(settings: Settings, key: str, timeout: float) -> bool:
-    """Until the API pushes to `key` (True) or `timeout` passes; a sleep when Redis is away
-    (the database is the record: a lost wake-up costs one fallback look). The pushes left
-    behind are emptied by `_forget_due` just before the claim that covers them."""
-    try:
-        return _due_redis(settings).blpop([key], timeout=timeout) is not None
-    except Exception:  # noqa: BLE001 - Redis away: poll the database instead
-        log.debug("could not wait on %s", key, exc_info=True)
-        time.sleep(timeout)
-        return False
-
-
-def _next_batch(
-    db: Database,
-    settings: Settings,
-    model_id: int,
+def _apply_due(
+    ctx: JobContext,
+    work: Linger,
     lease: ModelLease,
     first: list[ClaimedTask] | None,
-) -> list[ClaimedTask]:
-    """The batch claimed with the lease (`first`, possibly empty), else a new claim."""
-    return first if first is not None else _claim(db, settings, model_id, lease)
-
-
-def _claim(db: Database, settings: Settings, model_id: int, lease: ModelLease) -> list[ClaimedTask]:
-    # one statement on PostgreSQL; a claim lost in a crash expires with the lease
-    with db.single(durable=False) as session:
-        return _claim_in(session, settings, model_id, lease)
-
-
-def _claim_in(
-    session: Session, settings: Settings, model_id: int, lease: ModelLease
-) -> list[ClaimedTask]:
-    """Claim the model's next batch in the caller's transaction (none unless it is ready)."""
-    return pipeline.claim_tasks(session, model_id, settings.max_batch_requests, lease.deadline())
-
-
-def _has_due(db: Database, model_id: int) -> bool:
-    """Whether a queued task of the model is due now (not waiting out a retry backoff)."""
-    now = utcnow()
-    with db.read() as session:
-        return (
-            session.scalar(
-                select(DeletionTask.id)
-                .where(
-                    DeletionTask.model_id == model_id,
-                    DeletionTask.status == TaskStatus.queued,
-                    task_is_due(now),
-                )
-                .limit(1)
-            )
-            is not None
-        )
+    device: torch.device,
+) -> tuple[int, bool, bool]:
+    """Claim and run batches while any is due: (tasks applied, no batch failed, any claimed)."""
+    applied, claimed = 0, False
+    while True:
+        work.forget_due()  # the claim covers every push before it
+        tasks, first = (first if first is not None else work.claim(lease)), None
+        if not tasks:
+            return applied, True, claimed
+        claimed = True
+        if not _run_batch(ctx, work.model_id, tasks, device):
+            return applied, False, claimed
+        applied += len(tasks)
+        if work.lingers and len(tasks) < ctx.settings.max_batch_requests:
+            return applied, True, claimed  # all that was due; its wait wakes on a push since
+        if not work.has_due():  # a read, not an empty claim's write
+            return applied, True, claimed
 
 
 def _run_batch(
-    db: Database,
-    settings: Settings,
-    model_id: int,
-    tasks: list[ClaimedTask],
-    device: torch.device,
+    ctx: JobContext, model_id: int, tasks: list[ClaimedTask], device: torch.device
 ) -> bool:
     """Load, compute, commit one batch. Returns False when it failed and was put back (or
     failed for good: then the exception propagates, so RQ records the job as failed)."""
-    started = time.perf_counter()
-    sessions, where = resident_sessions(settings), database_key(db.engine)
+    started, db, settings = time.perf_counter(), ctx.db, ctx.settings
+    sessions, where = ctx.resident_sessions(), database_key(db.engine)
     try:
         try:
             with db.read() as session:  # one short read; no transaction while computing
-                batch, inputs = pipeline.load_batch(session, model_id, tasks, sessions, device)
-            outcome, stored = _compute(batch, inputs, device)  # no transaction open
-            pause.point("before-commit", model_id)  # (a crash here leaves orphans: swept)
+                batch, inputs = pipeline.load_batch(session, ctx, model_id, tasks, device)
+            outcome, stored = _compute(ctx, batch, inputs, device)  # no transaction open
+            pause.point(settings, "before-commit", model_id)  # (a crash: orphans, swept)
             signer = signing_key(settings)
             try:
                 version_id = db.run(
-                    lambda session: pipeline.commit_update(session, batch, outcome, stored, signer),
+                    lambda session: pipeline.commit_update(
+                        session, ctx, batch, outcome, stored, signer
+                    ),
                     retry_integrity=True,
                 )
             except LeaseLost:  # refused before its commit: nothing references them
                 if stored is not None:
-                    blobs().discard(stored.both)
+                    ctx.blobs.discard(stored.both)
                 raise
         except BaseException:
             sessions.drop(where, model_id)  # it may no longer be at the current version
             raise
-        announcer(settings).announce()  # the long polls of these requests look again now
+        ctx.announcer.announce()  # the long polls of these requests look again now
         _keep_resident(sessions, where, batch, outcome, version_id)
     except shutdown.Interrupted:  # back to queued, unpenalised: the next start applies them
         ids = [t.task_id for t in tasks]
         db.run(lambda session: pipeline.release_tasks(session, ids))
         return False
     except Unrecoverable as exc:  # the retrain itself diverged: retrying cannot help
-        _withdraw(db, model_id, str(exc))
-        announcer(settings).announce()
+        _withdraw(ctx, model_id, str(exc))
+        ctx.announcer.announce()
         log.error("model %s withdrawn: %s", model_id, exc)
-        compact_after_erasure(db)
+        compact_after_erasure(db, settings)
         return False
     except Exception as exc:
         if is_fault(exc):  # a full disk, an I/O error, a store outage: not the update's
@@ -613,15 +493,15 @@ def _run_batch(
             why = fault_text(exc)
             db.run(lambda session: pipeline.release_tasks(session, ids, wait, why))
             return False
-        final = _fail(db, settings, tasks, exc)
-        announcer(settings).announce()
+        final = _fail(ctx, tasks, exc)
+        ctx.announcer.announce()
         log.exception("deletion batch for model %s failed (final=%s)", model_id, final)
         if final:  # the model was withdrawn and the data erased: compact, then let RQ see it
-            compact_after_erasure(db)
+            compact_after_erasure(db, settings)
             raise
         return False
     compacting = time.perf_counter()
-    compact_after_erasure(db)  # destroyed keys (samples, purged versions) leave the files
+    compact_after_erasure(db, settings)  # destroyed keys (samples, purged versions) go
     if outcome is not None:  # new certificates: a checkpoint for the witnesses to cosign
         publish_soon(db, settings)
     JOB_DURATION.labels("erasure_compaction").observe(time.perf_counter() - compacting)
@@ -637,7 +517,7 @@ def _run_batch(
 
 
 def _compute(
-    batch: Batch, inputs: UpdateInputs, device: torch.device
+    ctx: JobContext, batch: Batch, inputs: UpdateInputs, device: torch.device
 ) -> tuple[Outcome | None, pipeline.VersionBlobs | None]:
     """The update and its release's blobs, written while its metrics are measured (nothing
     when the batch removes nothing: no new version)."""
@@ -646,8 +526,8 @@ def _compute(
     return compute_storing(
         inputs,
         device,
-        lambda release: pipeline.store_release(batch, release),
-        lambda stored: blobs().discard(stored.both),
+        lambda release: pipeline.store_release(ctx.blobs, batch, release),
+        lambda stored: ctx.blobs.discard(stored.both),
     )
 
 
@@ -693,24 +573,27 @@ def _as_stored(record: JsonMap | None) -> JsonMap | None:
     return json.loads(json.dumps(json_object(record))) if record else None
 
 
-def _withdraw(db: Database, model_id: int, reason: str) -> None:
+def _withdraw(ctx: JobContext, model_id: int, reason: str) -> None:
     """Withdraw the model and erase its requests' data, if this worker still leases it."""
 
     def work(session: Session) -> None:
         pipeline.check_lease(session, model_id)
-        pipeline.withdraw_model(session, model_id, reason)
+        pipeline.withdraw_model(session, ctx.blobs, model_id, reason)
 
-    db.run(work)
+    ctx.db.run(work)
 
 
-def _fail(db: Database, settings: Settings, tasks: list[ClaimedTask], exc: Exception) -> bool:
+def _fail(ctx: JobContext, tasks: list[ClaimedTask], exc: Exception) -> bool:
+    settings = ctx.settings
+
     def work(session: Session) -> bool:
         return pipeline.fail_tasks(
             session,
+            ctx.blobs,
             [t.task_id for t in tasks],
             f"{type(exc).__name__}: {exc}",
             settings.retry_backoff_seconds,
             settings.job_retries + 1,
         )
 
-    return db.run(work)
+    return ctx.db.run(work)

@@ -41,8 +41,8 @@ from app.jsontypes import json_object
 from app.ledger.certificates import append_certificates, lineage_history, removed_ids_commitment
 from app.specs import architecture_of, training_of
 from app.states import ModelStatus, RequestStatus, SampleStatus, Stage, TaskStatus, VersionKind
-from app.storage.blobs import BlobMissing, WrittenBlob, blobs
-from app.storage.crypto import SealError, keyring
+from app.storage.blobs import BlobMissing, Blobs, WrittenBlob
+from app.storage.crypto import Keyring, SealError
 from app.storage.erasure import erase_payloads
 from app.storage.keystore import KeyTable, destroy_keys
 from app.wire import Progress
@@ -59,10 +59,11 @@ from methods.compute import (
 from workers import statements as sql
 from workers import tensorfile
 from workers.certify import CertificateContext, certificate_fields
-from workers.data import database_key, test_arrays, training_arrays
+from workers.context import JobContext
+from workers.data import OpenedSamples, database_key, test_arrays, training_arrays
 from workers.device import CPU
 from workers.lease import WORKER_ID, LeaseLost
-from workers.resident import ModelSession, Sessions, TrainingRecord
+from workers.resident import ModelSession, TrainingRecord
 from workers.statistics import delete_rows, read_vectors, write_block
 from workers.values import Batch, ClaimedTask, Outcome
 
@@ -138,6 +139,7 @@ class VersionBlobs:
 
 def store_version_blobs(
     db: Database,
+    store: Blobs,
     model_id: int,
     number: int,
     parent_id: int | None,
@@ -149,15 +151,18 @@ def store_version_blobs(
     safetensors metadata, `weights_metadata`) and its noise-free state."""
     with db.read() as session:
         metadata = weights_metadata(session, model_id, number, parent_id, kind)
-    return store_blobs(model_id, metadata, weights, next_state)
+    return store_blobs(store, model_id, metadata, weights, next_state)
 
 
 def store_blobs(
-    model_id: int, metadata: dict[str, str], weights: ModelState, next_state: ModelState
+    store: Blobs,
+    model_id: int,
+    metadata: dict[str, str],
+    weights: ModelState,
+    next_state: ModelState,
 ) -> VersionBlobs:
     """Seal and store a version's weights under `metadata` and its noise-free state, each as
     a stream of views of the tensors' own memory (workers/tensorfile.py)."""
-    store = blobs()
 
     def state() -> WrittenBlob:
         _, stream = tensorfile.encode(next_state)
@@ -186,6 +191,7 @@ class VersionRow:
 
 def write_version(
     session: Session,
+    store: Blobs,
     model_id: int,
     number: int,
     parent_id: int | None,
@@ -216,18 +222,18 @@ def write_version(
         "n_train": int(metrics.get("n_train", 0)),
         "created_at": utcnow(),
     }
-    blob_rows = blobs().rows(*stored.both)
+    blob_rows = store.rows(*stored.both)
     (inserted,) = insert_together(
         session.connection(), blob_rows, (sql.VERSIONS, [row]), (sql.VERSIONS.c.id,)
     )
     return VersionRow(inserted.id, number, stored.weights.sha256)
 
 
-def store_release(batch: Batch, release: Release) -> VersionBlobs:
+def store_release(store: Blobs, batch: Batch, release: Release) -> VersionBlobs:
     """The blobs of the version a batch's update releases, their metadata from the batch's
     load: no database access here."""
     metadata = {**batch.weights_metadata, "kind": str(release.version_kind)}
-    return store_blobs(batch.model_id, metadata, release.weights, release.next_state)
+    return store_blobs(store, batch.model_id, metadata, release.weights, release.next_state)
 
 
 def training_record(session: Session, model_id: int) -> tuple[dict[str, Any] | None, np.ndarray]:
@@ -286,9 +292,9 @@ def claim_tasks(
 
 def load_batch(
     session: Session,
+    ctx: JobContext,
     model_id: int,
     tasks: list[ClaimedTask],
-    sessions: Sessions | None = None,
     device: torch.device = CPU,
 ) -> tuple[Batch, UpdateInputs]:
     """Everything the update needs, in one read: no database access happens after this.
@@ -304,15 +310,15 @@ def load_batch(
         .where(Model.id == model_id)
     ).one()
     assert parent.state_key is not None
-    where = database_key(session.get_bind().engine)
-    warm = sessions.take(where, model_id, parent.id) if sessions is not None else None
+    where, sessions = database_key(session.get_bind().engine), ctx.resident_sessions()
+    warm = sessions.take(where, model_id, parent.id)
     rows_loaded = 0
     resident = warm.method_state if warm is not None else None  # the method's, from the session
     if warm is None:
-        keeps = sessions is not None and sessions.capacity > 0  # the session holds the rows
-        warm, rows_loaded = _cold_session(session, model_id, parent, dataset, keeps, device)
+        keeps = sessions.capacity > 0  # the session holds the rows
+        warm, rows_loaded = _cold_session(session, ctx, model_id, parent, dataset, keeps, device)
     else:
-        warm = _with_current_test(session, dataset, warm)
+        warm = _with_current_test(session, ctx.opened, dataset, warm)
     if warm.history is None:  # read once per session, then extended by each commit
         warm = replace(warm, history=tuple(lineage_history(session, model_id)))
     held = _held(session, model_id, sorted({s for t in tasks for s in t.sample_ids}))
@@ -335,7 +341,7 @@ def load_batch(
         record, previously_removed = warm.record.record, warm.record.removed_since.tolist()
     removed_ids = sorted(claimed)
     statistics = (
-        read_vectors(session, model_id, removed_ids)
+        read_vectors(session, ctx.keyring, model_id, removed_ids)
         if get_method(method.name).uses_statistics
         else {}
     )
@@ -349,7 +355,7 @@ def load_batch(
         tasks=tasks,
         removed_by_task=removed_by_task,
         external_ids=warm.external_ids_of(removed_ids),  # raw ids, for the commitment
-        openings=_openings(session, {t.request_id for t in tasks}),
+        openings=_openings(session, ctx.keyring, {t.request_id for t in tasks}),
         session=warm,
         rows_loaded=rows_loaded,
         weights_metadata=release_metadata(
@@ -373,14 +379,15 @@ def load_batch(
     return batch, inputs
 
 
-def warm_session(db: Database, model_id: int, sessions: Sessions, device: torch.device) -> bool:
+def warm_session(ctx: JobContext, model_id: int, device: torch.device) -> bool:
     """Make the model's resident session ahead of its next update (the rows, the state, the
     method's resident state: convex_head's anchored Hessians), as a worker that replaced one
     which gave way after an erasure does (workers/recycle.py), so that update runs warm.
     Reads in one transaction, computes with none open; False when there is nothing to do."""
+    sessions = ctx.resident_sessions()
     if sessions.capacity <= 0:
         return False
-    with db.read() as session:
+    with ctx.db.read() as session:
         found = session.execute(
             select(Model, Dataset, ModelVersion)
             .join(Dataset, Dataset.id == Model.dataset_id)
@@ -393,7 +400,7 @@ def warm_session(db: Database, model_id: int, sessions: Sessions, device: torch.
         where = database_key(session.get_bind().engine)
         if sessions.take(where, model_id, parent.id) is not None:
             return False
-        made, _ = _cold_session(session, model_id, parent, dataset, True, device)
+        made, _ = _cold_session(session, ctx, model_id, parent, dataset, True, device)
         made = replace(made, history=tuple(lineage_history(session, model_id)))
         spec = model_spec(model, dataset)
     if not made.state:
@@ -408,6 +415,7 @@ def warm_session(db: Database, model_id: int, sessions: Sessions, device: torch.
 
 def _cold_session(
     session: Session,
+    ctx: JobContext,
     model_id: int,
     parent: ModelVersion,
     dataset: Dataset,
@@ -418,23 +426,25 @@ def _cold_session(
     noise-free state and the test split; and how many training rows that read. `hand_over`:
     the session will be kept, so the opened-samples cache gives the rows up to it."""
     assert parent.state_key is not None
-    state = _parent_state(session, parent)
-    rows = training_arrays(session, model_id, dataset, hand_over=hand_over)
-    left = test_rows_left(session, dataset.id)  # before the split: a row leaving between the
-    test = test_arrays(session, dataset)  # two reads makes the next count differ, not match
+    state = _parent_state(session, ctx.blobs, parent)
+    rows = training_arrays(session, ctx.opened, model_id, dataset, hand_over=hand_over)
+    # the rows that left counted before the split: a row leaving between the two reads
+    # makes the next count differ, not match
+    left = test_rows_left(session, dataset.id)
+    test = test_arrays(session, ctx.opened, dataset)
     made = ModelSession.of(model_id, parent.id, rows, state, test, device)
     made = replace(made, test_left=left)  # dated: read once
     return made, len(rows)
 
 
-def _parent_state(session: Session, parent: ModelVersion) -> dict[str, torch.Tensor]:
+def _parent_state(session: Session, store: Blobs, parent: ModelVersion) -> dict[str, torch.Tensor]:
     """The parent version's noise-free state, or {} when it cannot be read back (a corrupt or
     missing object: issue 53): the update is then the exact retrain from the retained rows,
     which needs no state (`load_batch`), rather than a failure that withdraws the model. An
     unreachable store is not this: it raises, and the update waits."""
     assert parent.state_key is not None
     try:
-        data = blobs().read(session, parent.state_key)
+        data = store.read(session, parent.state_key)
         if data is None:
             raise LookupError(f"the state of version {parent.number} is missing")
         return tensorfile.decode(data)
@@ -443,7 +453,9 @@ def _parent_state(session: Session, parent: ModelVersion) -> dict[str, torch.Ten
         return {}
 
 
-def _with_current_test(session: Session, dataset: Dataset, warm: ModelSession) -> ModelSession:
+def _with_current_test(
+    session: Session, opened: OpenedSamples, dataset: Dataset, warm: ModelSession
+) -> ModelSession:
     """The session with the test split as it is now. Test rows only ever leave (a sample is
     active, then erasing, then erased), so an unchanged count of rows that left means an
     unchanged split: counted from ix_samples_dataset_split_status over the few rows that
@@ -452,7 +464,7 @@ def _with_current_test(session: Session, dataset: Dataset, warm: ModelSession) -
     left = test_rows_left(session, dataset.id)
     if left == warm.test_left:
         return warm
-    return replace(warm, test=test_arrays(session, dataset), test_left=left)
+    return replace(warm, test=test_arrays(session, opened, dataset), test_left=left)
 
 
 def test_rows_left(session: Session, dataset_id: int) -> int:
@@ -470,9 +482,9 @@ def test_rows_left(session: Session, dataset_id: int) -> int:
     return int(session.connection().execute(sql.TEST_ROWS_LEFT, params).scalar() or 0)
 
 
-def _openings(session: Session, request_ids: set[int]) -> dict[int, bytes]:
+def _openings(session: Session, ring: Keyring, request_ids: set[int]) -> dict[int, bytes]:
     """The requests' commitment keys, where the server still keeps them."""
-    conn, ring, out = session.connection(), keyring(), dict[int, bytes]()
+    conn, out = session.connection(), dict[int, bytes]()
     for chunk in chunked(sorted(request_ids)):
         out.update((r, ring.unwrap(w)) for r, w in conn.execute(sql.OPENINGS, {"ids": chunk}))
     return out
@@ -489,6 +501,7 @@ def _held(session: Session, model_id: int, sample_ids: list[int]) -> set[int]:
 
 def commit_update(
     session: Session,
+    ctx: JobContext,
     batch: Batch,
     outcome: Outcome | None,
     stored: VersionBlobs | None,
@@ -515,6 +528,7 @@ def commit_update(
         }
         version = write_version(
             session,
+            ctx.blobs,
             batch.model_id,
             batch.parent_number + 1,
             batch.parent_id,
@@ -570,11 +584,15 @@ def commit_update(
     if version is not None and outcome is not None:
         release = outcome.decision.release
         if release.replace_statistics is not None:  # a retrain re-recorded everything
-            write_block(session, batch.model_id, release.replace_statistics, replace=True)
+            write_block(
+                session, ctx.keyring, batch.model_id, release.replace_statistics, replace=True
+            )
         else:
             delete_rows(session, batch.model_id, release.statistics_to_delete)
         # their blobs' keys are destroyed with the requests' openings, in one DELETE
-        blob_keys = _purge_older_versions(session, batch.model_id, version.id, destroy=False)
+        blob_keys = _purge_older_versions(
+            session, ctx.blobs, batch.model_id, version.id, destroy=False
+        )
         conn.execute(
             sql.MAKE_CURRENT, {"model_id": batch.model_id, "version": version.id, "now": now}
         )
@@ -654,7 +672,7 @@ def _earlier_certificate(session: Session, model_id: int, sample_ids: list[int])
 
 
 def _purge_older_versions(
-    session: Session, model_id: int, keep_id: int | None, destroy: bool = True
+    session: Session, store: Blobs, model_id: int, keep_id: int | None, destroy: bool = True
 ) -> list[UUID]:
     """Every earlier version was trained with the removed samples: delete its bytes (all of
     them when `keep_id` is None). Returns its blobs' key ids, which with `destroy=False` the
@@ -662,17 +680,17 @@ def _purge_older_versions(
     conn = session.connection()
     params = {"model": model_id, "keep": keep_id if keep_id is not None else -1, "now": utcnow()}
     if conn.dialect.name == "postgresql":  # one statement
-        return blobs().retired(session, conn.execute(sql.PURGE_AT_ONCE, params).all(), destroy)
+        return store.retired(session, conn.execute(sql.PURGE_AT_ONCE, params).all(), destroy)
     older = conn.execute(sql.OLDER_VERSIONS, params).all()
     if not older:
         return []
     keys = [k for v in older for k in (v.weights_key, v.state_key) if k]
-    key_ids = blobs().retire(session, keys, destroy=destroy)
+    key_ids = store.retire(session, keys, destroy=destroy)
     conn.execute(sql.ERASE_VERSIONS, params | {"ids": [v.id for v in older]})
     return key_ids
 
 
-def withdraw_model(session: Session, model_id: int, reason: str) -> set[int]:
+def withdraw_model(session: Session, store: Blobs, model_id: int, reason: str) -> set[int]:
     """The model cannot forget (its update and its exact retrain both failed): withdraw it.
 
     Every version's weights and noise-free state are deleted with their data keys, its
@@ -683,7 +701,7 @@ def withdraw_model(session: Session, model_id: int, reason: str) -> set[int]:
     model = session.get(Model, model_id)
     if model is None:
         return set()
-    _purge_older_versions(session, model_id, None)
+    _purge_older_versions(session, store, model_id, None)
     session.execute(delete(SampleStatistic).where(SampleStatistic.model_id == model_id))
     model.status, model.current_version_id = ModelStatus.failed, None
     model.error = f"withdrawn: {reason}"[:2000]
@@ -767,7 +785,12 @@ def release_tasks(
 
 
 def fail_tasks(
-    session: Session, task_ids: list[int], error: str, backoff_seconds: list[int], max_attempts: int
+    session: Session,
+    store: Blobs,
+    task_ids: list[int],
+    error: str,
+    backoff_seconds: list[int],
+    max_attempts: int,
 ) -> bool:
     """Put tasks back to queued, due again after the backoff for their attempt, or, after
     `max_attempts`, withdraw their model (`withdraw_model`): the data is erased whatever
@@ -793,7 +816,7 @@ def fail_tasks(
             task.not_before = now + timedelta(seconds=wait)
     for model_id in models:
         reason = f"a deletion failed {max_attempts} times ({error})"
-        for request_id in withdraw_model(session, model_id, reason[:1000]):
+        for request_id in withdraw_model(session, store, model_id, reason[:1000]):
             request = session.get(DeletionRequest, request_id)
             if request is not None:
                 request.error = f"model {model_id} was withdrawn: {reason}"[:2000]

@@ -14,7 +14,7 @@ from sqlalchemy.orm import Session
 
 from app.db.chunks import chunked
 from app.db.tables import Base, Sample, SampleStatistic
-from app.storage.crypto import keyring, open_sealed, seal, statistic_aad
+from app.storage.crypto import Keyring, open_sealed, seal, statistic_aad
 from app.storage.keystore import load_keys
 from methods.compute import StatisticsBlock
 
@@ -23,12 +23,12 @@ ROWS_PER_INSERT = 1000  # vectors are large: smaller insert batches bound the st
 
 
 def write_block(
-    session: Session, model_id: int, block: StatisticsBlock, replace: bool = False
+    session: Session, ring: Keyring, model_id: int, block: StatisticsBlock, replace: bool = False
 ) -> int:
     """Insert one row per vector (bulk); with `replace`, the model's old rows go first."""
     if replace:
         session.execute(delete(SampleStatistic).where(SampleStatistic.model_id == model_id))
-    return _insert(session, model_id, block)
+    return _insert(session, ring, model_id, block)
 
 
 _STATISTICS = Base.metadata.tables["sample_statistics"]
@@ -45,11 +45,11 @@ def delete_rows(session: Session, model_id: int, sample_ids: list[int]) -> None:
         conn.execute(_DELETE, {"model_id": model_id, "ids": chunk})
 
 
-def _insert(session: Session, model_id: int, block: StatisticsBlock) -> int:
+def _insert(session: Session, ring: Keyring, model_id: int, block: StatisticsBlock) -> int:
     vectors = block.vectors.detach().cpu().numpy().astype(DTYPES[block.dtype])
     for start in range(0, len(block.sample_ids), ROWS_PER_INSERT):
         stop = min(start + ROWS_PER_INSERT, len(block.sample_ids))
-        keys = sample_keys(session, block.sample_ids[start:stop])
+        keys = sample_keys(session, ring, block.sample_ids[start:stop])
         rows = []
         for i in range(start, stop):
             sid, kind = block.sample_ids[i], block.kinds[i]
@@ -69,7 +69,7 @@ def _insert(session: Session, model_id: int, block: StatisticsBlock) -> int:
     return len(block.sample_ids)
 
 
-def sample_keys(session: Session, sample_ids: list[int]) -> dict[int, bytes]:
+def sample_keys(session: Session, ring: Keyring, sample_ids: list[int]) -> dict[int, bytes]:
     """The raw data keys of these samples (erased samples are absent)."""
     by_sample: dict[int, UUID] = {}
     for chunk in chunked(sample_ids):
@@ -78,14 +78,16 @@ def sample_keys(session: Session, sample_ids: list[int]) -> dict[int, bytes]:
         ):
             if key_id is not None:
                 by_sample[sid] = key_id
-    keys = load_keys(session, keyring(), list(by_sample.values()))
+    keys = load_keys(session, ring, list(by_sample.values()))
     return {sid: keys[kid] for sid, kid in by_sample.items() if kid in keys}
 
 
-def read_vectors(session: Session, model_id: int, sample_ids: list[int]) -> dict[int, torch.Tensor]:
+def read_vectors(
+    session: Session, ring: Keyring, model_id: int, sample_ids: list[int]
+) -> dict[int, torch.Tensor]:
     """The stored vectors of these samples (any kind), as float32 tensors."""
     out: dict[int, torch.Tensor] = {}
-    keys = sample_keys(session, sample_ids)
+    keys = sample_keys(session, ring, sample_ids)
     for chunk in chunked(sample_ids):
         rows = session.execute(
             select(

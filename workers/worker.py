@@ -23,11 +23,10 @@ from collections.abc import Callable
 from types import FrameType
 from typing import Any
 
-from app.db.session import database
-from app.dispatch import RQDispatcher, deletions_queue
+from app.dispatch import RQDispatcher, deletions_queue, run_job
 from app.ledger.publish import finish_publishing
 from app.maintenance import Maintenance, maintenance_tasks, reconcile_and_signal
-from app.settings import get_settings
+from app.settings import Settings, get_settings
 from app.storage.erasure import compact_at_start, finish_compacting
 from workers import metrics
 from workers.device import DeviceUnavailable, worker_device
@@ -35,6 +34,15 @@ from workers.lease import WORKER_ID, beat
 from workers.recycle import Recycle
 
 WARM_ENV = "LETHE_WARM_MODELS"  # set across a re-execution: the models to warm first
+_CONTEXT: list[Any] = []  # this process's JobContext, made by `run` (one worker per process)
+
+
+def run_signalled(job: str, *args: int) -> None:
+    """What RQ runs for a signal (`app.dispatch.RQ_ENTRY`): the job, with the context this
+    `lethe worker` built at start as its first argument (issue 54)."""
+    (context,) = _CONTEXT
+    run_job(context, job, *args)
+
 
 log = logging.getLogger("lethe.worker")
 
@@ -43,8 +51,9 @@ RECONNECT_MAX_SECONDS = 15.0  # the cap of that backoff
 HEALTHY_SECONDS = 60.0  # an RQ loop that ran this long starts the restart backoff afresh
 
 
-def run(burst: bool = False) -> None:
-    settings = get_settings()
+def run(burst: bool = False, settings: Settings | None = None) -> None:
+    """`lethe worker`: its settings from the environment unless given (tests)."""
+    settings = settings or get_settings()
     if not settings.redis_url:
         raise SystemExit("lethe worker needs LETHE_REDIS_URL (embedded mode runs its own worker)")
     try:
@@ -56,13 +65,16 @@ def run(burst: bool = False) -> None:
     if settings.worker_metrics_port:
         metrics.serve(settings.worker_metrics_port)
     dispatcher = RQDispatcher(settings)
+    from workers.context import JobContext  # after the device is checked
+
+    ctx = JobContext.build(settings)
     # Neither the database nor Redis has to be up yet: the threads below retry both.
     _logged(lambda: beat(url, "rq"), "first heartbeat")
-    _logged(lambda: reconcile_and_signal(database(url), dispatcher, settings), "first reconcile")
+    _logged(lambda: reconcile_and_signal(ctx.runtime, dispatcher), "first reconcile")
     # keys destroyed by a process that died before compacting leave the files now
-    _logged(lambda: compact_at_start(database(url)), "first compaction")
+    _logged(lambda: compact_at_start(ctx.db, settings), "first compaction")
     stop = threading.Event()
-    maintenance = Maintenance(maintenance_tasks(database(url), dispatcher, settings))
+    maintenance = Maintenance(maintenance_tasks(ctx.runtime, dispatcher))
     heart = threading.Thread(
         target=_heartbeat, args=(url, settings.heartbeat_seconds, stop), daemon=True
     )
@@ -73,11 +85,12 @@ def run(burst: bool = False) -> None:
         "worker %s listening on queue %r, computing on %s", WORKER_ID, settings.queue_name, device
     )
     from workers.data import database_key
-    from workers.jobs import resident_sessions, warm_model  # after the device is set up
+    from workers.jobs import warm_model  # after the device is set up
 
     for model_id in [int(m) for m in os.environ.pop(WARM_ENV, "").split(",") if m]:
-        warm_model(model_id)  # the sessions the process this one replaced held
-    recycle = Recycle(database(url), settings.plaintext_ttl_seconds)
+        warm_model(ctx, model_id)  # the sessions the process this one replaced held
+    recycle = Recycle(ctx.db, settings.plaintext_ttl_seconds)
+    _CONTEXT[:] = [ctx]  # the context RQ's jobs run with (`run_signalled`)
     try:
         gave_way = serve(settings.redis_url, settings.queue_name, burst=burst, recycle=recycle)
     finally:
@@ -85,7 +98,7 @@ def run(burst: bool = False) -> None:
         finish_publishing(url)  # the last update's checkpoint, before the process exits
         finish_compacting(url)  # and the compaction under way
     if gave_way:  # issue 53: the same command in a fresh process image, none of this memory
-        held = resident_sessions(settings).models(database_key(database(url).engine))
+        held = ctx.resident_sessions().models(database_key(ctx.db.engine))
         log.info("worker %s gives way after an erasure: re-executing", WORKER_ID)
         logging.shutdown()
         env = {**os.environ, WARM_ENV: ",".join(str(m) for m in held)}

@@ -11,7 +11,7 @@ from fastapi.responses import StreamingResponse
 from pydantic import AfterValidator, BeforeValidator
 from sqlalchemy import select
 
-from app.api.deps import AnyRole, Auditor, DbDep, SettingsDep
+from app.api.deps import AnyRole, Auditor, DbDep, RuntimeDep, SettingsDep
 from app.api.params import PathId, QueryId
 from app.api.responses import COMMON, errors
 from app.db.tables import Certificate, Dataset, DeletionRequest, Sample
@@ -20,7 +20,7 @@ from app.jsontypes import JsonObject, JsonValue
 from app.ledger import transparency
 from app.ledger.certificates import certificate_document, export_lines, verify_chain
 from app.schemas import MAX_ID, Text
-from app.storage.crypto import keyring
+from app.storage.crypto import Keyring
 from app.wire import CertificateOut, CertificatePage, ChainCheck
 
 router = APIRouter(prefix="/v1/audit", tags=["audit"], responses=COMMON)
@@ -50,6 +50,7 @@ DateTime = Annotated[datetime, BeforeValidator(_date_time_only), AfterValidator(
 def certificates(
     _: Auditor,
     db: DbDep,
+    runtime: RuntimeDep,
     model: QueryId = None,
     subject: Text | None = Query(None, max_length=200),
     since: DateTime | None = Query(
@@ -66,16 +67,17 @@ def certificates(
         query = query.where(Certificate.created_at >= since)
     with db.read() as session:
         if subject is not None:
-            query = query.where(Certificate.request_id.in_(_requests_for_subject(session, subject)))
+            query = query.where(
+                Certificate.request_id.in_(_requests_for_subject(session, runtime.keyring, subject))
+            )
         rows = session.scalars(query.offset(offset).limit(limit)).all()
         items: list[JsonValue] = [certificate_document(c, disclose=True) for c in rows]
         return {"items": items, "offset": offset, "limit": limit}
 
 
-def _requests_for_subject(session: Any, subject: str) -> list[int]:
+def _requests_for_subject(session: Any, ring: Keyring, subject: str) -> list[int]:
     """Requests that named this subject or removed its samples (matched by keyed token: the
     database holds no raw subject ids)."""
-    ring = keyring()
     tokens = {ring.token("subject", d, subject) for d in session.scalars(select(Dataset.id))}
     sample_ids = set(session.scalars(select(Sample.id).where(Sample.subject_id.in_(tokens))))
     requests = session.execute(

@@ -8,7 +8,7 @@ from fastapi import APIRouter, Query, Request
 from fastapi.concurrency import run_in_threadpool
 from pydantic import ValidationError
 
-from app.api.deps import Admin, AnyRole, DbDep, SettingsDep
+from app.api.deps import Admin, AnyRole, DbDep, RuntimeDep, SettingsDep
 from app.api.params import PathId
 from app.api.responses import COMMON, errors
 from app.errors import APIError, unprocessable
@@ -179,6 +179,7 @@ def read_samples(
     dataset_id: PathId,
     key: AnyRole,
     db: DbDep,
+    runtime: RuntimeDep,
     split: str | None = Query(None, pattern="^(train|test)$"),
     status: str | None = Query(None, pattern="^(active|erasing|erased)$"),
     subject: Text | None = Query(None, max_length=200),
@@ -188,6 +189,7 @@ def read_samples(
     with db.read() as session:
         items, total = list_samples(
             session,
+            runtime.keyring,
             dataset_id,
             split=split,
             status=status,

@@ -21,6 +21,7 @@ from app.api.deps import (
     DeletionViewer,
     DispatcherDep,
     Requester,
+    RuntimeDep,
     SettingsDep,
 )
 from app.api.params import PathId
@@ -77,6 +78,7 @@ async def create(
     body: Annotated[DeletionCreate, Body(openapi_examples=DELETION_EXAMPLES)],
     key: Requester,
     db: DbDep,
+    runtime: RuntimeDep,
     committer: CommitterDep,
     dispatcher: DispatcherDep,
     request: Request,
@@ -98,11 +100,17 @@ async def create(
     woken = wakeups.FINISHED.register() if wait else None  # before the commit: none is lost
 
     def accept() -> tuple[DeletionOut, bool, Names]:
-        names = Names.of(body)  # keyed tokens of the ids: computed once, outside the transaction
+        names = Names.of(body, runtime.keyring)  # keyed tokens: once, outside the transaction
 
         def unit(session: Session) -> tuple[DeletionOut, list[int], bool, list[int]]:
             accepted = create_deletion(
-                session, body, names, key.id, idempotency_key, key.role == Role.admin
+                session,
+                runtime.keyring,
+                body,
+                names,
+                key.id,
+                idempotency_key,
+                key.role == Role.admin,
             )
             view = deletion_view(
                 session,
@@ -120,12 +128,12 @@ async def create(
 
         view, _, replayed, samples = committer.submit(unit, after=signal)
         if not replayed:  # durable apart from the database before it is acknowledged
-            journal = Journal.of(request.app.state.settings.resolved_journal_dir, db.url)
+            journal = Journal.of(runtime.settings.resolved_journal_dir, db.url)
             journal.record_request(
                 view.id, body.dataset_id, samples, list(names.samples), list(names.subjects)
             )
         if view.status == "done" and not replayed:  # nothing held them: erased on acceptance
-            compact_after_erasure(db)
+            compact_after_erasure(db, runtime.settings)
         return view, replayed, names
 
     try:

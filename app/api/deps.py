@@ -1,4 +1,5 @@
-"""Dependencies: settings, a unit-of-work factory, the dispatcher, and role-checked API keys.
+"""Dependencies: the runtime and its settings, a unit-of-work factory, the dispatcher, and
+role-checked API keys.
 
 All are `async def`: FastAPI runs a plain `def` dependency in its thread pool, and the thread
 hops (four dependencies and the endpoint) were a fifth of a POST's CPU (issue 28). Only a key
@@ -12,19 +13,24 @@ from typing import Annotated
 from fastapi import Depends, Request, Security
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
-from app.api.keycache import verified_key
 from app.api.limits import VERIFIED_KEY
 from app.db.group_commit import GroupCommitter
 from app.db.session import Database
 from app.db.tables import ApiKey
 from app.dispatch import Dispatcher
 from app.errors import APIError
+from app.runtime import Runtime
 from app.security import Role
 from app.settings import Settings
 
 
+async def get_runtime(request: Request) -> Runtime:
+    """The service's resources, built once by `create_app` (app/runtime.py)."""
+    return request.app.state.runtime
+
+
 async def get_settings_dep(request: Request) -> Settings:
-    return request.app.state.settings
+    return request.app.state.runtime.settings
 
 
 async def get_db(request: Request) -> Database:
@@ -41,6 +47,7 @@ async def get_dispatcher(request: Request) -> Dispatcher:
     return request.app.state.dispatcher
 
 
+RuntimeDep = Annotated[Runtime, Depends(get_runtime)]
 SettingsDep = Annotated[Settings, Depends(get_settings_dep)]
 DbDep = Annotated[Database, Depends(get_db)]
 CommitterDep = Annotated[GroupCommitter, Depends(get_committer)]
@@ -76,7 +83,7 @@ def require(*roles: Role) -> Callable[..., Awaitable[ApiKey]]:
         if verified is not None and verified[0] == raw.strip():
             key = verified[1]
         else:
-            key = await verified_key(db, raw.strip())
+            key = await request.app.state.key_cache.verified(raw.strip())
         if key is None:
             raise APIError(401, "unauthorized", "invalid or revoked API key")
         if key.role not in allowed:

@@ -7,10 +7,9 @@ from __future__ import annotations
 
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Body
+from fastapi import APIRouter, Body, Request
 from sqlalchemy import select
 
-from app.api import keycache
 from app.api.deps import Admin, AnyRole, DbDep
 from app.api.params import PathId
 from app.api.responses import COMMON, errors
@@ -64,7 +63,7 @@ def create(
 
 
 @router.delete("/{key_id:int}", status_code=204, responses=errors(404, 409))
-def revoke(key_id: PathId, caller: Admin, db: DbDep) -> None:
+def revoke(key_id: PathId, caller: Admin, db: DbDep, request: Request) -> None:
     """Revoke a key (idempotent). 409 for the caller's own key and for the last active
     admin key."""
     with db.write() as session:
@@ -92,4 +91,4 @@ def revoke(key_id: PathId, caller: Admin, db: DbDep) -> None:
             )
         key.revoked_at = utcnow()
         revoked_hash = key.key_hash
-    keycache.forget(revoked_hash)
+    request.app.state.key_cache.forget(revoked_hash)

@@ -25,8 +25,7 @@ from starlette.datastructures import Headers
 from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from app.api.keycache import verified_key
-from app.db.session import Database
+from app.api.keycache import KeyCache
 from app.errors import error_body
 
 BODYLESS_METHODS = frozenset({"GET", "HEAD", "OPTIONS", "TRACE"})
@@ -76,8 +75,8 @@ class IngressLimitMiddleware:
         scheme, _, raw = headers.get("authorization", "").partition(" ")
         if scheme.lower() != "bearer" or not raw.strip():
             return "missing API key: send 'Authorization: Bearer <key>'"
-        db: Database = scope["app"].state.db
-        key = await verified_key(db, raw.strip())
+        cache: KeyCache = scope["app"].state.key_cache
+        key = await cache.verified(raw.strip())
         if key is None:
             return "invalid or revoked API key"
         # The route's dependency checks the role of this same key without a second lookup.

@@ -33,6 +33,7 @@ from app.services.models import (
     released_weights,
 )
 from app.services.weights_cache import WeightsCache
+from app.storage.blobs import Blobs
 from methods import get_method, method_names
 
 router = APIRouter(prefix="/v1/models", tags=["models"], responses=COMMON)
@@ -167,7 +168,8 @@ async def import_weights(
             [{"loc": list(e["loc"]), "msg": e["msg"]} for e in exc.errors()],
         ) from exc
 
-    model_id, view = await run_in_threadpool(import_model, db, spec, data)
+    store = request.app.state.runtime.blobs
+    model_id, view = await run_in_threadpool(import_model, db, store, spec, data)
     dispatcher.enqueue(TRAIN, model_id)
     return view
 
@@ -234,6 +236,7 @@ def _weights(request: Request, db: DbDep, model_id: int, number: int | None) -> 
     every time, so a purged version is 410 at once. The first chunk is opened before any
     header is sent: a missing object is 503 and a corrupt one 500, never wrong bytes."""
     cache: WeightsCache = request.app.state.weights_cache
+    store: Blobs = request.app.state.runtime.blobs
     with db.read() as session:
         v = get_version(session, model_id, number)
         etag = f'"{v.weights_sha256}"'
@@ -247,12 +250,12 @@ def _weights(request: Request, db: DbDep, model_id: int, number: int | None) -> 
         }
         if v.erased_at is not None:
             cache.forget(v.weights_sha256)
-            released_weights(session, v)  # raises 410
+            released_weights(session, store, v)  # raises 410
         if request.headers.get("if-none-match") == etag:
             return Response(status_code=304, headers=headers)
         span = requested_range(request.headers, etag, v.weights_size)
         data = cache.get(v.weights_sha256)
-        handle = None if data is not None else released_weights(session, v)
+        handle = None if data is not None else released_weights(session, store, v)
     if handle is not None and handle.size <= cache.max_bytes // 16:
         data = bytes(handle.read())
         cache.put(v.weights_sha256, data)

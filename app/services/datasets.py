@@ -10,7 +10,7 @@ from sqlalchemy.orm import Session
 from app.db.tables import Dataset, Sample
 from app.errors import APIError, not_found
 from app.states import DatasetStatus, SampleStatus
-from app.storage.crypto import SampleRecord, keyring, open_sealed, sample_aad
+from app.storage.crypto import Keyring, SampleRecord, open_sealed, sample_aad
 from app.storage.keystore import load_keys
 
 
@@ -84,6 +84,7 @@ def text_summary(meta: dict[str, Any]) -> dict[str, Any]:
 
 def list_samples(
     session: Session,
+    ring: Keyring,
     dataset_id: int,
     *,
     split: str | None,
@@ -99,7 +100,6 @@ def list_samples(
     upload order would say which row was erased (issue 26); the dataset's counts still say
     how many."""
     get_dataset(session, dataset_id)
-    ring = keyring()
     query = select(Sample).where(Sample.dataset_id == dataset_id)
     if hide_erased:
         query = query.where(Sample.status != SampleStatus.erased)

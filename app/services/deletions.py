@@ -32,7 +32,7 @@ from app.services.datasets import ready_dataset
 from app.settings import Settings
 from app.specs import PrivacyPolicy, StoredMethod
 from app.states import DatasetStatus, ModelStatus, RequestStatus, SampleStatus, TaskStatus
-from app.storage.crypto import keyring
+from app.storage.crypto import Keyring
 from app.storage.erasure import erase_payloads
 from app.storage.keystore import KeyTable, load_keys, new_keys, store_keys
 from methods import method_names
@@ -86,10 +86,10 @@ def request_fingerprint(
     return hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()
 
 
-def keyed_idempotency_key(requester_key_id: int | None, header: str) -> str:
+def keyed_idempotency_key(ring: Keyring, requester_key_id: int | None, header: str) -> str:
     """The stored form of an Idempotency-Key: a keyed token scoped to the API key that sent it
     (a client may put a person's id in the header; only the token is kept)."""
-    return keyring().token("idempotency", requester_key_id or 0, header)
+    return ring.token("idempotency", requester_key_id or 0, header)
 
 
 @dataclass(frozen=True)
@@ -107,6 +107,7 @@ class Accepted:
 
 def create_deletion(
     session: Session,
+    ring: Keyring,
     body: DeletionCreate,
     names: Names,
     requester_key_id: int | None,
@@ -118,7 +119,7 @@ def create_deletion(
     `sees_all_erasures` (admins): erased and never-existed look alike (issue 26)."""
     if idempotency_key:
         # Scoped to the API key that sent it (another client's never collides), and keyed.
-        idempotency_key = keyed_idempotency_key(requester_key_id, idempotency_key)
+        idempotency_key = keyed_idempotency_key(ring, requester_key_id, idempotency_key)
         existing = session.scalar(
             select(DeletionRequest).where(DeletionRequest.idempotency_key == idempotency_key)
         )
@@ -129,7 +130,8 @@ def create_deletion(
                     "this Idempotency-Key was used with a different body",
                     {"request_id": existing.id},
                 )
-            return Accepted(existing, None, replayed=True, opening=_opening(session, existing))
+            opening = _opening(session, ring, existing)
+            return Accepted(existing, None, replayed=True, opening=opening)
     if not body.sample_ids and not body.subject_ids:
         ready_dataset(session, body.dataset_id)  # 404 or 409 before this 422
         raise unprocessable("empty_selector", "give sample_ids or subject_ids")
@@ -144,7 +146,7 @@ def create_deletion(
     _check_models(affected, body)
 
     now = utcnow()
-    ring, postgres = keyring(), session.get_bind().dialect.name == "postgresql"
+    postgres = session.get_bind().dialect.name == "postgresql"
     opening, commitment_key_id, key = None, None, None
     if pending and affected:  # certificates will be written: they commit under this key
         ((commitment_key_id, opening, wrapped),) = fresh = new_keys(ring, 1)
@@ -248,12 +250,12 @@ def _accept_statement(
     return select(made.c.id).add_cte(*ctes)
 
 
-def _opening(session: Session, request: DeletionRequest) -> bytes | None:
+def _opening(session: Session, ring: Keyring, request: DeletionRequest) -> bytes | None:
     """The request's opening while the server still keeps it (until the request finishes)."""
     if request.commitment_key_id is None:
         return None
     key_id = request.commitment_key_id
-    return load_keys(session, keyring(), [key_id], KeyTable.short).get(key_id)
+    return load_keys(session, ring, [key_id], KeyTable.short).get(key_id)
 
 
 @dataclass(frozen=True)
@@ -265,8 +267,7 @@ class Names:
     subjects: dict[str, str]
 
     @classmethod
-    def of(cls, body: DeletionCreate) -> Names:
-        ring = keyring()
+    def of(cls, body: DeletionCreate, ring: Keyring) -> Names:
         return cls(
             {ring.token("sample", body.dataset_id, x): x for x in dict.fromkeys(body.sample_ids)},
             {ring.token("subject", body.dataset_id, x): x for x in dict.fromkeys(body.subject_ids)},

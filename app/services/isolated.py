@@ -85,11 +85,9 @@ def _fits_in_shared_memory(size: int) -> bool:
 def _register(job: Registration, name: str | None, payload: bytes | int) -> tuple[Any, ...]:
     """In the child: parse, check, register; an APIError comes back as a tuple. The upload
     is in the shared-memory segment `name` (`payload` its size), or is `payload` itself."""
-    from app.db.session import database
+    from app.runtime import Runtime
     from app.services import registration
-    from app.settings import use_settings
 
-    use_settings(job.settings)
     if name is None:
         assert isinstance(payload, bytes)
         data = payload
@@ -106,9 +104,10 @@ def _register(job: Registration, name: str | None, payload: bytes | int) -> tupl
         if len(parsed.y) > job.settings.max_dataset_samples:
             limit = job.settings.max_dataset_samples
             raise APIError(413, "too_many_samples", f"at most {limit}")
-        db = database(job.settings.resolved_database_url)
+        runtime = Runtime.build(job.settings)
         source = f"builtin:{job.builtin.builtin}" if job.builtin is not None else job.fmt
-        return ("ok", registration.register(db, job.name, source, parsed))
+        dataset_id = registration.register(runtime, job.name, source, parsed)
+        return ("ok", dataset_id)
     except APIError as exc:
         return ("error", exc.status, exc.code, exc.message, exc.details)
 

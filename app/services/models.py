@@ -24,7 +24,7 @@ from app.specs import (
     TopicModelSpec,
 )
 from app.states import ModelStatus, SampleStatus, Stage
-from app.storage.blobs import OpenBlob, WrittenBlob, blobs
+from app.storage.blobs import Blobs, OpenBlob, WrittenBlob
 from app.wire import Progress
 from methods import get_method, method_names, method_of
 
@@ -249,7 +249,7 @@ def get_version(session: Session, model_id: int, number: int | None) -> ModelVer
     return version
 
 
-def released_weights(session: Session, version: ModelVersion) -> OpenBlob:
+def released_weights(session: Session, store: Blobs, version: ModelVersion) -> OpenBlob:
     """The safetensors blob users may download; 410 once the version was purged."""
     if version.erased_at is not None or version.weights_key is None:
         raise APIError(
@@ -259,27 +259,29 @@ def released_weights(session: Session, version: ModelVersion) -> OpenBlob:
             "are purged (metadata and hashes stay for the audit)",
             {"erased_at": version.erased_at, "sha256": version.weights_sha256},
         )
-    handle = blobs().open(session, version.weights_key)
+    handle = store.open(session, version.weights_key)
     if handle is None:
         raise APIError(410, "weights_erased", f"version {version.number} has no weights")
     return handle
 
 
-def import_model(db: Database, spec: ModelCreate, weights: bytes) -> tuple[int, JsonObject]:
+def import_model(
+    db: Database, store: Blobs, spec: ModelCreate, weights: bytes
+) -> tuple[int, JsonObject]:
     """Seal and store the uploaded weights, then create the model that references them in one
     transaction; returns its id and view. A refusal deletes the stored object."""
-    stored = blobs().write("imports", [weights])  # before the transaction: no lock held
+    stored = store.write("imports", [weights])  # before the transaction: no lock held
     try:
         with db.write() as session:
-            model = _import_model(session, spec, weights, stored)
+            model = _import_model(session, store, spec, weights, stored)
             return model.id, model_view(session, model)
     except APIError:  # refused before any commit: nothing references the object
-        blobs().discard([stored])
+        store.discard([stored])
         raise
 
 
 def _import_model(
-    session: Session, spec: ModelCreate, weights: bytes, stored: WrittenBlob
+    session: Session, store: Blobs, spec: ModelCreate, weights: bytes, stored: WrittenBlob
 ) -> Model:
     """A model trained elsewhere: its weights (`stored` already, sealed, before this
     transaction) are checked against the architecture now and loaded by the worker (status
@@ -296,7 +298,7 @@ def _import_model(
         weights, spec.architecture.model_dump(), int(math.prod(ds.feature_shape)), ds.n_classes
     )
     model = create_model(session, spec)
-    blobs().record(session, stored)
+    store.record(session, stored)
     imported = ImportedWeights(blob=stored.key, sha256=stored.sha256)
     model.training = model.training.model_copy(update={"imported": imported})
     model.progress = Progress(stage=Stage.importing)

@@ -21,12 +21,13 @@ from sqlalchemy.orm import Session
 
 from app import pause
 from app.db.bulk import driver_uuid, insert_rows
-from app.db.session import Database, rowcount
+from app.db.session import rowcount
 from app.db.tables import Base, Dataset, Sample, utcnow
 from app.errors import APIError
+from app.runtime import Runtime
 from app.services.dataset_files import ParsedDataset
 from app.states import DatasetStatus, SampleStatus
-from app.storage.crypto import Keyring, SampleRecord, keyring, sample_aad, seal
+from app.storage.crypto import Keyring, SampleRecord, sample_aad, seal
 from app.storage.erasure import compact_after_erasure
 from app.storage.keystore import destroy_keys, new_keys, store_keys
 
@@ -51,11 +52,11 @@ class RegistrationDiscarded(APIError):
         )
 
 
-def register(db: Database, name: str, source: str, parsed: ParsedDataset) -> int:
+def register(runtime: Runtime, name: str, source: str, parsed: ParsedDataset) -> int:
     """Register `parsed` and return the dataset's id: each sample's label, ids and float32
     features sealed with its own data key, its ids stored only as keyed tokens. On any failure
     what was committed is discarded and the error raised: nothing half-written stays."""
-    ring = keyring()
+    db, ring = runtime.db, runtime.keyring
     with db.write() as session:
         ds = Dataset(
             name=name,
@@ -82,7 +83,7 @@ def register(db: Database, name: str, source: str, parsed: ParsedDataset) -> int
             ]
             with db.write() as session:
                 _commit_chunk(session, ring, dataset_id, keys, rows)
-            pause.point("registration-chunk", dataset_id)  # tests: between two commits
+            pause.point(runtime.settings, "registration-chunk", dataset_id)  # between two commits
         with db.write() as session:
             finished = session.execute(
                 update(DATASETS)
@@ -92,7 +93,7 @@ def register(db: Database, name: str, source: str, parsed: ParsedDataset) -> int
             if rowcount(finished) != 1:  # discarded by the reconciler after the last chunk
                 raise RegistrationDiscarded(dataset_id)
     except BaseException:
-        discard(db, dataset_id)
+        discard(runtime, dataset_id)
         raise
     return dataset_id
 
@@ -156,10 +157,11 @@ def _sealed_row(
     ]
 
 
-def discard(db: Database, dataset_id: int) -> None:
+def discard(runtime: Runtime, dataset_id: int) -> None:
     """Delete a registering dataset: its samples' data keys and rows a chunk per commit, then
     the dataset row, then compact (the destroyed keys leave the database files). A dataset
     that is ready is left alone."""
+    db = runtime.db
     while True:
         with db.write() as session:
             status = session.scalar(select(Dataset.status).where(Dataset.id == dataset_id))
@@ -173,7 +175,7 @@ def discard(db: Database, dataset_id: int) -> None:
                 break
             destroy_keys(session, [k for _, k in rows if k is not None])
             session.execute(delete(Sample).where(Sample.id.in_([i for i, _ in rows])))
-    compact_after_erasure(db)
+    compact_after_erasure(db, runtime.settings)
 
 
 def abandoned(session: Session, now: datetime, stale_seconds: float) -> list[int]:

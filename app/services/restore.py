@@ -39,6 +39,7 @@ from app.schemas import DeletionCreate
 from app.services.deletions import Names, create_deletion
 from app.settings import Settings
 from app.states import RequestStatus, SampleStatus
+from app.storage.crypto import Keyring
 
 log = logging.getLogger("lethe.restore")
 FINISHED = (RequestStatus.done, RequestStatus.failed)
@@ -116,7 +117,7 @@ class RestoreReport:
         return self.__dict__.copy()
 
 
-def restore(db: Database, journal: Journal) -> RestoreReport:
+def restore(db: Database, ring: Keyring, journal: Journal) -> RestoreReport:
     """Put the log back as the journal has it, keep the lost requests' ids, and re-apply
     their erasures through new deletion requests. Idempotent: a second run finds nothing."""
     entries = list(journal.log_entries())
@@ -136,7 +137,8 @@ def restore(db: Database, journal: Journal) -> RestoreReport:
             with db.write() as session:
                 body = DeletionCreate(dataset_id=dataset_id, sample_ids=chunk)
                 names = Names({t: t for t in chunk}, {})
-                made.append(create_deletion(session, body, names, None, None, True).request.id)
+                accepted = create_deletion(session, ring, body, names, None, None, True)
+                made.append(accepted.request.id)
     with db.write() as session:
         note = f"lost when the database was restored from a backup; re-applied by {made}"
         for request_id in lost:

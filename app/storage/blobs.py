@@ -31,7 +31,7 @@ from sqlalchemy.orm import Session
 from app.db.chunks import chunked
 from app.db.session import Database, database
 from app.db.tables import Base, Blob, ShortKey, utcnow
-from app.settings import Settings, get_settings
+from app.settings import Settings
 from app.storage.crypto import Keyring, SealError, blob_aad, keyring, open_sealed
 from app.storage.keystore import KeyTable, destroy_keys, load_keys
 from app.storage.objects import (
@@ -389,9 +389,9 @@ def object_store(settings: Settings, db: Database) -> ObjectStore:
 _BLOBS: dict[tuple[Any, ...], Blobs] = {}
 
 
-def blobs(settings: Settings | None = None) -> Blobs:
-    """The process's blob store for the active settings (one per configuration)."""
-    s = settings or get_settings()
+def blobs(settings: Settings) -> Blobs:
+    """The blob store of `settings` (one per configuration in a process)."""
+    s = settings
     secret = s.s3_secret_access_key.get_secret_value() if s.s3_secret_access_key else None
     ring = keyring(s)
     key = (

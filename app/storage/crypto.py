@@ -22,7 +22,7 @@ from pathlib import Path
 from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
-from app.settings import Settings, get_settings
+from app.settings import Settings
 
 NONCE_BYTES = 12
 KEY_BYTES = 32
@@ -198,6 +198,6 @@ def _keyring_for(master: bytes) -> Keyring:
     return Keyring(master)
 
 
-def keyring(settings: Settings | None = None) -> Keyring:
-    """The process's keyring, for the active settings' master key."""
-    return _keyring_for(load_master_key(settings or get_settings()))
+def keyring(settings: Settings) -> Keyring:
+    """The keyring of `settings`' master key (one per key in a process)."""
+    return _keyring_for(load_master_key(settings))

@@ -29,6 +29,7 @@ from sqlalchemy.orm import Session
 from app.db.chunks import chunked
 from app.db.session import Database, rowcount
 from app.db.tables import Base, utcnow
+from app.settings import Settings
 from app.states import ModelStatus, SampleStatus
 from app.storage.keystore import (
     KeyTable,
@@ -113,20 +114,18 @@ def erasures_here() -> int:
     return _ERASURES_HERE[0]
 
 
-def compact_after_erasure(db: Database) -> None:
+def compact_after_erasure(db: Database, settings: Settings) -> None:
     """Remove destroyed keys' bytes from the database files (run after the erasure commits):
     SQLite's WAL checkpoint at once; PostgreSQL's rewrite of the partitions that lost keys in
     a background thread (`compact_soon`), so the worker's next update does not wait for it.
 
     A failure is logged, not raised: the erasure itself has committed and the next erasure
     compacts again."""
-    from app.settings import get_settings
-
     _ERASURES_HERE[0] += 1
-    if not get_settings().erasure_compaction:
+    if not settings.erasure_compaction:
         return
     if db.engine.dialect.name == "postgresql":
-        compact_soon(db)
+        compact_soon(db, settings.compaction_interval_seconds)
         return
     _compact_logged(db)
 
@@ -163,7 +162,7 @@ def compaction_thread(url: str) -> threading.Thread | None:
         return state.thread if state is not None else None
 
 
-def compact_soon(db: Database, interval: float | None = None) -> None:
+def compact_soon(db: Database, interval: float) -> None:
     """Compact in a background thread, one per database, at most once per `interval` seconds
     (LETHE_COMPACTION_INTERVAL_SECONDS): the first erasure after a quiet spell is compacted at
     once; those that come within an interval of a run's start wait until that interval has
@@ -172,10 +171,6 @@ def compact_soon(db: Database, interval: float | None = None) -> None:
     four keys: rewriting after every update took that from every next one."""
     if not has_destroyed(db.engine.url.render_as_string()):
         return
-    if interval is None:
-        from app.settings import get_settings
-
-        interval = get_settings().compaction_interval_seconds
     with _SCHEDULING:
         state = _COMPACTORS.setdefault(db.url, _Compactor())
         if state.thread is not None and state.thread.is_alive():
@@ -216,11 +211,11 @@ def _compacting(db: Database, interval: float, state: _Compactor) -> None:
                 return
 
 
-def compact_at_start(db: Database) -> None:
+def compact_at_start(db: Database, settings: Settings) -> None:
     """A process's first compaction: the whole key table, for keys destroyed by a process that
     died before compacting; if an older transaction kept some, the background thread retries."""
     if compact(db, everything=True) is Compaction.kept:
-        compact_soon(db)
+        compact_soon(db, settings.compaction_interval_seconds)
 
 
 def finish_compacting(url: str) -> None:

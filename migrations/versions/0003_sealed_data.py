@@ -16,6 +16,7 @@ from typing import Any
 import sqlalchemy as sa
 from alembic import op
 
+from app.settings import get_settings
 from app.storage.crypto import SampleRecord, blob_aad, keyring, sample_aad, seal, statistic_aad
 
 revision = "0003"
@@ -56,7 +57,9 @@ def _seal_existing_rows(conn: sa.Connection) -> None:
     )
     if conn.execute(sa.select(sa.func.count()).select_from(samples)).scalar() == 0:
         return  # a fresh database: nothing to seal (and no master key needed yet)
-    ring = keyring()
+    # the settings `upgrade_to_head` was given (their master key), else the environment's
+    settings = (op.get_context().config.attributes or {}).get("settings") or get_settings()
+    ring = keyring(settings)
     keys = sa.table(
         "data_keys", sa.column("id", sa.Uuid()), sa.column("wrapped"), sa.column("kek_id")
     )

@@ -1,0 +1,33 @@
+"""The resources one Lethe service works with, built once where it starts and passed in (issue
+54): `create_app` builds one for the API, each worker (the embedded one, `lethe worker`) one
+for its jobs. Nothing below them reads a process-wide configuration, so two services in one
+process (tests, the embedded worker as a thread) share nothing but what their settings share
+(one database URL: one engine pool; one configuration: one blob store)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from app.db.session import Database, database
+from app.settings import Settings
+from app.storage.blobs import Blobs, blobs
+from app.storage.crypto import Keyring, keyring
+
+
+@dataclass(frozen=True)
+class Runtime:
+    """Settings, the database, the keyring of the master key and the blob store."""
+
+    settings: Settings
+    db: Database
+    keyring: Keyring
+    blobs: Blobs
+
+    @classmethod
+    def build(cls, settings: Settings) -> Runtime:
+        return cls(
+            settings=settings,
+            db=database(settings.resolved_database_url),
+            keyring=keyring(settings),
+            blobs=blobs(settings),
+        )
