@@ -77,7 +77,7 @@ class Stage(StrEnum):
     preparing = "preparing updates"  # the method's resident state (issue 28), before ready
     ready = "ready"
     failed = "failed"
-    withdrawn = "withdrawn"  # failed for good: `workers.pipeline.withdraw_model`
+    withdrawn = "withdrawn"  # failed for good: `workers.commit.withdraw_model`
 
 
 class Guarantee(StrEnum):

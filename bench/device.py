@@ -120,7 +120,7 @@ def deletion_inputs(
     test: RetainedData,
     victim: int,
 ) -> UpdateInputs:
-    """One sample removed, loaded as `pipeline.load_batch` loads it (CPU tensors; the
+    """One sample removed, loaded as `load.load_batch` loads it (CPU tensors; the
     sample's statistics when the method uses them)."""
     keep = torch.ones(len(data.y), dtype=torch.bool)
     keep[victim] = False

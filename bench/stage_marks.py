@@ -24,12 +24,12 @@ MARKS: dict[str, list[tuple[str, str, str | None]]] = {
         ("preferred_wait", "api.enter", None),  # the POST route's first call
         ("_long_poll", "api.accepted", "api.answered"),  # after its commit; until finished
     ],
+    "workers.linger": [("Linger.claim", "w.claim", "w.claimed")],
     "workers.jobs": [
-        ("_claim", "w.claim", "w.claimed"),
         ("_compute", "w.compute", "w.stored"),  # the update, its metrics and its blobs
     ],
-    "workers.pipeline": [
-        ("load_batch", "w.load", "w.loaded"),
+    "workers.load": [("load_batch", "w.load", "w.loaded")],
+    "workers.commit": [
         ("commit_update", "w.commit", "w.commit_sent"),  # its statements, before COMMIT
     ],
     "app.wakeups": [("Announcer.announce", "w.committed", None)],  # right after COMMIT

@@ -1,5 +1,5 @@
 """Rebuild a released model from its safetensors file alone (metadata written by
-workers/pipeline.weights_metadata). A sharded model comes back as an `Ensemble` whose forward
+workers/store.weights_metadata). A sharded model comes back as an `Ensemble` whose forward
 returns the aggregated log-probabilities."""
 
 from __future__ import annotations

@@ -166,10 +166,10 @@ def test_a_commit_is_refused_when_the_lease_the_version_or_a_task_moved(
     (LeaseLost, nothing written) when another worker took the model, moved it on, or
     reclaimed a task; then, all restored, the same commit goes through."""
     from app.db.tables import DeletionTask, Model
-    from workers import pipeline
+    from workers import commit
     from workers.lease import LeaseLost
 
-    real = pipeline.commit_update
+    real = commit.commit_update
     refusals: list[str] = []
     moves = [
         (Model, "lease_owner", "another-worker", "now leased by another-worker"),
@@ -191,7 +191,7 @@ def test_a_commit_is_refused_when_the_lease_the_version_or_a_task_moved(
                 setattr(other.get(table, row_id), column, kept)
         return real(session, ctx, batch, outcome, stored, signer)
 
-    monkeypatch.setattr(pipeline, "commit_update", refused_first)
+    monkeypatch.setattr(commit, "commit_update", refused_first)
     done = delete(api, {"dataset_id": digits["id"], "sample_ids": train_ids(api, digits["id"], 1)})
     body = api.wait(f"/v1/deletions/{done['id']}", ("done", "failed"))
     assert body["status"] == "done", body
@@ -212,9 +212,9 @@ def test_a_claim_is_one_statement_on_postgresql(
     import sqlalchemy as sa
 
     from app.db.tables import DeletionTask
-    from workers import pipeline
+    from workers import claim
 
-    real, seen = pipeline.claim_tasks, list[tuple[int, list[int], set[str], set[str]]]()
+    real, seen = claim.claim_tasks, list[tuple[int, list[int], set[str], set[str]]]()
 
     def counted(session, model_id, limit, deadline):  # type: ignore[no-untyped-def]
         sent: list[str] = []
@@ -238,7 +238,7 @@ def test_a_claim_is_one_statement_on_postgresql(
         seen.append((len(sent), ids, {t.status for t in tasks}, set(requests)))
         return claimed
 
-    monkeypatch.setattr(pipeline, "claim_tasks", counted)
+    monkeypatch.setattr(claim, "claim_tasks", counted)
     done = delete(api, {"dataset_id": digits["id"], "sample_ids": train_ids(api, digits["id"], 1)})
     assert api.wait(f"/v1/deletions/{done['id']}", ("done", "failed"))["status"] == "done"
     statements, ids, task_statuses, request_statuses = next(s for s in seen if s[1])

@@ -73,7 +73,7 @@ def test_unknown_method_names_the_known_ones() -> None:
 
 def test_worker_processes_import_no_web_framework() -> None:
     code = (
-        "import sys, workers.jobs, workers.worker, workers.pipeline\n"
+        "import sys, workers.jobs, workers.worker, workers.commit\n"
         "bad = sorted(m for m in sys.modules if m.split('.')[0] in ('fastapi', 'starlette'))\n"
         "print(bad)\n"
         "sys.exit(1 if bad else 0)\n"

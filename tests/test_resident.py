@@ -313,11 +313,11 @@ def test_the_session_keeps_the_training_record_a_fresh_read_gives(
     reused by the next, made again after the retrain."""
     from methods.recollection import compute
     from methods.recollection.replay import Replay
-    from workers import pipeline
+    from workers import load
 
     _, b = two_workers
     reads: list[int] = []
-    real = pipeline.training_record
+    real = load.training_record
 
     def counted(session, model_id):  # type: ignore[no-untyped-def]
         reads.append(model_id)
@@ -330,7 +330,7 @@ def test_the_session_keeps_the_training_record_a_fresh_read_gives(
         replays.append(len(source["train_sample_ids"]))
         return replay(source)
 
-    monkeypatch.setattr(pipeline, "training_record", counted)
+    monkeypatch.setattr(load, "training_record", counted)
     monkeypatch.setattr(compute.Replay, "of", staticmethod(replayed))
     recording = {"name": "recollection", "max_relative_noise": None, "rho_checks": 1}
     model = create(api, digits["id"], "recorded", recording)
@@ -365,17 +365,17 @@ def test_the_test_split_is_read_once_per_session_not_again_on_its_next_update(
     """A session is dated by the count of test rows gone when its split was read (issue 28,
     goal 6: a session seeded by training, or made cold, re-read the whole split on its next
     update; 4 s of a million-row model's first deletion)."""
-    from workers import pipeline
+    from workers import load
 
     _, b = two_workers
     reads: list[int] = []
-    real = pipeline.test_arrays
+    real = load.test_arrays
 
     def counted(session, opened, dataset):  # type: ignore[no-untyped-def]
         reads.append(dataset.id)
         return real(session, opened, dataset)
 
-    monkeypatch.setattr(pipeline, "test_arrays", counted)
+    monkeypatch.setattr(load, "test_arrays", counted)
     model = create(api, digits["id"], "dated")  # worker a seeds the session from training
     ids = train_ids(api, digits["id"], 4)
     forget(api, digits["id"], ids[:1])

@@ -21,7 +21,7 @@ from methods.sharded_retrain import maths as sh
 from tests.conftest import Api
 from tests.factories import stored_bytes
 from tests.test_erasure import wait_until_absent
-from workers import pipeline
+from workers import load
 from workers.data import training_arrays
 
 N_TRAIN, N_TEST, PEOPLE = 240, 40, 30
@@ -83,7 +83,7 @@ def from_scratch(api: Api, model_id: int):
     with database(api.url).read() as session:
         model = session.get(Model, model_id)
         dataset = session.get(Dataset, model.dataset_id)
-        spec = pipeline.model_spec(model, dataset)
+        spec = load.model_spec(model, dataset)
         data = training_arrays(session, api.opened(), model_id, dataset)
     return fit(spec, RetainedData(data.sample_ids, data.X, data.y, data.subjects))
 

@@ -28,7 +28,7 @@ from app.ledger.transparency import signing_key
 from app.specs import PrivacyPolicy
 from app.states import AuditStatus, ModelStatus
 from methods.compute import ModelSpec, RetainedData
-from workers import pipeline
+from workers import load
 from workers.context import JobContext
 from workers.data import OpenedSamples, test_arrays, training_arrays
 from workers.privacy_audit import AuditOptions, AuditRun, run
@@ -115,7 +115,7 @@ def _load(session: Session, opened: OpenedSamples, audit_id: int, attempt: int) 
         attempt=attempt,
         model_id=model.id,
         version=version.number,
-        spec=pipeline.model_spec(model, dataset),
+        spec=load.model_spec(model, dataset),
         policy=model.privacy,
         options=AuditOptions(
             canaries=int(o["canaries"]),

@@ -1,9 +1,11 @@
-"""Job entry points (RQ or the embedded worker): train_model and process_deletions.
+"""Job entry points (RQ or the embedded worker): train_model, process_deletions, warm_model;
+each takes the worker's JobContext (workers/context.py) first.
 
-Every job is load → compute → commit: one short read loads what the computation needs, the
-computation runs with no transaction open, one write commits the result (DESIGN §6). The load
-is on CPU; the computation runs on the worker's device (LETHE_DEVICE, workers/device.py) and
-its results come back to CPU before they are committed.
+An update is claim → load → compute → store → commit → publish, a module each
+(workers/claim.py, load.py, updates.py, store.py, commit.py, app/ledger/publish.py): one short
+read loads what the computation needs, the computation runs with no transaction open, one
+write commits the result (DESIGN §6). The load is on CPU; the computation runs on the worker's
+device (LETHE_DEVICE, workers/device.py) and its results come back to CPU before the commit.
 """
 
 from __future__ import annotations
@@ -38,7 +40,7 @@ from app.wire import Progress
 from maths.nets import build_net
 from maths.training import Diverged, ProgressFn, accuracy, check_converged
 from methods.compute import ModelSpec, RetainedData, Trained, UpdateInputs, fit, method_for
-from workers import pipeline
+from workers import claim, commit, load, store
 from workers.certify import lineage_fields
 from workers.context import JobContext
 from workers.data import Arrays, database_key, test_arrays, training_arrays
@@ -90,7 +92,7 @@ def train_model(ctx: JobContext, model_id: int) -> str:
         if not _start_training(db, model_id):
             return "nothing to do"
         pause.point(settings, "training", model_id)
-        stored: pipeline.VersionBlobs | None = None
+        stored: store.VersionBlobs | None = None
         version_id: int | None = None
         try:
             with db.read() as session:
@@ -100,7 +102,7 @@ def train_model(ctx: JobContext, model_id: int) -> str:
             rows = arrays_to(inputs.data, device)  # the session's rows, where it computes
             prepared = _prepare_resident(ctx, model_id, inputs, rows, trained)
             kind = VersionKind.imported if inputs.imported else VersionKind.trained
-            stored = pipeline.store_version_blobs(
+            stored = store.store_version_blobs(
                 db, ctx.blobs, model_id, 1, None, kind, trained.state, trained.next_state
             )
             version_id = db.run(
@@ -232,9 +234,9 @@ def _load_training(
     dataset = session.get(Dataset, model.dataset_id)
     assert dataset is not None, "a model's dataset is never deleted"
     imported = model.training.imported
-    test_left = pipeline.test_rows_left(session, dataset.id)  # before the split it dates
+    test_left = load.test_rows_left(session, dataset.id)  # before the split it dates
     return TrainingInputs(
-        spec=pipeline.model_spec(model, dataset),
+        spec=load.model_spec(model, dataset),
         data=training_arrays(session, ctx.opened, model_id, dataset, hand_over=hand_over),
         test=test_arrays(session, ctx.opened, dataset),
         test_left=test_left,
@@ -337,16 +339,16 @@ def _commit_trained(
     model_id: int,
     inputs: TrainingInputs,
     trained: Trained,
-    stored: pipeline.VersionBlobs,
+    stored: store.VersionBlobs,
     metrics: JsonObject,
 ) -> int:
     """Record version 1 (its blobs are `stored`) and make the model ready; returns its id."""
-    model = pipeline.check_lease(session, model_id)
+    model = claim.check_lease(session, model_id)
     if trained.record:
         metrics = {**metrics, "record": json_object(trained.record)}
     if inputs.imported is not None:
         ctx.blobs.retire(session, [inputs.imported.blob])
-    version = pipeline.write_version(
+    version = commit.write_version(
         session,
         ctx.blobs,
         model_id,
@@ -371,7 +373,7 @@ def warm_model(ctx: JobContext, model_id: int) -> str:
     """The model's resident session made ahead of its next update (a worker that replaced
     one which gave way after an erasure warms what that one held: workers/recycle.py)."""
     try:
-        made = pipeline.warm_session(ctx, model_id, ctx.device())
+        made = load.warm_session(ctx, model_id, ctx.device())
     except Exception:  # a cache: the next update reads cold, as it would have
         log.warning("model %s: could not warm its session", model_id, exc_info=True)
         return "not warmed"
@@ -454,13 +456,13 @@ def _run_batch(
     try:
         try:
             with db.read() as session:  # one short read; no transaction while computing
-                batch, inputs = pipeline.load_batch(session, ctx, model_id, tasks, device)
+                batch, inputs = load.load_batch(session, ctx, model_id, tasks, device)
             outcome, stored = _compute(ctx, batch, inputs, device)  # no transaction open
             pause.point(settings, "before-commit", model_id)  # (a crash: orphans, swept)
             signer = signing_key(settings)
             try:
                 version_id = db.run(
-                    lambda session: pipeline.commit_update(
+                    lambda session: commit.commit_update(
                         session, ctx, batch, outcome, stored, signer
                     ),
                     retry_integrity=True,
@@ -476,7 +478,7 @@ def _run_batch(
         _keep_resident(sessions, where, batch, outcome, version_id)
     except shutdown.Interrupted:  # back to queued, unpenalised: the next start applies them
         ids = [t.task_id for t in tasks]
-        db.run(lambda session: pipeline.release_tasks(session, ids))
+        db.run(lambda session: claim.release_tasks(session, ids))
         return False
     except Unrecoverable as exc:  # the retrain itself diverged: retrying cannot help
         _withdraw(ctx, model_id, str(exc))
@@ -491,7 +493,7 @@ def _run_batch(
             log.warning("model %s: %s; its deletions wait for storage", model_id, exc)
             ids, wait = [t.task_id for t in tasks], (settings.retry_backoff_seconds or [5])[0]
             why = fault_text(exc)
-            db.run(lambda session: pipeline.release_tasks(session, ids, wait, why))
+            db.run(lambda session: claim.release_tasks(session, ids, wait, why))
             return False
         final = _fail(ctx, tasks, exc)
         ctx.announcer.announce()
@@ -518,7 +520,7 @@ def _run_batch(
 
 def _compute(
     ctx: JobContext, batch: Batch, inputs: UpdateInputs, device: torch.device
-) -> tuple[Outcome | None, pipeline.VersionBlobs | None]:
+) -> tuple[Outcome | None, store.VersionBlobs | None]:
     """The update and its release's blobs, written while its metrics are measured (nothing
     when the batch removes nothing: no new version)."""
     if not batch.removed:
@@ -526,7 +528,7 @@ def _compute(
     return compute_storing(
         inputs,
         device,
-        lambda release: pipeline.store_release(ctx.blobs, batch, release),
+        lambda release: store.store_release(ctx.blobs, batch, release),
         lambda stored: ctx.blobs.discard(stored.both),
     )
 
@@ -577,8 +579,8 @@ def _withdraw(ctx: JobContext, model_id: int, reason: str) -> None:
     """Withdraw the model and erase its requests' data, if this worker still leases it."""
 
     def work(session: Session) -> None:
-        pipeline.check_lease(session, model_id)
-        pipeline.withdraw_model(session, ctx.blobs, model_id, reason)
+        claim.check_lease(session, model_id)
+        commit.withdraw_model(session, ctx.blobs, model_id, reason)
 
     ctx.db.run(work)
 
@@ -587,7 +589,7 @@ def _fail(ctx: JobContext, tasks: list[ClaimedTask], exc: Exception) -> bool:
     settings = ctx.settings
 
     def work(session: Session) -> bool:
-        return pipeline.fail_tasks(
+        return commit.fail_tasks(
             session,
             ctx.blobs,
             [t.task_id for t in tasks],

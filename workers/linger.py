@@ -14,7 +14,7 @@ from sqlalchemy.orm import Session
 from app import shutdown
 from app.db.tables import DeletionTask, task_is_due, utcnow
 from app.states import TaskStatus
-from workers import pipeline
+from workers import claim
 from workers.context import JobContext
 from workers.lease import ModelLease
 from workers.values import ClaimedTask
@@ -42,7 +42,7 @@ class Linger:
     def claim_in(self, session: Session, lease: ModelLease) -> list[ClaimedTask]:
         """Claim the model's next batch in the caller's transaction (none unless it is ready)."""
         size = self.ctx.settings.max_batch_requests
-        return pipeline.claim_tasks(session, self.model_id, size, lease.deadline())
+        return claim.claim_tasks(session, self.model_id, size, lease.deadline())
 
     def claim(self, lease: ModelLease) -> list[ClaimedTask]:
         """`claim_in` in a statement of its own (a claim lost in a crash expires with the

@@ -44,7 +44,7 @@ COMPACT_FRACTION = 0.25  # rebuild the arrays once a quarter of their rows have 
 class TrainingRecord:
     """What training recorded for a method's statistics (the newest version's `record`
     metric; None when no version has one) and the samples removed since, ascending. Read
-    from the database once per session (`pipeline.training_record`: every version's metrics,
+    from the database once per session (`load.training_record`: every version's metrics,
     a cost that grew with every release), then kept by each commit (`after`)."""
 
     record: JsonMap | None

@@ -211,7 +211,7 @@ def _left(status: str) -> Any:
 
 
 # test rows that left the split: one count per status, each an equality on all three columns
-# of ix_samples_dataset_split_status (see pipeline.test_rows_left)
+# of ix_samples_dataset_split_status (see load.test_rows_left)
 TEST_ROWS_LEFT = select(_left("erasing") + _left("erased"))
 HELD = select(MODEL_SAMPLES.c.sample_id).where(
     MODEL_SAMPLES.c.model_id == bindparam("model_id"),
