@@ -16,6 +16,7 @@ from functools import partial
 from typing import Any, Protocol
 
 from app.lanes import Lanes
+from app.runtime import Runtime
 from app.settings import Settings
 from app.signals import WaitingSignals
 from app.worker_process import ProcessDispatcher
@@ -46,11 +47,11 @@ def run_job(context: object, job: str, *args: int) -> None:
     getattr(importlib.import_module(module), name)(context, *args)
 
 
-def job_context(settings: Settings) -> object:
-    """A worker's context for its jobs, built from `settings` (the embedded worker's thread,
-    its process, `lethe worker`): the service's Runtime and the worker's own parts."""
+def job_context(runtime: Runtime) -> object:
+    """The context a thread-mode worker's jobs run with: the service's own Runtime (one
+    publisher, one blob store, one keyring with the API) and the worker's own parts."""
     module, name = JOB_CONTEXT.rsplit(".", 1)
-    return getattr(importlib.import_module(module), name).build(settings)
+    return getattr(importlib.import_module(module), name).of(runtime)
 
 
 class InlineDispatcher:
@@ -58,8 +59,8 @@ class InlineDispatcher:
     runs the same job functions as RQ (the default is a process: app/worker_process.py),
     deletions first (app/lanes.py, issue 53)."""
 
-    def __init__(self, settings: Settings) -> None:
-        self.settings = settings
+    def __init__(self, runtime: Runtime) -> None:
+        self.runtime = runtime
         self._waiting = WaitingSignals()
         self._stopping = threading.Event()  # set by stop(); the running job checks it
         self._lanes: Lanes | None = None
@@ -67,7 +68,7 @@ class InlineDispatcher:
 
     def start(self) -> None:
         self._stopping.clear()
-        self.context = job_context(self.settings)  # the worker's (tests look into it)
+        self.context = job_context(self.runtime)  # the worker's (tests look into it)
         self._lanes = Lanes(
             self._stopping,
             partial(run_job, self.context),
@@ -242,10 +243,12 @@ class RQDispatcher:
         return b""
 
 
-def make_dispatcher(settings: Settings) -> InlineDispatcher | ProcessDispatcher | RQDispatcher:
-    """RQ with Redis; else the embedded worker, a child process or a thread."""
+def make_dispatcher(runtime: Runtime) -> InlineDispatcher | ProcessDispatcher | RQDispatcher:
+    """RQ with Redis; else the embedded worker, a child process or a thread (which shares
+    the API's Runtime)."""
+    settings = runtime.settings
     if not settings.embedded:
         return RQDispatcher(settings)
     if settings.embedded_worker == "process":
         return ProcessDispatcher(settings)
-    return InlineDispatcher(settings)
+    return InlineDispatcher(runtime)

@@ -22,7 +22,6 @@ from app.db.migrate import upgrade_to_head
 from app.db.session import database, dispose_engines
 from app.dispatch import InlineDispatcher, make_dispatcher
 from app.ledger.journal import Journal
-from app.ledger.publish import finish_publishing
 from app.maintenance import Maintenance, maintenance_tasks
 from app.metrics import MetricsMiddleware, pipeline_registry
 from app.runtime import Runtime
@@ -91,7 +90,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             maintenance.stop()
         if isinstance(dispatcher, InlineDispatcher | ProcessDispatcher) and not behind:
             dispatcher.stop()
-        finish_publishing(url)
+        runtime.publisher.finish()
         finish_compacting(url)
         dispose_engines(url)  # the last SQLite connection to close removes the WAL (issue 53)
 
@@ -109,7 +108,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.state.key_cache = KeyCache(runtime.db, settings.key_cache_seconds)
     app.state.committer = GroupCommitter.for_database(app.state.db)
     app.state.weights_cache = WeightsCache(settings.weights_cache_bytes)
-    app.state.dispatcher = make_dispatcher(settings)
+    app.state.dispatcher = make_dispatcher(runtime)
     app.state.pipeline_registry = pipeline_registry(url, app.state.dispatcher.depth)
     app.state.restore_gate = RestoreGate(
         app.state.db, Journal.of(settings.resolved_journal_dir, url)

@@ -24,7 +24,6 @@ from sqlalchemy.orm import Session
 
 from app.db.tables import DeletionTask, Model, PrivacyAudit, task_is_due, utcnow
 from app.dispatch import AUDIT, DELETE, TRAIN, Dispatcher
-from app.ledger.publish import publish_quietly
 from app.runtime import Runtime
 from app.services import registration
 from app.settings import Settings
@@ -112,9 +111,7 @@ def maintenance_tasks(runtime: Runtime, dispatcher: Dispatcher) -> list[Periodic
             settings.reconcile_seconds,
             lambda: reconcile_and_signal(runtime, dispatcher),
         ),
-        PeriodicTask(
-            "publish", settings.reconcile_seconds, lambda: publish_quietly(runtime.db, settings)
-        ),
+        PeriodicTask("publish", settings.reconcile_seconds, runtime.publisher.now),
         PeriodicTask(
             "blob sweep",
             settings.blob_sweep_seconds,

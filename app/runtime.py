@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from app.db.session import Database, database
+from app.ledger.publish import Publisher
 from app.settings import Settings
 from app.storage.blobs import Blobs, blobs
 from app.storage.crypto import Keyring, keyring
@@ -16,18 +17,22 @@ from app.storage.crypto import Keyring, keyring
 
 @dataclass(frozen=True)
 class Runtime:
-    """Settings, the database, the keyring of the master key and the blob store."""
+    """Settings, the database, the keyring of the master key, the blob store and the
+    publisher of the log's checkpoints."""
 
     settings: Settings
     db: Database
     keyring: Keyring
     blobs: Blobs
+    publisher: Publisher
 
     @classmethod
     def build(cls, settings: Settings) -> Runtime:
+        db = database(settings.resolved_database_url)
         return cls(
             settings=settings,
-            db=database(settings.resolved_database_url),
+            db=db,
             keyring=keyring(settings),
             blobs=blobs(settings),
+            publisher=Publisher(db, settings),
         )

@@ -339,21 +339,22 @@ def test_a_clean_stop_runs_the_scheduled_publication_and_joins_it(
     monkeypatch.setattr(publication, "publish", lambda db, settings: published.append(time.time()))
     settings = Settings(data_dir=tmp_path, checkpoint_interval_seconds=60.0)
     db = database(f"sqlite:///{tmp_path / 'publish.db'}")
+    publisher = publication.Publisher(db, settings)
 
-    publication.publish_soon(db, settings)  # the first publication runs at once
+    publisher.soon()  # the first publication runs at once
     deadline = time.monotonic() + 10
     while not published and time.monotonic() < deadline:
         time.sleep(0.01)
     assert len(published) == 1
-    publication.publish_soon(db, settings)  # the next waits for the interval
-    publication.publish_soon(db, settings)  # and carries this head too
+    publisher.soon()  # the next waits for the interval
+    publisher.soon()  # and carries this head too
     time.sleep(0.2)
     assert len(published) == 1
     waiting = [t for t in threading.enumerate() if t.name == "lethe-publish"]
     assert waiting
 
-    publication.finish_publishing(db.url)
+    publisher.finish()
     assert len(published) == 2
     assert not any(t.is_alive() for t in waiting)
-    publication.finish_publishing(db.url)  # nothing scheduled: nothing published
+    publisher.finish()  # nothing scheduled: nothing published
     assert len(published) == 2

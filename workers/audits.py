@@ -23,7 +23,6 @@ from app.db.tables import Dataset, Model, ModelVersion, PrivacyAudit, utcnow
 from app.dispatch import AUDIT, take_signal
 from app.jsontypes import JsonObject
 from app.ledger.certificates import append_certificate
-from app.ledger.publish import publish_soon
 from app.ledger.transparency import signing_key
 from app.specs import PrivacyPolicy
 from app.states import AuditStatus, ModelStatus
@@ -75,7 +74,7 @@ def run_audit(ctx: JobContext, audit_id: int) -> str:
     signer = signing_key(settings)
     committed = db.run(lambda session: _commit(session, audit_id, inputs, result, signer))
     if committed:
-        publish_soon(db, settings)
+        ctx.runtime.publisher.soon()
     return "done" if committed else "superseded"
 
 

@@ -36,7 +36,14 @@ class JobContext:
 
     @classmethod
     def build(cls, settings: Settings) -> JobContext:
-        runtime = Runtime.build(settings)
+        """A worker process's: a Runtime of its own (the embedded worker's process, `lethe
+        worker`)."""
+        return cls.of(Runtime.build(settings))
+
+    @classmethod
+    def of(cls, runtime: Runtime) -> JobContext:
+        """A worker's parts around `runtime` (the thread-mode worker shares the API's)."""
+        settings = runtime.settings
         lingers = not settings.embedded and settings.sticky_seconds > 0
         return cls(
             runtime=runtime,

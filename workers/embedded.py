@@ -23,7 +23,6 @@ from prometheus_client import generate_latest
 from app.db.session import dispose_engines
 from app.dispatch import DELETE, WARM, run_job
 from app.lanes import Lanes
-from app.ledger.publish import finish_publishing
 from app.settings import Settings
 from app.storage.erasure import compact_at_start, finish_compacting
 from app.wakeups import FINISHED
@@ -131,7 +130,7 @@ def main(settings: Settings, conn: Connection, parent: int, warm: tuple[int, ...
     # erasure (workers/recycle.py): then a fresh process takes over, without its memory
     recycle = Recycle(ctx.db, settings.plaintext_ttl_seconds)
     gave_way = jobs.serve(give_way=recycle.due)
-    finish_publishing(url)  # the last update's checkpoint, before the process exits
+    ctx.runtime.publisher.finish()  # the last update's checkpoint, before the process exits
     finish_compacting(url)  # and the compaction of the keys its last erasure destroyed
     dispose_engines(url)  # its connections closed, so the API's last close removes the WAL
     if gave_way:  # its successor warms the sessions this one held

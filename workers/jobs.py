@@ -28,7 +28,6 @@ from app.db.session import Database
 from app.db.tables import Dataset, Model
 from app.dispatch import DELETE, TRAIN, take_signal
 from app.jsontypes import JsonMap, JsonObject, json_object
-from app.ledger.publish import publish_soon
 from app.ledger.transparency import signing_key
 from app.privacy.lineage import LineageBudget, history_after, prepare_next
 from app.settings import Settings
@@ -505,7 +504,7 @@ def _run_batch(
     compacting = time.perf_counter()
     compact_after_erasure(db, settings)  # destroyed keys (samples, purged versions) go
     if outcome is not None:  # new certificates: a checkpoint for the witnesses to cosign
-        publish_soon(db, settings)
+        ctx.runtime.publisher.soon()
     JOB_DURATION.labels("erasure_compaction").observe(time.perf_counter() - compacting)
     method = outcome.decision.method if outcome is not None else "none"
     decision = outcome.decision if outcome is not None else None

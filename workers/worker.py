@@ -24,7 +24,6 @@ from types import FrameType
 from typing import Any
 
 from app.dispatch import RQDispatcher, deletions_queue, run_job
-from app.ledger.publish import finish_publishing
 from app.maintenance import Maintenance, maintenance_tasks, reconcile_and_signal
 from app.settings import Settings, get_settings
 from app.storage.erasure import compact_at_start, finish_compacting
@@ -95,7 +94,7 @@ def run(burst: bool = False, settings: Settings | None = None) -> None:
         gave_way = serve(settings.redis_url, settings.queue_name, burst=burst, recycle=recycle)
     finally:
         stop.set()
-        finish_publishing(url)  # the last update's checkpoint, before the process exits
+        ctx.runtime.publisher.finish()  # the last update's checkpoint, before the process exits
         finish_compacting(url)  # and the compaction under way
     if gave_way:  # issue 53: the same command in a fresh process image, none of this memory
         held = ctx.resident_sessions().models(database_key(ctx.db.engine))

@@ -164,59 +164,61 @@ def current_checkpoint(db: Database, settings: Settings) -> PublishedCheckpoint 
     return latest_published(db) if settings.log_witnesses else publish(db, settings)
 
 
-def publish_quietly(db: Database, settings: Settings) -> None:
-    """`publish`, logging instead of raising (the reconciler calls it every period)."""
-    try:
-        with _PUBLISHING:
-            publish(db, settings)
-    except Exception:
-        log.warning("publishing a checkpoint failed; the reconciler retries", exc_info=True)
+class Publisher:
+    """One service's publication of checkpoints (issue 54: one trigger, no module registry):
+    `now` publishes, logging instead of raising (maintenance calls it every period, for a head
+    the witnesses missed); `soon`, after a commit, publishes in a background thread at most
+    once per `checkpoint_interval_seconds`; `finish`, at a clean stop, runs what is scheduled
+    and waits for what is under way."""
 
+    def __init__(self, db: Database, settings: Settings) -> None:
+        self.db, self.settings = db, settings
+        self._publishing = threading.Lock()
+        self._scheduling = threading.Lock()
+        self._pending: threading.Timer | None = None  # the publication scheduled
+        self._last = -math.inf  # when the last scheduled publication started
+        self._timers: list[threading.Timer] = []  # not yet joined
 
-_PUBLISHING = threading.Lock()
-_SCHEDULING = threading.Lock()
-_PENDING: dict[str, threading.Timer] = {}  # database URL -> the publication scheduled for it
-_LAST: dict[str, float] = {}  # database URL -> when its last scheduled publication started
-_TIMERS: dict[str, list[threading.Timer]] = {}  # database URL -> its timers not yet joined
+    def now(self) -> None:
+        """`publish`, logging instead of raising."""
+        try:
+            with self._publishing:
+                publish(self.db, self.settings)
+        except Exception:
+            log.warning("publishing a checkpoint failed; maintenance retries", exc_info=True)
 
+    def soon(self) -> None:
+        """Publish in a background thread, at most once per `checkpoint_interval_seconds`: a
+        head committed while a publication is scheduled is published by it, one committed just
+        after a publication waits for the next. A slow or unreachable witness never delays the
+        worker's next update, and twenty updates a second make one checkpoint a second, not
+        twenty (issue 28: publishing after every update competed with the next one)."""
+        with self._scheduling:
+            if self._pending is not None:
+                return
+            wait = max(0.0, self._last + self.settings.checkpoint_interval_seconds)
+            timer = threading.Timer(max(0.0, wait - time.monotonic()), self._scheduled)
+            timer.name, timer.daemon = "lethe-publish", True
+            self._pending = timer
+            self._timers = [*(t for t in self._timers if t.is_alive()), timer]
+            timer.start()
 
-def publish_soon(db: Database, settings: Settings) -> None:
-    """Publish in a background thread, at most once per `checkpoint_interval_seconds` per
-    database: a head committed while a publication is scheduled is published by it, one
-    committed just after a publication waits for the next. A slow or unreachable witness never
-    delays the worker's next update, and twenty updates a second make one checkpoint a second,
-    not twenty (issue 28: publishing after every update competed with the next one)."""
-    with _SCHEDULING:
-        if db.url in _PENDING:
-            return
-        wait = max(0.0, _LAST.get(db.url, -math.inf) + settings.checkpoint_interval_seconds)
-        timer = threading.Timer(
-            max(0.0, wait - time.monotonic()), _publish_scheduled, args=(db, settings)
-        )
-        timer.name, timer.daemon = "lethe-publish", True
-        _PENDING[db.url] = timer
-        live = [t for t in _TIMERS.get(db.url, []) if t.is_alive()]
-        _TIMERS[db.url] = [*live, timer]
-        timer.start()
+    def finish(self) -> None:
+        """At a clean stop, after the workers stopped: a publication still scheduled runs now
+        and every one under way is waited for, so the last head is published and no background
+        thread holds a database connection once the service has stopped (an embedded SQLite
+        database's WAL is then checkpointed and removed as its last connection closes)."""
+        with self._scheduling:
+            self._pending = None
+            timers, self._timers = self._timers, []
+        for timer in timers:
+            timer.cancel()  # not yet started: it never runs; under way: it finishes
+            timer.join()
+        if timers:
+            self.now()
 
-
-def finish_publishing(url: str) -> None:
-    """At a clean stop, after the workers stopped: a publication still scheduled for `url`
-    runs now and every one under way is waited for, so the last head is published and no
-    background thread holds a database connection once the service has stopped (an embedded
-    SQLite database's WAL is then checkpointed and removed as its last connection closes)."""
-    with _SCHEDULING:
-        _PENDING.pop(url, None)
-        timers = _TIMERS.pop(url, [])
-    for timer in timers:
-        timer.cancel()  # not yet started: it never runs; under way: it finishes
-        timer.join()
-    if timers:
-        publish_quietly(*timers[-1].args)
-
-
-def _publish_scheduled(db: Database, settings: Settings) -> None:
-    with _SCHEDULING:
-        _PENDING.pop(db.url, None)
-        _LAST[db.url] = time.monotonic()
-    publish_quietly(db, settings)
+    def _scheduled(self) -> None:
+        with self._scheduling:
+            self._pending = None
+            self._last = time.monotonic()
+        self.now()
