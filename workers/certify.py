@@ -1,4 +1,7 @@
-"""The one function that turns an update's decision into a certificate's fields (DESIGN §6–7)."""
+"""The one place that turns an update's decision into a request's certificate fields (DESIGN
+§6–7): `certificate_for` (the commitment and the certificate's place), `certificate_fields`
+(the guarantee, ε, δ and every constant); the log chains and signs them
+(app/ledger/certificates.py)."""
 
 from __future__ import annotations
 
@@ -8,13 +11,18 @@ from dataclasses import dataclass
 from typing import Any
 
 from app.jsontypes import JsonObject
-from app.ledger.certificates import COMMITMENT_SCHEME, RESTRICTED, constant_commitment
+from app.ledger.certificates import (
+    COMMITMENT_SCHEME,
+    RESTRICTED,
+    constant_commitment,
+    removed_ids_commitment,
+)
 from app.privacy import DP_ACCOUNTING_VERSION
 from app.privacy.lineage import event_to_json
 from app.specs import PrivacyPolicy
 from app.states import Guarantee
 from methods.compute import CertificateFields, Constant, PrivacyTarget
-from workers.values import Decision, Fallback, Released
+from workers.values import Batch, ClaimedTask, Decision, Fallback, Outcome, Released
 
 
 @dataclass(frozen=True)
@@ -41,6 +49,34 @@ def lineage_fields(decision: Decision) -> JsonObject:
         "lineage_reset": cert.resets_lineage,
         "lineage_event": event_to_json(event) if event is not None else None,
     }
+
+
+def certificate_for(
+    batch: Batch,
+    task: ClaimedTask,
+    outcome: Outcome,
+    to_version: int,
+    release_sha256: str,
+    removed: list[int],
+) -> dict[str, Any]:
+    """One request's certificate fields for an update: its commitment to the removed ids
+    (under the request's kept opening) and its place, then `certificate_fields`."""
+    # A request without a kept key (accepted before issue 25) commits under a key nobody
+    # keeps: the commitment cannot be opened, by anyone, which is what it must not leak.
+    opening = batch.openings.get(task.request_id) or secrets.token_bytes(32)
+    commitment = removed_ids_commitment(opening, [batch.external_ids[s] for s in removed])
+    ctx = CertificateContext(
+        request_id=task.request_id,
+        model_id=batch.model_id,
+        from_version=batch.parent_number,
+        to_version=to_version,
+        release_sha256=release_sha256,
+        n_removed=len(removed),
+        n_removed_in_update=len(batch.removed),
+        coalesced_requests=sorted({t.request_id for t in batch.tasks}),
+        removed_ids_commitment=commitment,
+    )
+    return certificate_fields(outcome.decision, batch.policy, batch.target(), ctx)
 
 
 def certificate_fields(

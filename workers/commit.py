@@ -6,7 +6,6 @@ that cannot happen (the data is erased whatever happens to the update)."""
 from __future__ import annotations
 
 import logging
-import secrets
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import timedelta
@@ -29,19 +28,19 @@ from app.db.tables import (
     utcnow,
 )
 from app.jsontypes import json_object
-from app.ledger.certificates import append_certificates, removed_ids_commitment
+from app.ledger.certificates import append_certificates
 from app.states import ModelStatus, RequestStatus, Stage, TaskStatus, VersionKind
 from app.storage.blobs import Blobs
 from app.storage.erasure import erase_payloads
 from app.storage.keystore import KeyTable, destroy_keys
 from app.wire import Progress
 from workers import statements as sql
-from workers.certify import CertificateContext, certificate_fields
+from workers.certify import certificate_for
 from workers.context import JobContext
 from workers.lease import WORKER_ID, LeaseLost
 from workers.statistics import delete_rows, write_block
 from workers.store import VersionBlobs
-from workers.values import Batch, ClaimedTask, Outcome
+from workers.values import Batch, Outcome
 
 log = logging.getLogger("lethe.commit")
 
@@ -136,7 +135,14 @@ def commit_update(
     certified = [t for t in batch.tasks if batch.removed_by_task[t.task_id]]
     if certified and version is not None and outcome is not None:
         fields = [
-            _certificate(batch, t, outcome, version, batch.removed_by_task[t.task_id])
+            certificate_for(
+                batch,
+                t,
+                outcome,
+                version.number,
+                version.weights_sha256,
+                batch.removed_by_task[t.task_id],
+            )
             for t in certified
         ]
         appended = append_certificates(session, fields, signer)
@@ -227,27 +233,6 @@ def _check_tasks(session: Session, ids: list[int]) -> None:
     for task_id in ids:
         if task_id not in held:
             raise LeaseLost(f"task {task_id} was reclaimed")
-
-
-def _certificate(
-    batch: Batch, task: ClaimedTask, outcome: Outcome, version: VersionRow, removed: list[int]
-) -> dict[str, Any]:
-    # A request without a kept key (accepted before issue 25) commits under a key nobody
-    # keeps: the commitment cannot be opened, by anyone, which is what it must not leak.
-    opening = batch.openings.get(task.request_id) or secrets.token_bytes(32)
-    commitment = removed_ids_commitment(opening, [batch.external_ids[s] for s in removed])
-    ctx = CertificateContext(
-        request_id=task.request_id,
-        model_id=batch.model_id,
-        from_version=batch.parent_number,
-        to_version=version.number,
-        release_sha256=version.weights_sha256,
-        n_removed=len(removed),
-        n_removed_in_update=len(batch.removed),
-        coalesced_requests=sorted({t.request_id for t in batch.tasks}),
-        removed_ids_commitment=commitment,
-    )
-    return certificate_fields(outcome.decision, batch.policy, batch.target(), ctx)
 
 
 def _earlier_certificate(session: Session, model_id: int, sample_ids: list[int]) -> int | None:
