@@ -386,28 +386,8 @@ def object_store(settings: Settings, db: Database) -> ObjectStore:
     return FilesystemObjects(settings.resolved_blob_dir)
 
 
-_BLOBS: dict[tuple[Any, ...], Blobs] = {}
-
-
 def blobs(settings: Settings) -> Blobs:
-    """The blob store of `settings` (one per configuration in a process)."""
-    s = settings
-    secret = s.s3_secret_access_key.get_secret_value() if s.s3_secret_access_key else None
-    ring = keyring(s)
-    key = (
-        s.resolved_database_url,
-        s.blob_store,
-        str(s.resolved_blob_dir.resolve()),
-        s.blob_chunk_bytes,
-        s.s3_bucket,
-        s.s3_prefix,
-        s.s3_endpoint_url,
-        s.s3_access_key_id,
-        secret,
-        ring.kek_id,
-    )
-    made = _BLOBS.get(key)
-    if made is None:
-        db = database(s.resolved_database_url)
-        made = _BLOBS.setdefault(key, Blobs(object_store(s, db), ring, db, s.blob_chunk_bytes))
-    return made
+    """The blob store `settings` configure: a Runtime makes one (app/runtime.py), the
+    `lethe storage` commands one each."""
+    db = database(settings.resolved_database_url)
+    return Blobs(object_store(settings, db), keyring(settings), db, settings.blob_chunk_bytes)
