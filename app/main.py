@@ -6,6 +6,7 @@ import logging
 import sys
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from functools import partial
 
 from fastapi import FastAPI
 
@@ -45,6 +46,53 @@ def bootstrap_admin_key(url: str) -> str | None:
         return raw
 
 
+@asynccontextmanager
+async def _lifespan(runtime: Runtime, app: FastAPI) -> AsyncIterator[None]:
+    """Start: migrations and the first compaction (embedded), the first admin key, the fork
+    server, the worker and the maintenance tasks (none while a restore is due); stop: all of
+    it in reverse, the last checkpoint published and every connection closed."""
+    settings, url = runtime.settings, runtime.settings.resolved_database_url
+    if settings.embedded:
+        upgrade_to_head(url, settings)
+        compact_at_start(runtime.db, settings)  # keys a stopped process destroyed
+        moved = runtime.blobs.migrate()  # blobs of an older database leave it (issue 29)
+        if moved:
+            log.info("moved %d blobs into the %s store", moved, settings.blob_store)
+    if settings.bootstrap_admin_key and (raw := bootstrap_admin_key(url)):
+        print(
+            f"\n  Lethe admin API key (shown once, store it now):\n\n    {raw}\n",
+            file=sys.stderr,
+            flush=True,
+        )
+    warm_up()  # the fork server uploads are parsed from (app/services/isolated.py)
+    scrub_freed()  # freed request buffers overwritten (issue 53, memory)
+    dispatcher = app.state.dispatcher
+    maintenance, listener = None, None
+    # no worker while behind: it would sign a second tree at a published size (issue 53)
+    behind = _restored_from_backup(app.state.restore_gate)
+    embedded = isinstance(dispatcher, InlineDispatcher | ProcessDispatcher)
+    if embedded and not behind:
+        dispatcher.start()
+        FINISHED.dependable = True  # the embedded worker wakes the waiters itself
+        maintenance = Maintenance(maintenance_tasks(runtime, dispatcher))
+        maintenance.start()
+    elif settings.redis_url and not behind:  # workers announce finished requests on Redis
+        listener = Listener(settings.redis_url, settings.queue_name)
+        listener.start()
+    yield
+    app.state.committer.stop()
+    FINISHED.dependable = False
+    if listener is not None:
+        listener.stop()
+    if maintenance is not None:
+        maintenance.stop()
+    if embedded and not behind:
+        dispatcher.stop()
+    runtime.publisher.finish()
+    finish_compacting(url)
+    dispose_engines(url)  # the last SQLite connection to close removes the WAL (issue 53)
+
+
 def create_app(settings: Settings | None = None) -> FastAPI:
     """The API of one service: its Runtime is built here and passed in (issue 54), so two
     apps in one process (tests, a thread-mode embedded worker each) share nothing."""
@@ -53,51 +101,10 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     accesslog.install()
     url = settings.resolved_database_url
 
-    @asynccontextmanager
-    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        if settings.embedded:
-            upgrade_to_head(url, settings)
-            compact_at_start(runtime.db, settings)  # keys a stopped process destroyed
-            moved = runtime.blobs.migrate()  # blobs of an older database leave it (issue 29)
-            if moved:
-                log.info("moved %d blobs into the %s store", moved, settings.blob_store)
-        if settings.bootstrap_admin_key and (raw := bootstrap_admin_key(url)):
-            print(
-                f"\n  Lethe admin API key (shown once, store it now):\n\n    {raw}\n",
-                file=sys.stderr,
-                flush=True,
-            )
-        warm_up()  # the fork server uploads are parsed from (app/services/isolated.py)
-        scrub_freed()  # freed request buffers overwritten (issue 53, memory)
-        dispatcher = app.state.dispatcher
-        maintenance, listener = None, None
-        # no worker while behind: it would sign a second tree at a published size (issue 53)
-        behind = _restored_from_backup(app.state.restore_gate)
-        if isinstance(dispatcher, InlineDispatcher | ProcessDispatcher) and not behind:
-            dispatcher.start()
-            FINISHED.dependable = True  # the embedded worker wakes the waiters itself
-            maintenance = Maintenance(maintenance_tasks(runtime, dispatcher))
-            maintenance.start()
-        elif settings.redis_url and not behind:  # workers announce finished requests on Redis
-            listener = Listener(settings.redis_url, settings.queue_name)
-            listener.start()
-        yield
-        app.state.committer.stop()
-        FINISHED.dependable = False
-        if listener is not None:
-            listener.stop()
-        if maintenance is not None:
-            maintenance.stop()
-        if isinstance(dispatcher, InlineDispatcher | ProcessDispatcher) and not behind:
-            dispatcher.stop()
-        runtime.publisher.finish()
-        finish_compacting(url)
-        dispose_engines(url)  # the last SQLite connection to close removes the WAL (issue 53)
-
     app = FastAPI(
         title="Lethe",
         version="0.1.0",
-        lifespan=lifespan,
+        lifespan=partial(_lifespan, runtime),
         docs_url=None,  # app/api/docs.py serves Swagger UI without a CDN
         redoc_url=None,  # so is ReDoc, at /redoc
         description="Certified machine unlearning: deletion requests in, "
