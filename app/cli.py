@@ -143,7 +143,7 @@ def worker(burst: bool = typer.Option(False, help="Exit when the queue is empty"
     found = verdict(database(settings.resolved_database_url), journal_of(settings))
     if found.state == "behind":  # it would sign a second tree at a published size
         raise CliError(f"not starting: {found.reason}; run `lethe restore` first")
-    importlib.import_module("workers.worker").run(burst=burst)
+    importlib.import_module("workers.worker").run(burst=burst, settings=settings)
 
 
 @app.command()

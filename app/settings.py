@@ -1,7 +1,6 @@
 """Service configuration, read from LETHE_* environment variables (pydantic-settings)."""
 
 import os
-from functools import lru_cache
 from pathlib import Path
 from typing import Literal
 
@@ -261,12 +260,7 @@ class Settings(BaseSettings):
         return not self.redis_url
 
 
-@lru_cache
-def _from_environment() -> Settings:
-    return Settings()
-
-
 def get_settings() -> Settings:
-    """The environment's settings, read once: for the entry points (`lethe` commands,
+    """The environment's settings, read now: for the entry points only (`lethe` commands,
     `create_app()` without settings), which build a Runtime from them and pass that on."""
-    return _from_environment()
+    return Settings()

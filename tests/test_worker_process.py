@@ -28,8 +28,9 @@ from tests.test_faults import wait_until
 MARK = "LETHE_TEST_WORKER_MARK"
 
 
-def mark_and_wake(n: int) -> None:
-    """A job for the child: note what ran where, then wake the API's long polls."""
+def mark_and_wake(ctx: object, n: int) -> None:
+    """A job for the child (its JobContext first): note what ran where, then wake the API's
+    long polls."""
     with Path(os.environ[MARK]).open("a") as fh:
         fh.write(f"{n} {os.getpid()}\n")
     FINISHED.wake()
