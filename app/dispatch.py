@@ -61,6 +61,7 @@ class InlineDispatcher:
 
     def __init__(self, runtime: Runtime) -> None:
         self.runtime = runtime
+        self.context: object | None = None  # the worker's JobContext, made at start
         self._waiting = WaitingSignals()
         self._stopping = threading.Event()  # set by stop(); the running job checks it
         self._lanes: Lanes | None = None
@@ -68,7 +69,7 @@ class InlineDispatcher:
 
     def start(self) -> None:
         self._stopping.clear()
-        self.context = job_context(self.runtime)  # the worker's (tests look into it)
+        self.context = job_context(self.runtime)  # tests look into it
         self._lanes = Lanes(
             self._stopping,
             partial(run_job, self.context),
