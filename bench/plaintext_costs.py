@@ -8,9 +8,10 @@ Embedded `lethe serve` (SQLite, worker process), a synthetic CSV of `--rows` × 
 a `convex_head` model (λ = 1e-2, R = 20), LETHE_PLAINTEXT_TTL_SECONDS = 8 (the worker gives
 way after 2 s idle). Each tree runs in its own interpreter (`--one`).
 
-    .venv/bin/python -m bench.plaintext_costs --other /tmp/base-tree [--rows 50000]
+    .venv/bin/python -m bench.plaintext_costs --other /tmp/base-tree [--rows 50000] [--out NAME]
 
-Writes bench/results/plaintext_costs.json.
+Writes bench/results/plaintext_costs.json (or NAME.json: issue 54 compared its refactor with
+`--out runtime_costs`).
 """
 
 from __future__ import annotations
@@ -113,6 +114,7 @@ def main() -> None:
     parser.add_argument("--rows", type=int, default=50_000)
     parser.add_argument("--warm", type=int, default=15)
     parser.add_argument("--cold", type=int, default=3)
+    parser.add_argument("--out", default="plaintext_costs", help="the results file's name")
     parser.add_argument("--one", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.one:
@@ -125,7 +127,7 @@ def main() -> None:
         commit, found = run_in_tree(tree, "bench.plaintext_costs", options)
         runs[commit] = found
         print(commit, found, flush=True)
-    print(write_result("plaintext_costs", {"runs": runs}))
+    print(write_result(args.out, {"runs": runs}))
 
 
 if __name__ == "__main__":
