@@ -27,7 +27,7 @@ from app.maintenance import Maintenance, maintenance_tasks
 from app.metrics import MetricsMiddleware, pipeline_registry
 from app.runtime import Runtime
 from app.security import Role, create_key, has_any_key
-from app.services.isolated import scrub_freed, warm_up
+from app.services.isolated import scrub_freed, shut_down, warm_up
 from app.services.weights_cache import WeightsCache
 from app.settings import Settings, get_settings
 from app.storage.erasure import compact_at_start, finish_compacting
@@ -89,6 +89,7 @@ async def _lifespan(runtime: Runtime, app: FastAPI) -> AsyncIterator[None]:
     if embedded and not behind:
         dispatcher.stop()
     runtime.publisher.finish()
+    shut_down()  # the upload pool's idle workers, and with them the fork server
     finish_compacting(url)
     dispose_engines(url)  # the last SQLite connection to close removes the WAL (issue 53)
 

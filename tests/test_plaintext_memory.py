@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from bench.cluster import Cluster
-from bench.common import worker_processes
+from bench.common import children, worker_processes
 from tests.memory_scan import scan
 from tests.test_faults import wait_until
 
@@ -109,3 +109,45 @@ def test_no_process_keeps_an_erased_persons_rows(tmp_path: Path) -> None:
             headers={"Prefer": "wait=60"},
         )
         assert again.status_code == 200 and again.json()["status"] == "done", again.text
+
+
+def descendants(pid: int) -> set[int]:
+    """Every live process below `pid`."""
+    found, todo = set(), [pid]
+    while todo:
+        for child in children(todo.pop()):
+            if child not in found:
+                found.add(child)
+                todo.append(child)
+    return found
+
+
+def alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (FileNotFoundError, IndexError):
+        return False
+    return state != "Z"  # a zombie is gone, waiting for its reaper
+
+
+@pytest.mark.integration
+def test_an_api_that_dies_leaves_no_fork_server_behind(tmp_path: Path) -> None:
+    """The upload pool's fork server and its idle worker outlived a `lethe serve` that was
+    killed (each about 110 MB; the suite piled up hundreds): they now leave with the API."""
+    body, _ = corpus()
+    cluster = Cluster(tmp_path / "serve", None, None)
+    cluster.start_api()
+    with cluster, cluster.client() as c:
+        assert cluster.api is not None
+        response = c.post(
+            "/v1/datasets",
+            files={"file": ("d.csv", io.BytesIO(body))},
+            data={"id_column": "id", "subject_column": "subject", "split_column": "split"},
+        )
+        assert response.status_code == 201, response.text
+        below = descendants(cluster.api.pid)
+        forked = [p for p in below if b"forkserver" in Path(f"/proc/{p}/cmdline").read_bytes()]
+        assert forked, below  # the fork server and the pool's idle worker
+        cluster.api.kill()  # SIGKILL: no lifespan runs, nothing is shut down cleanly
+        cluster.api.wait(timeout=30)
+        wait_until(lambda: not any(alive(p) for p in below), what="the API's processes gone")

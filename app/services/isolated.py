@@ -18,6 +18,7 @@ import io
 import multiprocessing
 import os
 import threading
+import time
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from multiprocessing import forkserver, shared_memory
@@ -162,9 +163,44 @@ def _pool() -> ProcessPoolExecutor:
             context = multiprocessing.get_context("forkserver")
             context.set_forkserver_preload(_PRELOAD)
             _POOL.append(
-                ProcessPoolExecutor(max_workers=2, mp_context=context, max_tasks_per_child=1)
+                ProcessPoolExecutor(
+                    max_workers=2,
+                    mp_context=context,
+                    max_tasks_per_child=1,
+                    initializer=_exit_with,
+                    initargs=(os.getpid(),),
+                )
             )
         return _POOL[0]
+
+
+PARENT_CHECK_SECONDS = 1.0
+
+
+def _exit_with(api_pid: int) -> None:
+    """In a pool worker: exit once the API process is gone. A worker waiting for its next
+    upload never sees its queue close (it holds the queue's other end itself), and it holds
+    the fork server's liveness pipe: without this, a stopped or killed API left its fork
+    server and an idle worker behind for good (~220 MB each; the test suite piled them up)."""
+
+    def watch() -> None:
+        while True:
+            time.sleep(PARENT_CHECK_SECONDS)
+            try:
+                os.kill(api_pid, 0)
+            except ProcessLookupError:
+                os._exit(0)
+            except PermissionError:  # a pid reused by another user's process: ours is gone
+                os._exit(0)
+
+    threading.Thread(target=watch, name="lethe-parent-watch", daemon=True).start()
+
+
+def shut_down() -> None:
+    """At a clean stop: the pool's idle workers leave now, and with them the fork server."""
+    with _POOL_LOCK:
+        if _POOL:
+            _POOL.pop().shutdown(wait=False, cancel_futures=True)
 
 
 def warm_up() -> None:
