@@ -14,13 +14,22 @@ from fastapi.responses import Response, StreamingResponse
 from pydantic import ValidationError
 from sqlalchemy import select
 
-from app.api.deps import Admin, AnyRole, DbDep, DispatcherDep, ReaderRole, SettingsDep
+from app.api.deps import (
+    Admin,
+    AnyRole,
+    DbDep,
+    DispatcherDep,
+    ReaderRole,
+    RuntimeDep,
+    SettingsDep,
+)
 from app.api.params import PathId
 from app.api.responses import COMMON, errors
 from app.db.tables import Model
 from app.dispatch import TRAIN
 from app.errors import APIError, unprocessable
 from app.jsontypes import JsonObject, JsonValue
+from app.runtime import Runtime
 from app.schemas import MAX_ID, ModelCreate, ModelOut, VersionOut
 from app.security import sees_forget_set
 from app.services.models import (
@@ -33,7 +42,6 @@ from app.services.models import (
     released_weights,
 )
 from app.services.weights_cache import WeightsCache
-from app.storage.blobs import Blobs
 from methods import get_method, method_names
 
 router = APIRouter(prefix="/v1/models", tags=["models"], responses=COMMON)
@@ -136,7 +144,7 @@ IMPORT_DOC = {
     openapi_extra=IMPORT_DOC,
 )
 async def import_weights(
-    request: Request, _: Admin, db: DbDep, dispatcher: DispatcherDep, settings: SettingsDep
+    request: Request, _: Admin, runtime: RuntimeDep, dispatcher: DispatcherDep
 ) -> JsonObject:
     """Bring a model trained elsewhere: safetensors weights, an architecture spec, a dataset.
     Only methods that need no training-time recording can serve it."""
@@ -144,8 +152,9 @@ async def import_weights(
     upload = form.get("weights")
     if upload is None or isinstance(upload, str):
         raise unprocessable("missing_file", "multipart field 'weights' is required")
-    data = await upload.read(settings.max_upload_bytes + 1)
-    if len(data) > settings.max_upload_bytes:
+    limit = runtime.settings.max_upload_bytes
+    data = await upload.read(limit + 1)
+    if len(data) > limit:
         raise APIError(413, "payload_too_large", "weights exceed the upload limit")
     fields = {k: v for k, v in form.items() if isinstance(v, str)}
     try:
@@ -168,8 +177,7 @@ async def import_weights(
             [{"loc": list(e["loc"]), "msg": e["msg"]} for e in exc.errors()],
         ) from exc
 
-    store = request.app.state.runtime.blobs
-    model_id, view = await run_in_threadpool(import_model, db, store, spec, data)
+    model_id, view = await run_in_threadpool(import_model, runtime.db, runtime.blobs, spec, data)
     dispatcher.enqueue(TRAIN, model_id)
     return view
 
@@ -214,29 +222,31 @@ def version(model_id: PathId, number: PathId, key: AnyRole, db: DbDep) -> JsonOb
 
 
 @router.get("/{model_id:int}/weights", response_class=Response, responses=WEIGHTS_DOC)
-def current_weights(model_id: PathId, request: Request, _: ReaderRole, db: DbDep) -> Response:
+def current_weights(
+    model_id: PathId, request: Request, _: ReaderRole, runtime: RuntimeDep
+) -> Response:
     """The current released weights; `ETag` is the sha256 of the bytes."""
-    return _weights(request, db, model_id, None)
+    return _weights(request, runtime, model_id, None)
 
 
 @router.get(
     "/{model_id:int}/versions/{number:int}/weights", response_class=Response, responses=WEIGHTS_DOC
 )
 def version_weights(
-    model_id: PathId, number: PathId, request: Request, _: ReaderRole, db: DbDep
+    model_id: PathId, number: PathId, request: Request, _: ReaderRole, runtime: RuntimeDep
 ) -> Response:
     """One version's weights; 410 Gone once it was purged for carrying erased data."""
-    return _weights(request, db, model_id, number)
+    return _weights(request, runtime, model_id, number)
 
 
-def _weights(request: Request, db: DbDep, model_id: int, number: int | None) -> Response:
+def _weights(request: Request, runtime: Runtime, model_id: int, number: int | None) -> Response:
     """Conditional (`If-None-Match`: 304 with no body), ranged (`Range: bytes=…`, one range,
     206; `If-Range` honoured) and streamed: a large blob is opened chunk by chunk as it is
     sent, a small one served from the process's cache by sha256. The version row is read
     every time, so a purged version is 410 at once. The first chunk is opened before any
     header is sent: a missing object is 503 and a corrupt one 500, never wrong bytes."""
     cache: WeightsCache = request.app.state.weights_cache
-    store: Blobs = request.app.state.runtime.blobs
+    db, store = runtime.db, runtime.blobs
     with db.read() as session:
         v = get_version(session, model_id, number)
         etag = f'"{v.weights_sha256}"'
