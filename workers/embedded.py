@@ -27,6 +27,7 @@ from app.settings import Settings
 from app.storage.erasure import compact_at_start, finish_compacting
 from app.wakeups import FINISHED
 from workers import metrics
+from workers.collector import Collector
 from workers.context import JobContext
 from workers.data import database_key
 from workers.recycle import Recycle
@@ -120,7 +121,8 @@ def main(settings: Settings, conn: Connection, parent: int, warm: tuple[int, ...
 
     # deletions first (app/lanes.py): taken before queued training and audits, and run at a
     # running one's next check; every job runs here, in the main thread, as it always did
-    jobs = Lanes(stopping, partial(run_job, ctx), taken, frozenset({DELETE}))
+    collector = Collector()  # full collections while idle, not inside an update
+    jobs = Lanes(stopping, collector.around(partial(run_job, ctx)), taken, frozenset({DELETE}))
     for model_id in warm:
         jobs.put((WARM, (model_id,)))
     threading.Thread(
@@ -129,7 +131,12 @@ def main(settings: Settings, conn: Connection, parent: int, warm: tuple[int, ...
     # until `stopping` (SIGTERM or the API's "stop"), or until it has lived through an
     # erasure (workers/recycle.py): then a fresh process takes over, without its memory
     recycle = Recycle(ctx.db, settings.plaintext_ttl_seconds)
-    gave_way = jobs.serve(give_way=recycle.due)
+
+    def give_way(idle: float) -> bool:
+        collector.idle(idle)
+        return recycle.due(idle)
+
+    gave_way = jobs.serve(give_way=give_way)
     ctx.runtime.publisher.finish()  # the last update's checkpoint, before the process exits
     finish_compacting(url)  # and the compaction of the keys its last erasure destroyed
     dispose_engines(url)  # its connections closed, so the API's last close removes the WAL
