@@ -33,6 +33,7 @@ COPY README.md alembic.ini ./
 COPY app ./app
 COPY workers ./workers
 COPY methods ./methods
+COPY architectures ./architectures
 COPY maths ./maths
 COPY lethe ./lethe
 COPY migrations ./migrations

@@ -1,5 +1,6 @@
-"""Parameter names and shapes an architecture spec implies, without torch (they mirror
-maths/nets.py's nn.Sequential layout), and a safetensors header reader (no pickle)."""
+"""Parameter names and shapes an architecture spec implies, without torch (each
+architecture's `ArchitectureKind`, mirroring the module its net.py builds), and a
+safetensors header reader (no pickle)."""
 
 from __future__ import annotations
 
@@ -9,35 +10,19 @@ from math import prod
 from typing import Any
 
 from app.errors import unprocessable
+from app.jsontypes import JsonObject
+from app.specs import ArchitectureSpec, architecture_of
+from architectures import kind_of
 
 DTYPE_BYTES = {"F32": 4, "F64": 8, "F16": 2, "BF16": 2}
 
 
-def parameter_shapes(spec: dict[str, Any], n_features: int, n_classes: int) -> dict[str, list[int]]:
+def parameter_shapes(
+    spec: ArchitectureSpec | JsonObject, n_features: int, n_classes: int
+) -> dict[str, list[int]]:
     """Names and shapes of the parameters of `build_net(spec, n_features, n_classes)`."""
-    if spec["type"] == "logreg":
-        return {"1.weight": [n_classes, n_features], "1.bias": [n_classes]}
-    if spec["type"] == "topic_head":
-        return {"B": [n_features, n_classes], "bias": [n_classes]}
-    if spec["type"] == "topic_model":
-        topics = spec.get("topics", 20)
-        return {"A": [n_features, topics], "R": [topics, topics]}
-    if spec["type"] == "random_features":  # 1.*: the frozen first layer (buffers)
-        width = spec.get("width", 2048)
-        return {
-            "1.weight": [width, n_features],
-            "1.bias": [width],
-            "2.weight": [n_classes, width],
-            "2.bias": [n_classes],
-        }
-    shapes: dict[str, list[int]] = {}
-    index, width = 1, n_features
-    for hidden in spec.get("hidden", [64, 64]):
-        shapes[f"{index}.weight"], shapes[f"{index}.bias"] = [hidden, width], [hidden]
-        index += 2  # Linear, activation
-        width = hidden
-    shapes[f"{index}.weight"], shapes[f"{index}.bias"] = [n_classes, width], [n_classes]
-    return shapes
+    arch = architecture_of(spec)
+    return kind_of(arch).parameter_shapes(arch, n_features, n_classes)
 
 
 def safetensors_header(data: bytes) -> dict[str, dict[str, Any]]:

@@ -14,7 +14,8 @@ import torch
 from safetensors.torch import load as st_load
 from torch import nn
 
-from app.specs import TopicHeadSpec, TopicModelSpec, architecture_of
+from app.specs import architecture_of
+from architectures.nets import net_of
 from maths.ensemble import ensemble_of
 from maths.nets import build_net, parameters_of
 
@@ -44,36 +45,6 @@ def read_metadata(data: bytes) -> dict[str, str]:
     return dict(metadata)
 
 
-class TopicHead(nn.Module):
-    """Logits of a topic head: x̄ᵀB + bias, x̄ a document's word frequencies."""
-
-    def __init__(self, B: torch.Tensor, bias: torch.Tensor) -> None:
-        super().__init__()
-        self.B: torch.Tensor
-        self.bias: torch.Tensor
-        self.register_buffer("B", B)
-        self.register_buffer("bias", bias)
-
-    def forward(self, counts: torch.Tensor) -> torch.Tensor:
-        x = counts.reshape(len(counts), -1).to(self.B.dtype)
-        return x / x.sum(1, keepdim=True).clamp(min=1.0) @ self.B + self.bias
-
-
-class TopicModel(nn.Module):
-    """A (vocabulary × topics) and R; `forward` maps word counts to the topic mass x̄ᵀA."""
-
-    def __init__(self, A: torch.Tensor, R: torch.Tensor) -> None:
-        super().__init__()
-        self.A: torch.Tensor
-        self.R: torch.Tensor
-        self.register_buffer("A", A)
-        self.register_buffer("R", R)
-
-    def forward(self, counts: torch.Tensor) -> torch.Tensor:
-        x = counts.reshape(len(counts), -1).to(self.A.dtype)
-        return x / x.sum(1, keepdim=True).clamp(min=1.0) @ self.A
-
-
 def load_model(source: str | Path | bytes) -> LoadedModel:
     """One call: the released file (a path or its bytes) → the torch module it describes."""
     data = source if isinstance(source, bytes) else Path(source).read_bytes()
@@ -82,10 +53,9 @@ def load_model(source: str | Path | bytes) -> LoadedModel:
     spec: dict[str, Any] = json.loads(metadata["architecture"])
     arch = architecture_of(spec)
     module: nn.Module
-    if isinstance(arch, TopicHeadSpec):
-        module = TopicHead(tensors["B"], tensors["bias"])
-    elif isinstance(arch, TopicModelSpec):
-        module = TopicModel(tensors["A"], tensors["R"])
+    own = getattr(net_of(arch), "load", None)  # a module that is not the built network
+    if own is not None:
+        module = own(arch, tensors)
     elif "shards" in metadata:  # a sharded model (SISA): its constituents and their vote
         n_features, n_classes = int(metadata["n_features"]), int(metadata["n_classes"])
         module = ensemble_of(arch, tensors, n_features, n_classes, metadata["aggregation"])

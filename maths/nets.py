@@ -7,68 +7,23 @@ from torch import nn
 from torch.func import functional_call
 
 from app.jsontypes import JsonObject
-from app.specs import (
-    ArchitectureSpec,
-    MLPSpec,
-    RandomFeaturesSpec,
-    TopicHeadSpec,
-    TopicModelSpec,
-    architecture_of,
-)
-
-ACTIVATIONS = {"relu": nn.ReLU, "tanh": nn.Tanh, "gelu": nn.GELU, "sigmoid": nn.Sigmoid}
+from app.specs import ArchitectureSpec, architecture_of
+from architectures import kind_of
+from architectures.nets import net_of
 
 
 def build_net(spec: ArchitectureSpec | JsonObject, n_features: int, n_classes: int) -> nn.Module:
-    """`logreg`: one linear layer; `mlp`: linear layers with the chosen activation. The
-    parameter names and shapes are mirrored by app.architectures.parameter_shapes (a test
-    pins the two together).
+    """The network of an architecture, built by its package (`architectures/<name>/net.py`);
+    its parameter names and shapes are its `ArchitectureKind.parameter_shapes` (a test pins
+    the two together).
 
     Always built on CPU, initialised by the CPU generator (the same initial weights whatever
     the worker's device); move it with `.to(device)`."""
     arch = architecture_of(spec)
-    cpu = torch.device("cpu")
-    if isinstance(arch, TopicModelSpec | TopicHeadSpec):
-        raise TypeError("topic models are not networks: maths/topics.py computes them")
-    if isinstance(arch, RandomFeaturesSpec):
-        features = RandomFeatures(n_features, arch)
-        return nn.Sequential(nn.Flatten(), features, nn.Linear(arch.width, n_classes, device=cpu))
-    if not isinstance(arch, MLPSpec):
-        first: nn.Module = (
-            nn.Flatten() if arch.feature_norm is None else ClipFeatures(arch.feature_norm)
-        )
-        return nn.Sequential(first, nn.Linear(n_features, n_classes, device=cpu))
-    layers: list[nn.Module] = [nn.Flatten()]
-    width = n_features
-    for hidden in arch.hidden:
-        layers += [nn.Linear(width, hidden, device=cpu), ACTIVATIONS[arch.activation]()]
-        width = hidden
-    layers.append(nn.Linear(width, n_classes, device=cpu))
-    return nn.Sequential(*layers)
-
-
-class RandomFeatures(nn.Module):
-    """φ(x) = act(A x + b) with A, b frozen buffers drawn from the spec's own seed (not the
-    training seed): every build of the architecture has the same features."""
-
-    def __init__(self, n_features: int, spec: RandomFeaturesSpec) -> None:
-        super().__init__()
-        gen = torch.Generator().manual_seed(spec.seed)
-        cpu = gen.device  # drawn on CPU: the same features on every device
-        weight = torch.randn(spec.width, n_features, generator=gen, device=cpu)
-        weight = weight * (spec.scale / n_features**0.5)
-        self.weight: torch.Tensor
-        self.bias: torch.Tensor
-        self.register_buffer("weight", weight)
-        bias = torch.randn(spec.width, generator=gen, device=cpu) * spec.bias_scale
-        self.register_buffer("bias", bias)
-        self.activation = spec.activation
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        z = nn.functional.linear(x, self.weight.to(x.dtype), self.bias.to(x.dtype))
-        if self.activation == "relu":
-            return torch.relu(z)
-        return torch.tanh(z) if self.activation == "tanh" else torch.cos(z)
+    if not kind_of(arch).network:
+        raise TypeError(f"{arch.type} is not a network: its method computes it")
+    module: nn.Module = net_of(arch).build(arch, n_features, n_classes)
+    return module
 
 
 class ClipFeatures(nn.Module):

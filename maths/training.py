@@ -10,17 +10,11 @@ from torch import nn
 
 from app import shutdown
 from app.jsontypes import JsonObject
-from app.specs import (
-    ArchitectureSpec,
-    LogRegSpec,
-    TopicHeadSpec,
-    TopicModelSpec,
-    TrainingConfig,
-    architecture_of,
-    training_of,
-)
-from maths.ensemble import count_shards, ensemble_of, linear_scorer
-from maths.nets import ClipFeatures, build_net, parameters_of, state_of
+from app.specs import ArchitectureSpec, TrainingConfig, architecture_of, training_of
+from architectures import kind_of
+from architectures.nets import net_of
+from maths.ensemble import count_shards, ensemble_of
+from maths.nets import build_net, parameters_of, state_of
 from maths.norms import project_parameters_
 
 ProgressFn = Callable[[int, int, float], None]
@@ -148,8 +142,8 @@ def finetune(
 
 
 def is_classifier(architecture: ArchitectureSpec | JsonObject) -> bool:
-    """Every architecture but the topic model maps inputs to class logits."""
-    return not isinstance(architecture_of(architecture), TopicModelSpec)
+    """Whether the architecture maps inputs to class logits (not the topic model)."""
+    return kind_of(architecture_of(architecture)).classifier
 
 
 @torch.no_grad()
@@ -182,27 +176,13 @@ def scorer(
     a logistic regression's with its layer's own functional forward (building and loading
     the module was a millisecond of every update's accuracies)."""
     arch = architecture_of(architecture)
-    if isinstance(arch, TopicHeadSpec):
-        B, bias = state["B"].to(device).double(), state["bias"].to(device)
-
-        def topic_head(x: torch.Tensor) -> torch.Tensor:
-            counts = x.reshape(len(x), -1).double()
-            frequencies = counts / counts.sum(1, keepdim=True).clamp(min=1.0)
-            return frequencies @ B + bias
-
-        return lambda X: _in_blocks(topic_head, X.to(device))
+    own = getattr(net_of(arch), "scorer", None)  # the architecture's own forward, if any
+    if own is not None:
+        forward = own(arch, state, n_features, n_classes, device, aggregation)
+        return torch.no_grad()(lambda X: _in_blocks(forward, X.to(device)))
     if count_shards(state):
-        if isinstance(arch, LogRegSpec):
-            linear = linear_scorer(arch, state, aggregation, device)
-            return torch.no_grad()(lambda X: _in_blocks(linear, X.to(device)))
         net: torch.nn.Module = ensemble_of(arch, state, n_features, n_classes, aggregation)
         net = net.to(device)
-    elif isinstance(arch, LogRegSpec):  # the module's own forward, without building it
-        W, b = (state[f"1.{name}"].to(device, torch.float32) for name in ("weight", "bias"))
-        first = nn.Flatten() if arch.feature_norm is None else ClipFeatures(arch.feature_norm)
-        return torch.no_grad()(
-            lambda X: _in_blocks(lambda x: nn.functional.linear(first(x), W, b), X.to(device))
-        )
     else:
         net = build_net(architecture, n_features, n_classes).to(device)
         net.load_state_dict(parameters_of(net, state))  # copies across devices and dtypes

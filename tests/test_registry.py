@@ -110,3 +110,23 @@ def test_parameter_layout_matches_the_built_network(arch: dict) -> None:
     net = build_net(arch, 6, 4)
     built = {k: list(v.shape) for k, v in net.state_dict().items()}
     assert built == parameter_shapes(arch, 6, 4)
+
+
+def test_every_architecture_spec_has_a_registered_package() -> None:
+    """Each type of the ArchitectureSpec union has its torch-free kind and its torch half
+    (`build` for a network; a `load` for one that is not): no generic module names one."""
+    import typing
+
+    from app.specs import ArchitectureSpec
+    from architectures import KINDS
+    from architectures.nets import net_of
+
+    types = {
+        typing.get_args(c.model_fields["type"].annotation)[0]
+        for c in typing.get_args(ArchitectureSpec)
+    }
+    assert types == set(KINDS)
+    for name, kind in KINDS.items():
+        half = net_of(type("Spec", (), {"type": name}))
+        assert hasattr(half, "build") == kind.network, name
+        assert kind.network or hasattr(half, "load"), name

@@ -9,9 +9,9 @@ from app.db.tables import PrivacyAudit, Sample
 from app.errors import conflict, not_found, unprocessable
 from app.schemas import AuditCreate
 from app.services.models import get_model
-from app.specs import TopicModelSpec
 from app.states import AuditStatus, ModelStatus, SampleStatus
 from app.wire import AuditOut
+from architectures import kind_of
 
 OPEN = (AuditStatus.queued, AuditStatus.running)
 
@@ -23,7 +23,7 @@ def create_audit(
     model = get_model(session, model_id)
     if model.status != ModelStatus.ready or model.current_version_id is None:
         raise conflict("model_not_ready", f"model {model_id} has no released version to audit")
-    if isinstance(model.architecture, TopicModelSpec):
+    if not kind_of(model.architecture).classifier:
         raise unprocessable(
             "not_auditable", "a topic model has no labels: canaries with labels do not apply"
         )

@@ -12,30 +12,11 @@ import math
 from typing import Any
 
 from app.errors import unprocessable
-from app.specs import (
-    ArchitectureSpec,
-    LogRegSpec,
-    MLPSpec,
-    RandomFeaturesSpec,
-    TopicHeadSpec,
-    TopicModelSpec,
-    TrainingConfig,
-)
+from app.specs import ArchitectureSpec, TrainingConfig
+from architectures import kind_of
 from methods.spec import MemoryFacts, MethodChoice
 
-FLOAT32, FLOAT64 = 4, 8
-
-
-def parameters(architecture: ArchitectureSpec, n_features: int, n_classes: int) -> int:
-    """Trained parameters plus frozen buffers of one network."""
-    if isinstance(architecture, LogRegSpec):
-        return (n_features + 1) * n_classes
-    if isinstance(architecture, MLPSpec):
-        widths = [n_features, *architecture.hidden, n_classes]
-        return sum((a + 1) * b for a, b in zip(widths, widths[1:], strict=False))
-    if isinstance(architecture, RandomFeaturesSpec):
-        return (n_features + 1) * architecture.width + (architecture.width + 1) * n_classes
-    return 0
+FLOAT32 = 4
 
 
 def estimate(
@@ -48,19 +29,14 @@ def estimate(
 ) -> dict[str, Any]:
     """{"bytes": total, "terms": {what: bytes}} for training (and updating) this model."""
     terms: dict[str, int] = {"data": 2 * n_train * n_features * FLOAT32}  # samples, a copy
-    if isinstance(architecture, TopicModelSpec | TopicHeadSpec):
-        # Σ G_d, its normalised rows and the solve's working copies: vocabulary² float64 each
-        terms["cooccurrence"] = 4 * n_features * n_features * FLOAT64
-        terms["topics"] = 4 * n_features * architecture.topics * FLOAT64
-        return _total(terms)
-    p = parameters(architecture, n_features, n_classes)
+    kind = kind_of(architecture)
+    if kind.memory_terms is not None:  # not a network: the architecture's own arrays
+        return _total(terms | kind.memory_terms(architecture, n_features))
+    p = kind.parameters(architecture, n_features, n_classes)
     # weights, gradients, momentum and a copy for the release
     terms["parameters"] = p * FLOAT32 * 4
-    widest = max([n_features, n_classes, *getattr(architecture, "hidden", [])])
-    width = n_features + 1
-    if isinstance(architecture, RandomFeaturesSpec):
-        widest = max(widest, architecture.width)
-        width = architecture.width + 1
+    widest = max(kind.activation_widths(architecture, n_features, n_classes))
+    width = kind.feature_width(architecture, n_features)
     terms["activations"] = 4 * training.batch_size * widest * FLOAT32 * 3
     if method.spec.memory_terms is not None:  # what the method keeps besides
         facts = MemoryFacts(architecture, n_train, n_features, n_classes, p, width)

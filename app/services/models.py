@@ -26,6 +26,7 @@ from app.specs import (
 from app.states import ModelStatus, SampleStatus, Stage
 from app.storage.blobs import Blobs, OpenBlob, WrittenBlob
 from app.wire import Progress
+from architectures import kind_of
 from methods import get_method, method_names, method_of
 
 
@@ -44,10 +45,12 @@ def create_model(session: Session, spec: ModelCreate, memory_limit: int | None =
         raise unprocessable("no_training_data", "the dataset has no active training samples")
     if isinstance(spec.architecture, TopicHeadSpec):
         spec = spec.model_copy(update={"architecture": _head_on_base(session, spec, ds)})
-    if isinstance(spec.architecture, TopicModelSpec | TopicHeadSpec) and ds.kind != "text":
+    needs = kind_of(spec.architecture).dataset_kind
+    if needs is not None and ds.kind != needs:
         raise unprocessable(
             "topic_model_needs_text",
-            f"a topic_model learns from a text corpus; dataset {ds.id} is {ds.kind}",
+            f"a {spec.architecture.type} learns from a {needs} dataset; dataset {ds.id} is "
+            f"{ds.kind}",
         )
     method = method_of(spec.method.model_dump())
     method.check_model(spec.architecture, n_train, math.prod(ds.feature_shape))
