@@ -20,14 +20,14 @@ from app.api.restore_gate import RestoreGate, RestoreGateMiddleware
 from app.api.scrub import ScrubMiddleware
 from app.db.group_commit import GroupCommitter
 from app.db.migrate import upgrade_to_head
-from app.db.session import database, dispose_engines
+from app.db.session import database
 from app.dispatch import InlineDispatcher, make_dispatcher
 from app.ledger.journal import Journal
 from app.maintenance import Maintenance, maintenance_tasks
 from app.metrics import MetricsMiddleware, pipeline_registry
 from app.runtime import Runtime
 from app.security import Role, create_key, has_any_key
-from app.services.isolated import scrub_freed, shut_down, warm_up
+from app.services.isolated import scrub_freed
 from app.services.weights_cache import WeightsCache
 from app.settings import Settings, get_settings
 from app.storage.erasure import compact_at_start, finish_compacting
@@ -64,7 +64,7 @@ async def _lifespan(runtime: Runtime, app: FastAPI) -> AsyncIterator[None]:
             file=sys.stderr,
             flush=True,
         )
-    warm_up()  # the fork server uploads are parsed from (app/services/isolated.py)
+    runtime.uploads.warm_up()  # the fork server uploads are parsed from (app/services/isolated.py)
     scrub_freed()  # freed request buffers overwritten (issue 53, memory)
     dispatcher = app.state.dispatcher
     maintenance, listener = None, None
@@ -89,9 +89,9 @@ async def _lifespan(runtime: Runtime, app: FastAPI) -> AsyncIterator[None]:
     if embedded and not behind:
         dispatcher.stop()
     runtime.publisher.finish()
-    shut_down()  # the upload pool's idle workers, and with them the fork server
-    finish_compacting(url)
-    dispose_engines(url)  # the last SQLite connection to close removes the WAL (issue 53)
+    runtime.uploads.shut_down()  # the pool's idle workers, and with them the fork server
+    finish_compacting(runtime.db)
+    runtime.db.dispose()  # the last SQLite connection to close removes the WAL (issue 53)
 
 
 def create_app(settings: Settings | None = None) -> FastAPI:

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 
 from app.db.session import Database, database
 from app.ledger.publish import Publisher
+from app.services.isolated import UploadPool
 from app.settings import Settings
 from app.storage.blobs import Blobs, blobs
 from app.storage.crypto import Keyring, keyring
@@ -17,22 +18,24 @@ from app.storage.crypto import Keyring, keyring
 
 @dataclass(frozen=True)
 class Runtime:
-    """Settings, the database, the keyring of the master key, the blob store and the
-    publisher of the log's checkpoints."""
+    """Settings, the database, the keyring of the master key, the blob store, the
+    publisher of the log's checkpoints and the pool that parses uploads."""
 
     settings: Settings
     db: Database
     keyring: Keyring
     blobs: Blobs
     publisher: Publisher
+    uploads: UploadPool
 
     @classmethod
     def build(cls, settings: Settings) -> Runtime:
-        db = database(settings.resolved_database_url)
+        db, ring = database(settings.resolved_database_url), keyring(settings)
         return cls(
             settings=settings,
             db=db,
-            keyring=keyring(settings),
-            blobs=blobs(settings),
+            keyring=ring,
+            blobs=blobs(settings, ring),
             publisher=Publisher(db, settings),
+            uploads=UploadPool(),  # started on the API's first upload (or its warm-up)
         )

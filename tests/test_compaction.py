@@ -49,7 +49,7 @@ def test_compaction_rewrites_only_the_partitions_that_lost_keys(pg_url: str) -> 
     db, ring = database(pg_url), Keyring(b"k" * 32)
     with db.write() as session:
         keys = [key_id for key_id, _ in create_keys(session, ring, 200)]
-    destroyed_in(db.engine.url.render_as_string())  # nothing left over from earlier tests
+    destroyed_in(db)  # nothing left over from earlier tests
     before = files(pg_url)
     assert len(before) == 128
 
@@ -165,8 +165,7 @@ def test_short_and_sample_keys_are_destroyed_together(db_url: str) -> None:
     with db.write() as session:
         short = [k for k, _ in create_keys(session, ring, 3, KeyTable.short)]
         samples = [k for k, _ in create_keys(session, ring, 3)]
-    where = db.engine.url.render_as_string()
-    destroyed_in(where)  # nothing left over from earlier tests
+    destroyed_in(db)  # nothing left over from earlier tests
     sent: list[str] = []
 
     def seen(*args: object) -> None:
@@ -184,7 +183,7 @@ def test_short_and_sample_keys_are_destroyed_together(db_url: str) -> None:
         assert load_keys(session, ring, samples).keys() == {samples[0]}
     if db_url.startswith("postgresql"):
         assert len(deletes) == 1, sent
-        noted = destroyed_in(where)
+        noted = destroyed_in(db)
         assert "short_keys" in noted and any(t.startswith("data_keys_p") for t in noted)
     else:
         assert len(deletes) == 2, sent
@@ -197,7 +196,7 @@ def test_a_short_key_destroyed_rewrites_its_small_table_not_a_partition(pg_url: 
     db, ring = database(pg_url), Keyring(b"k" * 32)
     with db.write() as session:
         made = [k for k, _ in create_keys(session, ring, 3, KeyTable.short)]
-    destroyed_in(db.engine.url.render_as_string())  # nothing left over from earlier tests
+    destroyed_in(db)  # nothing left over from earlier tests
 
     def short_file() -> int:
         with db.read() as session:
@@ -209,8 +208,8 @@ def test_a_short_key_destroyed_rewrites_its_small_table_not_a_partition(pg_url: 
     with db.write() as session:
         assert destroy_keys(session, made[:2], KeyTable.short) == 2
         assert destroy_keys(session, made[2:]) == 0  # not a sample's key
-    assert destroyed_in(db.engine.url.render_as_string()) == {"short_keys"}
-    erasure.note_destroyed(db.engine.url.render_as_string(), {"short_keys"})
+    assert destroyed_in(db) == {"short_keys"}
+    erasure.note_destroyed(db, {"short_keys"})
     compact(db)
     assert short_file() != before and files(pg_url) == partitions
     with db.read() as session:
@@ -238,7 +237,7 @@ def test_erasures_are_compacted_at_most_once_per_interval(
         erasure.compact_soon(db, interval=interval)  # type: ignore[arg-type]
 
     def finished() -> None:
-        running = erasure.compaction_thread(url)
+        running = erasure.compaction_thread(db)  # type: ignore[arg-type]
         assert running is not None
         running.join(timeout=2.0)  # left to itself: it waits out the interval
         assert not running.is_alive()
@@ -246,7 +245,12 @@ def test_erasures_are_compacted_at_most_once_per_interval(
     monkeypatch.setattr(erasure, "compact", slow_compact)
     monkeypatch.setattr(erasure, "has_destroyed", lambda where: noted[0])
     url = f"postgresql+psycopg://nowhere/{uuid.uuid4().hex}"
-    db = SimpleNamespace(url=url, engine=SimpleNamespace(url=sa.make_url(url)))
+    owned: dict[type, object] = {}  # what the fake database holds (`Database.own`)
+    db = SimpleNamespace(
+        url=url,
+        engine=SimpleNamespace(url=sa.make_url(url)),
+        own=lambda kind: owned.setdefault(kind, kind()),
+    )
 
     start = time.monotonic()
     erased(0.4)
@@ -270,7 +274,7 @@ def test_erasures_are_compacted_at_most_once_per_interval(
     erased(30.0)
     erased(30.0)
     began = time.monotonic()
-    erasure.finish_compacting(url)  # a clean stop does not wait 30 s
+    erasure.finish_compacting(db)  # type: ignore[arg-type]  # a clean stop does not wait 30 s
     assert len(runs) == 1 and time.monotonic() - began < 1.0
 
 
@@ -299,7 +303,7 @@ def two_keys(db: Database) -> tuple[uuid.UUID, uuid.UUID, dict[uuid.UUID, bytes]
                 {"a": key_id, "b": kept_id},
             ).all()
         )
-    destroyed_in(db.engine.url.render_as_string())  # nothing left over from earlier tests
+    destroyed_in(db)  # nothing left over from earlier tests
     return key_id, kept_id, {k: bytes(v) for k, v in wrapped.items()}
 
 
@@ -344,7 +348,7 @@ def test_compaction_retries_while_a_transaction_older_than_the_erasure_stays_ope
     from tests.test_erasure import database_bytes
 
     monkeypatch.setattr(erasure, "SNAPSHOT_WAIT_SECONDS", 0.1)
-    db, where = database(pg_url), database(pg_url).engine.url.render_as_string()
+    db = database(pg_url)
     key_id, kept_id, wrapped = two_keys(db)
     older = older_transaction(pg_url, "xid")
     try:
@@ -352,16 +356,16 @@ def test_compaction_retries_while_a_transaction_older_than_the_erasure_stays_ope
             destroy_keys(session, [key_id])
         assert compact(db) is erasure.Compaction.kept
         assert wrapped[key_id] in database_bytes(pg_url)
-        assert has_destroyed(where)  # noted again for the next run
+        assert has_destroyed(db)  # noted again for the next run
         erasure.compact_soon(db, interval=0.05)
         time.sleep(2.0)  # longer than three runs and their waits
-        running = erasure.compaction_thread(db.url)
+        running = erasure.compaction_thread(db)
         assert running is not None and running.is_alive()
     finally:
         older.rollback()
         older.close()
     running.join(timeout=10)
-    assert not running.is_alive() and not has_destroyed(where)
+    assert not running.is_alive() and not has_destroyed(db)
     haystack = database_bytes(pg_url)
     assert wrapped[key_id] not in haystack
     assert wrapped[kept_id] in haystack

@@ -130,9 +130,8 @@ def test_reads_keep_their_statements_prepared(own_pg_database: str) -> None:
     """A query run more than psycopg's prepare threshold (5) is prepared on the server and
     stays so from read to read: a read ends with COMMIT, where a ROLLBACK made psycopg forget
     (DEALLOCATE ALL) every prepared statement of the connection."""
-    from app.db.session import Database
 
-    db = Database(own_pg_database)
+    db = database(own_pg_database)
     query = sa.select(sa.literal_column("count(*)")).select_from(sa.table("models"))
     try:
         for _ in range(8):
@@ -153,9 +152,9 @@ def test_only_bookkeeping_commits_skip_the_wait_for_the_disk(own_pg_database: st
     """`write(durable=False)` (claims, leases) commits with synchronous_commit off, set once
     per connection rather than by a `SET LOCAL` round trip per transaction; `write()` and
     `read()` keep PostgreSQL's default, so what a client is told is committed is on disk."""
-    from app.db.session import Database, dispose_engines
+    from app.db.session import dispose_engines
 
-    db = Database(own_pg_database)
+    db = database(own_pg_database)
     show = sa.text("SHOW synchronous_commit")
     sent: list[str] = []
 
@@ -186,9 +185,9 @@ def test_reads_and_single_statements_send_no_begin_or_commit(
     around its statements, and what `single()` wrote is committed when it returns."""
     from psycopg import pq
 
-    from app.db.session import Database, dispose_engines
+    from app.db.session import dispose_engines
 
-    db = Database(own_pg_database)
+    db = database(own_pg_database)
     select_one = sa.text("SELECT 1")
 
     def traced(open_session: Any, statement: Any) -> str:
@@ -231,11 +230,10 @@ def test_statements_on_the_key_table_are_never_prepared(own_pg_database: str) ->
     compaction rewrites key partitions, invalidating a prepared plan, and PostgreSQL then
     re-planned over all 128 partitions), while the connection's other statements are still
     prepared, and errors still come through SQLAlchemy."""
-    from app.db.session import Database
     from app.storage.crypto import Keyring
     from app.storage.keystore import create_keys, destroy_keys, load_keys
 
-    db, ring = Database(own_pg_database), Keyring(b"k" * 32)
+    db, ring = database(own_pg_database), Keyring(b"k" * 32)
     other = sa.select(sa.literal_column("count(*)")).select_from(sa.table("models"))
     try:
         for _ in range(8):

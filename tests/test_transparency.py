@@ -324,7 +324,6 @@ def test_receipts_reuse_the_nodes_earlier_proofs_read_and_drop_them_when_they_do
     fields = {"model_id": 1, "method": "output_perturbation", "guarantee": "certified",
               "epsilon": 1.0, "delta": 1e-5, "cumulative_epsilon": 1.0,
               "cumulative_delta": 1e-5, "n_removed": 1}  # fmt: skip
-    where = str(engine_for(url, readonly=True).url)
 
     def receipt_of_newest(i: int) -> dict:
         with db.write() as session:
@@ -345,15 +344,15 @@ def test_receipts_reuse_the_nodes_earlier_proofs_read_and_drop_them_when_they_do
             receipt_of_newest(i)
             if i > 2:
                 assert reads == [], i  # the previous receipt read every node this one needs
-        kept = transparency._PROVEN._held[where]
+        kept = db.own(transparency.ProvenNodes)._held
         assert kept
         for node in kept:  # poison every kept node
             kept[node] = bytes(32)
         receipt_of_newest(40)  # still a valid proof: read again from the database
         assert reads
-        assert bytes(32) not in transparency._PROVEN.known(where).values()
+        assert bytes(32) not in db.own(transparency.ProvenNodes).known().values()
         receipt_of_newest(41)
         assert reads == []
     finally:
         sa.event.remove(engine_for(url, readonly=True), "before_cursor_execute", count)
-        transparency._PROVEN.forget(where)
+        db.own(transparency.ProvenNodes).forget()

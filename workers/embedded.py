@@ -20,7 +20,6 @@ from multiprocessing.connection import Connection
 
 from prometheus_client import generate_latest
 
-from app.db.session import dispose_engines
 from app.dispatch import DELETE, WARM, run_job
 from app.lanes import Lanes
 from app.settings import Settings
@@ -113,7 +112,6 @@ def main(settings: Settings, conn: Connection, parent: int, warm: tuple[int, ...
     )
     link = _Link(conn)
     FINISHED.relay = link.wake
-    url = settings.resolved_database_url
     compact_at_start(ctx.db, settings)  # keys a worker process that died had destroyed
 
     def taken(item: tuple[str, tuple[int, ...]]) -> None:
@@ -138,8 +136,8 @@ def main(settings: Settings, conn: Connection, parent: int, warm: tuple[int, ...
 
     gave_way = jobs.serve(give_way=give_way)
     ctx.runtime.publisher.finish()  # the last update's checkpoint, before the process exits
-    finish_compacting(url)  # and the compaction of the keys its last erasure destroyed
-    dispose_engines(url)  # its connections closed, so the API's last close removes the WAL
+    finish_compacting(ctx.db)  # and the compaction of the keys its last erasure destroyed
+    ctx.db.dispose()  # its connections closed, so the API's last close removes the WAL
     if gave_way:  # its successor warms the sessions this one held
         held = ctx.resident_sessions().models(database_key(ctx.db.engine))
         with contextlib.suppress(OSError):

@@ -34,12 +34,12 @@ class Recycle:
         self.started = utcnow()
         self.erasure_at: float | None = None  # monotonic time of the first erasure seen
         self._polled = float("-inf")
-        self._erasures_at_start = erasures_here()
+        self._erasures_at_start = erasures_here(self.db)
 
     def due(self, idle_for: float) -> bool:
         """After `idle_for` seconds without a job (0 between jobs): give way now? Between
         jobs it reads only this process's own erasures; idle, also the database's."""
-        if self.erasure_at is None and erasures_here() > self._erasures_at_start:
+        if self.erasure_at is None and erasures_here(self.db) > self._erasures_at_start:
             self.erasure_at = time.monotonic()
         if idle_for > 0:
             self._poll()

@@ -95,7 +95,7 @@ def run(burst: bool = False, settings: Settings | None = None) -> None:
     finally:
         stop.set()
         ctx.runtime.publisher.finish()  # the last update's checkpoint, before the process exits
-        finish_compacting(url)  # and the compaction under way
+        finish_compacting(ctx.db)  # and the compaction under way
     if gave_way:  # issue 53: the same command in a fresh process image, none of this memory
         held = ctx.resident_sessions().models(database_key(ctx.db.engine))
         log.info("worker %s gives way after an erasure: re-executing", WORKER_ID)

@@ -75,7 +75,7 @@ UPLOAD_DOC = {
     openapi_extra=UPLOAD_DOC,
 )
 async def register_dataset(
-    request: Request, _: Admin, db: DbDep, settings: SettingsDep
+    request: Request, _: Admin, db: DbDep, settings: SettingsDep, runtime: RuntimeDep
 ) -> JsonObject:
     """Register a builtin (JSON `{"builtin": "digits"}`) or upload an .npz / CSV file."""
     ctype = request.headers.get("content-type", "")
@@ -102,7 +102,7 @@ async def register_dataset(
             "send application/json for a builtin or multipart/form-data with a file",
         )
     # parsed and sealed in a process of its own, which ends with the plaintext (issue 53)
-    dataset_id = await register_isolated(job, data)
+    dataset_id = await register_isolated(runtime.uploads, job, data)
 
     def view() -> JsonObject:
         with db.read() as session:

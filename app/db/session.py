@@ -10,7 +10,7 @@ import time
 import weakref
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 from sqlalchemy import Engine, create_engine, event, make_url
 from sqlalchemy.exc import DBAPIError, DisconnectionError, IntegrityError
@@ -102,43 +102,25 @@ def _close_inherited_connections() -> None:
         with contextlib.suppress(Exception):
             os.close(conn.fileno())
     _SERVER_CONNECTIONS.clear()
-    for engine in list(_ENGINES.values()):
-        engine.dispose(close=False)
+    for db in list(_DATABASES.values()):
+        db.forget_pools()
 
 
 os.register_at_fork(after_in_child=_close_inherited_connections)
 
 
-_ENGINES: dict[str, Engine] = {}
-_ENGINES_LOCK = threading.RLock()
+_DATABASES_LOCK = threading.RLock()
 
 
 def engine_for(url: str, readonly: bool = False) -> Engine:
-    """One engine per URL (and, on SQLite, per read/write role) per process."""
-    key = f"{url}#ro" if readonly and url.startswith("sqlite") else url
-    with _ENGINES_LOCK:
-        if key not in _ENGINES:
-            _ENGINES[key] = make_engine(url, readonly=key.endswith("#ro"))
-        return _ENGINES[key]
+    """The process's engine for `url` (on SQLite, per read/write role): its Database's."""
+    return database(url).engine_for(readonly)
 
 
 def dispose_engines(url: str) -> None:
     """Close every pooled connection to `url` (all roles): the last SQLite connection to
     close checkpoints and removes the WAL."""
-    with _ENGINES_LOCK:
-        engines = [e for key, e in _ENGINES.items() if key.split("#", 1)[0] == url]
-    for engine in engines:
-        engine.dispose()
-
-
-def bookkeeping_engine_for(url: str) -> Engine:
-    """The engine of `Database.write(durable=False)`: its own pool, its commits not waited
-    for (make_engine)."""
-    key = f"{url}#bk"
-    with _ENGINES_LOCK:
-        if key not in _ENGINES:
-            _ENGINES[key] = make_engine(url, bookkeeping=True)
-        return _ENGINES[key]
+    database(url).dispose()
 
 
 class WriteLock:
@@ -189,16 +171,56 @@ class Database:
 
     def __init__(self, url: str) -> None:
         self.url = url
-        self.engine = engine_for(url)
-        self._writer = sessionmaker(bind=engine_for(url), expire_on_commit=False)
-        self._reader = sessionmaker(bind=_autocommit(engine_for(url, True)), expire_on_commit=False)
-        self._streamer = sessionmaker(bind=engine_for(url, readonly=True), expire_on_commit=False)
-        self._bookkeeper = sessionmaker(bind=bookkeeping_engine_for(url), expire_on_commit=False)
+        sqlite = url.startswith("sqlite")
+        self.engine = make_engine(url)
+        self._read_engine = make_engine(url, readonly=True) if sqlite else self.engine
+        self._bookkeeping_engine = make_engine(url, bookkeeping=True)  # its own pool
+        made = {"database": self}  # every session knows its Database (`Database.of`)
+        self._writer = sessionmaker(bind=self.engine, expire_on_commit=False, info=made)
+        self._reader = sessionmaker(
+            bind=_autocommit(self._read_engine), expire_on_commit=False, info=made
+        )
+        self._streamer = sessionmaker(bind=self._read_engine, expire_on_commit=False, info=made)
+        self._bookkeeper = sessionmaker(
+            bind=self._bookkeeping_engine, expire_on_commit=False, info=made
+        )
         self._single = {
-            durable: sessionmaker(bind=_autocommit(e), expire_on_commit=False)
-            for durable, e in ((True, engine_for(url)), (False, bookkeeping_engine_for(url)))
+            durable: sessionmaker(bind=_autocommit(e), expire_on_commit=False, info=made)
+            for durable, e in ((True, self.engine), (False, self._bookkeeping_engine))
         }
-        self._write_lock = WriteLock(make_url(url).database) if url.startswith("sqlite") else None
+        self._write_lock = WriteLock(make_url(url).database) if sqlite else None
+        self._owned: dict[type, Any] = {}
+        self._owning = threading.Lock()
+
+    @staticmethod
+    def of(session: Session) -> Database:
+        """The Database a session was made by (one made elsewhere: its URL's)."""
+        found = session.info.get("database")
+        if isinstance(found, Database):
+            return found
+        return database(session.get_bind().engine.url.render_as_string())
+
+    def own(self, kind: type[T]) -> T:
+        """This database's one `kind()`: what this process knows about the database and every
+        session of it shares (keys destroyed and not yet compacted, the compaction under way,
+        the log's frontier), held here instead of in module registries keyed by URL."""
+        with self._owning:
+            if kind not in self._owned:
+                self._owned[kind] = kind()
+            return cast(T, self._owned[kind])
+
+    def engine_for(self, readonly: bool = False) -> Engine:
+        return self._read_engine if readonly else self.engine
+
+    def dispose(self) -> None:
+        """Close every pooled connection (all roles)."""
+        for engine in {self.engine, self._read_engine, self._bookkeeping_engine}:
+            engine.dispose()
+
+    def forget_pools(self) -> None:
+        """In a forked child: drop the inherited pools without closing their connections."""
+        for engine in {self.engine, self._read_engine, self._bookkeeping_engine}:
+            engine.dispose(close=False)
 
     @contextmanager
     def read(self, streaming: bool = False) -> Iterator[Session]:
@@ -266,8 +288,10 @@ _DATABASES: dict[str, Database] = {}
 
 
 def database(url: str) -> Database:
-    """The process's Database for `url` (engines and pools are shared)."""
-    with _ENGINES_LOCK:
+    """The process's Database for `url`: its engines and pools, and what the process knows
+    about it (`Database.own`). The one registry left (issue 54): a connection pool is the
+    process's, whichever runtime asks."""
+    with _DATABASES_LOCK:
         if url not in _DATABASES:
             _DATABASES[url] = Database(url)
         return _DATABASES[url]

@@ -28,6 +28,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import (
 from sqlalchemy import Table, and_, delete, func, insert, or_, select
 from sqlalchemy.orm import Session
 
+from app.db.session import Database
 from app.db.tables import Certificate, MerkleNode, PublicNode, TreeHead
 from app.errors import APIError, not_found
 from app.jsontypes import JsonObject
@@ -223,8 +224,8 @@ def append(
     newest signed head's (size, root), as the caller read it in this transaction ((0, "")
     before the first)."""
     size, root = newest
-    where = str(session.get_bind().engine.url)
-    known, known_public = _FRONTIERS.at(where, size, root)
+    frontiers = Database.of(session).own(Frontiers)
+    known, known_public = frontiers.at(size, root)
     nodes = StoredNodes(session, known=known)
     public = StoredNodes(session, PublicNode, known=known_public)
     last = max(c.seq for c in certificates)
@@ -243,7 +244,7 @@ def append(
     head = _signed_head(nodes, last, signer)  # reads the certificates' frontier
     for level, index in frontier(last):  # and the public tree's, once after a cold start
         public.get(level, index)
-    _FRONTIERS.keep(where, last, str(head["root_hash"]), nodes.cache, public.cache)
+    frontiers.keep(last, str(head["root_hash"]), nodes.cache, public.cache)
     return head, [(_MERKLE, nodes.added), (_PUBLIC, public.added), (_HEADS, [head])]
 
 
@@ -261,29 +262,30 @@ def frontier(size: int) -> list[tuple[int, int]]:
     return out
 
 
-class _Frontiers:
-    """The frontier nodes of both trees as this process last appended them, per database, so
-    an append reads no node (issue 28: O(log n) primary-key reads per update). Valid only while
-    the newest signed head is the one they were kept at (same size and root: a rewritten or
-    rolled-back tree has another), else forgotten; O(log n) nodes each."""
+class Frontiers:
+    """The frontier nodes of both trees as this process last appended them, one per
+    database (`Database.own`), so an append reads no node (issue 28: O(log n) primary-key
+    reads per update). Valid only while the newest signed head is the one they were kept at
+    (same size and root: a rewritten or rolled-back tree has another), else forgotten; O(log
+    n) nodes each."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._held: dict[str, tuple[int, str, Nodes, Nodes]] = {}
+        self._held: tuple[int, str, Nodes, Nodes] | None = None
 
-    def at(self, where: str, size: int, root: str) -> tuple[Nodes, Nodes]:
+    def at(self, size: int, root: str) -> tuple[Nodes, Nodes]:
         with self._lock:
-            held = self._held.get(where)
+            held = self._held
             if held is None or held[:2] != (size, root):
                 return {}, {}
             return dict(held[2]), dict(held[3])
 
-    def keep(self, where: str, size: int, root: str, nodes: Nodes, public: Nodes) -> None:
+    def keep(self, size: int, root: str, nodes: Nodes, public: Nodes) -> None:
         """Keep the frontier nodes of both trees at `size` leaves (the next append's frontier
         is this one's nodes and those it writes)."""
         wanted = frontier(size)
         with self._lock:
-            self._held[where] = (
+            self._held = (
                 size,
                 root,
                 {k: nodes[k] for k in wanted if k in nodes},
@@ -292,40 +294,35 @@ class _Frontiers:
 
 
 Nodes = dict[tuple[int, int], bytes]
-_FRONTIERS = _Frontiers()
 
 
-class _ProvenNodes:
+class ProvenNodes:
     """Stored complete subtrees of the certificates' tree that this process has read for
-    proofs, per database: a stored complete subtree never changes, and a receipt for the
-    newest certificate needs the nodes the previous receipt read (issue 28: one query and
-    its ORM rows per receipt in the API). A proof made from them is checked against its
-    signed head's root, and they are dropped if it differs (a database restored under the
-    process). At most LIMIT nodes per database."""
+    proofs, one per database (`Database.own`): a stored complete subtree never changes, and a
+    receipt for the newest certificate needs the nodes the previous receipt read (issue 28:
+    one query and its ORM rows per receipt in the API). A proof made from them is checked
+    against its signed head's root, and they are dropped if it differs (a database restored
+    under the process). At most LIMIT nodes."""
 
     LIMIT = 4096
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._held: dict[str, Nodes] = {}
+        self._held: Nodes = {}
 
-    def known(self, where: str) -> Nodes:
+    def known(self) -> Nodes:
         with self._lock:
-            return dict(self._held.get(where, {}))
+            return dict(self._held)
 
-    def keep(self, where: str, nodes: Nodes) -> None:
+    def keep(self, nodes: Nodes) -> None:
         with self._lock:
-            held = self._held.setdefault(where, {})
-            if len(held) + len(nodes) > self.LIMIT:
-                held.clear()
-            held.update(nodes)
+            if len(self._held) + len(nodes) > self.LIMIT:
+                self._held.clear()
+            self._held.update(nodes)
 
-    def forget(self, where: str) -> None:
+    def forget(self) -> None:
         with self._lock:
-            self._held.pop(where, None)
-
-
-_PROVEN = _ProvenNodes()
+            self._held.clear()
 
 
 def public_entry(body: str) -> bytes:
@@ -429,22 +426,22 @@ def inclusion(session: Session, certificate_id: int, tree_size: int | None) -> J
 
 def _inclusion_at(session: Session, cert: Certificate, size: int) -> JsonObject:
     """The inclusion proof of `cert` at `size`, a size the tree has reached: from the nodes
-    earlier proofs read (_PROVEN) when it proves the leaf against the signed head's root at
+    earlier proofs read (`ProvenNodes`) when it proves the leaf against the signed head's root at
     that size, else from the database alone."""
     head = session.get(TreeHead, size)
-    where = str(session.get_bind().engine.url)
+    proven = Database.of(session).own(ProvenNodes)
     leaf = merkle.leaf_hash(cert.body.encode())
-    known = _PROVEN.known(where) if head is not None else {}
+    known = proven.known() if head is not None else {}
     nodes, path, root = _inclusion_path(session, cert, leaf, size, known)
     if head is not None:
         signed = bytes.fromhex(head.root_hash)
         proves = merkle.verify_inclusion(leaf, cert.seq - 1, size, path, signed)
         if known and not proves:
-            _PROVEN.forget(where)
+            proven.forget()
             nodes, path, root = _inclusion_path(session, cert, leaf, size, {})
             proves = merkle.verify_inclusion(leaf, cert.seq - 1, size, path, signed)
         if proves:
-            _PROVEN.keep(where, nodes.cache)
+            proven.keep(nodes.cache)
     return {
         "certificate_id": cert.id,
         "leaf_index": cert.seq - 1,

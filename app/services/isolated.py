@@ -46,19 +46,19 @@ class Registration:
     builtin: BuiltinDatasetIn | None = None
 
 
-async def register_isolated(job: Registration, data: bytes) -> int:
+async def register_isolated(pool: UploadPool, job: Registration, data: bytes) -> int:
     """Register in a child process; the dataset's id, or the child's APIError raised here.
     The upload crosses in shared memory, and `data` is wiped as soon as the child can read it;
     where /dev/shm is too small for it (a container's default 64 MB), it crosses the pipe."""
     if not _fits_in_shared_memory(len(data)):
-        outcome = await asyncio.wrap_future(_pool().submit(_register, job, None, data))
+        outcome = await asyncio.wrap_future(pool.executor().submit(_register, job, None, data))
         return _outcome(outcome)
     memory = shared_memory.SharedMemory(create=True, size=max(1, len(data)))
     buffer = _buffer(memory)
     try:
         buffer[: len(data)] = data
         wipe(data)
-        future = _pool().submit(_register, job, memory.name, len(data))
+        future = pool.executor().submit(_register, job, memory.name, len(data))
         outcome = await asyncio.wrap_future(future)
     finally:
         buffer[:] = bytes(memory.size)
@@ -152,26 +152,46 @@ def _parse(job: Registration, data: bytes) -> dataset_files.ParsedDataset:
     )
 
 
-_POOL: list[ProcessPoolExecutor] = []
-_POOL_LOCK = threading.Lock()
+class UploadPool:
+    """One service's pool of upload parsers (a Runtime holds it): one child per registration,
+    forked from a fork server that never held an upload, started on first use."""
 
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._executor: ProcessPoolExecutor | None = None
 
-def _pool() -> ProcessPoolExecutor:
-    """One child per registration, forked from a fork server that never held an upload."""
-    with _POOL_LOCK:
-        if not _POOL:
-            context = multiprocessing.get_context("forkserver")
-            context.set_forkserver_preload(_PRELOAD)
-            _POOL.append(
-                ProcessPoolExecutor(
+    def executor(self) -> ProcessPoolExecutor:
+        with self._lock:
+            if self._executor is None:
+                context = multiprocessing.get_context("forkserver")
+                context.set_forkserver_preload(_PRELOAD)
+                self._executor = ProcessPoolExecutor(
                     max_workers=2,
                     mp_context=context,
                     max_tasks_per_child=1,
                     initializer=_exit_with,
                     initargs=(os.getpid(),),
                 )
-            )
-        return _POOL[0]
+            return self._executor
+
+    def warm_up(self) -> None:
+        """Start the fork server (it imports the parsing modules once) on a thread, so the
+        first upload does not wait for it."""
+
+        def start() -> None:
+            self.executor()
+            with contextlib.suppress(Exception):
+                forkserver.ensure_running()
+
+        threading.Thread(target=start, name="lethe-forkserver", daemon=True).start()
+
+    def shut_down(self) -> None:
+        """At a clean stop: the pool's idle workers leave now, and with them the fork
+        server."""
+        with self._lock:
+            executor, self._executor = self._executor, None
+        if executor is not None:
+            executor.shutdown(wait=False, cancel_futures=True)
 
 
 PARENT_CHECK_SECONDS = 1.0
@@ -194,25 +214,6 @@ def _exit_with(api_pid: int) -> None:
                 os._exit(0)
 
     threading.Thread(target=watch, name="lethe-parent-watch", daemon=True).start()
-
-
-def shut_down() -> None:
-    """At a clean stop: the pool's idle workers leave now, and with them the fork server."""
-    with _POOL_LOCK:
-        if _POOL:
-            _POOL.pop().shutdown(wait=False, cancel_futures=True)
-
-
-def warm_up() -> None:
-    """Start the fork server (it imports the parsing modules once) on a thread, so the first
-    upload does not wait for it."""
-
-    def start() -> None:
-        _pool()
-        with contextlib.suppress(Exception):
-            forkserver.ensure_running()
-
-    threading.Thread(target=start, name="lethe-forkserver", daemon=True).start()
 
 
 def wipe(data: bytes) -> None:

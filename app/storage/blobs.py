@@ -386,8 +386,9 @@ def object_store(settings: Settings, db: Database) -> ObjectStore:
     return FilesystemObjects(settings.resolved_blob_dir)
 
 
-def blobs(settings: Settings) -> Blobs:
+def blobs(settings: Settings, ring: Keyring | None = None) -> Blobs:
     """The blob store `settings` configure: a Runtime makes one (app/runtime.py), the
     `lethe storage` commands one each."""
     db = database(settings.resolved_database_url)
-    return Blobs(object_store(settings, db), keyring(settings), db, settings.blob_chunk_bytes)
+    ring = ring or keyring(settings)
+    return Blobs(object_store(settings, db), ring, db, settings.blob_chunk_bytes)

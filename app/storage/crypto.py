@@ -193,11 +193,7 @@ def _decode_key(text: str, where: str) -> bytes:
     return raw
 
 
-@lru_cache(maxsize=8)
-def _keyring_for(master: bytes) -> Keyring:
-    return Keyring(master)
-
-
 def keyring(settings: Settings) -> Keyring:
-    """The keyring of `settings`' master key (one per key in a process)."""
-    return _keyring_for(load_master_key(settings))
+    """The keyring of `settings`' master key: a Runtime makes one and passes it on (cheap:
+    an AES-GCM key and two hashes)."""
+    return Keyring(load_master_key(settings))

@@ -106,12 +106,17 @@ def erase_payloads(session: Session, sample_ids: list[int], also: Sequence[UUID]
     return erased
 
 
-_ERASURES_HERE = [0]  # erasures this process committed (workers/recycle.py reads it)
+class ErasureCount:
+    """How many erasures this process has committed to a database (`Database.own`;
+    workers/recycle.py reads it)."""
+
+    def __init__(self) -> None:
+        self.value = 0
 
 
-def erasures_here() -> int:
-    """How many erasures this process has committed (and compacted after) so far."""
-    return _ERASURES_HERE[0]
+def erasures_here(db: Database) -> int:
+    """How many erasures this process has committed (and compacted after) to `db` so far."""
+    return db.own(ErasureCount).value
 
 
 def compact_after_erasure(db: Database, settings: Settings) -> None:
@@ -121,7 +126,7 @@ def compact_after_erasure(db: Database, settings: Settings) -> None:
 
     A failure is logged, not raised: the erasure itself has committed and the next erasure
     compacts again."""
-    _ERASURES_HERE[0] += 1
+    db.own(ErasureCount).value += 1
     if not settings.erasure_compaction:
         return
     if db.engine.dialect.name == "postgresql":
@@ -152,14 +157,12 @@ class _Compactor:
 
 
 _SCHEDULING = threading.Lock()  # guards every _Compactor's thread and again
-_COMPACTORS: dict[str, _Compactor] = {}  # database URL -> its compaction
 
 
-def compaction_thread(url: str) -> threading.Thread | None:
+def compaction_thread(db: Database) -> threading.Thread | None:
     """The thread compacting this database now, if one is."""
     with _SCHEDULING:
-        state = _COMPACTORS.get(url)
-        return state.thread if state is not None else None
+        return db.own(_Compactor).thread
 
 
 def compact_soon(db: Database, interval: float) -> None:
@@ -169,10 +172,10 @@ def compact_soon(db: Database, interval: float) -> None:
     passed and go in one run. VACUUM FULL costs about 5 ms of fixed work per partition (a
     new file, its fsync, the index rebuilt) and 5–50 ms of PostgreSQL's CPU for an update's
     four keys: rewriting after every update took that from every next one."""
-    if not has_destroyed(db.engine.url.render_as_string()):
+    if not has_destroyed(db):
         return
+    state = db.own(_Compactor)  # one per database
     with _SCHEDULING:
-        state = _COMPACTORS.setdefault(db.url, _Compactor())
         if state.thread is not None and state.thread.is_alive():
             state.again = True
             return
@@ -201,7 +204,7 @@ def _compacting(db: Database, interval: float, state: _Compactor) -> None:
             state.again = False  # a key destroyed from here on asks for one more run
         state.last_began = time.monotonic()
         outcome = _compact_logged(db)
-        left = has_destroyed(db.engine.url.render_as_string())
+        left = has_destroyed(db)
         kept_runs = kept_runs + 1 if outcome is Compaction.kept else 0
         failures = failures + 1 if outcome is None else 0
         with _SCHEDULING:
@@ -218,14 +221,14 @@ def compact_at_start(db: Database, settings: Settings) -> None:
         compact_soon(db, settings.compaction_interval_seconds)
 
 
-def finish_compacting(url: str) -> None:
+def finish_compacting(db: Database) -> None:
     """At a clean stop: run the compaction that waits for its interval now and wait for it,
     so the last keys' bytes leave the files and no background thread holds a connection once
     the service has stopped."""
+    state = db.own(_Compactor)
     with _SCHEDULING:
-        state = _COMPACTORS.get(url)
-        running = state.thread if state is not None else None
-    if state is None or running is None:
+        running = state.thread
+    if running is None:
         return
     state.hurry.set()
     running.join()
@@ -259,8 +262,7 @@ def compact(db: Database, everything: bool = False) -> Compaction:
         if busy:
             log.info("WAL checkpoint was busy; the next erasure retries")
         return Compaction.kept if busy else Compaction.clean
-    where = engine.url.render_as_string()
-    taken = destroyed_in(where)
+    taken = destroyed_in(db)
     tables = {str(t) for t in KeyTable} if everything else taken
     if not tables:
         return Compaction.idle
@@ -270,7 +272,7 @@ def compact(db: Database, everything: bool = False) -> Compaction:
             settled = _older_transactions_ended(conn)
             kept = _vacuum_full(conn, names)
     except BaseException:
-        note_destroyed(where, taken)
+        note_destroyed(db, taken)
         raise
     if kept or (kept is None and not settled):
         log.warning(
@@ -278,7 +280,7 @@ def compact(db: Database, everything: bool = False) -> Compaction:
             "still open; compacting again",
             "some" if kept is None else kept,
         )
-        note_destroyed(where, tables)
+        note_destroyed(db, tables)
         return Compaction.kept
     return Compaction.clean
 

@@ -19,7 +19,7 @@ from sqlalchemy.orm import Session
 
 from app.db.bulk import driver_uuid, insert_rows
 from app.db.chunks import CHUNK, chunked
-from app.db.session import rowcount
+from app.db.session import Database, rowcount
 from app.db.tables import Base
 from app.storage.crypto import Keyring
 
@@ -151,33 +151,47 @@ _DESTROY_BOTH = (
 )
 
 
-_LOCK = threading.Lock()
-_DESTROYED: dict[str, set[str]] = {}  # database -> tables holding keys destroyed, not compacted
+class DestroyedTables:
+    """The tables (data_keys' partitions, short_keys) in which this process destroyed keys
+    since their last compaction: one per database (`Database.own`)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._tables: set[str] = set()
+
+    def note(self, tables: set[str]) -> None:
+        with self._lock:
+            self._tables |= tables
+
+    def take(self) -> set[str]:
+        with self._lock:
+            taken, self._tables = self._tables, set()
+            return taken
+
+    def any(self) -> bool:
+        with self._lock:
+            return bool(self._tables)
 
 
-def _where(session: Session) -> str:
-    return session.get_bind().engine.url.render_as_string()
+def _where(session: Session) -> DestroyedTables:
+    return Database.of(session).own(DestroyedTables)
 
 
-def _note(database: str, tables: set[str]) -> None:
-    with _LOCK:
-        _DESTROYED.setdefault(database, set()).update(tables)
+def _note(where: DestroyedTables, tables: set[str]) -> None:
+    where.note(tables)
 
 
-def destroyed_in(database: str) -> set[str]:
-    """Take the tables (data_keys' partitions, short_keys) in which this process destroyed
-    keys since the last call, for `database` (its URL): the caller compacts them, or gives
-    them back with `note_destroyed` when it could not."""
-    with _LOCK:
-        return _DESTROYED.pop(database, set())
+def destroyed_in(db: Database) -> set[str]:
+    """Take the tables in which this process destroyed keys of `db` since the last call: the
+    caller compacts them, or gives them back with `note_destroyed` when it could not."""
+    return db.own(DestroyedTables).take()
 
 
-def has_destroyed(database: str) -> bool:
-    """Whether this process destroyed keys in `database` since its last compaction."""
-    with _LOCK:
-        return bool(_DESTROYED.get(database))
+def has_destroyed(db: Database) -> bool:
+    """Whether this process destroyed keys in `db` since its last compaction."""
+    return db.own(DestroyedTables).any()
 
 
-def note_destroyed(database: str, tables: set[str]) -> None:
+def note_destroyed(db: Database, tables: set[str]) -> None:
     """Give back tables a compaction did not reach: the next one retries them."""
-    _note(database, tables)
+    db.own(DestroyedTables).note(tables)
