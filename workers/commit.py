@@ -112,43 +112,77 @@ def commit_update(
     bench.profile_update --gil), before the log's rows left the ORM too."""
     session.autoflush = False  # the commit's own session (db.run makes one per attempt)
     _check_lease_at(session, batch)
-    version = None
-    if outcome is not None:
-        assert stored is not None, "a release's blobs are stored before its commit"
-        release = outcome.decision.release
-        metrics = {
-            **outcome.metrics,
-            "rows_loaded": batch.rows_loaded,
-            **({"record": json_object(release.record)} if release.record else {}),
-        }
-        version = write_version(
-            session,
-            ctx.blobs,
-            batch.model_id,
-            batch.parent_number + 1,
-            batch.parent_id,
-            release.version_kind,
-            stored,
-            metrics,
-        )
-    certs: dict[int, Certificate] = {}  # task id -> its certificate, one INSERT for all
+    if outcome is None:  # nothing to remove: the tasks finish as an earlier version left them
+        _finish_tasks(session, batch, None, {})
+        finish_requests(session, {t.request_id for t in batch.tasks})
+        return None
+    assert stored is not None, "a release's blobs are stored before its commit"
+    version = _write_release(session, ctx, batch, outcome, stored)
+    certs = _certify(session, batch, outcome, version, signer)
+    _finish_tasks(session, batch, version, certs)
+    blob_keys = _supersede(session, ctx, batch, outcome, version)
+    finish_requests(session, {t.request_id for t in batch.tasks}, also=blob_keys)
+    return version.id
+
+
+def _write_release(
+    session: Session, ctx: JobContext, batch: Batch, outcome: Outcome, stored: VersionBlobs
+) -> VersionRow:
+    """The new version's row, its metrics (and the training record a method keeps)."""
+    release = outcome.decision.release
+    metrics = {
+        **outcome.metrics,
+        "rows_loaded": batch.rows_loaded,
+        **({"record": json_object(release.record)} if release.record else {}),
+    }
+    return write_version(
+        session,
+        ctx.blobs,
+        batch.model_id,
+        batch.parent_number + 1,
+        batch.parent_id,
+        release.version_kind,
+        stored,
+        metrics,
+    )
+
+
+def _certify(
+    session: Session,
+    batch: Batch,
+    outcome: Outcome,
+    version: VersionRow,
+    signer: Ed25519PrivateKey,
+) -> dict[int, Certificate]:
+    """A certificate for each task that removed rows, appended to the log in one INSERT:
+    task id -> its certificate."""
     certified = [t for t in batch.tasks if batch.removed_by_task[t.task_id]]
-    if certified and version is not None and outcome is not None:
-        fields = [
-            certificate_for(
-                batch,
-                t,
-                outcome,
-                version.number,
-                version.weights_sha256,
-                batch.removed_by_task[t.task_id],
-            )
-            for t in certified
-        ]
-        appended = append_certificates(session, fields, signer)
-        certs = {t.task_id: c for t, c in zip(certified, appended, strict=True)}
+    if not certified:
+        return {}
+    fields = [
+        certificate_for(
+            batch,
+            t,
+            outcome,
+            version.number,
+            version.weights_sha256,
+            batch.removed_by_task[t.task_id],
+        )
+        for t in certified
+    ]
+    appended = append_certificates(session, fields, signer)
+    return {t.task_id: c for t, c in zip(certified, appended, strict=True)}
+
+
+def _finish_tasks(
+    session: Session,
+    batch: Batch,
+    version: VersionRow | None,
+    certs: dict[int, Certificate],
+) -> None:
+    """Each task done: with its certificate and its samples marked removed at `version`, or,
+    where it removed nothing, with the certificate of the version that removed them."""
     conn, now = session.connection(), utcnow()
-    blob_keys: list[UUID] = []
     removals: list[dict[str, int]] = []
     certified_rows: list[dict[str, Any]] = []
     earlier_rows: list[dict[str, Any]] = []
@@ -183,23 +217,24 @@ def commit_update(
             conn.execute(statement, rows)
     if removals:  # one row each; these samples were held (checked under lease)
         conn.execute(sql.REMOVE_SAMPLE, removals)
-    if version is not None and outcome is not None:
-        release = outcome.decision.release
-        if release.replace_statistics is not None:  # a retrain re-recorded everything
-            write_block(
-                session, ctx.keyring, batch.model_id, release.replace_statistics, replace=True
-            )
-        else:
-            delete_rows(session, batch.model_id, release.statistics_to_delete)
-        # their blobs' keys are destroyed with the requests' openings, in one DELETE
-        blob_keys = _purge_older_versions(
-            session, ctx.blobs, batch.model_id, version.id, destroy=False
-        )
-        conn.execute(
-            sql.MAKE_CURRENT, {"model_id": batch.model_id, "version": version.id, "now": now}
-        )
-    finish_requests(session, {t.request_id for t in batch.tasks}, also=blob_keys)
-    return version.id if version is not None else None
+
+
+def _supersede(
+    session: Session, ctx: JobContext, batch: Batch, outcome: Outcome, version: VersionRow
+) -> list[UUID]:
+    """The new version becomes current: the per-sample statistics follow it, older versions
+    are purged; returns their blobs' keys, destroyed with the requests' openings in one
+    DELETE."""
+    release = outcome.decision.release
+    if release.replace_statistics is not None:  # a retrain re-recorded everything
+        write_block(session, ctx.keyring, batch.model_id, release.replace_statistics, replace=True)
+    else:
+        delete_rows(session, batch.model_id, release.statistics_to_delete)
+    blob_keys = _purge_older_versions(session, ctx.blobs, batch.model_id, version.id, destroy=False)
+    session.connection().execute(
+        sql.MAKE_CURRENT, {"model_id": batch.model_id, "version": version.id, "now": utcnow()}
+    )
+    return blob_keys
 
 
 def _check_lease_at(session: Session, batch: Batch) -> None:
