@@ -202,6 +202,26 @@ def storage_sweep(
     console.print(f"swept {blobs(settings).sweep(grace)} orphaned objects")
 
 
+@datasets.command("list")
+def datasets_list(
+    status: str | None = typer.Option(None, help="registering or ready"),
+    offset: int = 0,
+    limit: int = 100,
+    url: Url = None,
+    key: Key = None,
+) -> None:
+    """The datasets, newest first."""
+    page = _client(url, key).datasets(status=status, offset=offset, limit=limit)
+    table = Table("id", "name", "kind", "source", "samples", "features", "classes", "status")
+    for d in page.items:
+        shape = "×".join(str(n) for n in d.feature_shape)
+        table.add_row(
+            str(d.id), d.name, d.kind, d.source, str(d.n_samples), shape, str(d.n_classes), d.status
+        )
+    console.print(table)
+    console.print(f"{len(page.items)} of {page.total} (offset {page.offset})")
+
+
 @datasets.command("add")
 def datasets_add(
     builtin: str | None = None,

@@ -34,6 +34,7 @@ from app.wire import (
     CertificatePage,
     ChainCheck,
     DatasetOut,
+    DatasetPage,
     DeletionOut,
     DeletionPage,
     HealthOut,
@@ -211,6 +212,12 @@ def _upload_dataset(path: str | Path, fmt: str | None = None, **fields: Any) -> 
     return Call("POST", "/v1/datasets", _model(DatasetOut), {"files": files, "data": data})
 
 
+def _datasets(status: str | None = None, offset: int = 0, limit: int = 100) -> Call[DatasetPage]:
+    """A page of the datasets, newest first (`status`: registering or ready)."""
+    params = _params(status=status, offset=offset, limit=limit)
+    return Call("GET", "/v1/datasets", _model(DatasetPage), {"params": params})
+
+
 def _dataset(dataset_id: int) -> Call[DatasetOut]:
     return Call("GET", f"/v1/datasets/{dataset_id}", _model(DatasetOut))
 
@@ -356,6 +363,7 @@ class Endpoints:
     me = endpoint(_me)
     register_builtin = endpoint(_register_builtin)
     upload_dataset = endpoint(_upload_dataset)
+    datasets = endpoint(_datasets)
     dataset = endpoint(_dataset)
     samples = endpoint(_samples)
     create_model = endpoint(_create_model)

@@ -26,6 +26,8 @@ from app.states import Guarantee
 from app.wire import (  # noqa: F401 - the response models, re-exported
     AlreadyErased,
     DatasetOut,
+    DatasetPage,
+    DatasetSummary,
     DeletionOut,
     DeletionPage,
     KeyOut,

@@ -68,6 +68,43 @@ class DatasetOut(Out):
     """when it was registered (UTC)"""
 
 
+class DatasetSummary(Out):
+    """A dataset as the list shows it: what it is and its status (counts per split and
+    status are on `GET /v1/datasets/{id}`: they count its rows)."""
+
+    id: int
+    """the dataset's id"""
+    name: str
+    """display name"""
+    kind: str
+    """image, tabular or text"""
+    source: str
+    """where its rows came from"""
+    feature_shape: list[int]
+    """shape of one sample's features"""
+    n_classes: int
+    """number of classes"""
+    n_samples: int
+    """samples at registration"""
+    status: str
+    """registering or ready"""
+    created_at: datetime
+    """when it was registered (UTC)"""
+
+
+class DatasetPage(Out):
+    """A page of the datasets, newest first."""
+
+    items: list[DatasetSummary]
+    """the datasets"""
+    total: int
+    """datasets matching the filter"""
+    offset: int
+    """first item's position"""
+    limit: int
+    """page size"""
+
+
 class SampleOut(Out):
     """A sample as readers see it; once erased its ids and label are gone (null)."""
 

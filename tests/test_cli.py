@@ -98,6 +98,10 @@ def test_a_sharded_model_from_the_cli_and_its_deletion_cost(
     env = {"LETHE_URL": url, "LETHE_API_KEY": admin, "COLUMNS": "200"}  # no wrapped rows
     added = lethe("datasets", "add", "--builtin", "digits", **env)
     assert added.returncode == 0, added.stderr
+    listed = lethe("datasets", "list", **env)  # issue 55: the list, newest first
+    assert listed.returncode == 0, listed.stderr
+    assert "digits" in listed.stdout and "builtin:digits" in listed.stdout
+    assert "ready" in listed.stdout and "1 of 1" in listed.stdout
     created = lethe(
         *("models", "create", "1", "--arch", "mlp", "--hidden", "16", "--epochs", "2"),
         *("--method", "sharded_retrain", "--option", "shards=3", "--option", "slices=2"),

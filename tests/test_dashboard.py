@@ -477,6 +477,14 @@ def test_an_admin_registers_a_dataset_and_creates_a_model(
     registered = admin.get(f"/v1/datasets/{dataset_id}").json()
     assert registered["n_samples"] == 60 and registered["source"] == "csv"
     assert page.input_value("#m-dataset") == str(dataset_id)  # carried to the model form
+    # Issue 55: the datasets table lists it (GET /v1/datasets), and its button picks it
+    row = page.locator(f'table#datasets tr[data-dataset="{dataset_id}"]')
+    row.wait_for()
+    assert "ready" in row.inner_text() and "60" in row.inner_text()
+    assert page.locator(f'#dataset-choices option[value="{dataset_id}"]').count() == 1
+    page.fill("#m-dataset", "")
+    row.locator("button.use-dataset").click()
+    assert page.input_value("#m-dataset") == str(dataset_id)
 
     # The method table for this dataset (GET /v1/privacy/methods): what the API plans and
     # refuses, row by row; choosing a row chooses the method.

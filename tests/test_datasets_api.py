@@ -262,3 +262,30 @@ def test_the_synthetic_mixture_is_generated_in_its_float32_array() -> None:
     )
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True)
     assert float(out.stdout.split()[-1]) < 2.5
+
+
+def test_the_datasets_are_listed_newest_first_paged_and_by_status(api: Api) -> None:
+    """Issue 55, goal 1: GET /v1/datasets (was 405) lists them for every role, newest first,
+    a page at a time, filtered by status; a dataset still registering is listed as such."""
+    made = [upload(api, npz_bytes(X=np.eye(4, dtype=np.float32), y=np.arange(4) % 2)).json()["id"]]
+    made += [api.post("/v1/datasets", json={"builtin": "breast_cancer"}).json()["id"]]
+    with database(api.url).write() as session:  # as a registration under way leaves it
+        session.get(Dataset, made[0]).status = "registering"
+    page = api.get("/v1/datasets").json()
+    assert [d["id"] for d in page["items"]][:2] == made[::-1]
+    assert page["total"] == n_datasets(api) and page["offset"] == 0
+    first = page["items"][0]
+    assert first["source"] == "builtin:breast_cancer" and first["n_samples"] == 569
+    assert first["status"] == "ready" and first["feature_shape"] == [30]
+    assert "counts" not in first  # the list counts no dataset's rows
+    ready = api.get("/v1/datasets", params={"status": "ready"}).json()
+    assert made[0] not in [d["id"] for d in ready["items"]]
+    registering = api.get("/v1/datasets", params={"status": "registering"}).json()
+    assert [d["id"] for d in registering["items"]] == [made[0]]
+    second = api.get("/v1/datasets", params={"offset": 1, "limit": 1}).json()
+    assert [d["id"] for d in second["items"]] == [made[0]] and second["limit"] == 1
+    assert api.get("/v1/datasets", params={"status": "gone"}).status_code == 422
+    assert api.get("/v1/datasets", params={"limit": 0}).status_code == 422
+    reader = api.get("/v1/datasets", headers={"Authorization": f"Bearer {api.keys['requester']}"})
+    assert reader.status_code == 200 and reader.json()["total"] == page["total"]
+    assert api.client.get("/v1/datasets").status_code == 401  # no key

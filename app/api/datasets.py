@@ -13,10 +13,17 @@ from app.api.params import PathId
 from app.api.responses import COMMON, errors
 from app.errors import APIError, unprocessable
 from app.jsontypes import JsonObject
-from app.schemas import BuiltinDatasetIn, DatasetOut, SamplePage, Text
+from app.schemas import (
+    BuiltinDatasetIn,
+    DatasetOut,
+    DatasetPage,
+    DatasetSummary,
+    SamplePage,
+    Text,
+)
 from app.security import Role
 from app.services import dataset_files
-from app.services.datasets import dataset_view, get_dataset, list_samples
+from app.services.datasets import dataset_view, get_dataset, list_datasets, list_samples
 from app.services.isolated import Registration, register_isolated, wipe, wipe_upload
 
 router = APIRouter(prefix="/v1/datasets", tags=["datasets"], responses=COMMON)
@@ -165,6 +172,25 @@ def _upload_parameters(
         return name, fmt, params | {"label_column": fields.get("label_column", "label")}
     raise unprocessable(
         "unknown_format", f"format must be npz, csv, text_csv or sparse_npz, got {fmt!r}"
+    )
+
+
+@router.get("", response_model=DatasetPage)
+def list_all(
+    _: AnyRole,
+    db: DbDep,
+    status: str | None = Query(None, pattern="^(registering|ready)$"),
+    offset: int = Query(0, ge=0, le=2**53),
+    limit: int = Query(100, ge=1, le=1000),
+) -> DatasetPage:
+    """The datasets, newest first, a page at a time; `status` filters."""
+    with db.read() as session:
+        items, total = list_datasets(session, status=status, offset=offset, limit=limit)
+    return DatasetPage(
+        items=[DatasetSummary.model_validate(i) for i in items],
+        total=total,
+        offset=offset,
+        limit=limit,
     )
 
 

@@ -48,6 +48,32 @@ def dataset_counts(session: Session, dataset_id: int) -> dict[str, int]:
     return counts
 
 
+SUMMARY_COLUMNS = (
+    "id",
+    "name",
+    "kind",
+    "source",
+    "feature_shape",
+    "n_classes",
+    "n_samples",
+    "status",
+    "created_at",
+)
+
+
+def list_datasets(
+    session: Session, *, status: str | None, offset: int, limit: int
+) -> tuple[list[dict[str, Any]], int]:
+    """A page of the datasets, newest first, and how many match: one indexed read of the
+    datasets table, no count over their samples."""
+    where = [] if status is None else [Dataset.status == status]
+    total = session.scalar(select(func.count()).select_from(Dataset).where(*where)) or 0
+    rows = session.scalars(
+        select(Dataset).where(*where).order_by(Dataset.id.desc()).offset(offset).limit(limit)
+    )
+    return [{c: getattr(ds, c) for c in SUMMARY_COLUMNS} for ds in rows], int(total)
+
+
 def dataset_view(session: Session, ds: Dataset) -> dict[str, Any]:
     return {
         **{

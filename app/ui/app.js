@@ -211,6 +211,7 @@ function setupForms() {
     target.value = body.id;
     target.dispatchEvent(new Event("change"));  // the method table for the new dataset
     dataset.reset();
+    render();  // the datasets table lists it
   });
 
   const mError = el("p", { class: "error", id: "m-error" });
@@ -218,7 +219,8 @@ function setupForms() {
   // filled from the method table (GET /v1/privacy/methods) once a dataset is chosen
   const method = el("select", { id: "m-method", required: "" },
     el("option", { value: "" }, "choose a dataset first"));
-  const datasetId = el("input", { id: "m-dataset", type: "number", min: 1, required: "" });
+  const datasetId = el("input", { id: "m-dataset", type: "number", min: 1, required: "",
+                                  list: "dataset-choices" });
   const epsilon = el("input", { id: "m-epsilon", type: "number", min: 0.01, step: "any",
                                 value: "1" });
   const choices = el("div", { id: "m-methods" });
@@ -324,12 +326,51 @@ async function modelsPage() {
       el("td", {}, bar)));
   }
   const live = models.body.some(m => m.status === "queued" || m.status === "training");
-  return { live, nodes: [el("h1", {}, "Models"),
+  const datasets = await datasetsTable();
+  return { live: live || datasets.live, nodes: [el("h1", {}, "Models"),
     el("table", { id: "models" },
        el("tr", {}, ...["model", "status", "method", "guarantee", "version",
                         "lineage ε spent / budget"].map(h => el("th", {}, h))),
        rows),
+    ...datasets.nodes,
     ...(setupForms() || [])] };
+}
+
+// The datasets (GET /v1/datasets, newest first) with their status; an admin picks one for
+// the model form here, and the form's dataset field offers them too (a datalist).
+async function datasetsTable() {
+  const page = await api("/v1/datasets?limit=100");
+  if (!page.ok) return { live: false, nodes: [el("p", { class: "error" }, errorText(page))] };
+  const admin = sessionStorage.getItem("lethe.role") === "admin";
+  const use = d => () => {
+    const target = document.getElementById("m-dataset");
+    if (!target) return;
+    target.value = d.id;
+    target.dispatchEvent(new Event("change"));  // the method table for this dataset
+    target.scrollIntoView({ block: "center" });
+  };
+  const rows = page.body.items.map(d => el("tr", { "data-dataset": d.id },
+    el("td", {}, `${d.id} ${d.name}`),
+    el("td", {}, d.kind),
+    el("td", {}, d.source),
+    el("td", {}, String(d.n_samples)),
+    el("td", {}, d.feature_shape.join("×")),
+    el("td", {}, status(d.status)),
+    el("td", {}, admin && d.status === "ready"
+      ? el("button", { type: "button", class: "use-dataset", onclick: use(d) }, "new model")
+      : "")));
+  const choices = el("datalist", { id: "dataset-choices" },
+    page.body.items.filter(d => d.status === "ready")
+      .map(d => el("option", { value: d.id }, `${d.name} (${d.n_samples} samples)`)));
+  const shown = page.body.total > page.body.items.length
+    ? el("p", {}, `the newest ${page.body.items.length} of ${page.body.total} datasets`) : null;
+  return { live: page.body.items.some(d => d.status === "registering"), nodes: [
+    el("h2", {}, "Datasets"),
+    el("table", { id: "datasets" },
+       el("tr", {}, ...["dataset", "kind", "source", "samples", "features", "status", ""]
+         .map(h => el("th", {}, h))),
+       rows),
+    shown, choices] };
 }
 
 async function modelPage(id) {
