@@ -11,7 +11,19 @@ from functools import partial
 from fastapi import FastAPI
 
 from app import accesslog
-from app.api import audit, audits, datasets, deletions, docs, health, keys, models, privacy, ui
+from app.api import (
+    audit,
+    audits,
+    datasets,
+    deletions,
+    docs,
+    health,
+    keys,
+    models,
+    privacy,
+    suppressions,
+    ui,
+)
 from app.api import log as public_log
 from app.api.errors import DependencyGuard, install_error_handlers
 from app.api.keycache import KeyCache
@@ -143,6 +155,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         public_log.router,
         keys.router,
         privacy.router,
+        suppressions.router,
         ui.router,
         docs.router,
     ):

@@ -121,6 +121,9 @@ class BuiltinDatasetIn(In):
     """seeds the split and the synthetic draws"""
     test_fraction: float = Field(0.2, gt=0.0, lt=1.0)
     """share of samples put in the test split"""
+    on_erased: Literal["refuse", "skip"] = "refuse"
+    """rows of samples or people erased earlier: refuse the registration (409), or leave
+    them out (counted in `skipped_erased`)"""
     n_samples: int = Field(
         2000,
         ge=10,

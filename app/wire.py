@@ -62,6 +62,8 @@ class DatasetOut(Out):
     deletions on it are refused with 409 until it is ready) or ready"""
     counts: dict[str, int] = {}
     """samples per split and per status (active, erased)"""
+    skipped_erased: int = 0
+    """rows left out at registration: their sample or person had been erased (on_erased=skip)"""
     text: JsonObject | None = None
     """a corpus's vocabulary size, rare token and short documents (null otherwise)"""
     created_at: datetime

@@ -236,6 +236,13 @@ def test_a_restored_backup_never_brings_an_erased_person_back(tmp_path: Path, en
             stub = api.get(f"/v1/deletions/{lost_request}", role="admin").json()
             assert stub["status"] == "done" and "restored from a backup" in stub["error"]
             assert all(r > lost_request for r in made)  # no id given twice
+            again_uploaded = api.post(  # the backup predates the erasure: still suppressed
+                "/v1/datasets",
+                files={"file": ("d.csv", io.BytesIO(csv_rows()))},
+                data={"id_column": "id", "subject_column": "subject", "split_column": "split"},
+            )
+            assert again_uploaded.status_code == 409, again_uploaded.text
+            assert again_uploaded.json()["error"]["details"]["subjects"] == 1
             wait_until(lambda: published_size(api) > published)  # the log went on, published
             size = published_size(api)
             proof = api.get(

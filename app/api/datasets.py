@@ -66,6 +66,13 @@ UPLOAD_DOC = {
                         "split_column": {"type": "string"},
                         "seed": {"type": "integer"},
                         "test_fraction": {"type": "number"},
+                        "on_erased": {
+                            "type": "string",
+                            "enum": ["refuse", "skip"],
+                            "default": "refuse",
+                            "description": "rows of samples or people erased earlier: refuse "
+                            "the registration (409), or leave them out",
+                        },
                     },
                 },
             },
@@ -78,7 +85,7 @@ UPLOAD_DOC = {
     "",
     status_code=201,
     response_model=DatasetOut,
-    responses=errors(400, 415),
+    responses=errors(400, 409, 415),
     openapi_extra=UPLOAD_DOC,
 )
 async def register_dataset(
@@ -89,7 +96,8 @@ async def register_dataset(
     limits = dataset_files.Limits.from_settings(settings)
     if ctype.startswith("multipart/form-data"):
         name, fmt, params, data = await _from_upload(request, settings.max_upload_bytes)
-        job = Registration(settings, name, fmt, limits, params=params)
+        on_erased = params.pop("on_erased")
+        job = Registration(settings, name, fmt, limits, params=params, on_erased=on_erased)
     elif ctype.startswith("application/json"):
         try:
             spec = BuiltinDatasetIn.model_validate_json(await request.body())
@@ -100,7 +108,14 @@ async def register_dataset(
                 [{"loc": list(e["loc"]), "msg": e["msg"]} for e in exc.errors()],
             ) from exc
         dataset_files.check_builtin(spec, limits)
-        job = Registration(settings, spec.name or spec.builtin, "builtin", limits, builtin=spec)
+        job = Registration(
+            settings,
+            spec.name or spec.builtin,
+            "builtin",
+            limits,
+            builtin=spec,
+            on_erased=spec.on_erased,
+        )
         data = b""
     else:
         raise APIError(
@@ -147,10 +162,13 @@ def _upload_parameters(
         raise unprocessable("invalid_request", "seed and test_fraction must be numbers") from exc
     if not 0.0 < test_fraction < 1.0 or not 0 <= seed < 2**31:
         raise unprocessable("invalid_request", "test_fraction in (0, 1), seed in [0, 2^31)")
+    on_erased = fields.get("on_erased", "refuse")
+    if on_erased not in ("refuse", "skip"):
+        raise unprocessable("invalid_request", "on_erased is refuse or skip")
     lower = (filename or "").lower()
     fmt = fields.get("format") or ("csv" if lower.endswith(".csv") else "npz")
     name = fields.get("name") or filename or "upload"
-    params: dict[str, Any] = {"seed": seed, "test_fraction": test_fraction}
+    params: dict[str, Any] = {"seed": seed, "test_fraction": test_fraction, "on_erased": on_erased}
     columns = ("id_column", "subject_column", "split_column")
     if fmt in ("npz", "sparse_npz"):
         return name, fmt, params

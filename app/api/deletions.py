@@ -65,6 +65,11 @@ DELETION_EXAMPLES: JsonObject = {
 }
 
 
+# what a request's acceptance hands on: the answer, the models to signal, whether it was a
+# replay, the samples it marked and the suppression tokens it wrote (for the journal)
+Accepting = tuple[DeletionOut, list[int], bool, list[int], list[dict[str, str]]]
+
+
 @router.post(
     "",
     status_code=202,
@@ -102,7 +107,7 @@ async def create(
     def accept() -> tuple[DeletionOut, bool, Names]:
         names = Names.of(body, runtime.keyring)  # keyed tokens: once, outside the transaction
 
-        def unit(session: Session) -> tuple[DeletionOut, list[int], bool, list[int]]:
+        def unit(session: Session) -> Accepting:
             accepted = create_deletion(
                 session,
                 runtime.keyring,
@@ -120,17 +125,28 @@ async def create(
                 opening=accepted.opening,
             )
             samples = list(accepted.request.sample_ids)
-            return DeletionOut.model_validate(view), accepted.models, accepted.replayed, samples
+            return (
+                DeletionOut.model_validate(view),
+                accepted.models,
+                accepted.replayed,
+                samples,
+                accepted.suppressed,
+            )
 
-        def signal(accepted: tuple[DeletionOut, list[int], bool, list[int]]) -> None:
+        def signal(accepted: Accepting) -> None:
             for model_id in accepted[1]:
                 dispatcher.enqueue(DELETE, model_id)
 
-        view, _, replayed, samples = committer.submit(unit, after=signal)
+        view, _, replayed, samples, suppressed = committer.submit(unit, after=signal)
         if not replayed:  # durable apart from the database before it is acknowledged
             journal = Journal.of(runtime.settings.resolved_journal_dir, db.url)
             journal.record_request(
-                view.id, body.dataset_id, samples, list(names.samples), list(names.subjects)
+                view.id,
+                body.dataset_id,
+                samples,
+                list(names.samples),
+                list(names.subjects),
+                suppressed,
             )
         if view.status == "done" and not replayed:  # nothing held them: erased on acceptance
             compact_after_erasure(db, runtime.settings)

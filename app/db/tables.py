@@ -24,6 +24,7 @@ from sqlalchemy import (
     TypeDecorator,
     UniqueConstraint,
     Uuid,
+    false,
     or_,
     text,
 )
@@ -116,6 +117,11 @@ class Dataset(Base):
     # progress stopped is discarded by the reconciler (app/services/registration.py).
     status: Mapped[DatasetStatus] = state_column(DatasetStatus, 12, DatasetStatus.ready)
     progress_at: Mapped[datetime | None]
+    # rows left out because their person or sample had been erased (`on_erased: skip`)
+    skipped_erased: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    # whether its sample ids are the client's (not row numbers): only then is an erased
+    # sample's id put on the suppression list (app/services/suppression.py)
+    ids_given: Mapped[bool] = mapped_column(default=False, server_default=false())
 
 
 class Sample(Base):
@@ -266,6 +272,22 @@ class ShortKey(Base):
     id: Mapped[uuid.UUID] = mapped_column(Uuid, primary_key=True)
     wrapped: Mapped[bytes] = mapped_column(LargeBinary)
     kek_id: Mapped[str] = mapped_column(String(16))
+
+
+class Suppression(Base):
+    """An erased person or sample, kept out of every later registration (issue 55): the keyed
+    token of the subject or sample id (HMAC under the master key, independent of the dataset:
+    a team's ids are its warehouse's), never the id. Lifted by an admin with a reason
+    (re-consent); the row stays, with who lifted it and why."""
+
+    __tablename__ = "suppressions"
+    token: Mapped[str] = mapped_column(String(64), primary_key=True)
+    kind: Mapped[str] = mapped_column(String(16))  # subject or sample
+    request_id: Mapped[int | None]  # the deletion request that erased it
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    lifted_at: Mapped[datetime | None]
+    lift_reason: Mapped[str | None] = mapped_column(Text)
+    lifted_by_key_id: Mapped[int | None]
 
 
 class DeletionRequest(Base):

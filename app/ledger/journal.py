@@ -56,8 +56,10 @@ class Journal:
         sample_ids: list[int],
         sample_tokens: list[str],
         subject_tokens: list[str],
+        suppressed: list[dict[str, str]] | None = None,
     ) -> None:
-        """An accepted deletion request, durable before it is acknowledged."""
+        """An accepted deletion request, durable before it is acknowledged, with the
+        suppression tokens it put on the list (a restore puts them back)."""
         entry = {
             "type": "request",
             "request_id": request_id,
@@ -65,9 +67,16 @@ class Journal:
             "sample_ids": sample_ids,
             "sample_tokens": sample_tokens,
             "subject_tokens": subject_tokens,
+            "suppressed": suppressed or [],
         }
         with self._locked():
             self._append(ERASURES, [entry])
+
+    def record_lift(self, token: str) -> None:
+        """A suppression lifted (the reason stays in the database): a restore keeps it
+        lifted."""
+        with self._locked():
+            self._append(ERASURES, [{"type": "lift", "token": token}])
 
     def record_restore_begun(self) -> None:
         """A restore starts: a start before its `record_restore` finds the database behind."""

@@ -87,6 +87,7 @@ def dataset_view(session: Session, ds: Dataset) -> dict[str, Any]:
                 "n_classes",
                 "n_samples",
                 "created_at",
+                "skipped_erased",
             )
         },
         "status": ds.status,

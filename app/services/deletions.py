@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 from sqlalchemy import BindParameter, Row, any_, bindparam, func, insert, select, update
@@ -29,6 +30,7 @@ from app.ledger import transparency
 from app.schemas import DeletionCreate
 from app.security import Role
 from app.services.datasets import ready_dataset
+from app.services.suppression import suppress
 from app.settings import Settings
 from app.specs import PrivacyPolicy, StoredMethod
 from app.states import DatasetStatus, ModelStatus, RequestStatus, SampleStatus, TaskStatus
@@ -98,6 +100,7 @@ class Accepted:
     tasks: list[DeletionTask] | None  # None for a replay: the stored request is the answer
     replayed: bool
     opening: bytes | None = None  # the commitment's key, for this answer only
+    suppressed: list[dict[str, str]] = field(default_factory=list)  # for the restore journal
 
     @property
     def models(self) -> list[int]:
@@ -113,10 +116,13 @@ def create_deletion(
     requester_key_id: int | None,
     idempotency_key: str | None,
     sees_all_erasures: bool = False,
+    suppressing: bool = True,
 ) -> Accepted:
     """The request (new, or the one this Idempotency-Key created before); nothing is written
     on any error. A sample erased by another key's request is answered as unknown (404) unless
-    `sees_all_erasures` (admins): erased and never-existed look alike (issue 26)."""
+    `sees_all_erasures` (admins): erased and never-existed look alike (issue 26). What it
+    found goes on the suppression list unless not `suppressing` (a restore re-applying
+    journaled erasures by token puts the journal's suppressions back itself)."""
     if idempotency_key:
         # Scoped to the API key that sent it (another client's never collides), and keyed.
         idempotency_key = keyed_idempotency_key(ring, requester_key_id, idempotency_key)
@@ -185,10 +191,15 @@ def create_deletion(
         for chunk in chunked(marked):
             session.execute(MARK_ERASING, {"ids": chunk})
     request = DeletionRequest(id=request_id, **row)
+    suppressed = (
+        _suppress_matched(session, ring, names, body.dataset_id, samples, request_id)
+        if suppressing
+        else []
+    )
     if not affected:
         erase_payloads(session, [s.id for s in pending])
     tasks = [DeletionTask(**t) for t in _task_rows(task, request_id, models)]
-    return Accepted(request, tasks, replayed=False, opening=opening)
+    return Accepted(request, tasks, replayed=False, opening=opening, suppressed=suppressed)
 
 
 def _task_rows(task: dict[str, Any], request_id: int, models: list[int]) -> list[dict[str, Any]]:
@@ -256,6 +267,32 @@ def _opening(session: Session, ring: Keyring, request: DeletionRequest) -> bytes
         return None
     key_id = request.commitment_key_id
     return load_keys(session, ring, [key_id], KeyTable.short).get(key_id)
+
+
+def _suppress_matched(
+    session: Session,
+    ring: Keyring,
+    names: Names,
+    dataset_id: int,
+    samples: Sequence[Any],
+    request_id: int,
+) -> list[dict[str, str]]:
+    """The ids this request named and found go on the suppression list (issue 55): a later
+    registration refuses their rows. Sample ids only where they are the client's own (not
+    row numbers, which name nobody from one dataset to the next)."""
+    matched_samples = [
+        names.samples[s.external_id] for s in samples if s.external_id in names.samples
+    ]
+    if matched_samples and not session.scalar(
+        select(DATASETS.c.ids_given).where(DATASETS.c.id == dataset_id)
+    ):
+        matched_samples = []
+    matched_subjects = [
+        names.subjects[s.subject_id] for s in samples if s.subject_id in names.subjects
+    ]
+    return suppress(session, ring, "sample", matched_samples, request_id) + suppress(
+        session, ring, "subject", matched_subjects, request_id
+    )
 
 
 @dataclass(frozen=True)

@@ -44,6 +44,7 @@ class Registration:
     limits: dataset_files.Limits
     params: dict[str, Any] = field(default_factory=dict)
     builtin: BuiltinDatasetIn | None = None
+    on_erased: str = "refuse"  # rows of erased samples or people: refuse, or skip them
 
 
 async def register_isolated(pool: UploadPool, job: Registration, data: bytes) -> int:
@@ -107,7 +108,7 @@ def _register(job: Registration, name: str | None, payload: bytes | int) -> tupl
             raise APIError(413, "too_many_samples", f"at most {limit}")
         runtime = Runtime.build(job.settings)
         source = f"builtin:{job.builtin.builtin}" if job.builtin is not None else job.fmt
-        dataset_id = registration.register(runtime, job.name, source, parsed)
+        dataset_id = registration.register(runtime, job.name, source, parsed, job.on_erased)
         return ("ok", dataset_id)
     except APIError as exc:
         return ("error", exc.status, exc.code, exc.message, exc.details)

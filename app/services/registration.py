@@ -12,10 +12,12 @@ samples' data keys are destroyed with their rows, so nothing of it can be opened
 
 from __future__ import annotations
 
+from dataclasses import replace
 from datetime import datetime, timedelta
 from typing import Any
 from uuid import UUID
 
+import numpy as np
 from sqlalchemy import delete, select, update
 from sqlalchemy.orm import Session
 
@@ -26,6 +28,7 @@ from app.db.tables import Base, Dataset, Sample, utcnow
 from app.errors import APIError
 from app.runtime import Runtime
 from app.services.dataset_files import ParsedDataset
+from app.services.suppression import screen
 from app.states import DatasetStatus, SampleStatus
 from app.storage.crypto import Keyring, SampleRecord, sample_aad, seal
 from app.storage.erasure import compact_after_erasure
@@ -52,11 +55,17 @@ class RegistrationDiscarded(APIError):
         )
 
 
-def register(runtime: Runtime, name: str, source: str, parsed: ParsedDataset) -> int:
+def register(
+    runtime: Runtime, name: str, source: str, parsed: ParsedDataset, on_erased: str = "refuse"
+) -> int:
     """Register `parsed` and return the dataset's id: each sample's label, ids and float32
-    features sealed with its own data key, its ids stored only as keyed tokens. On any failure
-    what was committed is discarded and the error raised: nothing half-written stays."""
+    features sealed with its own data key, its ids stored only as keyed tokens. Rows of an
+    erased sample or person are refused (409, nothing written) or, `on_erased="skip"`, left
+    out and counted (app/services/suppression.py). On any failure what was committed is
+    discarded and the error raised: nothing half-written stays."""
     db, ring = runtime.db, runtime.keyring
+    ids_given = parsed.ids != [str(i) for i in range(len(parsed.ids))]
+    parsed, skipped = _screened(runtime, parsed, ids_given, on_erased)
     with db.write() as session:
         ds = Dataset(
             name=name,
@@ -67,6 +76,8 @@ def register(runtime: Runtime, name: str, source: str, parsed: ParsedDataset) ->
             n_samples=len(parsed.y),
             text=parsed.text,
             status=DatasetStatus.registering,
+            skipped_erased=skipped,
+            ids_given=ids_given,
             progress_at=utcnow(),
         )
         session.add(ds)
@@ -96,6 +107,34 @@ def register(runtime: Runtime, name: str, source: str, parsed: ParsedDataset) ->
         discard(runtime, dataset_id)
         raise
     return dataset_id
+
+
+def _screened(
+    runtime: Runtime, parsed: ParsedDataset, ids_given: bool, on_erased: str
+) -> tuple[ParsedDataset, int]:
+    """`parsed` without the rows of erased samples or people, and how many those were; a
+    refusal (409) instead where `on_erased` is "refuse" or the rows shaped a corpus's
+    vocabulary (left out, they would still be in it)."""
+    with runtime.db.read() as session:  # row numbers name nobody: only given ids are screened
+        found = screen(session, runtime.keyring, parsed.ids, parsed.subjects, samples=ids_given)
+    if not found.rows:
+        return parsed, 0
+    if on_erased != "skip" or parsed.text is not None:
+        raise found.refusal()
+    keep = np.ones(len(parsed.y), dtype=bool)
+    keep[found.rows] = False
+    kept = np.flatnonzero(keep)
+    return (
+        replace(
+            parsed,
+            X=parsed.X[keep],
+            y=parsed.y[keep],
+            ids=[parsed.ids[i] for i in kept],
+            subjects=[parsed.subjects[i] for i in kept],
+            split=[parsed.split[i] for i in kept],
+        ),
+        len(found.rows),
+    )
 
 
 def _commit_chunk(

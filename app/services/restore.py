@@ -37,6 +37,7 @@ from app.ledger.journal import Journal
 from app.ledger.transparency import StoredNodes, public_entry
 from app.schemas import DeletionCreate
 from app.services.deletions import Names, create_deletion
+from app.services.suppression import lift_token, put_tokens
 from app.settings import Settings
 from app.states import RequestStatus, SampleStatus
 from app.storage.crypto import Keyring
@@ -125,6 +126,7 @@ def restore(db: Database, ring: Keyring, journal: Journal) -> RestoreReport:
     journal.record_restore_begun()  # until it is done, a start finds the database behind
     with db.write() as session:
         restored = _restore_log(session, entries)
+        _restore_suppressions(session, journal)
     with db.write() as session:
         lost = sorted(set(requests) - _present_requests(session, list(requests)))
         # every journaled request's rows, not only the lost ones': a restore that stopped
@@ -137,7 +139,9 @@ def restore(db: Database, ring: Keyring, journal: Journal) -> RestoreReport:
             with db.write() as session:
                 body = DeletionCreate(dataset_id=dataset_id, sample_ids=chunk)
                 names = Names({t: t for t in chunk}, {})
-                accepted = create_deletion(session, ring, body, names, None, None, True)
+                accepted = create_deletion(
+                    session, ring, body, names, None, None, True, suppressing=False
+                )
                 made.append(accepted.request.id)
     with db.write() as session:
         note = f"lost when the database was restored from a backup; re-applied by {made}"
@@ -150,6 +154,18 @@ def restore(db: Database, ring: Keyring, journal: Journal) -> RestoreReport:
     report = RestoreReport(*restored, lost, made, sum(len(t) for t in rows.values()), size)
     log.warning("restore: %s", json.dumps(report.as_json()))
     return report
+
+
+def _restore_suppressions(session: Session, journal: Journal) -> None:
+    """The suppression list as the journal has it: every token a request put on it, in order,
+    and every lift after (a backup older than an erasure must not let its person back in)."""
+    for entry in journal.erasures():
+        if entry["type"] == "request":
+            for kind in ("subject", "sample"):
+                tokens = [s["token"] for s in entry.get("suppressed", []) if s["kind"] == kind]
+                put_tokens(session, kind, tokens, entry["request_id"])
+        elif entry["type"] == "lift":
+            lift_token(session, entry["token"], "lifted before the restore", None)
 
 
 def _restore_log(session: Session, entries: list[dict[str, Any]]) -> tuple[int, int, int]:

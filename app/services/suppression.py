@@ -1,0 +1,161 @@
+"""The suppression list: erased people and samples stay erased (issue 55, goal 4; GDPR
+practice keeps such a list). A deletion request records the keyed tokens of the subject and
+sample ids it matched; a registration screens its rows against the list and refuses them
+(`on_erased: refuse`, the default) or leaves them out (`skip`); an admin lifts one with a
+reason (re-consent), which the row keeps. Only tokens are stored: an HMAC under the master
+key, in a namespace of its own and without the dataset, so the same person's rows are
+recognised in any later dataset; never the ids, nor a plain hash of them."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy import func, select, update
+from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.orm import Session
+
+from app.db.chunks import chunked
+from app.db.tables import Suppression, utcnow
+from app.errors import APIError
+from app.storage.crypto import Keyring
+
+log = logging.getLogger("lethe.suppression")
+
+KINDS = ("subject", "sample")
+REPORT_IDS = 100  # ids named in a refusal (the client sent them; it knows them)
+
+
+def suppression_token(ring: Keyring, kind: str, raw_id: str) -> str:
+    """The keyed token of a subject or sample id on the list: dataset-independent."""
+    return ring.token(f"suppressed-{kind}", 0, raw_id)
+
+
+def suppress(
+    session: Session, ring: Keyring, kind: str, raw_ids: Iterable[str], request_id: int
+) -> list[dict[str, str]]:
+    """Put these ids on the list (again, where a suppression was lifted), in the caller's
+    transaction; the tokens, for the restore journal."""
+    tokens = [suppression_token(ring, kind, x) for x in dict.fromkeys(raw_ids)]
+    put_tokens(session, kind, tokens, request_id)
+    return [{"kind": kind, "token": t} for t in tokens]
+
+
+def put_tokens(session: Session, kind: str, tokens: list[str], request_id: int | None) -> None:
+    """`suppress` with the tokens made (a restore puts the journal's back)."""
+    now = utcnow()
+    rows = [{"token": t, "kind": kind, "request_id": request_id} for t in tokens]
+    if not rows:
+        return
+    dialect = postgresql if session.get_bind().dialect.name == "postgresql" else sqlite
+    for chunk in chunked(rows):
+        statement = dialect.insert(Suppression).values([r | {"created_at": now} for r in chunk])
+        session.execute(
+            statement.on_conflict_do_update(
+                index_elements=["token"],
+                set_={"lifted_at": None, "lift_reason": None, "lifted_by_key_id": None},
+                where=Suppression.lifted_at.is_not(None),
+            )
+        )
+
+
+def active(session: Session, tokens: list[str]) -> set[str]:
+    """Those of `tokens` on the list and not lifted."""
+    found: set[str] = set()
+    for chunk in chunked(sorted(set(tokens))):
+        found.update(
+            session.scalars(
+                select(Suppression.token).where(
+                    Suppression.token.in_(chunk), Suppression.lifted_at.is_(None)
+                )
+            )
+        )
+    return found
+
+
+@dataclass(frozen=True)
+class Screening:
+    """Which rows of an upload name an erased sample or person: their positions, and the ids
+    to name in a refusal (the client's own)."""
+
+    rows: list[int]
+    sample_ids: list[str]
+    subjects: int
+
+    def refusal(self) -> APIError:
+        return APIError(
+            409,
+            "erased_rows_present",
+            f"{len(self.rows)} row(s) belong to samples or people erased earlier; they stay "
+            "out unless their suppression is lifted (POST /v1/suppressions/lift), or send "
+            "on_erased=skip to register without them",
+            {
+                "rows": len(self.rows),
+                "sample_ids": self.sample_ids[:REPORT_IDS],
+                "subjects": self.subjects,
+            },
+        )
+
+
+def screen(
+    session: Session,
+    ring: Keyring,
+    ids: list[str],
+    subjects: list[str | None],
+    samples: bool = True,
+) -> Screening:
+    """The rows whose sample id (where `samples`: the client's own ids) or subject is
+    suppressed (one keyed token per id: a few microseconds a row)."""
+    sample_tokens = [suppression_token(ring, "sample", x) if samples else "" for x in ids]
+    named = {s for s in subjects if s is not None}
+    subject_tokens = {s: suppression_token(ring, "subject", s) for s in named}
+    hit = active(session, [t for t in sample_tokens if t] + list(subject_tokens.values()))
+    if not hit:
+        return Screening([], [], 0)
+    erased_subjects = {s for s, t in subject_tokens.items() if t in hit}
+    rows = [
+        i
+        for i, (token, subject) in enumerate(zip(sample_tokens, subjects, strict=True))
+        if (token and token in hit) or subject in erased_subjects
+    ]
+    return Screening(rows, [ids[i] for i in rows], len(erased_subjects))
+
+
+def lift(
+    session: Session, ring: Keyring, kind: str, raw_id: str, reason: str, key_id: int | None
+) -> dict[str, Any]:
+    """Take one subject or sample off the list (re-consent): the row keeps who and why."""
+    lifted = lift_token(session, suppression_token(ring, kind, raw_id), reason, key_id)
+    if lifted is None:
+        raise APIError(404, "not_suppressed", f"no erased {kind} with this id is on the list")
+    log.warning("suppression of a %s lifted by key %s: %s", kind, key_id, reason)
+    return lifted
+
+
+def lift_token(
+    session: Session, token: str, reason: str, key_id: int | None
+) -> dict[str, Any] | None:
+    """Lift the suppression of `token`, if it is on the list and not lifted."""
+    lifted = session.execute(
+        update(Suppression)
+        .where(Suppression.token == token, Suppression.lifted_at.is_(None))
+        .values(lifted_at=utcnow(), lift_reason=reason, lifted_by_key_id=key_id)
+        .returning(Suppression.token, Suppression.kind, Suppression.lifted_at)
+    ).one_or_none()
+    if lifted is None:
+        return None
+    return {"token": lifted.token, "kind": lifted.kind, "lifted_at": lifted.lifted_at}
+
+
+def counts(session: Session) -> dict[str, int]:
+    """How many tokens are on the list, and how many were lifted, per kind."""
+    out = {f"{k}_{state}": 0 for k in KINDS for state in ("active", "lifted")}
+    for kind, is_lifted, n in session.execute(
+        select(Suppression.kind, Suppression.lifted_at.is_not(None), func.count()).group_by(
+            Suppression.kind, Suppression.lifted_at.is_not(None)
+        )
+    ):
+        out[f"{kind}_{'lifted' if is_lifted else 'active'}"] = n
+    return out

@@ -1,0 +1,130 @@
+"""Erased people stay erased (issue 55, goal 4): a deletion puts the keyed tokens of the
+subjects and client sample ids it matched on the suppression list; a later registration
+refuses their rows (409, nothing written) or leaves them out (on_erased=skip); an admin lifts
+one with a reason; only tokens are stored."""
+
+from __future__ import annotations
+
+import io
+
+import numpy as np
+from sqlalchemy import func, select
+
+from app.db.session import database
+from app.db.tables import Dataset, Suppression
+from tests.conftest import Api
+
+
+def people_csv() -> bytes:
+    rows = ["id,subject,label,f0,f1"]
+    rows += [f"row-{i:04d},person-{i // 2:03d},{i % 2},{i * 0.5},{(i * 7) % 3}" for i in range(10)]
+    return ("\n".join(rows) + "\n").encode()
+
+
+def register(api: Api, data: bytes, **fields: str):
+    form = {"label_column": "label", "id_column": "id", "subject_column": "subject", **fields}
+    return api.post("/v1/datasets", files={"file": ("people.csv", data)}, data=form)
+
+
+def datasets(api: Api) -> int:
+    with database(api.url).read() as session:
+        return int(session.scalar(select(func.count()).select_from(Dataset)) or 0)
+
+
+def forget(api: Api, dataset_id: int, **selector: list[str]) -> None:
+    answer = api.post("/v1/deletions", json={"dataset_id": dataset_id, **selector})
+    assert answer.status_code == 202 and answer.json()["status"] == "done", answer.text
+
+
+def test_an_erased_person_is_refused_skipped_and_let_back_in_only_when_lifted(api: Api) -> None:
+    first = register(api, people_csv())
+    assert first.status_code == 201, first.text
+    old = first.json()["id"]
+    forget(
+        api, old, subject_ids=["person-001"]
+    )  # rows row-0002, row-0003 (no model holds them: erased now)
+    forget(api, old, sample_ids=["row-0007"])
+
+    before = datasets(api)
+    refused = register(api, people_csv())  # next month's snapshot, the rows still in it
+    assert refused.status_code == 409, refused.text
+    error = refused.json()["error"]
+    assert error["code"] == "erased_rows_present"
+    assert error["details"]["rows"] == 3 and error["details"]["subjects"] == 1
+    assert sorted(error["details"]["sample_ids"]) == ["row-0002", "row-0003", "row-0007"]
+    assert datasets(api) == before  # nothing written
+
+    skipped = register(api, people_csv(), on_erased="skip")
+    assert skipped.status_code == 201, skipped.text
+    assert skipped.json()["n_samples"] == 7 and skipped.json()["skipped_erased"] == 3
+    listed = api.get(f"/v1/datasets/{skipped.json()['id']}/samples").json()
+    assert {s["external_id"] for s in listed["items"]}.isdisjoint(
+        {"row-0002", "row-0003", "row-0007"}
+    )
+
+    assert api.get("/v1/suppressions", role="auditor").json() == {
+        "subject_active": 1,
+        "subject_lifted": 0,
+        "sample_active": 1,  # row-0007: a subject's request names no sample id
+        "sample_lifted": 0,
+    }
+
+    lifted = api.post(
+        "/v1/suppressions/lift", json={"subject_id": "person-001", "reason": "re-consent"}
+    )
+    assert lifted.status_code == 200, lifted.text
+    assert lifted.json()["kind"] == "subject" and lifted.json()["token"].startswith("t:")
+    again = register(api, people_csv())
+    assert again.status_code == 409 and again.json()["error"]["details"]["sample_ids"] == [
+        "row-0007"
+    ]
+    assert (
+        api.post(
+            "/v1/suppressions/lift", json={"sample_id": "row-0007", "reason": "filed by mistake"}
+        ).status_code
+        == 200
+    )
+    back = register(api, people_csv())
+    assert back.status_code == 201 and back.json()["n_samples"] == 10
+
+    with database(api.url).read() as session:
+        rows = session.scalars(select(Suppression)).all()
+    assert {r.kind for r in rows} == {"subject", "sample"}
+    assert all(r.lifted_at is not None and r.lift_reason for r in rows)
+    stored = " ".join(f"{r.token} {r.kind}" for r in rows)
+    assert "person-001" not in stored and "row-0007" not in stored  # tokens only
+    forget(api, back.json()["id"], subject_ids=["person-001"])  # erased again: suppressed again
+    assert register(api, people_csv()).status_code == 409
+
+
+def test_lifting_is_checked_and_admin_only(api: Api) -> None:
+    assert (
+        api.post(
+            "/v1/suppressions/lift", json={"subject_id": "nobody", "reason": "why"}
+        ).status_code
+        == 404
+    )
+    assert api.post("/v1/suppressions/lift", json={"reason": "why"}).status_code == 422
+    both = {"subject_id": "a", "sample_id": "b", "reason": "why"}
+    assert api.post("/v1/suppressions/lift", json=both).status_code == 422
+    assert (
+        api.post("/v1/suppressions/lift", json={"subject_id": "a", "reason": ""}).status_code == 422
+    )
+    reader = api.post(
+        "/v1/suppressions/lift", role="auditor", json={"subject_id": "a", "reason": "x" * 5}
+    )
+    assert reader.status_code == 403
+    assert api.get("/v1/suppressions", role="requester").status_code == 403
+    assert register(api, people_csv(), on_erased="maybe").status_code == 422
+
+
+def test_row_numbers_are_no_one_s_ids(api: Api) -> None:
+    """An upload without an id column numbers its rows; erasing row "3" of one such dataset
+    does not keep row 3 of every later one out."""
+    buf = io.BytesIO()
+    np.savez(buf, X=np.arange(40, dtype=np.float32).reshape(10, 4), y=np.arange(10) % 2)
+    first = api.post("/v1/datasets", files={"file": ("d.npz", buf.getvalue())})
+    assert first.status_code == 201
+    forget(api, first.json()["id"], sample_ids=["3"])
+    second = api.post("/v1/datasets", files={"file": ("d.npz", buf.getvalue())})
+    assert second.status_code == 201 and second.json()["n_samples"] == 10
