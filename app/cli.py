@@ -228,24 +228,57 @@ def datasets_add(
     file: Path | None = None,
     name: str | None = None,
     label_column: str = "label",
+    id_column: str | None = None,
+    subject_column: str | None = None,
+    split_column: str | None = None,
+    feature_columns: str | None = typer.Option(None, help="comma-separated (csv, parquet)"),
+    on_erased: str = typer.Option("refuse", help="rows of erased people: refuse or skip"),
     url: Url = None,
     key: Key = None,
 ) -> None:
-    """Register a builtin (--builtin digits) or upload an .npz / CSV (--file)."""
+    """Register a builtin (--builtin digits) or upload an .npz / CSV / Parquet file (--file),
+    with its column mapping."""
     c = _client(url, key)
     if builtin:
-        _show(c.post("/v1/datasets", json={"builtin": builtin, **({"name": name} if name else {})}))
+        spec = {"builtin": builtin, "on_erased": on_erased, **({"name": name} if name else {})}
+        _show(_registered(c, c.post("/v1/datasets", json=spec)))
     elif file:
+        mapping = {
+            "id_column": id_column,
+            "subject_column": subject_column,
+            "split_column": split_column,
+            "feature_columns": feature_columns,
+        }
+        form = {"name": name or file.stem, "label_column": label_column, "on_erased": on_erased}
+        form |= {k: v for k, v in mapping.items() if v}
         with file.open("rb") as fh:
             _show(
-                c.post(
-                    "/v1/datasets",
-                    files={"file": (file.name, fh)},
-                    data={"name": name or file.stem, "label_column": label_column},
-                )
+                _registered(c, c.post("/v1/datasets", files={"file": (file.name, fh)}, data=form))
             )
     else:
         raise typer.BadParameter("give --builtin or --file")
+
+
+def _registered(c: Client, answer: dict[str, Any]) -> dict[str, Any]:
+    """The dataset once its registration is over: a registration answered 202 (a job) is
+    followed with a progress bar of its rows."""
+    if answer.get("status") != "registering":
+        return answer
+    with Progress(console=console, transient=True) as bar:
+        task = bar.add_task(f"registering dataset {answer['id']}", total=None)
+        while answer["status"] == "registering":
+            progress = answer.get("progress") or {}
+            bar.update(
+                task,
+                completed=progress.get("rows_done", 0),
+                total=progress.get("rows_total") or None,
+            )
+            time.sleep(0.5)
+            answer = c.get(f"/v1/datasets/{answer['id']}")
+    if answer["status"] == "failed":
+        console.print(f"[red]registration failed:[/red] {answer['error']}")
+        raise typer.Exit(1)
+    return answer
 
 
 @models.command("create")

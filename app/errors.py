@@ -28,6 +28,15 @@ class APIError(Exception):
         self.status, self.code, self.message, self.details = status, code, message, details
         self.headers = headers
 
+    def as_json(self) -> dict[str, Any]:
+        """The error as the API's body has it: status, code, message, details."""
+        return {
+            "status": self.status,
+            "code": self.code,
+            "message": self.message,
+            "details": self.details,
+        }
+
 
 def not_found(what: str, ident: Any, **details: Any) -> APIError:
     return APIError(404, f"{what}_not_found", f"{what} {ident} does not exist", details or None)

@@ -92,7 +92,7 @@ def reconcile_and_signal(runtime: Runtime, dispatcher: Dispatcher) -> dict[str, 
         work = reconcile(session, runtime.settings)
     for dataset_id in work["discard"]:
         log.warning("dataset %s: its registration stopped; discarding it", dataset_id)
-        registration.discard(runtime, dataset_id)
+        registration.discard(runtime, dataset_id, registration.ABANDONED)
     for model_id in work["train"]:
         dispatcher.enqueue(TRAIN, model_id)
     for model_id in work["delete"]:

@@ -44,10 +44,11 @@ class AuditStatus(StrEnum):
 
 class DatasetStatus(StrEnum):
     """A dataset: registering (its samples are committed in chunks; no model or deletion may
-    use it yet), then ready."""
+    use it yet), then ready; or failed (its rows and keys gone, the error kept)."""
 
     registering = "registering"
     ready = "ready"
+    failed = "failed"
 
 
 class SampleStatus(StrEnum):

@@ -40,6 +40,17 @@ class HealthOut(BaseModel):
     """Always "ok" when the process answers; readiness (database, queue) is `/readyz`."""
 
 
+class RegistrationProgress(Out):
+    """How far a registration has come (issue 55: registration is a job)."""
+
+    rows_done: int
+    """rows sealed and committed"""
+    rows_total: int
+    """rows the upload holds (0 until it is parsed)"""
+    rows_per_second: float
+    """rows committed per second since the registration began"""
+
+
 class DatasetOut(Out):
     """A registered dataset and its sample counts."""
 
@@ -59,11 +70,15 @@ class DatasetOut(Out):
     """samples registered (while registering: the samples it will hold)"""
     status: str = "ready"
     """registering (samples are still being committed, a chunk at a time: models and
-    deletions on it are refused with 409 until it is ready) or ready"""
+    deletions on it are refused with 409 until it is ready), ready, or failed"""
     counts: dict[str, int] = {}
     """samples per split and per status (active, erased)"""
     skipped_erased: int = 0
     """rows left out at registration: their sample or person had been erased (on_erased=skip)"""
+    progress: RegistrationProgress | None = None
+    """while registering: rows done, the total and the rate"""
+    error: JsonObject | None = None
+    """once failed: why (its rows and keys are gone)"""
     text: JsonObject | None = None
     """a corpus's vocabulary size, rare token and short documents (null otherwise)"""
     created_at: datetime
@@ -89,7 +104,9 @@ class DatasetSummary(Out):
     n_samples: int
     """samples at registration"""
     status: str
-    """registering or ready"""
+    """registering, ready or failed"""
+    progress: RegistrationProgress | None = None
+    """while registering: rows done, the total and the rate"""
     created_at: datetime
     """when it was registered (UTC)"""
 

@@ -116,3 +116,34 @@ def test_a_sharded_model_from_the_cli_and_its_deletion_cost(
     audited = lethe("models", "audit", "1", "--canaries", "200", "--seed", "3", **env)
     assert audited.returncode == 0, audited.stderr
     assert "consistent" in audited.stdout  # SISA retrains the canaries' shards exactly
+
+
+@pytest.mark.integration
+def test_a_parquet_file_with_a_mapping_registers_as_a_job_from_the_cli(
+    served: tuple[str, str, Path], tmp_path: Path
+) -> None:
+    """Issue 55: `lethe datasets add --file x.parquet` with a column mapping; past 10,000
+    rows the API answers 202 and the command follows the job to its end."""
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    url, admin, _ = served
+    X = np.random.default_rng(2).standard_normal((12_000, 3))
+    table = pa.table(
+        {"key": [f"k{i}" for i in range(12_000)], "target": (X[:, 0] > 0).astype(np.int64)}
+        | {f"x{j}": X[:, j] for j in range(3)}
+    )
+    path = tmp_path / "big.parquet"
+    pq.write_table(table, path, row_group_size=4096)
+    env = {"LETHE_URL": url, "LETHE_API_KEY": admin, "COLUMNS": "200"}
+    added = lethe(
+        *("datasets", "add", "--file", str(path), "--label-column", "target"),
+        *("--id-column", "key", "--feature-columns", "x2,x0"),
+        **env,
+    )
+    assert added.returncode == 0, added.stderr
+    assert '"status": "ready"' in added.stdout and '"n_samples": 12000' in added.stdout
+    assert (
+        '"source": "parquet"' in added.stdout and '"feature_shape": [\n    2\n  ]' in added.stdout
+    )

@@ -527,3 +527,43 @@ def test_an_admin_registers_a_dataset_and_creates_a_model(
     sign_in(requester, url, keys["requester"])
     assert requester.locator("#new-dataset").count() == 0
     assert requester.locator("#new-model").count() == 0
+
+
+def test_an_admin_registers_a_parquet_file_with_a_column_mapping(
+    browser: Browser, service: tuple[str, dict[str, str]], tmp_path: Path
+) -> None:
+    """Issue 55: the register form takes a Parquet file and its column mapping (label, id,
+    subject; the features a list column), and the datasets table lists what it made."""
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    X = np.random.default_rng(1).standard_normal((40, 5)).astype(np.float32)
+    table = pa.table(
+        {
+            "key": [f"row-{i}" for i in range(40)],
+            "who": [f"person-{i // 4}" for i in range(40)],
+            "target": (X[:, 0] > 0).astype(np.int64),
+            "vec": pa.FixedSizeListArray.from_arrays(pa.array(X.reshape(-1)), 5),
+        }
+    )
+    path = tmp_path / "people.parquet"
+    pq.write_table(table, path, row_group_size=16)
+    url, keys = service
+    page = browser.new_page(viewport={"width": 1280, "height": 1400})
+    sign_in(page, url, keys["admin"])
+    page.wait_for_selector("#new-dataset")
+    page.set_input_files("#ds-file", str(path))
+    page.fill("#ds-label-column", "target")
+    page.fill("#ds-id-column", "key")
+    page.fill("#ds-subject-column", "who")
+    page.click("#ds-submit")
+    page.wait_for_selector("#ds-done:not(:empty)")
+    dataset_id = int(page.inner_text("#ds-done").split("#")[1].split(" ")[0])
+    row = page.locator(f'table#datasets tr[data-dataset="{dataset_id}"]')
+    row.wait_for()
+    cells = row.locator("td").all_inner_texts()
+    assert cells[2] == "parquet" and cells[3] == "40" and cells[4] == "5" and cells[5] == "ready"
+    admin = httpx.Client(base_url=url, headers={"Authorization": f"Bearer {keys['admin']}"})
+    who = admin.get(f"/v1/datasets/{dataset_id}/samples", params={"subject": "person-2"}).json()
+    assert {s["external_id"] for s in who["items"]} == {f"row-{i}" for i in range(8, 12)}

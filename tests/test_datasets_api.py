@@ -289,3 +289,24 @@ def test_the_datasets_are_listed_newest_first_paged_and_by_status(api: Api) -> N
     reader = api.get("/v1/datasets", headers={"Authorization": f"Bearer {api.keys['requester']}"})
     assert reader.status_code == 200 and reader.json()["total"] == page["total"]
     assert api.client.get("/v1/datasets").status_code == 401  # no key
+
+
+def test_a_registration_of_more_than_ten_thousand_rows_is_a_job(api: Api) -> None:
+    """Issue 55, goal 1: once the parse finds more than 10,000 rows the POST answers 202
+    (status registering, its progress, a Location to poll) and the registration goes on;
+    smaller ones answer 201 as before."""
+    small = api.post("/v1/datasets", json={"builtin": "synthetic", "n_samples": 10_000})
+    assert small.status_code == 201 and small.json()["status"] == "ready"
+    answer = api.post(
+        "/v1/datasets", json={"builtin": "synthetic", "n_samples": 12_000, "n_features": 4}
+    )
+    assert answer.status_code == 202, answer.text
+    body = answer.json()
+    assert answer.headers["location"] == f"/v1/datasets/{body['id']}"
+    assert body["status"] in ("registering", "ready")  # it may finish as the answer is read
+    if body["status"] == "registering":
+        assert body["progress"]["rows_total"] == 12_000
+        assert 0 <= body["progress"]["rows_done"] <= 12_000
+    done = api.wait(f"/v1/datasets/{body['id']}", ("ready", "failed"))
+    assert done["status"] == "ready" and done["n_samples"] == 12_000 and done["progress"] is None
+    assert sum(done["counts"][s] for s in ("train", "test")) == 12_000

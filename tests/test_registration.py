@@ -17,7 +17,7 @@ import sqlalchemy as sa
 from fastapi.testclient import TestClient
 
 from app.db.session import database
-from app.db.tables import DataKey, Dataset, Sample
+from app.db.tables import DataKey, Sample
 from app.main import create_app
 from app.schemas import BuiltinDatasetIn
 from app.services import dataset_files, registration
@@ -82,6 +82,10 @@ def test_other_writers_proceed_between_chunks_and_a_registering_dataset_is_refus
 
     seen = api.get("/v1/datasets/2").json()
     assert seen["status"] == "registering" and seen["n_samples"] == 12_000
+    assert seen["progress"]["rows_done"] == registration.CHUNK  # issue 55: its progress
+    assert seen["progress"]["rows_total"] == 12_000 and seen["progress"]["rows_per_second"] > 0
+    listed = api.get("/v1/datasets", params={"status": "registering"}).json()["items"]
+    assert [d["id"] for d in listed] == [2] and listed[0]["progress"]["rows_done"] > 0
     assert sum(seen["counts"][s] for s in ("train", "test")) == registration.CHUNK
     one = api.get("/v1/datasets/2/samples", params={"limit": 1}).json()["items"][0]
     refused = [
@@ -109,14 +113,15 @@ def test_other_writers_proceed_between_chunks_and_a_registering_dataset_is_refus
     assert api.wait(f"/v1/deletions/{deletion.json()['id']}", ("done", "failed"))["status"] == (
         "done"
     )
-    assert thread.is_alive()
 
-    (pause / "registration-chunk-2.go").touch()
-    thread.join(timeout=60)
+    thread.join(timeout=60)  # answered already: more than 10,000 rows make it a job
     big = answer["big"]
-    assert big.status_code == 201, big.text
-    assert big.json()["status"] == "ready"
-    assert sum(big.json()["counts"][s] for s in ("train", "test")) == 12_000
+    assert big.status_code == 202, big.text
+    assert big.json()["status"] == "registering" and big.headers["location"] == "/v1/datasets/2"
+    (pause / "registration-chunk-2.go").touch()
+    done = api.wait("/v1/datasets/2", ("ready", "failed"))
+    assert done["status"] == "ready" and done["progress"] is None
+    assert sum(done["counts"][s] for s in ("train", "test")) == 12_000
     created = api.post("/v1/models", json=logreg("later", 2))
     assert created.status_code == 202, created.text
 
@@ -138,13 +143,16 @@ def test_a_registration_that_fails_midway_leaves_nothing(
     monkeypatch.setattr(registration, "_commit_chunk", failing)
     # as the registration child runs it (app/services/isolated.py), here, where the patch is
     parsed = dataset_files.load_builtin(BuiltinDatasetIn.model_validate(BIG))
+    with database(api.url).write() as session:
+        dataset_id = registration.begin(session, "big", "builtin:synthetic")
     with pytest.raises(OSError, match="disk full"):
-        registration.register(api.runtime, "big", "builtin:synthetic", parsed)
+        registration.register(api.runtime, dataset_id, parsed)
     assert calls["n"] == 2  # the first chunk had committed
-    assert api.get("/v1/datasets/2").status_code == 404
-    assert counts(api.url, 2) == (0, before)
-    with database(api.url).read() as session:
-        assert session.scalar(sa.select(sa.func.count()).select_from(Dataset)) == 1
+    failed = api.get(f"/v1/datasets/{dataset_id}").json()  # its client may have had a 202
+    assert failed["status"] == "failed" and failed["error"]["code"] == "registration_failed"
+    assert counts(api.url, dataset_id) == (0, before)  # no row, no key
+    refused = api.post("/v1/models", json=logreg("m", dataset_id))
+    assert refused.status_code == 409 and refused.json()["error"]["code"] == "dataset_failed"
 
 
 @pytest.mark.integration
@@ -184,9 +192,10 @@ def test_a_registration_whose_server_died_is_discarded_with_its_keys(tmp_path: P
         url = cluster.start_api()  # its reconciler discards the registration
         deadline = time.monotonic() + 60
         with cluster.client() as c:
-            while c.get("/v1/datasets/1").status_code != 404:
+            while (seen := c.get("/v1/datasets/1").json())["status"] != "failed":
                 assert time.monotonic() < deadline, "the registration was never discarded"
                 time.sleep(0.2)
+        assert seen["error"]["code"] == "registration_abandoned"
         with sqlite3.connect(db_file) as conn:
             assert conn.execute("SELECT count(*) FROM samples").fetchone() == (0,)
             assert conn.execute("SELECT count(*) FROM data_keys").fetchone() == (0,)

@@ -2,15 +2,20 @@
 
 from __future__ import annotations
 
+import asyncio
+from concurrent.futures import Future
+from functools import partial
 from typing import Any
 
 from fastapi import APIRouter, Query, Request
 from fastapi.concurrency import run_in_threadpool
+from fastapi.responses import JSONResponse
 from pydantic import ValidationError
 
 from app.api.deps import Admin, AnyRole, DbDep, RuntimeDep, SettingsDep
 from app.api.params import PathId
 from app.api.responses import COMMON, errors
+from app.db.session import Database
 from app.errors import APIError, unprocessable
 from app.jsontypes import JsonObject
 from app.schemas import (
@@ -24,7 +29,8 @@ from app.schemas import (
 from app.security import Role
 from app.services import dataset_files
 from app.services.datasets import dataset_view, get_dataset, list_datasets, list_samples
-from app.services.isolated import Registration, register_isolated, wipe, wipe_upload
+from app.services.isolated import Registration, outcome, start_isolated, wipe, wipe_upload
+from app.services.registration import begin, forget_failed, rows_total
 
 router = APIRouter(prefix="/v1/datasets", tags=["datasets"], responses=COMMON)
 
@@ -54,9 +60,10 @@ UPLOAD_DOC = {
                         "name": {"type": "string"},
                         "format": {
                             "type": "string",
-                            "enum": ["npz", "csv", "text_csv", "sparse_npz"],
+                            "enum": ["npz", "csv", "parquet", "text_csv", "sparse_npz"],
                             "description": "text_csv: a corpus with a text column; "
-                            "sparse_npz: a document-term matrix from scipy's save_npz",
+                            "sparse_npz: a document-term matrix from scipy's save_npz; "
+                            "parquet: a table read a row group at a time",
                         },
                         "text_column": {"type": "string", "default": "text"},
                         "min_count": {"type": "integer", "default": 1},
@@ -64,6 +71,12 @@ UPLOAD_DOC = {
                         "id_column": {"type": "string"},
                         "subject_column": {"type": "string"},
                         "split_column": {"type": "string"},
+                        "feature_columns": {
+                            "type": "string",
+                            "description": "csv, parquet: the feature columns, comma-separated "
+                            "(default: every other numeric column; in Parquet one list column "
+                            "of numbers may hold them all)",
+                        },
                         "seed": {"type": "integer"},
                         "test_fraction": {"type": "number"},
                         "on_erased": {
@@ -85,19 +98,30 @@ UPLOAD_DOC = {
     "",
     status_code=201,
     response_model=DatasetOut,
-    responses=errors(400, 409, 415),
+    responses={
+        202: {
+            "model": DatasetOut,
+            "description": f"more than {10_000:,} rows: registering as a job; poll the "
+            "dataset (Location) for its progress",
+        },
+        **errors(400, 409, 415),
+    },
     openapi_extra=UPLOAD_DOC,
 )
 async def register_dataset(
     request: Request, _: Admin, db: DbDep, settings: SettingsDep, runtime: RuntimeDep
-) -> JsonObject:
-    """Register a builtin (JSON `{"builtin": "digits"}`) or upload an .npz / CSV file."""
+) -> JSONResponse:
+    """Register a builtin (JSON `{"builtin": "digits"}`) or upload an .npz / CSV / Parquet
+    file: 201 when done, or 202 with `status: registering` and `progress` once the file
+    turns out to hold more than 10,000 rows (a job: poll `GET /v1/datasets/{id}`)."""
     ctype = request.headers.get("content-type", "")
     limits = dataset_files.Limits.from_settings(settings)
     if ctype.startswith("multipart/form-data"):
         name, fmt, params, data = await _from_upload(request, settings.max_upload_bytes)
         on_erased = params.pop("on_erased")
-        job = Registration(settings, name, fmt, limits, params=params, on_erased=on_erased)
+        source = fmt
+        job = partial(Registration, settings, name=name, fmt=fmt, limits=limits, params=params,
+                      on_erased=on_erased)  # fmt: skip
     elif ctype.startswith("application/json"):
         try:
             spec = BuiltinDatasetIn.model_validate_json(await request.body())
@@ -108,29 +132,68 @@ async def register_dataset(
                 [{"loc": list(e["loc"]), "msg": e["msg"]} for e in exc.errors()],
             ) from exc
         dataset_files.check_builtin(spec, limits)
-        job = Registration(
-            settings,
-            spec.name or spec.builtin,
-            "builtin",
-            limits,
-            builtin=spec,
-            on_erased=spec.on_erased,
-        )
-        data = b""
+        name, source, data = spec.name or spec.builtin, f"builtin:{spec.builtin}", b""
+        job = partial(Registration, settings, name=name, fmt="builtin", limits=limits,
+                      builtin=spec, on_erased=spec.on_erased)  # fmt: skip
     else:
         raise APIError(
             415,
             "unsupported_media_type",
             "send application/json for a builtin or multipart/form-data with a file",
         )
+    dataset_id = await run_in_threadpool(_begin, db, name, source)
     # parsed and sealed in a process of its own, which ends with the plaintext (issue 53)
-    dataset_id = await register_isolated(runtime.uploads, job, data)
+    running = start_isolated(runtime.uploads, job(dataset_id=dataset_id), data)
+    inline = await _finished_inline(db, running, dataset_id)
 
     def view() -> JsonObject:
         with db.read() as session:
             return dataset_view(session, get_dataset(session, dataset_id))
 
-    return await run_in_threadpool(view)
+    body = DatasetOut.model_validate(await run_in_threadpool(view)).model_dump(mode="json")
+    if inline:
+        return JSONResponse(body, status_code=201)
+    headers = {"Location": f"/v1/datasets/{dataset_id}"}  # a job: poll it for its progress
+    return JSONResponse(body, status_code=202, headers=headers)
+
+
+INLINE_ROWS = 10_000  # a registration of more rows answers 202 and goes on as a job
+
+
+def _begin(db: Database, name: str, source: str) -> int:
+    with db.write() as session:
+        return begin(session, name, source)
+
+
+async def _finished_inline(db: Database, running: Future[tuple[Any, ...]], dataset_id: int) -> bool:
+    """Wait for the registration while it may still finish inline: True once it has (an
+    error is raised here, and its failed row forgotten: nothing is left), False as soon as
+    the parse found more than INLINE_ROWS rows (it goes on as a job)."""
+    waiting = asyncio.wrap_future(running)
+    while True:
+        done, _ = await asyncio.wait({waiting}, timeout=INLINE_POLL_SECONDS)
+        if done:
+            try:
+                outcome(waiting.result())
+            except APIError:
+                await run_in_threadpool(_forget, db, dataset_id)
+                raise
+            return True
+        if await run_in_threadpool(_total, db, dataset_id) > INLINE_ROWS:
+            return False
+
+
+INLINE_POLL_SECONDS = 0.05  # how often the row's total is read while the parse runs
+
+
+def _total(db: Database, dataset_id: int) -> int:
+    with db.read() as session:
+        return rows_total(session, dataset_id)
+
+
+def _forget(db: Database, dataset_id: int) -> None:
+    with db.write() as session:
+        forget_failed(session, dataset_id)
 
 
 async def _from_upload(request: Request, limit: int) -> tuple[str, str, dict[str, Any], bytes]:
@@ -166,7 +229,10 @@ def _upload_parameters(
     if on_erased not in ("refuse", "skip"):
         raise unprocessable("invalid_request", "on_erased is refuse or skip")
     lower = (filename or "").lower()
-    fmt = fields.get("format") or ("csv" if lower.endswith(".csv") else "npz")
+    guessed = (
+        "csv" if lower.endswith(".csv") else "parquet" if lower.endswith(".parquet") else "npz"
+    )
+    fmt = fields.get("format") or guessed
     name = fields.get("name") or filename or "upload"
     params: dict[str, Any] = {"seed": seed, "test_fraction": test_fraction, "on_erased": on_erased}
     columns = ("id_column", "subject_column", "split_column")
@@ -185,11 +251,18 @@ def _upload_parameters(
             fmt,
             params | {"text_column": fields.get("text_column", "text"), "min_count": min_count},
         )
-    if fmt == "csv":
-        params |= {c: fields.get(c) for c in columns}
-        return name, fmt, params | {"label_column": fields.get("label_column", "label")}
+    if fmt in ("csv", "parquet"):  # the column mapping (issue 55)
+        params |= {c: fields.get(c) or None for c in columns}
+        mapped = [c.strip() for c in fields.get("feature_columns", "").split(",") if c.strip()]
+        return (
+            name,
+            fmt,
+            params
+            | {"label_column": fields.get("label_column") or "label", "feature_columns": mapped},
+        )
     raise unprocessable(
-        "unknown_format", f"format must be npz, csv, text_csv or sparse_npz, got {fmt!r}"
+        "unknown_format",
+        f"format must be npz, csv, parquet, text_csv or sparse_npz, got {fmt!r}",
     )
 
 
@@ -197,7 +270,7 @@ def _upload_parameters(
 def list_all(
     _: AnyRole,
     db: DbDep,
-    status: str | None = Query(None, pattern="^(registering|ready)$"),
+    status: str | None = Query(None, pattern="^(registering|ready|failed)$"),
     offset: int = Query(0, ge=0, le=2**53),
     limit: int = Query(100, ge=1, le=1000),
 ) -> DatasetPage:

@@ -122,6 +122,9 @@ class Dataset(Base):
     # whether its sample ids are the client's (not row numbers): only then is an erased
     # sample's id put on the suppression list (app/services/suppression.py)
     ids_given: Mapped[bool] = mapped_column(default=False, server_default=false())
+    # a registration's progress (rows committed) and, once failed, its error (issue 55)
+    rows_done: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    error: Mapped[dict[str, Any] | None] = mapped_column(JSON)
 
 
 class Sample(Base):

@@ -254,12 +254,12 @@ def parse_npz(
     if X.ndim < 2:
         raise unprocessable("bad_shape", f"X must be (n, features...), got shape {X.shape}")
     n = X.shape[0]
-    y = _labels(arrays["y"], n)
+    y = label_array(arrays["y"], n)
     ids = _strings(arrays.get("ids"), n, "ids") or [str(i) for i in range(n)]
     named = _strings(arrays.get("subjects"), n, "subjects")
     subjects: list[str | None] = list(named) if named is not None else [None] * n
-    split = _split(arrays.get("split"), y, seed, test_fraction)
-    return _finish(X, y, ids, subjects, split, "image" if X.ndim > 2 else "tabular")
+    split = split_of(arrays.get("split"), y, seed, test_fraction)
+    return finish(X, y, ids, subjects, split, "image" if X.ndim > 2 else "tabular")
 
 
 def _members(
@@ -354,8 +354,10 @@ def parse_csv(
     seed: int,
     test_fraction: float,
     limits: Limits | None = None,
+    feature_columns: list[str] | None = None,
 ) -> ParsedDataset:
-    """A CSV with a header; every column other than label/id/subject/split is a feature."""
+    """A CSV with a header; the features are `feature_columns`, or every column other than
+    label/id/subject/split."""
     try:
         rows = list(csv.reader(io.StringIO(data.decode("utf-8-sig"))))
     except (UnicodeDecodeError, csv.Error) as exc:
@@ -368,7 +370,15 @@ def parse_csv(
             "malformed_csv", f"label column {label_column!r} not in header", {"header": header}
         )
     special = {c for c in (label_column, id_column, subject_column, split_column) if c}
-    feature_cols = [i for i, h in enumerate(header) if h not in special]
+    missing = [c for c in [*special, *(feature_columns or [])] if c not in header]
+    if missing:
+        raise unprocessable(
+            "missing_column", f"column {missing[0]!r} not in header", {"header": header}
+        )
+    if feature_columns:
+        feature_cols = [header.index(c) for c in feature_columns]
+    else:
+        feature_cols = [i for i, h in enumerate(header) if h not in special]
     if not feature_cols:
         raise unprocessable("malformed_csv", "no feature columns")
     body = rows[1:]
@@ -383,12 +393,12 @@ def parse_csv(
     except ValueError as exc:
         raise unprocessable("malformed_csv", f"non-numeric value: {exc}") from exc
     n = len(body)
-    y = _labels(y_raw, n)
+    y = label_array(y_raw, n)
     ids = column(id_column) or [str(i) for i in range(n)]
     subjects: list[str | None] = [s or None for s in column(subject_column) or []] or [None] * n
     split_values = column(split_column)
-    split = _split(np.array(split_values) if split_values else None, y, seed, test_fraction)
-    return _finish(_numeric(X, "features"), y, ids, subjects, split, "tabular")
+    split = split_of(np.array(split_values) if split_values else None, y, seed, test_fraction)
+    return finish(_numeric(X, "features"), y, ids, subjects, split, "tabular")
 
 
 def _columns(header: list[str], body: list[list[str]]) -> Callable[[str | None], list[str] | None]:
@@ -424,7 +434,7 @@ def _numeric(arr: np.ndarray, name: str) -> np.ndarray:
     return out
 
 
-def _labels(arr: np.ndarray, n: int) -> np.ndarray:
+def label_array(arr: np.ndarray, n: int) -> np.ndarray:
     y = _numeric(np.asarray(arr), "y")
     if y.shape != (n,):
         raise unprocessable("bad_shape", f"y must have shape ({n},), got {y.shape}")
@@ -452,7 +462,7 @@ def _strings(arr: np.ndarray | None, n: int, name: str) -> list[str] | None:
     return values
 
 
-def _split(arr: np.ndarray | None, y: np.ndarray, seed: int, test_fraction: float) -> list[str]:
+def split_of(arr: np.ndarray | None, y: np.ndarray, seed: int, test_fraction: float) -> list[str]:
     if arr is None:
         return seeded_split(y, test_fraction, seed)
     values = [v.decode() if isinstance(v, bytes) else str(v) for v in np.asarray(arr).tolist()]
@@ -468,7 +478,7 @@ def _split(arr: np.ndarray | None, y: np.ndarray, seed: int, test_fraction: floa
     return values
 
 
-def _finish(
+def finish(
     X: np.ndarray,
     y: np.ndarray,
     ids: list[str],
@@ -516,7 +526,7 @@ def _synthetic_corpus(spec: BuiltinDatasetIn) -> ParsedDataset:
     words = [f"w{i}" for i in range(spec.vocabulary)]
     y = corpus.labels  # the dominant topic: a label for a downstream head
     split = seeded_split(y, spec.test_fraction, spec.seed)
-    parsed = _finish(
+    parsed = finish(
         corpus.counts, y, [str(i) for i in range(len(y))], [None] * len(y), split, "text"
     )
     short = int((corpus.counts.sum(1) < 2).sum())
@@ -561,14 +571,18 @@ def parse_text_csv(
     )
     labels = column(label_column) if label_column and label_column in header else None
     try:
-        y = _labels(np.array([float(v) for v in labels]), n) if labels else np.zeros(n, np.int64)
+        y = (
+            label_array(np.array([float(v) for v in labels]), n)
+            if labels
+            else np.zeros(n, np.int64)
+        )
     except ValueError as exc:
         raise unprocessable("malformed_csv", f"non-numeric label: {exc}") from exc
     ids = column(id_column) or [str(i) for i in range(n)]
     subjects: list[str | None] = [s or None for s in column(subject_column) or []] or [None] * n
     split_values = column(split_column)
-    split = _split(np.array(split_values) if split_values else None, y, seed, test_fraction)
-    parsed = _finish(corpus.counts, y, ids, subjects, split, "text")
+    split = split_of(np.array(split_values) if split_values else None, y, seed, test_fraction)
+    parsed = finish(corpus.counts, y, ids, subjects, split, "text")
     return _with_text(parsed, corpus.meta(min_count))
 
 
@@ -589,7 +603,7 @@ def parse_sparse_npz(
     text.check_corpus(counts)
     y = np.zeros(n, dtype=np.int64)
     split = seeded_split(y, test_fraction, seed)
-    parsed = _finish(counts, y, [str(i) for i in range(n)], [None] * n, split, "text")
+    parsed = finish(counts, y, [str(i) for i in range(n)], [None] * n, split, "text")
     short = int((counts.sum(1) < 2).sum())
     words = [f"w{i}" for i in range(vocabulary)]
     return _with_text(parsed, text.Corpus(counts.astype(np.float32), words, short).meta(1))

@@ -7,7 +7,7 @@ from typing import Any
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
-from app.db.tables import Dataset, Sample
+from app.db.tables import Dataset, Sample, utcnow
 from app.errors import APIError, not_found
 from app.states import DatasetStatus, SampleStatus
 from app.storage.crypto import Keyring, SampleRecord, open_sealed, sample_aad
@@ -22,8 +22,8 @@ def get_dataset(session: Session, dataset_id: int) -> Dataset:
 
 
 def ready_dataset(session: Session, dataset_id: int) -> Dataset:
-    """The dataset, 404 when unknown and 409 while it is registering: a model or a deletion
-    must see all its samples (app/services/registration.py)."""
+    """The dataset, 404 when unknown and 409 while it is registering or once it failed: a
+    model or a deletion must see all its samples (app/services/registration.py)."""
     ds = get_dataset(session, dataset_id)
     if ds.status == DatasetStatus.registering:
         raise APIError(
@@ -31,6 +31,13 @@ def ready_dataset(session: Session, dataset_id: int) -> Dataset:
             "dataset_registering",
             f"dataset {dataset_id} is still being registered; retry when its status is ready",
             {"dataset_id": dataset_id},
+        )
+    if ds.status == DatasetStatus.failed:
+        raise APIError(
+            409,
+            "dataset_failed",
+            f"dataset {dataset_id}'s registration failed; it holds no samples",
+            {"dataset_id": dataset_id, "error": ds.error},
         )
     return ds
 
@@ -71,7 +78,21 @@ def list_datasets(
     rows = session.scalars(
         select(Dataset).where(*where).order_by(Dataset.id.desc()).offset(offset).limit(limit)
     )
-    return [{c: getattr(ds, c) for c in SUMMARY_COLUMNS} for ds in rows], int(total)
+    return [
+        {**{c: getattr(ds, c) for c in SUMMARY_COLUMNS}, "progress": progress_of(ds)} for ds in rows
+    ], int(total)
+
+
+def progress_of(ds: Dataset) -> dict[str, Any] | None:
+    """A registering dataset's progress: rows committed, the total, the rate so far."""
+    if ds.status != DatasetStatus.registering:
+        return None
+    elapsed = max((utcnow() - ds.created_at).total_seconds(), 1e-3)
+    return {
+        "rows_done": ds.rows_done,
+        "rows_total": ds.n_samples,
+        "rows_per_second": round(ds.rows_done / elapsed, 1),
+    }
 
 
 def dataset_view(session: Session, ds: Dataset) -> dict[str, Any]:
@@ -91,6 +112,8 @@ def dataset_view(session: Session, ds: Dataset) -> dict[str, Any]:
             )
         },
         "status": ds.status,
+        "progress": progress_of(ds),
+        "error": ds.error,
         "counts": dataset_counts(session, ds.id),
         "text": None if ds.text is None else text_summary(ds.text),
     }

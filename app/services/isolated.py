@@ -11,7 +11,6 @@ gives its free pages back to the kernel afterwards (`trim`).
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import ctypes
 import io
@@ -19,7 +18,7 @@ import multiprocessing
 import os
 import threading
 import time
-from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures import Future, ProcessPoolExecutor
 from dataclasses import dataclass, field
 from multiprocessing import forkserver, shared_memory
 from typing import Any
@@ -27,9 +26,15 @@ from typing import Any
 from app.errors import APIError
 from app.schemas import BuiltinDatasetIn
 from app.services import dataset_files
+from app.services.parquet_files import Columns, parse_parquet
 from app.settings import Settings
 
-_PRELOAD = ["app.services.isolated", "app.services.registration", "app.services.dataset_files"]
+_PRELOAD = [
+    "app.services.isolated",
+    "app.services.registration",
+    "app.services.dataset_files",
+    "app.services.parquet_files",
+]
 _BYTES_DATA = bytes.__basicsize__ - 1  # where a bytes object's data starts (CPython)
 
 
@@ -39,34 +44,45 @@ class Registration:
     format and the checked parameters, or a builtin spec."""
 
     settings: Settings
+    dataset_id: int  # the row `registration.begin` made
     name: str
-    fmt: str  # npz, sparse_npz, csv, text_csv, or builtin
+    fmt: str  # npz, sparse_npz, csv, parquet, text_csv, or builtin
     limits: dataset_files.Limits
     params: dict[str, Any] = field(default_factory=dict)
     builtin: BuiltinDatasetIn | None = None
     on_erased: str = "refuse"  # rows of erased samples or people: refuse, or skip them
 
 
-async def register_isolated(pool: UploadPool, job: Registration, data: bytes) -> int:
-    """Register in a child process; the dataset's id, or the child's APIError raised here.
-    The upload crosses in shared memory, and `data` is wiped as soon as the child can read it;
-    where /dev/shm is too small for it (a container's default 64 MB), it crosses the pipe."""
+def start_isolated(pool: UploadPool, job: Registration, data: bytes) -> Future[tuple[Any, ...]]:
+    """Register in a child process; its outcome (`outcome` reads it). The upload crosses in
+    shared memory, and `data` is wiped as soon as the child can read it; where /dev/shm is too
+    small for it (a container's default 64 MB), it crosses the pipe. The segment is zeroed
+    and removed once the child is done, whether or not anyone still waits for it."""
     if not _fits_in_shared_memory(len(data)):
-        outcome = await asyncio.wrap_future(pool.executor().submit(_register, job, None, data))
-        return _outcome(outcome)
+        return pool.executor().submit(_register, job, None, data)
     memory = shared_memory.SharedMemory(create=True, size=max(1, len(data)))
     buffer = _buffer(memory)
-    try:
-        buffer[: len(data)] = data
-        wipe(data)
-        future = pool.executor().submit(_register, job, memory.name, len(data))
-        outcome = await asyncio.wrap_future(future)
-    finally:
+    buffer[: len(data)] = data
+    wipe(data)
+
+    def cleanup(_: object = None) -> None:
         buffer[:] = bytes(memory.size)
         buffer.release()
         memory.close()
         memory.unlink()
-    return _outcome(outcome)
+
+    try:
+        future = pool.executor().submit(_register, job, memory.name, len(data))
+    except BaseException:
+        cleanup()
+        raise
+    future.add_done_callback(cleanup)
+    return future
+
+
+def outcome(result: tuple[Any, ...]) -> int:
+    """The dataset's id, or the child's APIError raised here."""
+    return _outcome(result)
 
 
 def _outcome(outcome: tuple[Any, ...]) -> int:
@@ -101,17 +117,20 @@ def _register(job: Registration, name: str | None, payload: bytes | int) -> tupl
             buffer.release()
         finally:
             memory.close()
+    runtime = Runtime.build(job.settings)
     try:
         parsed = _parse(job, data)
         if len(parsed.y) > job.settings.max_dataset_samples:
             limit = job.settings.max_dataset_samples
             raise APIError(413, "too_many_samples", f"at most {limit}")
-        runtime = Runtime.build(job.settings)
-        source = f"builtin:{job.builtin.builtin}" if job.builtin is not None else job.fmt
-        dataset_id = registration.register(runtime, job.name, source, parsed, job.on_erased)
+        dataset_id = registration.register(runtime, job.dataset_id, parsed, job.on_erased)
         return ("ok", dataset_id)
-    except APIError as exc:
+    except APIError as exc:  # the dataset says so, for a client answered 202 already
+        registration.discard(runtime, job.dataset_id, exc.as_json())
         return ("error", exc.status, exc.code, exc.message, exc.details)
+    except Exception as exc:
+        registration.discard(runtime, job.dataset_id, registration.failure(exc))
+        raise
 
 
 def _buffer(memory: shared_memory.SharedMemory) -> memoryview:
@@ -141,6 +160,15 @@ def _parse(job: Registration, data: bytes) -> dataset_files.ParsedDataset:
             p["min_count"],
             limits,
         )
+    if job.fmt == "parquet":
+        columns = Columns(
+            label=p["label_column"],
+            id=p["id_column"],
+            subject=p["subject_column"],
+            split=p["split_column"],
+            features=tuple(p["feature_columns"]),
+        )
+        return parse_parquet(data, columns, p["seed"], p["test_fraction"], limits)
     return dataset_files.parse_csv(
         data,
         p["label_column"],
@@ -150,6 +178,7 @@ def _parse(job: Registration, data: bytes) -> dataset_files.ParsedDataset:
         p["seed"],
         p["test_fraction"],
         limits,
+        p["feature_columns"],
     )
 
 

@@ -7,7 +7,10 @@ and committed on its own with the dataset's `progress_at`, and the dataset turns
 No model and no deletion may use a dataset until then (409 `dataset_registering`). A
 registration that fails is discarded at once; one whose process died is discarded by the
 reconciler once its progress is older than `registration_stale_seconds` (`abandoned`): its
-samples' data keys are destroyed with their rows, so nothing of it can be opened again.
+samples' data keys are destroyed with their rows, so nothing of it can be opened again, and
+the dataset row stays `failed` with the error, for whoever polls it (issue 55: registration
+is a job; `begin` makes the row before the upload is parsed, `rows_done` counts its
+progress).
 """
 
 from __future__ import annotations
@@ -55,35 +58,54 @@ class RegistrationDiscarded(APIError):
         )
 
 
+def begin(session: Session, name: str, source: str) -> int:
+    """The dataset's row, `registering` with nothing known yet, in the caller's commit: its id
+    answers the client before the upload is parsed (a 202 with progress)."""
+    ds = Dataset(
+        name=name,
+        kind="",
+        source=source,
+        feature_shape=[],
+        n_classes=0,
+        n_samples=0,
+        status=DatasetStatus.registering,
+        progress_at=utcnow(),
+    )
+    session.add(ds)
+    session.flush()
+    return ds.id
+
+
 def register(
-    runtime: Runtime, name: str, source: str, parsed: ParsedDataset, on_erased: str = "refuse"
+    runtime: Runtime, dataset_id: int, parsed: ParsedDataset, on_erased: str = "refuse"
 ) -> int:
-    """Register `parsed` and return the dataset's id: each sample's label, ids and float32
-    features sealed with its own data key, its ids stored only as keyed tokens. Rows of an
-    erased sample or person are refused (409, nothing written) or, `on_erased="skip"`, left
-    out and counted (app/services/suppression.py). On any failure what was committed is
-    discarded and the error raised: nothing half-written stays."""
+    """Register `parsed` into the dataset `begin` made, and return its id: each sample's
+    label, ids and float32 features sealed with its own data key, its ids stored only as
+    keyed tokens. Rows of an erased sample or person are refused (409, nothing written) or,
+    `on_erased="skip"`, left out and counted (app/services/suppression.py). On any failure
+    what was committed is discarded, the dataset marked failed and the error raised: nothing
+    half-written stays."""
     db, ring = runtime.db, runtime.keyring
-    ids_given = parsed.ids != [str(i) for i in range(len(parsed.ids))]
-    parsed, skipped = _screened(runtime, parsed, ids_given, on_erased)
-    with db.write() as session:
-        ds = Dataset(
-            name=name,
-            kind=parsed.kind,
-            source=source,
-            feature_shape=list(parsed.X.shape[1:]),
-            n_classes=parsed.n_classes,
-            n_samples=len(parsed.y),
-            text=parsed.text,
-            status=DatasetStatus.registering,
-            skipped_erased=skipped,
-            ids_given=ids_given,
-            progress_at=utcnow(),
-        )
-        session.add(ds)
-        session.flush()
-        dataset_id = ds.id
     try:
+        ids_given = parsed.ids != [str(i) for i in range(len(parsed.ids))]
+        parsed, skipped = _screened(runtime, parsed, ids_given, on_erased)
+        with db.write() as session:  # what the parse found: the total is known from here
+            described = session.execute(
+                update(DATASETS)
+                .where(DATASETS.c.id == dataset_id, DATASETS.c.status == DatasetStatus.registering)
+                .values(
+                    kind=parsed.kind,
+                    feature_shape=list(parsed.X.shape[1:]),
+                    n_classes=parsed.n_classes,
+                    n_samples=len(parsed.y),
+                    text=parsed.text,
+                    skipped_erased=skipped,
+                    ids_given=ids_given,
+                    progress_at=utcnow(),
+                )
+            )
+            if rowcount(described) != 1:
+                raise RegistrationDiscarded(dataset_id)
         subjects = _SubjectTokens(ring, dataset_id)
         for start in range(0, len(parsed.y), CHUNK):
             stop = min(start + CHUNK, len(parsed.y))
@@ -93,7 +115,7 @@ def register(
                 for i, (_, raw, _) in zip(range(start, stop), keys, strict=True)
             ]
             with db.write() as session:
-                _commit_chunk(session, ring, dataset_id, keys, rows)
+                _commit_chunk(session, ring, dataset_id, keys, rows, stop)
             pause.point(runtime.settings, "registration-chunk", dataset_id)  # between two commits
         with db.write() as session:
             finished = session.execute(
@@ -103,10 +125,29 @@ def register(
             )
             if rowcount(finished) != 1:  # discarded by the reconciler after the last chunk
                 raise RegistrationDiscarded(dataset_id)
-    except BaseException:
-        discard(runtime, dataset_id)
+    except APIError as exc:
+        discard(runtime, dataset_id, exc.as_json())
+        raise
+    except BaseException as exc:
+        discard(runtime, dataset_id, failure(exc))
         raise
     return dataset_id
+
+
+def failure(exc: BaseException) -> dict[str, Any]:
+    """What a failed dataset shows for an unexpected error (its detail stays in the log)."""
+    return {
+        "code": "registration_failed",
+        "message": f"the registration failed ({type(exc).__name__})",
+    }
+
+
+# what a dataset shows whose registration the reconciler discarded (its process died)
+ABANDONED = {
+    "code": "registration_abandoned",
+    "message": "the registration stopped (its process ended); nothing of it was kept: "
+    "register it again",
+}
 
 
 def _screened(
@@ -143,12 +184,14 @@ def _commit_chunk(
     dataset_id: int,
     keys: list[tuple[UUID, bytes, bytes]],
     rows: list[list[Any]],
+    done: int,
 ) -> None:
-    """One chunk's keys and rows, and the dataset's progress, in the caller's transaction."""
+    """One chunk's keys and rows, and the dataset's progress (`done` rows with this chunk),
+    in the caller's transaction."""
     moved = session.execute(
         update(DATASETS)
         .where(DATASETS.c.id == dataset_id, DATASETS.c.status == DatasetStatus.registering)
-        .values(progress_at=utcnow())
+        .values(progress_at=utcnow(), rows_done=done)
     )
     if rowcount(moved) != 1:
         raise RegistrationDiscarded(dataset_id)
@@ -196,10 +239,10 @@ def _sealed_row(
     ]
 
 
-def discard(runtime: Runtime, dataset_id: int) -> None:
-    """Delete a registering dataset: its samples' data keys and rows a chunk per commit, then
-    the dataset row, then compact (the destroyed keys leave the database files). A dataset
-    that is ready is left alone."""
+def discard(runtime: Runtime, dataset_id: int, error: dict[str, Any]) -> None:
+    """Empty a registering dataset: its samples' data keys and rows a chunk per commit, then
+    the dataset row marked `failed` with `error`, then compact (the destroyed keys leave the
+    database files). A dataset that is ready is left alone."""
     db = runtime.db
     while True:
         with db.write() as session:
@@ -210,11 +253,28 @@ def discard(runtime: Runtime, dataset_id: int) -> None:
                 select(Sample.id, Sample.key_id).where(Sample.dataset_id == dataset_id).limit(CHUNK)
             ).all()
             if not rows:
-                session.execute(delete(Dataset).where(Dataset.id == dataset_id))
+                session.execute(
+                    update(DATASETS)
+                    .where(DATASETS.c.id == dataset_id)
+                    .values(status=DatasetStatus.failed, error=error, progress_at=None, rows_done=0)
+                )
                 break
             destroy_keys(session, [k for _, k in rows if k is not None])
             session.execute(delete(Sample).where(Sample.id.in_([i for i, _ in rows])))
     compact_after_erasure(db, runtime.settings)
+
+
+def rows_total(session: Session, dataset_id: int) -> int:
+    """The rows a registration will commit: 0 until its upload is parsed."""
+    return int(session.scalar(select(Dataset.n_samples).where(Dataset.id == dataset_id)) or 0)
+
+
+def forget_failed(session: Session, dataset_id: int) -> None:
+    """Delete a failed dataset's row (it holds no sample): a registration refused while its
+    client still waited leaves nothing at all."""
+    session.execute(
+        delete(Dataset).where(Dataset.id == dataset_id, Dataset.status == DatasetStatus.failed)
+    )
 
 
 def abandoned(session: Session, now: datetime, stale_seconds: float) -> list[int]:

@@ -183,11 +183,24 @@ function setupForms() {
   const dsDone = el("p", { class: "notice", id: "ds-done" });
   const builtin = el("select", { id: "ds-builtin" },
     ["digits", "breast_cancer", "synthetic"].map(b => el("option", { value: b }, b)));
-  const file = el("input", { id: "ds-file", type: "file", accept: ".npz,.csv,text/csv" });
+  const file = el("input", { id: "ds-file", type: "file",
+                             accept: ".npz,.csv,text/csv,.parquet" });
+  // the column mapping of a CSV or Parquet upload (issue 55): empty fields are not sent
+  const mapping = [["label_column", "label column", "label"], ["id_column", "id column", ""],
+                   ["subject_column", "subject column", ""], ["split_column", "split column", ""],
+                   ["feature_columns", "feature columns (comma-separated)", ""]]
+    .map(([field, text, value]) => [field, text,
+         el("input", { id: `ds-${field.replace("_", "-")}`, value, placeholder: "—" })]);
+  const onErased = el("select", { id: "ds-on-erased" },
+    el("option", { value: "refuse" }, "refuse the upload"),
+    el("option", { value: "skip" }, "leave those rows out"));
   const dataset = el("form", { id: "new-dataset", class: "card action" },
     el("h2", {}, "Register a dataset"),
     el("label", {}, "builtin ", builtin),
-    el("label", {}, "or upload an .npz / CSV ", file),
+    el("label", {}, "or upload an .npz / CSV / Parquet file ", file),
+    el("fieldset", { class: "mapping" }, el("legend", {}, "columns of a CSV or Parquet file"),
+       ...mapping.map(([, text, input]) => el("label", {}, `${text} `, input))),
+    el("label", {}, "rows of people erased earlier: ", onErased),
     el("button", { type: "submit", id: "ds-submit" }, "Register"), dsError, dsDone);
   dataset.addEventListener("submit", async (event) => {
     event.preventDefault();
@@ -197,19 +210,31 @@ function setupForms() {
     if (file.files.length) {
       const form = new FormData();
       form.append("file", file.files[0]);
+      for (const [field, , input] of mapping) {
+        if (input.value.trim()) form.append(field, input.value.trim());
+      }
+      form.append("on_erased", onErased.value);
       response = await fetch("/v1/datasets", { method: "POST", headers: auth, body: form });
     } else {
       response = await fetch("/v1/datasets", { method: "POST",
         headers: { ...auth, "Content-Type": "application/json" },
-        body: JSON.stringify({ builtin: builtin.value }) });
+        body: JSON.stringify({ builtin: builtin.value, on_erased: onErased.value }) });
     }
     const result = await answer(response);
     if (!result.ok) { dsError.textContent = errorText(result); return; }
     const body = result.body;
-    dsDone.textContent = `Dataset #${body.id} registered: ${body.name}, ${body.n_samples} samples.`;
-    const target = document.getElementById("m-dataset");
-    target.value = body.id;
-    target.dispatchEvent(new Event("change"));  // the method table for the new dataset
+    const skipped = body.skipped_erased
+      ? ` (${body.skipped_erased} rows of erased people left out)` : "";
+    if (body.status === "registering") {  // a job (202): the datasets table follows it
+      dsDone.textContent = `Dataset #${body.id} is registering as a job: its progress ` +
+        "shows in the datasets table.";
+    } else {
+      dsDone.textContent =
+        `Dataset #${body.id} registered: ${body.name}, ${body.n_samples} samples.${skipped}`;
+      const target = document.getElementById("m-dataset");
+      target.value = body.id;
+      target.dispatchEvent(new Event("change"));  // the method table for the new dataset
+    }
     dataset.reset();
     render();  // the datasets table lists it
   });
@@ -336,6 +361,16 @@ async function modelsPage() {
     ...(setupForms() || [])] };
 }
 
+// A registration's progress (rows done of the total, the rate) or a failed one's reason.
+function datasetState(d) {
+  if (d.progress) {
+    const p = d.progress;
+    const total = p.rows_total ? ` of ${p.rows_total}` : " (parsing)";
+    return el("span", { class: "progress" }, ` ${p.rows_done}${total} rows, ${p.rows_per_second}/s`);
+  }
+  return null;
+}
+
 // The datasets (GET /v1/datasets, newest first) with their status; an admin picks one for
 // the model form here, and the form's dataset field offers them too (a datalist).
 async function datasetsTable() {
@@ -355,7 +390,7 @@ async function datasetsTable() {
     el("td", {}, d.source),
     el("td", {}, String(d.n_samples)),
     el("td", {}, d.feature_shape.join("×")),
-    el("td", {}, status(d.status)),
+    el("td", {}, status(d.status), datasetState(d)),
     el("td", {}, admin && d.status === "ready"
       ? el("button", { type: "button", class: "use-dataset", onclick: use(d) }, "new model")
       : "")));
