@@ -109,6 +109,58 @@ MAX_ID = 2**53 - 1
 # ---- datasets -------------------------------------------------------------------------------
 
 
+class S3Location(In):
+    """An object in the bucket store Lethe is configured for (its endpoint and keys)."""
+
+    bucket: str = Field(min_length=3, max_length=63, pattern=r"^[a-z0-9][a-z0-9.\-]*[a-z0-9]$")
+    """the bucket"""
+    key: str = Field(min_length=1, max_length=1024)
+    """the object's key"""
+
+
+class ObjectSource(In):
+    """Where the rows are: an object in S3-compatible storage."""
+
+    s3: S3Location
+    """the object"""
+
+
+class ObjectDatasetIn(In):
+    """A dataset read from object storage by the registration's worker, with the column
+    mapping of a CSV or Parquet upload (issue 55)."""
+
+    source: ObjectSource
+    """where the rows are"""
+    format: Literal["parquet", "csv", "npz"] | None = None
+    """parquet, csv or npz (default: from the key's suffix)"""
+    name: str | None = Field(None, max_length=200)
+    """a display name (default: the key)"""
+    label_column: str = Field("label", min_length=1, max_length=200)
+    """the label column (csv, parquet)"""
+    id_column: str | None = Field(None, min_length=1, max_length=200)
+    """the sample id column"""
+    subject_column: str | None = Field(None, min_length=1, max_length=200)
+    """the data subject column"""
+    split_column: str | None = Field(None, min_length=1, max_length=200)
+    """a train/test column (default: a seeded stratified split)"""
+    feature_columns: list[Annotated[str, Field(min_length=1, max_length=200)]] = Field(
+        [], max_length=65_536
+    )
+    """the feature columns (default: every other numeric column, or Parquet's one list column)"""
+    seed: int = Field(0, ge=0, le=2**31 - 1)
+    """seeds the split"""
+    test_fraction: float = Field(0.2, gt=0.0, lt=1.0)
+    """share of samples put in the test split"""
+    on_erased: Literal["refuse", "skip"] = "refuse"
+    """rows of samples or people erased earlier: refuse (409), or leave them out"""
+
+    def resolved_format(self) -> str:
+        key = self.source.s3.key.lower()
+        return self.format or (
+            "parquet" if key.endswith(".parquet") else "csv" if key.endswith(".csv") else "npz"
+        )
+
+
 class BuiltinDatasetIn(In):
     """A builtin dataset, built on the server: scikit-learn's digits or breast cancer, a seeded
     Gaussian mixture, or a synthetic text corpus."""

@@ -3,14 +3,15 @@
 from __future__ import annotations
 
 import asyncio
+import json
 from concurrent.futures import Future
 from functools import partial
-from typing import Any
+from typing import Any, TypeVar
 
 from fastapi import APIRouter, Query, Request
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import JSONResponse
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 
 from app.api.deps import Admin, AnyRole, DbDep, RuntimeDep, SettingsDep
 from app.api.params import PathId
@@ -23,6 +24,7 @@ from app.schemas import (
     DatasetOut,
     DatasetPage,
     DatasetSummary,
+    ObjectDatasetIn,
     SamplePage,
     Text,
 )
@@ -123,18 +125,19 @@ async def register_dataset(
         job = partial(Registration, settings, name=name, fmt=fmt, limits=limits, params=params,
                       on_erased=on_erased)  # fmt: skip
     elif ctype.startswith("application/json"):
-        try:
-            spec = BuiltinDatasetIn.model_validate_json(await request.body())
-        except ValidationError as exc:
-            raise unprocessable(
-                "invalid_request",
-                "invalid builtin dataset spec",
-                [{"loc": list(e["loc"]), "msg": e["msg"]} for e in exc.errors()],
-            ) from exc
-        dataset_files.check_builtin(spec, limits)
-        name, source, data = spec.name or spec.builtin, f"builtin:{spec.builtin}", b""
-        job = partial(Registration, settings, name=name, fmt="builtin", limits=limits,
-                      builtin=spec, on_erased=spec.on_erased)  # fmt: skip
+        raw = await request.body()
+        if _names_a_source(raw):  # an object in S3, read by the registration's child
+            where = _validated(ObjectDatasetIn, raw, "invalid object source")
+            name, fmt, data = where.name or where.source.s3.key[-200:], where.resolved_format(), b""
+            source = f"s3:{fmt}"
+            job = partial(Registration, settings, name=name, fmt=fmt, limits=limits,
+                          params=_object_parameters(where), on_erased=where.on_erased)  # fmt: skip
+        else:
+            spec = _validated(BuiltinDatasetIn, raw, "invalid builtin dataset spec")
+            dataset_files.check_builtin(spec, limits)
+            name, source, data = spec.name or spec.builtin, f"builtin:{spec.builtin}", b""
+            job = partial(Registration, settings, name=name, fmt="builtin", limits=limits,
+                          builtin=spec, on_erased=spec.on_erased)  # fmt: skip
     else:
         raise APIError(
             415,
@@ -158,6 +161,42 @@ async def register_dataset(
 
 
 INLINE_ROWS = 10_000  # a registration of more rows answers 202 and goes on as a job
+
+M = TypeVar("M", bound=BaseModel)
+
+
+def _validated(model: type[M], raw: bytes, what: str) -> M:
+    try:
+        return model.model_validate_json(raw)
+    except ValidationError as exc:
+        raise unprocessable(
+            "invalid_request",
+            what,
+            [{"loc": list(e["loc"]), "msg": e["msg"]} for e in exc.errors()],
+        ) from exc
+
+
+def _names_a_source(raw: bytes) -> bool:
+    """Whether a JSON body is an object source (else a builtin): its top-level keys."""
+    try:
+        found = json.loads(raw)
+    except (ValueError, RecursionError):
+        return False  # the builtin's validation says what is wrong
+    return isinstance(found, dict) and "source" in found
+
+
+def _object_parameters(spec: ObjectDatasetIn) -> dict[str, Any]:
+    """What the child needs to read an object source: where, and the column mapping."""
+    return {
+        "object": {"bucket": spec.source.s3.bucket, "key": spec.source.s3.key},
+        "label_column": spec.label_column,
+        "id_column": spec.id_column,
+        "subject_column": spec.subject_column,
+        "split_column": spec.split_column,
+        "feature_columns": list(spec.feature_columns),
+        "seed": spec.seed,
+        "test_fraction": spec.test_fraction,
+    }
 
 
 def _begin(db: Database, name: str, source: str) -> int:

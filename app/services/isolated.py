@@ -26,6 +26,7 @@ from typing import Any
 from app.errors import APIError
 from app.schemas import BuiltinDatasetIn
 from app.services import dataset_files
+from app.services.object_sources import open_object, read_whole
 from app.services.parquet_files import Columns, parse_parquet
 from app.settings import Settings
 
@@ -143,6 +144,11 @@ def _parse(job: Registration, data: bytes) -> dataset_files.ParsedDataset:
     p, limits = job.params, job.limits
     if job.builtin is not None:
         return dataset_files.load_builtin(job.builtin)
+    if "object" in p:  # in object storage: Parquet by ranged GETs, the rest read whole
+        found = open_object(job.settings, p["object"]["bucket"], p["object"]["key"])
+        if job.fmt == "parquet":
+            return _parse_parquet(job, found)
+        data = read_whole(found, limits.max_npz_bytes)
     if job.fmt == "npz":
         return dataset_files.parse_npz(data, p["seed"], p["test_fraction"], limits)
     if job.fmt == "sparse_npz":
@@ -161,14 +167,7 @@ def _parse(job: Registration, data: bytes) -> dataset_files.ParsedDataset:
             limits,
         )
     if job.fmt == "parquet":
-        columns = Columns(
-            label=p["label_column"],
-            id=p["id_column"],
-            subject=p["subject_column"],
-            split=p["split_column"],
-            features=tuple(p["feature_columns"]),
-        )
-        return parse_parquet(data, columns, p["seed"], p["test_fraction"], limits)
+        return _parse_parquet(job, data)
     return dataset_files.parse_csv(
         data,
         p["label_column"],
@@ -180,6 +179,18 @@ def _parse(job: Registration, data: bytes) -> dataset_files.ParsedDataset:
         limits,
         p["feature_columns"],
     )
+
+
+def _parse_parquet(job: Registration, data: bytes | io.IOBase) -> dataset_files.ParsedDataset:
+    p = job.params
+    columns = Columns(
+        label=p["label_column"],
+        id=p["id_column"],
+        subject=p["subject_column"],
+        split=p["split_column"],
+        features=tuple(p["feature_columns"]),
+    )
+    return parse_parquet(data, columns, p["seed"], p["test_fraction"], job.limits)
 
 
 class UploadPool:

@@ -5,6 +5,7 @@ whatever is malformed is a 422 naming the column and the row."""
 
 from __future__ import annotations
 
+import io
 from dataclasses import dataclass
 
 import numpy as np
@@ -38,11 +39,12 @@ class Columns:
 
 
 def parse_parquet(
-    data: bytes, columns: Columns, seed: int, test_fraction: float, limits: Limits
+    data: bytes | io.IOBase, columns: Columns, seed: int, test_fraction: float, limits: Limits
 ) -> ParsedDataset:
-    """The rows of a Parquet file as a dataset (features float32)."""
+    """The rows of a Parquet file (its bytes, or a seekable file: an object in S3 read by
+    ranged GETs) as a dataset (features float32)."""
     try:
-        table_file = pq.ParquetFile(pa.BufferReader(data))
+        table_file = pq.ParquetFile(pa.BufferReader(data) if isinstance(data, bytes) else data)
         schema = table_file.schema_arrow
     except (pa.ArrowException, OSError, ValueError) as exc:
         raise unprocessable("malformed_parquet", f"not a Parquet file: {exc}") from exc
