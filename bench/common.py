@@ -79,6 +79,20 @@ def embedded_server(data_dir: Path) -> Iterator[tuple[str, str]]:
         yield cluster.start_api(), cluster.admin_key
 
 
+def ready(client: Any, answer: Any) -> dict[str, Any]:
+    """A registered dataset once it is ready: a registration of more than 10,000 rows is a
+    job (202, issue 55), followed here until its status is ready. `client` is Lethe's Client
+    or an httpx.Client, `answer` what its POST returned."""
+    found = answer.json() if hasattr(answer, "json") and not isinstance(answer, dict) else answer
+    while found.get("status") == "registering":
+        time.sleep(0.2)
+        got = client.get(f"/v1/datasets/{found['id']}")
+        found = got.json() if hasattr(got, "json") and not isinstance(got, dict) else got
+    if found.get("status") != "ready":
+        raise RuntimeError(f"registration failed: {found}")
+    return found
+
+
 def percentiles(values: list[float]) -> dict[str, float]:
     arr = np.asarray(values)
     return {

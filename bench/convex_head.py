@@ -29,7 +29,7 @@ from sklearn.model_selection import train_test_split
 
 from app.privacy.lineage import LineageBudget, admit
 from app.specs import PrivacyPolicy
-from bench.common import RESULTS, model_spec, write_result
+from bench.common import RESULTS, model_spec, ready, write_result
 from maths import convex
 from maths.training import accuracy
 from methods.compute import PrivacyTarget, RemovedSamples, RetainedData
@@ -219,7 +219,7 @@ def service(name: str, requests: int, tmp: Path) -> dict[str, Any]:
     with embedded_server(tmp / name) as (url, key):
         c = Client(url, key, timeout=3600)
         t0 = time.perf_counter()
-        ds = c.post("/v1/datasets", json=SERVICE_DATASETS[name])
+        ds = ready(c, c.post("/v1/datasets", json=SERVICE_DATASETS[name]))
         out["register_s"] = time.perf_counter() - t0
         t0 = time.perf_counter()
         model = c.post(

@@ -34,7 +34,7 @@ from typing import Any
 
 from app.client import Client
 from bench.cluster import Cluster
-from bench.common import device_info, embedded_worker, write_result
+from bench.common import device_info, embedded_worker, ready, write_result
 from bench.profile_request import busy_shares
 
 METHOD = {"name": "convex_head", "lam": 1e-3, "R": 20.0, "beta": 1e-3}
@@ -181,7 +181,7 @@ def main() -> None:
             thread.start()
             body = {"builtin": "synthetic", "n_samples": n, "n_features": 256,
                     "n_classes": 10, "subject_size": SUBJECT_SIZE}  # fmt: skip
-            ds = c.post("/v1/datasets", json=body)
+            ds = ready(c, c.post("/v1/datasets", json=body))
             register_s = time.perf_counter() - t0
             stop.set()
             thread.join()

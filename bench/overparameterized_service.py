@@ -17,15 +17,18 @@ from pathlib import Path
 
 from app.client import Client
 from bench.cluster import Cluster
-from bench.common import percentiles, write_result
+from bench.common import percentiles, ready, write_result
 
 
 def run(c: Client, n_samples: int, deletions: int) -> dict:
     """Register synthetic data of `n_samples` (80 % train), train minnorm on p = 20,000
     random features, then time `deletions` single-sample deletions one after another."""
-    ds = c.post(
-        "/v1/datasets",
-        json={"builtin": "synthetic", "n_samples": n_samples, "n_features": 20, "n_classes": 2},
+    ds = ready(
+        c,
+        c.post(
+            "/v1/datasets",
+            json={"builtin": "synthetic", "n_samples": n_samples, "n_features": 20, "n_classes": 2},
+        ),
     )
     start = time.time()
     model = c.post(

@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 
 from bench.cluster import Cluster
-from bench.common import run_in_tree, worker_processes, write_result
+from bench.common import ready, run_in_tree, worker_processes, write_result
 from tests.memory_scan import scan
 
 N, D, PEOPLE, PERSON = 300, 32, 30, 7
@@ -57,11 +57,14 @@ def one(wait: float) -> dict[str, Any]:
         cluster.start_api()
         with cluster, cluster.client() as c:
             assert cluster.api is not None
-            ds = c.post(
-                "/v1/datasets",
-                files={"file": ("d.csv", io.BytesIO("\n".join(lines).encode()))},
-                data={"id_column": "id", "subject_column": "subject", "split_column": "split"},
-            ).json()
+            ds = ready(
+                c,
+                c.post(
+                    "/v1/datasets",
+                    files={"file": ("d.csv", io.BytesIO("\n".join(lines).encode()))},
+                    data={"id_column": "id", "subject_column": "subject", "split_column": "split"},
+                ),
+            )
             for method in ({"name": "retrain"}, {"name": "convex_head", "lam": 1e-2, "R": 20.0}):
                 model = c.post(
                     "/v1/models",

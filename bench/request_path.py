@@ -36,7 +36,7 @@ import httpx
 
 from app.db.migrate import upgrade_to_head
 from bench.cluster import Cluster, free_port
-from bench.common import children_cpu_seconds, cpu_seconds, scratch_database, write_result
+from bench.common import children_cpu_seconds, cpu_seconds, ready, scratch_database, write_result
 
 REDIS = "redis://127.0.0.1:6379/0"
 WRK = Path(__file__).resolve().parent / "wrk"
@@ -104,10 +104,13 @@ def load(
 def prepare(cluster: Cluster, n_samples: int, tmp: Path) -> dict:
     """Dataset, a ready retrain model, a requester and a reader key, the ids file, weights."""
     with cluster.client(timeout=600) as c:
-        ds = c.post(
-            "/v1/datasets",
-            json={"builtin": "synthetic", "n_samples": n_samples, "n_features": 20},
-        ).json()
+        ds = ready(
+            c,
+            c.post(
+                "/v1/datasets",
+                json={"builtin": "synthetic", "n_samples": n_samples, "n_features": 20},
+            ),
+        )
         model = c.post(
             "/v1/models",
             json={"name": "bench", "dataset_id": ds["id"], "architecture": {"type": "logreg"}},

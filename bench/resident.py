@@ -39,7 +39,14 @@ from typing import Any
 from app.client import Client
 from app.states import FINISHED_REQUEST
 from bench.cluster import Cluster
-from bench.common import REDIS, children_cpu_seconds, cpu_seconds, scratch_database, write_result
+from bench.common import (
+    REDIS,
+    children_cpu_seconds,
+    cpu_seconds,
+    ready,
+    scratch_database,
+    write_result,
+)
 
 MODES = ("embedded", "distributed")
 # the embedded worker as a thread of the API process, as before issue 28's goal 5 (not a default)
@@ -66,7 +73,7 @@ def trained_model(
     `method` trained on it; returns the dataset's id, the model's id and the external ids of
     its first `samples` training samples."""
     body = {"builtin": "synthetic", "n_samples": n, "n_features": features, "n_classes": 2}
-    ds = c.post("/v1/datasets", json=body)
+    ds = ready(c, c.post("/v1/datasets", json=body))
     spec = {"name": method, "dataset_id": ds["id"], "training": TRAINING,
             "architecture": {"type": "logreg"}, **METHODS[method]}  # fmt: skip
     model = c.wait_model(c.create_model(spec).id)

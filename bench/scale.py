@@ -63,7 +63,7 @@ import numpy as np
 
 from app.client import Client, LetheError
 from bench.cluster import Cluster
-from bench.common import RESULTS, embedded_server, write_result
+from bench.common import RESULTS, embedded_server, ready, write_result
 
 TRAINING = {"epochs": 5, "batch_size": 128, "learning_rate": 0.1, "weight_decay": 5e-4, "seed": 0}
 LOGREG = {"type": "logreg"}
@@ -239,14 +239,17 @@ def run_method(
 ) -> dict[str, Any]:
     out: dict[str, Any] = {"spec": spec}
     t0 = time.perf_counter()
-    ds = c.post(
-        "/v1/datasets",
-        json={
-            "builtin": "synthetic",
-            "n_samples": n,
-            "n_features": args.features,
-            "n_classes": args.classes,
-        },
+    ds = ready(
+        c,
+        c.post(
+            "/v1/datasets",
+            json={
+                "builtin": "synthetic",
+                "n_samples": n,
+                "n_features": args.features,
+                "n_classes": args.classes,
+            },
+        ),
     )
     out["register_s"] = time.perf_counter() - t0
     out["dataset_id"] = ds["id"]

@@ -33,7 +33,7 @@ from safetensors.torch import save as st_save
 from sklearn.datasets import load_digits
 from sklearn.model_selection import train_test_split
 
-from bench.common import RESULTS, model_spec, percentiles, update_inputs, write_result
+from bench.common import RESULTS, model_spec, percentiles, ready, update_inputs, write_result
 
 ARCH = {"type": "mlp", "hidden": [64, 64], "activation": "relu"}
 TASKS: dict[str, dict[str, Any]] = {
@@ -198,7 +198,7 @@ def service(deletions: int, burst: int) -> dict[str, Any]:
             }
             out[task] = {}
             for label, method in methods.items():
-                ds = c.post("/v1/datasets", json=dataset)
+                ds = ready(c, c.post("/v1/datasets", json=dataset))
                 row = _serve(c, ds["id"], TASKS[task]["training"], label, method, deletions)
                 if method["name"] == "sharded_retrain" and task == "digits":
                     row["burst"] = _burst(c, ds["id"], row.pop("model_id"), burst)

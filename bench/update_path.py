@@ -35,7 +35,7 @@ from app.db.migrate import upgrade_to_head
 from app.db.session import database
 from app.db.tables import DeletionRequest, ModelVersion
 from bench.cluster import Cluster
-from bench.common import REDIS, percentiles, scratch_database, write_result
+from bench.common import REDIS, percentiles, ready, scratch_database, write_result
 
 BUDGET = {"epsilon": 1.0, "delta": 1e-5, "lineage_epsilon": 1000.0, "lineage_delta": 1e-3}
 METHODS: dict[str, dict[str, Any]] = {
@@ -162,7 +162,7 @@ def throughput(method: str, n_requests: int, mode: str) -> dict[str, Any]:
         cluster.start_api()
         cluster.start_worker()
         c = Client(cluster.url, cluster.admin_key, timeout=3600)
-        ds = c.post("/v1/datasets", json=dataset)
+        ds = ready(c, c.post("/v1/datasets", json=dataset))
         spec = dict(METHODS[method])
         if method == "convex_head":
             spec = {

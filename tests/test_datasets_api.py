@@ -291,6 +291,7 @@ def test_the_datasets_are_listed_newest_first_paged_and_by_status(api: Api) -> N
     assert api.client.get("/v1/datasets").status_code == 401  # no key
 
 
+@pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)  # not a dialect's behaviour
 def test_a_registration_of_more_than_ten_thousand_rows_is_a_job(api: Api) -> None:
     """Issue 55, goal 1: once the parse finds more than 10,000 rows the POST answers 202
     (status registering, its progress, a Location to poll) and the registration goes on;

@@ -110,6 +110,7 @@ def test_malformed_files_name_the_column_and_the_row() -> None:
     assert refusal(parquet(twice)).code == "duplicate_ids"
 
 
+@pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)  # not a dialect's behaviour
 def test_a_parquet_upload_with_a_column_mapping(api: Api) -> None:
     data = parquet(table())
     form = {
@@ -132,6 +133,7 @@ def test_a_parquet_upload_with_a_column_mapping(api: Api) -> None:
     assert bad.status_code == 422 and bad.json()["error"]["details"]["column"] == "nope"
 
 
+@pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)  # not a dialect's behaviour
 def test_a_csv_takes_a_feature_mapping(api: Api) -> None:
     rows = ["id,a,b,c,label"] + [f"r{i},{i},{i * 2},{i * 3},{i % 2}" for i in range(20)]
     data = ("\n".join(rows) + "\n").encode()
