@@ -87,7 +87,7 @@ def register(
     half-written stays."""
     db, ring = runtime.db, runtime.keyring
     try:
-        ids_given = parsed.ids != [str(i) for i in range(len(parsed.ids))]
+        ids_given = any(x != str(i) for i, x in enumerate(parsed.ids))  # not row numbers
         parsed, skipped = _screened(runtime, parsed, ids_given, on_erased)
         with db.write() as session:  # what the parse found: the total is known from here
             described = session.execute(
