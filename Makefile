@@ -40,7 +40,7 @@ prerequisites:
 
 # Two pytest processes (pytest-xdist), each with its own PostgreSQL database, Redis and SeaweedFS
 # (session fixtures): most of a test's time is waiting on servers and worker processes.
-TEST_PROCESSES ?= 2
+TEST_PROCESSES ?= 3
 
 test: prerequisites install-test lint
 	$(BIN)/python -m pytest -q -m "not image" -n $(TEST_PROCESSES) --dist worksteal
