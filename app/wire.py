@@ -51,40 +51,6 @@ class RegistrationProgress(Out):
     """rows committed per second since the registration began"""
 
 
-class DatasetOut(Out):
-    """A registered dataset and its sample counts."""
-
-    id: int
-    """the dataset's id"""
-    name: str
-    """display name"""
-    kind: str
-    """image, tabular or text"""
-    source: str
-    """builtin:<name>, npz, csv, text_csv or sparse_npz"""
-    feature_shape: list[int]
-    """shape of one sample's features (a text corpus: [vocabulary])"""
-    n_classes: int
-    """number of labels (1 when unlabelled)"""
-    n_samples: int
-    """samples registered (while registering: the samples it will hold)"""
-    status: str = "ready"
-    """registering (samples are still being committed, a chunk at a time: models and
-    deletions on it are refused with 409 until it is ready), ready, or failed"""
-    counts: dict[str, int] = {}
-    """samples per split and per status (active, erased)"""
-    skipped_erased: int = 0
-    """rows left out at registration: their sample or person had been erased (on_erased=skip)"""
-    progress: RegistrationProgress | None = None
-    """while registering: rows done, the total and the rate"""
-    error: JsonObject | None = None
-    """once failed: why (its rows and keys are gone)"""
-    text: JsonObject | None = None
-    """a corpus's vocabulary size, rare token and short documents (null otherwise)"""
-    created_at: datetime
-    """when it was registered (UTC)"""
-
-
 class DatasetSummary(Out):
     """A dataset as the list shows it: what it is and its status (counts per split and
     status are on `GET /v1/datasets/{id}`: they count its rows)."""
@@ -96,19 +62,33 @@ class DatasetSummary(Out):
     kind: str
     """image, tabular or text"""
     source: str
-    """where its rows came from"""
+    """builtin:<name>, npz, csv, parquet, s3:<format>, text_csv or sparse_npz"""
     feature_shape: list[int]
     """shape of one sample's features"""
     n_classes: int
     """number of classes"""
     n_samples: int
-    """samples at registration"""
+    """samples registered (while registering: the samples it will hold)"""
     status: str
-    """registering, ready or failed"""
+    """registering (samples are still being committed, a chunk at a time: models and
+    deletions on it are refused with 409 until it is ready), ready, or failed"""
     progress: RegistrationProgress | None = None
     """while registering: rows done, the total and the rate"""
     created_at: datetime
     """when it was registered (UTC)"""
+
+
+class DatasetOut(DatasetSummary):
+    """A registered dataset: what the list shows, and its sample counts."""
+
+    counts: dict[str, int] = {}
+    """samples per split and per status (active, erased)"""
+    skipped_erased: int = 0
+    """rows left out at registration: their sample or person had been erased (on_erased=skip)"""
+    error: JsonObject | None = None
+    """once failed: why (its rows and keys are gone)"""
+    text: JsonObject | None = None
+    """a corpus's vocabulary size, rare token and short documents (null otherwise)"""
 
 
 class DatasetPage(Out):

@@ -78,9 +78,12 @@ def list_datasets(
     rows = session.scalars(
         select(Dataset).where(*where).order_by(Dataset.id.desc()).offset(offset).limit(limit)
     )
-    return [
-        {**{c: getattr(ds, c) for c in SUMMARY_COLUMNS}, "progress": progress_of(ds)} for ds in rows
-    ], int(total)
+    return [dataset_summary(ds) for ds in rows], int(total)
+
+
+def dataset_summary(ds: Dataset) -> dict[str, Any]:
+    """What the list shows of a dataset: its columns and its progress (no count of rows)."""
+    return {**{c: getattr(ds, c) for c in SUMMARY_COLUMNS}, "progress": progress_of(ds)}
 
 
 def progress_of(ds: Dataset) -> dict[str, Any] | None:
@@ -96,23 +99,10 @@ def progress_of(ds: Dataset) -> dict[str, Any] | None:
 
 
 def dataset_view(session: Session, ds: Dataset) -> dict[str, Any]:
+    """A dataset as `GET /v1/datasets/{id}` shows it: its summary and its counts."""
     return {
-        **{
-            c: getattr(ds, c)
-            for c in (
-                "id",
-                "name",
-                "kind",
-                "source",
-                "feature_shape",
-                "n_classes",
-                "n_samples",
-                "created_at",
-                "skipped_erased",
-            )
-        },
-        "status": ds.status,
-        "progress": progress_of(ds),
+        **dataset_summary(ds),
+        "skipped_erased": ds.skipped_erased,
         "error": ds.error,
         "counts": dataset_counts(session, ds.id),
         "text": None if ds.text is None else text_summary(ds.text),
