@@ -22,10 +22,10 @@ from datetime import timedelta
 from sqlalchemy import or_, select, update
 from sqlalchemy.orm import Session
 
-from app.db.tables import DeletionTask, Model, PrivacyAudit, task_is_due, utcnow
+from app.db.tables import DeletionTask, LearnTask, Model, PrivacyAudit, task_is_due, utcnow
 from app.dispatch import AUDIT, DELETE, TRAIN, Dispatcher
 from app.runtime import Runtime
-from app.services import registration
+from app.services import appends, registration
 from app.settings import Settings
 from app.states import AuditStatus, ModelStatus, TaskStatus
 
@@ -69,6 +69,12 @@ def reconcile(session: Session, settings: Settings) -> dict[str, list[int]]:
             free,
         )
     ).all()
+    to_learn = session.scalars(
+        select(LearnTask.model_id)
+        .distinct()
+        .join(Model, Model.id == LearnTask.model_id)
+        .where(LearnTask.status == TaskStatus.queued, Model.status == ModelStatus.ready, free)
+    ).all()
     stale = now - timedelta(seconds=settings.job_timeout_seconds)
     to_audit = session.scalars(
         select(PrivacyAudit.id).where(
@@ -80,9 +86,10 @@ def reconcile(session: Session, settings: Settings) -> dict[str, list[int]]:
     ).all()
     return {
         "train": sorted(to_train),
-        "delete": sorted(to_delete),
+        "delete": sorted({*to_delete, *to_learn}),  # the deletion job learns appends too
         "audit": sorted(to_audit),
         "discard": registration.abandoned(session, now, settings.registration_stale_seconds),
+        "discard_appends": appends.abandoned(session, now, settings.registration_stale_seconds),
     }
 
 
@@ -93,6 +100,9 @@ def reconcile_and_signal(runtime: Runtime, dispatcher: Dispatcher) -> dict[str, 
     for dataset_id in work["discard"]:
         log.warning("dataset %s: its registration stopped; discarding it", dataset_id)
         registration.discard(runtime, dataset_id, registration.ABANDONED)
+    for append_id in work["discard_appends"]:
+        log.warning("append %s: it stopped; discarding it", append_id)
+        appends.discard(runtime, append_id, appends.ABANDONED)
     for model_id in work["train"]:
         dispatcher.enqueue(TRAIN, model_id)
     for model_id in work["delete"]:

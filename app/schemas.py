@@ -25,12 +25,15 @@ from app.specs import (
 from app.states import Guarantee
 from app.wire import (  # noqa: F401 - the response models, re-exported
     AlreadyErased,
+    AppendOut,
+    AppendPage,
     DatasetOut,
     DatasetPage,
     DatasetSummary,
     DeletionOut,
     DeletionPage,
     KeyOut,
+    Learning,
     ModelOut,
     ModelProgress,
     Out,

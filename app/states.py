@@ -52,8 +52,10 @@ class DatasetStatus(StrEnum):
 
 
 class SampleStatus(StrEnum):
-    """A sample: active, erasing (a request holds it), erased (its data key destroyed)."""
+    """A sample: active, erasing (a request holds it), erased (its data key destroyed); an
+    appended row is pending until its append finishes (no model, split or request sees it)."""
 
+    pending = "pending"
     active = "active"
     erasing = "erasing"
     erased = "erased"
@@ -66,6 +68,7 @@ class VersionKind(StrEnum):
     imported = "imported"
     unlearned = "unlearned"
     retrained = "retrained"
+    learned = "learned"  # appended rows learned (issue 55)
 
 
 class Stage(StrEnum):

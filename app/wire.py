@@ -91,6 +91,61 @@ class DatasetOut(DatasetSummary):
     """a corpus's vocabulary size, rare token and short documents (null otherwise)"""
 
 
+class Learning(Out):
+    """One model's learning of an append's rows."""
+
+    model_id: int
+    """the model"""
+    status: str
+    """queued, running, done or failed"""
+    version_id: int | None = None
+    """the `learned` version, once done"""
+    n_added: int = 0
+    """rows the model learned (its training rows among the append's)"""
+
+
+class AppendOut(Out):
+    """Rows appended to a dataset (issue 55): a job like a registration, then each of the
+    dataset's models learns them."""
+
+    id: int
+    """the append's id"""
+    dataset_id: int
+    """the dataset the rows joined"""
+    source: str
+    """npz, csv, parquet or s3:<format>"""
+    status: str
+    """registering (rows still being committed: no model sees them yet), ready, or failed
+    (nothing of it was kept)"""
+    n_samples: int
+    """rows appended (while registering: rows the upload holds)"""
+    skipped_erased: int = 0
+    """rows left out: their sample or person had been erased"""
+    progress: RegistrationProgress | None = None
+    """while registering: rows done, the total and the rate"""
+    error: JsonObject | None = None
+    """once failed: why"""
+    created_at: datetime
+    """when it was sent (UTC)"""
+    finished_at: datetime | None = None
+    """when its rows turned active (UTC)"""
+    learning: list[Learning] = []
+    """each model of the dataset and its learning of these rows"""
+
+
+class AppendPage(Out):
+    """A page of a dataset's appends, newest first."""
+
+    items: list[AppendOut]
+    """the appends"""
+    total: int
+    """the dataset's appends"""
+    offset: int
+    """first item's position"""
+    limit: int
+    """page size"""
+
+
 class DatasetPage(Out):
     """A page of the datasets, newest first."""
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from collections.abc import Callable
 from concurrent.futures import Future
 from functools import partial
 from typing import Any, TypeVar
@@ -13,13 +14,16 @@ from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ValidationError
 
-from app.api.deps import Admin, AnyRole, DbDep, RuntimeDep, SettingsDep
+from app.api.deps import Admin, AnyRole, DbDep, DispatcherDep, RuntimeDep, SettingsDep
 from app.api.params import PathId
 from app.api.responses import COMMON, errors
 from app.db.session import Database
+from app.dispatch import DELETE
 from app.errors import APIError, unprocessable
 from app.jsontypes import JsonObject
 from app.schemas import (
+    AppendOut,
+    AppendPage,
     BuiltinDatasetIn,
     DatasetOut,
     DatasetPage,
@@ -29,10 +33,11 @@ from app.schemas import (
     Text,
 )
 from app.security import Role
-from app.services import dataset_files
+from app.services import appends, dataset_files
 from app.services.datasets import dataset_view, get_dataset, list_datasets, list_samples
 from app.services.isolated import Registration, outcome, start_isolated, wipe, wipe_upload
 from app.services.registration import begin, forget_failed, rows_total
+from app.settings import Settings
 
 router = APIRouter(prefix="/v1/datasets", tags=["datasets"], responses=COMMON)
 
@@ -116,6 +121,30 @@ async def register_dataset(
     """Register a builtin (JSON `{"builtin": "digits"}`) or upload an .npz / CSV / Parquet
     file: 201 when done, or 202 with `status: registering` and `progress` once the file
     turns out to hold more than 10,000 rows (a job: poll `GET /v1/datasets/{id}`)."""
+    name, source, job, data = await _job_of(request, settings)
+    dataset_id = await run_in_threadpool(_begin, db, name, source)
+    # parsed and sealed in a process of its own, which ends with the plaintext (issue 53)
+    running = start_isolated(runtime.uploads, job(dataset_id=dataset_id), data)
+    inline = await _finished_inline(
+        running, partial(_total, db, dataset_id), partial(_forget, db, dataset_id)
+    )
+
+    def view() -> JsonObject:
+        with db.read() as session:
+            return dataset_view(session, get_dataset(session, dataset_id))
+
+    body = DatasetOut.model_validate(await run_in_threadpool(view)).model_dump(mode="json")
+    if inline:
+        return JSONResponse(body, status_code=201)
+    headers = {"Location": f"/v1/datasets/{dataset_id}"}  # a job: poll it for its progress
+    return JSONResponse(body, status_code=202, headers=headers)
+
+
+async def _job_of(
+    request: Request, settings: Settings
+) -> tuple[str, str, Callable[..., Registration], bytes]:
+    """What a registration or an append reads, from its request: a name, the source, the
+    child's job (its dataset or append id still to give) and the upload's bytes."""
     ctype = request.headers.get("content-type", "")
     limits = dataset_files.Limits.from_settings(settings)
     if ctype.startswith("multipart/form-data"):
@@ -144,20 +173,7 @@ async def register_dataset(
             "unsupported_media_type",
             "send application/json for a builtin or multipart/form-data with a file",
         )
-    dataset_id = await run_in_threadpool(_begin, db, name, source)
-    # parsed and sealed in a process of its own, which ends with the plaintext (issue 53)
-    running = start_isolated(runtime.uploads, job(dataset_id=dataset_id), data)
-    inline = await _finished_inline(db, running, dataset_id)
-
-    def view() -> JsonObject:
-        with db.read() as session:
-            return dataset_view(session, get_dataset(session, dataset_id))
-
-    body = DatasetOut.model_validate(await run_in_threadpool(view)).model_dump(mode="json")
-    if inline:
-        return JSONResponse(body, status_code=201)
-    headers = {"Location": f"/v1/datasets/{dataset_id}"}  # a job: poll it for its progress
-    return JSONResponse(body, status_code=202, headers=headers)
+    return name, source, job, data
 
 
 INLINE_ROWS = 10_000  # a registration of more rows answers 202 and goes on as a job
@@ -204,10 +220,12 @@ def _begin(db: Database, name: str, source: str) -> int:
         return begin(session, name, source)
 
 
-async def _finished_inline(db: Database, running: Future[tuple[Any, ...]], dataset_id: int) -> bool:
-    """Wait for the registration while it may still finish inline: True once it has (an
-    error is raised here, and its failed row forgotten: nothing is left), False as soon as
-    the parse found more than INLINE_ROWS rows (it goes on as a job)."""
+async def _finished_inline(
+    running: Future[tuple[Any, ...]], total: Callable[[], int], forget: Callable[[], None]
+) -> bool:
+    """Wait for the registration (or append) while it may still finish inline: True once it
+    has (an error is raised here, and its failed row forgotten: nothing is left), False as
+    soon as the parse found more than INLINE_ROWS rows (it goes on as a job)."""
     waiting = asyncio.wrap_future(running)
     while True:
         done, _ = await asyncio.wait({waiting}, timeout=INLINE_POLL_SECONDS)
@@ -215,10 +233,10 @@ async def _finished_inline(db: Database, running: Future[tuple[Any, ...]], datas
             try:
                 outcome(waiting.result())
             except APIError:
-                await run_in_threadpool(_forget, db, dataset_id)
+                await run_in_threadpool(forget)
                 raise
             return True
-        if await run_in_threadpool(_total, db, dataset_id) > INLINE_ROWS:
+        if await run_in_threadpool(total) > INLINE_ROWS:
             return False
 
 
@@ -356,3 +374,106 @@ def read_samples(
         )
         page = {"items": items, "total": total, "offset": offset, "limit": limit}
         return SamplePage.model_validate(page)
+
+
+@router.post(
+    "/{dataset_id}/samples",
+    status_code=201,
+    response_model=AppendOut,
+    responses={
+        202: {
+            "model": AppendOut,
+            "description": f"more than {10_000:,} rows: appending as a job; poll the append "
+            "(Location) for its progress and its models' learning",
+        },
+        **errors(404, 409, 415),
+    },
+    openapi_extra=UPLOAD_DOC,
+)
+async def append_samples(
+    dataset_id: PathId,
+    request: Request,
+    _: Admin,
+    db: DbDep,
+    settings: SettingsDep,
+    runtime: RuntimeDep,
+    dispatcher: DispatcherDep,
+) -> JSONResponse:
+    """Append rows to a ready dataset (issue 55), from the same sources as a registration:
+    ids of your own are required; a row takes the split its column says, else the dataset's
+    rule (a keyed hash of its id); ids the dataset holds are refused (409 `duplicate_ids`,
+    listed), as are rows of erased people (`on_erased`). 201 when done, 202 with progress for
+    more than 10,000 rows. Every model of the dataset then learns the rows: a `learned`
+    version each (the append's `learning`)."""
+    dataset_id = int(dataset_id)
+    _, source, job, data = await _job_of(request, settings)
+    append_id = await run_in_threadpool(_begin_append, db, dataset_id, source)
+    running = start_isolated(runtime.uploads, job(dataset_id=dataset_id, append_id=append_id), data)
+
+    def signal(_: object = None) -> None:  # the models learn as soon as the rows are in
+        try:
+            with db.read() as session:
+                models = appends.learners(session, append_id)
+        except Exception:  # noqa: BLE001 - the reconciler signals them too
+            return
+        for model_id in models:
+            dispatcher.enqueue(DELETE, model_id)
+
+    running.add_done_callback(signal)
+    inline = await _finished_inline(
+        running,
+        partial(_append_total, db, append_id),
+        partial(_forget_append, db, append_id),
+    )
+
+    def view() -> JsonObject:
+        with db.read() as session:
+            return appends.append_view(session, appends.get_append(session, dataset_id, append_id))
+
+    body = AppendOut.model_validate(await run_in_threadpool(view)).model_dump(mode="json")
+    if inline:
+        return JSONResponse(body, status_code=201)
+    headers = {"Location": f"/v1/datasets/{dataset_id}/appends/{append_id}"}
+    return JSONResponse(body, status_code=202, headers=headers)
+
+
+@router.get("/{dataset_id}/appends", response_model=AppendPage, responses=errors(404))
+def list_dataset_appends(
+    dataset_id: PathId,
+    _: AnyRole,
+    db: DbDep,
+    offset: int = Query(0, ge=0, le=2**53),
+    limit: int = Query(100, ge=1, le=1000),
+) -> AppendPage:
+    """A dataset's appends, newest first, with each model's learning of them."""
+    with db.read() as session:
+        get_dataset(session, int(dataset_id))
+        items, total = appends.list_appends(session, int(dataset_id), offset, limit)
+    return AppendPage.model_validate(
+        {"items": items, "total": total, "offset": offset, "limit": limit}
+    )
+
+
+@router.get("/{dataset_id}/appends/{append_id}", response_model=AppendOut, responses=errors(404))
+def read_append(dataset_id: PathId, append_id: PathId, _: AnyRole, db: DbDep) -> JsonObject:
+    """One append: its progress (while it runs), its error (once failed) and its models'
+    learning (a `learned` version each)."""
+    with db.read() as session:
+        return appends.append_view(
+            session, appends.get_append(session, int(dataset_id), int(append_id))
+        )
+
+
+def _begin_append(db: Database, dataset_id: int, source: str) -> int:
+    with db.write() as session:
+        return appends.begin(session, dataset_id, source)
+
+
+def _append_total(db: Database, append_id: int) -> int:
+    with db.read() as session:
+        return appends.rows_total(session, append_id)
+
+
+def _forget_append(db: Database, append_id: int) -> None:
+    with db.write() as session:
+        appends.forget_failed(session, append_id)

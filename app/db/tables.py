@@ -125,6 +125,51 @@ class Dataset(Base):
     # a registration's progress (rows committed) and, once failed, its error (issue 55)
     rows_done: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
     error: Mapped[dict[str, Any] | None] = mapped_column(JSON)
+    # the share of an append's rows that go to the test split when they name none: a row is
+    # a test row when a keyed hash of its id falls below it (app/services/appends.py)
+    test_fraction: Mapped[float] = mapped_column(Float, default=0.2, server_default="0.2")
+
+
+class DatasetAppend(Base):
+    """Rows appended to a ready dataset (issue 55, goal 3): a job like a registration. Its
+    rows are `pending` until it finishes; then, in one commit, they turn active and every
+    model of the dataset gets a `LearnTask`. A failed or abandoned append leaves nothing."""
+
+    __tablename__ = "dataset_appends"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    dataset_id: Mapped[int] = mapped_column(
+        ForeignKey("datasets.id", ondelete="CASCADE"), index=True
+    )
+    source: Mapped[str] = mapped_column(String(40))
+    status: Mapped[DatasetStatus] = state_column(DatasetStatus, 12, DatasetStatus.registering)
+    n_samples: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    rows_done: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    skipped_erased: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    error: Mapped[dict[str, Any] | None] = mapped_column(JSON)
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    progress_at: Mapped[datetime | None]
+    finished_at: Mapped[datetime | None]
+
+
+class LearnTask(Base):
+    """One model's learning of one append's rows (issue 55, goal 5): run by the model's
+    deletion job once no deletion is due, as a `learned` version with its log entry."""
+
+    __tablename__ = "learn_tasks"
+    __table_args__ = (
+        UniqueConstraint("append_id", "model_id", name="uq_learn_tasks_pair"),
+        Index("ix_learn_tasks_model_status", "model_id", "status"),
+    )
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    append_id: Mapped[int] = mapped_column(ForeignKey("dataset_appends.id", ondelete="CASCADE"))
+    model_id: Mapped[int] = mapped_column(ForeignKey("models.id", ondelete="CASCADE"))
+    status: Mapped[TaskStatus] = state_column(TaskStatus, 10, TaskStatus.queued)
+    version_id: Mapped[int | None] = mapped_column(Integer)
+    certificate_id: Mapped[int | None] = mapped_column(Integer)
+    n_added: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    error: Mapped[str | None] = mapped_column(Text)
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    finished_at: Mapped[datetime | None]
 
 
 class Sample(Base):
@@ -133,6 +178,7 @@ class Sample(Base):
         UniqueConstraint("dataset_id", "external_id", name="uq_samples_dataset_external"),
         Index("ix_samples_dataset_subject", "dataset_id", "subject_id"),
         Index("ix_samples_dataset_split_status", "dataset_id", "split", "status"),
+        Index("ix_samples_append", "append_id"),
     )
     id: Mapped[int] = mapped_column(BigInteger().with_variant(Integer, "sqlite"), primary_key=True)
     dataset_id: Mapped[int] = mapped_column(ForeignKey("datasets.id", ondelete="CASCADE"))
@@ -145,6 +191,7 @@ class Sample(Base):
     key_id: Mapped[uuid.UUID | None] = mapped_column(Uuid)
     status: Mapped[SampleStatus] = state_column(SampleStatus, 10, SampleStatus.active)
     erased_at: Mapped[datetime | None]
+    append_id: Mapped[int | None] = mapped_column(Integer)  # None: registered with the dataset
 
 
 class Model(Base):

@@ -18,6 +18,7 @@ import multiprocessing
 import os
 import threading
 import time
+import zipfile
 from concurrent.futures import Future, ProcessPoolExecutor
 from dataclasses import dataclass, field
 from multiprocessing import forkserver, shared_memory
@@ -33,6 +34,7 @@ from app.settings import Settings
 _PRELOAD = [
     "app.services.isolated",
     "app.services.registration",
+    "app.services.appends",
     "app.services.dataset_files",
     "app.services.parquet_files",
 ]
@@ -52,6 +54,7 @@ class Registration:
     params: dict[str, Any] = field(default_factory=dict)
     builtin: BuiltinDatasetIn | None = None
     on_erased: str = "refuse"  # rows of erased samples or people: refuse, or skip them
+    append_id: int | None = None  # rows appended to `dataset_id` (issue 55) by this append
 
 
 def start_isolated(pool: UploadPool, job: Registration, data: bytes) -> Future[tuple[Any, ...]]:
@@ -119,12 +122,17 @@ def _register(job: Registration, name: str | None, payload: bytes | int) -> tupl
         finally:
             memory.close()
     runtime = Runtime.build(job.settings)
+    if job.append_id is not None:
+        return _append(runtime, job, data)
     try:
         parsed = _parse(job, data)
         if len(parsed.y) > job.settings.max_dataset_samples:
             limit = job.settings.max_dataset_samples
             raise APIError(413, "too_many_samples", f"at most {limit}")
-        dataset_id = registration.register(runtime, job.dataset_id, parsed, job.on_erased)
+        fraction = job.builtin.test_fraction if job.builtin else job.params.get("test_fraction")
+        dataset_id = registration.register(
+            runtime, job.dataset_id, parsed, job.on_erased, fraction or 0.2
+        )
         return ("ok", dataset_id)
     except APIError as exc:  # the dataset says so, for a client answered 202 already
         registration.discard(runtime, job.dataset_id, exc.as_json())
@@ -132,6 +140,38 @@ def _register(job: Registration, name: str | None, payload: bytes | int) -> tupl
     except Exception as exc:
         registration.discard(runtime, job.dataset_id, registration.failure(exc))
         raise
+
+
+def _append(runtime: Any, job: Registration, data: bytes) -> tuple[Any, ...]:
+    """In the child: parse and append (app/services/appends.py); ("ok", append id)."""
+    from app.services import appends
+
+    assert job.append_id is not None
+    try:
+        parsed = _parse(job, data)
+        if len(parsed.y) > job.settings.max_dataset_samples:
+            limit = job.settings.max_dataset_samples
+            raise APIError(413, "too_many_samples", f"at most {limit}")
+        split_given = bool(job.params.get("split_column")) or _npz_has_split(job, data)
+        appends.append(runtime, job.append_id, parsed, job.on_erased, split_given)
+        return ("ok", job.append_id)
+    except APIError as exc:
+        appends.discard(runtime, job.append_id, exc.as_json())
+        return ("error", exc.status, exc.code, exc.message, exc.details)
+    except Exception as exc:
+        appends.discard(runtime, job.append_id, appends.failure(exc))
+        raise
+
+
+def _npz_has_split(job: Registration, data: bytes) -> bool:
+    """Whether an uploaded npz carries its own `split` array (its member names only)."""
+    if job.fmt != "npz" or not data:
+        return False
+    try:
+        with zipfile.ZipFile(io.BytesIO(data)) as archive:
+            return "split.npy" in archive.namelist()
+    except zipfile.BadZipFile:
+        return False
 
 
 def _buffer(memory: shared_memory.SharedMemory) -> memoryview:

@@ -43,7 +43,16 @@ from app.storage.keystore import destroy_keys, new_keys, store_keys
 # up to 0.72 s.
 CHUNK = 5000
 SAMPLES, DATASETS = Base.metadata.tables["samples"], Base.metadata.tables["datasets"]
-SAMPLE_COLUMNS = ("dataset_id", "external_id", "subject_id", "split", "payload", "key_id", "status")
+SAMPLE_COLUMNS = (
+    "dataset_id",
+    "external_id",
+    "subject_id",
+    "split",
+    "payload",
+    "key_id",
+    "status",
+    "append_id",
+)
 
 
 class RegistrationDiscarded(APIError):
@@ -77,7 +86,11 @@ def begin(session: Session, name: str, source: str) -> int:
 
 
 def register(
-    runtime: Runtime, dataset_id: int, parsed: ParsedDataset, on_erased: str = "refuse"
+    runtime: Runtime,
+    dataset_id: int,
+    parsed: ParsedDataset,
+    on_erased: str = "refuse",
+    test_fraction: float = 0.2,
 ) -> int:
     """Register `parsed` into the dataset `begin` made, and return its id: each sample's
     label, ids and float32 features sealed with its own data key, its ids stored only as
@@ -88,7 +101,7 @@ def register(
     db, ring = runtime.db, runtime.keyring
     try:
         ids_given = any(x != str(i) for i, x in enumerate(parsed.ids))  # not row numbers
-        parsed, skipped = _screened(runtime, parsed, ids_given, on_erased)
+        parsed, skipped = screened(runtime, parsed, ids_given, on_erased)
         with db.write() as session:  # what the parse found: the total is known from here
             described = session.execute(
                 update(DATASETS)
@@ -101,17 +114,18 @@ def register(
                     text=parsed.text,
                     skipped_erased=skipped,
                     ids_given=ids_given,
+                    test_fraction=test_fraction,
                     progress_at=utcnow(),
                 )
             )
             if rowcount(described) != 1:
                 raise RegistrationDiscarded(dataset_id)
-        subjects = _SubjectTokens(ring, dataset_id)
+        subjects = SubjectTokens(ring, dataset_id)
         for start in range(0, len(parsed.y), CHUNK):
             stop = min(start + CHUNK, len(parsed.y))
             keys = new_keys(ring, stop - start)  # sealed before the transaction opens
             rows = [
-                _sealed_row(ring, dataset_id, parsed, i, raw, subjects)
+                sealed_row(ring, dataset_id, parsed, i, raw, subjects)
                 for i, (_, raw, _) in zip(range(start, stop), keys, strict=True)
             ]
             with db.write() as session:
@@ -150,7 +164,7 @@ ABANDONED = {
 }
 
 
-def _screened(
+def screened(
     runtime: Runtime, parsed: ParsedDataset, ids_given: bool, on_erased: str
 ) -> tuple[ParsedDataset, int]:
     """`parsed` without the rows of erased samples or people, and how many those were; a
@@ -195,6 +209,13 @@ def _commit_chunk(
     )
     if rowcount(moved) != 1:
         raise RegistrationDiscarded(dataset_id)
+    insert_sealed(session, ring, keys, rows)
+
+
+def insert_sealed(
+    session: Session, ring: Keyring, keys: list[tuple[UUID, bytes, bytes]], rows: list[list[Any]]
+) -> None:
+    """Sealed rows (SAMPLE_COLUMNS order) and their data keys, in the caller's transaction."""
     conn = session.connection()
     store_keys(conn, ring, keys)
     for row, (key_id, _, _) in zip(rows, keys, strict=True):
@@ -202,7 +223,7 @@ def _commit_chunk(
     insert_rows(conn, SAMPLES, SAMPLE_COLUMNS, [tuple(r) for r in rows])
 
 
-class _SubjectTokens(dict[str, str]):
+class SubjectTokens(dict[str, str]):
     """A dataset's subject tokens, each computed once: a subject owns many rows (at a million
     rows one HMAC per row was a tenth of the registration's Python)."""
 
@@ -215,16 +236,18 @@ class _SubjectTokens(dict[str, str]):
         return token
 
 
-def _sealed_row(
+def sealed_row(
     ring: Keyring,
     dataset_id: int,
     parsed: ParsedDataset,
     i: int,
     raw: bytes,
-    subjects: _SubjectTokens,
+    subjects: SubjectTokens,
+    status: SampleStatus = SampleStatus.active,
+    append_id: int | None = None,
 ) -> list[Any]:
     """One sample's row in SAMPLE_COLUMNS order, sealed with the raw data key `raw`; its key id
-    is filled in by `_commit_chunk` (in the driver's form, which needs the connection)."""
+    is filled in by `insert_sealed` (in the driver's form, which needs the connection)."""
     subject = parsed.subjects[i]
     token = ring.token("sample", dataset_id, parsed.ids[i])
     record = SampleRecord(int(parsed.y[i]), parsed.ids[i], subject, parsed.X[i].tobytes())
@@ -235,7 +258,8 @@ def _sealed_row(
         parsed.split[i],
         seal(raw, record.encode(), sample_aad(dataset_id, token)),
         None,
-        SampleStatus.active.value,
+        status.value,
+        append_id,
     ]
 
 

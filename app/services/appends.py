@@ -1,0 +1,403 @@
+"""Appending rows to a ready dataset (issue 55, goal 3), a job like a registration.
+
+`begin` makes the append's row (`registering`) before the upload is parsed; `append` (in the
+upload's child process, app/services/isolated.py) checks the rows against the dataset (its
+feature shape, its classes, ids of the client's own), refuses ids the dataset already holds
+(409 with the list) and rows of erased people (app/services/suppression.py), gives each row
+the split its column says or the dataset's rule (a keyed hash of its id against the
+dataset's `test_fraction`: a row's split never depends on when it arrives), and commits the
+rows a chunk at a time as `pending`, which no model, split or request sees. Its last commit
+turns them active and gives every model of the dataset a `LearnTask` (workers/learning.py),
+leaving out rows of people erased while the append ran. A failed or abandoned append is
+discarded as a registration is: its rows deleted and their keys destroyed.
+"""
+
+from __future__ import annotations
+
+import base64
+from dataclasses import replace
+from datetime import datetime, timedelta
+from typing import Any
+
+import numpy as np
+from sqlalchemy import delete, func, select, update
+from sqlalchemy.orm import Session
+
+from app import pause
+from app.db.chunks import chunked
+from app.db.session import rowcount
+from app.db.tables import Dataset, DatasetAppend, LearnTask, Model, Sample, utcnow
+from app.errors import APIError, unprocessable
+from app.runtime import Runtime
+from app.services.dataset_files import ParsedDataset
+from app.services.registration import (
+    CHUNK,
+    SubjectTokens,
+    insert_sealed,
+    screened,
+    sealed_row,
+)
+from app.services.suppression import REPORT_IDS, screen
+from app.states import DatasetStatus, ModelStatus, SampleStatus, TaskStatus
+from app.storage.crypto import TOKEN_PREFIX, Keyring
+from app.storage.erasure import compact_after_erasure
+from app.storage.keystore import destroy_keys, new_keys
+
+LEARNERS = (ModelStatus.queued, ModelStatus.training, ModelStatus.ready)
+
+
+class AppendDiscarded(APIError):
+    """The append was discarded while it ran (its progress looked stale)."""
+
+    def __init__(self, append_id: int) -> None:
+        super().__init__(
+            503,
+            "append_discarded",
+            f"append {append_id} was discarded while it ran (no progress for too long); "
+            "nothing of it was kept: send it again",
+        )
+
+
+def begin(session: Session, dataset_id: int, source: str) -> int:
+    """The append's row, in the caller's commit; 404 for no such dataset, 409 unless it is
+    ready, 422 for a corpus (its vocabulary is fixed at registration)."""
+    dataset = session.get(Dataset, dataset_id)
+    if dataset is None:
+        raise APIError(404, "not_found", f"dataset {dataset_id} not found")
+    if dataset.status != DatasetStatus.ready:
+        raise APIError(
+            409,
+            "dataset_not_ready",
+            f"dataset {dataset_id} is {dataset.status}: rows can be "
+            "appended to a ready dataset only",
+        )
+    if dataset.kind == "text":
+        raise unprocessable(
+            "append_unsupported",
+            "a corpus's vocabulary is fixed at registration: register a new corpus instead",
+        )
+    row = DatasetAppend(
+        dataset_id=dataset_id,
+        source=source,
+        status=DatasetStatus.registering,
+        progress_at=utcnow(),
+    )
+    session.add(row)
+    session.flush()
+    return row.id
+
+
+def split_by_hash(ring: Keyring, dataset_id: int, ids: list[str], fraction: float) -> list[str]:
+    """The dataset's rule for a row that names no split: `test` when a keyed token of its id
+    (an HMAC under the keyring, in a namespace of its own) read as a number in [0, 1) falls
+    below `fraction`."""
+    out = []
+    for raw in ids:
+        mac = base64.urlsafe_b64decode(ring.token("split", dataset_id, raw)[len(TOKEN_PREFIX) :])
+        out.append("test" if int.from_bytes(mac[:8], "big") / 2**64 < fraction else "train")
+    return out
+
+
+def append(
+    runtime: Runtime,
+    append_id: int,
+    parsed: ParsedDataset,
+    on_erased: str = "refuse",
+    split_given: bool = False,
+) -> list[int]:
+    """Append `parsed` through the append `begin` made; the models that will learn it. On
+    any failure what was committed is discarded, the append marked failed and the error
+    raised."""
+    db, ring = runtime.db, runtime.keyring
+    try:
+        with db.read() as session:
+            dataset = session.execute(
+                select(Dataset)
+                .join(DatasetAppend, DatasetAppend.dataset_id == Dataset.id)
+                .where(DatasetAppend.id == append_id)
+            ).scalar_one()
+            dataset_id, fraction = dataset.id, dataset.test_fraction
+            _check_fits(dataset, parsed)
+        if not split_given:
+            parsed = replace(parsed, split=split_by_hash(ring, dataset_id, parsed.ids, fraction))
+        parsed, skipped = screened(runtime, parsed, True, on_erased)
+        tokens = [ring.token("sample", dataset_id, x) for x in parsed.ids]
+        with db.read() as session:
+            _refuse_duplicates(session, dataset_id, parsed.ids, tokens)
+        with db.write() as session:
+            _progress(session, append_id, n_samples=len(parsed.y), skipped_erased=skipped)
+        subjects = SubjectTokens(ring, dataset_id)
+        for start in range(0, len(parsed.y), CHUNK):
+            stop = min(start + CHUNK, len(parsed.y))
+            keys = new_keys(ring, stop - start)
+            rows = [
+                sealed_row(
+                    ring, dataset_id, parsed, i, raw, subjects, SampleStatus.pending, append_id
+                )
+                for i, (_, raw, _) in zip(range(start, stop), keys, strict=True)
+            ]
+            with db.write() as session:
+                _progress(session, append_id, rows_done=stop)
+                insert_sealed(session, ring, keys, rows)
+            pause.point(runtime.settings, "append-chunk", append_id)
+        with db.write() as session:
+            return _finish(session, ring, append_id, dataset_id, parsed, tokens)
+    except APIError as exc:
+        discard(runtime, append_id, exc.as_json())
+        raise
+    except BaseException as exc:
+        discard(runtime, append_id, failure(exc))
+        raise
+
+
+def _check_fits(dataset: Dataset, parsed: ParsedDataset) -> None:
+    """422 unless the rows are the dataset's kind of rows: ids of the client's own (a row
+    number names nobody and would collide with the next append's), its feature shape, its
+    classes."""
+    if all(x == str(i) for i, x in enumerate(parsed.ids)):
+        raise unprocessable(
+            "ids_required",
+            "appended rows need ids of your own (an id column, or `ids` in an npz): row "
+            "numbers would collide with the rows already there",
+        )
+    shape = list(parsed.X.shape[1:])
+    if shape != list(dataset.feature_shape):
+        raise unprocessable(
+            "feature_shape_mismatch",
+            f"the rows have features of shape {shape}; dataset {dataset.id} has "
+            f"{list(dataset.feature_shape)}",
+        )
+    labels = np.asarray(parsed.y)
+    if len(labels) and (int(labels.min()) < 0 or int(labels.max()) >= dataset.n_classes):
+        bad = int(np.flatnonzero((labels < 0) | (labels >= dataset.n_classes))[0])
+        raise unprocessable(
+            "unknown_label",
+            f"row {bad} has label {int(labels[bad])}; dataset {dataset.id} has classes "
+            f"0..{dataset.n_classes - 1}",
+            {"column": "label", "row": bad},
+        )
+
+
+def _refuse_duplicates(
+    session: Session, dataset_id: int, ids: list[str], tokens: list[str]
+) -> None:
+    """409 `duplicate_ids`, naming them, when the dataset already holds any of these ids
+    (erased rows included: an erased id is not reused)."""
+    held: set[str] = set()
+    for chunk in chunked(sorted(set(tokens))):
+        held.update(
+            session.scalars(
+                select(Sample.external_id).where(
+                    Sample.dataset_id == dataset_id, Sample.external_id.in_(chunk)
+                )
+            )
+        )
+    if not held:
+        return
+    duplicates = [raw for raw, token in zip(ids, tokens, strict=True) if token in held]
+    raise APIError(
+        409,
+        "duplicate_ids",
+        f"{len(duplicates)} id(s) are already in dataset {dataset_id}; nothing was appended",
+        {"count": len(duplicates), "ids": duplicates[: REPORT_IDS * 10]},
+    )
+
+
+def _progress(session: Session, append_id: int, **values: Any) -> None:
+    moved = session.execute(
+        update(DatasetAppend)
+        .where(DatasetAppend.id == append_id, DatasetAppend.status == DatasetStatus.registering)
+        .values(progress_at=utcnow(), **values)
+    )
+    if rowcount(moved) != 1:
+        raise AppendDiscarded(append_id)
+
+
+def _finish(
+    session: Session,
+    ring: Keyring,
+    append_id: int,
+    dataset_id: int,
+    parsed: ParsedDataset,
+    tokens: list[str],
+) -> list[int]:
+    """The append's last commit: rows of people erased while it ran deleted (keys
+    destroyed), the rest active, the dataset's count raised, a learn task for each of its
+    models; the models."""
+    late = screen(session, ring, parsed.ids, parsed.subjects).rows
+    if late:
+        gone = [tokens[i] for i in late]
+        rows = session.execute(
+            select(Sample.id, Sample.key_id).where(
+                Sample.append_id == append_id, Sample.external_id.in_(gone)
+            )
+        ).all()
+        destroy_keys(session, [k for _, k in rows if k is not None])
+        session.execute(delete(Sample).where(Sample.id.in_([i for i, _ in rows])))
+    activated = rowcount(
+        session.execute(
+            update(Sample)
+            .where(Sample.append_id == append_id, Sample.status == SampleStatus.pending)
+            .values(status=SampleStatus.active)
+        )
+    )
+    finished = session.execute(
+        update(DatasetAppend)
+        .where(DatasetAppend.id == append_id, DatasetAppend.status == DatasetStatus.registering)
+        .values(
+            status=DatasetStatus.ready,
+            progress_at=None,
+            finished_at=utcnow(),
+            n_samples=activated,
+            rows_done=activated,
+            skipped_erased=DatasetAppend.skipped_erased + len(late),
+        )
+    )
+    if rowcount(finished) != 1:
+        raise AppendDiscarded(append_id)
+    session.execute(
+        update(Dataset)
+        .where(Dataset.id == dataset_id)
+        .values(n_samples=Dataset.n_samples + activated)
+    )
+    models = list(
+        session.scalars(
+            select(Model.id).where(Model.dataset_id == dataset_id, Model.status.in_(LEARNERS))
+        )
+    )
+    if activated:
+        session.add_all(LearnTask(append_id=append_id, model_id=m) for m in models)
+    return models if activated else []
+
+
+def failure(exc: BaseException) -> dict[str, Any]:
+    """What a failed append shows for an unexpected error (its detail stays in the log)."""
+    return {"code": "append_failed", "message": f"the append failed ({type(exc).__name__})"}
+
+
+ABANDONED = {
+    "code": "append_abandoned",
+    "message": "the append stopped (its process ended); nothing of it was kept: send it again",
+}
+
+
+def discard(runtime: Runtime, append_id: int, error: dict[str, Any]) -> None:
+    """Empty a running append: its rows' keys and rows a chunk per commit, then the append
+    marked failed with `error`, then compact. A finished append is left alone."""
+    db = runtime.db
+    while True:
+        with db.write() as session:
+            status = session.scalar(
+                select(DatasetAppend.status).where(DatasetAppend.id == append_id)
+            )
+            if status != DatasetStatus.registering:
+                break
+            rows = session.execute(
+                select(Sample.id, Sample.key_id).where(Sample.append_id == append_id).limit(CHUNK)
+            ).all()
+            if not rows:
+                session.execute(
+                    update(DatasetAppend)
+                    .where(DatasetAppend.id == append_id)
+                    .values(status=DatasetStatus.failed, error=error, progress_at=None, rows_done=0)
+                )
+                break
+            destroy_keys(session, [k for _, k in rows if k is not None])
+            session.execute(delete(Sample).where(Sample.id.in_([i for i, _ in rows])))
+    compact_after_erasure(db, runtime.settings)
+
+
+def abandoned(session: Session, now: datetime, stale_seconds: float) -> list[int]:
+    """Running appends whose last chunk committed more than `stale_seconds` ago."""
+    before = now - timedelta(seconds=stale_seconds)
+    return list(
+        session.scalars(
+            select(DatasetAppend.id).where(
+                DatasetAppend.status == DatasetStatus.registering,
+                DatasetAppend.progress_at < before,
+            )
+        )
+    )
+
+
+def rows_total(session: Session, append_id: int) -> int:
+    """The rows an append will commit: 0 until its upload is parsed."""
+    found = session.scalar(select(DatasetAppend.n_samples).where(DatasetAppend.id == append_id))
+    return int(found or 0)
+
+
+def forget_failed(session: Session, append_id: int) -> None:
+    """Delete a failed append's row: an append refused while its client waited leaves
+    nothing."""
+    session.execute(
+        delete(DatasetAppend).where(
+            DatasetAppend.id == append_id, DatasetAppend.status == DatasetStatus.failed
+        )
+    )
+
+
+def learners(session: Session, append_id: int) -> list[int]:
+    """The models with a queued learn task for this append (to signal)."""
+    return list(
+        session.scalars(
+            select(LearnTask.model_id).where(
+                LearnTask.append_id == append_id, LearnTask.status == TaskStatus.queued
+            )
+        )
+    )
+
+
+def append_view(session: Session, job: DatasetAppend) -> dict[str, Any]:
+    """An append as `GET /v1/datasets/{id}/appends/{append_id}` shows it: its progress and
+    each model's learning of it."""
+    progress = None
+    if job.status == DatasetStatus.registering:
+        elapsed = max((utcnow() - job.created_at).total_seconds(), 1e-3)
+        progress = {
+            "rows_done": job.rows_done,
+            "rows_total": job.n_samples,
+            "rows_per_second": round(job.rows_done / elapsed, 1),
+        }
+    tasks = session.execute(
+        select(LearnTask.model_id, LearnTask.status, LearnTask.version_id, LearnTask.n_added)
+        .where(LearnTask.append_id == job.id)
+        .order_by(LearnTask.model_id)
+    ).all()
+    return {
+        "id": job.id,
+        "dataset_id": job.dataset_id,
+        "source": job.source,
+        "status": job.status,
+        "n_samples": job.n_samples,
+        "skipped_erased": job.skipped_erased,
+        "progress": progress,
+        "error": job.error,
+        "created_at": job.created_at,
+        "finished_at": job.finished_at,
+        "learning": [
+            {"model_id": m, "status": s, "version_id": v, "n_added": n} for m, s, v, n in tasks
+        ],
+    }
+
+
+def get_append(session: Session, dataset_id: int, append_id: int) -> DatasetAppend:
+    job = session.get(DatasetAppend, append_id)
+    if job is None or job.dataset_id != dataset_id:
+        raise APIError(404, "not_found", f"append {append_id} of dataset {dataset_id} not found")
+    return job
+
+
+def list_appends(
+    session: Session, dataset_id: int, offset: int, limit: int
+) -> tuple[list[dict[str, Any]], int]:
+    """A dataset's appends, newest first, a page at a time."""
+    where = DatasetAppend.dataset_id == dataset_id
+    total = session.scalar(select(func.count()).select_from(DatasetAppend).where(where)) or 0
+    rows = session.scalars(
+        select(DatasetAppend)
+        .where(where)
+        .order_by(DatasetAppend.id.desc())
+        .offset(offset)
+        .limit(limit)
+    ).all()
+    return [append_view(session, r) for r in rows], int(total)

@@ -1,0 +1,155 @@
+"""Appends (issue 55, goal 3): rows appended to a ready dataset from the same sources as a
+registration, with the split their column says or the dataset's rule (a keyed hash of the id,
+so a row's split never depends on when it arrives), refused when their ids are already there
+(409, listed) or their person was erased (the suppression list), 422 when they are not the
+dataset's kind of rows; nothing half-written in any refusal."""
+
+from __future__ import annotations
+
+import io
+
+import numpy as np
+from sqlalchemy import func, select
+
+from app.db.session import database
+from app.db.tables import DatasetAppend, Sample
+from app.services.appends import split_by_hash
+from app.storage.crypto import keyring
+from tests.conftest import Api
+
+
+def table_csv(ids: range, features: int = 2, split: bool = False) -> bytes:
+    head = "id,subject,label," + ",".join(f"f{j}" for j in range(features))
+    rows = [head + (",split" if split else "")]
+    for i in ids:
+        values = ",".join(str((i * (j + 3)) % 7 * 0.5) for j in range(features))
+        rows.append(
+            f"row-{i:05d},person-{i // 2:04d},{i % 2},{values}"
+            + ("," + ("test" if i % 3 == 0 else "train") if split else "")
+        )
+    return ("\n".join(rows) + "\n").encode()
+
+
+FORM = {"label_column": "label", "id_column": "id", "subject_column": "subject"}
+
+
+def register(api: Api, data: bytes) -> int:
+    answer = api.post("/v1/datasets", files={"file": ("t.csv", data)}, data=FORM)
+    assert answer.status_code == 201, answer.text
+    return int(answer.json()["id"])
+
+
+def append(api: Api, dataset_id: int, data: bytes, **fields: str):
+    return api.post(
+        f"/v1/datasets/{dataset_id}/samples",
+        files={"file": ("more.csv", data)},
+        data={**FORM, **fields},
+    )
+
+
+def rows_of(api: Api, dataset_id: int) -> int:
+    with database(api.url).read() as session:
+        return int(
+            session.scalar(
+                select(func.count()).select_from(Sample).where(Sample.dataset_id == dataset_id)
+            )
+            or 0
+        )
+
+
+def splits(api: Api, dataset_id: int) -> dict[str, str]:
+    out: dict[str, str] = {}
+    offset = 0
+    while True:
+        page = api.get(
+            f"/v1/datasets/{dataset_id}/samples", params={"offset": offset, "limit": 1000}
+        ).json()
+        out |= {s["external_id"]: s["split"] for s in page["items"]}
+        offset += len(page["items"])
+        if offset >= page["total"]:
+            return out
+
+
+def test_appended_rows_join_with_the_split_their_id_hashes_to(api: Api, settings) -> None:
+    dataset_id = register(api, table_csv(range(20)))
+    first = append(api, dataset_id, table_csv(range(1000, 1600)))
+    assert first.status_code == 201, first.text
+    body = first.json()
+    assert (
+        body["status"] == "ready" and body["n_samples"] == 600 and body["dataset_id"] == dataset_id
+    )
+    later = append(api, dataset_id, table_csv(range(100, 400)))  # older ids, arriving later
+    assert later.status_code == 201, later.text
+
+    view = api.get(f"/v1/datasets/{dataset_id}").json()
+    assert view["n_samples"] == 920 and view["counts"]["active"] == 920
+    got = splits(api, dataset_id)
+    ring = keyring(settings)
+    appended = [f"row-{i:05d}" for i in [*range(1000, 1600), *range(100, 400)]]
+    expected = split_by_hash(ring, dataset_id, appended, 0.2)
+    assert [got[x] for x in appended] == expected  # the dataset's rule, whatever the order
+    share = expected.count("test") / len(expected)
+    assert 0.15 < share < 0.25, share
+
+    listed = api.get(f"/v1/datasets/{dataset_id}/appends").json()
+    assert listed["total"] == 2 and [a["n_samples"] for a in listed["items"]] == [300, 600]
+    one = api.get(f"/v1/datasets/{dataset_id}/appends/{body['id']}")
+    assert one.status_code == 200 and one.json()["learning"] == []  # no model yet
+
+
+def test_a_split_column_wins_over_the_rule(api: Api) -> None:
+    dataset_id = register(api, table_csv(range(20)))
+    answer = append(api, dataset_id, table_csv(range(500, 530), split=True), split_column="split")
+    assert answer.status_code == 201, answer.text
+    got = splits(api, dataset_id)
+    for i in range(500, 530):
+        assert got[f"row-{i:05d}"] == ("test" if i % 3 == 0 else "train")
+
+
+def test_duplicate_ids_are_refused_with_the_list_and_nothing_is_written(api: Api) -> None:
+    dataset_id = register(api, table_csv(range(20)))
+    before = rows_of(api, dataset_id)
+    answer = append(api, dataset_id, table_csv(range(15, 40)))
+    assert answer.status_code == 409, answer.text
+    error = answer.json()["error"]
+    assert error["code"] == "duplicate_ids" and error["details"]["count"] == 5
+    assert error["details"]["ids"] == [f"row-{i:05d}" for i in range(15, 20)]
+    assert rows_of(api, dataset_id) == before
+    with database(api.url).read() as session:
+        assert session.scalar(select(func.count()).select_from(DatasetAppend)) == 0
+
+
+def test_an_erased_person_is_refused_in_an_append_and_skipped_on_request(api: Api) -> None:
+    dataset_id = register(api, table_csv(range(20)))
+    done = api.post(
+        "/v1/deletions", json={"dataset_id": dataset_id, "subject_ids": ["person-0005"]}
+    )
+    assert done.status_code == 202, done.text
+    back = table_csv(range(196, 206)).replace(b"person-0100", b"person-0005")  # new rows of them
+    refused = append(api, dataset_id, back)
+    assert refused.status_code == 409, refused.text
+    assert refused.json()["error"]["code"] == "erased_rows_present"
+    assert refused.json()["error"]["details"]["rows"] == 2
+    skipped = append(api, dataset_id, back, on_erased="skip")
+    assert skipped.status_code == 201, skipped.text
+    assert skipped.json()["n_samples"] == 8 and skipped.json()["skipped_erased"] == 2
+    assert "row-00200" not in splits(api, dataset_id)
+
+
+def test_rows_that_are_not_the_dataset_s_kind_are_a_422(api: Api) -> None:
+    dataset_id = register(api, table_csv(range(20)))
+    before = rows_of(api, dataset_id)
+    wider = append(api, dataset_id, table_csv(range(100, 110), features=3))
+    assert wider.status_code == 422 and wider.json()["error"]["code"] == "feature_shape_mismatch"
+    buffer = io.BytesIO()
+    np.savez(buffer, X=np.ones((5, 2), np.float32), y=np.zeros(5, np.int64))
+    numbered = api.post(
+        f"/v1/datasets/{dataset_id}/samples", files={"file": ("x.npz", buffer.getvalue())}
+    )
+    assert numbered.status_code == 422 and numbered.json()["error"]["code"] == "ids_required"
+    labels = table_csv(range(100, 103)).replace(b",1,", b",7,")
+    unknown = append(api, dataset_id, labels)
+    assert unknown.status_code == 422 and unknown.json()["error"]["code"] == "unknown_label"
+    assert rows_of(api, dataset_id) == before
+    missing = append(api, 999_999, table_csv(range(100, 103)))
+    assert missing.status_code == 404
