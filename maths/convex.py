@@ -106,7 +106,7 @@ class Streamed:
 
 def _fill(Z: torch.Tensor, T: torch.Tensor, X: torch.Tensor, y: torch.Tensor, R: float) -> None:
     """Z ← (clip_rows(X, √(R² − 1)), 1) and T ← ±1 one-vs-rest targets, written in place."""
-    x = X.reshape(len(X), -1)
+    x = X.flatten(1)  # (k, ...) → (k, d), also for k = 0
     p = x.shape[1]
     features = Z[:, :p]
     features.copy_(x)

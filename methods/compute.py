@@ -180,6 +180,59 @@ class RetainedData:
         return RetainedData(ids, X.to(device), y.to(device), subjects, external_ids)
 
 
+class Joined:
+    """Two sets of rows as one (a RowSource): a model's retained rows, then the rows an
+    append adds (issue 55), neither copied until a method reads them whole."""
+
+    def __init__(self, first: RetainedData, second: RetainedData) -> None:
+        self.first, self.second = first, second
+
+    def rows(self) -> Rows:
+        a, b = self.first, self.second
+        return (
+            [*a.sample_ids, *b.sample_ids],
+            torch.cat([a.X, b.X.to(a.X)]),
+            torch.cat([a.y, b.y.to(a.y.device)]),
+            [*a.subjects, *b.subjects],
+            [*a.external_ids, *b.external_ids],
+        )
+
+    def blocks(self, size: int) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        yield from self.first.blocks(size)
+        device = self.device
+        for X, y in self.second.blocks(size):
+            yield X.to(device), y.to(device)
+
+    def head(self, count: int) -> tuple[torch.Tensor, torch.Tensor]:
+        X, y = self.first.head(count)
+        if len(y) >= count or not len(self.second):
+            return X, y
+        X2, y2 = self.second.head(count - len(y))
+        return torch.cat([X, X2.to(X)]), torch.cat([y, y2.to(y.device)])
+
+    def ids(self) -> torch.Tensor:
+        return torch.cat([self.first.ids(), self.second.ids()])
+
+    def take(self, at: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        n = len(self.first)
+        at = at.cpu()
+        X1, y1 = self.first.take(at[at < n])
+        X2, y2 = self.second.take(at[at >= n] - n)
+        X, y = torch.cat([X1, X2.to(X1)]), torch.cat([y1, y2.to(y1.device)])
+        order = torch.argsort(torch.cat([at[at < n], at[at >= n]]))
+        return X[order.to(X.device)], y[order.to(y.device)]
+
+    @property
+    def device(self) -> torch.device:
+        X, _ = self.first.head(1)
+        return X.device
+
+
+def joined(first: RetainedData, second: RetainedData) -> RetainedData:
+    """`first`'s rows then `second`'s, deferred: nothing is copied until read whole."""
+    return RetainedData.deferred(len(first) + len(second), Joined(first, second))
+
+
 @dataclass(frozen=True)
 class RemovedSamples:
     sample_ids: list[int]
@@ -207,6 +260,13 @@ class UpdateInputs:
     # What this method kept in the worker after the model's last update (its release's
     # `resident`), when the worker's session is at the current version; else None.
     resident: object | None = None
+    # Rows appended since the last version (issue 55): already in `retained` (after its
+    # earlier rows); a method that does not `learn` them is answered by the exact retrain.
+    added: RetainedData | None = None
+
+    @property
+    def n_added(self) -> int:
+        return len(self.added) if self.added is not None else 0
 
 
 @dataclass(frozen=True)
@@ -303,6 +363,9 @@ class UnlearningMethod:
     evaluation compares a release with)."""
 
     spec: ClassVar[MethodSpec[Any]]
+    # Whether `unlearn` also learns `inputs.added` (issue 55, goal 5) with its own update;
+    # else an update that adds rows is the exact retrain on the new set, declared as such.
+    learns: ClassVar[bool] = False
 
     def __init__(self, model: ModelSpec) -> None:
         self.model = model

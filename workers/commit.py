@@ -120,7 +120,7 @@ def commit_update(
     version = _write_release(session, ctx, batch, outcome, stored)
     certs = _certify(session, batch, outcome, version, signer)
     _finish_tasks(session, batch, version, certs)
-    blob_keys = _supersede(session, ctx, batch, outcome, version)
+    blob_keys = supersede(session, ctx, batch, outcome, version)
     finish_requests(session, {t.request_id for t in batch.tasks}, also=blob_keys)
     return version.id
 
@@ -219,7 +219,7 @@ def _finish_tasks(
         conn.execute(sql.REMOVE_SAMPLE, removals)
 
 
-def _supersede(
+def supersede(
     session: Session, ctx: JobContext, batch: Batch, outcome: Outcome, version: VersionRow
 ) -> list[UUID]:
     """The new version becomes current: the per-sample statistics follow it, older versions

@@ -39,7 +39,7 @@ from app.wire import Progress
 from maths.nets import build_net
 from maths.training import Diverged, ProgressFn, accuracy, check_converged
 from methods.compute import ModelSpec, RetainedData, Trained, UpdateInputs, fit, method_for
-from workers import claim, commit, load, store
+from workers import claim, commit, learning, load, store
 from workers.certify import lineage_fields
 from workers.context import JobContext
 from workers.data import Arrays, database_key, test_arrays, training_arrays
@@ -433,8 +433,9 @@ def _apply_due(
     while True:
         work.forget_due()  # the claim covers every push before it
         tasks, first = (first if first is not None else work.claim(lease)), None
-        if not tasks:
-            return applied, True, claimed
+        if not tasks:  # no deletion due: learn the appends waiting (issue 55), if any
+            learned, ok = learning.learn_due(ctx, work.model_id, device)
+            return applied + learned, ok, claimed or learned > 0
         claimed = True
         if not _run_batch(ctx, work.model_id, tasks, device):
             return applied, False, claimed

@@ -20,6 +20,15 @@ FALLBACKS = Counter(
     ["method"],
 )
 
+ROWS_LEARNED = Counter(
+    "lethe_rows_learned_total",
+    "Appended rows models learned (issue 55), by the method that released the learned version",
+    ["method"],
+)
+VERSIONS_LEARNED = Counter(
+    "lethe_versions_learned_total", "Learned versions released (rows appended)", ["method"]
+)
+
 STORAGE_FAULTS = Counter(
     "lethe_storage_faults_total",
     "Jobs put back to wait for storage (a full disk, an I/O error, an object store outage)",

@@ -197,6 +197,42 @@ class ModelSession:
         )
         return moved._compacted() if count <= (1 - COMPACT_FRACTION) * len(alive) else moved
 
+    def grown(self, rows: Arrays, test: Arrays) -> ModelSession:
+        """The session with appended rows (ids above every held one) after its own, and the
+        appends' test rows after the split's (issue 55): new arrays; this one is not used
+        again."""
+        if not len(rows) and not len(test):
+            return self
+        device = self.device
+        grown = self
+        if len(rows):
+            n = len(rows)
+            grown = replace(
+                grown,
+                sample_ids=np.concatenate(
+                    [self.sample_ids, np.asarray(rows.sample_ids, dtype=np.int64)]
+                ),
+                alive=np.concatenate([self.alive, np.ones(n, dtype=bool)]),
+                count=self.count + n,
+                X=torch.cat([self.X, rows.X.to(device, self.X.dtype)]),
+                y=torch.cat([self.y, rows.y.to(device, self.y.dtype)]),
+                subjects=np.concatenate([self.subjects, object_array(rows.subjects)]),
+                external_ids=np.concatenate([self.external_ids, object_array(rows.external_ids)]),
+            )
+        if len(test):
+            t = self.test
+            grown = replace(
+                grown,
+                test=Arrays(
+                    [*t.sample_ids, *test.sample_ids],
+                    [*t.external_ids, *test.external_ids],
+                    torch.cat([t.X, test.X.to(t.X)]),
+                    torch.cat([t.y, test.y.to(t.y.device, t.y.dtype)]),
+                    [*t.subjects, *test.subjects],
+                ),
+            )
+        return grown
+
     def _compacted(self) -> ModelSession:
         kept = np.flatnonzero(self.alive)
         at = self.positions(kept)

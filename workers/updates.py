@@ -23,7 +23,7 @@ import torch
 from app import shutdown
 from app.jsontypes import JsonObject
 from app.privacy.lineage import LineageBudget, admit
-from app.states import Guarantee
+from app.states import Guarantee, VersionKind
 from maths.evaluation import evaluate
 from maths.training import (
     Diverged,
@@ -109,6 +109,7 @@ def measure(inputs: UpdateInputs, decision: Decision, seconds: float) -> JsonObj
         "n_train": len(inputs.retained),
         "n_test": len(inputs.test.y),
         "n_removed": len(inputs.removed.y),
+        "n_added": inputs.n_added,
         "method": decision.method,
         # auditors only (app/services/models.PUBLIC_METRICS): the public fallback's reason is
         # in its certificate; a hidden branch's is a function of the removed rows
@@ -120,6 +121,14 @@ def measure(inputs: UpdateInputs, decision: Decision, seconds: float) -> JsonObj
 
 
 def decide(inputs: UpdateInputs) -> Decision:
+    """`_decide`; an update that adds rows (issue 55) releases a `learned` version."""
+    decision = _decide(inputs)
+    if not inputs.n_added:
+        return decision
+    return replace(decision, release=replace(decision.release, version_kind=VersionKind.learned))
+
+
+def _decide(inputs: UpdateInputs) -> Decision:
     """The configured method's release, or the exact retrain and the reason for it. A method
     that fails or releases non-finite weights falls back to the retrain too, so a deletion
     never fails for good because an update cannot be computed.
@@ -134,6 +143,8 @@ def decide(inputs: UpdateInputs) -> Decision:
     if name == "retrain":
         return Released(exact_retrain(inputs), name, None)
     method = method_for(name, inputs.spec)
+    if inputs.n_added and not method.learns:  # public: rows were appended
+        return Released(exact_retrain(inputs), "retrain", None)
     hides = hides_branch(method)
     attempt = _attempt(method, inputs)
     exact: Release | None = None

@@ -406,7 +406,7 @@ async def append_samples(
     more than 10,000 rows. Every model of the dataset then learns the rows: a `learned`
     version each (the append's `learning`)."""
     dataset_id = int(dataset_id)
-    _, source, job, data = await _job_of(request, settings)
+    _name, source, job, data = await _job_of(request, settings)
     append_id = await run_in_threadpool(_begin_append, db, dataset_id, source)
     running = start_isolated(runtime.uploads, job(dataset_id=dataset_id, append_id=append_id), data)
 

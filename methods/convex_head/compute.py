@@ -64,6 +64,7 @@ def to_state(theta: torch.Tensor) -> ModelState:
 @register
 class ConvexHead(UnlearningMethod):
     spec = SPEC
+    learns = True  # appended rows join the resident Hessian and gradient (issue 55)
 
     @property
     def options(self) -> ConvexHeadOptions:
@@ -108,6 +109,7 @@ class ConvexHead(UnlearningMethod):
             raise ShiftOverBudget(shift, o.beta)
         facts = Bound(
             n_removed=len(inputs.removed.sample_ids),
+            n_added=inputs.n_added,
             shift=shift,
             known=resident.known,
             slack=resident.b,
@@ -130,6 +132,7 @@ class ConvexHead(UnlearningMethod):
         slack = convex.rounding_bound(problem, theta)
         facts = Bound(
             n_removed=len(inputs.removed.sample_ids),
+            n_added=inputs.n_added,
             shift=(measured + slack) / o.lam,
             known=measured,
             slack=slack,
@@ -230,12 +233,16 @@ class ConvexHead(UnlearningMethod):
         work = Work()
         previous = inputs.resident
         if isinstance(previous, removal.Resident) and previous.describes(
-            theta, n + removed.n, o.R, o.lam
+            theta, n + removed.n - inputs.n_added, o.R, o.lam
         ):
-            state = removal.without(previous, removed.Z.to(theta), removed.T.to(theta))
-            if previous.rows is not None:  # the removed rows leave the kept ones too
-                gone = torch.as_tensor(inputs.removed.sample_ids, dtype=torch.int64)
-                state = replace(state, rows=previous.rows.without(gone))
+            state = previous
+            if removed.n:
+                state = removal.without(previous, removed.Z.to(theta), removed.T.to(theta))
+                if previous.rows is not None:  # the removed rows leave the kept ones too
+                    gone = torch.as_tensor(inputs.removed.sample_ids, dtype=torch.int64)
+                    state = replace(state, rows=previous.rows.without(gone))
+            if inputs.added is not None and inputs.n_added:
+                state = self._learned(state, inputs.added, theta)
         else:
             state = self._anchored(inputs.retained, theta)
             work.hessian_passes += 1
@@ -272,6 +279,22 @@ class ConvexHead(UnlearningMethod):
                 break
         return state, work
 
+    def _learned(
+        self, state: removal.Resident, added: RetainedData, theta: torch.Tensor
+    ) -> removal.Resident:
+        """The resident state with the appended rows added (issue 55, goal 5): the gradient,
+        the anchor's Hessians and S updated exactly (O(k·d²) per class), the kept float64
+        rows extended while they still fit."""
+        joined = self.problem_of(added.X.to(theta.device), added.y.to(theta.device))
+        state = removal.with_rows(state, joined.Z.to(theta), joined.T.to(theta))
+        rows = state.rows
+        if rows is not None:
+            k, d = theta.shape
+            ids = added.ids().to(theta.device)
+            fits = removal.Rows.fit(state.m, d, k)
+            rows = rows.with_rows(joined.Z.to(theta), joined.T.to(theta), ids) if fits else None
+        return replace(state, rows=rows)
+
     def problem_of(self, X: torch.Tensor, y: torch.Tensor) -> convex.Problem:
         o = self.options
         return convex.Problem.of(X, y, self.model.n_classes, o.R, o.lam)
@@ -280,9 +303,15 @@ class ConvexHead(UnlearningMethod):
         self, epsilon: float, sigma: float, delta: float, facts: Bound
     ) -> CertificateFields:
         o = self.options
+        which = (
+            f"on the retained data with the {facts.n_added} appended samples learned"
+            if facts.n_added and not facts.n_removed
+            else f"without these {facts.n_removed} samples"
+            + (f" and with {facts.n_added} appended ones" if facts.n_added else "")
+        )
         sentence = (
             f"(ε={epsilon:.4g}, δ={delta:.3g})-indistinguishable from the exact "
-            f"optimum retrained without these {facts.n_removed} samples, released through the "
+            f"optimum retrained {which}, released through the "
             f"same Gaussian mechanism: the objective is λ={o.lam:g}-strongly convex (λ applied "
             f"by Lethe, inputs clipped to ‖(x, 1)‖ ≤ R={o.R:g}), so ‖w⁻ − w*‖ ≤ s = B/λ "
             f"≤ β={o.beta:g}, where B bounds ‖∇F(w⁻)‖ on the retained data in float64 with its "
@@ -395,6 +424,7 @@ class Bound:
     """The released state's bound, for the certificate."""
 
     n_removed: int
+    n_added: int
     shift: float
     known: float
     slack: float

@@ -110,6 +110,14 @@ class Rows:
         for start in range(0, len(self.Z), size):
             yield self.Z[start : start + size], self.T[start : start + size]
 
+    def with_rows(self, Z: torch.Tensor, T: torch.Tensor, ids: torch.Tensor) -> Rows:
+        """These rows joined after the others (issue 55): new buffers and a new index."""
+        return Rows.of(
+            torch.cat([self.Z, Z.to(self.Z)]),
+            torch.cat([self.T, T.to(self.T)]),
+            torch.cat([self.ids, ids.to(self.ids.device)]),
+        )
+
     def without(self, sample_ids: torch.Tensor) -> Rows:
         """These rows gone, in O(k·d): each hole in the first m − k rows takes a live row from
         the last k (order is irrelevant to every sum), then the last k rows are zeroed and cut
@@ -260,8 +268,21 @@ def measured(resident: Resident, blocks: Blocks) -> Resident:
 def without(resident: Resident, Z: torch.Tensor, T: torch.Tensor) -> Resident:
     """The resident state once the rows (Z, T) (clipped, with the bias coordinate) leave:
     the gradient at Θ₀, the anchor's Hessians and S downdated exactly, O(k·d²) per class."""
+    return _moved(resident, Z, T, -1)
+
+
+def with_rows(resident: Resident, Z: torch.Tensor, T: torch.Tensor) -> Resident:
+    """The resident state once the rows (Z, T) join (issue 55): the same exact algebra with
+    the other sign (m' = m + k), and the same rounding bounds, which sum magnitudes whatever
+    the sign; ρ, the rows' largest norm, grows to cover the new rows."""
+    return _moved(resident, Z, T, +1)
+
+
+def _moved(resident: Resident, Z: torch.Tensor, T: torch.Tensor, sign: int) -> Resident:
+    """`without` (sign −1) or `with_rows` (+1): ∇F and the anchor's ∇²F and S on
+    D' = D ∓ K, from their values on D and the k rows of K alone."""
     k_rows, m = len(Z), resident.m
-    m2 = m - k_rows
+    m2 = m + sign * k_rows
     if m2 <= 0:
         raise ValueError("every retained row would leave")
     scale, lam, theta = m / m2, resident.lam, resident.theta
@@ -269,7 +290,8 @@ def without(resident: Resident, Z: torch.Tensor, T: torch.Tensor) -> Resident:
     Z_abs = Z.abs()
     # gradient at Θ₀ (the same margins and rounding analysis as convex.rounding_bound)
     coef = -T * torch.sigmoid(-(T * (Z @ theta.T)))
-    g = scale * (resident.g - lam * theta) - coef.T @ Z / m2 + lam * theta
+    moved = coef.T @ Z / m2
+    g = scale * (resident.g - lam * theta) + (moved if sign > 0 else -moved) + lam * theta
     # |coef| plus the margin's rounding carried through σ (¼-Lipschitz), as in rounding_bound
     coef_abs = coef.abs() + 0.25 * (Z_abs @ theta.abs().T)
     terms = (
@@ -281,15 +303,17 @@ def without(resident: Resident, Z: torch.Tensor, T: torch.Tensor) -> Resident:
     w = torch.sigmoid(u) * torch.sigmoid(-u)
     eye = lam * torch.eye(d, dtype=torch.float64, device=Z.device)
     H_rows = torch.einsum("ja,ji,jl->ail", w, Z, Z)
-    # scale·(H_A − λI) − H_rows/m' + λI, and its terms' magnitudes for the rounding bound,
+    # scale·(H_A − λI) ∓ H_rows/m' + λI, and its terms' magnitudes for the rounding bound,
     # from one (k, d, d) temporary worked in place (the same roundings, half the passes)
     data_part = A.H - eye
-    H = (data_part * scale).sub_(H_rows / m2).add_(eye)
+    H = data_part * scale
+    H = (H.add_(H_rows / m2) if sign > 0 else H.sub_(H_rows / m2)).add_(eye)
     weight_error = LOGISTIC_THIRD * gamma(d) * (Z_abs @ A.theta.abs().T) + 8 * U
     abs_terms = data_part.abs_().mul_(scale)
     abs_terms.add_(torch.einsum("ja,ji,jl->ail", w, Z_abs, Z_abs) / m2)
     evaluation = (weight_error.max(dim=1).values * (Z * Z).sum(dim=1)).sum()
-    S = scale * A.S - Z.T @ Z / m2
+    second = Z.T @ Z / m2
+    S = scale * A.S + second if sign > 0 else scale * A.S - second
     S_abs = scale * A.S.abs() + Z_abs.T @ Z_abs / m2
     factor, info = torch.linalg.cholesky_ex(H)
     # every scalar the bounds need, read back at once (one wait on a GPU)
@@ -301,18 +325,24 @@ def without(resident: Resident, Z: torch.Tensor, T: torch.Tensor) -> Resident:
         S.diagonal().sum(),
         torch.linalg.norm(g),
         (info != 0).any().to(H),
+        torch.linalg.vector_norm(Z, dim=1).max() if k_rows else torch.zeros((), dtype=H.dtype),
     ]
-    terms_norm, abs_norm, evaluated, S_abs_norm, S_trace, g_norm, failed = torch.stack(
+    terms_norm, abs_norm, evaluated, S_abs_norm, S_trace, g_norm, failed, row_norm = torch.stack(
         scalars
     ).tolist()
     if failed:  # cannot happen for an exact λ-convex H; be safe
-        raise ValueError("the downdated Hessian lost positive definiteness")
+        raise ValueError("the updated Hessian lost positive definiteness")
     b = scale * resident.b + gamma(k_rows + d + 8) * terms_norm
     e_H = scale * A.e_H + gamma(k_rows + 8) * abs_norm + evaluated / m2 + gamma(2) * lam
     e_S = scale * A.e_S + gamma(k_rows + 4) * S_abs_norm
-    removed_abs = Z_abs.sum(dim=0)
-    column_abs = A.column_abs - removed_abs + gamma(k_rows + 2) * (A.column_abs + removed_abs)
-    anchor = Anchor(A.theta, H, factor, S, e_H, e_S, column_abs, _s_norm(S_trace, d, e_S), A.rho)
+    moved_abs = Z_abs.sum(dim=0)
+    column_abs = (A.column_abs + moved_abs if sign > 0 else A.column_abs - moved_abs) + gamma(
+        k_rows + 2
+    ) * (A.column_abs + moved_abs)
+    rho = A.rho  # rows that leave keep it an upper bound; rows that join may raise it
+    if sign > 0 and k_rows:
+        rho = max(rho, _measured_norm(row_norm, d, resident.R))
+    anchor = Anchor(A.theta, H, factor, S, e_H, e_S, column_abs, _s_norm(S_trace, d, e_S), rho)
     return replace(resident, m=m2, g=g, b=b, anchor=anchor, last=None, g_norm=g_norm)
 
 

@@ -40,6 +40,7 @@ ROWS = "minnorm.sample_ids"  # the sample id of each row and column of K⁻¹
 @register
 class MinNorm(UnlearningMethod):
     spec = SPEC
+    learns = True  # appended rows: a rank-k update of the Gram inverse (issue 55)
 
     @property
     def options(self) -> MinNormOptions:
@@ -110,7 +111,7 @@ class MinNorm(UnlearningMethod):
         net = self._net(retained.X.device)
         phi = self._features(net, retained.X)
         targets = nn.functional.one_hot(retained.y, self.model.n_classes).double()
-        inverse, route = _downdated(inputs.state, retained.sample_ids)
+        inverse, route = _downdated(inputs.state, retained.sample_ids, phi)
         fit: mn.MinNormFit | None = None
         if inverse is not None:
             fit = mn.solve_with(phi, inverse, targets, o.refine_steps)
@@ -167,23 +168,36 @@ class MinNorm(UnlearningMethod):
         return self.train(inputs.retained).state
 
 
-def _downdated(state: ModelState, retained_ids: list[int]) -> tuple[torch.Tensor | None, str]:
-    """K_r⁻¹ in `retained_ids` order from the stored K⁻¹, or None with the reason."""
+def _downdated(
+    state: ModelState, retained_ids: list[int], phi: torch.Tensor
+) -> tuple[torch.Tensor | None, str]:
+    """K_r⁻¹ in `retained_ids` order from the stored K⁻¹ (rows `phi`, in that order): the
+    rows that left downdated out, appended rows (ids the stored inverse lacks, after the
+    others) updated in; or None with the reason."""
     if GRAM not in state or ROWS not in state:
         return None, "fresh solve (no stored Gram inverse)"
     rows = [int(s) for s in state[ROWS].tolist()]
     position = {s: i for i, s in enumerate(rows)}
-    if not set(retained_ids) <= position.keys():
+    known = [s for s in retained_ids if s in position]
+    if retained_ids[: len(known)] != known:
         return None, "fresh solve (the stored Gram inverse covers other samples)"
     device = state[GRAM].device
     keep = torch.zeros(len(rows), dtype=torch.bool, device=device)
-    keep[[position[s] for s in retained_ids]] = True
+    keep[[position[s] for s in known]] = True
     inverse = mn.downdate(state[GRAM].double(), keep)
     kept = [s for s, k in zip(rows, keep.tolist(), strict=True) if k]
     order = {s: i for i, s in enumerate(kept)}
-    index = torch.tensor([order[s] for s in retained_ids], device=device)
+    index = torch.tensor([order[s] for s in known], dtype=torch.int64, device=device)
     removed = len(rows) - len(kept)
-    return inverse[index][:, index], f"Gram-inverse downdate of {removed} rows"
+    inverse = inverse[index][:, index]
+    route = f"Gram-inverse downdate of {removed} rows"
+    added = len(retained_ids) - len(known)
+    if added:
+        grown = mn.extend(inverse, phi[: len(known)].to(inverse), phi[len(known) :].to(inverse))
+        if grown is None:
+            return None, "fresh solve (the appended rows depend on the others)"
+        inverse, route = grown, f"{route} and rank-{added} update"
+    return inverse, route
 
 
 def _metrics(fit: mn.MinNormFit, route: str, phi: torch.Tensor, seconds: float) -> JsonObject:

@@ -79,6 +79,22 @@ def downdate(inverse: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
     return rr - rf @ torch.cholesky_solve(rf.T.contiguous(), factor)
 
 
+def extend(inverse: torch.Tensor, old: torch.Tensor, new: torch.Tensor) -> torch.Tensor | None:
+    """(K')⁻¹ of the rows [old; new] from K⁻¹ of `old`, a rank-k update by the Schur complement
+    S = ΦₙΦₙᵀ − BᵀK⁻¹B, B = ΦₒΦₙᵀ (issue 55): O(n²k + nkp). None when S is not positive
+    definite in float64 (the new rows depend on the others: a fresh solve is needed)."""
+    B = old @ new.T
+    KB = inverse @ B
+    schur = new @ new.T - B.T @ KB
+    factor, info = torch.linalg.cholesky_ex(0.5 * (schur + schur.T))
+    if bool((info != 0).any()):
+        return None
+    schur_inverse = torch.cholesky_inverse(factor)
+    corner = -KB @ schur_inverse
+    top = inverse - corner @ KB.T
+    return torch.cat([torch.cat([top, corner], 1), torch.cat([corner.T, schur_inverse], 1)], 0)
+
+
 def refine(
     phi: torch.Tensor,
     inverse: torch.Tensor,

@@ -36,6 +36,7 @@ from methods.sharded_retrain.spec import SPEC, ShardedOptions
 @register
 class ShardedRetrain(UnlearningMethod):
     spec = SPEC
+    learns = True  # appended rows: their shards retrained from the stage they join (issue 55)
 
     @property
     def options(self) -> ShardedOptions:
@@ -57,9 +58,28 @@ class ShardedRetrain(UnlearningMethod):
         )
         return self._train_all(data, assignment, progress)
 
+    def _assignment(self, inputs: UpdateInputs) -> tuple[sh.Assignment, sh.Assignment | None]:
+        """The recorded assignment with the appended rows placed by the same seeded hash of
+        their keys as training draws (issue 55), and the appended rows' own (None: none)."""
+        recorded = sh.Assignment.from_state(inputs.state)
+        added = inputs.added
+        if added is None or not len(added):
+            return recorded, None
+        keys = sh.assignment_keys(added.X, added.y, added.subjects, added.external_ids)
+        o = self.options
+        new = sh.Assignment.draw(
+            added.sample_ids, keys, o.shards, o.slices, self.model.training.seed
+        )
+        both = sh.Assignment(
+            torch.cat([recorded.sample_ids, new.sample_ids]),
+            torch.cat([recorded.shard, new.shard]),
+            torch.cat([recorded.slice, new.slice]),
+        )
+        return both, new
+
     def retrain(self, inputs: UpdateInputs) -> tuple[Trained, str]:
         """Every shard from scratch, on the recorded assignment of the retained samples."""
-        assignment = sh.Assignment.from_state(inputs.state).restricted(inputs.retained.ids())
+        assignment = self._assignment(inputs)[0].restricted(inputs.retained.ids())
         how = f"retrained all {self.options.shards} shards from scratch"
         return self._train_all(inputs.retained, assignment), how
 
@@ -104,9 +124,12 @@ class ShardedRetrain(UnlearningMethod):
     def unlearn(self, inputs: UpdateInputs) -> Release:
         start = time.perf_counter()
         setup = self.setup
-        recorded = sh.Assignment.from_state(inputs.state)
+        recorded, added = self._assignment(inputs)
         removed = recorded.restricted(sh.ids_tensor(inputs.removed.sample_ids))
         first = _earliest_stages(removed)
+        if added is not None:  # an appended row's stage is retrained as a removed one's
+            for k, r in _earliest_stages(added).items():
+                first[k] = min(first.get(k, r), r)
         retained = recorded.restricted(inputs.retained.ids())
         parts = _parts(inputs.state)
         weights: ModelState = {}
@@ -122,7 +145,7 @@ class ShardedRetrain(UnlearningMethod):
             states = sh.train_shard(setup, k, inputs.retained.take, retained, start_state, r)
             _store(weights, checkpoints, k, r, states)
         sizes = sh.stage_sizes(retained, setup.shards, setup.slices)
-        details = _work_done(setup, sizes, first, removed)
+        details = _work_done(setup, sizes, first, removed, added)
         return Release(
             next_state={**weights, **checkpoints, **retained.to_state()},
             weights=weights,
@@ -140,11 +163,16 @@ class ShardedRetrain(UnlearningMethod):
         parts = ", ".join(
             f"shard {r['shard']} from slice {r['from_slice']}" for r in details["retrained"]
         )
-        n = len(inputs.removed.sample_ids)
+        n, added = len(inputs.removed.sample_ids), inputs.n_added
         S = details["shards"]
+        change = f"without the {n} removed samples"
+        if added:
+            change = f"with the {added} appended samples placed by the same seeded hash" + (
+                f" and {change}" if n else ""
+            )
         sentence = (
-            f"Exact (SISA, Bourtoule et al. 2021): retrained {parts} without the {n} removed "
-            f"samples, each from the checkpoint taken before any of them was seen; the other "
+            f"Exact (SISA, Bourtoule et al. 2021): retrained {parts} {change}, each from the "
+            f"checkpoint taken before any of them was seen; the other "
             f"{S - len(details['retrained'])} of {S} shards are unchanged. The ensemble is the "
             f"one training from scratch on the retained data with the same seeds and shard "
             f"assignment gives, so it is (ε=0, δ=0)-indistinguishable from retraining; the "
@@ -182,6 +210,7 @@ def _work_done(
     sizes: list[list[int]],
     first: dict[int, int],
     removed: sh.Assignment,
+    added: sh.Assignment | None = None,
 ) -> dict[str, Any]:
     """Which shards were retrained from which slice, and the share of a full retrain's
     sample-gradient passes that took (for the certificate)."""
@@ -189,11 +218,15 @@ def _work_done(
     passes = sum(sh.work(sizes, epochs, k, r) for k, r in first.items())
     full = sum(sh.work(sizes, epochs, k, 1) for k in range(setup.shards))
     per_shard = torch.bincount(removed.shard, minlength=setup.shards).tolist()
+    joined = [0] * setup.shards
+    if added is not None:
+        joined = torch.bincount(added.shard, minlength=setup.shards).tolist()
     return {
         "shards": setup.shards,
         "slices": setup.slices,
         "retrained": [
-            {"shard": k, "from_slice": r, "removed": per_shard[k]} for k, r in sorted(first.items())
+            {"shard": k, "from_slice": r, "removed": per_shard[k], "added": joined[k]}
+            for k, r in sorted(first.items())
         ],
         "reused_shards": [k for k in range(setup.shards) if k not in first],
         "sample_passes": passes,

@@ -1,0 +1,324 @@
+"""Learning appended rows (issue 55, goal 5), in the model's deletion job under its lease, once
+no deletion is due (deletions come first): one `learned` version for every append waiting.
+
+The update is the deletion pipeline's own: `load.load_batch` with no removal supplies the
+resident session (its rows, state, lineage, the method's resident state), the appended rows
+are opened (O(k)) and joined after the retained ones (`UpdateInputs.added`), and
+`updates.compute_storing` decides: a method that `learns` adds them with its own update
+(convex_head's Hessian update and Newton steps under the carried bound, released through its
+mechanism; SISA's affected shards; minnorm's rank-k Gram update), any other the exact retrain
+on the new set. The commit writes the version, its entry in the log (kind `learned`, request
+0, with the lineage fields every release carries, so later certificates compose it), the
+model's new training rows and the tasks' end, or nothing.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, replace
+from typing import Any
+
+import torch
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+from sqlalchemy import insert, select, update
+from sqlalchemy.orm import Session
+
+from app import shutdown
+from app.db.chunks import chunked
+from app.db.tables import Dataset, LearnTask, Model, ModelSample, Sample, utcnow
+from app.jsontypes import JsonObject, JsonValue, json_object
+from app.ledger.certificates import append_certificates, removed_ids_commitment
+from app.ledger.transparency import signing_key
+from app.privacy.lineage import history_after
+from app.states import ModelStatus, SampleStatus, TaskStatus
+from app.storage.faults import is_fault
+from methods.compute import RetainedData, joined
+from workers import load
+from workers import store as blobs_of
+from workers.certify import CertificateContext, certificate_fields, lineage_fields
+from workers.claim import check_lease
+from workers.commit import VersionRow, finish_requests, supersede, write_version
+from workers.context import JobContext
+from workers.data import Arrays, arrays_for, database_key
+from workers.lease import LeaseLost
+from workers.metrics import JOB_DURATION, ROWS_LEARNED, VERSIONS_LEARNED
+from workers.resident import TrainingRecord
+from workers.updates import compute_storing
+from workers.values import Batch, Outcome
+
+log = logging.getLogger("lethe.learning")
+
+
+@dataclass(frozen=True)
+class Learn:
+    """The appends a learned version takes in: their tasks, and the model's new rows."""
+
+    task_ids: list[int]
+    append_ids: list[int]
+    added: Arrays  # training rows the model does not hold yet, ids ascending
+    test: Arrays  # the appends' test rows (they join the split the metrics read)
+    per_append: dict[int, int]  # append id -> its rows among `added`
+
+
+def learn_due(ctx: JobContext, model_id: int, device: torch.device) -> tuple[int, bool]:
+    """Learn every append waiting for this model (the caller holds its lease): (tasks
+    finished, no failure)."""
+    started, db = time.perf_counter(), ctx.db
+    sessions, where = ctx.resident_sessions(), database_key(db.engine)
+    with db.read() as session:
+        due = _due(session, model_id)
+        if not due:
+            return 0, True
+        batch, inputs = load.load_batch(session, ctx, model_id, [], device)
+        learn = _opened(session, ctx, model_id, due)
+    try:
+        added = RetainedData(
+            learn.added.sample_ids,
+            learn.added.X.to(device),
+            learn.added.y.to(device),
+            learn.added.subjects,
+            learn.added.external_ids,
+        )
+        test = _with_rows(inputs.test, learn.test, device)
+        outcome, stored = None, None
+        if len(added):
+            inputs = replace(
+                inputs, retained=joined(inputs.retained, added), added=added, test=test
+            )
+            outcome, stored = compute_storing(
+                inputs,
+                device,
+                lambda release: blobs_of.store_release(ctx.blobs, batch, release),
+                lambda stored: ctx.blobs.discard(stored.both),
+            )
+        signer = signing_key(ctx.settings)
+        try:
+            version_id = db.run(
+                lambda session: commit_learned(session, ctx, batch, learn, outcome, stored, signer),
+                retry_integrity=True,
+            )
+        except LeaseLost:
+            if stored is not None:
+                ctx.blobs.discard(stored.both)
+            raise
+    except shutdown.Interrupted:
+        sessions.drop(where, model_id)
+        return 0, False  # the tasks are still queued: the next start learns them
+    except Exception as exc:
+        sessions.drop(where, model_id)
+        if is_fault(exc) or isinstance(exc, LeaseLost):
+            log.warning("model %s: learning waits (%s)", model_id, exc)
+            return 0, False
+        log.exception("model %s: learning appends %s failed", model_id, learn.append_ids)
+        error = exc
+        db.run(lambda session: _failed(session, learn.task_ids, error))
+        return len(learn.task_ids), False
+    _keep_resident(ctx, batch, learn, outcome, version_id)
+    if outcome is not None:
+        ctx.runtime.publisher.soon()  # a new log entry for the witnesses
+        ROWS_LEARNED.labels(outcome.decision.method).inc(len(added))
+        VERSIONS_LEARNED.labels(outcome.decision.method).inc()
+    ctx.announcer.announce()
+    JOB_DURATION.labels("learn").observe(time.perf_counter() - started)
+    return len(learn.task_ids), True
+
+
+def _due(session: Session, model_id: int) -> list[tuple[int, int]]:
+    """The model's queued learn tasks (task id, append id) if it is ready."""
+    status = session.scalar(select(Model.status).where(Model.id == model_id))
+    if status != ModelStatus.ready:
+        return []
+    rows = session.execute(
+        select(LearnTask.id, LearnTask.append_id)
+        .where(LearnTask.model_id == model_id, LearnTask.status == TaskStatus.queued)
+        .order_by(LearnTask.id)
+    ).all()
+    return [(t, a) for t, a in rows]
+
+
+def _opened(session: Session, ctx: JobContext, model_id: int, due: list[tuple[int, int]]) -> Learn:
+    """The appends' active rows the model does not hold yet, opened: training rows to learn
+    and test rows for the split (a row erased meanwhile is no longer active)."""
+    append_ids = sorted({a for _, a in due})
+    dataset = session.scalars(
+        select(Dataset).join(Model, Model.dataset_id == Dataset.id).where(Model.id == model_id)
+    ).one()
+    held = select(ModelSample.sample_id).where(ModelSample.model_id == model_id)
+    train: list[tuple[int, int]] = []
+    test: list[int] = []
+    for chunk in chunked(append_ids):
+        for sid, split, append_id in session.execute(
+            select(Sample.id, Sample.split, Sample.append_id)
+            .where(
+                Sample.append_id.in_(chunk),
+                Sample.status == SampleStatus.active,
+                Sample.id.not_in(held),
+            )
+            .order_by(Sample.id)
+        ):
+            assert append_id is not None  # selected by it
+            if split == "train":
+                train.append((sid, append_id))
+            else:
+                test.append(sid)
+    per_append = {a: 0 for a in append_ids}
+    for _, a in train:
+        per_append[a] += 1
+    return Learn(
+        task_ids=[t for t, _ in due],
+        append_ids=append_ids,
+        added=arrays_for(session, ctx.keyring, dataset, [s for s, _ in train]),
+        test=arrays_for(session, ctx.keyring, dataset, test),
+        per_append=per_append,
+    )
+
+
+def _with_rows(test: RetainedData, extra: Arrays, device: torch.device) -> RetainedData:
+    """The test split with the appends' test rows after it."""
+    if not len(extra):
+        return test
+    return RetainedData(
+        [*test.sample_ids, *extra.sample_ids],
+        torch.cat([test.X, extra.X.to(test.X)]),
+        torch.cat([test.y, extra.y.to(test.y.device)]),
+        [*test.subjects, *extra.subjects],
+        [*test.external_ids, *extra.external_ids],
+    )
+
+
+def commit_learned(
+    session: Session,
+    ctx: JobContext,
+    batch: Batch,
+    learn: Learn,
+    outcome: Outcome | None,
+    stored: blobs_of.VersionBlobs | None,
+    signer: Ed25519PrivateKey,
+) -> int | None:
+    """The learned version, its log entry, the model's new rows and the tasks done, in the
+    caller's transaction, if this worker still leases the model at the batch's version;
+    None when no training row was left to learn (the tasks finish, no version)."""
+    session.autoflush = False
+    model = check_lease(session, batch.model_id)
+    if model.current_version_id != batch.parent_id:
+        raise LeaseLost(f"model {batch.model_id} moved past version {batch.parent_number}")
+    version: VersionRow | None = None
+    certificate_id: int | None = None
+    if outcome is not None:
+        assert stored is not None, "a release's blobs are stored before its commit"
+        release = outcome.decision.release
+        metrics = {
+            **outcome.metrics,
+            "rows_loaded": batch.rows_loaded,
+            "learned_from_appends": learn.append_ids,
+            **({"record": json_object(release.record)} if release.record else {}),
+        }
+        version = write_version(
+            session,
+            ctx.blobs,
+            batch.model_id,
+            batch.parent_number + 1,
+            batch.parent_id,
+            release.version_kind,
+            stored,
+            metrics,
+        )
+        (entry,) = append_certificates(
+            session, [learned_fields(batch, learn, outcome, version)], signer
+        )
+        certificate_id = entry.id
+        rows = [{"model_id": batch.model_id, "sample_id": s} for s in learn.added.sample_ids]
+        for chunk in chunked(rows):
+            session.execute(insert(ModelSample), chunk)
+        finish_requests(session, set(), also=supersede(session, ctx, batch, outcome, version))
+    now = utcnow()
+    for task_id, append_id in _tasks_of(session, learn.task_ids):
+        session.execute(
+            update(LearnTask)
+            .where(LearnTask.id == task_id, LearnTask.status == TaskStatus.queued)
+            .values(
+                status=TaskStatus.done,
+                version_id=version.id if version is not None else None,
+                certificate_id=certificate_id,
+                n_added=learn.per_append.get(append_id, 0),
+                finished_at=now,
+            )
+        )
+    return version.id if version is not None else None
+
+
+def learned_fields(batch: Batch, learn: Learn, outcome: Outcome, version: VersionRow) -> JsonObject:
+    """The learned version's entry in the log: a release like any other (its guarantee, ε, δ,
+    σ, constants and the lineage fields, so later certificates compose it), of no request
+    (request 0), removing nothing, naming the appends and how many rows it added."""
+    ctx = CertificateContext(
+        request_id=0,
+        model_id=batch.model_id,
+        from_version=batch.parent_number,
+        to_version=version.number,
+        release_sha256=version.weights_sha256,
+        n_removed=0,
+        n_removed_in_update=0,
+        coalesced_requests=[],
+        removed_ids_commitment=removed_ids_commitment(b"\0" * 32, []),
+    )
+    fields = certificate_fields(outcome.decision, batch.policy, batch.target(), ctx)
+    return {
+        **fields,
+        "kind": "learned",
+        "append_ids": list[JsonValue](learn.append_ids),
+        "n_added": len(learn.added),
+    }
+
+
+def _tasks_of(session: Session, task_ids: list[int]) -> list[tuple[int, int]]:
+    rows: list[tuple[int, int]] = []
+    for chunk in chunked(task_ids):
+        rows += session.execute(
+            select(LearnTask.id, LearnTask.append_id).where(LearnTask.id.in_(chunk))
+        ).all()
+    return rows
+
+
+def _failed(session: Session, task_ids: list[int], exc: Exception) -> None:
+    """The tasks failed for good: the model stays at its version; the error names only the
+    failure's type (its message could carry values of the data)."""
+    session.execute(
+        update(LearnTask)
+        .where(LearnTask.id.in_(task_ids), LearnTask.status == TaskStatus.queued)
+        .values(
+            status=TaskStatus.failed,
+            error=f"learning failed: {type(exc).__name__} (see the worker's log)",
+            finished_at=utcnow(),
+        )
+    )
+
+
+def _keep_resident(
+    ctx: JobContext, batch: Batch, learn: Learn, outcome: Outcome | None, version_id: int | None
+) -> None:
+    """The session at the learned version, its rows and test split grown by the appends'
+    (a copy of the arrays, after the commit: not on the path to the new version)."""
+    sessions, where = ctx.resident_sessions(), database_key(ctx.db.engine)
+    if batch.session is None:
+        return
+    grown = batch.session.grown(learn.added, learn.test)
+    if outcome is None or version_id is None:
+        sessions.put(where, grown)
+        return
+    release = outcome.decision.release
+    state = {k: v.detach().cpu() for k, v in release.next_state.items()}
+    before = grown.history
+    history: Any = (
+        tuple(history_after(before, lineage_fields(outcome.decision)))
+        if before is not None
+        else None
+    )
+    kept = grown.record
+    record: TrainingRecord | None = (
+        kept.after([], dict(release.record) if release.record else None)
+        if kept is not None
+        else None
+    )
+    sessions.put(where, grown.advance(version_id, [], state, release.resident, history, record))
