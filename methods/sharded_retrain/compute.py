@@ -225,7 +225,8 @@ def _work_done(
         "shards": setup.shards,
         "slices": setup.slices,
         "retrained": [
-            {"shard": k, "from_slice": r, "removed": per_shard[k], "added": joined[k]}
+            {"shard": k, "from_slice": r, "removed": per_shard[k]}
+            | ({"added": joined[k]} if added is not None else {})
             for k, r in sorted(first.items())
         ],
         "reused_shards": [k for k in range(setup.shards) if k not in first],
