@@ -197,7 +197,7 @@ class VersionOut(Out):
     parent: int | None
     """the version it replaced"""
     kind: VersionKind
-    """trained, unlearned, retrained or imported"""
+    """trained, unlearned, retrained, imported or learned (rows appended, issue 55)"""
     weights_sha256: str
     """sha256 of the released safetensors bytes"""
     weights_size: int

@@ -64,6 +64,8 @@ class _WorkerMetrics:
             metrics.FALLBACKS,
             metrics.STORAGE_FAULTS,
             metrics.SESSIONS_WARMED,
+            metrics.ROWS_LEARNED,
+            metrics.VERSIONS_LEARNED,
         ):
             yield from metric.collect()
 

@@ -135,6 +135,8 @@ PUBLIC_METRICS = frozenset(
         "expected_noise_norm",
         "noisy_steps",
         "finetune_epochs",
+        "n_added",  # a learned version's appended rows (issue 55): as public as n_train
+        "learned_from_appends",
     }
 )
 

@@ -1,0 +1,147 @@
+"""Appended rows learned through the service (issue 55, goals 3 and 5): every model of the
+dataset gets a `learned` version with its entry in the log; convex_head's stays within its
+certified shift of the exact optimum on the rows it now holds, appended rows included; a later
+deletion of an appended row is certified against that; the chain verifies and the tree holds
+every entry; /metrics counts the learned versions."""
+
+from __future__ import annotations
+
+import io
+import json
+import time
+
+import numpy as np
+import torch
+from sqlalchemy import func, select
+
+from app.db.session import database
+from app.db.tables import Certificate, Dataset, Model, ModelVersion
+from maths import convex
+from methods.convex_head.compute import to_theta
+from tests.conftest import Api
+from tests.factories import forget, stored_state
+from workers.data import training_arrays
+
+LAM, R = 1e-2, 8.0
+
+
+def table(ids: list[str], seed: int) -> bytes:
+    rng = np.random.default_rng(seed)
+    y = rng.integers(0, 2, len(ids))
+    X = rng.normal(size=(len(ids), 4)).astype(np.float32)
+    X[:, 0] += np.where(y == 1, 1.0, -1.0)
+    buffer = io.BytesIO()
+    np.savez(buffer, X=X, y=y, ids=np.array(ids), subjects=np.array([f"p-{i}" for i in ids]))
+    return buffer.getvalue()
+
+
+def learned(api: Api, dataset_id: int, append_id: int, timeout: float = 180.0) -> dict:
+    """The append once every model's learning of it has ended (polled)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        body = api.get(f"/v1/datasets/{dataset_id}/appends/{append_id}").json()
+        if body["learning"] and all(t["status"] in ("done", "failed") for t in body["learning"]):
+            return body
+        time.sleep(0.05)
+    raise AssertionError(f"append {append_id} still learning: {body}")
+
+
+def test_models_learn_an_append_and_later_certificates_count_its_rows(api: Api) -> None:
+    upload = {"file": ("base.npz", table([f"a{i}" for i in range(400)], 0))}
+    dataset = api.post("/v1/datasets", files=upload)
+    assert dataset.status_code == 201, dataset.text
+    dataset_id = dataset.json()["id"]
+    models = {}
+    for method in ({"name": "convex_head", "lam": LAM, "R": R}, {"name": "retrain"}):
+        created = api.post(
+            "/v1/models",
+            json={"name": method["name"], "dataset_id": dataset_id,
+                  "architecture": {"type": "logreg"}, "method": method},
+        )  # fmt: skip
+        assert created.status_code == 202, created.text
+        ready = api.wait(f"/v1/models/{created.json()['id']}", ("ready", "failed"))
+        assert ready["status"] == "ready", ready
+        models[method["name"]] = ready["id"]
+
+    before = learned_versions(api)
+    new_ids = [f"b{i}" for i in range(120)]
+    answer = api.post(
+        f"/v1/datasets/{dataset_id}/samples", files={"file": ("more.npz", table(new_ids, 1))}
+    )
+    assert answer.status_code == 201, answer.text
+    append = learned(api, dataset_id, answer.json()["id"])
+    assert {t["model_id"] for t in append["learning"]} == set(models.values())
+    assert all(t["status"] == "done" and t["version_id"] for t in append["learning"])
+    added = append["learning"][0]["n_added"]
+    assert 0 < added < 120  # the train rows among them; the rest joined the test split
+
+    for name, model_id in models.items():
+        versions = api.get(f"/v1/models/{model_id}/versions").json()
+        last = versions[-1]
+        assert last["kind"] == "learned" and last["number"] == 2, last
+        assert last["metrics"]["n_added"] == added
+        assert last["metrics"]["learned_from_appends"] == [append["id"]]
+        entries = api.get(
+            "/v1/audit/certificates", params={"model": model_id}, role="auditor"
+        ).json()["items"]
+        entry = entries[-1]
+        assert entry["kind"] == "learned" and entry["request_id"] == 0
+        assert entry["n_added"] == added and entry["to_version"] == 2
+        assert entry["guarantee"] == ("rigorous" if name == "convex_head" else "exact")
+
+    head = models["convex_head"]
+    theta, optimum, shift = noise_free_and_optimum(api, head)
+    assert float(torch.linalg.norm(theta - optimum)) <= shift + 1e-10 / LAM
+
+    train_new = [
+        s["external_id"]
+        for s in api.get(
+            f"/v1/datasets/{dataset_id}/samples", params={"split": "train", "offset": 320}
+        ).json()["items"]
+        if s["external_id"].startswith("b")
+    ]
+    done = forget(api, dataset_id, train_new[:1])
+    cert = api.get(f"/v1/audit/certificates/{done['certificate_ids'][0]}", role="auditor").json()
+    assert cert["from_version"] == 2 and cert["to_version"] == 3
+    assert cert["lineage"]["releases_since_reset"] == 2  # the learned release counts
+    theta, optimum, shift = noise_free_and_optimum(api, head)
+    assert float(torch.linalg.norm(theta - optimum)) <= shift + 1e-10 / LAM
+
+    check = api.get("/v1/audit/verify", role="auditor").json()
+    assert check["ok"], check
+    with database(api.url).read() as session:
+        entries = session.scalar(select(func.count()).select_from(Certificate))
+    assert api.get("/v1/audit/head", role="auditor").json()["tree_size"] == entries
+    assert learned_versions(api) == {m: before.get(m, 0) + 1 for m in ("convex_head", "retrain")}
+
+
+def learned_versions(api: Api) -> dict[str, float]:
+    """lethe_versions_learned_total by method, as /metrics shows it (the counters live in the
+    worker, which in thread mode is this test process: earlier tests' counts stay)."""
+    found: dict[str, float] = {}
+    for line in api.get("/metrics", role="admin").text.splitlines():
+        if line.startswith("lethe_versions_learned_total{"):
+            method = line.split('method="')[1].split('"')[0]
+            found[method] = float(line.rsplit(" ", 1)[1])
+    return found
+
+
+def noise_free_and_optimum(api: Api, model_id: int) -> tuple[torch.Tensor, torch.Tensor, float]:
+    """The current noise-free state, the exact optimum on the rows the model holds (solved
+    from scratch, independently of the service), and the version's certified shift."""
+    with database(api.url).read() as session:
+        model = session.get(Model, model_id)
+        version = session.get(ModelVersion, model.current_version_id)
+        state = stored_state(api.runtime.blobs, session, version.state_key)
+        dataset = session.get(Dataset, model.dataset_id)
+        data = training_arrays(session, api.opened(), model_id, dataset)
+        cert = session.scalars(
+            select(Certificate)
+            .where(Certificate.model_id == model_id)
+            .order_by(Certificate.seq.desc())
+        ).first()
+
+    shift = json.loads(cert.restricted)["constants"]["s"]["value"]
+    optimum = convex.solve(convex.Problem.of(data.X, data.y, 2, R, LAM), 1e-10, 5000)
+    assert optimum.gradient_norm <= 1e-10
+    return to_theta(state), optimum.theta, float(shift)
