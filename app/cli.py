@@ -259,26 +259,80 @@ def datasets_add(
         raise typer.BadParameter("give --builtin or --file")
 
 
+@datasets.command("append")
+def datasets_append(
+    dataset: int,
+    file: Path,
+    id_column: str | None = None,
+    label_column: str = "label",
+    subject_column: str | None = None,
+    split_column: str | None = None,
+    feature_columns: str | None = typer.Option(None, help="comma-separated (csv, parquet)"),
+    on_erased: str = typer.Option("refuse", help="rows of erased people: refuse or skip"),
+    wait: bool = typer.Option(True, help="follow the models' learning of the rows"),
+    url: Url = None,
+    key: Key = None,
+) -> None:
+    """Append a file's rows to a ready dataset (ids of your own; a row's split is its column's
+    or a keyed hash of its id); every model of the dataset then learns them."""
+    c = _client(url, key)
+    mapping = {
+        "id_column": id_column,
+        "subject_column": subject_column,
+        "split_column": split_column,
+        "feature_columns": feature_columns,
+    }
+    form = {"label_column": label_column, "on_erased": on_erased}
+    form |= {k: v for k, v in mapping.items() if v}
+    with file.open("rb") as fh:
+        answer = c.post(
+            f"/v1/datasets/{dataset}/samples", files={"file": (file.name, fh)}, data=form
+        )
+    path = f"/v1/datasets/{dataset}/appends/{answer['id']}"
+    answer = _followed(c, answer, path, f"appending to dataset {dataset}")
+    if wait:
+        with Progress(console=console, transient=True) as bar:
+            task = bar.add_task("models learning the rows", total=len(answer["learning"]) or None)
+            while any(t["status"] in ("queued", "running") for t in answer["learning"]):
+                finished = sum(t["status"] in ("done", "failed") for t in answer["learning"])
+                bar.update(task, completed=finished)
+                time.sleep(0.5)
+                answer = c.get(path)
+    table = Table("model", "learning", "version", "rows learned")
+    for t in answer["learning"]:
+        table.add_row(
+            str(t["model_id"]), t["status"], str(t["version_id"] or ""), str(t["n_added"])
+        )
+    console.print(f"append {answer['id']}: {answer['n_samples']} rows ({answer['status']})")
+    console.print(table)
+
+
+def _followed(c: Client, answer: dict[str, Any], path: str, what: str) -> dict[str, Any]:
+    """A job answered 202 (`registering`) followed with a progress bar of its rows to its
+    end; a failure is printed and exits 1."""
+    if answer.get("status") == "registering":
+        with Progress(console=console, transient=True) as bar:
+            task = bar.add_task(what, total=None)
+            while answer["status"] == "registering":
+                progress = answer.get("progress") or {}
+                bar.update(
+                    task,
+                    completed=progress.get("rows_done", 0),
+                    total=progress.get("rows_total") or None,
+                )
+                time.sleep(0.5)
+                answer = c.get(path)
+    if answer["status"] == "failed":
+        console.print(f"[red]{what} failed:[/red] {answer['error']}")
+        raise typer.Exit(1)
+    return answer
+
+
 def _registered(c: Client, answer: dict[str, Any]) -> dict[str, Any]:
     """The dataset once its registration is over: a registration answered 202 (a job) is
     followed with a progress bar of its rows."""
-    if answer.get("status") != "registering":
-        return answer
-    with Progress(console=console, transient=True) as bar:
-        task = bar.add_task(f"registering dataset {answer['id']}", total=None)
-        while answer["status"] == "registering":
-            progress = answer.get("progress") or {}
-            bar.update(
-                task,
-                completed=progress.get("rows_done", 0),
-                total=progress.get("rows_total") or None,
-            )
-            time.sleep(0.5)
-            answer = c.get(f"/v1/datasets/{answer['id']}")
-    if answer["status"] == "failed":
-        console.print(f"[red]registration failed:[/red] {answer['error']}")
-        raise typer.Exit(1)
-    return answer
+    path = f"/v1/datasets/{answer['id']}"
+    return _followed(c, answer, path, f"registering dataset {answer['id']}")
 
 
 @models.command("create")

@@ -29,6 +29,7 @@ from pydantic import BaseModel
 
 from app.states import FINISHED_REQUEST, AuditStatus, ModelStatus
 from app.wire import (
+    AppendOut,
     AuditOut,
     CertificateOut,
     CertificatePage,
@@ -212,6 +213,24 @@ def _upload_dataset(path: str | Path, fmt: str | None = None, **fields: Any) -> 
     return Call("POST", "/v1/datasets", _model(DatasetOut), {"files": files, "data": data})
 
 
+def _append_samples(
+    dataset_id: int, path: str | Path, fmt: str | None = None, **fields: Any
+) -> Call[AppendOut]:
+    """Append a file's rows (npz, csv, parquet; ids of your own) to a ready dataset: every
+    model of it then learns them (`append` shows each model's learning)."""
+    path = Path(path)
+    data = {k: str(v) for k, v in fields.items() if v is not None}
+    if fmt:
+        data["format"] = fmt
+    files = {"file": (path.name, path.read_bytes())}
+    target = f"/v1/datasets/{dataset_id}/samples"
+    return Call("POST", target, _model(AppendOut), {"files": files, "data": data})
+
+
+def _append(dataset_id: int, append_id: int) -> Call[AppendOut]:
+    return Call("GET", f"/v1/datasets/{dataset_id}/appends/{append_id}", _model(AppendOut))
+
+
 def _datasets(status: str | None = None, offset: int = 0, limit: int = 100) -> Call[DatasetPage]:
     """A page of the datasets, newest first (`status`: registering or ready)."""
     params = _params(status=status, offset=offset, limit=limit)
@@ -363,6 +382,8 @@ class Endpoints:
     me = endpoint(_me)
     register_builtin = endpoint(_register_builtin)
     upload_dataset = endpoint(_upload_dataset)
+    append_samples = endpoint(_append_samples)
+    append = endpoint(_append)
     datasets = endpoint(_datasets)
     dataset = endpoint(_dataset)
     samples = endpoint(_samples)

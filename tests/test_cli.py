@@ -147,3 +147,36 @@ def test_a_parquet_file_with_a_mapping_registers_as_a_job_from_the_cli(
     assert (
         '"source": "parquet"' in added.stdout and '"feature_shape": [\n    2\n  ]' in added.stdout
     )
+    created = lethe(
+        *("models", "create", "1", "--arch", "logreg", "--epochs", "1"),
+        *("--method", "convex_head", "--option", "lam=0.01", "--option", "R=8"),
+        **env,
+    )
+    assert created.returncode == 0, created.stderr
+    model_id = created.stdout.split('"id": ')[1].split(",")[0]
+    # 15,000 more rows as a job (202), then every model learns them (issue 55, goals 3, 5)
+    more = tmp_path / "more.parquet"
+    Y = np.random.default_rng(3).standard_normal((15_000, 3))
+    pq.write_table(
+        pa.table(
+            {"key": [f"n{i}" for i in range(15_000)], "target": (Y[:, 0] > 0).astype(np.int64)}
+            | {f"x{j}": Y[:, j] for j in range(3)}
+        ),
+        more,
+        row_group_size=4096,
+    )
+    appended = lethe(
+        *("datasets", "append", "1", str(more), "--label-column", "target"),
+        *("--id-column", "key", "--feature-columns", "x2,x0"),
+        **env,
+    )
+    assert appended.returncode == 0, appended.stderr
+    assert "append 1: 15000 rows (ready)" in appended.stdout, appended.stdout
+    row = next(line for line in appended.stdout.splitlines() if line.strip().startswith("│"))
+    assert model_id in row and "done" in row, appended.stdout
+    again = lethe(
+        *("datasets", "append", "1", str(more), "--label-column", "target"),
+        *("--id-column", "key", "--feature-columns", "x2,x0"),
+        **env,
+    )
+    assert again.returncode == 1 and "duplicate_ids" in again.stderr, again.stderr
