@@ -1,0 +1,213 @@
+"""Learning appended rows (issue 55, goal 6), side by side in one run.
+
+In process (the maths, as a worker's resident session holds it): n synthetic rows × 256
+features × 10 classes (bench/convex_resident.py's data and convex_head settings: λ = 1e-3,
+R = 20, β = 1e-3, (ε, δ) = (1, 1e-5)); train; anchor the resident state (what the model's
+first update or `warm_session` does); then learn k held-out rows of the same distribution
+through `ConvexHead.unlearn` with `added` (the Hessian and gradient update, Newton steps under
+the carried bound), against the exact retrain on the union the service runs (a cold solve,
+issue 52) and a warm-started solve from the current state (the "exact warm retrain" earlier
+benches timed). Test accuracy of the learned release against the exact optimum on the union.
+
+Through the service (`--service`): an embedded `lethe serve` with a builtin synthetic dataset
+of n rows and a trained convex_head model (one deletion first, so its session is warm); then
+POST k rows (copies of training rows with a little noise, new ids) to
+/v1/datasets/{id}/samples and time POST → learned version as a client sees it, beside the
+update's own compute from the version's metrics.
+
+    .venv/bin/python -m bench.append [--n 1000000] [--k 10000] [--service]
+
+Writes bench/results/append.json (and append-service.json with --service).
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import resource
+import tempfile
+import time
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from bench.common import model_spec, write_result
+from bench.convex_resident import OPTIONS, TARGET, TEST_ROWS, arrays, synthetic
+from maths import convex
+from maths.training import accuracy
+from methods.compute import RetainedData, joined
+from methods.convex_head.compute import ConvexHead, to_state, to_theta
+from tests.factories import update_inputs
+from workers.resident import ModelSession
+
+
+def in_process(n: int, k: int) -> dict[str, Any]:
+    t0 = time.perf_counter()
+    X_all, y_all, X_test, y_test = synthetic(n + k)
+    X, y = X_all[:n].clone(), y_all[:n].clone()
+    X_new, y_new = X_all[n:].clone(), y_all[n:].clone()
+    del X_all, y_all
+    made = time.perf_counter() - t0
+    spec = model_spec(
+        {"type": "logreg", "feature_norm": OPTIONS["R"]}, {}, {"name": "convex_head", **OPTIONS},
+        256, 10,
+    )  # fmt: skip
+    head = ConvexHead(spec)
+    test = arrays(X_test, y_test, first_id=n + k)
+    session = ModelSession.of(0, 1, arrays(X, y), {}, test)
+    _, whole = session.split([], {}, [])
+    t0 = time.perf_counter()
+    trained = head.train(whole)
+    train_seconds = time.perf_counter() - t0
+    print("trained in", round(train_seconds, 1), "s", flush=True)
+    session = ModelSession.of(0, 1, arrays(X, y), dict(trained.state), test)
+    _, retained = session.split([], {}, [])
+    t0 = time.perf_counter()
+    resident = head.prepare(retained, dict(trained.state))
+    anchor_seconds = time.perf_counter() - t0
+    test_data = RetainedData(test.sample_ids, test.X, test.y)
+    ids = list(range(n, n + k))
+    added = RetainedData(ids, X_new, y_new, [None] * k, [str(i) for i in ids])
+    removed, retained = session.split([], {}, [])
+    inputs = replace(
+        update_inputs(spec, dict(session.state), removed, joined(retained, added),
+                      target=TARGET, test=test_data, model_id=0),
+        resident=resident,
+        added=added,
+    )  # fmt: skip
+    t0 = time.perf_counter()
+    release = head.unlearn(inputs)
+    learn_seconds = time.perf_counter() - t0
+    print("learned", k, "rows in", round(learn_seconds, 3), "s", release.metrics, flush=True)
+    t0 = time.perf_counter()
+    exact, _ = head.retrain(inputs)  # the service's exact retrain on the union (cold)
+    cold_seconds = time.perf_counter() - t0
+    print("exact retrain (cold) in", round(cold_seconds, 1), "s", flush=True)
+    o = head.options
+    union = head.problem(inputs.retained)
+    t0 = time.perf_counter()
+    warm = convex.solve(union, o.tolerance, o.max_iterations, start=to_theta(trained.state))
+    warm_seconds = time.perf_counter() - t0
+    print("exact retrain (warm start) in", round(warm_seconds, 1), "s", flush=True)
+    arch = spec.architecture
+    learned_acc = accuracy(arch, release.weights, test.X, test.y, 10)
+    exact_acc = accuracy(arch, exact.state, test.X, test.y, 10)
+    warm_acc = accuracy(arch, to_state(warm.theta), test.X, test.y, 10)
+    return {
+        "n_train": n,
+        "k_added": k,
+        "n_test": TEST_ROWS,
+        "data_seconds": made,
+        "train_seconds": train_seconds,
+        "anchor_seconds": anchor_seconds,
+        "learn_compute_s": learn_seconds,
+        "learn_metrics": {
+            key: release.metrics[key]
+            for key in ("newton_steps", "gradient_passes", "hessian_passes", "sigma")
+        },
+        "s_over_beta": release.certificate.constants["s"].value / o.beta,
+        "exact_retrain_cold_s": cold_seconds,
+        "exact_retrain_warm_start_s": warm_seconds,
+        "speedup_vs_cold": cold_seconds / learn_seconds,
+        "speedup_vs_warm_start": warm_seconds / learn_seconds,
+        "test_accuracy_learned_release": learned_acc,
+        "test_accuracy_exact_optimum": exact_acc,
+        "test_accuracy_warm_solve": warm_acc,
+        "accuracy_gap_points": 100 * (exact_acc - learned_acc),
+        "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+    }
+
+
+def through_service(n: int, k: int) -> dict[str, Any]:
+    from app.client import Client
+    from app.schemas import BuiltinDatasetIn
+    from app.services.dataset_files import load_builtin
+    from bench.cluster import Cluster
+    from bench.common import ready
+
+    spec = {"builtin": "synthetic", "n_samples": n, "n_features": 256, "n_classes": 10}
+    parsed = load_builtin(BuiltinDatasetIn.model_validate(spec))
+    rng = np.random.default_rng(1)
+    rows = rng.choice(n, k, replace=False)
+    X_new = parsed.X[rows] + 0.05 * rng.standard_normal((k, 256)).astype(np.float32)
+    buffer = io.BytesIO()
+    np.savez(buffer, X=X_new, y=parsed.y[rows], ids=np.array([f"new-{i}" for i in range(k)]))
+    upload = buffer.getvalue()
+    train_ids = [parsed.ids[i] for i in range(n) if parsed.split[i] == "train"][:1]
+    del parsed
+    limits = {
+        "max_dataset_cells": n * 256 + 1,
+        "max_dataset_samples": n,
+        "job_timeout_seconds": 7200,
+    }
+    with tempfile.TemporaryDirectory() as tmp, Cluster(Path(tmp), None, None, **limits) as cluster:
+        c = Client(cluster.start_api(), cluster.admin_key, timeout=600)
+        t0 = time.perf_counter()
+        dataset = ready(c, c.post("/v1/datasets", json=spec))
+        register_s = time.perf_counter() - t0
+        body = {"name": "head", "dataset_id": dataset["id"], "architecture": {"type": "logreg"},
+                "method": {"name": "convex_head", **OPTIONS}}  # fmt: skip
+        t0 = time.perf_counter()
+        model = c.wait_model(c.create_model(body).id)
+        train_s = time.perf_counter() - t0
+        print("registered", round(register_s), "s; trained", round(train_s), "s", flush=True)
+        c.wait_deletion(c.delete(dataset["id"], train_ids).id)  # the session is warm now
+        t0 = time.perf_counter()
+        answer = c.post(
+            f"/v1/datasets/{dataset['id']}/samples", files={"file": ("new.npz", upload)}
+        )
+        posted = time.perf_counter() - t0
+        path = f"/v1/datasets/{dataset['id']}/appends/{answer['id']}"
+        while True:
+            view = c.get(path)
+            if view["learning"] and all(t["status"] != "queued" for t in view["learning"]):
+                break
+            time.sleep(0.01)
+        post_to_learned = time.perf_counter() - t0
+        version = c.model(model.id).current_version
+        assert version is not None and version.kind == "learned", version
+        m = version.metrics
+        compute = float(m["unlearn_seconds"])
+        return {
+            "n_samples": n,
+            "k_added": k,
+            "register_s": register_s,
+            "train_s": train_s,
+            "append_answer_s": posted,
+            "append_status": answer["status"],
+            "post_to_learned_version_s": post_to_learned,
+            "learn_compute_s": compute,
+            "target_s": 1.5 * compute + 0.030,
+            "within_target": post_to_learned <= 1.5 * compute + 0.030,
+            "rows_learned": view["learning"][0]["n_added"],
+            "metrics": {
+                key: m.get(key)
+                for key in (
+                    "newton_steps",
+                    "gradient_passes",
+                    "hessian_passes",
+                    "test_accuracy",
+                    "rows_loaded",
+                    "method",
+                )  # fmt: skip
+            },
+        }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--n", type=int, default=1_000_000)
+    parser.add_argument("--k", type=int, default=10_000)
+    parser.add_argument("--service", action="store_true", help="through the service instead")
+    args = parser.parse_args()
+    if args.service:
+        write_result("append-service", through_service(args.n, args.k))
+    else:
+        result = {"options": OPTIONS, "target": {"epsilon": TARGET.epsilon, "delta": TARGET.delta}}
+        write_result("append", result | in_process(args.n, args.k))
+
+
+if __name__ == "__main__":
+    main()
