@@ -7,6 +7,8 @@ dataset's kind of rows; nothing half-written in any refusal."""
 from __future__ import annotations
 
 import io
+import time
+from pathlib import Path
 
 import numpy as np
 from sqlalchemy import func, select
@@ -153,3 +155,104 @@ def test_rows_that_are_not_the_dataset_s_kind_are_a_422(api: Api) -> None:
     assert rows_of(api, dataset_id) == before
     missing = append(api, 999_999, table_csv(range(100, 103)))
     assert missing.status_code == 404
+
+
+def test_an_append_whose_server_died_is_discarded_with_its_keys(tmp_path) -> None:
+    """kill -9 between two of an append's chunk commits: the restarted service's reconciler
+    discards it (`append_abandoned`): its rows gone, their keys destroyed and out of the
+    database files; the dataset as it was; the same rows can be sent again."""
+    import contextlib
+    import signal
+    import sqlite3
+    import threading
+
+    import httpx
+
+    from bench.cluster import Cluster
+    from tests.test_registration import wait_file
+
+    pause = tmp_path / "pause"
+    pause.mkdir()
+    data = tmp_path / "data"
+    with Cluster(data, None, None, pause_dir=pause, pause_at=["append-chunk"]) as cluster:
+        url = cluster.start_api()
+        headers = {"Authorization": f"Bearer {cluster.admin_key}"}
+        base = httpx.post(
+            f"{url}/v1/datasets", files={"file": ("t.csv", table_csv(range(20)))}, data=FORM,
+            headers=headers, timeout=60,
+        )  # fmt: skip
+        assert base.status_code == 201, base.text
+        more = table_csv(range(1000, 13_000))
+
+        def send() -> None:  # its server is killed mid-way: no answer comes
+            with contextlib.suppress(httpx.HTTPError):
+                httpx.post(
+                    f"{url}/v1/datasets/1/samples", files={"file": ("m.csv", more)}, data=FORM,
+                    headers=headers, timeout=120,
+                )  # fmt: skip
+
+        thread = threading.Thread(target=send, daemon=True)
+        thread.start()
+        wait_file(pause / "append-chunk-1.reached")
+        db_file = data / "lethe.db"
+        query = "SELECT wrapped FROM data_keys JOIN samples ON samples.key_id = data_keys.id"
+        with sqlite3.connect(db_file) as conn:
+            wrapped = [bytes(w) for (w,) in conn.execute(query + " WHERE append_id = 1")]
+            statuses = conn.execute("SELECT DISTINCT status FROM samples WHERE append_id = 1")
+            assert statuses.fetchall() == [("pending",)]  # no model or split sees them yet
+        assert len(wrapped) == 5000
+        assert cluster.api is not None
+        cluster.api.send_signal(signal.SIGKILL)
+        cluster.api.wait(timeout=30)
+        thread.join(timeout=30)
+
+        cluster.env["LETHE_REGISTRATION_STALE_SECONDS"] = "1"
+        cluster.env["LETHE_PAUSE_AT"] = "[]"
+        cluster.start_api()
+        deadline = time.monotonic() + 60
+        with cluster.client() as c:
+            while (seen := c.get("/v1/datasets/1/appends/1").json())["status"] != "failed":
+                assert time.monotonic() < deadline, "the append was never discarded"
+                time.sleep(0.2)
+            assert seen["error"]["code"] == "append_abandoned"
+            assert c.get("/v1/datasets/1").json()["n_samples"] == 20
+            again = c.post("/v1/datasets/1/samples", files={"file": ("m.csv", more)}, data=FORM)
+            assert again.status_code == 202, again.text  # 12,000 rows: a job
+            while (seen := c.get(again.headers["Location"]).json())["status"] == "registering":
+                assert time.monotonic() < deadline + 120, seen
+                time.sleep(0.2)
+            assert seen["status"] == "ready" and seen["n_samples"] == 12_000
+        with sqlite3.connect(db_file) as conn:
+            left = conn.execute("SELECT count(*) FROM samples WHERE append_id = 1").fetchone()
+            assert left == (0,)
+        cluster.stop()
+        files = b"".join(
+            p.read_bytes()
+            for p in (db_file, Path(f"{db_file}-wal"), Path(f"{db_file}-shm"))
+            if p.exists()
+        )
+        assert not [w for w in wrapped if w in files]
+
+
+def test_an_append_is_an_upload_limited_as_uploads_are(settings) -> None:
+    """The ingress gate counts an append's multipart body against the upload limit, not the
+    JSON one (a 10,000 × 256 float32 npz is 10 MB: it was refused at the 8 MB JSON limit)."""
+    from fastapi.testclient import TestClient
+
+    from app.main import create_app
+    from tests.conftest import make_keys
+
+    tight = settings.model_copy(update={"max_json_bytes": 50_000})
+    with TestClient(create_app(tight)) as client:
+        api = Api(
+            client=client,
+            url=tight.resolved_database_url,
+            keys=make_keys(tight.resolved_database_url),
+        )
+        dataset_id = register(api, table_csv(range(20)))
+        big = table_csv(range(1000, 4000))
+        assert 50_000 < len(big) < tight.max_upload_bytes
+        answer = append(api, dataset_id, big)
+        assert answer.status_code == 201, answer.text
+        over = api.post("/v1/datasets", json={"builtin": "digits", "name": "x" * 60_000})
+        assert over.status_code == 413  # JSON bodies keep their limit

@@ -4,6 +4,8 @@ and `lethe worker` processes (RQ SimpleWorker)."""
 from __future__ import annotations
 
 import base64
+import io
+import json
 import signal
 import time
 from collections.abc import Iterator
@@ -11,6 +13,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import httpx
+import numpy as np
 import pytest
 from fastapi.testclient import TestClient
 from redis import Redis
@@ -454,3 +457,55 @@ def test_a_models_next_update_stays_on_the_worker_holding_its_session(
     assert len(versions) == 5
     loaded = [v.metrics["rows_loaded"] for v in versions[1:]]
     assert loaded[1:] == [0, 0, 0], loaded  # the first may find the other worker idle
+
+
+def test_kill_9_mid_learning_with_a_deletion_between_learns_exactly_once(
+    make_cluster, pg_url: str, tmp_path: Path
+) -> None:
+    """Issue 55: an append's learning killed between its compute and its commit, a deletion
+    filed meanwhile: the other worker applies the deletion first, then learns the rows once;
+    one chain, one log entry per release, the tree holds them all."""
+    pauses = tmp_path / "pauses"
+    pauses.mkdir()
+    cluster = make_cluster(pause_dir=pauses, pause_at=["before-learn-commit"])
+    for _ in range(2):
+        cluster.start_worker()
+    with cluster.client() as c:
+        ds, model = ready_model(c)
+        rng = np.random.default_rng(0)
+        X = rng.uniform(0, 1, (300, 8, 8)).astype(np.float32)
+        buffer = io.BytesIO()
+        np.savez(
+            buffer, X=X, y=rng.integers(0, 10, 300), ids=np.array([f"n{i}" for i in range(300)])
+        )
+        answer = c.post(
+            f"/v1/datasets/{ds['id']}/samples", files={"file": ("n.npz", buffer.getvalue())}
+        )
+        assert answer.status_code == 201, answer.text
+        reached = pauses / f"before-learn-commit-{model['id']}.reached"
+        wait_until(reached.exists, every=0.02)
+        victim = int(reached.read_text())
+        reached.unlink()
+        cluster.kill(cluster.worker_by_pid(victim))  # kill -9 between compute and commit
+        gone = train_ids(c, ds["id"], 3)
+        req = c.post("/v1/deletions", json={"dataset_id": ds["id"], "sample_ids": gone}).json()
+        wait_until(reached.exists, timeout=120, every=0.02)  # the other worker: deletion first
+        assert int(reached.read_text()) != victim
+        assert c.get(f"/v1/deletions/{req['id']}").json()["status"] == "done"
+        (pauses / f"before-learn-commit-{model['id']}.go").touch()
+        path = f"/v1/datasets/{ds['id']}/appends/{answer.json()['id']}"
+        wait_until(lambda: c.get(path).json()["learning"][0]["status"] == "done", timeout=180)
+        versions = [v["kind"] for v in c.get(f"/v1/models/{model['id']}/versions").json()]
+        head = c.get("/v1/audit/head").json()
+    assert versions == ["trained", "retrained", "learned"], versions
+    chain = assert_single_chain(pg_url, model["id"])
+    assert chain[-1].metrics["n_added"] > 0
+    with database(pg_url).read() as session:
+        entries = session.scalars(select(Certificate).order_by(Certificate.seq)).all()
+        held = session.scalar(
+            select(func.count()).select_from(ModelSample).where(ModelSample.model_id == model["id"])
+        )
+    kinds = [json.loads(e.body).get("kind", "deletion") for e in entries]
+    assert kinds == ["deletion", "learned"], kinds
+    assert head["tree_size"] == len(entries)
+    assert held == chain[0].n_train + chain[-1].metrics["n_added"]  # each learned row once

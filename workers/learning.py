@@ -24,7 +24,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from sqlalchemy import insert, select, update
 from sqlalchemy.orm import Session
 
-from app import shutdown
+from app import pause, shutdown
 from app.db.chunks import chunked
 from app.db.tables import Dataset, LearnTask, Model, ModelSample, Sample, utcnow
 from app.jsontypes import JsonObject, JsonValue, json_object
@@ -92,6 +92,7 @@ def learn_due(ctx: JobContext, model_id: int, device: torch.device) -> tuple[int
                 lambda release: blobs_of.store_release(ctx.blobs, batch, release),
                 lambda stored: ctx.blobs.discard(stored.both),
             )
+        pause.point(ctx.settings, "before-learn-commit", model_id)  # (a crash: orphans, swept)
         signer = signing_key(ctx.settings)
         try:
             version_id = db.run(

@@ -19,6 +19,7 @@ Early answers carry `Connection: close`: the unread rest of the body is not drai
 
 from __future__ import annotations
 
+import re
 from collections.abc import Collection
 
 from starlette.datastructures import Headers
@@ -30,6 +31,7 @@ from app.errors import error_body
 
 BODYLESS_METHODS = frozenset({"GET", "HEAD", "OPTIONS", "TRACE"})
 UPLOAD_ROUTES = frozenset({"/v1/datasets", "/v1/models/import"})
+APPEND_ROUTE = re.compile(r"/v1/datasets/[0-9]+/samples")  # an append's upload (issue 55)
 MULTIPART_SLACK = 64 * 1024  # boundaries, part headers and the small form fields
 VERIFIED_KEY = "lethe_verified_key"  # request.state: (raw key, ApiKey) the gate looked up
 
@@ -60,7 +62,10 @@ class IngressLimitMiddleware:
         """The byte limit of this request's body and the message that names it."""
         is_upload = (
             scope["method"] == "POST"
-            and route_path(scope) in self.upload_routes
+            and (
+                route_path(scope) in self.upload_routes
+                or APPEND_ROUTE.fullmatch(route_path(scope)) is not None
+            )
             and headers.get("content-type", "").startswith("multipart/form-data")
         )
         if is_upload:

@@ -303,15 +303,18 @@ def _moved(resident: Resident, Z: torch.Tensor, T: torch.Tensor, sign: int) -> R
     w = torch.sigmoid(u) * torch.sigmoid(-u)
     eye = lam * torch.eye(d, dtype=torch.float64, device=Z.device)
     H_rows = torch.einsum("ja,ji,jl->ail", w, Z, Z)
-    # scale·(H_A − λI) ∓ H_rows/m' + λI, and its terms' magnitudes for the rounding bound,
-    # from one (k, d, d) temporary worked in place (the same roundings, half the passes)
+    # scale·(H_A − λI) ∓ H_rows/m' + λI
     data_part = A.H - eye
     H = data_part * scale
     H = (H.add_(H_rows / m2) if sign > 0 else H.sub_(H_rows / m2)).add_(eye)
     weight_error = LOGISTIC_THIRD * gamma(d) * (Z_abs @ A.theta.abs().T) + 8 * U
-    abs_terms = data_part.abs_().mul_(scale)
-    abs_terms.add_(torch.einsum("ja,ji,jl->ail", w, Z_abs, Z_abs) / m2)
-    evaluation = (weight_error.max(dim=1).values * (Z * Z).sum(dim=1)).sum()
+    # ‖scale·|H_A − λI| + Σ_j w_ja |z_j||z_j|ᵀ/m'‖_F ≤ scale·‖H_A − λI‖_F + Σ_j w_ja‖z_j‖²/m'
+    # per class (|·| keeps a Frobenius norm; ‖|z||z|ᵀ‖_F = ‖z‖²): O(k) where the matrix
+    # of magnitudes was a second O(k·d²) product per class (issue 55: half of learning 10,000
+    # rows)
+    row_squares = (Z * Z).sum(dim=1)
+    abs_bound = torch.linalg.matrix_norm(data_part) * scale + (w.T @ row_squares) / m2
+    evaluation = (weight_error.max(dim=1).values * row_squares).sum()
     second = Z.T @ Z / m2
     S = scale * A.S + second if sign > 0 else scale * A.S - second
     S_abs = scale * A.S.abs() + Z_abs.T @ Z_abs / m2
@@ -319,7 +322,7 @@ def _moved(resident: Resident, Z: torch.Tensor, T: torch.Tensor, sign: int) -> R
     # every scalar the bounds need, read back at once (one wait on a GPU)
     scalars = [
         torch.linalg.norm(terms),
-        torch.linalg.matrix_norm(abs_terms).max(),
+        abs_bound.max() * (1 + gamma(d * d + k_rows + 4)),  # its own rounding
         evaluation,
         torch.linalg.matrix_norm(S_abs),
         S.diagonal().sum(),
