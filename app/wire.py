@@ -604,6 +604,9 @@ class PreviewOut(Document):
     """for a method with a capacity: how many removals remain before a retrain"""
     deletion_cost: DeletionCost | None = None
     """one deletion's expected cost, per method this model could use"""
+    learned_versions: int = 0
+    """versions that learned appended rows (issue 55); a noisy one counts in the lineage as
+    any release does"""
 
 
 class BadEntry(BaseModel):

@@ -567,3 +567,25 @@ def test_an_admin_registers_a_parquet_file_with_a_column_mapping(
     admin = httpx.Client(base_url=url, headers={"Authorization": f"Bearer {keys['admin']}"})
     who = admin.get(f"/v1/datasets/{dataset_id}/samples", params={"subject": "person-2"}).json()
     assert {s["external_id"] for s in who["items"]} == {f"row-{i}" for i in range(8, 12)}
+    # Appends (issue 55): "append rows" on the dataset's row, a new file, the same mapping
+    more = pa.table(
+        {
+            "key": [f"row-{i}" for i in range(40, 60)],
+            "who": [f"person-{i // 4}" for i in range(40, 60)],
+            "target": (X[:20, 1] > 0).astype(np.int64),
+            "vec": pa.FixedSizeListArray.from_arrays(pa.array(X[:20].reshape(-1)), 5),
+        }
+    )
+    pq.write_table(more, tmp_path / "more.parquet")
+    row.locator("button.append-rows").click()
+    assert page.input_value("#ds-append-to") == str(dataset_id)
+    page.set_input_files("#ds-file", str(tmp_path / "more.parquet"))
+    page.fill("#ds-label-column", "target")
+    page.fill("#ds-id-column", "key")
+    page.fill("#ds-subject-column", "who")
+    page.click("#ds-submit")
+    page.wait_for_function("document.querySelector('#ds-done').textContent.startsWith('Appended')")
+    assert f"Appended 20 rows to dataset #{dataset_id}" in page.inner_text("#ds-done")
+    cell = f"table#datasets tr[data-dataset=\"{dataset_id}\"] td:nth-child(4)"
+    page.wait_for_function(f"document.querySelector('{cell}').textContent === '60'")
+    page.screenshot(path=str(tmp_path / "datasets-appended.png"), full_page=True)

@@ -90,6 +90,7 @@ def test_models_learn_an_append_and_later_certificates_count_its_rows(api: Api) 
         assert entry["guarantee"] == ("rigorous" if name == "convex_head" else "exact")
 
     head = models["convex_head"]
+    assert api.get(f"/v1/privacy/preview?model={head}").json()["learned_versions"] == 1
     theta, optimum, shift = noise_free_and_optimum(api, head)
     assert float(torch.linalg.norm(theta - optimum)) <= shift + 1e-10 / LAM
 

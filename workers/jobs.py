@@ -442,8 +442,9 @@ def _apply_due(
         applied += len(tasks)
         if work.lingers and len(tasks) < ctx.settings.max_batch_requests:
             return applied, True, claimed  # all that was due; its wait wakes on a push since
-        if not work.has_due():  # a read, not an empty claim's write
-            return applied, True, claimed
+        if not work.has_due():  # a read, not an empty claim's write; then appends waiting
+            learned, ok = learning.learn_due(ctx, work.model_id, device)
+            return applied + learned, ok, claimed
 
 
 def _run_batch(

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from math import prod
 
+from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from app.db.tables import Dataset, Model, ModelVersion
@@ -15,6 +16,7 @@ from app.privacy.plans import ReleasePlan
 from app.privacy.validate import PrivacyParameterError
 from app.services.deletion_cost import deletion_cost
 from app.services.models import get_model
+from app.states import VersionKind
 from app.wire import LineagePreview, PreviewOut, Target
 from methods import method_of
 from methods.spec import PreviewFacts
@@ -78,6 +80,7 @@ def preview(
         deletion_capacity=_capacity_view(plan, current),
         # timings of trainings and updates, each a function of rows since removed (issue 52)
         deletion_cost=deletion_cost(session, model, disclose) if disclose else None,
+        learned_versions=learned_versions(session, model_id),
         # a measured-shift method's extras replace it
         **{"shift": None, **_extras(session, model, plan.sigma, documents, disclose)},
     )
@@ -131,3 +134,13 @@ def _extras(
         disclose=disclose,
     )
     return hook(method.options, facts)
+
+
+def learned_versions(session: Session, model_id: int) -> int:
+    """How many of the model's versions learned appended rows (issue 55)."""
+    found = session.scalar(
+        select(func.count())
+        .select_from(ModelVersion)
+        .where(ModelVersion.model_id == model_id, ModelVersion.kind == VersionKind.learned)
+    )
+    return int(found or 0)

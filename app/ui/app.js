@@ -194,10 +194,14 @@ function setupForms() {
   const onErased = el("select", { id: "ds-on-erased" },
     el("option", { value: "refuse" }, "refuse the upload"),
     el("option", { value: "skip" }, "leave those rows out"));
+  // appends (issue 55): the file's rows join a ready dataset, and its models learn them
+  const appendTo = el("input", { id: "ds-append-to", type: "number", min: 1, placeholder: "—",
+                                 list: "dataset-choices" });
   const dataset = el("form", { id: "new-dataset", class: "card action" },
-    el("h2", {}, "Register a dataset"),
+    el("h2", {}, "Register a dataset, or append rows"),
     el("label", {}, "builtin ", builtin),
     el("label", {}, "or upload an .npz / CSV / Parquet file ", file),
+    el("label", {}, "append the file's rows to dataset # (else a new dataset) ", appendTo),
     el("fieldset", { class: "mapping" }, el("legend", {}, "columns of a CSV or Parquet file"),
        ...mapping.map(([, text, input]) => el("label", {}, `${text} `, input))),
     el("label", {}, "rows of people erased earlier: ", onErased),
@@ -214,7 +218,12 @@ function setupForms() {
         if (input.value.trim()) form.append(field, input.value.trim());
       }
       form.append("on_erased", onErased.value);
-      response = await fetch("/v1/datasets", { method: "POST", headers: auth, body: form });
+      const target = Number(appendTo.value)
+        ? `/v1/datasets/${Number(appendTo.value)}/samples` : "/v1/datasets";
+      response = await fetch(target, { method: "POST", headers: auth, body: form });
+    } else if (Number(appendTo.value)) {
+      dsError.textContent = "choose a file to append";
+      return;
     } else {
       response = await fetch("/v1/datasets", { method: "POST",
         headers: { ...auth, "Content-Type": "application/json" },
@@ -223,6 +232,17 @@ function setupForms() {
     const result = await answer(response);
     if (!result.ok) { dsError.textContent = errorText(result); return; }
     const body = result.body;
+    if (body.dataset_id !== undefined) {  // an append: its models learn the rows next
+      const learners = body.learning.length;
+      dsDone.textContent = body.status === "registering"
+        ? `Append #${body.id} to dataset #${body.dataset_id} runs as a job.`
+        : `Appended ${body.n_samples} rows to dataset #${body.dataset_id}` +
+          (body.skipped_erased ? ` (${body.skipped_erased} rows of erased people left out)` : "") +
+          `; ${learners} model(s) learn them: each gets a "learned" version.`;
+      dataset.reset();
+      render();
+      return;
+    }
     const skipped = body.skipped_erased
       ? ` (${body.skipped_erased} rows of erased people left out)` : "";
     if (body.status === "registering") {  // a job (202): the datasets table follows it
@@ -384,6 +404,12 @@ async function datasetsTable() {
     target.dispatchEvent(new Event("change"));  // the method table for this dataset
     target.scrollIntoView({ block: "center" });
   };
+  const appendRows = d => () => {
+    const target = document.getElementById("ds-append-to");
+    if (!target) return;
+    target.value = d.id;
+    document.getElementById("ds-file").scrollIntoView({ block: "center" });
+  };
   const rows = page.body.items.map(d => el("tr", { "data-dataset": d.id },
     el("td", {}, `${d.id} ${d.name}`),
     el("td", {}, d.kind),
@@ -391,9 +417,11 @@ async function datasetsTable() {
     el("td", {}, String(d.n_samples)),
     el("td", {}, d.feature_shape.join("×")),
     el("td", {}, status(d.status), datasetState(d)),
-    el("td", {}, admin && d.status === "ready"
-      ? el("button", { type: "button", class: "use-dataset", onclick: use(d) }, "new model")
-      : "")));
+    el("td", {}, ...(admin && d.status === "ready"
+      ? [el("button", { type: "button", class: "use-dataset", onclick: use(d) }, "new model"),
+         el("button", { type: "button", class: "append-rows", onclick: appendRows(d) },
+            "append rows")]
+      : []))));
   const choices = el("datalist", { id: "dataset-choices" },
     page.body.items.filter(d => d.status === "ready")
       .map(d => el("option", { value: d.id }, `${d.name} (${d.n_samples} samples)`)));
