@@ -584,8 +584,8 @@ def test_an_admin_registers_a_parquet_file_with_a_column_mapping(
     page.fill("#ds-id-column", "key")
     page.fill("#ds-subject-column", "who")
     page.click("#ds-submit")
-    page.wait_for_function("document.querySelector('#ds-done').textContent.startsWith('Appended')")
+    page.wait_for_selector("#ds-done:has-text('Appended')")
     assert f"Appended 20 rows to dataset #{dataset_id}" in page.inner_text("#ds-done")
-    cell = f'table#datasets tr[data-dataset="{dataset_id}"] td:nth-child(4)'
-    page.wait_for_function(f"document.querySelector('{cell}').textContent === '60'")
+    cell = f'table#datasets tr[data-dataset="{dataset_id}"] td:nth-child(4):text-is("60")'
+    page.wait_for_selector(cell)  # the table re-rendered with the dataset's new count
     page.screenshot(path=str(tmp_path / "datasets-appended.png"), full_page=True)

@@ -109,7 +109,7 @@ def measure(inputs: UpdateInputs, decision: Decision, seconds: float) -> JsonObj
         "n_train": len(inputs.retained),
         "n_test": len(inputs.test.y),
         "n_removed": len(inputs.removed.y),
-        "n_added": inputs.n_added,
+        **({"n_added": inputs.n_added} if inputs.n_added else {}),  # a learned version's
         "method": decision.method,
         # auditors only (app/services/models.PUBLIC_METRICS): the public fallback's reason is
         # in its certificate; a hidden branch's is a function of the removed rows
