@@ -8,7 +8,7 @@ writes, in one statement on PostgreSQL."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 from uuid import UUID
 
@@ -36,6 +36,14 @@ def driver_uuid(conn: Connection, value: UUID) -> Any:
     """A UUID as the driver stores it: native on PostgreSQL, 32 hex digits on SQLite (the form
     SQLAlchemy's `Uuid` type uses there)."""
     return value if conn.dialect.name == "postgresql" else value.hex
+
+
+def driver_uuids(conn: Connection) -> Callable[[UUID], Any]:
+    """`driver_uuid` for this connection's driver, decided once (a registration converts two
+    million UUIDs)."""
+    if conn.dialect.name == "postgresql":
+        return lambda value: value
+    return lambda value: value.hex
 
 
 def insert_together(

@@ -18,6 +18,7 @@ import base64
 from dataclasses import replace
 from datetime import datetime, timedelta
 from typing import Any
+from uuid import UUID
 
 import numpy as np
 from sqlalchemy import delete, func, select, update
@@ -32,6 +33,8 @@ from app.runtime import Runtime
 from app.services.dataset_files import ParsedDataset
 from app.services.registration import (
     CHUNK,
+    ChunkWriter,
+    Nonces,
     SubjectTokens,
     insert_sealed,
     screened,
@@ -127,19 +130,26 @@ def append(
         with db.write() as session:
             _progress(session, append_id, n_samples=len(parsed.y), skipped_erased=skipped)
         subjects = SubjectTokens(ring, dataset_id)
-        for start in range(0, len(parsed.y), CHUNK):
-            stop = min(start + CHUNK, len(parsed.y))
-            keys = new_keys(ring, stop - start)
-            rows = [
-                sealed_row(
-                    ring, dataset_id, parsed, i, raw, subjects, SampleStatus.pending, append_id
-                )
-                for i, (_, raw, _) in zip(range(start, stop), keys, strict=True)
-            ]
-            with db.write() as session:
+
+        def commit(keys: list[tuple[UUID, bytes, bytes]], rows: list[list[Any]], stop: int) -> None:
+            with db.write(durable=False) as session:  # made durable by the last commit
                 _progress(session, append_id, rows_done=stop)
                 insert_sealed(session, ring, keys, rows)
             pause.point(runtime.settings, "append-chunk", append_id)
+
+        with ChunkWriter() as writer:
+            for start in range(0, len(parsed.y), CHUNK):
+                stop = min(start + CHUNK, len(parsed.y))
+                keys = new_keys(ring, stop - start)
+                nonces = Nonces(stop - start)
+                status, given = SampleStatus.pending, append_id
+                rows = [
+                    sealed_row(
+                        ring, dataset_id, parsed, i, raw, subjects, status, given, nonces.next()
+                    )
+                    for i, (_, raw, _) in zip(range(start, stop), keys, strict=True)
+                ]
+                writer.submit(commit, keys, rows, stop)
         with db.write() as session:
             return _finish(session, ring, append_id, dataset_id, parsed, tokens)
     except APIError as exc:

@@ -33,9 +33,10 @@ class SealError(RuntimeError):
     """A ciphertext did not open: wrong master key, wrong data key or tampered bytes."""
 
 
-def seal(key: bytes, plaintext: bytes, aad: str) -> bytes:
-    """AES-256-GCM: nonce ‖ ciphertext ‖ tag, bound to `aad` (what the bytes belong to)."""
-    nonce = os.urandom(NONCE_BYTES)
+def seal(key: bytes, plaintext: bytes, aad: str, nonce: bytes | None = None) -> bytes:
+    """AES-256-GCM: nonce ‖ ciphertext ‖ tag, bound to `aad` (what the bytes belong to).
+    `nonce`: fresh random bytes the caller drew in bulk (each key seals once), else drawn."""
+    nonce = os.urandom(NONCE_BYTES) if nonce is None else nonce
     return nonce + AESGCM(key).encrypt(nonce, plaintext, aad.encode())
 
 
@@ -60,6 +61,18 @@ class Keyring:
         """A fresh data key: (raw, wrapped). Only the wrapped form is ever stored."""
         raw = AESGCM.generate_key(bit_length=256)
         return raw, self.wrap(raw)
+
+    def new_data_keys(self, count: int) -> list[tuple[bytes, bytes]]:
+        """`count` fresh data keys as `new_data_key` makes them, their randomness drawn in two
+        reads of the OS's generator (a registration makes a million: issue 55)."""
+        raws = os.urandom(KEY_BYTES * count)
+        nonces = os.urandom(NONCE_BYTES * count)
+        out = []
+        for i in range(count):
+            raw = raws[i * KEY_BYTES : (i + 1) * KEY_BYTES]
+            nonce = nonces[i * NONCE_BYTES : (i + 1) * NONCE_BYTES]
+            out.append((raw, nonce + self._kek.encrypt(nonce, raw, b"lethe/data-key")))
+        return out
 
     def wrap(self, raw: bytes) -> bytes:
         nonce = os.urandom(NONCE_BYTES)
