@@ -433,20 +433,25 @@ def models_audit(
         console.print(f"audit {done.id} failed: {done.error}")
         raise typer.Exit(1)
     r = done.result
-    table = Table("audit", "verdict", "certified ε", "ε′ per canary", "ε lower bound", "f-DP",
-                  "ceiling", "control", "AUC")  # fmt: skip
+    table = Table("audit", "verdict", "audited", "certified ε", "proves ε ≥", "ceiling",
+                  "control", "per canary: ε′", "one-run bound", "AUC")  # fmt: skip
     control = optional_object(r.get("control"))
+    joint = optional_object(r.get("joint"))
+    control_joint = optional_object(control.get("joint")) if control else None
     table.add_row(
         str(done.id),
         str(done.verdict),
+        str(r.get("audited") or r.get("method")),
         _fmt(r.get("certified_epsilon")),
+        _fmt(joint["epsilon"] if joint else None),
+        _fmt(joint["ceiling"] if joint else None),
+        _fmt(control_joint["epsilon"] if control_joint else None),
         _fmt(r.get("implied_epsilon")),
         _fmt(as_object(r["one_run"])["epsilon"]),
-        _fmt(as_object(r["fdp"])["epsilon"]),
-        _fmt(r.get("ceiling_one_run")),
-        _fmt(as_object(control["one_run"])["epsilon"] if control else None),
         _fmt(r.get("auc")),
     )
+    if joint:
+        console.print(f"joint test: {joint['statistic']} (null p = {_fmt(joint['p_null'])})")
     console.print(table)
 
 

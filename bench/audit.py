@@ -8,7 +8,18 @@ wall time and, timed in the same run, one training of the model on its own rows.
 
     .venv/bin/python -m bench.audit [--canaries 1000] [--score margin]
 
-Writes bench/results/audit.json and audit.png.
+Writes bench/results/audit.json and audit.png. Issue 56: every row carries the joint test of
+the certificate's own ε (`joint`: the bound, the statistic, its ceiling) beside the certified
+ε, which is what the verdict now compares.
+
+    .venv/bin/python -m bench.audit --false-alarms 20     # exact retrains, fresh seeds
+    .venv/bin/python -m bench.audit --overclaims          # issue 56's false certificates
+
+`--overclaims` audits newton with constants declared false on purpose (L = M = 0, a large
+λ_min, C = 1000, depth 1, H_sc = 1e9: essentially no unlearning, tiny certified noise) on a
+1,000 × 1,000 five-class Gaussian set (logreg) and on digits (the README's MLP 64², 20
+epochs), at ε = 1 and 5: the joint bound against the certified ε, and the per-canary verdict
+it replaces. Writes bench/results/audit_overclaims.json.
 """
 
 from __future__ import annotations
@@ -82,7 +93,11 @@ def main() -> None:
         help="instead: audit an exact retrain this many times (fresh canaries and bits) and "
         "count the runs whose lower bound is above 0 (at most 1 − confidence of them)",
     )
+    parser.add_argument("--overclaims", action="store_true", help="issue 56's false certificates")
     args = parser.parse_args()
+    if args.overclaims:
+        overclaims(AuditOptions(canaries=args.canaries, score=args.score))
+        return
     if args.false_alarms:
         false_alarms(args.false_alarms, AuditOptions(canaries=args.canaries, score=args.score))
         return
@@ -116,8 +131,11 @@ def main() -> None:
                 **doc,
             }
             rows.append(row)
+            joint = found.bounds.joint
             print(
-                f"{dataset:9s} {label:20s} {doc['guarantee']:11s} ε'={doc['implied_epsilon']} "
+                f"{dataset:9s} {label:20s} {doc['guarantee']:11s} ε={doc['certified_epsilon']} "
+                f"joint={joint.epsilon if joint else 0:.3f} (ceiling "
+                f"{joint.ceiling if joint else 0:.0f}) ε'={doc['implied_epsilon']} "
                 f"lb={found.bounds.one_run.epsilon:.3f} fdp={found.bounds.fdp.epsilon:.3f} "
                 f"control={found.control.one_run.epsilon if found.control else None:.3f} "
                 f"auc={found.bounds.auc:.3f} {found.verdict} "
@@ -140,12 +158,13 @@ def false_alarms(runs: int, options: AuditOptions) -> None:
     with probability at most 1 − confidence."""
     retained, test, n_features, n_classes = split("synthetic")
     spec = model_spec({"type": "logreg"}, TRAINING, {"name": "retrain"}, n_features, n_classes)
-    bounds = []
+    bounds, joint, verdicts = [], [], []
     for seed in range(runs):
         found = run(spec, PrivacyPolicy(), retained, test, options, seed=1000 + seed)
         bounds.append(found.bounds.one_run.epsilon)
-        print(seed, found.bounds.one_run.epsilon, found.verdict, flush=True)
-    above = sum(b > 0 for b in bounds)
+        joint.append(found.bounds.joint.epsilon if found.bounds.joint else 0.0)
+        verdicts.append(found.verdict)
+        print(seed, joint[-1], found.bounds.one_run.epsilon, found.verdict, flush=True)
     write_result(
         "audit_false_alarms",
         {
@@ -154,11 +173,68 @@ def false_alarms(runs: int, options: AuditOptions) -> None:
             "canaries": options.canaries,
             "confidence": options.confidence,
             "runs": runs,
-            "runs_with_a_bound_above_0": above,
-            "rate": above / runs,
-            "bounds": bounds,
+            "violated": verdicts.count("violated"),
+            "verdicts": {v: verdicts.count(v) for v in sorted(set(verdicts))},
+            "joint_bounds": joint,
+            "runs_with_a_one_run_bound_above_0": sum(b > 0 for b in bounds),
+            "one_run_bounds": bounds,
         },
     )
+
+
+# newton with its constants declared false on purpose (issue 56): almost no unlearning step
+# and almost no noise, certified (ε, δ) all the same
+FALSE_NEWTON = {"name": "newton", "L": 0.0, "M": 0.0, "C": 1000.0, "depth": 1, "H_sc": 1e9}
+
+
+def overclaims(options: AuditOptions) -> None:
+    """The issue's table, audited again: each false certificate's joint bound and verdict."""
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    n, p, k = 1000, 1000, 5
+    y = rng.integers(0, k, n + 400)
+    X = (rng.standard_normal((k, p)) * 0.15)[y] + rng.standard_normal((n + 400, p))
+    gaussian = (
+        RetainedData(list(range(1, n + 1)), torch.tensor(X[:n], dtype=torch.float32),
+                     torch.tensor(y[:n])),
+        RetainedData(list(range(n + 1, n + 401)), torch.tensor(X[n:], dtype=torch.float32),
+                     torch.tensor(y[n:])),
+    )  # fmt: skip
+    digits_retained, digits_test, digits_features, digits_classes = split("digits")
+    cases = [
+        ("Gaussian logreg, λ_min 1e6", "gaussian", {"type": "logreg"}, TRAINING,
+         {**FALSE_NEWTON, "lam_min": 1e6}, 1.0),
+        ("Gaussian logreg, λ_min 3e4, max_relative_noise 10", "gaussian", {"type": "logreg"},
+         TRAINING, {**FALSE_NEWTON, "lam_min": 3e4, "max_relative_noise": 10.0}, 1.0),
+        ("Gaussian logreg, λ_min 1e6, ε = 5", "gaussian", {"type": "logreg"}, TRAINING,
+         {**FALSE_NEWTON, "lam_min": 1e6}, 5.0),
+        ("digits MLP 64², 20 epochs", "digits", {"type": "mlp", "hidden": [64, 64]},
+         {"epochs": 20, "momentum": 0.9, "learning_rate": 0.1, "seed": 0},
+         {**FALSE_NEWTON, "lam_min": 1e6}, 1.0),
+    ]  # fmt: skip
+    rows = []
+    for label, data, arch, training, method, epsilon in cases:
+        if data == "gaussian":
+            retained, test, features, classes = *gaussian, p, k
+        else:
+            retained, test, features, classes = (
+                digits_retained,
+                digits_test,
+                digits_features,
+                digits_classes,
+            )
+        spec = model_spec(arch, training, method, features, classes)
+        policy = PrivacyPolicy(epsilon=epsilon, lineage_epsilon=max(10.0, 2 * epsilon))
+        found = run(spec, policy, retained, test, options, seed=len(rows))
+        doc = found.document()
+        rows.append({"label": label, "method": method, "architecture": arch, **doc})
+        joint = found.bounds.joint
+        one_run = found.bounds.one_run.epsilon
+        print(f"{label:55s} ε={doc['certified_epsilon']} joint≥{joint.epsilon:.2f} "
+              f"({joint.statistic}) auc={found.bounds.auc:.3f} one-run={one_run:.2f}"
+              f" {found.verdict} [{doc['audited']}]", flush=True)  # fmt: skip
+    write_result("audit_overclaims", {"canaries": options.canaries, "rows": rows})
 
 
 def plot(rows: list[dict[str, Any]]) -> None:

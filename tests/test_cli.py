@@ -115,7 +115,10 @@ def test_a_sharded_model_from_the_cli_and_its_deletion_cost(
     assert "one deletion: retrain" in preview.stdout and "(measured)" in preview.stdout
     audited = lethe("models", "audit", "1", "--canaries", "200", "--seed", "3", **env)
     assert audited.returncode == 0, audited.stderr
-    assert "consistent" in audited.stdout  # SISA retrains the canaries' shards exactly
+    # SISA retrains the canaries' shards exactly: the joint test proves nothing (ε ≥ 0); with
+    # 200 canaries on this small model the control may show no power either (inconclusive)
+    assert "joint test: none (null p = 1)" in audited.stdout, audited.stdout
+    assert "violated" not in audited.stdout
 
 
 @pytest.mark.integration

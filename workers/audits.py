@@ -213,16 +213,19 @@ def entry_fields(audit: PrivacyAudit, inputs: AuditInputs, result: AuditRun) -> 
 
 
 def sentence(result: AuditRun, canaries: int) -> str:
-    """The result in one sentence."""
-    lb = result.bounds.one_run.epsilon
-    if result.implied_epsilon is None:
+    """The result in one sentence: the joint test of the certificate's own ε (issue 56)."""
+    joint = result.bounds.joint
+    if result.certified_epsilon is None or joint is None:
         return (
-            f"With {canaries} canaries the release's lower bound on ε per canary is {lb:.3g}; "
-            "its method is heuristic and certifies nothing to compare with."
+            f"With {canaries} canaries the release's joint lower bound on ε is "
+            f"{joint.epsilon if joint else 0.0:.3g}; its method is heuristic and certifies "
+            "nothing to compare with."
         )
     return (
-        f"With {canaries} canaries the release's lower bound on ε per canary is {lb:.3g} "
-        f"(δ={result.audit_delta:.3g}), against {result.implied_epsilon:.3g} implied by its "
-        f"certificate; a perfect attack could show at most {result.bounds.ceiling_one_run:.3g}: "
+        f"With {canaries} canaries the release's certificate (ε={result.certified_epsilon:.3g}) "
+        f"was tested by its own claim: the audit proves ε ≥ {joint.epsilon:.3g} at 95 % "
+        f"confidence ({joint.statistic}, {joint.statistics} statistics); a perfect attack "
+        f"could show at most {joint.ceiling:.3g}; per canary the one-run bound is "
+        f"{result.bounds.one_run.epsilon:.3g} against ε′ = {result.implied_epsilon:.3g}: "
         f"{result.verdict}."
     )

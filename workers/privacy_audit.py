@@ -29,7 +29,13 @@ import numpy as np
 import torch
 
 from app.jsontypes import JsonObject, JsonValue
-from app.privacy.audit_bounds import AuditBounds, Bound, audit_scores, implied_per_canary
+from app.privacy.audit_bounds import (
+    AuditBounds,
+    Bound,
+    JointBound,
+    audit_scores,
+    implied_per_canary,
+)
 from app.specs import PrivacyPolicy
 from app.states import Guarantee
 from maths.training import logits
@@ -126,21 +132,37 @@ class AuditRun:
 
     @property
     def verdict(self) -> str:
-        """violated: the lower bound exceeds what the certificate allows; inconclusive: not
-        even a perfect attack with these canaries could have shown that; uncertified: the
+        """From the joint test of the certificate's own (ε, δ) (issue 56): violated when its
+        lower bound exceeds the certified ε; inconclusive when not even a perfect attack with
+        these canaries could exceed it, or when the control (the canaries never unlearned)
+        does not exceed it either: the audit has no power on this model; uncertified when the
         release claims nothing (guarantee `none`); else consistent."""
-        if self.implied_epsilon is None:
+        joint = self.bounds.joint
+        claim = self.certified_epsilon
+        if claim is None or joint is None:
             return "uncertified"
-        if self.bounds.one_run.epsilon > self.implied_epsilon:
+        if joint.epsilon > claim:
             return "violated"
-        if self.bounds.ceiling_one_run <= self.implied_epsilon:
+        control = self.control.joint if self.control is not None else None
+        if joint.ceiling <= claim or (control is not None and control.epsilon <= claim):
             return "inconclusive"
         return "consistent"
+
+    @property
+    def audited(self) -> str:
+        """What made the release the audit scored, in words: a fallback's is the exact retrain
+        (issue 56: the audit then says nothing of the configured method's own update)."""
+        if self.method == "retrain" and self.fallback_reason:
+            return f"the exact retrain (the method fell back: {self.fallback_reason})"
+        if self.fallback_reason:  # the retrain released through the method's mechanism
+            return f"{self.method}, its exact retrain released through its mechanism"
+        return self.method
 
     def document(self) -> JsonObject:
         """The audit's result as published: aggregate figures only, no canary or score."""
         return {
             "method": self.method,
+            "audited": self.audited,
             "fallback_reason": self.fallback_reason,
             "guarantee": self.guarantee,
             "certified_epsilon": self.certified_epsilon,
@@ -149,6 +171,7 @@ class AuditRun:
             "implied_delta": self.implied_delta,
             "audit_delta": self.audit_delta,
             "verdict": self.verdict,
+            "joint": _joint(self.bounds.joint),
             "one_run": _bound(self.bounds.one_run),
             "fdp": _bound(self.bounds.fdp),
             "ceiling_one_run": self.bounds.ceiling_one_run,
@@ -158,6 +181,7 @@ class AuditRun:
             "control": None
             if self.control is None
             else {
+                "joint": _joint(self.control.joint),
                 "one_run": _bound(self.control.one_run),
                 "fdp": _bound(self.control.fdp),
                 "auc": self.control.auc,
@@ -165,6 +189,22 @@ class AuditRun:
             "canaries_included": self.included,
             "seconds": dict(self.seconds),
         }
+
+
+def _joint(j: JointBound | None) -> JsonObject | None:
+    """The joint test's figures: the bound on the certificate's own ε, the statistic that
+    proved it, its null p-value, the ceiling, how many statistics shared α."""
+    if j is None:
+        return None
+    return {
+        "epsilon": j.epsilon,
+        "statistic": j.statistic,
+        "p_null": math.exp(j.log_p_null),
+        "log_p_null": j.log_p_null,
+        "ceiling": j.ceiling,
+        "statistics": j.statistics,
+        "level": j.level,
+    }
 
 
 def _bound(b: Bound) -> JsonObject:
@@ -246,9 +286,12 @@ def run(
     )
     # δ = 0 (exact) is tested at the policy's δ: rejecting (0, δ) rejects (0, 0) too
     delta = implied[1] if implied is not None and implied[1] > 0 else policy.delta
-    bounds = audit_scores(found, canaries.included, delta, options.confidence)
+    # the joint test is of the certificate's own δ (0 for an exact release); the per-canary
+    # bounds of δ′
+    claimed_delta = 0.0 if exact else (cert.delta if cert.delta is not None else policy.delta)
+    bounds = audit_scores(found, canaries.included, delta, options.confidence, claimed_delta, rng)
     control_bounds = (
-        audit_scores(control, canaries.included, delta, options.confidence)
+        audit_scores(control, canaries.included, delta, options.confidence, claimed_delta, rng)
         if control is not None
         else None
     )

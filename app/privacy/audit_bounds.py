@@ -23,7 +23,20 @@ figure about the Gaussian hypothesis only, and Lethe's verdicts use the one-run 
 rules (how many guesses, one-sided or two-sided), every rule tested at level (1 − c)/rules
 (Bonferroni), so picking the best rule after seeing the scores keeps the confidence.
 Nothing here is a point estimate: an "estimated ε" from fitting scores is not a lower bound
-and is not computed here."""
+and is not computed here.
+
+**The joint test** (issue 56; `joint_bound`, the audit's primary verdict) tests what a
+certificate claims rather than what it implies per canary. Lethe's certificate says every
+release R(b), whatever the canaries' bits b, is (ε, δ)-close to one release R₀ that does not
+depend on b (the retrain without any canary). For any statistic T(R, b) fixed in advance,
+P[T(R(b), b) ≥ t] = E_b P[R(b) ∈ E_b] ≤ e^ε·E_b P[R₀ ∈ E_b] + δ = e^ε·p₀(t) + δ, where p₀ is
+T's distribution when the bits are independent of the release: exactly Bin(r, ½) for the
+right guesses of a rule of r guesses, and for the AUC its distribution over fresh fair bits,
+estimated by Monte Carlo with a valid p-value (1 + #{T* ≥ t}) / (N + 1). So e^ε·p₀ + δ is a
+p-value for "the certificate holds"; at level α over K statistics (Bonferroni) the audit
+proves ε ≥ ln((α/K − δ) / p₀) for each, and its bound is the largest. With δ counted once and
+no factor 2, 1,000 right guesses of 1,000 can show ε up to ≈ 688 (the per-canary test's
+ceiling is about 4)."""
 
 from __future__ import annotations
 
@@ -173,7 +186,8 @@ class Bound:
 
 @dataclass(frozen=True)
 class AuditBounds:
-    """What one run's canary scores prove, and the most they could have proved."""
+    """What one run's canary scores prove, and the most they could have proved: the joint
+    test of the certificate's own (ε, δ) (primary), and the per-canary bounds (secondary)."""
 
     one_run: Bound
     fdp: Bound
@@ -181,6 +195,7 @@ class AuditBounds:
     ceiling_fdp: float
     auc: float
     rules_tested: int
+    joint: JointBound | None = None
 
 
 def right_guesses(scores: np.ndarray, included: np.ndarray, rule: GuessRule) -> int:
@@ -191,22 +206,41 @@ def right_guesses(scores: np.ndarray, included: np.ndarray, rule: GuessRule) -> 
 
 
 def audit_scores(
-    scores: np.ndarray, included: np.ndarray, delta: float, confidence: float = 0.95
+    scores: np.ndarray,
+    included: np.ndarray,
+    delta: float,
+    confidence: float = 0.95,
+    joint_delta: float | None = None,
+    rng: np.random.Generator | None = None,
 ) -> AuditBounds:
-    """Both lower bounds from one run: higher scores should mean "included"; every rule of
-    the grid tested at the Bonferroni level, the best kept. The ceilings are the same audit
-    of a perfect attack on the same bits (scores that are the bits themselves)."""
+    """The lower bounds from one run: higher scores should mean "included". The joint test
+    at the certificate's δ (`joint_delta`); the per-canary bounds at `delta` (δ′), every
+    rule of the grid tested at the Bonferroni level, the best kept, their ceilings the same
+    audit of a perfect attack (scores that are the bits themselves). A δ′ of 1 (a large ε's
+    (1 + e^ε)·δ) proves nothing per canary: those bounds are 0, not an error."""
     scores = np.asarray(scores, dtype=np.float64)
     included = np.asarray(included, dtype=bool)
     m = len(scores)
     if m < 2 or included.shape != scores.shape or not np.isfinite(scores).all():
         raise ValueError("need at least two finite scores, one inclusion bit each")
     rules = guess_rules(m)
+    joint = joint_bound(
+        scores, included, delta if joint_delta is None else joint_delta, confidence, rng
+    )
+    if not 0 <= delta < 1:
+        nothing = Bound(0.0, None, 0, 0)
+        return AuditBounds(nothing, nothing, 0.0, 0.0, auc(scores, included), len(rules), joint)
     level = 1.0 - (1.0 - confidence) / len(rules)
     one_run, fdp = _best(scores, included, rules, delta, level)
     perfect = _best(included.astype(np.float64), included, rules, delta, level)
     return AuditBounds(
-        one_run, fdp, perfect[0].epsilon, perfect[1].epsilon, auc(scores, included), len(rules)
+        one_run,
+        fdp,
+        perfect[0].epsilon,
+        perfect[1].epsilon,
+        auc(scores, included),
+        len(rules),
+        joint,
     )
 
 
@@ -253,3 +287,92 @@ def implied_per_canary(epsilon: float, delta: float) -> tuple[float, float]:
     retrained without all removed canaries, which is the same release whatever the bits, so
     any two bit vectors give (2ε, (1 + e^ε)·δ) (the triangle through that common release)."""
     return 2.0 * epsilon, min(1.0, (1.0 + math.exp(epsilon)) * delta)
+
+
+PERMUTATIONS = 20_000  # fresh fair bit vectors for the AUC's null (its p-value ≥ 1/20,001)
+
+
+@dataclass(frozen=True)
+class JointBound:
+    """The joint test's result: the lower bound on the certificate's own ε, the statistic
+    that proved it with its null p-value (log, natural), and the most any attack with these
+    canaries could prove (every guess of the largest rule right)."""
+
+    epsilon: float
+    statistic: str
+    log_p_null: float
+    ceiling: float
+    statistics: int
+    level: float  # α / K, each statistic's level
+
+
+def joint_bound(
+    scores: np.ndarray,
+    included: np.ndarray,
+    delta: float,
+    confidence: float = 0.95,
+    rng: np.random.Generator | None = None,
+    permutations: int = PERMUTATIONS,
+) -> JointBound:
+    """The joint test of (module docstring): every rule of the grid's right guesses (exact
+    binomial null) and the AUC (Monte Carlo null over fresh fair bits), each at α/K."""
+    scores = np.asarray(scores, dtype=np.float64)
+    included = np.asarray(included, dtype=bool)
+    m = len(scores)
+    rules = guess_rules(m)
+    k = len(rules) + 1
+    level = (1.0 - confidence) / k
+    if level <= delta:  # δ alone is above every statistic's level: nothing can be rejected
+        return JointBound(0.0, "none", 0.0, 0.0, k, level)
+    room = math.log(level - delta)
+    best, name, log_p = 0.0, "none", 0.0
+    for rule in rules:
+        r, v = rule.guesses, right_guesses(scores, included, rule)
+        lp = log_binomial_tail(r, v)
+        if room - lp > best:
+            best, name, log_p = room - lp, f"right guesses {v} of {r} ({_rule_name(rule)})", lp
+    generator = rng if rng is not None else np.random.default_rng()
+    lp = math.log(auc_p_value(scores, included, generator, permutations))
+    if room - lp > best:
+        best, name, log_p = room - lp, f"AUC {auc(scores, included):.3f}", lp
+    ceiling = max(room + rule.guesses * math.log(2.0) for rule in rules)
+    return JointBound(best, name, log_p, ceiling, k, level)
+
+
+def log_binomial_tail(r: int, v: int) -> float:
+    """ln P[Bin(r, ½) ≥ v], summed in log space from the terms' logarithms (scipy's logsf
+    returns -inf below about 2^-1075)."""
+    if v <= 0:
+        return 0.0
+    if v > r:
+        return -math.inf
+    return float(special.logsumexp(stats.binom.logpmf(np.arange(v, r + 1), r, 0.5)))
+
+
+def auc_p_value(
+    scores: np.ndarray, included: np.ndarray, rng: np.random.Generator, permutations: int
+) -> float:
+    """P[AUC(fresh fair bits) ≥ AUC(bits)] estimated over `permutations` draws, as a valid
+    p-value: (1 + #{≥}) / (N + 1). Ranks are computed once; each draw is a rank sum."""
+    m = len(scores)
+    ranks = stats.rankdata(scores)
+    observed = auc(scores, included)
+    at_least = 0
+    block = 1000
+    for start in range(0, permutations, block):
+        size = min(block, permutations - start)
+        bits = rng.random((size, m)) < 0.5
+        n_in = bits.sum(axis=1)
+        n_out = m - n_in
+        rank_sums = bits.astype(np.float64) @ ranks
+        with np.errstate(divide="ignore", invalid="ignore"):
+            values = (rank_sums - n_in * (n_in + 1) / 2) / (n_in * n_out)
+        values = np.where((n_in == 0) | (n_out == 0), 0.5, values)
+        at_least += int((values >= observed - 1e-12).sum())
+    return (1 + at_least) / (permutations + 1)
+
+
+def _rule_name(rule: GuessRule) -> str:
+    if not rule.negative:
+        return f"the {rule.positive} highest scores guessed in"
+    return f"the {rule.positive} highest in, the {rule.negative} lowest out"
