@@ -81,15 +81,25 @@ def make_canaries(
 ) -> Canaries:
     """m canaries and their inclusion bits. `random`: inputs drawn per feature from a normal
     with the retained rows' mean and spread, labels uniform; `mislabelled`: test-split rows
-    (distinct, drawn at random) each given a uniformly drawn wrong label."""
+    (distinct, drawn at random), and beyond the test split's size training rows (issue 56:
+    a copy of a row with another label, which the shadow also holds with its own), each
+    given a uniformly drawn wrong label."""
     m = options.canaries
     if options.kind == "mislabelled":
-        if len(test) < m:
-            raise ValueError(f"the test split has {len(test)} rows; {m} canaries need as many")
-        rows = torch.from_numpy(rng.choice(len(test), size=m, replace=False))
-        X = test.X[rows].clone()
+        if len(test) + len(retained) < m:
+            raise ValueError(
+                f"{m} mislabelled canaries need as many rows; the data has "
+                f"{len(test) + len(retained)}"
+            )
+        from_test = min(m, len(test))
+        rows = torch.from_numpy(rng.choice(len(test), size=from_test, replace=False))
+        X, y = test.X[rows].clone(), test.y[rows].clone()
+        if from_test < m:  # the rest synthesised from training rows
+            extra = torch.from_numpy(rng.choice(len(retained), size=m - from_test, replace=False))
+            X_more, y_more = retained.take(extra)
+            X, y = torch.cat([X, X_more.to(X)]), torch.cat([y, y_more.to(y.device)])
         shift = torch.from_numpy(rng.integers(1, n_classes, size=m))
-        y = (test.y[rows] + shift) % n_classes
+        y = (y + shift) % n_classes
     else:
         sample = retained.head(min(len(retained), 50_000))[0].double()
         flat = sample.reshape(len(sample), -1)
