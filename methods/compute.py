@@ -214,13 +214,17 @@ class Joined:
         return torch.cat([self.first.ids(), self.second.ids()])
 
     def take(self, at: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The rows at positions `at`, in that order (any order, repeats allowed)."""
         n = len(self.first)
         at = at.cpu()
-        X1, y1 = self.first.take(at[at < n])
-        X2, y2 = self.second.take(at[at >= n] - n)
-        X, y = torch.cat([X1, X2.to(X1)]), torch.cat([y1, y2.to(y1.device)])
-        order = torch.argsort(torch.cat([at[at < n], at[at >= n]]))
-        return X[order.to(X.device)], y[order.to(y.device)]
+        mine = at < n
+        X1, y1 = self.first.take(at[mine])
+        X2, y2 = self.second.take(at[~mine] - n)
+        X = torch.empty((len(at), *X1.shape[1:]), dtype=X1.dtype, device=X1.device)
+        y = torch.empty(len(at), dtype=y1.dtype, device=y1.device)
+        X[mine.to(X.device)], y[mine.to(y.device)] = X1, y1
+        X[(~mine).to(X.device)], y[(~mine).to(y.device)] = X2.to(X), y2.to(y)
+        return X, y
 
     @property
     def device(self) -> torch.device:

@@ -238,3 +238,16 @@ def test_a_method_that_does_not_learn_releases_the_exact_retrain_on_the_union(me
     assert release.certificate.resets_lineage and release.event is None
     scratch = fit(spec, rows(list(range(300)), X, y))
     assert all(torch.equal(release.weights[k], scratch.state[k]) for k in scratch.state)
+
+
+def test_joined_rows_are_taken_in_the_order_asked() -> None:
+    X, y = data(10, p=3)
+    first, second = rows(list(range(6)), X[:6], y[:6]), rows(list(range(6, 10)), X[6:], y[6:])
+    both = joined(first, second)
+    at = torch.tensor([7, 2, 9, 2, 0])
+    taken_X, taken_y = both.take(at)
+    assert torch.equal(taken_X, X[at]) and torch.equal(taken_y, y[at])
+    assert torch.equal(both.ids(), torch.arange(10))
+    head_X, _ = both.head(8)
+    assert torch.equal(head_X, X[:8])
+    assert torch.equal(torch.cat([b for b, _ in both.blocks(4)]), X)
