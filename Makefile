@@ -18,9 +18,19 @@ $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 
-# torch first and pinned: a range would pull the newest build with gigabytes of CUDA packages.
+# torch first and pinned, and the CPU build (PyTorch's CPU index, or a local wheel of it)
+# unless a GPU is asked for (LETHE_TORCH=cuda) or found (nvidia-smi): PyPI's torch==2.13.0
+# alone is the CUDA build, with gigabytes of nvidia-* packages (issue 57).
+LETHE_TORCH ?= $(if $(shell command -v nvidia-smi 2>/dev/null),cuda,cpu)
+ifeq ($(LETHE_TORCH),cuda)
+TORCH_INSTALL := torch==2.13.0
+else
+TORCH_INSTALL := "torch==2.13.0+cpu" --extra-index-url https://download.pytorch.org/whl/cpu --retries 1
+endif
+
 $(VENV)/.installed: $(BIN)/python pyproject.toml
-	$(BIN)/pip install -q torch==2.13.0
+	@echo "installing torch 2.13.0 ($(LETHE_TORCH) build; LETHE_TORCH=cuda|cpu chooses)"
+	$(BIN)/pip install -q $(TORCH_INSTALL)
 	$(BIN)/pip install -q -e .
 	touch $@
 

@@ -178,6 +178,10 @@ def test_a_reader_sees_only_what_it_may(
     url, keys = service
     page = browser.new_page(viewport={"width": 1280, "height": 900})
     page.goto(f"{url}/ui")
+    page.wait_for_selector("#key")
+    assert "null" not in page.inner_text("#main")  # issue 57: a literal "null" under the form
+    icon = httpx.get(f"{url}/favicon.ico")
+    assert icon.status_code == 200 and icon.headers["content-type"].startswith("image/svg+xml")
     page.fill("#key", "lethe_not_a_key")
     page.click("#signin")
     page.wait_for_selector("#signin-error")

@@ -42,6 +42,25 @@ def dashboard_slash() -> RedirectResponse:
     return RedirectResponse("/ui")
 
 
+# Lethe's mark: the river of forgetting, one wave (issue 57: /favicon.ico was a 404)
+FAVICON = (
+    '<svg xmlns="http://www.w3.org/2000/svg" viewBox="0 0 32 32">'
+    '<rect width="32" height="32" rx="6" fill="#1f3b57"/>'
+    '<path d="M4 19c4-6 8-6 12 0s8 6 12 0" stroke="#9fd3ff" stroke-width="3" fill="none"/>'
+    "</svg>"
+)
+
+
+@router.get("/favicon.ico")
+def favicon() -> Response:
+    """The dashboard's icon (SVG, which browsers take at this path too)."""
+    return Response(
+        FAVICON,
+        media_type="image/svg+xml",
+        headers={**HEADERS, "Cache-Control": "public, max-age=86400"},
+    )
+
+
 @router.get("/verify")
 def verify_page(settings: SettingsDep) -> HTMLResponse:
     """The receipt checker, with the log's verifier key pinned in the page (a meta tag: data,

@@ -731,7 +731,7 @@ async function render(message) {
   if (!sessionStorage.getItem(KEY) || !role) {
     document.getElementById("nav").replaceChildren();
     document.getElementById("who").replaceChildren();
-    main.replaceChildren(...signIn(message));
+    main.replaceChildren(...signIn(message).filter(n => n !== null));  // no literal "null"
     return;
   }
   navigation(role);
