@@ -119,7 +119,7 @@ def test_lethe_serve_updates_in_its_worker_process_and_takes_it_down_with_it(
         # the API process never imports the workers' counters: these are the child's. The
         # job counts its deletions as it ends, after it woke this answer (and compacted)
         counted = 'lethe_deletions_processed_total{method="retrain"} 1.0'
-        wait_until(lambda: counted in c.get("/metrics").text, timeout=20, what="the count")
+        wait_until(lambda: counted in c.get("/metrics").text, timeout=300, what="the count")
         text = c.get("/metrics").text
         assert counted in text
         assert text.count("# TYPE lethe_job_duration_seconds histogram") == 1
@@ -130,7 +130,13 @@ def test_lethe_serve_updates_in_its_worker_process_and_takes_it_down_with_it(
             json={"dataset_id": ds["id"], "sample_ids": ids[1:2]},
             headers={"Prefer": "wait=60"},
         )
-        assert second.status_code == 200 and second.json()["status"] == "done", second.text
+        # the replacement worker imports torch before it takes the job: on a busy machine
+        # that outlasts the 60 s the answer waits (issue 57), so wait for the request itself
+        assert second.status_code in (200, 202), second.text
+        path = f"/v1/deletions/{second.json()['id']}"
+        finished = ("done", "failed")
+        wait_until(lambda: c.get(path).json()["status"] in finished, timeout=600, what="it ran")
+        assert c.get(path).json()["status"] == "done", c.get(path).text
         assert c.get("/readyz").status_code == 200
 
         replacement = worker_processes(api_pid)
