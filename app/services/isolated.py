@@ -121,6 +121,7 @@ def _register(job: Registration, name: str | None, payload: bytes | int) -> tupl
             buffer.release()
         finally:
             memory.close()
+    _large_blocks_returned()
     runtime = Runtime.build(job.settings)
     if job.append_id is not None:
         return _append(runtime, job, data)
@@ -335,6 +336,17 @@ def scrub_freed() -> bool:
         return bool(ctypes.CDLL("libc.so.6").mallopt(M_PERTURB, FREED_BYTE))
     except (OSError, AttributeError):
         return False
+
+
+M_MMAP_THRESHOLD = -3  # glibc mallopt(3)
+
+
+def _large_blocks_returned() -> None:
+    """In a registration's child: every block of 4 MiB or more is its own mapping, given back
+    to the kernel when freed. glibc raises its threshold after the first large free, and the
+    row groups decoded one after another then stayed in the heap (issue 55: peak RSS)."""
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL("libc.so.6").mallopt(M_MMAP_THRESHOLD, 4 * 2**20)
 
 
 def trim() -> None:

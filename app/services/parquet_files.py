@@ -59,7 +59,7 @@ def parse_parquet(
     n = table_file.metadata.num_rows
     width = _width(table_file, schema, features)
     check_size(n, width, limits)
-    X = np.empty((n, width), dtype=np.float32)
+    X = ParquetRows(table_file, features, width)
     y = np.empty(n, dtype=np.float64)
     ids: list[str] = []
     subjects: list[str | None] = []
@@ -71,16 +71,87 @@ def parse_parquet(
         except (pa.ArrowException, OSError) as exc:
             raise unprocessable("malformed_parquet", f"row group {group}: {exc}") from exc
         stop = start + table.num_rows
-        X[start:stop] = _feature_block(table, features, width, start)
+        # the features are checked here, so a malformed value is refused before anything is
+        # written, then dropped: `ParquetRows` reads them again a row group at a time
+        _feature_block(table, features, width, start)
         y[start:stop] = _numbers(table.column(columns.label), columns.label, start)
         named = _texts(table, columns.id, start, required=True)
         ids += [str(v) for v in named] if named else [str(i) for i in range(start, stop)]
         subjects += _texts(table, columns.subject, start, required=False) or [None] * (stop - start)
         splits += [str(v) for v in _texts(table, columns.split, start, required=True) or []]
         start = stop
+        del table
+        pa.default_memory_pool().release_unused()  # Arrow's pool keeps what it freed
     y_int = label_array(y, n)
     split = split_of(np.array(splits) if columns.split else None, y_int, seed, test_fraction)
-    return finish(X, y_int, ids, subjects, split, "tabular")
+    return finish(X, y_int, ids, subjects, split, "tabular")  # type: ignore[arg-type]
+
+
+class ParquetRows:
+    """A Parquet file's feature rows as registration reads them (issue 55, goal 6): in order,
+    one row group decoded and checked at a time, so the features are never all in memory
+    (a million × 256 float32 is 1 GB). Stands in for the (n × width) float32 array of a
+    `ParsedDataset`: `shape`, row `i`, and a boolean mask of the rows kept (`on_erased:
+    skip`). A malformed value is the same 422 naming its column and row, raised when its
+    row group is read."""
+
+    ndim = 2
+    dtype = np.dtype(np.float32)
+
+    def __init__(
+        self,
+        table_file: pq.ParquetFile,
+        features: list[str],
+        width: int,
+        rows: np.ndarray | None = None,
+    ) -> None:
+        self.file, self.features, self.width = table_file, features, width
+        sizes = [
+            table_file.metadata.row_group(g).num_rows for g in range(table_file.num_row_groups)
+        ]
+        self.starts = np.cumsum([0, *sizes])
+        total = int(self.starts[-1])
+        self.rows = np.arange(total) if rows is None else rows  # positions in the file
+        self._group: int | None = None
+        self._block: np.ndarray | None = None
+        self._low, self._high = 0, 0  # the rows of the group in hand
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return (len(self.rows), self.width)
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def astype(self, dtype: object, copy: bool = False) -> ParquetRows:
+        """float32 already (what `finish` asks of an array)."""
+        return self
+
+    def __getitem__(self, key: object) -> np.ndarray | ParquetRows:
+        if isinstance(key, np.ndarray) and key.dtype == bool:
+            return ParquetRows(self.file, self.features, self.width, self.rows[key])
+        if isinstance(key, int | np.integer):
+            at = int(self.rows[key])
+            if self._low <= at < self._high:  # the row group in hand (rows come in order)
+                assert self._block is not None
+                return self._block[at - self._low]
+            group = int(np.searchsorted(self.starts, at, side="right") - 1)
+            self._block, self._group = self._read(group), group
+            self._low, self._high = int(self.starts[group]), int(self.starts[group + 1])
+            return self._block[at - self._low]
+        raise TypeError(f"ParquetRows takes a row number or a boolean mask, not {type(key)}")
+
+    def _read(self, group: int) -> np.ndarray:
+        start = int(self.starts[group])
+        self._block = None  # the previous group's rows go before the next is decoded
+        try:
+            table = self.file.read_row_group(group, columns=self.features)
+        except (pa.ArrowException, OSError) as exc:
+            raise unprocessable("malformed_parquet", f"row group {group}: {exc}") from exc
+        block = _feature_block(table, self.features, self.width, start)
+        del table
+        pa.default_memory_pool().release_unused()  # Arrow's pool keeps what it freed
+        return block
 
 
 def _feature_columns(schema: pa.Schema, columns: Columns) -> list[str]:
@@ -121,7 +192,7 @@ def _width(table_file: pq.ParquetFile, schema: pa.Schema, features: list[str]) -
 
 
 def _feature_block(table: pa.Table, features: list[str], width: int, start: int) -> np.ndarray:
-    """One row group's features, (rows × width) float64, checked for nulls, ragged lists and
+    """One row group's features, (rows × width) float32, checked for nulls, ragged lists and
     non-finite values."""
     if len(features) == 1 and _is_list(table.schema.field(features[0]).type):
         column = table.column(features[0]).combine_chunks()
@@ -140,22 +211,28 @@ def _feature_block(table: pa.Table, features: list[str], width: int, start: int)
             values = column.values.slice(offsets[0], offsets[-1] - offsets[0])
         else:
             values = column.values.slice(column.offset * width, len(column) * width)
-        block = _numbers(values, features[0], start, per_row=width)
+        block = _numbers(values, features[0], start, per_row=width, dtype=np.float32)
         return block.reshape(len(column), width)
     return np.stack(
-        [_numbers(table.column(name), name, start) for name in features], axis=1
+        [_numbers(table.column(name), name, start, dtype=np.float32) for name in features],
+        axis=1,
     ).reshape(table.num_rows, width)
 
 
 def _numbers(
-    array: pa.Array | pa.ChunkedArray, name: str, start: int, per_row: int = 1
+    array: pa.Array | pa.ChunkedArray,
+    name: str,
+    start: int,
+    per_row: int = 1,
+    dtype: type[np.floating] = np.float64,
 ) -> np.ndarray:
-    """A numeric column as float64; a null or non-finite value is a 422 naming its row."""
+    """A numeric column as `dtype` (features: float32, what is stored, with no float64 copy
+    of a row group on the way); a null or non-finite value is a 422 naming its row."""
     if not _is_number(array.type):
         raise unprocessable(
             "bad_dtype", f"column {name!r} is {array.type}, not numbers", {"column": name}
         )
-    values = array.to_numpy(zero_copy_only=False).astype(np.float64)  # nulls become NaN
+    values = array.to_numpy(zero_copy_only=False).astype(dtype, copy=False)  # nulls: NaN
     bad = np.flatnonzero(~np.isfinite(values))
     if len(bad):
         raise _bad(name, start + int(bad[0]) // per_row, "a missing, NaN or infinite value")
