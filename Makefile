@@ -30,7 +30,9 @@ endif
 
 $(VENV)/.installed: $(BIN)/python pyproject.toml
 	@echo "installing torch 2.13.0 ($(LETHE_TORCH) build; LETHE_TORCH=cuda|cpu chooses)"
-	$(BIN)/pip install -q $(TORCH_INSTALL)
+	$(BIN)/pip install -q $(TORCH_INSTALL) || { echo "the $(LETHE_TORCH) build of torch \
+	  could not be installed (no PyTorch index or local wheel): PyPI's build instead"; \
+	  $(BIN)/pip install -q torch==2.13.0; }
 	$(BIN)/pip install -q -e .
 	touch $@
 
