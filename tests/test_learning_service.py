@@ -15,14 +15,11 @@ import torch
 from sqlalchemy import func, select
 
 from app.db.session import database
-from app.db.tables import Certificate, Dataset, Model, ModelVersion
-from maths import convex
-from methods.convex_head.compute import to_theta
+from app.db.tables import Certificate
 from tests.conftest import Api
-from tests.factories import forget, stored_state
-from workers.data import training_arrays
-
-LAM, R = 1e-2, 8.0
+from tests.factories import forget
+from tests.test_convex_head import LAM, R
+from tests.test_convex_head import noise_free_and_optimum as state_and_optimum
 
 
 def table(ids: list[str], seed: int) -> bytes:
@@ -128,21 +125,13 @@ def learned_versions(api: Api) -> dict[str, float]:
 
 
 def noise_free_and_optimum(api: Api, model_id: int) -> tuple[torch.Tensor, torch.Tensor, float]:
-    """The current noise-free state, the exact optimum on the rows the model holds (solved
-    from scratch, independently of the service), and the version's certified shift."""
+    """tests/test_convex_head's noise-free state and independent optimum on the rows the
+    model holds (appended ones included), with the newest release's certified shift s."""
+    theta, optimum = state_and_optimum(api, model_id)
     with database(api.url).read() as session:
-        model = session.get(Model, model_id)
-        version = session.get(ModelVersion, model.current_version_id)
-        state = stored_state(api.runtime.blobs, session, version.state_key)
-        dataset = session.get(Dataset, model.dataset_id)
-        data = training_arrays(session, api.opened(), model_id, dataset)
         cert = session.scalars(
             select(Certificate)
             .where(Certificate.model_id == model_id)
             .order_by(Certificate.seq.desc())
         ).first()
-
-    shift = json.loads(cert.restricted)["constants"]["s"]["value"]
-    optimum = convex.solve(convex.Problem.of(data.X, data.y, 2, R, LAM), 1e-10, 5000)
-    assert optimum.gradient_norm <= 1e-10
-    return to_theta(state), optimum.theta, float(shift)
+    return theta, optimum, float(json.loads(cert.restricted)["constants"]["s"]["value"])

@@ -117,7 +117,7 @@ def commit_update(
         finish_requests(session, {t.request_id for t in batch.tasks})
         return None
     assert stored is not None, "a release's blobs are stored before its commit"
-    version = _write_release(session, ctx, batch, outcome, stored)
+    version = write_release(session, ctx, batch, outcome, stored)
     certs = _certify(session, batch, outcome, version, signer)
     _finish_tasks(session, batch, version, certs)
     blob_keys = supersede(session, ctx, batch, outcome, version)
@@ -125,14 +125,21 @@ def commit_update(
     return version.id
 
 
-def _write_release(
-    session: Session, ctx: JobContext, batch: Batch, outcome: Outcome, stored: VersionBlobs
+def write_release(
+    session: Session,
+    ctx: JobContext,
+    batch: Batch,
+    outcome: Outcome,
+    stored: VersionBlobs,
+    more: dict[str, Any] | None = None,
 ) -> VersionRow:
-    """The new version's row, its metrics (and the training record a method keeps)."""
+    """The new version's row, its metrics (with `more`, and the training record a method
+    keeps): a deletion batch's or a learned version's (workers/learning.py)."""
     release = outcome.decision.release
     metrics = {
         **outcome.metrics,
         "rows_loaded": batch.rows_loaded,
+        **(more or {}),
         **({"record": json_object(release.record)} if release.record else {}),
     }
     return write_version(

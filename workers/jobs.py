@@ -10,7 +10,6 @@ device (LETHE_DEVICE, workers/device.py) and its results come back to CPU before
 
 from __future__ import annotations
 
-import json
 import logging
 import math
 import time
@@ -27,9 +26,8 @@ from app import pause, shutdown
 from app.db.session import Database
 from app.db.tables import Dataset, Model
 from app.dispatch import DELETE, TRAIN, take_signal
-from app.jsontypes import JsonMap, JsonObject, json_object
+from app.jsontypes import JsonObject, json_object
 from app.ledger.transparency import signing_key
-from app.privacy.lineage import LineageBudget, history_after, prepare_next
 from app.settings import Settings
 from app.specs import ImportedWeights
 from app.states import ModelStatus, Stage, VersionKind
@@ -40,7 +38,7 @@ from maths.nets import build_net
 from maths.training import Diverged, ProgressFn, accuracy, check_converged
 from methods.compute import ModelSpec, RetainedData, Trained, UpdateInputs, fit, method_for
 from workers import claim, commit, learning, load, store
-from workers.certify import lineage_fields
+from workers.advance import keep_resident
 from workers.context import JobContext
 from workers.data import Arrays, database_key, test_arrays, training_arrays
 from workers.device import arrays_to, trained_to_cpu, training_inputs_to
@@ -53,7 +51,7 @@ from workers.metrics import (
     SESSIONS_WARMED,
     STORAGE_FAULTS,
 )
-from workers.resident import ModelSession, Sessions
+from workers.resident import ModelSession
 from workers.statistics import write_block
 from workers.updates import ACCURACY_ROWS, compute_storing
 from workers.values import Batch, ClaimedTask, Fallback, Outcome, TrainingInputs, Unrecoverable
@@ -476,7 +474,7 @@ def _run_batch(
             sessions.drop(where, model_id)  # it may no longer be at the current version
             raise
         ctx.announcer.announce()  # the long polls of these requests look again now
-        _keep_resident(sessions, where, batch, outcome, version_id)
+        keep_resident(sessions, where, batch, outcome, version_id)
     except shutdown.Interrupted:  # back to queued, unpenalised: the next start applies them
         ids = [t.task_id for t in tasks]
         db.run(lambda session: claim.release_tasks(session, ids))
@@ -532,48 +530,6 @@ def _compute(
         lambda release: store.store_release(ctx.blobs, batch, release),
         lambda stored: ctx.blobs.discard(stored.both),
     )
-
-
-def _keep_resident(
-    sessions: Sessions,
-    where: str,
-    batch: Batch,
-    outcome: Outcome | None,
-    version_id: int | None,
-) -> None:
-    """Move the batch's session to the version just committed, its removed rows gone (their
-    plaintext leaves this worker's memory with the commit); unchanged when nothing was
-    removed (no new version)."""
-    if batch.session is None:
-        return
-    if outcome is None or version_id is None:
-        sessions.put(where, batch.session)
-        return
-    release = outcome.decision.release
-    state = {k: v.detach().cpu() for k, v in release.next_state.items()}
-    before = batch.session.history
-    history = (
-        tuple(history_after(before, lineage_fields(outcome.decision)))
-        if before is not None
-        else None
-    )
-    kept = batch.session.record
-    record = kept.after(batch.removed, _as_stored(release.record)) if kept is not None else None
-    sessions.put(
-        where,
-        batch.session.advance(version_id, batch.removed, state, release.resident, history, record),
-    )
-    if history and release.event is not None:  # the next noisy release's ε, solved now
-        try:
-            policy = batch.policy
-            prepare_next(LineageBudget(policy.lineage_epsilon, policy.lineage_delta), history)
-        except Exception:  # noqa: BLE001 - only a head start: the admission solves it anyway
-            log.debug("could not prepare the next admission of model %s", batch.model_id)
-
-
-def _as_stored(record: JsonMap | None) -> JsonMap | None:
-    """A release's training record as a read of its version's metrics gives it back."""
-    return json.loads(json.dumps(json_object(record))) if record else None
 
 
 def _withdraw(ctx: JobContext, model_id: int, reason: str) -> None:

@@ -17,7 +17,6 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass, replace
-from typing import Any
 
 import torch
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
@@ -27,23 +26,22 @@ from sqlalchemy.orm import Session
 from app import pause, shutdown
 from app.db.chunks import chunked
 from app.db.tables import Dataset, LearnTask, Model, ModelSample, Sample, utcnow
-from app.jsontypes import JsonObject, JsonValue, json_object
+from app.jsontypes import JsonObject, JsonValue
 from app.ledger.certificates import append_certificates, removed_ids_commitment
 from app.ledger.transparency import signing_key
-from app.privacy.lineage import history_after
 from app.states import ModelStatus, SampleStatus, TaskStatus
 from app.storage.faults import is_fault
 from methods.compute import RetainedData, joined
 from workers import load
 from workers import store as blobs_of
-from workers.certify import CertificateContext, certificate_fields, lineage_fields
+from workers.advance import keep_resident
+from workers.certify import CertificateContext, certificate_fields
 from workers.claim import check_lease
-from workers.commit import VersionRow, finish_requests, supersede, write_version
+from workers.commit import VersionRow, finish_requests, supersede, write_release
 from workers.context import JobContext
 from workers.data import Arrays, arrays_for, database_key
 from workers.lease import LeaseLost
 from workers.metrics import JOB_DURATION, ROWS_LEARNED, VERSIONS_LEARNED
-from workers.resident import TrainingRecord
 from workers.updates import compute_storing
 from workers.values import Batch, Outcome
 
@@ -208,23 +206,8 @@ def commit_learned(
     certificate_id: int | None = None
     if outcome is not None:
         assert stored is not None, "a release's blobs are stored before its commit"
-        release = outcome.decision.release
-        metrics = {
-            **outcome.metrics,
-            "rows_loaded": batch.rows_loaded,
-            "learned_from_appends": learn.append_ids,
-            **({"record": json_object(release.record)} if release.record else {}),
-        }
-        version = write_version(
-            session,
-            ctx.blobs,
-            batch.model_id,
-            batch.parent_number + 1,
-            batch.parent_id,
-            release.version_kind,
-            stored,
-            metrics,
-        )
+        more = {"learned_from_appends": learn.append_ids}
+        version = write_release(session, ctx, batch, outcome, stored, more)
         (entry,) = append_certificates(
             session, [learned_fields(batch, learn, outcome, version)], signer
         )
@@ -301,25 +284,7 @@ def _keep_resident(
 ) -> None:
     """The session at the learned version, its rows and test split grown by the appends'
     (a copy of the arrays, after the commit: not on the path to the new version)."""
-    sessions, where = ctx.resident_sessions(), database_key(ctx.db.engine)
     if batch.session is None:
         return
-    grown = batch.session.grown(learn.added, learn.test)
-    if outcome is None or version_id is None:
-        sessions.put(where, grown)
-        return
-    release = outcome.decision.release
-    state = {k: v.detach().cpu() for k, v in release.next_state.items()}
-    before = grown.history
-    history: Any = (
-        tuple(history_after(before, lineage_fields(outcome.decision)))
-        if before is not None
-        else None
-    )
-    kept = grown.record
-    record: TrainingRecord | None = (
-        kept.after([], dict(release.record) if release.record else None)
-        if kept is not None
-        else None
-    )
-    sessions.put(where, grown.advance(version_id, [], state, release.resident, history, record))
+    grown = replace(batch, session=batch.session.grown(learn.added, learn.test))
+    keep_resident(ctx.resident_sessions(), database_key(ctx.db.engine), grown, outcome, version_id)

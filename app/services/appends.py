@@ -36,6 +36,7 @@ from app.services.registration import (
     ChunkWriter,
     Nonces,
     SubjectTokens,
+    discard_job,
     insert_sealed,
     screened,
     sealed_row,
@@ -43,7 +44,6 @@ from app.services.registration import (
 from app.services.suppression import REPORT_IDS, screen
 from app.states import DatasetStatus, ModelStatus, SampleStatus, TaskStatus
 from app.storage.crypto import TOKEN_PREFIX, Keyring
-from app.storage.erasure import compact_after_erasure
 from app.storage.keystore import destroy_keys, new_keys
 
 LEARNERS = (ModelStatus.queued, ModelStatus.training, ModelStatus.ready)
@@ -292,29 +292,10 @@ ABANDONED = {
 
 
 def discard(runtime: Runtime, append_id: int, error: dict[str, Any]) -> None:
-    """Empty a running append: its rows' keys and rows a chunk per commit, then the append
-    marked failed with `error`, then compact. A finished append is left alone."""
-    db = runtime.db
-    while True:
-        with db.write() as session:
-            status = session.scalar(
-                select(DatasetAppend.status).where(DatasetAppend.id == append_id)
-            )
-            if status != DatasetStatus.registering:
-                break
-            rows = session.execute(
-                select(Sample.id, Sample.key_id).where(Sample.append_id == append_id).limit(CHUNK)
-            ).all()
-            if not rows:
-                session.execute(
-                    update(DatasetAppend)
-                    .where(DatasetAppend.id == append_id)
-                    .values(status=DatasetStatus.failed, error=error, progress_at=None, rows_done=0)
-                )
-                break
-            destroy_keys(session, [k for _, k in rows if k is not None])
-            session.execute(delete(Sample).where(Sample.id.in_([i for i, _ in rows])))
-    compact_after_erasure(db, runtime.settings)
+    """Empty a running append as a registration is (`registration.discard_job`); a finished
+    append is left alone."""
+    appends = DatasetAppend.__table__
+    discard_job(runtime, appends, append_id, Sample.append_id == append_id, error)  # type: ignore[arg-type]
 
 
 def abandoned(session: Session, now: datetime, stale_seconds: float) -> list[int]:

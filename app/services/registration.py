@@ -24,7 +24,7 @@ from typing import Any
 from uuid import UUID
 
 import numpy as np
-from sqlalchemy import delete, select, update
+from sqlalchemy import ColumnElement, Table, delete, select, update
 from sqlalchemy.orm import Session
 
 from app import pause
@@ -338,22 +338,29 @@ def sealed_row(
 
 
 def discard(runtime: Runtime, dataset_id: int, error: dict[str, Any]) -> None:
-    """Empty a registering dataset: its samples' data keys and rows a chunk per commit, then
-    the dataset row marked `failed` with `error`, then compact (the destroyed keys leave the
-    database files). A dataset that is ready is left alone."""
+    """Empty a registering dataset (`discard_job`). A dataset that is ready is left alone."""
+    discard_job(runtime, DATASETS, dataset_id, Sample.dataset_id == dataset_id, error)
+
+
+def discard_job(
+    runtime: Runtime, jobs: Table, job_id: int, rows_of: ColumnElement[bool], error: dict[str, Any]
+) -> None:
+    """Empty a registration or an append (`jobs`: the datasets or the appends) that is still
+    registering: its samples' data keys and rows a chunk per commit, then its row marked
+    `failed` with `error`, then compact (the destroyed keys leave the database files)."""
     db = runtime.db
     while True:
         with db.write() as session:
-            status = session.scalar(select(Dataset.status).where(Dataset.id == dataset_id))
+            status = session.scalar(select(jobs.c.status).where(jobs.c.id == job_id))
             if status != DatasetStatus.registering:
                 break
             rows = session.execute(
-                select(Sample.id, Sample.key_id).where(Sample.dataset_id == dataset_id).limit(CHUNK)
+                select(Sample.id, Sample.key_id).where(rows_of).limit(CHUNK)
             ).all()
             if not rows:
                 session.execute(
-                    update(DATASETS)
-                    .where(DATASETS.c.id == dataset_id)
+                    update(jobs)
+                    .where(jobs.c.id == job_id)
                     .values(status=DatasetStatus.failed, error=error, progress_at=None, rows_done=0)
                 )
                 break
