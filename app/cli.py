@@ -413,8 +413,8 @@ def train_with_progress(c: Client, model_id: int, epochs: int) -> ModelOut:
 def models_audit(
     model_id: int,
     canaries: int = 1000,
-    kind: str = "random",
-    score: str = "loss",
+    kind: Annotated[str, typer.Option(help="random|mislabelled|leverage (logreg)")] = "random",
+    score: Annotated[str, typer.Option(help="loss|margin|weights (white-box)")] = "loss",
     confidence: float = 0.95,
     seed: int | None = None,
     url: Url = None,
@@ -452,6 +452,12 @@ def models_audit(
     )
     if joint:
         console.print(f"joint test: {joint['statistic']} (null p = {_fmt(joint['p_null'])})")
+    noise = optional_object(r.get("noise"))
+    if noise:  # σ measured on the rows: calibrated on the reference (issue 56, goal 5)
+        console.print(
+            f"σ {_fmt(noise.get('sigma'))} calibrated on {noise.get('calibrated_on')} "
+            f"(on the shadow with its canaries: {_fmt(noise.get('sigma_on_the_shadow'))})"
+        )
     console.print(table)
 
 

@@ -368,13 +368,18 @@ class AuditCreate(In):
     """An empirical privacy audit of a model's certificates with canaries (issue 31)."""
 
     canaries: int = Field(1000, ge=20, le=10_000, description="m, the number of canaries")
-    kind: Literal["random", "mislabelled"] = Field(
+    kind: Literal["random", "mislabelled", "leverage"] = Field(
         "random",
         description="random: inputs drawn like the data's features with random labels; "
-        "mislabelled: test-split rows with a wrong label (needs m test rows)",
+        "mislabelled: test-split rows with a wrong label (training rows beyond the test "
+        "split's size); leverage (logreg only): inputs along the data's least-varied "
+        "directions, where a linear model's removal leaves most behind",
     )
-    score: Literal["loss", "margin"] = Field(
-        "loss", description="what the attack ranks canaries by: −loss or the logit margin"
+    score: Literal["loss", "margin", "weights"] = Field(
+        "loss",
+        description="what the attack ranks canaries by: −loss, the logit margin, or weights "
+        "(white-box: the release's offset from a reference trained without canaries along "
+        "each canary's gradient, the likelihood ratio of Gaussian noise; one network only)",
     )
     confidence: float = Field(0.95, ge=0.5, le=0.999, description="of the lower bounds")
     control: bool = Field(

@@ -267,6 +267,10 @@ class UpdateInputs:
     # Rows appended since the last version (issue 55): already in `retained` (after its
     # earlier rows); a method that does not `learn` them is answered by the exact retrain.
     added: RetainedData | None = None
+    # What a method whose σ is measured on the rows calibrates it on, instead of `record`
+    # (`noise_from_rows`): a privacy audit's reference trained without the canaries (issue 56,
+    # goal 5). None: the model's own record.
+    noise_record: JsonMap | None = None
 
     @property
     def n_added(self) -> int:
@@ -370,12 +374,22 @@ class UnlearningMethod:
     # Whether `unlearn` also learns `inputs.added` (issue 55, goal 5) with its own update;
     # else an update that adds rows is the exact retrain on the new set, declared as such.
     learns: ClassVar[bool] = False
+    # Whether σ is calibrated on constants measured on the training rows (recollection's ρ):
+    # a privacy audit then calibrates it on a reference trained without the canaries
+    # (`UpdateInputs.noise_record`, issue 56, goal 5), as the certificate's reference would.
+    noise_from_rows: ClassVar[bool] = False
 
     def __init__(self, model: ModelSpec) -> None:
         self.model = model
 
     def unlearn(self, inputs: UpdateInputs) -> Release:
         raise NotImplementedError
+
+    def calibrated_sigma(self, inputs: UpdateInputs) -> float | None:
+        """The σ an update of `inputs` would draw, for a method with `noise_from_rows` (an
+        audit reports it on its reference and on its shadow); None where σ is public or the
+        update cannot be calibrated."""
+        return None
 
     def through_mechanism(self, inputs: UpdateInputs, exact: Release) -> Release | None:
         """The exact retrain `exact` released through this method's own mechanism, with the

@@ -278,9 +278,10 @@ def test_an_auditor_runs_a_privacy_audit_from_the_model_page(
     sign_in(page, url, keys["auditor"])
     page.click(f'a[href="#/models/{model_id}"]')
     page.wait_for_selector("#no-audits")
+    page.select_option("#audit-score", "weights")  # issue 56's white-box score
     page.click("#run-audit")
-    # an exact retrain: consistent (or inconclusive where the control shows no power), but a
-    # 95 % bound is above 0 in up to 5 % of fresh runs
+    # an exact retrain releases the reference itself: every weights score is 0, so nothing
+    # is proved (a loss score's 95 % bound is above 0 in up to 5 % of fresh runs)
     page.wait_for_selector(
         "table#audits td.verdict:is(.consistent, .violated, .inconclusive)", timeout=180_000
     )
@@ -291,6 +292,8 @@ def test_an_auditor_runs_a_privacy_audit_from_the_model_page(
     cells = [c.inner_text() for c in row.locator("td").all()]
     result = audit["result"]
     assert cells[2] == audit["verdict"] and audit["result"]["guarantee"] == "exact"
+    assert audit["options"]["score"] == "weights" and audit["options"]["kind"] == "random"
+    assert audit["verdict"] != "violated" and result["auc"] == 0.5
     assert cells[3] == result["audited"] == "retrain"
     assert float(cells[5]) == pytest.approx(result["joint"]["epsilon"], abs=5e-3)
     assert float(cells[6]) == pytest.approx(result["joint"]["ceiling"], rel=5e-3)

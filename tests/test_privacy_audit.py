@@ -155,6 +155,8 @@ def test_an_audit_through_the_service(api: Api, mlp_model: dict) -> None:
     assert bad.status_code == 422 and bad.json()["error"]["code"] == "invalid_request"
     few = api.post(path, role="auditor", json={"canaries": 1000, "kind": "mislabelled"})
     assert few.status_code == 422 and few.json()["error"]["code"] == "too_few_test_rows"
+    linear = api.post(path, role="auditor", json={"kind": "leverage"})  # an MLP (issue 56)
+    assert linear.status_code == 422 and linear.json()["error"]["code"] == "not_linear"
     assert api.post("/v1/models/999/audits", json={}).status_code == 404
 
     body = {"canaries": 300, "score": "margin", "seed": 7}  # a seed: the same audit each run
@@ -168,7 +170,8 @@ def test_an_audit_through_the_service(api: Api, mlp_model: dict) -> None:
     assert done["verdict"] == result["verdict"] == "consistent"  # retrain: exact
     assert result["guarantee"] == "exact" and result["one_run"]["epsilon"] == 0.0
     assert result["control"]["auc"] > 0.5
-    assert set(result["seconds"]) == {"train", "unlearn", "total"}
+    assert set(result["seconds"]) == {"train", "unlearn", "total"}  # no reference to train
+    assert result["noise"] is None  # retrain's σ is not measured on the rows
 
     entry = api.get(f"/v1/audit/certificates/{done['certificate_id']}", role="auditor").json()
     assert entry["kind"] == "privacy_audit" and entry["audit_id"] == audit["id"]

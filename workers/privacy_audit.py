@@ -22,7 +22,7 @@ import math
 import secrets
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Literal
 
 import numpy as np
@@ -38,6 +38,8 @@ from app.privacy.audit_bounds import (
 )
 from app.specs import PrivacyPolicy
 from app.states import Guarantee
+from maths.ensemble import count_shards
+from maths.nets import build_net, parameters_of
 from maths.training import logits
 from methods.compute import (
     ModelSpec,
@@ -45,14 +47,15 @@ from methods.compute import (
     PrivacyTarget,
     RemovedSamples,
     RetainedData,
+    Trained,
     UpdateInputs,
     fit,
     method_for,
 )
 from workers.updates import decide
 
-CanaryKind = Literal["random", "mislabelled"]
-ScoreKind = Literal["loss", "margin"]
+CanaryKind = Literal["random", "mislabelled", "leverage"]
+ScoreKind = Literal["loss", "margin", "weights"]
 Stage = Callable[[str], None]
 
 
@@ -83,8 +86,11 @@ def make_canaries(
     with the retained rows' mean and spread, labels uniform; `mislabelled`: test-split rows
     (distinct, drawn at random), and beyond the test split's size training rows (issue 56:
     a copy of a row with another label, which the shadow also holds with its own), each
-    given a uniformly drawn wrong label."""
+    given a uniformly drawn wrong label; `leverage` (linear models): `high_leverage`."""
     m = options.canaries
+    if options.kind == "leverage":
+        X, y = high_leverage(retained, m, n_classes, rng)
+        return Canaries(X, y, rng.random(m) < 0.5)
     if options.kind == "mislabelled":
         if len(test) + len(retained) < m:
             raise ValueError(
@@ -108,6 +114,63 @@ def make_canaries(
         X = (mean + spread * noise).to(retained.X.dtype).reshape(m, *retained.X.shape[1:])
         y = torch.from_numpy(rng.integers(0, n_classes, size=m))
     return Canaries(X, y.long(), rng.random(m) < 0.5)
+
+
+LEVERAGE_SHARE = 4  # the canaries lie in the span of the data's d / 4 least-varied directions
+
+
+def high_leverage(
+    retained: RetainedData, m: int, n_classes: int, rng: np.random.Generator
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """m canaries a linear model cannot explain with its other rows (issue 56, goal 4): the
+    retained rows' mean plus a random direction in the span of their least-varied principal
+    directions, as far from the mean as a typical row, with a uniform label. A canary's
+    influence on a linear model is H⁻¹∇ℓ; along directions the data barely cover H is
+    smallest, so an imperfect removal leaves most of it behind."""
+    sample = retained.head(min(len(retained), 50_000))[0].double()
+    flat = sample.reshape(len(sample), -1)
+    mean = flat.mean(0)
+    centred = flat - mean
+    d = flat.shape[1]
+    _, vectors = torch.linalg.eigh(centred.T @ centred / max(len(flat) - 1, 1))
+    low = vectors[:, : max(1, d // LEVERAGE_SHARE)]  # eigh sorts ascending
+    coefficients = torch.from_numpy(rng.standard_normal((m, low.shape[1])))
+    directions = coefficients @ low.T
+    directions /= torch.linalg.vector_norm(directions, dim=1, keepdim=True).clamp_min(1e-12)
+    radius = float(torch.linalg.vector_norm(centred, dim=1).median())
+    X = (mean + radius * directions).to(retained.X.dtype).reshape(m, *retained.X.shape[1:])
+    return X, torch.from_numpy(rng.integers(0, n_classes, size=m)).long()
+
+
+def weight_scores(
+    spec: ModelSpec, release: ModelState, reference: ModelState, canaries: Canaries
+) -> np.ndarray:
+    """The white-box statistic (issue 56, goal 4): the release's offset from a reference
+    trained without any canary, projected on each canary's direction of fit −∇ℓ/‖∇ℓ‖ at the
+    reference. For a release Θ + N(0, σ²I) this is, up to a monotone map, the log likelihood
+    ratio of "Θ moved toward this canary" against "Θ is the reference" under the noise
+    model; when the removal was exact every canary's score is the same N(0, σ²) whatever
+    the bits. Needs one network (not an ensemble)."""
+    if count_shards(release):
+        raise ValueError("the weights score needs one network, not an ensemble")
+    net = build_net(spec.architecture, spec.n_features, spec.n_classes)
+    base = {k: v.detach().double() for k, v in parameters_of(net, reference).items()}
+    offset = {k: release[k].detach().double() - v for k, v in base.items()}
+    net = net.double()
+
+    def loss(params: dict[str, torch.Tensor], x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        out = torch.func.functional_call(net, params, (x.unsqueeze(0),))
+        return torch.nn.functional.cross_entropy(out, y.unsqueeze(0))
+
+    gradients = torch.func.vmap(torch.func.grad(loss), in_dims=(None, 0, 0))
+    found = []
+    X = canaries.X.double()
+    for start in range(0, len(X), 256):
+        grads = gradients(base, X[start : start + 256], canaries.y[start : start + 256])
+        along = sum((-g * offset[k]).flatten(1).sum(1) for k, g in grads.items())
+        norm = torch.sqrt(sum((g * g).flatten(1).sum(1) for g in grads.values()))
+        found.append(along / norm.clamp_min(1e-300))
+    return torch.cat(found).numpy()
 
 
 @torch.no_grad()
@@ -139,6 +202,8 @@ class AuditRun:
     control: AuditBounds | None
     included: int
     seconds: dict[str, JsonValue]
+    # how σ was calibrated when the method measures it on the rows (issue 56, goal 5)
+    noise: JsonObject | None = None
 
     @property
     def verdict(self) -> str:
@@ -197,6 +262,7 @@ class AuditRun:
                 "auc": self.control.auc,
             },
             "canaries_included": self.included,
+            "noise": self.noise,
             "seconds": dict(self.seconds),
         }
 
@@ -253,11 +319,25 @@ def run(
         [*retained.subjects, *([None] * len(ids))] if retained.subjects else [],
         [*retained.external_ids, *(f"canary-{i}" for i in ids)] if retained.external_ids else [],
     )
+    method = method_for(spec.method.name, spec)
+    reference: Trained | None = None
+    if options.score == "weights" or method.noise_from_rows:
+        say("training the reference without canaries")
+        t0 = time.perf_counter()
+        reference = fit(spec, retained)  # sees no canary: one and the same whatever the bits
+        clock["reference"] = time.perf_counter() - t0
+
+    def scored(state: ModelState) -> np.ndarray:
+        if options.score == "weights":
+            assert reference is not None
+            return weight_scores(spec, state, reference.state, canaries)
+        return scores(spec, state, canaries, options.score)
+
     say("training the shadow")
     t0 = time.perf_counter()
     trained = fit(spec, shadow_data)
     clock["train"] = time.perf_counter() - t0
-    control = scores(spec, trained.state, canaries, options.score) if options.control else None
+    control = scored(trained.state) if options.control else None
     say("removing the canaries")
     t0 = time.perf_counter()
     stats = trained.statistics
@@ -278,13 +358,24 @@ def run(
         test=test,
         history=[],
         record=trained.record,
-        resident=method_for(spec.method.name, spec).prepare(shadow_data, state),
+        resident=method.prepare(shadow_data, state),
     )
+    noise: JsonObject | None = None
+    if method.noise_from_rows and reference is not None:
+        # σ calibrated on the reference's measured constants: a function of the count of
+        # included canaries alone, which the joint test's nulls allow (audit_bounds)
+        calibrated = replace(inputs, noise_record=reference.record)
+        noise = {
+            "calibrated_on": "the retained rows without canaries (the certificate's reference)",
+            "sigma": method.calibrated_sigma(calibrated),
+            "sigma_on_the_shadow": method.calibrated_sigma(inputs),
+        }
+        inputs = calibrated
     decision = decide(inputs)
     clock["unlearn"] = time.perf_counter() - t0
     say("scoring the canaries")
     release = decision.release
-    found = scores(spec, release.weights, canaries, options.score)
+    found = scored(release.weights)
     cert = release.certificate
     exact = cert.guarantee == Guarantee.exact
     implied = (
@@ -319,4 +410,5 @@ def run(
         control=control_bounds,
         included=int(canaries.included.sum()),
         seconds=clock,
+        noise=noise,
     )

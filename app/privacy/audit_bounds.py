@@ -31,8 +31,13 @@ release R(b), whatever the canaries' bits b, is (ε, δ)-close to one release R�
 depend on b (the retrain without any canary). For any statistic T(R, b) fixed in advance,
 P[T(R(b), b) ≥ t] = E_b P[R(b) ∈ E_b] ≤ e^ε·E_b P[R₀ ∈ E_b] + δ = e^ε·p₀(t) + δ, where p₀ is
 T's distribution when the bits are independent of the release: exactly Bin(r, ½) for the
-right guesses of a rule of r guesses, and for the AUC its distribution over fresh fair bits,
-estimated by Monte Carlo with a valid p-value (1 + #{T* ≥ t}) / (N + 1). So e^ε·p₀ + δ is a
+right guesses of a rule of r guesses, and for the AUC its distribution over random
+permutations of the observed bits, estimated by Monte Carlo with a valid p-value
+(1 + #{T* ≥ t}) / (N + 1). Both stay exact when the release depends on the bits through their
+count alone (a σ calibrated for removing the Σb included canaries, goal 5): given the count,
+which canaries are in is uniformly random and independent of the release, so a rule's right
+guesses are hypergeometric given the count, Bin(r, ½) over it, and the AUC's permutation
+null is its conditional law. So e^ε·p₀ + δ is a
 p-value for "the certificate holds"; at level α over K statistics (Bonferroni) the audit
 proves ε ≥ ln((α/K − δ) / p₀) for each, and its bound is the largest. With δ counted once and
 no factor 2, 1,000 right guesses of 1,000 can show ε up to ≈ 688 (the per-canary test's
@@ -289,7 +294,7 @@ def implied_per_canary(epsilon: float, delta: float) -> tuple[float, float]:
     return 2.0 * epsilon, min(1.0, (1.0 + math.exp(epsilon)) * delta)
 
 
-PERMUTATIONS = 20_000  # fresh fair bit vectors for the AUC's null (its p-value ≥ 1/20,001)
+PERMUTATIONS = 20_000  # permutations of the bits for the AUC's null (its p-value ≥ 1/20,001)
 
 
 @dataclass(frozen=True)
@@ -315,7 +320,7 @@ def joint_bound(
     permutations: int = PERMUTATIONS,
 ) -> JointBound:
     """The joint test of (module docstring): every rule of the grid's right guesses (exact
-    binomial null) and the AUC (Monte Carlo null over fresh fair bits), each at α/K."""
+    binomial null) and the AUC (Monte Carlo null over permutations of the bits), each at α/K."""
     scores = np.asarray(scores, dtype=np.float64)
     included = np.asarray(included, dtype=bool)
     m = len(scores)
@@ -352,22 +357,27 @@ def log_binomial_tail(r: int, v: int) -> float:
 def auc_p_value(
     scores: np.ndarray, included: np.ndarray, rng: np.random.Generator, permutations: int
 ) -> float:
-    """P[AUC(fresh fair bits) ≥ AUC(bits)] estimated over `permutations` draws, as a valid
-    p-value: (1 + #{≥}) / (N + 1). Ranks are computed once; each draw is a rank sum."""
+    """P[AUC(permuted bits) ≥ AUC(bits)] over `permutations` random permutations of the
+    observed bits (their count kept), as a valid p-value: (1 + #{≥}) / (N + 1). Valid when
+    the release depends on the bits at most through their count (issue 56, goal 5: a σ
+    calibrated for removing the included canaries): given the count, every arrangement of
+    the bits is equally likely and independent of the scores. Ranks are computed once; each
+    permutation is a rank sum."""
     m = len(scores)
     ranks = stats.rankdata(scores)
     observed = auc(scores, included)
+    n_in = int(included.sum())
+    n_out = m - n_in
+    if n_in == 0 or n_out == 0:
+        return 1.0
     at_least = 0
     block = 1000
     for start in range(0, permutations, block):
         size = min(block, permutations - start)
-        bits = rng.random((size, m)) < 0.5
-        n_in = bits.sum(axis=1)
-        n_out = m - n_in
-        rank_sums = bits.astype(np.float64) @ ranks
-        with np.errstate(divide="ignore", invalid="ignore"):
-            values = (rank_sums - n_in * (n_in + 1) / 2) / (n_in * n_out)
-        values = np.where((n_in == 0) | (n_out == 0), 0.5, values)
+        # n_in positions drawn without replacement per row: the first n_in of a random order
+        chosen = np.argpartition(rng.random((size, m)), n_in - 1, axis=1)[:, :n_in]
+        rank_sums = ranks[chosen].sum(axis=1)
+        values = (rank_sums - n_in * (n_in + 1) / 2) / (n_in * n_out)
         at_least += int((values >= observed - 1e-12).sum())
     return (1 + at_least) / (permutations + 1)
 

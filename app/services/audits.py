@@ -9,6 +9,7 @@ from app.db.tables import PrivacyAudit, Sample
 from app.errors import conflict, not_found, unprocessable
 from app.schemas import AuditCreate
 from app.services.models import get_model
+from app.specs import architecture_of
 from app.states import AuditStatus, ModelStatus, SampleStatus
 from app.wire import AuditOut
 from architectures import kind_of
@@ -26,6 +27,18 @@ def create_audit(
     if not kind_of(model.architecture).classifier:
         raise unprocessable(
             "not_auditable", "a topic model has no labels: canaries with labels do not apply"
+        )
+    if spec.kind == "leverage" and architecture_of(model.architecture).type != "logreg":
+        raise unprocessable(
+            "not_linear",
+            "leverage canaries are for linear models (logreg): a network's features are "
+            "learned, so the data's least-varied input directions say nothing of its leverage",
+        )
+    if spec.score == "weights" and model.method.name == "sharded_retrain":
+        raise unprocessable(
+            "not_one_network",
+            "the weights score compares one network with a reference; a sharded ensemble "
+            "releases several: use score 'loss' or 'margin'",
         )
     if spec.kind == "mislabelled":
         test_rows = session.scalar(

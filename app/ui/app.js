@@ -512,15 +512,22 @@ async function auditSection(id) {
   const audits = await api(`/v1/models/${id}/audits`);
   const out = [el("h2", {}, "Privacy audits")];
   const message = el("p", { id: "audit-message" });
+  const choice = (name, options) => el("select", { id: `audit-${name}`, name },
+    options.map(([value, text]) => el("option", { value }, text)));
+  const kind = choice("kind", [["random", "random canaries"],
+    ["mislabelled", "mislabelled rows"], ["leverage", "high-leverage (logreg)"]]);
+  const score = choice("score", [["margin", "margin score"], ["loss", "loss score"],
+    ["weights", "weights score (white-box)"]]);
   const start = el("button", { id: "run-audit", onclick: async () => {
     start.disabled = true;
-    const started = await api(`/v1/models/${id}/audits`, { canaries: 1000, score: "margin" });
+    const started = await api(`/v1/models/${id}/audits`,
+      { canaries: 1000, kind: kind.value, score: score.value });
     message.textContent = started.ok ? `Audit ${started.body.id} queued.` : errorText(started);
     message.className = started.ok ? "" : "error";
     start.disabled = false;
     if (started.ok) render();
   } }, "Run an audit (1,000 canaries)");
-  out.push(el("p", {}, start, " ", message));
+  out.push(el("p", {}, kind, " ", score, " ", start, " ", message));
   if (!audits.ok) return { live: false, nodes: [...out, el("p", { class: "notice" }, errorText(audits))] };
   const items = audits.body;
   if (!items.length) return { live: false, nodes: [...out, el("p", { id: "no-audits" }, "No audit yet.")] };
@@ -540,6 +547,11 @@ async function auditSection(id) {
       el("td", {}, fmt(r(a).implied_epsilon)),
       el("td", {}, fmt(r(a).one_run && r(a).one_run.epsilon)),
       el("td", {}, fmt(r(a).auc)), el("td", {}, a.certificate_id ? `#${a.certificate_id}` : "—")))));
+  for (const a of items.filter(a => r(a).noise)) {  // σ measured on the rows (issue 56)
+    const n = r(a).noise;
+    out.push(el("p", { class: "audit-noise" }, `Audit ${a.id}: σ ${fmt(n.sigma)} calibrated on `
+      + `${n.calibrated_on}; on the shadow with its canaries it would be ${fmt(n.sigma_on_the_shadow)}.`));
+  }
   out.push(el("p", { class: "sentence" }, "The audit tests the certificate's own claim: every "
     + "release is (ε, δ)-close to one that does not depend on the canaries, so for any statistic "
     + "fixed in advance P[T ≥ t] ≤ e^ε·P₀[T ≥ t] + δ; \"proves ε ≥\" is the largest ε that "

@@ -59,6 +59,7 @@ class NoisePlan:
 @register
 class Recollection(UnlearningMethod):
     spec = SPEC
+    noise_from_rows = True  # σ on Theorem 2 with ρ measured on the training trajectory
 
     @property
     def options(self) -> RecollectionOptions:
@@ -177,11 +178,20 @@ class Recollection(UnlearningMethod):
             replay = Replay.of(inputs.record)  # O(n · epochs), once per session
         return replay
 
-    def plan(self, inputs: UpdateInputs, replay: Replay) -> NoisePlan:
-        """σ on Theorem 2 for the worst m samples, and the public refusals (PublicInfeasible):
-        σ over max_sigma, or σ√d over max_relative_noise times the trained weights' norm."""
-        removed, target, o = inputs.removed, inputs.target, self.options
+    def calibrated_sigma(self, inputs: UpdateInputs) -> float | None:
+        try:
+            return self._calibrated(inputs, self._replay(inputs))[2]
+        except PublicInfeasible:
+            return None
+
+    def _calibrated(self, inputs: UpdateInputs, replay: Replay) -> tuple[list[int], float, float]:
+        """Everything removed so far, Theorem 2's sensitivity for that many and σ: on
+        `inputs.noise_record` when given (an audit's reference without the canaries, issue
+        56), else on the model's own record."""
+        removed, target = inputs.removed, inputs.target
         removed_total = sorted(set(removed.previously_removed) | set(removed.sample_ids))
+        if inputs.noise_record is not None:
+            replay = Replay.of(inputs.noise_record)
         try:
             sensitivity = replay.worst_case(len(removed_total))
         except KeyError as exc:
@@ -190,7 +200,14 @@ class Recollection(UnlearningMethod):
             raise PublicInfeasible(
                 f"the Theorem 2 bound is {sensitivity} (ρ={replay.record.rho:.4g})"
             )
-        sigma = sigma_for(sensitivity, target.epsilon, target.delta)
+        return removed_total, sensitivity, sigma_for(sensitivity, target.epsilon, target.delta)
+
+    def plan(self, inputs: UpdateInputs, replay: Replay) -> NoisePlan:
+        """σ on Theorem 2 for the worst m samples (`_calibrated`), and the public refusals
+        (PublicInfeasible): σ over max_sigma, or σ√d over max_relative_noise times the
+        trained weights' norm."""
+        o = self.options
+        removed_total, sensitivity, sigma = self._calibrated(inputs, replay)
         if o.max_sigma is not None and sigma > o.max_sigma:
             raise PublicInfeasible(
                 f"σ={sigma:.4g} exceeds the configured max_sigma={o.max_sigma:g}"
