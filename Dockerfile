@@ -36,6 +36,7 @@ COPY methods ./methods
 COPY architectures ./architectures
 COPY maths ./maths
 COPY lethe ./lethe
+COPY clients/python ./clients/python
 COPY migrations ./migrations
 COPY scripts ./scripts
 RUN pip install --no-deps . && rm -rf build *.egg-info

@@ -66,6 +66,6 @@ unit: install-test
 	$(BIN)/python -m pytest -q -m "not postgres and not integration and not image"
 
 lint: install-test
-	$(BIN)/ruff check app workers methods architectures maths lethe migrations tests bench scripts
-	$(BIN)/ruff format --check app workers methods architectures maths lethe migrations tests bench scripts
+	$(BIN)/ruff check app workers methods architectures maths lethe clients migrations tests bench scripts
+	$(BIN)/ruff format --check app workers methods architectures maths lethe clients migrations tests bench scripts
 	$(BIN)/mypy
