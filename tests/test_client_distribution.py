@@ -54,9 +54,7 @@ def test_the_wheel_holds_the_client_and_needs_httpx_and_pydantic_only(
         metadata = Parser().parsestr(z.read(meta).decode())
     packages = {n.split("/")[0] for n in names if not n.split("/")[0].endswith(".dist-info")}
     assert packages == {"lethe_client"}  # no server code
-    assert {"lethe_client/py.typed", "lethe_client/wire.py", "lethe_client/client.py"} <= set(
-        names
-    )
+    assert {"lethe_client/py.typed", "lethe_client/wire.py", "lethe_client/client.py"} <= set(names)
     requires = sorted(r.split(">")[0].split("=")[0] for r in metadata.get_all("Requires-Dist"))
     assert requires == ["httpx", "pydantic"]
     for module in ("torch", "app", "fastapi"):  # run outside the checkout: only the venv counts
