@@ -277,6 +277,12 @@ class UpdateInputs:
         return len(self.added) if self.added is not None else 0
 
 
+def these_samples(n: int) -> str:
+    """How a certificate's sentence names the removed rows: "this sample" or "these n
+    samples" (issue 57: "these 1 samples")."""
+    return "this sample" if n == 1 else f"these {n} samples"
+
+
 @dataclass(frozen=True)
 class StatisticsBlock:
     """Per-sample (or per-subject) vectors to store; row i belongs to `sample_ids[i]`."""

@@ -13,6 +13,7 @@ from app.specs import architecture_of
 from app.states import AuditStatus, ModelStatus, SampleStatus
 from app.wire import AuditOut
 from architectures import kind_of
+from methods import get_method
 
 OPEN = (AuditStatus.queued, AuditStatus.running)
 
@@ -34,7 +35,7 @@ def create_audit(
             "leverage canaries are for linear models (logreg): a network's features are "
             "learned, so the data's least-varied input directions say nothing of its leverage",
         )
-    if spec.score == "weights" and model.method.name == "sharded_retrain":
+    if spec.score == "weights" and get_method(model.method.name).aggregation is not None:
         raise unprocessable(
             "not_one_network",
             "the weights score compares one network with a reference; a sharded ensemble "

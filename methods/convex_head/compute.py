@@ -35,6 +35,7 @@ from methods.compute import (
     UnlearningMethod,
     UpdateInputs,
     register,
+    these_samples,
 )
 from methods.convex_head import removal
 from methods.convex_head.spec import SPEC, ConvexHeadOptions
@@ -306,7 +307,7 @@ class ConvexHead(UnlearningMethod):
         which = (
             f"on the retained data with the {facts.n_added} appended samples learned"
             if facts.n_added and not facts.n_removed
-            else f"without these {facts.n_removed} samples"
+            else f"without {these_samples(facts.n_removed)}"
             + (f" and with {facts.n_added} appended ones" if facts.n_added else "")
         )
         sentence = (

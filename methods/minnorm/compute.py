@@ -29,6 +29,7 @@ from methods.compute import (
     UnlearningMethod,
     UpdateInputs,
     register,
+    these_samples,
 )
 from methods.minnorm import maths as mn
 from methods.minnorm.spec import SPEC, MinNormOptions
@@ -127,7 +128,7 @@ class MinNorm(UnlearningMethod):
             f"{len(phi)} retained samples' features and labels, which is what this model's "
             f"training returns on them alone (with independent rows it equals θ projected "
             f"onto their span, seed 001, Theorem 4.1), so it is (ε=0, δ=0)-indistinguishable "
-            f"from retraining without these {n} samples. Computed in float64 ({route}); "
+            f"from retraining without {these_samples(n)}. Computed in float64 ({route}); "
             f"numerical rank {fit.rank}, relative residual against the retained labels "
             f"{fit.residual:.2g}."
         )

@@ -31,6 +31,7 @@ from methods.compute import (
     UnlearningMethod,
     UpdateInputs,
     register,
+    these_samples,
 )
 from methods.newton.maths import LissaDiverged, hessian_extremes, lissa, mean_gradient
 from methods.newton.sensitivity import lissa_min_depth, newton_sensitivity
@@ -254,7 +255,7 @@ class Newton(UnlearningMethod):
         o = self.o
         sentence = (
             f"(ε={epsilon:.4g}, δ={plan.delta_mech + plan.rho:.3g})-indistinguishable from "
-            f"retraining without these {n} samples inside ‖w‖ ≤ C={o.C:g} plus the "
+            f"retraining without {these_samples(n)} inside ‖w‖ ≤ C={o.C:g} plus the "
             f"same noise σ={plan.sigma:.4g}, with probability 1−ρ over LiSSA "
             f"(ρ={plan.rho:.3g}, included in δ), provided the declared constants hold: "
             f"L={o.L:g}, M={o.M:g}, λ_min={o.lam_min:g}, λ > ‖H‖ (the theorem's condition) "

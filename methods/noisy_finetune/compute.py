@@ -31,6 +31,7 @@ from methods.compute import (
     UnlearningMethod,
     UpdateInputs,
     register,
+    these_samples,
 )
 from methods.noise import draw_gaussian, secure_generator
 from methods.noisy_finetune.spec import SPEC, NoisyFinetuneOptions
@@ -125,7 +126,7 @@ class NoisyFinetune(UnlearningMethod):
         )
         sentence = (
             f"(ε={event.epsilon:.4g}, δ={event.delta:.3g})-indistinguishable from "
-            f"running the same procedure on a model retrained without these {n} samples:"
+            f"running the same procedure on a model retrained without {these_samples(n)}:"
             f" {o.variant.replace('_', ' ')} with {plan.steps} noisy steps at "
             f"σ={plan.sigma:.4g} on retained data only, by seed 002 {theorem}"
             + (

@@ -25,6 +25,7 @@ from methods.compute import (
     UnlearningMethod,
     UpdateInputs,
     register,
+    these_samples,
 )
 from methods.noise import add_gaussian, secure_generator
 from methods.output_perturbation.spec import SPEC, OutputPerturbationOptions
@@ -62,8 +63,8 @@ class OutputPerturbation(UnlearningMethod):
         epsilon = epsilon_for(plan.sensitivity, plan.sigma, target.delta)
         sentence = (
             f"(ε={epsilon:.4g}, δ={target.delta:.3g})-indistinguishable from "
-            f"running the same procedure on a model retrained without these {n} "
-            f"samples: the model was clipped to norm C0={o.C0:g} and Gaussian noise "
+            f"running the same procedure on a model retrained without {these_samples(n)}: "
+            f"the model was clipped to norm C0={o.C0:g} and Gaussian noise "
             f"σ={plan.sigma:.4g} was added (sensitivity Δ=2·C0={plan.sensitivity:g}, "
             "analytic Gaussian mechanism)"
             + (

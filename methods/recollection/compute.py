@@ -38,6 +38,7 @@ from methods.compute import (
     UnlearningMethod,
     UpdateInputs,
     register,
+    these_samples,
 )
 from methods.noise import check_relative_noise, draw_gaussian, secure_generator
 from methods.recollection.maths import train_recollection
@@ -312,7 +313,7 @@ class Recollection(UnlearningMethod):
         )
         sentence = (
             f"(ε={epsilon:.4g}, δ={delta:.3g})-indistinguishable from retraining "
-            f"without these {n} samples (the coupled retrain: same batch order, "
+            f"without {these_samples(n)} (the coupled retrain: same batch order, "
             f"{n_total} samples removed since the vectors were recorded), plus the same "
             f"Gaussian noise σ={sigma:.4g} calibrated on the bound for the worst {n_total} "
             f"training samples, provided the first-order remainder bound of "

@@ -17,6 +17,7 @@ from methods.compute import (
     UpdateInputs,
     method_for,
     register,
+    these_samples,
 )
 from methods.retrain.spec import SPEC
 
@@ -39,7 +40,7 @@ class Retrain(UnlearningMethod):
         sentence = (
             f"Exact: {how} on the {len(retained.sample_ids)} retained "
             f"samples with the same configuration and seed, so the model is "
-            f"(ε=0, δ=0)-indistinguishable from retraining without these {n} samples."
+            f"(ε=0, δ=0)-indistinguishable from retraining without {these_samples(n)}."
         )
         cert = CertificateFields(
             guarantee=Guarantee.exact,
