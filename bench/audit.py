@@ -13,6 +13,7 @@ the certificate's own ε (`joint`: the bound, the statistic, its ceiling) beside
 ε, which is what the verdict now compares.
 
     .venv/bin/python -m bench.audit --false-alarms 20     # exact retrains, fresh seeds
+    .venv/bin/python -m bench.audit --false-alarms 20 --score weights   # ..._weights.json
     .venv/bin/python -m bench.audit --overclaims          # issue 56's false certificates
 
 `--overclaims` audits newton with constants declared false on purpose (L = M = 0, a large
@@ -84,7 +85,7 @@ def split(name: str) -> tuple[RetainedData, RetainedData, int, int]:
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--canaries", type=int, default=1000)
-    parser.add_argument("--score", default="margin", choices=("loss", "margin"))
+    parser.add_argument("--score", default="margin", choices=("loss", "margin", "weights"))
     parser.add_argument("--only", default=None, help="comma-separated method labels")
     parser.add_argument("--plot-only", action="store_true", help="redraw from the JSON")
     parser.add_argument(
@@ -167,9 +168,10 @@ def false_alarms(runs: int, options: AuditOptions) -> None:
         verdicts.append(found.verdict)
         print(seed, joint[-1], found.bounds.one_run.epsilon, found.verdict, flush=True)
     write_result(
-        "audit_false_alarms",
+        "audit_false_alarms" + ("_weights" if options.score == "weights" else ""),
         {
             "method": "retrain (logreg)",
+            "score": options.score,
             "dataset": "synthetic",
             "canaries": options.canaries,
             "confidence": options.confidence,

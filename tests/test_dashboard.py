@@ -140,9 +140,17 @@ def test_each_page_shows_what_the_api_returns(
     certificates = api.get("/v1/audit/certificates", params={"model": model_id}).json()["items"]
     assert len(certificates) == 2
     cumulative = sorted({(c["to_version"], c["cumulative_epsilon"]) for c in certificates})
-    assert same(points(page, "plot-epsilon"), cumulative)
+    # issue 57: the ε chart starts at v1 (nothing spent), like accuracy, under a budget line
+    assert same(points(page, "plot-epsilon"), [(1, 0.0), *cumulative])
+    budget = page.locator("#plot-epsilon-budget")
+    assert float(budget.get_attribute("data-y") or "nan") == preview["lineage"]["budget_epsilon"]
     assert page.locator("#certificates tr[data-certificate]").count() == len(certificates)
     assert certificates[0]["sentence"][:40] in page.inner_text("#certificates")
+    # one sample removed is "this sample", not "these 1 samples"
+    assert "these 1 samples" not in page.inner_text("#certificates")
+    assert any("this sample" in c["sentence"] for c in certificates)
+    why = page.inner_text("#lineage-why")  # what "spent" means, with the lineage's own δ
+    assert "not the sum" in why and str(preview["lineage"]["budget_delta"]) in why
     assert page.locator("#versions tr[data-version]").count() == len(versions)
     assert page.locator("#preview").count() == 1
     costs = preview["deletion_cost"]["methods"]
@@ -156,7 +164,19 @@ def test_each_page_shows_what_the_api_returns(
     requests = api.get("/v1/deletions").json()["items"]
     assert page.locator("#deletions tr[data-request]").count() == len(requests) == 2
     assert page.locator("#timeline rect.span").count() == 2
+    assert page.locator("#timeline text.tick.time").count() >= 2  # a time axis (issue 57)
     assert page.locator("#deletions .status.done").count() >= 2
+    dataset_id = models[0]["dataset_id"]
+    assert page.locator("#deletions td.dataset").all_inner_texts() == [f"#{dataset_id}"] * 2
+    links = page.locator("#deletions td.certificates a[data-certificate]")
+    assert sorted(int(a.get_attribute("data-certificate") or 0) for a in links.all()) == sorted(
+        c["id"] for c in certificates
+    )
+    linked = links.first.get_attribute("data-certificate")
+    links.first.click()  # a certificate's link opens its model, where its row is
+    page.wait_for_selector(f'#certificates tr[data-certificate="{linked}"]')
+    page.click('nav a[href="#/deletions"]')
+    page.wait_for_selector("#deletions")
     page.screenshot(path=str(tmp_path / "deletions.png"), full_page=True)
 
     page.click('nav a[href="#/audit"]')
@@ -381,6 +401,14 @@ def test_a_receipt_verifies_in_the_browser_with_no_key(
     (tmp_path / "forged.tlog-proof").write_text(forged)
     kind, sentence = verdict(page, url, tmp_path / "forged.tlog-proof")
     assert kind == "refused" and "inclusion proof does not lead" in sentence, sentence
+    assert "download it again" in page.inner_text("#next")  # what to do next (issue 57)
+    page.fill("#pasted", text)  # the receipt pasted instead of chosen as a file
+    page.click("#check-pasted")
+    page.wait_for_selector("#result [data-verdict='verified']")
+    assert f"is entry {index} of the public log" in page.inner_text("#proven")
+    page.fill("#pasted", forged)
+    page.click("#check-pasted")
+    page.wait_for_selector("#result [data-verdict='refused']")
 
     checkpoint_text, signatures = notes.split(note)
     cp = Checkpoint.parse(checkpoint_text)
@@ -514,11 +542,15 @@ def test_an_admin_registers_a_dataset_and_creates_a_model(
                 if row["sigma"] is None
                 else float(sigma) == pytest.approx(row["sigma"], rel=1e-3)
             )
-        else:
-            assert cells.nth(6).inner_text() == row["refusal"]  # the API's refusal, as it came
+        else:  # the API's refusal, as it came, less pydantic's prefix
+            assert cells.nth(6).inner_text().startswith(row["refusal"].replace("Value error, ", ""))
     options = page.locator("#m-method option").all_inner_texts()
     assert options == [r["method"] for r in table["methods"] if r["available"]]
     assert page.input_value("#m-method") == "retrain"  # the form's default, still allowed
+    refused = [r for r in table["methods"] if not r["available"]]
+    for row in refused:  # the API's refusal without pydantic's "Value error, " prefix
+        text = page.locator(f'#method-choices tr[data-method="{row["method"]}"] td').nth(6)
+        assert "Value error" not in text.inner_text()
     page.click('#method-choices tr[data-method="sharded_retrain"] button.choose')
     assert page.input_value("#m-method") == "sharded_retrain"
     assert "chosen" in (
@@ -526,12 +558,22 @@ def test_an_admin_registers_a_dataset_and_creates_a_model(
     )
     page.screenshot(path=str(tmp_path / "models-method-table.png"), full_page=True)
     page.fill("#m-name", "from-the-dashboard")
+    # issue 57: the architecture and the method's options are the form's too
+    page.select_option("#m-architecture", "mlp")
+    page.fill("#m-widths", "32, 16")
+    page.fill("#m-options", "not json")
+    page.click("#m-submit")
+    page.wait_for_selector("#m-error:has-text('JSON object')")
+    page.fill("#m-options", '{"shards": 2, "slices": 1}')
     page.click("#m-submit")
     page.wait_for_selector("#m-done:not(:empty)")
     model_id = int(page.inner_text("#m-done").split("#")[1].split(" ")[0])
     created = admin.get(f"/v1/models/{model_id}").json()
     assert created["name"] == "from-the-dashboard" and created["dataset_id"] == dataset_id
     assert created["method"]["name"] == "sharded_retrain"  # the row chosen in the table
+    assert created["method"]["shards"] == 2 and created["method"]["slices"] == 1
+    assert created["architecture"]["type"] == "mlp"
+    assert created["architecture"]["hidden"] == [32, 16]
     page.wait_for_selector(f'tr[data-model="{model_id}"] .status.ready', timeout=120_000)
     page.screenshot(path=str(tmp_path / "models-created.png"), full_page=True)
 

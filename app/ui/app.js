@@ -78,7 +78,8 @@ function xTicks(x0, x1) {
   return ticks;
 }
 
-function lineChart(id, points, { yLabel, xLabel = "version", yMin = null, percent = false }) {
+function lineChart(id, points, { yLabel, xLabel = "version", yMin = null, percent = false,
+                                 budget = null }) {
   const W = 460, H = 230, L = 56, R = 16, T = 24, B = 40;
   const svg = el("svg", { class: "chart", id, width: W, height: H, viewBox: `0 0 ${W} ${H}`,
                           role: "img", "aria-label": `${yLabel} by ${xLabel}` });
@@ -86,7 +87,8 @@ function lineChart(id, points, { yLabel, xLabel = "version", yMin = null, percen
     svg.append(el("text", { x: W / 2 - 40, y: H / 2 }, "no data yet"));
     return svg;
   }
-  const xs = points.map(p => p.x), ys = points.map(p => p.y);
+  const xs = points.map(p => p.x);
+  const ys = [...points.map(p => p.y), ...(typeof budget === "number" ? [budget] : [])];
   const x0 = Math.min(...xs), x1 = Math.max(...xs);
   const y = yAxis(ys, percent ? { minSpan: 0.04, bounds: [0, 1] } : { min: yMin });
   const label = v => percent ? `${(v * 100).toFixed(y.step * 100 < 1 ? 1 : 0)} %` : fmt(v);
@@ -105,6 +107,12 @@ function lineChart(id, points, { yLabel, xLabel = "version", yMin = null, percen
   }
   svg.append(el("line", { class: "axis", x1: L, y1: H - B, x2: W - R, y2: H - B }));
   svg.append(el("line", { class: "axis", x1: L, y1: T, x2: L, y2: H - B }));
+  if (typeof budget === "number") {  // the lineage's ε budget (issue 57)
+    svg.append(el("line", { class: "budget", id: `${id}-budget`, x1: L, y1: sy(budget),
+                            x2: W - R, y2: sy(budget), "data-y": budget }));
+    svg.append(el("text", { class: "tick budget", x: W - R - 4, y: sy(budget) - 4,
+                            "text-anchor": "end" }, `budget ${fmt(budget)}`));
+  }
   svg.append(el("text", { class: "title", x: L, y: T - 10 }, yLabel));
   svg.append(el("text", { class: "title", x: W - R, y: H - 6, "text-anchor": "end" }, xLabel));
   if (points.length > 1) {
@@ -130,10 +138,17 @@ function lineChart(id, points, { yLabel, xLabel = "version", yMin = null, percen
   return svg;
 }
 
+// A clock time, with milliseconds when the axis' step is under a second.
+function clock(ms, step) {
+  const d = new Date(ms);
+  const hms = d.toLocaleTimeString([], { hour12: false });
+  return step < 1000 ? `${hms}.${String(d.getMilliseconds()).padStart(3, "0")}` : hms;
+}
+
 function timeline(id, requests) {
-  const W = 700, rowH = 16, L = 70, R = 10;
+  const W = 700, rowH = 16, L = 70, R = 30;
   const items = requests.filter(r => r.created_at);
-  const H = Math.max(40, items.length * rowH + 30);
+  const H = Math.max(60, items.length * rowH + 44);
   const svg = el("svg", { class: "chart", id, width: W, height: H, viewBox: `0 0 ${W} ${H}`,
                           role: "img", "aria-label": "deletion requests over time" });
   if (items.length === 0) { svg.append(el("text", { x: 20, y: 24 }, "no requests")); return svg; }
@@ -149,7 +164,17 @@ function timeline(id, requests) {
                             "data-status": r.status },
                   el("title", {}, `request ${r.id}: ${r.status}`)));
   });
-  svg.append(el("text", { x: L, y: H - 4 }, `${((t1 - t0) / 1000).toFixed(1)} s shown`));
+  // a time axis (issue 57): clock times at whole steps of the span shown
+  const axisY = H - 18;
+  svg.append(el("line", { class: "axis", x1: L, y1: axisY, x2: W - R, y2: axisY }));
+  const span = Math.max(t1 - t0, 1), step = niceStep(span, 4);
+  for (let v = Math.ceil(t0 / step) * step; v <= t1; v += step) {
+    svg.append(el("line", { class: "axis", x1: sx(v), y1: axisY, x2: sx(v), y2: axisY + 4 }));
+    svg.append(el("text", { class: "tick x time", x: sx(v), y: axisY + 15,
+                            "text-anchor": "middle" }, clock(v, step)));
+  }
+  svg.append(el("text", { class: "tick", x: 4, y: axisY + 15 },
+                `${(span / 1000).toFixed(1)} s`));
   return svg;
 }
 
@@ -269,12 +294,28 @@ function setupForms() {
   const epsilon = el("input", { id: "m-epsilon", type: "number", min: 0.01, step: "any",
                                 value: "1" });
   const choices = el("div", { id: "m-methods" });
+  // the architecture (issue 57): a logistic regression, an MLP with its hidden widths, or
+  // random features of a width; and the method's own options as JSON
+  const architecture = el("select", { id: "m-architecture" },
+    el("option", { value: "logreg" }, "logistic regression"),
+    el("option", { value: "mlp" }, "MLP"),
+    el("option", { value: "random_features" }, "random features"));
+  const widths = el("input", { id: "m-widths", placeholder: "e.g. 128, 64", value: "128" });
+  const widthLabel = el("label", { id: "m-widths-label", hidden: "" }, "hidden widths ", widths);
+  architecture.addEventListener("change", () => {
+    widthLabel.hidden = architecture.value === "logreg";
+    widths.placeholder = architecture.value === "mlp" ? "e.g. 128, 64" : "e.g. 4096";
+    widths.value = architecture.value === "mlp" ? "128" : "4096";
+  });
+  const options = el("input", { id: "m-options", placeholder: '{"T": 5} — empty: defaults' });
   const model = el("form", { id: "new-model", class: "card action" },
     el("h2", {}, "Create a model"),
     el("label", {}, "name ", el("input", { id: "m-name", required: "" })),
     el("label", {}, "dataset ", datasetId),
+    el("label", {}, "architecture ", architecture), widthLabel,
     el("label", {}, "per-release ε ", epsilon),
     el("label", {}, "unlearning method ", method),
+    el("label", {}, "method options (JSON) ", options),
     choices,
     el("button", { type: "submit", id: "m-submit" }, "Create and train"), mError, mDone);
   const choose = name => { method.value = name; markChosen(choices, name); };
@@ -285,14 +326,28 @@ function setupForms() {
   model.addEventListener("submit", async (event) => {
     event.preventDefault();
     mError.textContent = mDone.textContent = "";
+    let extra = {};
+    try {
+      extra = options.value.trim() ? JSON.parse(options.value) : {};
+      if (typeof extra !== "object" || extra === null || Array.isArray(extra)) throw new Error();
+    } catch {
+      mError.textContent = 'method options must be a JSON object, such as {"T": 5}';
+      return;
+    }
+    const sizes = widths.value.split(",").map(w => Number(w.trim())).filter(w => w > 0);
+    const arch = architecture.value === "mlp" ? { type: "mlp", hidden: sizes }
+      : architecture.value === "random_features" ? { type: "random_features", width: sizes[0] }
+      : { type: "logreg" };
     const result = await api("/v1/models", {
       name: document.getElementById("m-name").value,
       dataset_id: Number(datasetId.value),
-      method: { name: method.value },
+      architecture: arch,
+      method: { ...extra, name: method.value },
       privacy: { epsilon: Number(epsilon.value) || 1 } });
     if (!result.ok) { mError.textContent = errorText(result); return; }
     mDone.textContent = `Model #${result.body.id} created; training runs as a job.`;
     model.reset();
+    widthLabel.hidden = true;
     choices.replaceChildren();
     render();
   });
@@ -336,8 +391,16 @@ async function methodChoices(box, select, datasetId, epsilon, choose) {
         el("td", { class: "sentence" }, c.available
           ? el("button", { type: "button", class: "choose",
                            onclick: () => choose(c.method) }, "choose")
-          : c.refusal)))));
+          : refusalText(c.refusal))))));
   markChosen(box, select.value);
+}
+
+// The API's refusal without pydantic's "Value error, " prefix; an option the method needs says
+// where to give it.
+function refusalText(text) {
+  const plain = String(text || "").replace(/^(\d+ validation errors?[^\n]*\n)?/, "")
+    .replace(/Value error, /g, "");
+  return /give |needs? /.test(plain) ? `${plain} (set it under "method options")` : plain;
 }
 
 function markChosen(box, name) {
@@ -467,8 +530,12 @@ async function modelPage(id) {
     for (const c of certificates.body.items) {
       if (typeof c.cumulative_epsilon === "number") byVersion.set(c.to_version, c.cumulative_epsilon);
     }
+    // v1 is the trained model: nothing removed, nothing spent (issue 57: the chart began at v2)
+    const first = vs.length ? Math.min(...vs.map(v => v.number)) : null;
+    if (first !== null && !byVersion.has(first)) byVersion.set(first, 0);
     const eps = [...byVersion.entries()].map(([x, y]) => ({ x, y })).sort((a, b) => a.x - b.x);
-    charts.append(lineChart("plot-epsilon", eps, { yLabel: "cumulative ε", yMin: 0 }));
+    const budget = preview.ok ? preview.body.lineage.budget_epsilon : null;
+    charts.append(lineChart("plot-epsilon", eps, { yLabel: "cumulative ε", yMin: 0, budget }));
     nodes.push(el("h2", {}, "Certificates"));
     nodes.push(el("table", { id: "certificates" },
       el("tr", {}, ...["id", "request", "versions", "guarantee", "ε", "δ", "sentence"]
@@ -477,7 +544,7 @@ async function modelPage(id) {
         el("td", {}, c.id), el("td", {}, c.request_id),
         el("td", {}, `v${c.from_version} → v${c.to_version}`), el("td", {}, c.guarantee),
         el("td", {}, fmt(c.epsilon)), el("td", {}, fmt(c.delta)),
-        el("td", { class: "sentence" }, c.sentence)))));
+        el("td", { class: "sentence" }, sentence(c.sentence))))));
   } else {
     nodes.push(el("p", { class: "notice", id: "certificates-hidden" },
       `Certificates and the cumulative ε need an auditor or admin key (${errorText(certificates)}).`));
@@ -487,10 +554,19 @@ async function modelPage(id) {
   nodes.push(el("h2", {}, "Next release"));
   if (preview.ok) {
     const p = preview.body;
+    const noiseNorm = m.current_version ? m.current_version.metrics.expected_noise_norm : null;
     nodes.push(el("div", { class: "card", id: "preview" },
-      el("p", {}, `${p.method} · guarantee ${p.guarantee} · σ ${fmt(p.sigma)} · target ε ${p.target.epsilon}, δ ${p.target.delta}`),
+      el("p", {}, `${p.method} · guarantee ${p.guarantee} · σ ${fmt(p.sigma)}`
+        + (noiseNorm ? ` (the noise vector's expected norm σ√d is ${fmt(noiseNorm)}`
+          + (typeof p.sigma === "number" && p.sigma > 0 ? ", added to the weights" : "") + ")" : "")
+        + ` · target ε ${fmt(p.target.epsilon)}, δ ${fmt(p.target.delta)}`),
       el("p", {}, p.would_retrain_exactly ? "The next request would retrain exactly." : "The next request would be released by the method."),
-      el("p", {}, `Lineage: ${fmt(p.lineage.spent_epsilon)} of ε ${p.lineage.budget_epsilon} spent; after the release ${fmt(p.lineage.epsilon_after_release)}.`),
+      el("p", { id: "lineage" }, `Lineage: ${fmt(p.lineage.spent_epsilon)} of ε ${fmt(p.lineage.budget_epsilon)} spent; after the release ${fmt(p.lineage.epsilon_after_release)}.`),
+      el("p", { class: "notice", id: "lineage-why" }, `Spent: the ${p.lineage.releases_since_reset} `
+        + `noisy release(s) since the last exact retrain composed together at the lineage's `
+        + `δ ${fmt(p.lineage.budget_delta)} (${p.lineage.accountant}), not the sum of their ε: `
+        + `each release's ε is stated at its own δ ${fmt(p.target.delta)}, and at the lineage's `
+        + `larger δ the same noise is worth less ε. An exact retrain resets it to 0.`),
       p.reason ? el("p", { class: "notice" }, p.reason) : null));
     if (p.deletion_cost) nodes.push(costTable(p.deletion_cost));
   } else {
@@ -651,6 +727,23 @@ async function downloadReceipt(requestId, certificateId, button) {
   link.click();
 }
 
+// Each certificate links to its model's page, where its row is (issue 57: ids were plain text).
+function certificateLinks(r) {
+  const links = r.models.filter(m => m.certificate_id !== null)
+    .map(m => el("a", { href: `#/models/${m.model_id}`, "data-certificate": m.certificate_id,
+                        title: `model ${m.model_id}, v${m.version}` }, `#${m.certificate_id}`));
+  return links.length ? links.flatMap((a, i) => i ? [", ", a] : [a]) : "—";
+}
+
+// A certificate's sentence: its first clause, the whole text one click away (issue 57: a
+// 150-word wall in every row).
+function sentence(text) {
+  const cut = text.search(/[:;] /);
+  const head = cut > 0 && cut < 200 ? text.slice(0, cut) : text.slice(0, 160);
+  if (head.length >= text.length) return text;
+  return el("details", { class: "sentence" }, el("summary", {}, `${head} …`), el("p", {}, text));
+}
+
 function receipts(r) {
   if (r.status !== "done" || !r.certificate_ids.length) return "—";
   return r.certificate_ids.map(c => el("button", { type: "button", class: "receipt",
@@ -673,13 +766,14 @@ async function deletionsPage() {
     el("p", { class: "notice" }, "A receipt checks in any browser at ",
        el("a", { href: "/verify" }, "/verify"), ", with no key."),
     el("table", { id: "deletions" },
-      el("tr", {}, ...["request", "status", "samples", "per model", "certificates", "receipts",
-                       "created", "finished"].map(h => el("th", {}, h))),
+      el("tr", {}, ...["request", "dataset", "status", "samples", "per model", "certificates",
+                       "receipts", "created", "finished"].map(h => el("th", {}, h))),
       items.map(r => el("tr", { "data-request": r.id },
-        el("td", {}, `#${r.id}`), el("td", {}, status(r.status)), el("td", {}, r.n_samples),
+        el("td", {}, `#${r.id}`), el("td", { class: "dataset" }, `#${r.dataset_id}`),
+        el("td", {}, status(r.status)), el("td", {}, r.n_samples),
         el("td", {}, r.models.map(m => el("div", {}, `model ${m.model_id}: `, status(m.status),
                                             m.version ? ` → v${m.version}` : ""))),
-        el("td", {}, r.certificate_ids.join(", ") || "—"),
+        el("td", { class: "certificates" }, certificateLinks(r)),
         el("td", {}, receipts(r)),
         el("td", {}, new Date(r.created_at).toLocaleTimeString()),
         el("td", {}, r.finished_at ? new Date(r.finished_at).toLocaleTimeString() : "—"))))] };

@@ -266,19 +266,29 @@ function proven(r, vkey) {
 function refused(message) {
   return el("div", { class: "card refused", "data-verdict": "refused" },
     el("p", { class: "verdict error" }, "✗ Not verified"),
-    el("p", { class: "sentence", id: "proven" }, `Nothing was proven: ${message}.`));
+    el("p", { class: "sentence", id: "proven" }, `Nothing was proven: ${message}.`),
+    el("p", { class: "sentence notice", id: "next" }, "What to do: check that this is the " +
+      "receipt file exactly as you received it (a copy that was edited, re-encoded or cut " +
+      "short does not verify), or download it again from the service (the dashboard's " +
+      "Deletions page, or GET /v1/deletions/{id}/receipt). If a receipt that the service " +
+      "gives you still does not verify, report it to the service's operator and keep the " +
+      "file: it is evidence."));
 }
 
-async function check(file, vkeyPromise) {
-  show(el("p", { class: "notice" }, `Checking ${file.name}…`));
+const MAX_RECEIPT = 1 << 20;
+
+async function check(name, size, read, vkeyPromise) {
+  show(el("p", { class: "notice" }, `Checking ${name}…`));
   try {
-    if (file.size > 1 << 20) throw new Failure("the file is larger than any receipt (1 MiB)");
+    if (size > MAX_RECEIPT) throw new Failure("the receipt is larger than any receipt (1 MiB)");
     const vkey = await vkeyPromise;
-    show(proven(await verify(await file.text(), vkey), vkey));
+    show(proven(await verify(await read(), vkey), vkey));
   } catch (error) {
     show(refused(error instanceof Failure ? error.message : `the check failed (${error})`));
   }
 }
+
+const checkFile = (file, vkeyPromise) => check(file.name, file.size, () => file.text(), vkeyPromise);
 
 function start() {
   const pinned = document.querySelector('meta[name="lethe-log-vkey"]').content;
@@ -286,14 +296,21 @@ function start() {
   const vkeyPromise = parseVkey(pinned);
   vkeyPromise.catch(() => {});
   const input = document.getElementById("receipt");
-  input.addEventListener("change", () => { if (input.files.length) check(input.files[0], vkeyPromise); });
+  input.addEventListener("change", () => { if (input.files.length) checkFile(input.files[0], vkeyPromise); });
+  // or pasted (issue 57): the text of the .tlog-proof file
+  const pasted = document.getElementById("pasted");
+  document.getElementById("check-pasted").addEventListener("click", () => {
+    const text = pasted.value.replace(/\r\n/g, "\n");
+    check("the pasted receipt", text.length, async () => text.endsWith("\n") ? text : `${text}\n`,
+          vkeyPromise);
+  });
   const drop = document.getElementById("drop");
   drop.addEventListener("dragover", (e) => { e.preventDefault(); drop.classList.add("over"); });
   drop.addEventListener("dragleave", () => drop.classList.remove("over"));
   drop.addEventListener("drop", (e) => {
     e.preventDefault();
     drop.classList.remove("over");
-    if (e.dataTransfer.files.length) check(e.dataTransfer.files[0], vkeyPromise);
+    if (e.dataTransfer.files.length) checkFile(e.dataTransfer.files[0], vkeyPromise);
   });
 }
 
