@@ -735,11 +735,12 @@ function certificateLinks(r) {
   return links.length ? links.flatMap((a, i) => i ? [", ", a] : [a]) : "—";
 }
 
-// A certificate's sentence: its first clause, the whole text one click away (issue 57: a
-// 150-word wall in every row).
+// A certificate's sentence: its first sentence (at most about 160 characters, cut at a word),
+// the whole text one click away (issue 57: a 150-word wall in every row).
 function sentence(text) {
-  const cut = text.search(/[:;] /);
-  const head = cut > 0 && cut < 200 ? text.slice(0, cut) : text.slice(0, 160);
+  const end = text.indexOf(". ");
+  let head = end > 0 && end < 200 ? text.slice(0, end + 1) : text;
+  if (head.length > 200) head = head.slice(0, head.lastIndexOf(" ", 160));
   if (head.length >= text.length) return text;
   return el("details", { class: "sentence" }, el("summary", {}, `${head} …`), el("p", {}, text));
 }
