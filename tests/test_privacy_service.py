@@ -80,7 +80,7 @@ def test_tight_budget_makes_the_third_deletion_an_exact_retrain(
     assert first["constants"]["clipped_norm"]["value"] <= 1.0 + 1e-6
     assert "dp-accounting" in first["accountant_versions"]
     assert "exact Gaussian composition" in second["accountant_versions"]["lineage"]
-    assert "ε=1" in first["sentence"] and "1 samples" in first["sentence"]
+    assert "ε=1" in first["sentence"] and "without this sample" in first["sentence"]
     assert api.get("/v1/audit/verify", role="auditor").json()["ok"]
 
     after = api.get("/v1/privacy/preview", params={"model": model["id"]}).json()
