@@ -3,7 +3,11 @@
 #   make test    start PostgreSQL/Redis if stopped, install chromium if missing, install the
 #                test extras and run the whole suite but the image test, in two processes
 #                (.ci/run: this, then make test-image)
-#   make test-image  build the container image with podman from Debian's packages and run it
+#   make test-image  build the container image with podman from Debian's packages and run it,
+#                and bring the compose deployment up from those images and test it
+#   make compose-up  the distributed deployment (PostgreSQL, Redis, SeaweedFS, a witness, the
+#                API and 2 workers) with podman-compose, from locally built images
+#   make compose-down  stop it (scripts/compose-down --volumes drops its data)
 #   make unit    the fast layer: no PostgreSQL, no Redis, no worker processes
 #   make lint    ruff (lint + format check) and mypy on app/ and workers/
 PYTHON ?= python3
@@ -12,7 +16,7 @@ BIN := $(VENV)/bin
 HOST ?= 127.0.0.1
 PORT ?= 8000
 
-.PHONY: install install-test prerequisites serve test test-image unit lint bench
+.PHONY: install install-test prerequisites serve test test-image compose-up compose-down unit lint bench
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -61,6 +65,13 @@ test: prerequisites install-test lint
 test-image: install-test
 	scripts/test-prerequisites --image
 	$(BIN)/python -m pytest -q -m image
+
+compose-up: install-test
+	scripts/test-prerequisites --image
+	PODMAN_COMPOSE=$(BIN)/podman-compose scripts/compose-up
+
+compose-down:
+	PODMAN_COMPOSE=$(BIN)/podman-compose scripts/compose-down
 
 unit: install-test
 	$(BIN)/python -m pytest -q -m "not postgres and not integration and not image"

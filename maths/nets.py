@@ -61,6 +61,12 @@ def flat(state: dict[str, torch.Tensor]) -> torch.Tensor:
     return torch.cat([state[k].reshape(-1) for k in sorted(state)])
 
 
+def weights_norm(state: dict[str, torch.Tensor]) -> float:
+    """‖w‖ over every tensor of a released weights file, in float64."""
+    total = sum(float(torch.sum(v.detach().double() ** 2)) for v in state.values())
+    return total**0.5
+
+
 class FlatModel:
     """A network seen as a function of one flat parameter vector (for torch.func). The
     network's own parameters only give names and shapes: `logits` runs on the device of `w`."""

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import base64
 import json
+import re
 import shutil
 import time
 from collections.abc import Iterator
@@ -643,3 +644,37 @@ def test_an_admin_registers_a_parquet_file_with_a_column_mapping(
     cell = f'table#datasets tr[data-dataset="{dataset_id}"] td:nth-child(4):text-is("60")'
     page.wait_for_selector(cell)  # the table re-rendered with the dataset's new count
     page.screenshot(path=str(tmp_path / "datasets-appended.png"), full_page=True)
+
+
+def test_sigma_is_shown_against_the_released_weights_norm(
+    browser: Browser, service: tuple[str, dict[str, str]]
+) -> None:
+    """Issue 57: σ alone says little; the model page puts the noise vector's expected norm
+    σ√d beside the released weights' norm (both public metrics of the current version)."""
+    url, keys = service
+    with httpx.Client(base_url=url, headers={"Authorization": f"Bearer {keys['admin']}"}) as c:
+        dataset = c.get("/v1/models").json()[0]["dataset_id"]
+        created = c.post(
+            "/v1/models",
+            json={"name": "noisy", "dataset_id": dataset, "architecture": {"type": "logreg"},
+                  "method": {"name": "convex_head", "lam": 0.01, "R": 10.0}},
+        )  # fmt: skip
+        assert created.status_code == 202, created.text
+        model_id = created.json()["id"]
+        wait(c, f"/v1/models/{model_id}", ("ready",))
+        sample = c.get(
+            f"/v1/datasets/{dataset}/samples", params={"split": "train", "offset": 40, "limit": 1}
+        ).json()["items"][0]["external_id"]
+        filed = c.post("/v1/deletions", json={"dataset_id": dataset, "sample_ids": [sample]})
+        wait(c, f"/v1/deletions/{filed.json()['id']}", ("done",))
+        metrics = c.get(f"/v1/models/{model_id}").json()["current_version"]["metrics"]
+    assert metrics["weights_norm"] > 0 and metrics["expected_noise_norm"] > 0
+    page = browser.new_page(viewport={"width": 1280, "height": 900})
+    sign_in(page, url, keys["reader"])
+    page.goto(f"{url}/ui#/models/{model_id}")
+    page.wait_for_selector("#sigma-context")
+    text = page.inner_text("#sigma-context")
+    shown = re.search(r"([0-9.e+-]+) % of the released weights' norm", text)
+    assert shown, text
+    share = 100 * metrics["expected_noise_norm"] / metrics["weights_norm"]
+    assert float(shown.group(1)) == pytest.approx(share, rel=0.05)

@@ -25,6 +25,7 @@ from app.jsontypes import JsonObject
 from app.privacy.lineage import LineageBudget, admit
 from app.states import Guarantee, VersionKind
 from maths.evaluation import evaluate
+from maths.nets import weights_norm
 from maths.training import (
     Diverged,
     check_converged,
@@ -264,8 +265,10 @@ def _accuracies(inputs: UpdateInputs, release: Release) -> dict[str, float | int
     by id of the test split and of the retained set: an update whose maths never reads the
     retained rows does not read them, or a test split that grows with n, for a metric."""
     arch, k, w = inputs.spec.architecture, inputs.spec.n_classes, release.weights
+    # the released weights are public: their norm puts σ in context (issue 57)
+    norm: dict[str, float | int | None] = {"weights_norm": weights_norm(w)}
     if not is_classifier(arch):
-        return {}
+        return norm
     X_kept, y_kept = inputs.retained.head(ACCURACY_ROWS)
     X_test, y_test = inputs.test.head(ACCURACY_ROWS)
     removed = inputs.removed
@@ -276,6 +279,7 @@ def _accuracies(inputs: UpdateInputs, release: Release) -> dict[str, float | int
         return hits(score(X), y.to(X_test.device)) if len(y) else None
 
     return {  # one module for the three sets
+        **norm,
         "test_accuracy": on(X_test, y_test),
         "test_accuracy_rows": len(y_test),
         "retain_accuracy": on(X_kept, y_kept),

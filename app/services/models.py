@@ -133,6 +133,7 @@ PUBLIC_METRICS = frozenset(
         "n_test",
         "sigma",
         "expected_noise_norm",
+        "weights_norm",  # of the released (noised) weights, which anyone may download
         "noisy_steps",
         "finetune_epochs",
         "n_added",  # a learned version's appended rows (issue 55): as public as n_train

@@ -554,11 +554,11 @@ async function modelPage(id) {
   nodes.push(el("h2", {}, "Next release"));
   if (preview.ok) {
     const p = preview.body;
-    const noiseNorm = m.current_version ? m.current_version.metrics.expected_noise_norm : null;
+    const metrics = m.current_version ? m.current_version.metrics : {};
+    const noiseNorm = metrics.expected_noise_norm, weightsNorm = metrics.weights_norm;
     nodes.push(el("div", { class: "card", id: "preview" },
-      el("p", {}, `${p.method} · guarantee ${p.guarantee} · σ ${fmt(p.sigma)}`
-        + (noiseNorm ? ` (the noise vector's expected norm σ√d is ${fmt(noiseNorm)}`
-          + (typeof p.sigma === "number" && p.sigma > 0 ? ", added to the weights" : "") + ")" : "")
+      el("p", { id: "sigma-context" }, `${p.method} · guarantee ${p.guarantee} · σ ${fmt(p.sigma)}`
+        + noiseContext(p.sigma, noiseNorm, weightsNorm)
         + ` · target ε ${fmt(p.target.epsilon)}, δ ${fmt(p.target.delta)}`),
       el("p", {}, p.would_retrain_exactly ? "The next request would retrain exactly." : "The next request would be released by the method."),
       el("p", { id: "lineage" }, `Lineage: ${fmt(p.lineage.spent_epsilon)} of ε ${fmt(p.lineage.budget_epsilon)} spent; after the release ${fmt(p.lineage.epsilon_after_release)}.`),
@@ -635,6 +635,17 @@ async function auditSection(id) {
     + "could show with these canaries; ε′ (2ε) and the one-run bound are the older per-canary "
     + "test, kept for comparison."));
   return { live: items.some(a => a.status === "queued" || a.status === "running"), nodes: out };
+}
+
+// σ in context (issue 57): the noise vector's expected norm σ√d against the norm of the
+// released weights (public: anyone may download them), when the version says both.
+function noiseContext(sigma, noiseNorm, weightsNorm) {
+  if (typeof sigma !== "number" || sigma <= 0) return "";
+  if (typeof noiseNorm !== "number") return " per coordinate";
+  const share = typeof weightsNorm === "number" && weightsNorm > 0
+    ? `, ${(100 * noiseNorm / weightsNorm).toPrecision(2)} % of the released weights' norm `
+      + `${fmt(weightsNorm)}` : "";
+  return ` per coordinate (the noise vector's expected norm σ√d is ${fmt(noiseNorm)}${share})`;
 }
 
 function bytes(n) {
