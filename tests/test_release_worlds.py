@@ -31,7 +31,7 @@ from tests.test_convex_head import convex_model
 N_RETAINED, FEATURES = 240, 4
 # Functions of the noised weights (allowed to differ), ids the worlds share by construction
 # aside, and clocks and signatures: the keys masked before two public answers are compared.
-NOISED = {"weights_sha256", "test_accuracy", "retain_accuracy", "train_accuracy"}
+NOISED = {"weights_sha256", "weights_norm", "test_accuracy", "retain_accuracy", "train_accuracy"}
 CLOCKS = {"created_at", "finished_at", "erased_at", "timestamp", "progress_at"}
 HASHED = {
     "commitment",
@@ -210,6 +210,7 @@ def test_two_worlds_differing_in_the_removed_row_publish_the_same(tmp_path: Path
         "n_test",
         "sigma",
         "expected_noise_norm",
+        "weights_norm",  # ‖w̃‖ of the released (noised) weights: post-processing of them
     }, version["metrics"]
 
 
