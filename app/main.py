@@ -23,6 +23,7 @@ from app.api import (
     privacy,
     suppressions,
     ui,
+    webhooks,
 )
 from app.api import log as public_log
 from app.api.errors import DependencyGuard, install_error_handlers
@@ -44,6 +45,7 @@ from app.services.weights_cache import WeightsCache
 from app.settings import Settings, get_settings
 from app.storage.erasure import compact_at_start, finish_compacting
 from app.wakeups import FINISHED, Listener
+from app.webhooks.sender import Sender
 from app.worker_process import ProcessDispatcher
 
 log = logging.getLogger("lethe")
@@ -91,7 +93,12 @@ async def _lifespan(runtime: Runtime, app: FastAPI) -> AsyncIterator[None]:
     elif settings.redis_url and not behind:  # workers announce finished requests on Redis
         listener = Listener(settings.redis_url, settings.queue_name)
         listener.start()
+    sender = None if behind else Sender(runtime.db, runtime.keyring, settings)  # webhooks
+    if sender is not None:
+        sender.start()
     yield
+    if sender is not None:
+        sender.stop()
     app.state.committer.stop()
     FINISHED.dependable = False
     if listener is not None:
@@ -156,6 +163,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         keys.router,
         privacy.router,
         suppressions.router,
+        webhooks.router,
         ui.router,
         docs.router,
     ):

@@ -392,3 +392,22 @@ class AuditCreate(In):
         description="draw the canaries and their bits from this seed, to repeat an audit "
         "exactly (default: fresh randomness)",
     )
+
+
+class WebhookCreate(In):
+    """A receiver of Lethe's events (issue 58): Standard Webhooks signatures, CloudEvents
+    bodies."""
+
+    url: str = Field(min_length=8, max_length=2000, description="http:// or https:// URL")
+    events: list[str] = Field(
+        default_factory=list,
+        max_length=20,
+        description="event types to receive (empty: all): deletion.completed, "
+        "version.published, audit.completed, dataset.ready, model.withdrawn",
+    )
+    description: str = Field("", max_length=200, description="a label")
+    allow_private: bool = Field(
+        False,
+        description="allow a URL that resolves to a loopback, link-local or private address "
+        "(refused otherwise: server-side request forgery)",
+    )

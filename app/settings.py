@@ -107,6 +107,21 @@ class Settings(BaseSettings):
     blob_sweep_seconds: float = Field(
         300.0, gt=0.0, description="How often the reconciler sweeps orphaned objects."
     )
+    webhook_poll_seconds: float = Field(
+        0.2, gt=0.0, description="How often the API's webhook sender looks for due deliveries."
+    )
+    webhook_timeout_seconds: float = Field(
+        10.0, gt=0.0, description="One webhook POST's timeout (connect, read and write)."
+    )
+    webhook_retry_hours: float = Field(
+        24.0, gt=0.0, description="How long a webhook delivery is retried before it fails."
+    )
+    webhook_backoff_seconds: float = Field(
+        2.0, gt=0.0, description="The first retry's delay; doubled per attempt, with jitter."
+    )
+    webhook_disable_after: int = Field(
+        50, ge=1, description="Consecutive failed attempts after which an endpoint is disabled."
+    )
     s3_bucket: str | None = Field(None, description="The bucket (created when missing).")
     s3_prefix: str = Field("", description="Prefix of every object key, e.g. 'lethe/'.")
     s3_endpoint_url: str | None = Field(

@@ -26,6 +26,7 @@ from app.ledger.certificates import append_certificate
 from app.ledger.transparency import signing_key
 from app.specs import PrivacyPolicy
 from app.states import AuditStatus, ModelStatus
+from app.webhooks import events
 from methods.compute import ModelSpec, RetainedData
 from workers import load
 from workers.context import JobContext
@@ -178,6 +179,7 @@ def _commit(
     audit.result = document
     audit.certificate_id = entry.id
     audit.finished_at = utcnow()
+    events.audit_completed(session, audit.id, audit.model_id, str(document.get("verdict")))
     return True
 
 

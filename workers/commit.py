@@ -33,6 +33,7 @@ from app.states import ModelStatus, RequestStatus, Stage, TaskStatus, VersionKin
 from app.storage.blobs import Blobs
 from app.storage.erasure import erase_payloads
 from app.storage.keystore import KeyTable, destroy_keys
+from app.webhooks import events
 from app.wire import Progress
 from workers import statements as sql
 from workers.certify import certificate_for
@@ -119,6 +120,14 @@ def commit_update(
     assert stored is not None, "a release's blobs are stored before its commit"
     version = write_release(session, ctx, batch, outcome, stored)
     certs = _certify(session, batch, outcome, version, signer)
+    events.version_published(
+        session,
+        batch.model_id,
+        version.number,
+        outcome.decision.release.version_kind,
+        version.weights_sha256,
+        sorted(c.id for c in certs.values()),
+    )
     _finish_tasks(session, batch, version, certs)
     blob_keys = supersede(session, ctx, batch, outcome, version)
     finish_requests(session, {t.request_id for t in batch.tasks}, also=blob_keys)
@@ -329,6 +338,7 @@ def withdraw_model(session: Session, store: Blobs, model_id: int, reason: str) -
     model.status, model.current_version_id = ModelStatus.failed, None
     model.error = f"withdrawn: {reason}"[:2000]
     model.progress = Progress(stage=Stage.withdrawn)
+    events.model_withdrawn(session, model_id, reason)
     tasks = session.scalars(
         select(DeletionTask).where(
             DeletionTask.model_id == model_id,
@@ -360,6 +370,7 @@ def finish_requests(session: Session, request_ids: set[int], also: Sequence[UUID
             found[row.id] = row
             statuses[row.id].add(row.task_status)
     now, openings, changed, erased = utcnow(), [], [], set[int]()
+    finished: list[int] = []
     for request in found.values():
         seen = statuses[request.id]
         status, finished_at = request.status, request.finished_at
@@ -374,6 +385,8 @@ def finish_requests(session: Session, request_ids: set[int], also: Sequence[UUID
             key = None
         if status == RequestStatus.done:
             erased.update(request.sample_ids)
+        if request.finished_at is None and finished_at is not None:
+            finished.append(request.id)
         before = (request.status, request.finished_at, request.commitment_key_id)
         if (status, finished_at, key) != before:
             changed.append(
@@ -387,6 +400,7 @@ def finish_requests(session: Session, request_ids: set[int], also: Sequence[UUID
             )
     if changed:
         conn.execute(sql.FINISH_REQUEST, changed)
+    events.deletion_completed(session, finished)  # in this commit: the outbox (issue 58)
     # one DELETE of data keys for the payloads' and the openings' (issue 28: statements are
     # most of a warm update's commit)
     erase_payloads(session, sorted(erased), also=[*openings, *also])

@@ -33,6 +33,7 @@ from app.specs import ImportedWeights
 from app.states import ModelStatus, Stage, VersionKind
 from app.storage.erasure import compact_after_erasure
 from app.storage.faults import fault_text, is_fault
+from app.webhooks import events
 from app.wire import Progress
 from maths.nets import build_net
 from maths.training import Diverged, ProgressFn, accuracy, check_converged
@@ -354,6 +355,14 @@ def _commit_trained(
         kind=VersionKind.imported if inputs.imported else VersionKind.trained,
         stored=stored,
         metrics=metrics,
+    )
+    events.version_published(
+        session,
+        model_id,
+        1,
+        VersionKind.imported if inputs.imported else VersionKind.trained,
+        version.weights_sha256,
+        [],
     )
     if trained.statistics is not None:
         write_block(session, ctx.keyring, model_id, trained.statistics, replace=True)

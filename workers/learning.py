@@ -31,6 +31,7 @@ from app.ledger.certificates import append_certificates, removed_ids_commitment
 from app.ledger.transparency import signing_key
 from app.states import ModelStatus, SampleStatus, TaskStatus
 from app.storage.faults import is_fault
+from app.webhooks import events
 from methods.compute import RetainedData, joined
 from workers import load
 from workers import store as blobs_of
@@ -212,6 +213,14 @@ def commit_learned(
             session, [learned_fields(batch, learn, outcome, version)], signer
         )
         certificate_id = entry.id
+        events.version_published(
+            session,
+            batch.model_id,
+            version.number,
+            "learned",
+            version.weights_sha256,
+            [certificate_id],
+        )
         rows = [{"model_id": batch.model_id, "sample_id": s} for s in learn.added.sample_ids]
         for chunk in chunked(rows):
             session.execute(insert(ModelSample), chunk)

@@ -42,6 +42,7 @@ from app.specs import (
 from app.states import (
     AuditStatus,
     DatasetStatus,
+    DeliveryStatus,
     ModelStatus,
     RequestStatus,
     SampleStatus,
@@ -513,3 +514,46 @@ class WorkerHeartbeat(Base):
     mode: Mapped[str] = mapped_column(String(12))
     started_at: Mapped[datetime] = mapped_column(default=utcnow)
     heartbeat_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+
+class WebhookEndpoint(Base):
+    """A receiver of Lethe's events (issue 58): its URL, the event types it wants (empty: all),
+    its signing secret wrapped under the master key (and, during a rotation, the previous one
+    until `previous_until`), and whether it was disabled after repeated failures."""
+
+    __tablename__ = "webhook_endpoints"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    url: Mapped[str] = mapped_column(String(2000))
+    events: Mapped[list[str]] = mapped_column(JSON, default=list)
+    description: Mapped[str] = mapped_column(String(200), default="")
+    allow_private: Mapped[bool] = mapped_column(default=False)
+    secret_wrapped: Mapped[bytes] = mapped_column(LargeBinary)
+    previous_secret_wrapped: Mapped[bytes | None] = mapped_column(LargeBinary)
+    previous_until: Mapped[datetime | None]
+    consecutive_failures: Mapped[int] = mapped_column(Integer, default=0)
+    disabled_at: Mapped[datetime | None]
+    disabled_reason: Mapped[str | None] = mapped_column(Text)
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+
+class WebhookDelivery(Base):
+    """One event for one endpoint (the outbox, issue 58): written in the commit that made the
+    event, sent at least once by the API's sender, its attempts logged here."""
+
+    __tablename__ = "webhook_deliveries"
+    __table_args__ = (Index("ix_webhook_deliveries_due", "status", "next_attempt_at"),)
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    endpoint_id: Mapped[int] = mapped_column(
+        ForeignKey("webhook_endpoints.id", ondelete="CASCADE"), index=True
+    )
+    message_id: Mapped[str] = mapped_column(String(40))
+    event_type: Mapped[str] = mapped_column(String(40))
+    body: Mapped[str] = mapped_column(Text)
+    status: Mapped[DeliveryStatus] = state_column(DeliveryStatus, 10, DeliveryStatus.pending)
+    attempts: Mapped[int] = mapped_column(Integer, default=0)
+    next_attempt_at: Mapped[datetime] = mapped_column(default=utcnow)
+    last_attempt_at: Mapped[datetime | None]
+    last_status: Mapped[int | None] = mapped_column(Integer)
+    last_error: Mapped[str | None] = mapped_column(Text)
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    delivered_at: Mapped[datetime | None]

@@ -37,6 +37,7 @@ from app.states import DatasetStatus, ModelStatus, RequestStatus, SampleStatus, 
 from app.storage.crypto import Keyring
 from app.storage.erasure import erase_payloads
 from app.storage.keystore import KeyTable, load_keys, new_keys, store_keys
+from app.webhooks import events
 from methods import method_names
 
 # The request path's tables (issue 28): Core statements on them skip the ORM's compile, load
@@ -198,6 +199,7 @@ def create_deletion(
     )
     if not affected:
         erase_payloads(session, [s.id for s in pending])
+        events.deletion_completed(session, [request_id])  # done as accepted (issue 58)
     tasks = [DeletionTask(**t) for t in _task_rows(task, request_id, models)]
     return Accepted(request, tasks, replayed=False, opening=opening, suppressed=suppressed)
 

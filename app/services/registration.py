@@ -39,6 +39,7 @@ from app.states import DatasetStatus, SampleStatus
 from app.storage.crypto import NONCE_BYTES, Keyring, SampleRecord, sample_aad, seal
 from app.storage.erasure import compact_after_erasure
 from app.storage.keystore import destroy_keys, new_keys, store_keys
+from app.webhooks import events
 
 # Samples per commit: the longest a deletion POST waits behind a registration. Measured at a
 # million × 256 (embedded, 2 cores): 66.8 s alone against 48.4 s as one transaction, deletion
@@ -160,6 +161,7 @@ def register(
             )
             if rowcount(finished) != 1:  # discarded by the reconciler after the last chunk
                 raise RegistrationDiscarded(dataset_id)
+            events.dataset_ready(session, dataset_id)
     except APIError as exc:
         discard(runtime, dataset_id, exc.as_json())
         raise

@@ -95,3 +95,12 @@ class Guarantee(StrEnum):
 
 
 FINISHED_REQUEST = frozenset({RequestStatus.done, RequestStatus.failed})
+
+
+class DeliveryStatus(StrEnum):
+    """A webhook delivery (issue 58): waiting for its next attempt, delivered (a 2xx), or
+    given up after the retry window."""
+
+    pending = "pending"
+    delivered = "delivered"
+    failed = "failed"

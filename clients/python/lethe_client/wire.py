@@ -636,3 +636,68 @@ class ChainCheck(BaseModel):
     """the first entry that does not hold"""
     head: str | None = None
     """the last entry's hash, when all hold"""
+
+
+class WebhookOut(Out):
+    """A webhook endpoint (issue 58); its `whsec_` secret only in the answers that made it."""
+
+    id: int
+    """the endpoint"""
+    url: str
+    """where events are POSTed"""
+    events: list[str]
+    """the event types it receives (empty: all)"""
+    description: str
+    """a label"""
+    allow_private: bool
+    """an admin allowed a loopback, link-local or private address"""
+    consecutive_failures: int
+    """failed attempts since the last delivered one"""
+    disabled_at: datetime | None
+    """when the sender disabled it after repeated failure (POST …/enable to resume)"""
+    disabled_reason: str | None
+    """why"""
+    previous_secret_until: datetime | None = None
+    """during a rotation: until when the previous secret still signs beside the new one"""
+    created_at: datetime
+    """when it was made"""
+    secret: str | None = None
+    """the signing secret (`whsec_…`, Standard Webhooks): shown once, when made or rotated"""
+
+
+class DeliveryOut(Out):
+    """One event's delivery to one endpoint, and its attempts so far."""
+
+    id: int
+    """the delivery"""
+    message_id: str
+    """the `webhook-id` (and the CloudEvent's id): the same on every attempt and replay"""
+    event_type: str
+    """e.g. deletion.completed"""
+    status: str
+    """pending, delivered or failed (given up)"""
+    attempts: int
+    """attempts made"""
+    next_attempt_at: datetime
+    """when a pending one is tried next"""
+    last_status: int | None
+    """the receiver's last HTTP status"""
+    last_error: str | None
+    """why the last attempt failed"""
+    created_at: datetime
+    """when the event was committed"""
+    delivered_at: datetime | None
+    """when a 2xx answered"""
+
+
+class DeliveryPage(Out):
+    """A page of an endpoint's deliveries, newest first."""
+
+    items: list[DeliveryOut]
+    """the deliveries"""
+    total: int
+    """how many the endpoint has"""
+    offset: int
+    """first item's position"""
+    limit: int
+    """page size"""

@@ -1,0 +1,215 @@
+"""The webhook sender (issue 58): one daemon thread in each API process sends the outbox's due
+deliveries, each signed per Standard Webhooks (`webhook-id`, `webhook-timestamp`,
+`webhook-signature`: HMAC-SHA256 over `id.timestamp.body`, by the `standardwebhooks` package),
+with the CloudEvent as the body. At least once: a delivery is claimed for one attempt (its next
+attempt moved past the attempt's timeout, so another sender leaves it), sent with no
+transaction open, and its outcome committed after; a sender killed between the two sends it
+again with the same `webhook-id`. A failure is retried with exponential back-off and jitter
+for `webhook_retry_hours`; `webhook_disable_after` consecutive failures disable the endpoint."""
+
+from __future__ import annotations
+
+import logging
+import random
+import threading
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+
+import httpx
+from prometheus_client import Counter, Histogram
+from sqlalchemy import select, update
+from standardwebhooks.webhooks import Webhook
+
+from app.db.session import Database
+from app.db.tables import WebhookDelivery, WebhookEndpoint, utcnow
+from app.settings import Settings
+from app.states import DeliveryStatus
+from app.storage.crypto import Keyring
+from app.webhooks.endpoints import secrets_of
+from app.webhooks.network import Refused, check_url
+
+log = logging.getLogger("lethe.webhooks")
+BATCH = 20  # deliveries claimed per pass
+MAX_BACKOFF = timedelta(hours=1)
+DELIVERIES = Counter(
+    "lethe_webhook_deliveries_total", "Webhook delivery attempts by outcome", ["outcome"]
+)
+DISABLED = Counter(
+    "lethe_webhook_endpoints_disabled_total", "Webhook endpoints disabled after repeated failure"
+)
+LATENCY = Histogram(
+    "lethe_webhook_delivery_seconds",
+    "From the event's commit to its delivery",
+    buckets=(0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 3600),
+)
+
+
+@dataclass(frozen=True)
+class Claimed:
+    """One delivery claimed for one attempt: what the POST needs, read in the claim."""
+
+    id: int
+    url: str
+    allow_private: bool
+    message_id: str
+    body: str
+    secrets: list[bytes]
+
+
+def signed_headers(
+    message_id: str, body: str, secrets: list[bytes], at: datetime
+) -> dict[str, str]:
+    """The Standard Webhooks headers of one attempt: one `v1,` signature per valid secret."""
+    signatures = " ".join(Webhook(s).sign(message_id, at, body) for s in secrets)
+    return {
+        "webhook-id": message_id,
+        "webhook-timestamp": str(int(at.timestamp())),
+        "webhook-signature": signatures,
+        "content-type": "application/cloudevents+json",
+        "user-agent": "lethe-webhooks/1",
+    }
+
+
+def claim(db: Database, ring: Keyring, lease: timedelta, now: datetime) -> list[Claimed]:
+    """Up to BATCH due deliveries of enabled endpoints, each claimed by moving its next
+    attempt `lease` ahead (a delivery another sender claimed first is skipped)."""
+    out: list[Claimed] = []
+    with db.write() as session:
+        rows = session.execute(
+            select(WebhookDelivery, WebhookEndpoint)
+            .join(WebhookEndpoint, WebhookEndpoint.id == WebhookDelivery.endpoint_id)
+            .where(
+                WebhookDelivery.status == DeliveryStatus.pending,
+                WebhookDelivery.next_attempt_at <= now,
+                WebhookEndpoint.disabled_at.is_(None),
+            )
+            .order_by(WebhookDelivery.id)
+            .limit(BATCH)
+        ).all()
+        for delivery, endpoint in rows:
+            moved = session.execute(
+                update(WebhookDelivery)
+                .where(
+                    WebhookDelivery.id == delivery.id,
+                    WebhookDelivery.status == DeliveryStatus.pending,
+                    WebhookDelivery.next_attempt_at <= now,
+                )
+                .values(next_attempt_at=now + lease)
+                .execution_options(synchronize_session=False)
+            )
+            if moved.rowcount == 1:  # type: ignore[attr-defined]
+                out.append(
+                    Claimed(
+                        delivery.id,
+                        endpoint.url,
+                        endpoint.allow_private,
+                        delivery.message_id,
+                        delivery.body,
+                        secrets_of(ring, endpoint, now),
+                    )
+                )
+    return out
+
+
+def attempt(client: httpx.Client, item: Claimed) -> tuple[int | None, str | None]:
+    """One POST: (status, None) for an answer, (None, why) when none came or the URL is
+    refused now (it may resolve elsewhere than when the endpoint was made)."""
+    try:
+        check_url(item.url, item.allow_private)
+        at = utcnow()
+        response = client.post(
+            item.url,
+            content=item.body.encode(),
+            headers=signed_headers(item.message_id, item.body, item.secrets, at),
+        )
+        return response.status_code, None if response.is_success else response.text[:500]
+    except Refused as exc:
+        return None, f"refused: {exc}"
+    except httpx.HTTPError as exc:
+        return None, f"{type(exc).__name__}: {exc}"[:500]
+
+
+def record(
+    db: Database, settings: Settings, item: Claimed, status: int | None, error: str | None
+) -> None:
+    """Commit one attempt's outcome: delivered on a 2xx; else the next attempt after the
+    back-off, or failed once the retry window has passed; the endpoint's failure count, and
+    its disabling at `webhook_disable_after`."""
+    now = utcnow()
+    ok = status is not None and 200 <= status < 300
+    with db.write() as session:
+        delivery = session.get(WebhookDelivery, item.id)
+        if delivery is None:  # its endpoint was deleted meanwhile
+            return
+        endpoint = session.get(WebhookEndpoint, delivery.endpoint_id)
+        delivery.attempts += 1
+        delivery.last_attempt_at, delivery.last_status, delivery.last_error = now, status, error
+        if ok:
+            delivery.status, delivery.delivered_at = DeliveryStatus.delivered, now
+            LATENCY.observe((now - delivery.created_at).total_seconds())
+            DELIVERIES.labels("delivered").inc()
+            if endpoint is not None:
+                endpoint.consecutive_failures = 0
+            return
+        if now - delivery.created_at >= timedelta(hours=settings.webhook_retry_hours):
+            delivery.status = DeliveryStatus.failed
+            DELIVERIES.labels("failed").inc()
+        else:
+            delivery.next_attempt_at = now + backoff(settings, delivery.attempts)
+            DELIVERIES.labels("retry").inc()
+        if endpoint is not None and endpoint.disabled_at is None:
+            endpoint.consecutive_failures += 1
+            if endpoint.consecutive_failures >= settings.webhook_disable_after:
+                endpoint.disabled_at = now
+                endpoint.disabled_reason = (
+                    f"{endpoint.consecutive_failures} consecutive failed attempts; last: "
+                    f"{status if status is not None else error}"
+                )[:2000]
+                DISABLED.inc()
+                log.warning("webhook %s disabled: %s", endpoint.id, endpoint.disabled_reason)
+
+
+def backoff(settings: Settings, attempts: int) -> timedelta:
+    """base · 2^(attempts − 1), at most an hour, times a jitter in [½, 1)."""
+    seconds = settings.webhook_backoff_seconds * 2 ** min(attempts - 1, 30)
+    capped = min(seconds, MAX_BACKOFF.total_seconds())
+    return timedelta(seconds=capped * (0.5 + random.random() / 2))
+
+
+def send_due(db: Database, ring: Keyring, settings: Settings, client: httpx.Client) -> int:
+    """One pass: claim what is due, send each, record each outcome; how many were sent."""
+    lease = timedelta(seconds=settings.webhook_timeout_seconds * 3 + 5)
+    claimed = claim(db, ring, lease, utcnow())
+    for item in claimed:
+        status, error = attempt(client, item)
+        record(db, settings, item, status, error)
+    return len(claimed)
+
+
+class Sender:
+    """Runs `send_due` in one daemon thread until stopped: again at once while there was
+    work, else every `webhook_poll_seconds`."""
+
+    def __init__(self, db: Database, ring: Keyring, settings: Settings) -> None:
+        self.db, self.ring, self.settings = db, ring, settings
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="lethe-webhooks", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=self.settings.webhook_timeout_seconds + 5)
+
+    def _loop(self) -> None:
+        timeout = httpx.Timeout(self.settings.webhook_timeout_seconds)
+        with httpx.Client(timeout=timeout, follow_redirects=False) as client:
+            while not self._stop.is_set():
+                try:
+                    sent = send_due(self.db, self.ring, self.settings, client)
+                except Exception:  # a database hiccup: the next pass tries again
+                    log.exception("webhook sender pass failed")
+                    sent = 0
+                if not sent:
+                    self._stop.wait(self.settings.webhook_poll_seconds)
