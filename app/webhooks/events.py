@@ -32,21 +32,28 @@ EVENT_TYPES = (
 TYPE_PREFIX = "dev.lethe."  # a CloudEvents type is reverse-DNS prefixed
 
 
-def emit(
-    session: Session,
-    event_type: str,
-    source: str,
-    data: dict[str, Any] | Callable[[], dict[str, Any]],
-) -> int:
-    """Queue `event_type` about `source` (a path such as /models/3) for every enabled endpoint
-    that wants it, in the caller's transaction; how many deliveries were queued. `data` may be
-    a function, called only when some endpoint wants the event (no endpoint: one query)."""
+def listening(session: Session, event_type: str) -> list[WebhookEndpoint]:
+    """The enabled endpoints that want `event_type` (one query)."""
     if event_type not in EVENT_TYPES:
         raise ValueError(f"unknown event type {event_type!r}")
     endpoints = session.scalars(
         select(WebhookEndpoint).where(WebhookEndpoint.disabled_at.is_(None))
     ).all()
-    wanted = [e for e in endpoints if not e.events or event_type in e.events]
+    return [e for e in endpoints if not e.events or event_type in e.events]
+
+
+def emit(
+    session: Session,
+    event_type: str,
+    source: str,
+    data: dict[str, Any] | Callable[[], dict[str, Any]],
+    endpoints: list[WebhookEndpoint] | None = None,
+) -> int:
+    """Queue `event_type` about `source` (a path such as /models/3) for every enabled endpoint
+    that wants it (`endpoints`, when the caller has them), in the caller's transaction; how
+    many deliveries were queued. `data` may be a function, called only when some endpoint
+    wants the event (no endpoint: one query)."""
+    wanted = listening(session, event_type) if endpoints is None else endpoints
     if not wanted:
         return 0
     if callable(data):
@@ -77,6 +84,9 @@ def deletion_completed(session: Session, request_ids: list[int]) -> None:
     certificate, the receipts' URLs; never a sample's or a subject's id."""
     from app.db.tables import DeletionRequest, DeletionTask
 
+    wanted = listening(session, DELETION_COMPLETED) if request_ids else []
+    if not wanted:
+        return  # one query for a whole batch of finished requests
     for request_id in request_ids:
 
         def data(request_id: int = request_id) -> dict[str, Any]:
@@ -105,7 +115,7 @@ def deletion_completed(session: Session, request_ids: list[int]) -> None:
                 "receipts": [f"/v1/deletions/{request_id}/tlog-proofs/{c}" for c in certificates],
             }
 
-        emit(session, DELETION_COMPLETED, f"/deletions/{request_id}", data)
+        emit(session, DELETION_COMPLETED, f"/deletions/{request_id}", data, wanted)
 
 
 def version_published(
