@@ -6,17 +6,31 @@ from __future__ import annotations
 
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Query, Response
+from fastapi import APIRouter, Body, Query, Response
 
 from app.api.deps import Admin, DbDep, RuntimeDep
 from app.api.params import PathId
-from app.api.responses import COMMON
+from app.api.responses import COMMON, errors
 from app.db.tables import WebhookEndpoint
 from app.schemas import WebhookCreate
 from app.webhooks import endpoints
 from app.wire import DeliveryOut, DeliveryPage, WebhookOut
 
 router = APIRouter(prefix="/v1/webhooks", tags=["webhooks"], responses=COMMON)
+EXAMPLES = {
+    "deletions": {
+        "summary": "finished deletions only",
+        "value": {"url": "https://hooks.example.com/lethe", "events": ["deletion.completed"]},
+    },
+    "all": {
+        "summary": "every event, to a receiver on the private network",
+        "value": {
+            "url": "http://10.0.0.5:9000/lethe",
+            "description": "privacy desk",
+            "allow_private": True,
+        },
+    },
+}
 
 
 def _out(endpoint: WebhookEndpoint, secret: str | None = None) -> WebhookOut:
@@ -26,8 +40,10 @@ def _out(endpoint: WebhookEndpoint, secret: str | None = None) -> WebhookOut:
     )
 
 
-@router.post("", status_code=201, response_model=WebhookOut)
-def create(body: WebhookCreate, _: Admin, runtime: RuntimeDep) -> WebhookOut:
+@router.post("", status_code=201, response_model=WebhookOut, responses=errors(422))
+def create(
+    body: Annotated[WebhookCreate, Body(openapi_examples=EXAMPLES)], _: Admin, runtime: RuntimeDep
+) -> WebhookOut:
     """Receive events at `url`; the answer holds the `whsec_` secret, shown only here."""
     with runtime.db.write() as session:
         endpoint, secret = endpoints.create_endpoint(
@@ -42,13 +58,13 @@ def list_all(_: Admin, db: DbDep) -> list[WebhookOut]:
         return [_out(e) for e in endpoints.list_endpoints(session)]
 
 
-@router.get("/{webhook_id}", response_model=WebhookOut)
+@router.get("/{webhook_id}", response_model=WebhookOut, responses=errors(404))
 def read(webhook_id: PathId, _: Admin, db: DbDep) -> WebhookOut:
     with db.read() as session:
         return _out(endpoints.get_endpoint(session, webhook_id))
 
 
-@router.delete("/{webhook_id}", status_code=204)
+@router.delete("/{webhook_id}", status_code=204, responses=errors(404))
 def delete(webhook_id: PathId, _: Admin, db: DbDep) -> Response:
     """The endpoint and its delivery log; nothing more is sent to it."""
     with db.write() as session:
@@ -56,7 +72,7 @@ def delete(webhook_id: PathId, _: Admin, db: DbDep) -> Response:
     return Response(status_code=204)
 
 
-@router.post("/{webhook_id}/rotate", response_model=WebhookOut)
+@router.post("/{webhook_id}/rotate", response_model=WebhookOut, responses=errors(404))
 def rotate(webhook_id: PathId, _: Admin, runtime: RuntimeDep) -> WebhookOut:
     """A new secret (shown once); the previous one signs beside it for 24 hours."""
     with runtime.db.write() as session:
@@ -64,14 +80,14 @@ def rotate(webhook_id: PathId, _: Admin, runtime: RuntimeDep) -> WebhookOut:
         return _out(endpoint, secret)
 
 
-@router.post("/{webhook_id}/enable", response_model=WebhookOut)
+@router.post("/{webhook_id}/enable", response_model=WebhookOut, responses=errors(404))
 def enable(webhook_id: PathId, _: Admin, db: DbDep) -> WebhookOut:
     """Resume an endpoint the sender disabled after repeated failure."""
     with db.write() as session:
         return _out(endpoints.enable_endpoint(session, webhook_id))
 
 
-@router.get("/{webhook_id}/deliveries", response_model=DeliveryPage)
+@router.get("/{webhook_id}/deliveries", response_model=DeliveryPage, responses=errors(404))
 def deliveries(
     webhook_id: PathId,
     _: Admin,
@@ -90,7 +106,11 @@ def deliveries(
         }
 
 
-@router.post("/{webhook_id}/deliveries/{delivery_id}/replay", response_model=DeliveryOut)
+@router.post(
+    "/{webhook_id}/deliveries/{delivery_id}/replay",
+    response_model=DeliveryOut,
+    responses=errors(404),
+)
 def replay(webhook_id: PathId, delivery_id: PathId, _: Admin, db: DbDep) -> DeliveryOut:
     """Send one delivery again now, with the same `webhook-id`."""
     with db.write() as session:
