@@ -74,7 +74,19 @@ def claim(db: Database, ring: Keyring, lease: timedelta, now: datetime) -> list[
     """Up to BATCH due deliveries of enabled endpoints, each claimed by moving its next
     attempt `lease` ahead (a delivery another sender claimed first is skipped)."""
     out: list[Claimed] = []
-    with db.write() as session:
+    with db.read() as session:  # most passes find nothing: no write lock for those
+        due = session.scalar(
+            select(WebhookDelivery.id)
+            .where(
+                WebhookDelivery.status == DeliveryStatus.pending,
+                WebhookDelivery.next_attempt_at <= now,
+            )
+            .limit(1)
+        )
+    if due is None:
+        return out
+    # not durable: a claim lost in a crash only means the delivery is sent again (at least once)
+    with db.write(durable=False) as session:
         rows = session.execute(
             select(WebhookDelivery, WebhookEndpoint)
             .join(WebhookEndpoint, WebhookEndpoint.id == WebhookDelivery.endpoint_id)
@@ -137,7 +149,8 @@ def record(
     its disabling at `webhook_disable_after`."""
     now = utcnow()
     ok = status is not None and 200 <= status < 300
-    with db.write() as session:
+    # not durable: an outcome lost in a crash only means the delivery is sent again
+    with db.write(durable=False) as session:
         delivery = session.get(WebhookDelivery, item.id)
         if delivery is None:  # its endpoint was deleted meanwhile
             return
