@@ -179,7 +179,7 @@ def _commit(
     audit.result = document
     audit.certificate_id = entry.id
     audit.finished_at = utcnow()
-    events.audit_completed(session, audit.id, audit.model_id, str(document.get("verdict")))
+    events.audit_completed(session, audit.id, audit.model_id, result.verdict)
     return True
 
 

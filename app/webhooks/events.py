@@ -15,7 +15,7 @@ from cloudevents.core.v1.event import CloudEvent
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from app.db.tables import WebhookDelivery, WebhookEndpoint
+from app.db.tables import DeletionRequest, DeletionTask, WebhookDelivery, WebhookEndpoint
 
 DELETION_COMPLETED = "deletion.completed"
 VERSION_PUBLISHED = "version.published"
@@ -82,8 +82,6 @@ def emit(
 def deletion_completed(session: Session, request_ids: list[int]) -> None:
     """deletion.completed for each finished request: its status, per model the version and
     certificate, the receipts' URLs; never a sample's or a subject's id."""
-    from app.db.tables import DeletionRequest, DeletionTask
-
     wanted = listening(session, DELETION_COMPLETED) if request_ids else []
     if not wanted:
         return  # one query for a whole batch of finished requests
