@@ -15,7 +15,7 @@ from pathlib import Path
 import httpx
 import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
-from playwright.sync_api import Browser, Page, sync_playwright
+from playwright.sync_api import Browser, Page, Route, sync_playwright
 
 from app.api.ui import CSP
 from app.ledger import notes
@@ -678,3 +678,29 @@ def test_sigma_is_shown_against_the_released_weights_norm(
     assert shown, text
     share = 100 * metrics["expected_noise_norm"] / metrics["weights_norm"]
     assert float(shown.group(1)) == pytest.approx(share, rel=0.05)
+
+
+def test_a_slow_page_never_draws_over_the_page_the_user_moved_to(
+    browser: Browser, service: tuple[str, dict[str, str]]
+) -> None:
+    """A render still awaiting the API when the user follows another link draws nothing: on a
+    loaded machine the models page's answer came after the deletions page's, and drew the models
+    page over the deletions form (CI, stop 64)."""
+    url, keys = service
+    page = browser.new_page()
+    sign_in(page, url, keys["requester"])
+    held: list[Route] = []
+    page.route("**/v1/models", lambda route: held.append(route))
+    page.click('nav a[href="#/deletions"]')
+    page.wait_for_selector("#new-deletion")
+    with page.expect_request("**/v1/models"):  # the models page's render, held on the API
+        page.click('nav a[href="#/models"]')
+    page.click('nav a[href="#/deletions"]')
+    page.wait_for_selector("#new-deletion")
+    assert held, "the models page's request was not held"
+    for route in held:
+        route.continue_()
+    page.unroute("**/v1/models")
+    page.wait_for_selector('#main[data-discarded="1"]', state="attached")
+    assert page.is_visible("#new-deletion")
+    assert not page.is_visible("table#models")

@@ -7,6 +7,7 @@
 const KEY = "lethe.key";
 const LIVE_MS = 2000;
 let timer = null;
+let rendering = 0;  // the latest render's number: an older one still awaiting the API draws nothing
 
 // GET `path`, or POST `payload` as JSON to it (with `headers` added); never throws on an
 // HTTP error.
@@ -853,6 +854,7 @@ async function render(message) {
     return;
   }
   navigation(role);
+  const mine = ++rendering;
   const hash = location.hash || "#/models";
   const model = hash.match(/^#\/models\/(\d+)$/);
   let page;
@@ -860,6 +862,10 @@ async function render(message) {
   else if (hash === "#/deletions") page = await deletionsPage();
   else if (hash === "#/audit") page = await auditPage();
   else page = await modelsPage();
+  if (mine !== rendering) {  // the user moved on (or a live refresh overtook this one)
+    main.setAttribute("data-discarded", String(Number(main.getAttribute("data-discarded")) + 1));
+    return;
+  }
   const nodes = Array.isArray(page) ? page : page.nodes;
   main.replaceChildren(...nodes.filter(n => n !== null && n !== undefined));
   main.setAttribute("data-rendered", String(Date.now()));
