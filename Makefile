@@ -44,8 +44,17 @@ $(VENV)/.installed-test: $(VENV)/.installed
 	$(BIN)/pip install -q -e ".[test]"
 	touch $@
 
+# The MLflow tracking server tests/test_mlflow.py starts (issue 58): the full `mlflow` package,
+# in an environment of its own; Lethe itself needs only the `mlflow` extra's mlflow-skinny.
+MLFLOW_VENV ?= .venv-mlflow
+MLFLOW_VERSION := 3.17.2
+$(MLFLOW_VENV)/.installed:
+	$(PYTHON) -m venv $(MLFLOW_VENV)
+	$(MLFLOW_VENV)/bin/pip install -q mlflow==$(MLFLOW_VERSION)
+	touch $@
+
 install: $(VENV)/.installed
-install-test: $(VENV)/.installed-test
+install-test: $(VENV)/.installed-test $(MLFLOW_VENV)/.installed
 
 serve: install
 	$(BIN)/lethe serve --host $(HOST) --port $(PORT)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import logging
 import sys
 from collections.abc import AsyncIterator
@@ -38,6 +39,7 @@ from app.dispatch import InlineDispatcher, make_dispatcher
 from app.ledger.journal import Journal
 from app.maintenance import Maintenance, maintenance_tasks
 from app.metrics import MetricsMiddleware, pipeline_registry
+from app.mlflow_export.sync import Syncer
 from app.runtime import Runtime
 from app.security import Role, create_key, has_any_key
 from app.services.isolated import scrub_freed
@@ -96,7 +98,18 @@ async def _lifespan(runtime: Runtime, app: FastAPI) -> AsyncIterator[None]:
     sender = None if behind else Sender(runtime.db, runtime.keyring, settings)  # webhooks
     if sender is not None:
         sender.start()
+    syncer = None  # every published version copied to MLflow (issue 58)
+    if settings.mlflow_tracking_uri and importlib.util.find_spec("mlflow") is None:
+        raise RuntimeError(
+            "LETHE_MLFLOW_TRACKING_URI is set but MLflow's client is not installed: "
+            "pip install 'lethe[mlflow]' (mlflow-skinny)"
+        )
+    if settings.mlflow_tracking_uri and not behind:
+        syncer = Syncer(runtime.db, runtime.blobs, settings)
+        syncer.start()
     yield
+    if syncer is not None:
+        syncer.stop()
     if sender is not None:
         sender.stop()
     app.state.committer.stop()

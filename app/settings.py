@@ -122,6 +122,20 @@ class Settings(BaseSettings):
     webhook_disable_after: int = Field(
         50, ge=1, description="Consecutive failed attempts after which an endpoint is disabled."
     )
+    mlflow_tracking_uri: str | None = Field(
+        None,
+        description="An MLflow tracking server (e.g. http://mlflow:5000): every published version "
+        "is registered there and a purged one's artifact deleted (needs the `mlflow` extra).",
+    )
+    mlflow_model_prefix: str = Field(
+        "lethe-model-", description="MLflow's registered model for Lethe model N: <prefix>N."
+    )
+    mlflow_experiment: str = Field(
+        "lethe", description="The MLflow experiment whose runs hold the versions' weights."
+    )
+    mlflow_poll_seconds: float = Field(
+        1.0, gt=0.0, description="How often the API's MLflow syncer looks for versions to copy."
+    )
     s3_bucket: str | None = Field(None, description="The bucket (created when missing).")
     s3_prefix: str = Field("", description="Prefix of every object key, e.g. 'lethe/'.")
     s3_endpoint_url: str | None = Field(

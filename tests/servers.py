@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -11,6 +14,7 @@ import time
 from pathlib import Path
 
 import boto3
+import httpx
 from botocore.config import Config
 from redis import Redis
 from redis.exceptions import RedisError
@@ -166,3 +170,71 @@ class SeaweedServer:
             self.proc.kill()
             self.proc.wait(timeout=10)
         self.proc = None
+
+
+# The MLflow tracking server the tests start (issue 58): the full `mlflow` package in a virtual
+# environment of its own (`make install-test` makes it: .venv-mlflow), the counterpart Lethe
+# talks to with the optional extra's `mlflow-skinny` client.
+MLFLOW = Path(__file__).resolve().parents[1] / ".venv-mlflow" / "bin" / "mlflow"
+
+
+class MlflowServer:
+    """`mlflow server` with a SQLite backend and a local artifact store, proxying artifacts
+    (`--serve-artifacts`, MLflow's default): clients upload and delete through it."""
+
+    def __init__(self, folder: Path) -> None:
+        self.folder = folder
+        self.artifacts = folder / "artifacts"
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.proc: subprocess.Popen | None = None
+
+    def start(self, timeout: float = 120.0) -> None:
+        if not MLFLOW.exists():
+            raise RuntimeError(f"{MLFLOW} is missing: `make install-test` installs it")
+        self.folder.mkdir(parents=True, exist_ok=True)
+        with (self.folder / "mlflow.log").open("w") as log:  # the child keeps its own copy
+            self.proc = subprocess.Popen(
+                [
+                    str(MLFLOW),
+                    "server",
+                    "--backend-store-uri",
+                    f"sqlite:///{self.folder / 'mlflow.db'}",
+                    "--artifacts-destination",
+                    str(self.artifacts),
+                    "--host",
+                    "127.0.0.1",
+                    "--port",
+                    str(self.port),
+                    "--workers",
+                    "1",
+                ],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                cwd=self.folder,
+                start_new_session=True,
+            )
+        deadline = time.monotonic() + timeout
+        while True:  # its migrations run first: seconds
+            try:
+                if httpx.get(f"{self.url}/health", timeout=5).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                tail = (self.folder / "mlflow.log").read_text()[-2000:]
+                raise RuntimeError(f"mlflow server did not start: {tail}")
+            time.sleep(0.2)
+
+    def kill(self) -> None:
+        """Stop the server and the processes it started (its own process group)."""
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.proc.pid, signal.SIGTERM)
+        try:
+            self.proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait()

@@ -43,6 +43,7 @@ from app.states import (
     AuditStatus,
     DatasetStatus,
     DeliveryStatus,
+    ExportStatus,
     ModelStatus,
     RequestStatus,
     SampleStatus,
@@ -557,3 +558,26 @@ class WebhookDelivery(Base):
     last_error: Mapped[str | None] = mapped_column(Text)
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
     delivered_at: Mapped[datetime | None]
+
+
+class MlflowExport(Base):
+    """A model version's copy in MLflow (issue 58, app/mlflow_export/): which MLflow model
+    version and run hold it, and whether its artifact was deleted after Lethe purged it. A row
+    is the claim of one syncer: made before the upload, with `next_attempt_at` as its lease."""
+
+    __tablename__ = "mlflow_exports"
+    version_id: Mapped[int] = mapped_column(
+        ForeignKey("model_versions.id", ondelete="CASCADE"), primary_key=True
+    )
+    model_id: Mapped[int] = mapped_column(Integer, index=True)
+    status: Mapped[ExportStatus] = state_column(ExportStatus, 10, ExportStatus.pending)
+    registered_model: Mapped[str | None] = mapped_column(String(200))
+    mlflow_version: Mapped[str | None] = mapped_column(String(20))
+    run_id: Mapped[str | None] = mapped_column(String(64))
+    artifact_uri: Mapped[str | None] = mapped_column(String(1000))
+    attempts: Mapped[int] = mapped_column(Integer, default=0)
+    next_attempt_at: Mapped[datetime] = mapped_column(default=utcnow)
+    last_error: Mapped[str | None] = mapped_column(Text)
+    seconds: Mapped[float | None] = mapped_column(Float)
+    registered_at: Mapped[datetime | None]
+    purged_at: Mapped[datetime | None]

@@ -10,9 +10,10 @@ from sqlalchemy.orm import Session
 
 from app.architectures import check_weights
 from app.db.session import Database
-from app.db.tables import Dataset, Model, ModelSample, ModelVersion, Sample
+from app.db.tables import Dataset, MlflowExport, Model, ModelSample, ModelVersion, Sample
 from app.errors import APIError, not_found, unprocessable
 from app.jsontypes import JsonObject
+from app.mlflow_export.views import export_view
 from app.schemas import ModelCreate
 from app.services import memory
 from app.services.datasets import ready_dataset
@@ -150,7 +151,10 @@ def public_metrics(metrics: Any) -> dict[str, Any]:
 
 
 def version_view(
-    version: ModelVersion, parent_number: int | None, forget_metrics: bool = False
+    version: ModelVersion,
+    parent_number: int | None,
+    forget_metrics: bool = False,
+    mlflow: MlflowExport | None = None,
 ) -> dict[str, Any]:
     """A version; `forget_metrics` (admins, auditors) keeps every metric, else only the
     public ones of a version still served (a purged version's were measured on rows that
@@ -168,6 +172,7 @@ def version_view(
         "n_train": version.n_train,
         "created_at": version.created_at,
         "erased_at": version.erased_at,
+        "mlflow": export_view(mlflow),
     }
 
 
@@ -179,8 +184,17 @@ def list_versions(
         select(ModelVersion).where(ModelVersion.model_id == model_id).order_by(ModelVersion.number)
     ).all()
     numbers = {v.id: v.number for v in versions}
+    copies = {
+        e.version_id: e
+        for e in session.scalars(select(MlflowExport).where(MlflowExport.model_id == model_id))
+    }
     return [
-        version_view(v, numbers[v.parent_id] if v.parent_id is not None else None, forget_metrics)
+        version_view(
+            v,
+            numbers[v.parent_id] if v.parent_id is not None else None,
+            forget_metrics,
+            copies.get(v.id),
+        )
         for v in versions
     ]
 

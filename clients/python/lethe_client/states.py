@@ -104,3 +104,15 @@ class DeliveryStatus(StrEnum):
     pending = "pending"
     delivered = "delivered"
     failed = "failed"
+
+
+class ExportStatus(StrEnum):
+    """A version's copy in MLflow (issue 58): claimed and being registered (or waiting to be
+    retried), registered (weights uploaded, the model version made), purged (Lethe purged the
+    version and its artifact was deleted from MLflow), or skipped (purged before it was ever
+    exported: nothing of it reached MLflow)."""
+
+    pending = "pending"
+    registered = "registered"
+    purged = "purged"
+    skipped = "skipped"

@@ -17,6 +17,7 @@ from lethe_client.jsontypes import JsonObject
 from lethe_client.specs import Architecture, PrivacyPolicy, StoredMethod, StoredTraining
 from lethe_client.states import (
     AuditStatus,
+    ExportStatus,
     ModelStatus,
     RequestStatus,
     SampleStatus,
@@ -190,6 +191,31 @@ class SamplePage(Out):
     """page size"""
 
 
+class MlflowCopyOut(Out):
+    """Where a version went in MLflow (issue 58; when Lethe is configured with a tracking
+    server)."""
+
+    status: ExportStatus
+    """pending (being copied or retried), registered, purged (its artifact deleted from MLflow)
+    or skipped (purged before it was ever copied)"""
+    registered_model: str | None
+    """MLflow's registered model, `lethe-model-<id>` by default"""
+    version: str | None
+    """the MLflow model version"""
+    run_id: str | None
+    """the MLflow run whose artifact `weights/model.safetensors` holds the weights"""
+    attempts: int
+    """failed attempts so far"""
+    seconds: float | None
+    """how long its registration took (upload, model version, alias)"""
+    last_error: str | None
+    """why the last attempt failed"""
+    registered_at: datetime | None
+    """when its copy was made"""
+    purged_at: datetime | None
+    """when its artifact was deleted from MLflow"""
+
+
 class VersionOut(Out):
     """One version of a model: the trained model or an update."""
 
@@ -213,6 +239,8 @@ class VersionOut(Out):
     """when it was written (UTC)"""
     erased_at: datetime | None
     """when its weights were purged"""
+    mlflow: MlflowCopyOut | None = None
+    """its copy in MLflow, when Lethe copies versions there"""
 
 
 class Progress(BaseModel):
