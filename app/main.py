@@ -11,7 +11,7 @@ from functools import partial
 
 from fastapi import FastAPI
 
-from app import accesslog
+from app import accesslog, tracing
 from app.api import (
     audit,
     audits,
@@ -102,7 +102,7 @@ async def _lifespan(runtime: Runtime, app: FastAPI) -> AsyncIterator[None]:
     if settings.mlflow_tracking_uri and importlib.util.find_spec("mlflow") is None:
         raise RuntimeError(
             "LETHE_MLFLOW_TRACKING_URI is set but MLflow's client is not installed: "
-            "pip install 'lethe[mlflow]' (mlflow-skinny)"
+            "pip install 'lethe-unlearning[mlflow]' (mlflow-skinny)"
         )
     if settings.mlflow_tracking_uri and not behind:
         syncer = Syncer(runtime.db, runtime.blobs, settings)
@@ -130,6 +130,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     """The API of one service: its Runtime is built here and passed in (issue 54), so two
     apps in one process (tests, a thread-mode embedded worker each) share nothing."""
     settings = settings or get_settings()
+    tracing.configure("lethe-api")  # before the engines: their statements become spans
     runtime = Runtime.build(settings)
     accesslog.install()
     url = settings.resolved_database_url
@@ -165,6 +166,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.add_middleware(RestoreGateMiddleware, gate=app.state.restore_gate)
     app.add_middleware(DependencyGuard)  # 503, not 500, when the ingress check finds no database
     app.add_middleware(MetricsMiddleware)
+    tracing.instrument_app(app)  # outermost: a request's server span covers all of it
     for router in (
         health.router,
         datasets.router,

@@ -20,6 +20,7 @@ from multiprocessing.connection import Connection
 
 from prometheus_client import generate_latest
 
+from app import tracing
 from app.dispatch import DELETE, WARM, run_job
 from app.lanes import Lanes
 from app.settings import Settings
@@ -108,6 +109,7 @@ def main(settings: Settings, conn: Connection, parent: int, warm: tuple[int, ...
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # a terminal's Ctrl-C: the API stops us
     stopping = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stopping.set())  # a service manager's stop
+    tracing.configure("lethe-worker")  # before the engines: their statements become spans
     ctx = JobContext.build(settings)  # what every job here runs with (issue 54)
     logging.basicConfig(
         level=logging.INFO, format="%(levelname)s:     [worker] %(name)s: %(message)s"
@@ -137,6 +139,7 @@ def main(settings: Settings, conn: Connection, parent: int, warm: tuple[int, ...
         return recycle.due(idle)
 
     gave_way = jobs.serve(give_way=give_way)
+    tracing.flush()  # a multiprocessing child ends without running atexit
     ctx.runtime.publisher.finish()  # the last update's checkpoint, before the process exits
     finish_compacting(ctx.db)  # and the compaction of the keys its last erasure destroyed
     ctx.db.dispose()  # its connections closed, so the API's last close removes the WAL

@@ -22,7 +22,7 @@ from safetensors.torch import load as st_load
 from sqlalchemy import update
 from sqlalchemy.orm import Session
 
-from app import pause, shutdown
+from app import pause, shutdown, tracing
 from app.db.session import Database
 from app.db.tables import Dataset, Model
 from app.dispatch import DELETE, TRAIN, take_signal
@@ -37,8 +37,16 @@ from app.webhooks import events
 from app.wire import Progress
 from maths.nets import build_net
 from maths.training import Diverged, ProgressFn, accuracy, check_converged
-from methods.compute import ModelSpec, RetainedData, Trained, UpdateInputs, fit, method_for
-from workers import claim, commit, learning, load, store
+from methods.compute import (
+    ModelSpec,
+    Release,
+    RetainedData,
+    Trained,
+    UpdateInputs,
+    fit,
+    method_for,
+)
+from workers import claim, commit, learning, load, store, traces
 from workers.advance import keep_resident
 from workers.context import JobContext
 from workers.data import Arrays, database_key, test_arrays, training_arrays
@@ -461,28 +469,33 @@ def _run_batch(
     failed for good: then the exception propagates, so RQ records the job as failed)."""
     started, db, settings = time.perf_counter(), ctx.db, ctx.settings
     sessions, where = ctx.resident_sessions(), database_key(db.engine)
+    traced = traces.of_requests(db, tasks)  # nothing read when not tracing (app/tracing.py)
     try:
-        try:
-            with db.read() as session:  # one short read; no transaction while computing
-                batch, inputs = load.load_batch(session, ctx, model_id, tasks, device)
-            outcome, stored = _compute(ctx, batch, inputs, device)  # no transaction open
-            pause.point(settings, "before-commit", model_id)  # (a crash: orphans, swept)
-            signer = signing_key(settings)
+        with tracing.batch_trace(traced, {"lethe.model_id": model_id}):
             try:
-                version_id = db.run(
-                    lambda session: commit.commit_update(
-                        session, ctx, batch, outcome, stored, signer
-                    ),
-                    retry_integrity=True,
-                )
-            except LeaseLost:  # refused before its commit: nothing references them
-                if stored is not None:
-                    ctx.blobs.discard(stored.both)
+                with tracing.span("deletion.load"), db.read() as session:  # no transaction
+                    batch, inputs = load.load_batch(session, ctx, model_id, tasks, device)
+                with tracing.span("deletion.compute"):  # while computing: none open
+                    outcome, stored = _compute(ctx, batch, inputs, device)
+                pause.point(settings, "before-commit", model_id)  # (a crash: orphans, swept)
+                signer = signing_key(settings)
+                try:
+                    with tracing.span("deletion.commit"):
+                        version_id = db.run(
+                            lambda session: commit.commit_update(
+                                session, ctx, batch, outcome, stored, signer
+                            ),
+                            retry_integrity=True,
+                        )
+                except LeaseLost:  # refused before its commit: nothing references them
+                    if stored is not None:
+                        ctx.blobs.discard(stored.both)
+                    raise
+            except BaseException:
+                sessions.drop(where, model_id)  # it may no longer be at the current version
                 raise
-        except BaseException:
-            sessions.drop(where, model_id)  # it may no longer be at the current version
-            raise
-        ctx.announcer.announce()  # the long polls of these requests look again now
+            with tracing.span("deletion.publication"):
+                ctx.announcer.announce()  # the long polls of these requests look again now
         keep_resident(sessions, where, batch, outcome, version_id)
     except shutdown.Interrupted:  # back to queued, unpenalised: the next start applies them
         ids = [t.task_id for t in tasks]
@@ -533,12 +546,13 @@ def _compute(
     when the batch removes nothing: no new version)."""
     if not batch.removed:
         return None, None
-    return compute_storing(
-        inputs,
-        device,
-        lambda release: store.store_release(ctx.blobs, batch, release),
-        lambda stored: ctx.blobs.discard(stored.both),
-    )
+    here = tracing.current()  # the store runs on a thread of its own: carry the trace there
+
+    def stored(release: Release) -> store.VersionBlobs:
+        with tracing.attached(here), tracing.span("deletion.store"):
+            return store.store_release(ctx.blobs, batch, release)
+
+    return compute_storing(inputs, device, stored, lambda done: ctx.blobs.discard(done.both))
 
 
 def _withdraw(ctx: JobContext, model_id: int, reason: str) -> None:

@@ -23,6 +23,7 @@ from collections.abc import Callable
 from types import FrameType
 from typing import Any
 
+from app import tracing
 from app.dispatch import RQDispatcher, deletions_queue, run_job
 from app.maintenance import Maintenance, maintenance_tasks, reconcile_and_signal
 from app.settings import Settings, get_settings
@@ -66,6 +67,7 @@ def run(burst: bool = False, settings: Settings | None = None) -> None:
     dispatcher = RQDispatcher(settings)
     from workers.context import JobContext  # after the device is checked
 
+    tracing.configure("lethe-worker")  # before the engines: their statements become spans
     ctx = JobContext.build(settings)
     # Neither the database nor Redis has to be up yet: the threads below retry both.
     _logged(lambda: beat(url, "rq"), "first heartbeat")

@@ -14,7 +14,7 @@ from fastapi.responses import JSONResponse, Response
 from sqlalchemy.orm import Session
 from starlette.concurrency import run_in_threadpool
 
-from app import wakeups
+from app import tracing, wakeups
 from app.api.deps import (
     CommitterDep,
     DbDep,
@@ -105,7 +105,9 @@ async def create(
     woken = wakeups.FINISHED.register() if wait else None  # before the commit: none is lost
 
     def accept() -> tuple[DeletionOut, bool, Names]:
-        names = Names.of(body, runtime.keyring)  # keyed tokens: once, outside the transaction
+        with tracing.span("deletion.validate"):  # keyed tokens: once, outside the transaction
+            names = Names.of(body, runtime.keyring)
+        traceparent = tracing.carrier()  # the worker continues this trace (app/tracing.py)
 
         def unit(session: Session) -> Accepting:
             accepted = create_deletion(
@@ -116,6 +118,7 @@ async def create(
                 key.id,
                 idempotency_key,
                 key.role == Role.admin,
+                trace_context=traceparent,
             )
             view = deletion_view(
                 session,
@@ -137,17 +140,19 @@ async def create(
             for model_id in accepted[1]:
                 dispatcher.enqueue(DELETE, model_id)
 
-        view, _, replayed, samples, suppressed = committer.submit(unit, after=signal)
+        with tracing.span("deletion.group_commit"):
+            view, _, replayed, samples, suppressed = committer.submit(unit, after=signal)
         if not replayed:  # durable apart from the database before it is acknowledged
             journal = Journal.of(runtime.settings.resolved_journal_dir, db.url)
-            journal.record_request(
-                view.id,
-                body.dataset_id,
-                samples,
-                list(names.samples),
-                list(names.subjects),
-                suppressed,
-            )
+            with tracing.span("deletion.journal"):
+                journal.record_request(
+                    view.id,
+                    body.dataset_id,
+                    samples,
+                    list(names.samples),
+                    list(names.subjects),
+                    suppressed,
+                )
         if view.status == "done" and not replayed:  # nothing held them: erased on acceptance
             compact_after_erasure(db, runtime.settings)
         return view, replayed, names

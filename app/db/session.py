@@ -12,7 +12,8 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any, TypeVar, cast
 
-from sqlalchemy import Engine, create_engine, event, make_url
+import sqlalchemy
+from sqlalchemy import Engine, event, make_url
 from sqlalchemy.exc import DBAPIError, DisconnectionError, IntegrityError
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -30,7 +31,9 @@ def make_engine(url: str, readonly: bool = False, bookkeeping: bool = False) -> 
     told is committed.
     """
     if url.startswith("sqlite"):
-        engine = create_engine(url, connect_args={"timeout": 30, "check_same_thread": False})
+        engine = sqlalchemy.create_engine(
+            url, connect_args={"timeout": 30, "check_same_thread": False}
+        )
 
         @event.listens_for(engine, "connect")
         def _sqlite_pragmas(dbapi_conn, _record):
@@ -50,7 +53,8 @@ def make_engine(url: str, readonly: bool = False, bookkeeping: bool = False) -> 
             conn.exec_driver_sql("BEGIN" if readonly else "BEGIN IMMEDIATE")
 
         return engine
-    engine = create_engine(
+    # by the module's name: tracing's instrumentation wraps it (app/tracing.py)
+    engine = sqlalchemy.create_engine(
         url,
         pool_size=20,  # the API keeps a connection per busy request (16 clients: no reconnects)
         max_overflow=20,

@@ -360,6 +360,9 @@ class DeletionRequest(Base):
     # The data key whose raw bytes are the requester's opening of the certificates' commitment
     # to the removed ids (issue 25); destroyed once the request is finished.
     commitment_key_id: Mapped[uuid.UUID | None] = mapped_column(Uuid)
+    # The W3C traceparent of the POST that made it (issue 58, app/tracing.py): the worker that
+    # applies the request continues its trace. Null when the API was not tracing.
+    trace_context: Mapped[str | None] = mapped_column(String(64))
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
     updated_at: Mapped[datetime] = mapped_column(default=utcnow, onupdate=utcnow)
     finished_at: Mapped[datetime | None]

@@ -4,9 +4,11 @@ version to MLflow and deletes a purged one's artifact there. Lethe's tables are 
 publishes or purges a version: a pass finds live versions with no row and copied versions
 that Lethe has purged since. Each is claimed (a row, or its `next_attempt_at` moved a lease
 ahead) so that another API process leaves it, worked with no transaction open, and its outcome
-committed after; a failure is retried with back-off for as long as it takes (a purge must reach
-every copy). A crash between MLflow's change and Lethe's commit repeats the work, which is
-idempotent (`MlflowRegistry.register` finds the version by its tag; deleting is repeatable)."""
+committed after (not waiting for the disk: a record lost in a crash only repeats the work); a
+failure is retried with back-off for as long as it takes (a purge must reach every copy). A
+crash between MLflow's change and Lethe's commit repeats the work, which is idempotent
+(`MlflowRegistry.register` finds the version by its tag; deleting is repeatable). A version
+Lethe purges before its copy is made is never copied (its weights would only be deleted)."""
 
 from __future__ import annotations
 
@@ -73,7 +75,7 @@ def due(db: Database, now: datetime) -> tuple[list[int], list[int]]:
 def claim(db: Database, version_id: int, now: datetime) -> bool:
     """Take `version_id` for one attempt: make its row, or move a due row's next attempt a
     lease ahead; False when another syncer holds it."""
-    with db.write() as session:
+    with db.write(durable=False) as session:
         row = session.get(MlflowExport, version_id)
         if row is None:
             model_id = session.scalar(
@@ -170,7 +172,7 @@ def register_one(db: Database, blobs: Blobs, registry: MlflowRegistry, version_i
     where = registry.register(copy)
     seconds = time.perf_counter() - started
     SECONDS.observe(seconds)
-    with db.write() as session:
+    with db.write(durable=False) as session:
         session.execute(
             update(MlflowExport)
             .where(MlflowExport.version_id == version_id)
@@ -216,7 +218,7 @@ def _outcome(
     """Record a purge: `purged` when a copy was found and its artifact deleted, `skipped` when
     the version never reached MLflow."""
     status = ExportStatus.purged if where is not None else ExportStatus.skipped
-    with db.write() as session:
+    with db.write(durable=False) as session:
         session.execute(
             update(MlflowExport)
             .where(MlflowExport.version_id == version_id)
@@ -227,7 +229,7 @@ def _outcome(
 
 def failed(db: Database, version_id: int, exc: Exception) -> None:
     """Count a failed attempt and set the next one after a back-off with jitter."""
-    with db.write() as session:
+    with db.write(durable=False) as session:
         row = session.get(MlflowExport, version_id)
         if row is None:
             return

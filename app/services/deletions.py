@@ -118,12 +118,14 @@ def create_deletion(
     idempotency_key: str | None,
     sees_all_erasures: bool = False,
     suppressing: bool = True,
+    trace_context: str | None = None,
 ) -> Accepted:
     """The request (new, or the one this Idempotency-Key created before); nothing is written
     on any error. A sample erased by another key's request is answered as unknown (404) unless
     `sees_all_erasures` (admins): erased and never-existed look alike (issue 26). What it
     found goes on the suppression list unless not `suppressing` (a restore re-applying
-    journaled erasures by token puts the journal's suppressions back itself)."""
+        journaled erasures by token puts the journal's suppressions back itself). `trace_context`:
+    the POST's traceparent, which the worker's spans continue (app/tracing.py)."""
     if idempotency_key:
         # Scoped to the API key that sent it (another client's never collides), and keyed.
         idempotency_key = keyed_idempotency_key(ring, requester_key_id, idempotency_key)
@@ -174,6 +176,7 @@ def create_deletion(
         "status": RequestStatus.queued if affected else RequestStatus.done,
         "error": None,
         "commitment_key_id": commitment_key_id,
+        "trace_context": trace_context,
         "created_at": now,
         "updated_at": now,
         "finished_at": None if affected else now,

@@ -1,0 +1,124 @@
+"""Webhooks and traces on the request path (issue 58's closing figure), side by side in one
+run: accepted POST /v1/deletions per second with 16 clients (wrk, as bench/request_path.py)
+on an embedded `lethe serve` (SQLite, its worker process applying the updates meanwhile), with
+nothing on; with a webhook endpoint for every event (a receiver process verifying each
+signature, tests/webhook_receiver.py); with traces exported by OTLP (a receiver thread in this
+process, tests/otlp_receiver.py); and with both. The four run one after another, `--rounds`
+times in turn (the machine's drift spreads over all), each on a fresh service with the same
+dataset and model (synthetic 50,000 × 20, logreg, `retrain`).
+
+    .venv/bin/python -m bench.observability [--seconds 15] [--rounds 2]
+
+Writes bench/results/observability.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from bench.cluster import Cluster, free_port
+from bench.common import write_result
+from bench.request_path import prepare, wrk
+from tests.otlp_receiver import OtlpReceiver
+
+ROOT = Path(__file__).resolve().parents[1]
+CONFIGS = ("off", "webhooks", "tracing", "both")
+
+
+@contextlib.contextmanager
+def webhook_receiver(tmp: Path, cluster: Cluster) -> Iterator[None]:
+    port = free_port()
+    with cluster.client() as c:
+        hook = c.post(
+            "/v1/webhooks", json={"url": f"http://127.0.0.1:{port}/hook", "allow_private": True}
+        ).json()
+    env = {**os.environ, "LETHE_TEST_WEBHOOK_SECRETS": hook["secret"]}
+    receiver = subprocess.Popen(
+        [sys.executable, str(ROOT / "tests" / "webhook_receiver.py"), str(port),
+         str(tmp / "received.jsonl")],
+        env=env,
+    )  # fmt: skip
+    try:
+        yield
+    finally:
+        receiver.kill()
+        receiver.wait()
+
+
+def one(config: str, seconds: float, clients: int, n_samples: int) -> dict[str, Any]:
+    """One service with `config` on: POST/s and latency under 16 clients."""
+    with contextlib.ExitStack() as stack:
+        tmp = Path(stack.enter_context(tempfile.TemporaryDirectory()))
+        cluster = stack.enter_context(Cluster(tmp / "lethe", None, None, torch_threads=1))
+        spans: OtlpReceiver | None = None
+        if config in ("tracing", "both"):
+            spans = OtlpReceiver(free_port())
+            spans.start()
+            stack.callback(spans.stop)
+            cluster.env["OTEL_EXPORTER_OTLP_ENDPOINT"] = spans.endpoint
+        cluster.start_api()
+        p = prepare(cluster, n_samples, tmp)
+        if config in ("webhooks", "both"):
+            stack.enter_context(webhook_receiver(tmp, cluster))
+        env = {
+            "WRK_IDS": str(p["ids_file"]),
+            "WRK_DATASET": str(p["dataset_id"]),
+            "WRK_PATH": "/v1/deletions",
+            "WRK_KEY": p["requester"],
+        }
+        posts = wrk("deletions.lua", cluster.url, seconds, clients, env)
+        time.sleep(2.0)  # the last batch's spans and events leave
+        with cluster.client() as c:
+            versions = len(c.get(f"/v1/models/{p['model_id']}/versions").json())
+        return {
+            "per_second": posts["per_second"],
+            "p50_ms": posts.get("p50_ms"),
+            "p99_ms": posts.get("p99_ms"),
+            "requests": posts["requests"],
+            "versions": versions,
+            "spans_received": len(spans.spans) if spans is not None else 0,
+        }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--seconds", type=float, default=15)
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--clients", type=int, default=16)
+    parser.add_argument("--samples", type=int, default=50_000)
+    args = parser.parse_args()
+    runs: dict[str, list[dict[str, Any]]] = {c: [] for c in CONFIGS}
+    for _ in range(args.rounds):
+        for config in CONFIGS:
+            runs[config].append(one(config, args.seconds, args.clients, args.samples))
+            print(config, json.dumps(runs[config][-1]), flush=True)
+    off = statistics.median(r["per_second"] for r in runs["off"])
+    result = {
+        "seconds": args.seconds,
+        "clients": args.clients,
+        "samples": args.samples,
+        "posts_per_second_median": {
+            c: statistics.median(r["per_second"] for r in runs[c]) for c in CONFIGS
+        },
+        "ratio_to_off": {
+            c: statistics.median(r["per_second"] for r in runs[c]) / off for c in CONFIGS
+        },
+        "runs": runs,
+    }
+    print(json.dumps(result, indent=1))
+    write_result("observability", result)
+
+
+if __name__ == "__main__":
+    main()
