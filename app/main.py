@@ -130,7 +130,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     """The API of one service: its Runtime is built here and passed in (issue 54), so two
     apps in one process (tests, a thread-mode embedded worker each) share nothing."""
     settings = settings or get_settings()
-    tracing.configure("lethe-api")  # before the engines: their statements become spans
+    tracing.configure(
+        "lethe-api", settings.trace_sql
+    )  # before the engines: their statements become spans
     runtime = Runtime.build(settings)
     accesslog.install()
     url = settings.resolved_database_url

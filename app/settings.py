@@ -122,6 +122,11 @@ class Settings(BaseSettings):
     webhook_disable_after: int = Field(
         50, ge=1, description="Consecutive failed attempts after which an endpoint is disabled."
     )
+    trace_sql: bool = Field(
+        True,
+        description="With OTEL_EXPORTER_OTLP_ENDPOINT set: a span per SQL statement too "
+        "(SQLAlchemy's instrumentation).",
+    )
     mlflow_tracking_uri: str | None = Field(
         None,
         description="An MLflow tracking server (e.g. http://mlflow:5000): every published version "

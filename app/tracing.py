@@ -44,8 +44,8 @@ def wanted() -> bool:
     return any(os.environ.get(v) for v in ENDPOINT_VARIABLES)
 
 
-def configure(service: str) -> bool:
-    """Set the SDK's tracer provider, exporting to the OTLP endpoint in batches, and
+def configure(service: str, sql: bool = True) -> bool:
+    """Set the SDK's tracer provider, exporting to the OTLP endpoint in batches, and (`sql`)
     instrument SQLAlchemy's engines made from now on; once per process. False (and nothing
     set) when no endpoint is configured."""
     if not wanted() or _configured.is_set():
@@ -68,7 +68,8 @@ def configure(service: str) -> bool:
     trace.set_tracer_provider(provider)
     # it declares SQLAlchemy < 2.1; its engine events are the same in 2.1 (tests/test_tracing.py
     # sees its spans), so its version check is skipped
-    SQLAlchemyInstrumentor().instrument(tracer_provider=provider, skip_dep_check=True)
+    if sql:
+        SQLAlchemyInstrumentor().instrument(tracer_provider=provider, skip_dep_check=True)
     atexit.register(provider.shutdown)  # what is still batched leaves at a clean exit
     _configured.set()
     log.info("exporting traces to %s as %s", os.environ.get(ENDPOINT_VARIABLES[0]), name)

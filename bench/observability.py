@@ -3,9 +3,11 @@ run: accepted POST /v1/deletions per second with 16 clients (wrk, as bench/reque
 on an embedded `lethe serve` (SQLite, its worker process applying the updates meanwhile), with
 nothing on; with a webhook endpoint for every event (a receiver process verifying each
 signature, tests/webhook_receiver.py); with traces exported by OTLP (a receiver thread in this
-process, tests/otlp_receiver.py); and with both. The four run one after another, `--rounds`
-times in turn (the machine's drift spreads over all), each on a fresh service with the same
-dataset and model (synthetic 50,000 × 20, logreg, `retrain`).
+process that counts the bytes and decodes nothing, tests/otlp_receiver.py), with and without
+a span per SQL statement, and with 1 trace in 10 sampled; and with webhooks and sampled traces
+both. They run one after another, `--rounds` times in turn
+(the machine's drift spreads over all), each on a fresh service with the same dataset and
+model (synthetic 50,000 × 20, logreg, `retrain`).
 
     .venv/bin/python -m bench.observability [--seconds 15] [--rounds 2]
 
@@ -33,7 +35,10 @@ from bench.request_path import prepare, wrk
 from tests.otlp_receiver import OtlpReceiver
 
 ROOT = Path(__file__).resolve().parents[1]
-CONFIGS = ("off", "webhooks", "tracing", "both")
+# tracing: every trace sampled (the worst case), with and without a span per SQL statement;
+# sampled: 1 trace in 10 (OTEL_TRACES_SAMPLER=parentbased_traceidratio, the SDK's own knob);
+# both: webhooks and 1-in-10 traces
+CONFIGS = ("off", "webhooks", "tracing", "tracing_without_sql", "tracing_sampled", "both")
 
 
 @contextlib.contextmanager
@@ -62,11 +67,15 @@ def one(config: str, seconds: float, clients: int, n_samples: int) -> dict[str, 
         tmp = Path(stack.enter_context(tempfile.TemporaryDirectory()))
         cluster = stack.enter_context(Cluster(tmp / "lethe", None, None, torch_threads=1))
         spans: OtlpReceiver | None = None
-        if config in ("tracing", "both"):
-            spans = OtlpReceiver(free_port())
+        if config.startswith("tracing") or config == "both":
+            spans = OtlpReceiver(free_port(), decode=False)
             spans.start()
             stack.callback(spans.stop)
             cluster.env["OTEL_EXPORTER_OTLP_ENDPOINT"] = spans.endpoint
+            cluster.env["LETHE_TRACE_SQL"] = str(config != "tracing_without_sql").lower()
+            if config in ("tracing_sampled", "both"):
+                cluster.env["OTEL_TRACES_SAMPLER"] = "parentbased_traceidratio"
+                cluster.env["OTEL_TRACES_SAMPLER_ARG"] = "0.1"
         cluster.start_api()
         p = prepare(cluster, n_samples, tmp)
         if config in ("webhooks", "both"):
@@ -87,7 +96,7 @@ def one(config: str, seconds: float, clients: int, n_samples: int) -> dict[str, 
             "p99_ms": posts.get("p99_ms"),
             "requests": posts["requests"],
             "versions": versions,
-            "spans_received": len(spans.spans) if spans is not None else 0,
+            "otlp_bytes_received": spans.received_bytes if spans is not None else 0,
         }
 
 

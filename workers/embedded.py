@@ -109,7 +109,9 @@ def main(settings: Settings, conn: Connection, parent: int, warm: tuple[int, ...
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # a terminal's Ctrl-C: the API stops us
     stopping = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stopping.set())  # a service manager's stop
-    tracing.configure("lethe-worker")  # before the engines: their statements become spans
+    tracing.configure(
+        "lethe-worker", settings.trace_sql
+    )  # before the engines: their statements become spans
     ctx = JobContext.build(settings)  # what every job here runs with (issue 54)
     logging.basicConfig(
         level=logging.INFO, format="%(levelname)s:     [worker] %(name)s: %(message)s"

@@ -67,7 +67,9 @@ def run(burst: bool = False, settings: Settings | None = None) -> None:
     dispatcher = RQDispatcher(settings)
     from workers.context import JobContext  # after the device is checked
 
-    tracing.configure("lethe-worker")  # before the engines: their statements become spans
+    tracing.configure(
+        "lethe-worker", settings.trace_sql
+    )  # before the engines: their statements become spans
     ctx = JobContext.build(settings)
     # Neither the database nor Redis has to be up yet: the threads below retry both.
     _logged(lambda: beat(url, "rq"), "first heartbeat")
