@@ -469,8 +469,8 @@ def _run_batch(
     failed for good: then the exception propagates, so RQ records the job as failed)."""
     started, db, settings = time.perf_counter(), ctx.db, ctx.settings
     sessions, where = ctx.resident_sessions(), database_key(db.engine)
-    traced = traces.of_requests(db, tasks)  # nothing read when not tracing (app/tracing.py)
     try:
+        traced = traces.of_requests(db, tasks)  # nothing read when not tracing (app/tracing.py)
         with tracing.batch_trace(traced, {"lethe.model_id": model_id}):
             try:
                 with tracing.span("deletion.load"), db.read() as session:  # no transaction
