@@ -111,15 +111,18 @@ def test_compose_up_brings_every_service_up_healthy_and_a_killed_worker_loses_no
                 f"/v1/datasets/{dataset}/samples", params={"split": "train", "limit": 2}
             ).json()["items"]
         ]
+        workers = containers(env, "worker")
+        assert len(workers) == 2, workers
+        for victim in workers:  # both workers crash at once (SIGKILL to the container's
+            # process from the host: `podman kill` would count as a stop), before the request:
+            # a digits deletion applied before the kill would test nothing
+            pid = int(sh("podman", "inspect", "-f", "{{.State.Pid}}", victim, env=env))
+            os.kill(pid, signal.SIGKILL)
         filed = c.post("/v1/deletions", json={"dataset_id": dataset, "sample_ids": ids[:1]})
         assert filed.status_code in (200, 202), filed.text
         request = filed.json()["id"]
-        for victim in containers(env, "worker"):  # both workers crash at once (SIGKILL to
-            # the container's process from the host: `podman kill` would count as a stop)
-            pid = int(sh("podman", "inspect", "-f", "{{.State.Pid}}", victim, env=env))
-            os.kill(pid, signal.SIGKILL)
         # restart: unless-stopped brings them back; the request, durable before its 202,
-        # is picked up again and applied once
+        # is picked up and applied once
         deadline = time.monotonic() + 300
         while (done := c.get(f"/v1/deletions/{request}", params={"wait": 20}).json())[
             "status"
@@ -127,8 +130,13 @@ def test_compose_up_brings_every_service_up_healthy_and_a_killed_worker_loses_no
             assert time.monotonic() < deadline, done
         assert done["status"] == "done" and len(done["certificate_ids"]) == 1, done
         assert c.get("/v1/audit/verify").json()["ok"] is True
-    restarted = [
-        int(sh("podman", "inspect", "-f", "{{.RestartCount}}", w, env=env))
-        for w in containers(env, "worker")
-    ]
-    assert len(restarted) == 2 and all(n >= 1 for n in restarted)  # both came back
+    deadline = time.monotonic() + 120
+    while True:  # both came back (the restart is podman's, after each one's cleanup)
+        states = [
+            sh("podman", "inspect", "-f", "{{.State.Status}} {{.RestartCount}}", w, env=env)
+            for w in workers
+        ]
+        if all(st.split()[0] == "running" and int(st.split()[1]) >= 1 for st in states):
+            break
+        assert time.monotonic() < deadline, states
+        time.sleep(1)
