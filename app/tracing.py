@@ -17,6 +17,7 @@ import atexit
 import logging
 import os
 import threading
+import time
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from datetime import datetime
@@ -178,6 +179,15 @@ def batch_trace(
         "deletion.update", context=parent, links=links, attributes=dict(attributes)
     ):
         yield
+
+
+def record(name: str, start_ns: int, until: datetime | None) -> None:
+    """A span of the current context that already happened: from `start_ns` to `until`
+    (now when None; never before its start)."""
+    if not _configured.is_set():
+        return
+    end = max(start_ns, _nanos(until) if until is not None else time.time_ns())
+    tracer.start_span(name, start_time=start_ns).end(end_time=end)
 
 
 @contextmanager

@@ -21,8 +21,9 @@ from tests.servers import free_port
 
 pytestmark = pytest.mark.integration
 
-# the steps of a deletion, in order: they tile its path from POST to certificate (the journal
-# write, after the commit, runs beside the worker's start: in the trace, off that path)
+# the steps of a deletion, in order: they tile its path from POST to certificate (the group
+# commit until the request's write, the queue wait from there; the journal write, after the
+# commit, runs beside the worker's start: in the trace, off that path)
 STEPS = (
     "deletion.validate",
     "deletion.group_commit",

@@ -140,8 +140,11 @@ async def create(
             for model_id in accepted[1]:
                 dispatcher.enqueue(DELETE, model_id)
 
-        with tracing.span("deletion.group_commit"):
-            view, _, replayed, samples, suppressed = committer.submit(unit, after=signal)
+        submitted = time.time_ns()
+        view, _, replayed, samples, suppressed = committer.submit(unit, after=signal)
+        # until its group's transaction wrote it: the worker's queue wait starts there, the
+        # commit's own write included (the two spans tile the path, app/tracing.py)
+        tracing.record("deletion.group_commit", submitted, None if replayed else view.created_at)
         if not replayed:  # durable apart from the database before it is acknowledged
             journal = Journal.of(runtime.settings.resolved_journal_dir, db.url)
             with tracing.span("deletion.journal"):

@@ -168,7 +168,9 @@ function timeline(id, requests) {
   // a time axis (issue 57): clock times at whole steps of the span shown
   const axisY = H - 18;
   svg.append(el("line", { class: "axis", x1: L, y1: axisY, x2: W - R, y2: axisY }));
-  const span = Math.max(t1 - t0, 1), step = niceStep(span, 4);
+  const span = Math.max(t1 - t0, 1);
+  let step = niceStep(span, 4);  // a nice step can leave one tick in a short span: two at least
+  while (step > 1 && Math.floor(t1 / step) - Math.ceil(t0 / step) + 1 < 2) step /= 2;
   for (let v = Math.ceil(t0 / step) * step; v <= t1; v += step) {
     svg.append(el("line", { class: "axis", x1: sx(v), y1: axisY, x2: sx(v), y2: axisY + 4 }));
     svg.append(el("text", { class: "tick x time", x: sx(v), y: axisY + 15,
