@@ -23,7 +23,7 @@ from typing import Any
 
 from bench.cluster import Cluster
 from bench.common import write_result
-from bench.webhooks import deletions, quantiles
+from bench.webhooks import deletions, digits_convex_head, quantiles
 from tests.servers import MlflowServer
 
 
@@ -33,20 +33,7 @@ def run(tmp: Path, k: int, **settings: object) -> tuple[list[float], list[dict[s
     with Cluster(tmp / "data", None, None, **settings) as cluster:
         cluster.start_api()
         with cluster.client() as c:
-            dataset = c.post("/v1/datasets", json={"builtin": "digits"}).json()["id"]
-            model = c.post(
-                "/v1/models",
-                json={"name": "mlflow", "dataset_id": dataset, "architecture": {"type": "logreg"},
-                      "method": {"name": "convex_head", "lam": 0.01, "R": 10.0}},
-            ).json()["id"]  # fmt: skip
-            while c.get(f"/v1/models/{model}").json()["status"] != "ready":
-                time.sleep(0.2)
-            ids = [
-                s["external_id"]
-                for s in c.get(
-                    f"/v1/datasets/{dataset}/samples", params={"split": "train", "limit": k + 2}
-                ).json()["items"]
-            ]
+            dataset, model, ids = digits_convex_head(c, "mlflow", k + 2)
             deletions(c, dataset, ids[:2])  # warm: the model's session resident
             seconds = deletions(c, dataset, ids[2:])
             deadline = time.monotonic() + 600

@@ -53,6 +53,23 @@ def deletions(c: Any, dataset: int, ids: list[str]) -> list[float]:
     return seconds
 
 
+def digits_convex_head(c: Any, name: str, n_ids: int) -> tuple[int, int, list[str]]:
+    """Digits registered and a logreg convex_head model on it trained: the dataset's and
+    the model's ids, and the first `n_ids` training rows' external ids (the deletions)."""
+    dataset = c.post("/v1/datasets", json={"builtin": "digits"}).json()["id"]
+    model = c.post(
+        "/v1/models",
+        json={"name": name, "dataset_id": dataset, "architecture": {"type": "logreg"},
+              "method": {"name": "convex_head", "lam": 0.01, "R": 10.0}},
+    ).json()["id"]  # fmt: skip
+    while c.get(f"/v1/models/{model}").json()["status"] != "ready":
+        time.sleep(0.2)
+    items = c.get(
+        f"/v1/datasets/{dataset}/samples", params={"split": "train", "limit": n_ids}
+    ).json()["items"]
+    return dataset, model, [s["external_id"] for s in items]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--deletions", type=int, default=40)
@@ -61,20 +78,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp, Cluster(Path(tmp) / "data", None, None) as cluster:
         cluster.start_api()
         with cluster.client() as c:
-            dataset = c.post("/v1/datasets", json={"builtin": "digits"}).json()["id"]
-            model = c.post(
-                "/v1/models",
-                json={"name": "hooks", "dataset_id": dataset, "architecture": {"type": "logreg"},
-                      "method": {"name": "convex_head", "lam": 0.01, "R": 10.0}},
-            ).json()["id"]  # fmt: skip
-            while c.get(f"/v1/models/{model}").json()["status"] != "ready":
-                time.sleep(0.2)
-            ids = [
-                s["external_id"]
-                for s in c.get(
-                    f"/v1/datasets/{dataset}/samples", params={"split": "train", "limit": 2 * k}
-                ).json()["items"]
-            ]
+            dataset, _, ids = digits_convex_head(c, "hooks", 2 * k)
             deletions(c, dataset, ids[:2])  # warm: the model's session resident
             off = deletions(c, dataset, ids[2:k])
             port = free_port()
