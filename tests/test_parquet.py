@@ -11,6 +11,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from app.errors import APIError
+from app.services import parquet_files
 from app.services.dataset_files import Limits
 from app.services.parquet_files import Columns, parse_parquet
 from tests.conftest import Api
@@ -59,6 +60,30 @@ def test_every_feature_layout_reads_back_row_for_row(features: str) -> None:
     assert parsed.subjects == source.column("who").to_pylist()
     assert parsed.split == source.column("part").to_pylist()
     assert parsed.y.tolist() == source.column("target").to_pylist()
+
+
+def test_a_row_group_is_read_in_batches_never_whole(monkeypatch: pytest.MonkeyPatch) -> None:
+    """One row group of 50 rows read 5 rows at a time (BATCH_BYTES), in order, with a row
+    mask (on_erased: skip) and a read back from an earlier row."""
+    monkeypatch.setattr(parquet_files, "BATCH_BYTES", 5 * 4 * D)
+    source = table("fixed")
+    parsed = parse_parquet(parquet(source, row_group_size=N), MAPPED, 0, 0.2, Limits())
+    expected = np.stack(source.column("vec").to_numpy(zero_copy_only=False)).astype(np.float32)
+    rows = parsed.X
+    assert isinstance(rows, parquet_files.ParquetRows)
+    decoded: list[int] = []
+    real = parquet_files._feature_block
+    monkeypatch.setattr(
+        parquet_files,
+        "_feature_block",
+        lambda table, *args: decoded.append(table.num_rows) or real(table, *args),
+    )
+    np.testing.assert_array_equal(np.stack([rows[i] for i in range(N)]), expected)
+    assert decoded == [5] * (N // 5)
+    keep = np.arange(N) % 3 != 0
+    kept = rows[keep]
+    np.testing.assert_array_equal(np.stack([kept[i] for i in range(len(kept))]), expected[keep])
+    np.testing.assert_array_equal(rows[2], expected[2])  # an earlier row: read from the start
 
 
 def test_named_feature_columns_are_chosen_by_the_mapping() -> None:

@@ -1,11 +1,14 @@
 """Parquet uploads (issue 55, goal 2): a table with a label column, an optional id, subject
 and split column, and the features as one list column (fixed-size, or lists of one length)
-or as named numeric columns. Read a row group at a time (pyarrow), never decoded whole;
-whatever is malformed is a 422 naming the column and the row."""
+or as named numeric columns. Read in batches of about BATCH_BYTES of features through a
+READ_BUFFER stream (pyarrow), never a row group whole (issue 55, goal 6: reading by row group
+held five copies of one, 328 MB for 65 MB groups; this, 90 MB); whatever is malformed is a
+422 naming the column and the row."""
 
 from __future__ import annotations
 
 import io
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import numpy as np
@@ -21,6 +24,9 @@ from app.services.dataset_files import (
     label_array,
     split_of,
 )
+
+BATCH_BYTES = 8 << 20  # features decoded at a time (float32)
+READ_BUFFER = 4 << 20  # bytes read at a time (one ranged GET for an object in S3)
 
 
 @dataclass(frozen=True)
@@ -44,7 +50,10 @@ def parse_parquet(
     """The rows of a Parquet file (its bytes, or a seekable file: an object in S3 read by
     ranged GETs) as a dataset (features float32)."""
     try:
-        table_file = pq.ParquetFile(pa.BufferReader(data) if isinstance(data, bytes) else data)
+        source = pa.BufferReader(data) if isinstance(data, bytes) else data
+        # pre-buffering reads whole column chunks ahead (all of them, in iter_batches): the
+        # buffered stream reads READ_BUFFER at a time instead
+        table_file = pq.ParquetFile(source, buffer_size=READ_BUFFER, pre_buffer=False)
         schema = table_file.schema_arrow
     except (pa.ArrowException, OSError, ValueError) as exc:
         raise unprocessable("malformed_parquet", f"not a Parquet file: {exc}") from exc
@@ -64,32 +73,45 @@ def parse_parquet(
     ids: list[str] = []
     subjects: list[str | None] = []
     splits: list[str] = []
-    start = 0
-    for group in range(table_file.num_row_groups):
-        try:
-            table = table_file.read_row_group(group, columns=columns.named() + features)
-        except (pa.ArrowException, OSError) as exc:
-            raise unprocessable("malformed_parquet", f"row group {group}: {exc}") from exc
+    for start, table in batches(table_file, columns.named() + features, width):
         stop = start + table.num_rows
         # the features are checked here, so a malformed value is refused before anything is
-        # written, then dropped: `ParquetRows` reads them again a row group at a time
+        # written, then dropped: `ParquetRows` reads them again a batch at a time
         _feature_block(table, features, width, start)
         y[start:stop] = _numbers(table.column(columns.label), columns.label, start)
         named = _texts(table, columns.id, start, required=True)
         ids += [str(v) for v in named] if named else [str(i) for i in range(start, stop)]
         subjects += _texts(table, columns.subject, start, required=False) or [None] * (stop - start)
         splits += [str(v) for v in _texts(table, columns.split, start, required=True) or []]
-        start = stop
         del table
-        pa.default_memory_pool().release_unused()  # Arrow's pool keeps what it freed
+    pa.default_memory_pool().release_unused()  # Arrow's pool keeps what it freed
     y_int = label_array(y, n)
     split = split_of(np.array(splits) if columns.split else None, y_int, seed, test_fraction)
     return finish(X, y_int, ids, subjects, split, "tabular")  # type: ignore[arg-type]
 
 
+def batches(
+    table_file: pq.ParquetFile, columns: list[str], width: int
+) -> Iterator[tuple[int, pa.RecordBatch]]:
+    """The file's rows of `columns` in batches of about BATCH_BYTES of features, each with
+    the number of its first row; a file that cannot be decoded is a 422."""
+    start = 0
+    rows = max(1, BATCH_BYTES // max(1, 4 * width))
+    reader = table_file.iter_batches(batch_size=rows, columns=columns, use_threads=False)
+    while True:
+        try:
+            batch = next(reader, None)
+        except (pa.ArrowException, OSError) as exc:
+            raise unprocessable("malformed_parquet", f"rows from {start}: {exc}") from exc
+        if batch is None:
+            return
+        yield start, batch
+        start += batch.num_rows
+
+
 class ParquetRows:
     """A Parquet file's feature rows as registration reads them (issue 55, goal 6): in order,
-    one row group decoded and checked at a time, so the features are never all in memory
+    one batch decoded and checked at a time, so the features are never all in memory
     (a million × 256 float32 is 1 GB). Stands in for the (n × width) float32 array of a
     `ParsedDataset`: `shape`, row `i`, and a boolean mask of the rows kept (`on_erased:
     skip`). A malformed value is the same 422 naming its column and row, raised when its
@@ -106,15 +128,11 @@ class ParquetRows:
         rows: np.ndarray | None = None,
     ) -> None:
         self.file, self.features, self.width = table_file, features, width
-        sizes = [
-            table_file.metadata.row_group(g).num_rows for g in range(table_file.num_row_groups)
-        ]
-        self.starts = np.cumsum([0, *sizes])
-        total = int(self.starts[-1])
-        self.rows = np.arange(total) if rows is None else rows  # positions in the file
-        self._group: int | None = None
+        self.total = int(table_file.metadata.num_rows)
+        self.rows = np.arange(self.total) if rows is None else rows  # positions in the file
+        self._batches: Iterator[tuple[int, pa.RecordBatch]] | None = None
         self._block: np.ndarray | None = None
-        self._low, self._high = 0, 0  # the rows of the group in hand
+        self._low, self._high = 0, 0  # the rows of the batch in hand
 
     @property
     def shape(self) -> tuple[int, int]:
@@ -132,26 +150,24 @@ class ParquetRows:
             return ParquetRows(self.file, self.features, self.width, self.rows[key])
         if isinstance(key, int | np.integer):
             at = int(self.rows[key])
-            if self._low <= at < self._high:  # the row group in hand (rows come in order)
-                assert self._block is not None
-                return self._block[at - self._low]
-            group = int(np.searchsorted(self.starts, at, side="right") - 1)
-            self._block, self._group = self._read(group), group
-            self._low, self._high = int(self.starts[group]), int(self.starts[group + 1])
+            if not self._low <= at < self._high:  # rows come in order: the next batch
+                self._seek(at)
+            assert self._block is not None
             return self._block[at - self._low]
         raise TypeError(f"ParquetRows takes a row number or a boolean mask, not {type(key)}")
 
-    def _read(self, group: int) -> np.ndarray:
-        start = int(self.starts[group])
-        self._block = None  # the previous group's rows go before the next is decoded
-        try:
-            table = self.file.read_row_group(group, columns=self.features)
-        except (pa.ArrowException, OSError) as exc:
-            raise unprocessable("malformed_parquet", f"row group {group}: {exc}") from exc
-        block = _feature_block(table, self.features, self.width, start)
-        del table
-        pa.default_memory_pool().release_unused()  # Arrow's pool keeps what it freed
-        return block
+    def _seek(self, at: int) -> None:
+        """Decode the batch that holds file row `at` (reading on from the batch in hand, or
+        from the start for an earlier row)."""
+        self._block = None  # the previous batch's rows go before the next is decoded
+        if self._batches is None or at < self._low:
+            self._batches = batches(self.file, self.features, self.width)
+        for start, batch in self._batches:
+            if start + batch.num_rows > at:
+                self._block = _feature_block(batch, self.features, self.width, start)
+                self._low, self._high = start, start + batch.num_rows
+                return
+        raise IndexError(f"row {at} is past the file's {self.total} rows")
 
 
 def _feature_columns(schema: pa.Schema, columns: Columns) -> list[str]:
@@ -186,16 +202,18 @@ def _width(table_file: pq.ParquetFile, schema: pa.Schema, features: list[str]) -
         return int(kind.list_size)
     if table_file.metadata.num_rows == 0:
         return 0
-    first = table_file.read_row_group(0, columns=features).column(0)
-    value = first[0].as_py()
+    first = next(table_file.iter_batches(batch_size=1, columns=features, use_threads=False))
+    value = first.column(0)[0].as_py()
     return len(value) if value is not None else 0
 
 
-def _feature_block(table: pa.Table, features: list[str], width: int, start: int) -> np.ndarray:
-    """One row group's features, (rows × width) float32, checked for nulls, ragged lists and
+def _feature_block(
+    table: pa.RecordBatch, features: list[str], width: int, start: int
+) -> np.ndarray:
+    """One batch's features, (rows × width) float32, checked for nulls, ragged lists and
     non-finite values."""
     if len(features) == 1 and _is_list(table.schema.field(features[0]).type):
-        column = table.column(features[0]).combine_chunks()
+        column = table.column(features[0])
         if column.null_count:
             row = start + int(np.flatnonzero(column.is_null().to_numpy(zero_copy_only=False))[0])
             raise _bad(features[0], row, "no feature list")
@@ -240,7 +258,7 @@ def _numbers(
 
 
 def _texts(
-    table: pa.Table, name: str | None, start: int, required: bool
+    table: pa.RecordBatch, name: str | None, start: int, required: bool
 ) -> list[str | None] | None:
     """A column's values as text (ids, subjects, splits); None when it is not mapped."""
     if name is None:

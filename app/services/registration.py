@@ -62,7 +62,7 @@ SAMPLE_COLUMNS = (
 # SQLite's page cache for the connection that inserts a registration's rows (KiB): the samples'
 # indexes take keyed tokens, random, so every insert lands on a random page; with the default
 # 2 MB a million rows read most of them back from the OS at each insert.
-INSERT_CACHE_KIB = 131_072
+INSERT_CACHE_KIB = 32_768
 # ... and its WAL checkpoints (pages): each chunk rewrites index pages spread over the whole
 # index, so checkpointing after every chunk (SQLite's 1,000 pages) wrote the same pages again
 # and again.
