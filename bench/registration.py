@@ -6,6 +6,7 @@ peak RSS of every process of the service while it runs (the registration's child
 the API's upload pool). Also the time to write the same bytes to this disk (the floor).
 
     .venv/bin/python -m bench.registration [--n 1000000] [--features 256] [--row-group 65536]
+        [--only builtin_generator|parquet_from_s3] [--out registration]
 
 Writes bench/results/registration.json.
 """
@@ -97,6 +98,7 @@ class PeakWatch:
     def __init__(self, api: int) -> None:
         self.api, self.peaks, self._stop = api, dict[int, float](), threading.Event()
         self.first, self.uploads = dict[int, float](), set[int]()
+        self.at_peak = dict[int, dict[str, float]]()  # an upload child's memory at its peak
         self._thread = threading.Thread(target=self._run, daemon=True)
 
     def __enter__(self) -> PeakWatch:
@@ -114,6 +116,8 @@ class PeakWatch:
                 if pid not in self.peaks and is_upload_child(pid):
                     self.uploads.add(pid)
                     self.first[pid] = rss
+                if pid in self.uploads and rss > self.peaks.get(pid, 0.0):
+                    self.at_peak[pid] = rollup(pid)
                 self.peaks[pid] = max(self.peaks.get(pid, 0.0), rss)
 
     def upload_child(self) -> dict[str, float]:
@@ -121,7 +125,23 @@ class PeakWatch:
         if not self.uploads:
             return {}
         pid = max(self.uploads, key=lambda p: self.peaks[p])
-        return {"first_seen": self.first[pid], "peak": self.peaks[pid]}
+        return {"first_seen": self.first[pid], "peak": self.peaks[pid], **self.at_peak[pid]}
+
+
+def rollup(pid: int) -> dict[str, float]:
+    """Where a process's resident memory is (MiB): its own anonymous memory (the heap, what
+    it decoded and sealed), and the pages of files (libraries) and of memory shared with
+    the fork server it came from, which it only touched."""
+    fields = {"Anonymous": "anonymous", "Private_Dirty": "private_dirty", "Pss": "pss"}
+    found: dict[str, float] = {}
+    try:
+        for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines():
+            name = line.split(":")[0]
+            if name in fields:
+                found[fields[name]] = int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return found
 
 
 def register(c: Client, body: dict[str, Any], api: int) -> dict[str, Any]:
@@ -165,6 +185,8 @@ def main() -> None:
     parser.add_argument("--n", type=int, default=1_000_000)
     parser.add_argument("--features", type=int, default=256)
     parser.add_argument("--row-group", type=int, default=65_536)
+    parser.add_argument("--only", choices=["builtin_generator", "parquet_from_s3"])
+    parser.add_argument("--out", default="registration", help="results/OUT.json")
     args = parser.parse_args()
     n, d = args.n, args.features
     with tempfile.TemporaryDirectory(prefix="lethe-registration-") as tmp:
@@ -201,12 +223,13 @@ def main() -> None:
                 api = cluster.api.pid
                 builtin = {"builtin": "synthetic", "n_samples": n, "n_features": d,
                            "n_classes": 10}  # fmt: skip
-                runs = {"builtin_generator": register(c, builtin, api)}
-                print(runs, flush=True)
                 source = {"source": {"s3": {"bucket": BUCKET, "key": "people.parquet"}},
                           "label_column": "label", "id_column": "id"}  # fmt: skip
-                runs["parquet_from_s3"] = register(c, source, api)
-                print(runs, flush=True)
+                runs = {}
+                for name, body in (("builtin_generator", builtin), ("parquet_from_s3", source)):
+                    if args.only in (None, name):
+                        runs[name] = register(c, body, api)
+                        print(runs, flush=True)
             result = {
                 "n": n,
                 "features": d,
@@ -220,7 +243,7 @@ def main() -> None:
             }
         finally:
             seaweed.kill()
-    print(write_result("registration", result))
+    print(write_result(args.out, result))
 
 
 if __name__ == "__main__":

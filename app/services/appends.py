@@ -15,6 +15,7 @@ discarded as a registration is: its rows deleted and their keys destroyed.
 from __future__ import annotations
 
 import base64
+from collections.abc import Sequence
 from dataclasses import replace
 from datetime import datetime, timedelta
 from typing import Any
@@ -90,7 +91,7 @@ def begin(session: Session, dataset_id: int, source: str) -> int:
     return row.id
 
 
-def split_by_hash(ring: Keyring, dataset_id: int, ids: list[str], fraction: float) -> list[str]:
+def split_by_hash(ring: Keyring, dataset_id: int, ids: Sequence[str], fraction: float) -> list[str]:
     """The dataset's rule for a row that names no split: `test` when a keyed token of its id
     (an HMAC under the keyring, in a namespace of its own) read as a number in [0, 1) falls
     below `fraction`."""
@@ -189,7 +190,7 @@ def _check_fits(dataset: Dataset, parsed: ParsedDataset) -> None:
 
 
 def _refuse_duplicates(
-    session: Session, dataset_id: int, ids: list[str], tokens: list[str]
+    session: Session, dataset_id: int, ids: Sequence[str], tokens: list[str]
 ) -> None:
     """409 `duplicate_ids`, naming them, when the dataset already holds any of these ids
     (erased rows included: an erased id is not reused)."""

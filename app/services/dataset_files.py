@@ -7,9 +7,9 @@ import io
 import math
 import zipfile
 import zlib
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Iterator, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, overload
 
 import numpy as np
 from numpy.lib import format as npy_format
@@ -26,12 +26,48 @@ if TYPE_CHECKING:
 class ParsedDataset:
     X: np.ndarray  # float32, shape (n, *feature_shape)
     y: np.ndarray  # int64, shape (n,)
-    ids: list[str]
+    ids: Sequence[str]  # a list, or `Texts` (Parquet: compact, issue 55 goal 6)
     subjects: list[str | None]
     split: list[str]
     n_classes: int
     kind: str
     text: dict[str, object] | None = None  # a corpus: its vocabulary and counts (app/text.py)
+
+
+class Texts(Sequence[str]):
+    """Strings held in one numpy StringDType array: a short id (up to 15 bytes) takes 16 bytes
+    where a list held a 56-byte object and its pointer (a million Parquet ids were 64 MB of a
+    registration's memory; issue 55, goal 6)."""
+
+    def __init__(self, values: np.ndarray) -> None:
+        self.values = values
+
+    @classmethod
+    def joined(cls, parts: list[np.ndarray]) -> Texts:
+        dtype = np.dtypes.StringDType()
+        return cls(np.concatenate(parts) if parts else np.empty(0, dtype=dtype))
+
+    def __len__(self) -> int:
+        return len(self.values)
+
+    @overload
+    def __getitem__(self, index: int) -> str: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> Texts: ...
+
+    def __getitem__(self, index: int | slice) -> str | Texts:
+        if isinstance(index, slice):
+            return Texts(self.values[index])
+        return str(self.values[index])
+
+    def __iter__(self) -> Iterator[str]:
+        return (str(v) for v in self.values)
+
+    def repeated(self) -> list[str]:
+        """The values that occur more than once, sorted (a sort of the array, no set)."""
+        unique, counts = np.unique(self.values, return_counts=True)
+        return [str(v) for v in unique[counts > 1]]
 
 
 @dataclass(frozen=True)
@@ -481,18 +517,14 @@ def split_of(arr: np.ndarray | None, y: np.ndarray, seed: int, test_fraction: fl
 def finish(
     X: np.ndarray,
     y: np.ndarray,
-    ids: list[str],
+    ids: Sequence[str],
     subjects: list[str | None],
     split: list[str],
     kind: str,
 ) -> ParsedDataset:
     if len(y) == 0:
         raise unprocessable("empty_dataset", "the dataset has no samples")
-    seen: set[str] = set()
-    repeated: set[str] = set()
-    for i in ids:
-        (repeated if i in seen else seen).add(i)
-    dupes = sorted(repeated)
+    dupes = ids.repeated() if isinstance(ids, Texts) else _repeated(ids)
     if dupes:
         raise unprocessable(
             "duplicate_ids",
@@ -508,6 +540,14 @@ def finish(
         n_classes=int(y.max()) + 1,
         kind=kind,
     )
+
+
+def _repeated(ids: Sequence[str]) -> list[str]:
+    seen: set[str] = set()
+    repeated: set[str] = set()
+    for i in ids:
+        (repeated if i in seen else seen).add(i)
+    return sorted(repeated)
 
 
 # ---- text corpora (seed 000) -----------------------------------------------------------------

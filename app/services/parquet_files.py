@@ -19,12 +19,14 @@ from app.errors import APIError, unprocessable
 from app.services.dataset_files import (
     Limits,
     ParsedDataset,
+    Texts,
     check_size,
     finish,
     label_array,
     split_of,
 )
 
+TEXT = np.dtypes.StringDType()
 BATCH_BYTES = 8 << 20  # features decoded at a time (float32)
 READ_BUFFER = 4 << 20  # bytes read at a time (one ranged GET for an object in S3)
 
@@ -70,7 +72,7 @@ def parse_parquet(
     check_size(n, width, limits)
     X = ParquetRows(table_file, features, width)
     y = np.empty(n, dtype=np.float64)
-    ids: list[str] = []
+    ids: list[np.ndarray] = []  # per batch, joined into one compact array (`Texts`)
     subjects: list[str | None] = []
     splits: list[str] = []
     for start, table in batches(table_file, columns.named() + features, width):
@@ -80,14 +82,18 @@ def parse_parquet(
         _feature_block(table, features, width, start)
         y[start:stop] = _numbers(table.column(columns.label), columns.label, start)
         named = _texts(table, columns.id, start, required=True)
-        ids += [str(v) for v in named] if named else [str(i) for i in range(start, stop)]
+        ids.append(
+            np.array(named, dtype=TEXT)
+            if named is not None
+            else np.arange(start, stop).astype(TEXT)
+        )
         subjects += _texts(table, columns.subject, start, required=False) or [None] * (stop - start)
         splits += [str(v) for v in _texts(table, columns.split, start, required=True) or []]
         del table
     pa.default_memory_pool().release_unused()  # Arrow's pool keeps what it freed
     y_int = label_array(y, n)
     split = split_of(np.array(splits) if columns.split else None, y_int, seed, test_fraction)
-    return finish(X, y_int, ids, subjects, split, "tabular")  # type: ignore[arg-type]
+    return finish(X, y_int, Texts.joined(ids), subjects, split, "tabular")  # type: ignore[arg-type]
 
 
 def batches(

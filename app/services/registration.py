@@ -207,7 +207,7 @@ def screened(
             parsed,
             X=parsed.X[keep],
             y=parsed.y[keep],
-            ids=[parsed.ids[i] for i in kept],
+            ids=[parsed.ids[int(i)] for i in kept],
             subjects=[parsed.subjects[i] for i in kept],
             split=[parsed.split[i] for i in kept],
         ),
