@@ -21,7 +21,7 @@ from app.api.ui import CSP
 from app.ledger import notes
 from app.ledger.notes import Checkpoint
 from app.ledger.tiles import ProofPolicy, verify_tlog_proof
-from bench.cluster import Cluster
+from bench.cluster import Cluster, free_port
 
 pytestmark = pytest.mark.integration
 
@@ -706,3 +706,92 @@ def test_a_slow_page_never_draws_over_the_page_the_user_moved_to(
     page.wait_for_selector('#main[data-discarded="1"]', state="attached")
     assert page.is_visible("#new-deletion")
     assert not page.is_visible("table#models")
+
+
+def test_an_admin_adds_a_webhook_follows_its_deliveries_replays_rotates_and_deletes(
+    browser: Browser, service: tuple[str, dict[str, str]], tmp_path: Path
+) -> None:
+    """Issue 58 on the dashboard: the admin adds an endpoint with an event filter (its secret
+    shown once), a real receiver verifies what the deletion then sends, the endpoint's page
+    shows the delivery as the API does, a replay arrives again with the same webhook-id, a
+    rotation shows a new secret while the old one still signs, and a deletion removes it."""
+    from tests.test_webhooks import Receiver
+
+    url, keys = service
+    admin = httpx.Client(base_url=url, headers={"Authorization": f"Bearer {keys['admin']}"})
+    page = browser.new_page(viewport={"width": 1280, "height": 1000})
+    page.on("dialog", lambda dialog: dialog.accept())
+    sign_in(page, url, keys["admin"])
+    page.click('nav a[href="#/webhooks"]')
+    page.wait_for_selector("#new-webhook")
+    port = free_port()
+    page.fill("#hook-url", f"http://127.0.0.1:{port}/lethe")
+    page.check('#hook-events input[value="deletion.completed"]')
+    page.fill("#hook-description", "privacy desk")
+    page.click("#hook-submit")
+    page.wait_for_selector("#hook-error:not(:empty)")  # loopback: refused unless allowed
+    assert page.inner_text("#hook-error").startswith("422 ")
+    assert admin.get("/v1/webhooks").json() == []
+    page.check("#hook-private")
+    page.click("#hook-submit")
+    page.wait_for_selector("#webhook-secret")
+    secret = page.inner_text("#webhook-secret")
+    hook_id = int(page.get_attribute("#webhook-secret", "data-webhook") or "0")
+    (hook,) = admin.get("/v1/webhooks").json()
+    assert hook["id"] == hook_id and secret.startswith("whsec_") and hook.get("secret") is None
+    assert hook["events"] == ["deletion.completed"] and hook["description"] == "privacy desk"
+    page.wait_for_selector(f'#webhooks tr[data-webhook="{hook_id}"]')
+
+    receiver = Receiver(port, tmp_path / "received.jsonl", [secret])
+    receiver.start()
+    try:
+        dataset = admin.get("/v1/models").json()[0]["dataset_id"]
+        sample = admin.get(
+            f"/v1/datasets/{dataset}/samples", params={"split": "train", "offset": 20, "limit": 1}
+        ).json()["items"][0]["external_id"]
+        requester = {"Authorization": f"Bearer {keys['requester']}"}
+        with httpx.Client(base_url=url, headers=requester, timeout=60) as c:
+            filed = c.post("/v1/deletions", json={"dataset_id": dataset, "sample_ids": [sample]})
+            wait(c, f"/v1/deletions/{filed.json()['id']}", ("done",))
+        (event,) = receiver.wait_for("the deletion's event", lambda e: True)
+        assert event["type"] == "dev.lethe.deletion.completed"  # CloudEvents reverse-DNS
+
+        page.click(f'#webhooks tr[data-webhook="{hook_id}"] a')
+        row = '#deliveries tr[data-status="delivered"]'
+        page.wait_for_selector(row, timeout=60_000)  # live while a delivery is pending
+        deliveries = admin.get(f"/v1/webhooks/{hook_id}/deliveries").json()
+        assert deliveries["total"] == 1 == page.locator("#deliveries tr[data-delivery]").count()
+        (delivery,) = deliveries["items"]
+        assert page.inner_text(f'tr[data-delivery="{delivery["id"]}"] code') == event["id"]
+        page.screenshot(path=str(tmp_path / "webhook-deliveries.png"), full_page=True)
+
+        page.click(f'tr[data-delivery="{delivery["id"]}"] button.replay')
+        deadline = time.monotonic() + 60
+        while len(same_id := [e for e in receiver.seen() if e["id"] == event["id"]]) < 2:
+            assert time.monotonic() < deadline, "the replay did not arrive"
+            time.sleep(0.1)
+        assert all(e["valid"] for e in same_id) and same_id[0]["body"] == same_id[1]["body"]
+        page.wait_for_selector(
+            f'tr[data-delivery="{delivery["id"]}"][data-status="delivered"]'
+            f':not([data-attempts="{delivery["attempts"]}"])',
+            timeout=60_000,
+        )
+    finally:
+        receiver.stop()
+
+    page.click('nav a[href="#/webhooks"]')
+    page.click(f'#webhooks tr[data-webhook="{hook_id}"] button.rotate')
+    page.wait_for_function(
+        "old => { const s = document.querySelector('#webhook-secret'); "
+        "return s && s.textContent !== old; }",
+        arg=secret,
+    )
+    rotated = admin.get(f"/v1/webhooks/{hook_id}").json()
+    assert page.inner_text("#webhook-secret").startswith("whsec_")
+    assert rotated["previous_secret_until"] is not None
+    page.wait_for_selector(f'#webhooks tr[data-webhook="{hook_id}"] >> text=both sign until')
+    page.screenshot(path=str(tmp_path / "webhooks.png"), full_page=True)
+    page.click(f'#webhooks tr[data-webhook="{hook_id}"] button.delete')
+    page.wait_for_selector(f'#webhooks tr[data-webhook="{hook_id}"]', state="detached")
+    assert admin.get("/v1/webhooks").json() == []
+    assert admin.get(f"/v1/webhooks/{hook_id}").status_code == 404

@@ -7,18 +7,21 @@ served through it) started by the test."""
 from __future__ import annotations
 
 import hashlib
+import shutil
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from mlflow.tracking import MlflowClient
+from playwright.sync_api import sync_playwright
 
 from app.mlflow_export.registry import ALIAS, MlflowRegistry, VersionCopy
 from bench.cluster import Cluster
 from tests.servers import MlflowServer
 
 pytestmark = pytest.mark.integration
+CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 
 
 @pytest.fixture
@@ -47,13 +50,32 @@ def files_under(folder: Path) -> dict[str, bytes]:
     return {str(p): p.read_bytes() for p in folder.rglob("*") if p.is_file()}
 
 
+def dashboard_mlflow_cells(url: str, key: str, model: int) -> list[tuple[str, str]]:
+    """The MLflow column of the model page's version chain, in Chromium: (status, text)."""
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
+        page = browser.new_page()
+        page.goto(f"{url}/ui")
+        page.fill("#key", key)
+        page.click("#signin")
+        page.wait_for_selector("table#models")
+        page.goto(f"{url}/ui#/models/{model}")
+        page.wait_for_selector("#versions td.mlflow")
+        cells = [
+            (c.get_attribute("data-status") or "", c.inner_text().strip())
+            for c in page.locator("#versions td.mlflow").all()
+        ]
+        browser.close()
+    return cells
+
+
 def test_every_version_reaches_mlflow_and_a_purged_one_leaves_it(
     mlflow_server: MlflowServer, tmp_path: Path
 ) -> None:
     settings = {"mlflow_tracking_uri": mlflow_server.url, "mlflow_poll_seconds": 0.2}
     mlflow = MlflowClient(tracking_uri=mlflow_server.url, registry_uri=mlflow_server.url)
     with Cluster(tmp_path / "data", None, None, **settings) as cluster:
-        cluster.start_api()
+        url = cluster.start_api()
         with cluster.client() as c:
             dataset = c.post("/v1/datasets", json={"builtin": "digits"}).json()["id"]
             model = c.post(
@@ -106,6 +128,7 @@ def test_every_version_reaches_mlflow_and_a_purged_one_leaves_it(
 
             shown = wait_for("Lethe to show both copies", both_shown)
             weights = c.get(f"/v1/models/{model}/versions/2/weights").content
+            cells = dashboard_mlflow_cells(url, cluster.admin_key, model)
 
     # the copy: the released bytes, tagged with what the certificate states
     assert v2.tags["lethe.weights_sha256"] == ours[2]["weights_sha256"]
@@ -117,6 +140,9 @@ def test_every_version_reaches_mlflow_and_a_purged_one_leaves_it(
     assert hashlib.sha256(Path(got).read_bytes()).hexdigest() == ours[2]["weights_sha256"]
     assert Path(got).read_bytes() == weights
     assert shown[1]["mlflow"]["version"] == v2.version
+    # the dashboard's version chain shows each copy as the API does
+    assert cells == [("purged", f"purged as {name} v{v1.version}"),
+                     ("registered", f"registered as {name} v{v2.version}")]  # fmt: skip
     # the purge: nothing of version 1's weights is left in MLflow's artifact store
     assert mlflow.list_artifacts(v1.run_id, "weights") == []
     stored = files_under(mlflow_server.artifacts)

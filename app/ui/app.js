@@ -512,15 +512,18 @@ async function modelPage(id) {
   nodes.push(el("p", {}, `${m.architecture.type} · method ${m.method.name} · dataset ${m.dataset_id}`
                  + ` · ${m.n_train} training samples`));
   const vs = versions.ok ? versions.body : [];
+  const mlflow = vs.some(v => v.mlflow);  // a column only where Lethe copies to MLflow
   nodes.push(el("h2", {}, "Version chain"));
   nodes.push(el("table", { id: "versions" },
     el("tr", {}, ...["version", "parent", "kind", "test accuracy", "samples", "sha256",
-                     "weights"].map(h => el("th", {}, h))),
+                     "weights", mlflow ? "MLflow" : null].filter(h => h).map(h => el("th", {}, h))),
     vs.map(v => el("tr", { "data-version": v.number },
       el("td", {}, `v${v.number}`), el("td", {}, v.parent ? `v${v.parent}` : "—"),
       el("td", {}, v.kind), el("td", {}, fmt(v.metrics.test_accuracy)), el("td", {}, v.n_train),
       el("td", {}, el("code", {}, v.weights_sha256.slice(0, 12))),
-      el("td", {}, v.weights_available ? "available" : "purged")))));
+      el("td", {}, v.weights_available ? "available" : "purged"),
+      mlflow ? el("td", { class: "mlflow", "data-status": v.mlflow ? v.mlflow.status : "" },
+        mlflowCopy(v.mlflow)) : null))));
   const accuracy = vs.filter(v => typeof v.metrics.test_accuracy === "number")
                      .map(v => ({ x: v.number, y: v.metrics.test_accuracy }))
                      .sort((a, b) => a.x - b.x);
@@ -584,6 +587,15 @@ async function modelPage(id) {
   }
   const training = m.status === "queued" || m.status === "training";
   return { live: training || audits.live, nodes };
+}
+
+// Where a version's copy is in MLflow (issue 58): its state, MLflow's version and why it waits.
+function mlflowCopy(copy) {
+  if (!copy) return "—";
+  const version = copy.version ? ` as ${copy.registered_model} v${copy.version}` : "";
+  const retry = copy.status === "pending" && copy.last_error
+    ? ` (attempt ${copy.attempts + 1}: ${copy.last_error})` : "";
+  return [status(copy.status), version + retry];
 }
 
 // Privacy audits (issue 31): each audit's lower bounds beside what the certificate implies.
@@ -829,12 +841,148 @@ async function auditPage() {
     el("p", { class: "notice" }, "Check an export offline with scripts/verify_audit.py.")];
 }
 
+// ---- webhooks (issue 58): endpoints, their deliveries, replay ----------------------------------
+
+const EVENT_TYPES = ["deletion.completed", "version.published", "audit.completed",
+                     "dataset.ready", "model.withdrawn"];
+let webhookFormOf = null;  // kept across re-renders: typing and a secret just shown survive
+
+async function remove(path) {
+  return answer(await fetch(path, { method: "DELETE",
+    headers: { Authorization: `Bearer ${sessionStorage.getItem(KEY) || ""}` } }));
+}
+
+function when(at) { return at ? new Date(at).toLocaleTimeString() : "—"; }
+
+// A secret (`whsec_…`) is answered once, when made or rotated: shown in the form's notice.
+function showSecret(what, hook) {
+  const form = webhookForm();
+  form.querySelector("#hook-done").replaceChildren(`${what} of endpoint #${hook.id}: `,
+    el("code", { id: "webhook-secret", "data-webhook": hook.id }, hook.secret),
+    ". Copy it now: it is not shown again.");
+}
+
+function webhookForm() {
+  if (webhookFormOf) return webhookFormOf;
+  const error = el("p", { class: "error", id: "hook-error" });
+  const done = el("p", { class: "notice", id: "hook-done" });
+  const form = el("form", { id: "new-webhook", class: "card action" },
+    el("h2", {}, "Add an endpoint"),
+    el("label", {}, "URL ", el("input", { id: "hook-url", type: "url", required: "",
+                                          placeholder: "https://example.com/lethe-events" })),
+    el("fieldset", { id: "hook-events" }, el("legend", {}, "events (none ticked: all)"),
+       EVENT_TYPES.map(t => el("label", {}, el("input", { type: "checkbox", value: t }), ` ${t}`))),
+    el("label", {}, "label ", el("input", { id: "hook-description", maxlength: 200 })),
+    el("label", {}, el("input", { id: "hook-private", type: "checkbox" }),
+       " allow a loopback, link-local or private address"),
+    el("button", { type: "submit", id: "hook-submit" }, "Add endpoint"), error, done);
+  form.addEventListener("submit", async (event) => {
+    event.preventDefault();
+    error.textContent = "";
+    done.replaceChildren();
+    const events = [...form.querySelectorAll("#hook-events input:checked")].map(b => b.value);
+    const result = await api("/v1/webhooks", {
+      url: document.getElementById("hook-url").value, events,
+      description: document.getElementById("hook-description").value,
+      allow_private: document.getElementById("hook-private").checked });
+    if (!result.ok) {
+      error.textContent = errorText(result);
+      return;
+    }
+    form.reset();
+    showSecret("The signing secret", result.body);
+    render();
+  });
+  webhookFormOf = form;
+  return form;
+}
+
+// One endpoint's row: its state and what an admin can do to it.
+function webhookRow(h, message) {
+  const act = (label, cls, run) => el("button", { type: "button", class: cls, onclick: async () => {
+    const result = await run();
+    message.textContent = result.ok ? "" : errorText(result);
+    if (result.ok && result.body && result.body.secret) showSecret("The new signing secret", result.body);
+    render();
+  } }, label);
+  return el("tr", { "data-webhook": h.id, "data-failures": h.consecutive_failures },
+    el("td", {}, el("a", { href: `#/webhooks/${h.id}` }, `#${h.id}`)),
+    el("td", { class: "url" }, h.url),
+    el("td", {}, h.events.length ? h.events.join(", ") : "all"),
+    el("td", {}, h.description || "—"),
+    el("td", { class: "state" }, status(h.disabled_at ? "disabled" : "enabled"),
+       h.disabled_reason ? ` ${h.disabled_reason}` : ""),
+    el("td", {}, h.consecutive_failures),
+    el("td", {}, h.previous_secret_until
+      ? `both sign until ${new Date(h.previous_secret_until).toLocaleString()}` : "one"),
+    el("td", {},
+      act("rotate secret", "rotate", async () => confirm(`Make a new secret for #${h.id}? The ` +
+        "current one keeps signing beside it for 24 hours.") ? api(`/v1/webhooks/${h.id}/rotate`, {})
+        : { ok: true }),
+      h.disabled_at ? act("enable", "enable", () => api(`/v1/webhooks/${h.id}/enable`, {})) : null,
+      act("delete", "delete", async () => confirm(`Delete endpoint #${h.id} and its delivery ` +
+        "log? Nothing more is sent to it.") ? remove(`/v1/webhooks/${h.id}`) : { ok: true })));
+}
+
+async function webhooksPage() {
+  const list = await api("/v1/webhooks");
+  if (!list.ok) {
+    return [el("h1", {}, "Webhooks"), el("p", { class: "notice", id: "webhooks-hidden" },
+      `Webhooks need an admin key (${errorText(list)}).`)];
+  }
+  const message = el("p", { class: "error", id: "hook-message" });
+  return [el("h1", {}, "Webhooks"),
+    el("p", {}, "Lethe POSTs each event to these endpoints as a CloudEvent, signed as Standard "
+      + "Webhooks sign (webhook-id, webhook-timestamp, webhook-signature), retried with back-off "
+      + "for 24 hours."),
+    webhookForm(), message,
+    el("table", { id: "webhooks" },
+      el("tr", {}, ...["endpoint", "URL", "events", "label", "state", "failures in a row",
+                       "secrets", ""].map(h => el("th", {}, h))),
+      list.body.map(h => webhookRow(h, message)))];
+}
+
+async function webhookPage(id) {
+  const [hook, page] = await Promise.all([api(`/v1/webhooks/${id}`),
+                                          api(`/v1/webhooks/${id}/deliveries?limit=100`)]);
+  if (!hook.ok) return [el("p", { class: "error" }, errorText(hook))];
+  const h = hook.body;
+  const items = page.ok ? page.body.items : [];
+  const message = el("p", { class: "error", id: "delivery-message" });
+  const replay = (d) => el("button", { type: "button", class: "replay", onclick: async () => {
+    const result = await api(`/v1/webhooks/${h.id}/deliveries/${d.id}/replay`, {});
+    message.textContent = result.ok ? "" : errorText(result);
+    render();
+  } }, "replay");
+  return { live: items.some(d => d.status === "pending"), nodes: [
+    el("h1", {}, `Webhook #${h.id} `, status(h.disabled_at ? "disabled" : "enabled")),
+    el("p", {}, `${h.url} · ${h.events.length ? h.events.join(", ") : "every event"} · `
+      + `${h.consecutive_failures} failure(s) in a row`
+      + (h.disabled_reason ? ` · disabled: ${h.disabled_reason}` : "")),
+    el("p", {}, el("a", { href: "#/webhooks" }, "All endpoints")),
+    el("h2", {}, `Deliveries (${page.ok ? page.body.total : errorText(page)})`),
+    message,
+    el("table", { id: "deliveries" },
+      el("tr", {}, ...["delivery", "webhook-id", "event", "status", "attempts", "last answer",
+                       "last error", "committed", "next try", "delivered", ""]
+                       .map(x => el("th", {}, x))),
+      items.map(d => el("tr", { "data-delivery": d.id, "data-status": d.status,
+                                "data-attempts": d.attempts },
+        el("td", {}, `#${d.id}`), el("td", {}, el("code", {}, d.message_id)),
+        el("td", {}, d.event_type), el("td", {}, status(d.status)), el("td", {}, d.attempts),
+        el("td", {}, d.last_status ?? "—"), el("td", {}, d.last_error || "—"),
+        el("td", {}, when(d.created_at)),
+        el("td", {}, d.status === "pending" ? when(d.next_attempt_at) : "—"),
+        el("td", {}, when(d.delivered_at)), el("td", {}, replay(d)))))] };
+}
+
 // ---- routing --------------------------------------------------------------------------------
 
 function navigation(role) {
   const here = location.hash || "#/models";
   const links = [["#/models", "Models"], ["#/deletions", "Deletions"]];
   if (role === "admin" || role === "auditor") links.push(["#/audit", "Audit"]);
+  if (role === "admin") links.push(["#/webhooks", "Webhooks"]);
   const nav = document.getElementById("nav");
   nav.replaceChildren(...links.map(([href, text]) =>
     el("a", { href, class: here.startsWith(href) ? "active" : null }, text)),
@@ -842,7 +990,7 @@ function navigation(role) {
   document.getElementById("who").replaceChildren(
     `signed in as ${role} `,
     el("a", { href: "#/", id: "signout", onclick: () => {
-      sessionStorage.clear(); deletionFormOf = setupFormsOf = null; render(); } }, "sign out"));
+      sessionStorage.clear(); deletionFormOf = setupFormsOf = webhookFormOf = null; render(); } }, "sign out"));
 }
 
 async function render(message) {
@@ -859,8 +1007,11 @@ async function render(message) {
   const mine = ++rendering;
   const hash = location.hash || "#/models";
   const model = hash.match(/^#\/models\/(\d+)$/);
+  const webhook = hash.match(/^#\/webhooks\/(\d+)$/);
   let page;
   if (model) page = await modelPage(model[1]);
+  else if (webhook) page = await webhookPage(webhook[1]);
+  else if (hash === "#/webhooks") page = await webhooksPage();
   else if (hash === "#/deletions") page = await deletionsPage();
   else if (hash === "#/audit") page = await auditPage();
   else page = await modelsPage();
