@@ -7,7 +7,11 @@ served through it) started by the test."""
 from __future__ import annotations
 
 import hashlib
+import json
+import os
+import re
 import shutil
+import subprocess
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -22,6 +26,7 @@ from tests.servers import MlflowServer
 
 pytestmark = pytest.mark.integration
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
+ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture
@@ -48,6 +53,20 @@ def wait_for(what: str, check, timeout: float = 180.0):  # noqa: ANN001, ANN201
 
 def files_under(folder: Path) -> dict[str, bytes]:
     return {str(p): p.read_bytes() for p in folder.rglob("*") if p.is_file()}
+
+
+def run_readme_block(url: str, key: str, mlflow: str) -> str:
+    """The README's MLflow block, as written, against this service and tracking server."""
+    readme = (ROOT / "README.md").read_text()
+    section = readme[readme.index("## MLflow: every version in your model registry") :]
+    match = re.search(r"```bash\n(.*?)```", section, re.S)
+    assert match is not None
+    env = {**os.environ, "KEY": key, "L": url, "MLFLOW": mlflow}
+    done = subprocess.run(
+        ["bash", "-c", match.group(1)], env=env, capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 0, f"{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
+    return done.stdout
 
 
 def dashboard_mlflow_cells(url: str, key: str, model: int) -> list[tuple[str, str]]:
@@ -129,6 +148,7 @@ def test_every_version_reaches_mlflow_and_a_purged_one_leaves_it(
             shown = wait_for("Lethe to show both copies", both_shown)
             weights = c.get(f"/v1/models/{model}/versions/2/weights").content
             cells = dashboard_mlflow_cells(url, cluster.admin_key, model)
+        walked = run_readme_block(url, cluster.admin_key, mlflow_server.url)
 
     # the copy: the released bytes, tagged with what the certificate states
     assert v2.tags["lethe.weights_sha256"] == ours[2]["weights_sha256"]
@@ -143,6 +163,18 @@ def test_every_version_reaches_mlflow_and_a_purged_one_leaves_it(
     # the dashboard's version chain shows each copy as the API does
     assert cells == [("purged", f"purged as {name} v{v1.version}"),
                      ("registered", f"registered as {name} v{v2.version}")]  # fmt: skip
+    # the README's block: the second model's version 2 is MLflow's current, tagged as certified
+    lines = walked.splitlines()
+    assert json.loads(lines[0])["status"] == "done"
+    assert [json.loads(line) for line in lines[1:3]] == [
+        {"number": 1, "kind": "trained", "mlflow": "purged"},
+        {"number": 2, "kind": "retrained", "mlflow": "registered"},  # digits' default: exact
+    ]
+    current = json.loads(lines[3])
+    assert current["name"] == f"lethe-model-{model + 1}" and current["version"] == "2"
+    tags = current["lethe"]
+    assert tags["lethe.version"] == "2" and tags["lethe.rows_removed"] == "2"
+    assert tags["lethe.guarantee"] == "exact" and float(tags["lethe.epsilon"]) == 0
     # the purge: nothing of version 1's weights is left in MLflow's artifact store
     assert mlflow.list_artifacts(v1.run_id, "weights") == []
     stored = files_under(mlflow_server.artifacts)
