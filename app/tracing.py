@@ -40,6 +40,12 @@ def enabled() -> bool:
     return _configured.is_set()
 
 
+def _recording() -> bool:
+    """Whether the current trace is recorded: configured, and the current span sampled (an
+    unsampled request's steps make no spans at all, rather than non-recording ones)."""
+    return _configured.is_set() and trace.get_current_span().is_recording()
+
+
 def wanted() -> bool:
     """Whether this process exports traces (an OTLP endpoint is configured)."""
     return any(os.environ.get(v) for v in ENDPOINT_VARIABLES)
@@ -135,8 +141,9 @@ def _without_query(span: Span, scope: Mapping[str, Any]) -> None:
 
 
 def carrier() -> str | None:
-    """The current span's context as a W3C `traceparent` (None when not tracing)."""
-    if not _configured.is_set():
+    """The current span's context as a W3C `traceparent` (None when not tracing, or when this
+    trace is not sampled: the worker then makes no span for it)."""
+    if not _recording():
         return None
     headers: dict[str, str] = {}
     propagate.inject(headers)
@@ -184,7 +191,7 @@ def batch_trace(
 def record(name: str, start_ns: int, until: datetime | None) -> None:
     """A span of the current context that already happened: from `start_ns` to `until`
     (now when None; never before its start)."""
-    if not _configured.is_set():
+    if not _recording():
         return
     end = max(start_ns, _nanos(until) if until is not None else time.time_ns())
     tracer.start_span(name, start_time=start_ns).end(end_time=end)
@@ -192,8 +199,8 @@ def record(name: str, start_ns: int, until: datetime | None) -> None:
 
 @contextmanager
 def span(name: str, **attributes: Any) -> Iterator[None]:
-    """A child of the current span (no cost beyond a call when not tracing)."""
-    if not _configured.is_set():
+    """A child of the current span (no cost beyond a call when not tracing or not sampled)."""
+    if not _recording():
         yield
         return
     with tracer.start_as_current_span(name, attributes=attributes or None):

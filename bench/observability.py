@@ -4,12 +4,12 @@ on an embedded `lethe serve` (SQLite, its worker process applying the updates me
 nothing on; with a webhook endpoint for every event (a receiver process verifying each
 signature, tests/webhook_receiver.py); with traces exported by OTLP (a receiver thread in this
 process that counts the bytes and decodes nothing, tests/otlp_receiver.py), with and without
-a span per SQL statement, and with 1 trace in 10 sampled; and with webhooks and sampled traces
-both. They run one after another, `--rounds` times in turn
+a span per SQL statement, with 1 trace in 10 sampled, and with 1 in 100 and no SQL spans; and
+with webhooks and sampled traces both. They run one after another, `--rounds` times in turn
 (the machine's drift spreads over all), each on a fresh service with the same dataset and
 model (synthetic 50,000 × 20, logreg, `retrain`).
 
-    .venv/bin/python -m bench.observability [--seconds 15] [--rounds 2]
+    .venv/bin/python -m bench.observability [--seconds 15] [--rounds 2] [--configs off,...]
 
 Writes bench/results/observability.json.
 """
@@ -37,8 +37,19 @@ from tests.otlp_receiver import OtlpReceiver
 ROOT = Path(__file__).resolve().parents[1]
 # tracing: every trace sampled (the worst case), with and without a span per SQL statement;
 # sampled: 1 trace in 10 (OTEL_TRACES_SAMPLER=parentbased_traceidratio, the SDK's own knob);
-# both: webhooks and 1-in-10 traces
-CONFIGS = ("off", "webhooks", "tracing", "tracing_without_sql", "tracing_sampled", "both")
+# lean: 1 in 100 and no SQL spans (a production setting); both: webhooks and sampled traces
+CONFIGS = (
+    "off",
+    "webhooks",
+    "tracing",
+    "tracing_without_sql",
+    "tracing_sampled",
+    "tracing_lean",
+    "both",
+    "both_lean",
+)
+SAMPLED = {"tracing_sampled": "0.1", "both": "0.1", "tracing_lean": "0.01", "both_lean": "0.01"}
+WITHOUT_SQL = ("tracing_without_sql", "tracing_lean", "both_lean")
 
 
 @contextlib.contextmanager
@@ -67,18 +78,18 @@ def one(config: str, seconds: float, clients: int, n_samples: int) -> dict[str, 
         tmp = Path(stack.enter_context(tempfile.TemporaryDirectory()))
         cluster = stack.enter_context(Cluster(tmp / "lethe", None, None, torch_threads=1))
         spans: OtlpReceiver | None = None
-        if config.startswith("tracing") or config == "both":
+        if config.startswith(("tracing", "both")):
             spans = OtlpReceiver(free_port(), decode=False)
             spans.start()
             stack.callback(spans.stop)
             cluster.env["OTEL_EXPORTER_OTLP_ENDPOINT"] = spans.endpoint
-            cluster.env["LETHE_TRACE_SQL"] = str(config != "tracing_without_sql").lower()
-            if config in ("tracing_sampled", "both"):
+            cluster.env["LETHE_TRACE_SQL"] = str(config not in WITHOUT_SQL).lower()
+            if config in SAMPLED:
                 cluster.env["OTEL_TRACES_SAMPLER"] = "parentbased_traceidratio"
-                cluster.env["OTEL_TRACES_SAMPLER_ARG"] = "0.1"
+                cluster.env["OTEL_TRACES_SAMPLER_ARG"] = SAMPLED[config]
         cluster.start_api()
         p = prepare(cluster, n_samples, tmp)
-        if config in ("webhooks", "both"):
+        if config.startswith(("webhooks", "both")):
             stack.enter_context(webhook_receiver(tmp, cluster))
         env = {
             "WRK_IDS": str(p["ids_file"]),
@@ -106,10 +117,15 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--clients", type=int, default=16)
     parser.add_argument("--samples", type=int, default=50_000)
+    parser.add_argument("--configs", default=",".join(CONFIGS), help="comma-separated, off first")
+    parser.add_argument("--out", default="observability", help="results/OUT.json")
     args = parser.parse_args()
-    runs: dict[str, list[dict[str, Any]]] = {c: [] for c in CONFIGS}
+    configs = [c for c in args.configs.split(",") if c]
+    if configs[0] != "off" or not set(configs) <= set(CONFIGS):
+        parser.error(f"--configs: 'off' first, then any of {', '.join(CONFIGS)}")
+    runs: dict[str, list[dict[str, Any]]] = {c: [] for c in configs}
     for _ in range(args.rounds):
-        for config in CONFIGS:
+        for config in configs:
             runs[config].append(one(config, args.seconds, args.clients, args.samples))
             print(config, json.dumps(runs[config][-1]), flush=True)
     off = statistics.median(r["per_second"] for r in runs["off"])
@@ -117,16 +133,17 @@ def main() -> None:
         "seconds": args.seconds,
         "clients": args.clients,
         "samples": args.samples,
+        "sampling": {c: SAMPLED.get(c, "1" if c.startswith("tracing") else None) for c in configs},
         "posts_per_second_median": {
-            c: statistics.median(r["per_second"] for r in runs[c]) for c in CONFIGS
+            c: statistics.median(r["per_second"] for r in runs[c]) for c in configs
         },
         "ratio_to_off": {
-            c: statistics.median(r["per_second"] for r in runs[c]) / off for c in CONFIGS
+            c: statistics.median(r["per_second"] for r in runs[c]) / off for c in configs
         },
         "runs": runs,
     }
     print(json.dumps(result, indent=1))
-    write_result("observability", result)
+    write_result(args.out, result)
 
 
 if __name__ == "__main__":
