@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.cluster import Cluster, free_port
-from bench.common import write_result
+from bench.common import cpu_seconds, worker_processes, write_result
 from bench.request_path import prepare, wrk
 from tests.otlp_receiver import OtlpReceiver
 
@@ -53,7 +53,7 @@ WITHOUT_SQL = ("tracing_without_sql", "tracing_lean", "both_lean")
 
 
 @contextlib.contextmanager
-def webhook_receiver(tmp: Path, cluster: Cluster) -> Iterator[None]:
+def webhook_receiver(tmp: Path, cluster: Cluster) -> Iterator[subprocess.Popen[bytes]]:
     port = free_port()
     with cluster.client() as c:
         hook = c.post(
@@ -66,7 +66,7 @@ def webhook_receiver(tmp: Path, cluster: Cluster) -> Iterator[None]:
         env=env,
     )  # fmt: skip
     try:
-        yield
+        yield receiver
     finally:
         receiver.kill()
         receiver.wait()
@@ -89,8 +89,13 @@ def one(config: str, seconds: float, clients: int, n_samples: int) -> dict[str, 
                 cluster.env["OTEL_TRACES_SAMPLER_ARG"] = SAMPLED[config]
         cluster.start_api()
         p = prepare(cluster, n_samples, tmp)
+        receiver = None
         if config.startswith(("webhooks", "both")):
-            stack.enter_context(webhook_receiver(tmp, cluster))
+            receiver = stack.enter_context(webhook_receiver(tmp, cluster))
+        assert cluster.api is not None
+        api, worker = cluster.api.pid, worker_processes(cluster.api.pid)
+        cpu = [cpu_seconds(api), sum(map(cpu_seconds, worker))]
+        cpu.append(cpu_seconds(receiver.pid) if receiver is not None else 0.0)
         env = {
             "WRK_IDS": str(p["ids_file"]),
             "WRK_DATASET": str(p["dataset_id"]),
@@ -98,6 +103,10 @@ def one(config: str, seconds: float, clients: int, n_samples: int) -> dict[str, 
             "WRK_KEY": p["requester"],
         }
         posts = wrk("deletions.lua", cluster.url, seconds, clients, env)
+        # the CPU each process used under load: the receiver's is this machine's, not the
+        # service's (a receiver runs elsewhere), and shares the 2 cores with it
+        used = [cpu_seconds(api) - cpu[0], sum(map(cpu_seconds, worker)) - cpu[1]]
+        used.append(cpu_seconds(receiver.pid) - cpu[2] if receiver is not None else 0.0)
         time.sleep(2.0)  # the last batch's spans and events leave
         with cluster.client() as c:
             versions = len(c.get(f"/v1/models/{p['model_id']}/versions").json())
@@ -108,6 +117,7 @@ def one(config: str, seconds: float, clients: int, n_samples: int) -> dict[str, 
             "requests": posts["requests"],
             "versions": versions,
             "otlp_bytes_received": spans.received_bytes if spans is not None else 0,
+            "cpu_seconds": {"api": used[0], "worker": used[1], "webhook_receiver": used[2]},
         }
 
 
@@ -139,6 +149,13 @@ def main() -> None:
         },
         "ratio_to_off": {
             c: statistics.median(r["per_second"] for r in runs[c]) / off for c in configs
+        },
+        # the API process's CPU per accepted POST (its own work, whatever the machine's load)
+        "api_cpu_ms_per_post_median": {
+            c: statistics.median(
+                1000 * r["cpu_seconds"]["api"] / max(1, r["requests"]) for r in runs[c]
+            )
+            for c in configs
         },
         "runs": runs,
     }
