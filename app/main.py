@@ -47,7 +47,7 @@ from app.services.weights_cache import WeightsCache
 from app.settings import Settings, get_settings
 from app.storage.erasure import compact_at_start, finish_compacting
 from app.wakeups import FINISHED, Listener
-from app.webhooks.sender import Sender
+from app.webhooks.sender import Sender, report_here
 from app.worker_process import ProcessDispatcher
 
 log = logging.getLogger("lethe")
@@ -95,7 +95,11 @@ async def _lifespan(runtime: Runtime, app: FastAPI) -> AsyncIterator[None]:
     elif settings.redis_url and not behind:  # workers announce finished requests on Redis
         listener = Listener(settings.redis_url, settings.queue_name)
         listener.start()
-    sender = None if behind else Sender(runtime.db, runtime.keyring, settings)  # webhooks
+    # webhooks are sent beside the worker, off the request path: here only when the worker is
+    # a thread of this process (the embedded worker process and `lethe worker` send their own)
+    sends_here = isinstance(dispatcher, InlineDispatcher) and not behind
+    sender = Sender(runtime.db, runtime.keyring, settings) if sends_here else None
+    report_here(sends_here or behind)
     if sender is not None:
         sender.start()
     syncer = None  # every published version copied to MLflow (issue 58)

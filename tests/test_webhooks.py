@@ -11,18 +11,19 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from datetime import timedelta
 from pathlib import Path
 
 import pytest
+from redis import Redis
 from sqlalchemy import select
 from standardwebhooks.webhooks import Webhook
 
 from app.db.session import database
 from app.db.tables import WebhookDelivery, utcnow
 from bench.cluster import Cluster, free_port
-from tests.conftest import Api, train_ids
+from tests.conftest import Api, train_ids, truncate_all
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -161,11 +162,35 @@ class Receiver:
         raise AssertionError(f"no {what} arrived: {self.seen()}")
 
 
-@pytest.fixture
-def cluster(tmp_path: Path) -> Iterator[Cluster]:
-    with Cluster(tmp_path / "data", None, None, webhook_backoff_seconds=0.2) as c:
+@pytest.fixture(params=["embedded", pytest.param("distributed", marks=pytest.mark.postgres)])
+def cluster(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Cluster]:
+    """Embedded (the sender in the worker process), or distributed: PostgreSQL, Redis, the API
+    and one `lethe worker` (the sender in the worker: the API process only serves)."""
+    if request.param == "embedded":
+        with Cluster(tmp_path / "data", None, None, webhook_backoff_seconds=0.2) as c:
+            c.start_api()
+            yield c
+        return
+    pg_url, redis_url = request.getfixturevalue("pg_url"), request.getfixturevalue("redis_url")
+    truncate_all(pg_url)
+    settings = {"webhook_backoff_seconds": 0.2, "heartbeat_seconds": 0.5, "lease_seconds": 3}
+    with Cluster(tmp_path / "data", pg_url, redis_url, **settings) as c:
         c.start_api()
+        c.start_worker()
         yield c
+    Redis.from_url(redis_url).delete(f"rq:queue:{c.queue}")
+
+
+def kill_the_sender(cluster: Cluster) -> Callable[[], object]:
+    """kill -9 of the process that sends (the worker; embedded: the API, whose worker process
+    dies with it); what starts it again."""
+    if cluster.workers:
+        cluster.kill(cluster.workers[-1])
+        return cluster.start_worker
+    assert cluster.api is not None
+    cluster.api.kill()
+    cluster.api.wait(timeout=30)
+    return cluster.start_api
 
 
 def _event(kind: str, **data: object):  # noqa: ANN202
@@ -224,11 +249,9 @@ def test_a_receiver_gets_every_event_signed_and_none_is_lost_while_it_is_down(
                 assert time.monotonic() < deadline, page
                 time.sleep(0.1)
             assert tried[0]["last_error"]  # why: the connection was refused
-            assert cluster.api is not None
-            cluster.api.kill()  # kill -9 between the commit and the delivery
-            cluster.api.wait(timeout=30)
+            restart = kill_the_sender(cluster)  # kill -9 between the commit and the delivery
             receiver.start()
-            cluster.start_api()
+            restart()
             receiver.wait_for(
                 "the deletion.completed committed while the receiver was down",
                 _event("deletion.completed", request_id=second_id),

@@ -26,6 +26,7 @@ from app.lanes import Lanes
 from app.settings import Settings
 from app.storage.erasure import compact_at_start, finish_compacting
 from app.wakeups import FINISHED
+from app.webhooks.sender import SENDER_METRICS, Sender
 from workers import metrics
 from workers.collector import Collector
 from workers.context import JobContext
@@ -67,6 +68,7 @@ class _WorkerMetrics:
             metrics.SESSIONS_WARMED,
             metrics.ROWS_LEARNED,
             metrics.VERSIONS_LEARNED,
+            *SENDER_METRICS,  # the webhook sender runs here (app/webhooks/sender.py)
         ):
             yield from metric.collect()
 
@@ -119,6 +121,8 @@ def main(settings: Settings, conn: Connection, parent: int, warm: tuple[int, ...
     link = _Link(conn)
     FINISHED.relay = link.wake
     compact_at_start(ctx.db, settings)  # keys a worker process that died had destroyed
+    sender = Sender(ctx.db, ctx.runtime.keyring, settings)  # webhooks, off the API's process
+    sender.start()
 
     def taken(item: tuple[str, tuple[int, ...]]) -> None:
         link.send(("taken", item[0], item[1]))  # a new signal for it may now be sent
@@ -141,6 +145,7 @@ def main(settings: Settings, conn: Connection, parent: int, warm: tuple[int, ...
         return recycle.due(idle)
 
     gave_way = jobs.serve(give_way=give_way)
+    sender.stop()
     tracing.flush()  # a multiprocessing child ends without running atexit
     ctx.runtime.publisher.finish()  # the last update's checkpoint, before the process exits
     finish_compacting(ctx.db)  # and the compaction of the keys its last erasure destroyed

@@ -28,6 +28,7 @@ from app.dispatch import RQDispatcher, deletions_queue, run_job
 from app.maintenance import Maintenance, maintenance_tasks, reconcile_and_signal
 from app.settings import Settings, get_settings
 from app.storage.erasure import compact_at_start, finish_compacting
+from app.webhooks.sender import Sender
 from workers import metrics
 from workers.device import DeviceUnavailable, worker_device
 from workers.lease import WORKER_ID, beat
@@ -81,9 +82,11 @@ def run(burst: bool = False, settings: Settings | None = None) -> None:
     heart = threading.Thread(
         target=_heartbeat, args=(url, settings.heartbeat_seconds, stop), daemon=True
     )
+    sender = Sender(ctx.db, ctx.runtime.keyring, settings)  # webhooks, off the API's process
     if not burst:
         maintenance.start()
         heart.start()
+        sender.start()
     log.info(
         "worker %s listening on queue %r, computing on %s", WORKER_ID, settings.queue_name, device
     )
@@ -98,6 +101,8 @@ def run(burst: bool = False, settings: Settings | None = None) -> None:
         gave_way = serve(settings.redis_url, settings.queue_name, burst=burst, recycle=recycle)
     finally:
         stop.set()
+        if not burst:
+            sender.stop()
         ctx.runtime.publisher.finish()  # the last update's checkpoint, before the process exits
         finish_compacting(ctx.db)  # and the compaction under way
     if gave_way:  # issue 53: the same command in a fresh process image, none of this memory

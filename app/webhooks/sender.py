@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 import httpx
-from prometheus_client import Counter, Histogram
+from prometheus_client import REGISTRY, Counter, Histogram
 from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 from standardwebhooks.webhooks import Webhook
@@ -44,6 +44,21 @@ LATENCY = Histogram(
     "From the event's commit to its delivery",
     buckets=(0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 3600),
 )
+
+
+SENDER_METRICS = (DELIVERIES, DISABLED, LATENCY)
+_reported_here = [True]  # whether this process's registry holds SENDER_METRICS
+
+
+def report_here(sends: bool) -> None:
+    """Whether this process's /metrics shows the sender's metrics: only where a sender runs
+    (an API whose worker is a process relays that process's instead; the same family twice
+    would be an invalid exposition)."""
+    if sends == _reported_here[0]:
+        return
+    for metric in SENDER_METRICS:
+        (REGISTRY.register if sends else REGISTRY.unregister)(metric)
+    _reported_here[0] = sends
 
 
 @dataclass(frozen=True)
