@@ -746,12 +746,13 @@ def test_an_admin_adds_a_webhook_follows_its_deliveries_replays_rotates_and_dele
     receiver.start()
     try:
         dataset = admin.get("/v1/models").json()[0]["dataset_id"]
-        sample = admin.get(
-            f"/v1/datasets/{dataset}/samples", params={"split": "train", "offset": 20, "limit": 1}
+        sample = admin.get(  # offsets 10, 20 and 40 are other tests' of this module
+            f"/v1/datasets/{dataset}/samples", params={"split": "train", "offset": 30, "limit": 1}
         ).json()["items"][0]["external_id"]
         requester = {"Authorization": f"Bearer {keys['requester']}"}
         with httpx.Client(base_url=url, headers=requester, timeout=60) as c:
             filed = c.post("/v1/deletions", json={"dataset_id": dataset, "sample_ids": [sample]})
+            assert filed.status_code == 202, filed.text
             wait(c, f"/v1/deletions/{filed.json()['id']}", ("done",))
         (event,) = receiver.wait_for("the deletion's event", lambda e: True)
         assert event["type"] == "dev.lethe.deletion.completed"  # CloudEvents reverse-DNS

@@ -348,7 +348,7 @@ def _large_blocks_returned() -> None:
     to the kernel when freed. glibc raises its threshold after the first large free, and the
     row groups decoded one after another then stayed in the heap (issue 55: peak RSS). Arrow
     allocates from glibc too: its own pool (mimalloc) kept 48 MB of decoded batches after
-    `release_unused`, and what it frees is not overwritten as glibc's frees are (M_PERTURB)."""
+    `release_unused`."""
     with contextlib.suppress(OSError, AttributeError):
         ctypes.CDLL("libc.so.6").mallopt(M_MMAP_THRESHOLD, 4 * 2**20)
     pa.set_memory_pool(pa.system_memory_pool())
