@@ -92,10 +92,10 @@ def flush() -> None:
 
 def instrument_app(app: FastAPI) -> None:
     """The API's server spans (OpenTelemetry's ASGI middleware), with URLs stripped of their
-    query strings. The span is named by the method when it starts and renamed to the matched
-    route's template once the router has run (`RouteName`): FastAPI's own instrumentation
-    matched every request against all of Lethe's routes to name it, sampled or not, which
-    was most of a millisecond of the API's CPU per POST (issue 58, bench.observability)."""
+    query strings. The span is named by the method when it starts, and a sampled one takes
+    its route's template (`RouteName`): FastAPI's own instrumentation matched every request
+    against all of Lethe's routes to name its span, sampled or not, which was most of a
+    millisecond of the API's CPU per POST (issue 58, bench.observability)."""
     if not _configured.is_set():
         return
     from opentelemetry.instrumentation.asgi import OpenTelemetryMiddleware
