@@ -9,8 +9,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import re
-import shutil
 import subprocess
 import time
 from collections.abc import Iterator
@@ -23,10 +21,10 @@ from playwright.sync_api import sync_playwright
 from app.mlflow_export.registry import ALIAS, MlflowRegistry, VersionCopy
 from bench.cluster import Cluster
 from tests.servers import MlflowServer
+from tests.test_dashboard import CHROMIUM, sign_in
+from tests.test_walkthrough import readme_block
 
 pytestmark = pytest.mark.integration
-CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
-ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture
@@ -57,13 +55,10 @@ def files_under(folder: Path) -> dict[str, bytes]:
 
 def run_readme_block(url: str, key: str, mlflow: str) -> str:
     """The README's MLflow block, as written, against this service and tracking server."""
-    readme = (ROOT / "README.md").read_text()
-    section = readme[readme.index("## MLflow: every version in your model registry") :]
-    match = re.search(r"```bash\n(.*?)```", section, re.S)
-    assert match is not None
+    block = readme_block("## MLflow: every version in your model registry")
     env = {**os.environ, "KEY": key, "L": url, "MLFLOW": mlflow}
     done = subprocess.run(
-        ["bash", "-c", match.group(1)], env=env, capture_output=True, text=True, timeout=300
+        ["bash", "-c", block], env=env, capture_output=True, text=True, timeout=300
     )
     assert done.returncode == 0, f"{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
     return done.stdout
@@ -74,10 +69,7 @@ def dashboard_mlflow_cells(url: str, key: str, model: int) -> list[tuple[str, st
     with sync_playwright() as p:
         browser = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
         page = browser.new_page()
-        page.goto(f"{url}/ui")
-        page.fill("#key", key)
-        page.click("#signin")
-        page.wait_for_selector("table#models")
+        sign_in(page, url, key)
         page.goto(f"{url}/ui#/models/{model}")
         page.wait_for_selector("#versions td.mlflow")
         cells = [

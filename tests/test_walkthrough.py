@@ -18,12 +18,17 @@ pytestmark = pytest.mark.integration
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def walkthrough() -> str:
+def readme_block(heading: str) -> str:
+    """The first bash block of the README after `heading`, as written."""
     readme = (ROOT / "README.md").read_text()
-    section = readme[readme.index("## Walkthrough with curl") :]
+    section = readme[readme.index(heading) :]
     match = re.search(r"```bash\n(.*?)```", section, re.S)
     assert match is not None
     return match.group(1)
+
+
+def walkthrough() -> str:
+    return readme_block("## Walkthrough with curl")
 
 
 def run_walkthrough(work: Path, url: str, key: str) -> subprocess.CompletedProcess[str]:
