@@ -228,6 +228,13 @@ def record(name: str, start_ns: int, until: datetime | None) -> None:
     tracer.start_span(name, start_time=start_ns).end(end_time=end)
 
 
+def request_started_ns() -> int:
+    """When the current request's server span began (now when not tracing): a step that
+    counts the request's own arrival, routing and schema validation starts there."""
+    began = getattr(trace.get_current_span(), "start_time", None)
+    return int(began) if began else time.time_ns()
+
+
 @contextmanager
 def span(name: str, **attributes: Any) -> Iterator[None]:
     """A child of the current span (no cost beyond a call when not tracing or not sampled)."""

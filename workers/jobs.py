@@ -478,9 +478,9 @@ def _run_batch(
                 with tracing.span("deletion.compute"):  # while computing: none open
                     outcome, stored = _compute(ctx, batch, inputs, device)
                 pause.point(settings, "before-commit", model_id)  # (a crash: orphans, swept)
-                signer = signing_key(settings)
                 try:
-                    with tracing.span("deletion.commit"):
+                    with tracing.span("deletion.commit"):  # the log entry's key read, then it
+                        signer = signing_key(settings)
                         version_id = db.run(
                             lambda session: commit.commit_update(
                                 session, ctx, batch, outcome, stored, signer

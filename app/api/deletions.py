@@ -105,8 +105,11 @@ async def create(
     woken = wakeups.FINISHED.register() if wait else None  # before the commit: none is lost
 
     def accept() -> tuple[DeletionOut, bool, Names]:
-        with tracing.span("deletion.validate"):  # keyed tokens: once, outside the transaction
-            names = Names.of(body, runtime.keyring)
+        # from the request's arrival: its routing, key check and schema validation, then the
+        # keyed tokens (once, outside the transaction); the steps tile the path (app/tracing.py)
+        arrived = tracing.request_started_ns()
+        names = Names.of(body, runtime.keyring)
+        tracing.record("deletion.validate", arrived, None)
         traceparent = tracing.carrier()  # the worker continues this trace (app/tracing.py)
 
         def unit(session: Session) -> Accepting:
