@@ -1,0 +1,156 @@
+"""Where a registration's time goes (issue 55, goal 6: "say how far from that limit and
+where the time goes"), side by side in one run, in one process, on the embedded SQLite:
+
+- `parse`: opening the Parquet bytes (`parse_parquet`: footer, schema checks, ids, labels);
+- `read`: every row's features, label and id as the registration reads them (`ParquetRows`,
+  a row group decoded at a time);
+- `screen`: the suppression list's check (`suppression.screen`: a keyed token per id);
+- `sample_tokens`: the rows' keyed tokens (`Keyring.token`, one HMAC each);
+- `keys`: a data key per row, made and wrapped (`keystore.new_keys`);
+- `seal`: each row's record sealed under its key (`sealed_row` less its token);
+- `insert`: the keys' and rows' INSERTs and the chunk commits (`insert_sealed`);
+- `register`: the real thing (`registration.register`, sealing and writing overlapped on two
+  threads), and the stages' sum, which the overlap beats by what it hides.
+
+The floor is writing the same float32 bytes to this disk (and fsync). Nothing here is a test.
+
+    .venv/bin/python -m bench.registration_stages [--n 1000000] [--features 256]
+
+Writes bench/results/registration_stages.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from app.db.migrate import upgrade_to_head
+from app.runtime import Runtime
+from app.services import registration
+from app.services.dataset_files import Limits, ParsedDataset
+from app.services.parquet_files import Columns, parse_parquet
+from app.services.suppression import screen
+from app.settings import Settings
+from app.storage.keystore import new_keys
+from bench.common import write_result
+from bench.registration import parquet_bytes
+
+
+def timed(work: Callable[[], Any]) -> float:
+    started = time.perf_counter()
+    work()
+    return time.perf_counter() - started
+
+
+def fresh_runtime(root: Path, name: str, n: int, d: int) -> Runtime:
+    settings = Settings(data_dir=root / name, max_dataset_cells=n * d, max_dataset_samples=n)
+    upgrade_to_head(settings.resolved_database_url, settings)
+    return Runtime.build(settings)
+
+
+def parsed_of(data: bytes, settings: Settings) -> ParsedDataset:
+    columns = Columns(label="label", id="id")
+    return parse_parquet(data, columns, 0, 0.2, Limits.from_settings(settings))
+
+
+def read_rows(parsed: ParsedDataset, start: int, stop: int) -> None:
+    for i in range(start, stop):
+        parsed.X[i].tobytes(), int(parsed.y[i]), parsed.ids[i]
+
+
+def stages(runtime: Runtime, data: bytes) -> dict[str, float]:
+    """Each stage alone, a chunk at a time as the registration runs them, in sequence."""
+    ring = runtime.keyring
+    out = dict.fromkeys(("read", "sample_tokens", "keys", "seal", "insert"), 0.0)
+    started = time.perf_counter()
+    parsed = parsed_of(data, runtime.settings)  # the footer, the schema's checks, the ids
+    out["parse"] = time.perf_counter() - started
+    with runtime.db.read() as session:
+        out["screen"] = timed(lambda: screen(session, ring, parsed.ids, parsed.subjects))
+    with runtime.db.write() as session:
+        dataset_id = registration.begin(session, "stages", "parquet")
+    subjects = registration.SubjectTokens(ring, dataset_id)
+    n = len(parsed.y)
+    for start in range(0, n, registration.CHUNK):
+        stop = min(start + registration.CHUNK, n)
+        # the chunk's rows decoded (a row group at a time); `sealed_row` then finds them cached
+        out["read"] += timed(lambda: read_rows(parsed, start, stop))  # noqa: B023
+        chunk_ids = [parsed.ids[i] for i in range(start, stop)]
+        tokens_took = timed(lambda: [ring.token("sample", dataset_id, x) for x in chunk_ids])  # noqa: B023
+        out["sample_tokens"] += tokens_took
+        t = time.perf_counter()
+        keys = new_keys(ring, stop - start)
+        out["keys"] += time.perf_counter() - t
+        t = time.perf_counter()
+        nonces = registration.Nonces(stop - start)
+        rows = [
+            registration.sealed_row(ring, dataset_id, parsed, i, raw, subjects, nonce=nonces.next())
+            for i, (_, raw, _) in zip(range(start, stop), keys, strict=True)
+        ]
+        out["seal"] += time.perf_counter() - t - tokens_took  # its tokens counted above
+        t = time.perf_counter()
+        with runtime.db.write(durable=False) as session:
+            registration.insert_sealed(session, ring, keys, rows)
+        out["insert"] += time.perf_counter() - t
+    return out
+
+
+def whole(runtime: Runtime, data: bytes) -> float:
+    """POST→ready's own work: parse, screen, seal and write, overlapped as the service does."""
+    with runtime.db.write() as session:
+        dataset_id = registration.begin(session, "whole", "parquet")
+    started = time.perf_counter()
+    parsed = parsed_of(data, runtime.settings)
+    registration.register(runtime, dataset_id, parsed)
+    return time.perf_counter() - started
+
+
+def disk_floor(root: Path, n: int, d: int) -> float:
+    block = os.urandom(1 << 24)
+    total, path = n * d * 4, root / "floor.bin"
+    started = time.perf_counter()
+    with path.open("wb") as f:
+        for _ in range(0, total, len(block)):
+            f.write(block)
+        f.flush()
+        os.fsync(f.fileno())
+    took = time.perf_counter() - started
+    path.unlink()
+    return took
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--n", type=int, default=1_000_000)
+    parser.add_argument("--features", type=int, default=256)
+    parser.add_argument("--row-group", type=int, default=65536)
+    args = parser.parse_args()
+    data = parquet_bytes(args.n, args.features, args.row_group)
+    with tempfile.TemporaryDirectory(prefix="lethe-stages-") as scratch:
+        root = Path(scratch)
+        parts = stages(fresh_runtime(root, "stages", args.n, args.features), data)
+        register_s = whole(fresh_runtime(root, "whole", args.n, args.features), data)
+        floor = disk_floor(root, args.n, args.features)
+    summed = sum(parts.values())
+    result = {
+        "n": args.n,
+        "features": args.features,
+        "seconds": {k: round(v, 3) for k, v in parts.items()},
+        "share_of_sum": {k: round(v / summed, 3) for k, v in parts.items()},
+        "stages_summed_s": round(summed, 3),
+        "register_s": round(register_s, 3),
+        "per_row_us": {k: round(v / args.n * 1e6, 2) for k, v in parts.items()},
+        "disk_floor_s": round(floor, 3),
+        "target_s": 20.0 * args.n / 1_000_000,
+    }
+    write_result("registration_stages", result)
+    print(result)
+
+
+if __name__ == "__main__":
+    main()
