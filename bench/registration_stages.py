@@ -6,11 +6,14 @@ where the time goes"), side by side in one run, in one process, on the embedded 
   a row group decoded at a time);
 - `screen`: the suppression list's check (`suppression.screen`: a keyed token per id);
 - `sample_tokens`: the rows' keyed tokens (`Keyring.token`, one HMAC each);
-- `keys`: a data key per row, made and wrapped (`keystore.new_keys`);
-- `seal`: each row's record sealed under its key (`sealed_row` less its token);
-- `insert`: the keys' and rows' INSERTs and the chunk commits (`insert_sealed`);
-- `register`: the real thing (`registration.register`, sealing and writing overlapped on two
-  threads), and the stages' sum, which the overlap beats by what it hides.
+- `keys_and_seal`: the data keys made and wrapped and the records sealed, in both layouts
+  side by side: `per_row`, a key per row (`sealed_row`: every registration before migration
+  0025, an append's rows still), and `blocks`, a key per BLOCK_ROWS rows (`sealed_blocks`);
+- `insert`: the keys', blocks' and rows' INSERTs and the chunk commits;
+- `single_erasure_ms`: erasing one row afterwards, in each layout (in a block: the block
+  opened, sealed again without the row under a new key, its rows moved to it);
+- `register`: the real thing (`registration.register`, in blocks, sealing and writing
+  overlapped on two threads), beside the stages' sum.
 
 The floor is writing the same float32 bytes to this disk (and fsync). Nothing here is a test.
 
@@ -23,20 +26,26 @@ from __future__ import annotations
 
 import argparse
 import os
+import statistics
 import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from sqlalchemy import select
+
 from app.db.migrate import upgrade_to_head
+from app.db.tables import Sample
 from app.runtime import Runtime
 from app.services import registration
 from app.services.dataset_files import Limits, ParsedDataset
 from app.services.parquet_files import Columns, parse_parquet
 from app.services.suppression import screen
 from app.settings import Settings
+from app.storage.erasure import erase_payloads
 from app.storage.keystore import new_keys
+from app.storage.sample_blocks import BLOCK_ROWS
 from bench.common import write_result
 from bench.registration import parquet_bytes
 
@@ -63,10 +72,12 @@ def read_rows(parsed: ParsedDataset, start: int, stop: int) -> None:
         parsed.X[i].tobytes(), int(parsed.y[i]), parsed.ids[i]
 
 
-def stages(runtime: Runtime, data: bytes) -> dict[str, float]:
-    """Each stage alone, a chunk at a time as the registration runs them, in sequence."""
+def stages(runtime: Runtime, data: bytes, layout: str) -> dict[str, float]:
+    """Each stage alone, a chunk at a time as the registration runs them, in sequence:
+    `layout` "per_row" seals each row under a key of its own (every registration before
+    migration 0025; an append's rows still), "blocks" BLOCK_ROWS rows under one key."""
     ring = runtime.keyring
-    out = dict.fromkeys(("read", "sample_tokens", "keys", "seal", "insert"), 0.0)
+    out = dict.fromkeys(("read", "sample_tokens", "keys_and_seal", "insert"), 0.0)
     started = time.perf_counter()
     parsed = parsed_of(data, runtime.settings)  # the footer, the schema's checks, the ids
     out["parse"] = time.perf_counter() - started
@@ -78,26 +89,46 @@ def stages(runtime: Runtime, data: bytes) -> dict[str, float]:
     n = len(parsed.y)
     for start in range(0, n, registration.CHUNK):
         stop = min(start + registration.CHUNK, n)
-        # the chunk's rows decoded (a row group at a time); `sealed_row` then finds them cached
+        # the chunk's rows decoded (a row group at a time); the sealing then finds them cached
         out["read"] += timed(lambda: read_rows(parsed, start, stop))  # noqa: B023
         chunk_ids = [parsed.ids[i] for i in range(start, stop)]
         tokens_took = timed(lambda: [ring.token("sample", dataset_id, x) for x in chunk_ids])  # noqa: B023
         out["sample_tokens"] += tokens_took
         t = time.perf_counter()
-        keys = new_keys(ring, stop - start)
-        out["keys"] += time.perf_counter() - t
-        t = time.perf_counter()
-        nonces = registration.Nonces(stop - start)
-        rows = [
-            registration.sealed_row(ring, dataset_id, parsed, i, raw, subjects, nonce=nonces.next())
-            for i, (_, raw, _) in zip(range(start, stop), keys, strict=True)
-        ]
-        out["seal"] += time.perf_counter() - t - tokens_took  # its tokens counted above
+        if layout == "blocks":
+            chunk = registration.sealed_blocks(ring, dataset_id, parsed, start, stop, subjects)
+        else:
+            keys = new_keys(ring, stop - start)
+            nonces = registration.Nonces(stop - start)
+            rows = [
+                registration.sealed_row(
+                    ring, dataset_id, parsed, i, raw, subjects, nonce=nonces.next()
+                )
+                for i, (_, raw, _) in zip(range(start, stop), keys, strict=True)
+            ]
+        out["keys_and_seal"] += time.perf_counter() - t - tokens_took  # tokens counted above
         t = time.perf_counter()
         with runtime.db.write(durable=False) as session:
-            registration.insert_sealed(session, ring, keys, rows)
+            if layout == "blocks":
+                registration._commit_chunk(session, ring, dataset_id, chunk, stop)
+            else:
+                registration.insert_sealed(session, ring, keys, rows)
         out["insert"] += time.perf_counter() - t
     return out
+
+
+def erasures_ms(runtime: Runtime, count: int = 20) -> list[float]:
+    """`count` single-sample erasures, each its own transaction (`erase_payloads`: the key
+    destroyed, and in a block the block sealed anew without the row), in ms."""
+    with runtime.db.read() as session:
+        ids = session.scalars(select(Sample.id).order_by(Sample.id).limit(count * 97)).all()
+    took = []
+    for sid in ids[::97][:count]:  # rows of different blocks
+        with runtime.db.write() as session:
+            started = time.perf_counter()
+            assert erase_payloads(session, runtime.keyring, [sid]) == 1
+            took.append((time.perf_counter() - started) * 1000)
+    return took
 
 
 def whole(runtime: Runtime, data: bytes) -> float:
@@ -133,18 +164,27 @@ def main() -> None:
     data = parquet_bytes(args.n, args.features, args.row_group)
     with tempfile.TemporaryDirectory(prefix="lethe-stages-") as scratch:
         root = Path(scratch)
-        parts = stages(fresh_runtime(root, "stages", args.n, args.features), data)
+        parts, erasing = {}, {}
+        for layout in ("per_row", "blocks"):
+            runtime = fresh_runtime(root, layout, args.n, args.features)
+            parts[layout] = stages(runtime, data, layout)
+            erasing[layout] = erasures_ms(runtime)
         register_s = whole(fresh_runtime(root, "whole", args.n, args.features), data)
         floor = disk_floor(root, args.n, args.features)
-    summed = sum(parts.values())
+    summed = {layout: sum(p.values()) for layout, p in parts.items()}
     result = {
         "n": args.n,
         "features": args.features,
-        "seconds": {k: round(v, 3) for k, v in parts.items()},
-        "share_of_sum": {k: round(v / summed, 3) for k, v in parts.items()},
-        "stages_summed_s": round(summed, 3),
+        "block_rows": BLOCK_ROWS,
+        "seconds": {k: {s: round(v, 3) for s, v in p.items()} for k, p in parts.items()},
+        "per_row_us": {
+            k: {s: round(v / args.n * 1e6, 2) for s, v in p.items()} for k, p in parts.items()
+        },
+        "stages_summed_s": {k: round(v, 3) for k, v in summed.items()},
         "register_s": round(register_s, 3),
-        "per_row_us": {k: round(v / args.n * 1e6, 2) for k, v in parts.items()},
+        "register_layout": "blocks",
+        "single_erasure_ms_p50": {k: round(statistics.median(v), 3) for k, v in erasing.items()},
+        "single_erasure_ms": {k: [round(x, 3) for x in v] for k, v in erasing.items()},
         "disk_floor_s": round(floor, 3),
         "target_s": 20.0 * args.n / 1_000_000,
     }

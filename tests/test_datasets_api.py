@@ -11,10 +11,11 @@ import pytest
 from sqlalchemy import func, select
 
 from app.db.session import database
-from app.db.tables import Dataset, Sample
+from app.db.tables import Dataset, Sample, SampleBlock
 from app.services import isolated
-from app.storage.crypto import SampleRecord, open_sealed, sample_aad
+from app.storage.crypto import SampleRecord, SealError, open_sealed
 from app.storage.keystore import load_keys
+from app.storage.sample_blocks import BLOCK_ROWS, block_aad, open_block, unpack
 from tests.conftest import Api
 
 
@@ -180,8 +181,9 @@ def test_unknown_dataset_and_bad_builtin(api: Api) -> None:
 
 
 def test_samples_are_sealed_float32_records(api: Api, digits: dict) -> None:
-    """The payload opens with the sample's own data key to the label, ids and 64 float32
-    features; the database holds neither the raw features nor the raw id."""
+    """A registered row's record is in its block, which opens with the row's data key (the
+    block's) to the label, ids and 64 float32 features; the database holds neither the raw
+    features nor the raw id, and the row has no payload of its own."""
     from sklearn.datasets import load_digits
 
     with database(api.url).write() as session:
@@ -189,15 +191,21 @@ def test_samples_are_sealed_float32_records(api: Api, digits: dict) -> None:
             select(Sample).where(Sample.dataset_id == digits["id"]).order_by(Sample.id).limit(1)
         ).scalar_one()
         ring = api.runtime.keyring
+        assert row.key_id is not None and row.block_row == 0 and row.payload is None
         key = load_keys(session, ring, [row.key_id])[row.key_id]
+        block = session.get(SampleBlock, row.key_id)
+        assert block is not None and block.dataset_id == digits["id"]
+        sealed = block.data
     assert row.external_id == ring.token("sample", digits["id"], "0")
     features = (load_digits().images[0] / 16.0).astype(np.float32).tobytes()
-    assert features not in row.payload
-    record = SampleRecord.decode(
-        open_sealed(key, row.payload, sample_aad(digits["id"], row.external_id))
-    )
+    assert features not in sealed
+    records = unpack(open_block(key, digits["id"], row.key_id, sealed))
+    assert len(records) == BLOCK_ROWS  # digits: 1,797 rows, blocks of BLOCK_ROWS
+    record = SampleRecord.decode(bytes(records[row.block_row]))
     assert (record.external_id, record.subject_id, record.label) == ("0", None, 0)
     assert record.features == features
+    with pytest.raises(SealError):  # bound to its dataset: another's AAD does not open it
+        open_sealed(key, sealed, block_aad(digits["id"] + 1, row.key_id))
 
 
 def test_extreme_split_and_out_of_range_numbers_are_not_server_errors(api: Api) -> None:

@@ -31,6 +31,7 @@ from app.jsontypes import json_object
 from app.ledger.certificates import append_certificates
 from app.states import ModelStatus, RequestStatus, Stage, TaskStatus, VersionKind
 from app.storage.blobs import Blobs
+from app.storage.crypto import Keyring
 from app.storage.erasure import erase_payloads
 from app.storage.keystore import KeyTable, destroy_keys
 from app.webhooks import events
@@ -115,7 +116,7 @@ def commit_update(
     _check_lease_at(session, batch)
     if outcome is None:  # nothing to remove: the tasks finish as an earlier version left them
         _finish_tasks(session, batch, None, {})
-        finish_requests(session, {t.request_id for t in batch.tasks})
+        finish_requests(session, ctx.keyring, {t.request_id for t in batch.tasks})
         return None
     assert stored is not None, "a release's blobs are stored before its commit"
     version = write_release(session, ctx, batch, outcome, stored)
@@ -130,7 +131,7 @@ def commit_update(
     )
     _finish_tasks(session, batch, version, certs)
     blob_keys = supersede(session, ctx, batch, outcome, version)
-    finish_requests(session, {t.request_id for t in batch.tasks}, also=blob_keys)
+    finish_requests(session, ctx.keyring, {t.request_id for t in batch.tasks}, also=blob_keys)
     return version.id
 
 
@@ -351,11 +352,13 @@ def withdraw_model(session: Session, store: Blobs, model_id: int, reason: str) -
         task.lease_owner = task.lease_expires_at = None
     requests = {t.request_id for t in tasks}
     session.flush()
-    finish_requests(session, requests)
+    finish_requests(session, store.ring, requests)
     return requests
 
 
-def finish_requests(session: Session, request_ids: set[int], also: Sequence[UUID] = ()) -> None:
+def finish_requests(
+    session: Session, ring: Keyring, request_ids: set[int], also: Sequence[UUID] = ()
+) -> None:
     """A request is done when all its models are; only then are its payloads erased. The
     short keys `also` (a commit's purged blobs') are destroyed with the finished requests'
     openings (issue 28: one DELETE, a round trip less per commit)."""
@@ -403,7 +406,7 @@ def finish_requests(session: Session, request_ids: set[int], also: Sequence[UUID
     events.deletion_completed(session, finished)  # in this commit: the outbox (issue 58)
     # one DELETE of data keys for the payloads' and the openings' (issue 28: statements are
     # most of a warm update's commit)
-    erase_payloads(session, sorted(erased), also=[*openings, *also])
+    erase_payloads(session, ring, sorted(erased), also=[*openings, *also])
 
 
 def fail_tasks(

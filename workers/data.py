@@ -18,6 +18,7 @@ from app.db.chunks import chunked
 from app.db.tables import DataKey, Dataset, ModelSample, Sample
 from app.states import SampleStatus
 from app.storage.crypto import Keyring, SampleRecord, open_sealed, sample_aad
+from app.storage.sample_blocks import open_records
 
 
 @dataclass
@@ -32,20 +33,21 @@ class Arrays:
         return len(self.sample_ids)
 
 
-def _open_rows(ring: Keyring, rows: Sequence[Any]) -> dict[int, SampleRecord]:
-    """Open the sealed payloads of rows selected with `sealed_samples()` (each row carries its
-    wrapped key); a row whose key is destroyed is left out."""
+def _open_rows(session: Session, ring: Keyring, rows: Sequence[Any]) -> dict[int, SampleRecord]:
+    """Open the records of rows selected with `sealed_samples()` (each row carries its wrapped
+    key): a payload of its own, or its place in a block (app/storage/sample_blocks.py); a row
+    whose key is destroyed is left out."""
     out: dict[int, SampleRecord] = {}
     for r in rows:
         if r.wrapped is not None and r.payload is not None:
             key = ring.unwrap(r.wrapped)
             plain = open_sealed(key, r.payload, sample_aad(r.dataset_id, r.external_id))
             out[r.id] = SampleRecord.decode(plain)
-    return out
+    return out | open_records(session, ring, rows)
 
 
-def _decode(ring: Keyring, rows: Sequence[Any], shape: list[int]) -> Arrays:
-    records = _open_rows(ring, rows)
+def _decode(session: Session, ring: Keyring, rows: Sequence[Any], shape: list[int]) -> Arrays:
+    records = _open_rows(session, ring, rows)
     missing = [r.id for r in rows if r.id not in records]
     if missing:
         raise RuntimeError(f"samples {missing[:10]} are erased but were asked for")
@@ -67,8 +69,9 @@ def database_key(engine: Engine) -> str:
     return engine.url.render_as_string()
 
 
-def sealed_samples() -> Select[int, int, str, bytes | None, uuid.UUID | None, bytes]:
-    """Samples with their wrapped data keys, in one query (no second round trip for keys)."""
+def sealed_samples() -> Select[int, int, str, bytes | None, uuid.UUID | None, bytes, int | None]:
+    """Samples with their wrapped data keys (a block's, for a row sealed in one), in one query
+    (no second round trip for keys)."""
     return select(
         Sample.id,
         Sample.dataset_id,
@@ -76,6 +79,7 @@ def sealed_samples() -> Select[int, int, str, bytes | None, uuid.UUID | None, by
         Sample.payload,
         Sample.key_id,
         DataKey.wrapped,
+        Sample.block_row,
     ).outerjoin(DataKey, DataKey.id == Sample.key_id)
 
 
@@ -161,7 +165,7 @@ def _open_new(session: Session, ring: Keyring, dataset: Dataset, new: list[int])
             session.execute(sealed_samples().where(Sample.id.in_(chunk))).all(),
             key=lambda r: r.id,
         )
-        part = _decode(ring, rows, shape)
+        part = _decode(session, ring, rows, shape)
         m = len(part)
         X[at : at + m] = part.X.reshape(m, -1).numpy()
         y[at : at + m] = part.y.numpy()
@@ -311,7 +315,7 @@ def arrays_for(session: Session, ring: Keyring, dataset: Dataset, sample_ids: li
     """These samples in this order; erased payloads become zeros (for replays that exclude
     them anyway, like the coupled retrain)."""
     rows = session.execute(sealed_samples().where(Sample.id.in_(sample_ids))).all()
-    records = _open_rows(ring, rows)
+    records = _open_rows(session, ring, rows)
     shape = dataset.feature_shape
     n_feat = int(np.prod(shape)) if shape else 1
     X = np.zeros((len(sample_ids), n_feat), dtype=np.float32)

@@ -224,7 +224,8 @@ def commit_learned(
         rows = [{"model_id": batch.model_id, "sample_id": s} for s in learn.added.sample_ids]
         for chunk in chunked(rows):
             session.execute(insert(ModelSample), chunk)
-        finish_requests(session, set(), also=supersede(session, ctx, batch, outcome, version))
+        also = supersede(session, ctx, batch, outcome, version)
+        finish_requests(session, ctx.keyring, set(), also=also)
     now = utcnow()
     for task_id, append_id in _tasks_of(session, learn.task_ids):
         session.execute(

@@ -1,6 +1,7 @@
 """Reading and writing per-sample statistics (`sample_statistics` rows) as tensors.
 
-Each vector is sealed with its sample's data key (app/storage/crypto.py): erasing the sample
+Each vector is sealed with its sample's data key (app/storage/crypto.py; a block's key for a row
+sealed in one, which an erasure in the block moves to a new key with it): erasing the sample
 destroys the key, so a statistic's bytes left in free space, WAL or backups can never be opened."""
 
 from __future__ import annotations

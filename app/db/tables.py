@@ -181,6 +181,7 @@ class Sample(Base):
         Index("ix_samples_dataset_subject", "dataset_id", "subject_id"),
         Index("ix_samples_dataset_split_status", "dataset_id", "split", "status"),
         Index("ix_samples_append", "append_id"),
+        Index("ix_samples_key", "key_id"),  # a block's rows, moved to its new key (0025)
     )
     id: Mapped[int] = mapped_column(BigInteger().with_variant(Integer, "sqlite"), primary_key=True)
     dataset_id: Mapped[int] = mapped_column(ForeignKey("datasets.id", ondelete="CASCADE"))
@@ -194,6 +195,9 @@ class Sample(Base):
     status: Mapped[SampleStatus] = state_column(SampleStatus, 10, SampleStatus.active)
     erased_at: Mapped[datetime | None]
     append_id: Mapped[int | None] = mapped_column(Integer)  # None: registered with the dataset
+    # the row's place in its block (app/storage/sample_blocks.py): key_id is the block's key
+    # and payload is NULL; None for a row sealed on its own (an appended one)
+    block_row: Mapped[int | None] = mapped_column(Integer)
 
 
 class Model(Base):
@@ -301,6 +305,19 @@ class SampleStatistic(Base):
     kind: Mapped[str] = mapped_column(String(30), primary_key=True)
     dtype: Mapped[str] = mapped_column(String(10))
     vector: Mapped[bytes] = mapped_column(LargeBinary)  # sealed with the sample's data key
+
+
+class SampleBlock(Base):
+    """BLOCK_ROWS samples' records sealed together under one data key, which names the block
+    (migration 0025, app/storage/sample_blocks.py): erasing a row rewrites the block under a
+    new key and destroys this one."""
+
+    __tablename__ = "sample_blocks"
+    key_id: Mapped[uuid.UUID] = mapped_column(Uuid, primary_key=True)
+    dataset_id: Mapped[int] = mapped_column(
+        ForeignKey("datasets.id", ondelete="CASCADE"), index=True
+    )
+    data: Mapped[bytes] = mapped_column(LargeBinary)
 
 
 class DataKey(Base):

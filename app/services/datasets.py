@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
+from uuid import UUID
 
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
@@ -11,7 +13,8 @@ from app.db.tables import Dataset, Sample, utcnow
 from app.errors import APIError, not_found
 from app.states import DatasetStatus, SampleStatus
 from app.storage.crypto import Keyring, SampleRecord, open_sealed, sample_aad
-from app.storage.keystore import load_keys
+from app.storage.keystore import wrapped_keys
+from app.storage.sample_blocks import open_records
 
 
 def get_dataset(session: Session, dataset_id: int) -> Dataset:
@@ -154,11 +157,37 @@ def list_samples(
         )
     total = session.scalar(select(func.count()).select_from(query.subquery())) or 0
     rows = session.scalars(query.order_by(Sample.id).offset(offset).limit(limit)).all()
-    keys = load_keys(session, ring, [r.key_id for r in rows if r.key_id is not None])
-    return [_sample_view(r, keys.get(r.key_id) if r.key_id else None) for r in rows], total
+    keys = wrapped_keys(session, [r.key_id for r in rows if r.key_id is not None])
+    sealed = [SealedRow.of(r, keys.get(r.key_id) if r.key_id else None) for r in rows]
+    records = open_records(session, ring, sealed)  # rows sealed in blocks
+    for r in sealed:
+        if r.wrapped is not None and r.payload is not None:  # rows sealed on their own
+            aad = sample_aad(r.dataset_id, r.external_id)
+            plain = open_sealed(ring.unwrap(r.wrapped), r.payload, aad)
+            records[r.id] = SampleRecord.decode(plain)
+    return [_sample_view(r, records.get(r.id)) for r in rows], total
 
 
-def _sample_view(row: Sample, key: bytes | None) -> dict[str, Any]:
+@dataclass(frozen=True)
+class SealedRow:
+    """A sample row with its wrapped key, as `open_records` reads one."""
+
+    id: int
+    dataset_id: int
+    external_id: str
+    payload: bytes | None
+    key_id: UUID | None
+    wrapped: bytes | None
+    block_row: int | None
+
+    @classmethod
+    def of(cls, row: Sample, wrapped: bytes | None) -> SealedRow:
+        return cls(
+            row.id, row.dataset_id, row.external_id, row.payload, row.key_id, wrapped, row.block_row
+        )
+
+
+def _sample_view(row: Sample, record: SampleRecord | None) -> dict[str, Any]:
     view: dict[str, Any] = {
         "external_id": None,
         "subject_id": None,
@@ -167,10 +196,7 @@ def _sample_view(row: Sample, key: bytes | None) -> dict[str, Any]:
         "status": row.status,
         "erased_at": row.erased_at,
     }
-    if key is not None and row.payload is not None:
-        record = SampleRecord.decode(
-            open_sealed(key, row.payload, sample_aad(row.dataset_id, row.external_id))
-        )
+    if record is not None:
         view |= {
             "external_id": record.external_id,
             "subject_id": record.subject_id,

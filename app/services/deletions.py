@@ -201,7 +201,7 @@ def create_deletion(
         else []
     )
     if not affected:
-        erase_payloads(session, [s.id for s in pending])
+        erase_payloads(session, ring, [s.id for s in pending])
         events.deletion_completed(session, [request_id])  # done as accepted (issue 58)
     tasks = [DeletionTask(**t) for t in _task_rows(task, request_id, models)]
     return Accepted(request, tasks, replayed=False, opening=opening, suppressed=suppressed)

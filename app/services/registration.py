@@ -18,13 +18,13 @@ from __future__ import annotations
 import os
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from typing import Any
 from uuid import UUID
 
 import numpy as np
-from sqlalchemy import ColumnElement, Table, delete, select, update
+from sqlalchemy import ColumnElement, Connection, Table, delete, select, update
 from sqlalchemy.orm import Session
 
 from app import pause
@@ -39,6 +39,7 @@ from app.states import DatasetStatus, SampleStatus
 from app.storage.crypto import NONCE_BYTES, Keyring, SampleRecord, sample_aad, seal
 from app.storage.erasure import compact_after_erasure
 from app.storage.keystore import destroy_keys, new_keys, store_keys
+from app.storage.sample_blocks import BLOCK_ROWS, block_aad, destroy_blocks, pack, wipe
 from app.webhooks import events
 
 # Samples per commit: the longest a deletion POST waits behind a registration. Measured at a
@@ -47,6 +48,7 @@ from app.webhooks import events
 # up to 0.72 s.
 CHUNK = 5000
 SAMPLES, DATASETS = Base.metadata.tables["samples"], Base.metadata.tables["datasets"]
+BLOCKS = Base.metadata.tables["sample_blocks"]
 SAMPLE_COLUMNS = (
     "dataset_id",
     "external_id",
@@ -56,6 +58,7 @@ SAMPLE_COLUMNS = (
     "key_id",
     "status",
     "append_id",
+    "block_row",
 )
 
 
@@ -136,23 +139,19 @@ def register(
                 raise RegistrationDiscarded(dataset_id)
         subjects = SubjectTokens(ring, dataset_id)
 
-        def commit(keys: list[tuple[UUID, bytes, bytes]], rows: list[list[Any]], stop: int) -> None:
+        def commit(chunk: SealedChunk, stop: int) -> None:
             # a chunk's commit need not wait for the disk: a registration that dies is
             # discarded, and the durable commit that makes it ready makes every chunk durable
             with db.write(durable=False) as session:
-                _commit_chunk(session, ring, dataset_id, keys, rows, stop)
+                _commit_chunk(session, ring, dataset_id, chunk, stop)
             pause.point(runtime.settings, "registration-chunk", dataset_id)  # between two commits
 
         with ChunkWriter() as writer:
             for start in range(0, len(parsed.y), CHUNK):
                 stop = min(start + CHUNK, len(parsed.y))
-                keys = new_keys(ring, stop - start)  # sealed before the transaction opens
-                nonces = Nonces(stop - start)
-                rows = [
-                    sealed_row(ring, dataset_id, parsed, i, raw, subjects, nonce=nonces.next())
-                    for i, (_, raw, _) in zip(range(start, stop), keys, strict=True)
-                ]
-                writer.submit(commit, keys, rows, stop)
+                # sealed before the transaction opens, a block of rows under each key
+                chunk = sealed_blocks(ring, dataset_id, parsed, start, stop, subjects)
+                writer.submit(commit, chunk, stop)
         with db.write() as session:
             finished = session.execute(
                 update(DATASETS)
@@ -215,16 +214,61 @@ def screened(
     )
 
 
-def _commit_chunk(
-    session: Session,
+@dataclass
+class SealedChunk:
+    """A chunk of rows ready to insert: the blocks' keys, the rows (SAMPLE_COLUMNS order, the
+    block's key id in `key_id`) and the sealed blocks [(key id, sealed bytes)]."""
+
+    keys: list[tuple[UUID, bytes, bytes]]
+    rows: list[list[Any]]
+    blocks: list[tuple[UUID, bytes]]
+
+
+def sealed_blocks(
     ring: Keyring,
     dataset_id: int,
-    keys: list[tuple[UUID, bytes, bytes]],
-    rows: list[list[Any]],
-    done: int,
+    parsed: ParsedDataset,
+    start: int,
+    stop: int,
+    subjects: SubjectTokens,
+) -> SealedChunk:
+    """Rows `start:stop` as blocks of BLOCK_ROWS records, each sealed under a key of its own
+    (app/storage/sample_blocks.py): one key, one seal and one stored key per block, where a
+    key per row was a third of a registration's time (bench/registration_stages.py)."""
+    firsts = range(start, stop, BLOCK_ROWS)
+    keys = new_keys(ring, len(firsts))
+    rows: list[list[Any]] = []
+    blocks: list[tuple[UUID, bytes]] = []
+    for (key_id, raw, _), first in zip(keys, firsts, strict=True):
+        records = []
+        for place, i in enumerate(range(first, min(first + BLOCK_ROWS, stop))):
+            subject, external = parsed.subjects[i], parsed.ids[i]
+            record = SampleRecord(int(parsed.y[i]), external, subject, parsed.X[i].tobytes())
+            records.append(record.encode())
+            rows.append(
+                [
+                    dataset_id,
+                    ring.token("sample", dataset_id, external),
+                    None if subject is None else subjects[subject],
+                    parsed.split[i],
+                    None,
+                    key_id,
+                    SampleStatus.active.value,
+                    None,
+                    place,
+                ]
+            )
+        plain = pack(records)
+        blocks.append((key_id, seal(raw, plain, block_aad(dataset_id, key_id))))
+        wipe(plain)
+    return SealedChunk(keys, rows, blocks)
+
+
+def _commit_chunk(
+    session: Session, ring: Keyring, dataset_id: int, chunk: SealedChunk, done: int
 ) -> None:
-    """One chunk's keys and rows, and the dataset's progress (`done` rows with this chunk),
-    in the caller's transaction."""
+    """One chunk's keys, blocks and rows, and the dataset's progress (`done` rows with this
+    chunk), in the caller's transaction."""
     moved = session.execute(
         update(DATASETS)
         .where(DATASETS.c.id == dataset_id, DATASETS.c.status == DatasetStatus.registering)
@@ -232,17 +276,35 @@ def _commit_chunk(
     )
     if rowcount(moved) != 1:
         raise RegistrationDiscarded(dataset_id)
-    insert_sealed(session, ring, keys, rows)
+    conn = _inserting(session)
+    store_keys(conn, ring, chunk.keys)
+    uuid_of, at = driver_uuids(conn), SAMPLE_COLUMNS.index("key_id")
+    insert_rows(
+        conn,
+        BLOCKS,
+        ("key_id", "dataset_id", "data"),
+        [(uuid_of(key_id), dataset_id, sealed) for key_id, sealed in chunk.blocks],
+    )
+    for row in chunk.rows:
+        row[at] = uuid_of(row[at])
+    insert_rows(conn, SAMPLES, SAMPLE_COLUMNS, [tuple(r) for r in chunk.rows])
+
+
+def _inserting(session: Session) -> Connection:
+    """The session's connection, set for a registration's bulk inserts on SQLite."""
+    conn = session.connection()
+    if conn.dialect.name == "sqlite":  # the child that inserts ends with its connections
+        conn.exec_driver_sql(f"PRAGMA cache_size=-{INSERT_CACHE_KIB}")
+        conn.exec_driver_sql(f"PRAGMA wal_autocheckpoint={INSERT_CHECKPOINT_PAGES}")
+    return conn
 
 
 def insert_sealed(
     session: Session, ring: Keyring, keys: list[tuple[UUID, bytes, bytes]], rows: list[list[Any]]
 ) -> None:
-    """Sealed rows (SAMPLE_COLUMNS order) and their data keys, in the caller's transaction."""
-    conn = session.connection()
-    if conn.dialect.name == "sqlite":  # the child that inserts ends with its connections
-        conn.exec_driver_sql(f"PRAGMA cache_size=-{INSERT_CACHE_KIB}")
-        conn.exec_driver_sql(f"PRAGMA wal_autocheckpoint={INSERT_CHECKPOINT_PAGES}")
+    """Rows sealed one by one (SAMPLE_COLUMNS order: an append's) and their data keys, in the
+    caller's transaction."""
+    conn = _inserting(session)
     store_keys(conn, ring, keys)
     uuid_of, at = driver_uuids(conn), SAMPLE_COLUMNS.index("key_id")
     for row, (key_id, _, _) in zip(rows, keys, strict=True):
@@ -336,6 +398,7 @@ def sealed_row(
         None,
         status.value,
         append_id,
+        None,  # sealed on its own, in no block
     ]
 
 
@@ -366,7 +429,9 @@ def discard_job(
                     .values(status=DatasetStatus.failed, error=error, progress_at=None, rows_done=0)
                 )
                 break
-            destroy_keys(session, [k for _, k in rows if k is not None])
+            keys = sorted({k for _, k in rows if k is not None})  # a block's rows share one
+            destroy_blocks(session, keys)
+            destroy_keys(session, keys)
             session.execute(delete(Sample).where(Sample.id.in_([i for i, _ in rows])))
     compact_after_erasure(db, runtime.settings)
 

@@ -2,12 +2,14 @@
 
 Erasure is crypto-shredding (app/storage/crypto.py): the sample's data key is destroyed, so its
 sealed payload (label, raw ids, features) and its sealed statistics can never be opened again,
-wherever their bytes survive. `compact_after_erasure` then removes the destroyed keys' own bytes
-from the database files: SQLite zeroes freed cells (`secure_delete`) and the WAL is checkpointed
-and truncated; PostgreSQL rewrites the partitions of the key table that this process destroyed
-keys in (`VACUUM FULL data_keys_p017, ...`; migration 0016), a few milliseconds each at a
-million keys, where rewriting the whole table grew with every key ever made (issue 28), and
-the small `short_keys` when blobs' keys or commitment openings were destroyed.
+wherever their bytes survive; a row sealed in a block leaves the block first, which is sealed
+anew under a new key (app/storage/sample_blocks.py). `compact_after_erasure` then removes the
+destroyed keys' own bytes from the database files: SQLite zeroes freed cells (`secure_delete`)
+and the WAL is checkpointed and truncated; PostgreSQL rewrites the partitions of the key table
+that this process destroyed keys in (`VACUUM FULL data_keys_p017, ...`; migration 0016), a few
+milliseconds each at a million keys, where rewriting the whole table grew with every key ever
+made (issue 28), and the small `short_keys` when blobs' keys or commitment openings were
+destroyed.
 `compact(db, everything=True)` rewrites both tables whole: at a process's start, for keys
 destroyed by a process that died before compacting."""
 
@@ -27,10 +29,11 @@ from sqlalchemy import BindParameter, Connection, bindparam, null, select, text,
 from sqlalchemy.orm import Session
 
 from app.db.chunks import chunked
-from app.db.session import Database, rowcount
+from app.db.session import Database
 from app.db.tables import Base, utcnow
 from app.settings import Settings
 from app.states import ModelStatus, SampleStatus
+from app.storage.crypto import Keyring
 from app.storage.keystore import (
     KeyTable,
     destroy_both,
@@ -38,17 +41,18 @@ from app.storage.keystore import (
     has_destroyed,
     note_destroyed,
 )
+from app.storage.sample_blocks import rewrite
 
 log = logging.getLogger("lethe.erasure")
 
 
-_SAMPLES, _HOLDINGS, _MODELS = (
-    Base.metadata.tables[t] for t in ("samples", "model_samples", "models")
+_SAMPLES, _HOLDINGS, _MODELS, _BLOCKS = (
+    Base.metadata.tables[t] for t in ("samples", "model_samples", "models", "sample_blocks")
 )
 _IDS: BindParameter[list[Any]] = bindparam("ids", expanding=True)
 # Built once (issue 28: building a statement cost more CPU than running it). A sample is
 # free when no live model still holds it.
-_FREE = select(_SAMPLES.c.id, _SAMPLES.c.key_id).where(
+_FREE = select(_SAMPLES.c.id, _SAMPLES.c.key_id, _SAMPLES.c.block_row).where(
     _SAMPLES.c.id.in_(_IDS),
     _SAMPLES.c.status != bindparam("erased"),
     ~select(_HOLDINGS.c.sample_id)
@@ -63,7 +67,13 @@ _FREE = select(_SAMPLES.c.id, _SAMPLES.c.key_id).where(
 _ERASE = (
     update(_SAMPLES)
     .where(_SAMPLES.c.id.in_(_IDS), _SAMPLES.c.status != bindparam("erased"))
-    .values(payload=null(), key_id=null(), status=bindparam("erased"), erased_at=bindparam("now"))
+    .values(
+        payload=null(),
+        key_id=null(),
+        block_row=null(),
+        status=bindparam("erased"),
+        erased_at=bindparam("now"),
+    )
 )
 
 
@@ -74,15 +84,33 @@ _FREED = _FREE.subquery("free")
 _ERASE_FREE = (
     update(_SAMPLES)
     .where(_SAMPLES.c.id == _FREED.c.id, _SAMPLES.c.status != bindparam("erased"))
-    .values(payload=null(), key_id=null(), status=bindparam("erased"), erased_at=bindparam("now"))
-    .returning(_FREED.c.key_id)
+    .values(
+        payload=null(),
+        key_id=null(),
+        block_row=null(),
+        status=bindparam("erased"),
+        erased_at=bindparam("now"),
+    )
+    .returning(_FREED.c.key_id, _FREED.c.block_row)
 )
 
 
-def erase_payloads(session: Session, sample_ids: list[int], also: Sequence[UUID] = ()) -> int:
+_LOCK_BLOCKS = (
+    select(_BLOCKS.c.key_id)
+    .where(_BLOCKS.c.key_id.in_(select(_SAMPLES.c.key_id).where(_SAMPLES.c.id.in_(_IDS))))
+    .with_for_update()
+)
+
+
+def erase_payloads(
+    session: Session, ring: Keyring, sample_ids: list[int], also: Sequence[UUID] = ()
+) -> int:
     """Destroy the data keys of samples no live model still holds, and the short keys `also`
-    (requests' commitment openings) with them. Returns how many samples were erased."""
+    (requests' commitment openings) with them; a sample sealed in a block leaves it first
+    (`sample_blocks.rewrite`: the block sealed again without it under a new key, the old key
+    destroyed here). Returns how many samples were erased."""
     erased, keys = 0, list[UUID | None]()
+    blocks: dict[UUID, list[int]] = {}
     conn = session.connection()
     postgres = conn.dialect.name == "postgresql"
     for chunk in chunked(sample_ids):
@@ -92,16 +120,21 @@ def erase_payloads(session: Session, sample_ids: list[int], also: Sequence[UUID]
             "failed": ModelStatus.failed,
             "now": utcnow(),
         }
-        if postgres:  # one statement
-            freed = conn.execute(_ERASE_FREE, params).scalars().all()
-            keys += freed
-            erased += len(freed)
-            continue
-        free = conn.execute(_FREE, params).all()  # the samples not yet erased no model holds
-        if not free:
-            continue
-        keys += [row.key_id for row in free]
-        erased += rowcount(conn.execute(_ERASE, params | {"ids": [row.id for row in free]}))
+        if postgres:  # their blocks locked first (a block's rows erased at once wait in
+            # turn, instead of each holding a row the other's rewrite moves), then one statement
+            conn.execute(_LOCK_BLOCKS, {"ids": chunk})
+            freed = conn.execute(_ERASE_FREE, params).all()
+        else:
+            freed = conn.execute(_FREE, params).all()  # not yet erased, held by no model
+            if freed:
+                conn.execute(_ERASE, params | {"ids": [row.id for row in freed]})
+        erased += len(freed)
+        for row in freed:
+            if row.block_row is None:
+                keys.append(row.key_id)
+            elif row.key_id is not None:
+                blocks.setdefault(row.key_id, []).append(row.block_row)
+    keys += rewrite(session, ring, blocks)
     destroy_both(session, list(also), [k for k in keys if k is not None])
     return erased
 

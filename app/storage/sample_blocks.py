@@ -1,0 +1,211 @@
+"""Samples sealed a block at a time (issue 55, goal 6): a registration seals BLOCK_ROWS rows'
+records (label, raw ids, float32 features) together under one data key, the block's key,
+where it made, wrapped, sealed and stored a key for every row (a third of its time at a
+million rows, `bench/registration_stages.py`).
+
+A block is its key: `sample_blocks.key_id` is the block's primary key and each of its rows'
+`samples.key_id`, so every reader that joins a sample to its key finds the block's, and
+`key_id IS NULL` still means erased. A sample's statistics are sealed with the same key.
+Erasing a row rewrites its block (`rewrite`): the block is opened, the row's record
+dropped, the rest sealed under a new key, the block's other rows and their statistics moved
+to it, and the old key destroyed with the row's — in the erasure's own transaction, so the
+erased record is in no block any key opens. The plaintext opened on the way is zeroed.
+Rows appended later keep a key of their own (`samples.block_row` is NULL)."""
+
+from __future__ import annotations
+
+import ctypes
+import struct
+from collections.abc import Iterable, Sequence
+from typing import Any
+from uuid import UUID
+
+from sqlalchemy import Connection, bindparam, delete, select, update
+from sqlalchemy.orm import Session
+
+from app.db.bulk import driver_uuids, insert_rows
+from app.db.chunks import chunked
+from app.db.tables import Base, SampleBlock
+from app.storage.crypto import Keyring, SampleRecord, open_sealed, seal, statistic_aad
+from app.storage.keystore import load_keys, new_keys, store_keys
+
+BLOCK_ROWS = 64  # rows per block: an erasure rewrites one (64 KB at 256 features)
+_COUNT = struct.Struct("<I")
+_BYTES_DATA = bytes.__basicsize__ - 1  # where a bytes object's data starts (CPython)
+_SAMPLES = Base.metadata.tables["samples"]
+_STATISTICS = Base.metadata.tables["sample_statistics"]
+
+
+def block_aad(dataset_id: int, key_id: UUID) -> str:
+    """A block's bytes belong to its dataset and open under its own key only."""
+    return f"block/{dataset_id}/{key_id.hex}"
+
+
+def pack(records: Sequence[bytes | memoryview]) -> bytes:
+    """Records as one plaintext: their count, their end offsets, then the records."""
+    ends, at = [], 0
+    for r in records:
+        at += len(r)
+        ends.append(at)
+    head = _COUNT.pack(len(records)) + struct.pack(f"<{len(records)}I", *ends)
+    return b"".join([head, *records])
+
+
+def unpack(plain: bytes) -> list[memoryview]:
+    """`pack`'s records, as views into `plain` (no copy: the caller zeroes `plain` after)."""
+    (count,) = _COUNT.unpack_from(plain)
+    ends = struct.unpack_from(f"<{count}I", plain, _COUNT.size)
+    view, start = memoryview(plain)[_COUNT.size + 4 * count :], 0
+    out = []
+    for end in ends:
+        out.append(view[start:end])
+        start = end
+    return out
+
+
+def wipe(data: bytes) -> None:
+    """Zero a bytes object's contents in place (CPython): plaintext about to be freed."""
+    if len(data) > 1:
+        ctypes.memset(id(data) + _BYTES_DATA, 0, len(data))
+
+
+def open_block(raw: bytes, dataset_id: int, key_id: UUID, sealed: bytes) -> bytes:
+    return open_sealed(raw, sealed, block_aad(dataset_id, key_id))
+
+
+def block_rows(
+    conn: Any, ring: Keyring, dataset_id: int, blocks: Iterable[tuple[UUID, bytes, bytes]]
+) -> None:
+    """Insert sealed blocks [(key id, raw key, packed plaintext)] of `dataset_id`."""
+    uuid_of = driver_uuids(conn)
+    rows = [
+        (uuid_of(key_id), dataset_id, seal(raw, plain, block_aad(dataset_id, key_id)))
+        for key_id, raw, plain in blocks
+    ]
+    insert_rows(conn, Base.metadata.tables["sample_blocks"], ("key_id", "dataset_id", "data"), rows)
+
+
+def open_records(session: Session, ring: Keyring, rows: Sequence[Any]) -> dict[int, SampleRecord]:
+    """The records of block rows (`id`, `key_id`, `wrapped`, `block_row`; a row whose key is
+    destroyed is left out), each block opened once and its plaintext zeroed after."""
+    wanted: dict[UUID, list[Any]] = {}
+    for r in rows:
+        if r.wrapped is not None and r.block_row is not None:
+            wanted.setdefault(r.key_id, []).append(r)
+    out: dict[int, SampleRecord] = {}
+    for keys in chunked(list(wanted)):
+        found = session.execute(
+            select(SampleBlock.key_id, SampleBlock.dataset_id, SampleBlock.data).where(
+                SampleBlock.key_id.in_(keys)
+            )
+        ).all()
+        for key_id, dataset_id, sealed in found:
+            mine = wanted[key_id]
+            plain = open_block(ring.unwrap(mine[0].wrapped), dataset_id, key_id, sealed)
+            records = unpack(plain)
+            for r in mine:
+                out[r.id] = SampleRecord.decode(bytes(records[r.block_row]))
+            del records
+            wipe(plain)
+    return out
+
+
+# built once (issue 28: building a statement cost more than running it); no parameter is
+# named after a column of the table it updates (SQLAlchemy would add it to the SET)
+_BLOCKS = Base.metadata.tables["sample_blocks"]
+_READ_BLOCKS = select(_BLOCKS.c.key_id, _BLOCKS.c.dataset_id, _BLOCKS.c.data).where(
+    _BLOCKS.c.key_id.in_(bindparam("keys", expanding=True))
+)
+_LOCKED_BLOCKS = _READ_BLOCKS.with_for_update()
+_DELETE_BLOCK = delete(_BLOCKS).where(_BLOCKS.c.key_id == bindparam("old_key"))
+_MOVE_ROWS = (
+    update(_SAMPLES)
+    .where(_SAMPLES.c.key_id == bindparam("old_key"))
+    .values(key_id=bindparam("new_key"))
+)
+_MOVED_STATISTICS = select(
+    _STATISTICS.c.model_id, _STATISTICS.c.sample_id, _STATISTICS.c.kind, _STATISTICS.c.vector
+).where(
+    _STATISTICS.c.sample_id.in_(
+        select(_SAMPLES.c.id).where(_SAMPLES.c.key_id == bindparam("new_key")).scalar_subquery()
+    )
+)
+_RESEAL = (
+    update(_STATISTICS)
+    .where(
+        _STATISTICS.c.model_id == bindparam("model"),
+        _STATISTICS.c.sample_id == bindparam("sample"),
+        _STATISTICS.c.kind == bindparam("of_kind"),
+    )
+    .values(vector=bindparam("sealed"))
+)
+
+
+def rewrite(session: Session, ring: Keyring, erased: dict[UUID, list[int]]) -> list[UUID]:
+    """Drop the rows `erased` ({block key: [block_row, ...]}, rows already marked erased) from
+    their blocks: each block left with rows is sealed under a new key that its rows and their
+    statistics move to. Returns the old keys, for the caller to destroy in this transaction."""
+    if not erased:
+        return []
+    conn = session.connection()
+    old_keys = list(erased)
+    raws = load_keys(session, ring, old_keys)
+    # PostgreSQL: two erasures of one block, one after the other (erase_payloads locked first)
+    query = _LOCKED_BLOCKS if conn.dialect.name == "postgresql" else _READ_BLOCKS
+    for keys in chunked(old_keys):
+        for key_id, dataset_id, sealed in conn.execute(query, {"keys": keys}).all():
+            _rewrite_one(conn, ring, key_id, dataset_id, sealed, raws, erased[key_id])
+    return old_keys
+
+
+def _rewrite_one(
+    conn: Connection,
+    ring: Keyring,
+    key_id: UUID,
+    dataset_id: int,
+    sealed: bytes,
+    raws: dict[UUID, bytes],
+    gone: list[int],
+) -> None:
+    conn.execute(_DELETE_BLOCK, {"old_key": key_id})
+    if key_id not in raws:  # its key is gone already: nothing to keep
+        return
+    plain = open_block(raws[key_id], dataset_id, key_id, sealed)
+    records = unpack(plain)
+    dropped = set(gone)
+    kept = [b"" if i in dropped else r for i, r in enumerate(records)]
+    if any(len(r) for r in kept):
+        ((new_id, new_raw, _),) = fresh = new_keys(ring, 1)
+        store_keys(conn, ring, fresh)
+        packed = pack(kept)  # positions kept: the other rows' block_row stays right
+        block_rows(conn, ring, dataset_id, [(new_id, new_raw, packed)])
+        wipe(packed)
+        conn.execute(_MOVE_ROWS, {"old_key": key_id, "new_key": new_id})
+        _reseal_statistics(conn, raws[key_id], new_raw, new_id)
+    del records, kept
+    wipe(plain)
+
+
+def _reseal_statistics(conn: Connection, old: bytes, new: bytes, new_key: UUID) -> None:
+    """The statistics of the rows now under `new_key`, sealed again under it."""
+    resealed = []
+    for model_id, sample_id, kind, vector in conn.execute(_MOVED_STATISTICS, {"new_key": new_key}):
+        aad = statistic_aad(model_id, sample_id, kind)
+        plain = open_sealed(old, vector, aad)
+        resealed.append(
+            {
+                "model": model_id,
+                "sample": sample_id,
+                "of_kind": kind,
+                "sealed": seal(new, plain, aad),
+            }
+        )
+        wipe(plain)
+    if resealed:
+        conn.execute(_RESEAL, resealed)
+
+
+def destroy_blocks(session: Session, key_ids: Sequence[UUID]) -> None:
+    """Delete the blocks sealed under these keys (a discarded registration's)."""
+    for keys in chunked(list(key_ids)):
+        session.execute(delete(SampleBlock).where(SampleBlock.key_id.in_(keys)))
