@@ -156,3 +156,20 @@ def test_rows_of_one_block_erased_at_once_by_two_transactions(api: Api) -> None:
     places = {sid: place for sid, place, _ in rows}
     assert all(records[places[s]] == b"" for s in erased)
     assert all(records[places[s]] != b"" for s in rest)
+
+
+def test_a_block_that_does_not_open_does_not_hold_an_erasure_back(api: Api) -> None:
+    """Erasure never depends on the block: a tampered block is deleted with its key and the
+    row is erased all the same (its other rows were unreadable already)."""
+    made = api.post("/v1/datasets", json={"builtin": "digits"})
+    key, rows = block_of(api, made.json()["id"])
+    db = database(api.url)
+    with db.write() as session:
+        block = session.get_one(SampleBlock, key)
+        block.data = bytes(block.data[:-1]) + bytes([block.data[-1] ^ 1])
+    with db.write() as session:
+        assert erase_payloads(session, api.runtime.keyring, [rows[0][0]]) == 1
+    with db.read() as session:
+        assert session.get(SampleBlock, key) is None and session.get(DataKey, key) is None
+        erased = session.get_one(Sample, rows[0][0])
+    assert erased.status == "erased" and erased.key_id is None

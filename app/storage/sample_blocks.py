@@ -15,6 +15,7 @@ Rows appended later keep a key of their own (`samples.block_row` is NULL)."""
 from __future__ import annotations
 
 import ctypes
+import logging
 import struct
 from collections.abc import Iterable, Sequence
 from typing import Any
@@ -26,9 +27,17 @@ from sqlalchemy.orm import Session
 from app.db.bulk import driver_uuids, insert_rows
 from app.db.chunks import chunked
 from app.db.tables import Base, SampleBlock
-from app.storage.crypto import Keyring, SampleRecord, open_sealed, seal, statistic_aad
+from app.storage.crypto import (
+    Keyring,
+    SampleRecord,
+    SealError,
+    open_sealed,
+    seal,
+    statistic_aad,
+)
 from app.storage.keystore import load_keys, new_keys, store_keys
 
+log = logging.getLogger("lethe.erasure")
 BLOCK_ROWS = 64  # rows per block: an erasure rewrites one (64 KB at 256 features)
 _COUNT = struct.Struct("<I")
 _BYTES_DATA = bytes.__basicsize__ - 1  # where a bytes object's data starts (CPython)
@@ -170,7 +179,11 @@ def _rewrite_one(
     conn.execute(_DELETE_BLOCK, {"old_key": key_id})
     if key_id not in raws:  # its key is gone already: nothing to keep
         return
-    plain = open_block(raws[key_id], dataset_id, key_id, sealed)
+    try:
+        plain = open_block(raws[key_id], dataset_id, key_id, sealed)
+    except SealError:  # erasure never waits on the block: its other rows were lost already
+        log.error("block %s of dataset %s does not open; erased with its rows", key_id, dataset_id)
+        return
     records = unpack(plain)
     dropped = set(gone)
     kept = [b"" if i in dropped else r for i, r in enumerate(records)]
@@ -191,7 +204,11 @@ def _reseal_statistics(conn: Connection, old: bytes, new: bytes, new_key: UUID) 
     resealed = []
     for model_id, sample_id, kind, vector in conn.execute(_MOVED_STATISTICS, {"new_key": new_key}):
         aad = statistic_aad(model_id, sample_id, kind)
-        plain = open_sealed(old, vector, aad)
+        try:
+            plain = open_sealed(old, vector, aad)
+        except SealError:  # unreadable already: left under the old key, destroyed with it
+            log.error("statistic %s of sample %s does not open; left behind", kind, sample_id)
+            continue
         resealed.append(
             {
                 "model": model_id,
