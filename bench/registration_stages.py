@@ -12,8 +12,8 @@ where the time goes"), side by side in one run, in one process, on the embedded 
 - `insert`: the keys', blocks' and rows' INSERTs and the chunk commits;
 - `single_erasure_ms`: erasing one row afterwards, in each layout (in a block: the block
   opened, sealed again without the row under a new key, its rows moved to it);
-- `register`: the real thing (`registration.register`, in blocks, sealing and writing
-  overlapped on two threads), beside the stages' sum.
+- `register`: the real thing (`registration.register`, sealing and writing overlapped on two
+  threads), in blocks and, its sealing and insert swapped for the per-row ones, as before.
 
 The floor is writing the same float32 bytes to this disk (and fsync). Nothing here is a test.
 
@@ -25,24 +25,29 @@ Writes bench/results/registration_stages.json.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import statistics
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import select
+import numpy as np
+from sqlalchemy import select, update
+from sqlalchemy.orm import Session
 
 from app.db.migrate import upgrade_to_head
-from app.db.tables import Sample
+from app.db.tables import Dataset, Sample, utcnow
 from app.runtime import Runtime
 from app.services import registration
 from app.services.dataset_files import Limits, ParsedDataset
 from app.services.parquet_files import Columns, parse_parquet
 from app.services.suppression import screen
 from app.settings import Settings
+from app.storage.crypto import Keyring
 from app.storage.erasure import erase_payloads
 from app.storage.keystore import new_keys
 from app.storage.sample_blocks import BLOCK_ROWS
@@ -72,6 +77,18 @@ def read_rows(parsed: ParsedDataset, start: int, stop: int) -> None:
         parsed.X[i].tobytes(), int(parsed.y[i]), parsed.ids[i]
 
 
+def held(parsed: ParsedDataset, start: int, stop: int) -> ParsedDataset:
+    """Rows `start:stop` as arrays in memory."""
+    return replace(
+        parsed,
+        X=np.stack([parsed.X[i] for i in range(start, stop)]),
+        y=np.asarray(parsed.y[start:stop]),
+        ids=[parsed.ids[i] for i in range(start, stop)],
+        subjects=list(parsed.subjects[start:stop]),
+        split=list(parsed.split[start:stop]),
+    )
+
+
 def stages(runtime: Runtime, data: bytes, layout: str) -> dict[str, float]:
     """Each stage alone, a chunk at a time as the registration runs them, in sequence:
     `layout` "per_row" seals each row under a key of its own (every registration before
@@ -89,22 +106,24 @@ def stages(runtime: Runtime, data: bytes, layout: str) -> dict[str, float]:
     n = len(parsed.y)
     for start in range(0, n, registration.CHUNK):
         stop = min(start + registration.CHUNK, n)
-        # the chunk's rows decoded (a row group at a time); the sealing then finds them cached
+        # the chunk's rows decoded (a row group at a time), then held as arrays for the
+        # sealing (reading them again from the Parquet rows went back to the file's start)
         out["read"] += timed(lambda: read_rows(parsed, start, stop))  # noqa: B023
-        chunk_ids = [parsed.ids[i] for i in range(start, stop)]
-        tokens_took = timed(lambda: [ring.token("sample", dataset_id, x) for x in chunk_ids])  # noqa: B023
+        part = held(parsed, start, stop)
+        m = stop - start
+        tokens_took = timed(lambda: [ring.token("sample", dataset_id, x) for x in part.ids])  # noqa: B023
         out["sample_tokens"] += tokens_took
         t = time.perf_counter()
         if layout == "blocks":
-            chunk = registration.sealed_blocks(ring, dataset_id, parsed, start, stop, subjects)
+            chunk = registration.sealed_blocks(ring, dataset_id, part, 0, m, subjects)
         else:
-            keys = new_keys(ring, stop - start)
-            nonces = registration.Nonces(stop - start)
+            keys = new_keys(ring, m)
+            nonces = registration.Nonces(m)
             rows = [
                 registration.sealed_row(
-                    ring, dataset_id, parsed, i, raw, subjects, nonce=nonces.next()
+                    ring, dataset_id, part, i, raw, subjects, nonce=nonces.next()
                 )
-                for i, (_, raw, _) in zip(range(start, stop), keys, strict=True)
+                for i, (_, raw, _) in zip(range(m), keys, strict=True)
             ]
         out["keys_and_seal"] += time.perf_counter() - t - tokens_took  # tokens counted above
         t = time.perf_counter()
@@ -131,14 +150,55 @@ def erasures_ms(runtime: Runtime, count: int = 20) -> list[float]:
     return took
 
 
-def whole(runtime: Runtime, data: bytes) -> float:
-    """POST→ready's own work: parse, screen, seal and write, overlapped as the service does."""
+def whole(runtime: Runtime, data: bytes, layout: str) -> float:
+    """POST→ready's own work: parse, screen, seal and write, overlapped as the service does;
+    `layout` "per_row" swaps in the sealing and insert of a key per row (`per_row_layout`)."""
     with runtime.db.write() as session:
         dataset_id = registration.begin(session, "whole", "parquet")
     started = time.perf_counter()
     parsed = parsed_of(data, runtime.settings)
-    registration.register(runtime, dataset_id, parsed)
+    with per_row_layout() if layout == "per_row" else contextlib.nullcontext():
+        registration.register(runtime, dataset_id, parsed)
     return time.perf_counter() - started
+
+
+@contextlib.contextmanager
+def per_row_layout() -> Iterator[None]:
+    """`registration.register` as it was before migration 0025: a data key per row, each row
+    sealed on its own (`sealed_row`, `insert_sealed`: what an append still does)."""
+
+    def sealed(
+        ring: Keyring,
+        dataset_id: int,
+        parsed: ParsedDataset,
+        start: int,
+        stop: int,
+        subjects: registration.SubjectTokens,
+    ) -> registration.SealedChunk:
+        keys = new_keys(ring, stop - start)
+        nonces = registration.Nonces(stop - start)
+        rows = [
+            registration.sealed_row(ring, dataset_id, parsed, i, raw, subjects, nonce=nonces.next())
+            for i, (_, raw, _) in zip(range(start, stop), keys, strict=True)
+        ]
+        return registration.SealedChunk(keys, rows, [])
+
+    def commit(
+        session: Session, ring: Keyring, dataset_id: int, chunk: registration.SealedChunk, done: int
+    ) -> None:
+        session.execute(
+            update(Dataset)
+            .where(Dataset.id == dataset_id)
+            .values(progress_at=utcnow(), rows_done=done)
+        )
+        registration.insert_sealed(session, ring, chunk.keys, chunk.rows)
+
+    saved = registration.sealed_blocks, registration._commit_chunk
+    registration.sealed_blocks, registration._commit_chunk = sealed, commit  # type: ignore[assignment]
+    try:
+        yield
+    finally:
+        registration.sealed_blocks, registration._commit_chunk = saved
 
 
 def disk_floor(root: Path, n: int, d: int) -> float:
@@ -169,7 +229,12 @@ def main() -> None:
             runtime = fresh_runtime(root, layout, args.n, args.features)
             parts[layout] = stages(runtime, data, layout)
             erasing[layout] = erasures_ms(runtime)
-        register_s = whole(fresh_runtime(root, "whole", args.n, args.features), data)
+        register_s = {
+            layout: whole(
+                fresh_runtime(root, f"whole-{layout}", args.n, args.features), data, layout
+            )
+            for layout in ("per_row", "blocks")
+        }
         floor = disk_floor(root, args.n, args.features)
     summed = {layout: sum(p.values()) for layout, p in parts.items()}
     result = {
@@ -181,8 +246,7 @@ def main() -> None:
             k: {s: round(v / args.n * 1e6, 2) for s, v in p.items()} for k, p in parts.items()
         },
         "stages_summed_s": {k: round(v, 3) for k, v in summed.items()},
-        "register_s": round(register_s, 3),
-        "register_layout": "blocks",
+        "register_s": {k: round(v, 3) for k, v in register_s.items()},
         "single_erasure_ms_p50": {k: round(statistics.median(v), 3) for k, v in erasing.items()},
         "single_erasure_ms": {k: [round(x, 3) for x in v] for k, v in erasing.items()},
         "disk_floor_s": round(floor, 3),
