@@ -43,6 +43,7 @@ _COUNT = struct.Struct("<I")
 _BYTES_DATA = bytes.__basicsize__ - 1  # where a bytes object's data starts (CPython)
 _SAMPLES = Base.metadata.tables["samples"]
 _STATISTICS = Base.metadata.tables["sample_statistics"]
+_BLOCKS = Base.metadata.tables["sample_blocks"]
 
 
 def block_aad(dataset_id: int, key_id: UUID) -> str:
@@ -83,15 +84,15 @@ def open_block(raw: bytes, dataset_id: int, key_id: UUID, sealed: bytes) -> byte
 
 
 def block_rows(
-    conn: Any, ring: Keyring, dataset_id: int, blocks: Iterable[tuple[UUID, bytes, bytes]]
+    conn: Connection, dataset_id: int, blocks: Iterable[tuple[UUID, bytes, bytes]]
 ) -> None:
-    """Insert sealed blocks [(key id, raw key, packed plaintext)] of `dataset_id`."""
+    """Seal and insert blocks [(key id, raw key, packed plaintext)] of `dataset_id`."""
     uuid_of = driver_uuids(conn)
     rows = [
         (uuid_of(key_id), dataset_id, seal(raw, plain, block_aad(dataset_id, key_id)))
         for key_id, raw, plain in blocks
     ]
-    insert_rows(conn, Base.metadata.tables["sample_blocks"], ("key_id", "dataset_id", "data"), rows)
+    insert_rows(conn, _BLOCKS, ("key_id", "dataset_id", "data"), rows)
 
 
 def open_records(session: Session, ring: Keyring, rows: Sequence[Any]) -> dict[int, SampleRecord]:
@@ -121,7 +122,6 @@ def open_records(session: Session, ring: Keyring, rows: Sequence[Any]) -> dict[i
 
 # built once (issue 28: building a statement cost more than running it); no parameter is
 # named after a column of the table it updates (SQLAlchemy would add it to the SET)
-_BLOCKS = Base.metadata.tables["sample_blocks"]
 _READ_BLOCKS = select(_BLOCKS.c.key_id, _BLOCKS.c.dataset_id, _BLOCKS.c.data).where(
     _BLOCKS.c.key_id.in_(bindparam("keys", expanding=True))
 )
@@ -191,7 +191,7 @@ def _rewrite_one(
         ((new_id, new_raw, _),) = fresh = new_keys(ring, 1)
         store_keys(conn, ring, fresh)
         packed = pack(kept)  # positions kept: the other rows' block_row stays right
-        block_rows(conn, ring, dataset_id, [(new_id, new_raw, packed)])
+        block_rows(conn, dataset_id, [(new_id, new_raw, packed)])
         wipe(packed)
         conn.execute(_MOVE_ROWS, {"old_key": key_id, "new_key": new_id})
         _reseal_statistics(conn, raws[key_id], new_raw, new_id)
