@@ -15,7 +15,7 @@ where the time goes"), side by side in one run, in one process, on the embedded 
 - `register`: the real thing (`registration.register`, sealing and writing overlapped on two
   threads), in blocks and, its sealing and insert swapped for the per-row ones, as before.
 
-The floor is writing the same float32 bytes to this disk (and fsync). Nothing here is a test.
+The floor is writing the Parquet file's bytes to this disk (and fsync). Nothing here is a test.
 
     .venv/bin/python -m bench.registration_stages [--n 1000000] [--features 256]
 
@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import os
 import statistics
 import tempfile
 import time
@@ -52,7 +51,7 @@ from app.storage.erasure import erase_payloads
 from app.storage.keystore import new_keys
 from app.storage.sample_blocks import BLOCK_ROWS
 from bench.common import write_result
-from bench.registration import parquet_bytes
+from bench.registration import disk_floor, parquet_bytes
 
 
 def timed(work: Callable[[], Any]) -> float:
@@ -201,20 +200,6 @@ def per_row_layout() -> Iterator[None]:
         registration.sealed_blocks, registration._commit_chunk = saved
 
 
-def disk_floor(root: Path, n: int, d: int) -> float:
-    block = os.urandom(1 << 24)
-    total, path = n * d * 4, root / "floor.bin"
-    started = time.perf_counter()
-    with path.open("wb") as f:
-        for _ in range(0, total, len(block)):
-            f.write(block)
-        f.flush()
-        os.fsync(f.fileno())
-    took = time.perf_counter() - started
-    path.unlink()
-    return took
-
-
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--n", type=int, default=1_000_000)
@@ -235,7 +220,7 @@ def main() -> None:
             )
             for layout in ("per_row", "blocks")
         }
-        floor = disk_floor(root, args.n, args.features)
+        floor = disk_floor(data, root)  # the Parquet file's bytes: as much as the features
     summed = {layout: sum(p.values()) for layout, p in parts.items()}
     result = {
         "n": args.n,

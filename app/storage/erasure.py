@@ -64,16 +64,18 @@ _FREE = select(_SAMPLES.c.id, _SAMPLES.c.key_id, _SAMPLES.c.block_row).where(
     )
     .exists(),
 )
+# what an erased sample keeps of its row: no payload, no key, no place in a block
+_ERASED = {
+    "payload": null(),
+    "key_id": null(),
+    "block_row": null(),
+    "status": bindparam("erased"),
+    "erased_at": bindparam("now"),
+}
 _ERASE = (
     update(_SAMPLES)
     .where(_SAMPLES.c.id.in_(_IDS), _SAMPLES.c.status != bindparam("erased"))
-    .values(
-        payload=null(),
-        key_id=null(),
-        block_row=null(),
-        status=bindparam("erased"),
-        erased_at=bindparam("now"),
-    )
+    .values(**_ERASED)
 )
 
 
@@ -84,13 +86,7 @@ _FREED = _FREE.subquery("free")
 _ERASE_FREE = (
     update(_SAMPLES)
     .where(_SAMPLES.c.id == _FREED.c.id, _SAMPLES.c.status != bindparam("erased"))
-    .values(
-        payload=null(),
-        key_id=null(),
-        block_row=null(),
-        status=bindparam("erased"),
-        erased_at=bindparam("now"),
-    )
+    .values(**_ERASED)
     .returning(_FREED.c.key_id, _FREED.c.block_row)
 )
 
