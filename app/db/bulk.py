@@ -15,6 +15,8 @@ from uuid import UUID
 from sqlalchemy import Column, Connection, Row, Table, bindparam, func, insert, select
 from sqlalchemy.dialects.postgresql import ARRAY
 
+SQLITE_PARAMETERS = 32_766  # SQLite's most parameters in one statement (since 3.32)
+
 
 def insert_rows(conn: Connection, table: Table, columns: Sequence[str], rows: list[tuple]) -> None:
     """INSERT `rows` (tuples in `columns` order) into `table`: one executemany, no RETURNING."""
@@ -25,11 +27,19 @@ def insert_rows(conn: Connection, table: Table, columns: Sequence[str], rows: li
         raise KeyError(f"{table.name} has no column(s) {unknown}")
     quote = conn.dialect.identifier_preparer.quote
     marker = "?" if conn.dialect.paramstyle == "qmark" else "%s"
-    conn.exec_driver_sql(
-        f"INSERT INTO {quote(table.name)} ({', '.join(quote(c) for c in columns)}) "
-        f"VALUES ({', '.join([marker] * len(columns))})",
-        rows,
-    )
+    head = f"INSERT INTO {quote(table.name)} ({', '.join(quote(c) for c in columns)}) VALUES "
+    one = f"({', '.join([marker] * len(columns))})"
+    if conn.dialect.name != "sqlite":
+        conn.exec_driver_sql(head + one, rows)
+        return
+    # SQLite: many rows per statement. `executemany` steps once per row and gives Python's
+    # lock back at each step, so a registration's insert thread waited on the sealing thread
+    # 5,000 times a chunk and the two ran no faster than one after the other (issue 55)
+    per = max(1, SQLITE_PARAMETERS // len(columns))
+    for start in range(0, len(rows), per):
+        batch = rows[start : start + per]
+        flat = [value for row in batch for value in row]
+        conn.exec_driver_sql(head + ", ".join([one] * len(batch)), tuple(flat))
 
 
 def driver_uuid(conn: Connection, value: UUID) -> Any:
