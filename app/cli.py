@@ -51,7 +51,7 @@ def serve(host: str = "127.0.0.1", port: int = 8000) -> None:
     """Start the API (embedded mode: SQLite file and a worker process of its own)."""
     from app.allocator import restart_scrubbing
 
-    restart_scrubbing()  # every freed block overwritten (issue 53): no erased id left in free memory
+    restart_scrubbing()  # every freed block overwritten (issue 53): no erased id in free memory
     import uvicorn
 
     from app.main import create_app
