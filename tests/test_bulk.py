@@ -8,7 +8,7 @@ from uuid import UUID
 import pytest
 from sqlalchemy import select
 
-from app.db.bulk import SQLITE_PARAMETERS, driver_uuid, insert_rows
+from app.db.bulk import SQLITE_PARAMETERS, driver_uuid, insert_rows, sqlite_parameters
 from app.db.session import database
 from app.db.tables import Base, DataKey, Dataset, Sample
 from app.states import SampleStatus
@@ -57,18 +57,19 @@ def test_an_unknown_column_is_refused_before_any_sql(db_url: str) -> None:
 
 
 def test_more_rows_than_one_statement_takes_all_land_in_order(db_url: str) -> None:
-    """On SQLite a chunk goes in as several many-row statements (SQLITE_PARAMETERS values
-    each): every row lands once, in the order given, and the ids follow it."""
+    """On SQLite a chunk goes in as several many-row statements (as many values each as the
+    library allows): every row lands once, in the order given, and the ids follow it."""
     ring = Keyring(b"k" * 32)
     columns = ("dataset_id", "external_id", "subject_id", "split", "payload", "key_id", "status")
-    n = 2 * (SQLITE_PARAMETERS // len(columns)) + 3  # two full statements and a short one
     with database(db_url).write() as session:
         ds = Dataset(name="d", kind="tabular", source="npz", feature_shape=[2], n_classes=2,
-                     n_samples=n)  # fmt: skip
+                     n_samples=0)  # fmt: skip
         session.add(ds)
         session.flush()
         ((key_id, _),) = create_keys(session, ring, 1)
         conn = session.connection()
+        limit = sqlite_parameters(conn) if conn.dialect.name == "sqlite" else SQLITE_PARAMETERS
+        n = 2 * (limit // len(columns)) + 3  # two full statements and a short one
         key = driver_uuid(conn, key_id)
         rows = [(ds.id, f"t:{i:06d}", None, "train", None, key, "active") for i in range(n)]
         insert_rows(conn, Base.metadata.tables["samples"], columns, rows)

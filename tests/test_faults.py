@@ -376,9 +376,12 @@ def test_postgres_stopped_and_started_mid_run(
             cluster.start_api()
             for _ in range(2):
                 cluster.start_worker()
+            # the setup's first POST waited over 30 s once under the full suite's load (stop
+            # 67; 43 s for the whole test alone): a budget for the setup, not the outage's
+            with cluster.client(timeout=120) as setup:
+                ds, model = ready_model(setup)
+                ids = train_ids(setup, ds["id"], 9)
             with cluster.client(timeout=30) as c:
-                ds, model = ready_model(c)
-                ids = train_ids(c, ds["id"], 9)
 
                 def post(samples: list[str]) -> int:
                     nonlocal n_samples

@@ -1,4 +1,5 @@
-"""Bulk inserts through the driver's `executemany`, for rows counted in millions.
+"""Bulk inserts through the driver, for rows counted in millions: `executemany` on
+PostgreSQL, many rows per statement on SQLite.
 
 SQLAlchemy processes every parameter of every row (type processors, a dict per row); without
 that a million-sample registration took 123 s instead of 174 s (issue 28, same sitting). Rows
@@ -8,6 +9,7 @@ writes, in one statement on PostgreSQL."""
 
 from __future__ import annotations
 
+import sqlite3
 from collections.abc import Callable, Sequence
 from typing import Any
 from uuid import UUID
@@ -18,8 +20,19 @@ from sqlalchemy.dialects.postgresql import ARRAY
 SQLITE_PARAMETERS = 32_766  # SQLite's most parameters in one statement (since 3.32)
 
 
+def sqlite_parameters(conn: Connection) -> int:
+    """The most parameters one statement may take on this SQLite connection: its library's
+    limit where the driver reports it (Python 3.11), else SQLITE_PARAMETERS."""
+    driver = conn.connection.driver_connection
+    getlimit = getattr(driver, "getlimit", None)
+    if getlimit is None:
+        return SQLITE_PARAMETERS
+    return int(getlimit(sqlite3.SQLITE_LIMIT_VARIABLE_NUMBER))
+
+
 def insert_rows(conn: Connection, table: Table, columns: Sequence[str], rows: list[tuple]) -> None:
-    """INSERT `rows` (tuples in `columns` order) into `table`: one executemany, no RETURNING."""
+    """INSERT `rows` (tuples in `columns` order) into `table`, no RETURNING: one executemany
+    on PostgreSQL, on SQLite a few statements of as many rows as its parameter limit allows."""
     if not rows:
         return
     unknown = [name for name in columns if name not in table.c]
@@ -35,7 +48,7 @@ def insert_rows(conn: Connection, table: Table, columns: Sequence[str], rows: li
     # SQLite: many rows per statement. `executemany` steps once per row and gives Python's
     # lock back at each step, so a registration's insert thread waited on the sealing thread
     # 5,000 times a chunk and the two ran no faster than one after the other (issue 55)
-    per = max(1, SQLITE_PARAMETERS // len(columns))
+    per = max(1, sqlite_parameters(conn) // len(columns))
     for start in range(0, len(rows), per):
         batch = rows[start : start + per]
         flat = [value for row in batch for value in row]
