@@ -7,6 +7,7 @@ from uuid import UUID
 
 import pytest
 from sqlalchemy import select
+from sqlalchemy.orm import Session
 
 from app.db.bulk import SQLITE_PARAMETERS, driver_uuid, insert_rows, sqlite_parameters
 from app.db.session import database
@@ -28,22 +29,28 @@ def test_keys_stored_in_bulk_load_back_on_both_backends(db_url: str) -> None:
     assert kek_ids == {ring.kek_id}
 
 
+COLUMNS = ("dataset_id", "external_id", "subject_id", "split", "payload", "key_id", "status")
+
+
+def dataset_and_key(session: Session) -> tuple[int, UUID]:
+    """A dataset's id and a stored data key's, for rows to insert."""
+    ds = Dataset(name="d", kind="tabular", source="npz", feature_shape=[2], n_classes=2,
+                 n_samples=0)  # fmt: skip
+    session.add(ds)
+    session.flush()
+    ((key_id, _),) = create_keys(session, Keyring(b"k" * 32), 1)
+    return ds.id, key_id
+
+
 def test_sample_rows_read_back_with_their_types(db_url: str) -> None:
-    ring = Keyring(b"k" * 32)
     with database(db_url).write() as session:
-        ds = Dataset(name="d", kind="tabular", source="npz", feature_shape=[2], n_classes=2,
-                     n_samples=2)  # fmt: skip
-        session.add(ds)
-        session.flush()
-        ((key_id, _),) = create_keys(session, ring, 1)
+        dataset_id, key_id = dataset_and_key(session)
         conn = session.connection()
         rows = [
-            (ds.id, f"t:{i}", None, "train", b"sealed", driver_uuid(conn, key_id), "active")
+            (dataset_id, f"t:{i}", None, "train", b"sealed", driver_uuid(conn, key_id), "active")
             for i in range(2)
         ]
-        insert_rows(conn, Base.metadata.tables["samples"],
-                    ("dataset_id", "external_id", "subject_id", "split", "payload", "key_id",
-                     "status"), rows)  # fmt: skip
+        insert_rows(conn, Base.metadata.tables["samples"], COLUMNS, rows)
     with database(db_url).read() as session:
         samples = session.scalars(select(Sample).order_by(Sample.external_id)).all()
     assert [s.external_id for s in samples] == ["t:0", "t:1"]
@@ -59,20 +66,14 @@ def test_an_unknown_column_is_refused_before_any_sql(db_url: str) -> None:
 def test_more_rows_than_one_statement_takes_all_land_in_order(db_url: str) -> None:
     """On SQLite a chunk goes in as several many-row statements (as many values each as the
     library allows): every row lands once, in the order given, and the ids follow it."""
-    ring = Keyring(b"k" * 32)
-    columns = ("dataset_id", "external_id", "subject_id", "split", "payload", "key_id", "status")
     with database(db_url).write() as session:
-        ds = Dataset(name="d", kind="tabular", source="npz", feature_shape=[2], n_classes=2,
-                     n_samples=0)  # fmt: skip
-        session.add(ds)
-        session.flush()
-        ((key_id, _),) = create_keys(session, ring, 1)
+        dataset_id, key_id = dataset_and_key(session)
         conn = session.connection()
         limit = sqlite_parameters(conn) if conn.dialect.name == "sqlite" else SQLITE_PARAMETERS
-        n = 2 * (limit // len(columns)) + 3  # two full statements and a short one
+        n = 2 * (limit // len(COLUMNS)) + 3  # two full statements and a short one
         key = driver_uuid(conn, key_id)
-        rows = [(ds.id, f"t:{i:06d}", None, "train", None, key, "active") for i in range(n)]
-        insert_rows(conn, Base.metadata.tables["samples"], columns, rows)
+        rows = [(dataset_id, f"t:{i:06d}", None, "train", None, key, "active") for i in range(n)]
+        insert_rows(conn, Base.metadata.tables["samples"], COLUMNS, rows)
     with database(db_url).read() as session:
         names = session.scalars(select(Sample.external_id).order_by(Sample.id)).all()
     assert names == [f"t:{i:06d}" for i in range(n)]
