@@ -23,7 +23,10 @@ import pytest
 from bench.cluster import free_port
 from tests.test_walkthrough import run_walkthrough
 
-pytestmark = pytest.mark.image
+# The item's budget covers its module fixture, which builds both images (a fresh machine: minutes,
+# up to compose-up's own 1,800 s), then the test's own waits (300 s training, 300 s deletion,
+# 120 s restarts): the suite-wide 300 s stopped CI's run mid-wait once, the work still going.
+pytestmark = [pytest.mark.image, pytest.mark.timeout(2700)]
 ROOT = Path(__file__).resolve().parents[1]
 COMPOSE = str(Path(sys.executable).parent / "podman-compose")  # the test extra's
 
@@ -51,6 +54,7 @@ def deployment(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, 
         "LETHE_PORT": str(port),
         "PODMAN_COMPOSE": COMPOSE,
     }
+    started = time.monotonic()
     try:
         up = subprocess.run(
             [str(ROOT / "scripts" / "compose-up"), "--workers", "2"],
@@ -59,6 +63,7 @@ def deployment(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, 
         assert up.returncode == 0, up.stdout[-4000:] + up.stderr[-4000:]
         keys = re.findall(r"lethe_adm_[A-Za-z0-9_-]+", up.stdout)
         assert keys, up.stdout
+        print(f"compose-up (builds included): {time.monotonic() - started:.0f} s", flush=True)
         yield f"http://127.0.0.1:{port}", keys[0], env
     finally:
         subprocess.run(
@@ -84,6 +89,11 @@ def test_compose_up_brings_every_service_up_healthy_and_a_killed_worker_loses_no
     deployment: tuple[str, str, dict], tmp_path: Path
 ) -> None:
     url, key, env = deployment
+    began = time.monotonic()
+
+    def mark(step: str) -> None:  # where the item's time went, shown if it fails
+        print(f"{step}: {time.monotonic() - began:.0f} s into the test", flush=True)
+
     for service, count in (("postgres", 1), ("redis", 1), ("s3", 1), ("witness", 1),
                            ("api", 1), ("worker", 2)):  # fmt: skip
         found = containers(env, service)
@@ -93,6 +103,7 @@ def test_compose_up_brings_every_service_up_healthy_and_a_killed_worker_loses_no
 
     result = run_walkthrough(tmp_path / "work", url, key)
     assert '"status": "done"' in result.stdout and '"ok": true' in result.stdout
+    mark("walkthrough done")
 
     admin = {"Authorization": f"Bearer {key}"}
     with httpx.Client(base_url=url, headers=admin, timeout=60) as c:
@@ -105,6 +116,7 @@ def test_compose_up_brings_every_service_up_healthy_and_a_killed_worker_loses_no
         while c.get(f"/v1/models/{model}").json()["status"] != "ready":
             assert time.monotonic() < deadline
             time.sleep(1)
+        mark("model ready")
         ids = [
             s["external_id"]
             for s in c.get(
@@ -129,6 +141,7 @@ def test_compose_up_brings_every_service_up_healthy_and_a_killed_worker_loses_no
         ] not in ("done", "failed"):
             assert time.monotonic() < deadline, done
         assert done["status"] == "done" and len(done["certificate_ids"]) == 1, done
+        mark("deletion certified after both workers' SIGKILL")
         assert c.get("/v1/audit/verify").json()["ok"] is True
     deadline = time.monotonic() + 120
     while True:  # both came back (the restart is podman's, after each one's cleanup)

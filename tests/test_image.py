@@ -18,7 +18,9 @@ import pytest
 from bench.cluster import free_port
 from tests.test_walkthrough import run_walkthrough
 
-pytestmark = pytest.mark.image
+# Its budget covers the image's build from Debian's packages (up to 1,800 s on a fresh machine)
+# and the healthcheck and walkthrough after it, not the suite-wide 300 s.
+pytestmark = [pytest.mark.image, pytest.mark.timeout(2400)]
 ROOT = Path(__file__).resolve().parents[1]
 TAG = "localhost/lethe:test"
 # This VM has hybrid cgroups (v1 controllers and a v2 mount), which crun refuses, and no
