@@ -114,7 +114,7 @@ def stages(runtime: Runtime, data: bytes, layout: str) -> dict[str, float]:
         out["sample_tokens"] += tokens_took
         t = time.perf_counter()
         if layout == "blocks":
-            chunk = registration.sealed_blocks(ring, dataset_id, part, 0, m, subjects)
+            chunk = registration.sealed_blocks(ring, dataset_id, part, range(m), subjects)
         else:
             keys = new_keys(ring, m)
             nonces = registration.Nonces(m)

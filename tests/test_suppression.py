@@ -6,14 +6,20 @@ one with a reason; only tokens are stored."""
 from __future__ import annotations
 
 import io
+from collections.abc import Iterator
+from pathlib import Path
 
 import numpy as np
 import pytest
+from fastapi.testclient import TestClient
 from sqlalchemy import func, select
 
 from app.db.session import database
-from app.db.tables import Dataset, Suppression
-from tests.conftest import Api
+from app.db.tables import Dataset, Sample, Suppression
+from app.main import create_app
+from app.settings import Settings
+from tests.conftest import Api, make_keys
+from tests.test_registration import wait_file
 
 
 def people_csv() -> bytes:
@@ -131,3 +137,63 @@ def test_row_numbers_are_no_one_s_ids(api: Api) -> None:
     forget(api, first.json()["id"], sample_ids=["3"])
     second = api.post("/v1/datasets", files={"file": ("d.npz", buf.getvalue())})
     assert second.status_code == 201 and second.json()["n_samples"] == 10
+
+
+@pytest.fixture
+def paused_api(settings: Settings, tmp_path: Path) -> Iterator[tuple[Api, Path]]:
+    """The app with the pause point between a registration's chunk commits switched on."""
+    pause = tmp_path / "pause"
+    pause.mkdir()
+    paused = settings.model_copy(update={"pause_dir": pause, "pause_at": ["registration-chunk"]})
+    url = paused.resolved_database_url
+    with TestClient(create_app(paused)) as client:
+        yield Api(client=client, url=url, keys=make_keys(url)), pause
+
+
+def many_people_csv(n: int = 12_000) -> bytes:
+    """More rows than a chunk (registration.CHUNK) and than an inline registration: a job."""
+    rows = ["id,subject,label,f0"]
+    rows += [f"row-{i:05d},person-{i // 2:05d},{i % 2},{i * 0.5}" for i in range(n)]
+    return ("\n".join(rows) + "\n").encode()
+
+
+def test_a_person_erased_while_a_registration_runs_does_not_come_back_through_it(
+    paused_api: tuple[Api, Path],
+) -> None:
+    """Screening is per chunk, as each is sealed: a person erased after their rows' chunk was
+    screened and written is found in the registration's last commit (its rows refused, or
+    taken out of their blocks and deleted with `skip`)."""
+    api, pause = paused_api
+    (pause / "registration-chunk-1.go").touch()  # the first dataset registers straight through
+    first = register(api, many_people_csv())
+    assert first.status_code == 202, first.text
+    assert api.wait("/v1/datasets/1", ("ready", "failed"))["status"] == "ready"
+    assert api.get("/v1/datasets/1").json()["n_samples"] == 12_000
+
+    for dataset_id, on_erased, person in ((2, "refuse", "person-00010"),
+                                          (3, "skip", "person-00011")):  # fmt: skip
+        answer = register(api, many_people_csv(), on_erased=on_erased)
+        assert answer.status_code == 202 and answer.json()["id"] == dataset_id, answer.text
+        wait_file(pause / f"registration-chunk-{dataset_id}.reached")  # its first chunk written
+        forget(api, 1, subject_ids=[person])  # rows 20..23 are in that first chunk
+        (pause / f"registration-chunk-{dataset_id}.go").touch()
+        done = api.wait(f"/v1/datasets/{dataset_id}", ("ready", "failed"))
+        if on_erased == "refuse":
+            assert done["status"] == "failed", done
+            assert done["error"]["code"] == "erased_rows_present"
+            assert sorted(done["error"]["details"]["sample_ids"]) == ["row-00020", "row-00021"]
+            with database(api.url).read() as session:
+                left = session.scalar(
+                    select(func.count()).select_from(Sample).where(Sample.dataset_id == 2)
+                )
+            assert left == 0  # discarded with its keys
+        else:  # person-00010 left out when screened, person-00011 in the last commit
+            assert done["status"] == "ready", done
+            assert done["n_samples"] == 12_000 - 4 and done["skipped_erased"] == 4
+            counts = done["counts"]
+            assert counts["train"] + counts["test"] == 12_000 - 4 and counts.get("erased", 0) == 0
+            listed = api.get(f"/v1/datasets/{dataset_id}/samples", params={"limit": 1}).json()
+            assert listed["total"] == 12_000 - 4
+            for gone in ("person-00010", "person-00011"):
+                rows = api.get(f"/v1/datasets/{dataset_id}/samples", params={"subject": gone})
+                assert rows.json()["total"] == 0, rows.text

@@ -16,7 +16,7 @@ progress).
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
@@ -34,10 +34,10 @@ from app.db.tables import Base, Dataset, Sample, utcnow
 from app.errors import APIError
 from app.runtime import Runtime
 from app.services.dataset_files import ParsedDataset
-from app.services.suppression import screen
+from app.services.suppression import Screener, Screening, screen
 from app.states import DatasetStatus, SampleStatus
 from app.storage.crypto import NONCE_BYTES, Keyring, SampleRecord, sample_aad, seal
-from app.storage.erasure import compact_after_erasure
+from app.storage.erasure import compact_after_erasure, erase_payloads
 from app.storage.keystore import destroy_keys, new_keys, store_keys
 from app.storage.sample_blocks import BLOCK_ROWS, block_aad, destroy_blocks, pack, wipe
 from app.webhooks import events
@@ -47,6 +47,9 @@ from app.webhooks import events
 # POSTs meanwhile accepted within 0.25 s; 20,000 per commit took 52.9 s but made them wait
 # up to 0.72 s.
 CHUNK = 5000
+# How far before its dataset row a registration looks for suppressions it may have missed: a
+# deletion's row can be stamped before its commit, and later than the screen's read.
+LATE_MARGIN = timedelta(minutes=10)
 SAMPLES, DATASETS = Base.metadata.tables["samples"], Base.metadata.tables["datasets"]
 BLOCKS = Base.metadata.tables["sample_blocks"]
 SAMPLE_COLUMNS = (
@@ -109,16 +112,24 @@ def register(
     on_erased: str = "refuse",
     test_fraction: float = 0.2,
 ) -> int:
-    """Register `parsed` into the dataset `begin` made, and return its id: each sample's
-    label, ids and float32 features sealed with its own data key, its ids stored only as
-    keyed tokens. Rows of an erased sample or person are refused (409, nothing written) or,
-    `on_erased="skip"`, left out and counted (app/services/suppression.py). On any failure
+    """Register `parsed` into the dataset `begin` made, and return its id: the samples'
+    labels, ids and float32 features sealed a block of rows under each data key, their ids
+    stored only as keyed tokens. Rows of an erased sample or person (on the suppression list
+    when their chunk is screened, or put on it before the last commit) are refused (409,
+    nothing kept) or, `on_erased="skip"`, left out and counted (app/services/suppression.py).
+    Each chunk is screened and sealed while the one before is written. On any failure
     what was committed is discarded, the dataset marked failed and the error raised: nothing
     half-written stays."""
     db, ring = runtime.db, runtime.keyring
     try:
         ids_given = any(x != str(i) for i, x in enumerate(parsed.ids))  # not row numbers
-        parsed, skipped = screened(runtime, parsed, ids_given, on_erased)
+        # row numbers name nobody: only given ids are screened
+        screener = Screener(ring, parsed.ids, parsed.subjects, samples=ids_given)
+        refusing = on_erased != "skip" or parsed.text is not None
+        if parsed.text is not None:  # a corpus's rows shaped its vocabulary: all screened first
+            with db.read() as session:
+                if screener.rest(session, 0).rows:
+                    raise screener.screening().refusal()
         with db.write() as session:  # what the parse found: the total is known from here
             described = session.execute(
                 update(DATASETS)
@@ -129,7 +140,6 @@ def register(
                     n_classes=parsed.n_classes,
                     n_samples=len(parsed.y),
                     text=parsed.text,
-                    skipped_erased=skipped,
                     ids_given=ids_given,
                     test_fraction=test_fraction,
                     progress_at=utcnow(),
@@ -137,6 +147,7 @@ def register(
             )
             if rowcount(described) != 1:
                 raise RegistrationDiscarded(dataset_id)
+            since = session.scalar(select(DATASETS.c.created_at).where(DATASETS.c.id == dataset_id))
         subjects = SubjectTokens(ring, dataset_id)
 
         def commit(chunk: SealedChunk, stop: int) -> None:
@@ -149,14 +160,26 @@ def register(
         with ChunkWriter() as writer:
             for start in range(0, len(parsed.y), CHUNK):
                 stop = min(start + CHUNK, len(parsed.y))
-                # sealed before the transaction opens, a block of rows under each key
-                chunk = sealed_blocks(ring, dataset_id, parsed, start, stop, subjects)
+                # screened and sealed before the transaction opens, while the chunk before is
+                # written: a block of rows under each key
+                rows = _screened_chunk(runtime, screener, start, stop, refusing)
+                chunk = sealed_blocks(ring, dataset_id, parsed, rows, subjects)
                 writer.submit(commit, chunk, stop)
         with db.write() as session:
+            late = screener.late(session, (since or utcnow()) - LATE_MARGIN)
+            if late and refusing:  # erased while this registration ran: refused as at its start
+                raise Screening(late, [parsed.ids[i] for i in late], 0).refusal()
+            _leave_out(session, ring, dataset_id, [parsed.ids[i] for i in late])
+            skipped = len(screener.rows) + len(late)
             finished = session.execute(
                 update(DATASETS)
                 .where(DATASETS.c.id == dataset_id, DATASETS.c.status == DatasetStatus.registering)
-                .values(status=DatasetStatus.ready, progress_at=None)
+                .values(
+                    status=DatasetStatus.ready,
+                    progress_at=None,
+                    n_samples=len(parsed.y) - skipped,
+                    skipped_erased=skipped,
+                )
             )
             if rowcount(finished) != 1:  # discarded by the reconciler after the last chunk
                 raise RegistrationDiscarded(dataset_id)
@@ -191,7 +214,7 @@ def screened(
 ) -> tuple[ParsedDataset, int]:
     """`parsed` without the rows of erased samples or people, and how many those were; a
     refusal (409) instead where `on_erased` is "refuse" or the rows shaped a corpus's
-    vocabulary (left out, they would still be in it)."""
+    vocabulary (left out, they would still be in it). An append's screening, all at once."""
     with runtime.db.read() as session:  # row numbers name nobody: only given ids are screened
         found = screen(session, runtime.keyring, parsed.ids, parsed.subjects, samples=ids_given)
     if not found.rows:
@@ -214,6 +237,37 @@ def screened(
     )
 
 
+def _screened_chunk(
+    runtime: Runtime, screener: Screener, start: int, stop: int, refusing: bool
+) -> Sequence[int]:
+    """The rows `start:stop` to register: all of them, less those on the suppression list
+    (left out), or the refusal with the whole upload's report where `refusing`."""
+    with runtime.db.read() as session:
+        hits = screener.chunk(session, start, stop)
+        if not hits:
+            return range(start, stop)
+        if refusing:
+            raise screener.rest(session, stop).refusal()
+    gone = set(hits)
+    return [i for i in range(start, stop) if i not in gone]
+
+
+def _leave_out(session: Session, ring: Keyring, dataset_id: int, external_ids: list[str]) -> None:
+    """Rows already written of people erased while the registration ran, taken out in its last
+    commit: out of their blocks (sealed again without them, the old keys destroyed), then
+    deleted."""
+    if not external_ids:
+        return
+    tokens = [ring.token("sample", dataset_id, x) for x in external_ids]
+    ids = list(
+        session.scalars(
+            select(Sample.id).where(Sample.dataset_id == dataset_id, Sample.external_id.in_(tokens))
+        )
+    )
+    erase_payloads(session, ring, ids)
+    session.execute(delete(Sample).where(Sample.id.in_(ids)))
+
+
 @dataclass
 class SealedChunk:
     """A chunk of rows ready to insert: the blocks' keys, the rows (SAMPLE_COLUMNS order, the
@@ -228,20 +282,20 @@ def sealed_blocks(
     ring: Keyring,
     dataset_id: int,
     parsed: ParsedDataset,
-    start: int,
-    stop: int,
+    positions: Sequence[int],
     subjects: SubjectTokens,
 ) -> SealedChunk:
-    """Rows `start:stop` as blocks of BLOCK_ROWS records, each sealed under a key of its own
-    (app/storage/sample_blocks.py): one key, one seal and one stored key per block, where a
-    key per row was a third of a registration's time (bench/registration_stages.py)."""
-    firsts = range(start, stop, BLOCK_ROWS)
+    """The rows at `positions` (a chunk's, in order) as blocks of BLOCK_ROWS records, each
+    sealed under a key of its own (app/storage/sample_blocks.py): one key, one seal and one
+    stored key per block, where a key per row was a third of a registration's time
+    (bench/registration_stages.py)."""
+    firsts = range(0, len(positions), BLOCK_ROWS)
     keys = new_keys(ring, len(firsts))
     rows: list[list[Any]] = []
     blocks: list[tuple[UUID, bytes]] = []
     for (key_id, raw, _), first in zip(keys, firsts, strict=True):
         records = []
-        for place, i in enumerate(range(first, min(first + BLOCK_ROWS, stop))):
+        for place, i in enumerate(positions[first : first + BLOCK_ROWS]):
             subject, external = parsed.subjects[i], parsed.ids[i]
             record = SampleRecord(int(parsed.y[i]), external, subject, parsed.X[i].tobytes())
             records.append(record.encode())

@@ -8,11 +8,14 @@ recognised in any later dataset; never the ids, nor a plain hash of them."""
 
 from __future__ import annotations
 
+import base64
 import logging
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 
+import numpy as np
 from sqlalchemy import func, select, update
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
@@ -99,6 +102,87 @@ class Screening:
         )
 
 
+class Screener:
+    """An upload's rows screened against the list a chunk at a time (a registration screens
+    each chunk as it seals it, beside the previous chunk's inserts, not all before them). It
+    keeps a 64-bit mark of each clean row's tokens, so `late` finds the rows of people erased
+    while the upload was written: they must not come back through it (issue 55, goal 4)."""
+
+    def __init__(
+        self, ring: Keyring, ids: Sequence[str], subjects: Sequence[str | None], samples: bool
+    ) -> None:
+        self.ring, self.ids, self.subjects, self.samples = ring, ids, subjects, samples
+        self.sample_marks = np.zeros(len(ids), dtype=np.uint64)  # 0: not checked, or a hit
+        self.subject_marks = np.zeros(len(ids), dtype=np.uint64)
+        self._subject_marks: dict[str, int] = {}  # subjects looked up already
+        self._erased: set[str] = set()  # ... and found on the list
+        self.rows: list[int] = []  # the hits so far, in order
+
+    def chunk(self, session: Session, start: int, stop: int) -> list[int]:
+        """The rows `start:stop` on the list (one keyed token per id: a few microseconds a
+        row); the others' marks kept."""
+        ring, subjects = self.ring, self.subjects
+        new = {s for s in subjects[start:stop] if s is not None and s not in self._subject_marks}
+        subject_tokens = {s: suppression_token(ring, "subject", s) for s in new}
+        sample_tokens = [
+            suppression_token(ring, "sample", self.ids[i]) if self.samples else ""
+            for i in range(start, stop)
+        ]
+        hit = active(session, [t for t in sample_tokens if t] + list(subject_tokens.values()))
+        self._subject_marks.update((s, _mark(t)) for s, t in subject_tokens.items())
+        self._erased |= {s for s, t in subject_tokens.items() if t in hit}
+        found = []
+        for i, token in zip(range(start, stop), sample_tokens, strict=True):
+            subject = subjects[i]
+            if (token and token in hit) or subject in self._erased:
+                found.append(i)
+                continue
+            if token:
+                self.sample_marks[i] = _mark(token)
+            if subject is not None:
+                self.subject_marks[i] = self._subject_marks[subject]
+        self.rows += found
+        return found
+
+    def rest(self, session: Session, start: int) -> Screening:
+        """Every row from `start` on screened too: the whole upload's report."""
+        for first in range(start, len(self.ids), CHUNK):
+            self.chunk(session, first, min(first + CHUNK, len(self.ids)))
+        return self.screening()
+
+    def screening(self) -> Screening:
+        """The hits so far, as a refusal names them."""
+        return Screening(self.rows, [self.ids[i] for i in self.rows], len(self._erased))
+
+    def late(self, session: Session, since: datetime) -> list[int]:
+        """The rows checked clean whose sample or subject went on the list since `since`
+        (those are few: their marks narrow the rows down, their tokens confirm each)."""
+        fresh = set(
+            session.scalars(
+                select(Suppression.token).where(
+                    Suppression.created_at >= since, Suppression.lifted_at.is_(None)
+                )
+            )
+        )
+        if not fresh:
+            return []
+        marks = np.array([_mark(t) for t in fresh], dtype=np.uint64)
+        near = np.isin(self.sample_marks, marks) | np.isin(self.subject_marks, marks)
+        ring, found = self.ring, []
+        for i in map(int, np.flatnonzero(near)):
+            subject = self.subjects[i]
+            if (self.samples and suppression_token(ring, "sample", self.ids[i]) in fresh) or (
+                subject is not None and suppression_token(ring, "subject", subject) in fresh
+            ):
+                found.append(i)
+        return found
+
+
+def _mark(token: str) -> int:
+    """64 bits of a token's MAC (never 0: 0 marks a row not checked)."""
+    return int.from_bytes(base64.urlsafe_b64decode(token[-32:])[:8], "little") | 1
+
+
 def screen(
     session: Session,
     ring: Keyring,
@@ -107,27 +191,9 @@ def screen(
     samples: bool = True,
 ) -> Screening:
     """The rows whose sample id (where `samples`: the client's own ids) or subject is
-    suppressed (one keyed token per id: a few microseconds a row), a CHUNK of rows at a time:
-    a million rows' tokens at once were 120 MB of a registration's memory (issue 55, goal 6)."""
-    rows: list[int] = []
-    checked: set[str] = set()  # subjects looked up already
-    erased: set[str] = set()  # ... and found on the list
-    for start in range(0, len(ids), CHUNK):
-        stop = min(start + CHUNK, len(ids))
-        new = {s for s in subjects[start:stop] if s is not None and s not in checked}
-        subject_tokens = {s: suppression_token(ring, "subject", s) for s in new}
-        sample_tokens = [
-            suppression_token(ring, "sample", ids[i]) if samples else "" for i in range(start, stop)
-        ]
-        hit = active(session, [t for t in sample_tokens if t] + list(subject_tokens.values()))
-        checked |= new
-        erased |= {s for s, t in subject_tokens.items() if t in hit}
-        rows += [
-            i
-            for i, token in zip(range(start, stop), sample_tokens, strict=True)
-            if (token and token in hit) or subjects[i] in erased
-        ]
-    return Screening(rows, [ids[i] for i in rows], len(erased))
+    suppressed, a CHUNK of rows at a time: a million rows' tokens at once were 120 MB of a
+    registration's memory (issue 55, goal 6)."""
+    return Screener(ring, ids, subjects, samples).rest(session, 0)
 
 
 def lift(
