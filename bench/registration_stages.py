@@ -29,7 +29,7 @@ import contextlib
 import statistics
 import tempfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -170,15 +170,14 @@ def per_row_layout() -> Iterator[None]:
         ring: Keyring,
         dataset_id: int,
         parsed: ParsedDataset,
-        start: int,
-        stop: int,
+        positions: Sequence[int],
         subjects: registration.SubjectTokens,
     ) -> registration.SealedChunk:
-        keys = new_keys(ring, stop - start)
-        nonces = registration.Nonces(stop - start)
+        keys = new_keys(ring, len(positions))
+        nonces = registration.Nonces(len(positions))
         rows = [
             registration.sealed_row(ring, dataset_id, parsed, i, raw, subjects, nonce=nonces.next())
-            for i, (_, raw, _) in zip(range(start, stop), keys, strict=True)
+            for i, (_, raw, _) in zip(positions, keys, strict=True)
         ]
         return registration.SealedChunk(keys, rows, [])
 
@@ -193,7 +192,7 @@ def per_row_layout() -> Iterator[None]:
         registration.insert_sealed(session, ring, chunk.keys, chunk.rows)
 
     saved = registration.sealed_blocks, registration._commit_chunk
-    registration.sealed_blocks, registration._commit_chunk = sealed, commit  # type: ignore[assignment]
+    registration.sealed_blocks, registration._commit_chunk = sealed, commit
     try:
         yield
     finally:
