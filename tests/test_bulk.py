@@ -7,6 +7,7 @@ from uuid import UUID
 
 import pytest
 from sqlalchemy import select
+from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from app.db.bulk import SQLITE_PARAMETERS, driver_uuid, insert_rows, sqlite_parameters
@@ -77,3 +78,17 @@ def test_more_rows_than_one_statement_takes_all_land_in_order(db_url: str) -> No
     with database(db_url).read() as session:
         names = session.scalars(select(Sample.external_id).order_by(Sample.id)).all()
     assert names == [f"t:{i:06d}" for i in range(n)]
+
+
+def test_a_refused_row_is_sqlalchemys_integrity_error_and_writes_nothing(db_url: str) -> None:
+    """PostgreSQL's COPY runs on the driver's cursor: its errors still come out as
+    SQLAlchemy's (what the retries and the 409s look for), and the transaction keeps none of
+    the rows."""
+    with database(db_url).write() as session:
+        dataset_id, key_id = dataset_and_key(session)
+    with pytest.raises(IntegrityError), database(db_url).write() as session:
+        key = driver_uuid(session.connection(), key_id)
+        twice = [(dataset_id, "t:same", None, "train", None, key, "active")] * 2
+        insert_rows(session.connection(), Base.metadata.tables["samples"], COLUMNS, twice)
+    with database(db_url).read() as session:
+        assert session.scalars(select(Sample.id)).all() == []

@@ -9,6 +9,7 @@ recognised in any later dataset; never the ids, nor a plain hash of them."""
 from __future__ import annotations
 
 import base64
+import json
 import logging
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -16,8 +17,9 @@ from datetime import datetime
 from typing import Any
 
 import numpy as np
-from sqlalchemy import func, select, update
+from sqlalchemy import ColumnElement, String, any_, bindparam, column, func, select, update
 from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.dialects.postgresql import ARRAY
 from sqlalchemy.orm import Session
 
 from app.db.chunks import CHUNK, chunked
@@ -65,17 +67,22 @@ def put_tokens(session: Session, kind: str, tokens: list[str], request_id: int |
 
 
 def active(session: Session, tokens: list[str]) -> set[str]:
-    """Those of `tokens` on the list and not lifted."""
-    found: set[str] = set()
-    for chunk in chunked(sorted(set(tokens))):
-        found.update(
-            session.scalars(
-                select(Suppression.token).where(
-                    Suppression.token.in_(chunk), Suppression.lifted_at.is_(None)
-                )
-            )
-        )
-    return found
+    """Those of `tokens` on the list and not lifted. The tokens go as one parameter (an array
+    on PostgreSQL, a JSON array on SQLite): an `IN` of 5,000 parameters was built, sent and
+    parsed anew for every chunk, 10-20 s of a million-row registration's screening."""
+    if not tokens:
+        return set()
+    wanted = sorted(set(tokens))
+    listed: ColumnElement[bool]
+    if session.get_bind().dialect.name == "postgresql":
+        listed = Suppression.token == any_(bindparam("tokens", type_=ARRAY(String)))
+        params: dict[str, Any] = {"tokens": wanted}
+    else:
+        values = func.json_each(bindparam("tokens"))  # SQLite's JSON1, built in since 3.38
+        listed = Suppression.token.in_(select(column("value")).select_from(values))
+        params = {"tokens": json.dumps(wanted)}
+    query = select(Suppression.token).where(listed, Suppression.lifted_at.is_(None))
+    return set(session.scalars(query, params))
 
 
 @dataclass(frozen=True)
