@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import io
 from collections.abc import Iterator
+from datetime import timedelta
 from pathlib import Path
 
 import numpy as np
@@ -17,7 +18,9 @@ from sqlalchemy import func, select
 from app.db.session import database
 from app.db.tables import Dataset, Sample, Suppression
 from app.main import create_app
+from app.services.suppression import Screener, put_tokens, suppression_token
 from app.settings import Settings
+from app.storage.crypto import Keyring
 from tests.conftest import Api, make_keys
 from tests.test_registration import wait_file
 
@@ -197,3 +200,33 @@ def test_a_person_erased_while_a_registration_runs_does_not_come_back_through_it
             for gone in ("person-00010", "person-00011"):
                 rows = api.get(f"/v1/datasets/{dataset_id}/samples", params={"subject": gone})
                 assert rows.json()["total"] == 0, rows.text
+
+
+@pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)  # Screener's own logic
+def test_the_screener_finds_a_person_in_every_chunk_and_late_finds_only_new_entries(
+    db_url: str,
+) -> None:
+    """A subject found on the list in one chunk is refused in the next chunks too (it is
+    looked up once); `late` finds the rows of entries made after the chunk was screened, and
+    nothing for entries it had screened already."""
+    ring = Keyring(b"m" * 32)
+    ids = [f"row-{i}" for i in range(8)]
+    subjects: list[str | None] = ["a", "a", "b", None, "a", "c", "b", "d"]
+    db = database(db_url)
+    with db.write() as session:
+        put_tokens(session, "subject", [suppression_token(ring, "subject", "a")], None)
+        put_tokens(session, "sample", [suppression_token(ring, "sample", "row-5")], None)
+    screener = Screener(ring, ids, subjects, samples=True)
+    with db.read() as session:
+        assert screener.chunk(session, 0, 3) == [0, 1]
+        assert screener.chunk(session, 3, 5) == [4]  # "a" again, not looked up again
+        assert screener.chunk(session, 5, 8) == [5]  # row-5 by its id
+        since = session.scalar(select(func.max(Suppression.created_at)))
+    assert since is not None
+    with db.write() as session:  # put on the list after the screen: "b", and row-7 by its id
+        put_tokens(session, "subject", [suppression_token(ring, "subject", "b")], None)
+        put_tokens(session, "sample", [suppression_token(ring, "sample", "row-7")], None)
+    with db.read() as session:
+        assert screener.late(session, since) == [2, 6, 7]  # rows 0, 1, 4, 5 were refused
+        assert screener.late(session, since + timedelta(days=1)) == []
+    assert ring.tokens("sample", 3, ids) == [ring.token("sample", 3, x) for x in ids]

@@ -38,6 +38,11 @@ def suppression_token(ring: Keyring, kind: str, raw_id: str) -> str:
     return ring.token(f"suppressed-{kind}", 0, raw_id)
 
 
+def suppression_tokens(ring: Keyring, kind: str, raw_ids: Iterable[str]) -> list[str]:
+    """`suppression_token` of each of `raw_ids`, made in one batch (`Keyring.tokens`)."""
+    return ring.tokens(f"suppressed-{kind}", 0, raw_ids)
+
+
 def suppress(
     session: Session, ring: Keyring, kind: str, raw_ids: Iterable[str], request_id: int
 ) -> list[dict[str, str]]:
@@ -128,26 +133,31 @@ class Screener:
     def chunk(self, session: Session, start: int, stop: int) -> list[int]:
         """The rows `start:stop` on the list (one keyed token per id: a few microseconds a
         row); the others' marks kept."""
-        ring, subjects = self.ring, self.subjects
-        new = {s for s in subjects[start:stop] if s is not None and s not in self._subject_marks}
-        subject_tokens = {s: suppression_token(ring, "subject", s) for s in new}
-        sample_tokens = [
-            suppression_token(ring, "sample", self.ids[i]) if self.samples else ""
-            for i in range(start, stop)
-        ]
-        hit = active(session, [t for t in sample_tokens if t] + list(subject_tokens.values()))
-        self._subject_marks.update((s, _mark(t)) for s, t in subject_tokens.items())
-        self._erased |= {s for s, t in subject_tokens.items() if t in hit}
-        found = []
-        for i, token in zip(range(start, stop), sample_tokens, strict=True):
-            subject = subjects[i]
-            if (token and token in hit) or subject in self._erased:
-                found.append(i)
-                continue
-            if token:
-                self.sample_marks[i] = _mark(token)
-            if subject is not None:
-                self.subject_marks[i] = self._subject_marks[subject]
+        ring, subjects, seen = self.ring, self.subjects, self._subject_marks
+        fresh = (s for s in subjects[start:stop] if s is not None and s not in seen)
+        new = list(dict.fromkeys(fresh))  # in order, each once
+        subject_tokens = suppression_tokens(ring, "subject", new)
+        sample_tokens = (
+            suppression_tokens(ring, "sample", (self.ids[i] for i in range(start, stop)))
+            if self.samples
+            else []
+        )
+        hit = active(session, sample_tokens + subject_tokens)
+        seen.update(zip(new, _marks(subject_tokens).tolist(), strict=True))
+        self._erased |= {s for s, t in zip(new, subject_tokens, strict=True) if t in hit}
+        if self.samples:
+            self.sample_marks[start:stop] = _marks(sample_tokens)
+        self.subject_marks[start:stop] = [0 if s is None else seen[s] for s in subjects[start:stop]]
+        found: list[int] = []
+        if hit or self._erased:  # a subject found in an earlier chunk is not looked up again
+            sampled = set(hit.intersection(sample_tokens))
+            found = [
+                i
+                for i in range(start, stop)
+                if subjects[i] in self._erased or (sampled and sample_tokens[i - start] in sampled)
+            ]
+            self.sample_marks[found] = 0  # a hit is not a clean row: `late` passes it by
+            self.subject_marks[found] = 0
         self.rows += found
         return found
 
@@ -173,7 +183,7 @@ class Screener:
         )
         if not fresh:
             return []
-        marks = np.array([_mark(t) for t in fresh], dtype=np.uint64)
+        marks = _marks(list(fresh))
         near = np.isin(self.sample_marks, marks) | np.isin(self.subject_marks, marks)
         ring, found = self.ring, []
         for i in map(int, np.flatnonzero(near)):
@@ -185,9 +195,10 @@ class Screener:
         return found
 
 
-def _mark(token: str) -> int:
-    """64 bits of a token's MAC (never 0: 0 marks a row not checked)."""
-    return int.from_bytes(base64.urlsafe_b64decode(token[-32:])[:8], "little") | 1
+def _marks(tokens: list[str]) -> np.ndarray:
+    """64 bits of each token's MAC, decoded together (never 0: 0 marks a row not checked)."""
+    raw = base64.urlsafe_b64decode("".join(t[-32:] for t in tokens))  # 24 bytes a token
+    return np.frombuffer(raw, dtype="<u8").reshape(len(tokens), 3)[:, 0] | np.uint64(1)
 
 
 def screen(
