@@ -81,8 +81,8 @@ def statements_before() -> Iterator[None]:
     saved = (suppression.active, registration.insert_rows, keystore.insert_rows,
              sample_blocks.insert_rows)  # fmt: skip
     suppression.active = active_in
-    registration.insert_rows = keystore.insert_rows = insert_executemany  # type: ignore[assignment]
-    sample_blocks.insert_rows = insert_executemany  # type: ignore[assignment]
+    registration.insert_rows = keystore.insert_rows = insert_executemany
+    sample_blocks.insert_rows = insert_executemany
     try:
         yield
     finally:
