@@ -5,11 +5,8 @@ against a list of 10,000 erased subjects and 10,000 samples (`bench/screening.py
 
 - `before`: the suppression screen's lookups as an `IN` of up to 7,500 parameters per chunk,
   and on PostgreSQL the rows, blocks and keys inserted by `executemany`;
-- `one_parameter_and_copy`: the screen's tokens as one parameter (an array on PostgreSQL, a
-  JSON array read by `json_each` on SQLite), and on PostgreSQL the inserts as `COPY … FROM
-  STDIN`, each keyed token made on its own (`Keyring.token` per value);
-- `now`: that, with the tokens of a chunk made in one batch (`Keyring.tokens`: the HMAC keyed
-  once and copied per value).
+- `now`: the screen's tokens as one parameter (an array on PostgreSQL, a JSON array read by
+  `json_each` on SQLite), and on PostgreSQL the inserts as `COPY … FROM STDIN`.
 
 Each PostgreSQL run gets a database of its own on the local server, dropped after it.
 
@@ -24,7 +21,7 @@ import argparse
 import contextlib
 import statistics
 import tempfile
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 from sqlalchemy import Connection, Table, select
@@ -38,7 +35,6 @@ from app.runtime import Runtime
 from app.services import registration, suppression
 from app.settings import Settings
 from app.storage import keystore, sample_blocks
-from app.storage.crypto import Keyring
 from bench.common import write_result
 from bench.screening import listed, people_parquet, register
 from tests.databases import own_database
@@ -77,7 +73,7 @@ def insert_executemany(
 
 
 @contextlib.contextmanager
-def statements_before() -> Iterator[None]:
+def before() -> Iterator[None]:
     saved = (suppression.active, registration.insert_rows, keystore.insert_rows,
              sample_blocks.insert_rows)  # fmt: skip
     suppression.active = active_in
@@ -90,32 +86,8 @@ def statements_before() -> Iterator[None]:
          sample_blocks.insert_rows) = saved  # fmt: skip
 
 
-def tokens_one_by_one(
-    ring: Keyring, kind: str, dataset_id: int, values: Iterable[str]
-) -> list[str]:
-    """`Keyring.tokens` as `token` once per value."""
-    return [ring.token(kind, dataset_id, value) for value in values]
-
-
-@contextlib.contextmanager
-def one_by_one() -> Iterator[None]:
-    saved = Keyring.tokens
-    Keyring.tokens = tokens_one_by_one  # type: ignore[method-assign,assignment]
-    try:
-        yield
-    finally:
-        Keyring.tokens = saved  # type: ignore[method-assign]
-
-
-@contextlib.contextmanager
-def before() -> Iterator[None]:
-    with one_by_one(), statements_before():
-        yield
-
-
 MODES: dict[str, Callable[[], contextlib.AbstractContextManager[None]]] = {
     "before": before,
-    "one_parameter_and_copy": one_by_one,
     "now": contextlib.nullcontext,
 }
 

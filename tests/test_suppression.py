@@ -229,4 +229,3 @@ def test_the_screener_finds_a_person_in_every_chunk_and_late_finds_only_new_entr
     with db.read() as session:
         assert screener.late(session, since) == [2, 6, 7]  # rows 0, 1, 4, 5 were refused
         assert screener.late(session, since + timedelta(days=1)) == []
-    assert ring.tokens("sample", 3, ids) == [ring.token("sample", 3, x) for x in ids]

@@ -291,7 +291,6 @@ def sealed_blocks(
     (bench/registration_stages.py)."""
     firsts = range(0, len(positions), BLOCK_ROWS)
     keys = new_keys(ring, len(firsts))
-    tokens = ring.tokens("sample", dataset_id, (parsed.ids[i] for i in positions))
     rows: list[list[Any]] = []
     blocks: list[tuple[UUID, bytes]] = []
     for (key_id, raw, _), first in zip(keys, firsts, strict=True):
@@ -303,7 +302,7 @@ def sealed_blocks(
             rows.append(
                 [
                     dataset_id,
-                    tokens[first + place],
+                    ring.token("sample", dataset_id, external),
                     None if subject is None else subjects[subject],
                     parsed.split[i],
                     None,

@@ -38,11 +38,6 @@ def suppression_token(ring: Keyring, kind: str, raw_id: str) -> str:
     return ring.token(f"suppressed-{kind}", 0, raw_id)
 
 
-def suppression_tokens(ring: Keyring, kind: str, raw_ids: Iterable[str]) -> list[str]:
-    """`suppression_token` of each of `raw_ids`, made in one batch (`Keyring.tokens`)."""
-    return ring.tokens(f"suppressed-{kind}", 0, raw_ids)
-
-
 def suppress(
     session: Session, ring: Keyring, kind: str, raw_ids: Iterable[str], request_id: int
 ) -> list[dict[str, str]]:
@@ -136,9 +131,9 @@ class Screener:
         ring, subjects, seen = self.ring, self.subjects, self._subject_marks
         fresh = (s for s in subjects[start:stop] if s is not None and s not in seen)
         new = list(dict.fromkeys(fresh))  # in order, each once
-        subject_tokens = suppression_tokens(ring, "subject", new)
+        subject_tokens = [suppression_token(ring, "subject", s) for s in new]
         sample_tokens = (
-            suppression_tokens(ring, "sample", (self.ids[i] for i in range(start, stop)))
+            [suppression_token(ring, "sample", self.ids[i]) for i in range(start, stop)]
             if self.samples
             else []
         )
