@@ -185,6 +185,7 @@ def test_a_person_erased_while_a_registration_runs_does_not_come_back_through_it
             assert done["status"] == "failed", done
             assert done["error"]["code"] == "erased_rows_present"
             assert sorted(done["error"]["details"]["sample_ids"]) == ["row-00020", "row-00021"]
+            assert done["error"]["details"]["subjects"] == 1
             with database(api.url).read() as session:
                 left = session.scalar(
                     select(func.count()).select_from(Sample).where(Sample.dataset_id == 2)
@@ -227,5 +228,7 @@ def test_the_screener_finds_a_person_in_every_chunk_and_late_finds_only_new_entr
         put_tokens(session, "subject", [suppression_token(ring, "subject", "b")], None)
         put_tokens(session, "sample", [suppression_token(ring, "sample", "row-7")], None)
     with db.read() as session:
-        assert screener.late(session, since) == [2, 6, 7]  # rows 0, 1, 4, 5 were refused
-        assert screener.late(session, since + timedelta(days=1)) == []
+        late = screener.late(session, since)
+        assert late.rows == [2, 6, 7] and late.subjects == 1  # rows 0, 1, 4, 5 were refused
+        assert late.sample_ids == ["row-2", "row-6", "row-7"]
+        assert screener.late(session, since + timedelta(days=1)).rows == []

@@ -34,7 +34,7 @@ from app.db.tables import Base, Dataset, Sample, utcnow
 from app.errors import APIError
 from app.runtime import Runtime
 from app.services.dataset_files import ParsedDataset
-from app.services.suppression import Screener, Screening, screen
+from app.services.suppression import Screener, screen
 from app.states import DatasetStatus, SampleStatus
 from app.storage.crypto import NONCE_BYTES, Keyring, SampleRecord, sample_aad, seal
 from app.storage.erasure import compact_after_erasure, erase_payloads
@@ -128,8 +128,9 @@ def register(
         refusing = on_erased != "skip" or parsed.text is not None
         if parsed.text is not None:  # a corpus's rows shaped its vocabulary: all screened first
             with db.read() as session:
-                if screener.rest(session, 0).rows:
-                    raise screener.screening().refusal()
+                whole = screener.rest(session, 0)
+            if whole.rows:
+                raise whole.refusal()
         with db.write() as session:  # what the parse found: the total is known from here
             described = session.execute(
                 update(DATASETS)
@@ -167,10 +168,10 @@ def register(
                 writer.submit(commit, chunk, stop)
         with db.write() as session:
             late = screener.late(session, (since or utcnow()) - LATE_MARGIN)
-            if late and refusing:  # erased while this registration ran: refused as at its start
-                raise Screening(late, [parsed.ids[i] for i in late], 0).refusal()
-            _leave_out(session, ring, dataset_id, [parsed.ids[i] for i in late])
-            skipped = len(screener.rows) + len(late)
+            if late.rows and refusing:  # erased while this registration ran: refused as at
+                raise late.refusal()  # its start
+            _leave_out(session, ring, dataset_id, late.sample_ids)
+            skipped = len(screener.rows) + len(late.rows)
             finished = session.execute(
                 update(DATASETS)
                 .where(DATASETS.c.id == dataset_id, DATASETS.c.status == DatasetStatus.registering)

@@ -166,7 +166,7 @@ class Screener:
         """The hits so far, as a refusal names them."""
         return Screening(self.rows, [self.ids[i] for i in self.rows], len(self._erased))
 
-    def late(self, session: Session, since: datetime) -> list[int]:
+    def late(self, session: Session, since: datetime) -> Screening:
         """The rows checked clean whose sample or subject went on the list since `since`
         (those are few: their marks narrow the rows down, their tokens confirm each)."""
         fresh = set(
@@ -177,17 +177,18 @@ class Screener:
             )
         )
         if not fresh:
-            return []
+            return Screening([], [], 0)
         marks = _marks(list(fresh))
         near = np.isin(self.sample_marks, marks) | np.isin(self.subject_marks, marks)
-        ring, found = self.ring, []
+        ring, found, erased = self.ring, [], set()
         for i in map(int, np.flatnonzero(near)):
             subject = self.subjects[i]
-            if (self.samples and suppression_token(ring, "sample", self.ids[i]) in fresh) or (
-                subject is not None and suppression_token(ring, "subject", subject) in fresh
-            ):
+            if subject is not None and suppression_token(ring, "subject", subject) in fresh:
+                erased.add(subject)
                 found.append(i)
-        return found
+            elif self.samples and suppression_token(ring, "sample", self.ids[i]) in fresh:
+                found.append(i)
+        return Screening(found, [self.ids[i] for i in found], len(erased))
 
 
 def _marks(tokens: list[str]) -> np.ndarray:
