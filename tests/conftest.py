@@ -172,6 +172,18 @@ def api(settings: Settings) -> Iterator[Api]:
         )
 
 
+@pytest.fixture
+def paused_api(settings: Settings, tmp_path: Path) -> Iterator[tuple[Api, Path]]:
+    """The app with the pause point between a registration's chunk commits switched on
+    (app/pause.py): a test touches `registration-chunk-<id>.go` to let one go on."""
+    pause = tmp_path / "pause"
+    pause.mkdir()
+    paused = settings.model_copy(update={"pause_dir": pause, "pause_at": ["registration-chunk"]})
+    url = paused.resolved_database_url
+    with TestClient(create_app(paused)) as client:
+        yield Api(client=client, url=url, keys=make_keys(url)), pause
+
+
 def train_ids(api: Api, dataset_id: int, n: int, offset: int = 0) -> list[str]:
     """The external ids of n training samples (in upload order, from `offset`)."""
     page = api.get(

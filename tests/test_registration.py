@@ -14,16 +14,13 @@ from pathlib import Path
 import httpx
 import pytest
 import sqlalchemy as sa
-from fastapi.testclient import TestClient
 
 from app.db.session import database
 from app.db.tables import DataKey, Sample
-from app.main import create_app
 from app.schemas import BuiltinDatasetIn
 from app.services import dataset_files, registration
-from app.settings import Settings
 from bench.cluster import Cluster
-from tests.conftest import SMALL_TRAINING, Api, make_keys
+from tests.conftest import SMALL_TRAINING, Api
 
 # Three chunks of registration.CHUNK samples (the last one short).
 BIG = {"builtin": "synthetic", "n_samples": 12_000, "n_features": 4, "n_classes": 2}
@@ -50,17 +47,6 @@ def counts(url: str, dataset_id: int) -> tuple[int, int]:
         )
         keys = session.scalar(sa.select(sa.func.count()).select_from(DataKey))
     return int(samples or 0), int(keys or 0)
-
-
-@pytest.fixture
-def paused_api(settings: Settings, tmp_path: Path):
-    """The app with the pause point between a registration's chunk commits switched on."""
-    pause = tmp_path / "pause"
-    pause.mkdir()
-    paused = settings.model_copy(update={"pause_dir": pause, "pause_at": ["registration-chunk"]})
-    url = paused.resolved_database_url
-    with TestClient(create_app(paused)) as client:
-        yield Api(client=client, url=url, keys=make_keys(url)), pause
 
 
 def test_other_writers_proceed_between_chunks_and_a_registering_dataset_is_refused(

@@ -6,22 +6,18 @@ one with a reason; only tokens are stored."""
 from __future__ import annotations
 
 import io
-from collections.abc import Iterator
 from datetime import timedelta
 from pathlib import Path
 
 import numpy as np
 import pytest
-from fastapi.testclient import TestClient
 from sqlalchemy import func, select
 
 from app.db.session import database
 from app.db.tables import Dataset, Sample, Suppression
-from app.main import create_app
 from app.services.suppression import Screener, put_tokens, suppression_token
-from app.settings import Settings
 from app.storage.crypto import Keyring
-from tests.conftest import Api, make_keys
+from tests.conftest import Api
 from tests.test_registration import wait_file
 
 
@@ -140,17 +136,6 @@ def test_row_numbers_are_no_one_s_ids(api: Api) -> None:
     forget(api, first.json()["id"], sample_ids=["3"])
     second = api.post("/v1/datasets", files={"file": ("d.npz", buf.getvalue())})
     assert second.status_code == 201 and second.json()["n_samples"] == 10
-
-
-@pytest.fixture
-def paused_api(settings: Settings, tmp_path: Path) -> Iterator[tuple[Api, Path]]:
-    """The app with the pause point between a registration's chunk commits switched on."""
-    pause = tmp_path / "pause"
-    pause.mkdir()
-    paused = settings.model_copy(update={"pause_dir": pause, "pause_at": ["registration-chunk"]})
-    url = paused.resolved_database_url
-    with TestClient(create_app(paused)) as client:
-        yield Api(client=client, url=url, keys=make_keys(url)), pause
 
 
 def many_people_csv(n: int = 12_000) -> bytes:
