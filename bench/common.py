@@ -7,7 +7,7 @@ import json
 import os
 import platform
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -122,6 +122,14 @@ def run_in_tree(tree: Path, module: str, args: list[str]) -> tuple[str, dict[str
     if done.returncode:
         sys.exit(f"{module} in {tree} failed:\n{done.stderr[-4000:]}")
     return commit, json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def alternating(names: Sequence[str], runs: int) -> Iterator[tuple[int, str]]:
+    """(run, name) for each of `names` once a run, in order on even runs and reversed on odd
+    ones: side by side in one run, none always first (a warm or busy machine favours no one)."""
+    for run in range(runs):
+        for name in names if run % 2 == 0 else list(reversed(names)):
+            yield run, name
 
 
 def write_result(name: str, result: dict) -> Path:

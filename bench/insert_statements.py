@@ -24,7 +24,7 @@ from sqlalchemy import Connection, Table
 
 from app.services import registration
 from app.storage import keystore
-from bench.common import write_result
+from bench.common import alternating, write_result
 from bench.registration import parquet_bytes
 from bench.registration_stages import fresh_runtime, whole
 
@@ -85,13 +85,11 @@ def main() -> None:
     data = parquet_bytes(args.n, args.features, 65536)
     took: dict[str, list[float]] = {name: [] for name in MODES}
     with tempfile.TemporaryDirectory(prefix="lethe-statements-") as scratch:
-        for run in range(args.runs):
-            order = list(MODES) if run % 2 == 0 else list(reversed(MODES))
-            for name in order:
-                runtime = fresh_runtime(Path(scratch), f"{name}-{run}", args.n, args.features)
-                with patched(*MODES[name]):
-                    took[name].append(round(whole(runtime, data, "blocks"), 3))
-                print(name, took[name][-1], flush=True)
+        for run, name in alternating(list(MODES), args.runs):
+            runtime = fresh_runtime(Path(scratch), f"{name}-{run}", args.n, args.features)
+            with patched(*MODES[name]):
+                took[name].append(round(whole(runtime, data, "blocks"), 3))
+            print(name, took[name][-1], flush=True)
     result = {
         "n": args.n,
         "features": args.features,

@@ -35,9 +35,8 @@ from app.runtime import Runtime
 from app.services import registration, suppression
 from app.settings import Settings
 from app.storage import keystore, sample_blocks
-from bench.common import write_result
+from bench.common import alternating, scratch_database, write_result
 from bench.screening import listed, people_parquet, register
-from tests.databases import own_database
 
 FEATURES = 256
 
@@ -98,7 +97,7 @@ def database(kind: str, root: Path, n: int) -> Iterator[Runtime]:
     with contextlib.ExitStack() as stack:
         url = None
         if kind == "postgres":
-            url = stack.enter_context(own_database("lethe_bench_statements", migrate=False))
+            url = stack.enter_context(scratch_database("lethe_bench_statements", migrate=False))
         settings = Settings(data_dir=root, database_url=url, max_dataset_cells=n * FEATURES,
                             max_dataset_samples=n)  # fmt: skip
         upgrade_to_head(settings.resolved_database_url, settings)
@@ -115,15 +114,13 @@ def main() -> None:
         kind: {mode: [] for mode in MODES} for kind in ("sqlite", "postgres")
     }
     with tempfile.TemporaryDirectory(prefix="lethe-statements-") as scratch:
-        for run in range(args.runs):
+        for run, mode in alternating(list(MODES), args.runs):
             for kind in took:
-                order = list(MODES) if run % 2 == 0 else list(reversed(MODES))
-                for mode in order:
-                    root = Path(scratch) / f"{kind}-{mode}-{run}"
-                    with database(kind, root, args.n) as runtime, MODES[mode]():
-                        listed(runtime, 10_000)
-                        took[kind][mode].append(round(register(runtime, data), 3))
-                    print(kind, mode, took[kind][mode][-1], flush=True)
+                root = Path(scratch) / f"{kind}-{mode}-{run}"
+                with database(kind, root, args.n) as runtime, MODES[mode]():
+                    listed(runtime, 10_000)
+                    took[kind][mode].append(round(register(runtime, data), 3))
+                print(kind, mode, took[kind][mode][-1], flush=True)
     result = {
         "n": args.n,
         "features": FEATURES,

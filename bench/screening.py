@@ -35,7 +35,7 @@ from app.services import registration
 from app.services.dataset_files import Limits
 from app.services.parquet_files import Columns, parse_parquet
 from app.services.suppression import Screener, put_tokens, suppression_token
-from bench.common import write_result
+from bench.common import alternating, write_result
 from bench.registration_stages import fresh_runtime
 
 
@@ -123,14 +123,12 @@ def main() -> None:
     data = people_parquet(args.n, args.features)
     took: dict[str, list[float]] = {name: [] for name in MODES}
     with tempfile.TemporaryDirectory(prefix="lethe-screening-") as scratch:
-        for run in range(args.runs):
-            order = list(MODES) if run % 2 == 0 else list(reversed(MODES))
-            for name in order:
-                runtime = fresh_runtime(Path(scratch), f"{name}-{run}", args.n, args.features)
-                listed(runtime, args.listed)
-                with MODES[name]():
-                    took[name].append(round(register(runtime, data), 3))
-                print(name, took[name][-1], flush=True)
+        for run, name in alternating(list(MODES), args.runs):
+            runtime = fresh_runtime(Path(scratch), f"{name}-{run}", args.n, args.features)
+            listed(runtime, args.listed)
+            with MODES[name]():
+                took[name].append(round(register(runtime, data), 3))
+            print(name, took[name][-1], flush=True)
     result = {
         "n": args.n,
         "features": args.features,
