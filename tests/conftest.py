@@ -78,10 +78,26 @@ def pg_url() -> Iterator[str]:
         yield url
 
 
+# The sequences that the tables' ids draw from (serial and identity columns own theirs).
+_OWNED_SEQUENCES = (
+    "SELECT s.oid::regclass::text FROM pg_class s JOIN pg_depend d ON d.objid = s.oid "
+    "WHERE s.relkind = 'S' AND d.classid = 'pg_class'::regclass "
+    "AND d.refclassid = 'pg_class'::regclass AND d.deptype IN ('a', 'i')"
+)
+
+
 def truncate_all(url: str) -> None:
-    names = ", ".join(t.name for t in Base.metadata.sorted_tables)
+    """Empty every table and restart the ids, as `TRUNCATE ... RESTART IDENTITY` would: one
+    DELETE per table with triggers and foreign-key checks off (`session_replication_role`,
+    so the append-only tables' triggers let it), then the owned sequences restarted.
+    TRUNCATE made new files for every relation, data_keys' 128 partitions among them: half a
+    second before each PostgreSQL test, where these DELETEs take 20 ms."""
     with engine_for(url).begin() as conn:
-        conn.exec_driver_sql(f"TRUNCATE {names} RESTART IDENTITY CASCADE")
+        conn.exec_driver_sql("SET LOCAL session_replication_role = replica")
+        for table in reversed(Base.metadata.sorted_tables):
+            conn.exec_driver_sql(f"DELETE FROM {table.name}")
+        for sequence in conn.exec_driver_sql(_OWNED_SEQUENCES).scalars().all():
+            conn.exec_driver_sql(f"ALTER SEQUENCE {sequence} RESTART")
 
 
 @pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])

@@ -35,7 +35,6 @@ from app.settings import Settings
 from app.states import ModelStatus, SampleStatus
 from app.storage.crypto import Keyring
 from app.storage.keystore import (
-    KeyTable,
     destroy_both,
     destroyed_in,
     has_destroyed,
@@ -275,7 +274,8 @@ class Compaction(enum.Enum):
 
 def compact(db: Database, everything: bool = False) -> Compaction:
     """Compact now: SQLite checkpoints and truncates its WAL; PostgreSQL rewrites the key
-    table's partitions in which this process destroyed keys (all of it with `everything`)."""
+    table's partitions in which this process destroyed keys (with `everything`, every key
+    table that has a page: `_with_pages`)."""
     engine = db.engine
     if engine.dialect.name == "sqlite":
         # Every connection runs with secure_delete (app/db/session.py): freed cells are zeroed.
@@ -292,14 +292,13 @@ def compact(db: Database, everything: bool = False) -> Compaction:
             log.info("WAL checkpoint was busy; the next erasure retries")
         return Compaction.kept if busy else Compaction.clean
     taken = destroyed_in(db)
-    tables = {str(t) for t in KeyTable} if everything else taken
-    if not tables:
-        return Compaction.idle
-    names = ", ".join(_quoted(t) for t in sorted(tables))
     try:
         with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
+            tables = _with_pages(conn) | taken if everything else taken
+            if not tables:
+                return Compaction.idle
             settled = _older_transactions_ended(conn)
-            kept = _vacuum_full(conn, names)
+            kept = _vacuum_full(conn, ", ".join(_quoted(t) for t in sorted(tables)))
     except BaseException:
         note_destroyed(db, taken)
         raise
@@ -312,6 +311,23 @@ def compact(db: Database, everything: bool = False) -> Compaction:
         note_destroyed(db, tables)
         return Compaction.kept
     return Compaction.clean
+
+
+# The key tables' leaves (data_keys' partitions, short_keys) that have any page, in their heap
+# or TOAST: a relation with none holds no byte of a destroyed key, so rewriting it does
+# nothing (an empty database's 128 partitions took 0.45 s at each start).
+_WITH_PAGES = text(
+    "SELECT c.oid::regclass::text FROM pg_class c "
+    "WHERE (c.oid IN (SELECT relid FROM pg_partition_tree('data_keys') WHERE isleaf) "
+    "OR c.oid = 'short_keys'::regclass) "
+    "AND pg_relation_size(c.oid) "
+    "+ COALESCE(pg_relation_size(NULLIF(c.reltoastrelid, 0)), 0) > 0"
+)
+
+
+def _with_pages(conn: Connection) -> set[str]:
+    """Every key table that could hold a destroyed key's bytes (`_WITH_PAGES`)."""
+    return set(conn.execute(_WITH_PAGES).scalars())
 
 
 # VACUUM VERBOSE's detail for each table it rewrote (src/backend/commands/cluster.c)
