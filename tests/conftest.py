@@ -25,7 +25,7 @@ from app.main import create_app
 from app.runtime import Runtime
 from app.security import Role, create_key
 from app.settings import Settings
-from tests.databases import own_database
+from tests.databases import finish_drops, own_database
 from tests.servers import S3_ACCESS_KEY, S3_SECRET_KEY, RedisServer, SeaweedServer
 
 # Apps made in the test process run their embedded worker as a thread, so that tests may patch
@@ -232,6 +232,11 @@ def ready_model(api: Api, digits: dict) -> dict:
     )
     assert response.status_code == 202, response.text
     return api.wait(f"/v1/models/{response.json()['id']}", ("ready", "failed"))
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    """The PostgreSQL databases this process made are all dropped before it ends."""
+    finish_drops()
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
