@@ -65,7 +65,7 @@ prerequisites:
 
 # Four pytest processes (pytest-xdist), each with its own PostgreSQL database, Redis and
 # SeaweedFS (session fixtures): most of a test's time is waiting on servers and worker processes
-# (958 tests: 980 s with four here; CI's last run with three took 1,017 s for 952).
+# (984 tests: 697 s with four here; six took longer and two load-sensitive tests failed).
 TEST_PROCESSES ?= 4
 
 test: prerequisites install-test lint
