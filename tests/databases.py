@@ -72,8 +72,11 @@ class _Dropper:
                 url = f"{PG_BASE}/{name}"
                 try:
                     upgrade_to_head(url)
-                finally:
-                    engine_for(url).dispose()  # a template takes no connection to be copied
+                except BaseException:
+                    engine_for(url).dispose()
+                    _admin(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+                    raise
+                engine_for(url).dispose()  # a template takes no connection to be copied
                 self._template = name
             return self._template
 
