@@ -86,7 +86,7 @@ def test_compaction_rewrites_only_the_partitions_that_lost_keys(pg_url: str) -> 
         assert destroy_keys(session, [keys[1]]) == 1
     destroyed_in(db)
     paged = with_pages(pg_url)
-    assert orphan in paged and len(paged) < len(after)  # 199 keys leave partitions empty
+    assert orphan in paged  # (an empty partition's case: the next test, on a database of its own)
     while compact(db, everything=True) is erasure.Compaction.kept:  # a process's start
         assert time.monotonic() < deadline + 60, "an older transaction stayed open"
         time.sleep(0.1)
