@@ -65,7 +65,8 @@ prerequisites:
 
 # Four pytest processes (pytest-xdist), each with its own PostgreSQL database, Redis and
 # SeaweedFS (session fixtures): most of a test's time is waiting on servers and worker processes
-# (984 tests: 697 s with four here; six took longer and two load-sensitive tests failed).
+# (984 tests: 697 and 776 s in two runs with four here; six took longer, and two
+# load-sensitive tests failed).
 TEST_PROCESSES ?= 4
 
 test: prerequisites install-test lint
