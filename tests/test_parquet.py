@@ -1,5 +1,6 @@
 """Parquet uploads (issue 55, goal 2): a column mapping, features as a list column or named
-columns, read a row group at a time; every malformed file a 422 naming column and row."""
+columns, read a row group at a time; every malformed file a 422 naming column and row (a
+feature's when its rows are read: the POST's own, or past INLINE_ROWS the failed job's)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,10 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from sqlalchemy import func, select
 
+from app.db.session import database
+from app.db.tables import DataKey, Sample, SampleBlock
 from app.errors import APIError
 from app.services import parquet_files
 from app.services.dataset_files import Limits
@@ -96,9 +100,29 @@ def test_named_feature_columns_are_chosen_by_the_mapping() -> None:
 
 
 def refusal(data: bytes, mapping: Columns = MAPPED, limits: Limits | None = None) -> APIError:
+    """The file's refusal: from its parse, or (a feature) when its rows are read."""
     with pytest.raises(APIError) as caught:
-        parse_parquet(data, mapping, 0, 0.2, limits or Limits())
+        parsed = parse_parquet(data, mapping, 0, 0.2, limits or Limits())
+        for i in range(len(parsed.X)):
+            parsed.X[i]
     return caught.value
+
+
+def test_the_parse_reads_no_feature_and_the_rows_read_each_once(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    decoded: list[int] = []
+    real = parquet_files._feature_block
+
+    def counting(batch: pa.RecordBatch, *args: object) -> np.ndarray:
+        decoded.append(batch.num_rows)
+        return real(batch, *args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(parquet_files, "_feature_block", counting)
+    parsed = parse_parquet(parquet(table()), MAPPED, 0, 0.2, Limits())
+    assert decoded == [] and len(parsed.ids) == N  # the ids, labels, subjects and splits only
+    rows = [parsed.X[i] for i in range(N)]
+    assert sum(decoded) == N and len(rows) == N  # each row's features decoded once
 
 
 def test_malformed_files_name_the_column_and_the_row() -> None:
@@ -175,3 +199,36 @@ def test_a_csv_takes_a_feature_mapping(api: Api) -> None:
         data={"id_column": "id", "feature_columns": "c,zz"},
     )
     assert missing.status_code == 422 and "zz" in missing.json()["error"]["message"]
+
+
+def test_a_malformed_feature_fails_the_job_and_leaves_nothing(api: Api) -> None:
+    """Past INLINE_ROWS the POST answers 202 once the ids and labels are read; a bad feature
+    further on fails the job as its batch is registered, naming the column and the row, and
+    what was written before it is discarded. A small file's is the POST's own 422."""
+    n, d, bad = 12_000, 4, 11_500
+    X = np.random.default_rng(5).standard_normal((n, d)).astype(np.float32)
+    X[bad, 1] = np.inf
+    big = pa.table(
+        {
+            "person_key": [f"p{i}" for i in range(n)],
+            "target": (X[:, 0] > 0).astype(np.int64),
+            "vec": pa.FixedSizeListArray.from_arrays(pa.array(X.reshape(-1)), d),
+        }
+    )
+    form = {"label_column": "target", "id_column": "person_key"}
+    started = api.post(
+        "/v1/datasets", files={"file": ("big.parquet", parquet(big, 4096))}, data=form
+    )
+    assert started.status_code == 202, started.text
+    failed = api.wait(f"/v1/datasets/{started.json()['id']}", ("ready", "failed"))
+    assert failed["status"] == "failed", failed
+    assert failed["error"]["details"] == {"column": "vec", "row": bad}
+    assert failed["error"]["status"] == 422
+    with database(api.url).read() as session:
+        for table_ in (Sample, SampleBlock, DataKey):
+            assert not session.scalar(select(func.count()).select_from(table_)), table_
+    small = api.post(
+        "/v1/datasets", files={"file": ("s.parquet", parquet(big.slice(11_000), 256))}, data=form
+    )
+    assert small.status_code == 422, small.text
+    assert small.json()["error"]["details"] == {"column": "vec", "row": bad - 11_000}

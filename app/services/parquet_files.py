@@ -3,7 +3,8 @@ and split column, and the features as one list column (fixed-size, or lists of o
 or as named numeric columns. Read in batches of about BATCH_BYTES of features through a
 READ_BUFFER stream (pyarrow), never a row group whole (issue 55, goal 6: reading by row group
 held five copies of one, 328 MB for 65 MB groups; this, 90 MB); whatever is malformed is a
-422 naming the column and the row."""
+422 naming the column and the row: the footer, ids and labels at the parse, a feature when
+its batch is read (once, as the rows are registered)."""
 
 from __future__ import annotations
 
@@ -29,6 +30,7 @@ from app.services.dataset_files import (
 TEXT = np.dtypes.StringDType()
 BATCH_BYTES = 8 << 20  # features decoded at a time (float32)
 READ_BUFFER = 4 << 20  # bytes read at a time (one ranged GET for an object in S3)
+NAMED_BATCH_ROWS = 8192  # rows of the id, label, subject and split columns at a time
 
 
 @dataclass(frozen=True)
@@ -75,11 +77,12 @@ def parse_parquet(
     ids: list[np.ndarray] = []  # per batch, joined into one compact array (`Texts`)
     subjects: list[str | None] = []
     splits: list[str] = []
-    for start, table in batches(table_file, columns.named() + features, width):
+    # the named columns only: the features are read once, a batch at a time as they are
+    # registered (`ParquetRows`), and a malformed value is refused then (the job fails and
+    # is discarded). Reading them here as well read a million × 256 twice, 13 s before a
+    # POST could answer 202 (issue 55, goals 1 and 6)
+    for start, table in batches(table_file, columns.named(), width, NAMED_BATCH_ROWS):
         stop = start + table.num_rows
-        # the features are checked here, so a malformed value is refused before anything is
-        # written, then dropped: `ParquetRows` reads them again a batch at a time
-        _feature_block(table, features, width, start)
         y[start:stop] = _numbers(table.column(columns.label), columns.label, start)
         named = _texts(table, columns.id, start, required=True)
         ids.append(
@@ -97,12 +100,13 @@ def parse_parquet(
 
 
 def batches(
-    table_file: pq.ParquetFile, columns: list[str], width: int
+    table_file: pq.ParquetFile, columns: list[str], width: int, size: int | None = None
 ) -> Iterator[tuple[int, pa.RecordBatch]]:
-    """The file's rows of `columns` in batches of about BATCH_BYTES of features, each with
-    the number of its first row; a file that cannot be decoded is a 422."""
+    """The file's rows of `columns` in batches of about BATCH_BYTES of features (`width`
+    float32 a row), or of `size` rows, each with the number of its first row; a file that
+    cannot be decoded is a 422."""
     start = 0
-    rows = max(1, BATCH_BYTES // max(1, 4 * width))
+    rows = size or max(1, BATCH_BYTES // max(1, 4 * width))
     reader = table_file.iter_batches(batch_size=rows, columns=columns, use_threads=False)
     while True:
         try:
