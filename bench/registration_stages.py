@@ -10,6 +10,8 @@ where the time goes"), side by side in one run, in one process, on the embedded 
   side by side: `per_row`, a key per row (`sealed_row`: every registration before migration
   0025, an append's rows still), and `blocks`, a key per BLOCK_ROWS rows (`sealed_blocks`);
 - `insert`: the keys', blocks' and rows' INSERTs and the chunk commits;
+- `tokens`: the rows' id tokens into `sample_tokens`, last and sorted (blocks; a row sealed
+  on its own writes its token with it, inside `insert`);
 - `single_erasure_ms`: erasing one row afterwards, in each layout (in a block: the block
   opened, sealed again without the row under a new key, its rows moved to it);
 - `register`: the real thing (`registration.register`, sealing and writing overlapped on two
@@ -18,6 +20,7 @@ where the time goes"), side by side in one run, in one process, on the embedded 
 The floor is writing the Parquet file's bytes to this disk (and fsync). Nothing here is a test.
 
     .venv/bin/python -m bench.registration_stages [--n 1000000] [--features 256]
+        [--layouts per_row blocks]
 
 Writes bench/results/registration_stages.json.
 """
@@ -41,7 +44,7 @@ from sqlalchemy.orm import Session
 from app.db.migrate import upgrade_to_head
 from app.db.tables import Dataset, Sample, utcnow
 from app.runtime import Runtime
-from app.services import registration
+from app.services import registration, sample_tokens
 from app.services.dataset_files import Limits, ParsedDataset
 from app.services.parquet_files import Columns, parse_parquet
 from app.services.suppression import screen
@@ -103,6 +106,7 @@ def stages(runtime: Runtime, data: bytes, layout: str) -> dict[str, float]:
         dataset_id = registration.begin(session, "stages", "parquet")
     subjects = registration.SubjectTokens(ring, dataset_id)
     n = len(parsed.y)
+    tokens = sample_tokens.SortedTokens(n)
     for start in range(0, n, registration.CHUNK):
         stop = min(start + registration.CHUNK, n)
         # the chunk's rows decoded (a row group at a time), then held as arrays for the
@@ -128,10 +132,16 @@ def stages(runtime: Runtime, data: bytes, layout: str) -> dict[str, float]:
         t = time.perf_counter()
         with runtime.db.write(durable=False) as session:
             if layout == "blocks":
-                registration._commit_chunk(session, ring, dataset_id, chunk, stop)
+                ids = registration._commit_chunk(session, ring, dataset_id, chunk, stop)
+                tokens.add([row[registration.TOKEN] for row in chunk.rows], ids)
             else:
-                registration.insert_sealed(session, ring, keys, rows)
+                registration.insert_sealed(session, ring, dataset_id, keys, rows)
         out["insert"] += time.perf_counter() - t
+    t = time.perf_counter()
+    for pairs in tokens.chunks(registration.CHUNK):  # blocks: the tokens last, sorted
+        with runtime.db.write(durable=False) as session:
+            sample_tokens.insert_sorted(session.connection(), dataset_id, pairs)
+    out["tokens"] = time.perf_counter() - t
     return out
 
 
@@ -183,13 +193,14 @@ def per_row_layout() -> Iterator[None]:
 
     def commit(
         session: Session, ring: Keyring, dataset_id: int, chunk: registration.SealedChunk, done: int
-    ) -> None:
+    ) -> list[int]:
         session.execute(
             update(Dataset)
             .where(Dataset.id == dataset_id)
             .values(progress_at=utcnow(), rows_done=done)
         )
-        registration.insert_sealed(session, ring, chunk.keys, chunk.rows)
+        conn = session.connection()  # the tokens go in last, as a registration's do
+        return registration.insert_sealed_rows(conn, ring, dataset_id, chunk.keys, chunk.rows)
 
     saved = registration.sealed_blocks, registration._commit_chunk
     registration.sealed_blocks, registration._commit_chunk = sealed, commit
@@ -204,12 +215,13 @@ def main() -> None:
     parser.add_argument("--n", type=int, default=1_000_000)
     parser.add_argument("--features", type=int, default=256)
     parser.add_argument("--row-group", type=int, default=65536)
+    parser.add_argument("--layouts", nargs="+", default=["per_row", "blocks"])
     args = parser.parse_args()
     data = parquet_bytes(args.n, args.features, args.row_group)
     with tempfile.TemporaryDirectory(prefix="lethe-stages-") as scratch:
         root = Path(scratch)
         parts, erasing = {}, {}
-        for layout in ("per_row", "blocks"):
+        for layout in args.layouts:
             runtime = fresh_runtime(root, layout, args.n, args.features)
             parts[layout] = stages(runtime, data, layout)
             erasing[layout] = erasures_ms(runtime)
@@ -217,7 +229,7 @@ def main() -> None:
             layout: whole(
                 fresh_runtime(root, f"whole-{layout}", args.n, args.features), data, layout
             )
-            for layout in ("per_row", "blocks")
+            for layout in args.layouts
         }
         floor = disk_floor(data, root)  # the Parquet file's bytes: as much as the features
     summed = {layout: sum(p.values()) for layout, p in parts.items()}

@@ -8,7 +8,10 @@ table as of migration 0025, and the same with one thing changed at a time:
   rows came in token order): what the unique index's randomness costs;
 - `no_unique`: without the (dataset_id, external_id) unique index at all;
 - `no_indexes`: the table alone;
-- `commits_of_50000`: ten chunks per commit.
+- `commits_of_50000`: ten chunks per commit;
+- `token_table`: no unique index on `samples`; the tokens written last, sorted, 5,000 per
+  commit, into a table of their own keyed (dataset_id, token) (`tokens_s`: the sort and
+  those inserts), as Lethe does since migration 0026 (`app/services/sample_tokens.py`).
 
 Each variant's time is split into the executemany calls and the commits (where the WAL takes
 the dirty pages). Nothing here is Lethe's code path: `bench/registration_stages.py` times that.
@@ -37,6 +40,10 @@ TABLE = (
     " subject_id VARCHAR(200), split VARCHAR(10), payload BLOB, key_id CHAR(32),"
     " status VARCHAR(10), erased_at DATETIME, append_id INTEGER, block_row INTEGER{unique})"
 )
+TOKENS = (
+    "CREATE TABLE sample_tokens (dataset_id INTEGER, token VARCHAR(200), sample_id INTEGER,"
+    " PRIMARY KEY (dataset_id, token)) WITHOUT ROWID"
+)
 INDEXES = [
     "CREATE INDEX ix_subject ON samples (dataset_id, subject_id)",
     "CREATE INDEX ix_split ON samples (dataset_id, split, status)",
@@ -49,6 +56,7 @@ VARIANTS = {
     "no_unique": {"unique": False},
     "no_indexes": {"unique": False, "indexes": False},
     "commits_of_50000": {"group": 10},
+    "token_table": {"unique": False, "token_table": True},
 }
 
 
@@ -64,6 +72,7 @@ def insert(
     unique: bool = True,
     indexes: bool = True,
     group: int = 1,
+    token_table: bool = False,
 ) -> dict[str, float]:
     n = len(tokens)
     db = sqlite3.connect(folder / "samples.db", isolation_level=None)
@@ -95,10 +104,23 @@ def insert(
             t = time.perf_counter()
             db.execute("COMMIT")
             committing += time.perf_counter() - t
+    tokens_s = 0.0
+    if token_table:  # the tokens after the rows, sorted, into a table of their own
+        t = time.perf_counter()
+        db.execute(TOKENS)
+        ordered = sorted(range(n), key=tokens.__getitem__)
+        for start in range(0, n, CHUNK):
+            db.execute("BEGIN IMMEDIATE")
+            db.executemany(
+                "INSERT INTO sample_tokens (dataset_id, token, sample_id) VALUES (?, ?, ?)",
+                [(1, tokens[i], i + 1) for i in ordered[start : start + CHUNK]],
+            )
+            db.execute("COMMIT")
+        tokens_s = time.perf_counter() - t
     total = time.perf_counter() - started
     db.close()
     return {"total_s": round(total, 3), "execute_s": round(executing, 3),
-            "commit_s": round(committing, 3)}  # fmt: skip
+            "commit_s": round(committing, 3), "tokens_s": round(tokens_s, 3)}  # fmt: skip
 
 
 def main() -> None:

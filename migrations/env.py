@@ -30,13 +30,22 @@ def run_migrations_online() -> None:
 
 
 def _run(connection) -> None:  # noqa: ANN001
-    context.configure(
-        connection=connection,
-        target_metadata=Base.metadata,
-        render_as_batch=connection.dialect.name == "sqlite",
-    )
-    with context.begin_transaction():
-        context.run_migrations()
+    sqlite = connection.dialect.name == "sqlite"
+    context.configure(connection=connection, target_metadata=Base.metadata, render_as_batch=sqlite)
+    if not sqlite:
+        with context.begin_transaction():
+            context.run_migrations()
+        return
+    # A batch migration rebuilds a table (copy, drop, rename): with foreign keys on, SQLite's
+    # DROP TABLE deletes its rows first and cascades to the tables that refer to it. The
+    # pragma is a no-op inside a transaction: set on the driver's connection before one.
+    raw = connection.connection.driver_connection
+    raw.execute("PRAGMA foreign_keys=OFF")
+    try:
+        with context.begin_transaction():
+            context.run_migrations()
+    finally:
+        raw.execute("PRAGMA foreign_keys=ON")
 
 
 if context.is_offline_mode():

@@ -90,6 +90,28 @@ def test_a_row_group_is_read_in_batches_never_whole(monkeypatch: pytest.MonkeyPa
     np.testing.assert_array_equal(rows[2], expected[2])  # an earlier row: read from the start
 
 
+def test_a_run_of_rows_is_read_as_slices_of_its_batches() -> None:
+    """`X[a:b]` (how a registration reads a chunk): the rows, across batch boundaries and
+    after rows are left out, equal to the array's; a view where one batch holds them."""
+    n, d = 3000, 7
+    X = np.random.default_rng(4).standard_normal((n, d)).astype(np.float32)
+    t = pa.table(
+        {"person_key": [f"k{i}" for i in range(n)], "target": np.arange(n) % 2,
+         "vec": pa.FixedSizeListArray.from_arrays(pa.array(X.reshape(-1)), d)}
+    )  # fmt: skip
+    parsed = parse_parquet(parquet(t, 700), Columns(label="target", id="person_key"), 0, 0.2,
+                           Limits())  # fmt: skip
+    for a, b in [(0, n), (650, 760), (10, 20), (2999, 3000), (5, 5)]:
+        np.testing.assert_array_equal(parsed.X[a:b], X[a:b])
+    keep = np.ones(n, dtype=bool)
+    keep[[3, 4, 699, 700, 1500]] = False
+    kept = parsed.X[keep]
+    np.testing.assert_array_equal(kept[0 : len(kept)], X[keep])
+    np.testing.assert_array_equal(kept[690:705], X[keep][690:705])
+    parsed.X.release()  # the reader let go: a later read starts it again
+    np.testing.assert_array_equal(parsed.X[100:110], X[100:110])
+
+
 def test_named_feature_columns_are_chosen_by_the_mapping() -> None:
     mapping = Columns(label="target", id="person_key", features=("f4", "f1"))
     parsed = parse_parquet(parquet(table("named")), mapping, 0, 0.2, Limits())

@@ -184,6 +184,7 @@ def test_a_registration_whose_server_died_is_discarded_with_its_keys(tmp_path: P
         assert seen["error"]["code"] == "registration_abandoned"
         with sqlite3.connect(db_file) as conn:
             assert conn.execute("SELECT count(*) FROM samples").fetchone() == (0,)
+            assert conn.execute("SELECT count(*) FROM sample_tokens").fetchone() == (0,)
             assert conn.execute("SELECT count(*) FROM data_keys").fetchone() == (0,)
         cluster.stop()
         files = b"".join(

@@ -177,7 +177,6 @@ class LearnTask(Base):
 class Sample(Base):
     __tablename__ = "samples"
     __table_args__ = (
-        UniqueConstraint("dataset_id", "external_id", name="uq_samples_dataset_external"),
         Index("ix_samples_dataset_subject", "dataset_id", "subject_id"),
         Index("ix_samples_dataset_split_status", "dataset_id", "split", "status"),
         Index("ix_samples_append", "append_id"),
@@ -198,6 +197,23 @@ class Sample(Base):
     # the row's place in its block (app/storage/sample_blocks.py): key_id is the block's key
     # and payload is NULL; None for a row sealed on its own (an appended one)
     block_row: Mapped[int | None] = mapped_column(Integer)
+
+
+class SampleToken(Base):
+    """A sample's id token, unique in its dataset: the lookup from a client's id to its row.
+    Apart from `samples` (issue 55, goal 6): tokens are keyed hashes, random, and an index of
+    them on `samples` took each row to a random page as it was inserted (half a million-row
+    registration's insert time, bench/samples_insert.py); here a registration writes its
+    tokens last, sorted, so each commit fills the index's end. No foreign key to the sample:
+    whoever deletes a sample deletes its token (`app/services/sample_tokens.py`)."""
+
+    __tablename__ = "sample_tokens"
+    __table_args__ = {"sqlite_with_rowid": False}
+    dataset_id: Mapped[int] = mapped_column(
+        ForeignKey("datasets.id", ondelete="CASCADE"), primary_key=True
+    )
+    token: Mapped[str] = mapped_column(String(200), primary_key=True)
+    sample_id: Mapped[int] = mapped_column(BigInteger().with_variant(Integer, "sqlite"))
 
 
 class Model(Base):

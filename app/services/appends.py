@@ -26,11 +26,11 @@ from sqlalchemy import delete, func, select, update
 from sqlalchemy.orm import Session
 
 from app import pause
-from app.db.chunks import chunked
 from app.db.session import rowcount
 from app.db.tables import Dataset, DatasetAppend, LearnTask, Model, Sample, utcnow
 from app.errors import APIError, unprocessable
 from app.runtime import Runtime
+from app.services import sample_tokens
 from app.services.dataset_files import ParsedDataset
 from app.services.registration import (
     CHUNK,
@@ -135,7 +135,7 @@ def append(
         def commit(keys: list[tuple[UUID, bytes, bytes]], rows: list[list[Any]], stop: int) -> None:
             with db.write(durable=False) as session:  # made durable by the last commit
                 _progress(session, append_id, rows_done=stop)
-                insert_sealed(session, ring, keys, rows)
+                insert_sealed(session, ring, dataset_id, keys, rows)
             pause.point(runtime.settings, "append-chunk", append_id)
 
         with ChunkWriter() as writer:
@@ -194,15 +194,7 @@ def _refuse_duplicates(
 ) -> None:
     """409 `duplicate_ids`, naming them, when the dataset already holds any of these ids
     (erased rows included: an erased id is not reused)."""
-    held: set[str] = set()
-    for chunk in chunked(sorted(set(tokens))):
-        held.update(
-            session.scalars(
-                select(Sample.external_id).where(
-                    Sample.dataset_id == dataset_id, Sample.external_id.in_(chunk)
-                )
-            )
-        )
+    held = sample_tokens.held(session, dataset_id, tokens)
     if not held:
         return
     duplicates = [raw for raw, token in zip(ids, tokens, strict=True) if token in held]
@@ -240,11 +232,13 @@ def _finish(
         gone = [tokens[i] for i in late]
         rows = session.execute(
             select(Sample.id, Sample.key_id).where(
-                Sample.append_id == append_id, Sample.external_id.in_(gone)
+                Sample.append_id == append_id,
+                Sample.id.in_(sample_tokens.samples_named(dataset_id, gone)),
             )
         ).all()
         destroy_keys(session, [k for _, k in rows if k is not None])
         session.execute(delete(Sample).where(Sample.id.in_([i for i, _ in rows])))
+        sample_tokens.delete_tokens(session, dataset_id, gone)
     activated = rowcount(
         session.execute(
             update(Sample)

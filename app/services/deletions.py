@@ -42,12 +42,13 @@ from methods import method_names
 
 # The request path's tables (issue 28): Core statements on them skip the ORM's compile, load
 # and unit-of-work steps, which were most of a POST's CPU.
-REQUESTS, TASKS, SAMPLES, MODELS, HOLDINGS, DATASETS = (
+REQUESTS, TASKS, SAMPLES, TOKENS, MODELS, HOLDINGS, DATASETS = (
     Base.metadata.tables[t]
     for t in (
         "deletion_requests",
         "deletion_tasks",
         "samples",
+        "sample_tokens",
         "models",
         "model_samples",
         "datasets",
@@ -340,8 +341,10 @@ _READY = (
     .where(DATASETS.c.id == _DATASET, DATASETS.c.status == DatasetStatus.ready)
     .exists()
 )
-SAMPLES_NAMED = select(*SAMPLE_REF).where(
-    SAMPLES.c.dataset_id == _DATASET, SAMPLES.c.external_id.in_(_IDS), _READY
+SAMPLES_NAMED = (
+    select(*SAMPLE_REF)
+    .join(TOKENS, TOKENS.c.sample_id == SAMPLES.c.id)
+    .where(TOKENS.c.dataset_id == _DATASET, TOKENS.c.token.in_(_IDS), _READY)
 )
 SAMPLES_OF_SUBJECTS = select(*SAMPLE_REF).where(
     SAMPLES.c.dataset_id == _DATASET, SAMPLES.c.subject_id.in_(_IDS), _READY

@@ -158,6 +158,8 @@ class ParquetRows:
     def __getitem__(self, key: object) -> np.ndarray | ParquetRows:
         if isinstance(key, np.ndarray) and key.dtype == bool:
             return ParquetRows(self.file, self.features, self.width, self.rows[key])
+        if isinstance(key, slice):  # rows in order: (rows × width), a view where one batch
+            return self._rows(self.rows[key])  # holds them all
         if isinstance(key, int | np.integer):
             at = int(self.rows[key])
             if not self._low <= at < self._high:  # rows come in order: the next batch
@@ -165,6 +167,32 @@ class ParquetRows:
             assert self._block is not None
             return self._block[at - self._low]
         raise TypeError(f"ParquetRows takes a row number or a boolean mask, not {type(key)}")
+
+    def release(self) -> None:
+        """Let go of the batch in hand and the reader, and give Arrow's freed memory back:
+        the rows are all read (a registration's last phase has its own memory to hold)."""
+        self._block, self._batches = None, None
+        self._low, self._high = 0, 0
+        pa.default_memory_pool().release_unused()
+
+    def _rows(self, wanted: np.ndarray) -> np.ndarray:
+        """The rows at these file positions (increasing), a run of consecutive ones at a time
+        from the batch that holds it."""
+        parts, i = [], 0
+        while i < len(wanted):
+            at = int(wanted[i])
+            if not self._low <= at < self._high:
+                self._seek(at)
+            assert self._block is not None
+            # the run of consecutive positions from i that this batch holds
+            ahead = wanted[i : min(len(wanted), i + self._high - at)]
+            gaps = ahead - at - np.arange(len(ahead))  # 0 while consecutive, then grows
+            run = int(np.searchsorted(gaps, 0, side="right"))
+            parts.append(self._block[at - self._low : at - self._low + run])
+            i += run
+        if len(parts) == 1:
+            return parts[0]
+        return np.concatenate(parts) if parts else np.empty((0, self.width), np.float32)
 
     def _seek(self, at: int) -> None:
         """Decode the batch that holds file row `at` (reading on from the batch in hand, or
@@ -295,3 +323,10 @@ def _is_list(kind: pa.DataType) -> bool:
 
 def _is_number(kind: pa.DataType) -> bool:
     return bool(pa.types.is_integer(kind) or pa.types.is_floating(kind))
+
+
+def release_rows(X: object) -> None:
+    """`ParquetRows.release` for a dataset's features that are Parquet rows (an array holds
+    nothing to let go)."""
+    if isinstance(X, ParquetRows):
+        X.release()

@@ -33,13 +33,22 @@ from app.db.session import rowcount
 from app.db.tables import Base, Dataset, Sample, utcnow
 from app.errors import APIError
 from app.runtime import Runtime
+from app.services import sample_tokens
 from app.services.dataset_files import ParsedDataset
+from app.services.parquet_files import release_rows
 from app.services.suppression import Screener, screen
 from app.states import DatasetStatus, SampleStatus
-from app.storage.crypto import NONCE_BYTES, Keyring, SampleRecord, sample_aad, seal
+from app.storage.crypto import (
+    NONCE_BYTES,
+    Keyring,
+    SampleRecord,
+    record_parts,
+    sample_aad,
+    seal,
+)
 from app.storage.erasure import compact_after_erasure, erase_payloads
 from app.storage.keystore import destroy_keys, new_keys, store_keys
-from app.storage.sample_blocks import BLOCK_ROWS, block_aad, destroy_blocks, pack, wipe
+from app.storage.sample_blocks import BLOCK_ROWS, block_aad, destroy_blocks, pack_parts, wipe
 from app.webhooks import events
 
 # Samples per commit: the longest a deletion POST waits behind a registration. Measured at a
@@ -63,15 +72,15 @@ SAMPLE_COLUMNS = (
     "append_id",
     "block_row",
 )
+TOKEN = SAMPLE_COLUMNS.index("external_id")  # a row's keyed id token
 
 
-# SQLite's page cache for the connection that inserts a registration's rows (KiB): the samples'
-# indexes take keyed tokens, random, so every insert lands on a random page; with the default
-# 2 MB a million rows read most of them back from the OS at each insert.
-INSERT_CACHE_KIB = 32_768
-# ... and its WAL checkpoints (pages): each chunk rewrites index pages spread over the whole
-# index, so checkpointing after every chunk (SQLite's 1,000 pages) wrote the same pages again
-# and again.
+# The WAL checkpoints (pages) of the connection that inserts a registration's rows: a chunk
+# rewrites index pages spread over an index of random keys (the subjects' tokens), so
+# checkpointing after every chunk (SQLite's 1,000 pages) wrote the same pages again and again.
+# Its page cache is SQLite's default 2 MB: 32 MB served the unique index of the rows' random
+# id tokens, which `sample_tokens` now holds, filled in order (bench/samples_insert.py), and
+# it was 21 MiB of a million-row registration's peak (bench/registration.py).
 INSERT_CHECKPOINT_PAGES = 25_000
 
 
@@ -150,12 +159,14 @@ def register(
                 raise RegistrationDiscarded(dataset_id)
             since = session.scalar(select(DATASETS.c.created_at).where(DATASETS.c.id == dataset_id))
         subjects = SubjectTokens(ring, dataset_id)
+        tokens = sample_tokens.SortedTokens(len(parsed.y))
 
         def commit(chunk: SealedChunk, stop: int) -> None:
             # a chunk's commit need not wait for the disk: a registration that dies is
             # discarded, and the durable commit that makes it ready makes every chunk durable
             with db.write(durable=False) as session:
-                _commit_chunk(session, ring, dataset_id, chunk, stop)
+                ids = _commit_chunk(session, ring, dataset_id, chunk, stop)
+                tokens.add([row[TOKEN] for row in chunk.rows], ids)
             pause.point(runtime.settings, "registration-chunk", dataset_id)  # between two commits
 
         with ChunkWriter() as writer:
@@ -166,6 +177,12 @@ def register(
                 rows = _screened_chunk(runtime, screener, start, stop, refusing)
                 chunk = sealed_blocks(ring, dataset_id, parsed, rows, subjects)
                 writer.submit(commit, chunk, stop)
+                del chunk  # the writer holds it until its commit, and no longer
+        release_rows(parsed.X)  # every row is sealed: the sorted tokens' memory instead
+        for pairs in tokens.chunks(CHUNK):  # last, in token order: each fills the index's end
+            with db.write(durable=False) as session:
+                _progress(session, dataset_id)
+                sample_tokens.insert_sorted(session.connection(), dataset_id, pairs)
         with db.write() as session:
             late = screener.late(session, (since or utcnow()) - LATE_MARGIN)
             if late.rows and refusing:  # erased while this registration ran: refused as at
@@ -260,13 +277,10 @@ def _leave_out(session: Session, ring: Keyring, dataset_id: int, external_ids: l
     if not external_ids:
         return
     tokens = [ring.token("sample", dataset_id, x) for x in external_ids]
-    ids = list(
-        session.scalars(
-            select(Sample.id).where(Sample.dataset_id == dataset_id, Sample.external_id.in_(tokens))
-        )
-    )
+    ids = [int(i) for i in session.scalars(sample_tokens.samples_named(dataset_id, tokens))]
     erase_payloads(session, ring, ids)
     session.execute(delete(Sample).where(Sample.id.in_(ids)))
+    sample_tokens.delete_tokens(session, dataset_id, tokens)
 
 
 @dataclass
@@ -292,14 +306,18 @@ def sealed_blocks(
     (bench/registration_stages.py)."""
     firsts = range(0, len(positions), BLOCK_ROWS)
     keys = new_keys(ring, len(firsts))
+    features = np.ascontiguousarray(_features(parsed, positions)).data.cast("B")
+    width = features.nbytes // max(1, len(positions))  # bytes of one row's features
+    labels = np.asarray(parsed.y)[positions].tolist()
     rows: list[list[Any]] = []
     blocks: list[tuple[UUID, bytes]] = []
     for (key_id, raw, _), first in zip(keys, firsts, strict=True):
         records = []
         for place, i in enumerate(positions[first : first + BLOCK_ROWS]):
             subject, external = parsed.subjects[i], parsed.ids[i]
-            record = SampleRecord(int(parsed.y[i]), external, subject, parsed.X[i].tobytes())
-            records.append(record.encode())
+            at = first + place
+            mine = features[at * width : (at + 1) * width]
+            records.append(record_parts(labels[at], external, subject, mine))
             rows.append(
                 [
                     dataset_id,
@@ -313,24 +331,39 @@ def sealed_blocks(
                     place,
                 ]
             )
-        plain = pack(records)
+        plain = pack_parts(records)
         blocks.append((key_id, seal(raw, plain, block_aad(dataset_id, key_id))))
         wipe(plain)
     return SealedChunk(keys, rows, blocks)
 
 
-def _commit_chunk(
-    session: Session, ring: Keyring, dataset_id: int, chunk: SealedChunk, done: int
-) -> None:
-    """One chunk's keys, blocks and rows, and the dataset's progress (`done` rows with this
-    chunk), in the caller's transaction."""
+def _features(parsed: ParsedDataset, positions: Sequence[int]) -> np.ndarray:
+    """The features of the rows at `positions`, (rows × features): one slice for a run of
+    consecutive rows (a chunk with nothing left out), where a row at a time cost a Python
+    call each (a million rows from Parquet: 3 s)."""
+    if isinstance(positions, range) and positions.step == 1:
+        return np.asarray(parsed.X[positions.start : positions.stop])
+    return np.stack([parsed.X[i] for i in positions]) if positions else parsed.X[0:0]
+
+
+def _progress(session: Session, dataset_id: int, **values: Any) -> None:
+    """The registration's progress stamped (and `values`), or RegistrationDiscarded where the
+    reconciler discarded it."""
     moved = session.execute(
         update(DATASETS)
         .where(DATASETS.c.id == dataset_id, DATASETS.c.status == DatasetStatus.registering)
-        .values(progress_at=utcnow(), rows_done=done)
+        .values(progress_at=utcnow(), **values)
     )
     if rowcount(moved) != 1:
         raise RegistrationDiscarded(dataset_id)
+
+
+def _commit_chunk(
+    session: Session, ring: Keyring, dataset_id: int, chunk: SealedChunk, done: int
+) -> list[int]:
+    """One chunk's keys, blocks and rows, and the dataset's progress (`done` rows with this
+    chunk), in the caller's transaction; the rows' ids, in order (their tokens go in last)."""
+    _progress(session, dataset_id, rows_done=done)
     conn = _inserting(session)
     store_keys(conn, ring, chunk.keys)
     uuid_of, at = driver_uuids(conn), SAMPLE_COLUMNS.index("key_id")
@@ -342,29 +375,48 @@ def _commit_chunk(
     )
     for row in chunk.rows:
         row[at] = uuid_of(row[at])
+    after = sample_tokens.last_sample_id(conn)
     insert_rows(conn, SAMPLES, SAMPLE_COLUMNS, [tuple(r) for r in chunk.rows])
+    return sample_tokens.inserted_ids(conn, dataset_id, after, len(chunk.rows))
 
 
 def _inserting(session: Session) -> Connection:
     """The session's connection, set for a registration's bulk inserts on SQLite."""
     conn = session.connection()
     if conn.dialect.name == "sqlite":  # the child that inserts ends with its connections
-        conn.exec_driver_sql(f"PRAGMA cache_size=-{INSERT_CACHE_KIB}")
         conn.exec_driver_sql(f"PRAGMA wal_autocheckpoint={INSERT_CHECKPOINT_PAGES}")
     return conn
 
 
 def insert_sealed(
-    session: Session, ring: Keyring, keys: list[tuple[UUID, bytes, bytes]], rows: list[list[Any]]
+    session: Session,
+    ring: Keyring,
+    dataset_id: int,
+    keys: list[tuple[UUID, bytes, bytes]],
+    rows: list[list[Any]],
 ) -> None:
-    """Rows sealed one by one (SAMPLE_COLUMNS order: an append's) and their data keys, in the
-    caller's transaction."""
+    """Rows sealed one by one (SAMPLE_COLUMNS order: an append's), their data keys and their
+    tokens, in the caller's transaction."""
     conn = _inserting(session)
+    ids = insert_sealed_rows(conn, ring, dataset_id, keys, rows)
+    sample_tokens.insert_new(conn, dataset_id, [row[TOKEN] for row in rows], ids)
+
+
+def insert_sealed_rows(
+    conn: Connection,
+    ring: Keyring,
+    dataset_id: int,
+    keys: list[tuple[UUID, bytes, bytes]],
+    rows: list[list[Any]],
+) -> list[int]:
+    """Rows sealed one by one and their data keys, not their tokens; the rows' ids in order."""
     store_keys(conn, ring, keys)
     uuid_of, at = driver_uuids(conn), SAMPLE_COLUMNS.index("key_id")
     for row, (key_id, _, _) in zip(rows, keys, strict=True):
         row[at] = uuid_of(key_id)
+    after = sample_tokens.last_sample_id(conn)
     insert_rows(conn, SAMPLES, SAMPLE_COLUMNS, [tuple(r) for r in rows])
+    return sample_tokens.inserted_ids(conn, dataset_id, after, len(rows))
 
 
 class ChunkWriter:
@@ -475,7 +527,9 @@ def discard_job(
             if status != DatasetStatus.registering:
                 break
             rows = session.execute(
-                select(Sample.id, Sample.key_id).where(rows_of).limit(CHUNK)
+                select(Sample.id, Sample.key_id, Sample.dataset_id, Sample.external_id)
+                .where(rows_of)
+                .limit(CHUNK)
             ).all()
             if not rows:
                 session.execute(
@@ -484,10 +538,13 @@ def discard_job(
                     .values(status=DatasetStatus.failed, error=error, progress_at=None, rows_done=0)
                 )
                 break
-            keys = sorted({k for _, k in rows if k is not None})  # a block's rows share one
-            destroy_blocks(session, keys)
+            keys = sorted({r.key_id for r in rows if r.key_id is not None})  # a block's rows
+            destroy_blocks(session, keys)  # share one
             destroy_keys(session, keys)
-            session.execute(delete(Sample).where(Sample.id.in_([i for i, _ in rows])))
+            session.execute(delete(Sample).where(Sample.id.in_([r.id for r in rows])))
+            for dataset_id in {r.dataset_id for r in rows}:  # one: the job's
+                mine = [r.external_id for r in rows if r.dataset_id == dataset_id]
+                sample_tokens.delete_tokens(session, dataset_id, mine)
     compact_after_erasure(db, runtime.settings)
 
 

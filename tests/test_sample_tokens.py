@@ -1,0 +1,166 @@
+"""Samples' id tokens in `sample_tokens` (issue 55, goal 6; migration 0026): a registration
+writes its rows first and its tokens last, sorted; every row has exactly its token; an id is
+held once per dataset; a failed registration leaves no token; the migration moves the tokens
+of a database that had them on `samples` and loses no row that refers to a sample."""
+
+from __future__ import annotations
+
+import sqlite3
+from pathlib import Path
+
+import pytest
+from alembic import command
+from sqlalchemy import func, select
+from sqlalchemy.exc import IntegrityError
+
+from app.db.migrate import alembic_config
+from app.db.session import database
+from app.db.tables import Sample, SampleToken
+from app.schemas import BuiltinDatasetIn
+from app.services import dataset_files, registration, sample_tokens
+from app.services.registration import SubjectTokens, insert_sealed, sealed_row
+from app.services.sample_tokens import TOKEN_CHARS
+from app.storage.crypto import TOKEN_PREFIX
+from app.storage.keystore import new_keys
+from tests.conftest import Api
+
+BIG = {"builtin": "synthetic", "n_samples": 12_000, "n_features": 4, "n_classes": 2}
+
+
+def token_counts(url: str, dataset_id: int) -> tuple[int, int]:
+    """(the dataset's tokens, those whose sample is the dataset's row with that token)."""
+    with database(url).read() as session:
+        tokens = session.scalar(
+            select(func.count())
+            .select_from(SampleToken)
+            .where(SampleToken.dataset_id == dataset_id)
+        )
+        matched = session.scalar(
+            select(func.count())
+            .select_from(SampleToken)
+            .join(Sample, Sample.id == SampleToken.sample_id)
+            .where(
+                SampleToken.dataset_id == dataset_id,
+                Sample.dataset_id == dataset_id,
+                Sample.external_id == SampleToken.token,
+            )
+        )
+    return int(tokens or 0), int(matched or 0)
+
+
+def test_every_registered_row_has_its_token_and_an_id_is_held_once(api: Api) -> None:
+    answer = api.post("/v1/datasets", json=BIG)
+    dataset = api.wait(f"/v1/datasets/{answer.json()['id']}", ("ready", "failed"))
+    assert dataset["status"] == "ready"
+    assert token_counts(api.url, dataset["id"]) == (12_000, 12_000)
+    # a client's id finds its row through the table: a deletion by name, and an unknown one
+    who = api.get(f"/v1/datasets/{dataset['id']}/samples", params={"limit": 1}).json()
+    named = who["items"][0]["external_id"]
+    body = {"dataset_id": dataset["id"], "sample_ids": [named]}
+    assert api.post("/v1/deletions", json=body).status_code == 202
+    unknown = api.post("/v1/deletions", json={**body, "sample_ids": ["no-such-row"]})
+    assert unknown.status_code == 404
+    assert unknown.json()["error"]["code"] == "sample_not_found"
+    # the same id again in the dataset breaks the table's primary key, in the same commit
+    ring = api.runtime.keyring
+    parsed = dataset_files.load_builtin(BuiltinDatasetIn.model_validate({**BIG, "n_samples": 10}))
+    keys = new_keys(ring, 1)
+    row = sealed_row(ring, dataset["id"], parsed, 0, keys[0][1], SubjectTokens(ring, dataset["id"]))
+    with pytest.raises(IntegrityError), database(api.url).write() as session:
+        insert_sealed(session, ring, dataset["id"], keys, [row])
+    assert token_counts(api.url, dataset["id"]) == (12_000, 12_000)
+
+
+@pytest.mark.parametrize("failing", ["rows", "tokens"])
+def test_a_registration_that_fails_leaves_no_token(
+    api: Api, monkeypatch: pytest.MonkeyPatch, failing: str
+) -> None:
+    module, name = {
+        "rows": (registration, "_commit_chunk"),
+        "tokens": (sample_tokens, "insert_sorted"),
+    }[failing]
+    real = getattr(module, name)
+    calls = {"n": 0}
+
+    def fails_second(*args, **kwargs):
+        calls["n"] += 1
+        if calls["n"] == 2:
+            raise OSError("disk full")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(module, name, fails_second)
+    parsed = dataset_files.load_builtin(BuiltinDatasetIn.model_validate(BIG))
+    with database(api.url).write() as session:
+        dataset_id = registration.begin(session, "big", "builtin:synthetic")
+    with pytest.raises(OSError, match="disk full"):
+        registration.register(api.runtime, dataset_id, parsed)
+    assert calls["n"] == 2  # one chunk (of rows, or of tokens) had committed
+    assert api.get(f"/v1/datasets/{dataset_id}").json()["status"] == "failed"
+    assert token_counts(api.url, dataset_id) == (0, 0)
+    with database(api.url).read() as session:
+        assert not session.scalar(select(func.count()).select_from(Sample))
+
+
+def test_sorted_tokens_come_out_in_the_databases_order(tmp_path: Path) -> None:
+    heads = ["b", "A", "-x", "_", "a9", "a", "0", "Z_"]  # ASCII: - < digits < A-Z < _ < a-z
+    tokens = [TOKEN_PREFIX + h.ljust(TOKEN_CHARS, "Q") for h in heads]
+    gathered = sample_tokens.SortedTokens(10)
+    gathered.add(tokens[:4], [101, 102, 103, 104])
+    gathered.add(tokens[4:], [107, 108, 109, 112])  # another writer took 105 and 106
+    assert len(gathered) == 8
+    out = [pair for chunk in gathered.chunks(3) for pair in chunk]
+    assert [len(c) for c in sample_tokens.SortedTokens(4).chunks(3)] == []
+    with sqlite3.connect(tmp_path / "order.db") as conn:
+        conn.execute("CREATE TABLE t (token TEXT)")
+        conn.executemany("INSERT INTO t VALUES (?)", [(t,) for t in tokens])
+        ordered = [t for (t,) in conn.execute("SELECT token FROM t ORDER BY token")]
+    assert [t for t, _ in out] == ordered
+    assert dict(out) == dict(zip(tokens, [101, 102, 103, 104, 107, 108, 109, 112], strict=True))
+    with pytest.raises(ValueError):  # a token the array would cut short is refused
+        sample_tokens.SortedTokens(1).add([tokens[0] + "x"], [1])
+
+
+def test_the_migration_moves_the_tokens_and_loses_no_row_that_refers_to_a_sample(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "old.db"
+    url = f"sqlite:///{path}"
+    command.upgrade(alembic_config(url), "0025")
+    with sqlite3.connect(path) as conn:
+        conn.execute(
+            "INSERT INTO datasets (id, name, kind, source, feature_shape, n_classes, n_samples,"
+            " status, created_at) VALUES (1, 'd', 'tabular', 'x', '[2]', 2, 2, 'ready',"
+            " '2026-01-01')"
+        )
+        conn.execute(
+            "INSERT INTO samples (id, dataset_id, external_id, split, status) VALUES"
+            " (1, 1, 't1_b', 'train', 'active'), (2, 1, 't1_a', 'test', 'active')"
+        )
+        conn.execute(
+            "INSERT INTO models (id, name, dataset_id, architecture, training, method,"
+            " privacy, status, progress, created_at, updated_at) VALUES (1, 'm', 1, '{}',"
+            " '{}', '{}', '{}', 'ready', '{}', '2026-01-01', '2026-01-01')"
+        )
+        conn.execute("INSERT INTO model_samples (model_id, sample_id) VALUES (1, 1), (1, 2)")
+    command.upgrade(alembic_config(url), "head")
+    with sqlite3.connect(path) as conn:
+        # dropping the old `samples` with foreign keys on would have cascaded to these
+        assert conn.execute("SELECT count(*) FROM model_samples").fetchone() == (2,)
+        assert conn.execute(
+            "SELECT dataset_id, token, sample_id FROM sample_tokens ORDER BY token"
+        ).fetchall() == [(1, "t1_a", 2), (1, "t1_b", 1)]
+        # the token is no longer unique on `samples` (the table's key holds it)
+        conn.execute(
+            "INSERT INTO samples (id, dataset_id, external_id, split, status) VALUES"
+            " (3, 1, 't1_a', 'train', 'active')"
+        )
+        assert conn.execute("PRAGMA foreign_keys").fetchone() == (0,)  # a new connection's
+        conn.execute("DELETE FROM samples WHERE id = 3")
+    command.downgrade(alembic_config(url), "0025")  # and back
+    with sqlite3.connect(path) as conn:
+        assert conn.execute("SELECT count(*) FROM model_samples").fetchone() == (2,)
+        with pytest.raises(sqlite3.IntegrityError):  # unique on `samples` again
+            conn.execute(
+                "INSERT INTO samples (id, dataset_id, external_id, split, status) VALUES"
+                " (3, 1, 't1_a', 'train', 'active')"
+            )
