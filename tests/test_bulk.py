@@ -88,7 +88,8 @@ def test_a_refused_row_is_sqlalchemys_integrity_error_and_writes_nothing(db_url:
         dataset_id, key_id = dataset_and_key(session)
     with pytest.raises(IntegrityError), database(db_url).write() as session:
         key = driver_uuid(session.connection(), key_id)
-        twice = [(dataset_id, "t:same", None, "train", None, key, "active")] * 2
-        insert_rows(session.connection(), Base.metadata.tables["samples"], COLUMNS, twice)
+        good = (dataset_id, "t:good", None, "train", None, key, "active")
+        orphan = (dataset_id + 999, "t:orphan", None, "train", None, key, "active")  # no dataset
+        insert_rows(session.connection(), Base.metadata.tables["samples"], COLUMNS, [good, orphan])
     with database(db_url).read() as session:
         assert session.scalars(select(Sample.id)).all() == []

@@ -13,6 +13,7 @@ from alembic import command
 from sqlalchemy import func, select
 from sqlalchemy.exc import IntegrityError
 
+from app.db.bulk import insert_rows
 from app.db.migrate import alembic_config
 from app.db.session import database
 from app.db.tables import Sample, SampleToken
@@ -164,3 +165,27 @@ def test_the_migration_moves_the_tokens_and_loses_no_row_that_refers_to_a_sample
                 "INSERT INTO samples (id, dataset_id, external_id, split, status) VALUES"
                 " (3, 1, 't1_a', 'train', 'active')"
             )
+
+
+@pytest.mark.parametrize(
+    "db_url", [pytest.param("postgres", marks=pytest.mark.postgres)], indirect=True
+)
+def test_an_appends_ids_leave_out_rows_another_append_committed_meanwhile(api: Api) -> None:
+    """On PostgreSQL another append to the dataset may commit rows with larger ids between an
+    append's `last_sample_id` and its read-back: they are not taken for its own."""
+    dataset_id = api.post("/v1/datasets", json={**BIG, "n_samples": 20}).json()["id"]
+    samples = Sample.__table__
+    columns = ("dataset_id", "external_id", "split", "status", "append_id")
+    db = database(api.url)
+    with db.write() as mine:
+        conn = mine.connection()
+        after = sample_tokens.last_sample_id(conn)
+        with db.write() as other:  # its own connection and transaction, committed first
+            other_rows = [(dataset_id, f"t:other{i}", "train", "pending", 2) for i in range(3)]
+            insert_rows(other.connection(), samples, columns, other_rows)
+        insert_rows(conn, samples, columns, [(dataset_id, "t:mine", "train", "pending", 1)])
+        ids = sample_tokens.inserted_ids(conn, dataset_id, after, 1, append_id=1)
+        mine.rollback()
+    with db.read() as session:
+        others = session.scalars(select(Sample.id).where(Sample.append_id == 2)).all()
+    assert len(ids) == 1 and len(others) == 3 and ids[0] not in others

@@ -73,6 +73,7 @@ SAMPLE_COLUMNS = (
     "block_row",
 )
 TOKEN = SAMPLE_COLUMNS.index("external_id")  # a row's keyed id token
+APPEND = SAMPLE_COLUMNS.index("append_id")
 
 
 # The WAL checkpoints (pages) of the connection that inserts a registration's rows: a chunk
@@ -416,7 +417,8 @@ def insert_sealed_rows(
         row[at] = uuid_of(key_id)
     after = sample_tokens.last_sample_id(conn)
     insert_rows(conn, SAMPLES, SAMPLE_COLUMNS, [tuple(r) for r in rows])
-    return sample_tokens.inserted_ids(conn, dataset_id, after, len(rows))
+    append_id = rows[0][APPEND] if rows else None
+    return sample_tokens.inserted_ids(conn, dataset_id, after, len(rows), append_id)
 
 
 class ChunkWriter:

@@ -33,15 +33,18 @@ def last_sample_id(conn: Connection) -> int:
     return int(conn.execute(select(func.coalesce(func.max(SAMPLES.c.id), 0))).scalar_one())
 
 
-def inserted_ids(conn: Connection, dataset_id: int, after: int, count: int) -> list[int]:
-    """The ids of the `count` rows of the dataset this transaction just inserted (while it
-    holds the write lock), all above `after`, in id order: the order they were inserted in.
-    A range of the primary key, the dataset checked here: with `dataset_id` in the query
-    SQLite walked the dataset's index, every row registered so far at each chunk (13.7 of a
-    million rows' 26 s)."""
-    newer = select(SAMPLES.c.id, SAMPLES.c.dataset_id).where(SAMPLES.c.id > after)
-    rows = conn.execute(newer.order_by(SAMPLES.c.id))
-    ids = [i for i, d in rows if d == dataset_id]
+def inserted_ids(
+    conn: Connection, dataset_id: int, after: int, count: int, append_id: int | None = None
+) -> list[int]:
+    """The ids of the `count` rows this transaction just inserted into the dataset (for
+    `append_id`, or with the dataset's registration: None), all above `after`, in id order:
+    the order they were inserted in. A range of the primary key, the dataset and append
+    checked here: with `dataset_id` in the query SQLite walked the dataset's index, every row
+    registered so far at each chunk (13.7 of a million rows' 26 s); the append keeps out the
+    rows another append to the dataset committed meanwhile (PostgreSQL)."""
+    newer = select(SAMPLES.c.id, SAMPLES.c.dataset_id, SAMPLES.c.append_id)
+    rows = conn.execute(newer.where(SAMPLES.c.id > after).order_by(SAMPLES.c.id))
+    ids = [i for i, d, a in rows if d == dataset_id and a == append_id]
     if len(ids) != count:
         raise RuntimeError(f"{count} rows inserted, {len(ids)} found after id {after}")
     return ids
