@@ -72,6 +72,7 @@ class SortedTokens:
         self._count = 0
 
     def add(self, tokens: Sequence[str], ids: Sequence[int]) -> None:
+        """A committed chunk's tokens and its rows' ids, in the same order."""
         if len(tokens) != len(ids):
             raise ValueError(f"{len(tokens)} tokens for {len(ids)} ids")
         if not ids:
@@ -99,7 +100,8 @@ class SortedTokens:
         order = np.argsort(tokens, kind="stable")
         for start in range(0, len(order), size):
             at = order[start : start + size]
-            pairs = zip(tokens[at].tolist(), (offsets[at] + self._first).tolist(), strict=True)
+            ids = offsets[at].astype(np.int64) + self._first  # uint32 would wrap past 2**32
+            pairs = zip(tokens[at].tolist(), ids.tolist(), strict=True)
             yield [(TOKEN_PREFIX + t.decode(), i) for t, i in pairs]
 
 
