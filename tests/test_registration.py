@@ -16,7 +16,7 @@ import pytest
 import sqlalchemy as sa
 
 from app.db.session import database
-from app.db.tables import DataKey, Sample
+from app.db.tables import DataKey, Sample, SampleToken
 from app.schemas import BuiltinDatasetIn
 from app.services import dataset_files, registration
 from bench.cluster import Cluster
@@ -39,14 +39,19 @@ def wait_file(path: Path, timeout: float = 60.0) -> None:
         time.sleep(0.01)
 
 
-def counts(url: str, dataset_id: int) -> tuple[int, int]:
-    """(the dataset's sample rows, all data keys)."""
+def counts(url: str, dataset_id: int) -> tuple[int, int, int]:
+    """(the dataset's sample rows, its id tokens, all data keys)."""
     with database(url).read() as session:
         samples = session.scalar(
             sa.select(sa.func.count()).select_from(Sample).where(Sample.dataset_id == dataset_id)
         )
+        tokens = session.scalar(
+            sa.select(sa.func.count())
+            .select_from(SampleToken)
+            .where(SampleToken.dataset_id == dataset_id)
+        )
         keys = session.scalar(sa.select(sa.func.count()).select_from(DataKey))
-    return int(samples or 0), int(keys or 0)
+    return int(samples or 0), int(tokens or 0), int(keys or 0)
 
 
 def test_other_writers_proceed_between_chunks_and_a_registering_dataset_is_refused(
@@ -116,7 +121,7 @@ def test_a_registration_that_fails_midway_leaves_nothing(
     api: Api, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     api.post("/v1/datasets", json={"builtin": "breast_cancer"})
-    before = counts(api.url, 2)[1]
+    before = counts(api.url, 2)[2]
     commit = registration._commit_chunk
     calls = {"n": 0}
 
@@ -136,7 +141,7 @@ def test_a_registration_that_fails_midway_leaves_nothing(
     assert calls["n"] == 2  # the first chunk had committed
     failed = api.get(f"/v1/datasets/{dataset_id}").json()  # its client may have had a 202
     assert failed["status"] == "failed" and failed["error"]["code"] == "registration_failed"
-    assert counts(api.url, dataset_id) == (0, before)  # no row, no key
+    assert counts(api.url, dataset_id) == (0, 0, before)  # no row, no token, no key
     refused = api.post("/v1/models", json=logreg("m", dataset_id))
     assert refused.status_code == 409 and refused.json()["error"]["code"] == "dataset_failed"
 

@@ -376,9 +376,7 @@ def _commit_chunk(
     )
     for row in chunk.rows:
         row[at] = uuid_of(row[at])
-    after = sample_tokens.last_sample_id(conn)
-    insert_rows(conn, SAMPLES, SAMPLE_COLUMNS, [tuple(r) for r in chunk.rows])
-    return sample_tokens.inserted_ids(conn, dataset_id, after, len(chunk.rows))
+    return _insert_samples(conn, dataset_id, chunk.rows)
 
 
 def _inserting(session: Session) -> Connection:
@@ -415,6 +413,12 @@ def insert_sealed_rows(
     uuid_of, at = driver_uuids(conn), SAMPLE_COLUMNS.index("key_id")
     for row, (key_id, _, _) in zip(rows, keys, strict=True):
         row[at] = uuid_of(key_id)
+    return _insert_samples(conn, dataset_id, rows)
+
+
+def _insert_samples(conn: Connection, dataset_id: int, rows: list[list[Any]]) -> list[int]:
+    """`rows` (SAMPLE_COLUMNS order, key ids in the driver's form) into `samples`; their ids,
+    in order, read back within the caller's transaction."""
     after = sample_tokens.last_sample_id(conn)
     insert_rows(conn, SAMPLES, SAMPLE_COLUMNS, [tuple(r) for r in rows])
     append_id = rows[0][APPEND] if rows else None
