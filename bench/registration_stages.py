@@ -5,7 +5,7 @@ where the time goes"), side by side in one run, in one process, on the embedded 
 - `read`: every row's features, label and id as the registration reads them (`ParquetRows`,
   a row group decoded at a time);
 - `screen`: the suppression list's check (`suppression.screen`: a keyed token per id);
-- `sample_tokens`: the rows' keyed tokens (`Keyring.token`, one HMAC each);
+- `sample_tokens`: the rows' keyed tokens (`Keyring.tokens`, one HMAC each);
 - `keys_and_seal`: the data keys made and wrapped and the records sealed, in both layouts
   side by side: `per_row`, a key per row (`sealed_row`: every registration before migration
   0025, an append's rows still), and `blocks`, a key per BLOCK_ROWS rows (`sealed_blocks`);
@@ -33,9 +33,10 @@ import statistics
 import tempfile
 import time
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
+from uuid import UUID
 
 import numpy as np
 from sqlalchemy import select, update
@@ -114,7 +115,7 @@ def stages(runtime: Runtime, data: bytes, layout: str) -> dict[str, float]:
         out["read"] += timed(lambda: read_rows(parsed, start, stop))  # noqa: B023
         part = held(parsed, start, stop)
         m = stop - start
-        tokens_took = timed(lambda: [ring.token("sample", dataset_id, x) for x in part.ids])  # noqa: B023
+        tokens_took = timed(lambda: ring.tokens("sample", dataset_id, part.ids))  # noqa: B023
         out["sample_tokens"] += tokens_took
         t = time.perf_counter()
         if layout == "blocks":
@@ -133,7 +134,7 @@ def stages(runtime: Runtime, data: bytes, layout: str) -> dict[str, float]:
         with runtime.db.write(durable=False) as session:
             if layout == "blocks":
                 ids = registration._commit_chunk(session, ring, dataset_id, chunk, stop)
-                tokens.add([row[registration.TOKEN] for row in chunk.rows], ids)
+                tokens.add(chunk.tokens, ids)
             else:
                 registration.insert_sealed(session, ring, dataset_id, keys, rows)
         out["insert"] += time.perf_counter() - t
@@ -171,6 +172,18 @@ def whole(runtime: Runtime, data: bytes, layout: str) -> float:
     return time.perf_counter() - started
 
 
+@dataclass
+class PerRowChunk:
+    """A chunk sealed a row at a time: each row's key, and its row in SAMPLE_COLUMNS order."""
+
+    keys: list[tuple[UUID, bytes, bytes]]
+    rows: list[list[Any]]
+
+    @property
+    def tokens(self) -> list[str]:
+        return [row[registration.TOKEN] for row in self.rows]
+
+
 @contextlib.contextmanager
 def per_row_layout() -> Iterator[None]:
     """`registration.register` as it was before migration 0025: a data key per row, each row
@@ -182,17 +195,17 @@ def per_row_layout() -> Iterator[None]:
         parsed: ParsedDataset,
         positions: Sequence[int],
         subjects: registration.SubjectTokens,
-    ) -> registration.SealedChunk:
+    ) -> PerRowChunk:
         keys = new_keys(ring, len(positions))
         nonces = registration.Nonces(len(positions))
         rows = [
             registration.sealed_row(ring, dataset_id, parsed, i, raw, subjects, nonce=nonces.next())
             for i, (_, raw, _) in zip(positions, keys, strict=True)
         ]
-        return registration.SealedChunk(keys, rows, [])
+        return PerRowChunk(keys, rows)
 
     def commit(
-        session: Session, ring: Keyring, dataset_id: int, chunk: registration.SealedChunk, done: int
+        session: Session, ring: Keyring, dataset_id: int, chunk: PerRowChunk, done: int
     ) -> list[int]:
         session.execute(
             update(Dataset)
@@ -203,7 +216,7 @@ def per_row_layout() -> Iterator[None]:
         return registration.insert_sealed_rows(conn, ring, dataset_id, chunk.keys, chunk.rows)
 
     saved = registration.sealed_blocks, registration._commit_chunk
-    registration.sealed_blocks, registration._commit_chunk = sealed, commit
+    registration.sealed_blocks, registration._commit_chunk = sealed, commit  # type: ignore[assignment]
     try:
         yield
     finally:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import sqlite3
 from collections.abc import Callable, Sequence
+from itertools import chain
 from typing import Any
 from uuid import UUID
 
@@ -52,8 +53,8 @@ def insert_rows(conn: Connection, table: Table, columns: Sequence[str], rows: li
     per = max(1, sqlite_parameters(conn) // len(columns))
     for start in range(0, len(rows), per):
         batch = rows[start : start + per]
-        flat = [value for row in batch for value in row]
-        conn.exec_driver_sql(head + ", ".join([one] * len(batch)), tuple(flat))
+        flat = tuple(chain.from_iterable(batch))
+        conn.exec_driver_sql(head + ", ".join([one] * len(batch)), flat)
 
 
 def _copy(conn: Connection, statement: str, rows: list[tuple]) -> None:

@@ -96,8 +96,8 @@ def split_by_hash(ring: Keyring, dataset_id: int, ids: Sequence[str], fraction: 
     (an HMAC under the keyring, in a namespace of its own) read as a number in [0, 1) falls
     below `fraction`."""
     out = []
-    for raw in ids:
-        mac = base64.urlsafe_b64decode(ring.token("split", dataset_id, raw)[len(TOKEN_PREFIX) :])
+    for token in ring.tokens("split", dataset_id, ids):
+        mac = base64.urlsafe_b64decode(token[len(TOKEN_PREFIX) :])
         out.append("test" if int.from_bytes(mac[:8], "big") / 2**64 < fraction else "train")
     return out
 
@@ -125,7 +125,7 @@ def append(
         if not split_given:
             parsed = replace(parsed, split=split_by_hash(ring, dataset_id, parsed.ids, fraction))
         parsed, skipped = screened(runtime, parsed, True, on_erased)
-        tokens = [ring.token("sample", dataset_id, x) for x in parsed.ids]
+        tokens = ring.tokens("sample", dataset_id, parsed.ids)
         with db.read() as session:
             _refuse_duplicates(session, dataset_id, parsed.ids, tokens)
         with db.write() as session:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import io
 from collections.abc import Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 
 import numpy as np
@@ -140,7 +141,7 @@ class ParquetRows:
         self.file, self.features, self.width = table_file, features, width
         self.total = int(table_file.metadata.num_rows)
         self.rows = np.arange(self.total) if rows is None else rows  # positions in the file
-        self._batches: Iterator[tuple[int, pa.RecordBatch]] | None = None
+        self._ahead: ReadAhead | None = None
         self._block: np.ndarray | None = None
         self._low, self._high = 0, 0  # the rows of the batch in hand
 
@@ -171,8 +172,11 @@ class ParquetRows:
     def release(self) -> None:
         """Let go of the batch in hand and the reader, and give Arrow's freed memory back:
         the rows are all read (a registration's last phase has its own memory to hold)."""
-        self._block, self._batches = None, None
+        self._block = None
         self._low, self._high = 0, 0
+        if self._ahead is not None:
+            self._ahead.close()
+            self._ahead = None
         pa.default_memory_pool().release_unused()
 
     def _rows(self, wanted: np.ndarray) -> np.ndarray:
@@ -195,17 +199,56 @@ class ParquetRows:
         return np.concatenate(parts) if parts else np.empty((0, self.width), np.float32)
 
     def _seek(self, at: int) -> None:
-        """Decode the batch that holds file row `at` (reading on from the batch in hand, or
+        """Take the batch that holds file row `at` (reading on from the batch in hand, or
         from the start for an earlier row)."""
-        self._block = None  # the previous batch's rows go before the next is decoded
-        if self._batches is None or at < self._low:
-            self._batches = batches(self.file, self.features, self.width)
-        for start, batch in self._batches:
-            if start + batch.num_rows > at:
-                self._block = _feature_block(batch, self.features, self.width, start)
-                self._low, self._high = start, start + batch.num_rows
+        self._block = None  # the previous batch's rows go before the next is taken
+        if self._ahead is None or at < self._low:
+            if self._ahead is not None:
+                self._ahead.close()
+            self._ahead = ReadAhead(self.file, self.features, self.width)
+        for start, block in self._ahead:
+            if start + len(block) > at:
+                self._block = block
+                self._low, self._high = start, start + len(block)
                 return
         raise IndexError(f"row {at} is past the file's {self.total} rows")
+
+
+class ReadAhead:
+    """A file's feature batches in order, (first row, rows × width float32), each decoded
+    and checked on a thread of its own while the caller works on the one before: reading
+    an object in S3 and decoding it was a third of a million-row registration's sealing
+    thread, and pyarrow and numpy do most of it without Python's lock (issue 55, goal 6).
+    One batch ahead at most (BATCH_BYTES more memory); a malformed one raises its 422 when
+    the caller comes to it."""
+
+    def __init__(self, table_file: pq.ParquetFile, features: list[str], width: int) -> None:
+        self._source = batches(table_file, features, width)
+        self.features, self.width = features, width
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="lethe-parquet")
+        self._next: Future[tuple[int, np.ndarray] | None] | None = self._pool.submit(self._decode)
+
+    def _decode(self) -> tuple[int, np.ndarray] | None:
+        found = next(self._source, None)
+        if found is None:
+            return None
+        start, batch = found
+        return start, _feature_block(batch, self.features, self.width, start)
+
+    def __iter__(self) -> Iterator[tuple[int, np.ndarray]]:
+        while self._next is not None:
+            found = self._next.result()
+            self._next = None if found is None else self._pool.submit(self._decode)
+            if found is None:
+                return
+            yield found
+
+    def close(self) -> None:
+        """Stop reading: the batch under way is finished and dropped."""
+        pending, self._next = self._next, None
+        if pending is not None:
+            pending.cancel()
+        self._pool.shutdown(wait=True)
 
 
 def _feature_columns(schema: pa.Schema, columns: Columns) -> list[str]:

@@ -20,6 +20,7 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
+from itertools import chain, repeat
 from typing import Any
 from uuid import UUID
 
@@ -34,7 +35,7 @@ from app.db.tables import Base, Dataset, Sample, utcnow
 from app.errors import APIError
 from app.runtime import Runtime
 from app.services import sample_tokens
-from app.services.dataset_files import ParsedDataset
+from app.services.dataset_files import ParsedDataset, texts_at
 from app.services.parquet_files import release_rows
 from app.services.suppression import Screener, screen
 from app.states import DatasetStatus, SampleStatus
@@ -167,7 +168,7 @@ def register(
             # discarded, and the durable commit that makes it ready makes every chunk durable
             with db.write(durable=False) as session:
                 ids = _commit_chunk(session, ring, dataset_id, chunk, stop)
-                tokens.add([row[TOKEN] for row in chunk.rows], ids)
+                tokens.add(chunk.tokens, ids)
             pause.point(runtime.settings, "registration-chunk", dataset_id)  # between two commits
 
         with ChunkWriter() as writer:
@@ -277,7 +278,7 @@ def _leave_out(session: Session, ring: Keyring, dataset_id: int, external_ids: l
     deleted."""
     if not external_ids:
         return
-    tokens = [ring.token("sample", dataset_id, x) for x in external_ids]
+    tokens = ring.tokens("sample", dataset_id, external_ids)
     ids = [int(i) for i in session.scalars(sample_tokens.samples_named(dataset_id, tokens))]
     erase_payloads(session, ring, ids)
     session.execute(delete(Sample).where(Sample.id.in_(ids)))
@@ -286,12 +287,41 @@ def _leave_out(session: Session, ring: Keyring, dataset_id: int, external_ids: l
 
 @dataclass
 class SealedChunk:
-    """A chunk of rows ready to insert: the blocks' keys, the rows (SAMPLE_COLUMNS order, the
-    block's key id in `key_id`) and the sealed blocks [(key id, sealed bytes)]."""
+    """A chunk of rows ready to insert, by column: the blocks' keys, the sealed blocks [(key
+    id, sealed bytes)] and each block's row count, and each row's id token, subject token and
+    split, in order. `rows` lays them out as SAMPLE_COLUMNS tuples (built in C by `zip`: a
+    list per row and its key id converted per row were a fifth of the inserting thread)."""
 
     keys: list[tuple[UUID, bytes, bytes]]
-    rows: list[list[Any]]
     blocks: list[tuple[UUID, bytes]]
+    sizes: list[int]
+    tokens: list[str]
+    subjects: list[str | None]
+    splits: list[str]
+
+    def rows(self, dataset_id: int, key_form: Callable[[UUID], Any]) -> list[tuple[Any, ...]]:
+        """The rows in SAMPLE_COLUMNS order, each block's key id in the driver's form
+        (`key_form`), converted once per block."""
+        key_ids = chain.from_iterable(
+            repeat(key_form(key_id), size)
+            for (key_id, _), size in zip(self.blocks, self.sizes, strict=True)
+        )
+        places = chain.from_iterable(range(size) for size in self.sizes)
+        active = SampleStatus.active.value
+        return list(
+            zip(
+                repeat(dataset_id),
+                self.tokens,
+                self.subjects,
+                self.splits,
+                repeat(None),
+                key_ids,
+                repeat(active),
+                repeat(None),
+                places,
+                strict=False,  # the repeats are endless; the tokens set the length
+            )
+        )
 
 
 def sealed_blocks(
@@ -310,32 +340,27 @@ def sealed_blocks(
     features = np.ascontiguousarray(_features(parsed, positions)).data.cast("B")
     width = features.nbytes // max(1, len(positions))  # bytes of one row's features
     labels = np.asarray(parsed.y)[positions].tolist()
-    rows: list[list[Any]] = []
+    ids = texts_at(parsed.ids, positions)
+    raw_subjects = texts_at(parsed.subjects, positions)
     blocks: list[tuple[UUID, bytes]] = []
     for (key_id, raw, _), first in zip(keys, firsts, strict=True):
-        records = []
-        for place, i in enumerate(positions[first : first + BLOCK_ROWS]):
-            subject, external = parsed.subjects[i], parsed.ids[i]
-            at = first + place
-            mine = features[at * width : (at + 1) * width]
-            records.append(record_parts(labels[at], external, subject, mine))
-            rows.append(
-                [
-                    dataset_id,
-                    ring.token("sample", dataset_id, external),
-                    None if subject is None else subjects[subject],
-                    parsed.split[i],
-                    None,
-                    key_id,
-                    SampleStatus.active.value,
-                    None,
-                    place,
-                ]
+        records = [
+            record_parts(
+                labels[at], ids[at], raw_subjects[at], features[at * width : at * width + width]
             )
+            for at in range(first, min(first + BLOCK_ROWS, len(positions)))
+        ]
         plain = pack_parts(records)
         blocks.append((key_id, seal(raw, plain, block_aad(dataset_id, key_id))))
         wipe(plain)
-    return SealedChunk(keys, rows, blocks)
+    return SealedChunk(
+        keys,
+        blocks,
+        [min(BLOCK_ROWS, len(positions) - first) for first in firsts],
+        ring.tokens("sample", dataset_id, ids),
+        [None if s is None else subjects[s] for s in raw_subjects],
+        texts_at(parsed.split, positions),
+    )
 
 
 def _features(parsed: ParsedDataset, positions: Sequence[int]) -> np.ndarray:
@@ -367,16 +392,14 @@ def _commit_chunk(
     _progress(session, dataset_id, rows_done=done)
     conn = _inserting(session)
     store_keys(conn, ring, chunk.keys)
-    uuid_of, at = driver_uuids(conn), SAMPLE_COLUMNS.index("key_id")
+    uuid_of = driver_uuids(conn)
     insert_rows(
         conn,
         BLOCKS,
         ("key_id", "dataset_id", "data"),
         [(uuid_of(key_id), dataset_id, sealed) for key_id, sealed in chunk.blocks],
     )
-    for row in chunk.rows:
-        row[at] = uuid_of(row[at])
-    return _insert_samples(conn, dataset_id, chunk.rows)
+    return _insert_samples(conn, dataset_id, chunk.rows(dataset_id, uuid_of), None)
 
 
 def _inserting(session: Session) -> Connection:
@@ -413,15 +436,18 @@ def insert_sealed_rows(
     uuid_of, at = driver_uuids(conn), SAMPLE_COLUMNS.index("key_id")
     for row, (key_id, _, _) in zip(rows, keys, strict=True):
         row[at] = uuid_of(key_id)
-    return _insert_samples(conn, dataset_id, rows)
-
-
-def _insert_samples(conn: Connection, dataset_id: int, rows: list[list[Any]]) -> list[int]:
-    """`rows` (SAMPLE_COLUMNS order, key ids in the driver's form) into `samples`; their ids,
-    in order, read back within the caller's transaction."""
-    after = sample_tokens.last_sample_id(conn)
-    insert_rows(conn, SAMPLES, SAMPLE_COLUMNS, [tuple(r) for r in rows])
     append_id = rows[0][APPEND] if rows else None
+    return _insert_samples(conn, dataset_id, [tuple(r) for r in rows], append_id)
+
+
+def _insert_samples(
+    conn: Connection, dataset_id: int, rows: list[tuple[Any, ...]], append_id: int | None
+) -> list[int]:
+    """`rows` (SAMPLE_COLUMNS order, key ids in the driver's form; the registration's when
+    `append_id` is None, else that append's) into `samples`; their ids, in order, read back
+    within the caller's transaction."""
+    after = sample_tokens.last_sample_id(conn)
+    insert_rows(conn, SAMPLES, SAMPLE_COLUMNS, rows)
     return sample_tokens.inserted_ids(conn, dataset_id, after, len(rows), append_id)
 
 

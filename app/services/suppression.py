@@ -25,6 +25,7 @@ from sqlalchemy.orm import Session
 from app.db.chunks import CHUNK, chunked
 from app.db.tables import Suppression, utcnow
 from app.errors import APIError
+from app.services.dataset_files import texts_at
 from app.storage.crypto import Keyring
 
 log = logging.getLogger("lethe.suppression")
@@ -38,12 +39,17 @@ def suppression_token(ring: Keyring, kind: str, raw_id: str) -> str:
     return ring.token(f"suppressed-{kind}", 0, raw_id)
 
 
+def suppression_tokens(ring: Keyring, kind: str, raw_ids: Sequence[str]) -> list[str]:
+    """`suppression_token` of each of `raw_ids`, made together (`Keyring.tokens`)."""
+    return ring.tokens(f"suppressed-{kind}", 0, raw_ids)
+
+
 def suppress(
     session: Session, ring: Keyring, kind: str, raw_ids: Iterable[str], request_id: int
 ) -> list[dict[str, str]]:
     """Put these ids on the list (again, where a suppression was lifted), in the caller's
     transaction; the tokens, for the restore journal."""
-    tokens = [suppression_token(ring, kind, x) for x in dict.fromkeys(raw_ids)]
+    tokens = suppression_tokens(ring, kind, list(dict.fromkeys(raw_ids)))
     put_tokens(session, kind, tokens, request_id)
     return [{"kind": kind, "token": t} for t in tokens]
 
@@ -131,12 +137,9 @@ class Screener:
         ring, subjects, seen = self.ring, self.subjects, self._subject_marks
         fresh = (s for s in subjects[start:stop] if s is not None and s not in seen)
         new = list(dict.fromkeys(fresh))  # in order, each once
-        subject_tokens = [suppression_token(ring, "subject", s) for s in new]
-        sample_tokens = (
-            [suppression_token(ring, "sample", self.ids[i]) for i in range(start, stop)]
-            if self.samples
-            else []
-        )
+        subject_tokens = suppression_tokens(ring, "subject", new)
+        ids = texts_at(self.ids, range(start, stop)) if self.samples else []
+        sample_tokens = suppression_tokens(ring, "sample", ids)
         hit = active(session, sample_tokens + subject_tokens)
         seen.update(zip(new, _marks(subject_tokens).tolist(), strict=True))
         self._erased |= {s for s, t in zip(new, subject_tokens, strict=True) if t in hit}
