@@ -13,9 +13,17 @@ from sqlalchemy import select
 
 from app.db.session import database
 from app.db.tables import DataKey, Dataset, Sample, SampleBlock
+from app.storage.crypto import SampleRecord
 from app.storage.erasure import erase_payloads
 from app.storage.keystore import load_keys
-from app.storage.sample_blocks import BLOCK_ROWS, open_block, unpack
+from app.storage.sample_blocks import (
+    BLOCK_ROWS,
+    block_records,
+    open_block,
+    pack,
+    pack_columns,
+    unpack,
+)
 from methods.compute import StatisticsBlock
 from tests.conftest import Api
 from workers.data import arrays_for
@@ -173,3 +181,29 @@ def test_a_block_that_does_not_open_does_not_hold_an_erasure_back(api: Api) -> N
         assert session.get(SampleBlock, key) is None and session.get(DataKey, key) is None
         erased = session.get_one(Sample, rows[0][0])
     assert erased.status == "erased" and erased.key_id is None
+
+
+def test_blocks_packed_by_column_and_by_record_read_alike() -> None:
+    """A registration packs a block by column; blocks of earlier registrations, and every
+    block sealed again after an erasure, are packed by record. Both give the same records
+    (ids and subjects in UTF-8, an empty subject apart from none), and `unpack` gives each
+    as `SampleRecord.encode` makes it, which an erasure's rewrite packs by record again."""
+    X = np.random.default_rng(1).standard_normal((4, 5)).astype(np.float32)
+    records = [
+        SampleRecord(3, "row-é", "person-1", X[0].tobytes()),
+        SampleRecord(-1, "", None, X[1].tobytes()),
+        SampleRecord(7, "漢字", "", X[2].tobytes()),
+        SampleRecord(2**40, "r" * 300, "ß" * 70, X[3].tobytes()),
+    ]
+    by_column = pack_columns(
+        [r.label for r in records],
+        [r.external_id.encode() for r in records],
+        [None if r.subject_id is None else r.subject_id.encode() for r in records],
+        X.tobytes(),
+    )
+    by_record = pack([r.encode() for r in records])
+    assert block_records(by_column) == records == block_records(by_record)
+    assert unpack(by_column) == [r.encode() for r in records]
+    assert [bytes(v) for v in unpack(by_record)] == [r.encode() for r in records]
+    rewritten = pack([b"" if i == 1 else r for i, r in enumerate(unpack(by_column))])
+    assert block_records(rewritten) == [records[0], None, records[2], records[3]]

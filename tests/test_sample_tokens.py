@@ -5,6 +5,9 @@ of a database that had them on `samples` and loses no row that refers to a sampl
 
 from __future__ import annotations
 
+import base64
+import hashlib
+import hmac
 import sqlite3
 from pathlib import Path
 
@@ -21,7 +24,7 @@ from app.schemas import BuiltinDatasetIn
 from app.services import dataset_files, registration, sample_tokens
 from app.services.registration import SubjectTokens, insert_sealed, sealed_row
 from app.services.sample_tokens import TOKEN_CHARS
-from app.storage.crypto import TOKEN_PREFIX
+from app.storage.crypto import TOKEN_PREFIX, Keyring
 from app.storage.keystore import new_keys
 from tests.conftest import Api
 
@@ -186,3 +189,22 @@ def test_an_appends_ids_leave_out_rows_another_append_committed_meanwhile(api: A
     with db.read() as session:
         others = session.scalars(select(Sample.id).where(Sample.append_id == 2)).all()
     assert len(ids) == 1 and len(others) == 3 and ids[0] not in others
+
+
+def test_tokens_made_together_are_hmac_sha256_under_the_identifier_key() -> None:
+    """`Keyring.tokens` copies HMAC's two keyed hashes and encodes many MACs at once: each
+    token must still be the standard library's HMAC-SHA256 of "kind\\0dataset\\0id" under the
+    identifier key, cut to 24 bytes, in URL-safe base64 (what every stored token already is)."""
+    master = bytes(range(32))
+    ring = Keyring(master)
+    key = hmac.new(master, b"lethe/identifiers/v1", hashlib.sha256).digest()
+    values = ["a", "", "ünïcødé 漢字", "x" * 300, *(f"row-{i}" for i in range(500))]
+
+    def expected(kind: str, dataset_id: int, value: str) -> str:
+        mac = hmac.new(key, f"{kind}\0{dataset_id}\0{value}".encode(), hashlib.sha256).digest()
+        return TOKEN_PREFIX + base64.urlsafe_b64encode(mac[:24]).decode()
+
+    assert ring.tokens("sample", 7, values) == [expected("sample", 7, v) for v in values]
+    assert ring.token("suppressed-subject", 0, "p") == expected("suppressed-subject", 0, "p")
+    assert ring.tokens("sample", 7, []) == []
+    assert ring.tokens("sample", 8, ["a"]) != ring.tokens("sample", 7, ["a"])

@@ -15,7 +15,8 @@ from sqlalchemy import func, select
 
 from app.db.session import database
 from app.db.tables import Dataset, Sample, Suppression
-from app.services.suppression import Screener, put_tokens, suppression_token
+from app.services import suppression
+from app.services.suppression import HELD_MOST, Screener, put_tokens, suppression_token
 from app.storage.crypto import Keyring
 from tests.conftest import Api
 from tests.test_registration import wait_file
@@ -189,12 +190,15 @@ def test_a_person_erased_while_a_registration_runs_does_not_come_back_through_it
 
 
 @pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)  # Screener's own logic
+@pytest.mark.parametrize("held_most", [HELD_MOST, 0], ids=["list_held", "list_looked_up"])
 def test_the_screener_finds_a_person_in_every_chunk_and_late_finds_only_new_entries(
-    db_url: str,
+    db_url: str, held_most: int, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A subject found on the list in one chunk is refused in the next chunks too (it is
     looked up once); `late` finds the rows of entries made after the chunk was screened, and
-    nothing for entries it had screened already."""
+    nothing for entries it had screened already. The same with the list held in memory (a
+    short one) and looked up a chunk at a time (longer than HELD_MOST)."""
+    monkeypatch.setattr(suppression, "HELD_MOST", held_most)
     ring = Keyring(b"m" * 32)
     ids = [f"row-{i}" for i in range(8)]
     subjects: list[str | None] = ["a", "a", "b", None, "a", "c", "b", "d"]

@@ -225,11 +225,15 @@ async def _finished_inline(
 ) -> bool:
     """Wait for the registration (or append) while it may still finish inline: True once it
     has (an error is raised here, and its failed row forgotten: nothing is left), False as
-    soon as the parse found more than INLINE_ROWS rows (it goes on as a job)."""
+    soon as the parse found more than INLINE_ROWS rows (it goes on as a job). A job that
+    ended between two looks is still a job (202): its row tells how it ended, whether it
+    failed within one poll or not."""
     waiting = asyncio.wrap_future(running)
     while True:
         done, _ = await asyncio.wait({waiting}, timeout=INLINE_POLL_SECONDS)
         if done:
+            if await run_in_threadpool(total) > INLINE_ROWS:
+                return False
             try:
                 outcome(waiting.result())
             except APIError:

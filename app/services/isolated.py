@@ -39,6 +39,9 @@ _PRELOAD = [
     "app.services.appends",
     "app.services.dataset_files",
     "app.services.parquet_files",
+    # the seeded split of an upload with no split column (`seeded_split`): every such parse
+    # imported it in its child, 0.7 s of a registration's POST, and held it in its memory
+    "sklearn.model_selection",
     # not scikit-learn's dataset loaders: preloaded, they were 6 MiB of every child's memory,
     # which a million-row registration needs under its bound (issue 55, goal 6); a builtin's
     # child imports them itself (0.14 s)

@@ -43,13 +43,12 @@ from app.storage.crypto import (
     NONCE_BYTES,
     Keyring,
     SampleRecord,
-    record_parts,
     sample_aad,
     seal,
 )
 from app.storage.erasure import compact_after_erasure, erase_payloads
 from app.storage.keystore import destroy_keys, new_keys, store_keys
-from app.storage.sample_blocks import BLOCK_ROWS, block_aad, destroy_blocks, pack_parts, wipe
+from app.storage.sample_blocks import BLOCK_ROWS, block_aad, destroy_blocks, pack_columns, wipe
 from app.webhooks import events
 
 # Samples per commit: the longest a deletion POST waits behind a registration. Measured at a
@@ -342,15 +341,17 @@ def sealed_blocks(
     labels = np.asarray(parsed.y)[positions].tolist()
     ids = texts_at(parsed.ids, positions)
     raw_subjects = texts_at(parsed.subjects, positions)
+    encoded_ids = [x.encode() for x in ids]
+    encoded_subjects = [None if x is None else x.encode() for x in raw_subjects]
     blocks: list[tuple[UUID, bytes]] = []
     for (key_id, raw, _), first in zip(keys, firsts, strict=True):
-        records = [
-            record_parts(
-                labels[at], ids[at], raw_subjects[at], features[at * width : at * width + width]
-            )
-            for at in range(first, min(first + BLOCK_ROWS, len(positions)))
-        ]
-        plain = pack_parts(records)
+        last = min(first + BLOCK_ROWS, len(positions))
+        plain = pack_columns(
+            labels[first:last],
+            encoded_ids[first:last],
+            encoded_subjects[first:last],
+            features[first * width : last * width],
+        )
         blocks.append((key_id, seal(raw, plain, block_aad(dataset_id, key_id))))
         wipe(plain)
     return SealedChunk(

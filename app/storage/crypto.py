@@ -59,7 +59,7 @@ class Keyring:
         self._pepper = hmac.new(master, b"lethe/identifiers/v1", hashlib.sha256).digest()
         # HMAC's two keyed hashes (RFC 2104), keyed once: each token copies them. 0.95 µs a
         # token, where copying an `hmac` object took 2.0 and keying anew 3.7 (a million-row
-        # registration makes two million; tests/test_crypto.py checks it against `hmac`)
+        # registration makes two million; tests/test_sample_tokens.py checks it against `hmac`)
         block = self._pepper.ljust(hashlib.sha256().block_size, b"\0")
         self._inner = hashlib.sha256(bytes(b ^ 0x36 for b in block))
         self._outer = hashlib.sha256(bytes(b ^ 0x5C for b in block))
