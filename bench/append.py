@@ -16,8 +16,11 @@ POST k rows (copies of training rows with a little noise, new ids) to
 update's own compute from the version's metrics.
 
     .venv/bin/python -m bench.append [--n 1000000] [--k 10000] [--service]
+        [--device cpu|cuda] [--repeats 1] [--out NAME]
 
-Writes bench/results/append.json (and append-service.json with --service).
+In process with `--device cuda`, the rows, the resident state and every solve are on the GPU
+(each timing ends with torch.cuda.synchronize()).
+Writes bench/results/append.json (and append-service.json with --service), or NAME.json.
 """
 
 from __future__ import annotations
@@ -32,22 +35,24 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import torch
 
-from bench.common import model_spec, write_result
+from bench.common import device_info, model_spec, write_result
 from bench.convex_resident import OPTIONS, TARGET, TEST_ROWS, arrays, synthetic
 from maths import convex
 from maths.training import accuracy
 from methods.compute import RetainedData, joined
 from methods.convex_head.compute import ConvexHead, to_state, to_theta
 from tests.factories import update_inputs
+from workers.device import synchronize
 from workers.resident import ModelSession
 
 
-def in_process(n: int, k: int) -> dict[str, Any]:
+def in_process(n: int, k: int, device: torch.device, repeats: int = 1) -> dict[str, Any]:
     t0 = time.perf_counter()
     X_all, y_all, X_test, y_test = synthetic(n + k)
     X, y = X_all[:n].clone(), y_all[:n].clone()
-    X_new, y_new = X_all[n:].clone(), y_all[n:].clone()
+    X_new, y_new = X_all[n:].clone().to(device), y_all[n:].clone().to(device)
     del X_all, y_all
     made = time.perf_counter() - t0
     spec = model_spec(
@@ -56,18 +61,20 @@ def in_process(n: int, k: int) -> dict[str, Any]:
     )  # fmt: skip
     head = ConvexHead(spec)
     test = arrays(X_test, y_test, first_id=n + k)
-    session = ModelSession.of(0, 1, arrays(X, y), {}, test)
+    session = ModelSession.of(0, 1, arrays(X, y), {}, test, device)
     _, whole = session.split([], {}, [])
     t0 = time.perf_counter()
     trained = head.train(whole)
+    synchronize(device)
     train_seconds = time.perf_counter() - t0
     print("trained in", round(train_seconds, 1), "s", flush=True)
-    session = ModelSession.of(0, 1, arrays(X, y), dict(trained.state), test)
+    session = ModelSession.of(0, 1, arrays(X, y), dict(trained.state), test, device)
     _, retained = session.split([], {}, [])
     t0 = time.perf_counter()
     resident = head.prepare(retained, dict(trained.state))
+    synchronize(device)
     anchor_seconds = time.perf_counter() - t0
-    test_data = RetainedData(test.sample_ids, test.X, test.y)
+    test_data = RetainedData(test.sample_ids, test.X.to(device), test.y.to(device))
     ids = list(range(n, n + k))
     added = RetainedData(ids, X_new, y_new, [None] * k, [str(i) for i in ids])
     removed, retained = session.split([], {}, [])
@@ -77,24 +84,34 @@ def in_process(n: int, k: int) -> dict[str, Any]:
         resident=resident,
         added=added,
     )  # fmt: skip
-    t0 = time.perf_counter()
-    release = head.unlearn(inputs)
-    learn_seconds = time.perf_counter() - t0
+    times = []
+    for _ in range(repeats):  # the same update each time (`unlearn` makes a new state)
+        synchronize(device)
+        t0 = time.perf_counter()
+        release = head.unlearn(inputs)
+        synchronize(device)
+        times.append(time.perf_counter() - t0)
+    learn_seconds, again = times[0], float(np.median(times[1:])) if repeats > 1 else None
     print("learned", k, "rows in", round(learn_seconds, 3), "s", release.metrics, flush=True)
     t0 = time.perf_counter()
     exact, _ = head.retrain(inputs)  # the service's exact retrain on the union (cold)
+    synchronize(device)
     cold_seconds = time.perf_counter() - t0
     print("exact retrain (cold) in", round(cold_seconds, 1), "s", flush=True)
     o = head.options
     union = head.problem(inputs.retained)
+    start = to_theta(trained.state).to(device)
+    synchronize(device)
     t0 = time.perf_counter()
-    warm = convex.solve(union, o.tolerance, o.max_iterations, start=to_theta(trained.state))
+    warm = convex.solve(union, o.tolerance, o.max_iterations, start=start)
+    synchronize(device)
     warm_seconds = time.perf_counter() - t0
     print("exact retrain (warm start) in", round(warm_seconds, 1), "s", flush=True)
     arch = spec.architecture
-    learned_acc = accuracy(arch, release.weights, test.X, test.y, 10)
-    exact_acc = accuracy(arch, exact.state, test.X, test.y, 10)
-    warm_acc = accuracy(arch, to_state(warm.theta), test.X, test.y, 10)
+    X_t, y_t = test_data.X, test_data.y
+    learned_acc = accuracy(arch, release.weights, X_t, y_t, 10)
+    exact_acc = accuracy(arch, exact.state, X_t, y_t, 10)
+    warm_acc = accuracy(arch, to_state(warm.theta), X_t, y_t, 10)
     return {
         "n_train": n,
         "k_added": k,
@@ -112,11 +129,15 @@ def in_process(n: int, k: int) -> dict[str, Any]:
         "exact_retrain_warm_start_s": warm_seconds,
         "speedup_vs_cold": cold_seconds / learn_seconds,
         "speedup_vs_warm_start": warm_seconds / learn_seconds,
+        # the same update again, its kernels loaded and its buffers cached (`--repeats`)
+        "learn_compute_repeats_s": times,
+        "speedup_vs_warm_start_repeated": None if again is None else warm_seconds / again,
         "test_accuracy_learned_release": learned_acc,
         "test_accuracy_exact_optimum": exact_acc,
         "test_accuracy_warm_solve": warm_acc,
         "accuracy_gap_points": 100 * (exact_acc - learned_acc),
         "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+        "device": device_info(device.type),
     }
 
 
@@ -201,12 +222,17 @@ def main() -> None:
     parser.add_argument("--n", type=int, default=1_000_000)
     parser.add_argument("--k", type=int, default=10_000)
     parser.add_argument("--service", action="store_true", help="through the service instead")
+    parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu", help="in process")
+    parser.add_argument("--out", default=None, help="the result's name (default: append)")
+    parser.add_argument("--repeats", type=int, default=1, help="the learning step, timed again")
     args = parser.parse_args()
     if args.service:
-        write_result("append-service", through_service(args.n, args.k))
+        write_result(args.out or "append-service", through_service(args.n, args.k))
     else:
         result = {"options": OPTIONS, "target": {"epsilon": TARGET.epsilon, "delta": TARGET.delta}}
-        write_result("append", result | in_process(args.n, args.k))
+        device = torch.device(args.device)
+        learned = in_process(args.n, args.k, device, args.repeats)
+        write_result(args.out or "append", result | learned)
 
 
 if __name__ == "__main__":
