@@ -445,8 +445,8 @@ def _insert_samples(
     conn: Connection, dataset_id: int, rows: list[tuple[Any, ...]], append_id: int | None
 ) -> list[int]:
     """`rows` (SAMPLE_COLUMNS order, key ids in the driver's form; the registration's when
-    `append_id` is None, else that append's) into `samples`; their ids, in order, read back
-    within the caller's transaction."""
+    `append_id` is None, else that append's) into `samples`; their ids, in order, found
+    within the caller's transaction (`sample_tokens.inserted_ids`)."""
     after = sample_tokens.last_sample_id(conn)
     insert_rows(conn, SAMPLES, SAMPLE_COLUMNS, rows)
     return sample_tokens.inserted_ids(conn, dataset_id, after, len(rows), append_id)

@@ -121,7 +121,7 @@ class Keyring:
 
 
 _URLSAFE = bytes.maketrans(b"+/", b"-_")
-_RECORD_HEADER = struct.Struct("<qHH")  # SampleRecord's: label, id length, subject length + 1
+RECORD_HEADER = struct.Struct("<qHH")  # SampleRecord's: label, id length, subject length + 1
 
 
 @dataclass(frozen=True)
@@ -133,7 +133,7 @@ class SampleRecord:
     subject_id: str | None
     features: bytes  # float32, C order
 
-    _HEADER = _RECORD_HEADER
+    _HEADER = RECORD_HEADER
 
     def encode(self) -> bytes:
         return b"".join(record_parts(self.label, self.external_id, self.subject_id, self.features))
@@ -159,7 +159,7 @@ def record_parts(
     ext = external_id.encode()
     subj = b"" if subject_id is None else subject_id.encode()
     subj_len = 0 if subject_id is None else len(subj) + 1
-    return _RECORD_HEADER.pack(label, len(ext), subj_len), ext, subj, features
+    return RECORD_HEADER.pack(label, len(ext), subj_len), ext, subj, features
 
 
 def sample_aad(dataset_id: int, external_token: str) -> str:

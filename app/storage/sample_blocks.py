@@ -33,6 +33,7 @@ from app.db.bulk import driver_uuids, insert_rows
 from app.db.chunks import chunked
 from app.db.tables import Base, SampleBlock
 from app.storage.crypto import (
+    RECORD_HEADER,
     Keyring,
     SampleRecord,
     SealError,
@@ -101,6 +102,34 @@ def block_records(plain: bytes) -> list[SampleRecord | None]:
     """A block's rows as records, in place order (None: a row dropped by an erasure)."""
     if _COUNT.unpack_from(plain)[0] != COLUMNS:
         return [SampleRecord.decode(bytes(r)) if len(r) else None for r in _unpack_records(plain)]
+    return [
+        SampleRecord(
+            label,
+            str(external_id, "utf-8"),
+            str(subject, "utf-8") if given else None,
+            bytes(features),
+        )
+        for label, external_id, subject, given, features in _columns(plain)
+    ]
+
+
+def unpack(plain: bytes) -> list[bytes | memoryview]:
+    """A block's records, each as `SampleRecord.encode` makes it (b"": a dropped row): views
+    into `plain` for a block packed by record, new bytes for one packed by column, which
+    the caller zeroes (`wipe`) with `plain` after."""
+    if _COUNT.unpack_from(plain)[0] != COLUMNS:
+        return list(_unpack_records(plain))
+    out: list[bytes | memoryview] = []
+    for label, external_id, subject, given, features in _columns(plain):
+        head = RECORD_HEADER.pack(label, len(external_id), len(subject) + 1 if given else 0)
+        out.append(b"".join([head, external_id, subject, features]))
+        wipe(head)
+    return out
+
+
+def _columns(plain: bytes) -> list[tuple[int, memoryview, memoryview, bool, memoryview]]:
+    """A block packed by column, row by row: (label, id, subject, whether it has one,
+    features), the bytes as views into `plain` (no copy of another row's ids)."""
     (_, count), at = _COLUMNS_HEAD.unpack_from(plain), _COLUMNS_HEAD.size
     labels = np.frombuffer(plain, "<i8", count, at).tolist()
     at += 8 * count
@@ -108,30 +137,21 @@ def block_records(plain: bytes) -> list[SampleRecord | None]:
     at += 4 * count
     subject_ends = [0, *np.frombuffer(plain, "<u4", count, at).tolist()]
     at += 4 * count
-    given, at = plain[at : at + count], at + count
-    raw_ids = plain[at : at + id_ends[-1]]  # utf-8: the ends count bytes, so cut, then decode
-    at += id_ends[-1]
-    raw_subjects = plain[at : at + subject_ends[-1]]
-    at += subject_ends[-1]
-    width = (len(plain) - at) // max(1, count)
     view = memoryview(plain)
+    given, at = view[at : at + count], at + count
+    ids, at = view[at : at + id_ends[-1]], at + id_ends[-1]
+    subjects, at = view[at : at + subject_ends[-1]], at + subject_ends[-1]
+    width = (len(plain) - at) // max(1, count)
     return [
-        SampleRecord(
+        (
             labels[i],
-            raw_ids[id_ends[i] : id_ends[i + 1]].decode(),
-            raw_subjects[subject_ends[i] : subject_ends[i + 1]].decode() if given[i] else None,
-            bytes(view[at + i * width : at + (i + 1) * width]),
+            ids[id_ends[i] : id_ends[i + 1]],
+            subjects[subject_ends[i] : subject_ends[i + 1]],
+            bool(given[i]),
+            view[at + i * width : at + (i + 1) * width],
         )
         for i in range(count)
     ]
-
-
-def unpack(plain: bytes) -> list[bytes | memoryview]:
-    """A block's records, each as `SampleRecord.encode` makes it (b"": a dropped row): views
-    into `plain` for a block packed by record (no copy: the caller zeroes `plain` after)."""
-    if _COUNT.unpack_from(plain)[0] != COLUMNS:
-        return list(_unpack_records(plain))
-    return [b"" if r is None else r.encode() for r in block_records(plain)]
 
 
 def _unpack_records(plain: bytes) -> list[memoryview]:
@@ -270,6 +290,9 @@ def _rewrite_one(
         wipe(packed)
         conn.execute(_MOVE_ROWS, {"old_key": key_id, "new_key": new_id})
         _reseal_statistics(conn, raws[key_id], new_raw, new_id)
+    for record in records:  # a block packed by column: its records were made anew
+        if isinstance(record, bytes):
+            wipe(record)
     del records, kept
     wipe(plain)
 
