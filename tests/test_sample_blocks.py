@@ -8,11 +8,13 @@ import threading
 from uuid import UUID
 
 import numpy as np
+import pytest
 import torch
 from sqlalchemy import select
 
 from app.db.session import database
 from app.db.tables import DataKey, Dataset, Sample, SampleBlock
+from app.storage import sample_blocks
 from app.storage.crypto import SampleRecord
 from app.storage.erasure import erase_payloads
 from app.storage.keystore import load_keys
@@ -207,3 +209,28 @@ def test_blocks_packed_by_column_and_by_record_read_alike() -> None:
     assert [bytes(v) for v in unpack(by_record)] == [r.encode() for r in records]
     rewritten = pack([b"" if i == 1 else r for i, r in enumerate(unpack(by_column))])
     assert block_records(rewritten) == [records[0], None, records[2], records[3]]
+
+
+def test_an_erasure_zeroes_every_record_it_opened_the_erased_one_included(
+    api: Api, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Rewriting a block packed by column makes each row's record anew (the erased row's
+    too) before packing the others by record: every one of them is zeroed with the block's
+    plaintext, so the erased record is left in no freed memory of the process."""
+    made = api.post("/v1/datasets", json={"builtin": "digits"})  # no model holds its rows
+    assert made.status_code == 201, made.text
+    dataset = made.json()["id"]
+    key, rows = block_of(api, dataset)
+    erased_record = records_of(api, key, dataset)[0]
+    assert erased_record  # a block packed by column: its records are made anew to rewrite
+    zeroed: list[bytes] = []
+    wipe = sample_blocks.wipe
+
+    def recording(data: bytes) -> None:
+        zeroed.append(bytes(bytearray(data)))  # a copy: bytes(data) is data itself
+        wipe(data)
+
+    monkeypatch.setattr(sample_blocks, "wipe", recording)
+    with database(api.url).write() as session:
+        assert erase_payloads(session, api.runtime.keyring, [rows[0][0]]) == 1
+    assert erased_record in zeroed
