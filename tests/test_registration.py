@@ -9,7 +9,9 @@ import signal
 import sqlite3
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -117,28 +119,40 @@ def test_other_writers_proceed_between_chunks_and_a_registering_dataset_is_refus
     assert created.status_code == 202, created.text
 
 
-def test_a_registration_that_fails_midway_leaves_nothing(
-    api: Api, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    api.post("/v1/datasets", json={"builtin": "breast_cancer"})
-    before = counts(api.url, 2)[2]
-    commit = registration._commit_chunk
-    calls = {"n": 0}
+class FailsSecondCall:
+    """Stands in for `real` and counts its calls; the second raises OSError("disk full"): a
+    write that fails once one chunk has committed."""
 
-    def failing(*args, **kwargs):
-        calls["n"] += 1
-        if calls["n"] == 2:
+    def __init__(self, real: Callable[..., Any]) -> None:
+        self.real, self.calls = real, 0
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        self.calls += 1
+        if self.calls == 2:
             raise OSError("disk full")
-        return commit(*args, **kwargs)
+        return self.real(*args, **kwargs)
 
-    monkeypatch.setattr(registration, "_commit_chunk", failing)
-    # as the registration child runs it (app/services/isolated.py), here, where the patch is
+
+def register_big_failing(api: Api) -> int:
+    """Register BIG as the registration child runs it (app/services/isolated.py), here in
+    the test's process where a patch applies, expecting "disk full"; the dataset's id."""
     parsed = dataset_files.load_builtin(BuiltinDatasetIn.model_validate(BIG))
     with database(api.url).write() as session:
         dataset_id = registration.begin(session, "big", "builtin:synthetic")
     with pytest.raises(OSError, match="disk full"):
         registration.register(api.runtime, dataset_id, parsed)
-    assert calls["n"] == 2  # the first chunk had committed
+    return dataset_id
+
+
+def test_a_registration_that_fails_midway_leaves_nothing(
+    api: Api, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    api.post("/v1/datasets", json={"builtin": "breast_cancer"})
+    before = counts(api.url, 2)[2]
+    failing = FailsSecondCall(registration._commit_chunk)
+    monkeypatch.setattr(registration, "_commit_chunk", failing)
+    dataset_id = register_big_failing(api)
+    assert failing.calls == 2  # the first chunk had committed
     failed = api.get(f"/v1/datasets/{dataset_id}").json()  # its client may have had a 202
     assert failed["status"] == "failed" and failed["error"]["code"] == "registration_failed"
     assert counts(api.url, dataset_id) == (0, 0, before)  # no row, no token, no key

@@ -21,14 +21,13 @@ from app.db.migrate import alembic_config
 from app.db.session import database
 from app.db.tables import Sample, SampleToken
 from app.schemas import BuiltinDatasetIn
-from app.services import dataset_files, registration, sample_tokens
+from app.services import dataset_files, sample_tokens
 from app.services.registration import SubjectTokens, insert_sealed, sealed_row
 from app.services.sample_tokens import TOKEN_CHARS
 from app.storage.crypto import TOKEN_PREFIX, Keyring
 from app.storage.keystore import new_keys
 from tests.conftest import Api
-
-BIG = {"builtin": "synthetic", "n_samples": 12_000, "n_features": 4, "n_classes": 2}
+from tests.test_registration import BIG, FailsSecondCall, register_big_failing
 
 
 def token_counts(url: str, dataset_id: int) -> tuple[int, int]:
@@ -80,21 +79,10 @@ def test_a_registration_that_fails_writing_its_tokens_leaves_none(
 ) -> None:
     """Failing in its rows phase is tests/test_registration.py's; here, after one chunk of
     tokens has committed."""
-    real, calls = sample_tokens.insert_sorted, {"n": 0}
-
-    def fails_second(*args, **kwargs):
-        calls["n"] += 1
-        if calls["n"] == 2:
-            raise OSError("disk full")
-        return real(*args, **kwargs)
-
-    monkeypatch.setattr(sample_tokens, "insert_sorted", fails_second)
-    parsed = dataset_files.load_builtin(BuiltinDatasetIn.model_validate(BIG))
-    with database(api.url).write() as session:
-        dataset_id = registration.begin(session, "big", "builtin:synthetic")
-    with pytest.raises(OSError, match="disk full"):
-        registration.register(api.runtime, dataset_id, parsed)
-    assert calls["n"] == 2  # one chunk of tokens had committed
+    failing = FailsSecondCall(sample_tokens.insert_sorted)
+    monkeypatch.setattr(sample_tokens, "insert_sorted", failing)
+    dataset_id = register_big_failing(api)
+    assert failing.calls == 2  # one chunk of tokens had committed
     assert api.get(f"/v1/datasets/{dataset_id}").json()["status"] == "failed"
     assert token_counts(api.url, dataset_id) == (0, 0)
     with database(api.url).read() as session:
