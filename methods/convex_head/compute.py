@@ -222,10 +222,12 @@ class ConvexHead(UnlearningMethod):
         """The state after the removal and its bound: the resident state downdated (O(k·d²))
         or anchored afresh (one Hessian pass); then Newton steps, measuring the gradient (one
         pass) when the carried bound exceeds λβ and re-anchoring when the anchor's drift is
-        what keeps it there. Damped (issue 52): a measured step that made the bound grow is
-        rejected, and the next try re-anchors at the current point (a stale anchor's step
-        can overshoot) or halves the step; the loop stops once a measurement's rounding floor
-        alone exceeds λβ, which no step can go below."""
+        what keeps it there and the measured steps would not reach λβ within the steps left
+        (a pass over the rows for the Hessian costs what ~d gradient passes do). Damped
+        (issue 52): a measured step that made the bound grow is rejected, and the next try
+        re-anchors at the current point (a stale anchor's step can overshoot) or halves the
+        step; the loop stops once a measurement's rounding floor alone exceeds λβ, which no
+        step can go below."""
         o = self.options
         budget = o.lam * o.beta
         n = len(inputs.retained)
@@ -269,8 +271,13 @@ class ConvexHead(UnlearningMethod):
             work.gradient_passes += 1
             stale = not torch.equal(state.anchor.theta, state.theta)
             if tried.bound < state.bound:  # the step lowered the measured bound: kept
-                state, alpha = tried, min(1.0, 2 * alpha)
-                if state.bound > budget and drift > budget / 4 and work.hessian_passes < 2:
+                before, state, alpha = state.bound, tried, min(1.0, 2 * alpha)
+                left = o.newton_steps - work.steps
+                if (
+                    drift > budget / 4
+                    and work.hessian_passes < 2
+                    and not removal.stale_steps_suffice(before, state.bound, budget, left)
+                ):
                     state = reanchored(state)
             elif stale and work.hessian_passes < 2:  # rejected: a Hessian at this point
                 state = reanchored(state)
