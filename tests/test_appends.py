@@ -242,6 +242,65 @@ def test_an_append_whose_server_died_is_discarded_with_its_keys(tmp_path) -> Non
         assert not [w for w in wrapped if w in files]
 
 
+def test_a_person_erased_while_an_append_runs_is_taken_out_of_its_blocks(
+    settings, tmp_path
+) -> None:
+    """A person erased after the append's first chunk was screened and written: its last
+    commit takes their rows out of the block they were sealed in (the block sealed again
+    under a new key without them, the old key destroyed), and the other rows of that block
+    stay."""
+    from fastapi.testclient import TestClient
+
+    from app.db.tables import DataKey
+    from app.main import create_app
+    from tests.conftest import make_keys
+    from tests.test_registration import wait_file
+
+    pause = tmp_path / "pause"
+    pause.mkdir()
+    paused = settings.model_copy(update={"pause_dir": pause, "pause_at": ["append-chunk"]})
+    url = paused.resolved_database_url
+    with TestClient(create_app(paused)) as client:
+        api = Api(client=client, url=url, keys=make_keys(url))
+        dataset_id = register(api, table_csv(range(20)))  # people person-0000 .. person-0009
+        rows = ["id,subject,label,f0,f1"]
+        rows += [f"new-{i:05d},person-{i // 2:04d},{i % 2},{i * 0.5},1.0" for i in range(12_000)]
+        answer = append(api, dataset_id, ("\n".join(rows) + "\n").encode())
+        assert answer.status_code == 202, answer.text  # 12,000 rows: a job
+        wait_file(pause / "append-chunk-1.reached")  # new-00010, new-00011 are in that chunk
+        with database(url).read() as session:
+            before = set(
+                session.scalars(select(Sample.key_id).where(Sample.append_id == 1).distinct())
+            )
+        erased = api.post(
+            "/v1/deletions", json={"dataset_id": dataset_id, "subject_ids": ["person-0005"]}
+        )
+        assert erased.status_code == 202 and erased.json()["status"] == "done", erased.text
+        (pause / "append-chunk-1.go").touch()
+        deadline = time.monotonic() + 120
+        path = f"/v1/datasets/{dataset_id}/appends/1"
+        while (done := api.get(path).json())["status"] == "registering":
+            assert time.monotonic() < deadline, done
+            time.sleep(0.05)
+        assert done["status"] == "ready", done
+        assert done["n_samples"] == 12_000 - 2 and done["skipped_erased"] == 2
+        for person, total in (("person-0005", 0), ("person-0004", 4)):
+            listed = api.get(f"/v1/datasets/{dataset_id}/samples", params={"subject": person})
+            assert listed.json()["total"] == total, (person, listed.text)
+        with database(url).read() as session:
+            after = set(
+                session.scalars(select(Sample.key_id).where(Sample.append_id == 1).distinct())
+            )
+            gone = before - after
+            assert len(gone) == 1  # the one block that held the person's two rows
+            assert (
+                session.scalar(
+                    select(func.count()).select_from(DataKey).where(DataKey.id.in_(gone))
+                )
+                == 0
+            )
+
+
 def test_an_append_is_an_upload_limited_as_uploads_are(settings) -> None:
     """The ingress gate counts an append's multipart body against the upload limit, not the
     JSON one (a 10,000 × 256 float32 npz is 10 MB: it was refused at the 8 MB JSON limit)."""

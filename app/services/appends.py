@@ -6,10 +6,11 @@ feature shape, its classes, ids of the client's own), refuses ids the dataset al
 (409 with the list) and rows of erased people (app/services/suppression.py), gives each row
 the split its column says or the dataset's rule (a keyed hash of its id against the
 dataset's `test_fraction`: a row's split never depends on when it arrives), and commits the
-rows a chunk at a time as `pending`, which no model, split or request sees. Its last commit
-turns them active and gives every model of the dataset a `LearnTask` (workers/learning.py),
-leaving out rows of people erased while the append ran. A failed or abandoned append is
-discarded as a registration is: its rows deleted and their keys destroyed.
+rows a chunk at a time as `pending` (a block of rows sealed under each key, as a registration
+seals them), which no model, split or request sees. Its last commit turns them active and
+gives every model of the dataset a `LearnTask` (workers/learning.py), leaving out rows of
+people erased while the append ran. A failed or abandoned append is discarded as a
+registration is: its rows deleted and their keys destroyed.
 """
 
 from __future__ import annotations
@@ -19,7 +20,6 @@ from collections.abc import Sequence
 from dataclasses import replace
 from datetime import datetime, timedelta
 from typing import Any
-from uuid import UUID
 
 import numpy as np
 from sqlalchemy import delete, func, select, update
@@ -35,17 +35,17 @@ from app.services.dataset_files import ParsedDataset
 from app.services.registration import (
     CHUNK,
     ChunkWriter,
-    Nonces,
+    SealedChunk,
     SubjectTokens,
     discard_job,
-    insert_sealed,
+    insert_appended,
     screened,
-    sealed_row,
+    sealed_blocks,
 )
 from app.services.suppression import REPORT_IDS, screen
 from app.states import DatasetStatus, ModelStatus, SampleStatus, TaskStatus
 from app.storage.crypto import TOKEN_PREFIX, Keyring
-from app.storage.keystore import destroy_keys, new_keys
+from app.storage.erasure import erase_payloads
 
 LEARNERS = (ModelStatus.queued, ModelStatus.training, ModelStatus.ready)
 
@@ -132,25 +132,22 @@ def append(
             _progress(session, append_id, n_samples=len(parsed.y), skipped_erased=skipped)
         subjects = SubjectTokens(ring, dataset_id)
 
-        def commit(keys: list[tuple[UUID, bytes, bytes]], rows: list[list[Any]], stop: int) -> None:
+        def commit(chunk: SealedChunk, stop: int) -> None:
             with db.write(durable=False) as session:  # made durable by the last commit
                 _progress(session, append_id, rows_done=stop)
-                insert_sealed(session, ring, dataset_id, keys, rows)
+                insert_appended(session, ring, dataset_id, chunk)
             pause.point(runtime.settings, "append-chunk", append_id)
 
         with ChunkWriter() as writer:
             for start in range(0, len(parsed.y), CHUNK):
                 stop = min(start + CHUNK, len(parsed.y))
-                keys = new_keys(ring, stop - start)
-                nonces = Nonces(stop - start)
-                status, given = SampleStatus.pending, append_id
-                rows = [
-                    sealed_row(
-                        ring, dataset_id, parsed, i, raw, subjects, status, given, nonces.next()
-                    )
-                    for i, (_, raw, _) in zip(range(start, stop), keys, strict=True)
-                ]
-                writer.submit(commit, keys, rows, stop)
+                # a block of rows under each key, as a registration seals them (a key and a
+                # seal per row made a 10,000-row append's POST 0.8 s)
+                chunk = sealed_blocks(
+                    ring, dataset_id, parsed, range(start, stop), subjects, append_id
+                )
+                writer.submit(commit, chunk, stop)
+                del chunk
         with db.write() as session:
             return _finish(session, ring, append_id, dataset_id, parsed, tokens)
     except APIError as exc:
@@ -228,16 +225,18 @@ def _finish(
     destroyed), the rest active, the dataset's count raised, a learn task for each of its
     models; the models."""
     late = screen(session, ring, parsed.ids, parsed.subjects).rows
-    if late:
+    if late:  # out of their blocks (sealed again without them, the old keys destroyed)
         gone = [tokens[i] for i in late]
-        rows = session.execute(
-            select(Sample.id, Sample.key_id).where(
-                Sample.append_id == append_id,
-                Sample.id.in_(sample_tokens.samples_named(dataset_id, gone)),
+        ids = list(
+            session.scalars(
+                select(Sample.id).where(
+                    Sample.append_id == append_id,
+                    Sample.id.in_(sample_tokens.samples_named(dataset_id, gone)),
+                )
             )
-        ).all()
-        destroy_keys(session, [k for _, k in rows if k is not None])
-        session.execute(delete(Sample).where(Sample.id.in_([i for i, _ in rows])))
+        )
+        erase_payloads(session, ring, ids)
+        session.execute(delete(Sample).where(Sample.id.in_(ids)))
         sample_tokens.delete_tokens(session, dataset_id, gone)
     activated = rowcount(
         session.execute(

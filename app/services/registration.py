@@ -297,6 +297,8 @@ class SealedChunk:
     tokens: list[str]
     subjects: list[str | None]
     splits: list[str]
+    status: str = SampleStatus.active.value  # an append's rows are `pending` until it ends
+    append_id: int | None = None
 
     def rows(self, dataset_id: int, key_form: Callable[[UUID], Any]) -> list[tuple[Any, ...]]:
         """The rows in SAMPLE_COLUMNS order, each block's key id in the driver's form
@@ -306,7 +308,6 @@ class SealedChunk:
             for (key_id, _), size in zip(self.blocks, self.sizes, strict=True)
         )
         places = chain.from_iterable(range(size) for size in self.sizes)
-        active = SampleStatus.active.value
         return list(
             zip(
                 repeat(dataset_id),
@@ -315,8 +316,8 @@ class SealedChunk:
                 self.splits,
                 repeat(None),
                 key_ids,
-                repeat(active),
-                repeat(None),
+                repeat(self.status),
+                repeat(self.append_id),
                 places,
                 strict=False,  # the repeats are endless; the tokens set the length
             )
@@ -329,11 +330,12 @@ def sealed_blocks(
     parsed: ParsedDataset,
     positions: Sequence[int],
     subjects: SubjectTokens,
+    append_id: int | None = None,
 ) -> SealedChunk:
     """The rows at `positions` (a chunk's, in order) as blocks of BLOCK_ROWS records, each
     sealed under a key of its own (app/storage/sample_blocks.py): one key, one seal and one
     stored key per block, where a key per row was a third of a registration's time
-    (bench/registration_stages.py)."""
+    (bench/registration_stages.py). With `append_id`, that append's `pending` rows."""
     firsts = range(0, len(positions), BLOCK_ROWS)
     keys = new_keys(ring, len(firsts))
     features = np.ascontiguousarray(_features(parsed, positions)).data.cast("B")
@@ -361,6 +363,8 @@ def sealed_blocks(
         ring.tokens("sample", dataset_id, ids),
         [None if s is None else subjects[s] for s in raw_subjects],
         texts_at(parsed.split, positions),
+        (SampleStatus.active if append_id is None else SampleStatus.pending).value,
+        append_id,
     )
 
 
@@ -391,7 +395,11 @@ def _commit_chunk(
     """One chunk's keys, blocks and rows, and the dataset's progress (`done` rows with this
     chunk), in the caller's transaction; the rows' ids, in order (their tokens go in last)."""
     _progress(session, dataset_id, rows_done=done)
-    conn = _inserting(session)
+    return insert_chunk(_inserting(session), ring, dataset_id, chunk)
+
+
+def insert_chunk(conn: Connection, ring: Keyring, dataset_id: int, chunk: SealedChunk) -> list[int]:
+    """A sealed chunk's keys, blocks and rows, not their tokens; the rows' ids in order."""
     store_keys(conn, ring, chunk.keys)
     uuid_of = driver_uuids(conn)
     insert_rows(
@@ -400,7 +408,14 @@ def _commit_chunk(
         ("key_id", "dataset_id", "data"),
         [(uuid_of(key_id), dataset_id, sealed) for key_id, sealed in chunk.blocks],
     )
-    return _insert_samples(conn, dataset_id, chunk.rows(dataset_id, uuid_of), None)
+    return _insert_samples(conn, dataset_id, chunk.rows(dataset_id, uuid_of), chunk.append_id)
+
+
+def insert_appended(session: Session, ring: Keyring, dataset_id: int, chunk: SealedChunk) -> None:
+    """An append's sealed chunk and its rows' tokens, in the caller's transaction."""
+    conn = _inserting(session)
+    ids = insert_chunk(conn, ring, dataset_id, chunk)
+    sample_tokens.insert_new(conn, dataset_id, chunk.tokens, ids)
 
 
 def _inserting(session: Session) -> Connection:
@@ -418,8 +433,9 @@ def insert_sealed(
     keys: list[tuple[UUID, bytes, bytes]],
     rows: list[list[Any]],
 ) -> None:
-    """Rows sealed one by one (SAMPLE_COLUMNS order: an append's), their data keys and their
-    tokens, in the caller's transaction."""
+    """Rows sealed one by one (SAMPLE_COLUMNS order), their data keys and their tokens, in the
+    caller's transaction: the layout before blocks, which bench/registration_stages.py times
+    against them (rows stored so still open, and erase, as before)."""
     conn = _inserting(session)
     ids = insert_sealed_rows(conn, ring, dataset_id, keys, rows)
     sample_tokens.insert_new(conn, dataset_id, [row[TOKEN] for row in rows], ids)
