@@ -8,7 +8,7 @@ where the time goes"), side by side in one run, in one process, on the embedded 
 - `sample_tokens`: the rows' keyed tokens (`Keyring.tokens`, one HMAC each);
 - `keys_and_seal`: the data keys made and wrapped and the records sealed, in both layouts
   side by side: `per_row`, a key per row (`sealed_row`: every registration before migration
-  0025, an append's rows still), and `blocks`, a key per BLOCK_ROWS rows (`sealed_blocks`);
+  0025, every append before appends were sealed in blocks too), and `blocks`, a key per BLOCK_ROWS rows (`sealed_blocks`);
 - `insert`: the keys', blocks' and rows' INSERTs and the chunk commits;
 - `tokens`: the rows' id tokens into `sample_tokens`, last and sorted (blocks; a row sealed
   on its own writes its token with it, inside `insert`);
@@ -95,7 +95,8 @@ def held(parsed: ParsedDataset, start: int, stop: int) -> ParsedDataset:
 def stages(runtime: Runtime, data: bytes, layout: str) -> dict[str, float]:
     """Each stage alone, a chunk at a time as the registration runs them, in sequence:
     `layout` "per_row" seals each row under a key of its own (every registration before
-    migration 0025; an append's rows still), "blocks" BLOCK_ROWS rows under one key."""
+    migration 0025, every append before appends were sealed in blocks), "blocks"
+    BLOCK_ROWS rows under one key."""
     ring = runtime.keyring
     out = dict.fromkeys(("read", "sample_tokens", "keys_and_seal", "insert"), 0.0)
     started = time.perf_counter()
