@@ -6,7 +6,11 @@ peak RSS of every process of the service while it runs (the registration's child
 the API's upload pool). Also the time to write the same bytes to this disk (the floor).
 
     .venv/bin/python -m bench.registration [--n 1000000] [--features 256] [--row-group 65536]
-        [--only builtin_generator|parquet_from_s3] [--out registration]
+        [--only builtin_generator parquet_from_s3 parquet_with_subjects_from_s3]
+        [--out registration]
+
+`parquet_with_subjects_from_s3` is the same Parquet with a subject column (two rows a person),
+registered with `subject_column`.
 
 Writes bench/results/registration.json.
 """
@@ -33,27 +37,28 @@ from bench.common import children, write_result
 from tests.servers import S3_ACCESS_KEY, S3_SECRET_KEY, SeaweedServer
 
 BUCKET = "bench-sources"
+RUNS = ["builtin_generator", "parquet_from_s3", "parquet_with_subjects_from_s3"]
 
 
-def parquet_bytes(n: int, d: int, row_group: int) -> bytes:
-    """n × d float32 features (one fixed-size list column), ids and labels."""
+def parquet_bytes(n: int, d: int, row_group: int, subjects: bool = False) -> bytes:
+    """n × d float32 features (one fixed-size list column), ids and labels; with `subjects`, a
+    subject column too (two rows per person)."""
     rng = np.random.default_rng(0)
     out = io.BytesIO()
-    schema = pa.schema(
-        [("id", pa.string()), ("label", pa.int64()), ("x", pa.list_(pa.float32(), d))]
-    )
+    columns = [("id", pa.string()), ("label", pa.int64()), ("x", pa.list_(pa.float32(), d))]
+    schema = pa.schema(columns + ([("subject", pa.string())] if subjects else []))
     with pq.ParquetWriter(out, schema) as writer:
         for start in range(0, n, row_group):
             m = min(row_group, n - start)
             X = rng.standard_normal((m, d), dtype=np.float32)
-            table = pa.table(
-                {
-                    "id": [f"r{i}" for i in range(start, start + m)],
-                    "label": rng.integers(0, 10, m),
-                    "x": pa.FixedSizeListArray.from_arrays(pa.array(X.reshape(-1)), d),
-                },
-                schema=schema,
-            )
+            values: dict[str, Any] = {
+                "id": [f"r{i}" for i in range(start, start + m)],
+                "label": rng.integers(0, 10, m),
+                "x": pa.FixedSizeListArray.from_arrays(pa.array(X.reshape(-1)), d),
+            }
+            if subjects:
+                values["subject"] = [f"person-{i // 2}" for i in range(start, start + m)]
+            table = pa.table(values, schema=schema)
             writer.write_table(table, row_group_size=row_group)
     return out.getvalue()
 
@@ -185,7 +190,7 @@ def main() -> None:
     parser.add_argument("--n", type=int, default=1_000_000)
     parser.add_argument("--features", type=int, default=256)
     parser.add_argument("--row-group", type=int, default=65_536)
-    parser.add_argument("--only", choices=["builtin_generator", "parquet_from_s3"])
+    parser.add_argument("--only", nargs="+", choices=RUNS, help="these runs (default: all)")
     parser.add_argument("--out", default="registration", help="results/OUT.json")
     args = parser.parse_args()
     n, d = args.n, args.features
@@ -196,6 +201,7 @@ def main() -> None:
             t0 = time.perf_counter()
             data = parquet_bytes(n, d, args.row_group)
             made_s = time.perf_counter() - t0
+            wanted = args.only or RUNS
             s3 = {
                 "s3_endpoint_url": seaweed.endpoint,
                 "s3_region": "us-east-1",
@@ -216,6 +222,10 @@ def main() -> None:
             client = s3_client(Settings(data_dir=Path(tmp), **s3))  # type: ignore[arg-type]
             client.create_bucket(Bucket=BUCKET)
             client.put_object(Bucket=BUCKET, Key="people.parquet", Body=data)
+            if "parquet_with_subjects_from_s3" in wanted:
+                with_subjects = parquet_bytes(n, d, args.row_group, subjects=True)
+                client.put_object(Bucket=BUCKET, Key="subjects.parquet", Body=with_subjects)
+                del with_subjects
             row_group_mib = n and (min(args.row_group, n) * (d * 4 + 16)) / 2**20
             with cluster:
                 c = Client(cluster.start_api(), cluster.admin_key, timeout=3600)
@@ -225,9 +235,14 @@ def main() -> None:
                            "n_classes": 10}  # fmt: skip
                 source = {"source": {"s3": {"bucket": BUCKET, "key": "people.parquet"}},
                           "label_column": "label", "id_column": "id"}  # fmt: skip
+                named = {"s3": {"bucket": BUCKET, "key": "subjects.parquet"}}
+                subjects = {**source, "source": named, "subject_column": "subject"}
                 runs = {}
-                for name, body in (("builtin_generator", builtin), ("parquet_from_s3", source)):
-                    if args.only in (None, name):
+                bodies = {"builtin_generator": builtin, "parquet_from_s3": source,
+                          "parquet_with_subjects_from_s3": subjects}  # fmt: skip
+                for name in RUNS:
+                    body = bodies[name]
+                    if name in wanted:
                         runs[name] = register(c, body, api)
                         print(runs, flush=True)
             result = {

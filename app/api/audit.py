@@ -14,12 +14,13 @@ from sqlalchemy import select
 from app.api.deps import AnyRole, Auditor, DbDep, RuntimeDep, SettingsDep
 from app.api.params import PathId, QueryId
 from app.api.responses import COMMON, errors
-from app.db.tables import Certificate, Dataset, DeletionRequest, Sample
+from app.db.tables import Certificate, Dataset, DeletionRequest
 from app.errors import not_found
 from app.jsontypes import JsonObject, JsonValue
 from app.ledger import transparency
 from app.ledger.certificates import certificate_document, export_lines, verify_chain
 from app.schemas import MAX_ID, Text
+from app.services import subject_tokens
 from app.storage.crypto import Keyring
 from app.wire import CertificateOut, CertificatePage, ChainCheck
 
@@ -78,8 +79,13 @@ def certificates(
 def _requests_for_subject(session: Any, ring: Keyring, subject: str) -> list[int]:
     """Requests that named this subject or removed its samples (matched by keyed token: the
     database holds no raw subject ids)."""
-    tokens = {ring.token("subject", d, subject) for d in session.scalars(select(Dataset.id))}
-    sample_ids = set(session.scalars(select(Sample.id).where(Sample.subject_id.in_(tokens))))
+    by_dataset = {d: ring.token("subject", d, subject) for d in session.scalars(select(Dataset.id))}
+    tokens = set(by_dataset.values())
+    sample_ids = {
+        i
+        for d, token in by_dataset.items()
+        for i in session.scalars(subject_tokens.samples_of(d, [token]))
+    }
     requests = session.execute(
         select(DeletionRequest.id, DeletionRequest.sample_ids, DeletionRequest.selector)
     ).all()

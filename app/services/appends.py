@@ -30,7 +30,7 @@ from app.db.session import rowcount
 from app.db.tables import Dataset, DatasetAppend, LearnTask, Model, Sample, utcnow
 from app.errors import APIError, unprocessable
 from app.runtime import Runtime
-from app.services import sample_tokens
+from app.services import sample_tokens, subject_tokens
 from app.services.dataset_files import ParsedDataset
 from app.services.registration import (
     CHUNK,
@@ -227,17 +227,17 @@ def _finish(
     late = screen(session, ring, parsed.ids, parsed.subjects).rows
     if late:  # out of their blocks (sealed again without them, the old keys destroyed)
         gone = [tokens[i] for i in late]
-        ids = list(
-            session.scalars(
-                select(Sample.id).where(
-                    Sample.append_id == append_id,
-                    Sample.id.in_(sample_tokens.samples_named(dataset_id, gone)),
-                )
+        rows = session.execute(
+            select(Sample.subject_id, Sample.id).where(
+                Sample.append_id == append_id,
+                Sample.id.in_(sample_tokens.samples_named(dataset_id, gone)),
             )
-        )
+        ).all()
+        ids = [int(i) for _, i in rows]
         erase_payloads(session, ring, ids)
         session.execute(delete(Sample).where(Sample.id.in_(ids)))
         sample_tokens.delete_tokens(session, dataset_id, gone)
+        subject_tokens.delete_of(session, dataset_id, [(t, int(i)) for t, i in rows])
     activated = rowcount(
         session.execute(
             update(Sample)

@@ -11,6 +11,7 @@ from sqlalchemy.orm import Session
 
 from app.db.tables import Dataset, Sample, utcnow
 from app.errors import APIError, not_found
+from app.services import subject_tokens
 from app.states import DatasetStatus, SampleStatus
 from app.storage.crypto import Keyring, SampleRecord, open_sealed, sample_aad
 from app.storage.keystore import wrapped_keys
@@ -151,8 +152,9 @@ def list_samples(
     if status:
         query = query.where(Sample.status == status)
     if subject:
+        token = ring.token("subject", dataset_id, subject)
         query = query.where(
-            Sample.subject_id == ring.token("subject", dataset_id, subject),
+            Sample.id.in_(subject_tokens.samples_of(dataset_id, [token])),
             Sample.status != SampleStatus.erased,
         )
     total = session.scalar(select(func.count()).select_from(query.subquery())) or 0

@@ -42,13 +42,14 @@ from methods import method_names
 
 # The request path's tables (issue 28): Core statements on them skip the ORM's compile, load
 # and unit-of-work steps, which were most of a POST's CPU.
-REQUESTS, TASKS, SAMPLES, TOKENS, MODELS, HOLDINGS, DATASETS = (
+REQUESTS, TASKS, SAMPLES, TOKENS, SUBJECTS, MODELS, HOLDINGS, DATASETS = (
     Base.metadata.tables[t]
     for t in (
         "deletion_requests",
         "deletion_tasks",
         "samples",
         "sample_tokens",
+        "subject_tokens",
         "models",
         "model_samples",
         "datasets",
@@ -346,8 +347,10 @@ SAMPLES_NAMED = (
     .join(TOKENS, TOKENS.c.sample_id == SAMPLES.c.id)
     .where(TOKENS.c.dataset_id == _DATASET, TOKENS.c.token.in_(_IDS), _READY)
 )
-SAMPLES_OF_SUBJECTS = select(*SAMPLE_REF).where(
-    SAMPLES.c.dataset_id == _DATASET, SAMPLES.c.subject_id.in_(_IDS), _READY
+SAMPLES_OF_SUBJECTS = (
+    select(*SAMPLE_REF)
+    .join(SUBJECTS, SUBJECTS.c.sample_id == SAMPLES.c.id)
+    .where(SUBJECTS.c.dataset_id == _DATASET, SUBJECTS.c.token.in_(_IDS), _READY)
 )
 MODELS_HOLDING = select(*MODEL_REF).where(
     MODELS.c.id.in_(

@@ -34,7 +34,7 @@ from app.db.session import rowcount
 from app.db.tables import Base, Dataset, Sample, utcnow
 from app.errors import APIError
 from app.runtime import Runtime
-from app.services import sample_tokens
+from app.services import sample_tokens, subject_tokens
 from app.services.dataset_files import ParsedDataset, texts_at
 from app.services.parquet_files import release_rows
 from app.services.suppression import Screener, screen
@@ -73,15 +73,17 @@ SAMPLE_COLUMNS = (
     "block_row",
 )
 TOKEN = SAMPLE_COLUMNS.index("external_id")  # a row's keyed id token
+SUBJECT = SAMPLE_COLUMNS.index("subject_id")  # its subject's keyed token, or None
 APPEND = SAMPLE_COLUMNS.index("append_id")
 
 
 # The WAL checkpoints (pages) of the connection that inserts a registration's rows: a chunk
-# rewrites index pages spread over an index of random keys (the subjects' tokens), so
-# checkpointing after every chunk (SQLite's 1,000 pages) wrote the same pages again and again.
-# Its page cache is SQLite's default 2 MB: 32 MB served the unique index of the rows' random
-# id tokens, which `sample_tokens` now holds, filled in order (bench/samples_insert.py), and
-# it was 21 MiB of a million-row registration's peak (bench/registration.py).
+# rewrote index pages spread over an index of random keys (the subjects' tokens, until
+# `subject_tokens` held them, migration 0027), so checkpointing after every chunk (SQLite's
+# 1,000 pages) wrote the same pages again and again. Its page cache is SQLite's default 2 MB:
+# 32 MB served the unique index of the rows' random id tokens, which `sample_tokens` now
+# holds, filled in order (bench/samples_insert.py), and it was 21 MiB of a million-row
+# registration's peak (bench/registration.py).
 INSERT_CHECKPOINT_PAGES = 25_000
 
 
@@ -161,6 +163,7 @@ def register(
             since = session.scalar(select(DATASETS.c.created_at).where(DATASETS.c.id == dataset_id))
         subjects = SubjectTokens(ring, dataset_id)
         tokens = sample_tokens.SortedTokens(len(parsed.y))
+        named = sample_tokens.SortedTokens(len(parsed.y))  # (subject token, sample id)
 
         def commit(chunk: SealedChunk, stop: int) -> None:
             # a chunk's commit need not wait for the disk: a registration that dies is
@@ -168,6 +171,8 @@ def register(
             with db.write(durable=False) as session:
                 ids = _commit_chunk(session, ring, dataset_id, chunk, stop)
                 tokens.add(chunk.tokens, ids)
+                pairs = subject_tokens.pairs_of(chunk.subjects, ids)
+                named.add([t for t, _ in pairs], [i for _, i in pairs])
             pause.point(runtime.settings, "registration-chunk", dataset_id)  # between two commits
 
         with ChunkWriter() as writer:
@@ -184,6 +189,10 @@ def register(
             with db.write(durable=False) as session:
                 _progress(session, dataset_id)
                 sample_tokens.insert_sorted(session.connection(), dataset_id, pairs)
+        for pairs in named.chunks(CHUNK):  # the subjects' tokens likewise
+            with db.write(durable=False) as session:
+                _progress(session, dataset_id)
+                subject_tokens.insert(session.connection(), dataset_id, pairs)
         with db.write() as session:
             late = screener.late(session, (since or utcnow()) - LATE_MARGIN)
             if late.rows and refusing:  # erased while this registration ran: refused as at
@@ -278,10 +287,16 @@ def _leave_out(session: Session, ring: Keyring, dataset_id: int, external_ids: l
     if not external_ids:
         return
     tokens = ring.tokens("sample", dataset_id, external_ids)
-    ids = [int(i) for i in session.scalars(sample_tokens.samples_named(dataset_id, tokens))]
+    rows = session.execute(
+        select(Sample.subject_id, Sample.id).where(
+            Sample.id.in_(sample_tokens.samples_named(dataset_id, tokens))
+        )
+    ).all()
+    ids = [int(i) for _, i in rows]
     erase_payloads(session, ring, ids)
     session.execute(delete(Sample).where(Sample.id.in_(ids)))
     sample_tokens.delete_tokens(session, dataset_id, tokens)
+    subject_tokens.delete_of(session, dataset_id, [(t, int(i)) for t, i in rows])
 
 
 @dataclass
@@ -361,7 +376,7 @@ def sealed_blocks(
         blocks,
         [min(BLOCK_ROWS, len(positions) - first) for first in firsts],
         ring.tokens("sample", dataset_id, ids),
-        [None if s is None else subjects[s] for s in raw_subjects],
+        subjects.of(raw_subjects),
         texts_at(parsed.split, positions),
         (SampleStatus.active if append_id is None else SampleStatus.pending).value,
         append_id,
@@ -416,6 +431,7 @@ def insert_appended(session: Session, ring: Keyring, dataset_id: int, chunk: Sea
     conn = _inserting(session)
     ids = insert_chunk(conn, ring, dataset_id, chunk)
     sample_tokens.insert_new(conn, dataset_id, chunk.tokens, ids)
+    subject_tokens.insert(conn, dataset_id, subject_tokens.pairs_of(chunk.subjects, ids))
 
 
 def _inserting(session: Session) -> Connection:
@@ -439,6 +455,8 @@ def insert_sealed(
     conn = _inserting(session)
     ids = insert_sealed_rows(conn, ring, dataset_id, keys, rows)
     sample_tokens.insert_new(conn, dataset_id, [row[TOKEN] for row in rows], ids)
+    named = subject_tokens.pairs_of([row[SUBJECT] for row in rows], ids)
+    subject_tokens.insert(conn, dataset_id, named)
 
 
 def insert_sealed_rows(
@@ -517,8 +535,10 @@ class Nonces:
 
 
 class SubjectTokens(dict[str, str]):
-    """A dataset's subject tokens, each computed once: a subject owns many rows (at a million
-    rows one HMAC per row was a tenth of the registration's Python)."""
+    """A dataset's subject tokens, each computed once while it is remembered: a subject owns
+    many rows (at a million rows one HMAC per row was a tenth of the registration's Python).
+    At most REMEMBERED_SUBJECTS are kept (a chunk's are made together, `of`): a million rows
+    of two each held half a million tokens, 95 MB of a registration's memory (issue 55)."""
 
     def __init__(self, ring: Keyring, dataset_id: int) -> None:
         super().__init__()
@@ -527,6 +547,18 @@ class SubjectTokens(dict[str, str]):
     def __missing__(self, subject: str) -> str:
         token = self[subject] = self.ring.token("subject", self.dataset_id, subject)
         return token
+
+    def of(self, subjects: Sequence[str | None]) -> list[str | None]:
+        """The tokens of a chunk's subjects (None for none), those not remembered made in one
+        `Keyring.tokens` call."""
+        if len(self) > REMEMBERED_SUBJECTS:
+            self.clear()
+        new = list(dict.fromkeys(s for s in subjects if s is not None and s not in self))
+        self.update(zip(new, self.ring.tokens("subject", self.dataset_id, new), strict=True))
+        return [None if s is None else self[s] for s in subjects]
+
+
+REMEMBERED_SUBJECTS = 50_000
 
 
 def sealed_row(
@@ -576,7 +608,8 @@ def discard_job(
             if status != DatasetStatus.registering:
                 break
             rows = session.execute(
-                select(Sample.id, Sample.key_id, Sample.dataset_id, Sample.external_id)
+                select(Sample.id, Sample.key_id, Sample.dataset_id)
+                .add_columns(Sample.external_id, Sample.subject_id)
                 .where(rows_of)
                 .limit(CHUNK)
             ).all()
@@ -594,6 +627,8 @@ def discard_job(
             for dataset_id in {r.dataset_id for r in rows}:  # one: the job's
                 mine = [r.external_id for r in rows if r.dataset_id == dataset_id]
                 sample_tokens.delete_tokens(session, dataset_id, mine)
+                named = [(r.subject_id, r.id) for r in rows if r.dataset_id == dataset_id]
+                subject_tokens.delete_of(session, dataset_id, named)
     compact_after_erasure(db, runtime.settings)
 
 

@@ -119,6 +119,7 @@ class Screening:
 # instead of looking each chunk's tokens up (a million rows: 200 lookups of 5,000, a second
 # of the registration's sealing thread). A longer list is looked up a chunk at a time.
 HELD_MOST = 50_000
+REMEMBERED_SUBJECTS = 50_000  # subjects whose marks a Screener keeps between chunks
 
 
 def listed_now(session: Session) -> frozenset[str] | None:
@@ -144,7 +145,9 @@ class Screener:
         self.ring, self.ids, self.subjects, self.samples = ring, ids, subjects, samples
         self.sample_marks = np.zeros(len(ids), dtype=np.uint64)  # 0: not checked, or a hit
         self.subject_marks = np.zeros(len(ids), dtype=np.uint64)
-        self._subject_marks: dict[str, int] = {}  # subjects looked up already
+        # subjects looked up already, at most REMEMBERED_SUBJECTS (a million rows of two
+        # each held half a million, 65 MB of a registration's memory)
+        self._subject_marks: dict[str, int] = {}
         self._erased: set[str] = set()  # ... and found on the list
         self.rows: list[int] = []  # the hits so far, in order
         self._held: frozenset[str] | None = None  # the list, where it is short
@@ -154,6 +157,8 @@ class Screener:
         """The rows `start:stop` on the list (one keyed token per id: a few microseconds a
         row); the others' marks kept."""
         ring, subjects, seen = self.ring, self.subjects, self._subject_marks
+        if len(seen) > REMEMBERED_SUBJECTS:  # looked up again if met again (`_erased` stays)
+            seen.clear()
         fresh = (s for s in subjects[start:stop] if s is not None and s not in seen)
         new = list(dict.fromkeys(fresh))  # in order, each once
         subject_tokens = suppression_tokens(ring, "subject", new)
