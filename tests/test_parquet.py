@@ -61,7 +61,7 @@ def test_every_feature_layout_reads_back_row_for_row(features: str) -> None:
     X = np.stack([named.column(f"f{j}").to_numpy() for j in range(D)], 1).astype(np.float32)
     np.testing.assert_array_equal(parsed.X, X)  # four row groups, in order
     assert list(parsed.ids) == source.column("person_key").to_pylist()
-    assert parsed.subjects == source.column("who").to_pylist()
+    assert list(parsed.subjects) == source.column("who").to_pylist()
     assert parsed.split == source.column("part").to_pylist()
     assert parsed.y.tolist() == source.column("target").to_pylist()
 

@@ -30,7 +30,7 @@ class ParsedDataset:
     X: np.ndarray  # float32, shape (n, *feature_shape)
     y: np.ndarray  # int64, shape (n,)
     ids: Sequence[str]  # a list, or `Texts` (Parquet: compact, issue 55 goal 6)
-    subjects: list[str | None]
+    subjects: Sequence[str | None]
     split: list[str]
     n_classes: int
     kind: str
@@ -73,12 +73,45 @@ class Texts(Sequence[str]):
         return [str(v) for v in unique[counts > 1]]
 
 
+class MaybeTexts(Sequence[str | None]):
+    """Texts where a value may be missing (a subject column's empty cells), in one numpy
+    StringDType array with None for missing: a million subjects held as a list were 65 MB
+    of a registration's memory, past its bound (issue 55, goal 6)."""
+
+    DTYPE = np.dtypes.StringDType(na_object=None)
+
+    def __init__(self, values: np.ndarray) -> None:
+        self.values = values
+
+    @classmethod
+    def joined(cls, parts: list[np.ndarray]) -> MaybeTexts:
+        return cls(np.concatenate(parts) if parts else np.empty(0, dtype=cls.DTYPE))
+
+    def __len__(self) -> int:
+        return len(self.values)
+
+    @overload
+    def __getitem__(self, index: int) -> str | None: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> MaybeTexts: ...
+
+    def __getitem__(self, index: int | slice) -> str | None | MaybeTexts:
+        if isinstance(index, slice):
+            return MaybeTexts(self.values[index])
+        value = self.values[index]
+        return None if value is None else str(value)
+
+    def __iter__(self) -> Iterator[str | None]:
+        return iter(self.values.tolist())
+
+
 def texts_at(values: Sequence[T], positions: Sequence[int]) -> list[T]:
     """The values (strings, or None) at `positions`: a run of rows sliced at once (`Texts`
     decoded together; one at a time, a million Parquet ids cost 0.5 s of a registration)."""
     if isinstance(positions, range) and positions.step == 1:
         part = values[positions.start : positions.stop]
-        return part.values.tolist() if isinstance(part, Texts) else list(part)
+        return part.values.tolist() if isinstance(part, Texts | MaybeTexts) else list(part)
     return [values[i] for i in positions]
 
 
@@ -530,7 +563,7 @@ def finish(
     X: np.ndarray,
     y: np.ndarray,
     ids: Sequence[str],
-    subjects: list[str | None],
+    subjects: Sequence[str | None],
     split: list[str],
     kind: str,
 ) -> ParsedDataset:

@@ -20,6 +20,7 @@ import pyarrow.parquet as pq
 from app.errors import APIError, unprocessable
 from app.services.dataset_files import (
     Limits,
+    MaybeTexts,
     ParsedDataset,
     Texts,
     check_size,
@@ -76,7 +77,7 @@ def parse_parquet(
     X = ParquetRows(table_file, features, width)
     y = np.empty(n, dtype=np.float64)
     ids: list[np.ndarray] = []  # per batch, joined into one compact array (`Texts`)
-    subjects: list[str | None] = []
+    subjects: list[np.ndarray] = []  # per batch, joined into one compact array (`MaybeTexts`)
     splits: list[str] = []
     # the named columns only: the features are read once, a batch at a time as they are
     # registered (`ParquetRows`), and a malformed value is refused then (the job fails and
@@ -91,13 +92,21 @@ def parse_parquet(
             if named is not None
             else np.arange(start, stop).astype(TEXT)
         )
-        subjects += _texts(table, columns.subject, start, required=False) or [None] * (stop - start)
+        named_subjects = _texts(table, columns.subject, start, required=False)
+        subjects.append(np.array(named_subjects or [None] * (stop - start), dtype=MaybeTexts.DTYPE))
         splits += [str(v) for v in _texts(table, columns.split, start, required=True) or []]
         del table
     pa.default_memory_pool().release_unused()  # Arrow's pool keeps what it freed
     y_int = label_array(y, n)
     split = split_of(np.array(splits) if columns.split else None, y_int, seed, test_fraction)
-    return finish(X, y_int, Texts.joined(ids), subjects, split, "tabular")  # type: ignore[arg-type]
+    return finish(
+        X,  # type: ignore[arg-type]
+        y_int,
+        Texts.joined(ids),
+        MaybeTexts.joined(subjects),
+        split,
+        "tabular",
+    )
 
 
 def batches(

@@ -258,7 +258,7 @@ def screened(
             X=parsed.X[keep],
             y=parsed.y[keep],
             ids=[parsed.ids[int(i)] for i in kept],
-            subjects=[parsed.subjects[i] for i in kept],
+            subjects=[parsed.subjects[int(i)] for i in kept],
             split=[parsed.split[i] for i in kept],
         ),
         len(found.rows),
