@@ -92,8 +92,9 @@ def parse_parquet(
             if named is not None
             else np.arange(start, stop).astype(TEXT)
         )
-        named_subjects = _texts(table, columns.subject, start, required=False)
-        subjects.append(np.array(named_subjects or [None] * (stop - start), dtype=MaybeTexts.DTYPE))
+        if columns.subject:
+            named_subjects = _texts(table, columns.subject, start, required=False)
+            subjects.append(np.array(named_subjects, dtype=MaybeTexts.DTYPE))
         splits += [str(v) for v in _texts(table, columns.split, start, required=True) or []]
         del table
     pa.default_memory_pool().release_unused()  # Arrow's pool keeps what it freed
@@ -103,7 +104,7 @@ def parse_parquet(
         X,  # type: ignore[arg-type]
         y_int,
         Texts.joined(ids),
-        MaybeTexts.joined(subjects),
+        MaybeTexts.joined(subjects) if columns.subject else [None] * n,
         split,
         "tabular",
     )
