@@ -8,7 +8,8 @@ where the time goes"), side by side in one run, in one process, on the embedded 
 - `sample_tokens`: the rows' keyed tokens (`Keyring.tokens`, one HMAC each);
 - `keys_and_seal`: the data keys made and wrapped and the records sealed, in both layouts
   side by side: `per_row`, a key per row (`sealed_row`: every registration before migration
-  0025, every append before appends were sealed in blocks too), and `blocks`, a key per BLOCK_ROWS rows (`sealed_blocks`);
+  0025, every append before appends were sealed in blocks too), and `blocks`, a key per
+  BLOCK_ROWS rows (`sealed_blocks`);
 - `insert`: the keys', blocks' and rows' INSERTs and the chunk commits;
 - `tokens`: the rows' id tokens into `sample_tokens`, last and sorted (blocks; a row sealed
   on its own writes its token with it, inside `insert`);
