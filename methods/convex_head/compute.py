@@ -222,8 +222,8 @@ class ConvexHead(UnlearningMethod):
         """The state after the removal and its bound: the resident state downdated (O(k·d²))
         or anchored afresh (one Hessian pass); then Newton steps, measuring the gradient (one
         pass) when the carried bound exceeds λβ and re-anchoring when the anchor's drift is
-        what keeps it there and the measured steps would not reach λβ within the steps left
-        (a pass over the rows for the Hessian costs what ~d gradient passes do). Damped
+        what keeps it there and measured steps would not reach λβ with a step to spare (a
+        Hessian pass costs some 25 gradient passes at a million rows). Damped
         (issue 52): a measured step that made the bound grow is rejected, and the next try
         re-anchors at the current point (a stale anchor's step can overshoot) or halves the
         step; the loop stops once a measurement's rounding floor alone exceeds λβ, which no

@@ -351,17 +351,18 @@ def _moved(resident: Resident, Z: torch.Tensor, T: torch.Tensor, sign: int) -> R
 
 def stale_steps_suffice(before: float, after: float, budget: float, steps_left: int) -> bool:
     """Whether measured Newton steps with the anchor as it is should bring the bound from
-    `after` to ≤ `budget` within `steps_left` steps, at the rate the last measured step showed
-    (after/before): a stale anchor's steps converge linearly, each for one gradient pass,
-    where a fresh anchor is a Hessian pass, O(m·d²) per class (15 s against 0.35 s for a
-    gradient pass at a million rows of 256 features on 2 cores, issue 55). Only a choice of
-    work: every step's bound is measured or rigorous whichever way it goes."""
+    `after` to ≤ `budget` with a step to spare of the `steps_left`, at the rate the last
+    measured step showed (after/before): a stale anchor's steps converge linearly, each for
+    one gradient pass, where a fresh anchor is a Hessian pass, O(m·d²) per class (15 s
+    against 0.6 s for a gradient pass at a million rows of 256 features on 2 cores, issue 55).
+    The spare step is the one a re-anchoring needs after it, should the rate slow down. Only
+    a choice of work: every step's bound is measured or rigorous whichever way it goes."""
     if after <= budget:
         return True
-    if steps_left <= 0 or not 0.0 < after < before:
+    if steps_left <= 1 or not 0.0 < after < before:
         return False
     needed = math.ceil(math.log(budget / after) / math.log(after / before))
-    return needed <= steps_left
+    return needed < steps_left
 
 
 def direction(resident: Resident) -> torch.Tensor:
