@@ -30,7 +30,7 @@ from app.db.session import rowcount
 from app.db.tables import Dataset, DatasetAppend, LearnTask, Model, Sample, utcnow
 from app.errors import APIError, unprocessable
 from app.runtime import Runtime
-from app.services import sample_tokens, subject_tokens
+from app.services import sample_tokens
 from app.services.dataset_files import ParsedDataset
 from app.services.registration import (
     CHUNK,
@@ -41,11 +41,11 @@ from app.services.registration import (
     insert_appended,
     screened,
     sealed_blocks,
+    take_out,
 )
 from app.services.suppression import REPORT_IDS, screen
 from app.states import DatasetStatus, ModelStatus, SampleStatus, TaskStatus
 from app.storage.crypto import TOKEN_PREFIX, Keyring
-from app.storage.erasure import erase_payloads
 
 LEARNERS = (ModelStatus.queued, ModelStatus.training, ModelStatus.ready)
 
@@ -225,19 +225,8 @@ def _finish(
     destroyed), the rest active, the dataset's count raised, a learn task for each of its
     models; the models."""
     late = screen(session, ring, parsed.ids, parsed.subjects).rows
-    if late:  # out of their blocks (sealed again without them, the old keys destroyed)
-        gone = [tokens[i] for i in late]
-        rows = session.execute(
-            select(Sample.subject_id, Sample.id).where(
-                Sample.append_id == append_id,
-                Sample.id.in_(sample_tokens.samples_named(dataset_id, gone)),
-            )
-        ).all()
-        ids = [int(i) for _, i in rows]
-        erase_payloads(session, ring, ids)
-        session.execute(delete(Sample).where(Sample.id.in_(ids)))
-        sample_tokens.delete_tokens(session, dataset_id, gone)
-        subject_tokens.delete_of(session, dataset_id, [(t, int(i)) for t, i in rows])
+    if late:
+        take_out(session, ring, dataset_id, [tokens[i] for i in late], append_id)
     activated = rowcount(
         session.execute(
             update(Sample)

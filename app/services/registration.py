@@ -282,16 +282,26 @@ def _screened_chunk(
 
 def _leave_out(session: Session, ring: Keyring, dataset_id: int, external_ids: list[str]) -> None:
     """Rows already written of people erased while the registration ran, taken out in its last
-    commit: out of their blocks (sealed again without them, the old keys destroyed), then
-    deleted."""
-    if not external_ids:
-        return
-    tokens = ring.tokens("sample", dataset_id, external_ids)
-    rows = session.execute(
-        select(Sample.subject_id, Sample.id).where(
-            Sample.id.in_(sample_tokens.samples_named(dataset_id, tokens))
-        )
-    ).all()
+    commit (`take_out`)."""
+    if external_ids:
+        take_out(session, ring, dataset_id, ring.tokens("sample", dataset_id, external_ids))
+
+
+def take_out(
+    session: Session,
+    ring: Keyring,
+    dataset_id: int,
+    tokens: list[str],
+    append_id: int | None = None,
+) -> None:
+    """The rows these id tokens name (of that append, if one is given), in the caller's
+    transaction: out of their blocks (sealed again without them, the old keys destroyed),
+    then deleted with their id and subject tokens."""
+    named = Sample.id.in_(sample_tokens.samples_named(dataset_id, tokens))
+    query = select(Sample.subject_id, Sample.id).where(named)
+    if append_id is not None:
+        query = query.where(Sample.append_id == append_id)
+    rows = session.execute(query).all()
     ids = [int(i) for _, i in rows]
     erase_payloads(session, ring, ids)
     session.execute(delete(Sample).where(Sample.id.in_(ids)))
