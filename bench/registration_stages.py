@@ -109,7 +109,7 @@ def stages(runtime: Runtime, data: bytes, layout: str) -> dict[str, float]:
         dataset_id = registration.begin(session, "stages", "parquet")
     subjects = registration.SubjectTokens(ring, dataset_id)
     n = len(parsed.y)
-    tokens = sample_tokens.SortedTokens(n)
+    tokens = sample_tokens.SortedTokens()
     for start in range(0, n, registration.CHUNK):
         stop = min(start + registration.CHUNK, n)
         # the chunk's rows decoded (a row group at a time), then held as arrays for the
@@ -145,6 +145,7 @@ def stages(runtime: Runtime, data: bytes, layout: str) -> dict[str, float]:
         with runtime.db.write(durable=False) as session:
             sample_tokens.insert_sorted(session.connection(), dataset_id, pairs)
     out["tokens"] = time.perf_counter() - t
+    tokens.close()
     return out
 
 

@@ -92,14 +92,14 @@ def test_a_registration_that_fails_writing_its_tokens_leaves_none(
 def test_sorted_tokens_come_out_in_the_databases_order(tmp_path: Path) -> None:
     heads = ["b", "A", "-x", "_", "a9", "a", "0", "Z_"]  # ASCII: - < digits < A-Z < _ < a-z
     tokens = [TOKEN_PREFIX + h.ljust(TOKEN_CHARS, "Q") for h in heads]
-    gathered = sample_tokens.SortedTokens(10)
+    gathered = sample_tokens.SortedTokens()
     base = 2**32 - 103  # ids past 2**32: the offsets from the first are what is held
     ids = [base + i for i in (101, 102, 103, 104, 107, 108, 109, 112)]
     gathered.add(tokens[:4], ids[:4])
     gathered.add(tokens[4:], ids[4:])  # another writer took the two ids between
     assert len(gathered) == 8
     out = [pair for chunk in gathered.chunks(3) for pair in chunk]
-    assert [len(c) for c in sample_tokens.SortedTokens(4).chunks(3)] == []
+    assert [len(c) for c in sample_tokens.SortedTokens().chunks(3)] == []
     with sqlite3.connect(tmp_path / "order.db") as conn:
         conn.execute("CREATE TABLE t (token TEXT)")
         conn.executemany("INSERT INTO t VALUES (?)", [(t,) for t in tokens])
@@ -107,7 +107,7 @@ def test_sorted_tokens_come_out_in_the_databases_order(tmp_path: Path) -> None:
     assert [t for t, _ in out] == ordered
     assert dict(out) == dict(zip(tokens, ids, strict=True))
     with pytest.raises(ValueError):  # a token the array would cut short is refused
-        sample_tokens.SortedTokens(1).add([tokens[0] + "x"], [1])
+        sample_tokens.SortedTokens().add([tokens[0] + "x"], [1])
 
 
 def test_the_migration_moves_the_tokens_and_loses_no_row_that_refers_to_a_sample(

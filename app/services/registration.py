@@ -30,7 +30,7 @@ from sqlalchemy.orm import Session
 
 from app import pause
 from app.db.bulk import driver_uuids, insert_rows
-from app.db.session import rowcount
+from app.db.session import Database, rowcount
 from app.db.tables import Base, Dataset, Sample, utcnow
 from app.errors import APIError
 from app.runtime import Runtime
@@ -161,38 +161,11 @@ def register(
             if rowcount(described) != 1:
                 raise RegistrationDiscarded(dataset_id)
             since = session.scalar(select(DATASETS.c.created_at).where(DATASETS.c.id == dataset_id))
-        subjects = SubjectTokens(ring, dataset_id)
-        tokens = sample_tokens.SortedTokens(len(parsed.y))
-        named = sample_tokens.SortedTokens(len(parsed.y))  # (subject token, sample id)
-
-        def commit(chunk: SealedChunk, stop: int) -> None:
-            # a chunk's commit need not wait for the disk: a registration that dies is
-            # discarded, and the durable commit that makes it ready makes every chunk durable
-            with db.write(durable=False) as session:
-                ids = _commit_chunk(session, ring, dataset_id, chunk, stop)
-                tokens.add(chunk.tokens, ids)
-                pairs = subject_tokens.pairs_of(chunk.subjects, ids)
-                named.add([t for t, _ in pairs], [i for _, i in pairs])
-            pause.point(runtime.settings, "registration-chunk", dataset_id)  # between two commits
-
-        with ChunkWriter() as writer:
-            for start in range(0, len(parsed.y), CHUNK):
-                stop = min(start + CHUNK, len(parsed.y))
-                # screened and sealed before the transaction opens, while the chunk before is
-                # written: a block of rows under each key
-                rows = _screened_chunk(runtime, screener, start, stop, refusing)
-                chunk = sealed_blocks(ring, dataset_id, parsed, rows, subjects)
-                writer.submit(commit, chunk, stop)
-                del chunk  # the writer holds it until its commit, and no longer
-        release_rows(parsed.X)  # every row is sealed: the sorted tokens' memory instead
-        for pairs in tokens.chunks(CHUNK):  # last, in token order: each fills the index's end
-            with db.write(durable=False) as session:
-                _progress(session, dataset_id)
-                sample_tokens.insert_sorted(session.connection(), dataset_id, pairs)
-        for pairs in named.chunks(CHUNK):  # the subjects' tokens likewise
-            with db.write(durable=False) as session:
-                _progress(session, dataset_id)
-                subject_tokens.insert(session.connection(), dataset_id, pairs)
+        # every row is sealed, then the tokens: spilled to files meanwhile, not held
+        with sample_tokens.SortedTokens() as tokens, sample_tokens.SortedTokens() as named:
+            _write_rows(runtime, dataset_id, parsed, screener, refusing, tokens, named)
+            release_rows(parsed.X)
+            _write_tokens(db, dataset_id, tokens, named)
         with db.write() as session:
             late = screener.late(session, (since or utcnow()) - LATE_MARGIN)
             if late.rows and refusing:  # erased while this registration ran: refused as at
@@ -219,6 +192,59 @@ def register(
         discard(runtime, dataset_id, failure(exc))
         raise
     return dataset_id
+
+
+def _write_rows(
+    runtime: Runtime,
+    dataset_id: int,
+    parsed: ParsedDataset,
+    screener: Screener,
+    refusing: bool,
+    tokens: sample_tokens.SortedTokens,
+    named: sample_tokens.SortedTokens,
+) -> None:
+    """Every row of `parsed` committed a chunk at a time, sealed in blocks, and each committed
+    row's id token into `tokens` and subject token into `named`. Each chunk is screened and
+    sealed before its transaction opens, while the chunk before is written."""
+    db, ring = runtime.db, runtime.keyring
+    subjects = SubjectTokens(ring, dataset_id)
+
+    def commit(chunk: SealedChunk, stop: int) -> None:
+        # a chunk's commit need not wait for the disk: a registration that dies is
+        # discarded, and the durable commit that makes it ready makes every chunk durable
+        with db.write(durable=False) as session:
+            ids = _commit_chunk(session, ring, dataset_id, chunk, stop)
+            tokens.add(chunk.tokens, ids)
+            pairs = subject_tokens.pairs_of(chunk.subjects, ids)
+            named.add([t for t, _ in pairs], [i for _, i in pairs])
+        pause.point(runtime.settings, "registration-chunk", dataset_id)  # between two commits
+
+    with ChunkWriter() as writer:
+        for start in range(0, len(parsed.y), CHUNK):
+            stop = min(start + CHUNK, len(parsed.y))
+            rows = _screened_chunk(runtime, screener, start, stop, refusing)
+            chunk = sealed_blocks(ring, dataset_id, parsed, rows, subjects)
+            writer.submit(commit, chunk, stop)
+            del chunk  # the writer holds it until its commit, and no longer
+
+
+def _write_tokens(
+    db: Database,
+    dataset_id: int,
+    tokens: sample_tokens.SortedTokens,
+    named: sample_tokens.SortedTokens,
+) -> None:
+    """The id tokens, then the subject tokens, in token order after every row: each chunk
+    fills its index's end (keyed tokens are random; filled row by row, each row wrote a
+    random page of the index)."""
+    for pairs in tokens.chunks(CHUNK):
+        with db.write(durable=False) as session:
+            _progress(session, dataset_id)
+            sample_tokens.insert_sorted(session.connection(), dataset_id, pairs)
+    for pairs in named.chunks(CHUNK):
+        with db.write(durable=False) as session:
+            _progress(session, dataset_id)
+            subject_tokens.insert(session.connection(), dataset_id, pairs)
 
 
 def failure(exc: BaseException) -> dict[str, Any]:

@@ -9,8 +9,10 @@ them (`insert_new`). Whoever deletes samples deletes their tokens (`delete_token
 
 from __future__ import annotations
 
+import tempfile
 from collections.abc import Iterator, Sequence
-from typing import Any
+from contextlib import ExitStack
+from typing import IO, Any
 
 import numpy as np
 from sqlalchemy import Connection, Select, delete, func, select
@@ -72,13 +74,18 @@ def insert_new(
 
 class SortedTokens:
     """A registration's (token, sample id) pairs, gathered a chunk at a time as its rows
-    commit and written last in token order (`chunks`): 36 bytes a row, in two arrays made
-    once (a million rows: the tokens' 32 characters after their prefix, and the id's offset
-    from the first as 4 bytes), since a registration's child has a memory bound."""
+    commit and written last in token order (`chunks`). Each pair is 36 bytes (the token's
+    32 characters after its prefix, the id's offset from the first as 4 bytes), spilled as it
+    comes into one unlinked temporary file per first character of the token and sorted a
+    file at a time at the end: a million rows held in memory were 36 MB an index, over a
+    registration child's memory bound with a subject column (issue 55, goal 6). The tokens
+    are keyed (no id in them), and the files vanish with the process however it ends."""
 
-    def __init__(self, total: int) -> None:
-        self._tokens = np.empty(total, dtype=f"S{TOKEN_CHARS}")
-        self._offsets = np.empty(total, dtype=np.uint32)
+    RECORD = np.dtype([("token", f"S{TOKEN_CHARS}"), ("offset", "<u4")])
+
+    def __init__(self) -> None:
+        self._files: dict[int, IO[bytes]] = {}  # first byte of the token -> its pairs
+        self._open = ExitStack()
         self._first: int | None = None
         self._count = 0
 
@@ -88,16 +95,29 @@ class SortedTokens:
             raise ValueError(f"{len(tokens)} tokens for {len(ids)} ids")
         if not ids:
             return
-        if self._first is None:
-            self._first = ids[0]
         if any(not t.startswith(TOKEN_PREFIX) or len(t) != TOKEN_LENGTH for t in tokens):
             raise ValueError("a token not of the keyring's form")
-        at, offsets = self._count, np.asarray(ids, dtype=np.int64) - self._first
+        first = ids[0] if self._first is None else self._first
+        offsets = np.asarray(ids, dtype=np.int64) - first
         if offsets.min() < 0 or offsets.max() >= 2**32:
             raise ValueError("sample ids out of the registration's range")
-        self._tokens[at : at + len(ids)] = [t[len(TOKEN_PREFIX) :] for t in tokens]
-        self._offsets[at : at + len(ids)] = offsets
+        self._first = first
+        records = np.empty(len(ids), self.RECORD)
+        records["token"] = [t[len(TOKEN_PREFIX) :] for t in tokens]
+        records["offset"] = offsets
+        heads = records["token"].astype(f"S{TOKEN_CHARS}").view(np.uint8)[::TOKEN_CHARS]
+        order = np.argsort(heads, kind="stable")
+        records, heads = records[order], heads[order]
+        values, starts = np.unique(heads, return_index=True)
+        for value, lo, hi in zip(values, starts, [*starts[1:], len(heads)], strict=True):
+            self._file(int(value)).write(records[lo:hi].tobytes())
         self._count += len(ids)
+
+    def _file(self, head: int) -> IO[bytes]:
+        if head not in self._files:
+            spill = tempfile.TemporaryFile(prefix="lethe-tokens-")  # noqa: SIM115 (closed by close)
+            self._files[head] = self._open.enter_context(spill)
+        return self._files[head]
 
     def __len__(self) -> int:
         return self._count
@@ -105,15 +125,27 @@ class SortedTokens:
     def chunks(self, size: int) -> Iterator[list[tuple[str, int]]]:
         """(token, sample id) in the database's order of the tokens (ASCII: the order of
         their bytes), a list of at most `size` at a time."""
-        if self._first is None:
-            return
-        tokens, offsets = self._tokens[: self._count], self._offsets[: self._count]
-        order = np.argsort(tokens, kind="stable")
-        for start in range(0, len(order), size):
-            at = order[start : start + size]
-            ids = offsets[at].astype(np.int64) + self._first  # uint32 would wrap past 2**32
-            pairs = zip(tokens[at].tolist(), ids.tolist(), strict=True)
-            yield [(TOKEN_PREFIX + t.decode(), i) for t, i in pairs]
+        for head in sorted(self._files):
+            spilled = self._files[head]
+            spilled.seek(0)
+            records = np.frombuffer(spilled.read(), self.RECORD)
+            records = records[np.argsort(records["token"], kind="stable")]
+            for start in range(0, len(records), size):
+                part = records[start : start + size]
+                ids = part["offset"].astype(np.int64) + (self._first or 0)  # past 2**32 too
+                pairs = zip(part["token"].tolist(), ids.tolist(), strict=True)
+                yield [(TOKEN_PREFIX + t.decode(), i) for t, i in pairs]
+
+    def close(self) -> None:
+        """The temporary files closed (and so gone)."""
+        self._open.close()
+        self._files.clear()
+
+    def __enter__(self) -> SortedTokens:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
 
 def insert_sorted(conn: Connection, dataset_id: int, pairs: list[tuple[str, int]]) -> None:
