@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import io
+import re
 import resource
 import tempfile
 import time
@@ -191,6 +192,7 @@ def through_service(n: int, k: int) -> dict[str, Any]:
         assert version is not None and version.kind == "learned", version
         m = version.metrics
         compute = float(m["unlearn_seconds"])
+        phases = worker_phases(cluster.data_dir / "api.log")
         return {
             "n_samples": n,
             "k_added": k,
@@ -203,6 +205,11 @@ def through_service(n: int, k: int) -> dict[str, Any]:
             "target_s": 1.5 * compute + 0.030,
             "within_target": post_to_learned <= 1.5 * compute + 0.030,
             "rows_learned": view["learning"][0]["n_added"],
+            # the worker's own account (its log): load, open, join, compute (with the
+            # release's blobs and metrics), commit; the rest of POST -> learned version after
+            # the POST's answer is the worker's wake-up and the client's poll
+            "worker_phases_s": phases,
+            "unaccounted_s": post_to_learned - posted - sum(phases.values()),
             "metrics": {
                 key: m.get(key)
                 for key in (
@@ -215,6 +222,16 @@ def through_service(n: int, k: int) -> dict[str, Any]:
                 )  # fmt: skip
             },
         }
+
+
+def worker_phases(log: Path) -> dict[str, float]:
+    """The phases of the last learned version, from the worker's log line
+    (workers/learning.py, `Phases`)."""
+    lines = [line for line in log.read_text().splitlines() if " rows of appends " in line]
+    if not lines:
+        return {}
+    account = lines[-1].split(": ")[-1]
+    return {p: float(s) for p, s in re.findall(r"(\w+) ([0-9.]+) s", account)}
 
 
 def main() -> None:

@@ -63,14 +63,16 @@ class Learn:
 def learn_due(ctx: JobContext, model_id: int, device: torch.device) -> tuple[int, bool]:
     """Learn every append waiting for this model (the caller holds its lease): (tasks
     finished, no failure)."""
-    started, db = time.perf_counter(), ctx.db
+    started, db, phases = time.perf_counter(), ctx.db, Phases()
     sessions, where = ctx.resident_sessions(), database_key(db.engine)
     with db.read() as session:
         due = _due(session, model_id)
         if not due:
             return 0, True
         batch, inputs = load.load_batch(session, ctx, model_id, [], device)
+        phases.mark("load")
         learn = _opened(session, ctx, model_id, due)
+        phases.mark("open")
     try:
         added = RetainedData(
             learn.added.sample_ids,
@@ -80,6 +82,7 @@ def learn_due(ctx: JobContext, model_id: int, device: torch.device) -> tuple[int
             learn.added.external_ids,
         )
         test = _with_rows(inputs.test, learn.test, device)
+        phases.mark("join")
         outcome, stored = None, None
         if len(added):
             inputs = replace(
@@ -91,6 +94,7 @@ def learn_due(ctx: JobContext, model_id: int, device: torch.device) -> tuple[int
                 lambda release: blobs_of.store_release(ctx.blobs, batch, release),
                 lambda stored: ctx.blobs.discard(stored.both),
             )
+        phases.mark("compute")
         pause.point(ctx.settings, "before-learn-commit", model_id)  # (a crash: orphans, swept)
         signer = signing_key(ctx.settings)
         try:
@@ -114,6 +118,9 @@ def learn_due(ctx: JobContext, model_id: int, device: torch.device) -> tuple[int
         error = exc
         db.run(lambda session: _failed(session, learn.task_ids, error))
         return len(learn.task_ids), False
+    phases.mark("commit")
+    log.info("model %s learned %d rows of appends %s: %s", model_id, len(added),
+             learn.append_ids, phases)  # fmt: skip
     _keep_resident(ctx, batch, learn, outcome, version_id)
     if outcome is not None:
         ctx.runtime.publisher.soon()  # a new log entry for the witnesses
@@ -122,6 +129,22 @@ def learn_due(ctx: JobContext, model_id: int, device: torch.device) -> tuple[int
     ctx.announcer.announce()
     JOB_DURATION.labels("learn").observe(time.perf_counter() - started)
     return len(learn.task_ids), True
+
+
+class Phases:
+    """Seconds since the last mark, by phase: where a learned version's time went (the
+    worker's log; nothing published)."""
+
+    def __init__(self) -> None:
+        self.took: dict[str, float] = {}
+        self._last = time.perf_counter()
+
+    def mark(self, phase: str) -> None:
+        now = time.perf_counter()
+        self.took[phase], self._last = now - self._last, now
+
+    def __str__(self) -> str:
+        return ", ".join(f"{phase} {seconds:.3f} s" for phase, seconds in self.took.items())
 
 
 def _due(session: Session, model_id: int) -> list[tuple[int, int]]:
