@@ -167,7 +167,11 @@ def _opened(session: Session, ctx: JobContext, model_id: int, due: list[tuple[in
     dataset = session.scalars(
         select(Dataset).join(Model, Model.dataset_id == Dataset.id).where(Model.id == model_id)
     ).one()
-    held = select(ModelSample.sample_id).where(ModelSample.model_id == model_id)
+    # the model's own row of each sample, by its primary key: NOT IN the model's rows built
+    # an index of all of them first (0.15 s at a million rows, against 9 ms)
+    held = select(ModelSample.sample_id).where(
+        ModelSample.model_id == model_id, ModelSample.sample_id == Sample.id
+    )
     train: list[tuple[int, int]] = []
     test: list[int] = []
     for chunk in chunked(append_ids):
@@ -176,7 +180,7 @@ def _opened(session: Session, ctx: JobContext, model_id: int, due: list[tuple[in
             .where(
                 Sample.append_id.in_(chunk),
                 Sample.status == SampleStatus.active,
-                Sample.id.not_in(held),
+                ~held.exists(),
             )
             .order_by(Sample.id)
         ):
