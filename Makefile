@@ -68,9 +68,15 @@ prerequisites:
 # (984 tests: 697 and 776 s in two runs with four here; six took longer, and two
 # load-sensitive tests failed).
 TEST_PROCESSES ?= 4
+# One compute thread in each of them and in every server a test starts (they inherit it):
+# with OpenMP's default of a thread per core, four processes on two cores each ran two
+# threads whose waiting spun on cores the others needed (the newton and canary tests in two
+# processes: 74 s of CPU and 39 s, against 50 s and 27 s with one thread each).
+TEST_THREADS ?= 1
 
 test: prerequisites install-test lint
-	$(BIN)/python -m pytest -q -m "not image" -n $(TEST_PROCESSES) --dist worksteal
+	OMP_NUM_THREADS=$(TEST_THREADS) MKL_NUM_THREADS=$(TEST_THREADS) \
+	  $(BIN)/python -m pytest -q -m "not image" -n $(TEST_PROCESSES) --dist worksteal
 
 # The container image built with podman from Debian's packages and run (tests/test_image.py).
 test-image: install-test
