@@ -53,17 +53,22 @@ def children_environment(environ: dict[str, str]) -> dict[str, str]:
     return out
 
 
+_restarted = False  # this process is the restarted one
+
+
 def restart_scrubbing() -> None:
     """Replace this process (same pid, same command line) by one with every freed block
     overwritten, unless it is one already or the C library is not glibc (nothing to ask)."""
-    if platform.libc_ver()[0] != "glibc":
+    global _restarted
+    if _restarted or platform.libc_ver()[0] != "glibc":
         return
     environment = scrubbing_environment(dict(os.environ))
     if environment is None:  # restarted: the children start as this process was started
         restored = children_environment(dict(os.environ))
         os.environ.clear()
         os.environ.update(restored)
-        return
+        _restarted = True  # asked again (app/launch.py, then `serve`): the restored
+        return  # environment no longer says so, and it would restart once more
     sys.stdout.flush()
     sys.stderr.flush()
     os.execve(sys.executable, sys.orig_argv, environment)

@@ -22,7 +22,7 @@ import httpx
 from app.settings import Settings
 from app.storage.crypto import Keyring, keyring
 
-LETHE = [sys.executable, "-m", "app.cli"]
+LETHE = [sys.executable, "-m", "app.launch"]  # `lethe`
 
 
 def free_port() -> int:

@@ -14,7 +14,7 @@ import typer
 
 from bench.cluster import Cluster
 
-LETHE = [sys.executable, "-m", "app.cli"]
+LETHE = [sys.executable, "-m", "app.launch"]
 ROOT = Path(__file__).resolve().parents[1]
 
 

@@ -28,7 +28,7 @@ from tests.conftest import SMALL_TRAINING, Api, make_keys, truncate_all
 
 pytestmark = pytest.mark.integration
 
-LETHE = [sys.executable, "-m", "app.cli"]
+LETHE = [sys.executable, "-m", "app.launch"]
 
 
 def free_port() -> int:
