@@ -266,3 +266,30 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             or (params is not None and params.params.get("store") == "s3")
         ):
             item.add_marker(pytest.mark.integration)
+
+
+# after `-m` has deselected, and after the hook above has marked
+@pytest.hookimpl(trylast=True, specname="pytest_collection_modifyitems")
+def spread_long_tests(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Each test process starts with its share of the long tests (`@pytest.mark.long`).
+    pytest-xdist's worksteal hands each process a contiguous share of this list and lets the
+    idle ones take from the ends of the others' shares: a long test at the end of a share
+    started late and ran alone at the end of the suite. So the long tests are dealt out, in
+    order, to the fronts of the shares, whose sizes are worksteal's (every process collects
+    the same order)."""
+    workers = int(getattr(config, "workerinput", {}).get("workercount", 1))
+    if workers < 2:
+        return
+    long = [item for item in items if item.get_closest_marker("long")]
+    rest = [item for item in items if not item.get_closest_marker("long")]
+    sizes, left = [], len(items)
+    for share in range(workers):  # xdist/scheduler/worksteal.py: check_schedule
+        sizes.append(left // (workers - share))
+        left -= sizes[-1]
+    ordered: list[pytest.Item] = []
+    for share, size in enumerate(sizes):
+        front = long[share::workers][:size]
+        ordered += front + rest[: size - len(front)]
+        del rest[: size - len(front)]
+    leftover = [item for item in long if item not in ordered]
+    items[:] = ordered + leftover + rest

@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+import pytest
 from sqlalchemy import func, select
 
 from app.db.session import database
@@ -157,6 +158,7 @@ def test_rows_that_are_not_the_dataset_s_kind_are_a_422(api: Api) -> None:
     assert missing.status_code == 404
 
 
+@pytest.mark.long
 def test_an_append_whose_server_died_is_discarded_with_its_keys(tmp_path) -> None:
     """kill -9 between two of an append's chunk commits: the restarted service's reconciler
     discards it (`append_abandoned`): its rows gone, their keys destroyed and out of the

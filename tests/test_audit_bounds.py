@@ -77,6 +77,7 @@ def test_the_fdp_bound_is_sound_and_tighter_than_the_one_run_bound() -> None:
     assert fdp_epsilon_lower_bound(1000, 50, 50) > epsilon_lower_bound(1000, 50, 50)
 
 
+@pytest.mark.long
 def test_the_fdp_bound_is_sound_for_a_gaussian_mechanism() -> None:
     """Scores of a mechanism that is exactly μ-GDP per canary (μ = 1, ε ≈ 4.0 at δ = 1e-5):
     over 40 runs the 95 % audit (every guess rule, Bonferroni) stays below the true ε in at

@@ -257,6 +257,7 @@ def test_every_backend_leaves_the_row_count_to_the_database(store: Blobs) -> Non
 
 
 @pytest.mark.integration
+@pytest.mark.long
 def test_an_object_store_outage_delays_deletions_and_loses_nothing(tmp_path: Path) -> None:
     """SeaweedFS stopped under an embedded service: downloads are 503 with Retry-After, a
     deletion waits (never counted as a failed attempt, so its model is not withdrawn) and

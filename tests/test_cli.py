@@ -91,6 +91,7 @@ def test_method_options_parse_as_json_else_text() -> None:
 
 
 @pytest.mark.integration
+@pytest.mark.long
 def test_a_sharded_model_from_the_cli_and_its_deletion_cost(
     served: tuple[str, str, Path],
 ) -> None:
@@ -122,6 +123,7 @@ def test_a_sharded_model_from_the_cli_and_its_deletion_cost(
 
 
 @pytest.mark.integration
+@pytest.mark.long
 def test_a_parquet_file_with_a_mapping_registers_as_a_job_from_the_cli(
     served: tuple[str, str, Path], tmp_path: Path
 ) -> None:

@@ -44,6 +44,7 @@ def client_venv(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path
     yield wheel, python
 
 
+@pytest.mark.long
 def test_the_wheel_holds_the_client_and_needs_httpx_and_pydantic_only(
     client_venv: tuple[Path, Path],
 ) -> None:

@@ -83,6 +83,7 @@ def test_embedded_server_full_story(server: tuple[str, str], tmp_path: Path) -> 
         assert "lethe_http_requests_total" in c.get("/metrics").text
 
 
+@pytest.mark.long
 def test_restart_keeps_state_and_does_not_print_a_new_key(tmp_path: Path) -> None:
     env = {**os.environ, "LETHE_DATA_DIR": str(tmp_path / "data")}
     env.pop("LETHE_EMBEDDED_WORKER", None)  # the default: a worker process

@@ -242,6 +242,7 @@ def test_worker_takes_a_new_name_when_redis_still_lists_the_old_one(
     assert "registering as faults-1-cafe-1" in caplog.text
 
 
+@pytest.mark.long
 def test_redis_restart_while_a_worker_is_busy(
     own_redis: RedisServer, pg_url: str, tmp_path: Path, s3_settings: dict[str, object]
 ) -> None:
@@ -360,6 +361,7 @@ def task_of(url: str, request_id: int) -> DeletionTask | None:
         return None
 
 
+@pytest.mark.long
 def test_postgres_stopped_and_started_mid_run(
     own_postgres: PostgresServer, redis_url: str, tmp_path: Path, s3_settings: dict[str, object]
 ) -> None:

@@ -191,6 +191,7 @@ def _lethe(*args: str, cwd: Path) -> subprocess.CompletedProcess:
 
 
 @pytest.mark.integration
+@pytest.mark.long
 def test_the_public_log_verifies_with_go_and_offline(served, tmp_path: Path) -> None:
     cluster, c, ds, ids = served
     public = httpx.Client(base_url=cluster.url, timeout=30)  # no key: the log is public

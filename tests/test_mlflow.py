@@ -80,6 +80,7 @@ def dashboard_mlflow_cells(url: str, key: str, model: int) -> list[tuple[str, st
     return cells
 
 
+@pytest.mark.long
 def test_every_version_reaches_mlflow_and_a_purged_one_leaves_it(
     mlflow_server: MlflowServer, tmp_path: Path
 ) -> None:

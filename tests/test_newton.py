@@ -107,6 +107,7 @@ def delete(api: Api, dataset_id: int, n: int) -> dict:
 
 
 @pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)  # maths, not storage: SQLite
+@pytest.mark.long
 def test_newton_step_lands_near_the_convex_retrained_optimum(api: Api) -> None:
     ds = synthetic(api)
     # L2-regularised logistic regression: λ_min ≥ weight decay is a true declaration, and it

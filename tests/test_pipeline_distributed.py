@@ -132,6 +132,7 @@ def assert_single_chain(url: str, model_id: int) -> list[ModelVersion]:
     return list(versions)
 
 
+@pytest.mark.long
 def test_flushall_loses_nothing(make_cluster, pg_url: str, redis_url: str) -> None:
     cluster = make_cluster()
     worker = cluster.start_worker()
@@ -198,6 +199,7 @@ def test_kill_9_mid_update_completes_exactly_once(
             assert store.read(session, key) is not None
 
 
+@pytest.mark.long
 def test_500_concurrent_requests_form_one_chain(make_cluster, pg_url: str) -> None:
     cluster = make_cluster()
     for _ in range(2):
@@ -251,6 +253,7 @@ def test_500_concurrent_requests_form_one_chain(make_cluster, pg_url: str) -> No
         }
 
 
+@pytest.mark.long
 def test_coalescing_applies_queued_requests_in_one_update(make_cluster, pg_url: str) -> None:
     for max_batch, expected_versions in ((256, 1), (2, 3)):
         cluster = make_cluster(max_batch_requests=max_batch)
@@ -278,6 +281,7 @@ def test_coalescing_applies_queued_requests_in_one_update(make_cluster, pg_url: 
         cluster.stop()
 
 
+@pytest.mark.long
 def test_fan_out_idempotency_and_erasure_sweep(make_cluster, pg_url: str) -> None:
     cluster = make_cluster()
     worker = cluster.start_worker()
@@ -323,6 +327,7 @@ def test_fan_out_idempotency_and_erasure_sweep(make_cluster, pg_url: str) -> Non
             assert v1["weights_sha256"] and v1["erased_at"] and not v1["weights_available"]
 
 
+@pytest.mark.long
 def test_final_failure_withdraws_the_model_erases_and_lands_in_rq_failed_registry(
     make_cluster, pg_url: str, redis_url: str, s3_settings: dict[str, object]
 ) -> None:
@@ -462,6 +467,7 @@ def test_a_models_next_update_stays_on_the_worker_holding_its_session(
     assert loaded[1:] == [0, 0, 0], loaded  # the first may find the other worker idle
 
 
+@pytest.mark.long
 def test_kill_9_mid_learning_with_a_deletion_between_learns_exactly_once(
     make_cluster, pg_url: str, tmp_path: Path
 ) -> None:

@@ -75,6 +75,7 @@ def register_and_train(c: httpx.Client, body: bytes) -> int:
 
 
 @pytest.mark.integration
+@pytest.mark.long
 def test_no_process_keeps_an_erased_persons_rows(tmp_path: Path) -> None:
     body, X = corpus()
     cluster = Cluster(tmp_path / "serve", None, None, plaintext_ttl_seconds=4)

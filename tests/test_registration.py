@@ -161,6 +161,7 @@ def test_a_registration_that_fails_midway_leaves_nothing(
 
 
 @pytest.mark.integration
+@pytest.mark.long
 def test_a_registration_whose_server_died_is_discarded_with_its_keys(tmp_path: Path) -> None:
     pause = tmp_path / "pause"
     pause.mkdir()

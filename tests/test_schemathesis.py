@@ -42,6 +42,7 @@ def wait_until_serving(url: str, timeout: float = 30.0) -> None:
 
 
 @pytest.mark.timeout(720)  # above the run's own 600 s guard (300 s ran out under the suite)
+@pytest.mark.long
 def test_api_conforms_to_its_openapi_document(tmp_path: Path) -> None:
     pytest.importorskip("schemathesis")
     # small datasets only: the fuzzer asks for the largest synthetic dataset the schema allows

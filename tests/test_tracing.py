@@ -156,6 +156,7 @@ def test_one_deletion_is_one_trace_across_the_embedded_worker_process(
     check_trace(trace, everything, named)
 
 
+@pytest.mark.long
 def test_one_deletion_is_one_trace_across_a_distributed_worker(
     tmp_path: Path, receiver: OtlpReceiver, pg_url: str, redis_url: str
 ) -> None:

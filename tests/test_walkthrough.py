@@ -49,6 +49,7 @@ def run_walkthrough(work: Path, url: str, key: str) -> subprocess.CompletedProce
     return result
 
 
+@pytest.mark.long
 def test_the_readme_walkthrough_runs_as_written(tmp_path: Path) -> None:
     work = tmp_path / "work"
     with Cluster(tmp_path / "data", None, None) as cluster:

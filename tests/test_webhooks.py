@@ -204,6 +204,7 @@ def _event(kind: str, **data: object):  # noqa: ANN202
 
 
 @pytest.mark.integration
+@pytest.mark.long
 def test_a_receiver_gets_every_event_signed_and_none_is_lost_while_it_is_down(
     cluster: Cluster, tmp_path: Path
 ) -> None:

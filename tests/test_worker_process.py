@@ -92,6 +92,7 @@ def test_the_child_runs_jobs_wakes_the_api_and_is_replaced_when_it_dies(
 
 
 @pytest.mark.integration
+@pytest.mark.long
 def test_lethe_serve_updates_in_its_worker_process_and_takes_it_down_with_it(
     tmp_path: Path,
 ) -> None:
