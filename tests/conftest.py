@@ -270,7 +270,9 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 # after `-m` has deselected, and after the hook above has marked
 @pytest.hookimpl(trylast=True, specname="pytest_collection_modifyitems")
-def spread_long_tests(config: pytest.Config, items: list[pytest.Item]) -> None:
+def pytest_collection_modifyitems_long_first(
+    config: pytest.Config, items: list[pytest.Item]
+) -> None:
     """Each test process starts with its share of the long tests (`@pytest.mark.long`).
     pytest-xdist's worksteal hands each process a contiguous share of this list and lets the
     idle ones take from the ends of the others' shares: a long test at the end of a share
