@@ -237,14 +237,11 @@ def _write_tokens(
     """The id tokens, then the subject tokens, in token order after every row: each chunk
     fills its index's end (keyed tokens are random; filled row by row, each row wrote a
     random page of the index)."""
-    for pairs in tokens.chunks(CHUNK):
-        with db.write(durable=False) as session:
-            _progress(session, dataset_id)
-            sample_tokens.insert_sorted(session.connection(), dataset_id, pairs)
-    for pairs in named.chunks(CHUNK):
-        with db.write(durable=False) as session:
-            _progress(session, dataset_id)
-            subject_tokens.insert(session.connection(), dataset_id, pairs)
+    for gathered, insert in ((tokens, sample_tokens.insert_sorted), (named, subject_tokens.insert)):
+        for pairs in gathered.chunks(CHUNK):
+            with db.write(durable=False) as session:
+                _progress(session, dataset_id)
+                insert(session.connection(), dataset_id, pairs)
 
 
 def failure(exc: BaseException) -> dict[str, Any]:
