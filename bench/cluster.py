@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import random
 import re
 import signal
 import socket
@@ -25,11 +26,35 @@ from app.storage.crypto import Keyring, keyring
 LETHE = [sys.executable, "-m", "app.launch"]  # `lethe`
 
 
+_CHOOSER = random.SystemRandom()  # not the seeded `random`: each test process picks its own
+
+
 def free_port() -> int:
-    """A TCP port free on loopback now."""
-    with socket.socket() as s:
+    """A TCP port free on loopback now, below the kernel's ephemeral range. The kernel gives
+    ports in that range to outgoing connections, so a server stopped and started again on its
+    ports could find one taken by any client's connection meanwhile (a SeaweedFS restarted in
+    the suite did); below it only another such choice can take one."""
+    low = _ephemeral_low()
+    if low - 1024 >= 4096:
+        for _ in range(100):
+            port = _CHOOSER.randrange(max(1024, low - 16384), low)
+            with socket.socket() as s:
+                try:
+                    s.bind(("127.0.0.1", port))
+                except OSError:
+                    continue
+                return port
+    with socket.socket() as s:  # no room below the range: the kernel's choice
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+def _ephemeral_low() -> int:
+    """The first port of the kernel's ephemeral range (Linux; 32768 where it cannot be read)."""
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
 
 
 def _answers(url: str) -> bool:

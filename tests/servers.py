@@ -7,7 +7,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -19,11 +18,7 @@ from botocore.config import Config
 from redis import Redis
 from redis.exceptions import RedisError
 
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+from bench.cluster import free_port
 
 
 class RedisServer:
@@ -90,6 +85,7 @@ class SeaweedServer:
     def __init__(self, folder: Path) -> None:
         self.folder = folder
         self.proc: subprocess.Popen | None = None
+        self.started = False  # once it has run, its endpoint is known and its ports stay
         self._choose_ports()
 
     def _choose_ports(self) -> None:
@@ -100,14 +96,16 @@ class SeaweedServer:
     def start(self, timeout: float = 60.0, attempts: int = 3) -> None:
         """Start it and wait until its S3 API answers. A port chosen free can be taken before
         the server binds it (another test process chose it too: the server then exits with
-        "address already in use"); it is started again on other ports, up to `attempts`."""
+        "address already in use"); a first start is tried again on other ports, up to
+        `attempts`. A restart keeps its ports: the clients already hold its endpoint."""
         for attempt in range(attempts):
             try:
                 self._start_once(timeout)
+                self.started = True
                 return
             except _PortTaken as exc:
-                if attempt == attempts - 1:
-                    message = f"SeaweedFS found its ports taken {attempts} times; see {self.folder}"
+                if attempt == attempts - 1 or self.started:
+                    message = f"SeaweedFS found its ports taken; see {self.folder}"
                     raise RuntimeError(message) from exc
                 self._choose_ports()
 

@@ -8,7 +8,6 @@ import contextlib
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -23,18 +22,12 @@ from redis import Redis
 
 from app.main import create_app
 from app.settings import Settings
-from bench.cluster import Cluster
+from bench.cluster import Cluster, free_port
 from tests.conftest import SMALL_TRAINING, Api, make_keys, truncate_all
 
 pytestmark = pytest.mark.integration
 
 LETHE = [sys.executable, "-m", "app.launch"]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def wait_for_key(proc: subprocess.Popen, log: Path, timeout: float = 60) -> str:
