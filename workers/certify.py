@@ -10,6 +10,10 @@ import secrets
 from dataclasses import dataclass
 from typing import Any
 
+# a worker certifies: the accountant app/privacy imports on first use loads with its jobs, so
+# its first deletion does not wait for it
+import dp_accounting  # noqa: F401
+
 from app.jsontypes import JsonObject
 from app.ledger.certificates import (
     COMMITMENT_SCHEME,

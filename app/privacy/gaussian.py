@@ -13,7 +13,6 @@ from __future__ import annotations
 import math
 from functools import lru_cache
 
-from dp_accounting import get_sigma_gaussian
 from scipy.optimize import brentq
 from scipy.special import log_ndtr
 
@@ -48,6 +47,8 @@ def epsilon_of_multiplier(noise_multiplier: float, delta: float) -> float:
 # update at a million rows, issue 28); a model's updates repeat the same ones.
 @lru_cache(maxsize=4096)
 def _multiplier(epsilon: float, delta: float) -> float:
+    from dp_accounting import get_sigma_gaussian  # on first use (app/privacy/__init__.py)
+
     return float(get_sigma_gaussian(epsilon, delta))
 
 

@@ -16,10 +16,6 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
-import dp_accounting
-from dp_accounting.pld import PLDAccountant
-from dp_accounting.rdp import RdpAccountant
-
 from app.jsontypes import JsonObject
 from app.privacy import DP_ACCOUNTING_VERSION
 from app.privacy.gaussian import epsilon_of_multiplier
@@ -68,6 +64,10 @@ def compose(multipliers: list[float], delta: float) -> LineageSpend:
 
 def compose_pld(multipliers: list[float], delta: float) -> LineageSpend:
     """The same composition with dp-accounting's PLD accountant (RDP as its fallback)."""
+    import dp_accounting  # on first use (app/privacy/__init__.py)
+    from dp_accounting.pld import PLDAccountant
+    from dp_accounting.rdp import RdpAccountant
+
     check_delta(delta)
     events = _events(multipliers)
     try:

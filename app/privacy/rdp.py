@@ -12,7 +12,6 @@ from __future__ import annotations
 import math
 
 import numpy as np
-from dp_accounting.rdp import compute_epsilon
 
 from app.privacy.validate import check_delta, check_epsilon, check_positive
 
@@ -25,6 +24,8 @@ def epsilon_from_slope(slope: float, delta: float) -> float:
     check_delta(delta)
     if slope == 0:
         return 0.0
+    from dp_accounting.rdp import compute_epsilon  # on first use (app/privacy/__init__.py)
+
     eps, _ = compute_epsilon(ORDERS, ORDERS * slope, delta)
     return float(eps)
 
