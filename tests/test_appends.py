@@ -16,7 +16,7 @@ from sqlalchemy import func, select
 
 from app.db.session import database
 from app.db.tables import DatasetAppend, Sample
-from app.services.appends import split_by_hash
+from app.services.appends import APPEND_CHUNK, split_by_hash
 from app.storage.crypto import keyring
 from tests.conftest import Api
 
@@ -202,7 +202,7 @@ def test_an_append_whose_server_died_is_discarded_with_its_keys(tmp_path) -> Non
             wrapped = [bytes(w) for (w,) in conn.execute(query + " WHERE append_id = 1")]
             statuses = conn.execute("SELECT DISTINCT status FROM samples WHERE append_id = 1")
             assert statuses.fetchall() == [("pending",)]  # no model or split sees them yet
-        assert len(wrapped) == 5000
+        assert len(wrapped) == APPEND_CHUNK  # the first chunk's rows, of 12,000
         assert cluster.api is not None
         cluster.api.send_signal(signal.SIGKILL)
         cluster.api.wait(timeout=30)

@@ -33,7 +33,6 @@ from app.runtime import Runtime
 from app.services import sample_tokens
 from app.services.dataset_files import ParsedDataset
 from app.services.registration import (
-    CHUNK,
     ChunkWriter,
     SealedChunk,
     SubjectTokens,
@@ -48,6 +47,12 @@ from app.states import DatasetStatus, ModelStatus, SampleStatus, TaskStatus
 from app.storage.crypto import TOKEN_PREFIX, Keyring
 
 LEARNERS = (ModelStatus.queued, ModelStatus.training, ModelStatus.ready)
+# An append's rows commit in chunks of this many (a registration's are CHUNK), so one that
+# answers inline (app/api/datasets.py, INLINE_ROWS) commits in one. Each chunk's tokens land
+# all over the dataset's random-keyed token index and rewrite most of its pages: a 10,000-row
+# append in two chunks of 5,000 wrote a million-row index twice (its writes took 0.39-0.51 s,
+# and 0.35-0.36 s in one chunk with APPEND_CACHE_KIB; /tmp script, issue 55).
+APPEND_CHUNK = 10_000
 
 
 class AppendDiscarded(APIError):
@@ -139,12 +144,12 @@ def append(
             pause.point(runtime.settings, "append-chunk", append_id)
 
         with ChunkWriter() as writer:
-            for start in range(0, len(parsed.y), CHUNK):
-                stop = min(start + CHUNK, len(parsed.y))
+            for start in range(0, len(parsed.y), APPEND_CHUNK):
+                stop = min(start + APPEND_CHUNK, len(parsed.y))
                 # a block of rows under each key, as a registration seals them (a key and a
                 # seal per row made a 10,000-row append's POST 0.8 s)
                 chunk = sealed_blocks(
-                    ring, dataset_id, parsed, range(start, stop), subjects, append_id
+                    ring, dataset_id, parsed, range(start, stop), subjects, append_id, tokens
                 )
                 writer.submit(commit, chunk, stop)
                 del chunk

@@ -379,11 +379,13 @@ def sealed_blocks(
     positions: Sequence[int],
     subjects: SubjectTokens,
     append_id: int | None = None,
+    tokens: Sequence[str] | None = None,
 ) -> SealedChunk:
     """The rows at `positions` (a chunk's, in order) as blocks of BLOCK_ROWS records, each
     sealed under a key of its own (app/storage/sample_blocks.py): one key, one seal and one
     stored key per block, where a key per row was a third of a registration's time
-    (bench/registration_stages.py). With `append_id`, that append's `pending` rows."""
+    (bench/registration_stages.py). With `append_id`, that append's `pending` rows; with
+    `tokens`, the id tokens of all of `parsed`'s rows, computed already (an append's)."""
     firsts = range(0, len(positions), BLOCK_ROWS)
     keys = new_keys(ring, len(firsts))
     features = np.ascontiguousarray(_features(parsed, positions)).data.cast("B")
@@ -408,7 +410,7 @@ def sealed_blocks(
         keys,
         blocks,
         [min(BLOCK_ROWS, len(positions) - first) for first in firsts],
-        ring.tokens("sample", dataset_id, ids),
+        ring.tokens("sample", dataset_id, ids) if tokens is None else texts_at(tokens, positions),
         subjects.of(raw_subjects),
         texts_at(parsed.split, positions),
         (SampleStatus.active if append_id is None else SampleStatus.pending).value,
@@ -459,19 +461,29 @@ def insert_chunk(conn: Connection, ring: Keyring, dataset_id: int, chunk: Sealed
     return _insert_samples(conn, dataset_id, chunk.rows(dataset_id, uuid_of), chunk.append_id)
 
 
+# The page cache (KiB) of the connection that writes an append's rows. An append's tokens land
+# all over the random-keyed token index, and SQLite's default 2 MB cache (125 pages of 16 KiB)
+# spilled and read its pages again and again: 10,000 tokens into a million-row index took
+# 0.20-0.29 s with it and 0.11-0.16 s with 64 MB, which holds that index (/tmp script, issue 55).
+APPEND_CACHE_KIB = 65_536
+
+
 def insert_appended(session: Session, ring: Keyring, dataset_id: int, chunk: SealedChunk) -> None:
     """An append's sealed chunk and its rows' tokens, in the caller's transaction."""
-    conn = _inserting(session)
+    conn = _inserting(session, APPEND_CACHE_KIB)
     ids = insert_chunk(conn, ring, dataset_id, chunk)
     sample_tokens.insert_new(conn, dataset_id, chunk.tokens, ids)
     subject_tokens.insert(conn, dataset_id, subject_tokens.pairs_of(chunk.subjects, ids))
 
 
-def _inserting(session: Session) -> Connection:
-    """The session's connection, set for a registration's bulk inserts on SQLite."""
+def _inserting(session: Session, cache_kib: int | None = None) -> Connection:
+    """The session's connection, set for a registration's (or an append's) bulk inserts on
+    SQLite."""
     conn = session.connection()
     if conn.dialect.name == "sqlite":  # the child that inserts ends with its connections
         conn.exec_driver_sql(f"PRAGMA wal_autocheckpoint={INSERT_CHECKPOINT_PAGES}")
+        if cache_kib is not None:
+            conn.exec_driver_sql(f"PRAGMA cache_size=-{int(cache_kib)}")
     return conn
 
 
