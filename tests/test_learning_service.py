@@ -78,6 +78,8 @@ def test_models_learn_an_append_and_later_certificates_count_its_rows(api: Api) 
         assert last["kind"] == "learned" and last["number"] == 2, last
         assert last["metrics"]["n_added"] == added
         assert last["metrics"]["learned_from_appends"] == [append["id"]]
+        # the append's test rows joined the split the version is scored on
+        assert last["metrics"]["n_test"] == versions[-2]["metrics"]["n_test"] + 120 - added
         if name == "convex_head":  # the resident Hessian took the rows: no pass over them all
             assert last["metrics"]["hessian_passes"] == 0, last["metrics"]
         entries = api.get(

@@ -108,7 +108,7 @@ def measure(inputs: UpdateInputs, decision: Decision, seconds: float) -> JsonObj
         **_accuracies(inputs, release),
         "unlearn_seconds": seconds,
         "n_train": len(inputs.retained),
-        "n_test": len(inputs.test.y),
+        "n_test": len(inputs.test),  # not `.y`: a deferred split would be copied whole
         "n_removed": len(inputs.removed.y),
         **({"n_added": inputs.n_added} if inputs.n_added else {}),  # a learned version's
         "method": decision.method,
