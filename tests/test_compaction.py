@@ -369,8 +369,15 @@ def test_a_key_destroyed_under_an_older_transaction_still_leaves_the_files(
     finally:
         older.rollback()
         older.close()
-    compacting.join(timeout=10)
-    assert not compacting.is_alive() and outcome == [erasure.Compaction.clean]
+    compacting.join(timeout=60)
+    assert not compacting.is_alive() and len(outcome) == 1
+    # `kept` only while a transaction of another test process (the suite shares the server)
+    # began before the erasure and outlasted the wait: then the next runs are clean once it
+    # has ended, as the compaction thread's retries are (the test below)
+    deadline = time.monotonic() + 120
+    while outcome[-1] is erasure.Compaction.kept and time.monotonic() < deadline:
+        outcome.append(compact(db))
+    assert outcome[-1] is erasure.Compaction.clean, outcome
     haystack = database_bytes(pg_url)
     assert wrapped[key_id] not in haystack
     assert wrapped[kept_id] in haystack  # control: the search sees a kept key
