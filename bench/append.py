@@ -16,7 +16,7 @@ POST k rows (copies of training rows with a little noise, new ids) to
 update's own compute from the version's metrics.
 
     .venv/bin/python -m bench.append [--n 1000000] [--k 10000] [--service]
-        [--device cpu|cuda] [--repeats 1] [--out NAME]
+        [--device cpu|cuda] [--repeats 1] [--smaller 1000 ...] [--out NAME]
 
 In process with `--device cuda`, the rows, the resident state and every solve are on the GPU
 (each timing ends with torch.cuda.synchronize()).
@@ -49,7 +49,9 @@ from workers.device import synchronize
 from workers.resident import ModelSession
 
 
-def in_process(n: int, k: int, device: torch.device, repeats: int = 1) -> dict[str, Any]:
+def in_process(
+    n: int, k: int, device: torch.device, repeats: int = 1, smaller: tuple[int, ...] = ()
+) -> dict[str, Any]:
     t0 = time.perf_counter()
     X_all, y_all, X_test, y_test = synthetic(n + k)
     X, y = X_all[:n].clone(), y_all[:n].clone()
@@ -113,6 +115,11 @@ def in_process(n: int, k: int, device: torch.device, repeats: int = 1) -> dict[s
     learned_acc = accuracy(arch, release.weights, X_t, y_t, 10)
     exact_acc = accuracy(arch, exact.state, X_t, y_t, 10)
     warm_acc = accuracy(arch, to_state(warm.theta), X_t, y_t, 10)
+    fewer = []
+    for rows in smaller:  # the first `rows` of the same appended rows, from the same state
+        some = RetainedData(ids[:rows], X_new[:rows], y_new[:rows], [None] * rows,
+                            [str(i) for i in ids[:rows]])  # fmt: skip
+        fewer.append(smaller_append(head, inputs, retained, some, start, device, X_t, y_t))
     return {
         "n_train": n,
         "k_added": k,
@@ -137,8 +144,56 @@ def in_process(n: int, k: int, device: torch.device, repeats: int = 1) -> dict[s
         "test_accuracy_exact_optimum": exact_acc,
         "test_accuracy_warm_solve": warm_acc,
         "accuracy_gap_points": 100 * (exact_acc - learned_acc),
+        # smaller appends to the same model (`--smaller`): against a warm-started solve on
+        # their own union, whose optimum is the exact one (its accuracy the reference)
+        "smaller_appends": fewer,
         "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
         "device": device_info(device.type),
+    }
+
+
+def smaller_append(
+    head: ConvexHead,
+    inputs: Any,
+    retained: RetainedData,
+    added: RetainedData,
+    start: torch.Tensor,
+    device: torch.device,
+    X_t: torch.Tensor,
+    y_t: torch.Tensor,
+) -> dict[str, Any]:
+    """Learning `added` from the same state and resident anchor, timed, against the solve
+    warm-started from the trained weights on its own union (issue 55: below some size the
+    carried bound certifies the first Newton step and no pass over the rows is made)."""
+    smaller = replace(inputs, retained=joined(retained, added), added=added)
+    synchronize(device)
+    t0 = time.perf_counter()
+    release = head.unlearn(smaller)
+    synchronize(device)
+    learn_seconds = time.perf_counter() - t0
+    o = head.options
+    t0 = time.perf_counter()
+    warm = convex.solve(head.problem(smaller.retained), o.tolerance, o.max_iterations, start=start)
+    synchronize(device)
+    warm_seconds = time.perf_counter() - t0
+    arch = head.model.architecture
+    learned_acc = accuracy(arch, release.weights, X_t, y_t, 10)
+    exact_acc = accuracy(arch, to_state(warm.theta), X_t, y_t, 10)
+    print(f"learned {len(added)} rows in {learn_seconds:.3f} s, warm solve {warm_seconds:.1f} s",
+          release.metrics, flush=True)  # fmt: skip
+    return {
+        "k_added": len(added),
+        "learn_compute_s": learn_seconds,
+        "learn_metrics": {
+            key: release.metrics[key]
+            for key in ("newton_steps", "gradient_passes", "hessian_passes")
+        },
+        "s_over_beta": release.certificate.constants["s"].value / o.beta,
+        "exact_retrain_warm_start_s": warm_seconds,
+        "speedup_vs_warm_start": warm_seconds / learn_seconds,
+        "test_accuracy_learned_release": learned_acc,
+        "test_accuracy_exact_optimum": exact_acc,
+        "accuracy_gap_points": 100 * (exact_acc - learned_acc),
     }
 
 
@@ -242,13 +297,16 @@ def main() -> None:
     parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu", help="in process")
     parser.add_argument("--out", default=None, help="the result's name (default: append)")
     parser.add_argument("--repeats", type=int, default=1, help="the learning step, timed again")
+    parser.add_argument(
+        "--smaller", type=int, nargs="*", default=[], help="in process: smaller appends too"
+    )
     args = parser.parse_args()
     if args.service:
         write_result(args.out or "append-service", through_service(args.n, args.k))
     else:
         result = {"options": OPTIONS, "target": {"epsilon": TARGET.epsilon, "delta": TARGET.delta}}
         device = torch.device(args.device)
-        learned = in_process(args.n, args.k, device, args.repeats)
+        learned = in_process(args.n, args.k, device, args.repeats, tuple(args.smaller))
         write_result(args.out or "append", result | learned)
 
 

@@ -35,12 +35,17 @@ def client_venv(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path
     """The wheel built from clients/python, installed into a fresh venv (its two
     dependencies from the package index; nothing else)."""
     where = tmp_path_factory.mktemp("client")
-    _run(sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", where / "dist",
-         ROOT / "clients" / "python")  # fmt: skip
+    # built with this environment's setuptools (the backend the client's pyproject names),
+    # not in an isolated environment made for it; the venv gets no pip of its own, this
+    # environment's pip installs into it: 48 s and 42 s of the two tests' setup under the
+    # suite, most of it making and filling those two throwaway environments
+    _run(sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q",
+         "-w", where / "dist", ROOT / "clients" / "python")  # fmt: skip
     (wheel,) = (where / "dist").glob("lethe_unlearning_client-*.whl")
-    _run(sys.executable, "-m", "venv", where / "venv")
+    _run(sys.executable, "-m", "venv", "--without-pip", where / "venv")
     python = where / "venv" / "bin" / "python"
-    _run(python, "-m", "pip", "install", "-q", "--disable-pip-version-check", wheel)
+    _run(sys.executable, "-m", "pip", "--python", python, "install", "-q",
+         "--disable-pip-version-check", wheel)  # fmt: skip
     yield wheel, python
 
 
