@@ -9,6 +9,10 @@ the carried bound), against the exact retrain on the union the service runs (a c
 issue 52) and a warm-started solve from the current state (the "exact warm retrain" earlier
 benches timed). Test accuracy of the learned release against the exact optimum on the union.
 
+With `--smaller K …`, appends of K of the same rows (the first K) are learned from the same
+state too, each against a solve warm-started on its own union: below some size the carried
+bound certifies the first Newton step and the learning reads no retained row.
+
 Through the service (`--service`): an embedded `lethe serve` with a builtin synthetic dataset
 of n rows and a trained convex_head model (one deletion first, so its session is warm); then
 POST k rows (copies of training rows with a little noise, new ids) to
@@ -42,7 +46,7 @@ from bench.common import device_info, model_spec, write_result
 from bench.convex_resident import OPTIONS, TARGET, TEST_ROWS, arrays, synthetic
 from maths import convex
 from maths.training import accuracy
-from methods.compute import RetainedData, joined
+from methods.compute import RetainedData, UpdateInputs, joined
 from methods.convex_head.compute import ConvexHead, to_state, to_theta
 from tests.factories import update_inputs
 from workers.device import synchronize
@@ -154,7 +158,7 @@ def in_process(
 
 def smaller_append(
     head: ConvexHead,
-    inputs: Any,
+    inputs: UpdateInputs,
     retained: RetainedData,
     added: RetainedData,
     start: torch.Tensor,
