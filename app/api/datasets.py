@@ -36,7 +36,7 @@ from app.security import Role
 from app.services import appends, dataset_files
 from app.services.datasets import dataset_view, get_dataset, list_datasets, list_samples
 from app.services.isolated import Registration, outcome, start_isolated, wipe, wipe_upload
-from app.services.registration import begin, forget_failed, rows_total
+from app.services.registration import INLINE_ROWS, begin, forget_failed, rows_total
 from app.settings import Settings
 
 router = APIRouter(prefix="/v1/datasets", tags=["datasets"], responses=COMMON)
@@ -175,8 +175,6 @@ async def _job_of(
         )
     return name, source, job, data
 
-
-INLINE_ROWS = 10_000  # a registration of more rows answers 202 and goes on as a job
 
 M = TypeVar("M", bound=BaseModel)
 

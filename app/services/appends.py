@@ -33,6 +33,7 @@ from app.runtime import Runtime
 from app.services import sample_tokens
 from app.services.dataset_files import ParsedDataset
 from app.services.registration import (
+    INLINE_ROWS,
     ChunkWriter,
     SealedChunk,
     SubjectTokens,
@@ -48,11 +49,11 @@ from app.storage.crypto import TOKEN_PREFIX, Keyring
 
 LEARNERS = (ModelStatus.queued, ModelStatus.training, ModelStatus.ready)
 # An append's rows commit in chunks of this many (a registration's are CHUNK), so one that
-# answers inline (app/api/datasets.py, INLINE_ROWS) commits in one. Each chunk's tokens land
+# answers inline (at most INLINE_ROWS rows) commits in one. Each chunk's tokens land
 # all over the dataset's random-keyed token index and rewrite most of its pages: a 10,000-row
 # append in two chunks of 5,000 wrote a million-row index twice (its writes took 0.39-0.51 s,
 # and 0.35-0.36 s in one chunk with APPEND_CACHE_KIB; /tmp script, issue 55).
-APPEND_CHUNK = 10_000
+APPEND_CHUNK = INLINE_ROWS
 
 
 class AppendDiscarded(APIError):

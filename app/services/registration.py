@@ -56,6 +56,7 @@ from app.webhooks import events
 # POSTs meanwhile accepted within 0.25 s; 20,000 per commit took 52.9 s but made them wait
 # up to 0.72 s.
 CHUNK = 5000
+INLINE_ROWS = 10_000  # a registration or append of more rows answers 202 and goes on as a job
 # How far before its dataset row a registration looks for suppressions it may have missed: a
 # deletion's row can be stamped before its commit, and later than the screen's read.
 LATE_MARGIN = timedelta(minutes=10)
