@@ -15,6 +15,7 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ValidationError
 
 from app.api.deps import Admin, AnyRole, DbDep, DispatcherDep, RuntimeDep, SettingsDep
+from app.api.limits import read_upload
 from app.api.params import PathId
 from app.api.responses import COMMON, errors
 from app.db.session import Database
@@ -261,7 +262,7 @@ async def _from_upload(request: Request, limit: int) -> tuple[str, str, dict[str
     upload = form.get("file")
     if upload is None or isinstance(upload, str):
         raise unprocessable("missing_file", "multipart field 'file' is required")
-    data = await upload.read(limit + 1)
+    data = await read_upload(upload, limit)
     wipe_upload(upload.file)  # the spooled copy: the bytes go on in `data` alone
     if len(data) > limit:
         wipe(data)

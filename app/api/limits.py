@@ -22,7 +22,7 @@ from __future__ import annotations
 import re
 from collections.abc import Collection
 
-from starlette.datastructures import Headers
+from starlette.datastructures import Headers, UploadFile
 from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -149,3 +149,12 @@ async def reject(send: Send, status: int, code: str, message: str, details: obje
     )
     await send({"type": "http.response.start", "status": status, "headers": response.raw_headers})
     await send({"type": "http.response.body", "body": response.body})
+
+
+async def read_upload(upload: UploadFile, limit: int) -> bytes:
+    """An uploaded file's bytes, at most `limit` + 1 of them (more than `limit` is the
+    caller's 413). The read asks for the spooled file's size, not for `limit` + 1: under the
+    allocator that fills what it hands out (app/allocator.py, issue 53) a 64 MB buffer for a
+    10 MB upload took 40 ms to fill, on every registration's and append's request path."""
+    size = upload.size if upload.size is not None else limit
+    return await upload.read(min(size, limit) + 1)

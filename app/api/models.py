@@ -23,6 +23,7 @@ from app.api.deps import (
     RuntimeDep,
     SettingsDep,
 )
+from app.api.limits import read_upload
 from app.api.params import PathId
 from app.api.responses import COMMON, errors
 from app.db.tables import Model
@@ -153,7 +154,7 @@ async def import_weights(
     if upload is None or isinstance(upload, str):
         raise unprocessable("missing_file", "multipart field 'weights' is required")
     limit = runtime.settings.max_upload_bytes
-    data = await upload.read(limit + 1)
+    data = await read_upload(upload, limit)
     if len(data) > limit:
         raise APIError(413, "payload_too_large", "weights exceed the upload limit")
     fields = {k: v for k, v in form.items() if isinstance(v, str)}
