@@ -639,5 +639,5 @@ class MlflowExport(Base):
 # Mappers configured now rather than on the first query: every process that imports the tables
 # queries them, and an upload's child, forked from a fork server that imported this module
 # (app/services/isolated.py), inherits them configured instead of configuring them again on its
-# first query (40 ms of each registration's and append's child, profiled with py-spy).
+# first query (16-18 ms of each registration's and append's child, timed in a forked process).
 configure_mappers()
