@@ -109,7 +109,7 @@ UPLOAD_DOC = {
     responses={
         202: {
             "model": DatasetOut,
-            "description": f"more than {10_000:,} rows: registering as a job; poll the "
+            "description": f"more than {INLINE_ROWS:,} rows: registering as a job; poll the "
             "dataset (Location) for its progress",
         },
         **errors(400, 409, 415),
@@ -386,7 +386,7 @@ def read_samples(
     responses={
         202: {
             "model": AppendOut,
-            "description": f"more than {10_000:,} rows: appending as a job; poll the append "
+            "description": f"more than {INLINE_ROWS:,} rows: appending as a job; poll the append "
             "(Location) for its progress and its models' learning",
         },
         **errors(404, 409, 415),
