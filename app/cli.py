@@ -20,6 +20,7 @@ from sqlalchemy.exc import OperationalError, ProgrammingError
 
 from app.client import Client, LetheError
 from app.jsontypes import JsonObject, as_object, optional_object
+from app.states import FINISHED_TASK, append_settled
 from app.wire import DeletionOut, ModelOut
 
 
@@ -296,11 +297,10 @@ def datasets_append(
     if wait:
         with Progress(console=console, transient=True) as bar:
             task = bar.add_task("models learning the rows", total=len(answer["learning"]) or None)
-            while any(t["status"] in ("queued", "running") for t in answer["learning"]):
-                finished = sum(t["status"] in ("done", "failed") for t in answer["learning"])
+            while not append_settled(answer["status"], (t["status"] for t in answer["learning"])):
+                finished = sum(t["status"] in FINISHED_TASK for t in answer["learning"])
                 bar.update(task, completed=finished)
-                time.sleep(0.5)
-                answer = c.get(path)
+                answer = c.get(path, params={"wait": 2})  # a long poll: back when all learned
     table = Table("model", "learning", "version", "rows learned")
     for t in answer["learning"]:
         table.add_row(

@@ -240,18 +240,17 @@ def through_service(n: int, k: int) -> dict[str, Any]:
             f"/v1/datasets/{dataset['id']}/samples", files={"file": ("new.npz", upload)}
         )
         posted = time.perf_counter() - t0
-        path = f"/v1/datasets/{dataset['id']}/appends/{answer['id']}"
-        while True:
-            view = c.get(path)
-            if view["learning"] and all(t["status"] != "queued" for t in view["learning"]):
-                break
-            time.sleep(0.01)
+        # the long poll answers when the worker's commit wakes it: no client polling beside
+        # the compute (a GET every 10 ms took CPU from it on 2 cores)
+        settled = c.wait_append(dataset["id"], answer["id"], poll=30.0)
         post_to_learned = time.perf_counter() - t0
+        view = settled.model_dump(mode="json")
         version = c.model(model.id).current_version
         assert version is not None and version.kind == "learned", version
         m = version.metrics
         compute = float(m["unlearn_seconds"])
         phases = worker_phases(cluster.data_dir / "api.log")
+        child = append_phases(cluster.data_dir / "api.log", answer["id"])
         return {
             "n_samples": n,
             "k_added": k,
@@ -266,8 +265,11 @@ def through_service(n: int, k: int) -> dict[str, Any]:
             "rows_learned": view["learning"][0]["n_added"],
             # the worker's own account (its log): load, open, join, compute (with the
             # release's blobs and metrics), commit; the rest of POST -> learned version after
-            # the POST's answer is the worker's wake-up and the client's poll
+            # the POST's answer is the worker's wake-up and the long poll's answer
             "worker_phases_s": phases,
+            # the POST's child's own account (app/services/appends.py, its log line)
+            "append_child_phases_s": child,
+            "append_child_s": sum(child.values()),
             "unaccounted_s": post_to_learned - posted - sum(phases.values()),
             "metrics": {
                 key: m.get(key)
@@ -285,11 +287,20 @@ def through_service(n: int, k: int) -> dict[str, Any]:
 
 def worker_phases(log: Path) -> dict[str, float]:
     """The phases of the last learned version, from the worker's log line
-    (workers/learning.py, `Phases`)."""
+    (workers/learning.py, `app.phases.Phases`)."""
     lines = [line for line in log.read_text().splitlines() if " rows of appends " in line]
     if not lines:
         return {}
     account = lines[-1].split(": ")[-1]
+    return {p: float(s) for p, s in re.findall(r"(\w+) ([0-9.]+) s", account)}
+
+
+def append_phases(log: Path, append_id: int) -> dict[str, float]:
+    """The phases of the append's child, from its log line (app/services/appends.py)."""
+    lines = [line for line in log.read_text().splitlines() if f"append {append_id}: " in line]
+    if not lines:
+        return {}
+    account = lines[-1].split(" rows: ")[-1]
     return {p: float(s) for p, s in re.findall(r"(\w+) ([0-9.]+) s", account)}
 
 

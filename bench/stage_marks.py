@@ -22,7 +22,7 @@ from typing import Any
 MARKS: dict[str, list[tuple[str, str, str | None]]] = {
     "app.api.deletions": [
         ("preferred_wait", "api.enter", None),  # the POST route's first call
-        ("_long_poll", "api.accepted", "api.answered"),  # after its commit; until finished
+        ("long_poll", "api.accepted", "api.answered"),  # after its commit; until finished
     ],
     "workers.linger": [("Linger.claim", "w.claim", "w.claimed")],
     "workers.jobs": [

@@ -9,10 +9,12 @@ import sys
 from collections.abc import Iterator
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from app.client import AsyncClient, Client, Forbidden, Gone, Invalid, NotFound, Unauthorized
 from app.wire import (
+    AppendOut,
     AuditOut,
     CertificateOut,
     ChainCheck,
@@ -87,6 +89,19 @@ def test_the_sync_client_covers_the_api_with_types(served: tuple[str, str], tmp_
         with pytest.raises(Invalid):
             c.delete(ds.id, [sample], epsilon=-1.0)
         c.revoke_key(requester.id)
+
+        rows = tmp_path / "more.npz"
+        rng = np.random.default_rng(0)
+        X = rng.integers(0, 16, (12, 8, 8)).astype(np.float32)  # digits: 8×8 images
+        np.savez(rows, X=X, y=np.arange(12) % 10, ids=np.array([f"new-{i}" for i in range(12)]))
+        appended = c.append_samples(ds.id, rows)
+        assert isinstance(appended, AppendOut) and appended.n_samples == 12
+        answers: list[AppendOut] = []
+        settled = c.wait_append(ds.id, appended.id, on_progress=answers.append, poll=2.0)
+        assert settled.status == "ready" and [t.status for t in settled.learning] == ["done"]
+        assert answers[-1] == settled
+        assert c.versions(model.id)[-1].kind == "learned"
+        assert settled.learning[0].version_id is not None
     with Client(url, "lethe_wrong") as bad, pytest.raises(Unauthorized):
         bad.models()
 

@@ -33,13 +33,14 @@ def table(ids: list[str], seed: int) -> bytes:
 
 
 def learned(api: Api, dataset_id: int, append_id: int, timeout: float = 180.0) -> dict:
-    """The append once every model's learning of it has ended (polled)."""
+    """The append once every model's learning of it has ended: the long poll (`?wait=`)
+    answers when the worker's commit wakes it."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        body = api.get(f"/v1/datasets/{dataset_id}/appends/{append_id}").json()
+        path = f"/v1/datasets/{dataset_id}/appends/{append_id}"
+        body = api.get(path, params={"wait": 30}).json()
         if body["learning"] and all(t["status"] in ("done", "failed") for t in body["learning"]):
             return body
-        time.sleep(0.05)
     raise AssertionError(f"append {append_id} still learning: {body}")
 
 
@@ -139,3 +140,29 @@ def noise_free_and_optimum(api: Api, model_id: int) -> tuple[torch.Tensor, torch
             .order_by(Certificate.seq.desc())
         ).first()
     return theta, optimum, float(json.loads(cert.restricted)["constants"]["s"]["value"])
+
+
+def test_a_long_poll_answers_when_the_models_have_learned_the_append(api: Api) -> None:
+    """`GET .../appends/{id}?wait=` answers once every model's learning has ended (the
+    worker's commit wakes it), at once for an append no model learns, and refuses a wait past
+    its cap."""
+    upload = {"file": ("base.npz", table([f"w{i}" for i in range(200)], 2))}
+    dataset_id = api.post("/v1/datasets", files=upload).json()["id"]
+    alone = api.post(
+        f"/v1/datasets/{dataset_id}/samples", files={"file": ("a.npz", table(["x0", "x1"], 3))}
+    ).json()
+    path = f"/v1/datasets/{dataset_id}/appends"
+    quiet = api.get(f"{path}/{alone['id']}", params={"wait": 30}).json()
+    assert quiet["status"] == "ready" and quiet["learning"] == []  # settled: nothing to learn
+    spec = {"name": "r", "dataset_id": dataset_id, "architecture": {"type": "logreg"},
+            "method": {"name": "retrain"}}  # fmt: skip
+    model = api.wait(f"/v1/models/{api.post('/v1/models', json=spec).json()['id']}", ("ready",))
+    answer = api.post(
+        f"/v1/datasets/{dataset_id}/samples",
+        files={"file": ("b.npz", table([f"y{i}" for i in range(30)], 4))},
+    ).json()
+    waited = api.get(f"{path}/{answer['id']}", params={"wait": 30}).json()
+    assert [t["status"] for t in waited["learning"]] == ["done"], waited
+    versions = api.get(f"/v1/models/{model['id']}/versions").json()
+    assert versions[-1]["kind"] == "learned"
+    assert api.get(f"{path}/{answer['id']}", params={"wait": 31}).status_code == 422

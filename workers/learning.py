@@ -29,6 +29,7 @@ from app.db.tables import Dataset, LearnTask, Model, ModelSample, Sample, utcnow
 from app.jsontypes import JsonObject, JsonValue
 from app.ledger.certificates import append_certificates, removed_ids_commitment
 from app.ledger.transparency import signing_key
+from app.phases import Phases
 from app.states import ModelStatus, SampleStatus, TaskStatus
 from app.storage.faults import is_fault
 from app.webhooks import events
@@ -115,30 +116,18 @@ def learn_due(ctx: JobContext, model_id: int, device: torch.device) -> tuple[int
     phases.mark("commit")
     log.info("model %s learned %d rows of appends %s: %s", model_id, len(added),
              learn.append_ids, phases)  # fmt: skip
-    _keep_resident(ctx, batch, learn, outcome, version_id)
+    # the appends' long polls look again now, before the resident session's copy of its
+    # arrays (not on the path to the new version; the debug line says how long it took)
+    ctx.announcer.announce()
     if outcome is not None:
         ctx.runtime.publisher.soon()  # a new log entry for the witnesses
         ROWS_LEARNED.labels(outcome.decision.method).inc(len(added))
         VERSIONS_LEARNED.labels(outcome.decision.method).inc()
-    ctx.announcer.announce()
+    _keep_resident(ctx, batch, learn, outcome, version_id)
+    phases.mark("resident")
+    log.debug("model %s: resident session grown in %.3f s", model_id, phases.took["resident"])
     JOB_DURATION.labels("learn").observe(time.perf_counter() - started)
     return len(learn.task_ids), True
-
-
-class Phases:
-    """Seconds since the last mark, by phase: where a learned version's time went (the
-    worker's log; nothing published)."""
-
-    def __init__(self) -> None:
-        self.took: dict[str, float] = {}
-        self._last = time.perf_counter()
-
-    def mark(self, phase: str) -> None:
-        now = time.perf_counter()
-        self.took[phase], self._last = now - self._last, now
-
-    def __str__(self) -> str:
-        return ", ".join(f"{phase} {seconds:.3f} s" for phase, seconds in self.took.items())
 
 
 def _due(session: Session, model_id: int) -> list[tuple[int, int]]:

@@ -7,15 +7,17 @@ import json
 from collections.abc import Callable
 from concurrent.futures import Future
 from functools import partial
-from typing import Any, TypeVar
+from typing import Annotated, Any, TypeVar
 
 from fastapi import APIRouter, Query, Request
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ValidationError
 
+from app import wakeups
 from app.api.deps import Admin, AnyRole, DbDep, DispatcherDep, RuntimeDep, SettingsDep
 from app.api.limits import read_upload
+from app.api.long_poll import MAX_WAIT_SECONDS, long_poll
 from app.api.params import PathId
 from app.api.responses import COMMON, errors
 from app.db.session import Database
@@ -39,6 +41,7 @@ from app.services.datasets import dataset_view, get_dataset, list_datasets, list
 from app.services.isolated import Registration, outcome, start_isolated, wipe, wipe_upload
 from app.services.registration import INLINE_ROWS, begin, forget_failed, rows_total
 from app.settings import Settings
+from app.states import append_settled
 
 router = APIRouter(prefix="/v1/datasets", tags=["datasets"], responses=COMMON)
 
@@ -414,6 +417,7 @@ async def append_samples(
     running = start_isolated(runtime.uploads, job(dataset_id=dataset_id, append_id=append_id), data)
 
     def signal(_: object = None) -> None:  # the models learn as soon as the rows are in
+        wakeups.FINISHED.wake()  # a wait on the append sees it ready (or failed) now
         try:
             with db.read() as session:
                 models = appends.learners(session, append_id)
@@ -458,13 +462,41 @@ def list_dataset_appends(
 
 
 @router.get("/{dataset_id}/appends/{append_id}", response_model=AppendOut, responses=errors(404))
-def read_append(dataset_id: PathId, append_id: PathId, _: AnyRole, db: DbDep) -> JsonObject:
+async def read_append(
+    dataset_id: PathId,
+    append_id: PathId,
+    _: AnyRole,
+    db: DbDep,
+    request: Request,
+    wait: Annotated[
+        float,
+        Query(
+            ge=0,
+            le=MAX_WAIT_SECONDS,
+            description="Long poll: answer as soon as the append has failed or every model has "
+            "learned its rows (or failed to), or after this many seconds with its state then.",
+        ),
+    ] = 0,
+) -> JsonObject:
     """One append: its progress (while it runs), its error (once failed) and its models'
-    learning (a `learned` version each)."""
-    with db.read() as session:
-        return appends.append_view(
-            session, appends.get_append(session, int(dataset_id), int(append_id))
-        )
+    learning (a `learned` version each). With `wait`, the answer comes when the append is
+    settled: a worker's commit wakes the wait (app/wakeups.py), so a client learns of the
+    learned versions without polling."""
+
+    def view() -> JsonObject:
+        with db.read() as session:
+            return appends.append_view(
+                session, appends.get_append(session, int(dataset_id), int(append_id))
+            )
+
+    return await long_poll(view, _settled, request, wait)
+
+
+def _settled(view: JsonObject) -> bool:
+    """The append's view says its work is over (`append_settled`)."""
+    learning = view["learning"]
+    tasks = [t for t in learning if isinstance(t, dict)] if isinstance(learning, list) else []
+    return append_settled(str(view["status"]), (str(t["status"]) for t in tasks))
 
 
 def _begin_append(db: Database, dataset_id: int, source: str) -> int:

@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import re
 import time
-from collections.abc import Callable
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Body, Header, Query, Request
@@ -24,6 +22,7 @@ from app.api.deps import (
     RuntimeDep,
     SettingsDep,
 )
+from app.api.long_poll import MAX_WAIT_SECONDS, long_poll
 from app.api.params import PathId
 from app.api.responses import COMMON, errors
 from app.dispatch import DELETE
@@ -41,8 +40,6 @@ from app.services.deletions import (
 )
 from app.states import FINISHED_REQUEST
 from app.storage.erasure import compact_after_erasure
-
-MAX_WAIT_SECONDS = 30.0
 
 log = logging.getLogger("lethe.api")
 
@@ -181,7 +178,7 @@ async def create(
 
     accepted = view.model_dump(mode="json")
     try:
-        current = await _long_poll(again, request, wait, accepted, woken)
+        current = await long_poll(again, _finished, request, wait, accepted, woken)
     except Exception:  # the request is durable: say so (202), not that the POST failed
         log.warning("deletion %s: waiting for it failed; answering 202", view.id, exc_info=True)
         wakeups.FINISHED.forget(woken)
@@ -190,6 +187,10 @@ async def create(
     status = 200 if current["status"] in FINISHED_REQUEST else 202
     out = DeletionOut.model_validate(current).model_dump(mode="json")
     return JSONResponse(out, status_code=status, headers=headers)
+
+
+def _finished(view: JsonObject) -> bool:
+    return view["status"] in FINISHED_REQUEST
 
 
 _PREFER_WAIT = re.compile(r'(?:^|[,;])\s*wait\s*=\s*"?(\d{1,9})"?\s*(?:$|[,;])', re.IGNORECASE)
@@ -241,34 +242,7 @@ async def read(
             request = get_deletion(session, request_id, key)
             return deletion_view(session, request, receipts=True)
 
-    return await _long_poll(view, request, wait)
-
-
-async def _long_poll(
-    view: Callable[[], JsonObject],
-    request: Request,
-    wait: float,
-    current: JsonObject | None = None,
-    woken: asyncio.Future[None] | None = None,
-) -> JsonObject:
-    """`view()` once the request is finished or `wait` seconds have passed: a worker's commit
-    wakes the wait, a look every 50–250 ms covers a lost wake-up. `current` is a view already
-    read with `woken` registered before it (the caller's)."""
-    deadline = time.monotonic() + wait
-    pause = wakeups.FINISHED.first_look_seconds()
-    while True:
-        if current is None or woken is None:
-            woken = wakeups.FINISHED.register()  # before the read: no wake-up falls in between
-            current = await run_in_threadpool(view)
-        if current["status"] in FINISHED_REQUEST or time.monotonic() >= deadline:
-            wakeups.FINISHED.forget(woken)
-            return current
-        if await request.is_disconnected():  # nobody is waiting: stop reading the database
-            wakeups.FINISHED.forget(woken)
-            return current
-        await wakeups.wait(woken, min(pause, max(0.0, deadline - time.monotonic())))
-        pause = min(pause * 1.5, 0.25)
-        current = None
+    return await long_poll(view, _finished, request, wait)
 
 
 @router.get(

@@ -16,6 +16,7 @@ registration is: its rows deleted and their keys destroyed.
 from __future__ import annotations
 
 import base64
+import logging
 from collections.abc import Sequence
 from dataclasses import replace
 from datetime import datetime, timedelta
@@ -29,6 +30,7 @@ from app import pause
 from app.db.session import rowcount
 from app.db.tables import Dataset, DatasetAppend, LearnTask, Model, Sample, utcnow
 from app.errors import APIError, unprocessable
+from app.phases import Phases
 from app.runtime import Runtime
 from app.services import sample_tokens
 from app.services.dataset_files import ParsedDataset
@@ -46,6 +48,8 @@ from app.services.registration import (
 from app.services.suppression import REPORT_IDS, screen
 from app.states import DatasetStatus, ModelStatus, SampleStatus, TaskStatus
 from app.storage.crypto import TOKEN_PREFIX, Keyring
+
+log = logging.getLogger("lethe.appends")
 
 LEARNERS = (ModelStatus.queued, ModelStatus.training, ModelStatus.ready)
 # An append's rows commit in chunks of this many (a registration's are CHUNK), so one that
@@ -114,11 +118,12 @@ def append(
     parsed: ParsedDataset,
     on_erased: str = "refuse",
     split_given: bool = False,
+    phases: Phases | None = None,
 ) -> list[int]:
     """Append `parsed` through the append `begin` made; the models that will learn it. On
     any failure what was committed is discarded, the append marked failed and the error
-    raised."""
-    db, ring = runtime.db, runtime.keyring
+    raised. Where its time went is logged (`phases`, begun by the caller at the parse)."""
+    db, ring, phases = runtime.db, runtime.keyring, phases or Phases()
     try:
         with db.read() as session:
             dataset = session.execute(
@@ -128,12 +133,16 @@ def append(
             ).scalar_one()
             dataset_id, fraction = dataset.id, dataset.test_fraction
             _check_fits(dataset, parsed)
+        phases.mark("check")
         if not split_given:
             parsed = replace(parsed, split=split_by_hash(ring, dataset_id, parsed.ids, fraction))
+        phases.mark("split")
         parsed, skipped = screened(runtime, parsed, True, on_erased)
+        phases.mark("screen")
         tokens = ring.tokens("sample", dataset_id, parsed.ids)
         with db.read() as session:
             _refuse_duplicates(session, dataset_id, parsed.ids, tokens)
+        phases.mark("duplicates")
         with db.write() as session:
             _progress(session, append_id, n_samples=len(parsed.y), skipped_erased=skipped)
         subjects = SubjectTokens(ring, dataset_id)
@@ -152,10 +161,15 @@ def append(
                 chunk = sealed_blocks(
                     ring, dataset_id, parsed, range(start, stop), subjects, append_id, tokens
                 )
+                phases.mark("seal")
                 writer.submit(commit, chunk, stop)
                 del chunk
+        phases.mark("write")  # the chunks' inserts and commits, beside the sealing
         with db.write() as session:
-            return _finish(session, ring, append_id, dataset_id, parsed, tokens)
+            models = _finish(session, ring, append_id, dataset_id, parsed, tokens)
+        phases.mark("finish")
+        log.info("append %s: %d rows: %s", append_id, len(parsed.y), phases)
+        return models
     except APIError as exc:
         discard(runtime, append_id, exc.as_json())
         raise

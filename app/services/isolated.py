@@ -27,6 +27,7 @@ from typing import Any
 import pyarrow as pa
 
 from app.errors import APIError
+from app.phases import Phases
 from app.schemas import BuiltinDatasetIn
 from app.services import dataset_files
 from app.services.object_sources import open_object, read_whole
@@ -118,6 +119,7 @@ def _register(job: Registration, name: str | None, payload: bytes | int) -> tupl
     from app.runtime import Runtime
     from app.services import registration
 
+    phases = Phases()  # an append's log line says where its time went
     if name is None:
         assert isinstance(payload, bytes)
         data = payload
@@ -132,7 +134,8 @@ def _register(job: Registration, name: str | None, payload: bytes | int) -> tupl
     _large_blocks_returned()
     runtime = Runtime.build(job.settings)
     if job.append_id is not None:
-        return _append(runtime, job, data)
+        phases.mark("start")  # the upload read from shared memory, the runtime built
+        return _append(runtime, job, data, phases)
     try:
         parsed = _parse(job, data)
         if len(parsed.y) > job.settings.max_dataset_samples:
@@ -151,7 +154,7 @@ def _register(job: Registration, name: str | None, payload: bytes | int) -> tupl
         raise
 
 
-def _append(runtime: Any, job: Registration, data: bytes) -> tuple[Any, ...]:
+def _append(runtime: Any, job: Registration, data: bytes, phases: Phases) -> tuple[Any, ...]:
     """In the child: parse and append (app/services/appends.py); ("ok", append id)."""
     from app.services import appends
 
@@ -162,7 +165,8 @@ def _append(runtime: Any, job: Registration, data: bytes) -> tuple[Any, ...]:
             limit = job.settings.max_dataset_samples
             raise APIError(413, "too_many_samples", f"at most {limit}")
         split_given = bool(job.params.get("split_column")) or _npz_has_split(job, data)
-        appends.append(runtime, job.append_id, parsed, job.on_erased, split_given)
+        phases.mark("parse")
+        appends.append(runtime, job.append_id, parsed, job.on_erased, split_given, phases)
         return ("ok", job.append_id)
     except APIError as exc:
         appends.discard(runtime, job.append_id, exc.as_json())

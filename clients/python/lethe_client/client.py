@@ -27,7 +27,7 @@ from typing import Any, Generic, ParamSpec, TypeVar, overload
 import httpx
 from pydantic import BaseModel
 
-from lethe_client.states import FINISHED_REQUEST, AuditStatus, ModelStatus
+from lethe_client.states import FINISHED_REQUEST, AuditStatus, ModelStatus, append_settled
 from lethe_client.wire import (
     AppendOut,
     AuditOut,
@@ -227,8 +227,16 @@ def _append_samples(
     return Call("POST", target, _model(AppendOut), {"files": files, "data": data})
 
 
-def _append(dataset_id: int, append_id: int) -> Call[AppendOut]:
-    return Call("GET", f"/v1/datasets/{dataset_id}/appends/{append_id}", _model(AppendOut))
+def _append(dataset_id: int, append_id: int, wait: float = 0) -> Call[AppendOut]:
+    """An append; `wait` long-polls up to that many seconds for it to settle (failed, or
+    every model's learning of its rows ended)."""
+    params = {"wait": wait} if wait else {}
+    target = f"/v1/datasets/{dataset_id}/appends/{append_id}"
+    return Call("GET", target, _model(AppendOut), {"params": params})
+
+
+def _append_done(append: AppendOut) -> bool:
+    return append_settled(append.status, (t.status for t in append.learning))
 
 
 def _datasets(status: str | None = None, offset: int = 0, limit: int = 100) -> Call[DatasetPage]:
@@ -541,6 +549,27 @@ class Client(Endpoints):
             f"deletion {request_id} not finished",
         )
 
+    def wait_append(
+        self,
+        dataset_id: int,
+        append_id: int,
+        on_progress: Callable[[AppendOut], None] | None = None,
+        timeout: float = 3600,
+        poll: float = 20.0,
+    ) -> AppendOut:
+        """Long-poll until the append has failed or every model has learned its rows (or
+        failed to); `on_progress(append)` sees each answer (every `poll` seconds at most)."""
+        return _poll(
+            lambda deadline: self.append(
+                dataset_id, append_id, wait=_poll_window(self.http, poll, deadline)
+            ),
+            _append_done,
+            on_progress,
+            timeout,
+            0.0,  # the long poll waits on the server
+            f"append {append_id} not settled",
+        )
+
     def wait_audit(
         self,
         audit_id: int,
@@ -618,6 +647,25 @@ class AsyncClient(Endpoints):
             timeout,
             0.0,  # the long poll waits on the server
             f"deletion {request_id} not finished",
+        )
+
+    async def wait_append(
+        self,
+        dataset_id: int,
+        append_id: int,
+        on_progress: Callable[[AppendOut], None] | None = None,
+        timeout: float = 3600,
+        poll: float = 20.0,
+    ) -> AppendOut:
+        return await _poll_async(
+            lambda deadline: self.append(
+                dataset_id, append_id, wait=_poll_window(self.http, poll, deadline)
+            ),
+            _append_done,
+            on_progress,
+            timeout,
+            0.0,  # the long poll waits on the server
+            f"append {append_id} not settled",
         )
 
     async def wait_audit(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from enum import StrEnum
 
 
@@ -95,6 +96,15 @@ class Guarantee(StrEnum):
 
 
 FINISHED_REQUEST = frozenset({RequestStatus.done, RequestStatus.failed})
+FINISHED_TASK = frozenset({TaskStatus.done, TaskStatus.failed})
+
+
+def append_settled(status: str, learning: Iterable[str]) -> bool:
+    """An append's work is over: it failed, or its rows are in and every model's learning of
+    them (the statuses of its `learning`) has ended, done or failed."""
+    if status == DatasetStatus.failed:
+        return True
+    return status == DatasetStatus.ready and all(s in FINISHED_TASK for s in learning)
 
 
 class DeliveryStatus(StrEnum):
