@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import io
+import logging
 import multiprocessing
 import os
 import threading
@@ -295,7 +296,11 @@ def _exit_with(api_pid: int) -> None:
     """In a pool worker: exit once the API process is gone. A worker waiting for its next
     upload never sees its queue close (it holds the queue's other end itself), and it holds
     the fork server's liveness pipe: without this, a stopped or killed API left its fork
-    server and an idle worker behind for good (~220 MB each; the test suite piled them up)."""
+    server and an idle worker behind for good (~220 MB each; the test suite piled them up).
+    Its log lines (an append's phases) go to the API's log, marked as the worker's are."""
+    logging.basicConfig(
+        level=logging.INFO, format="%(levelname)s:     [upload] %(name)s: %(message)s"
+    )
 
     def watch() -> None:
         while True:
