@@ -221,3 +221,28 @@ def test_the_screener_finds_a_person_in_every_chunk_and_late_finds_only_new_entr
         assert late.rows == [2, 6, 7] and late.subjects == 1  # rows 0, 1, 4, 5 were refused
         assert late.sample_ids == ["row-2", "row-6", "row-7"]
         assert screener.late(session, since + timedelta(days=1)).rows == []
+
+
+def test_a_person_erased_again_after_a_lift_is_found_by_the_late_check(db_url: str) -> None:
+    """A lifted suppression put back (the person erased again) is on the list from then: an
+    upload that screened the person while lifted finds their rows in its late check."""
+    from app.db.tables import utcnow
+    from app.services.suppression import lift_token
+
+    ring = Keyring(b"r" * 32)
+    token = suppression_token(ring, "subject", "again")
+    db = database(db_url)
+    with db.write() as session:
+        put_tokens(session, "subject", [token], None)
+    with db.write() as session:
+        assert lift_token(session, token, "re-consent", None) is not None
+    screener = Screener(ring, ["r-0", "r-1", "r-2"], ["again", None, "again"], samples=True)
+    with db.read() as session:
+        assert screener.chunk(session, 0, 3) == []  # lifted: the rows are clean
+    since = utcnow()
+    with db.write() as session:
+        put_tokens(session, "subject", [token], None)  # erased again while the upload runs
+    with db.read() as session:
+        row = session.execute(select(Suppression).where(Suppression.token == token)).scalar_one()
+        assert row.lifted_at is None and row.created_at >= since
+        assert screener.late(session, since).rows == [0, 2]

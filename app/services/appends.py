@@ -36,6 +36,7 @@ from app.services import sample_tokens
 from app.services.dataset_files import ParsedDataset
 from app.services.registration import (
     INLINE_ROWS,
+    LATE_MARGIN,
     ChunkWriter,
     SealedChunk,
     SubjectTokens,
@@ -45,7 +46,7 @@ from app.services.registration import (
     sealed_blocks,
     take_out,
 )
-from app.services.suppression import REPORT_IDS, screen
+from app.services.suppression import REPORT_IDS
 from app.states import DatasetStatus, ModelStatus, SampleStatus, TaskStatus
 from app.storage.crypto import TOKEN_PREFIX, Keyring
 
@@ -133,11 +134,15 @@ def append(
             ).scalar_one()
             dataset_id, fraction = dataset.id, dataset.test_fraction
             _check_fits(dataset, parsed)
+            begun = session.scalar(
+                select(DatasetAppend.created_at).where(DatasetAppend.id == append_id)
+            )
         phases.mark("check")
         if not split_given:
             parsed = replace(parsed, split=split_by_hash(ring, dataset_id, parsed.ids, fraction))
         phases.mark("split")
-        parsed, skipped = screened(runtime, parsed, True, on_erased)
+        screening = screened(runtime, parsed, True, on_erased)
+        parsed, skipped = screening.parsed, screening.skipped
         phases.mark("screen")
         tokens = ring.tokens("sample", dataset_id, parsed.ids)
         with db.read() as session:
@@ -166,7 +171,8 @@ def append(
                 del chunk
         phases.mark("write")  # the chunks' inserts and commits, beside the sealing
         with db.write() as session:
-            models = _finish(session, ring, append_id, dataset_id, parsed, tokens)
+            late = screening.late(session, (begun or utcnow()) - LATE_MARGIN)
+            models = _finish(session, ring, append_id, dataset_id, late, tokens)
         phases.mark("finish")
         log.info("append %s: %d rows: %s", append_id, len(parsed.y), phases)
         return models
@@ -238,13 +244,12 @@ def _finish(
     ring: Keyring,
     append_id: int,
     dataset_id: int,
-    parsed: ParsedDataset,
+    late: list[int],
     tokens: list[str],
 ) -> list[int]:
-    """The append's last commit: rows of people erased while it ran deleted (keys
-    destroyed), the rest active, the dataset's count raised, a learn task for each of its
-    models; the models."""
-    late = screen(session, ring, parsed.ids, parsed.subjects).rows
+    """The append's last commit: `late`, the rows of people erased while it ran, deleted
+    (keys destroyed), the rest active, the dataset's count raised, a learn task for each of
+    its models; the models."""
     if late:
         take_out(session, ring, dataset_id, [tokens[i] for i in late], append_id)
     activated = rowcount(

@@ -37,7 +37,7 @@ from app.runtime import Runtime
 from app.services import sample_tokens, subject_tokens
 from app.services.dataset_files import ParsedDataset, texts_at
 from app.services.parquet_files import release_rows
-from app.services.suppression import Screener, screen
+from app.services.suppression import Screener
 from app.states import DatasetStatus, SampleStatus
 from app.storage.crypto import (
     NONCE_BYTES,
@@ -261,32 +261,48 @@ ABANDONED = {
 }
 
 
-def screened(
-    runtime: Runtime, parsed: ParsedDataset, ids_given: bool, on_erased: str
-) -> tuple[ParsedDataset, int]:
+@dataclass(frozen=True)
+class Screened:
+    """An append's rows after its screening (`screened`): those to write, how many were left
+    out, and the screener that remembers a mark of each, for the late check."""
+
+    parsed: ParsedDataset
+    skipped: int
+    screener: Screener
+    kept: np.ndarray | None  # the upload's positions of `parsed`'s rows; None: all of them
+
+    def late(self, session: Session, since: datetime) -> list[int]:
+        """The rows of `parsed` whose sample or subject went on the list since `since`: the
+        screener's marks narrow them down, so its tokens are not made again."""
+        rows = self.screener.late(session, since).rows
+        if self.kept is None:
+            return rows
+        return np.searchsorted(self.kept, rows).tolist()  # a late row was kept: it was clean
+
+
+def screened(runtime: Runtime, parsed: ParsedDataset, ids_given: bool, on_erased: str) -> Screened:
     """`parsed` without the rows of erased samples or people, and how many those were; a
     refusal (409) instead where `on_erased` is "refuse" or the rows shaped a corpus's
     vocabulary (left out, they would still be in it). An append's screening, all at once."""
+    screener = Screener(runtime.keyring, parsed.ids, parsed.subjects, samples=ids_given)
     with runtime.db.read() as session:  # row numbers name nobody: only given ids are screened
-        found = screen(session, runtime.keyring, parsed.ids, parsed.subjects, samples=ids_given)
+        found = screener.rest(session, 0)
     if not found.rows:
-        return parsed, 0
+        return Screened(parsed, 0, screener, None)
     if on_erased != "skip" or parsed.text is not None:
         raise found.refusal()
     keep = np.ones(len(parsed.y), dtype=bool)
     keep[found.rows] = False
     kept = np.flatnonzero(keep)
-    return (
-        replace(
-            parsed,
-            X=parsed.X[keep],
-            y=parsed.y[keep],
-            ids=[parsed.ids[int(i)] for i in kept],
-            subjects=[parsed.subjects[int(i)] for i in kept],
-            split=[parsed.split[i] for i in kept],
-        ),
-        len(found.rows),
+    rest = replace(
+        parsed,
+        X=parsed.X[keep],
+        y=parsed.y[keep],
+        ids=[parsed.ids[int(i)] for i in kept],
+        subjects=[parsed.subjects[int(i)] for i in kept],
+        split=[parsed.split[i] for i in kept],
     )
+    return Screened(rest, len(found.rows), screener, kept)
 
 
 def _screened_chunk(

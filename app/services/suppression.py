@@ -55,7 +55,9 @@ def suppress(
 
 
 def put_tokens(session: Session, kind: str, tokens: list[str], request_id: int | None) -> None:
-    """`suppress` with the tokens made (a restore puts the journal's back)."""
+    """`suppress` with the tokens made (a restore puts the journal's back). A lifted token put
+    back is on the list from now (`created_at`): an upload's late check (`Screener.late`)
+    finds the entries made since it screened, a person erased again among them."""
     now = utcnow()
     rows = [{"token": t, "kind": kind, "request_id": request_id} for t in tokens]
     if not rows:
@@ -66,7 +68,12 @@ def put_tokens(session: Session, kind: str, tokens: list[str], request_id: int |
         session.execute(
             statement.on_conflict_do_update(
                 index_elements=["token"],
-                set_={"lifted_at": None, "lift_reason": None, "lifted_by_key_id": None},
+                set_={
+                    "lifted_at": None,
+                    "lift_reason": None,
+                    "lifted_by_key_id": None,
+                    "created_at": statement.excluded.created_at,
+                },
                 where=Suppression.lifted_at.is_not(None),
             )
         )
