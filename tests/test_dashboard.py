@@ -642,6 +642,9 @@ def test_an_admin_registers_a_parquet_file_with_a_column_mapping(
         }
     )
     pq.write_table(more, tmp_path / "more.parquet")
+    spec = {"name": "learner", "dataset_id": dataset_id, "training": TRAINING}
+    learner = admin.post("/v1/models", json=spec).json()["id"]
+    wait(admin, f"/v1/models/{learner}", ("ready",))
     row.locator("button.append-rows").click()
     assert page.input_value("#ds-append-to") == str(dataset_id)
     page.set_input_files("#ds-file", str(tmp_path / "more.parquet"))
@@ -651,6 +654,11 @@ def test_an_admin_registers_a_parquet_file_with_a_column_mapping(
     page.click("#ds-submit")
     page.wait_for_selector("#ds-done:has-text('Appended')")
     assert f"Appended 20 rows to dataset #{dataset_id}" in page.inner_text("#ds-done")
+    # the form follows the models' learning (a long poll the worker's commit answers)
+    page.wait_for_selector(f"#ds-done:has-text('model #{learner} learned')")
+    learned = admin.get(f"/v1/models/{learner}/versions").json()[-1]
+    assert learned["kind"] == "learned"
+    assert f"learned {learned['metrics']['n_added']} rows" in page.inner_text("#ds-done")
     cell = f'table#datasets tr[data-dataset="{dataset_id}"] td:nth-child(4):text-is("60")'
     page.wait_for_selector(cell)  # the table re-rendered with the dataset's new count
     page.screenshot(path=str(tmp_path / "datasets-appended.png"), full_page=True)

@@ -261,14 +261,10 @@ function setupForms() {
     if (!result.ok) { dsError.textContent = errorText(result); return; }
     const body = result.body;
     if (body.dataset_id !== undefined) {  // an append: its models learn the rows next
-      const learners = body.learning.length;
-      dsDone.textContent = body.status === "registering"
-        ? `Append #${body.id} to dataset #${body.dataset_id} runs as a job.`
-        : `Appended ${body.n_samples} rows to dataset #${body.dataset_id}` +
-          (body.skipped_erased ? ` (${body.skipped_erased} rows of erased people left out)` : "") +
-          `; ${learners} model(s) learn them: each gets a "learned" version.`;
+      dsDone.textContent = appendText(body);
       dataset.reset();
       render();
+      followAppend(body, dsDone);
       return;
     }
     const skipped = body.skipped_erased
@@ -361,6 +357,40 @@ function setupForms() {
 // The model form's method table (GET /v1/privacy/methods): each method's guarantee, the σ of
 // its first release at the chosen ε, whether it can serve this dataset (else the API's own
 // refusal) and one deletion's cost; a row's button chooses it.
+// What an append's answer says: its rows, and each model's learning of them so far.
+function appendText(a) {
+  if (a.status === "registering") {
+    return `Append #${a.id} to dataset #${a.dataset_id} runs as a job` +
+      (a.progress ? ` (${a.progress.rows_done} of ${a.progress.rows_total} rows).` : ".");
+  }
+  if (a.status === "failed") {
+    return `Append #${a.id} to dataset #${a.dataset_id} failed: ` +
+      (a.error ? `${a.error.code}: ${a.error.message}` : "see the API");
+  }
+  const skipped = a.skipped_erased ? ` (${a.skipped_erased} rows of erased people left out)` : "";
+  const head = `Appended ${a.n_samples} rows to dataset #${a.dataset_id}${skipped}`;
+  if (!a.learning.length) return `${head}; no model learns them.`;
+  const learning = a.learning.map(t => t.status === "done"
+    ? `model #${t.model_id} learned ${t.n_added} rows (a "learned" version)`
+    : `model #${t.model_id} ${t.status === "failed" ? "failed to learn them" : "is learning them"}`);
+  return `${head}; ${learning.join("; ")}.`;
+}
+
+// Follow an append until it failed or every model's learning of it ended: a long poll
+// (`?wait=`) that the worker's commit answers, shown in `out` as it moves.
+async function followAppend(a, out) {
+  const settled = x => x.status === "failed" || (x.status === "ready" &&
+    x.learning.every(t => t.status === "done" || t.status === "failed"));
+  let current = a;
+  while (!settled(current)) {
+    const result = await api(`/v1/datasets/${a.dataset_id}/appends/${a.id}?wait=25`);
+    if (!result.ok) { out.textContent += ` (following it stopped: ${errorText(result)})`; return; }
+    current = result.body;
+    out.textContent = appendText(current);
+  }
+  render();  // the models' new versions
+}
+
 async function methodChoices(box, select, datasetId, epsilon, choose) {
   if (!Number(datasetId)) { box.replaceChildren(); return; }
   const eps = Number(epsilon) > 0 ? Number(epsilon) : 1;
