@@ -17,9 +17,10 @@ Through the service (`--service`): an embedded `lethe serve` with a builtin synt
 of n rows and a trained convex_head model (one deletion first, so its session is warm); then
 POST k rows (copies of training rows with a little noise, new ids) to
 /v1/datasets/{id}/samples and time POST → learned version as a client sees it, beside the
-update's own compute from the version's metrics.
+update's own compute from the version's metrics. With `--appends N`, N appends in a row to
+the same service (after 5 s idle or right after one more deletion, alternately).
 
-    .venv/bin/python -m bench.append [--n 1000000] [--k 10000] [--service]
+    .venv/bin/python -m bench.append [--n 1000000] [--k 10000] [--service [--appends 1]]
         [--device cpu|cuda] [--repeats 1] [--smaller 1000 ...] [--out NAME]
 
 In process with `--device cuda`, the rows, the resident state and every solve are on the GPU
@@ -201,7 +202,10 @@ def smaller_append(
     }
 
 
-def through_service(n: int, k: int) -> dict[str, Any]:
+def through_service(n: int, k: int, appends: int = 1) -> dict[str, Any]:
+    """`appends` appends of k rows each to one million-row service: the first right after
+    the deletion that warms the session (as a single run always was), then alternately after
+    5 s idle and right after one more deletion. The top-level fields are the first's."""
     from app.client import Client
     from app.schemas import BuiltinDatasetIn
     from app.services.dataset_files import load_builtin
@@ -210,13 +214,16 @@ def through_service(n: int, k: int) -> dict[str, Any]:
 
     spec = {"builtin": "synthetic", "n_samples": n, "n_features": 256, "n_classes": 10}
     parsed = load_builtin(BuiltinDatasetIn.model_validate(spec))
-    rng = np.random.default_rng(1)
-    rows = rng.choice(n, k, replace=False)
-    X_new = parsed.X[rows] + 0.05 * rng.standard_normal((k, 256)).astype(np.float32)
-    buffer = io.BytesIO()
-    np.savez(buffer, X=X_new, y=parsed.y[rows], ids=np.array([f"new-{i}" for i in range(k)]))
-    upload = buffer.getvalue()
-    train_ids = [parsed.ids[i] for i in range(n) if parsed.split[i] == "train"][:1]
+    uploads = []
+    for run in range(appends):  # copies of training rows with a little noise, new ids
+        rng = np.random.default_rng(1 + run)
+        rows = rng.choice(n, k, replace=False)
+        X_new = parsed.X[rows] + 0.05 * rng.standard_normal((k, 256)).astype(np.float32)
+        ids = [f"new-{i}" if run == 0 else f"new{run}-{i}" for i in range(k)]
+        buffer = io.BytesIO()
+        np.savez(buffer, X=X_new, y=parsed.y[rows], ids=np.array(ids))
+        uploads.append(buffer.getvalue())
+    train_ids = [parsed.ids[i] for i in range(n) if parsed.split[i] == "train"][:appends]
     del parsed
     limits = {
         "max_dataset_cells": n * 256 + 1,
@@ -234,55 +241,71 @@ def through_service(n: int, k: int) -> dict[str, Any]:
         model = c.wait_model(c.create_model(body).id)
         train_s = time.perf_counter() - t0
         print("registered", round(register_s), "s; trained", round(train_s), "s", flush=True)
-        c.wait_deletion(c.delete(dataset["id"], train_ids).id)  # the session is warm now
-        t0 = time.perf_counter()
-        answer = c.post(
-            f"/v1/datasets/{dataset['id']}/samples", files={"file": ("new.npz", upload)}
-        )
-        posted = time.perf_counter() - t0
-        # the long poll answers when the worker's commit wakes it: no client polling beside
-        # the compute (a GET every 10 ms took CPU from it on 2 cores)
-        settled = c.wait_append(dataset["id"], answer["id"], poll=30.0)
-        post_to_learned = time.perf_counter() - t0
-        view = settled.model_dump(mode="json")
-        version = c.model(model.id).current_version
-        assert version is not None and version.kind == "learned", version
-        m = version.metrics
-        compute = float(m["unlearn_seconds"])
-        phases = worker_phases(cluster.data_dir / "api.log")
-        child = append_phases(cluster.data_dir / "api.log", answer["id"])
+        runs = []
+        for run, upload in enumerate(uploads):
+            after = "deletion" if run % 2 == 0 else "idle"
+            if after == "deletion":  # the first: the session is warm now
+                c.wait_deletion(c.delete(dataset["id"], [train_ids[run]]).id)
+            else:
+                time.sleep(5.0)
+            one = _one_append(c, cluster.data_dir / "api.log", dataset["id"], model.id, upload)
+            runs.append({"after": after, **one})
+            print(run, after, {key: one[key] for key in list(one)[:6]}, flush=True)
         return {
             "n_samples": n,
             "k_added": k,
             "register_s": register_s,
             "train_s": train_s,
-            "append_answer_s": posted,
-            "append_status": answer["status"],
-            "post_to_learned_version_s": post_to_learned,
-            "learn_compute_s": compute,
-            "target_s": 1.5 * compute + 0.030,
-            "within_target": post_to_learned <= 1.5 * compute + 0.030,
-            "rows_learned": view["learning"][0]["n_added"],
-            # the worker's own account (its log): load, open, join, compute (with the
-            # release's blobs and metrics), commit; the rest of POST -> learned version after
-            # the POST's answer is the worker's wake-up and the long poll's answer
-            "worker_phases_s": phases,
-            # the POST's child's own account (app/services/appends.py, its log line)
-            "append_child_phases_s": child,
-            "append_child_s": sum(child.values()),
-            "unaccounted_s": post_to_learned - posted - sum(phases.values()),
-            "metrics": {
-                key: m.get(key)
-                for key in (
-                    "newton_steps",
-                    "gradient_passes",
-                    "hessian_passes",
-                    "test_accuracy",
-                    "rows_loaded",
-                    "method",
-                )  # fmt: skip
-            },
+            **runs[0],
+            "runs": runs,
+            "runs_within_target": sum(r["within_target"] for r in runs),
         }
+
+
+def _one_append(c: Any, log: Path, dataset_id: int, model_id: int, upload: bytes) -> dict[str, Any]:
+    """POST one append and wait for its learned version (the long poll): the client's times
+    beside the worker's and the POST's child's own accounts."""
+    t0 = time.perf_counter()
+    answer = c.post(f"/v1/datasets/{dataset_id}/samples", files={"file": ("new.npz", upload)})
+    posted = time.perf_counter() - t0
+    # the long poll answers when the worker's commit wakes it: no client polling beside the
+    # compute (a GET every 10 ms took CPU from it on 2 cores)
+    settled = c.wait_append(dataset_id, answer["id"], poll=30.0)
+    post_to_learned = time.perf_counter() - t0
+    version = c.model(model_id).current_version
+    assert version is not None and version.kind == "learned", version
+    m = version.metrics
+    compute = float(m["unlearn_seconds"])
+    phases = worker_phases(log)
+    child = append_phases(log, answer["id"])
+    return {
+        "append_answer_s": posted,
+        "post_to_learned_version_s": post_to_learned,
+        "learn_compute_s": compute,
+        "target_s": 1.5 * compute + 0.030,
+        "within_target": post_to_learned <= 1.5 * compute + 0.030,
+        "append_status": answer["status"],
+        "rows_learned": settled.learning[0].n_added,
+        # the worker's own account (its log): load, open, join, compute (with the release's
+        # blobs and metrics), commit; the rest of POST -> learned version after the POST's
+        # answer is the worker's wake-up (after the job before it) and the long poll's answer
+        "worker_phases_s": phases,
+        # the POST's child's own account (app/services/appends.py, its log line)
+        "append_child_phases_s": child,
+        "append_child_s": sum(child.values()),
+        "unaccounted_s": post_to_learned - posted - sum(phases.values()),
+        "metrics": {
+            key: m.get(key)
+            for key in (
+                "newton_steps",
+                "gradient_passes",
+                "hessian_passes",
+                "test_accuracy",
+                "rows_loaded",
+                "method",
+            )  # fmt: skip
+        },
+    }
 
 
 def worker_phases(log: Path) -> dict[str, float]:
@@ -312,12 +335,14 @@ def main() -> None:
     parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu", help="in process")
     parser.add_argument("--out", default=None, help="the result's name (default: append)")
     parser.add_argument("--repeats", type=int, default=1, help="the learning step, timed again")
+    parser.add_argument("--appends", type=int, default=1, help="with --service: appends in a row")
     parser.add_argument(
         "--smaller", type=int, nargs="*", default=[], help="in process: smaller appends too"
     )
     args = parser.parse_args()
     if args.service:
-        write_result(args.out or "append-service", through_service(args.n, args.k))
+        found = through_service(args.n, args.k, args.appends)
+        write_result(args.out or "append-service", found)
     else:
         result = {"options": OPTIONS, "target": {"epsilon": TARGET.epsilon, "delta": TARGET.delta}}
         device = torch.device(args.device)

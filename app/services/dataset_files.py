@@ -185,11 +185,16 @@ def check_builtin(spec: BuiltinDatasetIn, limits: Limits) -> None:
         )
 
 
-def seeded_split(y: np.ndarray, test_fraction: float, seed: int) -> list[str]:
+def seeded_split(y: np.ndarray, test_fraction: float, seed: int | None) -> list[str]:
     """A seeded train/test split, stratified when the classes allow it, else plain random.
 
-    Tiny datasets keep at least one training sample (a single sample is all train).
+    Tiny datasets keep at least one training sample (a single sample is all train). With no
+    seed, every row `train` and no split made: the caller gives each row its split (an
+    append's rule, a keyed hash of its id), and the split it would replace cost an append's
+    child 25-70 ms.
     """
+    if seed is None:
+        return ["train"] * len(y)
     from sklearn.model_selection import train_test_split
 
     n = len(y)
@@ -313,7 +318,7 @@ NPY_MAX_HEADER = 10_000
 
 
 def parse_npz(
-    data: bytes, seed: int, test_fraction: float, limits: Limits | None = None
+    data: bytes, seed: int | None, test_fraction: float, limits: Limits | None = None
 ) -> ParsedDataset:
     """Arrays X, y and optional ids, subjects, split from an .npz, loaded without pickle.
 
@@ -432,7 +437,7 @@ def parse_csv(
     id_column: str | None,
     subject_column: str | None,
     split_column: str | None,
-    seed: int,
+    seed: int | None,
     test_fraction: float,
     limits: Limits | None = None,
     feature_columns: list[str] | None = None,
@@ -543,7 +548,9 @@ def _strings(arr: np.ndarray | None, n: int, name: str) -> list[str] | None:
     return values
 
 
-def split_of(arr: np.ndarray | None, y: np.ndarray, seed: int, test_fraction: float) -> list[str]:
+def split_of(
+    arr: np.ndarray | None, y: np.ndarray, seed: int | None, test_fraction: float
+) -> list[str]:
     if arr is None:
         return seeded_split(y, test_fraction, seed)
     values = [v.decode() if isinstance(v, bytes) else str(v) for v in np.asarray(arr).tolist()]
@@ -625,7 +632,7 @@ def parse_text_csv(
     id_column: str | None,
     subject_column: str | None,
     split_column: str | None,
-    seed: int,
+    seed: int | None,
     test_fraction: float,
     min_count: int,
     limits: Limits | None = None,
@@ -675,7 +682,7 @@ SPARSE_MEMBERS = {"data", "indices", "indptr", "shape", "format"}
 
 
 def parse_sparse_npz(
-    data: bytes, seed: int, test_fraction: float, limits: Limits | None = None
+    data: bytes, seed: int | None, test_fraction: float, limits: Limits | None = None
 ) -> ParsedDataset:
     """A document-term matrix saved by scipy's `save_npz` (CSR or CSC, read without pickle):
     rows are documents, columns the vocabulary (words named `w0`, `w1`, ...). Every array is

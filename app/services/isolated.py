@@ -21,7 +21,7 @@ import threading
 import time
 import zipfile
 from concurrent.futures import Future, ProcessPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from multiprocessing import forkserver, shared_memory
 from typing import Any
 
@@ -161,7 +161,8 @@ def _append(runtime: Any, job: Registration, data: bytes, phases: Phases) -> tup
 
     assert job.append_id is not None
     try:
-        parsed = _parse(job, data)
+        # no seeded split: a row's split is its column's or the dataset's rule (`append`)
+        parsed = _parse(replace(job, params={**job.params, "seed": None}), data)
         if len(parsed.y) > job.settings.max_dataset_samples:
             limit = job.settings.max_dataset_samples
             raise APIError(413, "too_many_samples", f"at most {limit}")

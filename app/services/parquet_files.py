@@ -51,7 +51,11 @@ class Columns:
 
 
 def parse_parquet(
-    data: bytes | io.IOBase, columns: Columns, seed: int, test_fraction: float, limits: Limits
+    data: bytes | io.IOBase,
+    columns: Columns,
+    seed: int | None,
+    test_fraction: float,
+    limits: Limits,
 ) -> ParsedDataset:
     """The rows of a Parquet file (its bytes, or a seekable file: an object in S3 read by
     ranged GETs) as a dataset (features float32)."""
