@@ -325,3 +325,15 @@ def test_an_append_is_an_upload_limited_as_uploads_are(settings) -> None:
         assert answer.status_code == 201, answer.text
         over = api.post("/v1/datasets", json={"builtin": "digits", "name": "x" * 60_000})
         assert over.status_code == 413  # JSON bodies keep their limit
+
+
+def test_an_append_s_parse_makes_no_seeded_split() -> None:
+    """With no seed (an append's parse) every row is `train` until the dataset's rule or the
+    split column gives its split; a registration's parse (a seed) still splits."""
+    from app.services.dataset_files import seeded_split, split_of
+
+    y = np.arange(50) % 2
+    assert seeded_split(y, 0.2, None) == ["train"] * 50
+    assert split_of(None, y, None, 0.2) == ["train"] * 50
+    assert seeded_split(y, 0.2, 0).count("test") == 10
+    assert split_of(np.array(["test"] + ["train"] * 49), y, None, 0.2)[0] == "test"
