@@ -432,9 +432,13 @@ def test_worker_metrics_reach_prometheus(make_cluster) -> None:
         ).json()
         wait_until(lambda: c.get(f"/v1/deletions/{req['id']}").json()["status"] == "done")
         api_side = scrape(c)
+    processed = 'lethe_deletions_processed_total{method="retrain"}'
     with httpx.Client(base_url=f"http://127.0.0.1:{port}") as w:
+        # counted right after the commit that made the request done: wait for that, not for
+        # the worker's next steps (under the full suite the scrape came first)
+        wait_until(lambda: processed in scrape(w))
         worker_side = scrape(w)
-    assert worker_side['lethe_deletions_processed_total{method="retrain"}'] == 1.0
+    assert worker_side[processed] == 1.0
     assert worker_side['lethe_job_duration_seconds_count{job="train_model"}'] == 1.0
     assert not any(k.startswith("lethe_deletions_processed_total") for k in api_side)
 

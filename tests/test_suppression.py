@@ -246,3 +246,32 @@ def test_a_person_erased_again_after_a_lift_is_found_by_the_late_check(db_url: s
         row = session.execute(select(Suppression).where(Suppression.token == token)).scalar_one()
         assert row.lifted_at is None and row.created_at >= since
         assert screener.late(session, since).rows == [0, 2]
+
+
+def test_an_append_s_late_check_names_the_rows_it_kept(db_url: str) -> None:
+    """An append that left an erased person's rows out (`on_erased=skip`) still finds, in its
+    last commit, the rows of a person erased meanwhile, numbered among the rows it kept."""
+    from types import SimpleNamespace
+    from typing import Any, cast
+
+    from app.db.tables import utcnow
+    from app.services.dataset_files import finish
+    from app.services.registration import screened
+
+    ring = Keyring(b"k" * 32)
+    db = database(db_url)
+    with db.write() as session:
+        put_tokens(session, "subject", [suppression_token(ring, "subject", "gone")], None)
+    subjects: list[str | None] = ["gone", "stay", "gone", "late", "stay", "late"]
+    ids = [f"k-{i}" for i in range(6)]
+    X = np.arange(12, dtype=np.float32).reshape(6, 2)
+    parsed = finish(X, np.arange(6) % 2, ids, subjects, ["train"] * 6, "tabular")
+    runtime = cast(Any, SimpleNamespace(keyring=ring, db=db))
+    screening = screened(runtime, parsed, True, "skip")
+    assert screening.skipped == 2 and screening.parsed.ids == ["k-1", "k-3", "k-4", "k-5"]
+    since = utcnow()
+    with db.write() as session:  # erased while the append runs
+        put_tokens(session, "subject", [suppression_token(ring, "subject", "late")], None)
+    with db.read() as session:
+        late = screening.late(session, since)
+    assert [screening.parsed.ids[i] for i in late] == ["k-3", "k-5"]

@@ -495,6 +495,7 @@ def _run_batch(
                 sessions.drop(where, model_id)  # it may no longer be at the current version
                 raise
             with tracing.span("deletion.publication"):
+                _count(outcome, len(tasks))  # before the wake-up: seen done, seen counted
                 ctx.announcer.announce()  # the long polls of these requests look again now
         keep_resident(sessions, where, batch, outcome, version_id)
     except shutdown.Interrupted:  # back to queued, unpenalised: the next start applies them
@@ -528,15 +529,19 @@ def _run_batch(
     if outcome is not None:  # new certificates: a checkpoint for the witnesses to cosign
         ctx.runtime.publisher.soon()
     JOB_DURATION.labels("erasure_compaction").observe(time.perf_counter() - compacting)
+    JOB_DURATION.labels("process_deletions").observe(time.perf_counter() - started)
+    return True
+
+
+def _count(outcome: Outcome | None, tasks: int) -> None:
+    """A committed batch in the worker's counters: its requests by method, a fallback."""
     method = outcome.decision.method if outcome is not None else "none"
     decision = outcome.decision if outcome is not None else None
     if isinstance(decision, Fallback):
         FALLBACKS.labels(decision.requested).inc()
     elif decision is not None and decision.branch:  # the retrain through the mechanism
         FALLBACKS.labels(decision.method).inc()
-    DELETIONS_PROCESSED.labels(method).inc(len(tasks))
-    JOB_DURATION.labels("process_deletions").observe(time.perf_counter() - started)
-    return True
+    DELETIONS_PROCESSED.labels(method).inc(tasks)
 
 
 def _compute(

@@ -116,13 +116,13 @@ def learn_due(ctx: JobContext, model_id: int, device: torch.device) -> tuple[int
     phases.mark("commit")
     log.info("model %s learned %d rows of appends %s: %s", model_id, len(added),
              learn.append_ids, phases)  # fmt: skip
-    # the appends' long polls look again now, before the resident session's copy of its
-    # arrays (not on the path to the new version; the debug line says how long it took)
-    ctx.announcer.announce()
-    if outcome is not None:
+    if outcome is not None:  # counted before the wake-up: seen learned, seen counted
         ctx.runtime.publisher.soon()  # a new log entry for the witnesses
         ROWS_LEARNED.labels(outcome.decision.method).inc(len(added))
         VERSIONS_LEARNED.labels(outcome.decision.method).inc()
+    # the appends' long polls look again now, before the resident session's copy of its
+    # arrays (not on the path to the new version; the debug line says how long it took)
+    ctx.announcer.announce()
     _keep_resident(ctx, batch, learn, outcome, version_id)
     phases.mark("resident")
     log.debug("model %s: resident session grown in %.3f s", model_id, phases.took["resident"])
