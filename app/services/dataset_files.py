@@ -190,8 +190,8 @@ def seeded_split(y: np.ndarray, test_fraction: float, seed: int | None) -> list[
 
     Tiny datasets keep at least one training sample (a single sample is all train). With no
     seed, every row `train` and no split made: the caller gives each row its split (an
-    append's rule, a keyed hash of its id), and the split it would replace cost an append's
-    child 25-70 ms.
+    append's rule, a keyed hash of its id); the split it would replace was ~24 ms of a
+    10,000-row append's child in py-spy's samples (stop 76).
     """
     if seed is None:
         return ["train"] * len(y)
