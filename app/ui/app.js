@@ -383,7 +383,13 @@ async function followAppend(a, out) {
     x.learning.every(t => t.status === "done" || t.status === "failed"));
   let current = a;
   while (!settled(current)) {
-    const result = await api(`/v1/datasets/${a.dataset_id}/appends/${a.id}?wait=25`);
+    let result;
+    try {
+      result = await api(`/v1/datasets/${a.dataset_id}/appends/${a.id}?wait=25`);
+    } catch (_) {  // the network went away: say so, not an unhandled rejection
+      out.textContent += " (following it stopped: the API did not answer)";
+      return;
+    }
     if (!result.ok) { out.textContent += ` (following it stopped: ${errorText(result)})`; return; }
     current = result.body;
     out.textContent = appendText(current);
