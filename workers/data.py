@@ -47,7 +47,23 @@ def _open_rows(session: Session, ring: Keyring, rows: Sequence[Any]) -> dict[int
 
 
 def _decode(session: Session, ring: Keyring, rows: Sequence[Any], shape: list[int]) -> Arrays:
+    return _arrays(rows, _open_rows(session, ring, rows), shape)
+
+
+def split_rows(
+    session: Session, ring: Keyring, rows: Sequence[Any], shape: list[int]
+) -> tuple[Arrays, Arrays]:
+    """Rows selected with `sealed_samples()` and their `split`, opened together (each block
+    once) as (training rows, test rows), each in the rows' order: an append's rows as a
+    model learns them, read in one query where two `IN` lists of their ids were (issue 55)."""
     records = _open_rows(session, ring, rows)
+    train = [r for r in rows if r.split == "train"]
+    test = [r for r in rows if r.split != "train"]
+    return _arrays(train, records, shape), _arrays(test, records, shape)
+
+
+def _arrays(rows: Sequence[Any], records: dict[int, SampleRecord], shape: list[int]) -> Arrays:
+    """`rows` as arrays from their opened records; every row must have one."""
     missing = [r.id for r in rows if r.id not in records]
     if missing:
         raise RuntimeError(f"samples {missing[:10]} are erased but were asked for")

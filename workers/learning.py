@@ -17,6 +17,7 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass, replace
+from typing import Any
 
 import torch
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
@@ -41,7 +42,7 @@ from workers.certify import CertificateContext, certificate_fields
 from workers.claim import check_lease
 from workers.commit import VersionRow, finish_requests, supersede, write_release
 from workers.context import JobContext
-from workers.data import Arrays, arrays_for, database_key
+from workers.data import Arrays, database_key, sealed_samples, split_rows
 from workers.lease import LeaseLost
 from workers.metrics import JOB_DURATION, ROWS_LEARNED, VERSIONS_LEARNED
 from workers.updates import compute_storing
@@ -145,7 +146,8 @@ def _due(session: Session, model_id: int) -> list[tuple[int, int]]:
 
 def _opened(session: Session, ctx: JobContext, model_id: int, due: list[tuple[int, int]]) -> Learn:
     """The appends' active rows the model does not hold yet, opened: training rows to learn
-    and test rows for the split (a row erased meanwhile is no longer active)."""
+    and test rows for the split (a row erased meanwhile is no longer active). One query with
+    their keys, by append (it read their ids, then each split's rows by an `IN` of them)."""
     append_ids = sorted({a for _, a in due})
     dataset = session.scalars(
         select(Dataset).join(Model, Model.dataset_id == Dataset.id).where(Model.id == model_id)
@@ -155,31 +157,29 @@ def _opened(session: Session, ctx: JobContext, model_id: int, due: list[tuple[in
     held = select(ModelSample.sample_id).where(
         ModelSample.model_id == model_id, ModelSample.sample_id == Sample.id
     )
-    train: list[tuple[int, int]] = []
-    test: list[int] = []
+    rows: list[Any] = []
     for chunk in chunked(append_ids):
-        for sid, split, append_id in session.execute(
-            select(Sample.id, Sample.split, Sample.append_id)
+        rows += session.execute(
+            sealed_samples()
+            .add_columns(Sample.split, Sample.append_id)
             .where(
                 Sample.append_id.in_(chunk),
                 Sample.status == SampleStatus.active,
                 ~held.exists(),
             )
             .order_by(Sample.id)
-        ):
-            assert append_id is not None  # selected by it
-            if split == "train":
-                train.append((sid, append_id))
-            else:
-                test.append(sid)
+        ).all()
+    rows.sort(key=lambda r: r.id)  # ids ascending across the chunks too
+    added, test = split_rows(session, ctx.keyring, rows, list(dataset.feature_shape))
     per_append = {a: 0 for a in append_ids}
-    for _, a in train:
-        per_append[a] += 1
+    for r in rows:
+        if r.split == "train":
+            per_append[r.append_id] += 1
     return Learn(
         task_ids=[t for t, _ in due],
         append_ids=append_ids,
-        added=arrays_for(session, ctx.keyring, dataset, [s for s, _ in train]),
-        test=arrays_for(session, ctx.keyring, dataset, test),
+        added=added,
+        test=test,
         per_append=per_append,
     )
 
