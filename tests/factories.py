@@ -7,12 +7,15 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
 import torch
 from sqlalchemy.orm import Session
 
+from app.db.tables import Dataset, Sample
 from app.privacy.lineage import LineageEvent
 from app.specs import PrivacyPolicy, TrainingConfig, architecture_of, training_of
 from app.storage.blobs import Blobs
+from app.storage.crypto import Keyring
 from methods import method_of
 from methods.compute import (
     ModelSpec,
@@ -23,7 +26,8 @@ from methods.compute import (
     Trained,
     UpdateInputs,
 )
-from workers import tensorfile
+from workers import data, tensorfile
+from workers.data import Arrays
 
 if TYPE_CHECKING:
     from tests.conftest import Api
@@ -153,3 +157,25 @@ def stored_state(store: Blobs, session: Session, key: str) -> dict[str, torch.Te
     data = store.read(session, key)
     assert data is not None, f"blob {key} is erased"
     return tensorfile.decode(data)
+
+
+def arrays_for(session: Session, ring: Keyring, dataset: Dataset, sample_ids: list[int]) -> Arrays:
+    """These samples opened, in this order; an erased one's features and label are zeros and
+    its ids empty (the tests read rows back with it; a worker opens rows with `workers.data`)."""
+    rows = session.execute(data.sealed_samples().where(Sample.id.in_(sample_ids))).all()
+    records = data._open_rows(session, ring, rows)
+    shape = dataset.feature_shape
+    n_feat = int(np.prod(shape)) if shape else 1
+    X = np.zeros((len(sample_ids), n_feat), dtype=np.float32)
+    y = np.zeros(len(sample_ids), dtype=np.int64)
+    for i, sid in enumerate(sample_ids):
+        if (record := records.get(sid)) is not None:
+            X[i] = np.frombuffer(record.features, dtype=np.float32)
+            y[i] = record.label
+    return Arrays(
+        sample_ids=list(sample_ids),
+        external_ids=[records[s].external_id if s in records else "" for s in sample_ids],
+        X=torch.from_numpy(X.reshape(len(sample_ids), *shape)),
+        y=torch.from_numpy(y),
+        subjects=[records[s].subject_id if s in records else None for s in sample_ids],
+    )

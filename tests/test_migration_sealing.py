@@ -15,8 +15,7 @@ from app.db.tables import Dataset
 from app.settings import Settings
 from app.storage.blobs import blobs
 from app.storage.crypto import keyring
-from tests.factories import stored_bytes
-from workers.data import arrays_for
+from tests.factories import arrays_for, stored_bytes
 from workers.statistics import read_vectors
 
 

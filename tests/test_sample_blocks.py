@@ -28,7 +28,7 @@ from app.storage.sample_blocks import (
 )
 from methods.compute import StatisticsBlock
 from tests.conftest import Api
-from workers.data import arrays_for
+from tests.factories import arrays_for
 from workers.statistics import read_vectors, sample_keys, write_block
 
 

@@ -325,25 +325,3 @@ def test_arrays(session: Session, opened: OpenedSamples, dataset: Dataset) -> Ar
         .order_by(Sample.id)
     ).all()
     return opened.arrays(session, dataset, list(ids), "test", shared=True)
-
-
-def arrays_for(session: Session, ring: Keyring, dataset: Dataset, sample_ids: list[int]) -> Arrays:
-    """These samples in this order; erased payloads become zeros (for replays that exclude
-    them anyway, like the coupled retrain)."""
-    rows = session.execute(sealed_samples().where(Sample.id.in_(sample_ids))).all()
-    records = _open_rows(session, ring, rows)
-    shape = dataset.feature_shape
-    n_feat = int(np.prod(shape)) if shape else 1
-    X = np.zeros((len(sample_ids), n_feat), dtype=np.float32)
-    y = np.zeros(len(sample_ids), dtype=np.int64)
-    for i, sid in enumerate(sample_ids):
-        if (record := records.get(sid)) is not None:
-            X[i] = np.frombuffer(record.features, dtype=np.float32)
-            y[i] = record.label
-    return Arrays(
-        sample_ids=list(sample_ids),
-        external_ids=[records[s].external_id if s in records else "" for s in sample_ids],
-        X=torch.from_numpy(X.reshape(len(sample_ids), *shape)),
-        y=torch.from_numpy(y),
-        subjects=[records[s].subject_id if s in records else None for s in sample_ids],
-    )
