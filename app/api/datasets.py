@@ -17,7 +17,7 @@ from pydantic import BaseModel, ValidationError
 from app import wakeups
 from app.api.deps import Admin, AnyRole, DbDep, DispatcherDep, RuntimeDep, SettingsDep
 from app.api.limits import read_upload
-from app.api.long_poll import MAX_WAIT_SECONDS, long_poll
+from app.api.long_poll import long_poll, wait_query
 from app.api.params import PathId
 from app.api.responses import COMMON, errors
 from app.db.session import Database
@@ -470,12 +470,7 @@ async def read_append(
     request: Request,
     wait: Annotated[
         float,
-        Query(
-            ge=0,
-            le=MAX_WAIT_SECONDS,
-            description="Long poll: answer as soon as the append has failed or every model has "
-            "learned its rows (or failed to), or after this many seconds with its state then.",
-        ),
+        wait_query("the append has failed or every model has learned its rows (or failed to)"),
     ] = 0,
 ) -> JsonObject:
     """One append: its progress (while it runs), its error (once failed) and its models'

@@ -22,7 +22,7 @@ from app.api.deps import (
     RuntimeDep,
     SettingsDep,
 )
-from app.api.long_poll import MAX_WAIT_SECONDS, long_poll
+from app.api.long_poll import MAX_WAIT_SECONDS, long_poll, wait_query
 from app.api.params import PathId
 from app.api.responses import COMMON, errors
 from app.dispatch import DELETE
@@ -222,15 +222,7 @@ async def read(
     key: DeletionViewer,
     db: DbDep,
     request: Request,
-    wait: Annotated[
-        float,
-        Query(
-            ge=0,
-            le=MAX_WAIT_SECONDS,
-            description="Long poll: answer as soon as the request is done or failed, or "
-            "after this many seconds with its status then.",
-        ),
-    ] = 0,
+    wait: Annotated[float, wait_query("the request is done or failed")] = 0,
 ) -> JsonObject:
     """A requester sees only its own requests; auditors and admins see all. With `wait`, the
     answer comes when the request finishes: a worker's commit wakes the wait (app/wakeups.py),

@@ -7,14 +7,26 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable
+from typing import Any
 
-from fastapi import Request
+from fastapi import Query, Request
 from starlette.concurrency import run_in_threadpool
 
 from app import wakeups
 from app.jsontypes import JsonObject
 
 MAX_WAIT_SECONDS = 30.0
+
+
+def wait_query(settled: str) -> Any:
+    """The `wait` query parameter of a long poll: seconds (0 to MAX_WAIT_SECONDS) to wait
+    until `settled` holds (a phrase for the docs)."""
+    return Query(
+        ge=0,
+        le=MAX_WAIT_SECONDS,
+        description=f"Long poll: answer as soon as {settled}, or after this many seconds with "
+        "its state then.",
+    )
 
 
 async def long_poll(
