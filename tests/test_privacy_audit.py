@@ -5,6 +5,7 @@ job, its log entry, roles and errors)."""
 from __future__ import annotations
 
 import json
+import sys
 
 import numpy as np
 import pytest
@@ -90,14 +91,24 @@ def test_a_method_that_claims_epsilon_1_without_noise_is_found_violated(
     assert not any(isinstance(v, list) for v in document.values())
 
 
-def test_the_honest_method_with_huge_noise_is_consistent() -> None:
+def test_the_honest_method_with_huge_noise_is_consistent(monkeypatch: pytest.MonkeyPatch) -> None:
     """The same method honest: its noise covers any model in the C0 ball (seed 002), so the
-    canaries cannot be told apart."""
+    canaries cannot be told apart. Its noise is seeded here: drawn from the OS, an honest
+    release is flagged in up to 5 % of runs at 95 % confidence (bench/results/
+    audit_false_alarms.json), and the full suite once drew one of those."""
+    drawn: list[torch.Generator] = []
+
+    def seeded() -> torch.Generator:
+        drawn.append(torch.Generator().manual_seed(2 + len(drawn)))
+        return drawn[-1]
+
+    monkeypatch.setattr(sys.modules[OutputPerturbation.__module__], "secure_generator", seeded)
     retained, test = digits_split()
     spec = model_spec(MLP, {"name": "output_perturbation", "C0": 5.0}, 64, 10, training=MEMORISING)
     found = run(spec, PrivacyPolicy(), retained, test, AuditOptions(score="margin"), seed=3)
     assert found.implied_epsilon == pytest.approx(2.0)
     assert found.bounds.one_run.epsilon <= 2.0 and found.verdict == "consistent"
+    assert drawn  # the release's noise came from the seeded generator
 
 
 def test_mislabelled_canaries_come_from_the_test_split_then_training_rows() -> None:
