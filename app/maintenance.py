@@ -7,7 +7,8 @@ with another process's without harm.
 - reconcile: requeue expired leases, signal the models with work, the audits to run, and
   discard registrations a dead process abandoned (the queue may have lost any signal);
 - publish: sign and publish a checkpoint the witnesses missed (app/ledger/publish.py);
-- blob sweep: delete objects no row references (a crash between a write and its commit).
+- blob sweep: delete objects no row references (a crash between a write and its commit);
+- token merge: move appended rows' tokens into the main indexes (app/services/token_merge.py).
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from sqlalchemy.orm import Session
 from app.db.tables import DeletionTask, LearnTask, Model, PrivacyAudit, task_is_due, utcnow
 from app.dispatch import AUDIT, DELETE, TRAIN, Dispatcher
 from app.runtime import Runtime
-from app.services import appends, registration
+from app.services import appends, registration, token_merge
 from app.settings import Settings
 from app.states import AuditStatus, ModelStatus, TaskStatus
 
@@ -126,6 +127,12 @@ def maintenance_tasks(runtime: Runtime, dispatcher: Dispatcher) -> list[Periodic
             "blob sweep",
             settings.blob_sweep_seconds,
             lambda: runtime.blobs.sweep(settings.blob_orphan_grace_seconds),
+            later=True,
+        ),
+        PeriodicTask(
+            "token merge",
+            settings.reconcile_seconds,
+            lambda: token_merge.merge(runtime.db, settings.token_merge_rows),
             later=True,
         ),
     ]

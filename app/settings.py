@@ -104,6 +104,13 @@ class Settings(BaseSettings):
         description="An object no blob row references is swept once it is this old: longer "
         "than any write-then-commit of a job (a lease is 60 s).",
     )
+    token_merge_rows: int = Field(
+        50_000,
+        gt=0,
+        description="Appended rows' tokens wait in small tables until there are this many, "
+        "then move into the main indexes while no append or learning runs (at 4 times as "
+        "many, regardless); see app/services/token_merge.py.",
+    )
     blob_sweep_seconds: float = Field(
         300.0, gt=0.0, description="How often the reconciler sweeps orphaned objects."
     )

@@ -17,7 +17,7 @@ from sqlalchemy import func, select
 
 from app.db.migrate import alembic_config
 from app.db.session import database
-from app.db.tables import Sample, SubjectToken
+from app.db.tables import RecentSubjectToken, Sample, SubjectToken
 from app.services import subject_tokens
 from tests.conftest import Api
 from tests.test_registration import BIG, FailsSecondCall, register_big_failing
@@ -26,30 +26,36 @@ WITH_SUBJECTS = {**BIG, "subject_size": 3}  # 12,000 rows: a job, three rows a p
 
 
 def subject_counts(url: str, dataset_id: int) -> tuple[int, int, int]:
-    """(the dataset's subject tokens, those whose sample is the dataset's row with that
-    subject token, the dataset's rows that name a subject)."""
+    """(the dataset's subject tokens in either table, those whose sample is the dataset's row
+    with that subject token, the dataset's rows that name a subject)."""
+    tokens = matched = 0
     with database(url).read() as session:
-        tokens = session.scalar(
-            select(func.count())
-            .select_from(SubjectToken)
-            .where(SubjectToken.dataset_id == dataset_id)
-        )
-        matched = session.scalar(
-            select(func.count())
-            .select_from(SubjectToken)
-            .join(Sample, Sample.id == SubjectToken.sample_id)
-            .where(
-                SubjectToken.dataset_id == dataset_id,
-                Sample.dataset_id == dataset_id,
-                Sample.subject_id == SubjectToken.token,
+        for table in (SubjectToken, RecentSubjectToken):
+            tokens += (
+                session.scalar(
+                    select(func.count()).select_from(table).where(table.dataset_id == dataset_id)
+                )
+                or 0
             )
-        )
+            matched += (
+                session.scalar(
+                    select(func.count())
+                    .select_from(table)
+                    .join(Sample, Sample.id == table.sample_id)
+                    .where(
+                        table.dataset_id == dataset_id,
+                        Sample.dataset_id == dataset_id,
+                        Sample.subject_id == table.token,
+                    )
+                )
+                or 0
+            )
         named = session.scalar(
             select(func.count())
             .select_from(Sample)
             .where(Sample.dataset_id == dataset_id, Sample.subject_id.is_not(None))
         )
-    return int(tokens or 0), int(matched or 0), int(named or 0)
+    return tokens, matched, int(named or 0)
 
 
 def test_every_row_of_a_subject_has_its_token_and_is_found_through_it(api: Api) -> None:

@@ -8,7 +8,19 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from sqlalchemy import BindParameter, Row, any_, bindparam, func, insert, select, update
+from sqlalchemy import (
+    BindParameter,
+    CompoundSelect,
+    Row,
+    Table,
+    any_,
+    bindparam,
+    func,
+    insert,
+    select,
+    union_all,
+    update,
+)
 from sqlalchemy.dialects.postgresql import ARRAY
 from sqlalchemy.orm import Session
 
@@ -42,18 +54,20 @@ from methods import method_names
 
 # The request path's tables (issue 28): Core statements on them skip the ORM's compile, load
 # and unit-of-work steps, which were most of a POST's CPU.
-REQUESTS, TASKS, SAMPLES, TOKENS, SUBJECTS, MODELS, HOLDINGS, DATASETS = (
+REQUESTS, TASKS, SAMPLES, TOKENS, RECENT_TOKENS, SUBJECTS, RECENT_SUBJECTS = (
     Base.metadata.tables[t]
     for t in (
         "deletion_requests",
         "deletion_tasks",
         "samples",
         "sample_tokens",
+        "sample_tokens_recent",
         "subject_tokens",
-        "models",
-        "model_samples",
-        "datasets",
+        "subject_tokens_recent",
     )
+)
+MODELS, HOLDINGS, DATASETS = (
+    Base.metadata.tables[t] for t in ("models", "model_samples", "datasets")
 )
 
 
@@ -342,16 +356,23 @@ _READY = (
     .where(DATASETS.c.id == _DATASET, DATASETS.c.status == DatasetStatus.ready)
     .exists()
 )
-SAMPLES_NAMED = (
-    select(*SAMPLE_REF)
-    .join(TOKENS, TOKENS.c.sample_id == SAMPLES.c.id)
-    .where(TOKENS.c.dataset_id == _DATASET, TOKENS.c.token.in_(_IDS), _READY)
-)
-SAMPLES_OF_SUBJECTS = (
-    select(*SAMPLE_REF)
-    .join(SUBJECTS, SUBJECTS.c.sample_id == SAMPLES.c.id)
-    .where(SUBJECTS.c.dataset_id == _DATASET, SUBJECTS.c.token.in_(_IDS), _READY)
-)
+
+
+def _samples_by_token(tables: tuple[Table, ...]) -> CompoundSelect:
+    """The dataset's ready samples whose tokens in these tables (a main table and its recent
+    one, app/services/token_merge.py) are among `ids`."""
+    return union_all(
+        *(
+            select(*SAMPLE_REF)
+            .join(t, t.c.sample_id == SAMPLES.c.id)
+            .where(t.c.dataset_id == _DATASET, t.c.token.in_(_IDS), _READY)
+            for t in tables
+        )
+    )
+
+
+SAMPLES_NAMED = _samples_by_token((TOKENS, RECENT_TOKENS))
+SAMPLES_OF_SUBJECTS = _samples_by_token((SUBJECTS, RECENT_SUBJECTS))
 MODELS_HOLDING = select(*MODEL_REF).where(
     MODELS.c.id.in_(
         select(HOLDINGS.c.model_id)

@@ -490,7 +490,7 @@ def insert_appended(session: Session, ring: Keyring, dataset_id: int, chunk: Sea
     conn = _inserting(session, APPEND_CACHE_KIB)
     ids = insert_chunk(conn, ring, dataset_id, chunk)
     sample_tokens.insert_new(conn, dataset_id, chunk.tokens, ids)
-    subject_tokens.insert(conn, dataset_id, subject_tokens.pairs_of(chunk.subjects, ids))
+    subject_tokens.insert_new(conn, dataset_id, subject_tokens.pairs_of(chunk.subjects, ids))
 
 
 def _inserting(session: Session, cache_kib: int | None = None) -> Connection:
@@ -516,7 +516,8 @@ def insert_sealed(
     against them (rows stored so still open, and erase, as before)."""
     conn = _inserting(session)
     ids = insert_sealed_rows(conn, ring, dataset_id, keys, rows)
-    sample_tokens.insert_new(conn, dataset_id, [row[TOKEN] for row in rows], ids)
+    pairs = [(row[TOKEN], i) for row, i in zip(rows, ids, strict=True)]
+    sample_tokens.insert_sorted(conn, dataset_id, pairs)  # the main table, as before blocks
     named = subject_tokens.pairs_of([row[SUBJECT] for row in rows], ids)
     subject_tokens.insert(conn, dataset_id, named)
 

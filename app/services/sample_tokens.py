@@ -3,8 +3,10 @@ to its row and the rule that an id is held once per dataset (issue 55, goal 6).
 
 A registration writes its rows in file order and its tokens last, sorted (`SortedTokens`):
 keyed tokens are random, and a unique index of them filled row by row wrote each row to a
-random page of the index (bench/samples_insert.py). An append's few rows write theirs with
-them (`insert_new`). Whoever deletes samples deletes their tokens (`delete_tokens`).
+random page of the index (bench/samples_insert.py). An append's rows write theirs with them
+into `sample_tokens_recent` (`insert_new`), a small table that `app/services/token_merge.py`
+empties into the main one off the request path: a token is in one of the two, and every
+reader here reads both. Whoever deletes samples deletes their tokens (`delete_tokens`).
 """
 
 from __future__ import annotations
@@ -12,10 +14,10 @@ from __future__ import annotations
 import tempfile
 from collections.abc import Iterator, Sequence
 from contextlib import ExitStack
-from typing import IO, Any
+from typing import IO
 
 import numpy as np
-from sqlalchemy import Connection, Select, delete, func, select
+from sqlalchemy import CompoundSelect, Connection, delete, func, select, union_all
 from sqlalchemy.orm import Session
 
 from app.db.bulk import insert_rows
@@ -24,6 +26,8 @@ from app.db.tables import Base
 from app.storage.crypto import TOKEN_PREFIX
 
 SAMPLES, TOKENS = Base.metadata.tables["samples"], Base.metadata.tables["sample_tokens"]
+RECENT = Base.metadata.tables["sample_tokens_recent"]
+BOTH = (RECENT, TOKENS)  # the order a deleter takes them in (app/services/token_merge.py)
 COLUMNS = ("dataset_id", "token", "sample_id")
 TOKEN_CHARS = 32  # a keyed token's base64 of 24 bytes (`Keyring.token`), after its prefix
 TOKEN_LENGTH = len(TOKEN_PREFIX) + TOKEN_CHARS
@@ -66,10 +70,11 @@ def inserted_ids(
 def insert_new(
     conn: Connection, dataset_id: int, tokens: Sequence[str], ids: Sequence[int]
 ) -> None:
-    """The tokens of rows just inserted (an append's chunk: `inserted_ids`). A token the
-    dataset holds already fails the commit (the table's primary key)."""
+    """The tokens of rows just appended (a chunk: `inserted_ids`), into the recent table. A
+    token the dataset holds already fails the commit: the recent table's primary key, or,
+    for one merged meanwhile, `token_merge`'s leaving a dataset with an append under way."""
     rows = [(dataset_id, t, i) for t, i in zip(tokens, ids, strict=True)]
-    insert_rows(conn, TOKENS, COLUMNS, rows)
+    insert_rows(conn, RECENT, COLUMNS, rows)
 
 
 class SortedTokens:
@@ -149,34 +154,39 @@ class SortedTokens:
 
 
 def insert_sorted(conn: Connection, dataset_id: int, pairs: list[tuple[str, int]]) -> None:
-    """One chunk of `SortedTokens.chunks` into the table."""
+    """One chunk of `SortedTokens.chunks` into the main table (a registration's)."""
     insert_rows(conn, TOKENS, COLUMNS, [(dataset_id, t, i) for t, i in pairs])
 
 
-def samples_named(dataset_id: int, tokens: Sequence[str]) -> Select[Any]:
-    """The ids of the dataset's samples whose tokens are `tokens`."""
-    return select(TOKENS.c.sample_id).where(
-        TOKENS.c.dataset_id == dataset_id, TOKENS.c.token.in_(tokens)
+def samples_named(dataset_id: int, tokens: Sequence[str]) -> CompoundSelect:
+    """The ids of the dataset's samples whose tokens are `tokens` (in either table)."""
+    return union_all(
+        *(
+            select(t.c.sample_id).where(t.c.dataset_id == dataset_id, t.c.token.in_(tokens))
+            for t in BOTH
+        )
     )
 
 
 def held(session: Session, dataset_id: int, tokens: Sequence[str]) -> set[str]:
-    """Which of `tokens` the dataset holds (erased samples' included)."""
+    """Which of `tokens` the dataset holds (erased samples' included), in either table: one
+    statement a chunk, so a merge's move between the tables is seen whole or not at all."""
     found: set[str] = set()
     for chunk in chunked(sorted(set(tokens))):
-        found.update(
-            session.scalars(
-                select(TOKENS.c.token).where(
-                    TOKENS.c.dataset_id == dataset_id, TOKENS.c.token.in_(chunk)
-                )
-            )
+        named = (
+            select(t.c.token).where(t.c.dataset_id == dataset_id, t.c.token.in_(chunk))
+            for t in BOTH
         )
+        found.update(session.scalars(union_all(*named)))
     return found
 
 
 def delete_tokens(session: Session, dataset_id: int, tokens: Sequence[str]) -> None:
-    """The tokens of samples being deleted."""
-    for chunk in chunked(list(tokens)):
-        session.execute(
-            delete(TOKENS).where(TOKENS.c.dataset_id == dataset_id, TOKENS.c.token.in_(chunk))
-        )
+    """The tokens of samples being deleted, from the recent table first: on PostgreSQL a
+    merge moving them holds their recent rows, so this waits for it and then finds them in
+    the main table."""
+    for table in BOTH:
+        for chunk in chunked(list(tokens)):
+            session.execute(
+                delete(table).where(table.c.dataset_id == dataset_id, table.c.token.in_(chunk))
+            )

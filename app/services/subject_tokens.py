@@ -1,15 +1,16 @@
 """The `subject_tokens` table: (dataset, keyed subject token, sample), the lookup from a
 client's subject to its rows (issue 55, goal 6). Like `sample_tokens`: a registration writes
 them last, sorted (`sample_tokens.SortedTokens`), because keyed tokens are random and an index
-of them filled row by row wrote each row to a random page; an append's few rows write theirs
-with them. Whoever deletes samples deletes their subject tokens (`delete_of`)."""
+of them filled row by row wrote each row to a random page; an append's rows write theirs with
+them into `subject_tokens_recent` (`insert_new`), which `app/services/token_merge.py` empties
+into the main table off the request path; every reader here reads both. Whoever deletes
+samples deletes their subject tokens (`delete_of`)."""
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from typing import Any
 
-from sqlalchemy import Connection, Select, delete, select
+from sqlalchemy import CompoundSelect, Connection, delete, select, union_all
 from sqlalchemy.orm import Session
 
 from app.db.bulk import insert_rows
@@ -17,6 +18,8 @@ from app.db.chunks import chunked
 from app.db.tables import Base
 
 SUBJECTS = Base.metadata.tables["subject_tokens"]
+RECENT = Base.metadata.tables["subject_tokens_recent"]
+BOTH = (RECENT, SUBJECTS)  # the order a deleter takes them in (as `sample_tokens.BOTH`)
 COLUMNS = ("dataset_id", "token", "sample_id")
 
 
@@ -26,14 +29,22 @@ def pairs_of(tokens: Sequence[str | None], ids: Sequence[int]) -> list[tuple[str
 
 
 def insert(conn: Connection, dataset_id: int, pairs: Iterable[tuple[str, int]]) -> None:
-    """(token, sample id) pairs into the table (a registration's in token order)."""
+    """(token, sample id) pairs into the main table (a registration's, in token order)."""
     insert_rows(conn, SUBJECTS, COLUMNS, [(dataset_id, t, i) for t, i in pairs])
 
 
-def samples_of(dataset_id: int, tokens: Sequence[str]) -> Select[Any]:
-    """The ids of the dataset's samples whose subject tokens are `tokens`."""
-    return select(SUBJECTS.c.sample_id).where(
-        SUBJECTS.c.dataset_id == dataset_id, SUBJECTS.c.token.in_(tokens)
+def insert_new(conn: Connection, dataset_id: int, pairs: Iterable[tuple[str, int]]) -> None:
+    """An append's (token, sample id) pairs into the recent table."""
+    insert_rows(conn, RECENT, COLUMNS, [(dataset_id, t, i) for t, i in pairs])
+
+
+def samples_of(dataset_id: int, tokens: Sequence[str]) -> CompoundSelect:
+    """The ids of the dataset's samples whose subject tokens are `tokens` (either table)."""
+    return union_all(
+        *(
+            select(t.c.sample_id).where(t.c.dataset_id == dataset_id, t.c.token.in_(tokens))
+            for t in BOTH
+        )
     )
 
 
@@ -41,13 +52,14 @@ def delete_of(session: Session, dataset_id: int, rows: Sequence[tuple[str | None
     """The subject tokens of these samples ((subject token or None, sample id)), which are
     being deleted."""
     named = [(t, i) for t, i in rows if t is not None]
-    for chunk in chunked(named):
-        # a sample has one subject token: a row with a token and a sample both listed is one
-        # of these pairs (the primary key finds the tokens' rows; no index on the sample)
-        session.execute(
-            delete(SUBJECTS).where(
-                SUBJECTS.c.dataset_id == dataset_id,
-                SUBJECTS.c.token.in_(sorted({t for t, _ in chunk})),
-                SUBJECTS.c.sample_id.in_([i for _, i in chunk]),
+    for table in BOTH:  # the recent one first, as `sample_tokens.delete_tokens`
+        for chunk in chunked(named):
+            # a sample has one subject token: a row with a token and a sample both listed is
+            # one of these pairs (the primary key finds the tokens' rows; no sample index)
+            session.execute(
+                delete(table).where(
+                    table.c.dataset_id == dataset_id,
+                    table.c.token.in_(sorted({t for t, _ in chunk})),
+                    table.c.sample_id.in_([i for _, i in chunk]),
+                )
             )
-        )

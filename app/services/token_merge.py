@@ -1,0 +1,115 @@
+"""Appended rows' tokens move from the small recent tables into the main indexes, off the
+request path (issue 55, goal 6).
+
+Keyed tokens are random: 10,000 of an append's inserted straight into a million-row
+`sample_tokens` touched most of its pages (~50 MB through SQLite's WAL, 0.27-0.31 s of an
+append's POST), against ~0.5 MB into an empty recent table (/tmp script, this sitting). A
+merge pays that once for many appends, when no append, registration or learning runs.
+
+A batch moves in one transaction: its rows deleted from the recent table (RETURNING them)
+and inserted into the main one, so a token is in exactly one table at every commit, and a
+reader that reads both in one statement sees it once. A batch leaves out every dataset with
+an append under way, in the same statement: that append's duplicate check read the tables
+before, and a token it did not see moved to the main table would no longer meet its own
+insert in the recent table's key (the check that two racing appends of one id fail on).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Sequence
+from itertools import groupby
+
+from sqlalchemy import Table, delete, func, select, union_all
+from sqlalchemy.orm import Session
+
+from app.db.bulk import insert_rows
+from app.db.session import Database
+from app.db.tables import Dataset, DatasetAppend, LearnTask
+from app.services import sample_tokens, subject_tokens
+from app.states import DatasetStatus, TaskStatus
+
+log = logging.getLogger("lethe.token_merge")
+
+# (recent table, main table): the same columns and primary key
+PAIRS: tuple[tuple[Table, Table], ...] = (
+    (sample_tokens.RECENT, sample_tokens.TOKENS),
+    (subject_tokens.RECENT, subject_tokens.SUBJECTS),
+)
+COLUMNS = ("dataset_id", "token", "sample_id")
+# Keys a transaction moves: consecutive in token order, so their main-table pages are near
+# one another, and the write lock is held briefly (a 50,000-row merge into a million-row
+# index in 16 transactions: at most 44 ms each, /tmp script).
+BATCH = 2_000
+HARD_FACTOR = 4  # at this many times the threshold a merge no longer waits for quiet
+
+
+def waiting(session: Session) -> int:
+    """How many tokens the recent tables hold."""
+    counts = (select(func.count()).select_from(recent) for recent, _ in PAIRS)
+    return sum(int(n) for n in session.scalars(union_all(*counts)))
+
+
+def busy(session: Session) -> bool:
+    """Whether an append or a registration is writing, or a learning is queued or running:
+    the work a merge's writes would slow (an append's POST, its learned version)."""
+    appending = select(DatasetAppend.id).where(DatasetAppend.status == DatasetStatus.registering)
+    registering = select(Dataset.id).where(Dataset.status == DatasetStatus.registering)
+    learning = select(LearnTask.id).where(
+        LearnTask.status.in_((TaskStatus.queued, TaskStatus.running))
+    )
+    return any(session.scalar(q.limit(1)) is not None for q in (appending, registering, learning))
+
+
+def move_batch(session: Session, recent: Table, main: Table, batch: int = BATCH) -> int:
+    """Up to `batch` keys' rows from `recent` into `main`, in the caller's transaction, none
+    of a dataset with an append under way; how many rows moved."""
+    appending = select(DatasetAppend.dataset_id).where(
+        DatasetAppend.status == DatasetStatus.registering
+    )
+    keys = session.execute(
+        select(recent.c.dataset_id, recent.c.token)
+        .where(recent.c.dataset_id.not_in(appending))
+        .order_by(recent.c.dataset_id, recent.c.token)
+        .limit(batch)
+    ).all()
+    moved = 0
+    for dataset_id, named in groupby(keys, key=lambda k: k[0]):
+        tokens: Sequence[str] = sorted({t for _, t in named})
+        rows = session.execute(
+            delete(recent)
+            .where(
+                recent.c.dataset_id == dataset_id,
+                recent.c.token.in_(tokens),
+                recent.c.dataset_id.not_in(appending),
+            )
+            .returning(recent.c.dataset_id, recent.c.token, recent.c.sample_id)
+        ).all()
+        insert_rows(session.connection(), main, COLUMNS, sorted(tuple(r) for r in rows))
+        moved += len(rows)
+    return moved
+
+
+def merge(db: Database, threshold: int) -> int:
+    """Move the recent tokens into the main tables once they number `threshold`, while
+    nothing is `busy` (checked before each batch: a merge gives way to an append that
+    begins), or at `HARD_FACTOR` times it regardless; how many moved."""
+    with db.read() as session:
+        found = waiting(session)
+        if found < threshold or (found < HARD_FACTOR * threshold and busy(session)):
+            return 0
+    began, moved = time.perf_counter(), 0
+    for recent, main in PAIRS:
+        while True:
+            # not durable: a move a crash loses leaves the tokens in the recent table
+            with db.write(durable=False) as session:
+                if found < HARD_FACTOR * threshold and busy(session):
+                    log.info("token merge: %d moved, stopped for other work", moved)
+                    return moved
+                step = move_batch(session, recent, main)
+            moved += step
+            if step == 0:
+                break
+    log.info("token merge: %d moved in %.3f s", moved, time.perf_counter() - began)
+    return moved
