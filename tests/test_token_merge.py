@@ -69,14 +69,14 @@ def test_every_reader_finds_an_appended_token_before_and_after_a_merge(api: Api)
     by_subject = api.get(f"/v1/datasets/{dataset_id}/samples", params={"subject": "person-0051"})
     assert by_subject.json()["total"] == 2, by_subject.text
 
-    assert token_merge.merge(api.runtime.db, threshold=1) == 12
+    assert token_merge.merge(api.runtime.db, threshold=1).moved == 12
     assert tables(api.url, dataset_id) == {
         "ids": 26,
         "recent_ids": 0,
         "subjects": 26,
         "recent_subjects": 0,
     }
-    assert token_merge.merge(api.runtime.db, threshold=1) == 0  # nothing left to move
+    assert token_merge.merge(api.runtime.db, threshold=1).moved == 0  # nothing left to move
     again = append(api, dataset_id, table_csv(range(104, 108)))
     assert again.status_code == 409, again.text
     assert sorted(again.json()["error"]["details"]["ids"]) == ["row-00104", "row-00105"]
@@ -103,7 +103,7 @@ def test_a_merge_leaves_a_dataset_with_an_append_under_way(api: Api) -> None:
     with db.write() as session:
         under_way = appends.begin(session, busy_id, "test")
     # ten waiting, threshold 1: at four times it a merge runs although an append is under way
-    assert token_merge.merge(db, threshold=1) == 8  # the quiet dataset's ids and subjects
+    assert token_merge.merge(db, threshold=1).moved == 8  # the quiet dataset's ids and subjects
     assert tables(api.url, busy_id)["recent_ids"] == 1
     assert tables(api.url, quiet_id)["recent_ids"] == 0
     # the racing append's insert of the same id meets the waiting token in the recent table
@@ -111,11 +111,11 @@ def test_a_merge_leaves_a_dataset_with_an_append_under_way(api: Api) -> None:
     with pytest.raises(IntegrityError), db.write() as session:
         sample_tokens.insert_new(session.connection(), busy_id, [token], [10**9])
     # below four times its threshold a merge waits for the append to end
-    assert token_merge.merge(db, threshold=1) == 0
+    assert token_merge.merge(db, threshold=1).moved == 0
     appends.discard(api.runtime, under_way, {"code": "test", "message": "ended"})
     with db.read() as session:
         assert appends.get_append(session, busy_id, under_way).status == DatasetStatus.failed
-    assert token_merge.merge(db, threshold=1) == 2
+    assert token_merge.merge(db, threshold=1).moved == 2
     assert tables(api.url, busy_id) == {
         "ids": 11,
         "recent_ids": 0,
@@ -127,7 +127,7 @@ def test_a_merge_leaves_a_dataset_with_an_append_under_way(api: Api) -> None:
 def test_a_discarded_append_s_tokens_leave_both_tables(api: Api) -> None:
     dataset_id = register(api, table_csv(range(10)))
     assert append(api, dataset_id, table_csv(range(100, 103))).status_code == 201
-    assert token_merge.merge(api.runtime.db, threshold=1) == 6
+    assert token_merge.merge(api.runtime.db, threshold=1).moved == 6
     db = api.runtime.db
     with db.write() as session:
         late = appends.begin(session, dataset_id, "test")

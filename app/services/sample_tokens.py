@@ -168,16 +168,28 @@ def samples_named(dataset_id: int, tokens: Sequence[str]) -> CompoundSelect:
     )
 
 
+# Which of a list of tokens a dataset holds, in either table, as the driver takes it: built
+# by SQLAlchemy, an append's 10,000 tokens' check took 0.064-0.072 s against 0.029-0.033 s
+# here (a million tokens and 50,000 recent ones, /tmp script, issue 55), twice the one
+# table's 0.037-0.039 s: its expanding IN list was rendered and bound per table and chunk.
+_HELD = {
+    "sqlite": "SELECT token FROM {t} WHERE dataset_id = ? AND token IN ({marks})",
+    "postgresql": "SELECT token FROM {t} WHERE dataset_id = %s AND token = ANY(%s)",
+}
+
+
 def held(session: Session, dataset_id: int, tokens: Sequence[str]) -> set[str]:
     """Which of `tokens` the dataset holds (erased samples' included), in either table: one
     statement a chunk, so a merge's move between the tables is seen whole or not at all."""
+    conn = session.connection()
+    dialect = conn.dialect.name
     found: set[str] = set()
     for chunk in chunked(sorted(set(tokens))):
-        named = (
-            select(t.c.token).where(t.c.dataset_id == dataset_id, t.c.token.in_(chunk))
-            for t in BOTH
-        )
-        found.update(session.scalars(union_all(*named)))
+        marks = ", ".join("?" * len(chunk))
+        one = _HELD[dialect].format(t="{t}", marks=marks)
+        statement = " UNION ALL ".join(one.format(t=t.name) for t in BOTH)
+        per_table = (dataset_id, *chunk) if dialect == "sqlite" else (dataset_id, chunk)
+        found.update(t for (t,) in conn.exec_driver_sql(statement, per_table * len(BOTH)))
     return found
 
 

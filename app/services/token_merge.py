@@ -19,6 +19,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 from itertools import groupby
 
 from sqlalchemy import Table, delete, func, select, union_all
@@ -28,6 +29,7 @@ from app.db.bulk import insert_rows
 from app.db.session import Database
 from app.db.tables import Dataset, DatasetAppend, LearnTask
 from app.services import sample_tokens, subject_tokens
+from app.services.registration import APPEND_CACHE_KIB
 from app.states import DatasetStatus, TaskStatus
 
 log = logging.getLogger("lethe.token_merge")
@@ -65,6 +67,9 @@ def busy(session: Session) -> bool:
 def move_batch(session: Session, recent: Table, main: Table, batch: int = BATCH) -> int:
     """Up to `batch` keys' rows from `recent` into `main`, in the caller's transaction, none
     of a dataset with an append under way; how many rows moved."""
+    conn = session.connection()
+    if conn.dialect.name == "sqlite":  # the main index's pages, held (as an append's writer)
+        conn.exec_driver_sql(f"PRAGMA cache_size=-{APPEND_CACHE_KIB}")
     appending = select(DatasetAppend.dataset_id).where(
         DatasetAppend.status == DatasetStatus.registering
     )
@@ -86,30 +91,47 @@ def move_batch(session: Session, recent: Table, main: Table, batch: int = BATCH)
             )
             .returning(recent.c.dataset_id, recent.c.token, recent.c.sample_id)
         ).all()
-        insert_rows(session.connection(), main, COLUMNS, sorted(tuple(r) for r in rows))
+        insert_rows(conn, main, COLUMNS, sorted(tuple(r) for r in rows))
         moved += len(rows)
     return moved
 
 
-def merge(db: Database, threshold: int) -> int:
+@dataclass(frozen=True)
+class Merged:
+    """What a merge did: tokens moved, its seconds, its longest transaction's (how long it
+    held the write lock from a deletion on SQLite)."""
+
+    moved: int = 0
+    seconds: float = 0.0
+    longest_s: float = 0.0
+
+
+def merge(db: Database, threshold: int) -> Merged:
     """Move the recent tokens into the main tables once they number `threshold`, while
     nothing is `busy` (checked before each batch: a merge gives way to an append that
-    begins), or at `HARD_FACTOR` times it regardless; how many moved."""
+    begins), or at `HARD_FACTOR` times it regardless."""
     with db.read() as session:
         found = waiting(session)
         if found < threshold or (found < HARD_FACTOR * threshold and busy(session)):
-            return 0
-    began, moved = time.perf_counter(), 0
+            return Merged()
+    began, moved, longest = time.perf_counter(), 0, 0.0
     for recent, main in PAIRS:
-        while True:
+        step = -1
+        while step != 0:
+            start = time.perf_counter()
             # not durable: a move a crash loses leaves the tokens in the recent table
             with db.write(durable=False) as session:
                 if found < HARD_FACTOR * threshold and busy(session):
                     log.info("token merge: %d moved, stopped for other work", moved)
-                    return moved
+                    return Merged(moved, time.perf_counter() - began, longest)
                 step = move_batch(session, recent, main)
+            longest = max(longest, time.perf_counter() - start)
             moved += step
-            if step == 0:
-                break
-    log.info("token merge: %d moved in %.3f s", moved, time.perf_counter() - began)
-    return moved
+    done = Merged(moved, time.perf_counter() - began, longest)
+    log.info(
+        "token merge: %d moved in %.3f s (longest transaction %.3f s)",
+        done.moved,
+        done.seconds,
+        done.longest_s,
+    )
+    return done
