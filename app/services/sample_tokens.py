@@ -169,9 +169,10 @@ def samples_named(dataset_id: int, tokens: Sequence[str]) -> CompoundSelect:
 
 
 # Which of a list of tokens a dataset holds, in either table, as the driver takes it: built
-# by SQLAlchemy, an append's 10,000 tokens' check took 0.064-0.072 s against 0.029-0.033 s
-# here (a million tokens and 50,000 recent ones, /tmp script, issue 55), twice the one
-# table's 0.037-0.039 s: its expanding IN list was rendered and bound per table and chunk.
+# by SQLAlchemy, an append's 10,000 tokens' check of both tables took 0.064-0.072 s against
+# 0.029-0.033 s here (a million tokens and 50,000 recent ones, /tmp script, issue 55), and
+# the one table's 0.037-0.039 s: its expanding IN list was rendered and bound per table and
+# chunk (`python -m bench.token_merge`'s `duplicate_check` times this against that).
 _HELD = {
     "sqlite": "SELECT token FROM {t} WHERE dataset_id = ? AND token IN ({marks})",
     "postgresql": "SELECT token FROM {t} WHERE dataset_id = %s AND token = ANY(%s)",
@@ -185,8 +186,7 @@ def held(session: Session, dataset_id: int, tokens: Sequence[str]) -> set[str]:
     dialect = conn.dialect.name
     found: set[str] = set()
     for chunk in chunked(sorted(set(tokens))):
-        marks = ", ".join("?" * len(chunk))
-        one = _HELD[dialect].format(t="{t}", marks=marks)
+        one = _HELD[dialect].format(t="{t}", marks=", ".join("?" * len(chunk)))
         statement = " UNION ALL ".join(one.format(t=t.name) for t in BOTH)
         per_table = (dataset_id, *chunk) if dialect == "sqlite" else (dataset_id, chunk)
         found.update(t for (t,) in conn.exec_driver_sql(statement, per_table * len(BOTH)))
