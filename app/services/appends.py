@@ -57,7 +57,8 @@ LEARNERS = (ModelStatus.queued, ModelStatus.training, ModelStatus.ready)
 # answers inline (at most INLINE_ROWS rows) commits in one. Each chunk's tokens land
 # all over the dataset's random-keyed token index and rewrite most of its pages: a 10,000-row
 # append in two chunks of 5,000 wrote a million-row index twice (its writes took 0.39-0.51 s,
-# and 0.35-0.36 s in one chunk with APPEND_CACHE_KIB; /tmp script, issue 55).
+# and 0.35-0.36 s in one chunk with APPEND_CACHE_KIB; /tmp script, issue 55). Since migration
+# 0028 they go to the recent token table, which a merge empties off the request path.
 APPEND_CHUNK = INLINE_ROWS
 
 

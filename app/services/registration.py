@@ -478,10 +478,11 @@ def insert_chunk(conn: Connection, ring: Keyring, dataset_id: int, chunk: Sealed
     return _insert_samples(conn, dataset_id, chunk.rows(dataset_id, uuid_of), chunk.append_id)
 
 
-# The page cache (KiB) of the connection that writes an append's rows. An append's tokens land
-# all over the random-keyed token index, and SQLite's default 2 MB cache (125 pages of 16 KiB)
-# spilled and read its pages again and again: 10,000 tokens into a million-row index took
-# 0.20-0.29 s with it and 0.11-0.16 s with 64 MB, which holds that index (/tmp script, issue 55).
+# The page cache (KiB) of the connection that writes an append's rows (and of a token merge).
+# Random-keyed tokens land all over their index, and SQLite's default 2 MB cache (125 pages of
+# 16 KiB) spilled and read its pages again and again: 10,000 tokens into a million-row index
+# took 0.20-0.29 s with it and 0.11-0.16 s with 64 MB, which holds that index (/tmp script,
+# issue 55). An append now writes them into the small recent table (app/services/token_merge.py).
 APPEND_CACHE_KIB = 65_536
 
 
