@@ -108,8 +108,8 @@ class Settings(BaseSettings):
         50_000,
         gt=0,
         description="Appended rows' tokens wait in small tables until there are this many, "
-        "then move into the main indexes while no append or learning runs (at 4 times as "
-        "many, regardless); see app/services/token_merge.py.",
+        "then move into the main indexes while no append, registration or learning runs "
+        "(at 4 times as many, regardless); see app/services/token_merge.py.",
     )
     blob_sweep_seconds: float = Field(
         300.0, gt=0.0, description="How often the reconciler sweeps orphaned objects."
