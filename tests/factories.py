@@ -9,8 +9,10 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
+from sqlalchemy import Table, func, select
 from sqlalchemy.orm import Session
 
+from app.db.session import database
 from app.db.tables import Dataset, Sample
 from app.privacy.lineage import LineageEvent
 from app.specs import PrivacyPolicy, TrainingConfig, architecture_of, training_of
@@ -179,3 +181,29 @@ def arrays_for(session: Session, ring: Keyring, dataset: Dataset, sample_ids: li
         y=torch.from_numpy(y),
         subjects=[records[s].subject_id if s in records else None for s in sample_ids],
     )
+
+
+def token_counts(
+    url: str, dataset_id: int, tables: Sequence[Table], column: str
+) -> tuple[int, int]:
+    """(the dataset's tokens in these tables (a main one and its recent one), those whose
+    sample is the dataset's row holding that token in `column` of `samples`)."""
+    samples, tokens, matched = Sample.__table__, 0, 0
+    with database(url).read() as session:
+        for t in tables:
+            mine = t.c.dataset_id == dataset_id
+            tokens += session.scalar(select(func.count()).select_from(t).where(mine)) or 0
+            matched += (
+                session.scalar(
+                    select(func.count())
+                    .select_from(t)
+                    .join(samples, samples.c.id == t.c.sample_id)
+                    .where(
+                        mine,
+                        samples.c.dataset_id == dataset_id,
+                        samples.c[column] == t.c.token,
+                    )
+                )
+                or 0
+            )
+    return tokens, matched

@@ -19,43 +19,22 @@ from sqlalchemy.exc import IntegrityError
 from app.db.bulk import insert_rows
 from app.db.migrate import alembic_config
 from app.db.session import database
-from app.db.tables import RecentSampleToken, Sample, SampleToken
+from app.db.tables import Sample
 from app.schemas import BuiltinDatasetIn
 from app.services import dataset_files, sample_tokens
 from app.services.registration import SubjectTokens, insert_sealed, sealed_row
 from app.services.sample_tokens import TOKEN_CHARS
 from app.storage.crypto import TOKEN_PREFIX, Keyring
 from app.storage.keystore import new_keys
+from tests import factories
 from tests.conftest import Api
 from tests.test_registration import BIG, FailsSecondCall, register_big_failing
 
 
 def token_counts(url: str, dataset_id: int) -> tuple[int, int]:
-    """(the dataset's tokens in either table, those whose sample is the dataset's row with
-    that token)."""
-    tokens = matched = 0
-    with database(url).read() as session:
-        for table in (SampleToken, RecentSampleToken):
-            tokens += (
-                session.scalar(
-                    select(func.count()).select_from(table).where(table.dataset_id == dataset_id)
-                )
-                or 0
-            )
-            matched += (
-                session.scalar(
-                    select(func.count())
-                    .select_from(table)
-                    .join(Sample, Sample.id == table.sample_id)
-                    .where(
-                        table.dataset_id == dataset_id,
-                        Sample.dataset_id == dataset_id,
-                        Sample.external_id == table.token,
-                    )
-                )
-                or 0
-            )
-    return tokens, matched
+    """(the dataset's id tokens in either table, those whose sample is its row with that
+    token)."""
+    return factories.token_counts(url, dataset_id, sample_tokens.BOTH, "external_id")
 
 
 def test_every_registered_row_has_its_token_and_an_id_is_held_once(api: Api) -> None:

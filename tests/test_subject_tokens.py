@@ -17,8 +17,9 @@ from sqlalchemy import func, select
 
 from app.db.migrate import alembic_config
 from app.db.session import database
-from app.db.tables import RecentSubjectToken, Sample, SubjectToken
+from app.db.tables import Sample
 from app.services import subject_tokens
+from tests import factories
 from tests.conftest import Api
 from tests.test_registration import BIG, FailsSecondCall, register_big_failing
 
@@ -28,28 +29,8 @@ WITH_SUBJECTS = {**BIG, "subject_size": 3}  # 12,000 rows: a job, three rows a p
 def subject_counts(url: str, dataset_id: int) -> tuple[int, int, int]:
     """(the dataset's subject tokens in either table, those whose sample is the dataset's row
     with that subject token, the dataset's rows that name a subject)."""
-    tokens = matched = 0
+    tokens, matched = factories.token_counts(url, dataset_id, subject_tokens.BOTH, "subject_id")
     with database(url).read() as session:
-        for table in (SubjectToken, RecentSubjectToken):
-            tokens += (
-                session.scalar(
-                    select(func.count()).select_from(table).where(table.dataset_id == dataset_id)
-                )
-                or 0
-            )
-            matched += (
-                session.scalar(
-                    select(func.count())
-                    .select_from(table)
-                    .join(Sample, Sample.id == table.sample_id)
-                    .where(
-                        table.dataset_id == dataset_id,
-                        Sample.dataset_id == dataset_id,
-                        Sample.subject_id == table.token,
-                    )
-                )
-                or 0
-            )
         named = session.scalar(
             select(func.count())
             .select_from(Sample)

@@ -46,6 +46,11 @@ def tables(url: str, dataset_id: int) -> dict[str, int]:
     return {name: count(url, table, dataset_id) for name, table in named.items()}
 
 
+def merged(rows: int) -> dict[str, int]:
+    """The four tables of a dataset of `rows` rows, each naming a subject, after a merge."""
+    return {"ids": rows, "recent_ids": 0, "subjects": rows, "recent_subjects": 0}
+
+
 def erase(api: Api, dataset_id: int, **names: list[str]) -> dict:
     answer = api.post("/v1/deletions", json={"dataset_id": dataset_id, **names})
     assert answer.status_code == 202, answer.text
@@ -70,12 +75,7 @@ def test_every_reader_finds_an_appended_token_before_and_after_a_merge(api: Api)
     assert by_subject.json()["total"] == 2, by_subject.text
 
     assert token_merge.merge(api.runtime.db, threshold=1).moved == 12
-    assert tables(api.url, dataset_id) == {
-        "ids": 26,
-        "recent_ids": 0,
-        "subjects": 26,
-        "recent_subjects": 0,
-    }
+    assert tables(api.url, dataset_id) == merged(26)
     assert token_merge.merge(api.runtime.db, threshold=1).moved == 0  # nothing left to move
     again = append(api, dataset_id, table_csv(range(104, 108)))
     assert again.status_code == 409, again.text
@@ -116,12 +116,7 @@ def test_a_merge_leaves_a_dataset_with_an_append_under_way(api: Api) -> None:
     with db.read() as session:
         assert appends.get_append(session, busy_id, under_way).status == DatasetStatus.failed
     assert token_merge.merge(db, threshold=1).moved == 2
-    assert tables(api.url, busy_id) == {
-        "ids": 11,
-        "recent_ids": 0,
-        "subjects": 11,
-        "recent_subjects": 0,
-    }
+    assert tables(api.url, busy_id) == merged(11)
 
 
 def test_a_discarded_append_s_tokens_leave_both_tables(api: Api) -> None:
@@ -147,12 +142,7 @@ def test_a_discarded_append_s_tokens_leave_both_tables(api: Api) -> None:
         sample_tokens.insert_new(conn, dataset_id, ["lt1:late"], [late_row])
     assert tables(api.url, dataset_id)["recent_ids"] == 1
     appends.discard(api.runtime, late, {"code": "test", "message": "ended"})
-    assert tables(api.url, dataset_id) == {
-        "ids": 13,
-        "recent_ids": 0,
-        "subjects": 13,
-        "recent_subjects": 0,
-    }
+    assert tables(api.url, dataset_id) == merged(13)
 
 
 def test_the_maintenance_thread_merges_once_enough_tokens_wait(settings: Settings) -> None:
@@ -166,12 +156,7 @@ def test_the_maintenance_thread_merges_once_enough_tokens_wait(settings: Setting
         # the id tokens move, then the subject tokens (a transaction per batch)
         while tables(url, dataset_id)["recent_subjects"] and time.monotonic() < deadline:
             time.sleep(0.05)
-        assert tables(url, dataset_id) == {
-            "ids": 13,
-            "recent_ids": 0,
-            "subjects": 13,
-            "recent_subjects": 0,
-        }
+        assert tables(url, dataset_id) == merged(13)
 
 
 def test_the_migration_s_downgrade_keeps_the_recent_tokens(tmp_path: Path) -> None:

@@ -17,7 +17,7 @@ from contextlib import ExitStack
 from typing import IO
 
 import numpy as np
-from sqlalchemy import CompoundSelect, Connection, delete, func, select, union_all
+from sqlalchemy import CompoundSelect, Connection, Table, delete, func, select, union_all
 from sqlalchemy.orm import Session
 
 from app.db.bulk import insert_rows
@@ -158,14 +158,20 @@ def insert_sorted(conn: Connection, dataset_id: int, pairs: list[tuple[str, int]
     insert_rows(conn, TOKENS, COLUMNS, [(dataset_id, t, i) for t, i in pairs])
 
 
-def samples_named(dataset_id: int, tokens: Sequence[str]) -> CompoundSelect:
-    """The ids of the dataset's samples whose tokens are `tokens` (in either table)."""
+def ids_by_token(tables: Sequence[Table], dataset_id: int, tokens: Sequence[str]) -> CompoundSelect:
+    """The sample ids these token tables (a main one and its recent one) give for `tokens`
+    in the dataset."""
     return union_all(
         *(
             select(t.c.sample_id).where(t.c.dataset_id == dataset_id, t.c.token.in_(tokens))
-            for t in BOTH
+            for t in tables
         )
     )
+
+
+def samples_named(dataset_id: int, tokens: Sequence[str]) -> CompoundSelect:
+    """The ids of the dataset's samples whose tokens are `tokens` (in either table)."""
+    return ids_by_token(BOTH, dataset_id, tokens)
 
 
 # Which of a list of tokens a dataset holds, in either table, as the driver takes it: built

@@ -10,12 +10,13 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 
-from sqlalchemy import CompoundSelect, Connection, delete, select, union_all
+from sqlalchemy import CompoundSelect, Connection, delete
 from sqlalchemy.orm import Session
 
 from app.db.bulk import insert_rows
 from app.db.chunks import chunked
 from app.db.tables import Base
+from app.services.sample_tokens import ids_by_token
 
 SUBJECTS = Base.metadata.tables["subject_tokens"]
 RECENT = Base.metadata.tables["subject_tokens_recent"]
@@ -40,12 +41,7 @@ def insert_new(conn: Connection, dataset_id: int, pairs: Iterable[tuple[str, int
 
 def samples_of(dataset_id: int, tokens: Sequence[str]) -> CompoundSelect:
     """The ids of the dataset's samples whose subject tokens are `tokens` (either table)."""
-    return union_all(
-        *(
-            select(t.c.sample_id).where(t.c.dataset_id == dataset_id, t.c.token.in_(tokens))
-            for t in BOTH
-        )
-    )
+    return ids_by_token(BOTH, dataset_id, tokens)
 
 
 def delete_of(session: Session, dataset_id: int, rows: Sequence[tuple[str | None, int]]) -> None:
