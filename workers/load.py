@@ -22,6 +22,7 @@ from app.db.tables import (
     ModelVersion,
 )
 from app.ledger.certificates import lineage_history
+from app.phases import Phases
 from app.specs import architecture_of, training_of
 from app.states import ModelStatus, SampleStatus, VersionKind
 from app.storage.blobs import BlobMissing, Blobs
@@ -178,6 +179,7 @@ def warm_session(ctx: JobContext, model_id: int, device: torch.device) -> bool:
     sessions = ctx.resident_sessions()
     if sessions.capacity <= 0:
         return False
+    phases = Phases()
     with ctx.db.read() as session:
         found = session.execute(
             select(Model, Dataset, ModelVersion)
@@ -194,13 +196,16 @@ def warm_session(ctx: JobContext, model_id: int, device: torch.device) -> bool:
         made, _ = _cold_session(session, ctx, model_id, parent, dataset, True, device)
         made = replace(made, history=tuple(lineage_history(session, model_id)))
         spec = model_spec(model, dataset)
+    phases.mark("read")
     if not made.state:
         return False
     _, retained = made.split([], {}, [])
     prepared = method_for(spec.method.name, spec).prepare(retained, dict(made.state))
     if prepared is not None:
         made = replace(made, method_state=prepared)
+    phases.mark("prepare")
     sessions.put(where, made)
+    log.info("model %s: session warmed, %d rows: %s", model_id, len(retained), phases)
     return True
 
 
