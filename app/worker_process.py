@@ -55,6 +55,7 @@ class ProcessDispatcher:
         self.recycled = 0  # how many gave way after an erasure (workers/recycle.py)
         self._recycling = False
         self._warm: tuple[int, ...] = ()  # the models the one that gave way held
+        self._handed: bytes | None = None  # and their method states (workers/handover.py)
 
     def start(self) -> None:
         self._stopping.clear()
@@ -122,10 +123,10 @@ class ProcessDispatcher:
     def _spawn(self) -> None:
         context = multiprocessing.get_context("spawn")  # no fork of a threaded process
         ours, theirs = context.Pipe(duplex=True)
-        warm, self._warm = self._warm, ()
+        warm, handed, self._warm, self._handed = self._warm, self._handed, (), None
         process = context.Process(
             target=_run,
-            args=(CHILD, self.settings, theirs, os.getpid(), warm),
+            args=(CHILD, self.settings, theirs, os.getpid(), warm, handed),
             name="lethe-worker",
         )
         process.daemon = True
@@ -178,6 +179,7 @@ class ProcessDispatcher:
                 FINISHED.wake()
             elif kind == "recycle":
                 self._recycling, self._warm = True, tuple(message[1])
+                self._handed = message[2] if len(message) > 2 else None
             elif kind == "metrics":
                 with self._metrics_ready:
                     self._metrics_reply = (message[1], message[2])

@@ -411,6 +411,18 @@ class UnlearningMethod:
         and before the version commits (UpdateInputs.resident); None: nothing (the default)."""
         return None
 
+    def export_resident(self, resident: object) -> dict[str, torch.Tensor] | None:
+        """`prepare`'s resident state as tensors, rows left out, for the process that replaces
+        this one after an erasure (workers/recycle.py); None: the successor prepares anew."""
+        return None
+
+    def import_resident(
+        self, tensors: dict[str, torch.Tensor], data: RetainedData, state: ModelState
+    ) -> object | None:
+        """`export_resident`'s tensors as the resident state of `state` on `data`, or None
+        when they describe another state (the successor then prepares anew)."""
+        return None
+
     def projection_radius(self) -> float | None:
         """The ball ‖w‖ ≤ C that training projects onto after every step (None: none)."""
         return None

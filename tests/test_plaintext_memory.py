@@ -105,9 +105,12 @@ def test_no_process_keeps_an_erased_persons_rows(tmp_path: Path) -> None:
         for name, pid in (("api", api), ("worker", fresh)):
             found = scan(pid, wanted["ids"])
             assert not +found, (name, +found)
-        # the successor warms the two sessions its predecessor held, then still works
+        # the successor warms the two sessions its predecessor held, then still works; the
+        # convex_head model's anchored state was handed over, not prepared anew (the scans
+        # above read the successor, which holds the handed-over bytes from its start)
         warmed = "lethe_sessions_warmed_total 2.0"
         wait_until(lambda: warmed in c.get("/metrics").text, what="the sessions warmed")
+        assert "lethe_resident_states_handed_over_total 1.0" in c.get("/metrics").text
         again = c.post(
             "/v1/deletions",
             json={"dataset_id": dataset, "sample_ids": ["QZXV-0001-ERASEME"]},

@@ -18,7 +18,7 @@ from app.db.chunks import chunked
 from app.db.tables import DataKey, Dataset, ModelSample, Sample
 from app.states import SampleStatus
 from app.storage.crypto import Keyring, SampleRecord, open_sealed, sample_aad
-from app.storage.sample_blocks import open_records
+from app.storage.sample_blocks import block_records, columns, open_records, opened_blocks
 
 
 @dataclass
@@ -47,7 +47,60 @@ def _open_rows(session: Session, ring: Keyring, rows: Sequence[Any]) -> dict[int
 
 
 def _decode(session: Session, ring: Keyring, rows: Sequence[Any], shape: list[int]) -> Arrays:
-    return _arrays(rows, _open_rows(session, ring, rows), shape)
+    """Rows selected with `sealed_samples()` opened into arrays, in their order: a row sealed
+    on its own decoded alone; a block's rows copied out of its columns together, the block
+    opened once (app/storage/sample_blocks.py). Every row must open."""
+    n = len(rows)
+    n_feat = int(np.prod(shape)) if shape else 1
+    X = np.empty((n, n_feat), dtype=np.float32)
+    y = np.empty(n, dtype=np.int64)
+    external_ids: list[str] = [""] * n
+    subjects: list[str | None] = [None] * n
+    found = np.zeros(n, dtype=bool)
+
+    def put(i: int, record: SampleRecord) -> None:
+        X[i] = np.frombuffer(record.features, dtype=np.float32)
+        y[i], external_ids[i], subjects[i] = record.label, record.external_id, record.subject_id
+        found[i] = True
+
+    in_blocks: dict[uuid.UUID, list[int]] = {}
+    for i, r in enumerate(rows):
+        if r.wrapped is None:
+            continue
+        if r.payload is not None:
+            plain = open_sealed(
+                ring.unwrap(r.wrapped), r.payload, sample_aad(r.dataset_id, r.external_id)
+            )
+            put(i, SampleRecord.decode(plain))
+        elif r.block_row is not None:
+            in_blocks.setdefault(r.key_id, []).append(i)
+    wrapped = {key: rows[at[0]].wrapped for key, at in in_blocks.items()}
+    for key_id, plain in opened_blocks(session, ring, wrapped):
+        at = in_blocks[key_id]
+        places = [rows[i].block_row for i in at]
+        block = columns(plain)
+        if block is None:  # packed by record: an older registration's, or one rewritten
+            records = block_records(plain)
+            for i, place in zip(at, places, strict=True):
+                if (record := records[place]) is not None:
+                    put(i, record)
+            del records
+            continue
+        index, taken = np.asarray(at), np.asarray(places)
+        X[index], y[index], found[index] = block.features[taken], block.labels[taken], True
+        for i, place in zip(at, places, strict=True):
+            external_ids[i], subjects[i] = block.external_id(place), block.subject(place)
+        del block
+    if not found.all():
+        missing = [rows[i].id for i in np.flatnonzero(~found)[:10]]
+        raise RuntimeError(f"samples {missing} are erased but were asked for")
+    return Arrays(
+        sample_ids=[r.id for r in rows],
+        external_ids=external_ids,
+        X=torch.from_numpy(X.reshape(n, *shape)) if n else torch.zeros((0, *shape)),
+        y=torch.from_numpy(y),
+        subjects=subjects,
+    )
 
 
 def split_rows(
@@ -56,27 +109,20 @@ def split_rows(
     """Rows selected with `sealed_samples()` and their `split`, opened together (each block
     once) as (training rows, test rows), each in the rows' order: an append's rows as a
     model learns them, read in one query where two `IN` lists of their ids were (issue 55)."""
-    records = _open_rows(session, ring, rows)
-    train = [r for r in rows if r.split == "train"]
-    test = [r for r in rows if r.split != "train"]
-    return _arrays(train, records, shape), _arrays(test, records, shape)
+    opened = _decode(session, ring, rows, shape)
+    train = np.asarray([r.split == "train" for r in rows], dtype=bool)
+    return _part(opened, np.flatnonzero(train)), _part(opened, np.flatnonzero(~train))
 
 
-def _arrays(rows: Sequence[Any], records: dict[int, SampleRecord], shape: list[int]) -> Arrays:
-    """`rows` as arrays from their opened records; every row must have one."""
-    missing = [r.id for r in rows if r.id not in records]
-    if missing:
-        raise RuntimeError(f"samples {missing[:10]} are erased but were asked for")
-    n_feat = int(np.prod(shape)) if shape else 1
-    X = np.empty((len(rows), n_feat), dtype=np.float32)
-    for i, row in enumerate(rows):
-        X[i] = np.frombuffer(records[row.id].features, dtype=np.float32)
+def _part(arrays: Arrays, at: np.ndarray) -> Arrays:
+    """These rows of `arrays` (positions ascending)."""
+    rows = torch.from_numpy(at.astype(np.int64))
     return Arrays(
-        sample_ids=[r.id for r in rows],
-        external_ids=[records[r.id].external_id for r in rows],
-        X=torch.from_numpy(X.reshape(len(rows), *shape)) if rows else torch.zeros((0, *shape)),
-        y=torch.tensor([records[r.id].label for r in rows], dtype=torch.long),
-        subjects=[records[r.id].subject_id for r in rows],
+        sample_ids=[arrays.sample_ids[i] for i in at],
+        external_ids=[arrays.external_ids[i] for i in at],
+        X=arrays.X[rows],
+        y=arrays.y[rows],
+        subjects=[arrays.subjects[i] for i in at],
     )
 
 
@@ -177,11 +223,7 @@ def _open_new(session: Session, ring: Keyring, dataset: Dataset, new: list[int])
     subjects: list[str | None] = []
     at = 0
     for chunk in chunked(new):
-        rows = sorted(
-            session.execute(sealed_samples().where(Sample.id.in_(chunk))).all(),
-            key=lambda r: r.id,
-        )
-        part = _decode(session, ring, rows, shape)
+        part = _decode(session, ring, _sealed_rows(session, chunk), shape)
         m = len(part)
         X[at : at + m] = part.X.reshape(m, -1).numpy()
         y[at : at + m] = part.y.numpy()
@@ -193,6 +235,21 @@ def _open_new(session: Session, ring: Keyring, dataset: Dataset, new: list[int])
         raise RuntimeError("samples are erased but were asked for")
     features = torch.from_numpy(X.reshape(len(new), *shape))
     return Arrays(sample_ids, external_ids, features, torch.from_numpy(y), subjects)
+
+
+def _sealed_rows(session: Session, ids: list[int]) -> list[Any]:
+    """The rows of these ids (ascending) as `sealed_samples()` selects them, in id order: a
+    dense run read as one range, a sparse one by `IN`; through the session's connection, with
+    no ORM processing of each row (issue 55: compiling 5,000-id `IN` lists and the ORM's
+    per-row work were most of reading a million-row model's rows)."""
+    if not ids:
+        return []
+    query, run = sealed_samples().order_by(Sample.id), ids[-1] - ids[0] + 1
+    if run > 2 * len(ids):
+        return list(session.connection().execute(query.where(Sample.id.in_(ids))).all())
+    wanted = set(ids)
+    found = session.connection().execute(query.where(Sample.id.between(ids[0], ids[-1]))).all()
+    return [r for r in found if r.id in wanted]
 
 
 @dataclass
@@ -300,11 +357,16 @@ def training_arrays(
     """Samples the model still holds (ordered by id), minus `exclude`. `hand_over`: for a
     resident session, which keeps them (and erases removed rows in place): the opened-samples
     cache gives them up instead of keeping a second copy (issue 28, goal 6)."""
-    ids = session.scalars(
-        select(ModelSample.sample_id)
-        .where(ModelSample.model_id == model_id, ModelSample.removed_version_id.is_(None))
-        .order_by(ModelSample.sample_id)
-    ).all()
+    ids = (
+        session.connection()
+        .execute(
+            select(ModelSample.sample_id)
+            .where(ModelSample.model_id == model_id, ModelSample.removed_version_id.is_(None))
+            .order_by(ModelSample.sample_id)
+        )
+        .scalars()
+        .all()
+    )
     exclude = exclude or set()
     kept = [s for s in ids if s not in exclude]
     return opened.arrays(session, dataset, kept, "train", hand_over=hand_over)
@@ -314,14 +376,19 @@ def test_arrays(session: Session, opened: OpenedSamples, dataset: Dataset) -> Ar
     """The test split's active samples: none that a request has asked to forget (`erasing`),
     so no version is ever scored on rows its own request erases (issue 25). Read only: the
     arrays may be the opened-samples cache's own."""
-    ids = session.scalars(
-        select(Sample.id)
-        .where(
-            Sample.dataset_id == dataset.id,
-            Sample.split == "test",
-            Sample.status == SampleStatus.active,
-            Sample.key_id.is_not(None),
+    ids = (
+        session.connection()
+        .execute(
+            select(Sample.id)
+            .where(
+                Sample.dataset_id == dataset.id,
+                Sample.split == "test",
+                Sample.status == SampleStatus.active,
+                Sample.key_id.is_not(None),
+            )
+            .order_by(Sample.id)
         )
-        .order_by(Sample.id)
-    ).all()
+        .scalars()
+        .all()
+    )
     return opened.arrays(session, dataset, list(ids), "test", shared=True)

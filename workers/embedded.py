@@ -27,7 +27,7 @@ from app.settings import Settings
 from app.storage.erasure import compact_at_start, finish_compacting
 from app.wakeups import FINISHED
 from app.webhooks.sender import SENDER_METRICS, Sender
-from workers import metrics
+from workers import handover, metrics
 from workers.collector import Collector
 from workers.context import JobContext
 from workers.data import database_key
@@ -66,6 +66,7 @@ class _WorkerMetrics:
             metrics.FALLBACKS,
             metrics.STORAGE_FAULTS,
             metrics.SESSIONS_WARMED,
+            metrics.RESIDENT_STATES_HANDED_OVER,
             metrics.ROWS_LEARNED,
             metrics.VERSIONS_LEARNED,
             *SENDER_METRICS,  # the webhook sender runs here (app/webhooks/sender.py)
@@ -103,10 +104,17 @@ def _listen(link: _Link, jobs: Lanes, stopping: threading.Event) -> None:
             return
 
 
-def main(settings: Settings, conn: Connection, parent: int, warm: tuple[int, ...] = ()) -> None:
+def main(
+    settings: Settings,
+    conn: Connection,
+    parent: int,
+    warm: tuple[int, ...] = (),
+    handed: bytes | None = None,
+) -> None:
     """The process's entry point: run signalled jobs one at a time until told to stop;
     first (behind any deletion) warm the sessions of `warm`, the models its predecessor held
-    when it gave way after an erasure."""
+    when it gave way after an erasure, with the method states it `handed` over
+    (workers/handover.py)."""
     _die_with(parent)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # a terminal's Ctrl-C: the API stops us
     stopping = threading.Event()
@@ -131,6 +139,8 @@ def main(settings: Settings, conn: Connection, parent: int, warm: tuple[int, ...
     # running one's next check; every job runs here, in the main thread, as it always did
     collector = Collector()  # full collections while idle, not inside an update
     jobs = Lanes(stopping, collector.around(partial(run_job, ctx)), taken, frozenset({DELETE}))
+    ctx.resident_sessions().hand_in(database_key(ctx.db.engine), handover.parsed(handed))
+    del handed
     for model_id in warm:
         jobs.put((WARM, (model_id,)))
     threading.Thread(
@@ -149,8 +159,10 @@ def main(settings: Settings, conn: Connection, parent: int, warm: tuple[int, ...
     tracing.flush()  # a multiprocessing child ends without running atexit
     ctx.runtime.publisher.finish()  # the last update's checkpoint, before the process exits
     finish_compacting(ctx.db)  # and the compaction of the keys its last erasure destroyed
-    ctx.db.dispose()  # its connections closed, so the API's last close removes the WAL
-    if gave_way:  # its successor warms the sessions this one held
+    if gave_way:  # its successor warms the sessions this one held, with their method states
         held = ctx.resident_sessions().models(database_key(ctx.db.engine))
+        states = handover.exported_or_none(ctx)
+    ctx.db.dispose()  # its connections closed, so the API's last close removes the WAL
+    if gave_way:
         with contextlib.suppress(OSError):
-            link.send(("recycle", held))
+            link.send(("recycle", held, states))

@@ -40,6 +40,7 @@ from workers import tensorfile
 from workers.context import JobContext
 from workers.data import OpenedSamples, database_key, test_arrays, training_arrays
 from workers.device import CPU
+from workers.metrics import RESIDENT_STATES_HANDED_OVER
 from workers.resident import ModelSession, TrainingRecord
 from workers.statistics import read_vectors
 from workers.store import release_metadata
@@ -200,10 +201,18 @@ def warm_session(ctx: JobContext, model_id: int, device: torch.device) -> bool:
     if not made.state:
         return False
     _, retained = made.split([], {}, [])
-    prepared = method_for(spec.method.name, spec).prepare(retained, dict(made.state))
+    method = method_for(spec.method.name, spec)
+    handed, prepared = sessions.handed(where, model_id), None
+    if handed is not None and handed.version_id == made.version_id:
+        prepared = method.import_resident(handed.tensors, retained, dict(made.state))
+    if prepared is not None:
+        RESIDENT_STATES_HANDED_OVER.inc()
+        phases.mark("handed over")
+    else:
+        prepared = method.prepare(retained, dict(made.state))
+        phases.mark("prepare")
     if prepared is not None:
         made = replace(made, method_state=prepared)
-    phases.mark("prepare")
     sessions.put(where, made)
     log.info("model %s: session warmed, %d rows: %s", model_id, len(retained), phases)
     return True

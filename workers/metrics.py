@@ -40,6 +40,12 @@ SESSIONS_WARMED = Counter(
     "Resident sessions a worker made ahead of an update, after its predecessor gave way",
 )
 
+RESIDENT_STATES_HANDED_OVER = Counter(
+    "lethe_resident_states_handed_over_total",
+    "Resident method states (convex_head's anchored Hessians) a worker took over from the "
+    "process it replaced instead of preparing them anew (workers/handover.py)",
+)
+
 
 def serve(port: int, host: str = "127.0.0.1") -> None:
     """Expose this process's metrics on http://host:port/metrics (a daemon thread)."""

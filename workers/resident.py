@@ -298,13 +298,34 @@ class _Kept:
         return np.flatnonzero(self.keep)
 
 
+@dataclass(frozen=True)
+class HandedState:
+    """A model's resident method state at one version, as the process this one replaced
+    exported it (workers/handover.py)."""
+
+    version_id: int
+    tensors: dict[str, torch.Tensor]
+
+
 class Sessions:
-    """The sessions this process keeps, by (database, model), at most `capacity` of them."""
+    """The sessions this process keeps, by (database, model), at most `capacity` of them;
+    and the method states its predecessor handed over, until a warm-up takes them."""
 
     def __init__(self, capacity: int) -> None:
         self.capacity = capacity
         self._lock = threading.Lock()
         self._held: OrderedDict[tuple[str, int], ModelSession] = OrderedDict()
+        self._handed: dict[tuple[str, int], HandedState] = {}
+
+    def hand_in(self, database: str, states: dict[int, HandedState]) -> None:
+        """The method states the process this one replaced held, by model."""
+        with self._lock:
+            self._handed |= {(database, model): state for model, state in states.items()}
+
+    def handed(self, database: str, model_id: int) -> HandedState | None:
+        """The model's handed-over method state, taken (a second warm-up prepares anew)."""
+        with self._lock:
+            return self._handed.pop((database, model_id), None)
 
     def take(self, database: str, model_id: int, version_id: int) -> ModelSession | None:
         """The model's session if it is at `version_id` (the database's current version);
@@ -346,6 +367,7 @@ class Sessions:
     def clear(self) -> None:
         with self._lock:
             self._held.clear()
+            self._handed.clear()
 
     def __len__(self) -> int:
         return len(self._held)

@@ -139,6 +139,17 @@ def decode(buffer: bytearray) -> dict[str, torch.Tensor]:
     return out
 
 
+def metadata(buffer: bytes | bytearray) -> dict[str, str]:
+    """The file's `__metadata__` (empty when it has none)."""
+    if len(buffer) < 8:
+        raise ValueError("not a safetensors file: shorter than its header length")
+    (n,) = struct.unpack_from("<Q", buffer)
+    if n > len(buffer) - 8:
+        raise ValueError("not a safetensors file: the header runs past the end")
+    found = json.loads(bytes(buffer[8 : 8 + n])).get("__metadata__", {})
+    return {str(k): str(v) for k, v in found.items()}
+
+
 def encode_bytes(
     tensors: Mapping[str, torch.Tensor], metadata: Mapping[str, str] | None = None
 ) -> bytes:

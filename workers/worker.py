@@ -90,9 +90,12 @@ def run(burst: bool = False, settings: Settings | None = None) -> None:
     log.info(
         "worker %s listening on queue %r, computing on %s", WORKER_ID, settings.queue_name, device
     )
+    from workers import handover
     from workers.data import database_key
     from workers.jobs import warm_model  # after the device is set up
 
+    where = database_key(ctx.db.engine)  # the states the process this one replaced held
+    ctx.resident_sessions().hand_in(where, handover.parsed(handover.from_memory_file(os.environ)))
     for model_id in [int(m) for m in os.environ.pop(WARM_ENV, "").split(",") if m]:
         warm_model(ctx, model_id)  # the sessions the process this one replaced held
     recycle = Recycle(ctx.db, settings.plaintext_ttl_seconds)
@@ -107,10 +110,17 @@ def run(burst: bool = False, settings: Settings | None = None) -> None:
         finish_compacting(ctx.db)  # and the compaction under way
     if gave_way:  # issue 53: the same command in a fresh process image, none of this memory
         held = ctx.resident_sessions().models(database_key(ctx.db.engine))
+        states = handover.exported_or_none(ctx)
+        fd = handover.to_memory_file(states) if states else None
         log.info("worker %s gives way after an erasure: re-executing", WORKER_ID)
         logging.shutdown()
         env = {**os.environ, WARM_ENV: ",".join(str(m) for m in held)}
-        os.execve(sys.executable, [sys.executable, *sys.argv], env)
+        if fd is not None:
+            env[handover.FD_ENV] = str(fd)
+        # the command line as it was given (`python -m app.launch worker` too: argv's
+        # app/launch.py as a script put app/ first on the path, where app/architectures.py
+        # hid the architectures package, and the re-executed worker died importing it)
+        os.execve(sys.executable, sys.orig_argv, env)
 
 
 def _logged(step: Callable[[], object], what: str) -> None:

@@ -184,6 +184,24 @@ class ConvexHead(UnlearningMethod):
         """The anchored Hessian at the trained state: the first removal then reads no row."""
         return self._anchored(data, to_theta(state))
 
+    def export_resident(self, resident: object) -> dict[str, torch.Tensor] | None:
+        """The anchor, the gradient and its bound as tensors (removal.exported)."""
+        return removal.exported(resident) if isinstance(resident, removal.Resident) else None
+
+    def import_resident(
+        self, tensors: dict[str, torch.Tensor], data: RetainedData, state: ModelState
+    ) -> removal.Resident | None:
+        """The handed-over state when it describes `state` on `data`'s rows under these
+        options (the successor's rows kept in float64 again when they fit); else None."""
+        o, theta = self.options, to_theta(state)
+        try:
+            resident = removal.imported(tensors, theta.device)
+        except (KeyError, ValueError, RuntimeError):  # not this method's tensors
+            return None
+        if not resident.describes(theta, len(data), o.R, o.lam):
+            return None
+        return replace(resident, rows=self._rows(data, theta))
+
     def _anchored(self, data: RetainedData, theta: torch.Tensor) -> removal.Resident:
         """The resident state anchored at Θ on `data`'s rows (one Hessian and one gradient
         pass), with the rows kept in float64 when they fit (removal.Rows)."""

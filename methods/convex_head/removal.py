@@ -236,6 +236,56 @@ def anchored(blocks: Blocks, m: int, theta: torch.Tensor, R: float, lam: float) 
     return measured(start, blocks)
 
 
+_SCALARS = ("b", "R", "lam", "g_norm")
+_ANCHOR_SCALARS = ("e_H", "e_S", "S_norm", "rho")
+
+
+def exported(resident: Resident) -> dict[str, torch.Tensor]:
+    """The resident state as named float64 tensors (the kept rows left out: a successor reads
+    its own), for the process that replaces this one after an erasure (workers/recycle.py):
+    rebuilding the anchor there was a Hessian pass, 12 s at a million rows (issue 55)."""
+    A = resident.anchor
+    scalar = lambda value: torch.tensor(float(value), dtype=torch.float64)  # noqa: E731
+    return {
+        "m": torch.tensor(resident.m, dtype=torch.int64),
+        "theta": resident.theta,
+        "g": resident.g,
+        **{name: scalar(getattr(resident, name)) for name in _SCALARS},
+        "anchor.theta": A.theta,
+        "anchor.H": A.H,
+        "anchor.factor": A.factor,
+        "anchor.S": A.S,
+        "anchor.column_abs": A.column_abs,
+        **{f"anchor.{name}": scalar(getattr(A, name)) for name in _ANCHOR_SCALARS},
+    }
+
+
+def imported(tensors: dict[str, torch.Tensor], device: torch.device) -> Resident:
+    """`exported`'s tensors as a Resident on `device`, with no rows and no last step."""
+    t = {name: value.to(device) for name, value in tensors.items()}
+    anchor = Anchor(
+        t["anchor.theta"],
+        t["anchor.H"],
+        t["anchor.factor"],
+        t["anchor.S"],
+        float(t["anchor.e_H"]),
+        float(t["anchor.e_S"]),
+        t["anchor.column_abs"],
+        float(t["anchor.S_norm"]),
+        float(t["anchor.rho"]),
+    )
+    return Resident(
+        m=int(t["m"]),
+        theta=t["theta"],
+        g=t["g"],
+        b=float(t["b"]),
+        anchor=anchor,
+        R=float(t["R"]),
+        lam=float(t["lam"]),
+        g_norm=float(t["g_norm"]),
+    )
+
+
 def measured(resident: Resident, blocks: Blocks) -> Resident:
     """The gradient at Θ₀ measured over all retained rows in one float64 pass; b becomes its
     rounding bound, maths/convex.rounding_bound's γ_m·‖(|C| + ¼|Z||Θ|ᵀ)ᵀ|Z|/n + λ|Θ|‖ taken
