@@ -158,8 +158,8 @@ def _opened(session: Session, ctx: JobContext, model_id: int, due: list[tuple[in
         ModelSample.model_id == model_id, ModelSample.sample_id == Sample.id
     )
     rows: list[Any] = []
-    for chunk in chunked(append_ids):
-        rows += session.execute(
+    for chunk in chunked(append_ids):  # Core rows: no ORM work per row (workers/data.py)
+        rows += session.connection().execute(
             sealed_samples()
             .add_columns(Sample.split, Sample.append_id)
             .where(
