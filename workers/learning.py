@@ -159,16 +159,20 @@ def _opened(session: Session, ctx: JobContext, model_id: int, due: list[tuple[in
     )
     rows: list[Any] = []
     for chunk in chunked(append_ids):  # Core rows: no ORM work per row (workers/data.py)
-        rows += session.connection().execute(
-            sealed_samples()
-            .add_columns(Sample.split, Sample.append_id)
-            .where(
-                Sample.append_id.in_(chunk),
-                Sample.status == SampleStatus.active,
-                ~held.exists(),
+        rows += (
+            session.connection()
+            .execute(
+                sealed_samples()
+                .add_columns(Sample.split, Sample.append_id)
+                .where(
+                    Sample.append_id.in_(chunk),
+                    Sample.status == SampleStatus.active,
+                    ~held.exists(),
+                )
+                .order_by(Sample.id)
             )
-            .order_by(Sample.id)
-        ).all()
+            .all()
+        )
     rows.sort(key=lambda r: r.id)  # ids ascending across the chunks too
     added, test = split_rows(session, ctx.keyring, rows, list(dataset.feature_shape))
     per_append = {a: 0 for a in append_ids}
