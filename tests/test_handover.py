@@ -19,12 +19,14 @@ from bench.cluster import Cluster
 from methods.compute import PrivacyTarget
 from methods.convex_head import removal
 from methods.convex_head.compute import ConvexHead, to_theta
-from tests.conftest import truncate_all
-from tests.factories import model_spec, update_inputs
+from tests.conftest import Api, truncate_all
+from tests.conftest import train_ids as train_ids_of
+from tests.factories import forget, model_spec, update_inputs
 from tests.servers import free_port
 from tests.test_pipeline_distributed import FAST, ready_model, train_ids, wait_until
 from workers import handover, tensorfile
-from workers.data import Arrays
+from workers.data import Arrays, database_key
+from workers.metrics import RESIDENT_STATES_HANDED_OVER
 from workers.resident import HandedState, ModelSession, Sessions
 
 R, LAM, CLASSES = 6.0, 1e-2, 3
@@ -174,3 +176,34 @@ def test_lethe_worker_hands_its_states_across_its_re_execution(
     finally:
         cluster.stop()
         Redis.from_url(redis_url).delete(f"rq:queue:{cluster.queue}")
+
+
+def test_a_deletion_before_the_warm_up_starts_from_the_handed_over_state(api: Api) -> None:
+    """Deletions come before a successor's warm-up: one that finds no session reads the rows
+    cold and takes the handed-over state instead of anchoring (a Hessian pass); a state of
+    another version is refused and the update anchors as before."""
+    from tests.test_convex_head import convex_model, current_metrics
+
+    ds = api.post("/v1/datasets", json={"builtin": "breast_cancer"}).json()
+    model = convex_model(api, ds["id"], beta=1.0)
+    ids = train_ids_of(api, ds["id"], 3)
+    forget(api, ds["id"], ids[:1])  # the session is resident now
+    ctx = api.worker()
+    where = database_key(ctx.db.engine)
+    states = handover.parsed(handover.exported(ctx))
+    assert list(states) == [model["id"]]
+    before = RESIDENT_STATES_HANDED_OVER._value.get()
+
+    ctx.resident_sessions().clear()  # as a successor starts: no session, the states handed in
+    ctx.resident_sessions().hand_in(where, states)
+    forget(api, ds["id"], ids[1:2])
+    metrics = current_metrics(api, model["id"])
+    assert metrics["hessian_passes"] == 0 and metrics["rows_loaded"] > 0, metrics
+    assert RESIDENT_STATES_HANDED_OVER._value.get() == before + 1
+
+    ctx.resident_sessions().clear()  # the state handed in is one version behind now
+    ctx.resident_sessions().hand_in(where, states)
+    forget(api, ds["id"], ids[2:])
+    metrics = current_metrics(api, model["id"])
+    assert metrics["hessian_passes"] == 1, metrics
+    assert RESIDENT_STATES_HANDED_OVER._value.get() == before + 1

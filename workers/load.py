@@ -41,7 +41,7 @@ from workers.context import JobContext
 from workers.data import OpenedSamples, database_key, test_arrays, training_arrays
 from workers.device import CPU
 from workers.metrics import RESIDENT_STATES_HANDED_OVER
-from workers.resident import ModelSession, TrainingRecord
+from workers.resident import ModelSession, Sessions, TrainingRecord
 from workers.statistics import read_vectors
 from workers.store import release_metadata
 from workers.values import Batch, ClaimedTask
@@ -107,9 +107,11 @@ def load_batch(
     warm = sessions.take(where, model_id, parent.id)
     rows_loaded = 0
     resident = warm.method_state if warm is not None else None  # the method's, from the session
+    spec = model_spec(model, dataset)
     if warm is None:
         keeps = sessions.capacity > 0  # the session holds the rows
         warm, rows_loaded = _cold_session(session, ctx, model_id, parent, dataset, keeps, device)
+        resident = _handed_over(sessions, where, warm, spec)  # a deletion before the warm-up
     else:
         warm = _with_current_test(session, ctx.opened, dataset, warm)
     if warm.history is None:  # read once per session, then extended by each commit
@@ -121,7 +123,6 @@ def load_batch(
         mine = [s for s in t.sample_ids if s in held and s not in claimed]
         claimed.update(mine)
         removed_by_task[t.task_id] = mine
-    spec = model_spec(model, dataset)
     requested = {t.method for t in tasks if t.method}
     if not warm.state:  # the state could not be read back (_parent_state): retrain exactly
         requested.add("retrain")
@@ -200,22 +201,35 @@ def warm_session(ctx: JobContext, model_id: int, device: torch.device) -> bool:
     phases.mark("read")
     if not made.state:
         return False
-    _, retained = made.split([], {}, [])
-    method = method_for(spec.method.name, spec)
-    handed, prepared = sessions.handed(where, model_id), None
-    if handed is not None and handed.version_id == made.version_id:
-        prepared = method.import_resident(handed.tensors, retained, dict(made.state))
+    prepared = _handed_over(sessions, where, made, spec)
     if prepared is not None:
-        RESIDENT_STATES_HANDED_OVER.inc()
         phases.mark("handed over")
     else:
-        prepared = method.prepare(retained, dict(made.state))
+        _, retained = made.split([], {}, [])
+        prepared = method_for(spec.method.name, spec).prepare(retained, dict(made.state))
         phases.mark("prepare")
     if prepared is not None:
         made = replace(made, method_state=prepared)
     sessions.put(where, made)
-    log.info("model %s: session warmed, %d rows: %s", model_id, len(retained), phases)
+    log.info("model %s: session warmed, %d rows: %s", model_id, len(made), phases)
     return True
+
+
+def _handed_over(
+    sessions: Sessions, where: str, made: ModelSession, spec: ModelSpec
+) -> object | None:
+    """The method state the process this one replaced handed over for `made`'s model, taken
+    and imported where it describes `made`'s version on its rows (workers/handover.py); None
+    otherwise (the method then prepares anew, or its first update anchors)."""
+    handed = sessions.handed(where, made.model_id)
+    if handed is None or handed.version_id != made.version_id or not made.state:
+        return None
+    _, retained = made.split([], {}, [])
+    method = method_for(spec.method.name, spec)
+    imported = method.import_resident(handed.tensors, retained, dict(made.state))
+    if imported is not None:
+        RESIDENT_STATES_HANDED_OVER.inc()
+    return imported
 
 
 def _cold_session(
