@@ -3,7 +3,7 @@ workers/recycle.py): each resident session's method state, never its rows.
 
 The successor warms the sessions its predecessor held (workers/load.warm_session): it reads
 the retained rows itself, and with a handed-over state it skips the method's `prepare`
-(convex_head's anchored Hessians: a Hessian pass, 12 s of a million-row session's 46 s
+(convex_head's anchored Hessians: a Hessian pass, 11–13 s of a million-row session's 46 s
 warm-up on 2 cores, during which the next deletion waited; issue 55). What travels is the
 method's own aggregate (the Hessians, the second moment, the gradient and its bound, at the
 current version), as one safetensors buffer: through the pipe to the API process and the
@@ -19,6 +19,7 @@ import contextlib
 import json
 import logging
 import os
+from collections.abc import MutableMapping
 
 import torch
 from sqlalchemy import select
@@ -110,7 +111,7 @@ def to_memory_file(data: bytes) -> int | None:
     return fd
 
 
-def from_memory_file(environ: dict[str, str] | os._Environ[str]) -> bytes | None:
+def from_memory_file(environ: MutableMapping[str, str]) -> bytes | None:
     """The buffer a predecessor left in the memory file named by FD_ENV, read and closed."""
     named = environ.pop(FD_ENV, None)
     if not named:
