@@ -176,27 +176,18 @@ def unpack(plain: bytes) -> list[bytes | memoryview]:
 def _columns(plain: bytes) -> list[tuple[int, memoryview, memoryview, bool, memoryview]]:
     """A block packed by column, row by row: (label, id, subject, whether it has one,
     features), the bytes as views into `plain` (no copy of another row's ids)."""
-    (_, count), at = _COLUMNS_HEAD.unpack_from(plain), _COLUMNS_HEAD.size
-    labels = np.frombuffer(plain, "<i8", count, at).tolist()
-    at += 8 * count
-    id_ends = [0, *np.frombuffer(plain, "<u4", count, at).tolist()]
-    at += 4 * count
-    subject_ends = [0, *np.frombuffer(plain, "<u4", count, at).tolist()]
-    at += 4 * count
-    view = memoryview(plain)
-    given, at = view[at : at + count], at + count
-    ids, at = view[at : at + id_ends[-1]], at + id_ends[-1]
-    subjects, at = view[at : at + subject_ends[-1]], at + subject_ends[-1]
-    width = (len(plain) - at) // max(1, count)
+    block = columns(plain)
+    assert block is not None, "a block packed by record"
+    labels, id_ends, subject_ends = block.labels.tolist(), block.id_ends, block.subject_ends
     return [
         (
             labels[i],
-            ids[id_ends[i] : id_ends[i + 1]],
-            subjects[subject_ends[i] : subject_ends[i + 1]],
-            bool(given[i]),
-            view[at + i * width : at + (i + 1) * width],
+            block.ids[id_ends[i] : id_ends[i + 1]],
+            block.subjects[subject_ends[i] : subject_ends[i + 1]],
+            bool(block.given[i]),
+            memoryview(block.features[i]).cast("B"),
         )
-        for i in range(count)
+        for i in range(len(labels))
     ]
 
 
