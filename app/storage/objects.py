@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import re
+import time
 import uuid
 from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
@@ -300,9 +301,26 @@ class S3Objects:
                 try:
                     self.client.create_bucket(Bucket=self.bucket)
                 except ClientError as again:  # another process created it meanwhile
-                    if _code(again) not in {"BucketAlreadyOwnedByYou", "BucketAlreadyExists"}:
+                    if _code(again) in {"BucketAlreadyOwnedByYou", "BucketAlreadyExists"}:
+                        pass
+                    elif not self._appears():
                         raise
         self._ready = True
+
+    def _appears(self, attempts: int = 50, pause: float = 0.1) -> bool:
+        """Whether the bucket exists after all, within a few seconds of a creation that
+        failed: in one full run SeaweedFS answered CreateBucket with NoSuchBucket as two
+        workers and an API started together (a race with another creation is the likely
+        cause; 8 concurrent creations, 5 times, did not reproduce it)."""
+        from botocore.exceptions import ClientError
+
+        for _ in range(attempts):
+            try:
+                self.client.head_bucket(Bucket=self.bucket)
+                return True
+            except ClientError:
+                time.sleep(pause)
+        return False
 
     def write(self, key: str, pieces: Iterable[bytes]) -> int:
         self.ensure_bucket()
