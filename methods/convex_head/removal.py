@@ -243,7 +243,7 @@ _ANCHOR_SCALARS = ("e_H", "e_S", "S_norm", "rho")
 def exported(resident: Resident) -> dict[str, torch.Tensor]:
     """The resident state as named float64 tensors (the kept rows left out: a successor reads
     its own), for the process that replaces this one after an erasure (workers/recycle.py):
-    rebuilding the anchor there was a Hessian pass, 12 s at a million rows (issue 55)."""
+    rebuilding the anchor there was a Hessian pass, 11–13 s at a million rows (issue 55)."""
     A = resident.anchor
     scalar = lambda value: torch.tensor(float(value), dtype=torch.float64)  # noqa: E731
     return {
