@@ -12,7 +12,7 @@ from sqlalchemy import select
 from app.db.session import database
 from app.db.tables import Dataset, Sample
 from tests.conftest import Api
-from tests.factories import arrays_for
+from tests.factories import arrays_for, forget
 from workers import data as worker_data
 
 
@@ -51,12 +51,7 @@ def test_rows_read_in_bulk_are_the_rows_read_one_by_one(api: Api) -> None:
 def test_an_erased_row_refuses_to_open_and_its_block_s_others_open(api: Api, digits: dict) -> None:
     ids = ids_of(api, digits["id"])
     page = api.get(f"/v1/datasets/{digits['id']}/samples", params={"limit": 1}).json()
-    request = api.post(
-        "/v1/deletions",
-        role="requester",
-        json={"dataset_id": digits["id"], "sample_ids": [page["items"][0]["external_id"]]},
-    ).json()
-    api.wait(f"/v1/deletions/{request['id']}", ("done",))
+    forget(api, digits["id"], [page["items"][0]["external_id"]])
     ring = api.runtime.keyring
     with database(api.url).read() as session:
         rows = worker_data._sealed_rows(session, ids[:100])
