@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import struct
 from collections.abc import Iterator, Mapping
+from typing import Any
 
 import torch
 
@@ -102,13 +103,7 @@ def _bytes_of(t: torch.Tensor) -> memoryview:
 def decode(buffer: bytearray) -> dict[str, torch.Tensor]:
     """Tensors viewing `buffer` (no copy; they keep it alive). Checks the offsets cover the
     buffer exactly, as the specification requires."""
-    if len(buffer) < 8:
-        raise ValueError("not a safetensors file: shorter than its header length")
-    (n,) = struct.unpack_from("<Q", buffer)
-    if n > len(buffer) - 8:
-        raise ValueError("not a safetensors file: the header runs past the end")
-    header = json.loads(bytes(buffer[8 : 8 + n]))
-    base = 8 + n
+    header, base = _header(buffer)
     out: dict[str, torch.Tensor] = {}
     spans = []
     for name, info in header.items():
@@ -141,13 +136,18 @@ def decode(buffer: bytearray) -> dict[str, torch.Tensor]:
 
 def metadata(buffer: bytes | bytearray) -> dict[str, str]:
     """The file's `__metadata__` (empty when it has none)."""
+    found = _header(buffer)[0].get("__metadata__", {})
+    return {str(k): str(v) for k, v in found.items()}
+
+
+def _header(buffer: bytes | bytearray) -> tuple[dict[str, Any], int]:
+    """The file's JSON header and where its tensors' bytes begin."""
     if len(buffer) < 8:
         raise ValueError("not a safetensors file: shorter than its header length")
     (n,) = struct.unpack_from("<Q", buffer)
     if n > len(buffer) - 8:
         raise ValueError("not a safetensors file: the header runs past the end")
-    found = json.loads(bytes(buffer[8 : 8 + n])).get("__metadata__", {})
-    return {str(k): str(v) for k, v in found.items()}
+    return json.loads(bytes(buffer[8 : 8 + n])), 8 + n
 
 
 def encode_bytes(

@@ -109,7 +109,7 @@ def run(burst: bool = False, settings: Settings | None = None) -> None:
         ctx.runtime.publisher.finish()  # the last update's checkpoint, before the process exits
         finish_compacting(ctx.db)  # and the compaction under way
     if gave_way:  # issue 53: the same command in a fresh process image, none of this memory
-        held = ctx.resident_sessions().models(database_key(ctx.db.engine))
+        held = ctx.resident_sessions().models(where)
         states = handover.exported_or_none(ctx)
         fd = handover.to_memory_file(states) if states else None
         log.info("worker %s gives way after an erasure: re-executing", WORKER_ID)
