@@ -136,7 +136,7 @@ class FailsSecondCall:
 def register_big_failing(api: Api) -> int:
     """Register BIG as the registration child runs it (app/services/isolated.py), here in
     the test's process where a patch applies, expecting "disk full"; the dataset's id."""
-    parsed = dataset_files.load_builtin(BuiltinDatasetIn.model_validate(BIG))
+    parsed = dataset_files.streamed_builtin(BuiltinDatasetIn.model_validate(BIG))
     with database(api.url).write() as session:
         dataset_id = registration.begin(session, "big", "builtin:synthetic")
     with pytest.raises(OSError, match="disk full"):

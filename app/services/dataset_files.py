@@ -17,6 +17,7 @@ from numpy.lib import format as npy_format
 from app import text
 from app.errors import APIError, unprocessable
 from app.schemas import BuiltinDatasetIn
+from app.services import synthetic_mixture
 
 if TYPE_CHECKING:
     from app.settings import Settings
@@ -35,6 +36,7 @@ class ParsedDataset:
     n_classes: int
     kind: str
     text: dict[str, object] | None = None  # a corpus: its vocabulary and counts (app/text.py)
+    numbered: bool = False  # ids are row numbers of a builtin, which name nobody
 
 
 class Texts(Sequence[str]):
@@ -42,13 +44,14 @@ class Texts(Sequence[str]):
     where a list held a 56-byte object and its pointer (a million Parquet ids were 64 MB of a
     registration's memory; issue 55, goal 6)."""
 
+    DTYPE = np.dtypes.StringDType()
+
     def __init__(self, values: np.ndarray) -> None:
         self.values = values
 
     @classmethod
     def joined(cls, parts: list[np.ndarray]) -> Texts:
-        dtype = np.dtypes.StringDType()
-        return cls(np.concatenate(parts) if parts else np.empty(0, dtype=dtype))
+        return cls(np.concatenate(parts) if parts else np.empty(0, dtype=cls.DTYPE))
 
     def __len__(self) -> int:
         return len(self.values)
@@ -210,8 +213,33 @@ def seeded_split(y: np.ndarray, test_fraction: float, seed: int | None) -> list[
     return split.tolist()
 
 
+def streamed_builtin(spec: BuiltinDatasetIn) -> ParsedDataset:
+    """A builtin as registration reads it: the synthetic mixture's rows in the order they are
+    drawn, a block at a time (app/services/synthetic_mixture.py), each with the id (its row
+    number in scikit-learn's order), label, split and subject `load_builtin` gives that row;
+    the other builtins as `load_builtin` gives them."""
+    if spec.builtin != "synthetic":
+        return load_builtin(spec)
+    m = synthetic_mixture.mixture(spec)
+    destination = m.destination()  # each drawn row's number in scikit-learn's order
+    split = np.array(seeded_split(m.y[m.order], spec.test_fraction, spec.seed))[destination]
+    subjects = synthetic_mixture.subject_names(destination, spec.subject_size)
+    return ParsedDataset(
+        X=synthetic_mixture.MixtureRows(m),  # type: ignore[arg-type]
+        y=m.y,
+        ids=Texts(destination.astype(Texts.DTYPE)),
+        subjects=[None] * m.n
+        if subjects is None
+        else MaybeTexts(subjects.astype(MaybeTexts.DTYPE)),
+        split=split.tolist(),
+        n_classes=int(m.y.max()) + 1,
+        kind="tabular",
+        numbered=True,
+    )
+
+
 def load_builtin(spec: BuiltinDatasetIn) -> ParsedDataset:
-    """scikit-learn's bundled datasets (no download) or a seeded Gaussian mixture."""
+    """scikit-learn's bundled datasets (no download) or a seeded Gaussian mixture, whole."""
     from sklearn import datasets as skd
 
     if spec.builtin == "synthetic_corpus":
@@ -224,7 +252,7 @@ def load_builtin(spec: BuiltinDatasetIn) -> ParsedDataset:
         X = (bunch.data - bunch.data.mean(0)) / bunch.data.std(0)
         y, kind = bunch.target, "tabular"
     else:
-        X, y = _gaussian_mixture(spec)
+        X, y = synthetic_mixture.materialized(synthetic_mixture.mixture(spec))
         kind = "tabular"
     y = y.astype(np.int64)
     return ParsedDataset(
@@ -236,74 +264,6 @@ def load_builtin(spec: BuiltinDatasetIn) -> ParsedDataset:
         n_classes=int(y.max()) + 1,
         kind=kind,
     )
-
-
-class _StateBeforeDraw(np.random.RandomState):
-    """A RandomState that keeps its state from just before its first `uniform(size=n)`: in
-    `make_classification` with no noise columns that is the flip draw, which with noise
-    columns comes right after them."""
-
-    def __init__(self, seed: int, n: int) -> None:
-        super().__init__(seed)
-        self.n = n
-        self.before: dict[str, Any] | None = None
-
-    def uniform(self, low=0.0, high=1.0, size=None):
-        if self.before is None and size == self.n:
-            self.before = self.get_state(legacy=False)
-        return super().uniform(low, high, size)
-
-
-GENERATION_BLOCK = 8_192  # rows per block of the synthetic mixture: bounds its float64 scratch
-
-
-def _gaussian_mixture(spec: BuiltinDatasetIn) -> tuple[np.ndarray, np.ndarray]:
-    """scikit-learn's `make_classification` for the seed, bit for bit, written straight into
-    one float32 array (issue 28, goal 6: a million rows × 256 peaked at 3.9 GB, now the
-    float32 array plus blocks). The informative columns come from scikit-learn itself (the
-    same call with no noise columns and no flips: the same draws in the same order); the
-    noise columns, drawn next in its stream, are drawn twice a block at a time — once to
-    reach the label flips that follow them, once to write them — and each row lands where
-    the row and feature shuffles that follow would put it."""
-    from sklearn import datasets as skd
-
-    n, p = spec.n_samples, spec.n_features
-    informative = max(2, min(p, spec.n_classes * 2))
-    generator = _StateBeforeDraw(spec.seed, n)
-    Xi, y = skd.make_classification(
-        n_samples=n,
-        n_features=informative,
-        n_informative=informative,
-        n_redundant=0,
-        n_classes=spec.n_classes,
-        n_clusters_per_class=1,
-        flip_y=0.0,  # flips nothing; its draw marks where the noise columns start
-        shuffle=False,
-        random_state=generator,
-    )
-    noise = p - informative
-    before_noise = generator.before
-    assert before_noise is not None
-    generator.set_state(before_noise)
-    for start in range(0, n, GENERATION_BLOCK):
-        generator.standard_normal(size=(min(GENERATION_BLOCK, n - start), noise))
-    flipped = generator.uniform(size=n) < 0.01  # make_classification's flip_y=0.01
-    y[flipped] = generator.randint(spec.n_classes, size=flipped.sum())
-    rows = np.arange(n)  # sklearn.utils.shuffle's draw, then its feature shuffle
-    generator.shuffle(rows)
-    features = np.arange(p)
-    generator.shuffle(features)
-    destination = np.empty(n, dtype=np.int64)
-    destination[rows] = np.arange(n)
-    X = np.empty((n, p), dtype=np.float32)
-    generator.set_state(before_noise)
-    for start in range(0, n, GENERATION_BLOCK):
-        stop = min(n, start + GENERATION_BLOCK)
-        block = np.empty((stop - start, p))
-        block[:, :informative] = Xi[start:stop]
-        block[:, informative:] = generator.standard_normal(size=(stop - start, noise))
-        X[destination[start:stop]] = block[:, features]
-    return X, y[rows]
 
 
 def _subjects(n: int, size: int | None) -> list[str | None]:

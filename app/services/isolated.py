@@ -198,7 +198,7 @@ def _buffer(memory: shared_memory.SharedMemory) -> memoryview:
 def _parse(job: Registration, data: bytes) -> dataset_files.ParsedDataset:
     p, limits = job.params, job.limits
     if job.builtin is not None:
-        return dataset_files.load_builtin(job.builtin)
+        return dataset_files.streamed_builtin(job.builtin)
     if "object" in p:  # in object storage: Parquet by ranged GETs, the rest read whole
         found = open_object(job.settings, p["object"]["bucket"], p["object"]["key"])
         if job.fmt == "parquet":

@@ -28,6 +28,7 @@ from app.services.dataset_files import (
     label_array,
     split_of,
 )
+from app.services.row_stream import RowStream
 
 TEXT = np.dtypes.StringDType()
 BATCH_BYTES = 8 << 20  # features decoded at a time (float32)
@@ -134,16 +135,11 @@ def batches(
         start += batch.num_rows
 
 
-class ParquetRows:
+class ParquetRows(RowStream):
     """A Parquet file's feature rows as registration reads them (issue 55, goal 6): in order,
-    one batch decoded and checked at a time, so the features are never all in memory
-    (a million × 256 float32 is 1 GB). Stands in for the (n × width) float32 array of a
-    `ParsedDataset`: `shape`, row `i`, and a boolean mask of the rows kept (`on_erased:
-    skip`). A malformed value is the same 422 naming its column and row, raised when its
-    row group is read."""
-
-    ndim = 2
-    dtype = np.dtype(np.float32)
+    one batch decoded and checked at a time (app/services/row_stream.py), so the features are
+    never all in memory. A malformed value is the same 422 naming its column and row, raised
+    when its batch is read."""
 
     def __init__(
         self,
@@ -152,80 +148,20 @@ class ParquetRows:
         width: int,
         rows: np.ndarray | None = None,
     ) -> None:
-        self.file, self.features, self.width = table_file, features, width
-        self.total = int(table_file.metadata.num_rows)
-        self.rows = np.arange(self.total) if rows is None else rows  # positions in the file
-        self._ahead: ReadAhead | None = None
-        self._block: np.ndarray | None = None
-        self._low, self._high = 0, 0  # the rows of the batch in hand
+        super().__init__(int(table_file.metadata.num_rows), width, rows)
+        self.file, self.features = table_file, features
 
-    @property
-    def shape(self) -> tuple[int, int]:
-        return (len(self.rows), self.width)
+    def _open(self) -> ReadAhead:
+        return ReadAhead(self.file, self.features, self.width)
 
-    def __len__(self) -> int:
-        return len(self.rows)
-
-    def astype(self, dtype: object, copy: bool = False) -> ParquetRows:
-        """float32 already (what `finish` asks of an array)."""
-        return self
-
-    def __getitem__(self, key: object) -> np.ndarray | ParquetRows:
-        if isinstance(key, np.ndarray) and key.dtype == bool:
-            return ParquetRows(self.file, self.features, self.width, self.rows[key])
-        if isinstance(key, slice):  # rows in order: (rows × width), a view where one batch
-            return self._rows(self.rows[key])  # holds them all
-        if isinstance(key, int | np.integer):
-            at = int(self.rows[key])
-            if not self._low <= at < self._high:  # rows come in order: the next batch
-                self._seek(at)
-            assert self._block is not None
-            return self._block[at - self._low]
-        raise TypeError(f"ParquetRows takes a row number or a boolean mask, not {type(key)}")
+    def _with_rows(self, rows: np.ndarray) -> ParquetRows:
+        return ParquetRows(self.file, self.features, self.width, rows)
 
     def release(self) -> None:
         """Let go of the batch in hand and the reader, and give Arrow's freed memory back:
         the rows are all read (a registration's last phase has its own memory to hold)."""
-        self._block = None
-        self._low, self._high = 0, 0
-        if self._ahead is not None:
-            self._ahead.close()
-            self._ahead = None
+        super().release()
         pa.default_memory_pool().release_unused()
-
-    def _rows(self, wanted: np.ndarray) -> np.ndarray:
-        """The rows at these file positions (increasing), a run of consecutive ones at a time
-        from the batch that holds it."""
-        parts, i = [], 0
-        while i < len(wanted):
-            at = int(wanted[i])
-            if not self._low <= at < self._high:
-                self._seek(at)
-            assert self._block is not None
-            # the run of consecutive positions from i that this batch holds
-            ahead = wanted[i : min(len(wanted), i + self._high - at)]
-            gaps = ahead - at - np.arange(len(ahead))  # 0 while consecutive, then grows
-            run = int(np.searchsorted(gaps, 0, side="right"))
-            parts.append(self._block[at - self._low : at - self._low + run])
-            i += run
-        if len(parts) == 1:
-            return parts[0]
-        return np.concatenate(parts) if parts else np.empty((0, self.width), np.float32)
-
-    def _seek(self, at: int) -> None:
-        """Take the batch that holds file row `at` (reading on from the batch in hand, or
-        from the start for an earlier row)."""
-        self._block = None  # the previous batch's rows go before the next is taken
-        if self._ahead is None or at < self._low:
-            if self._ahead is not None:
-                self._ahead.close()
-            self._ahead = ReadAhead(self.file, self.features, self.width)
-        for start, block in self._ahead:
-            if start + len(block) > at:
-                self._block = block
-                self._low, self._high = start, start + len(block)
-                return
-        raise IndexError(f"row {at} is past the file's {self.total} rows")
 
 
 class ReadAhead:
@@ -380,10 +316,3 @@ def _is_list(kind: pa.DataType) -> bool:
 
 def _is_number(kind: pa.DataType) -> bool:
     return bool(pa.types.is_integer(kind) or pa.types.is_floating(kind))
-
-
-def release_rows(X: object) -> None:
-    """`ParquetRows.release` for a dataset's features that are Parquet rows (an array holds
-    nothing to let go)."""
-    if isinstance(X, ParquetRows):
-        X.release()

@@ -36,7 +36,7 @@ from app.errors import APIError
 from app.runtime import Runtime
 from app.services import sample_tokens, subject_tokens
 from app.services.dataset_files import ParsedDataset, texts_at
-from app.services.parquet_files import release_rows
+from app.services.row_stream import release_rows
 from app.services.suppression import Screener
 from app.states import DatasetStatus, SampleStatus
 from app.storage.crypto import (
@@ -135,7 +135,8 @@ def register(
     half-written stays."""
     db, ring = runtime.db, runtime.keyring
     try:
-        ids_given = any(x != str(i) for i, x in enumerate(parsed.ids))  # not row numbers
+        # row numbers (a builtin's, or an upload's rows numbered) are not given ids
+        ids_given = not parsed.numbered and any(x != str(i) for i, x in enumerate(parsed.ids))
         # row numbers name nobody: only given ids are screened
         screener = Screener(ring, parsed.ids, parsed.subjects, samples=ids_given)
         refusing = on_erased != "skip" or parsed.text is not None
