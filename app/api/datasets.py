@@ -125,8 +125,8 @@ async def register_dataset(
     """Register a builtin (JSON `{"builtin": "digits"}`) or upload an .npz / CSV / Parquet
     file: 201 when done, or 202 with `status: registering` and `progress` once the file
     turns out to hold more than 10,000 rows (a job: poll `GET /v1/datasets/{id}`)."""
-    name, source, job, data = await _job_of(request, settings)
-    dataset_id = await run_in_threadpool(_begin, db, name, source)
+    name, source, job, data, rows = await _job_of(request, settings)
+    dataset_id = await run_in_threadpool(_begin, db, name, source, rows)
     # parsed and sealed in a process of its own, which ends with the plaintext (issue 53)
     running = start_isolated(runtime.uploads, job(dataset_id=dataset_id), data)
     inline = await _finished_inline(
@@ -146,9 +146,11 @@ async def register_dataset(
 
 async def _job_of(
     request: Request, settings: Settings
-) -> tuple[str, str, Callable[..., Registration], bytes]:
+) -> tuple[str, str, Callable[..., Registration], bytes, int]:
     """What a registration or an append reads, from its request: a name, the source, the
-    child's job (its dataset or append id still to give) and the upload's bytes."""
+    child's job (its dataset or append id still to give), the upload's bytes and the rows it
+    holds where that is known before the parse (a synthetic builtin's; else 0)."""
+    rows = 0
     ctype = request.headers.get("content-type", "")
     limits = dataset_files.Limits.from_settings(settings)
     if ctype.startswith("multipart/form-data"):
@@ -169,6 +171,7 @@ async def _job_of(
             spec = _validated(BuiltinDatasetIn, raw, "invalid builtin dataset spec")
             dataset_files.check_builtin(spec, limits)
             name, source, data = spec.name or spec.builtin, f"builtin:{spec.builtin}", b""
+            rows = dataset_files.builtin_rows(spec)
             job = partial(Registration, settings, name=name, fmt="builtin", limits=limits,
                           builtin=spec, on_erased=spec.on_erased)  # fmt: skip
     else:
@@ -177,7 +180,7 @@ async def _job_of(
             "unsupported_media_type",
             "send application/json for a builtin or multipart/form-data with a file",
         )
-    return name, source, job, data
+    return name, source, job, data, rows
 
 
 M = TypeVar("M", bound=BaseModel)
@@ -217,9 +220,9 @@ def _object_parameters(spec: ObjectDatasetIn) -> dict[str, Any]:
     }
 
 
-def _begin(db: Database, name: str, source: str) -> int:
+def _begin(db: Database, name: str, source: str, rows: int) -> int:
     with db.write() as session:
-        return begin(session, name, source)
+        return begin(session, name, source, rows)
 
 
 async def _finished_inline(
@@ -412,7 +415,7 @@ async def append_samples(
     more than 10,000 rows. Every model of the dataset then learns the rows: a `learned`
     version each (the append's `learning`)."""
     dataset_id = int(dataset_id)
-    _name, source, job, data = await _job_of(request, settings)
+    _name, source, job, data, _rows = await _job_of(request, settings)
     append_id = await run_in_threadpool(_begin_append, db, dataset_id, source)
     running = start_isolated(runtime.uploads, job(dataset_id=dataset_id, append_id=append_id), data)
 

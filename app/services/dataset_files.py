@@ -213,6 +213,12 @@ def seeded_split(y: np.ndarray, test_fraction: float, seed: int | None) -> list[
     return split.tolist()
 
 
+def builtin_rows(spec: BuiltinDatasetIn) -> int:
+    """The rows a synthetic builtin will have, known from its spec (0: the others, known once
+    loaded)."""
+    return spec.n_samples if spec.builtin in ("synthetic", "synthetic_corpus") else 0
+
+
 def streamed_builtin(spec: BuiltinDatasetIn) -> ParsedDataset:
     """A builtin as registration reads it: the synthetic mixture's rows in the order they are
     drawn, a block at a time (app/services/synthetic_mixture.py), each with the id (its row

@@ -27,6 +27,7 @@ from typing import Any
 
 import pyarrow as pa
 
+from app import pause
 from app.errors import APIError
 from app.phases import Phases
 from app.schemas import BuiltinDatasetIn
@@ -138,6 +139,7 @@ def _register(job: Registration, name: str | None, payload: bytes | int) -> tupl
         phases.mark("start")  # the upload read from shared memory, the runtime built
         return _append(runtime, job, data, phases)
     try:
+        pause.point(job.settings, "registration-parse", job.dataset_id)  # tests: before a row
         parsed = _parse(job, data)
         if len(parsed.y) > job.settings.max_dataset_samples:
             limit = job.settings.max_dataset_samples

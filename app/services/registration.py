@@ -100,16 +100,17 @@ class RegistrationDiscarded(APIError):
         )
 
 
-def begin(session: Session, name: str, source: str) -> int:
-    """The dataset's row, `registering` with nothing known yet, in the caller's commit: its id
-    answers the client before the upload is parsed (a 202 with progress)."""
+def begin(session: Session, name: str, source: str, rows: int = 0) -> int:
+    """The dataset's row, `registering` with nothing known yet but the rows where the request
+    said (a synthetic builtin's), in the caller's commit: its id answers the client before the
+    upload is parsed (a 202 with progress), and at once where `rows` makes it a job."""
     ds = Dataset(
         name=name,
         kind="",
         source=source,
         feature_shape=[],
         n_classes=0,
-        n_samples=0,
+        n_samples=rows,
         status=DatasetStatus.registering,
         progress_at=utcnow(),
     )
@@ -698,7 +699,8 @@ def discard_job(
 
 
 def rows_total(session: Session, dataset_id: int) -> int:
-    """The rows a registration will commit: 0 until its upload is parsed."""
+    """The rows a registration will commit: 0 until its upload is parsed (a synthetic
+    builtin's from the start)."""
     return int(session.scalar(select(Dataset.n_samples).where(Dataset.id == dataset_id)) or 0)
 
 
