@@ -5,12 +5,16 @@ to open."""
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
-from sqlalchemy import select
+from sqlalchemy import delete, select
 
 from app.db.session import database
-from app.db.tables import Dataset, Sample
+from app.db.tables import DataKey, Dataset, Sample
+from app.services.dataset_files import ParsedDataset
+from app.services.registration import SubjectTokens, insert_sealed, sealed_row
+from app.storage.keystore import new_keys
 from tests.conftest import Api
 from tests.factories import arrays_for, forget
 from workers import data as worker_data
@@ -67,3 +71,40 @@ def test_an_erased_row_refuses_to_open_and_its_block_s_others_open(api: Api, dig
         truth = arrays_for(session, ring, session.get_one(Dataset, digits["id"]), kept)
         assert torch.equal(opened.X, truth.X.reshape(len(kept), -1))
         assert opened.external_ids == truth.external_ids
+
+
+def test_rows_sealed_on_their_own_open_beside_block_rows(api: Api, digits: dict) -> None:
+    """Rows sealed one by one under keys of their own (registrations before blocks) open in
+    the same read as the block rows around them, each with its own key; a run of block rows
+    and single rows alternating, and a destroyed key's row refused."""
+    ring, dataset_id = api.runtime.keyring, digits["id"]
+    rng = np.random.default_rng(3)
+    parsed = ParsedDataset(
+        X=rng.standard_normal((3, 64)).astype(np.float32),
+        y=np.array([1, 2, 3]),
+        ids=["alone-0", "alone-1", "alone-2"],
+        subjects=[None, "someone", None],
+        split=["train"] * 3,
+        n_classes=10,
+        kind="image",
+    )
+    keys = new_keys(ring, 3)
+    subjects = SubjectTokens(ring, dataset_id)
+    rows = [sealed_row(ring, dataset_id, parsed, i, keys[i][1], subjects) for i in range(3)]
+    with database(api.url).write() as session:
+        insert_sealed(session, ring, dataset_id, keys, rows)
+    ids = ids_of(api, dataset_id)
+    wanted = ids[:5] + ids[-3:]  # block rows, then the three sealed alone
+    with database(api.url).read() as session:
+        opened = worker_data._decode(session, ring, worker_data._sealed_rows(session, wanted), [64])
+        truth = arrays_for(session, ring, session.get_one(Dataset, dataset_id), wanted)
+    assert torch.equal(opened.X, truth.X.reshape(len(wanted), -1))
+    assert torch.equal(opened.X[-3:], torch.from_numpy(parsed.X))
+    assert opened.external_ids[-3:] == parsed.ids and opened.subjects[-3:] == parsed.subjects
+    assert opened.y[-3:].tolist() == [1, 2, 3] and opened.sample_ids == wanted
+    with database(api.url).write() as session:  # the middle one's key destroyed
+        session.execute(delete(DataKey).where(DataKey.id == keys[1][0]))
+    with database(api.url).read() as session:
+        rows_read = worker_data._sealed_rows(session, wanted)
+        with pytest.raises(RuntimeError, match=rf"samples \[{ids[-2]}\] are erased"):
+            worker_data._decode(session, ring, rows_read, [64])

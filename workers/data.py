@@ -3,6 +3,7 @@ opening each sample's sealed payload with its data key (app/storage/crypto.py)."
 
 from __future__ import annotations
 
+import itertools
 import threading
 import uuid
 from collections.abc import Sequence
@@ -11,7 +12,7 @@ from typing import Any
 
 import numpy as np
 import torch
-from sqlalchemy import Engine, Select, select
+from sqlalchemy import Engine, Select, String, cast, select
 from sqlalchemy.orm import Session
 
 from app.db.chunks import chunked
@@ -47,9 +48,12 @@ def _open_rows(session: Session, ring: Keyring, rows: Sequence[Any]) -> dict[int
 
 
 def _decode(session: Session, ring: Keyring, rows: Sequence[Any], shape: list[int]) -> Arrays:
-    """Rows selected with `sealed_samples()` opened into arrays, in their order: a row sealed
+    """Rows selected with `stored_samples()` opened into arrays, in their order: a row sealed
     on its own decoded alone; a block's rows copied out of its columns together, the block
-    opened once (app/storage/sample_blocks.py). Every row must open."""
+    opened once (app/storage/sample_blocks.py). The rows are taken apart by column and a
+    block's rows by runs (a block's rows have consecutive ids), so nothing is made per row
+    but its id and subject strings: the key id per row as a UUID, a Row's attributes and a
+    dict entry per row were most of reading a million rows (issue 55). Every row must open."""
     n = len(rows)
     n_feat = int(np.prod(shape)) if shape else 1
     X = np.empty((n, n_feat), dtype=np.float32)
@@ -57,45 +61,54 @@ def _decode(session: Session, ring: Keyring, rows: Sequence[Any], shape: list[in
     external_ids: list[str] = [""] * n
     subjects: list[str | None] = [None] * n
     found = np.zeros(n, dtype=bool)
+    ids, dataset_ids, names, payloads, keys, places = (
+        list(zip(*rows, strict=True))[:6] if n else ([], [], [], [], [], [])
+    )
 
     def put(i: int, record: SampleRecord) -> None:
         X[i] = np.frombuffer(record.features, dtype=np.float32)
         y[i], external_ids[i], subjects[i] = record.label, record.external_id, record.subject_id
         found[i] = True
 
-    in_blocks: dict[uuid.UUID, list[int]] = {}
-    for i, r in enumerate(rows):
-        if r.wrapped is None:
+    runs = _runs(keys)
+    key_of = {raw: uuid.UUID(raw) for raw in {keys[start] for start, _ in runs}}
+    wrapped = _wrapped_keys(session, list(key_of.values()))
+    in_blocks: dict[uuid.UUID, list[tuple[int, int]]] = {}
+    for start, stop in runs:
+        key_id = key_of[keys[start]]
+        if key_id not in wrapped:  # destroyed: its rows are erased
             continue
-        if r.payload is not None:
-            plain = open_sealed(
-                ring.unwrap(r.wrapped), r.payload, sample_aad(r.dataset_id, r.external_id)
-            )
-            put(i, SampleRecord.decode(plain))
-        elif r.block_row is not None:
-            in_blocks.setdefault(r.key_id, []).append(i)
-    wrapped = {key: rows[at[0]].wrapped for key, at in in_blocks.items()}
-    for key_id, plain in opened_blocks(session, ring, wrapped):
-        at = in_blocks[key_id]
-        places = [rows[i].block_row for i in at]
+        if payloads[start] is not None:  # sealed on its own (registrations before blocks)
+            for i in range(start, stop):
+                aad = sample_aad(dataset_ids[i], names[i])
+                put(
+                    i,
+                    SampleRecord.decode(
+                        open_sealed(ring.unwrap(wrapped[key_id]), payloads[i], aad)
+                    ),
+                )
+        elif places[start] is not None:
+            in_blocks.setdefault(key_id, []).append((start, stop))
+    for key_id, plain in opened_blocks(session, ring, {k: wrapped[k] for k in in_blocks}):
+        index = np.concatenate([np.arange(start, stop) for start, stop in in_blocks[key_id]])
+        taken = np.asarray([p for start, stop in in_blocks[key_id] for p in places[start:stop]])
         block = columns(plain)
         if block is None:  # packed by record: an older registration's, or one rewritten
             records = block_records(plain)
-            for i, place in zip(at, places, strict=True):
+            for i, place in zip(index.tolist(), taken.tolist(), strict=True):
                 if (record := records[place]) is not None:
                     put(i, record)
             del records
             continue
-        index, taken = np.asarray(at), np.asarray(places)
         X[index], y[index], found[index] = block.features[taken], block.labels[taken], True
-        for i, place in zip(at, places, strict=True):
+        for i, place in zip(index.tolist(), taken.tolist(), strict=True):
             external_ids[i], subjects[i] = block.external_id(place), block.subject(place)
         del block
     if not found.all():
-        missing = [rows[i].id for i in np.flatnonzero(~found)[:10]]
+        missing = [ids[i] for i in np.flatnonzero(~found)[:10]]
         raise RuntimeError(f"samples {missing} are erased but were asked for")
     return Arrays(
-        sample_ids=[r.id for r in rows],
+        sample_ids=list(ids),
         external_ids=external_ids,
         X=torch.from_numpy(X.reshape(n, *shape)) if n else torch.zeros((0, *shape)),
         y=torch.from_numpy(y),
@@ -103,10 +116,29 @@ def _decode(session: Session, ring: Keyring, rows: Sequence[Any], shape: list[in
     )
 
 
+def _runs(keys: Sequence[str | None]) -> list[tuple[int, int]]:
+    """(start, stop) of each run of equal key ids (None, a row with no key, in none)."""
+    if not keys:
+        return []
+    at = np.asarray(keys, dtype=object)
+    edges = [0, *(np.flatnonzero(at[1:] != at[:-1]) + 1).tolist(), len(keys)]
+    return [(a, b) for a, b in itertools.pairwise(edges) if keys[a] is not None]
+
+
+def _wrapped_keys(session: Session, key_ids: list[uuid.UUID]) -> dict[uuid.UUID, bytes]:
+    """The wrapped data keys of these ids that still exist (a destroyed one is missing), read
+    once per key, not once per row of its block."""
+    found: dict[uuid.UUID, bytes] = {}
+    for chunk in chunked(key_ids):
+        query = select(DataKey.id, DataKey.wrapped).where(DataKey.id.in_(chunk))
+        found.update((k, w) for k, w in session.connection().execute(query) if w is not None)
+    return found
+
+
 def split_rows(
     session: Session, ring: Keyring, rows: Sequence[Any], shape: list[int]
 ) -> tuple[Arrays, Arrays]:
-    """Rows selected with `sealed_samples()` and their `split`, opened together (each block
+    """Rows selected with `stored_samples()` and their `split`, opened together (each block
     once) as (training rows, test rows), each in the rows' order: an append's rows as a
     model learns them, read in one query where two `IN` lists of their ids were (issue 55)."""
     opened = _decode(session, ring, rows, shape)
@@ -129,6 +161,21 @@ def _part(arrays: Arrays, at: np.ndarray) -> Arrays:
 def database_key(engine: Engine) -> str:
     """Which database a cache entry belongs to (a process may hold models of several)."""
     return engine.url.render_as_string()
+
+
+def stored_samples() -> Select[int, int, str, bytes | None, str | None, int | None]:
+    """Samples as `_decode` reads them in bulk, in this column order (a caller may add
+    columns after them): the key id as text, each made a UUID once per block, and no wrapped
+    key (read once per key, `_wrapped_keys`), where a UUID and the block's wrapped key were
+    made for every row."""
+    return select(
+        Sample.id,
+        Sample.dataset_id,
+        Sample.external_id,
+        Sample.payload,
+        cast(Sample.key_id, String).label("key_id"),
+        Sample.block_row,
+    )
 
 
 def sealed_samples() -> Select[int, int, str, bytes | None, uuid.UUID | None, bytes, int | None]:
@@ -244,11 +291,13 @@ def _sealed_rows(session: Session, ids: list[int]) -> list[Any]:
     per-row work were most of reading a million-row model's rows)."""
     if not ids:
         return []
-    query, run = sealed_samples().order_by(Sample.id), ids[-1] - ids[0] + 1
+    query, run = stored_samples().order_by(Sample.id), ids[-1] - ids[0] + 1
     if run > 2 * len(ids):
         return list(session.connection().execute(query.where(Sample.id.in_(ids))).all())
-    wanted = set(ids)
     found = session.connection().execute(query.where(Sample.id.between(ids[0], ids[-1]))).all()
+    if run == len(ids):  # every id of the range asked for
+        return list(found)
+    wanted = set(ids)
     return [r for r in found if r.id in wanted]
 
 

@@ -42,7 +42,7 @@ from workers.certify import CertificateContext, certificate_fields
 from workers.claim import check_lease
 from workers.commit import VersionRow, finish_requests, supersede, write_release
 from workers.context import JobContext
-from workers.data import Arrays, database_key, sealed_samples, split_rows
+from workers.data import Arrays, database_key, split_rows, stored_samples
 from workers.lease import LeaseLost
 from workers.metrics import JOB_DURATION, ROWS_LEARNED, VERSIONS_LEARNED
 from workers.updates import compute_storing
@@ -162,7 +162,7 @@ def _opened(session: Session, ctx: JobContext, model_id: int, due: list[tuple[in
         rows += (
             session.connection()
             .execute(
-                sealed_samples()
+                stored_samples()
                 .add_columns(Sample.split, Sample.append_id)
                 .where(
                     Sample.append_id.in_(chunk),
