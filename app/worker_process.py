@@ -10,6 +10,7 @@ side is workers/embedded.py, named by dotted path because `app` never imports `w
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import logging
 import multiprocessing
@@ -66,11 +67,18 @@ class ProcessDispatcher:
         self._supervisor.start()
 
     def stop(self) -> None:
-        """Ask the child to stop: its running job puts its work back (app/shutdown.py)."""
+        """Ask the child to stop: its running job puts its work back (app/shutdown.py). The
+        pipe's "stop" is read once the child listens, so it gets SIGTERM too: a child that
+        has not yet installed its handler (still importing torch: seconds, more on a busy
+        machine) holds no job and ends at once, where it used to finish starting first and
+        a server stopped right after its start took more than STOP_SECONDS to exit; a child
+        that has takes SIGTERM as its "stop" (workers/embedded.py)."""
         self._stopping.set()
         self._send(("stop",))
         process = self._process
         if process is not None:
+            with contextlib.suppress(OSError):  # gone already
+                process.terminate()
             process.join(STOP_SECONDS)
             if process.is_alive():
                 log.warning("the worker process did not stop in %.0f s; killing it", STOP_SECONDS)

@@ -16,6 +16,7 @@ import httpx
 import pytest
 from sqlalchemy import select
 
+from app import worker_process
 from app.db.session import database
 from app.db.tables import Model
 from app.settings import Settings
@@ -89,6 +90,33 @@ def test_the_child_runs_jobs_wakes_the_api_and_is_replaced_when_it_dies(
     finally:
         dispatcher.stop()
     assert not dispatcher.ping() and third is not None and not alive(third)
+
+
+def still_starting(*_: object) -> None:
+    """A child that never gets to listen (as one still importing torch): it says so, waits."""
+    Path(os.environ[MARK]).write_text(str(os.getpid()))
+    time.sleep(600)
+
+
+def test_a_child_still_starting_is_stopped_at_once_not_killed_after_the_grace(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A server stopped right after its start: its worker had not yet read the pipe's "stop"
+    (it reads it once started), so the dispatcher waited STOP_SECONDS (30 s), killed it and
+    logged so, and `lethe serve` took more than 30 s to exit on a busy machine (6-8 s on a
+    quiet one). SIGTERM ends a starting child at once; it holds no job yet."""
+    path = tmp_path / "started"
+    monkeypatch.setenv(MARK, str(path))
+    monkeypatch.setattr(worker_process, "CHILD", f"{__name__}.still_starting")
+    dispatcher = ProcessDispatcher(Settings(data_dir=tmp_path, redis_url=None))
+    dispatcher.start()
+    wait_until(path.exists, what="the child runs")
+    child = dispatcher.pid
+    assert child is not None and int(path.read_text()) == child
+    with caplog.at_level("WARNING", logger="lethe.dispatch"):
+        dispatcher.stop()
+    assert not alive(child) and not dispatcher.ping()
+    assert "did not stop" not in caplog.text  # ended by SIGTERM, not killed after the grace
 
 
 @pytest.mark.integration
