@@ -108,3 +108,39 @@ def test_rows_sealed_on_their_own_open_beside_block_rows(api: Api, digits: dict)
         rows_read = worker_data._sealed_rows(session, wanted)
         with pytest.raises(RuntimeError, match=rf"samples \[{ids[-2]}\] are erased"):
             worker_data._decode(session, ring, rows_read, [64])
+
+
+def test_ids_and_subjects_of_a_block_come_out_whole_ascii_or_not(api: Api) -> None:
+    """A block's ids and subjects are decoded together (sliced from one string where they are
+    ASCII, one by one where not), a row with no subject is None: as read record by record.
+    150 rows: three blocks, one with a non-ASCII id, every fourth row with no subject."""
+    lines = ["id,f1,f2,label,person"]
+    for i in range(150):
+        name = f"zoë-{i}" if i == 70 else f"r{i}"
+        lines.append(f"{name},{i * 0.1},{-i},{i % 2},{'' if i % 4 == 0 else f'p{i % 7}'}")
+    body = "\n".join(lines).encode()
+    answer = api.post(
+        "/v1/datasets",
+        files={"file": ("people.csv", body)},
+        data={"id_column": "id", "subject_column": "person"},
+    )
+    assert answer.status_code == 201, answer.text
+    dataset_id = answer.json()["id"]
+    ids = ids_of(api, dataset_id)
+    ring = api.runtime.keyring
+    for wanted in (ids, ids[1::3]):  # whole blocks in runs, and places apart
+        with database(api.url).read() as session:
+            rows = worker_data._sealed_rows(session, wanted)
+            opened = worker_data._decode(session, ring, rows, [2])
+            truth = arrays_for(session, ring, session.get_one(Dataset, dataset_id), wanted)
+        assert opened.external_ids == truth.external_ids and opened.subjects == truth.subjects
+        assert torch.equal(opened.X, truth.X.reshape(len(wanted), -1))
+    with database(api.url).read() as session:
+        whole = worker_data._decode(session, ring, worker_data._sealed_rows(session, ids), [2])
+    assert whole.external_ids[70] == "zoë-70" and whole.subjects[:5] == [
+        None,
+        "p1",
+        "p2",
+        "p3",
+        None,
+    ]

@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 import torch
-from sqlalchemy import Engine, Select, String, cast, select
+from sqlalchemy import Engine, Select, String, case, cast, select
 from sqlalchemy.orm import Session
 
 from app.db.chunks import chunked
@@ -20,6 +20,7 @@ from app.db.tables import DataKey, Dataset, ModelSample, Sample
 from app.states import SampleStatus
 from app.storage.crypto import Keyring, SampleRecord, open_sealed, sample_aad
 from app.storage.sample_blocks import block_records, columns, open_records, opened_blocks
+from workers import collector
 
 
 @dataclass
@@ -47,17 +48,24 @@ def _open_rows(session: Session, ring: Keyring, rows: Sequence[Any]) -> dict[int
     return out | open_records(session, ring, rows)
 
 
-def _decode(session: Session, ring: Keyring, rows: Sequence[Any], shape: list[int]) -> Arrays:
+def _decode(
+    session: Session,
+    ring: Keyring,
+    rows: Sequence[Any],
+    shape: list[int],
+    into: tuple[np.ndarray, np.ndarray] | None = None,
+) -> Arrays:
     """Rows selected with `stored_samples()` opened into arrays, in their order: a row sealed
     on its own decoded alone; a block's rows copied out of its columns together, the block
     opened once (app/storage/sample_blocks.py). The rows are taken apart by column and a
-    block's rows by runs (a block's rows have consecutive ids), so nothing is made per row
-    but its id and subject strings: the key id per row as a UUID, a Row's attributes and a
-    dict entry per row were most of reading a million rows (issue 55). Every row must open."""
+    block's rows by runs (a block's rows have consecutive ids), its ids and subjects decoded
+    together: the key id per row as a UUID, a Row's attributes, a dict entry and two calls
+    per row were most of reading a million rows (issue 55). `into`: the (rows × features)
+    float32 and (rows,) int64 arrays to fill (views of a larger read's), else new ones. Every
+    row must open."""
     n = len(rows)
     n_feat = int(np.prod(shape)) if shape else 1
-    X = np.empty((n, n_feat), dtype=np.float32)
-    y = np.empty(n, dtype=np.int64)
+    X, y = into or (np.empty((n, n_feat), dtype=np.float32), np.empty(n, dtype=np.int64))
     external_ids: list[str] = [""] * n
     subjects: list[str | None] = [None] * n
     found = np.zeros(n, dtype=bool)
@@ -81,28 +89,29 @@ def _decode(session: Session, ring: Keyring, rows: Sequence[Any], shape: list[in
         if payloads[start] is not None:  # sealed on its own (registrations before blocks)
             for i in range(start, stop):
                 aad = sample_aad(dataset_ids[i], names[i])
-                put(
-                    i,
-                    SampleRecord.decode(
-                        open_sealed(ring.unwrap(wrapped[key_id]), payloads[i], aad)
-                    ),
-                )
+                plain = open_sealed(ring.unwrap(wrapped[key_id]), payloads[i], aad)
+                put(i, SampleRecord.decode(plain))
         elif places[start] is not None:
             in_blocks.setdefault(key_id, []).append((start, stop))
     for key_id, plain in opened_blocks(session, ring, {k: wrapped[k] for k in in_blocks}):
-        index = np.concatenate([np.arange(start, stop) for start, stop in in_blocks[key_id]])
-        taken = np.asarray([p for start, stop in in_blocks[key_id] for p in places[start:stop]])
         block = columns(plain)
-        if block is None:  # packed by record: an older registration's, or one rewritten
-            records = block_records(plain)
-            for i, place in zip(index.tolist(), taken.tolist(), strict=True):
-                if (record := records[place]) is not None:
-                    put(i, record)
-            del records
-            continue
-        X[index], y[index], found[index] = block.features[taken], block.labels[taken], True
-        for i, place in zip(index.tolist(), taken.tolist(), strict=True):
-            external_ids[i], subjects[i] = block.external_id(place), block.subject(place)
+        for start, stop in in_blocks[key_id]:
+            taken = np.asarray(places[start:stop])
+            if block is None:  # packed by record: an older registration's, or one rewritten
+                records = block_records(plain)
+                for i, place in zip(range(start, stop), taken.tolist(), strict=True):
+                    if (record := records[place]) is not None:
+                        put(i, record)
+                continue
+            X[start:stop], y[start:stop] = block.features[taken], block.labels[taken]
+            found[start:stop] = True
+            all_ids, all_subjects = block.external_ids(), block.subjects_of()
+            if taken[-1] - taken[0] + 1 == len(taken):  # the block's rows in a run, in order
+                external_ids[start:stop] = all_ids[taken[0] : taken[-1] + 1]
+                subjects[start:stop] = all_subjects[taken[0] : taken[-1] + 1]
+            else:
+                for i, place in zip(range(start, stop), taken.tolist(), strict=True):
+                    external_ids[i], subjects[i] = all_ids[place], all_subjects[place]
         del block
     if not found.all():
         missing = [ids[i] for i in np.flatnonzero(~found)[:10]]
@@ -171,7 +180,9 @@ def stored_samples() -> Select[int, int, str, bytes | None, str | None, int | No
     return select(
         Sample.id,
         Sample.dataset_id,
-        Sample.external_id,
+        # a block row's external_id is its id token, which only a row sealed on its own needs
+        # (in its AAD): not read for a million block rows
+        case((Sample.payload.is_not(None), Sample.external_id)).label("external_id"),
         Sample.payload,
         cast(Sample.key_id, String).label("key_id"),
         Sample.block_row,
@@ -240,7 +251,7 @@ class OpenedSamples:
             dataset.created_at.isoformat(),  # a dataset id reused after a delete starts afresh
         )
         where = (*here, part)
-        with self._lock:
+        with self._lock, collector.paused():  # millions of short-lived rows, no cycles
             for key, cached in list(self._blocks.items()):  # erased rows leave every part
                 if key[:3] == here:
                     self._blocks[key] = cached.drop(erased)
@@ -270,10 +281,9 @@ def _open_new(session: Session, ring: Keyring, dataset: Dataset, new: list[int])
     subjects: list[str | None] = []
     at = 0
     for chunk in chunked(new):
-        part = _decode(session, ring, _sealed_rows(session, chunk), shape)
-        m = len(part)
-        X[at : at + m] = part.X.reshape(m, -1).numpy()
-        y[at : at + m] = part.y.numpy()
+        rows = _sealed_rows(session, chunk)
+        m = len(rows)
+        part = _decode(session, ring, rows, shape, (X[at : at + m], y[at : at + m]))
         sample_ids += part.sample_ids
         external_ids += part.external_ids
         subjects += part.subjects
@@ -285,7 +295,7 @@ def _open_new(session: Session, ring: Keyring, dataset: Dataset, new: list[int])
 
 
 def _sealed_rows(session: Session, ids: list[int]) -> list[Any]:
-    """The rows of these ids (ascending) as `sealed_samples()` selects them, in id order: a
+    """The rows of these ids (ascending) as `stored_samples()` selects them, in id order: a
     dense run read as one range, a sparse one by `IN`; through the session's connection, with
     no ORM processing of each row (issue 55: compiling 5,000-id `IN` lists and the ORM's
     per-row work were most of reading a million-row model's rows)."""
@@ -298,7 +308,7 @@ def _sealed_rows(session: Session, ids: list[int]) -> list[Any]:
     if run == len(ids):  # every id of the range asked for
         return list(found)
     wanted = set(ids)
-    return [r for r in found if r.id in wanted]
+    return [r for r in found if r[0] in wanted]
 
 
 @dataclass
@@ -334,7 +344,11 @@ class _Block:
 
     def missing(self, ids: list[int]) -> list[int]:
         """Those of `ids` not opened here, ascending, without repeats."""
-        wanted = np.unique(np.asarray(ids, dtype=np.int64))
+        wanted = np.asarray(ids, dtype=np.int64)
+        increasing = bool(np.all(wanted[1:] > wanted[:-1]))
+        if not len(self) and increasing:  # nothing opened yet: all of them (as callers ask)
+            return ids if isinstance(ids, list) else wanted.tolist()
+        wanted = wanted if increasing else np.unique(wanted)
         return np.setdiff1d(wanted, self.ids, assume_unique=True).tolist()
 
     def drop(self, erased: np.ndarray) -> _Block:

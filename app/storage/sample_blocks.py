@@ -19,6 +19,7 @@ are empty records); `block_records` and `unpack` read both."""
 from __future__ import annotations
 
 import ctypes
+import itertools
 import logging
 import struct
 from collections.abc import Iterable, Iterator, Sequence
@@ -137,6 +138,24 @@ class Columns:
         if not self.given[row]:
             return None
         return str(self.subjects[self.subject_ends[row] : self.subject_ends[row + 1]], "utf-8")
+
+    def external_ids(self) -> list[str]:
+        """Every row's id, in place order, decoded together."""
+        return _texts(self.ids, self.id_ends)
+
+    def subjects_of(self) -> list[str | None]:
+        """Every row's subject (None where it has none), in place order."""
+        texts = _texts(self.subjects, self.subject_ends)
+        return [text if given else None for text, given in zip(texts, self.given, strict=True)]
+
+
+def _texts(joined: memoryview, ends: list[int]) -> list[str]:
+    """The strings at [ends[i], ends[i + 1]) of UTF-8 bytes: decoded once and sliced where
+    they are ASCII (a byte is a character), else one at a time."""
+    text = str(joined, "utf-8")
+    if len(text) == len(joined):
+        return [text[a:b] for a, b in itertools.pairwise(ends)]
+    return [str(joined[a:b], "utf-8") for a, b in itertools.pairwise(ends)]
 
 
 def columns(plain: bytes) -> Columns | None:
