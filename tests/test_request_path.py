@@ -299,9 +299,9 @@ def test_opened_samples_are_cached_and_erased_ones_dropped(
     opened: list[int] = []
     real = data._decode
 
-    def counting(session, ring, rows, shape):  # type: ignore[no-untyped-def]
+    def counting(session, ring, rows, shape, into=None):  # type: ignore[no-untyped-def]
         opened.extend(r.id for r in rows)
-        return real(session, ring, rows, shape)
+        return real(session, ring, rows, shape, into)
 
     monkeypatch.setattr(data, "_decode", counting)
     cache = api.worker().opened  # the inline worker's own cache of opened samples
