@@ -7,6 +7,7 @@ transaction, as in Polar's fixtures, cannot hold them).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import time
@@ -201,16 +202,23 @@ def api(settings: Settings) -> Iterator[Api]:
         )
 
 
-@pytest.fixture
-def paused_api(settings: Settings, tmp_path: Path) -> Iterator[tuple[Api, Path]]:
-    """The app with the pause point between a registration's chunk commits switched on
-    (app/pause.py): a test touches `registration-chunk-<id>.go` to let one go on."""
+@contextlib.contextmanager
+def paused_app(settings: Settings, tmp_path: Path, *points: str) -> Iterator[tuple[Api, Path]]:
+    """The app with these pause points switched on (app/pause.py), and their folder: a test
+    touches `<point>-<id>.go` there to let one go on."""
     pause = tmp_path / "pause"
     pause.mkdir()
-    paused = settings.model_copy(update={"pause_dir": pause, "pause_at": ["registration-chunk"]})
+    paused = settings.model_copy(update={"pause_dir": pause, "pause_at": list(points)})
     url = paused.resolved_database_url
     with TestClient(create_app(paused)) as client:
         yield Api(client=client, url=url, keys=make_keys(url)), pause
+
+
+@pytest.fixture
+def paused_api(settings: Settings, tmp_path: Path) -> Iterator[tuple[Api, Path]]:
+    """The app paused between a registration's chunk commits (`registration-chunk`)."""
+    with paused_app(settings, tmp_path, "registration-chunk") as found:
+        yield found
 
 
 def train_ids(api: Api, dataset_id: int, n: int, offset: int = 0) -> list[str]:

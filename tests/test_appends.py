@@ -251,26 +251,18 @@ def test_a_person_erased_while_an_append_runs_is_taken_out_of_its_blocks(
     commit takes their rows out of the block they were sealed in (the block sealed again
     under a new key without them, the old key destroyed), and the other rows of that block
     stay."""
-    from fastapi.testclient import TestClient
-
     from app.db.tables import DataKey
-    from app.main import create_app
-    from tests.conftest import make_keys
+    from tests.conftest import paused_app
     from tests.test_registration import wait_file
 
-    pause = tmp_path / "pause"
-    pause.mkdir()
-    paused = settings.model_copy(update={"pause_dir": pause, "pause_at": ["append-chunk"]})
-    url = paused.resolved_database_url
-    with TestClient(create_app(paused)) as client:
-        api = Api(client=client, url=url, keys=make_keys(url))
+    with paused_app(settings, tmp_path, "append-chunk") as (api, pause):
         dataset_id = register(api, table_csv(range(20)))  # people person-0000 .. person-0009
         rows = ["id,subject,label,f0,f1"]
         rows += [f"new-{i:05d},person-{i // 2:04d},{i % 2},{i * 0.5},1.0" for i in range(12_000)]
         answer = append(api, dataset_id, ("\n".join(rows) + "\n").encode())
         assert answer.status_code == 202, answer.text  # 12,000 rows: a job
         wait_file(pause / "append-chunk-1.reached")  # new-00010, new-00011 are in that chunk
-        with database(url).read() as session:
+        with database(api.url).read() as session:
             before = set(
                 session.scalars(select(Sample.key_id).where(Sample.append_id == 1).distinct())
             )
@@ -289,7 +281,7 @@ def test_a_person_erased_while_an_append_runs_is_taken_out_of_its_blocks(
         for person, total in (("person-0005", 0), ("person-0004", 4)):
             listed = api.get(f"/v1/datasets/{dataset_id}/samples", params={"subject": person})
             assert listed.json()["total"] == total, (person, listed.text)
-        with database(url).read() as session:
+        with database(api.url).read() as session:
             after = set(
                 session.scalars(select(Sample.key_id).where(Sample.append_id == 1).distinct())
             )

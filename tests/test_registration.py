@@ -16,16 +16,14 @@ from typing import Any
 import httpx
 import pytest
 import sqlalchemy as sa
-from fastapi.testclient import TestClient
 
 from app.db.session import database
 from app.db.tables import DataKey, Sample, SampleToken
-from app.main import create_app
 from app.schemas import BuiltinDatasetIn
 from app.services import dataset_files, registration
 from app.settings import Settings
 from bench.cluster import Cluster
-from tests.conftest import SMALL_TRAINING, Api, make_keys
+from tests.conftest import SMALL_TRAINING, Api, paused_app
 
 # Three chunks of registration.CHUNK samples (the last one short).
 BIG = {"builtin": "synthetic", "n_samples": 12_000, "n_features": 4, "n_classes": 2}
@@ -128,12 +126,7 @@ def test_a_large_synthetic_registration_answers_before_a_row_is_drawn(
     """Issue 55, goal 1: a synthetic builtin's rows are known from its spec, so its POST
     answers 202 with the total while the child is held before drawing a row, where the answer
     waited for the mixture's draws (26 s at a million × 256, bench.registration)."""
-    pause = tmp_path / "pause"
-    pause.mkdir()
-    paused = settings.model_copy(update={"pause_dir": pause, "pause_at": ["registration-parse"]})
-    url = paused.resolved_database_url
-    with TestClient(create_app(paused)) as client:
-        api = Api(client=client, url=url, keys=make_keys(url))
+    with paused_app(settings, tmp_path, "registration-parse") as (api, pause):
         answer = api.post("/v1/datasets", json=BIG)
         assert answer.status_code == 202, answer.text
         body = answer.json()

@@ -95,24 +95,27 @@ def _decode(
             in_blocks.setdefault(key_id, []).append((start, stop))
     for key_id, plain in opened_blocks(session, ring, {k: wrapped[k] for k in in_blocks}):
         block = columns(plain)
+        if block is None:  # packed by record: an older registration's, or one rewritten
+            records = block_records(plain)
+            for start, stop in in_blocks[key_id]:
+                for i in range(start, stop):
+                    if (record := records[places[i]]) is not None:
+                        put(i, record)
+            del records
+            continue
+        all_ids, all_subjects = block.external_ids(), block.subjects_of()
         for start, stop in in_blocks[key_id]:
             taken = np.asarray(places[start:stop])
-            if block is None:  # packed by record: an older registration's, or one rewritten
-                records = block_records(plain)
-                for i, place in zip(range(start, stop), taken.tolist(), strict=True):
-                    if (record := records[place]) is not None:
-                        put(i, record)
-                continue
             X[start:stop], y[start:stop] = block.features[taken], block.labels[taken]
             found[start:stop] = True
-            all_ids, all_subjects = block.external_ids(), block.subjects_of()
-            if taken[-1] - taken[0] + 1 == len(taken):  # the block's rows in a run, in order
-                external_ids[start:stop] = all_ids[taken[0] : taken[-1] + 1]
-                subjects[start:stop] = all_subjects[taken[0] : taken[-1] + 1]
+            first = int(taken[0])
+            if np.array_equal(taken, np.arange(first, first + len(taken))):  # places in order
+                external_ids[start:stop] = all_ids[first : first + len(taken)]
+                subjects[start:stop] = all_subjects[first : first + len(taken)]
             else:
                 for i, place in zip(range(start, stop), taken.tolist(), strict=True):
                     external_ids[i], subjects[i] = all_ids[place], all_subjects[place]
-        del block
+        del block, all_ids, all_subjects
     if not found.all():
         missing = [ids[i] for i in np.flatnonzero(~found)[:10]]
         raise RuntimeError(f"samples {missing} are erased but were asked for")

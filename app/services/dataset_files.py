@@ -228,7 +228,8 @@ def streamed_builtin(spec: BuiltinDatasetIn) -> ParsedDataset:
         return load_builtin(spec)
     m = synthetic_mixture.mixture(spec)
     destination = m.destination()  # each drawn row's number in scikit-learn's order
-    split = np.array(seeded_split(m.y[m.order], spec.test_fraction, spec.seed))[destination]
+    theirs = seeded_split(m.y[m.order], spec.test_fraction, spec.seed)  # scikit-learn's order
+    split = [theirs[i] for i in destination.tolist()]  # the two strings shared, none per row
     subjects = synthetic_mixture.subject_names(destination, spec.subject_size)
     return ParsedDataset(
         X=synthetic_mixture.MixtureRows(m),  # type: ignore[arg-type]
@@ -237,7 +238,7 @@ def streamed_builtin(spec: BuiltinDatasetIn) -> ParsedDataset:
         subjects=[None] * m.n
         if subjects is None
         else MaybeTexts(subjects.astype(MaybeTexts.DTYPE)),
-        split=split.tolist(),
+        split=split,
         n_classes=int(m.y.max()) + 1,
         kind="tabular",
         numbered=True,
