@@ -14,7 +14,7 @@ million rows × 256.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Generator
 from dataclasses import dataclass
 from typing import Any
 
@@ -64,7 +64,7 @@ class Mixture:
         destination[self.order] = np.arange(self.n)
         return destination
 
-    def blocks(self) -> Iterator[tuple[int, np.ndarray]]:
+    def blocks(self) -> Generator[tuple[int, np.ndarray]]:
         """The rows in drawn order, GENERATION_BLOCK at a time: (first row, rows × width
         float32), features in scikit-learn's order. A float32 informative value is the cast
         scikit-learn's float64 would get, so each entry is the same float32."""
@@ -131,22 +131,11 @@ class MixtureRows(RowStream):
         super().__init__(m.n, m.width, rows)
         self.mixture = m
 
-    def _open(self) -> _Drawn:
-        return _Drawn(self.mixture)
+    def _open(self) -> Generator[tuple[int, np.ndarray]]:
+        return self.mixture.blocks()  # a generator: iterated, and closed when let go
 
     def _with_rows(self, rows: np.ndarray) -> MixtureRows:
         return MixtureRows(self.mixture, rows)
-
-
-class _Drawn:
-    def __init__(self, m: Mixture) -> None:
-        self._blocks: Iterator[tuple[int, np.ndarray]] | None = m.blocks()
-
-    def __iter__(self) -> Iterator[tuple[int, np.ndarray]]:
-        return self._blocks if self._blocks is not None else iter(())
-
-    def close(self) -> None:
-        self._blocks = None
 
 
 def subject_names(rows: np.ndarray, size: int | None) -> np.ndarray | None:
