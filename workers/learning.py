@@ -21,12 +21,13 @@ from typing import Any
 
 import torch
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
-from sqlalchemy import insert, select, update
+from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 
 from app import pause, shutdown
+from app.db.bulk import insert_rows
 from app.db.chunks import chunked
-from app.db.tables import Dataset, LearnTask, Model, ModelSample, Sample, utcnow
+from app.db.tables import Base, Dataset, LearnTask, Model, ModelSample, Sample, utcnow
 from app.jsontypes import JsonObject, JsonValue
 from app.ledger.certificates import append_certificates, removed_ids_commitment
 from app.ledger.transparency import signing_key
@@ -49,6 +50,8 @@ from workers.updates import compute_storing
 from workers.values import Batch, Outcome
 
 log = logging.getLogger("lethe.learning")
+
+MODEL_SAMPLES = Base.metadata.tables["model_samples"]
 
 
 @dataclass(frozen=True)
@@ -238,9 +241,10 @@ def commit_learned(
             version.weights_sha256,
             [certificate_id],
         )
-        rows = [{"model_id": batch.model_id, "sample_id": s} for s in learn.added.sample_ids]
-        for chunk in chunked(rows):
-            session.execute(insert(ModelSample), chunk)
+        # tuples in a few statements (COPY on PostgreSQL): the ORM's insert of dicts was
+        # 0.11 s of a 10,000-row append's commit
+        rows = [(batch.model_id, s) for s in learn.added.sample_ids]
+        insert_rows(session.connection(), MODEL_SAMPLES, ("model_id", "sample_id"), rows)
         also = supersede(session, ctx, batch, outcome, version)
         finish_requests(session, ctx.keyring, set(), also=also)
     now = utcnow()

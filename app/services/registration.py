@@ -399,12 +399,14 @@ def sealed_blocks(
     subjects: SubjectTokens,
     append_id: int | None = None,
     tokens: Sequence[str] | None = None,
+    status: SampleStatus | None = None,
 ) -> SealedChunk:
     """The rows at `positions` (a chunk's, in order) as blocks of BLOCK_ROWS records, each
     sealed under a key of its own (app/storage/sample_blocks.py): one key, one seal and one
     stored key per block, where a key per row was a third of a registration's time
-    (bench/registration_stages.py). With `append_id`, that append's `pending` rows; with
-    `tokens`, the id tokens of all of `parsed`'s rows, computed already (an append's)."""
+    (bench/registration_stages.py). With `append_id`, that append's rows, `pending` unless
+    `status` says otherwise; with `tokens`, the id tokens of all of `parsed`'s rows,
+    computed already (an append's)."""
     firsts = range(0, len(positions), BLOCK_ROWS)
     keys = new_keys(ring, len(firsts))
     features = np.ascontiguousarray(_features(parsed, positions)).data.cast("B")
@@ -432,7 +434,7 @@ def sealed_blocks(
         ring.tokens("sample", dataset_id, ids) if tokens is None else texts_at(tokens, positions),
         subjects.of(raw_subjects),
         texts_at(parsed.split, positions),
-        (SampleStatus.active if append_id is None else SampleStatus.pending).value,
+        (status or (SampleStatus.active if append_id is None else SampleStatus.pending)).value,
         append_id,
     )
 
