@@ -10,7 +10,13 @@ from sqlalchemy import select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
-from app.db.bulk import SQLITE_PARAMETERS, driver_uuid, insert_rows, sqlite_parameters
+from app.db.bulk import (
+    SQLITE_PARAMETERS,
+    SQLITE_STATEMENT_ROWS,
+    driver_uuid,
+    insert_rows,
+    sqlite_parameters,
+)
 from app.db.session import database
 from app.db.tables import Base, DataKey, Dataset, Sample
 from app.states import SampleStatus
@@ -65,13 +71,15 @@ def test_an_unknown_column_is_refused_before_any_sql(db_url: str) -> None:
 
 
 def test_more_rows_than_one_statement_takes_all_land_in_order(db_url: str) -> None:
-    """On SQLite a chunk goes in as several many-row statements (as many values each as the
-    library allows): every row lands once, in the order given, and the ids follow it."""
+    """On SQLite a chunk goes in as several many-row statements (SQLITE_STATEMENT_ROWS rows
+    each, fewer where the library's parameter limit says so): every row lands once, in the
+    order given, and the ids follow it."""
     with database(db_url).write() as session:
         dataset_id, key_id = dataset_and_key(session)
         conn = session.connection()
         limit = sqlite_parameters(conn) if conn.dialect.name == "sqlite" else SQLITE_PARAMETERS
-        n = 2 * (limit // len(COLUMNS)) + 3  # two full statements and a short one
+        per = min(SQLITE_STATEMENT_ROWS, limit // len(COLUMNS))
+        n = 2 * per + 3  # two full statements and a short one
         key = driver_uuid(conn, key_id)
         rows = [(dataset_id, f"t:{i:06d}", None, "train", None, key, "active") for i in range(n)]
         insert_rows(conn, Base.metadata.tables["samples"], COLUMNS, rows)

@@ -21,7 +21,7 @@ from sqlalchemy import CompoundSelect, Connection, Table, delete, func, select, 
 from sqlalchemy.orm import Session
 
 from app.db.bulk import insert_rows
-from app.db.chunks import chunked
+from app.db.chunks import CHUNK, chunked
 from app.db.tables import Base
 from app.storage.crypto import TOKEN_PREFIX
 
@@ -183,6 +183,9 @@ _HELD = {
     "sqlite": "SELECT token FROM {t} WHERE dataset_id = ? AND token IN ({marks})",
     "postgresql": "SELECT token FROM {t} WHERE dataset_id = %s AND token = ANY(%s)",
 }
+# Tokens per statement: PostgreSQL takes them as one array; SQLite's IN list of 5,000 took
+# 57 ms for 10,000 tokens in both tables against 35 ms as lists of 500 (/tmp script, issue 55).
+_HELD_CHUNK = {"sqlite": 500, "postgresql": CHUNK}
 
 
 def held(session: Session, dataset_id: int, tokens: Sequence[str]) -> set[str]:
@@ -191,7 +194,7 @@ def held(session: Session, dataset_id: int, tokens: Sequence[str]) -> set[str]:
     conn = session.connection()
     dialect = conn.dialect.name
     found: set[str] = set()
-    for chunk in chunked(sorted(set(tokens))):
+    for chunk in chunked(sorted(set(tokens)), _HELD_CHUNK[dialect]):
         one = _HELD[dialect].format(t="{t}", marks=", ".join("?" * len(chunk)))
         statement = " UNION ALL ".join(one.format(t=t.name) for t in BOTH)
         per_table = (dataset_id, *chunk) if dialect == "sqlite" else (dataset_id, chunk)
