@@ -31,6 +31,11 @@ AUDIT = "workers.audits.run_audit"
 
 class Dispatcher(Protocol):
     def enqueue(self, job: str, *args: int) -> None: ...
+    def expect(self) -> None:
+        """Work is coming soon (an append's learning, once its rows are in): a worker holds
+        off what would delay it (the embedded worker's idle collection)."""
+        ...
+
     def ping(self) -> bool: ...
     def depth(self) -> int: ...
     def metrics(self) -> bytes: ...
@@ -91,6 +96,9 @@ class InlineDispatcher:
     def enqueue(self, job: str, *args: int) -> None:
         if self._waiting.add((job, args)) and self._lanes is not None:
             self._lanes.put((job, args))  # else already waiting: one run sees all the work
+
+    def expect(self) -> None:
+        """Nothing to hold off: jobs run on this process's thread, which collects nothing."""
 
     def ping(self) -> bool:
         return self._thread is not None and self._thread.is_alive()
@@ -226,6 +234,9 @@ class RQDispatcher:
             log.warning(
                 "could not enqueue %s%s; the reconciler will retry", job, args, exc_info=True
             )
+
+    def expect(self) -> None:
+        """Nothing to hold off: `lethe worker`s take their jobs from RQ as they come."""
 
     def ping(self) -> bool:
         try:

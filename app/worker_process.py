@@ -91,6 +91,10 @@ class ProcessDispatcher:
         if self._waiting.add((job, args)):  # else already waiting: one run sees all the work
             self._send(("job", job, args))
 
+    def expect(self) -> None:
+        """Tell the child that a job is coming soon: its idle collection waits meanwhile."""
+        self._send(("soon",))
+
     def ping(self) -> bool:
         return self._process is not None and self._process.is_alive()
 

@@ -53,3 +53,43 @@ def test_a_job_that_raises_still_freezes() -> None:
         assert gc.get_freeze_count() > 0
     finally:
         gc.unfreeze()
+
+
+def test_an_expected_job_holds_the_idle_collection_off_until_it_has_run() -> None:
+    """An append's POST announces its learning (`expect`): the idle collection (0.36 s with a
+    million-row session) waits, so the learning does not wait for it (issue 55). Once a job
+    has run, or the hold has passed, the idle spell collects as before."""
+    collector = Collector(idle_seconds=0.5, expect_seconds=60.0)
+    held = {"node": _cycle()}
+    gone = weakref.ref(held["node"])
+    try:
+        collector.around(lambda: None)()
+        held.clear()
+        collector.expect()
+        assert not collector.idle(5.0)  # idle, but a job is coming
+        assert gone() is not None
+        collector.around(lambda: None)()  # it came
+        assert collector.idle(1.0)
+        assert gone() is None
+        short = Collector(idle_seconds=0.5, expect_seconds=0.0)  # a hold that has passed
+        short.around(lambda: None)()
+        short.expect()
+        assert short.idle(1.0)
+    finally:
+        gc.unfreeze()
+
+
+def test_a_hold_gives_way_once_the_garbage_has_waited_long_enough(monkeypatch) -> None:
+    """Appends back to back each announce a job: the collection still comes once what it
+    would reclaim has waited HELD_MOST."""
+    from workers import collector as module
+
+    collector = Collector(idle_seconds=0.5, expect_seconds=3600.0)
+    try:
+        collector.around(lambda: None)()
+        collector.expect()
+        assert not collector.idle(1.0)
+        monkeypatch.setattr(module, "HELD_MOST", 0.0)
+        assert collector.idle(1.0)
+    finally:
+        gc.unfreeze()

@@ -15,6 +15,7 @@ import logging
 import os
 import signal
 import threading
+from collections.abc import Callable
 from functools import partial
 from multiprocessing.connection import Connection
 
@@ -86,8 +87,11 @@ def _die_with(parent: int) -> None:
         os._exit(1)
 
 
-def _listen(link: _Link, jobs: Lanes, stopping: threading.Event) -> None:
-    """Read the API process's messages until it says stop or goes away."""
+def _listen(
+    link: _Link, jobs: Lanes, stopping: threading.Event, expect: Callable[[], None]
+) -> None:
+    """Read the API process's messages until it says stop or goes away; "soon" (a job is
+    coming: an append began) goes to `expect`."""
     exposition = _WorkerMetrics()
     while True:
         try:
@@ -97,6 +101,8 @@ def _listen(link: _Link, jobs: Lanes, stopping: threading.Event) -> None:
         kind = message[0]
         if kind == "job":
             jobs.put((str(message[1]), tuple(message[2])))
+        elif kind == "soon":
+            expect()
         elif kind == "metrics":
             link.send(("metrics", message[1], generate_latest(exposition)))
         elif kind == "stop":
@@ -144,7 +150,10 @@ def main(
     for model_id in warm:
         jobs.put((WARM, (model_id,)))
     threading.Thread(
-        target=_listen, args=(link, jobs, stopping), name="lethe-embedded-link", daemon=True
+        target=_listen,
+        args=(link, jobs, stopping, collector.expect),
+        name="lethe-embedded-link",
+        daemon=True,
     ).start()
     # until `stopping` (SIGTERM or the API's "stop"), or until it has lived through an
     # erasure (workers/recycle.py): then a fresh process takes over, without its memory

@@ -418,6 +418,7 @@ async def append_samples(
     _name, source, job, data, _rows = await _job_of(request, settings)
     append_id = await run_in_threadpool(_begin_append, db, dataset_id, source)
     running = start_isolated(runtime.uploads, job(dataset_id=dataset_id, append_id=append_id), data)
+    dispatcher.expect()  # its models' learning follows: the worker holds off its collection
 
     def signal(_: object = None) -> None:  # the models learn as soon as the rows are in
         wakeups.FINISHED.wake()  # a wait on the append sees it ready (or failed) now
