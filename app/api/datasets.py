@@ -20,6 +20,7 @@ from app.api.limits import read_upload
 from app.api.long_poll import long_poll, wait_query
 from app.api.params import PathId
 from app.api.responses import COMMON, errors
+from app.db.checkpoint import checkpoint_behind
 from app.db.session import Database
 from app.dispatch import DELETE
 from app.errors import APIError, unprocessable
@@ -129,6 +130,7 @@ async def register_dataset(
     dataset_id = await run_in_threadpool(_begin, db, name, source, rows)
     # parsed and sealed in a process of its own, which ends with the plaintext (issue 53)
     running = start_isolated(runtime.uploads, job(dataset_id=dataset_id), data)
+    running.add_done_callback(lambda _: checkpoint_behind(db))  # its WAL, off the next commit
     inline = await _finished_inline(
         running, partial(_total, db, dataset_id), partial(_forget, db, dataset_id)
     )
@@ -422,6 +424,7 @@ async def append_samples(
 
     def signal(_: object = None) -> None:  # the models learn as soon as the rows are in
         wakeups.FINISHED.wake()  # a wait on the append sees it ready (or failed) now
+        checkpoint_behind(db)  # the rows' WAL, not on the learning's first commit
         try:
             with db.read() as session:
                 models = appends.learners(session, append_id)
