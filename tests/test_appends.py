@@ -266,6 +266,8 @@ def test_a_person_erased_while_an_append_runs_is_taken_out_of_its_blocks(
             before = set(
                 session.scalars(select(Sample.key_id).where(Sample.append_id == 1).distinct())
             )
+            keys = select(DataKey.id, DataKey.wrapped).where(DataKey.id.in_(before))
+            wrapped = {key_id: bytes(w) for key_id, w in session.execute(keys)}
         erased = api.post(
             "/v1/deletions", json={"dataset_id": dataset_id, "subject_ids": ["person-0005"]}
         )
@@ -293,6 +295,15 @@ def test_a_person_erased_while_an_append_runs_is_taken_out_of_its_blocks(
                 )
                 == 0
             )
+        url = settings.resolved_database_url
+        if url.startswith("sqlite:///"):  # nor in the database's files (compacted)
+            db_file = Path(url.removeprefix("sqlite:///"))
+            files = b"".join(
+                p.read_bytes()
+                for p in (db_file, Path(f"{db_file}-wal"), Path(f"{db_file}-shm"))
+                if p.exists()
+            )
+            assert not [key for key in gone if wrapped[key] in files]
 
 
 def test_an_append_is_an_upload_limited_as_uploads_are(settings) -> None:

@@ -50,6 +50,7 @@ from app.services.registration import (
 from app.services.suppression import REPORT_IDS
 from app.states import DatasetStatus, ModelStatus, SampleStatus, TaskStatus
 from app.storage.crypto import TOKEN_PREFIX, Keyring
+from app.storage.erasure import compact_after_erasure
 
 log = logging.getLogger("lethe.appends")
 
@@ -204,6 +205,7 @@ def _at_once(runtime: Runtime, rows: Rows, screening: Screened, phases: Phases) 
         late = screening.late(session, rows.since)
         models = _finish(session, ring, rows, late, pending=False)
     phases.mark("finish")
+    _compact_if(late, runtime)
     return models
 
 
@@ -238,7 +240,16 @@ def _in_chunks(runtime: Runtime, rows: Rows, screening: Screened, phases: Phases
         late = screening.late(session, rows.since)
         models = _finish(session, ring, rows, late, pending=True)
     phases.mark("finish")
+    _compact_if(late, runtime)
     return models
+
+
+def _compact_if(late: list[int], runtime: Runtime) -> None:
+    """After a last commit that took rows of people erased meanwhile out of their blocks: the
+    keys it destroyed out of the database files too, as after any erasure (they were left in
+    SQLite's WAL until some later checkpoint)."""
+    if late:
+        compact_after_erasure(runtime.db, runtime.settings)
 
 
 def _check_fits(dataset: Dataset, parsed: ParsedDataset) -> None:
