@@ -280,15 +280,10 @@ def compact(db: Database, everything: bool = False) -> Compaction:
     if engine.dialect.name == "sqlite":
         # Every connection runs with secure_delete (app/db/session.py): freed cells are zeroed.
         # TRUNCATE copies the WAL into the main file and empties it, waiting (busy timeout) for
-        # readers to leave the old snapshot, and holds off every writer meanwhile: a PASSIVE
-        # checkpoint first copies the bulk with writers going on (after training's or an
-        # upload's writes, tens of MB), so the TRUNCATE holds them only for what is left and
-        # the emptying (a writer waited 733 ms behind a TRUNCATE of 128 MB, 1-2 ms while a
-        # PASSIVE one copied it; /tmp script). A raw connection: no BEGIN around the pragma.
+        # readers to leave the old snapshot. A raw connection: no BEGIN around the pragma.
         raw = engine.raw_connection()
         try:
             cursor = raw.cursor()
-            cursor.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchone()
             busy, _, _ = cursor.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchone()
             cursor.close()
         finally:
