@@ -99,6 +99,25 @@ def test_csv_upload(api: Api, monkeypatch: pytest.MonkeyPatch, shared_memory: bo
     assert body["feature_shape"] == [2] and body["n_classes"] == 2 and body["n_samples"] == 20
 
 
+def test_an_upload_s_segment_is_zeroed_in_place_and_can_be_released() -> None:
+    """The shared-memory segment's cleanup (`isolated.zero`, one memset) leaves no byte of the
+    upload, and ends its own export of the buffer, which is then released and unlinked."""
+    from multiprocessing import shared_memory
+
+    memory = shared_memory.SharedMemory(create=True, size=3 * 4096 + 5)
+    try:
+        buffer = memory.buf
+        assert buffer is not None
+        buffer[:] = b"\x07" * memory.size
+        isolated.zero(buffer)
+        assert bytes(buffer) == bytes(memory.size)
+        buffer.release()
+        isolated.zero(memoryview(bytearray()))  # an empty upload's: nothing to do
+    finally:
+        memory.close()
+        memory.unlink()
+
+
 @pytest.mark.parametrize(
     "arrays,code",
     [

@@ -80,8 +80,8 @@ def start_isolated(pool: UploadPool, job: Registration, data: bytes) -> Future[t
     buffer[: len(data)] = data
     wipe(data)
 
-    def cleanup(_: object = None) -> None:
-        buffer[:] = bytes(memory.size)
+    def cleanup(_: object = None) -> None:  # runs before the callbacks that answer and signal
+        zero(buffer)
         buffer.release()
         memory.close()
         memory.unlink()
@@ -93,6 +93,19 @@ def start_isolated(pool: UploadPool, job: Registration, data: bytes) -> Future[t
         raise
     future.add_done_callback(cleanup)
     return future
+
+
+def zero(buffer: memoryview) -> None:
+    """Zero a writable buffer in place with one memset: assigning it a zeroed bytes of its size
+    allocated and copied that too (7.7-9.8 ms against 1.1-5.8 ms for a 10 MB upload, on the
+    path of the POST's answer and the learning's signal; /tmp script, issue 55)."""
+    if not len(buffer):
+        return
+    view = ctypes.c_char.from_buffer(buffer)
+    try:
+        ctypes.memset(ctypes.addressof(view), 0, len(buffer))
+    finally:
+        del view  # the export ends: the buffer can be released
 
 
 def outcome(result: tuple[Any, ...]) -> int:
