@@ -95,19 +95,6 @@ def start_isolated(pool: UploadPool, job: Registration, data: bytes) -> Future[t
     return future
 
 
-def zero(buffer: memoryview) -> None:
-    """Zero a writable buffer in place with one memset: assigning it a zeroed bytes of its size
-    allocated and copied that too (7.7-9.8 ms against 1.1-5.8 ms for a 10 MB upload, on the
-    path of the POST's answer and the learning's signal; /tmp script, issue 55)."""
-    if not len(buffer):
-        return
-    view = ctypes.c_char.from_buffer(buffer)
-    try:
-        ctypes.memset(ctypes.addressof(view), 0, len(buffer))
-    finally:
-        del view  # the export ends: the buffer can be released
-
-
 def outcome(result: tuple[Any, ...]) -> int:
     """The dataset's id, or the child's APIError raised here."""
     return _outcome(result)
@@ -329,6 +316,19 @@ def _exit_with(api_pid: int) -> None:
                 os._exit(0)
 
     threading.Thread(target=watch, name="lethe-parent-watch", daemon=True).start()
+
+
+def zero(buffer: memoryview) -> None:
+    """Zero a writable buffer in place with one memset: assigning it a zeroed bytes of its size
+    allocated and copied that too (7.7-9.8 ms against 1.1-5.8 ms for a 10 MB upload, on the
+    path of the POST's answer and the learning's signal; /tmp script, issue 55)."""
+    if not len(buffer):
+        return
+    view = ctypes.c_char.from_buffer(buffer)
+    try:
+        ctypes.memset(ctypes.addressof(view), 0, len(buffer))
+    finally:
+        del view  # the export ends: the buffer can be released
 
 
 def wipe(data: bytes) -> None:
