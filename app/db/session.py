@@ -27,6 +27,8 @@ T = TypeVar("T")
 # commit writes larger WAL frames: a warm deletion may cost a few ms more (README).
 SQLITE_PAGE_BYTES = 16384
 
+SQLITE_BUSY_MS = 30_000  # how long a SQLite statement waits for a lock held elsewhere
+
 
 def make_engine(url: str, readonly: bool = False, bookkeeping: bool = False) -> Engine:
     """Create an engine tuned for the backend behind `url`.
@@ -53,7 +55,7 @@ def make_engine(url: str, readonly: bool = False, bookkeeping: bool = False) -> 
             cur.execute("PRAGMA journal_mode=WAL")
             cur.execute("PRAGMA foreign_keys=ON")
             cur.execute("PRAGMA secure_delete=ON")  # freed cells are zeroed (erasure, issue 11)
-            cur.execute("PRAGMA busy_timeout=30000")
+            cur.execute(f"PRAGMA busy_timeout={SQLITE_BUSY_MS}")
             cur.execute(f"PRAGMA synchronous={'NORMAL' if bookkeeping else 'FULL'}")
             cur.close()
 
