@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 from dataclasses import fields, replace
 from pathlib import Path
+from typing import Any
 
 import httpx
 import numpy as np
@@ -15,6 +16,8 @@ import pytest
 import torch
 from redis import Redis
 
+from app.db.session import database
+from app.db.tables import Model
 from bench.cluster import Cluster
 from methods.compute import PrivacyTarget
 from methods.convex_head import removal
@@ -178,6 +181,20 @@ def test_lethe_worker_hands_its_states_across_its_re_execution(
         Redis.from_url(redis_url).delete(f"rq:queue:{cluster.queue}")
 
 
+def kept_at_current(api: Api, ctx: Any, where: str, model_id: int) -> None:
+    """Wait for the worker thread to keep the model's session at its current version: a
+    deletion reads done once it commits, and its job keeps the session after that (under
+    the full suite a test's `clear()` came first, and the session came back after it)."""
+    with database(api.url).read() as session:
+        current = session.get(Model, model_id).current_version_id
+
+    def kept() -> bool:
+        held = ctx.resident_sessions().peek(where, model_id)
+        return held is not None and held.version_id == current
+
+    wait_until(kept)
+
+
 def test_a_deletion_before_the_warm_up_starts_from_the_handed_over_state(api: Api) -> None:
     """Deletions come before a successor's warm-up: one that finds no session reads the rows
     cold and takes the handed-over state instead of anchoring (a Hessian pass); a state of
@@ -187,9 +204,10 @@ def test_a_deletion_before_the_warm_up_starts_from_the_handed_over_state(api: Ap
     ds = api.post("/v1/datasets", json={"builtin": "breast_cancer"}).json()
     model = convex_model(api, ds["id"], beta=1.0)
     ids = train_ids_of(api, ds["id"], 3)
-    forget(api, ds["id"], ids[:1])  # the session is resident now
+    forget(api, ds["id"], ids[:1])
     ctx = api.worker()
     where = database_key(ctx.db.engine)
+    kept_at_current(api, ctx, where, model["id"])  # the session is resident now
     states = handover.parsed(handover.exported(ctx))
     assert list(states) == [model["id"]]
     before = RESIDENT_STATES_HANDED_OVER._value.get()
@@ -201,6 +219,7 @@ def test_a_deletion_before_the_warm_up_starts_from_the_handed_over_state(api: Ap
     assert metrics["hessian_passes"] == 0 and metrics["rows_loaded"] > 0, metrics
     assert RESIDENT_STATES_HANDED_OVER._value.get() == before + 1
 
+    kept_at_current(api, ctx, where, model["id"])  # (else it came back after the clear)
     ctx.resident_sessions().clear()  # the state handed in is one version behind now
     ctx.resident_sessions().hand_in(where, states)
     forget(api, ds["id"], ids[2:])
