@@ -66,8 +66,8 @@ prerequisites:
 # Four pytest processes (pytest-xdist), each with its own PostgreSQL database, Redis and
 # SeaweedFS (session fixtures): most of a test's time is waiting on servers and worker processes
 # (984 tests: 697 and 776 s in two runs with four here; six took longer, and two
-# load-sensitive tests failed). Six were slower: 1,112 s against 917 s with four, the same
-# day (1,057 tests), and a race in a test showed (fixed).
+# load-sensitive tests failed; at 1,057 tests six again took 1,112 s against four's 917 s,
+# and showed a race in a test, fixed since).
 TEST_PROCESSES ?= 4
 # One compute thread in each of them and in every server a test starts (they inherit it):
 # with OpenMP's default of a thread per core, four processes on two cores each ran two
