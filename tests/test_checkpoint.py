@@ -57,7 +57,8 @@ def test_a_large_wal_file_is_truncated_behind_an_upload(
         assert thread is not None
         thread.join(timeout=30)
         assert wal.stat().st_size == 0  # its pages freed now, not by the first erasure
-        raw = db.engine.raw_connection()  # the pooled connection waits for locks again
+        assert db.engine.pool.checkedin() == 1  # the thread's connection, back in the pool
+        raw = db.engine.raw_connection()  # it waits for locks again
         try:
             assert raw.cursor().execute("PRAGMA busy_timeout").fetchone() == (SQLITE_BUSY_MS,)
         finally:
