@@ -42,7 +42,7 @@ def make_engine(url: str, readonly: bool = False, bookkeeping: bool = False) -> 
     """
     if url.startswith("sqlite"):
         engine = sqlalchemy.create_engine(
-            url, connect_args={"timeout": 30, "check_same_thread": False}
+            url, connect_args={"timeout": SQLITE_BUSY_MS / 1000, "check_same_thread": False}
         )
 
         @event.listens_for(engine, "connect")
