@@ -10,8 +10,8 @@ it copies the frames, so the commits that come meanwhile skip their own (an auto
 checkpoint gives way when another one runs) and wait for nothing. PASSIVE: it waits for no
 reader or writer, and what it cannot copy yet the next checkpoint copies.
 
-A large upload also leaves the WAL file as large as its writes between checkpoints (416 MB
-after a million-row registration): SQLite reuses the file and does not shrink it. The first
+A large upload also leaves the WAL file as large as its writes between checkpoints (404-416
+MiB after a million-row registration): SQLite reuses the file and does not shrink it. The first
 erasure's compaction truncated it (`wal_checkpoint(TRUNCATE)`, app/storage/erasure.py),
 0.15 s of freeing its pages with new writers held off, right after the first deletion was
 announced: the first append after it answered 0.3-1.1 s later than the next ones (issue 55).
