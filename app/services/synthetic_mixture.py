@@ -1,15 +1,18 @@
 """The builtin synthetic dataset: scikit-learn's `make_classification` for a seed, bit for
 bit, generated a block of rows at a time (issues 28 and 55, goal 6).
 
-The informative columns come from scikit-learn itself (the same call with no noise columns
-and no flips: the same draws in the same order); the noise columns, drawn next in its
-stream, are drawn once to reach the label flips that follow them and again, a block at a
-time, as the rows are written. scikit-learn then shuffles the rows and the features: the
-features are shuffled within each block; the rows either land where the shuffle puts them
-(`load_builtin`: one float32 array, for the benches and tests that hold it whole) or are
-registered in the order they are drawn, each with the id, label, split and subject of the
-row it becomes (`streamed`): a registration then holds one block, not the 1 GB array of a
-million rows × 256.
+scikit-learn makes the mixture (the same call with no noise columns and no flips: the same
+draws in the same order), and a recording generator keeps what is needed to draw it again a
+block at a time: the state before the informative draw (which it answers with zeros, so
+scikit-learn's array holds each cluster's centroid and no draws), each cluster's covariance
+draw, and the state before the noise columns, drawn next in its stream, which are drawn once
+to reach the label flips that follow them and again, a block at a time, as the rows are
+written. scikit-learn then shuffles the rows and the features: the features are shuffled
+within each block; the rows either land where the shuffle puts them (`load_builtin`: one
+float32 array, for the benches and tests that hold it whole) or are registered in the order
+they are drawn, each with the id, label, split and subject of the row it becomes
+(`streamed`): a registration then holds one block, not the 1 GB array of a million rows ×
+256.
 """
 
 from __future__ import annotations
@@ -27,30 +30,60 @@ GENERATION_BLOCK = 8_192  # rows per block of the synthetic mixture: bounds its 
 TEXT = np.dtypes.StringDType()
 
 
-class _StateBeforeDraw(np.random.RandomState):
-    """A RandomState that keeps its state from just before its first `uniform(size=n)`: in
-    `make_classification` with no noise columns that is the flip draw, which with noise
-    columns comes right after them."""
+class _Recorder(np.random.RandomState):
+    """A RandomState that records what `make_classification` draws for a mixture without
+    holding its informative draw: the state before that draw (a (n × informative) standard
+    normal, answered with zeros after advancing past it a block at a time), the uniform
+    matrices of the clusters' covariances that follow it, and the state just before its
+    first `uniform(size=n)` (the flip draw, which with noise columns comes right after
+    them)."""
 
-    def __init__(self, seed: int, n: int) -> None:
+    def __init__(self, seed: int, n: int, informative: int) -> None:
         super().__init__(seed)
-        self.n = n
+        self.n, self.informative = n, informative
+        self.before_informative: dict[str, Any] | None = None
+        self.covariances: list[np.ndarray] = []  # each cluster's uniform (informative²) draw
         self.before: dict[str, Any] | None = None
+
+    def standard_normal(self, size=None):
+        if self.before_informative is None and size == (self.n, self.informative):
+            self.before_informative = self.get_state(legacy=False)
+            for start in range(0, self.n, GENERATION_BLOCK):
+                super().standard_normal(size=(min(GENERATION_BLOCK, self.n - start), size[1]))
+            return np.broadcast_to(np.float64(0.0), size)  # the clusters become their centroids
+        return super().standard_normal(size)
 
     def uniform(self, low=0.0, high=1.0, size=None):
         if self.before is None and size == self.n:
             self.before = self.get_state(legacy=False)
-        return super().uniform(low, high, size)
+        drawn = super().uniform(low, high, size)
+        square = (self.informative, self.informative)
+        if self.before_informative is not None and self.before is None and size == square:
+            self.covariances.append(drawn)
+        return drawn
+
+
+@dataclass(frozen=True)
+class Cluster:
+    """One of `make_classification`'s clusters: its rows [start, stop) in drawn order are
+    standard normal draws times `covariance` plus `centroid`."""
+
+    start: int
+    stop: int
+    covariance: np.ndarray  # (informative × informative) float64: 2 × uniform − 1
+    centroid: np.ndarray  # (informative,) float64
 
 
 @dataclass(frozen=True)
 class Mixture:
-    """A mixture's draws but the noise columns: enough to draw its rows block by block."""
+    """A mixture's draws as generator states and its clusters: enough to draw its rows block by
+    block, the informative columns too (no array of n rows but the labels and the shuffle)."""
 
-    informative: np.ndarray  # (n, informative) float32, in drawn order
+    clusters: list[Cluster]
     y: np.ndarray  # labels in drawn order, flips applied
     order: np.ndarray  # scikit-learn's row shuffle: its row i is drawn row order[i]
     features: np.ndarray  # its feature shuffle: its column c is drawn column features[c]
+    before_informative: dict[str, Any]  # the generator's state before the informative draw
     before_noise: dict[str, Any]  # the generator's state before the noise columns
     width: int
 
@@ -64,32 +97,57 @@ class Mixture:
         destination[self.order] = np.arange(self.n)
         return destination
 
+    def _informative(self, draws: np.ndarray, start: int) -> np.ndarray:
+        """Rows [start, start + len(draws)) of the informative columns in float64, each row
+        computed as `make_classification` computes it: its draws times its cluster's
+        covariance, plus its centroid, plus the shift 0.0, times the scale 1.0."""
+        out = np.empty_like(draws)
+        stop = start + len(draws)
+        for c in self.clusters:
+            low, high = max(start, c.start), min(stop, c.stop)
+            if low < high:
+                rows = slice(low - start, high - start)
+                out[rows] = np.dot(draws[rows], c.covariance)
+                out[rows] += c.centroid
+        out += 0.0
+        out *= 1.0
+        return out
+
     def blocks(self) -> Generator[tuple[int, np.ndarray]]:
         """The rows in drawn order, GENERATION_BLOCK at a time: (first row, rows × width
-        float32), features in scikit-learn's order. A float32 informative value is the cast
-        scikit-learn's float64 would get, so each entry is the same float32."""
-        generator = np.random.RandomState()
-        generator.set_state(self.before_noise)
-        informative = self.informative.shape[1]
-        for start in range(0, self.n, GENERATION_BLOCK):
-            stop = min(self.n, start + GENERATION_BLOCK)
-            block = np.empty((stop - start, self.width), dtype=np.float32)
-            block[:, :informative] = self.informative[start:stop]
-            block[:, informative:] = generator.standard_normal(
-                size=(stop - start, self.width - informative)
-            )
-            yield start, block[:, self.features]
+        float32), features in scikit-learn's order. A float32 value is the cast scikit-learn's
+        float64 would get, so each entry is the same float32. BLAS runs on one thread while
+        they are drawn: a block's product is small, and OpenBLAS's second thread, spinning
+        between calls, took a registration's sealing threads' core (23.4 s instead of 20.7 s
+        for a million rows)."""
+        from threadpoolctl import threadpool_limits
+
+        informative = np.random.RandomState()
+        informative.set_state(self.before_informative)
+        noise = np.random.RandomState()
+        noise.set_state(self.before_noise)
+        columns = self.clusters[0].covariance.shape[0]
+        with threadpool_limits(limits=1, user_api="blas"):
+            for start in range(0, self.n, GENERATION_BLOCK):
+                stop = min(self.n, start + GENERATION_BLOCK)
+                block = np.empty((stop - start, self.width), dtype=np.float32)
+                draws = informative.standard_normal(size=(stop - start, columns))
+                block[:, :columns] = self._informative(draws, start)
+                noise_columns = (stop - start, self.width - columns)
+                block[:, columns:] = noise.standard_normal(size=noise_columns)
+                yield start, block[:, self.features]
 
 
 def mixture(spec: BuiltinDatasetIn) -> Mixture:
-    """`make_classification`'s draws for the spec, the noise columns drawn only to reach the
-    label flips and the shuffles that follow them."""
+    """`make_classification`'s draws for the spec, recorded as it makes them (its informative
+    draw answered with zeros, so its array holds each cluster's centroid), the noise columns
+    drawn only to reach the label flips and the shuffles that follow them."""
     from sklearn import datasets as skd
 
     n, p = spec.n_samples, spec.n_features
     informative = max(2, min(p, spec.n_classes * 2))
-    generator = _StateBeforeDraw(spec.seed, n)
-    Xi, y = skd.make_classification(
+    generator = _Recorder(spec.seed, n, informative)
+    centred, y = skd.make_classification(
         n_samples=n,
         n_features=informative,
         n_informative=informative,
@@ -100,9 +158,15 @@ def mixture(spec: BuiltinDatasetIn) -> Mixture:
         shuffle=False,
         random_state=generator,
     )
-    Xi = Xi.astype(np.float32)  # half the float64's memory, the same values once cast
-    before_noise = generator.before
-    assert before_noise is not None
+    before_informative, before_noise = generator.before_informative, generator.before
+    assert before_informative is not None and before_noise is not None
+    sizes = np.bincount(y, minlength=spec.n_classes)  # cluster k holds label k, in order
+    stops = np.cumsum(sizes).tolist()
+    clusters = [
+        Cluster(stop - size, stop, 2 * u - 1, centred[stop - size].copy())
+        for size, stop, u in zip(sizes.tolist(), stops, generator.covariances, strict=True)
+    ]
+    del centred
     generator.set_state(before_noise)
     for start in range(0, n, GENERATION_BLOCK):
         generator.standard_normal(size=(min(GENERATION_BLOCK, n - start), p - informative))
@@ -112,7 +176,9 @@ def mixture(spec: BuiltinDatasetIn) -> Mixture:
     generator.shuffle(order)
     features = np.arange(p)
     generator.shuffle(features)
-    return Mixture(Xi, y.astype(np.int64), order, features, before_noise, p)
+    return Mixture(
+        clusters, y.astype(np.int64), order, features, before_informative, before_noise, p
+    )
 
 
 def materialized(m: Mixture) -> tuple[np.ndarray, np.ndarray]:
