@@ -1,8 +1,8 @@
 # The two commands of the README:
 #   make serve   install everything into .venv and start Lethe (embedded: SQLite + inline worker)
 #   make test    start PostgreSQL/Redis if stopped, install chromium if missing, install the
-#                test extras and run the whole suite but the image test, in four processes, with the lint beside it
-#                (.ci/run: this, then make test-image)
+#                test extras and run the whole suite but the image test, in four processes,
+#                with the lint beside it (.ci/run: this, then make test-image)
 #   make test-image  build the container image with podman from Debian's packages and run it,
 #                and bring the compose deployment up from those images and test it
 #   make compose-up  the distributed deployment (PostgreSQL, Redis, SeaweedFS, a witness, the
