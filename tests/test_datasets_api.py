@@ -259,6 +259,7 @@ def test_the_synthetic_mixture_is_scikit_learns_for_the_seed(
     from app.services.dataset_files import load_builtin
 
     shapes = [(500, 12, 3, 7, 8_192), (500, 12, 3, 7, 37), (300, 6, 3, 1, 64), (999, 2, 2, 5, 100)]
+    shapes += [(10, 64, 50, 3, 4)]  # fewer rows than classes: clusters with no rows
     for n, p, k, seed, block in shapes:  # blocks that cut the rows unevenly, no noise columns
         monkeypatch.setattr(synthetic_mixture, "GENERATION_BLOCK", block)
         spec = BuiltinDatasetIn(

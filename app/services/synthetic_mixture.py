@@ -162,8 +162,10 @@ def mixture(spec: BuiltinDatasetIn) -> Mixture:
     assert before_informative is not None and before_noise is not None
     sizes = np.bincount(y, minlength=spec.n_classes)  # cluster k holds label k, in order
     stops = np.cumsum(sizes).tolist()
-    clusters = [
-        Cluster(stop - size, stop, 2 * u - 1, centred[stop - size].copy())
+    clusters = [  # a class with no rows (fewer rows than classes) still drew its matrix
+        Cluster(
+            stop - size, stop, 2 * u - 1, centred[stop - size].copy() if size else np.zeros(len(u))
+        )
         for size, stop, u in zip(sizes.tolist(), stops, generator.covariances, strict=True)
     ]
     del centred
