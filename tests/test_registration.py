@@ -232,4 +232,4 @@ def test_a_registration_whose_server_died_is_discarded_with_its_keys(tmp_path: P
             for p in (db_file, Path(f"{db_file}-wal"), Path(f"{db_file}-shm"))
             if p.exists()
         )
-        assert not [w for w in wrapped if w in files]
+        assert not [w for w in set(wrapped) if w in files]  # a block's 64 rows share a key
