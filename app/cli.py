@@ -151,13 +151,30 @@ def worker(burst: bool = typer.Option(False, help="Exit when the queue is empty"
 
 
 @app.command()
-def restore() -> None:
-    """After restoring the database from a backup: put the log back as it was published
-    (nothing re-signed) and re-apply every erasure the backup predates (issue 53). Run it
-    with the service stopped, then start the service; it is ready once they are done."""
+def restore(
+    journal: Annotated[
+        Path | None,
+        typer.Option(
+            help="the restore journal to use, where it is not in LETHE_JOURNAL_DIR (a database "
+            "moved without it): copied into place"
+        ),
+    ] = None,
+    new_deployment: Annotated[
+        bool,
+        typer.Option(
+            help="this database is a copy that lives on alone: give it a new identity and a "
+            "journal of its own (the original must not go on publishing)"
+        ),
+    ] = False,
+) -> None:
+    """After restoring the database from a backup (or moving it): put the log back as it was
+    published (nothing re-signed), re-apply every erasure the backup predates and continue
+    every id past the highest given. Run it with the service stopped, then start the
+    service; it is ready once the erasures are done."""
     from app.db.migrate import upgrade_to_head
     from app.db.session import database
-    from app.services.restore import journal_of
+    from app.services.restore import adopt_journal, journal_of
+    from app.services.restore import new_deployment as renew
     from app.services.restore import restore as run_restore
     from app.settings import get_settings
     from app.storage.crypto import keyring
@@ -166,7 +183,19 @@ def restore() -> None:
     url = settings.resolved_database_url
     if settings.embedded:
         upgrade_to_head(url)
-    report = run_restore(database(url), keyring(settings), journal_of(settings))
+    db = database(url)
+    if journal is not None and new_deployment:
+        raise CliError("give --journal or --new-deployment, not both")
+    if journal is not None:
+        try:
+            adopt_journal(db, settings.resolved_journal_dir, journal)
+        except ValueError as exc:
+            raise CliError(str(exc)) from exc
+    if new_deployment:
+        made = renew(db, settings.resolved_journal_dir)
+        _show({"new_deployment": made.folder.name, "journal": str(made.folder)})
+        return
+    report = run_restore(db, keyring(settings), journal_of(settings))
     _show(report.as_json())
 
 

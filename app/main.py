@@ -36,12 +36,12 @@ from app.db.group_commit import GroupCommitter
 from app.db.migrate import upgrade_to_head
 from app.db.session import database
 from app.dispatch import InlineDispatcher, make_dispatcher
-from app.ledger.journal import Journal
 from app.maintenance import Maintenance, maintenance_tasks
 from app.metrics import MetricsMiddleware, pipeline_registry
 from app.mlflow_export.sync import Syncer
 from app.runtime import Runtime
 from app.security import Role, create_key, has_any_key
+from app.services.deletions import backfill_suppressions
 from app.services.isolated import scrub_freed
 from app.services.weights_cache import WeightsCache
 from app.settings import Settings, get_settings
@@ -86,6 +86,15 @@ async def _lifespan(runtime: Runtime, app: FastAPI) -> AsyncIterator[None]:
     maintenance, listener = None, None
     # no worker while behind: it would sign a second tree at a published size (issue 53)
     behind = _restored_from_backup(app.state.restore_gate)
+    if settings.journal_in_data_dir:
+        log.warning(
+            "the restore journal (%s) is inside the data folder: a backup of the folder "
+            "restores it with the database, and a rollback goes unnoticed; set "
+            "LETHE_JOURNAL_DIR elsewhere (docs/operations/backups.md)",
+            settings.resolved_journal_dir,
+        )
+    if not behind and backfill_suppressions(runtime.db, runtime.keyring):
+        log.info("sample ids of rows being erased put on the suppression list")
     embedded = isinstance(dispatcher, InlineDispatcher | ProcessDispatcher)
     if embedded and not behind:
         dispatcher.start()
@@ -157,9 +166,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.state.weights_cache = WeightsCache(settings.weights_cache_bytes)
     app.state.dispatcher = make_dispatcher(runtime)
     app.state.pipeline_registry = pipeline_registry(url, app.state.dispatcher.depth)
-    app.state.restore_gate = RestoreGate(
-        app.state.db, Journal.of(settings.resolved_journal_dir, url)
-    )
+    app.state.restore_gate = RestoreGate(app.state.db, settings.resolved_journal_dir)
     install_error_handlers(app)
 
     # Inside the metrics middleware (its 401s and 413s are counted), outside the routes.

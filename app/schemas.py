@@ -15,6 +15,7 @@ from pydantic import (
 )
 from pydantic_core import PydanticCustomError
 
+from app.identity import DatasetIds
 from app.jsontypes import JsonObject, JsonValue
 from app.specs import (
     Architecture,
@@ -128,7 +129,20 @@ class ObjectSource(In):
     """the object"""
 
 
-class ObjectDatasetIn(In):
+class IdRulesIn(In):
+    """How a new dataset reads its ids (docs/concepts/ids.md): every id is trimmed, NFKC
+    normalised and stripped of invisible characters; these say more."""
+
+    id_case: Literal["sensitive", "insensitive"] = "sensitive"
+    """`insensitive`: ids and subjects that differ only in case are one (kept case-folded)"""
+    numeric_ids: list[Literal["sample", "subject"]] = Field([], max_length=2)
+    """which ids are numbers: `007`, `7.0` and `7` are then one id"""
+
+    def rules(self) -> DatasetIds:
+        return DatasetIds(self.id_case, frozenset(self.numeric_ids))
+
+
+class ObjectDatasetIn(IdRulesIn):
     """A dataset read from object storage by the registration's worker, with the column
     mapping of a CSV or Parquet upload (issue 55)."""
 
@@ -164,7 +178,7 @@ class ObjectDatasetIn(In):
         )
 
 
-class BuiltinDatasetIn(In):
+class BuiltinDatasetIn(IdRulesIn):
     """A builtin dataset, built on the server: scikit-learn's digits or breast cancer, a seeded
     Gaussian mixture, or a synthetic text corpus."""
 

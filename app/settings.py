@@ -92,8 +92,9 @@ class Settings(BaseSettings):
     blob_dir: Path | None = Field(None, description="default <data_dir>/blobs")
     journal_dir: Path | None = Field(
         None,
-        description="the restore journal (issue 53), kept apart from the database's backups; "
-        "default <data_dir>/journal",
+        description="the restore journal, kept apart from the database's backups; default "
+        "$XDG_STATE_HOME/lethe/journal (~/.local/state/lethe/journal): outside the data folder, "
+        "so a backup of that folder never restores it (docs/operations/backups.md)",
     )
     blob_chunk_bytes: int = Field(
         1 << 20, ge=4096, le=64 << 20, description="Plaintext bytes per sealed chunk of a blob."
@@ -277,7 +278,17 @@ class Settings(BaseSettings):
 
     @property
     def resolved_journal_dir(self) -> Path:
-        return self.journal_dir or self.data_dir / "journal"
+        if self.journal_dir is not None:
+            return self.journal_dir
+        state = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
+        return Path(state) / "lethe" / "journal"
+
+    @property
+    def journal_in_data_dir(self) -> bool:
+        """Whether the journal lies inside the data folder, where a backup of the folder
+        would restore it with the database (and hide the rollback)."""
+        journal, data = self.resolved_journal_dir.resolve(), self.data_dir.resolve()
+        return journal == data or data in journal.parents
 
     @property
     def resolved_blob_dir(self) -> Path:

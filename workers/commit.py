@@ -156,7 +156,7 @@ def write_release(
         session,
         ctx.blobs,
         batch.model_id,
-        batch.parent_number + 1,
+        batch.number or batch.parent_number + 1,
         batch.parent_id,
         release.version_kind,
         stored,

@@ -147,13 +147,18 @@ def load_batch(
         parent_id=parent.id,
         parent_number=parent.number,
         tasks=tasks,
+        number=max(parent.number, model.version_floor) + 1,
         removed_by_task=removed_by_task,
         external_ids=warm.external_ids_of(removed_ids),  # raw ids, for the commitment
         openings=_openings(session, ctx.keyring, {t.request_id for t in tasks}),
         session=warm,
         rows_loaded=rows_loaded,
         weights_metadata=release_metadata(
-            model, dataset, parent.number + 1, parent, VersionKind.unlearned
+            model,
+            dataset,
+            max(parent.number, model.version_floor) + 1,
+            parent,
+            VersionKind.unlearned,
         ),
     )
     inputs = UpdateInputs(

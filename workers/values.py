@@ -93,6 +93,9 @@ class Batch:
     parent_id: int
     parent_number: int
     tasks: list[ClaimedTask]
+    # the new version's number: past the parent's and past any number a restore found
+    # published for the model (`models.version_floor`), so no number is given twice
+    number: int = 0
     removed_by_task: dict[int, list[int]] = field(default_factory=dict)
     external_ids: dict[int, str] = field(default_factory=dict)
     openings: dict[int, bytes] = field(default_factory=dict)  # request id -> commitment key

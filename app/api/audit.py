@@ -16,6 +16,7 @@ from app.api.params import PathId, QueryId
 from app.api.responses import COMMON, errors
 from app.db.tables import Certificate, Dataset, DeletionRequest
 from app.errors import not_found
+from app.identity import BadId, DatasetIds
 from app.jsontypes import JsonObject, JsonValue
 from app.ledger import transparency
 from app.ledger.certificates import certificate_document, export_lines, verify_chain
@@ -79,7 +80,13 @@ def certificates(
 def _requests_for_subject(session: Any, ring: Keyring, subject: str) -> list[int]:
     """Requests that named this subject or removed its samples (matched by keyed token: the
     database holds no raw subject ids)."""
-    by_dataset = {d: ring.token("subject", d, subject) for d in session.scalars(select(Dataset.id))}
+    by_dataset = {}
+    for dataset in session.scalars(select(Dataset)):
+        try:
+            text = DatasetIds.of(dataset).form("subject").text(subject)
+        except BadId:
+            continue
+        by_dataset[dataset.id] = ring.token("subject", dataset.id, text)
     tokens = set(by_dataset.values())
     sample_ids = {
         i

@@ -24,7 +24,10 @@ from app.db.checkpoint import checkpoint_behind
 from app.db.session import Database
 from app.dispatch import DELETE
 from app.errors import APIError, unprocessable
+from app.identity import DatasetIds
 from app.jsontypes import JsonObject
+from app.ledger.journal import Journal
+from app.runtime import Runtime
 from app.schemas import (
     AppendOut,
     AppendPage,
@@ -32,6 +35,7 @@ from app.schemas import (
     DatasetOut,
     DatasetPage,
     DatasetSummary,
+    IdRulesIn,
     ObjectDatasetIn,
     SamplePage,
     Text,
@@ -126,8 +130,8 @@ async def register_dataset(
     """Register a builtin (JSON `{"builtin": "digits"}`) or upload an .npz / CSV / Parquet
     file: 201 when done, or 202 with `status: registering` and `progress` once the file
     turns out to hold more than 10,000 rows (a job: poll `GET /v1/datasets/{id}`)."""
-    name, source, job, data, rows = await _job_of(request, settings)
-    dataset_id = await run_in_threadpool(_begin, db, name, source, rows)
+    name, source, job, data, rows, rules = await _job_of(request, settings)
+    dataset_id = await run_in_threadpool(_begin, db, runtime, name, source, rows, rules)
     # parsed and sealed in a process of its own, which ends with the plaintext (issue 53)
     running = start_isolated(runtime.uploads, job(dataset_id=dataset_id), data)
     running.add_done_callback(lambda _: checkpoint_behind(db))  # its WAL, off the next commit
@@ -148,7 +152,7 @@ async def register_dataset(
 
 async def _job_of(
     request: Request, settings: Settings
-) -> tuple[str, str, Callable[..., Registration], bytes, int]:
+) -> tuple[str, str, Callable[..., Registration], bytes, int, DatasetIds]:
     """What a registration or an append reads, from its request: a name, the source, the
     child's job (its dataset or append id still to give), the upload's bytes and the rows it
     holds where that is known before the parse (a synthetic builtin's; else 0)."""
@@ -158,6 +162,7 @@ async def _job_of(
     if ctype.startswith("multipart/form-data"):
         name, fmt, params, data = await _from_upload(request, settings.max_upload_bytes)
         on_erased = params.pop("on_erased")
+        rules = params.pop("rules")
         source = fmt
         job = partial(Registration, settings, name=name, fmt=fmt, limits=limits, params=params,
                       on_erased=on_erased)  # fmt: skip
@@ -166,13 +171,14 @@ async def _job_of(
         if _names_a_source(raw):  # an object in S3, read by the registration's child
             where = _validated(ObjectDatasetIn, raw, "invalid object source")
             name, fmt, data = where.name or where.source.s3.key[-200:], where.resolved_format(), b""
-            source = f"s3:{fmt}"
+            source, rules = f"s3:{fmt}", where.rules()
             job = partial(Registration, settings, name=name, fmt=fmt, limits=limits,
                           params=_object_parameters(where), on_erased=where.on_erased)  # fmt: skip
         else:
             spec = _validated(BuiltinDatasetIn, raw, "invalid builtin dataset spec")
             dataset_files.check_builtin(spec, limits)
             name, source, data = spec.name or spec.builtin, f"builtin:{spec.builtin}", b""
+            rules = spec.rules()
             rows = dataset_files.builtin_rows(spec)
             job = partial(Registration, settings, name=name, fmt="builtin", limits=limits,
                           builtin=spec, on_erased=spec.on_erased)  # fmt: skip
@@ -182,7 +188,7 @@ async def _job_of(
             "unsupported_media_type",
             "send application/json for a builtin or multipart/form-data with a file",
         )
-    return name, source, job, data, rows
+    return name, source, job, data, rows, rules
 
 
 M = TypeVar("M", bound=BaseModel)
@@ -222,9 +228,14 @@ def _object_parameters(spec: ObjectDatasetIn) -> dict[str, Any]:
     }
 
 
-def _begin(db: Database, name: str, source: str, rows: int) -> int:
+def _begin(
+    db: Database, runtime: Runtime, name: str, source: str, rows: int, rules: DatasetIds
+) -> int:
     with db.write() as session:
-        return begin(session, name, source, rows)
+        dataset_id = begin(session, name, source, rows, rules)
+    # journaled before the client hears it: a restore never gives this id again
+    Journal.of(runtime.settings.resolved_journal_dir, db).record_ids(datasets=dataset_id)
+    return dataset_id
 
 
 async def _finished_inline(
@@ -302,7 +313,12 @@ def _upload_parameters(
     )
     fmt = fields.get("format") or guessed
     name = fields.get("name") or filename or "upload"
-    params: dict[str, Any] = {"seed": seed, "test_fraction": test_fraction, "on_erased": on_erased}
+    params: dict[str, Any] = {
+        "seed": seed,
+        "test_fraction": test_fraction,
+        "on_erased": on_erased,
+        "rules": _rules_of(fields),
+    }
     columns = ("id_column", "subject_column", "split_column")
     if fmt in ("npz", "sparse_npz"):
         return name, fmt, params
@@ -332,6 +348,20 @@ def _upload_parameters(
         "unknown_format",
         f"format must be npz, csv, parquet, text_csv or sparse_npz, got {fmt!r}",
     )
+
+
+def _rules_of(fields: dict[str, str]) -> DatasetIds:
+    """A form's `id_case` and `numeric_ids` (comma-separated: sample, subject)."""
+    numeric = [v.strip() for v in fields.get("numeric_ids", "").split(",") if v.strip()]
+    try:
+        given = {"id_case": fields.get("id_case", "sensitive"), "numeric_ids": numeric}
+        return IdRulesIn.model_validate(given).rules()
+    except ValidationError as exc:
+        raise unprocessable(
+            "invalid_request",
+            "id_case is sensitive or insensitive; numeric_ids lists sample and/or subject",
+            [{"loc": list(e["loc"]), "msg": e["msg"]} for e in exc.errors()],
+        ) from exc
 
 
 @router.get("", response_model=DatasetPage)
@@ -417,8 +447,8 @@ async def append_samples(
     more than 10,000 rows. Every model of the dataset then learns the rows: a `learned`
     version each (the append's `learning`)."""
     dataset_id = int(dataset_id)
-    _name, source, job, data, _rows = await _job_of(request, settings)
-    append_id = await run_in_threadpool(_begin_append, db, dataset_id, source)
+    _name, source, job, data, _rows, _rules = await _job_of(request, settings)
+    append_id = await run_in_threadpool(_begin_append, db, runtime, dataset_id, source)
     running = start_isolated(runtime.uploads, job(dataset_id=dataset_id, append_id=append_id), data)
     dispatcher.expect()  # its models' learning follows: the worker holds off its collection
 
@@ -501,9 +531,12 @@ def _settled(view: JsonObject) -> bool:
     return append_settled(str(view["status"]), (str(t["status"]) for t in tasks))
 
 
-def _begin_append(db: Database, dataset_id: int, source: str) -> int:
+def _begin_append(db: Database, runtime: Runtime, dataset_id: int, source: str) -> int:
     with db.write() as session:
-        return appends.begin(session, dataset_id, source)
+        append_id = appends.begin(session, dataset_id, source)
+    journal = Journal.of(runtime.settings.resolved_journal_dir, db)
+    journal.record_ids(appends=append_id, append_dataset=dataset_id)
+    return append_id
 
 
 def _append_total(db: Database, append_id: int) -> int:

@@ -25,7 +25,10 @@ from app.api.deps import (
 from app.api.long_poll import MAX_WAIT_SECONDS, long_poll, wait_query
 from app.api.params import PathId
 from app.api.responses import COMMON, errors
+from app.db.session import Database
+from app.db.tables import Dataset
 from app.dispatch import DELETE
+from app.identity import DatasetIds
 from app.jsontypes import JsonObject
 from app.ledger.journal import Journal
 from app.schemas import DeletionCreate, DeletionOut, DeletionPage
@@ -60,6 +63,24 @@ DELETION_EXAMPLES: JsonObject = {
         "value": {"dataset_id": 1, "sample_ids": ["17"], "epsilon": 0.5, "method": "retrain"},
     },
 }
+
+
+# A dataset's rules for its ids, fixed when it is registered: read once per process.
+_RULES: dict[tuple[str, int], DatasetIds] = {}
+
+
+def _rules(db: Database, dataset_id: int) -> DatasetIds:
+    """The dataset's rules for ids (the defaults for an unknown one, which answers 404)."""
+    known = _RULES.get((db.url, dataset_id))
+    if known is not None:
+        return known
+    with db.read() as session:
+        found = session.get(Dataset, dataset_id)
+        if found is None:
+            return DatasetIds()
+        rules = DatasetIds.of(found)
+    _RULES[(db.url, dataset_id)] = rules
+    return rules
 
 
 # what a request's acceptance hands on: the answer, the models to signal, whether it was a
@@ -105,7 +126,7 @@ async def create(
         # from the request's arrival: its routing, key check and schema validation, then the
         # keyed tokens (once, outside the transaction); the steps tile the path (app/tracing.py)
         arrived = tracing.request_started_ns()
-        names = Names.of(body, runtime.keyring)
+        names = Names.of(body, runtime.keyring, _rules(db, body.dataset_id))
         tracing.record("deletion.validate", arrived, None)
         traceparent = tracing.carrier()  # the worker continues this trace (app/tracing.py)
 

@@ -1,9 +1,10 @@
-"""The service stays shut while its database is behind the restore journal (issue 53): a
+"""The service stays shut while its database is behind the restore journal: a
 restored backup serves nothing of a person erased after it was taken.
 
 `RestoreGate` holds the verdict (app/services/restore.py), checked at start and, while it is
 not `ok`, again at most every `RECHECK_SECONDS`. Its middleware answers 503 `restore_required`
-(or `restoring`) to everything but health, readiness, metrics and reading deletion requests.
+to everything but health, readiness and metrics, and `restoring` to everything but those and
+reading deletion requests (the restore's own, which an operator follows).
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from pathlib import Path
 
 from starlette.types import ASGIApp, Receive, Scope, Send
 
@@ -27,8 +29,8 @@ OPEN_PATHS = ("/healthz", "/readyz", "/metrics")
 class RestoreGate:
     """The last verdict, rechecked while it is not `ok`."""
 
-    def __init__(self, db: Database, journal: Journal) -> None:
-        self.db, self.journal = db, journal
+    def __init__(self, db: Database, journal_dir: Path) -> None:
+        self.db, self.journal_dir = db, journal_dir
         self._lock = threading.Lock()
         self._verdict: Verdict | None = None
         self._at = 0.0
@@ -48,7 +50,8 @@ class RestoreGate:
                         Verdict("restoring", known.reason, waiting) if waiting else Verdict("ok")
                     )
                 else:
-                    found = verdict(self.db, self.journal)
+                    journal = Journal.of(self.journal_dir, self.db)  # migrated by now
+                    found = verdict(self.db, journal, self.journal_dir)
             except Exception:  # noqa: BLE001 - the database cannot say: the route will
                 log.debug("the restore verdict could not be read", exc_info=True)
                 return known or Verdict("ok", "unchecked")
@@ -67,11 +70,13 @@ class RestoreGateMiddleware:
         self.app, self.gate = app, gate
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or _open(scope):
+        if scope["type"] != "http" or scope["path"] in OPEN_PATHS:
             await self.app(scope, receive, send)
             return
         found = self.gate.check()
-        if found.state == "ok":
+        # while a restore re-applies erasures its requests can be read; before it, a lost
+        # request would answer 404 though it was acknowledged: shut like the rest
+        if found.state == "ok" or (found.state == "restoring" and _reading_deletions(scope)):
             await self.app(scope, receive, send)
             return
         if found.state == "behind":
@@ -81,8 +86,6 @@ class RestoreGateMiddleware:
             await unavailable_response("restoring", found.reason)(scope, receive, send)
 
 
-def _open(scope: Scope) -> bool:
+def _reading_deletions(scope: Scope) -> bool:
     path: str = scope["path"]
-    if path in OPEN_PATHS:
-        return True
     return scope["method"] in ("GET", "HEAD") and path.startswith("/v1/deletions")

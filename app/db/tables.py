@@ -130,6 +130,13 @@ class Dataset(Base):
     # the share of an append's rows that go to the test split when they name none: a row is
     # a test row when a keyed hash of its id falls below it (app/services/appends.py)
     test_fraction: Mapped[float] = mapped_column(Float, default=0.2, server_default="0.2")
+    # its rules for ids (app/identity.py): whether case matters, which ids are numbers, and
+    # whether its tokens are of canonical ids (false: registered before them, as written)
+    id_case: Mapped[str] = mapped_column(
+        String(12), default="sensitive", server_default="sensitive"
+    )
+    numeric_ids: Mapped[list[Any]] = mapped_column(JSON, default=list, server_default="[]")
+    ids_canonical: Mapped[bool] = mapped_column(default=True, server_default=false())
 
 
 class DatasetAppend(Base):
@@ -279,6 +286,9 @@ class Model(Base):
     )
     error: Mapped[str | None] = mapped_column(Text)
     current_version_id: Mapped[int | None] = mapped_column(Integer)
+    # a restore's floor for the next version number: numbers the log published are not
+    # given again (app/services/restore.py)
+    version_floor: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
     lease_owner: Mapped[str | None] = mapped_column(String(100))
     lease_expires_at: Mapped[datetime | None]
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
@@ -416,11 +426,24 @@ class Suppression(Base):
     __tablename__ = "suppressions"
     token: Mapped[str] = mapped_column(String(64), primary_key=True)
     kind: Mapped[str] = mapped_column(String(16))  # subject or sample
+    # an any-case token put there by a dataset whose ids ignore case (app/services/suppression.py)
+    any_case: Mapped[bool] = mapped_column(default=False, server_default=false())
     request_id: Mapped[int | None]  # the deletion request that erased it
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
     lifted_at: Mapped[datetime | None]
     lift_reason: Mapped[str | None] = mapped_column(Text)
     lifted_by_key_id: Mapped[int | None]
+
+
+class Deployment(Base):
+    """The database's identity and its restore journal's, one row (app/ledger/deployment.py):
+    a database copied elsewhere keeps its identity and finds its journal by it."""
+
+    __tablename__ = "deployment"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    deployment_id: Mapped[str] = mapped_column(String(36))
+    journal_id: Mapped[str | None] = mapped_column(String(36))
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
 
 
 class DeletionRequest(Base):

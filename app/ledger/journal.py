@@ -1,6 +1,7 @@
-"""The restore journal (issue 53): what a restored database backup must not undo, kept apart
-from the database, in `journal_dir` (default <data_dir>/journal; put it where the database's
-backups are not). Two append-only JSON-lines files:
+"""The restore journal: what a restored database backup must not undo, kept apart from the
+database, in `journal_dir` (by default outside the data folder: a backup of that folder does not
+restore it), in a folder named for the database's deployment (app/ledger/deployment.py).
+Two append-only JSON-lines files and a marks file:
 
 - `erasures.jsonl`: every accepted deletion request, as its dataset, its internal sample ids
   and the keyed tokens of the ids it named (never a raw id), written once the request commits
@@ -17,7 +18,6 @@ rows it holds active with no request pending for them) was restored from a backu
 from __future__ import annotations
 
 import fcntl
-import hashlib
 import json
 import os
 from collections.abc import Iterator
@@ -26,12 +26,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import make_url, select
+from sqlalchemy import select
 
-from app.db.session import Database
+from app.db.session import Database, database
 from app.db.tables import Certificate, PublishedCheckpoint, TreeHead
+from app.ledger import deployment
 
-ERASURES, LOG, LAST = "erasures.jsonl", "log.jsonl", "log.marks"
+ERASURES, LOG, LAST, IDS = "erasures.jsonl", "log.jsonl", "log.marks", "ids.json"
+# (journal folder, database URL) -> the database's identity, read once per process
+_IDENTITIES: dict[tuple[str, str], deployment.Identity] = {}
 # each kind of log line and the field its mark follows
 MARKED = {"certificate": "seq", "head": "tree_size", "checkpoint": "tree_size"}
 
@@ -43,11 +46,15 @@ class Journal:
     folder: Path
 
     @classmethod
-    def of(cls, journal_dir: Path, database_url: str) -> Journal:
-        """The journal of one database: a folder named for its URL (its password left out),
-        so a restore into the same place finds it and another database has its own."""
-        where = make_url(database_url).render_as_string(hide_password=True)
-        return cls(journal_dir / hashlib.sha256(where.encode()).hexdigest()[:16])
+    def of(cls, journal_dir: Path, db: Database | str) -> Journal:
+        """The journal of one database: the folder named for its deployment
+        (app/ledger/deployment.py), so the database finds it wherever it is restored to."""
+        found = database(db) if isinstance(db, str) else db
+        key = (str(journal_dir), found.url)
+        identity = _IDENTITIES.get(key)
+        if identity is None:
+            identity = _IDENTITIES[key] = deployment.ensure(found, journal_dir)
+        return cls(deployment.folder_of(journal_dir, identity))
 
     def record_request(
         self,
@@ -56,7 +63,7 @@ class Journal:
         sample_ids: list[int],
         sample_tokens: list[str],
         subject_tokens: list[str],
-        suppressed: list[dict[str, str]] | None = None,
+        suppressed: list[dict[str, Any]] | None = None,
     ) -> None:
         """An accepted deletion request, durable before it is acknowledged, with the
         suppression tokens it put on the list (a restore puts them back)."""
@@ -89,6 +96,22 @@ class Journal:
         entry = {"type": "restore", "handled": handled, "requests": requests, "size": size}
         with self._locked():
             self._append(ERASURES, [entry])
+
+    def record_ids(self, **given: int) -> None:
+        """The highest dataset or append id given so far (`datasets=7`), before a client or a
+        webhook is told it: a restore continues past them, so no id names two things."""
+        with self._locked():
+            marks = self.id_marks()
+            merged = {k: max(v, marks.get(k, 0)) for k, v in given.items()}
+            if any(marks.get(k, 0) < v for k, v in merged.items()):
+                _write_atomically(self.folder / IDS, json.dumps(marks | merged).encode())
+
+    def id_marks(self) -> dict[str, int]:
+        try:
+            found: dict[str, int] = json.loads((self.folder / IDS).read_text())
+        except FileNotFoundError:
+            return {}
+        return found
 
     def erasures(self) -> Iterator[dict[str, Any]]:
         yield from self._read(ERASURES)

@@ -30,10 +30,11 @@ from app import pause
 from app.db.session import rowcount
 from app.db.tables import Dataset, DatasetAppend, LearnTask, Model, Sample, utcnow
 from app.errors import APIError, unprocessable
+from app.identity import DatasetIds
 from app.phases import Phases
 from app.runtime import Runtime
 from app.services import sample_tokens
-from app.services.dataset_files import ParsedDataset
+from app.services.dataset_files import ParsedDataset, in_form
 from app.services.registration import (
     INLINE_ROWS,
     LATE_MARGIN,
@@ -142,15 +143,17 @@ def append(
                 .where(DatasetAppend.id == append_id)
             ).scalar_one()
             dataset_id, fraction = dataset.id, dataset.test_fraction
+            rules = DatasetIds.of(dataset)
             _check_fits(dataset, parsed)
             begun = session.scalar(
                 select(DatasetAppend.created_at).where(DatasetAppend.id == append_id)
             )
+        parsed = in_form(parsed, rules)
         phases.mark("check")
         if not split_given:
             parsed = replace(parsed, split=split_by_hash(ring, dataset_id, parsed.ids, fraction))
         phases.mark("split")
-        screening = screened(runtime, parsed, True, on_erased)
+        screening = screened(runtime, parsed, True, on_erased, rules)
         parsed, skipped = screening.parsed, screening.skipped
         phases.mark("screen")
         tokens = ring.tokens("sample", dataset_id, parsed.ids)

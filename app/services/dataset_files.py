@@ -8,13 +8,13 @@ import math
 import zipfile
 import zlib
 from collections.abc import Callable, Collection, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, TypeVar, overload
 
 import numpy as np
 from numpy.lib import format as npy_format
 
-from app import text
+from app import identity, text
 from app.errors import APIError, unprocessable
 from app.schemas import BuiltinDatasetIn
 from app.services import synthetic_mixture
@@ -37,6 +37,10 @@ class ParsedDataset:
     kind: str
     text: dict[str, object] | None = None  # a corpus: its vocabulary and counts (app/text.py)
     numbered: bool = False  # ids are row numbers of a builtin, which name nobody
+    # rows whose id or subject Lethe wrote otherwise before canonical ids (app/identity.py):
+    # position -> that writing, whose token a suppression made then holds
+    written_ids: dict[int, str] = field(default_factory=dict)
+    written_subjects: dict[int, str] = field(default_factory=dict)
 
 
 class Texts(Sequence[str]):
@@ -308,11 +312,15 @@ def parse_npz(
         raise unprocessable("bad_shape", f"X must be (n, features...), got shape {X.shape}")
     n = X.shape[0]
     y = label_array(arrays["y"], n)
-    ids = _strings(arrays.get("ids"), n, "ids") or [str(i) for i in range(n)]
+    given = _strings(arrays.get("ids"), n, "ids")
+    ids, written_ids = canonical_ids(given if given is not None else range(n), "ids")
     named = _strings(arrays.get("subjects"), n, "subjects")
-    subjects: list[str | None] = list(named) if named is not None else [None] * n
+    subjects, written_subjects = (
+        canonical_subjects(named, "subjects") if named is not None else ([None] * n, {})
+    )
     split = split_of(arrays.get("split"), y, seed, test_fraction)
-    return finish(X, y, ids, subjects, split, "image" if X.ndim > 2 else "tabular")
+    parsed = finish(X, y, ids, subjects, split, "image" if X.ndim > 2 else "tabular")
+    return replace(parsed, written_ids=written_ids, written_subjects=written_subjects)
 
 
 def _members(
@@ -417,7 +425,7 @@ def parse_csv(
         raise unprocessable("malformed_csv", f"not a UTF-8 CSV: {exc}") from exc
     if len(rows) < 2:
         raise unprocessable("malformed_csv", "a CSV needs a header row and at least one row")
-    header = [h.strip() for h in rows[0]]
+    header = _header(rows[0])
     if label_column not in header:
         raise unprocessable(
             "malformed_csv", f"label column {label_column!r} not in header", {"header": header}
@@ -429,6 +437,14 @@ def parse_csv(
             "missing_column", f"column {missing[0]!r} not in header", {"header": header}
         )
     if feature_columns:
+        named = sorted(special.intersection(feature_columns))
+        if named:
+            raise unprocessable(
+                "invalid_request",
+                f"column {named[0]!r} is the label, id, subject or split column: it cannot "
+                "also be a feature",
+                {"column": named[0]},
+            )
         feature_cols = [header.index(c) for c in feature_columns]
     else:
         feature_cols = [i for i, h in enumerate(header) if h not in special]
@@ -437,21 +453,55 @@ def parse_csv(
     body = rows[1:]
     check_size(len(body), len(feature_cols), limits or Limits())
     column = _columns(header, body)
-
-    try:
-        X = np.empty((len(body), len(feature_cols)), dtype=np.float64)
-        for k, r in enumerate(body):  # row by row: no list of Python floats for all cells
-            X[k] = [float(r[i]) for i in feature_cols]
-        y_raw = np.array([float(v) for v in column(label_column) or []])
-    except ValueError as exc:
-        raise unprocessable("malformed_csv", f"non-numeric value: {exc}") from exc
+    X = np.empty((len(body), len(feature_cols)), dtype=np.float64)
+    for k, r in enumerate(body):  # row by row: no list of Python floats for all cells
+        X[k] = [_cell(r, i, header, k) for i in feature_cols]
+    label_at = header.index(label_column)
+    y_raw = np.array([_cell(r, label_at, header, k) for k, r in enumerate(body)])
     n = len(body)
     y = label_array(y_raw, n)
-    ids = column(id_column) or [str(i) for i in range(n)]
-    subjects: list[str | None] = [s or None for s in column(subject_column) or []] or [None] * n
+    ids, written_ids = canonical_ids(column(id_column) or [str(i) for i in range(n)], "ids")
+    subjects, written_subjects = _subject_column(column(subject_column), n)
     split_values = column(split_column)
     split = split_of(np.array(split_values) if split_values else None, y, seed, test_fraction)
-    return finish(_numeric(X, "features"), y, ids, subjects, split, "tabular")
+    parsed = finish(X, y, ids, subjects, split, "tabular")
+    return replace(parsed, written_ids=written_ids, written_subjects=written_subjects)
+
+
+def _header(row: list[str]) -> list[str]:
+    """A CSV's header, its names trimmed; 422 when a name repeats (which column is meant?)."""
+    header = [h.strip() for h in row]
+    repeated = sorted({h for h in header if header.count(h) > 1})
+    if repeated:
+        raise unprocessable(
+            "duplicate_columns",
+            f"the header names column {repeated[0]!r} more than once",
+            {"columns": repeated[:20]},
+        )
+    return header
+
+
+def _cell(row: list[str], at: int, header: list[str], k: int) -> float:
+    """One numeric cell; 422 naming its column and row (0 is the first row after the header),
+    never its value (a misplaced column may hold a person's id)."""
+    try:
+        value = float(row[at])
+    except ValueError:
+        value = None
+    if value is None or not math.isfinite(value):
+        what = "not a number" if value is None else "NaN or infinite"
+        raise unprocessable(
+            "malformed_csv",
+            f"column {header[at]!r}, row {k}: {what}",
+            {"column": header[at], "row": k, "line": k + 2},
+        )
+    return value
+
+
+def _subject_column(values: list[str] | None, n: int) -> tuple[list[str | None], dict[int, str]]:
+    if values is None:
+        return [None] * n, {}
+    return canonical_subjects(values, "subjects")
 
 
 def _columns(header: list[str], body: list[list[str]]) -> Callable[[str | None], list[str] | None]:
@@ -502,17 +552,52 @@ def label_array(arr: np.ndarray, n: int) -> np.ndarray:
     return y.astype(np.int64)
 
 
-def _strings(arr: np.ndarray | None, n: int, name: str) -> list[str] | None:
+def _strings(arr: np.ndarray | None, n: int, name: str) -> list[object] | None:
+    """An .npz's id or subject array as values (their canonical text is made by `finish`)."""
     if arr is None:
         return None
     if arr.shape != (n,):
         raise unprocessable("bad_shape", f"{name} must have shape ({n},), got {arr.shape}")
     if arr.dtype.kind not in "iuUS":
         raise unprocessable("bad_dtype", f"{name} must be integers or strings")
-    values = [v.decode() if isinstance(v, bytes) else str(v) for v in arr.tolist()]
-    if any(not v or len(v) > 200 for v in values):
-        raise unprocessable("bad_ids", f"{name} must be non-empty strings of at most 200 chars")
-    return values
+    return list(arr.tolist())
+
+
+def canonical_ids(
+    values: Sequence[object], what: str, start: int = 0
+) -> tuple[list[str], dict[int, str]]:
+    """Ids as their canonical text (app/identity.py), and the rows Lethe wrote otherwise
+    before (position -> that writing). 422 names the column and row, never the value."""
+    out: list[str] = []
+    written: dict[int, str] = {}
+    for i, value in enumerate(values):
+        try:
+            text_ = identity.canonical(value)
+        except identity.BadId as exc:
+            raise unprocessable(
+                "bad_ids", f"{what}, row {start + i}: {exc}", {"column": what, "row": start + i}
+            ) from None
+        before = identity.written(value)
+        if before != text_:
+            written[start + i] = before
+        out.append(text_)
+    return out, written
+
+
+def canonical_subjects(
+    values: Sequence[object], what: str, start: int = 0
+) -> tuple[list[str | None], dict[int, str]]:
+    """`canonical_ids` of a subject column, where a missing or empty cell names nobody."""
+    out: list[str | None] = []
+    written: dict[int, str] = {}
+    for i, value in enumerate(values):
+        if value is None or value == "" or value == b"":
+            out.append(None)
+            continue
+        texts, before = canonical_ids([value], what, start + i)
+        out.append(texts[0])
+        written |= before
+    return out, written
 
 
 def split_of(
@@ -637,11 +722,12 @@ def parse_text_csv(
         )
     except ValueError as exc:
         raise unprocessable("malformed_csv", f"non-numeric label: {exc}") from exc
-    ids = column(id_column) or [str(i) for i in range(n)]
-    subjects: list[str | None] = [s or None for s in column(subject_column) or []] or [None] * n
+    ids, written_ids = canonical_ids(column(id_column) or [str(i) for i in range(n)], "ids")
+    subjects, written_subjects = _subject_column(column(subject_column), n)
     split_values = column(split_column)
     split = split_of(np.array(split_values) if split_values else None, y, seed, test_fraction)
     parsed = finish(corpus.counts, y, ids, subjects, split, "text")
+    parsed = replace(parsed, written_ids=written_ids, written_subjects=written_subjects)
     return _with_text(parsed, corpus.meta(min_count))
 
 
@@ -728,3 +814,61 @@ def _checked_sparse(arrays: dict[str, np.ndarray], limits: Limits) -> Any:
 def _with_text(parsed: ParsedDataset, meta: dict[str, object]) -> ParsedDataset:
     parsed.text = meta
     return parsed
+
+
+def in_form(parsed: ParsedDataset, rules: identity.DatasetIds) -> ParsedDataset:
+    """The parsed ids and subjects as the dataset keeps them: numbers written once where it
+    says its ids are numbers, case-folded where case does not matter, or, for a dataset
+    registered before canonical ids, as Lethe wrote them then. 422 when folding makes two
+    ids one, or an id promised a number is not one."""
+    if rules.legacy:
+        ids = [parsed.written_ids.get(i, x) for i, x in enumerate(parsed.ids)]
+        subjects = [
+            parsed.written_subjects.get(i, s) if s is not None else None
+            for i, s in enumerate(parsed.subjects)
+        ]
+        return replace(parsed, ids=ids, subjects=subjects)
+    fold = rules.case == "insensitive"
+    if not fold and not rules.numeric:
+        return parsed
+    form = rules.form("sample")
+    written_ids = dict(parsed.written_ids)
+    ids = _refined(form, list(parsed.ids), written_ids, "ids")
+    subject_form = rules.form("subject")
+    written_subjects = dict(parsed.written_subjects)
+    subjects = _refined(subject_form, list(parsed.subjects), written_subjects, "subjects")
+    dupes = _repeated(ids)
+    if dupes:
+        raise unprocessable(
+            "duplicate_ids",
+            "external ids must be unique (this dataset's ids ignore case"
+            + (" and read numbers as numbers)" if rules.numeric else ")"),
+            {"duplicates": dupes[:50], "count": len(dupes)},
+        )
+    return replace(
+        parsed,
+        ids=Texts(np.array(ids, dtype=Texts.DTYPE)) if isinstance(parsed.ids, Texts) else ids,
+        subjects=subjects,
+        written_ids=written_ids,
+        written_subjects=written_subjects,
+    )
+
+
+def _refined(form: identity.IdForm, values: list[T], written: dict[int, str], what: str) -> list[T]:
+    """`values` (canonical texts, or None) in `form`; `written` keeps each changed row's
+    former writing."""
+    out: list[Any] = []
+    for i, value in enumerate(values):
+        if value is None:
+            out.append(None)
+            continue
+        try:
+            text_ = identity.canonical(value, numeric=form.numeric, fold=form.case == "insensitive")
+        except identity.BadId as exc:
+            raise unprocessable(
+                "bad_ids", f"{what}, row {i}: {exc}", {"column": what, "row": i}
+            ) from None
+        if text_ != value:
+            written.setdefault(i, value)
+        out.append(text_)
+    return out

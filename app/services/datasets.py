@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 from uuid import UUID
@@ -9,8 +10,10 @@ from uuid import UUID
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
+from app.db.chunks import chunked
 from app.db.tables import Dataset, Sample, utcnow
 from app.errors import APIError, not_found
+from app.identity import DatasetIds
 from app.services import subject_tokens
 from app.states import DatasetStatus, SampleStatus
 from app.storage.crypto import Keyring, SampleRecord, open_sealed, sample_aad
@@ -110,6 +113,7 @@ def dataset_view(session: Session, ds: Dataset) -> dict[str, Any]:
         "error": ds.error,
         "counts": dataset_counts(session, ds.id),
         "text": None if ds.text is None else text_summary(ds.text),
+        "ids": DatasetIds.of(ds).as_json(),
     }
 
 
@@ -152,13 +156,21 @@ def list_samples(
     if status:
         query = query.where(Sample.status == status)
     if subject:
-        token = ring.token("subject", dataset_id, subject)
+        text = rules_of(session, dataset_id).form("subject").texts([subject], "subject")[0]
+        token = ring.token("subject", dataset_id, text)
         query = query.where(
             Sample.id.in_(subject_tokens.samples_of(dataset_id, [token])),
             Sample.status != SampleStatus.erased,
         )
     total = session.scalar(select(func.count()).select_from(query.subquery())) or 0
     rows = session.scalars(query.order_by(Sample.id).offset(offset).limit(limit)).all()
+    records = records_of(session, ring, rows)
+    return [_sample_view(r, records.get(r.id)) for r in rows], total
+
+
+def records_of(session: Session, ring: Keyring, rows: Sequence[Sample]) -> dict[int, SampleRecord]:
+    """The sealed records of these samples (sealed in blocks or on their own), by sample id;
+    an erased one (its key destroyed) is absent."""
     keys = wrapped_keys(session, [r.key_id for r in rows if r.key_id is not None])
     sealed = [SealedRow.of(r, keys.get(r.key_id) if r.key_id else None) for r in rows]
     records = open_records(session, ring, sealed)  # rows sealed in blocks
@@ -167,7 +179,24 @@ def list_samples(
             aad = sample_aad(r.dataset_id, r.external_id)
             plain = open_sealed(ring.unwrap(r.wrapped), r.payload, aad)
             records[r.id] = SampleRecord.decode(plain)
-    return [_sample_view(r, records.get(r.id)) for r in rows], total
+    return records
+
+
+def sample_ids_of(session: Session, ring: Keyring, sample_ids: Sequence[int]) -> list[str]:
+    """The ids (as the dataset keeps them) of these samples, read from their sealed records:
+    what a subject's erasure puts on the suppression list beside the subject."""
+    out: list[str] = []
+    for chunk in chunked(list(sample_ids)):
+        rows = session.scalars(select(Sample).where(Sample.id.in_(chunk))).all()
+        out += [r.external_id for r in records_of(session, ring, rows).values()]
+    return out
+
+
+def rules_of(session: Session, dataset_id: int) -> DatasetIds:
+    """A dataset's rules for its ids (the defaults for one that does not exist: the caller
+    answers 404 for it)."""
+    row = session.get(Dataset, dataset_id)
+    return DatasetIds() if row is None else DatasetIds.of(row)
 
 
 @dataclass(frozen=True)

@@ -38,11 +38,12 @@ from app.db.tables import (
     utcnow,
 )
 from app.errors import APIError, conflict, not_found, unprocessable
+from app.identity import DatasetIds
 from app.ledger import transparency
 from app.schemas import DeletionCreate
 from app.security import Role
-from app.services.datasets import ready_dataset
-from app.services.suppression import suppress
+from app.services.datasets import ready_dataset, sample_ids_of
+from app.services.suppression import entries, put_tokens, suppress
 from app.settings import Settings
 from app.specs import PrivacyPolicy, StoredMethod
 from app.states import DatasetStatus, ModelStatus, RequestStatus, SampleStatus, TaskStatus
@@ -297,38 +298,53 @@ def _suppress_matched(
     dataset_id: int,
     samples: Sequence[Any],
     request_id: int,
-) -> list[dict[str, str]]:
-    """The ids this request named and found go on the suppression list (issue 55): a later
-    registration refuses their rows. Sample ids only where they are the client's own (not
-    row numbers, which name nobody from one dataset to the next)."""
-    matched_samples = [
-        names.samples[s.external_id] for s in samples if s.external_id in names.samples
+) -> list[dict[str, Any]]:
+    """Every sample id this request erases and every subject it named go on the suppression
+    list: a later registration or append refuses their rows. A person's rows matched by
+    subject put their sample ids there too, read from their sealed records (the next export
+    may name the same rows without the subject). Sample ids only where they are the client's
+    own (not row numbers, which name nobody from one dataset to the next)."""
+    dataset = session.execute(select(DATASETS).where(DATASETS.c.id == dataset_id)).one()
+    rules = DatasetIds.of(dataset)
+    sample_texts: list[str] = []
+    if dataset.ids_given:
+        named = [s for s in samples if s.external_id in names.samples]
+        sample_texts = [names.texts.get(s.external_id, names.samples[s.external_id]) for s in named]
+        by_subject = [s.id for s in samples if s.external_id not in names.samples]
+        sample_texts += sample_ids_of(session, ring, by_subject)
+    subject_texts = [
+        names.texts.get(s.subject_id, names.subjects[s.subject_id])
+        for s in samples
+        if s.subject_id in names.subjects
     ]
-    if matched_samples and not session.scalar(
-        select(DATASETS.c.ids_given).where(DATASETS.c.id == dataset_id)
-    ):
-        matched_samples = []
-    matched_subjects = [
-        names.subjects[s.subject_id] for s in samples if s.subject_id in names.subjects
-    ]
-    return suppress(session, ring, "sample", matched_samples, request_id) + suppress(
-        session, ring, "subject", matched_subjects, request_id
+    return suppress(session, ring, "sample", sample_texts, request_id, rules) + suppress(
+        session, ring, "subject", subject_texts, request_id, rules
     )
 
 
 @dataclass(frozen=True)
 class Names:
     """The raw ids of one request body and their keyed tokens: only tokens are stored, so a
-    request row never keeps a person's identifiers (DESIGN §6, issue 11)."""
+    request row never keeps a person's identifiers (DESIGN §6). Each id is read in its
+    dataset's form (app/identity.py) before it is tokened."""
 
     samples: dict[str, str]  # token -> raw id, in the body's order
     subjects: dict[str, str]
+    texts: dict[str, str] = field(default_factory=dict)  # token -> canonical text
 
     @classmethod
-    def of(cls, body: DeletionCreate, ring: Keyring) -> Names:
+    def of(cls, body: DeletionCreate, ring: Keyring, rules: DatasetIds = DatasetIds()) -> Names:
+        """422 naming the first id with no canonical form (its position, not its value)."""
+        sample_ids = list(dict.fromkeys(body.sample_ids))
+        subject_ids = list(dict.fromkeys(body.subject_ids))
+        sample_texts = rules.form("sample").texts(sample_ids, "sample_ids")
+        subject_texts = rules.form("subject").texts(subject_ids, "subject_ids")
+        sample_tokens = ring.tokens("sample", body.dataset_id, sample_texts)
+        subject_tokens = ring.tokens("subject", body.dataset_id, subject_texts)
         return cls(
-            {ring.token("sample", body.dataset_id, x): x for x in dict.fromkeys(body.sample_ids)},
-            {ring.token("subject", body.dataset_id, x): x for x in dict.fromkeys(body.subject_ids)},
+            dict(zip(sample_tokens, sample_ids, strict=True)),
+            dict(zip(subject_tokens, subject_ids, strict=True)),
+            dict(zip(sample_tokens + subject_tokens, sample_texts + subject_texts, strict=True)),
         )
 
     def selector(self) -> dict[str, list[str]]:
@@ -630,3 +646,27 @@ def tlog_proof_of(
         cert = session.get(Certificate, certificate_id)
         assert cert is not None
         return tlog_proof(session, cert, published.note)
+
+
+def backfill_suppressions(db: Database, ring: Keyring) -> int:
+    """The sample ids of rows accepted for erasure and not yet erased, on the suppression
+    list (a subject's erasure before its sample ids went there too): their records still
+    open. Rows erased already cannot be: their ids are gone with their keys, and a token of
+    the list cannot be made without the id. A lifted token stays lifted. Returns how many
+    rows were read."""
+    with db.write() as session:
+        pending = session.execute(
+            select(SAMPLES.c.id, SAMPLES.c.dataset_id)
+            .join(DATASETS, DATASETS.c.id == SAMPLES.c.dataset_id)
+            .where(SAMPLES.c.status == SampleStatus.erasing, DATASETS.c.ids_given.is_(True))
+        ).all()
+        by_dataset: dict[int, list[int]] = {}
+        for sample_id, dataset_id in pending:
+            by_dataset.setdefault(dataset_id, []).append(sample_id)
+        for dataset_id, ids in by_dataset.items():
+            rules = DatasetIds.of(
+                session.execute(select(DATASETS).where(DATASETS.c.id == dataset_id)).one()
+            )
+            texts = sample_ids_of(session, ring, ids)
+            put_tokens(session, entries(ring, "sample", texts, rules), None, relist=False)
+    return len(pending)

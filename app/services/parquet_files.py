@@ -11,7 +11,8 @@ from __future__ import annotations
 import io
 from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -23,6 +24,8 @@ from app.services.dataset_files import (
     MaybeTexts,
     ParsedDataset,
     Texts,
+    canonical_ids,
+    canonical_subjects,
     check_size,
     finish,
     label_array,
@@ -84,6 +87,8 @@ def parse_parquet(
     ids: list[np.ndarray] = []  # per batch, joined into one compact array (`Texts`)
     subjects: list[np.ndarray] = []  # per batch, joined into one compact array (`MaybeTexts`)
     splits: list[str] = []
+    written_ids: dict[int, str] = {}  # rows whose ids Lethe wrote otherwise before
+    written_subjects: dict[int, str] = {}
     # the named columns only: the features are read once, a batch at a time as they are
     # registered (`ParquetRows`), and a malformed value is refused then (the job fails and
     # is discarded). Reading them here as well read a million × 256 twice, 13 s before a
@@ -91,21 +96,24 @@ def parse_parquet(
     for start, table in batches(table_file, columns.named(), width, NAMED_BATCH_ROWS):
         stop = start + table.num_rows
         y[start:stop] = _numbers(table.column(columns.label), columns.label, start)
-        named = _texts(table, columns.id, start, required=True)
-        ids.append(
-            np.array(named, dtype=TEXT)
-            if named is not None
-            else np.arange(start, stop).astype(TEXT)
-        )
+        named = _values(table, columns.id, start, required=True)
+        if named is None:
+            ids.append(np.arange(start, stop).astype(TEXT))
+        else:
+            texts, before = canonical_ids(named, columns.id or "ids", start)
+            ids.append(np.array(texts, dtype=TEXT))
+            written_ids |= before
         if columns.subject:
-            named_subjects = _texts(table, columns.subject, start, required=False)
-            subjects.append(np.array(named_subjects, dtype=MaybeTexts.DTYPE))
+            values = _values(table, columns.subject, start, required=False) or []
+            found, before = canonical_subjects(values, columns.subject, start)
+            subjects.append(np.array(found, dtype=MaybeTexts.DTYPE))
+            written_subjects |= before
         splits += [str(v) for v in _texts(table, columns.split, start, required=True) or []]
         del table
     pa.default_memory_pool().release_unused()  # Arrow's pool keeps what it freed
     y_int = label_array(y, n)
     split = split_of(np.array(splits) if columns.split else None, y_int, seed, test_fraction)
-    return finish(
+    parsed = finish(
         X,  # type: ignore[arg-type]
         y_int,
         Texts.joined(ids),
@@ -113,6 +121,7 @@ def parse_parquet(
         split,
         "tabular",
     )
+    return replace(parsed, written_ids=written_ids, written_subjects=written_subjects)
 
 
 def batches(
@@ -288,10 +297,11 @@ def _numbers(
     return values
 
 
-def _texts(
+def _values(
     table: pa.RecordBatch, name: str | None, start: int, required: bool
-) -> list[str | None] | None:
-    """A column's values as text (ids, subjects, splits); None when it is not mapped."""
+) -> list[Any] | None:
+    """A column's values as Python values (ids, subjects: typed, for their canonical text);
+    None when it is not mapped."""
     if name is None:
         return None
     values = table.column(name).to_pylist()
@@ -299,6 +309,16 @@ def _texts(
         missing = [i for i, v in enumerate(values) if v is None]
         if missing:
             raise _bad(name, start + missing[0], "no value")
+    return values
+
+
+def _texts(
+    table: pa.RecordBatch, name: str | None, start: int, required: bool
+) -> list[str | None] | None:
+    """A column's values as text (splits); None when it is not mapped."""
+    values = _values(table, name, start, required)
+    if values is None:
+        return None
     return [None if v is None else str(v) for v in values]
 
 

@@ -33,9 +33,10 @@ from app.db.bulk import driver_uuids, insert_rows
 from app.db.session import Database, rowcount
 from app.db.tables import Base, Dataset, Sample, utcnow
 from app.errors import APIError
+from app.identity import DatasetIds
 from app.runtime import Runtime
 from app.services import sample_tokens, subject_tokens
-from app.services.dataset_files import ParsedDataset, texts_at
+from app.services.dataset_files import ParsedDataset, in_form, texts_at
 from app.services.row_stream import release_rows
 from app.services.suppression import Screener
 from app.states import DatasetStatus, SampleStatus
@@ -100,11 +101,17 @@ class RegistrationDiscarded(APIError):
         )
 
 
-def begin(session: Session, name: str, source: str, rows: int = 0) -> int:
+def begin(
+    session: Session, name: str, source: str, rows: int = 0, rules: DatasetIds = DatasetIds()
+) -> int:
     """The dataset's row, `registering` with nothing known yet but the rows where the request
-    said (a synthetic builtin's), in the caller's commit: its id answers the client before the
-    upload is parsed (a 202 with progress), and at once where `rows` makes it a job."""
+    said (a synthetic builtin's) and its rules for ids, in the caller's commit: its id answers
+    the client before the upload is parsed (a 202 with progress), and at once where `rows`
+    makes it a job."""
     ds = Dataset(
+        id_case=rules.case,
+        numeric_ids=sorted(rules.numeric),
+        ids_canonical=True,
         name=name,
         kind="",
         source=source,
@@ -136,10 +143,15 @@ def register(
     half-written stays."""
     db, ring = runtime.db, runtime.keyring
     try:
+        with db.read() as session:
+            rules = DatasetIds.of(
+                session.execute(select(DATASETS).where(DATASETS.c.id == dataset_id)).one()
+            )
+        parsed = in_form(parsed, rules)
         # row numbers (a builtin's, or an upload's rows numbered) are not given ids
         ids_given = not parsed.numbered and any(x != str(i) for i, x in enumerate(parsed.ids))
         # row numbers name nobody: only given ids are screened
-        screener = Screener(ring, parsed.ids, parsed.subjects, samples=ids_given)
+        screener = screener_of(ring, parsed, ids_given, rules)
         refusing = on_erased != "skip" or parsed.text is not None
         if parsed.text is not None:  # a corpus's rows shaped its vocabulary: all screened first
             with db.read() as session:
@@ -282,11 +294,32 @@ class Screened:
         return np.searchsorted(self.kept, rows).tolist()  # a late row was kept: it was clean
 
 
-def screened(runtime: Runtime, parsed: ParsedDataset, ids_given: bool, on_erased: str) -> Screened:
+def screener_of(
+    ring: Keyring, parsed: ParsedDataset, ids_given: bool, rules: DatasetIds
+) -> Screener:
+    """The screen of `parsed`'s rows (in the dataset's form) against the suppression list."""
+    return Screener(
+        ring,
+        parsed.ids,
+        parsed.subjects,
+        ids_given,
+        rules,
+        parsed.written_ids,
+        parsed.written_subjects,
+    )
+
+
+def screened(
+    runtime: Runtime,
+    parsed: ParsedDataset,
+    ids_given: bool,
+    on_erased: str,
+    rules: DatasetIds = DatasetIds(),
+) -> Screened:
     """`parsed` without the rows of erased samples or people, and how many those were; a
     refusal (409) instead where `on_erased` is "refuse" or the rows shaped a corpus's
     vocabulary (left out, they would still be in it). An append's screening, all at once."""
-    screener = Screener(runtime.keyring, parsed.ids, parsed.subjects, samples=ids_given)
+    screener = screener_of(runtime.keyring, parsed, ids_given, rules)
     with runtime.db.read() as session:  # row numbers name nobody: only given ids are screened
         found = screener.rest(session, 0)
     if not found.rows:
@@ -303,6 +336,8 @@ def screened(runtime: Runtime, parsed: ParsedDataset, ids_given: bool, on_erased
         ids=[parsed.ids[int(i)] for i in kept],
         subjects=[parsed.subjects[int(i)] for i in kept],
         split=[parsed.split[i] for i in kept],
+        written_ids={},  # screened: no longer needed, and the positions moved
+        written_subjects={},
     )
     return Screened(rest, len(found.rows), screener, kept)
 

@@ -18,28 +18,34 @@ import json
 import logging
 from dataclasses import dataclass, field
 from datetime import datetime
+from pathlib import Path
 from typing import Any, Literal
 
-from sqlalchemy import func, insert, select, text
+from sqlalchemy import func, insert, select, text, update
 from sqlalchemy.orm import Session
 
 from app.db.session import Database
 from app.db.tables import (
     Certificate,
+    Dataset,
+    DatasetAppend,
     DeletionRequest,
+    Model,
     PublicNode,
     PublishedCheckpoint,
     Sample,
+    Suppression,
     TreeHead,
     utcnow,
 )
-from app.ledger.journal import Journal
+from app.ledger import deployment
+from app.ledger.journal import Journal, sync_log
 from app.ledger.transparency import StoredNodes, public_entry
 from app.schemas import DeletionCreate
 from app.services.deletions import Names, create_deletion
-from app.services.suppression import lift_token, put_tokens
+from app.services.suppression import Entry, lift_token, put_tokens
 from app.settings import Settings
-from app.states import RequestStatus, SampleStatus
+from app.states import DatasetStatus, RequestStatus, SampleStatus
 from app.storage.crypto import Keyring
 
 log = logging.getLogger("lethe.restore")
@@ -48,6 +54,54 @@ FINISHED = (RequestStatus.done, RequestStatus.failed)
 
 def journal_of(settings: Settings) -> Journal:
     return Journal.of(settings.resolved_journal_dir, settings.resolved_database_url)
+
+
+def adopt_journal(db: Database, journal_dir: Path, source: Path) -> None:
+    """`lethe restore --journal`: the journal the operator points at becomes this database's
+    (copied into its place), if it journaled this database or predates deployment ids."""
+    import shutil
+
+    identity = deployment.ensure(db, journal_dir)
+    found = deployment.journal_identity(source)
+    if found is not None and found.get("deployment_id") != identity.deployment_id:
+        raise ValueError(f"the journal in {source} belongs to another database")
+    target = deployment.folder_of(journal_dir, identity)
+    if source.resolve() != target.resolve():
+        shutil.copytree(source, target, dirs_exist_ok=True)
+    (target / deployment.IDENTITY).unlink(missing_ok=True)
+    deployment.write_identity(target, identity)
+
+
+def new_deployment(db: Database, journal_dir: Path) -> Journal:
+    """`lethe restore --new-deployment`: this copy lives on alone, under a new identity, with
+    a journal of its own seeded from what it holds (its requests, its log). Its log goes on
+    from its own tree: the original must not go on too, or the two logs differ."""
+    identity = deployment.renew(db)
+    folder = deployment.folder_of(journal_dir, identity)
+    deployment.write_identity(folder, identity)
+    journal = Journal(folder)
+    with db.read() as session:
+        for request in session.scalars(select(DeletionRequest).order_by(DeletionRequest.id)):
+            listed = session.execute(
+                select(Suppression.kind, Suppression.token, Suppression.any_case).where(
+                    Suppression.request_id == request.id
+                )
+            )
+            journal.record_request(
+                request.id,
+                request.dataset_id,
+                list(request.sample_ids or []),
+                list((request.selector or {}).get("sample_ids", [])),
+                list((request.selector or {}).get("subject_ids", [])),
+                [Entry(k, t, bool(a)).as_json() for k, t, a in listed],
+            )
+        highest = {
+            "datasets": session.scalar(select(func.max(Dataset.id))) or 0,
+            "appends": session.scalar(select(func.max(DatasetAppend.id))) or 0,
+        }
+    journal.record_ids(**highest)
+    sync_log(db, journal)
+    return journal
 
 
 @dataclass(frozen=True)
@@ -60,8 +114,12 @@ class Verdict:
     requests: list[int] = field(default_factory=list)  # `restoring`: the ones to wait for
 
 
-def verdict(db: Database, journal: Journal) -> Verdict:
-    """Whether the database is behind the journal, or still re-applying a restore."""
+def verdict(db: Database, journal: Journal, journal_dir: Path | None = None) -> Verdict:
+    """Whether the database is behind the journal (or its journal is missing, or another
+    database's), or still re-applying a restore."""
+    mismatch = deployment.problem(db, journal_dir or journal.folder.parent)
+    if mismatch is not None:
+        return Verdict("behind", mismatch)
     marks = journal.marks()
     logged, checkpoints = marks["certificate"], marks["checkpoint"]
     requests: dict[int, dict[str, Any]] = {}
@@ -133,6 +191,7 @@ def restore(db: Database, ring: Keyring, journal: Journal) -> RestoreReport:
         # half-way left stubs, and its rerun must still find their rows
         rows = _still_active(session, list(requests.values()))
         _keep_ids(session, [requests[i] for i in lost])  # before any new id is given
+        _continue_ids(session, journal.id_marks(), entries)
     made: list[int] = []
     for dataset_id, tokens in rows.items():
         for chunk in (tokens[i : i + 10_000] for i in range(0, len(tokens), 10_000)):
@@ -161,9 +220,11 @@ def _restore_suppressions(session: Session, journal: Journal) -> None:
     and every lift after (a backup older than an erasure must not let its person back in)."""
     for entry in journal.erasures():
         if entry["type"] == "request":
-            for kind in ("subject", "sample"):
-                tokens = [s["token"] for s in entry.get("suppressed", []) if s["kind"] == kind]
-                put_tokens(session, kind, tokens, entry["request_id"])
+            made = [
+                Entry(s["kind"], s["token"], bool(s.get("any_case", False)))
+                for s in entry.get("suppressed", [])
+            ]
+            put_tokens(session, made, entry["request_id"])
         elif entry["type"] == "lift":
             lift_token(session, entry["token"], "lifted before the restore", None)
 
@@ -297,10 +358,55 @@ def _keep_ids(session: Session, lost: list[dict[str, Any]]) -> None:
     _advance_sequences(session)
 
 
+def _continue_ids(session: Session, marks: dict[str, int], entries: list[dict[str, Any]]) -> None:
+    """Dataset and append ids continue past the highest the journal saw given (a placeholder
+    row, failed and saying why, holds the highest lost one: SQLite gives max + 1), and each
+    model's version numbers past the highest its journaled certificates published."""
+    note = {"code": "lost_in_restore", "message": LOST}
+    top = session.scalar(select(func.max(Dataset.id))) or 0
+    if marks.get("datasets", 0) > top:
+        session.add(
+            Dataset(
+                id=marks["datasets"], name="(lost in a restore)", kind="", source="lost",
+                feature_shape=[], n_classes=0, n_samples=0, status=DatasetStatus.failed,
+                error=note,
+            )
+        )  # fmt: skip
+        session.flush()
+    top_append = session.scalar(select(func.max(DatasetAppend.id))) or 0
+    if marks.get("appends", 0) > top_append:
+        owner = session.get(Dataset, marks.get("append_dataset", 0))
+        session.add(
+            DatasetAppend(
+                id=marks["appends"],
+                dataset_id=owner.id if owner is not None else marks.get("datasets", top),
+                source="lost",
+                status=DatasetStatus.failed,
+                error=note,
+            )
+        )
+        session.flush()
+    published: dict[int, int] = {}
+    for e in entries:
+        if e["type"] == "certificate" and e.get("to_version") is not None:
+            model = e["model_id"]
+            published[model] = max(published.get(model, 0), int(e["to_version"]))
+    for model_id, number in published.items():
+        session.execute(
+            update(Model)
+            .where(Model.id == model_id, Model.version_floor < number)
+            .values(version_floor=number)
+        )
+    _advance_sequences(session)
+
+
+LOST = "lost when the database was restored from a backup; its id is not given again"
+
+
 def _advance_sequences(session: Session) -> None:
     """PostgreSQL's id sequences past the ids now held (SQLite takes max + 1 itself)."""
     if session.get_bind().dialect.name == "postgresql":
-        for table in ("deletion_requests", "certificates"):
+        for table in ("deletion_requests", "certificates", "datasets", "dataset_appends"):
             session.execute(
                 text(
                     f"SELECT setval(pg_get_serial_sequence('{table}', 'id'), "

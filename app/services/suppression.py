@@ -1,6 +1,7 @@
-"""The suppression list: erased people and samples stay erased (issue 55, goal 4; GDPR
-practice keeps such a list). A deletion request records the keyed tokens of the subject and
-sample ids it matched; a registration screens its rows against the list and refuses them
+"""The suppression list: erased people and samples stay erased (GDPR practice keeps such a
+list). A deletion request records the keyed tokens of the subjects it named and of every
+sample id it erased, a person's rows matched by subject included (docs/design/suppression.md);
+a registration screens its rows against the list and refuses them
 (`on_erased: refuse`, the default) or leaves them out (`skip`); an admin lifts one with a
 reason (re-consent), which the row keeps. Only tokens are stored: an HMAC under the master
 key, in a namespace of its own and without the dataset, so the same person's rows are
@@ -17,14 +18,28 @@ from datetime import datetime
 from typing import Any
 
 import numpy as np
-from sqlalchemy import ColumnElement, String, any_, bindparam, column, func, select, update
+from sqlalchemy import (
+    ColumnElement,
+    String,
+    and_,
+    any_,
+    bindparam,
+    column,
+    func,
+    not_,
+    or_,
+    select,
+    update,
+)
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.dialects.postgresql import ARRAY
 from sqlalchemy.orm import Session
 
+from app import identity
 from app.db.chunks import CHUNK, chunked
 from app.db.tables import Suppression, utcnow
-from app.errors import APIError
+from app.errors import APIError, unprocessable
+from app.identity import DatasetIds
 from app.services.dataset_files import texts_at
 from app.storage.crypto import Keyring
 
@@ -34,37 +49,96 @@ KINDS = ("subject", "sample")
 REPORT_IDS = 100  # ids named in a refusal (the client sent them; it knows them)
 
 
-def suppression_token(ring: Keyring, kind: str, raw_id: str) -> str:
-    """The keyed token of a subject or sample id on the list: dataset-independent."""
-    return ring.token(f"suppressed-{kind}", 0, raw_id)
+def suppression_token(ring: Keyring, kind: str, text: str) -> str:
+    """The keyed token of one id's canonical text on the list: dataset-independent."""
+    return ring.token(f"suppressed-{kind}", 0, text)
 
 
-def suppression_tokens(ring: Keyring, kind: str, raw_ids: Sequence[str]) -> list[str]:
-    """`suppression_token` of each of `raw_ids`, made together (`Keyring.tokens`)."""
-    return ring.tokens(f"suppressed-{kind}", 0, raw_ids)
+def suppression_tokens(ring: Keyring, kind: str, texts: Sequence[str]) -> list[str]:
+    """`suppression_token` of each of `texts`, made together (`Keyring.tokens`)."""
+    return ring.tokens(f"suppressed-{kind}", 0, texts)
+
+
+def folded_tokens(ring: Keyring, kind: str, texts: Sequence[str]) -> list[str]:
+    """The any-case tokens of these canonical texts (their case folded first)."""
+    return ring.tokens(f"suppressed-{kind}-folded", 0, [identity.folded(t) for t in texts])
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One token on the list. `any_case`: an erasure in a dataset whose ids ignore case put it
+    there, and it keeps out every case of the id; otherwise a folded token is matched only
+    by datasets that ignore case (an erased `ZZ-3` keeps out their `zz-3`, not another
+    dataset's own `zz-3`)."""
+
+    kind: str
+    token: str
+    any_case: bool = False
+
+    def as_json(self) -> dict[str, Any]:
+        return {"kind": self.kind, "token": self.token, "any_case": self.any_case}
+
+
+def entries(
+    ring: Keyring, kind: str, texts: Sequence[str], rules: DatasetIds = DatasetIds()
+) -> list[Entry]:
+    """What an erasure of these ids (as the dataset keeps them) puts on the list
+    (docs/design/canonical-ids.md)."""
+    texts = list(dict.fromkeys(texts))
+    if rules.case == "insensitive" and not rules.legacy:
+        return [Entry(kind, t, True) for t in folded_tokens(ring, kind, texts)]
+    out = [Entry(kind, t) for t in suppression_tokens(ring, kind, texts)]
+    if rules.legacy:  # kept as written then: their canonical text too, where they have one
+        texts = [c for c in map(_canonical_or_none, texts) if c is not None]
+        out += [Entry(kind, t) for t in suppression_tokens(ring, kind, texts)]
+    out += [Entry(kind, t) for t in folded_tokens(ring, kind, texts)]
+    return list({e.token: e for e in out}.values())
+
+
+def _canonical_or_none(text: str) -> str | None:
+    try:
+        return identity.canonical(text)
+    except identity.BadId:
+        return None
 
 
 def suppress(
-    session: Session, ring: Keyring, kind: str, raw_ids: Iterable[str], request_id: int
-) -> list[dict[str, str]]:
+    session: Session,
+    ring: Keyring,
+    kind: str,
+    texts: Iterable[str],
+    request_id: int,
+    rules: DatasetIds = DatasetIds(),
+) -> list[dict[str, Any]]:
     """Put these ids on the list (again, where a suppression was lifted), in the caller's
-    transaction; the tokens, for the restore journal."""
-    tokens = suppression_tokens(ring, kind, list(dict.fromkeys(raw_ids)))
-    put_tokens(session, kind, tokens, request_id)
-    return [{"kind": kind, "token": t} for t in tokens]
+    transaction; the entries, for the restore journal."""
+    made = entries(ring, kind, list(texts), rules)
+    put_tokens(session, made, request_id)
+    return [e.as_json() for e in made]
 
 
-def put_tokens(session: Session, kind: str, tokens: list[str], request_id: int | None) -> None:
-    """`suppress` with the tokens made (a restore puts the journal's back). A lifted token put
-    back is on the list from now (`created_at`): an upload's late check (`Screener.late`)
-    finds the entries made since it screened, a person erased again among them."""
+def put_tokens(
+    session: Session, made: Sequence[Entry], request_id: int | None, relist: bool = True
+) -> None:
+    """`suppress` with the entries made (a restore puts the journal's back). A lifted token put
+    back (`relist`) is on the list from now (`created_at`), as is one that now keeps out
+    every case: an upload's late check (`Screener.late`) finds the entries made since it
+    screened, a person erased again among them. Without `relist` a token on the list, lifted
+    or not, is left as it is (a backfill never undoes a lift)."""
     now = utcnow()
-    rows = [{"token": t, "kind": kind, "request_id": request_id} for t in tokens]
+    rows = [
+        {"token": e.token, "kind": e.kind, "any_case": e.any_case, "request_id": request_id}
+        for e in made
+    ]
     if not rows:
         return
     dialect = postgresql if session.get_bind().dialect.name == "postgresql" else sqlite
     for chunk in chunked(rows):
         statement = dialect.insert(Suppression).values([r | {"created_at": now} for r in chunk])
+        if not relist:
+            session.execute(statement.on_conflict_do_nothing(index_elements=["token"]))
+            continue
+        wider = and_(statement.excluded.any_case, not_(Suppression.any_case))
         session.execute(
             statement.on_conflict_do_update(
                 index_elements=["token"],
@@ -72,19 +146,20 @@ def put_tokens(session: Session, kind: str, tokens: list[str], request_id: int |
                     "lifted_at": None,
                     "lift_reason": None,
                     "lifted_by_key_id": None,
+                    "any_case": or_(Suppression.any_case, statement.excluded.any_case),
                     "created_at": statement.excluded.created_at,
                 },
-                where=Suppression.lifted_at.is_not(None),
+                where=or_(Suppression.lifted_at.is_not(None), wider),
             )
         )
 
 
-def active(session: Session, tokens: list[str]) -> set[str]:
-    """Those of `tokens` on the list and not lifted. The tokens go as one parameter (an array
-    on PostgreSQL, a JSON array on SQLite): an `IN` of 5,000 parameters was built, sent and
-    parsed anew for every chunk, 10-20 s of a million-row registration's screening."""
+def active(session: Session, tokens: list[str]) -> dict[str, bool]:
+    """Those of `tokens` on the list and not lifted, each with whether it keeps out every case.
+    The tokens go as one parameter (an array on PostgreSQL, a JSON array on SQLite): an `IN`
+    of thousands of parameters was built, sent and parsed anew for every chunk."""
     if not tokens:
-        return set()
+        return {}
     wanted = sorted(set(tokens))
     listed: ColumnElement[bool]
     if session.get_bind().dialect.name == "postgresql":
@@ -94,8 +169,10 @@ def active(session: Session, tokens: list[str]) -> set[str]:
         values = func.json_each(bindparam("tokens"))  # SQLite's JSON1, built in since 3.38
         listed = Suppression.token.in_(select(column("value")).select_from(values))
         params = {"tokens": json.dumps(wanted)}
-    query = select(Suppression.token).where(listed, Suppression.lifted_at.is_(None))
-    return set(session.scalars(query, params))
+    query = select(Suppression.token, Suppression.any_case).where(
+        listed, Suppression.lifted_at.is_(None)
+    )
+    return {t: bool(a) for t, a in session.execute(query, params)}
 
 
 @dataclass(frozen=True)
@@ -123,80 +200,146 @@ class Screening:
 
 
 # The most active tokens an upload's screening holds in memory (about 6 MB), read once,
-# instead of looking each chunk's tokens up (a million rows: 200 lookups of 5,000, a second
-# of the registration's sealing thread). A longer list is looked up a chunk at a time.
+# instead of looking each chunk's tokens up. A longer list is looked up a chunk at a time.
 HELD_MOST = 50_000
-REMEMBERED_SUBJECTS = 50_000  # subjects whose marks a Screener keeps between chunks
+REMEMBERED_SUBJECTS = 50_000  # subjects whose probes a Screener keeps between chunks
+SLOTS = 4  # a row's mark: 16 bits of each of at most SLOTS of its probes' tokens
 
 
-def listed_now(session: Session) -> frozenset[str] | None:
-    """Every token on the list and not lifted, where there are at most HELD_MOST of them."""
+def listed_now(session: Session) -> dict[str, bool] | None:
+    """Every token on the list and not lifted (with `any_case`), where there are at most
+    HELD_MOST of them."""
     on_list = Suppression.lifted_at.is_(None)
     count = session.scalar(select(func.count()).select_from(Suppression).where(on_list))
     if (count or 0) > HELD_MOST:
         return None
-    return frozenset(session.scalars(select(Suppression.token).where(on_list)))
+    query = select(Suppression.token, Suppression.any_case).where(on_list)
+    return {t: bool(a) for t, a in session.execute(query)}
+
+
+Probe = tuple[str, bool]  # a token to look for, and whether it counts only when `any_case`
+
+
+class Prober:
+    """The tokens that find one kind of id on the list, for a dataset's rules: its canonical
+    text's, its any-case token's (which counts where the erasure ignored case, or where this
+    dataset does), and the token of the id as Lethe wrote it before canonical ids, where
+    that differs (a suppression made then holds it)."""
+
+    def __init__(self, ring: Keyring, kind: str, rules: DatasetIds) -> None:
+        self.ring, self.kind, self.rules = ring, kind, rules
+
+    def of(self, texts: Sequence[str], others: Sequence[str | None]) -> list[tuple[Probe, ...]]:
+        """Each text's probes (`others`: its former writing, or None)."""
+        ring, kind, rules = self.ring, self.kind, self.rules
+        if rules.legacy:  # kept as written then: probed by their canonical text too
+            canon = [_canonical_or_none(t) for t in texts]
+            others = [t if c != t else None for t, c in zip(texts, canon, strict=True)]
+            texts = [c if c is not None else t for t, c in zip(texts, canon, strict=True)]
+        exact = suppression_tokens(ring, kind, texts)
+        folded = folded_tokens(ring, kind, texts)
+        former = [o for o in others if o is not None]
+        before = iter(suppression_tokens(ring, kind, former))
+        insensitive = rules.case == "insensitive" and not rules.legacy
+        out: list[tuple[Probe, ...]] = []
+        for e, f, o in zip(exact, folded, others, strict=True):
+            probes = ((f, False), (e, False)) if insensitive else ((e, False), (f, True))
+            out.append(probes if o is None else (*probes, (next(before), False)))
+        return out
+
+
+def _hit(probes: tuple[Probe, ...], listed: dict[str, bool]) -> bool:
+    return any(t in listed and (listed[t] or not wide) for t, wide in probes)
 
 
 class Screener:
     """An upload's rows screened against the list a chunk at a time (a registration screens
     each chunk as it seals it, beside the previous chunk's inserts, not all before them). It
-    keeps a 64-bit mark of each clean row's tokens, so `late` finds the rows of people erased
-    while the upload was written: they must not come back through it (issue 55, goal 4).
+    keeps a 64-bit mark of each clean row's probes, so `late` finds the rows of people erased
+    while the upload was written: they must not come back through it.
     A short list is read once, at the first chunk (`listed_now`): what goes on it after that
     is what `late` finds, as it finds what goes on after any chunk's own lookup."""
 
     def __init__(
-        self, ring: Keyring, ids: Sequence[str], subjects: Sequence[str | None], samples: bool
+        self,
+        ring: Keyring,
+        ids: Sequence[str],
+        subjects: Sequence[str | None],
+        samples: bool,
+        rules: DatasetIds = DatasetIds(),
+        written_ids: dict[int, str] | None = None,
+        written_subjects: dict[int, str] | None = None,
     ) -> None:
-        self.ring, self.ids, self.subjects, self.samples = ring, ids, subjects, samples
+        self.ids, self.subjects, self.samples = ids, subjects, samples
+        self.sample_probes = Prober(ring, "sample", rules)
+        self.subject_probes = Prober(ring, "subject", rules)
+        self.written_ids = written_ids or {}
+        self.written_subjects = written_subjects or {}
         self.sample_marks = np.zeros(len(ids), dtype=np.uint64)  # 0: not checked, or a hit
         self.subject_marks = np.zeros(len(ids), dtype=np.uint64)
-        # subjects looked up already, at most REMEMBERED_SUBJECTS (a million rows of two
-        # each held half a million, 65 MB of a registration's memory)
-        self._subject_marks: dict[str, int] = {}
-        self._erased: set[str] = set()  # ... and found on the list
+        # each subject's probes, at most REMEMBERED_SUBJECTS (a subject owns many rows)
+        self._subject_probes: dict[str, tuple[Probe, ...]] = {}
+        self._erased: set[str] = set()  # subjects found on the list
         self.rows: list[int] = []  # the hits so far, in order
-        self._held: frozenset[str] | None = None  # the list, where it is short
+        self._held: dict[str, bool] | None = None  # the list, where it is short
         self._read = False  # whether the list was read (or found too long to hold)
 
     def chunk(self, session: Session, start: int, stop: int) -> list[int]:
-        """The rows `start:stop` on the list (one keyed token per id: a few microseconds a
-        row); the others' marks kept."""
-        ring, subjects, seen = self.ring, self.subjects, self._subject_marks
-        if len(seen) > REMEMBERED_SUBJECTS:  # looked up again if met again (`_erased` stays)
-            seen.clear()
-        fresh = (s for s in subjects[start:stop] if s is not None and s not in seen)
-        new = list(dict.fromkeys(fresh))  # in order, each once
-        subject_tokens = suppression_tokens(ring, "subject", new)
-        ids = texts_at(self.ids, range(start, stop)) if self.samples else []
-        sample_tokens = suppression_tokens(ring, "sample", ids)
-        hit = self._on_list(session, sample_tokens + subject_tokens)
-        seen.update(zip(new, _marks(subject_tokens).tolist(), strict=True))
-        self._erased |= {s for s, t in zip(new, subject_tokens, strict=True) if t in hit}
-        if self.samples:
-            self.sample_marks[start:stop] = _marks(sample_tokens)
-        self.subject_marks[start:stop] = [0 if s is None else seen[s] for s in subjects[start:stop]]
+        """The rows `start:stop` on the list (a few keyed tokens per id: microseconds a row);
+        the others' marks kept."""
+        subjects = texts_at(self.subjects, range(start, stop))
+        known, new = self._subjects(subjects, start)
+        samples = self._samples(start, stop)
+        wanted = [t for p in samples for t, _ in p] + [t for s in new for t, _ in known[s]]
+        listed = self._on_list(session, wanted)
         found: list[int] = []
-        if hit or self._erased:  # a subject found in an earlier chunk is not looked up again
-            sampled = set(hit.intersection(sample_tokens))
-            found = [
-                i
-                for i in range(start, stop)
-                if subjects[i] in self._erased or (sampled and sample_tokens[i - start] in sampled)
-            ]
-            self.sample_marks[found] = 0  # a hit is not a clean row: `late` passes it by
-            self.subject_marks[found] = 0
+        for k, i in enumerate(range(start, stop)):
+            subject = subjects[k]
+            # a subject met in an earlier chunk and clean then is found later by `late`
+            hit = subject is not None and (
+                subject in self._erased or (subject in new and _hit(known[subject], listed))
+            )
+            if hit:
+                self._erased.add(subject)  # type: ignore[arg-type]
+            if hit or (samples and _hit(samples[k], listed)):
+                found.append(i)
+                continue
+            if samples:
+                self.sample_marks[i] = _mark(samples[k])
+            if subject is not None:
+                self.subject_marks[i] = _mark(known[subject])
         self.rows += found
         return found
 
-    def _on_list(self, session: Session, tokens: list[str]) -> set[str]:
+    def _samples(self, start: int, stop: int) -> list[tuple[Probe, ...]]:
+        if not self.samples:
+            return []
+        texts = texts_at(self.ids, range(start, stop))
+        others = [self.written_ids.get(i) for i in range(start, stop)]
+        return self.sample_probes.of(texts, others)
+
+    def _subjects(
+        self, subjects: list[str | None], start: int
+    ) -> tuple[dict[str, tuple[Probe, ...]], set[str]]:
+        """The probes of a chunk's subjects, those not remembered (`new`) made together."""
+        seen = self._subject_probes
+        if len(seen) > REMEMBERED_SUBJECTS:
+            seen.clear()
+        new: dict[str, str | None] = {}
+        for k, s in enumerate(subjects):
+            if s is not None and s not in seen and s not in new:
+                new[s] = self.written_subjects.get(start + k)
+        seen.update(zip(new, self.subject_probes.of(list(new), list(new.values())), strict=True))
+        return {s: seen[s] for s in subjects if s is not None}, set(new)
+
+    def _on_list(self, session: Session, tokens: list[str]) -> dict[str, bool]:
         """Those of `tokens` on the list: in the list held, else looked up."""
         if not self._read:
             self._held, self._read = listed_now(session), True
         if self._held is None:
             return active(session, tokens)
-        return set(self._held.intersection(tokens))
+        held = self._held
+        return {t: held[t] for t in tokens if t in held}
 
     def rest(self, session: Session, start: int) -> Screening:
         """Every row from `start` on screened too: the whole upload's report."""
@@ -210,33 +353,56 @@ class Screener:
 
     def late(self, session: Session, since: datetime) -> Screening:
         """The rows checked clean whose sample or subject went on the list since `since`
-        (those are few: their marks narrow the rows down, their tokens confirm each)."""
-        fresh = set(
-            session.scalars(
-                select(Suppression.token).where(
+        (those are few: their marks narrow the rows down, their probes confirm each)."""
+        fresh = {
+            t: bool(a)
+            for t, a in session.execute(
+                select(Suppression.token, Suppression.any_case).where(
                     Suppression.created_at >= since, Suppression.lifted_at.is_(None)
                 )
             )
-        )
+        }
         if not fresh:
             return Screening([], [], 0)
-        marks = _marks(list(fresh))
-        near = np.isin(self.sample_marks, marks) | np.isin(self.subject_marks, marks)
-        ring, found, erased = self.ring, [], set()
+        parts = np.array([_fragment(t) for t in fresh], dtype=np.uint64)
+        near = _near(self.sample_marks, parts) | _near(self.subject_marks, parts)
+        found, erased = [], set()
         for i in map(int, np.flatnonzero(near)):
             subject = self.subjects[i]
-            if subject is not None and suppression_token(ring, "subject", subject) in fresh:
-                erased.add(subject)
-                found.append(i)
-            elif self.samples and suppression_token(ring, "sample", self.ids[i]) in fresh:
-                found.append(i)
+            if subject is not None:
+                other = self.written_subjects.get(i)
+                if _hit(self.subject_probes.of([subject], [other])[0], fresh):
+                    erased.add(subject)
+                    found.append(i)
+                    continue
+            if self.samples:
+                probes = self.sample_probes.of([self.ids[i]], [self.written_ids.get(i)])[0]
+                if _hit(probes, fresh):
+                    found.append(i)
         return Screening(found, [self.ids[i] for i in found], len(erased))
 
 
-def _marks(tokens: list[str]) -> np.ndarray:
-    """64 bits of each token's MAC, decoded together (never 0: 0 marks a row not checked)."""
-    raw = base64.urlsafe_b64decode("".join(t[-32:] for t in tokens))  # 24 bytes a token
-    return np.frombuffer(raw, dtype="<u8").reshape(len(tokens), 3)[:, 0] | np.uint64(1)
+def _fragment(token: str) -> int:
+    """16 bits of a token's MAC, never 0 (0 marks an empty slot)."""
+    raw = base64.urlsafe_b64decode(token[-32:])
+    return int.from_bytes(raw[:2], "little") | 1
+
+
+def _mark(probes: tuple[Probe, ...]) -> int:
+    """A row's mark: its probes' fragments, 16 bits each (at most SLOTS: more than SLOTS
+    probes never occur, `Prober.of` makes at most three)."""
+    mark = 0
+    for slot, (token, _) in enumerate(probes[:SLOTS]):
+        mark |= _fragment(token) << (16 * slot)
+    return mark
+
+
+def _near(marks: np.ndarray, parts: np.ndarray) -> np.ndarray:
+    """Rows any of whose slots holds one of these fragments (a fragment is never 0)."""
+    near = np.zeros(len(marks), dtype=bool)
+    for slot in range(SLOTS):
+        near |= np.isin((marks >> np.uint64(16 * slot)) & np.uint64(0xFFFF), parts)
+    return near
 
 
 def screen(
@@ -245,22 +411,29 @@ def screen(
     ids: Sequence[str],
     subjects: Sequence[str | None],
     samples: bool = True,
+    rules: DatasetIds = DatasetIds(),
 ) -> Screening:
     """The rows whose sample id (where `samples`: the client's own ids) or subject is
-    suppressed, a CHUNK of rows at a time: a million rows' tokens at once were 120 MB of a
-    registration's memory (issue 55, goal 6)."""
-    return Screener(ring, ids, subjects, samples).rest(session, 0)
+    suppressed, a CHUNK of rows at a time."""
+    return Screener(ring, ids, subjects, samples, rules).rest(session, 0)
 
 
 def lift(
     session: Session, ring: Keyring, kind: str, raw_id: str, reason: str, key_id: int | None
 ) -> dict[str, Any]:
-    """Take one subject or sample off the list (re-consent): the row keeps who and why."""
-    lifted = lift_token(session, suppression_token(ring, kind, raw_id), reason, key_id)
-    if lifted is None:
+    """Take one subject or sample off the list (re-consent), in every case and spelling that
+    names it: the rows keep who and why. 404 when none of its tokens is on the list."""
+    try:
+        text = identity.canonical(raw_id)
+    except identity.BadId as exc:
+        raise unprocessable("bad_ids", f"{kind}_id: {exc}") from None
+    tokens = suppression_tokens(ring, kind, list(dict.fromkeys([text, raw_id])))
+    tokens += folded_tokens(ring, kind, [text])
+    lifted = [done for t in tokens if (done := lift_token(session, t, reason, key_id)) is not None]
+    if not lifted:
         raise APIError(404, "not_suppressed", f"no erased {kind} with this id is on the list")
     log.warning("suppression of a %s lifted by key %s: %s", kind, key_id, reason)
-    return lifted
+    return {**lifted[0], "tokens": [done["token"] for done in lifted]}
 
 
 def lift_token(

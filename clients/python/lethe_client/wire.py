@@ -91,6 +91,9 @@ class DatasetOut(DatasetSummary):
     """once failed: why (its rows and keys are gone)"""
     text: JsonObject | None = None
     """a corpus's vocabulary size, rare token and short documents (null otherwise)"""
+    ids: JsonObject = {}
+    """how its ids are read: `id_case` (sensitive or insensitive), `numeric_ids` (which ids
+    are numbers) and `canonical` (false: registered before canonical ids, kept as written)"""
 
 
 class Learning(Out):
