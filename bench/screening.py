@@ -34,7 +34,7 @@ from app.runtime import Runtime
 from app.services import registration
 from app.services.dataset_files import Limits
 from app.services.parquet_files import Columns, parse_parquet
-from app.services.suppression import Screener, put_tokens, suppression_token
+from app.services.suppression import Screener, entries, put_tokens
 from bench.common import alternating, write_result
 from bench.registration_stages import fresh_runtime
 
@@ -74,8 +74,8 @@ def listed(runtime: Runtime, count: int) -> None:
     ring = runtime.keyring
     with runtime.db.write() as session:
         for kind in ("subject", "sample"):
-            tokens = [suppression_token(ring, kind, f"gone-{kind}-{i}") for i in range(count)]
-            put_tokens(session, kind, tokens, None)
+            gone = [f"gone-{kind}-{i}" for i in range(count)]
+            put_tokens(session, entries(ring, kind, gone), None)
 
 
 @contextlib.contextmanager

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import tempfile
 import shutil
 import time
 import uuid
@@ -38,6 +39,9 @@ os.environ.setdefault("LETHE_EMBEDDED_WORKER", "thread")
 # test that restores the environment removes (test_mlflow then failed with a KeyError on it);
 # no test needs it, and nothing here may reach the internet
 os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
+# The restore journal's default place is the user's state folder: the suite's journals go to a
+# folder of its own (each database's in its own subfolder), not into the home folder
+os.environ["XDG_STATE_HOME"] = tempfile.mkdtemp(prefix="lethe-test-state-")
 
 
 @pytest.fixture(scope="session")

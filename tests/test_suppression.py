@@ -16,7 +16,14 @@ from sqlalchemy import func, select
 from app.db.session import database
 from app.db.tables import Dataset, Sample, Suppression
 from app.services import suppression
-from app.services.suppression import HELD_MOST, Screener, put_tokens, suppression_token
+from app.services.suppression import (
+    HELD_MOST,
+    Entry,
+    Screener,
+    entries,
+    put_tokens,
+    suppression_token,
+)
 from app.storage.crypto import Keyring
 from tests.conftest import Api
 from tests.test_registration import wait_file
@@ -72,7 +79,7 @@ def test_an_erased_person_is_refused_skipped_and_let_back_in_only_when_lifted(ap
     assert api.get("/v1/suppressions", role="auditor").json() == {
         "subject_active": 1,
         "subject_lifted": 0,
-        "sample_active": 1,  # row-0007: a subject's request names no sample id
+        "sample_active": 3,  # row-0007, and row-0002 and row-0003 matched by their subject
         "sample_lifted": 0,
     }
 
@@ -96,7 +103,7 @@ def test_an_erased_person_is_refused_skipped_and_let_back_in_only_when_lifted(ap
 
     with database(api.url).read() as session:
         rows = session.scalars(select(Suppression)).all()
-    assert {r.kind for r in rows} == {"subject", "sample"}
+    assert {r.kind for r in rows} == {"subject", "sample", "subject_folded", "sample_folded"}
     assert all(r.lifted_at is not None and r.lift_reason for r in rows)
     stored = " ".join(f"{r.token} {r.kind}" for r in rows)
     assert "person-001" not in stored and "row-0007" not in stored  # tokens only
@@ -204,8 +211,8 @@ def test_the_screener_finds_a_person_in_every_chunk_and_late_finds_only_new_entr
     subjects: list[str | None] = ["a", "a", "b", None, "a", "c", "b", "d"]
     db = database(db_url)
     with db.write() as session:
-        put_tokens(session, "subject", [suppression_token(ring, "subject", "a")], None)
-        put_tokens(session, "sample", [suppression_token(ring, "sample", "row-5")], None)
+        put_tokens(session, entries(ring, "subject", ["a"]), None)
+        put_tokens(session, entries(ring, "sample", ["row-5"]), None)
     screener = Screener(ring, ids, subjects, samples=True)
     with db.read() as session:
         assert screener.chunk(session, 0, 3) == [0, 1]
@@ -214,8 +221,8 @@ def test_the_screener_finds_a_person_in_every_chunk_and_late_finds_only_new_entr
         since = session.scalar(select(func.max(Suppression.created_at)))
     assert since is not None
     with db.write() as session:  # put on the list after the screen: "b", and row-7 by its id
-        put_tokens(session, "subject", [suppression_token(ring, "subject", "b")], None)
-        put_tokens(session, "sample", [suppression_token(ring, "sample", "row-7")], None)
+        put_tokens(session, entries(ring, "subject", ["b"]), None)
+        put_tokens(session, entries(ring, "sample", ["row-7"]), None)
     with db.read() as session:
         late = screener.late(session, since)
         assert late.rows == [2, 6, 7] and late.subjects == 1  # rows 0, 1, 4, 5 were refused
@@ -233,7 +240,7 @@ def test_a_person_erased_again_after_a_lift_is_found_by_the_late_check(db_url: s
     token = suppression_token(ring, "subject", "again")
     db = database(db_url)
     with db.write() as session:
-        put_tokens(session, "subject", [token], None)
+        put_tokens(session, [Entry("subject", token)], None)
     with db.write() as session:
         assert lift_token(session, token, "re-consent", None) is not None
     screener = Screener(ring, ["r-0", "r-1", "r-2"], ["again", None, "again"], samples=True)
@@ -241,7 +248,7 @@ def test_a_person_erased_again_after_a_lift_is_found_by_the_late_check(db_url: s
         assert screener.chunk(session, 0, 3) == []  # lifted: the rows are clean
     since = utcnow()
     with db.write() as session:
-        put_tokens(session, "subject", [token], None)  # erased again while the upload runs
+        put_tokens(session, [Entry("subject", token)], None)  # erased again while the upload runs
     with db.read() as session:
         row = session.execute(select(Suppression).where(Suppression.token == token)).scalar_one()
         assert row.lifted_at is None and row.created_at >= since
@@ -261,7 +268,7 @@ def test_an_append_s_late_check_names_the_rows_it_kept(db_url: str) -> None:
     ring = Keyring(b"k" * 32)
     db = database(db_url)
     with db.write() as session:
-        put_tokens(session, "subject", [suppression_token(ring, "subject", "gone")], None)
+        put_tokens(session, entries(ring, "subject", ["gone"]), None)
     subjects: list[str | None] = ["gone", "stay", "gone", "late", "stay", "late"]
     ids = [f"k-{i}" for i in range(6)]
     X = np.arange(12, dtype=np.float32).reshape(6, 2)
@@ -271,7 +278,7 @@ def test_an_append_s_late_check_names_the_rows_it_kept(db_url: str) -> None:
     assert screening.skipped == 2 and screening.parsed.ids == ["k-1", "k-3", "k-4", "k-5"]
     since = utcnow()
     with db.write() as session:  # erased while the append runs
-        put_tokens(session, "subject", [suppression_token(ring, "subject", "late")], None)
+        put_tokens(session, entries(ring, "subject", ["late"]), None)
     with db.read() as session:
         late = screening.late(session, since)
     assert [screening.parsed.ids[i] for i in late] == ["k-3", "k-5"]

@@ -428,6 +428,8 @@ class Suppression(Base):
     kind: Mapped[str] = mapped_column(String(16))  # subject or sample
     # an any-case token put there by a dataset whose ids ignore case (app/services/suppression.py)
     any_case: Mapped[bool] = mapped_column(default=False, server_default=false())
+    # a sample's: the subject token whose erasure matched its row (lifted with the subject)
+    via_subject: Mapped[str | None] = mapped_column(String(64))
     request_id: Mapped[int | None]  # the deletion request that erased it
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
     lifted_at: Mapped[datetime | None]

@@ -306,20 +306,26 @@ def _suppress_matched(
     own (not row numbers, which name nobody from one dataset to the next)."""
     dataset = session.execute(select(DATASETS).where(DATASETS.c.id == dataset_id)).one()
     rules = DatasetIds.of(dataset)
-    sample_texts: list[str] = []
-    if dataset.ids_given:
-        named = [s for s in samples if s.external_id in names.samples]
-        sample_texts = [names.texts.get(s.external_id, names.samples[s.external_id]) for s in named]
-        by_subject = [s.id for s in samples if s.external_id not in names.samples]
-        sample_texts += sample_ids_of(session, ring, by_subject)
-    subject_texts = [
-        names.texts.get(s.subject_id, names.subjects[s.subject_id])
+    subject_texts = {
+        s.subject_id: names.texts.get(s.subject_id, names.subjects[s.subject_id])
         for s in samples
         if s.subject_id in names.subjects
-    ]
-    return suppress(session, ring, "sample", sample_texts, request_id, rules) + suppress(
-        session, ring, "subject", subject_texts, request_id, rules
-    )
+    }
+    made = suppress(session, ring, "subject", list(subject_texts.values()), request_id, rules)
+    if not dataset.ids_given:
+        return made
+    named = [s for s in samples if s.external_id in names.samples]
+    texts = [names.texts.get(s.external_id, names.samples[s.external_id]) for s in named]
+    made += suppress(session, ring, "sample", texts, request_id, rules)
+    by_subject: dict[str, list[int]] = {}
+    for s in samples:
+        if s.external_id not in names.samples and s.subject_id in subject_texts:
+            by_subject.setdefault(s.subject_id, []).append(s.id)
+    for subject, ids in by_subject.items():
+        via = entries(ring, "subject", [subject_texts[subject]], rules)[0].token
+        found = sample_ids_of(session, ring, ids)
+        made += suppress(session, ring, "sample", found, request_id, rules, via)
+    return made
 
 
 @dataclass(frozen=True)

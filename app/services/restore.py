@@ -83,9 +83,12 @@ def new_deployment(db: Database, journal_dir: Path) -> Journal:
     with db.read() as session:
         for request in session.scalars(select(DeletionRequest).order_by(DeletionRequest.id)):
             listed = session.execute(
-                select(Suppression.kind, Suppression.token, Suppression.any_case).where(
-                    Suppression.request_id == request.id
-                )
+                select(
+                    Suppression.kind,
+                    Suppression.token,
+                    Suppression.any_case,
+                    Suppression.via_subject,
+                ).where(Suppression.request_id == request.id)
             )
             journal.record_request(
                 request.id,
@@ -93,7 +96,7 @@ def new_deployment(db: Database, journal_dir: Path) -> Journal:
                 list(request.sample_ids or []),
                 list((request.selector or {}).get("sample_ids", [])),
                 list((request.selector or {}).get("subject_ids", [])),
-                [Entry(k, t, bool(a)).as_json() for k, t, a in listed],
+                [Entry(k, t, bool(a), v).as_json() for k, t, a, v in listed],
             )
         highest = {
             "datasets": session.scalar(select(func.max(Dataset.id))) or 0,
@@ -221,7 +224,7 @@ def _restore_suppressions(session: Session, journal: Journal) -> None:
     for entry in journal.erasures():
         if entry["type"] == "request":
             made = [
-                Entry(s["kind"], s["token"], bool(s.get("any_case", False)))
+                Entry(s["kind"], s["token"], bool(s.get("any_case", False)), s.get("via"))
                 for s in entry.get("suppressed", [])
             ]
             put_tokens(session, made, entry["request_id"])

@@ -74,24 +74,32 @@ class Entry:
     kind: str
     token: str
     any_case: bool = False
+    via: str | None = None  # a sample's: the subject token whose erasure matched its row
 
     def as_json(self) -> dict[str, Any]:
-        return {"kind": self.kind, "token": self.token, "any_case": self.any_case}
+        out: dict[str, Any] = {"kind": self.kind, "token": self.token, "any_case": self.any_case}
+        return out | ({"via": self.via} if self.via else {})
 
 
 def entries(
-    ring: Keyring, kind: str, texts: Sequence[str], rules: DatasetIds = DatasetIds()
+    ring: Keyring,
+    kind: str,
+    texts: Sequence[str],
+    rules: DatasetIds = DatasetIds(),
+    via: str | None = None,
 ) -> list[Entry]:
     """What an erasure of these ids (as the dataset keeps them) puts on the list
-    (docs/design/canonical-ids.md)."""
+    (docs/design/canonical-ids.md); `via`: the subject whose erasure matched these rows."""
     texts = list(dict.fromkeys(texts))
     if rules.case == "insensitive" and not rules.legacy:
-        return [Entry(kind, t, True) for t in folded_tokens(ring, kind, texts)]
-    out = [Entry(kind, t) for t in suppression_tokens(ring, kind, texts)]
+        return [Entry(kind, t, True, via) for t in folded_tokens(ring, kind, texts)]
+    out = [Entry(kind, t, False, via) for t in suppression_tokens(ring, kind, texts)]
     if rules.legacy:  # kept as written then: their canonical text too, where they have one
         texts = [c for c in map(_canonical_or_none, texts) if c is not None]
-        out += [Entry(kind, t) for t in suppression_tokens(ring, kind, texts)]
-    out += [Entry(kind, t) for t in folded_tokens(ring, kind, texts)]
+        out += [Entry(kind, t, False, via) for t in suppression_tokens(ring, kind, texts)]
+    # the any-case companions, matched only by datasets whose ids ignore case; a kind of
+    # their own, so the counts say how many ids (not tokens) are on the list
+    out += [Entry(f"{kind}_folded", t, False, via) for t in folded_tokens(ring, kind, texts)]
     return list({e.token: e for e in out}.values())
 
 
@@ -109,10 +117,11 @@ def suppress(
     texts: Iterable[str],
     request_id: int,
     rules: DatasetIds = DatasetIds(),
+    via: str | None = None,
 ) -> list[dict[str, Any]]:
     """Put these ids on the list (again, where a suppression was lifted), in the caller's
     transaction; the entries, for the restore journal."""
-    made = entries(ring, kind, list(texts), rules)
+    made = entries(ring, kind, list(texts), rules, via)
     put_tokens(session, made, request_id)
     return [e.as_json() for e in made]
 
@@ -127,7 +136,13 @@ def put_tokens(
     or not, is left as it is (a backfill never undoes a lift)."""
     now = utcnow()
     rows = [
-        {"token": e.token, "kind": e.kind, "any_case": e.any_case, "request_id": request_id}
+        {
+            "token": e.token,
+            "kind": e.kind,
+            "any_case": e.any_case,
+            "via_subject": e.via,
+            "request_id": request_id,
+        }
         for e in made
     ]
     if not rows:
@@ -432,6 +447,13 @@ def lift(
     lifted = [done for t in tokens if (done := lift_token(session, t, reason, key_id)) is not None]
     if not lifted:
         raise APIError(404, "not_suppressed", f"no erased {kind} with this id is on the list")
+    if kind == "subject":  # the person's rows matched by their erasure come back with them
+        matched = session.scalars(
+            select(Suppression.token).where(
+                Suppression.via_subject.in_(tokens), Suppression.lifted_at.is_(None)
+            )
+        ).all()
+        lifted += [d for t in matched if (d := lift_token(session, t, reason, key_id))]
     log.warning("suppression of a %s lifted by key %s: %s", kind, key_id, reason)
     return {**lifted[0], "tokens": [done["token"] for done in lifted]}
 
@@ -455,9 +477,9 @@ def counts(session: Session) -> dict[str, int]:
     """How many tokens are on the list, and how many were lifted, per kind."""
     out = {f"{k}_{state}": 0 for k in KINDS for state in ("active", "lifted")}
     for kind, is_lifted, n in session.execute(
-        select(Suppression.kind, Suppression.lifted_at.is_not(None), func.count()).group_by(
-            Suppression.kind, Suppression.lifted_at.is_not(None)
-        )
+        select(Suppression.kind, Suppression.lifted_at.is_not(None), func.count())
+        .where(Suppression.kind.in_(KINDS))  # not the any-case companions: one per id
+        .group_by(Suppression.kind, Suppression.lifted_at.is_not(None))
     ):
         out[f"{kind}_{'lifted' if is_lifted else 'active'}"] = n
     return out

@@ -3,7 +3,8 @@ docs/design/restore-journal.md).
 
 - `datasets`: its rules for ids (`id_case`, `numeric_ids`) and whether its tokens are of
   canonical ids (`ids_canonical`; the datasets already here keep theirs as written).
-- `suppressions.any_case`: an any-case token put there by a dataset whose ids ignore case.
+- `suppressions.any_case`: an any-case token put there by a dataset whose ids ignore case;
+  `via_subject`: a sample's, the subject whose erasure matched its row.
   The list's tokens cannot be made again of canonical ids: they are HMACs of ids Lethe never
   stored. A screen probes each row by its canonical text and by its former writing, so the
   tokens already here keep out what they kept out before.
@@ -40,6 +41,7 @@ def upgrade() -> None:
         batch.add_column(
             sa.Column("any_case", sa.Boolean(), nullable=False, server_default=sa.false())
         )
+        batch.add_column(sa.Column("via_subject", sa.String(64), nullable=True))
     with op.batch_alter_table("models") as batch:
         batch.add_column(
             sa.Column("version_floor", sa.Integer(), nullable=False, server_default="0")
@@ -58,6 +60,7 @@ def downgrade() -> None:
     with op.batch_alter_table("models") as batch:
         batch.drop_column("version_floor")
     with op.batch_alter_table("suppressions") as batch:
+        batch.drop_column("via_subject")
         batch.drop_column("any_case")
     with op.batch_alter_table("datasets") as batch:
         batch.drop_column("ids_canonical")
