@@ -7,10 +7,11 @@ transaction, as in Polar's fixtures, cannot hold them).
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import os
-import tempfile
 import shutil
+import tempfile
 import time
 import uuid
 from collections.abc import Iterator
@@ -42,6 +43,7 @@ os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
 # The restore journal's default place is the user's state folder: the suite's journals go to a
 # folder of its own (each database's in its own subfolder), not into the home folder
 os.environ["XDG_STATE_HOME"] = tempfile.mkdtemp(prefix="lethe-test-state-")
+atexit.register(shutil.rmtree, os.environ["XDG_STATE_HOME"], True)
 
 
 @pytest.fixture(scope="session")

@@ -14,6 +14,7 @@ import threading
 import time
 from pathlib import Path
 
+from sqlalchemy.exc import DBAPIError
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from app.api.errors import unavailable_response
@@ -52,11 +53,14 @@ class RestoreGate:
                 else:
                     journal = Journal.of(self.journal_dir, self.db)  # migrated by now
                     found = verdict(self.db, journal, self.journal_dir)
-            except Exception:  # noqa: BLE001 - the database cannot say: the route will
+            except DBAPIError:  # the database cannot say: the route will (503)
                 log.debug("the restore verdict could not be read", exc_info=True)
                 return known or Verdict("ok", "unchecked")
+            except Exception as exc:  # noqa: BLE001 - the journal cannot say: shut, not open
+                log.warning("the restore journal could not be compared", exc_info=True)
+                return Verdict("behind", f"the restore journal could not be read: {exc}")
             if found.state != "ok" and (known is None or known.state != found.state):
-                log.error("NOT READY: %s (see README, Backups and restores)", found.reason)
+                log.error("NOT READY: %s (docs/operations/backups.md)", found.reason)
             elif found.state == "ok" and known is not None and known.state != "ok":
                 log.warning("the restore is complete: serving again")
             self._verdict, self._at = found, time.monotonic()

@@ -19,7 +19,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import exists, insert, make_url, select, update
+from sqlalchemy import exists, make_url, select, update
+from sqlalchemy.dialects import postgresql, sqlite
 
 from app.db.session import Database
 from app.db.tables import Certificate, Dataset, DeletionRequest, Deployment, utcnow
@@ -75,16 +76,18 @@ def ensure(db: Database, journal_dir: Path) -> Identity:
     found = read(db)
     if found is None:
         made = Identity(str(uuid.uuid4()), str(uuid.uuid4()))
-        with db.write() as session:
-            if session.get(Deployment, 1) is None:
-                session.execute(
-                    insert(Deployment).values(
-                        id=1,
-                        deployment_id=made.deployment_id,
-                        journal_id=made.journal_id,
-                        created_at=utcnow(),
-                    )
+        with db.write() as session:  # two processes starting at once: the first one's
+            dialect = postgresql if session.get_bind().dialect.name == "postgresql" else sqlite
+            session.execute(
+                dialect.insert(Deployment)
+                .values(
+                    id=1,
+                    deployment_id=made.deployment_id,
+                    journal_id=made.journal_id,
+                    created_at=utcnow(),
                 )
+                .on_conflict_do_nothing(index_elements=["id"])
+            )
         found = read(db)
         assert found is not None
     folder = folder_of(journal_dir, found)
