@@ -68,8 +68,10 @@ def history(settings: Settings) -> tuple[dict[str, str], int, int, int, str, int
 
 
 def after_backup(
-    settings: Settings, keys: dict[str, str], dataset: int
-) -> tuple[int, int, str, int]:
+    settings: Settings, keys: dict[str, str], dataset: int, model: int
+) -> tuple[int, dict[str, int], str, int]:
+    """What the backup will lack; the lost request, the highest ids given (the append's,
+    the model's version number), and the published tree's root and size."""
     with service(settings, keys) as api:
         extra = api.post("/v1/datasets", files={"file": ("e.csv", io.BytesIO(SMALL))},
                          data={"id_column": "id", "name": "lost"})  # fmt: skip
@@ -85,8 +87,9 @@ def after_backup(
         assert done["status"] == "done", done
         size = published_size(api)
         assert size >= 1
-        listed = api.get("/v1/datasets", role="admin").json()["items"]
-        return erased["id"], max(d["id"] for d in listed + [{"id": 0}]), tree_root(api, size), size
+        versions = api.get(f"/v1/models/{model}/versions", role="admin").json()
+        given = {"append": appended.json()["id"], "version": max(v["number"] for v in versions)}
+        return erased["id"], given, tree_root(api, size), size
 
 
 def check_shut(settings: Settings, keys: dict[str, str], lost: int) -> None:
@@ -99,7 +102,8 @@ def check_shut(settings: Settings, keys: dict[str, str], lost: int) -> None:
 
 
 def check_restored(settings: Settings, keys: dict[str, str], dataset: int, model: int,
-                   lost: int, root: str, size: int, made: list[int]) -> None:  # fmt: skip
+                   lost: int, given: dict[str, int], root: str, size: int,
+                   made: list[int]) -> None:  # fmt: skip
     with service(settings, keys) as api:
         for request_id in made:
             assert request_id > lost
@@ -111,10 +115,13 @@ def check_restored(settings: Settings, keys: dict[str, str], dataset: int, model
         assert fresh.status_code == 201 and fresh.json()["id"] > dataset + 1, fresh.text
         assert api.get(f"/v1/datasets/{dataset + 1}").json()["error"]["code"] == "lost_in_restore"
         versions = api.get(f"/v1/models/{model}/versions", role="admin").json()
-        numbers = [
-            v["number"] for v in (versions if isinstance(versions, list) else versions["items"])
-        ]
-        assert len(numbers) == len(set(numbers))
+        kept = [v["number"] for v in versions if v["number"] <= given["version"]]
+        assert kept == [1]  # the backup's; the re-applied erasure's number is past the lost
+        assert max(v["number"] for v in versions) > given["version"]  # ones the log published
+        more = b"id,subject,f0,f1,f2,f3,label,split\nnew-2,p-2,1,2,3,4,1,train\n"
+        appended = api.post(f"/v1/datasets/{dataset}/samples", files={"file": ("m.csv", more)},
+                            data=FORM)  # fmt: skip
+        assert appended.status_code == 201 and appended.json()["id"] > given["append"]
         again = api.post(
             "/v1/datasets", files={"file": ("d.csv", io.BytesIO(csv_rows()))}, data=FORM
         )
@@ -133,7 +140,7 @@ def test_a_backup_restored_into_another_folder_is_not_ready_until_restored(tmp_p
     settings = settings_of(live, journal)
     keys, dataset, model, *_ = history(settings)
     copy_folder(live, backup)
-    lost, _, root, size = after_backup(settings, keys, dataset)
+    lost, given, root, size = after_backup(settings, keys, dataset, model)
     copy_folder(backup, moved)  # the backup, started from another folder (another URL)
 
     elsewhere = settings_of(moved, tmp_path / "empty-journal")  # and without its journal
@@ -143,7 +150,7 @@ def test_a_backup_restored_into_another_folder_is_not_ready_until_restored(tmp_p
     check_shut(settings_of(moved, journal), keys, lost)  # with its journal: behind it
     (folder,) = [p for p in journal.iterdir() if p.is_dir()]
     made = restore(elsewhere, "--journal", str(folder))
-    check_restored(elsewhere, keys, dataset, model, lost, root, size, made)
+    check_restored(elsewhere, keys, dataset, model, lost, given, root, size, made)
 
 
 def test_a_whole_data_folder_put_back_is_not_ready_until_restored(tmp_path: Path) -> None:
@@ -154,11 +161,11 @@ def test_a_whole_data_folder_put_back_is_not_ready_until_restored(tmp_path: Path
     assert not settings.journal_in_data_dir
     keys, dataset, model, *_ = history(settings)
     shutil.copytree(live, backup)
-    lost, _, root, size = after_backup(settings, keys, dataset)
+    lost, given, root, size = after_backup(settings, keys, dataset, model)
     shutil.rmtree(live)
     shutil.copytree(backup, live)
     check_shut(settings, keys, lost)
-    check_restored(settings, keys, dataset, model, lost, root, size, restore(settings))
+    check_restored(settings, keys, dataset, model, lost, given, root, size, restore(settings))
 
 
 def test_a_copy_that_lives_on_alone_gets_a_journal_of_its_own(tmp_path: Path) -> None:
