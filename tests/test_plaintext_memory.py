@@ -8,6 +8,7 @@ bodies it saw and has glibc overwrite what it frees (app/api/scrub.py)."""
 from __future__ import annotations
 
 import io
+import sqlite3
 from pathlib import Path
 
 import httpx
@@ -168,3 +169,26 @@ def test_an_api_that_dies_leaves_no_fork_server_behind(tmp_path: Path) -> None:
         cluster.api.kill()  # SIGKILL: no lifespan runs, nothing is shut down cleanly
         cluster.api.wait(timeout=30)
         wait_until(lambda: not any(alive(p) for p in below), what="the API's processes gone")
+
+
+def test_an_api_killed_mid_registration_takes_its_upload_child_with_it(tmp_path: Path) -> None:
+    """Killed while a child registers a large upload, the API is not reaped here (a killed
+    process's zombie still answers `kill -0`): the child and the fork server leave on its
+    death itself, and write nothing more."""
+    cluster = Cluster(tmp_path / "serve", None, None)
+    cluster.start_api()
+    with cluster, cluster.client() as c:
+        assert cluster.api is not None
+        spec = {"builtin": "synthetic", "n_samples": 1_000_000, "n_features": 32}
+        started = c.post("/v1/datasets", json=spec)
+        assert started.status_code == 202, started.text
+        where = f"/v1/datasets/{started.json()['id']}"
+        progress = lambda: c.get(where).json().get("progress") or {}  # noqa: E731
+        wait_until(lambda: progress().get("rows_done", 0) > 0, what="rows being written")
+        below = descendants(cluster.api.pid)
+        cluster.api.kill()  # SIGKILL, and no wait(): its zombie stays until the test ends
+        wait_until(lambda: not any(alive(p) for p in below), what="the API's children gone")
+        cluster.api.wait(timeout=30)
+    with sqlite3.connect(cluster.data_dir / "lethe.db") as db:  # gone on the death: mid-way
+        status, done = db.execute("SELECT status, rows_done FROM datasets").fetchone()
+    assert status == "registering" and done < spec["n_samples"] // 2, (status, done)

@@ -33,7 +33,17 @@ def test_admins_manage_endpoints_and_private_urls_are_refused(api: Api) -> None:
     assert api.post("/v1/webhooks", role="requester", json={"url": url}).status_code == 403
     refused = api.post("/v1/webhooks", json={"url": url})
     assert refused.status_code == 422 and refused.json()["error"]["code"] == "webhook_url_refused"
-    for private in ("http://10.1.2.3/x", "http://169.254.169.254/latest", "http://[::1]:8/x"):
+    embedded = (
+        "http://[64:ff9b::7f00:1]/x",
+        "http://[2002:7f00:1::]/x",
+        "http://[::ffff:10.0.0.1]/",
+    )
+    for private in (
+        "http://10.1.2.3/x",
+        "http://169.254.169.254/latest",
+        "http://[::1]:8/x",
+        *embedded,
+    ):
         answer = api.post("/v1/webhooks", json={"url": private})
         assert answer.json()["error"]["code"] == "webhook_url_refused", private
     scheme = api.post("/v1/webhooks", json={"url": "file:///etc/passwd"})
