@@ -1,14 +1,14 @@
-"""The suppression list over HTTP (issue 55): how many erased subjects and samples it keeps
+"""The suppression list over HTTP: how many erased subjects and samples it keeps
 out (admins and auditors), and lifting one with a reason (admins: re-consent). Validates and
 delegates to app/services/suppression.py."""
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Body
 from fastapi.concurrency import run_in_threadpool
-from pydantic import Field, model_validator
+from pydantic import ConfigDict, Field, model_validator
 
 from app.api.deps import Admin, Auditor, DbDep, RuntimeDep
 from app.api.responses import COMMON, errors
@@ -20,8 +20,20 @@ from app.services import suppression
 router = APIRouter(prefix="/v1/suppressions", tags=["suppressions"], responses=COMMON)
 
 
+def _exactly_one_id(schema: dict[str, Any]) -> None:
+    """The OpenAPI schema says what the validator does: exactly one of the two ids, a string
+    (not null) where given."""
+    for name in ("subject_id", "sample_id"):
+        field = schema["properties"][name]
+        field.update(next(a for a in field.pop("anyOf") if a.get("type") == "string"))
+        field.pop("default", None)
+    schema["oneOf"] = [{"required": ["subject_id"]}, {"required": ["sample_id"]}]
+
+
 class LiftIn(In):
     """One subject or sample to take off the list, and why (kept with the row)."""
+
+    model_config = ConfigDict(json_schema_extra=_exactly_one_id)
 
     subject_id: str | None = Field(None, min_length=1, max_length=200)
     """the person's id, as the team's data names it"""
@@ -74,8 +86,10 @@ async def lift(
     def unit() -> JsonObject:
         with db.write() as session:
             done = suppression.lift(session, runtime.keyring, body.kind, raw, body.reason, key.id)
-        # a restore keeps it lifted (app/services/restore.py)
-        Journal.of(runtime.settings.resolved_journal_dir, db.url).record_lift(done["token"])
+        # a restore keeps them lifted (app/services/restore.py)
+        journal = Journal.of(runtime.settings.resolved_journal_dir, db)
+        for token in done["tokens"]:
+            journal.record_lift(token)
         return {**done, "lifted_at": done["lifted_at"].isoformat(), "reason": body.reason}
 
     return await run_in_threadpool(unit)
