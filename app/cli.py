@@ -266,14 +266,20 @@ def datasets_add(
     split_column: str | None = None,
     feature_columns: str | None = typer.Option(None, help="comma-separated (csv, parquet)"),
     on_erased: str = typer.Option("refuse", help="rows of erased people: refuse or skip"),
+    id_case: str = typer.Option("sensitive", help="sensitive, or insensitive: ids of any case"),
+    numeric_ids: str | None = typer.Option(
+        None, help="which ids are numbers (007 is 7): sample, subject or sample,subject"
+    ),
     url: Url = None,
     key: Key = None,
 ) -> None:
     """Register a builtin (--builtin digits) or upload an .npz / CSV / Parquet file (--file),
-    with its column mapping."""
+    with its column mapping and its rules for ids."""
     c = _client(url, key)
+    numbers = [n.strip() for n in (numeric_ids or "").split(",") if n.strip()]
     if builtin:
         spec = {"builtin": builtin, "on_erased": on_erased, **({"name": name} if name else {})}
+        spec |= {"id_case": id_case, "numeric_ids": numbers}
         _show(_registered(c, c.post("/v1/datasets", json=spec)))
     elif file:
         mapping = {
@@ -283,6 +289,7 @@ def datasets_add(
             "feature_columns": feature_columns,
         }
         form = {"name": name or file.stem, "label_column": label_column, "on_erased": on_erased}
+        form |= {"id_case": id_case, "numeric_ids": ",".join(numbers)}
         form |= {k: v for k, v in mapping.items() if v}
         with file.open("rb") as fh:
             _show(

@@ -282,3 +282,13 @@ def test_an_append_s_late_check_names_the_rows_it_kept(db_url: str) -> None:
     with db.read() as session:
         late = screening.late(session, since)
     assert [screening.parsed.ids[i] for i in late] == ["k-3", "k-5"]
+
+
+@pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)
+def test_the_lift_schema_says_exactly_one_id(api: Api) -> None:
+    """What the validator refuses (both ids, or neither) the OpenAPI document refuses too, so a
+    client generated from it never sends it."""
+    schemas = api.get("/openapi.json").json()["components"]["schemas"]
+    lift = schemas["LiftIn"]
+    assert lift["oneOf"] == [{"required": ["subject_id"]}, {"required": ["sample_id"]}]
+    assert lift["properties"]["subject_id"]["type"] == "string"
