@@ -65,22 +65,12 @@ DELETION_EXAMPLES: JsonObject = {
 }
 
 
-# A dataset's rules for its ids, fixed when it is registered: read once per process.
-_RULES: dict[tuple[str, int], DatasetIds] = {}
-
-
 def _rules(db: Database, dataset_id: int) -> DatasetIds:
-    """The dataset's rules for ids (the defaults for an unknown one, which answers 404)."""
-    known = _RULES.get((db.url, dataset_id))
-    if known is not None:
-        return known
+    """The dataset's rules for ids (the defaults for an unknown one, which answers 404): read
+    by its key before the tokens are made, outside the request's transaction."""
     with db.read() as session:
         found = session.get(Dataset, dataset_id)
-        if found is None:
-            return DatasetIds()
-        rules = DatasetIds.of(found)
-    _RULES[(db.url, dataset_id)] = rules
-    return rules
+        return DatasetIds() if found is None else DatasetIds.of(found)
 
 
 # what a request's acceptance hands on: the answer, the models to signal, whether it was a

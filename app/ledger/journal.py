@@ -33,8 +33,7 @@ from app.db.tables import Certificate, PublishedCheckpoint, TreeHead
 from app.ledger import deployment
 
 ERASURES, LOG, LAST, IDS = "erasures.jsonl", "log.jsonl", "log.marks", "ids.json"
-# (journal folder, database URL) -> the database's identity, read once per process
-_IDENTITIES: dict[tuple[str, str], deployment.Identity] = {}
+
 # each kind of log line and the field its mark follows
 MARKED = {"certificate": "seq", "head": "tree_size", "checkpoint": "tree_size"}
 
@@ -50,11 +49,9 @@ class Journal:
         """The journal of one database: the folder named for its deployment
         (app/ledger/deployment.py), so the database finds it wherever it is restored to."""
         found = database(db) if isinstance(db, str) else db
-        key = (str(journal_dir), found.url)
-        identity = _IDENTITIES.get(key)
-        if identity is None:
-            identity = _IDENTITIES[key] = deployment.ensure(found, journal_dir)
-        return cls(deployment.folder_of(journal_dir, identity))
+        # read each time (one row by its key): a database emptied or replaced under the
+        # same URL has another identity, and must not write into the journal of the last
+        return cls(deployment.folder_of(journal_dir, deployment.ensure(found, journal_dir)))
 
     def record_request(
         self,
