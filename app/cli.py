@@ -278,8 +278,8 @@ def datasets_add(
     c = _client(url, key)
     numbers = [n.strip() for n in (numeric_ids or "").split(",") if n.strip()]
     if builtin:
-        spec = {"builtin": builtin, "on_erased": on_erased, **({"name": name} if name else {})}
-        spec |= {"id_case": id_case, "numeric_ids": numbers}
+        spec: dict[str, Any] = {"builtin": builtin, "on_erased": on_erased}
+        spec |= {"id_case": id_case, "numeric_ids": numbers} | ({"name": name} if name else {})
         _show(_registered(c, c.post("/v1/datasets", json=spec)))
     elif file:
         mapping = {

@@ -10,6 +10,7 @@ from contextlib import asynccontextmanager
 from functools import partial
 
 from fastapi import FastAPI
+from sqlalchemy.exc import DBAPIError
 
 from app import accesslog, tracing
 from app.api import (
@@ -93,8 +94,8 @@ async def _lifespan(runtime: Runtime, app: FastAPI) -> AsyncIterator[None]:
             "LETHE_JOURNAL_DIR elsewhere (docs/operations/backups.md)",
             settings.resolved_journal_dir,
         )
-    if not behind and backfill_suppressions(runtime.db, runtime.keyring):
-        log.info("sample ids of rows being erased put on the suppression list")
+    if not behind:
+        _backfill(runtime)
     embedded = isinstance(dispatcher, InlineDispatcher | ProcessDispatcher)
     if embedded and not behind:
         dispatcher.start()
@@ -199,6 +200,16 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.mount("/ui/static", ui.static_files(), name="ui-static")
     app.mount("/docs/static", docs.static_files(), name="docs-static")
     return app
+
+
+def _backfill(runtime: Runtime) -> None:
+    """The sample ids of rows accepted for erasure before subject erasures listed them, on
+    the suppression list; a database that cannot be read now is backfilled at the next start."""
+    try:
+        if backfill_suppressions(runtime.db, runtime.keyring):
+            log.info("sample ids of rows being erased put on the suppression list")
+    except DBAPIError:
+        log.warning("the suppression list's backfill waits for the database", exc_info=True)
 
 
 def _restored_from_backup(gate: RestoreGate) -> bool:

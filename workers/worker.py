@@ -162,6 +162,9 @@ class Stopping:
         return self.requested
 
 
+COMMAND_READ_SECONDS = 1.0  # how long RQ's command channel is read at a time
+
+
 def _worker_class() -> type:
     from redis.exceptions import RedisError
     from rq import SimpleWorker
@@ -184,8 +187,20 @@ def _worker_class() -> type:
 
         def execute_job(self, job: Any, queue: Any) -> None:
             super().execute_job(job, queue)
-            if self.recycle is not None and self.recycle.due(0.0):  # issue 53
+            if self.recycle is not None and self.recycle.due(0.0):
                 self.gave_way = self._stop_requested = True
+
+        def subscribe(self) -> None:
+            """RQ's command channel, read a second at a time: RQ reads it a minute at a
+            time, and its teardown joins that read, so a stopped worker waited up to a
+            minute before it exited."""
+            self.pubsub = self.connection.pubsub()
+            self.pubsub.subscribe(**{self.pubsub_channel_name: self.handle_payload})
+            self.pubsub_thread = self.pubsub.run_in_thread(
+                sleep_time=COMMAND_READ_SECONDS,
+                daemon=True,
+                exception_handler=self._pubsub_exception_handler,
+            )
 
         def _install_signal_handlers(self) -> None:
             super()._install_signal_handlers()

@@ -69,11 +69,14 @@ def legacy_folder(journal_dir: Path, url: str) -> Path:
 
 
 def ensure(db: Database, journal_dir: Path) -> Identity:
-    """This database's identity, made on its first start, and its journal's folder: made for
-    a database with no history, or the journal kept before deployment ids adopted (the
-    folder named for this URL). A database with history whose journal is not found is left
-    without one: `problem` says so and the service stays shut until `lethe restore`."""
+    """This database's identity, made on its first start, and its journal's folder: the
+    journal kept before deployment ids adopted (the folder named for this URL), or a new one
+    (for a database with no history, or one started for the first time since deployment
+    ids, whose journal cannot be told apart from none). A database that has its identity and
+    whose journal is not found is left without one: `problem` says so and the service stays
+    shut until `lethe restore`."""
     found = read(db)
+    first_start = found is None  # of this database, or of it since deployment ids
     if found is None:
         made = Identity(str(uuid.uuid4()), str(uuid.uuid4()))
         with db.write() as session:  # two processes starting at once: the first one's
@@ -101,7 +104,13 @@ def ensure(db: Database, journal_dir: Path) -> Identity:
             "the restore journal in %s is now %s (named for the deployment)", legacy, folder
         )
         write_identity(folder, found)
-    elif not has_history(db):
+    elif first_start or not has_history(db):
+        if first_start and has_history(db):  # a database from before deployment ids
+            log.warning(
+                "no restore journal was found for this database's history; one starts now in "
+                "%s (a backup from before now cannot be told from it)",
+                folder,
+            )
         write_identity(folder, found)
     return found
 

@@ -491,7 +491,7 @@ def _cell(row: list[str], at: int, header: list[str], k: int) -> float:
     if value is None or not math.isfinite(value):
         what = "not a number" if value is None else "NaN or infinite"
         raise unprocessable(
-            "malformed_csv",
+            "malformed_csv" if value is None else "non_finite",
             f"column {header[at]!r}, row {k}: {what}",
             {"column": header[at], "row": k, "line": k + 2},
         )
