@@ -196,7 +196,7 @@ def _worker_class() -> type:
             minute before it exited."""
             self.pubsub = self.connection.pubsub()
             self.pubsub.subscribe(**{self.pubsub_channel_name: self.handle_payload})
-            self.pubsub_thread = self.pubsub.run_in_thread(
+            self.pubsub_thread = self.pubsub.run_in_thread(  # type: ignore[assignment]
                 sleep_time=COMMAND_READ_SECONDS,
                 daemon=True,
                 exception_handler=self._pubsub_exception_handler,
