@@ -9,14 +9,15 @@
 #                API and 2 workers) with podman-compose, from locally built images
 #   make compose-down  stop it (scripts/compose-down --volumes drops its data)
 #   make unit    the fast layer: no PostgreSQL, no Redis, no worker processes
-#   make lint    ruff (lint + format check) and mypy on app/ and workers/
+#   make lint    ruff (lint + format check), mypy, and the docs site built strictly
+#   make docs    the docs site into site/ (make docs-serve: with live reload)
 PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 HOST ?= 127.0.0.1
 PORT ?= 8000
 
-.PHONY: install install-test prerequisites serve test test-image compose-up compose-down unit lint bench
+.PHONY: install install-test prerequisites serve test test-image compose-up compose-down unit lint docs docs-serve
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -24,7 +25,7 @@ $(BIN)/python:
 
 # torch first and pinned, and the CPU build (PyTorch's CPU index, or a local wheel of it)
 # unless a GPU is asked for (LETHE_TORCH=cuda) or found (nvidia-smi): PyPI's torch==2.13.0
-# alone is the CUDA build, with gigabytes of nvidia-* packages (issue 57).
+# alone is the CUDA build, with gigabytes of nvidia-* packages.
 LETHE_TORCH ?= $(if $(shell command -v nvidia-smi 2>/dev/null),cuda,cpu)
 ifeq ($(LETHE_TORCH),cuda)
 TORCH_INSTALL := torch==2.13.0
@@ -44,7 +45,7 @@ $(VENV)/.installed-test: $(VENV)/.installed
 	$(BIN)/pip install -q -e ".[test]"
 	touch $@
 
-# The MLflow tracking server tests/test_mlflow.py starts (issue 58): the full `mlflow` package,
+# The MLflow tracking server tests/test_mlflow.py starts: the full `mlflow` package,
 # in an environment of its own; Lethe itself needs only the `mlflow` extra's mlflow-skinny.
 MLFLOW_VENV ?= .venv-mlflow
 MLFLOW_VERSION := 3.17.2
@@ -113,3 +114,13 @@ lint: install-test
 	$(BIN)/ruff check $(SOURCES)
 	$(BIN)/ruff format --check $(SOURCES)
 	$(BIN)/mypy
+	@site=$$(mktemp -d); NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --quiet \
+	  --site-dir $$site; built=$$?; rm -rf $$site; exit $$built
+
+# The docs site (mkdocs.yml): its figures are rendered from bench/results/ and its API
+# reference from the OpenAPI document when it is built (scripts/docs_hooks.py).
+docs: install-test
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict
+
+docs-serve: install-test
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs serve

@@ -1,4 +1,4 @@
-"""Access logs without query strings: `?subject=person-7` must not land in a log (issue 11)."""
+"""Access logs without query strings: `?subject=person-7` must not land in a log."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The allocator `lethe serve` runs on (issue 53, memory): every freed block overwritten.
+"""The allocator `lethe serve` runs on: every freed block overwritten.
 
 glibc overwrites what it frees once asked (`mallopt(M_PERTURB)`, app/services/isolated.py),
 but two caches sit in front of it and keep freed blocks as they were: Python's small-object

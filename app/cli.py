@@ -52,7 +52,7 @@ def serve(host: str = "127.0.0.1", port: int = 8000) -> None:
     """Start the API (embedded mode: SQLite file and a worker process of its own)."""
     from app.allocator import restart_scrubbing
 
-    restart_scrubbing()  # every freed block overwritten (issue 53): no erased id in free memory
+    restart_scrubbing()  # every freed block overwritten: no erased id in free memory
     import uvicorn
 
     from app.main import create_app
@@ -69,7 +69,7 @@ def serve(host: str = "127.0.0.1", port: int = 8000) -> None:
         f"database: {settings.resolved_database_url}"
     )
     # asyncio's loop, not uvloop: uvloop reads every socket into one long-lived 256 KiB buffer,
-    # which kept the last upload's and deletion's bytes (ids) after the erasure (issue 53)
+    # which kept the last upload's and deletion's bytes (ids) after the erasure
     uvicorn.run(create_app(settings), host=host, port=port, log_level="info", loop="asyncio")
 
 
@@ -215,7 +215,7 @@ app.add_typer(storage, name="storage")
 
 @storage.command("migrate")
 def storage_migrate() -> None:
-    """Move every blob stored elsewhere (in the database before issue 29, or in another
+    """Move every blob stored elsewhere (in the database, as older versions kept them, or in another
     backend) into the configured store (LETHE_BLOB_STORE), re-sealed under new data keys."""
     _move_blobs()
 
@@ -492,7 +492,7 @@ def models_audit(
     if joint:
         console.print(f"joint test: {joint['statistic']} (null p = {_fmt(joint['p_null'])})")
     noise = optional_object(r.get("noise"))
-    if noise:  # σ measured on the rows: calibrated on the reference (issue 56, goal 5)
+    if noise:  # σ measured on the rows: calibrated on the reference
         console.print(
             f"σ {_fmt(noise.get('sigma'))} calibrated on {noise.get('calibrated_on')} "
             f"(on the shadow with its canaries: {_fmt(noise.get('sigma_on_the_shadow'))})"
@@ -790,7 +790,7 @@ def witness(
 
 
 def _log_verifier(vkey: str) -> Any:
-    """A --log value as a verifier key, or a CliError that says what to pass (issue 53: an
+    """A --log value as a verifier key, or a CliError that says what to pass (an
     empty LETHE_LOG_VKEY in compose crash-looped on a NoteError traceback)."""
     from app.ledger.notes import NoteError, Verifier
 

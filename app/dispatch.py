@@ -62,7 +62,7 @@ def job_context(runtime: Runtime) -> object:
 class InlineDispatcher:
     """Embedded mode with LETHE_EMBEDDED_WORKER=thread: one worker thread of the API process
     runs the same job functions as RQ (the default is a process: app/worker_process.py),
-    deletions first (app/lanes.py, issue 53)."""
+    deletions first (app/lanes.py)."""
 
     def __init__(self, runtime: Runtime) -> None:
         self.runtime = runtime
@@ -120,14 +120,14 @@ DELETIONS_SUFFIX = "-deletions"
 
 
 def deletions_queue(queue_name: str) -> str:
-    """The RQ queue of deletion signals, listened to before `queue_name` (issue 53)."""
+    """The RQ queue of deletion signals, listened to before `queue_name`."""
     return f"{queue_name}{DELETIONS_SUFFIX}"
 
 
 def due_key(queue_name: str, model_id: int) -> str:
     """The Redis list a worker lingering on a model's lease blocks on (BLPOP): the API pushes
     to it after committing a deletion for that model, so the warm worker starts at once
-    instead of at its next look at the database (issue 28)."""
+    instead of at its next look at the database."""
     return f"lethe:{queue_name}:due:{model_id}"
 
 
@@ -136,7 +136,7 @@ DUE_TTL_SECONDS = 5  # a push nobody pops (no worker lingering) goes by itself
 
 class DueList:
     """A worker's side of the models' due lists (`due_key`): what a worker lingering on a
-    model's lease waits on, so no job knows the key format (issue 54). Never raises: Redis
+    model's lease waits on, so no job knows the key format. Never raises: Redis
     carries wake-ups only, and the database is the record."""
 
     def __init__(self, redis_url: str, queue_name: str) -> None:
@@ -190,7 +190,7 @@ class RQDispatcher:
     put back in the database with a backoff and re-signalled by the reconciler, so there is
     one retry policy in both modes.
 
-    At most one signal per (job, model) waits in the queue (issue 13): `SET NX` on a pending
+    At most one signal per (job, model) waits in the queue: `SET NX` on a pending
     key, cleared by the job as it starts (`take_signal`) and expiring after
     `signal_ttl_seconds`, so a signal lost with its job is re-sent by the reconciler soon."""
 
@@ -204,7 +204,7 @@ class RQDispatcher:
         self.redis = Redis.from_url(settings.redis_url, socket_timeout=5, socket_connect_timeout=5)
         self.queue = Queue(settings.queue_name, connection=self.redis)
         # deletions on a queue of their own, which every `lethe worker` takes from first
-        # (RQ dequeues in the order of its queues; issue 53: deletions first)
+        # (RQ dequeues in the order of its queues; deletions first)
         self.deletions = Queue(deletions_queue(settings.queue_name), connection=self.redis)
 
     def enqueue(self, job: str, *args: int) -> None:

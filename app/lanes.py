@@ -1,11 +1,11 @@
-"""Deletions first (issue 53): the embedded worker takes a waiting deletion before any queued
+"""Deletions first: the embedded worker takes a waiting deletion before any queued
 training or audit, and a running training or audit runs waiting deletions at its next check
 (`shutdown.check`: a training's next epoch, an audit's next stage), in the same thread, then
 goes on. So a deletion never waits behind a queue of background jobs, and waits at most for
 one epoch or stage of the running one.
 
 One thread runs every job, as before: the jobs' torch work stays in the thread that always ran
-it (issue 53: a second job thread made a logistic retrain 1.5× slower, 55 → 96 ms, through
+it (a second job thread made a logistic retrain 1.5× slower, 55 → 96 ms, through
 torch's per-thread OpenMP teams). One signal per (job, model) waits (app/signals.py, through
 `on_taken`). The distributed mode's equivalent is RQ's queue order: a `lethe worker` listens
 on the deletions queue first (app/dispatch.py, workers/worker.py).

@@ -72,7 +72,7 @@ async def _lifespan(runtime: Runtime, app: FastAPI) -> AsyncIterator[None]:
     if settings.embedded:
         upgrade_to_head(url, settings)
         compact_at_start(runtime.db, settings)  # keys a stopped process destroyed
-        moved = runtime.blobs.migrate()  # blobs of an older database leave it (issue 29)
+        moved = runtime.blobs.migrate()  # blobs of an older database leave it
         if moved:
             log.info("moved %d blobs into the %s store", moved, settings.blob_store)
     if settings.bootstrap_admin_key and (raw := bootstrap_admin_key(url)):
@@ -82,10 +82,10 @@ async def _lifespan(runtime: Runtime, app: FastAPI) -> AsyncIterator[None]:
             flush=True,
         )
     runtime.uploads.warm_up()  # the fork server uploads are parsed from (app/services/isolated.py)
-    scrub_freed()  # freed request buffers overwritten (issue 53, memory)
+    scrub_freed()  # freed request buffers overwritten
     dispatcher = app.state.dispatcher
     maintenance, listener = None, None
-    # no worker while behind: it would sign a second tree at a published size (issue 53)
+    # no worker while behind: it would sign a second tree at a published size
     behind = _restored_from_backup(app.state.restore_gate)
     if settings.journal_in_data_dir:
         log.warning(
@@ -112,7 +112,7 @@ async def _lifespan(runtime: Runtime, app: FastAPI) -> AsyncIterator[None]:
     report_here(sends_here or behind)
     if sender is not None:
         sender.start()
-    syncer = None  # every published version copied to MLflow (issue 58)
+    syncer = None  # every published version copied to MLflow
     if settings.mlflow_tracking_uri and importlib.util.find_spec("mlflow") is None:
         raise RuntimeError(
             "LETHE_MLFLOW_TRACKING_URI is set but MLflow's client is not installed: "
@@ -137,11 +137,11 @@ async def _lifespan(runtime: Runtime, app: FastAPI) -> AsyncIterator[None]:
     runtime.publisher.finish()
     runtime.uploads.shut_down()  # the pool's idle workers, and with them the fork server
     finish_compacting(runtime.db)
-    runtime.db.dispose()  # the last SQLite connection to close removes the WAL (issue 53)
+    runtime.db.dispose()  # the last SQLite connection to close removes the WAL
 
 
 def create_app(settings: Settings | None = None) -> FastAPI:
-    """The API of one service: its Runtime is built here and passed in (issue 54), so two
+    """The API of one service: its Runtime is built here and passed in, so two
     apps in one process (tests, a thread-mode embedded worker each) share nothing."""
     settings = settings or get_settings()
     tracing.configure(

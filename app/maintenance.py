@@ -1,5 +1,5 @@
 """Maintenance: the periodic tasks that put right what a lost signal, a crash or a missed
-publication left (issue 54: `dispatch` only signals). One daemon thread runs a list of
+publication left (`dispatch` only signals). One daemon thread runs a list of
 `PeriodicTask`s, each at its own period; a task that raises is logged and runs again at its
 next turn. The database is the record, so every task may run late, twice or concurrently
 with another process's without harm.

@@ -24,7 +24,7 @@ HTTP_LATENCY = Histogram(
 
 class MetricsMiddleware:
     """Counts requests by route and status and times them: a pure ASGI middleware (Starlette's
-    BaseHTTPMiddleware cost a tenth of the request path's time under load; issue 13)."""
+    BaseHTTPMiddleware cost a tenth of the request path's time under load)."""
 
     def __init__(self, app: ASGIApp) -> None:
         self.app = app

@@ -144,7 +144,7 @@ class IdRulesIn(In):
 
 class ObjectDatasetIn(IdRulesIn):
     """A dataset read from object storage by the registration's worker, with the column
-    mapping of a CSV or Parquet upload (issue 55)."""
+    mapping of a CSV or Parquet upload."""
 
     source: ObjectSource
     """where the rows are"""
@@ -379,7 +379,7 @@ class KeyCreate(In):
 
 
 class AuditCreate(In):
-    """An empirical privacy audit of a model's certificates with canaries (issue 31)."""
+    """An empirical privacy audit of a model's certificates with canaries."""
 
     canaries: int = Field(1000, ge=20, le=10_000, description="m, the number of canaries")
     kind: Literal["random", "mislabelled", "leverage"] = Field(
@@ -409,7 +409,7 @@ class AuditCreate(In):
 
 
 class WebhookCreate(In):
-    """A receiver of Lethe's events (issue 58): Standard Webhooks signatures, CloudEvents
+    """A receiver of Lethe's events: Standard Webhooks signatures, CloudEvents
     bodies."""
 
     url: str = Field(min_length=8, max_length=2000, description="http:// or https:// URL")

@@ -45,5 +45,5 @@ def has_any_key(session: Session) -> bool:
 
 def sees_forget_set(key: ApiKey) -> bool:
     """Admins and auditors see metrics computed on removed samples; others could learn from
-    them who was removed (issue 11)."""
+    them who was removed."""
     return key.role in (Role.admin, Role.auditor)

@@ -58,7 +58,7 @@ class Settings(BaseSettings):
         60.0,
         gt=0.0,
         description="a worker process that may hold erased rows in freed memory gives way to "
-        "a fresh one within this long after an erasure finishes (issue 53)",
+        "a fresh one within this long after an erasure finishes",
     )
     registration_stale_seconds: float = Field(
         120.0,
@@ -171,7 +171,7 @@ class Settings(BaseSettings):
         None, ge=1, le=65535, description="`lethe worker` serves its Prometheus metrics here"
     )
     pause_dir: Path | None = Field(
-        None, description="tests only: folder of named pause points (workers/pause.py)"
+        None, description="tests only: folder of named pause points (app/pause.py)"
     )
     pause_at: list[str] = Field([], description="tests only: the pause points that hold")
     master_key: SecretStr | None = Field(

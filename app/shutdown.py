@@ -1,4 +1,4 @@
-"""Stopping cleanly (issue 26): SIGTERM stops the embedded service while it trains.
+"""Stopping cleanly: SIGTERM stops the embedded service while it trains.
 
 The app's shutdown sets its embedded worker's stop event (in its thread, or told over the
 worker process's pipe); a job of that worker checks it between epochs (`check`) and raises
@@ -24,7 +24,7 @@ def bind(stopping: threading.Event, preempt: Callable[[], None] | None = None) -
     """Make `stopping` the event this thread's jobs check (the embedded worker's loop calls
     it; a thread that never binds one, like an RQ worker or a test, is never interrupted).
     `preempt`: what a background job's checks run first (app/lanes.py: the deletions that
-    wait; issue 53, deletions first)."""
+    wait, deletions first)."""
     _local.stopping = stopping
     _local.preempt = preempt
 

@@ -54,7 +54,7 @@ def count_documents(
 
     Two streaming passes, no token lists kept: the first counts the words, then
     `check_size(documents, vocabulary)` may refuse before the documents × vocabulary matrix
-    is allocated (issue 26: an 8 MB file with a million distinct words took +3.5 GB before
+    is allocated (an 8 MB file with a million distinct words took +3.5 GB before
     its 413); the second fills it."""
     frequency: Counter[str] = Counter()
     for t in texts:

@@ -1,4 +1,4 @@
-"""Traces (issue 58, goal 3): one deletion is one trace from its POST to its certificate,
+"""Traces: one deletion is one trace from its POST to its certificate,
 across the API process, the queue and the worker process, in OpenTelemetry.
 
 Lethe calls only OpenTelemetry's API, which does nothing until a tracer provider is set:
@@ -95,7 +95,7 @@ def instrument_app(app: FastAPI) -> None:
     query strings. The span is named by the method when it starts, and a sampled one takes
     its route's template (`RouteName`): FastAPI's own instrumentation matched every request
     against all of Lethe's routes to name its span, sampled or not, which was most of a
-    millisecond of the API's CPU per POST (issue 58, bench.observability)."""
+    millisecond of the API's CPU per POST."""
     if not _configured.is_set():
         return
     from opentelemetry.instrumentation.asgi import OpenTelemetryMiddleware

@@ -1,4 +1,4 @@
-"""`lethe witness`: a C2SP tlog-witness (issue 30), independent of Lethe's database.
+"""`lethe witness`: a C2SP tlog-witness, independent of Lethe's database.
 
 It trusts a list of logs (their vkeys; a log's origin is its key's name), keeps the latest
 checkpoint it cosigned for each in one JSON file (replaced atomically, under a lock, before it
@@ -80,7 +80,7 @@ def parse_request(body: str) -> tuple[int, list[bytes], str]:
 async def bounded_body(request: Request, limit: int) -> bytes | None:
     """The request's body, or None as soon as it is known to exceed `limit` bytes: a declared
     Content-Length over it is refused before anything is read, and a streamed body is read
-    only until it passes it (issue 53: the whole body used to be read first, so a client with
+    only until it passes it (the whole body used to be read first, so a client with
     no key could grow the witness by hundreds of MB a request)."""
     declared = request.headers.get("content-length")
     if declared is not None and (not declared.isdigit() or len(declared) > 12):

@@ -1,4 +1,4 @@
-"""Embedded mode's worker as a child process (issue 28, goal 5; the default of `lethe serve`).
+"""Embedded mode's worker as a child process (the default of `lethe serve`).
 
 As a thread of the API process the worker's Python work took the interpreter lock from the
 request path: under a stream of POSTs no update committed at all. As a spawned process (no

@@ -232,7 +232,7 @@ def through_service(n: int, k: int, appends: int = 1) -> dict[str, Any]:
         # A worker that lived through an erasure gives way to a fresh one within the TTL
         # (workers/recycle.py), whose warming of the million-row session a job arriving then
         # waits for: 75 s in the sixth append of append-service-r16. That is the recycle's
-        # cost, not the learning's: kept out of these runs (bench/plaintext_costs.py has it).
+        # cost, not the learning's: kept out of these runs.
         "plaintext_ttl_seconds": 3600,
     }
     with tempfile.TemporaryDirectory() as tmp, Cluster(Path(tmp), None, None, **limits) as cluster:

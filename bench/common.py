@@ -136,16 +136,30 @@ def write_result(name: str, result: dict) -> Path:
     RESULTS.mkdir(exist_ok=True)
     result = {
         **result,
-        "machine": {
-            "cpus": os.cpu_count(),
-            "python": platform.python_version(),
-            "platform": platform.platform(),
-        },
+        "machine": machine(),
         "measured_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }
     path = RESULTS / f"{name}.json"
     path.write_text(json.dumps(result, indent=2))
     return path
+
+
+def machine() -> dict[str, Any]:
+    """What a result was measured on: cores, CPU model, platform, and the load averages at the
+    end of the run (a busy machine moves every figure)."""
+    cpu = ""
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    return {
+        "cpus": os.cpu_count(),
+        "cpu": cpu or platform.processor() or platform.machine(),
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "load": [round(v, 2) for v in os.getloadavg()],
+    }
 
 
 def device_info(device: str) -> dict[str, Any]:

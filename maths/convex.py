@@ -23,7 +23,7 @@ BLOCK = 16_384  # rows per block of every pass on a GPU: bounds the float64 scra
 # (34 MB at 257 parameters per class; 65,536 used four times the memory and ran slower)
 # On a CPU a 2,048 × 257 float64 block (4 MB) stays in cache between a pass's two products, so
 # the rows come from memory once: a gradient pass over 100,000 resident rows 51 → 32 ms, over a
-# million float32 rows made float64 block by block 0.54 → 0.35 s, on 2 cores (issue 28).
+# million float32 rows made float64 block by block 0.54 → 0.35 s, on 2 cores.
 CPU_BLOCK = 2_048
 
 
@@ -74,7 +74,7 @@ class Problem:
 class Streamed:
     """The same objective over rows kept elsewhere in their own dtype (a resident session's
     float32): each pass builds the float64 (Z, T) of one block at a time, so no float64 copy
-    of all rows is ever held (issue 28, goal 6: 1.6 GB at a million rows of 256 features)."""
+    of all rows is ever held (1.6 GB at a million rows of 256 features)."""
 
     rows: Callable[[int], Iterable[tuple[torch.Tensor, torch.Tensor]]]  # (X, y) blocks
     n: int
@@ -92,7 +92,7 @@ class Streamed:
         """(Z, T) of each block written into one float64 buffer, reused: a block is valid
         until the next is asked for (every pass here sums it first). One buffer, not a fresh
         pair per block with the last one still referenced while the next is built: a
-        transient 270 MB of float64 at 65,536 × 257 (issue 28, goal 6)."""
+        transient 270 MB of float64 at 65,536 × 257."""
         k, d = self.shape
         size = block_rows(self.device)
         Z_buffer = torch.empty(size, d, dtype=torch.float64, device=self.device)
@@ -145,7 +145,7 @@ def coefficient_sums(
 ) -> tuple[torch.Tensor, int, torch.Tensor | None]:
     """`coefficient_sum`, and with `magnitudes` also, per class, Σ_i |c_ia|·‖z_i‖ and the
     largest ‖z_i‖ (a (k + 1,) vector, last entry the norm): what a rounding bound of the
-    |C|ᵀ|Z| form needs (issue 52), for one matrix-vector product more per block."""
+    |C|ᵀ|Z| form needs, for one matrix-vector product more per block."""
     total = torch.zeros_like(theta)
     theta_t = theta.T.contiguous()
     rows = 0
@@ -201,7 +201,7 @@ def rounding_bound(problem: Objective, theta: torch.Tensor) -> float:
 def hessians(problem: Objective, theta: torch.Tensor) -> torch.Tensor:
     """Class Hessians (k, p+1, p+1) at Θ, built in float32 (they precondition Newton steps;
     the certificate never relies on them), a block of rows at a time so no float32 copy of
-    every row is made (issue 28: 1.6 GB at a million)."""
+    every row is made (1.6 GB at a million)."""
     k, d = theta.shape
     H32 = torch.zeros(k, d, d, dtype=torch.float32, device=theta.device)
     for Z, T in problem.blocks():

@@ -22,7 +22,7 @@ ProgressFn = Callable[[int, int, float], None]
 
 class Diverged(ValueError):
     """Training (or a retrain) ended with non-finite weights or a non-finite loss: nothing
-    from it may be released (issue 25)."""
+    from it may be released."""
 
 
 def check_finite(state: dict[str, torch.Tensor]) -> None:
@@ -158,7 +158,7 @@ def logits(
     ensemble's aggregated log-probabilities (`shard{k}.*` keys; SISA §IV-D), or a topic head's
     x̄ᵀB + bias (x̄ the word frequencies; seed 000 §A.6). Computed a block of rows at a
     time, so a network's activations (a clipped copy of the features, hidden layers) are
-    never held for every row at once (issue 28, goal 6: 1.6 GB at 800,000 × 256)."""
+    never held for every row at once (1.6 GB at 800,000 × 256)."""
     n_features = int(np.prod(X.shape[1:]))
     return scorer(architecture, state, n_features, n_classes, X.device, aggregation)(X)
 

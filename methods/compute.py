@@ -56,7 +56,7 @@ Rows = tuple[list[int], torch.Tensor, torch.Tensor, list[str | None], list[str]]
 
 
 class RowSource(Protocol):
-    """Retained rows kept elsewhere (a resident session, issue 28), drawn only when used."""
+    """Retained rows kept elsewhere (a resident session), drawn only when used."""
 
     def rows(self) -> Rows: ...
 
@@ -83,7 +83,7 @@ class RetainedData:
 
     Given as arrays, or `deferred` to a resident session: then nothing is copied until a
     field is read, and a method that needs only the count, the first rows or blocks of rows
-    (convex_head's removal) never copies the retained set (issue 28)."""
+    (convex_head's removal) never copies the retained set."""
 
     def __init__(
         self,
@@ -182,7 +182,7 @@ class RetainedData:
 
 class Joined:
     """Two sets of rows as one (a RowSource): a model's retained rows, then the rows an
-    append adds (issue 55), neither copied until a method reads them whole."""
+    append adds, neither copied until a method reads them whole."""
 
     def __init__(self, first: RetainedData, second: RetainedData) -> None:
         self.first, self.second = first, second
@@ -264,12 +264,12 @@ class UpdateInputs:
     # What this method kept in the worker after the model's last update (its release's
     # `resident`), when the worker's session is at the current version; else None.
     resident: object | None = None
-    # Rows appended since the last version (issue 55): already in `retained` (after its
+    # Rows appended since the last version: already in `retained` (after its
     # earlier rows); a method that does not `learn` them is answered by the exact retrain.
     added: RetainedData | None = None
     # What a method whose σ is measured on the rows calibrates it on, instead of `record`
-    # (`noise_from_rows`): a privacy audit's reference trained without the canaries (issue 56,
-    # goal 5). None: the model's own record.
+    # (`noise_from_rows`): a privacy audit's reference trained without the canaries.
+    # None: the model's own record.
     noise_record: JsonMap | None = None
 
     @property
@@ -279,7 +279,7 @@ class UpdateInputs:
 
 def these_samples(n: int) -> str:
     """How a certificate's sentence names the removed rows: "this sample" or "these n
-    samples" (issue 57: "these 1 samples")."""
+    samples" ("these 1 samples")."""
     return "this sample" if n == 1 else f"these {n} samples"
 
 
@@ -327,7 +327,7 @@ class Constant:
 class TargetInfeasible(RuntimeError):
     """The method cannot meet the target; the pipeline retrains exactly instead. Unless it is
     a `PublicInfeasible`, the reason is taken to depend on the removed rows: a method that
-    can (`through_mechanism`) then releases the retrain through its own mechanism (issue 52)."""
+    can (`through_mechanism`) then releases the retrain through its own mechanism."""
 
 
 class PublicInfeasible(TargetInfeasible):
@@ -366,7 +366,7 @@ class Release:
     metrics: JsonMap = field(default_factory=dict)
     replace_statistics: StatisticsBlock | None = None  # a retrain re-records everything
     record: JsonMap | None = None  # the new training record, if statistics changed
-    # What the method keeps in the worker for the model's next update (issue 28): valid for
+    # What the method keeps in the worker for the model's next update: valid for
     # `next_state` on the retained rows; kept only once the release commits.
     resident: object | None = None
 
@@ -377,12 +377,12 @@ class UnlearningMethod:
     evaluation compares a release with)."""
 
     spec: ClassVar[MethodSpec[Any]]
-    # Whether `unlearn` also learns `inputs.added` (issue 55, goal 5) with its own update;
+    # Whether `unlearn` also learns `inputs.added` with its own update;
     # else an update that adds rows is the exact retrain on the new set, declared as such.
     learns: ClassVar[bool] = False
     # Whether σ is calibrated on constants measured on the training rows (recollection's ρ):
     # a privacy audit then calibrates it on a reference trained without the canaries
-    # (`UpdateInputs.noise_record`, issue 56, goal 5), as the certificate's reference would.
+    # (`UpdateInputs.noise_record`), as the certificate's reference would.
     noise_from_rows: ClassVar[bool] = False
 
     def __init__(self, model: ModelSpec) -> None:
@@ -399,7 +399,7 @@ class UnlearningMethod:
 
     def through_mechanism(self, inputs: UpdateInputs, exact: Release) -> Release | None:
         """The exact retrain `exact` released through this method's own mechanism, with the
-        certificate its releases carry (issue 52): when the method could not release for a
+        certificate its releases carry: when the method could not release for a
         reason that depends on the removed rows, the published output is then distributed
         as the reference its certificate compares with (the retrain through the mechanism),
         so it does not reveal the branch. None (the default): the method cannot, and its

@@ -92,7 +92,7 @@ class MethodSpec(Generic[OptionsT]):
         None  # the same, from the current version's record
     )
     check_model: ModelCheck[OptionsT] | None = None  # at model creation, before anything is written
-    # Hooks through which the generic code reaches what is the method's own (issue 27):
+    # Hooks through which the generic code reaches what is the method's own:
     fit_architecture: ArchitectureFit[OptionsT] | None = None  # at model creation
     # the architecture type only this method may train, and the error (code, message) else
     exclusive_to: tuple[type, str, str] | None = None

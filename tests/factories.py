@@ -110,7 +110,7 @@ def update_inputs(
 def separable_rows(n: int = 400, seed: int = 0) -> RetainedData:
     """n rows of 3 features in two well-separated classes (the first feature ±2 apart):
     logistic regression on them is flat far from its optimum, where a full Newton step
-    overshoots (issue 52's far start, in tests/test_convex_removal.py and bench/convex_branch)."""
+    overshoots (the far start of tests/test_convex_removal.py)."""
     import numpy as np
 
     rng = np.random.default_rng(seed)

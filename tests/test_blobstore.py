@@ -219,7 +219,7 @@ print(json.dumps({"base": base, "after_write": after_write, "after_read": peak()
 @pytest.mark.integration
 def test_a_large_state_round_trips_holding_one_copy(tmp_path: Path) -> None:
     """A 512 MiB state written and read back on the filesystem backend: the write holds a
-    chunk or two, the read one buffer of the state's size (bench/blobstore.py: 1 GiB)."""
+    chunk or two, the read one buffer of the state's size (1 GiB)."""
     size = 512 << 20
     out = subprocess.run(
         [sys.executable, "-c", ROUND_TRIP, str(tmp_path), str(size)],

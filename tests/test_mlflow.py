@@ -54,8 +54,8 @@ def files_under(folder: Path) -> dict[str, bytes]:
 
 
 def run_readme_block(url: str, key: str, mlflow: str) -> str:
-    """The README's MLflow block, as written, against this service and tracking server."""
-    block = readme_block("## MLflow: every version in your model registry")
+    """The docs' MLflow block, as written, against this service and tracking server."""
+    block = readme_block("# MLflow", "docs/integrations/mlflow.md")
     env = {**os.environ, "KEY": key, "L": url, "MLFLOW": mlflow}
     done = subprocess.run(
         ["bash", "-c", block], env=env, capture_output=True, text=True, timeout=300

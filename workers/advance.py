@@ -1,4 +1,4 @@
-"""Moving a worker's resident session to the version an update just committed (issue 28):
+"""Moving a worker's resident session to the version an update just committed:
 the same step after a deletion batch (workers/jobs.py) and after a learned version
 (workers/learning.py)."""
 

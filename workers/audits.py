@@ -1,4 +1,4 @@
-"""The privacy-audit job (issue 31): load the model's recipe, retained rows and test split in
+"""The privacy-audit job: load the model's recipe, retained rows and test split in
 one short read, run the canary experiment (workers/privacy_audit.py) with no transaction open,
 then commit the result and its audit-log entry together.
 
@@ -80,7 +80,7 @@ def run_audit(ctx: JobContext, audit_id: int) -> str:
 
 
 def _staged(db: Database, audit_id: int, attempt: int, stage: str) -> None:
-    """A new stage, after the deletions waiting in this worker have run (issue 53: a
+    """A new stage, after the deletions waiting in this worker have run (a
     deletion waits at most for one stage of an audit)."""
     shutdown.run_waiting_deletions()
     _stage(db, audit_id, attempt, stage)
@@ -215,7 +215,7 @@ def entry_fields(audit: PrivacyAudit, inputs: AuditInputs, result: AuditRun) -> 
 
 
 def sentence(result: AuditRun, canaries: int) -> str:
-    """The result in one sentence: the joint test of the certificate's own ε (issue 56)."""
+    """The result in one sentence: the joint test of the certificate's own ε."""
     joint = result.bounds.joint
     if result.certified_epsilon is None or joint is None:
         return (

@@ -65,7 +65,7 @@ def certificate_for(
 ) -> dict[str, Any]:
     """One request's certificate fields for an update: its commitment to the removed ids
     (under the request's kept opening) and its place, then `certificate_fields`."""
-    # A request without a kept key (accepted before issue 25) commits under a key nobody
+    # A request without a kept key (accepted by an older version) commits under a key nobody
     # keeps: the commitment cannot be opened, by anyone, which is what it must not leak.
     opening = batch.openings.get(task.request_id) or secrets.token_bytes(32)
     commitment = removed_ids_commitment(opening, [batch.external_ids[s] for s in removed])
@@ -103,13 +103,13 @@ def certificate_fields(
         sentence += f" Exact retraining was used because {fallback_reason}."
     constants, restricted = _constants(cert.constants)
     # Other requests' ids and the batch's size concern other requesters: a receipt (the
-    # logged body) carries commitments to them, auditors the values (issue 26).
+    # logged body) carries commitments to them, auditors the values.
     others: dict[str, Any] = {
         "coalesced_requests": ctx.coalesced_requests,
         "n_removed_in_update": ctx.n_removed_in_update,
     }
     if isinstance(decision, Released) and decision.hides_branch:
-        # which branch ran depends on the removed rows (issue 52): a commitment in every
+        # which branch ran depends on the removed rows: a commitment in every
         # release of such a method, the value ("method", or the retrain's reason) to auditors
         others["branch"] = decision.branch or "method"
     hidden = {name: _sealed(value) for name, value in others.items()}

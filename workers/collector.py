@@ -2,11 +2,11 @@
 a few hundred thousand Python objects; a full collection walks them all (70–130 ms at 50,000
 rows) and CPython starts one whenever enough allocations have piled up, so it landed inside a
 random update: the first deletion after a test-row erasure took ~300 ms instead of ~60 ms
-(bench.plaintext_costs, issue 54). After each job what survived it is frozen
+. After each job what survived it is frozen
 (`gc.freeze`: later collections skip it), and the full collection runs once the worker has
 been idle for a moment, where it delays nobody, unless a job is expected soon: an append's
 POST took 0.4-0.7 s, so the collection (0.36 s with a million-row session) began during it
-and the learning it signalled waited for the end of it (issue 55)."""
+and the learning it signalled waited for the end of it."""
 
 from __future__ import annotations
 
@@ -79,7 +79,7 @@ class Collector:
 def paused() -> Iterator[None]:
     """No automatic collection inside: a bulk read makes millions of short-lived tuples and
     rows (no cycles among them), and CPython's collections, started by the allocations
-    alone, walked them over and over: 40 % of reading a million rows (issue 55)."""
+    alone, walked them over and over: 40 % of reading a million rows."""
     was = gc.isenabled()
     gc.disable()
     try:

@@ -67,7 +67,7 @@ def write_version(
     metrics: dict[str, Any],
 ) -> VersionRow:
     """Record a version whose blobs are stored: their keys and rows and the version row, in
-    the caller's commit; on PostgreSQL in one statement (`bulk.insert_together`: issue 28)."""
+    the caller's commit; on PostgreSQL in one statement (`bulk.insert_together`)."""
     metrics = {
         **metrics,
         "storage": {
@@ -109,9 +109,8 @@ def commit_update(
 
     The rows are written with Core statements built once (workers/statements.py), each
     executed where it stands; the certificates, the trees' nodes and the signed head by
-    app/ledger's own Core INSERTs. Through the ORM the commit took 25 ms of a distributed
-    worker's Python per deletion, 10 of them in flushes; this way 16 (issue 28,
-    bench.profile_update --gil), before the log's rows left the ORM too."""
+    app/ledger's own Core INSERTs: through the ORM, most of the worker's Python per deletion
+    went to its flushes."""
     session.autoflush = False  # the commit's own session (db.run makes one per attempt)
     _check_lease_at(session, batch)
     if outcome is None:  # nothing to remove: the tasks finish as an earlier version left them
@@ -257,7 +256,7 @@ def supersede(
 def _check_lease_at(session: Session, batch: Batch) -> None:
     """LeaseLost unless this worker still holds the model's lease, the model is still at the
     batch's parent version and every task of the batch still runs under this worker: one
-    SELECT when the tasks fit in one chunk (a round trip less on every commit, issue 28)."""
+    SELECT when the tasks fit in one chunk (a round trip less on every commit)."""
     ids = [t.task_id for t in batch.tasks]
     first = next(chunked(ids), [])
     params = {
@@ -330,7 +329,7 @@ def withdraw_model(session: Session, store: Blobs, model_id: int, reason: str) -
     per-sample statistics too, and the model is marked failed with the reason; its open
     deletion tasks are done, applied by the withdrawal. A failed model holds no sample
     (`erase_payloads`), so the requests' data is erased in this same commit: erasure never
-    waits for an update that cannot happen (issue 25). Returns the requests it finished."""
+    waits for an update that cannot happen. Returns the requests it finished."""
     model = session.get(Model, model_id)
     if model is None:
         return set()
@@ -361,7 +360,7 @@ def finish_requests(
 ) -> None:
     """A request is done when all its models are; only then are its payloads erased. The
     short keys `also` (a commit's purged blobs') are destroyed with the finished requests'
-    openings (issue 28: one DELETE, a round trip less per commit)."""
+    openings (one DELETE, a round trip less per commit)."""
     if not request_ids:
         destroy_keys(session, list(also), KeyTable.short)
         return
@@ -403,8 +402,8 @@ def finish_requests(
             )
     if changed:
         conn.execute(sql.FINISH_REQUEST, changed)
-    events.deletion_completed(session, finished)  # in this commit: the outbox (issue 58)
-    # one DELETE of data keys for the payloads' and the openings' (issue 28: statements are
+    events.deletion_completed(session, finished)  # in this commit: the outbox
+    # one DELETE of data keys for the payloads' and the openings' (statements are
     # most of a warm update's commit)
     erase_payloads(session, ring, sorted(erased), also=[*openings, *also])
 

@@ -1,4 +1,4 @@
-"""What a worker's jobs work with (issue 54), built once where the worker starts (the
+"""What a worker's jobs work with, built once where the worker starts (the
 embedded worker's thread or process, `lethe worker`) and passed to every job as its first
 argument: the service's Runtime (settings, database, keyring, blob store) and the worker's
 own parts (its resident sessions, its cache of opened samples, its announcer of finished

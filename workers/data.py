@@ -60,7 +60,7 @@ def _decode(
     opened once (app/storage/sample_blocks.py). The rows are taken apart by column and a
     block's rows by runs (a block's rows have consecutive ids), its ids and subjects decoded
     together: the key id per row as a UUID, a Row's attributes, a dict entry and two calls
-    per row were most of reading a million rows (issue 55). `into`: the (rows × features)
+    per row were most of reading a million rows. `into`: the (rows × features)
     float32 and (rows,) int64 arrays to fill (views of a larger read's), else new ones. Every
     row must open."""
     n = len(rows)
@@ -152,7 +152,7 @@ def split_rows(
 ) -> tuple[Arrays, Arrays]:
     """Rows selected with `stored_samples()` and their `split`, opened together (each block
     once) as (training rows, test rows), each in the rows' order: an append's rows as a
-    model learns them, read in one query where two `IN` lists of their ids were (issue 55)."""
+    model learns them, read in one query where two `IN` lists of their ids were."""
     opened = _decode(session, ring, rows, shape)
     train = np.asarray([r.split == "train" for r in rows], dtype=bool)
     return _part(opened, np.flatnonzero(train)), _part(opened, np.flatnonzero(~train))
@@ -208,7 +208,7 @@ def sealed_samples() -> Select[int, int, str, bytes | None, uuid.UUID | None, by
 
 class OpenedSamples:
     """Samples this process has opened, per database, dataset and part (a model's training rows
-    or the test split), as contiguous arrays (issue 13): an update used to decrypt and decode
+    or the test split), as contiguous arrays: an update used to decrypt and decode
     the whole training set each time, most of its cost on small models. Each load reads the
     ids it needs and the dataset's erased ids, opens what is new, and drops every cached
     sample whose key is gone from every part of the dataset, so erased plaintext does not
@@ -217,7 +217,7 @@ class OpenedSamples:
 
     The parts are kept apart so a load never concatenates the training rows with the test
     split (at a million rows that merge and its reordering were two more copies of all the
-    data, issue 28 goal 6), and a part asked for whole comes back without a copy where its
+    data), and a part asked for whole comes back without a copy where its
     caller cannot write to the cache's rows: the test split (`shared`, read only) or training
     rows handed over to a resident session (`hand_over`: the cache forgets them, so the
     session's in-place erasure of a removed row never reaches another reader)."""
@@ -241,7 +241,7 @@ class OpenedSamples:
         reads the arrays (they may be the cache's own); `hand_over`: the caller keeps them and
         the cache drops this part."""
         # Only the dataset's erased ids come back (usually few): reading every (id, key id)
-        # pair was most of an update's time at n = 100,000 (bench/scale.py).
+        # pair was most of an update's time at n = 100,000.
         erased = np.fromiter(
             session.scalars(
                 select(Sample.id).where(Sample.dataset_id == dataset.id, Sample.key_id.is_(None))
@@ -273,7 +273,7 @@ class OpenedSamples:
 
 def _open_new(session: Session, ring: Keyring, dataset: Dataset, new: list[int]) -> Arrays:
     """These samples (ids ascending) opened a chunk at a time into one preallocated array: the
-    sealed bytes of one chunk are held at once, not of all of them (issue 28: 1.1 GB of
+    sealed bytes of one chunk are held at once, not of all of them (1.1 GB of
     ciphertext and 1 GB of plaintext records at a million rows)."""
     shape = dataset.feature_shape
     n_feat = int(np.prod(shape)) if shape else 1
@@ -300,7 +300,7 @@ def _open_new(session: Session, ring: Keyring, dataset: Dataset, new: list[int])
 def _sealed_rows(session: Session, ids: list[int]) -> list[Any]:
     """The rows of these ids (ascending) as `stored_samples()` selects them, in id order: a
     dense run read as one range, a sparse one by `IN`; through the session's connection, with
-    no ORM processing of each row (issue 55: compiling 5,000-id `IN` lists and the ORM's
+    no ORM processing of each row (compiling 5,000-id `IN` lists and the ORM's
     per-row work were most of reading a million-row model's rows)."""
     if not ids:
         return []
@@ -317,7 +317,7 @@ def _sealed_rows(session: Session, ids: list[int]) -> list[Any]:
 @dataclass
 class _Block:
     """One dataset's opened samples, rows in ascending id order, indexed by a sorted id array
-    (no Python loop over the samples: issue 28)."""
+    (no Python loop over the samples)."""
 
     ids: np.ndarray  # int64, ascending
     external_ids: np.ndarray  # object
@@ -422,7 +422,7 @@ def training_arrays(
 ) -> Arrays:
     """Samples the model still holds (ordered by id), minus `exclude`. `hand_over`: for a
     resident session, which keeps them (and erases removed rows in place): the opened-samples
-    cache gives them up instead of keeping a second copy (issue 28, goal 6)."""
+    cache gives them up instead of keeping a second copy."""
     ids = (
         session.connection()
         .execute(
@@ -440,7 +440,7 @@ def training_arrays(
 
 def test_arrays(session: Session, opened: OpenedSamples, dataset: Dataset) -> Arrays:
     """The test split's active samples: none that a request has asked to forget (`erasing`),
-    so no version is ever scored on rows its own request erases (issue 25). Read only: the
+    so no version is ever scored on rows its own request erases. Read only: the
     arrays may be the opened-samples cache's own."""
     ids = (
         session.connection()

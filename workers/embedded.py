@@ -1,4 +1,4 @@
-"""The embedded worker as a process of its own (issue 28, goal 5).
+"""The embedded worker as a process of its own.
 
 `lethe serve` without Redis spawns this process so that the worker's Python work (a retrain's
 SGD loop, an update's bookkeeping) no longer takes the API's interpreter lock from the request
@@ -128,7 +128,7 @@ def main(
     tracing.configure(
         "lethe-worker", settings.trace_sql
     )  # before the engines: their statements become spans
-    ctx = JobContext.build(settings)  # what every job here runs with (issue 54)
+    ctx = JobContext.build(settings)  # what every job here runs with
     logging.basicConfig(
         level=logging.INFO, format="%(levelname)s:     [worker] %(name)s: %(message)s"
     )

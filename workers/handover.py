@@ -1,10 +1,10 @@
-"""What a worker process hands its successor when it gives way after an erasure (issue 53,
-workers/recycle.py): each resident session's method state, never its rows.
+"""What a worker process hands its successor when it gives way after an erasure
+(workers/recycle.py): each resident session's method state, never its rows.
 
 The successor warms the sessions its predecessor held (workers/load.warm_session): it reads
 the retained rows itself, and with a handed-over state it skips the method's `prepare`
 (convex_head's anchored Hessians: a Hessian pass, 11–13 s of a million-row session's 46 s
-warm-up on 2 cores, during which the next deletion waited; issue 55). What travels is the
+warm-up on 2 cores, during which the next deletion waited). What travels is the
 method's own aggregate (the Hessians, the second moment, the gradient and its bound, at the
 current version), as one safetensors buffer: through the pipe to the API process and the
 spawn arguments (embedded mode), or through an anonymous memory file across the re-execution

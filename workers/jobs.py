@@ -119,7 +119,7 @@ def train_model(ctx: JobContext, model_id: int) -> str:
             _seed_session(ctx, model_id, version_id, inputs, rows, prepared, device)
         except BaseException as exc:
             if stored is not None and version_id is None:  # written, never to be recorded
-                ctx.blobs.discard(stored.both)  # (issue 53: a 4 MB orphan until the sweep)
+                ctx.blobs.discard(stored.both)  # (a 4 MB orphan until the sweep)
             if isinstance(exc, LeaseLost) or not isinstance(exc, Exception):
                 raise
             if not isinstance(exc, shutdown.Interrupted) and not is_fault(exc):
@@ -171,7 +171,7 @@ def _prepare_resident(
 ) -> _Prepared | None:
     """The method's resident state (convex_head's anchored float64 Hessians: a pass over the
     rows), computed before the version commits, so a model is `ready` only once its first
-    deletion can run warm (issue 28: at a million rows the first deletion waited 40 s for it
+    deletion can run warm (at a million rows the first deletion waited 40 s for it
     after `ready`). It is made on the device of `rows`, the worker's, where the updates that
     use it compute (made on the CPU, a GPU worker's first update failed on it and retrained).
     None when this worker keeps no sessions."""
@@ -448,7 +448,7 @@ def _apply_due(
     while True:
         work.forget_due()  # the claim covers every push before it
         tasks, first = (first if first is not None else work.claim(lease)), None
-        if not tasks:  # no deletion due: learn the appends waiting (issue 55), if any
+        if not tasks:  # no deletion due: learn the appends waiting, if any
             learned, ok = learning.learn_due(ctx, work.model_id, device)
             return applied + learned, ok, claimed or learned > 0
         claimed = True
@@ -510,7 +510,7 @@ def _run_batch(
         return False
     except Exception as exc:
         if is_fault(exc):  # a full disk, an I/O error, a store outage: not the update's
-            # fault, so unpenalised and retried with back-off (issue 53: ENOSPC withdrew)
+            # fault, so unpenalised and retried with back-off (ENOSPC withdrew)
             STORAGE_FAULTS.labels("process_deletions").inc()
             log.warning("model %s: %s; its deletions wait for storage", model_id, exc)
             ids, wait = [t.task_id for t in tasks], (settings.retry_backoff_seconds or [5])[0]

@@ -1,4 +1,4 @@
-"""Learning appended rows (issue 55, goal 5), in the model's deletion job under its lease, once
+"""Learning appended rows, in the model's deletion job under its lease, once
 no deletion is due (deletions come first): one `learned` version for every append waiting.
 
 The update is the deletion pipeline's own: `load.load_batch` with no removal supplies the

@@ -53,7 +53,7 @@ class ModelLease:
 
     `on_take`, when given, runs in the transaction that takes the lease, only if it was
     taken, and its result is `lease.taken` (a deletion job claims its first batch there:
-    one transaction instead of two per update, issue 28)."""
+    one transaction instead of two per update)."""
 
     def __init__(
         self,

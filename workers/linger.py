@@ -1,4 +1,4 @@
-"""One model's deletion work under its lease (issue 28, issue 54): claiming its next batch,
+"""One model's deletion work under its lease: claiming its next batch,
 asking whether more is due, and, in distributed mode, lingering on the lease after the last
 batch so that the next deletion runs here, on the warm session. The due lists' Redis keys are
 `app.dispatch.DueList`'s; the lease is the truth: if this worker dies, the lease expires and

@@ -263,7 +263,7 @@ def _cold_session(
 
 def _parent_state(session: Session, store: Blobs, parent: ModelVersion) -> dict[str, torch.Tensor]:
     """The parent version's noise-free state, or {} when it cannot be read back (a corrupt or
-    missing object: issue 53): the update is then the exact retrain from the retained rows,
+    missing object): the update is then the exact retrain from the retained rows,
     which needs no state (`load_batch`), rather than a failure that withdraws the model. An
     unreachable store is not this: it raises, and the update waits."""
     assert parent.state_key is not None
@@ -283,7 +283,7 @@ def _with_current_test(
     """The session with the test split as it is now. Test rows only ever leave (a sample is
     active, then erasing, then erased), so an unchanged count of rows that left means an
     unchanged split: counted from ix_samples_dataset_split_status over the few rows that
-    left, not the many still active (issue 28). A session that never counted them reads the
+    left, not the many still active. A session that never counted them reads the
     split once."""
     left = test_rows_left(session, dataset.id)
     if left == warm.test_left:

@@ -22,7 +22,7 @@ FALLBACKS = Counter(
 
 ROWS_LEARNED = Counter(
     "lethe_rows_learned_total",
-    "Appended rows models learned (issue 55), by the method that released the learned version",
+    "Appended rows models learned, by the method that released the learned version",
     ["method"],
 )
 VERSIONS_LEARNED = Counter(

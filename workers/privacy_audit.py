@@ -1,4 +1,4 @@
-"""The canary experiment of a privacy audit (issue 31), with no database: a shadow of the
+"""The canary experiment of a privacy audit, with no database: a shadow of the
 model's recipe, trained on the model's retained rows plus canaries, the canaries it included
 removed through the model's own method and decision path, every canary scored.
 
@@ -84,7 +84,7 @@ def make_canaries(
 ) -> Canaries:
     """m canaries and their inclusion bits. `random`: inputs drawn per feature from a normal
     with the retained rows' mean and spread, labels uniform; `mislabelled`: test-split rows
-    (distinct, drawn at random), and beyond the test split's size training rows (issue 56:
+    (distinct, drawn at random), and beyond the test split's size training rows (
     a copy of a row with another label, which the shadow also holds with its own), each
     given a uniformly drawn wrong label; `leverage` (linear models): `high_leverage`."""
     m = options.canaries
@@ -122,7 +122,7 @@ LEVERAGE_SHARE = 4  # the canaries lie in the span of the data's d / 4 least-var
 def high_leverage(
     retained: RetainedData, m: int, n_classes: int, rng: np.random.Generator
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """m canaries a linear model cannot explain with its other rows (issue 56, goal 4): the
+    """m canaries a linear model cannot explain with its other rows: the
     retained rows' mean plus a random direction in the span of their least-varied principal
     directions, as far from the mean as a typical row, with a uniform label. A canary's
     influence on a linear model is H⁻¹∇ℓ; along directions the data barely cover H is
@@ -145,7 +145,7 @@ def high_leverage(
 def weight_scores(
     spec: ModelSpec, release: ModelState, reference: ModelState, canaries: Canaries
 ) -> np.ndarray:
-    """The white-box statistic (issue 56, goal 4): the release's offset from a reference
+    """The white-box statistic: the release's offset from a reference
     trained without any canary, projected on each canary's direction of fit −∇ℓ/‖∇ℓ‖ at the
     reference. For a release Θ + N(0, σ²I) this is, up to a monotone map, the log likelihood
     ratio of "Θ moved toward this canary" against "Θ is the reference" under the noise
@@ -202,12 +202,12 @@ class AuditRun:
     control: AuditBounds | None
     included: int
     seconds: dict[str, JsonValue]
-    # how σ was calibrated when the method measures it on the rows (issue 56, goal 5)
+    # how σ was calibrated when the method measures it on the rows
     noise: JsonObject | None = None
 
     @property
     def verdict(self) -> str:
-        """From the joint test of the certificate's own (ε, δ) (issue 56): violated when its
+        """From the joint test of the certificate's own (ε, δ): violated when its
         lower bound exceeds the certified ε; inconclusive when not even a perfect attack with
         these canaries could exceed it, or when the control (the canaries never unlearned)
         does not exceed it either: the audit has no power on this model; uncertified when the
@@ -226,7 +226,7 @@ class AuditRun:
     @property
     def audited(self) -> str:
         """What made the release the audit scored, in words: a fallback's is the exact retrain
-        (issue 56: the audit then says nothing of the configured method's own update)."""
+        (the audit then says nothing of the configured method's own update)."""
         if self.method == "retrain" and self.fallback_reason:
             return f"the exact retrain (the method fell back: {self.fallback_reason})"
         if self.fallback_reason:  # the retrain released through the method's mechanism

@@ -1,4 +1,4 @@
-"""When a worker process gives way to a fresh one (issue 53, memory).
+"""When a worker process gives way to a fresh one.
 
 A worker decrypts rows to train and to update, and Python frees those copies without zeroing
 them, so a long-lived worker kept the rows of people erased long ago. A process that has lived

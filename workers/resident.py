@@ -1,4 +1,4 @@
-"""Resident model sessions (issue 28): what a model's updates need, kept in this worker's
+"""Resident model sessions: what a model's updates need, kept in this worker's
 memory from one update to the next, so an update reads only what changed.
 
 A session holds the model's retained training rows (ids ascending, opened features and
@@ -12,7 +12,7 @@ After an update commits, `advance` overwrites the removed rows in the session's 
 plaintext leaves with the commit; the opened-samples cache of workers/data.py drops them at
 the next load of their dataset), marks them dead and moves it to the new version; the arrays
 are rebuilt without dead rows once a quarter of them are. The method keeps its own state
-beside the rows (`method_state`: convex_head's anchored Hessian, issue 28), and the session
+beside the rows (`method_state`: convex_head's anchored Hessian), and the session
 keeps the model's lineage (its noisy releases since the last exact retrain), extended by each
 commit: read from the log, it is one certificate per version to decode, a cost that grew with
 every release. For the same reason it keeps the training record of a method that records
@@ -199,7 +199,7 @@ class ModelSession:
 
     def grown(self, rows: Arrays, test: Arrays) -> ModelSession:
         """The session with appended rows (ids above every held one) after its own, and the
-        appends' test rows after the split's (issue 55): new arrays; this one is not used
+        appends' test rows after the split's: new arrays; this one is not used
         again."""
         if not len(rows) and not len(test):
             return self

@@ -2,8 +2,8 @@
 session's connection.
 
 Building a statement and running it through the ORM session cost more of a worker's CPU
-than PostgreSQL spent executing it (issue 28: the commit 25 → 16 ms of Python per deletion,
-the claim 6 → 4, `bench.profile_update --mode distributed --gil`). These are Core statements
+than PostgreSQL spent executing it (the commit 25 → 16 ms of Python per deletion,
+the claim 6 → 4 --mode distributed --gil`). These are Core statements
 with bound (expanding where a list) parameters, so each is compiled once per process and
 cached, run executemany where there is a row each.
 """
@@ -79,7 +79,7 @@ START_REQUESTS = (
     .values(_STARTED)
 )
 # PostgreSQL: the three above in one statement (data-modifying CTEs run whether or not the
-# SELECT reads them; all three see one snapshot): two round trips less per claim (issue 28)
+# SELECT reads them; all three see one snapshot): two round trips less per claim
 _CLAIMABLE = CLAIMABLE.cte("claimable")
 CLAIM_AT_ONCE = (
     select(_CLAIMABLE)
@@ -221,7 +221,7 @@ HELD = select(MODEL_SAMPLES.c.sample_id).where(
 # The requests' commitment openings, wrapped: joined to `short_keys`, which is not
 # partitioned. (When they lived in the hash-partitioned `data_keys`, a join made PostgreSQL
 # plan against all 128 partitions, 6.9 ms per deletion, so they were read by id; migration
-# 0018 moved them, and the join is a round trip less per load, issue 28.)
+# 0018 moved them, and the join is a round trip less per load.)
 OPENINGS = (
     select(REQUESTS.c.id, SHORT_KEYS.c.wrapped)
     .join(SHORT_KEYS, SHORT_KEYS.c.id == REQUESTS.c.commitment_key_id)

@@ -33,7 +33,7 @@ def write_block(
 
 
 _STATISTICS = Base.metadata.tables["sample_statistics"]
-_DELETE = delete(_STATISTICS).where(  # built once (issue 28)
+_DELETE = delete(_STATISTICS).where(  # built once
     _STATISTICS.c.model_id == bindparam("model_id"),
     _STATISTICS.c.sample_id.in_(bindparam("ids", expanding=True)),
 )

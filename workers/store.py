@@ -63,7 +63,7 @@ def release_metadata(
 @dataclass(frozen=True)
 class VersionBlobs:
     """A version's weights and noise-free state, sealed and stored before the commit that
-    records them (issue 29): no transaction is open while they stream out."""
+    records them: no transaction is open while they stream out."""
 
     weights: WrittenBlob
     state: WrittenBlob

@@ -1,4 +1,4 @@
-"""Safetensors without whole copies (issue 29): encode tensors as a stream of views of their
+"""Safetensors without whole copies: encode tensors as a stream of views of their
 own memory, decode a buffer into tensors that share it.
 
 The format is the safetensors specification (huggingface/safetensors, "Format"): an 8-byte
@@ -80,7 +80,7 @@ def encode(
 
 # Tensors under this many bytes are copied into a shared piece: a sealed blob pays Python per
 # piece (hashing, sealing, writing), and a sharded state is ~160 tensors of a few hundred
-# bytes (16 shards × 4 checkpoints), 2 ms of every sharded deletion's store (issue 28).
+# bytes (16 shards × 4 checkpoints), 2 ms of every sharded deletion's store.
 SMALL = 64 * 1024
 PIECE = 1024 * 1024  # the largest shared piece: a stream never holds much more than this
 

@@ -1,4 +1,4 @@
-"""What a batch's trace continues (issue 58, app/tracing.py): each request's `traceparent`,
+"""What a batch's trace continues (app/tracing.py): each request's `traceparent`,
 written by the POST that made it, and when it was committed (the queue wait starts there)."""
 
 from __future__ import annotations

@@ -50,7 +50,7 @@ T = TypeVar("T")
 
 # The accuracies of a release are taken on the first ACCURACY_ROWS rows (by id) of the test
 # split and of the retained set: fixed samples, so the metrics of an update do not grow with n
-# (at a million rows the whole 200,000-row test split was half of a warm deletion; issue 28).
+# (at a million rows the whole 200,000-row test split was half of a warm deletion).
 ACCURACY_ROWS = 20_000
 
 
@@ -68,7 +68,7 @@ def compute_storing(
 ) -> tuple[Outcome, T]:
     """`compute_on`, with `store(release)` (the release on CPU) run in a thread while the
     release's metrics are measured: the blobs' sealing and writes and the accuracies' tensor
-    work overlap, both mostly outside the interpreter lock (issue 28: each was 1–3 ms of a
+    work overlap, both mostly outside the interpreter lock (each was 1–3 ms of a
     warm deletion at 100,000 samples). What `store` returned is discarded if measuring fails."""
     moved = inputs_to(inputs, device)
     decision, seconds = _decided(moved)
@@ -122,7 +122,7 @@ def measure(inputs: UpdateInputs, decision: Decision, seconds: float) -> JsonObj
 
 
 def decide(inputs: UpdateInputs) -> Decision:
-    """`_decide`; an update that adds rows (issue 55) releases a `learned` version."""
+    """`_decide`; an update that adds rows releases a `learned` version."""
     decision = _decide(inputs)
     if not inputs.n_added:
         return decision
@@ -134,7 +134,7 @@ def _decide(inputs: UpdateInputs) -> Decision:
     that fails or releases non-finite weights falls back to the retrain too, so a deletion
     never fails for good because an update cannot be computed.
 
-    Which branch ran must not tell which rows left (issue 52): a failure whose reason depends
+    Which branch ran must not tell which rows left: a failure whose reason depends
     on the removed rows (a measured bound over budget, a diverged step, an error) is, for a
     method that can (`hides_branch`), answered by the exact retrain released through the
     method's own mechanism, with the certificate its releases carry; the branch goes to
@@ -265,7 +265,7 @@ def _accuracies(inputs: UpdateInputs, release: Release) -> dict[str, float | int
     by id of the test split and of the retained set: an update whose maths never reads the
     retained rows does not read them, or a test split that grows with n, for a metric."""
     arch, k, w = inputs.spec.architecture, inputs.spec.n_classes, release.weights
-    # the released weights are public: their norm puts σ in context (issue 57)
+    # the released weights are public: their norm puts σ in context
     norm: dict[str, float | int | None] = {"weights_norm": weights_norm(w)}
     if not is_classifier(arch):
         return norm

@@ -1,4 +1,4 @@
-"""The values that cross the worker's stages (issue 27): what a job loads, what an update
+"""The values that cross the worker's stages: what a job loads, what an update
 decides, what a commit needs. One module, imported by every stage and importing none of them,
 so the pipeline, the update, the certificate and the device placement form no import circle."""
 
@@ -35,7 +35,7 @@ class Released:
     """The configured method's release, admitted by the lineage accountant (None: exact).
 
     For a method that hides its branch (`hides_branch`: it can release an exact retrain
-    through its own mechanism, issue 52), `branch` is None when the method's own update was
+    through its own mechanism), `branch` is None when the method's own update was
     released and, when it could not be, the reason the exact retrain was released through
     the mechanism instead. Which one ran depends on the removed rows: auditors only."""
 
@@ -62,7 +62,7 @@ Decision = Released | Fallback
 
 class Unrecoverable(RuntimeError):
     """Neither the method nor the exact retrain gave a releasable model (the retrain itself
-    diverged): the job withdraws the model's weights and erases the data anyway (issue 25)."""
+    diverged): the job withdraws the model's weights and erases the data anyway."""
 
 
 @dataclass(frozen=True)

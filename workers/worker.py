@@ -40,7 +40,7 @@ _CONTEXT: list[Any] = []  # this process's JobContext, made by `run` (one worker
 
 def run_signalled(job: str, *args: int) -> None:
     """What RQ runs for a signal (`app.dispatch.RQ_ENTRY`): the job, with the context this
-    `lethe worker` built at start as its first argument (issue 54)."""
+    `lethe worker` built at start as its first argument."""
     (context,) = _CONTEXT
     run_job(context, job, *args)
 
@@ -108,7 +108,7 @@ def run(burst: bool = False, settings: Settings | None = None) -> None:
             sender.stop()
         ctx.runtime.publisher.finish()  # the last update's checkpoint, before the process exits
         finish_compacting(ctx.db)  # and the compaction under way
-    if gave_way:  # issue 53: the same command in a fresh process image, none of this memory
+    if gave_way:  # the same command in a fresh process image, none of this memory
         held = ctx.resident_sessions().models(where)
         states = handover.exported_or_none(ctx)
         fd = handover.to_memory_file(states) if states else None

@@ -1,4 +1,4 @@
-"""Privacy audits (issue 31): an admin or auditor asks for one (202, a job with its stage),
+"""Privacy audits: an admin or auditor asks for one (202, a job with its stage),
 anyone with a key reads it."""
 
 from __future__ import annotations

@@ -132,7 +132,7 @@ async def register_dataset(
     turns out to hold more than 10,000 rows (a job: poll `GET /v1/datasets/{id}`)."""
     name, source, job, data, rows, rules = await _job_of(request, settings)
     dataset_id = await run_in_threadpool(_begin, db, runtime, name, source, rows, rules)
-    # parsed and sealed in a process of its own, which ends with the plaintext (issue 53)
+    # parsed and sealed in a process of its own, which ends with the plaintext
     running = start_isolated(runtime.uploads, job(dataset_id=dataset_id), data)
     running.add_done_callback(lambda _: checkpoint_behind(db))  # its WAL, off the next commit
     inline = await _finished_inline(
@@ -335,7 +335,7 @@ def _upload_parameters(
             fmt,
             params | {"text_column": fields.get("text_column", "text"), "min_count": min_count},
         )
-    if fmt in ("csv", "parquet"):  # the column mapping (issue 55)
+    if fmt in ("csv", "parquet"):  # the column mapping
         params |= {c: fields.get(c) or None for c in columns}
         mapped = [c.strip() for c in fields.get("feature_columns", "").split(",") if c.strip()]
         return (
@@ -440,7 +440,7 @@ async def append_samples(
     runtime: RuntimeDep,
     dispatcher: DispatcherDep,
 ) -> JSONResponse:
-    """Append rows to a ready dataset (issue 55), from the same sources as a registration:
+    """Append rows to a ready dataset, from the same sources as a registration:
     ids of your own are required; a row takes the split its column says, else the dataset's
     rule (a keyed hash of its id); ids the dataset holds are refused (409 `duplicate_ids`,
     listed), as are rows of erased people (`on_erased`). 201 when done, 202 with progress for

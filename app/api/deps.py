@@ -2,7 +2,7 @@
 role-checked API keys.
 
 All are `async def`: FastAPI runs a plain `def` dependency in its thread pool, and the thread
-hops (four dependencies and the endpoint) were a fifth of a POST's CPU (issue 28). Only a key
+hops (four dependencies and the endpoint) were a fifth of a POST's CPU. Only a key
 missing from the cache is looked up in a thread."""
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ async def get_db(request: Request) -> Database:
 
 
 async def get_committer(request: Request) -> GroupCommitter:
-    """The single writer path: short units of work committed in groups (issue 13)."""
+    """The single writer path: short units of work committed in groups."""
     return request.app.state.committer
 
 

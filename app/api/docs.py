@@ -21,7 +21,7 @@ router = APIRouter(include_in_schema=False)
 
 
 # The pages' own inline script is allowed by its hash, nothing else inline runs; styles may be
-# inline (both bundles write them); no frame may embed the pages (issue 53).
+# inline (both bundles write them); no frame may embed the pages.
 POLICY = (
     "default-src 'none'; script-src 'self' {scripts}; style-src 'self' 'unsafe-inline'; "
     "img-src 'self' data:; font-src 'self' data:; connect-src 'self'; worker-src 'self' blob:; "

@@ -55,7 +55,7 @@ def healthz() -> HealthOut:
 def readyz(request: Request, db: DbDep, dispatcher: DispatcherDep) -> JSONResponse:
     checks = {"database": _db_ok(db), "queue": dispatcher.ping()}
     body: dict[str, object] = {}
-    if checks["database"]:  # issue 53: not ready while behind the restore journal
+    if checks["database"]:  # not ready while behind the restore journal
         restore = request.app.state.restore_gate.check()
         checks["restore"] = restore.state == "ok"
         if restore.state != "ok":

@@ -1,7 +1,7 @@
-"""Verified API keys, remembered for a moment (issue 13): every request checks its key, and a
+"""Verified API keys, remembered for a moment: every request checks its key, and a
 database round trip per request was a tenth of the request path's time under load.
 
-One `KeyCache` per app (app.state.key_cache; issue 54: nothing process-wide). A revocation
+One `KeyCache` per app (app.state.key_cache; nothing process-wide). A revocation
 through this app forgets the key at once; another API process notices within
 `LETHE_KEY_CACHE_SECONDS` (default 2 s; 0 turns the cache off).
 """
@@ -36,7 +36,7 @@ class KeyCache:
         return entry[1] if entry is not None and entry[0] > time.monotonic() else None
 
     async def verified(self, raw: str) -> ApiKey | None:
-        """`known` for the event loop: a cached key costs no thread hop (issue 28: each hop
+        """`known` for the event loop: a cached key costs no thread hop (each hop
         was CPU on the request path); a miss is looked up in the thread pool."""
         return self.cached(raw) or await run_in_threadpool(self.known, raw)
 

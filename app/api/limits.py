@@ -31,7 +31,7 @@ from app.errors import error_body
 
 BODYLESS_METHODS = frozenset({"GET", "HEAD", "OPTIONS", "TRACE"})
 UPLOAD_ROUTES = frozenset({"/v1/datasets", "/v1/models/import"})
-APPEND_ROUTE = re.compile(r"/v1/datasets/[0-9]+/samples")  # an append's upload (issue 55)
+APPEND_ROUTE = re.compile(r"/v1/datasets/[0-9]+/samples")  # an append's upload
 MULTIPART_SLACK = 64 * 1024  # boundaries, part headers and the small form fields
 VERIFIED_KEY = "lethe_verified_key"  # request.state: (raw key, ApiKey) the gate looked up
 
@@ -154,7 +154,7 @@ async def reject(send: Send, status: int, code: str, message: str, details: obje
 async def read_upload(upload: UploadFile, limit: int) -> bytes:
     """An uploaded file's bytes, at most `limit` + 1 of them (more than `limit` is the
     caller's 413). The read asks for the spooled file's size, not for `limit` + 1: under the
-    allocator that fills what it hands out (app/allocator.py, issue 53) a 64 MB buffer for a
+    allocator that fills what it hands out (app/allocator.py) a 64 MB buffer for a
     10 MB upload took 40 ms to fill, on every registration's and append's request path."""
     size = upload.size if upload.size is not None else limit
     return await upload.read(min(size, limit) + 1)

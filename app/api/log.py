@@ -1,4 +1,4 @@
-"""The log as anyone can read it, with no key (issue 30): C2SP tlog-tiles under /log/.
+"""The log as anyone can read it, with no key: C2SP tlog-tiles under /log/.
 
 `/log/checkpoint` (the newest published checkpoint, a signed note), `/log/vkey` (the log's
 verifier key, to pin), `/log/tile/<L>/<N>[.p/<W>]` (hashes) and `/log/tile/entries/<N>[.p/<W>]`

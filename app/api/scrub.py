@@ -1,6 +1,6 @@
 """After a request that carried personal data (an upload, a deletion's ids), zero the body
 chunks the server handed over and those of the answer (which echoes the ids), and give free
-pages back to the kernel (issue 53, memory).
+pages back to the kernel.
 
 Python frees a request's bytes without zeroing them, so an API process that parsed uploads
 kept erased people's ids in free memory. Parsing now happens in a child process

@@ -2,7 +2,7 @@
 no third-party code). The page holds no data: it signs in with an API key kept in the tab's
 sessionStorage and reads everything through the API, so each role sees what its key may.
 
-GET /verify (no key, issue 32): a data subject drops a `.tlog-proof` receipt and the page
+GET /verify (no key): a data subject drops a `.tlog-proof` receipt and the page
 checks it in the browser (app/ui/verify.js, WebCrypto) against the log key pinned in the page
 and the public log's latest checkpoint and tiles."""
 
@@ -42,7 +42,7 @@ def dashboard_slash() -> RedirectResponse:
     return RedirectResponse("/ui")
 
 
-# Lethe's mark: the river of forgetting, one wave (issue 57: /favicon.ico was a 404)
+# Lethe's mark: the river of forgetting, one wave (/favicon.ico was a 404)
 FAVICON = (
     '<svg xmlns="http://www.w3.org/2000/svg" viewBox="0 0 32 32">'
     '<rect width="32" height="32" rx="6" fill="#1f3b57"/>'
@@ -72,7 +72,7 @@ def verify_page(settings: SettingsDep) -> HTMLResponse:
 
 class _Assets(StaticFiles):
     """The script and stylesheet only, each with the dashboard's headers: the page itself is
-    served at /ui alone (issue 26: /ui/static/index.html served it with no CSP)."""
+    served at /ui alone (/ui/static/index.html served it with no CSP)."""
 
     async def get_response(self, path: str, scope: Scope) -> Response:
         if not path.endswith((".js", ".css")):

@@ -1,4 +1,4 @@
-"""Webhook endpoints (issue 58, admin only): make one (its secret shown once), list, read,
+"""Webhook endpoints: make one (its secret shown once), list, read,
 delete, rotate its secret, re-enable it, list its deliveries and replay one. The HTTP layer
 validates and delegates to app/webhooks/endpoints.py."""
 

@@ -1,4 +1,4 @@
-"""Append-only tables, enforced by the database itself (issue 26): the certificates' hash
+"""Append-only tables, enforced by the database itself: the certificates' hash
 chain, the Merkle tree's nodes and the signed tree heads refuse UPDATE and DELETE, on
 PostgreSQL and on SQLite alike. Whoever must rewrite them (a restore, or a test playing an
 operator who rewrites history) has to lift the triggers first, which `lifted` does."""
@@ -11,8 +11,8 @@ from contextlib import contextmanager
 from sqlalchemy import Connection, text
 
 TABLES = ("certificates", "merkle_nodes", "tree_heads")  # since migration 0009
-CHECKPOINTS = ("checkpoints",)  # since migration 0012 (issue 30): published checkpoints
-PUBLIC_TREE = ("public_nodes",)  # since migration 0013 (issue 30): the public log's tree
+CHECKPOINTS = ("checkpoints",)  # since migration 0012: published checkpoints
+PUBLIC_TREE = ("public_nodes",)  # since migration 0013: the public log's tree
 
 _PG_FUNCTION = """
 CREATE OR REPLACE FUNCTION lethe_append_only() RETURNS trigger AS $$

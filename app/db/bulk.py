@@ -2,7 +2,7 @@
 rows per statement on SQLite.
 
 SQLAlchemy processes every parameter of every row (type processors, a dict per row); without
-that a million-sample registration took 123 s instead of 174 s (issue 28, same sitting). Rows
+that a million-sample registration took 123 s instead of 174 s. Rows
 here are tuples already in the driver's form; `driver_uuid` gives a UUID the column's form.
 `insert_together` is the other kind of bulk: the few rows of several tables that one commit
 writes, in one statement on PostgreSQL."""
@@ -23,7 +23,7 @@ SQLITE_PARAMETERS = 32_766  # SQLite's most parameters in one statement (since 3
 # Rows in one SQLite INSERT. SQLite compiles a statement's VALUES rows at about ten times what
 # it then takes to run them, and the driver's cache of compiled statements serves only the
 # same text again: 10,000 rows as one statement took 121 ms in a fresh connection and 16 ms as
-# statements of 100-500 rows (/tmp script, issue 55). An append runs in a fresh upload child,
+# statements of 100-500 rows (/tmp script). An append runs in a fresh upload child,
 # so its inserts were always compiled: its 10,000 samples took 0.19-0.20 s, now 0.05-0.08 s.
 SQLITE_STATEMENT_ROWS = 256
 
@@ -56,7 +56,7 @@ def insert_rows(conn: Connection, table: Table, columns: Sequence[str], rows: li
     one = f"({', '.join(['?'] * len(columns))})"
     # SQLite: many rows per statement. `executemany` steps once per row and gives Python's
     # lock back at each step, so a registration's insert thread waited on the sealing thread
-    # 5,000 times a chunk and the two ran no faster than one after the other (issue 55); at
+    # 5,000 times a chunk and the two ran no faster than one after the other; at
     # most SQLITE_STATEMENT_ROWS, so that one compiled statement serves every full batch
     per = max(1, min(SQLITE_STATEMENT_ROWS, sqlite_parameters(conn) // len(columns)))
     for start in range(0, len(rows), per):
@@ -68,7 +68,7 @@ def insert_rows(conn: Connection, table: Table, columns: Sequence[str], rows: li
 def _copy(conn: Connection, statement: str, rows: list[tuple]) -> None:
     """`rows` through PostgreSQL's COPY, in the caller's transaction: with the suppression
     screen's one-parameter lookups, a million-row registration took 49.1 s where it took 83.4
-    with `executemany` (bench/registration_statements.py). The driver's errors come out as
+    with `executemany`. The driver's errors come out as
     SQLAlchemy's, as a statement's would (retries, 409s)."""
     import psycopg
 
@@ -105,7 +105,7 @@ def insert_together(
     no particular order). The rows of one table share their keys. On PostgreSQL one
     statement, the parts as data-modifying CTEs, each table's rows sent as one array per
     column: one round trip, and a statement built once per shape (a multi-row VALUES is
-    compiled anew for its values and cost more than the round trips it saved; issue 28).
+    compiled anew for its values and cost more than the round trips it saved).
     Elsewhere one statement per table. The tables must not refer to one another."""
     table, rows = last
     if not rows:

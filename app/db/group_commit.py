@@ -1,4 +1,4 @@
-"""Group commit: the API's single writer path for small units of work (issue 13).
+"""Group commit: the API's single writer path for small units of work.
 
 Request threads hand a unit of work to one writer thread and wait. The writer takes every unit
 waiting (up to `max_batch`), runs each in its own SAVEPOINT of one transaction, commits once,
@@ -11,7 +11,7 @@ next group, where it finds the winner's row.
 
 Grouping pays on SQLite, which has one writer and an fsync per commit. PostgreSQL takes
 concurrent writers, and there a single writer thread serialises every round trip: the request
-path bench (issue 13) accepted 68.5 POST/s grouped against 100/s with one transaction per
+path bench accepted 68.5 POST/s grouped against 100/s with one transaction per
 request. So `for_database` groups on SQLite only; elsewhere `submit` runs the unit in the
 caller's own transaction, with the same retry policy.
 """
@@ -97,7 +97,7 @@ class GroupCommitter:
     def _serve_group(self) -> bool:
         """Wait for the next group and commit it; False once stopped. Its own frame, so that
         nothing of the group (a request's ids in a unit's closure) stays referenced while the
-        writer waits for the next one (issue 53, memory)."""
+        writer waits for the next one."""
         first = self._queue.get()
         if first is None:
             return False

@@ -23,7 +23,7 @@ T = TypeVar("T")
 # A new SQLite database's page size: a million-row registration writes 1 GB of sealed
 # blocks (64 KB each) and a million rows, and with 16 KB pages its inserting thread took
 # 6.6-7.2 s where 4 KB pages (SQLite's default) took 8.4-9.2 (fewer overflow pages per block,
-# fewer WAL frames and checkpoint writes; 64 KB pages took 14 s); issue 55, goal 6. A small
+# fewer WAL frames and checkpoint writes; 64 KB pages took 14 s). A small
 # commit writes larger WAL frames: a warm deletion may cost a few ms more (README).
 SQLITE_PAGE_BYTES = 16384
 
@@ -54,7 +54,7 @@ def make_engine(url: str, readonly: bool = False, bookkeeping: bool = False) -> 
             cur.execute(f"PRAGMA page_size={SQLITE_PAGE_BYTES}")
             cur.execute("PRAGMA journal_mode=WAL")
             cur.execute("PRAGMA foreign_keys=ON")
-            cur.execute("PRAGMA secure_delete=ON")  # freed cells are zeroed (erasure, issue 11)
+            cur.execute("PRAGMA secure_delete=ON")  # freed cells are zeroed (erasure)
             cur.execute(f"PRAGMA busy_timeout={SQLITE_BUSY_MS}")
             cur.execute(f"PRAGMA synchronous={'NORMAL' if bookkeeping else 'FULL'}")
             cur.close()
@@ -88,7 +88,7 @@ PING_AFTER_IDLE_SECONDS = 1.0
 def _ping_when_idle(engine: Engine) -> None:
     """Ping a pooled server connection at checkout only when it sat idle for a second or more
     (SQLAlchemy's pessimistic disconnect handling, by hand): `pool_pre_ping` pinged on every
-    checkout, a round trip per transaction, 13 of a deletion's ~110 statements (issue 28). A
+    checkout, a round trip per transaction, 13 of a deletion's ~110 statements. A
     dead connection fails its ping and the pool hands out a fresh one; one that died within
     the second fails its statement, which invalidates the pool (a 503, or a retried job)."""
 
@@ -143,8 +143,8 @@ def dispose_engines(url: str) -> None:
 class WriteLock:
     """SQLite has one write lock per file: writers queue for it here, in order, instead of
     polling it through SQLite's busy handler, whose sleeps grow to 100 ms (they made the API's
-    tail latency seconds long under load; issue 13). Threads of this process queue on a
-    reentrant lock; processes (the API and its embedded worker process, issue 28) on an
+    tail latency seconds long under load). Threads of this process queue on a
+    reentrant lock; processes (the API and its embedded worker process) on an
     exclusive flock of `<database file>.lock`, which the kernel hands to the next waiter as
     soon as it is released. SQLite's own locking stays the truth: this only orders writers."""
 
@@ -243,7 +243,7 @@ class Database:
     def read(self, streaming: bool = False) -> Iterator[Session]:
         """On PostgreSQL each statement of a read runs on its own (autocommit): at READ
         COMMITTED, its isolation, a transaction gave statements no common snapshot anyway,
-        and its BEGIN and COMMIT were two round trips more per read (issue 28). `streaming`:
+        and its BEGIN and COMMIT were two round trips more per read. `streaming`:
         in a transaction, which PostgreSQL's server-side cursors (`yield_per`) need."""
         factory = self._streamer if streaming else self._reader
         with factory() as session:  # closing returns the connection, ending its snapshot
@@ -251,7 +251,7 @@ class Database:
             # A read ends with COMMIT, not ROLLBACK (the same for a transaction that wrote
             # nothing): psycopg forgets every prepared statement of a connection at a
             # rollback, and sent DEALLOCATE ALL once a deletion, so no statement of the worker
-            # or the API ever stayed prepared (issue 28). In autocommit both send nothing.
+            # or the API ever stayed prepared. In autocommit both send nothing.
             session.commit()
 
     @contextmanager
@@ -265,7 +265,7 @@ class Database:
     def single(self, durable: bool = True) -> Iterator[Session]:
         """`write()` for work that is one statement on PostgreSQL: there the statement
         commits on its own (autocommit), so the BEGIN and COMMIT round trips are spared
-        (issue 28: the claim). On SQLite it is `write()`, whatever the work sends."""
+        (the claim). On SQLite it is `write()`, whatever the work sends."""
         if self._write_lock is not None:
             with self.write(durable) as session:
                 yield session
@@ -306,7 +306,7 @@ _DATABASES: dict[str, Database] = {}
 
 def database(url: str) -> Database:
     """The process's Database for `url`: its engines and pools, and what the process knows
-    about it (`Database.own`). The one registry left (issue 54): a connection pool is the
+    about it (`Database.own`). The one registry left: a connection pool is the
     process's, whichever runtime asks."""
     with _DATABASES_LOCK:
         if url not in _DATABASES:

@@ -115,7 +115,7 @@ class Dataset(Base):
     text: Mapped[dict[str, Any] | None] = mapped_column(JSON)
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
     # Registering: samples are committed a chunk at a time, `progress_at` set with each, so
-    # other writers are not locked out for the whole insert (issue 28); a registration whose
+    # other writers are not locked out for the whole insert; a registration whose
     # progress stopped is discarded by the reconciler (app/services/registration.py).
     status: Mapped[DatasetStatus] = state_column(DatasetStatus, 12, DatasetStatus.ready)
     progress_at: Mapped[datetime | None]
@@ -124,7 +124,7 @@ class Dataset(Base):
     # whether its sample ids are the client's (not row numbers): only then is an erased
     # sample's id put on the suppression list (app/services/suppression.py)
     ids_given: Mapped[bool] = mapped_column(default=False, server_default=false())
-    # a registration's progress (rows committed) and, once failed, its error (issue 55)
+    # a registration's progress (rows committed) and, once failed, its error
     rows_done: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
     error: Mapped[dict[str, Any] | None] = mapped_column(JSON)
     # the share of an append's rows that go to the test split when they name none: a row is
@@ -140,7 +140,7 @@ class Dataset(Base):
 
 
 class DatasetAppend(Base):
-    """Rows appended to a ready dataset (issue 55, goal 3): a job like a registration. Its
+    """Rows appended to a ready dataset: a job like a registration. Its
     rows are `pending` until it finishes; then, in one commit, they turn active and every
     model of the dataset gets a `LearnTask`. A failed or abandoned append leaves nothing."""
 
@@ -161,7 +161,7 @@ class DatasetAppend(Base):
 
 
 class LearnTask(Base):
-    """One model's learning of one append's rows (issue 55, goal 5): run by the model's
+    """One model's learning of one append's rows: run by the model's
     deletion job once no deletion is due, as a `learned` version with its log entry."""
 
     __tablename__ = "learn_tasks"
@@ -207,9 +207,9 @@ class Sample(Base):
 
 class SampleToken(Base):
     """A sample's id token, unique in its dataset: the lookup from a client's id to its row.
-    Apart from `samples` (issue 55, goal 6): tokens are keyed hashes, random, and an index of
+    Apart from `samples`: tokens are keyed hashes, random, and an index of
     them on `samples` took each row to a random page as it was inserted (half a million-row
-    registration's insert time, bench/samples_insert.py); here a registration writes its
+    registration's insert time); here a registration writes its
     tokens last, sorted, so each commit fills the index's end. No foreign key to the sample:
     whoever deletes a sample deletes its token (`app/services/sample_tokens.py`)."""
 
@@ -226,7 +226,7 @@ class RecentSampleToken(Base):
     """An appended sample's id token until `token_merge` moves it into `sample_tokens`: the
     same columns and key, in a table small enough that an append's random tokens touch few
     pages (10,000 into a million-row `sample_tokens` rewrote ~50 MB of its pages through the
-    WAL; into this table ~0.5 MB; issue 55, goal 6). A token is in one of the two tables;
+    WAL; into this table ~0.5 MB). A token is in one of the two tables;
     every reader of tokens reads both."""
 
     __tablename__ = "sample_tokens_recent"
@@ -240,7 +240,7 @@ class RecentSampleToken(Base):
 
 class SubjectToken(Base):
     """A sample's subject token (a person owns several rows): the lookup from a client's
-    subject to its rows, apart from `samples` for the reason `sample_tokens` is (issue 55: an
+    subject to its rows, apart from `samples` for the reason `sample_tokens` is (an
     index of the random tokens on `samples` took a million-row registration with subjects
     from 15 to 26 s); a registration writes them last, sorted. Whoever deletes a sample
     deletes its subject token (`app/services/subject_tokens.py`)."""
@@ -343,7 +343,7 @@ class ModelVersion(Base):
 class Blob(Base):
     """A blob's row: where its sealed bytes are (`location`: database, filesystem or s3) and
     the data key that opens them. The row is the truth; an object without one is an orphan
-    (app/storage/blobs.py). `data` holds a blob of format 1 (sealed whole, before issue 29)
+    (app/storage/blobs.py). `data` holds a blob of format 1 (sealed whole, as older versions did)
     until `lethe storage migrate` moves it out; `chunk_size` is null for those."""
 
     __tablename__ = "blobs"
@@ -409,7 +409,7 @@ class ShortKey(Base):
     """Wrapped data keys of blobs and of requests' commitment openings (migration 0018): each
     dies with its version or its request, so the table stays small and compacting it is one
     small rewrite. Among the samples' keys, an update's two purged blobs' keys and its
-    request's opening each cost the compaction one more partition rewritten (issue 28)."""
+    request's opening each cost the compaction one more partition rewritten."""
 
     __tablename__ = "short_keys"
     id: Mapped[uuid.UUID] = mapped_column(Uuid, primary_key=True)
@@ -418,7 +418,7 @@ class ShortKey(Base):
 
 
 class Suppression(Base):
-    """An erased person or sample, kept out of every later registration (issue 55): the keyed
+    """An erased person or sample, kept out of every later registration: the keyed
     token of the subject or sample id (HMAC under the master key, independent of the dataset:
     a team's ids are its warehouse's), never the id. Lifted by an admin with a reason
     (re-consent); the row stays, with who lifted it and why."""
@@ -464,9 +464,9 @@ class DeletionRequest(Base):
     status: Mapped[RequestStatus] = state_column(RequestStatus, 10, RequestStatus.queued)
     error: Mapped[str | None] = mapped_column(Text)
     # The data key whose raw bytes are the requester's opening of the certificates' commitment
-    # to the removed ids (issue 25); destroyed once the request is finished.
+    # to the removed ids; destroyed once the request is finished.
     commitment_key_id: Mapped[uuid.UUID | None] = mapped_column(Uuid)
-    # The W3C traceparent of the POST that made it (issue 58, app/tracing.py): the worker that
+    # The W3C traceparent of the POST that made it (app/tracing.py): the worker that
     # applies the request continues its trace. Null when the API was not tracing.
     trace_context: Mapped[str | None] = mapped_column(String(64))
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
@@ -526,7 +526,7 @@ class Certificate(Base):
     body: Mapped[str] = mapped_column(Text)
     # Measured constants that are functions of the removed data, with the salts of the body's
     # commitments to them: shown to auditors and admins only, never hashed into the log
-    # (issue 25). Canonical JSON {name: {"value": v, "salt": hex}}.
+    # . Canonical JSON {name: {"value": v, "salt": hex}}.
     restricted: Mapped[str | None] = mapped_column(Text)
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
     prev_hash: Mapped[str] = mapped_column(String(64), unique=True)
@@ -546,7 +546,7 @@ class MerkleNode(Base):
 
 
 class PrivacyAudit(Base):
-    """An empirical privacy audit of a model's certificates (issue 31): its options, where it
+    """An empirical privacy audit of a model's certificates: its options, where it
     stands, and its result (aggregate figures only: the canaries, the shadow model and the
     scores never reach the database). `certificate_id` is its entry in the audit log."""
 
@@ -567,7 +567,7 @@ class PrivacyAudit(Base):
 
 
 class PublishedCheckpoint(Base):
-    """A checkpoint the log published (C2SP tlog-checkpoint, issue 30): the signed note with
+    """A checkpoint the log published (C2SP tlog-checkpoint): the signed note with
     the witnesses' cosignatures it gathered, once a quorum cosigned it."""
 
     __tablename__ = "checkpoints"
@@ -580,7 +580,7 @@ class PublishedCheckpoint(Base):
 
 
 class PublicNode(Base):
-    """A complete subtree of the public log's tree (issue 30): the same shape as `merkle_nodes`
+    """A complete subtree of the public log's tree: the same shape as `merkle_nodes`
     but its leaf i is SHA-256(0x00 ‖ SHA-256(body of certificate i + 1)), so the public tiles
     and entries reveal that a certificate was logged, never what it says."""
 
@@ -627,7 +627,7 @@ class WorkerHeartbeat(Base):
 
 
 class WebhookEndpoint(Base):
-    """A receiver of Lethe's events (issue 58): its URL, the event types it wants (empty: all),
+    """A receiver of Lethe's events: its URL, the event types it wants (empty: all),
     its signing secret wrapped under the master key (and, during a rotation, the previous one
     until `previous_until`), and whether it was disabled after repeated failures."""
 
@@ -647,7 +647,7 @@ class WebhookEndpoint(Base):
 
 
 class WebhookDelivery(Base):
-    """One event for one endpoint (the outbox, issue 58): written in the commit that made the
+    """One event for one endpoint (the outbox): written in the commit that made the
     event, sent at least once by the API's sender, its attempts logged here."""
 
     __tablename__ = "webhook_deliveries"
@@ -670,7 +670,7 @@ class WebhookDelivery(Base):
 
 
 class MlflowExport(Base):
-    """A model version's copy in MLflow (issue 58, app/mlflow_export/): which MLflow model
+    """A model version's copy in MLflow (app/mlflow_export/): which MLflow model
     version and run hold it, and whether its artifact was deleted after Lethe purged it. A row
     is the claim of one syncer: made before the upload, with `next_attempt_at` as its lease."""
 

@@ -55,7 +55,7 @@ COMMITMENT_SCHEME = "HMAC-SHA256(opening, sorted removed ids joined by newlines)
 
 
 def removed_ids_commitment(opening: bytes, external_ids: list[str]) -> str:
-    """A commitment to the removed ids that only the holder of `opening` can check (issue 25).
+    """A commitment to the removed ids that only the holder of `opening` can check.
 
     A salted hash beside its salt could be reversed by hashing candidate ids; an HMAC under a
     256-bit key returned to the requester alone, whose server copy is destroyed once the
@@ -201,7 +201,7 @@ def append_certificates(
         rows.append(row)
         prev = row["entry_hash"]
     certs = [Certificate(**row) for row in rows]  # detached; their ids come with the INSERT
-    if certs:  # the tree and a signed head, inserted with the certificates (Core, issue 28)
+    if certs:  # the tree and a signed head, inserted with the certificates (Core)
         signed, tree_rows = transparency.append(session, certs, signer, tree)
         returned = insert_together(session.connection(), tree_rows, (_TABLE, rows), _RETURNED)
         ids = {row.seq: row.id for row in returned}  # matched by seq, in any order

@@ -1,4 +1,4 @@
-"""Signed notes, checkpoints and cosignatures as C2SP specifies them (issue 30).
+"""Signed notes, checkpoints and cosignatures as C2SP specifies them.
 
 - c2sp.org/signed-note: text ending in a newline, a blank line, then signature lines
   `— <key name> base64(key id (4 bytes, big-endian) ‖ signature)`; an Ed25519 key's id is
@@ -119,7 +119,7 @@ class Checkpoint:
 def is_uint64(text: str) -> bool:
     """Whether `text` is a decimal in [0, 2^64) in ASCII digits with no leading zeros (a tree
     size, c2sp.org/tlog-checkpoint); checked before `int`, whose error for a very long number
-    names an interpreter setting (issue 53)."""
+    names an interpreter setting."""
     if not (0 < len(text) <= 20 and text.isascii() and text.isdigit()):
         return False
     return (text == "0" or text[0] != "0") and int(text) < 2**64

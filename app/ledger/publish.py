@@ -1,4 +1,4 @@
-"""Publishing the log's checkpoints through witnesses (issue 30; C2SP tlog-witness).
+"""Publishing the log's checkpoints through witnesses (C2SP tlog-witness).
 
 The log signs a checkpoint of its newest tree head and asks each configured witness to
 cosign it (`POST <prefix>/add-checkpoint` with the size the witness last cosigned and a
@@ -73,7 +73,7 @@ def publish(
         checkpoint = public_checkpoint(session, settings.log_origin)
     assert checkpoint is not None
     journal = Journal.of(settings.resolved_journal_dir, db.url)
-    sync_log(db, journal)  # every certificate it covers outlives a restored backup (issue 53)
+    sync_log(db, journal)  # every certificate it covers outlives a restored backup
     note = signed_checkpoint(checkpoint, signing_key(settings))
     cosignatures: list[str] = []
     for witness in witnesses(settings):
@@ -165,7 +165,7 @@ def current_checkpoint(db: Database, settings: Settings) -> PublishedCheckpoint 
 
 
 class Publisher:
-    """One service's publication of checkpoints (issue 54: one trigger, no module registry):
+    """One service's publication of checkpoints (one trigger, no module registry):
     `now` publishes, logging instead of raising (maintenance calls it every period, for a head
     the witnesses missed); `soon`, after a commit, publishes in a background thread at most
     once per `checkpoint_interval_seconds`; `finish`, at a clean stop, runs what is scheduled
@@ -192,7 +192,7 @@ class Publisher:
         head committed while a publication is scheduled is published by it, one committed just
         after a publication waits for the next. A slow or unreachable witness never delays the
         worker's next update, and twenty updates a second make one checkpoint a second, not
-        twenty (issue 28: publishing after every update competed with the next one)."""
+        twenty (publishing after every update competed with the next one)."""
         with self._scheduling:
             if self._pending is not None:
                 return

@@ -1,4 +1,4 @@
-"""Checking a receipt offline (issue 17): from files alone, with no server and no database,
+"""Checking a receipt offline: from files alone, with no server and no database,
 a data subject or an auditor checks that a certificate was logged under a signed head, and
 later that a newer head extends that one (the log was never rewritten)."""
 

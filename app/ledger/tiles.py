@@ -1,4 +1,4 @@
-"""The public log as C2SP tlog-tiles, checkpoints and tlog-proof files (issue 30).
+"""The public log as C2SP tlog-tiles, checkpoints and tlog-proof files.
 
 The public log is its own tree (`public_nodes`), grown with the certificates' tree in the same
 transaction: its entry i is SHA-256 of certificate i + 1's body (32 bytes), so tiles, entries

@@ -1,4 +1,4 @@
-"""The certificates' Merkle tree and its signed heads (issue 17): kept beside the hash chain,
+"""The certificates' Merkle tree and its signed heads: kept beside the hash chain,
 grown in the same transaction as the certificates, so a third party can check inclusion and
 append-only growth without trusting the database (RFC 6962 / 9162; app/ledger/merkle.py does the
 hashing).
@@ -131,7 +131,7 @@ class StoredNodes:
     def preload(self, walk: Callable[[merkle.Subtree], object]) -> None:
         """Read in one query every stored node that `walk` (a proof computed through the
         `subtree` it is given) will ask for: a proof is O(log² n) nodes, and reading them one
-        primary-key lookup at a time was most of a receipt's cost (issue 28)."""
+        primary-key lookup at a time was most of a receipt's cost."""
         wanted: set[tuple[int, int]] = set()
 
         def record(start: int, end: int) -> bytes:
@@ -174,7 +174,7 @@ class StoredNodes:
 
     def write(self) -> None:
         """Insert the nodes `put` since the last write: one Core statement (an append's few
-        nodes cost a millisecond of ORM flush per deletion; issue 28)."""
+        nodes cost a millisecond of ORM flush per deletion)."""
         if self.added:
             self.session.connection().execute(insert(self.table), self.added)
             self.added = []
@@ -264,7 +264,7 @@ def frontier(size: int) -> list[tuple[int, int]]:
 
 class Frontiers:
     """The frontier nodes of both trees as this process last appended them, one per
-    database (`Database.own`), so an append reads no node (issue 28: O(log n) primary-key
+    database (`Database.own`), so an append reads no node (O(log n) primary-key
     reads per update). Valid only while the newest signed head is the one they were kept at
     (same size and root: a rewritten or rolled-back tree has another), else forgotten; O(log
     n) nodes each."""
@@ -299,7 +299,7 @@ Nodes = dict[tuple[int, int], bytes]
 class ProvenNodes:
     """Stored complete subtrees of the certificates' tree that this process has read for
     proofs, one per database (`Database.own`): a stored complete subtree never changes, and a
-    receipt for the newest certificate needs the nodes the previous receipt read (issue 28:
+    receipt for the newest certificate needs the nodes the previous receipt read (instead of
     one query and its ORM rows per receipt in the API). A proof made from them is checked
     against its signed head's root, and they are dropped if it differs (a database restored
     under the process). At most LIMIT nodes."""
@@ -328,7 +328,7 @@ class ProvenNodes:
 def public_entry(body: str) -> bytes:
     """The public log's entry for a certificate: the SHA-256 of its body (32 bytes). Whoever
     holds the body (its requester, an auditor) checks it against the public log; nobody
-    learns from the log what a certificate says (issue 30)."""
+    learns from the log what a certificate says."""
     return hashlib.sha256(body.encode()).digest()
 
 
@@ -497,7 +497,7 @@ def consistency(session: Session, first: int, second: int) -> JsonObject:
 def receipt(session: Session, certificate_id: int) -> JsonObject:
     """What a requester keeps: the certificate, the first signed head that includes it, and the
     inclusion proof at that size."""
-    found = session.execute(  # one read for both (issue 28: it is on a certificate's path)
+    found = session.execute(  # one read for both (it is on a certificate's path)
         select(Certificate, TreeHead)
         .join(TreeHead, TreeHead.tree_size >= Certificate.seq)
         .where(Certificate.id == certificate_id)

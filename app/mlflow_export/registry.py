@@ -1,4 +1,4 @@
-"""The MLflow side of the copy (issue 58): a version becomes a run in the `lethe` experiment
+"""The MLflow side of the copy: a version becomes a run in the `lethe` experiment
 holding its safetensors weights as the artifact `weights/model.safetensors`, and a version of
 the registered model `<prefix><model id>` made from that artifact, tagged with what Lethe
 certified; the alias `current` follows Lethe's current version. A purged version's artifact

@@ -1,4 +1,4 @@
-"""The MLflow syncer (issue 58): one daemon thread in each API process copies every published
+"""The MLflow syncer: one daemon thread in each API process copies every published
 version to MLflow and deletes a purged one's artifact there. Lethe's tables are the truth and
 `mlflow_exports` records what reached MLflow, so nothing is written in the commit that
 publishes or purges a version: a pass finds live versions with no row and copied versions

@@ -1,4 +1,4 @@
-"""A version's MLflow copy as the API shows it (issue 58)."""
+"""A version's MLflow copy as the API shows it."""
 
 from __future__ import annotations
 

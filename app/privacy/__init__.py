@@ -2,11 +2,17 @@
 
 - gaussian: analytic Gaussian mechanism (Balle & Wang 2018), never the classical formula.
 - rdp: Rényi-slope bounds D_α ≤ α·R converted to (ε, δ) with the slope counted.
-- noisy_finetune: accountants of seed 002 (gradient clipping, model clipping, output
-  perturbation).
-- sensitivity: Δ of recollection (seed 003, Thm 2) and certified Newton (seed 004, Prop 4.1).
 - lineage: typed release events, their composition (exact Gaussian, summed Rényi slopes or
   basic composition; dp-accounting's PLD as the cross-check) and the budget admission rule.
+- plans: what a mechanism's next release costs, computed without torch (the methods' specs,
+  the workers and the API's preview use the same numbers).
+- validate: the argument checks the accountants share (ε, δ, Δ, σ).
+- audit_bounds: the lower bounds a privacy audit proves from its counts.
+
+A method's own theorem (its sensitivity Δ or Rényi slope) lives with the method:
+`methods/noisy_finetune/accountant.py` (seed 002), `methods/recollection/sensitivity.py`
+(seed 003, Thm 2), `methods/newton/sensitivity.py` (seed 004, Prop 4.1); it feeds the
+mechanisms here.
 
 dp-accounting is imported where it is first used: it imports scipy.stats and scipy.signal (1.2 s
 of CPU), which every process importing the method specs paid, among them each service's fork

@@ -1,4 +1,4 @@
-"""Lower bounds on ε from one run with canaries (issue 31, first part): Steinke, Nasr and
+"""Lower bounds on ε from one run with canaries: Steinke, Nasr and
 Jagielski, "Privacy Auditing with One (1) Training Run", NeurIPS 2023.
 
 m canaries are each included independently with probability ½; the auditor guesses
@@ -25,7 +25,7 @@ rules (how many guesses, one-sided or two-sided), every rule tested at level (1 
 Nothing here is a point estimate: an "estimated ε" from fitting scores is not a lower bound
 and is not computed here.
 
-**The joint test** (issue 56; `joint_bound`, the audit's primary verdict) tests what a
+**The joint test** (`joint_bound`, the audit's primary verdict) tests what a
 certificate claims rather than what it implies per canary. Lethe's certificate says every
 release R(b), whatever the canaries' bits b, is (ε, δ)-close to one release R₀ that does not
 depend on b (the retrain without any canary). For any statistic T(R, b) fixed in advance,
@@ -359,7 +359,7 @@ def auc_p_value(
 ) -> float:
     """P[AUC(permuted bits) ≥ AUC(bits)] over `permutations` random permutations of the
     observed bits (their count kept), as a valid p-value: (1 + #{≥}) / (N + 1). Valid when
-    the release depends on the bits at most through their count (issue 56, goal 5: a σ
+    the release depends on the bits at most through their count (a σ
     calibrated for removing the included canaries): given the count, every arrangement of
     the bits is equally likely and independent of the scores. Ranks are computed once; each
     permutation is a rank sum."""

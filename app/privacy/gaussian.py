@@ -2,7 +2,7 @@
 differential privacy", Thm 8): σ for a target through dp-accounting, and ε for a noise
 multiplier solved here from the same theorem. A lineage composition solves one ε per deletion;
 dp-accounting's solver spent 2.7–4.2 ms on it, mostly scipy.stats' per-call overhead, this one
-0.035–0.05 ms (bench/epsilon_solve.py), equal to it within 1.1e-12 relative (the tests).
+0.035–0.05 ms, equal to it within 1.1e-12 relative (the tests).
 
 Never σ = Δ·√(2 ln(1.25/δ))/ε: that classical bound (Dwork & Roth Thm A.1) only holds for
 ε < 1 and is loose even there.
@@ -43,7 +43,7 @@ def epsilon_of_multiplier(noise_multiplier: float, delta: float) -> float:
 
 
 # Both are pure functions of floats that dp-accounting solves numerically (5 % of a warm
-# update at a million rows, issue 28); a model's updates repeat the same ones.
+# update at a million rows); a model's updates repeat the same ones.
 @lru_cache(maxsize=4096)
 def _multiplier(epsilon: float, delta: float) -> float:
     from dp_accounting import get_sigma_gaussian  # on first use (app/privacy/__init__.py)

@@ -186,7 +186,7 @@ def history_from_certificates(bodies: Iterable[Mapping[str, Any]]) -> list[Linea
 def history_after(history: Sequence[LineageEvent], doc: Mapping[str, Any]) -> list[LineageEvent]:
     """The history once one more version's release `doc` is logged: the rule of
     `history_from_certificates` for one step, so a worker that keeps the history between
-    updates (issue 28) holds what a fresh read of the log would give."""
+    updates holds what a fresh read of the log would give."""
     if resets_lineage(doc):
         return []
     event = release_event(doc)
@@ -276,7 +276,7 @@ def admit(
 def prepare_next(budget: LineageBudget, history: Sequence[LineageEvent]) -> None:
     """Compose the lineage with one more release like its newest, so that the next admission
     (most often that same release again: the same target gives the same noise multiplier)
-    finds its ε cached; a worker does it between updates (issue 28). Its solve took 1.5–4 ms
+    finds its ε cached; a worker does it between updates. Its solve took 1.5–4 ms
     through dp-accounting; app/privacy/gaussian.py's takes ~0.05 ms, so this head start is now
     small."""
     if history:

@@ -1,4 +1,4 @@
-"""Appending rows to a ready dataset (issue 55, goal 3), a job like a registration.
+"""Appending rows to a ready dataset, a job like a registration.
 
 `begin` makes the append's row (`registering`) before the upload is parsed; `append` (in the
 upload's child process, app/services/isolated.py) checks the rows against the dataset (its
@@ -60,7 +60,7 @@ LEARNERS = (ModelStatus.queued, ModelStatus.training, ModelStatus.ready)
 # answers inline (at most INLINE_ROWS rows) commits in one. Each chunk's tokens land
 # all over the dataset's random-keyed token index and rewrite most of its pages: a 10,000-row
 # append in two chunks of 5,000 wrote a million-row index twice (its writes took 0.39-0.51 s,
-# and 0.35-0.36 s in one chunk with APPEND_CACHE_KIB; /tmp script, issue 55). Since migration
+# and 0.35-0.36 s in one chunk with APPEND_CACHE_KIB; /tmp script). Since migration
 # 0028 they go to the recent token table, which a merge empties off the request path.
 APPEND_CHUNK = INLINE_ROWS
 
@@ -191,7 +191,7 @@ class Rows:
 def _at_once(runtime: Runtime, rows: Rows, screening: Screened, phases: Phases) -> list[int]:
     """Rows that fit in one chunk (an append answered inline): sealed, then written active
     with the append's end in one commit. Committing them `pending` first and turning them
-    active in a second commit was 0.1-0.2 s of a 10,000-row append's POST (issue 55): the
+    active in a second commit was 0.1-0.2 s of a 10,000-row append's POST: the
     UPDATE of every row and its index entries, and a second commit."""
     db, ring, n = runtime.db, runtime.keyring, len(rows.parsed.y)
     subjects = SubjectTokens(ring, rows.dataset_id)

@@ -1,4 +1,4 @@
-"""Privacy audits (issue 31): record one for the worker, read them back."""
+"""Privacy audits: record one for the worker, read them back."""
 
 from __future__ import annotations
 

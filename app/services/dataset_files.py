@@ -30,7 +30,7 @@ T = TypeVar("T", str, str | None)
 class ParsedDataset:
     X: np.ndarray  # float32, shape (n, *feature_shape)
     y: np.ndarray  # int64, shape (n,)
-    ids: Sequence[str]  # a list, or `Texts` (Parquet: compact, issue 55 goal 6)
+    ids: Sequence[str]  # a list, or `Texts` (Parquet: compact)
     subjects: Sequence[str | None]
     split: list[str]
     n_classes: int
@@ -46,7 +46,7 @@ class ParsedDataset:
 class Texts(Sequence[str]):
     """Strings held in one numpy StringDType array: a short id (up to 15 bytes) takes 16 bytes
     where a list held a 56-byte object and its pointer (a million Parquet ids were 64 MB of a
-    registration's memory; issue 55, goal 6)."""
+    registration's memory)."""
 
     DTYPE = np.dtypes.StringDType()
 
@@ -83,7 +83,7 @@ class Texts(Sequence[str]):
 class MaybeTexts(Sequence[str | None]):
     """Texts where a value may be missing (a subject column's empty cells), in one numpy
     StringDType array with None for missing: a million subjects held as a list were 65 MB
-    of a registration's memory, past its bound (issue 55, goal 6)."""
+    of a registration's memory, past its bound."""
 
     DTYPE = np.dtypes.StringDType(na_object=None)
 
@@ -739,7 +739,7 @@ def parse_sparse_npz(
 ) -> ParsedDataset:
     """A document-term matrix saved by scipy's `save_npz` (CSR or CSC, read without pickle):
     rows are documents, columns the vocabulary (words named `w0`, `w1`, ...). Every array is
-    checked before scipy sees it (issue 26: `load_npz` does not check index bounds, and
+    checked before scipy sees it (`load_npz` does not check index bounds, and
     `toarray()` then wrote out of bounds and killed the server)."""
     limits = limits or Limits()
     matrix = _checked_sparse(_sparse_arrays(data, limits), limits)

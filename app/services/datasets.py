@@ -145,7 +145,7 @@ def list_samples(
     """A page of samples with their ids and labels opened; an erased sample shows no ids and
     never matches a subject filter (its key, and with it its identity, is gone). With
     `hide_erased` (readers and requesters) erased rows are not listed at all: their place in
-    upload order would say which row was erased (issue 26); the dataset's counts still say
+    upload order would say which row was erased; the dataset's counts still say
     how many."""
     get_dataset(session, dataset_id)
     query = select(Sample).where(Sample.dataset_id == dataset_id)

@@ -1,5 +1,5 @@
 """What one deletion is expected to cost a model under each method that could serve it, so a
-user can choose with numbers (issue 18): measured where the model has measured it (its own
+user can choose with numbers: measured where the model has measured it (its own
 training and updates), estimated (and said so) where it has not."""
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ TRAINING_KINDS = (VersionKind.trained, VersionKind.retrained)
 
 def deletion_cost(session: Session, model: Model, disclose: bool = False) -> DeletionCost | None:
     """Expected seconds and share of a full retrain for one single-sample deletion. The
-    per-update timings are functions of the removed rows and of which branch ran (issue 52):
+    per-update timings are functions of the removed rows and of which branch ran:
     only a caller who may see such values (`disclose`: admins, auditors) gets them."""
     rows = session.execute(
         select(ModelVersion.number, ModelVersion.kind, ModelVersion.metrics)

@@ -53,7 +53,7 @@ from app.storage.keystore import KeyTable, load_keys, new_keys, store_keys
 from app.webhooks import events
 from methods import method_names
 
-# The request path's tables (issue 28): Core statements on them skip the ORM's compile, load
+# The request path's tables: Core statements on them skip the ORM's compile, load
 # and unit-of-work steps, which were most of a POST's CPU.
 REQUESTS, TASKS, SAMPLES, TOKENS, RECENT_TOKENS, SUBJECTS, RECENT_SUBJECTS = (
     Base.metadata.tables[t]
@@ -74,7 +74,7 @@ MODELS, HOLDINGS, DATASETS = (
 
 def fingerprint(body: DeletionCreate, names: Names) -> str:
     """What an Idempotency-Key replay must match: sha256 over the body with its ids replaced by
-    their keyed tokens (issue 26: over the raw ids, the stored digest gave erased ids back to
+    their keyed tokens (over the raw ids, the stored digest gave erased ids back to
     anyone hashing candidate bodies). Without the master key no candidate can be tested."""
     return request_fingerprint(
         body.dataset_id,
@@ -139,7 +139,7 @@ def create_deletion(
 ) -> Accepted:
     """The request (new, or the one this Idempotency-Key created before); nothing is written
     on any error. A sample erased by another key's request is answered as unknown (404) unless
-    `sees_all_erasures` (admins): erased and never-existed look alike (issue 26). What it
+    `sees_all_erasures` (admins): erased and never-existed look alike. What it
     found goes on the suppression list unless not `suppressing` (a restore re-applying
         journaled erasures by token puts the journal's suppressions back itself). `trace_context`:
     the POST's traceparent, which the worker's spans continue (app/tracing.py)."""
@@ -219,7 +219,7 @@ def create_deletion(
     )
     if not affected:
         erase_payloads(session, ring, [s.id for s in pending])
-        events.deletion_completed(session, [request_id])  # done as accepted (issue 58)
+        events.deletion_completed(session, [request_id])  # done as accepted
     tasks = [DeletionTask(**t) for t in _task_rows(task, request_id, models)]
     return Accepted(request, tasks, replayed=False, opening=opening, suppressed=suppressed)
 
@@ -238,7 +238,7 @@ def _accept_at_once(
 ) -> int:
     """PostgreSQL: the commitment key, the request, its tasks (one per model of `models`, each
     `task`) and the `marked` samples' move to erasing, in one statement (data-modifying CTEs;
-    three round trips less on every POST, issue 28). Returns the request's id."""
+    three round trips less on every POST). Returns the request's id."""
     shape = (key is not None, bool(models), bool(marked))
     statement = _ACCEPT.get(shape)
     if statement is None:
@@ -362,13 +362,13 @@ class Names:
 
 
 # The columns a request needs of a sample (not its sealed payload): rows, not ORM objects,
-# on the request path (issue 13).
+# on the request path.
 SAMPLE_REF = (SAMPLES.c.id, SAMPLES.c.external_id, SAMPLES.c.subject_id, SAMPLES.c.status)
 MODEL_REF = (MODELS.c.id, MODELS.c.status, MODELS.c.method, MODELS.c.privacy)
 ModelRef = Row[int, ModelStatus, StoredMethod, PrivacyPolicy]  # what MODEL_REF selects
 
 # Built once with expanding parameters: building a statement and its cache key on every POST
-# cost more CPU than running it (issue 28).
+# cost more CPU than running it.
 _IDS: BindParameter[list[Any]] = bindparam("ids", expanding=True)
 _DATASET: BindParameter[int] = bindparam("dataset_id")
 # A registering dataset's samples are not found (its 404 path answers 409 instead): no extra
@@ -474,7 +474,7 @@ def _erased_by_others(
 
 def _affected_models(session: Session, sample_ids: list[int]) -> list[ModelRef]:
     """Models (not failed) still holding any of these samples: one query per chunk of ids
-    (one round trip for a request of up to a chunk of samples, issue 28)."""
+    (one round trip for a request of up to a chunk of samples)."""
     found: dict[int, ModelRef] = {}
     for chunk in chunked(sample_ids):
         for m in session.execute(MODELS_HOLDING, {"ids": chunk}):
@@ -563,7 +563,7 @@ def deletion_view(
     """Status, per-model progress and certificates of one request. Ids show as the stored
     tokens, except to the client that just sent them (`names`, from its own body). The tasks
     of a request created in this session are passed in (`new_tasks`, no version yet): one
-    query less on the request path (issue 13). `receipts` adds the Merkle receipts of a
+    query less on the request path. `receipts` adds the Merkle receipts of a
     finished request (the single-request read; lists leave them out: O(log² n) each)."""
     name = names.name if names is not None else (lambda token: token)
     rows: list[tuple[DeletionTask, int | None]]
@@ -615,7 +615,7 @@ def _receipts(
     session: Session, request: DeletionRequest, models: list[dict[str, Any]]
 ) -> list[dict[str, Any]]:
     """Once done: per new certificate, the signed tree head that first includes it and the
-    inclusion proof at that size (issue 17), for the requester to keep."""
+    inclusion proof at that size, for the requester to keep."""
     if request.status != RequestStatus.done:
         return []
     mine = sorted({m["certificate_id"] for m in models if m["certificate_id"] and m["version"]})

@@ -1,4 +1,4 @@
-"""Plaintext handled in a process that ends with it (issue 53, memory).
+"""Plaintext handled in a process that ends with it.
 
 Parsing an upload makes many copies of every row (the decoded text, one string per cell,
 float64 and float32 arrays) that Python frees without zeroing, so the API process kept the
@@ -47,7 +47,7 @@ _PRELOAD = [
     # imported it in its child, 0.7 s of a registration's POST, and held it in its memory
     "sklearn.model_selection",
     # not scikit-learn's dataset loaders: preloaded, they were 6 MiB of every child's memory,
-    # which a million-row registration needs under its bound (issue 55, goal 6); a builtin's
+    # which a million-row registration needs under its bound; a builtin's
     # child imports them itself (0.14 s)
 ]
 _BYTES_DATA = bytes.__basicsize__ - 1  # where a bytes object's data starts (CPython)
@@ -66,7 +66,7 @@ class Registration:
     params: dict[str, Any] = field(default_factory=dict)
     builtin: BuiltinDatasetIn | None = None
     on_erased: str = "refuse"  # rows of erased samples or people: refuse, or skip them
-    append_id: int | None = None  # rows appended to `dataset_id` (issue 55) by this append
+    append_id: int | None = None  # rows appended to `dataset_id` by this append
 
 
 def start_isolated(pool: UploadPool, job: Registration, data: bytes) -> Future[tuple[Any, ...]]:
@@ -329,7 +329,7 @@ def _exit_with(api_pid: int) -> None:
 def zero(buffer: memoryview) -> None:
     """Zero a writable buffer in place with one memset: assigning it a zeroed bytes of its size
     allocated and copied that too (7.7-9.8 ms against 1.1-5.8 ms for a 10 MB upload, on the
-    path of the POST's answer and the learning's signal; /tmp script, issue 55)."""
+    path of the POST's answer and the learning's signal; /tmp script)."""
     if not len(buffer):
         return
     view = ctypes.c_char.from_buffer(buffer)
@@ -371,7 +371,7 @@ FREED_BYTE = 0xA5
 def scrub_freed() -> bool:
     """Have glibc overwrite every block it frees (`mallopt(M_PERTURB)`), so the buffers a
     request passed through (the server's socket reads, a response's JSON) do not keep an
-    erased person's ids in free memory (issue 53). Blocks the allocator caches per thread
+    erased person's ids in free memory. Blocks the allocator caches per thread
     (≤ 1 KiB) and Python's small-object pools are not covered. False where not glibc."""
     try:
         return bool(ctypes.CDLL("libc.so.6").mallopt(M_PERTURB, FREED_BYTE))
@@ -385,7 +385,7 @@ M_MMAP_THRESHOLD = -3  # glibc mallopt(3)
 def _large_blocks_returned() -> None:
     """In a registration's child: every block of 4 MiB or more is its own mapping, given back
     to the kernel when freed. glibc raises its threshold after the first large free, and the
-    row groups decoded one after another then stayed in the heap (issue 55: peak RSS). Arrow
+    row groups decoded one after another then stayed in the heap (peak RSS). Arrow
     allocates from glibc too: its own pool (mimalloc) kept 48 MB of decoded batches after
     `release_unused`."""
     with contextlib.suppress(OSError, AttributeError):

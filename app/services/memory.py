@@ -1,4 +1,4 @@
-"""A job's memory, estimated from the model's spec before anything is written (issue 26: a
+"""A job's memory, estimated from the model's spec before anything is written (a
 500-topic model on a 20,001-word corpus reached 11.4 GB, and a 64-shard MLP of 4 × 4,096
 would need about 13 GB, both accepted). The estimate is the sum of the large arrays the job
 holds at once, by what the code keeps (each method adds its own through its spec's

@@ -1,4 +1,4 @@
-"""Choosing a method for a model not yet created (issue 32): for a dataset, an architecture and
+"""Choosing a method for a model not yet created: for a dataset, an architecture and
 a per-release target, what each method would promise (its guarantee and the σ of its first
 release), whether it can serve such a model at all, and what one deletion would cost, so the
 dashboard's model form shows a table to choose from rather than a bare list of names."""
@@ -34,7 +34,7 @@ def method_choices(
     """One row per method, checked as POST /v1/models would check a model with its default
     options (a refusal is the API's own message), its first release planned at (ε, δ). The
     measured training time, a function of rows that may since have left, only for a caller
-    who may see such values (`disclose`; issue 52)."""
+    who may see such values (`disclose`)."""
     ds = ready_dataset(session, dataset_id)
     try:
         ModelCreate.model_validate(

@@ -117,7 +117,7 @@ def get_model(session: Session, model_id: int) -> Model:
     return model
 
 
-# What a version's metrics show every role (issue 52): what the released weights themselves
+# What a version's metrics show every role: what the released weights themselves
 # show (accuracies of the release on the test split and on retained rows), the noise's
 # data-free scale, and counts of retained rows. Everything else a release's metrics hold is a
 # function of the removed rows or of which branch ran (noise-free norms, Newton steps, passes,
@@ -137,7 +137,7 @@ PUBLIC_METRICS = frozenset(
         "weights_norm",  # of the released (noised) weights, which anyone may download
         "noisy_steps",
         "finetune_epochs",
-        "n_added",  # a learned version's appended rows (issue 55): as public as n_train
+        "n_added",  # a learned version's appended rows: as public as n_train
         "learned_from_appends",
     }
 )
@@ -236,7 +236,7 @@ def model_view(session: Session, model: Model, forget_metrics: bool = False) -> 
     }
 
 
-# The current version in one query (the weights path reads it on every GET, issue 28).
+# The current version in one query (the weights path reads it on every GET).
 CURRENT_VERSION = (
     select(ModelVersion)
     .join(Model, Model.current_version_id == ModelVersion.id)

@@ -1,4 +1,4 @@
-"""Datasets read from object storage (issue 55, goal 2): `{"source": {"s3": {"bucket": ...,
+"""Datasets read from object storage: `{"source": {"s3": {"bucket": ...,
 "key": ...}}}`, read by the registration's child process through Lethe's own S3 settings (no
 endpoint or credential comes from the request). A Parquet object is read a row group at a
 time through ranged GETs, never whole; a CSV or an .npz whole, once its size is checked."""

@@ -1,7 +1,7 @@
-"""Parquet uploads (issue 55, goal 2): a table with a label column, an optional id, subject
+"""Parquet uploads: a table with a label column, an optional id, subject
 and split column, and the features as one list column (fixed-size, or lists of one length)
 or as named numeric columns. Read in batches of about BATCH_BYTES of features through a
-READ_BUFFER stream (pyarrow), never a row group whole (issue 55, goal 6: reading by row group
+READ_BUFFER stream (pyarrow), never a row group whole (reading by row group
 held five copies of one, 328 MB for 65 MB groups; this, 90 MB); whatever is malformed is a
 422 naming the column and the row: the footer, ids and labels at the parse, a feature when
 its batch is read (once, as the rows are registered)."""
@@ -92,7 +92,7 @@ def parse_parquet(
     # the named columns only: the features are read once, a batch at a time as they are
     # registered (`ParquetRows`), and a malformed value is refused then (the job fails and
     # is discarded). Reading them here as well read a million × 256 twice, 13 s before a
-    # POST could answer 202 (issue 55, goals 1 and 6)
+    # POST could answer 202
     for start, table in batches(table_file, columns.named(), width, NAMED_BATCH_ROWS):
         stop = start + table.num_rows
         y[start:stop] = _numbers(table.column(columns.label), columns.label, start)
@@ -145,7 +145,7 @@ def batches(
 
 
 class ParquetRows(RowStream):
-    """A Parquet file's feature rows as registration reads them (issue 55, goal 6): in order,
+    """A Parquet file's feature rows as registration reads them: in order,
     one batch decoded and checked at a time (app/services/row_stream.py), so the features are
     never all in memory. A malformed value is the same 422 naming its column and row, raised
     when its batch is read."""
@@ -177,7 +177,7 @@ class ReadAhead:
     """A file's feature batches in order, (first row, rows × width float32), each decoded
     and checked on a thread of its own while the caller works on the one before: reading
     an object in S3 and decoding it was a third of a million-row registration's sealing
-    thread, and pyarrow and numpy do most of it without Python's lock (issue 55, goal 6).
+    thread, and pyarrow and numpy do most of it without Python's lock.
     One batch ahead at most (BATCH_BYTES more memory); a malformed one raises its 422 when
     the caller comes to it."""
 

@@ -78,7 +78,7 @@ def preview(
         ),
         would_retrain_exactly=plan.feasible is False or not admission.admitted,
         deletion_capacity=_capacity_view(plan, current),
-        # timings of trainings and updates, each a function of rows since removed (issue 52)
+        # timings of trainings and updates, each a function of rows since removed
         deletion_cost=deletion_cost(session, model, disclose) if disclose else None,
         learned_versions=learned_versions(session, model_id),
         # a measured-shift method's extras replace it
@@ -89,7 +89,7 @@ def preview(
 def _capacity_view(plan: ReleasePlan, version: ModelVersion | None) -> JsonObject | None:
     """For a method with a deletion capacity (the topic models): the documents removed since
     the last training against the capacity at the previewed target, which is what the next
-    request checks (issue 25: it used to show a fixed (1, 1e-5)). A version made before it
+    request checks (it used to show a fixed (1, 1e-5)). A version made before it
     recorded `plan_inputs` shows the capacity it was released under, as before."""
     metrics = (version.metrics or {}) if version is not None else {}
     if plan.capacity is not None:
@@ -137,7 +137,7 @@ def _extras(
 
 
 def learned_versions(session: Session, model_id: int) -> int:
-    """How many of the model's versions learned appended rows (issue 55)."""
+    """How many of the model's versions learned appended rows."""
     found = session.scalar(
         select(func.count())
         .select_from(ModelVersion)

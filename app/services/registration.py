@@ -1,14 +1,14 @@
 """Registering a dataset a chunk of samples per commit, and discarding one that did not finish.
 
 One transaction for a million samples held SQLite's only write lock for the whole insert
-(minutes): every deletion POST waited behind it, past the busy timeout (issue 28). Now the
+(minutes): every deletion POST waited behind it, past the busy timeout. Now the
 dataset row is committed first as `registering`, each chunk is sealed with no transaction open
 and committed on its own with the dataset's `progress_at`, and the dataset turns `ready` last.
 No model and no deletion may use a dataset until then (409 `dataset_registering`). A
 registration that fails is discarded at once; one whose process died is discarded by the
 reconciler once its progress is older than `registration_stale_seconds` (`abandoned`): its
 samples' data keys are destroyed with their rows, so nothing of it can be opened again, and
-the dataset row stays `failed` with the error, for whoever polls it (issue 55: registration
+the dataset row stays `failed` with the error, for whoever polls it (registration
 is a job; `begin` makes the row before the upload is parsed, `rows_done` counts its
 progress).
 """
@@ -84,7 +84,7 @@ APPEND = SAMPLE_COLUMNS.index("append_id")
 # `subject_tokens` held them, migration 0027), so checkpointing after every chunk (SQLite's
 # 1,000 pages) wrote the same pages again and again. Its page cache is SQLite's default 2 MB:
 # 32 MB served the unique index of the rows' random id tokens, which `sample_tokens` now
-# holds, filled in order (bench/samples_insert.py), and it was 21 MiB of a million-row
+# holds, filled in order, and it was 21 MiB of a million-row
 # registration's peak (bench/registration.py).
 INSERT_CHECKPOINT_PAGES = 25_000
 
@@ -439,7 +439,7 @@ def sealed_blocks(
     """The rows at `positions` (a chunk's, in order) as blocks of BLOCK_ROWS records, each
     sealed under a key of its own (app/storage/sample_blocks.py): one key, one seal and one
     stored key per block, where a key per row was a third of a registration's time
-    (bench/registration_stages.py). With `append_id`, that append's rows, `pending` unless
+   . With `append_id`, that append's rows, `pending` unless
     `status` says otherwise; with `tokens`, the id tokens of all of `parsed`'s rows,
     computed already (an append's)."""
     firsts = range(0, len(positions), BLOCK_ROWS)
@@ -518,10 +518,9 @@ def insert_chunk(conn: Connection, ring: Keyring, dataset_id: int, chunk: Sealed
 
 
 # The page cache (KiB) of the connection that writes an append's rows (and of a token merge).
-# Random-keyed tokens land all over their index, and SQLite's default 2 MB cache (125 pages of
-# 16 KiB) spilled and read its pages again and again: 10,000 tokens into a million-row index
-# took 0.20-0.29 s with it and 0.11-0.16 s with 64 MB, which holds that index (/tmp script,
-# issue 55). An append now writes them into the small recent table (app/services/token_merge.py).
+# Random-keyed tokens land all over their index, and SQLite's default cache spilled and read
+# its pages again and again; 64 MB holds a million-row index. An append now writes them into
+# the small recent table (app/services/token_merge.py).
 APPEND_CACHE_KIB = 65_536
 
 
@@ -552,8 +551,8 @@ def insert_sealed(
     rows: list[list[Any]],
 ) -> None:
     """Rows sealed one by one (SAMPLE_COLUMNS order), their data keys and their tokens, in the
-    caller's transaction: the layout before blocks, which bench/registration_stages.py times
-    against them (rows stored so still open, and erase, as before)."""
+    caller's transaction: the layout before blocks (rows stored so still open, and erase, as
+    before)."""
     conn = _inserting(session)
     ids = insert_sealed_rows(conn, ring, dataset_id, keys, rows)
     pairs = [(row[TOKEN], i) for row, i in zip(rows, ids, strict=True)]
@@ -592,7 +591,7 @@ def _insert_samples(
 class ChunkWriter:
     """Commits a registration's chunks on a thread of their own, one at a time, while the
     caller seals the next: SQLite writes its pages with the interpreter lock released, so the
-    sealing (Python) and the writing (the database) overlap on two cores (issue 55). At most
+    sealing (Python) and the writing (the database) overlap on two cores. At most
     one chunk waits: `submit` first waits for the one before, and raises its error; leaving
     the block waits for the last (and raises its error, unless one is propagating)."""
 
@@ -641,7 +640,7 @@ class SubjectTokens(dict[str, str]):
     """A dataset's subject tokens, each computed once while it is remembered: a subject owns
     many rows (at a million rows one HMAC per row was a tenth of the registration's Python).
     At most REMEMBERED_SUBJECTS are kept (a chunk's are made together, `of`): a million rows
-    of two each held half a million tokens, 95 MB of a registration's memory (issue 55)."""
+    of two each held half a million tokens, 95 MB of a registration's memory."""
 
     def __init__(self, ring: Keyring, dataset_id: int) -> None:
         super().__init__()

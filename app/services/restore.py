@@ -1,4 +1,4 @@
-"""Telling and repairing a database restored from a backup (issue 53): a restore must never
+"""Telling and repairing a database restored from a backup: a restore must never
 bring an erased person back, nor make the log sign a second tree at a published size.
 
 `verdict` compares the database with the journal (app/ledger/journal.py): a journaled

@@ -1,4 +1,4 @@
-"""Feature rows read in order a block at a time (issue 55, goal 6): what stands in for a
+"""Feature rows read in order a block at a time: what stands in for a
 dataset's (n × width) float32 array where the rows are never all in memory (a million × 256
 float32 is 1 GB): a Parquet file's batches (app/services/parquet_files.py) or the synthetic
 mixture's generation blocks (app/services/synthetic_mixture.py). Registration reads its rows in

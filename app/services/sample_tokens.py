@@ -1,9 +1,9 @@
 """The `sample_tokens` table: (dataset, keyed id token) → sample, the lookup from a client's id
-to its row and the rule that an id is held once per dataset (issue 55, goal 6).
+to its row and the rule that an id is held once per dataset.
 
 A registration writes its rows in file order and its tokens last, sorted (`SortedTokens`):
 keyed tokens are random, and a unique index of them filled row by row wrote each row to a
-random page of the index (bench/samples_insert.py). An append's rows write theirs with them
+random page of the index. An append's rows write theirs with them
 into `sample_tokens_recent` (`insert_new`), a small table that `app/services/token_merge.py`
 empties into the main one off the request path: a token is in one of the two, and every
 reader here reads both. Whoever deletes samples deletes their tokens (`delete_tokens`).
@@ -83,7 +83,7 @@ class SortedTokens:
     32 characters after its prefix, the id's offset from the first as 4 bytes), spilled as it
     comes into one unlinked temporary file per first character of the token and sorted a
     file at a time at the end: a million rows held in memory were 36 MB an index, over a
-    registration child's memory bound with a subject column (issue 55, goal 6). The tokens
+    registration child's memory bound with a subject column. The tokens
     are keyed (no id in them), and the files vanish with the process however it ends."""
 
     RECORD = np.dtype([("token", f"S{TOKEN_CHARS}"), ("offset", "<u4")])
@@ -175,16 +175,14 @@ def samples_named(dataset_id: int, tokens: Sequence[str]) -> CompoundSelect:
 
 
 # Which of a list of tokens a dataset holds, in either table, as the driver takes it: built
-# by SQLAlchemy, an append's 10,000 tokens' check of both tables took 0.064-0.072 s against
-# 0.029-0.033 s here (a million tokens and 50,000 recent ones, /tmp script, issue 55), and
-# the one table's 0.037-0.039 s: its expanding IN list was rendered and bound per table and
-# chunk (`python -m bench.token_merge`'s `duplicate_check` times this against that).
+# by SQLAlchemy, its expanding IN list was rendered and bound per table and chunk, which cost
+# more than the check itself.
 _HELD = {
     "sqlite": "SELECT token FROM {t} WHERE dataset_id = ? AND token IN ({marks})",
     "postgresql": "SELECT token FROM {t} WHERE dataset_id = %s AND token = ANY(%s)",
 }
 # Tokens per statement: PostgreSQL takes them as one array; SQLite's IN list of 5,000 took
-# 57 ms for 10,000 tokens in both tables against 35 ms as lists of 500 (/tmp script, issue 55).
+# 57 ms for 10,000 tokens in both tables against 35 ms as lists of 500 (/tmp script).
 _HELD_CHUNK = {"sqlite": 500, "postgresql": CHUNK}
 
 

@@ -1,5 +1,5 @@
 """The `subject_tokens` table: (dataset, keyed subject token, sample), the lookup from a
-client's subject to its rows (issue 55, goal 6). Like `sample_tokens`: a registration writes
+client's subject to its rows. Like `sample_tokens`: a registration writes
 them last, sorted (`sample_tokens.SortedTokens`), because keyed tokens are random and an index
 of them filled row by row wrote each row to a random page; an append's rows write theirs with
 them into `subject_tokens_recent` (`insert_new`), which `app/services/token_merge.py` empties

@@ -1,5 +1,5 @@
 """The builtin synthetic dataset: scikit-learn's `make_classification` for a seed, bit for
-bit, generated a block of rows at a time (issues 28 and 55, goal 6).
+bit, generated a block of rows at a time.
 
 scikit-learn makes the mixture (the same call with no noise columns and no flips: the same
 draws in the same order), and a recording generator keeps what is needed to draw it again a

@@ -1,9 +1,9 @@
 """Appended rows' tokens move from the small recent tables into the main indexes, off the
-request path (issue 55, goal 6).
+request path.
 
 Keyed tokens are random: 10,000 of an append's inserted straight into a million-row
 `sample_tokens` touched most of its pages (48 MB through SQLite's WAL, 0.33 s of an append's
-POST), against 0.5-3 MB and 0.05 s into the recent table (`python -m bench.token_merge`). A
+POST), against 0.5-3 MB and 0.05 s into the recent table. A
 merge pays that once for many appends, when no append, registration or learning runs.
 
 A batch moves in one transaction: its rows deleted from the recent table (RETURNING them)
@@ -42,7 +42,7 @@ PAIRS: tuple[tuple[Table, Table], ...] = (
 COLUMNS = ("dataset_id", "token", "sample_id")
 # Keys a transaction moves: consecutive in token order, so their main-table pages are near
 # one another, and the write lock is held briefly (50,000 tokens into a million in 25
-# transactions took 0.99 s, the longest 0.11 s with a WAL checkpoint: bench.token_merge).
+# transactions took 0.99 s, the longest 0.11 s with a WAL checkpoint).
 BATCH = 2_000
 HARD_FACTOR = 4  # at this many times the threshold a merge no longer waits for quiet
 

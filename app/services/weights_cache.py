@@ -1,4 +1,4 @@
-"""Released weights kept in memory, keyed by their sha256 (issue 13): a download no longer
+"""Released weights kept in memory, keyed by their sha256: a download no longer
 opens the sealed blob each time. Content addressing makes a stale entry impossible; the route
 still reads the version row first, so a purged version is 410 and is dropped from here."""
 

@@ -1,4 +1,4 @@
-"""The one place blobs (weights, noise-free states) are read and written (issue 29).
+"""The one place blobs (weights, noise-free states) are read and written.
 
 A blob's bytes are sealed in chunks under its own data key (app/storage/sealing.py) and kept
 in an object store (app/storage/objects.py: the database, a folder or an S3 bucket); its row
@@ -142,7 +142,7 @@ class OpenBlob:
 
 
 _BLOB_ROWS, _KEY_ROWS = Base.metadata.tables["blobs"], Base.metadata.tables[KeyTable.short]
-# built once: a commit records and retires blobs on every update (issue 28)
+# built once: a commit records and retires blobs on every update
 _INSERT_KEY = insert(_KEY_ROWS)
 _INSERT_BLOB = insert(_BLOB_ROWS)
 _RETIRE = (

@@ -1,4 +1,4 @@
-"""Crypto-shredding (issue 11): every sample, statistic and blob is sealed with its own data key.
+"""Crypto-shredding: every sample, statistic and blob is sealed with its own data key.
 
 A data key is 32 random bytes, stored only wrapped by the master key (AES-256-GCM, the key
 encryption key, held outside the database). Erasing destroys the wrapped key; the ciphertext
@@ -73,7 +73,7 @@ class Keyring:
 
     def new_data_keys(self, count: int) -> list[tuple[bytes, bytes]]:
         """`count` fresh data keys as `new_data_key` makes them, their randomness drawn in two
-        reads of the OS's generator (a registration makes a million: issue 55)."""
+        reads of the OS's generator (a registration makes a million)."""
         raws = os.urandom(KEY_BYTES * count)
         nonces = os.urandom(NONCE_BYTES * count)
         out = []

@@ -8,7 +8,7 @@ destroyed keys' own bytes from the database files: SQLite zeroes freed cells (`s
 and the WAL is checkpointed and truncated; PostgreSQL rewrites the partitions of the key table
 that this process destroyed keys in (`VACUUM FULL data_keys_p017, ...`; migration 0016), a few
 milliseconds each at a million keys, where rewriting the whole table grew with every key ever
-made (issue 28), and the small `short_keys` when blobs' keys or commitment openings were
+made, and the small `short_keys` when blobs' keys or commitment openings were
 destroyed.
 `compact(db, everything=True)` rewrites both tables whole: at a process's start, for keys
 destroyed by a process that died before compacting."""
@@ -49,7 +49,7 @@ _SAMPLES, _HOLDINGS, _MODELS, _BLOCKS = (
     Base.metadata.tables[t] for t in ("samples", "model_samples", "models", "sample_blocks")
 )
 _IDS: BindParameter[list[Any]] = bindparam("ids", expanding=True)
-# Built once (issue 28: building a statement cost more CPU than running it). A sample is
+# Built once (building a statement cost more CPU than running it). A sample is
 # free when no live model still holds it.
 _FREE = select(_SAMPLES.c.id, _SAMPLES.c.key_id, _SAMPLES.c.block_row).where(
     _SAMPLES.c.id.in_(_IDS),

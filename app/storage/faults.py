@@ -1,4 +1,4 @@
-"""Faults, not verdicts (issue 53): a full disk, an I/O error or a store outage says nothing of
+"""Faults, not verdicts: a full disk, an I/O error or a store outage says nothing of
 the update, so the job waits and retries it rather than counting it toward withdrawal.
 
 `is_fault(exc)` looks through an exception's causes for one: the object store unreachable

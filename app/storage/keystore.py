@@ -60,7 +60,7 @@ def new_keys(ring: Keyring, count: int) -> list[tuple[UUID, bytes, bytes]]:
 def time_ordered_ids(count: int) -> list[UUID]:
     """`count` UUIDs laid out as RFC 9562's version 7: 48 bits of Unix milliseconds, then 74
     random bits. Unique as random ones are, but a chunk's keys sit together at the end of the
-    key table's index instead of on a random page each (issue 55: a million random ids made
+    key table's index instead of on a random page each (a million random ids made
     every chunk's commit rewrite pages across the whole index)."""
     stamp = time.time_ns() // 1_000_000
     tails = os.urandom(10 * count)
@@ -128,7 +128,7 @@ def _unprepared(conn: Connection, statement: str, *key_ids: list[UUID]) -> list[
     parameter), pruned to their partitions: never prepared. Every compaction's VACUUM FULL
     rewrites partitions, which invalidates a prepared statement's plans, and PostgreSQL then
     rebuilt a generic plan over all 128 partitions to compare it with the custom one (6.4 ms
-    of planning per deletion for the deletion of keys alone, bench.pg_time)."""
+    of planning per deletion for the deletion of keys alone)."""
     raw = cast("psycopg.Connection[Any]", conn.connection.dbapi_connection)
     threshold, raw.prepare_threshold = raw.prepare_threshold, None  # this statement only
     try:  # through SQLAlchemy: its errors, retries and disconnect handling apply as usual
@@ -158,7 +158,7 @@ def destroy_keys(session: Session, key_ids: list[UUID], table: KeyTable = KeyTab
 def destroy_both(session: Session, short: list[UUID], samples: list[UUID]) -> int:
     """`destroy_keys` of `short` in `KeyTable.short` and of `samples` in `KeyTable.samples`:
     on PostgreSQL one statement when each fits a chunk (a commit's purged blobs' keys and
-    openings, and its erased samples' keys: a round trip less, issue 28)."""
+    openings, and its erased samples' keys: a round trip less)."""
     short, samples = sorted(set(short)), sorted(set(samples))
     one = len(short) <= CHUNK and len(samples) <= CHUNK
     if session.get_bind().dialect.name != "postgresql" or not (short and samples and one):

@@ -1,4 +1,4 @@
-"""Where sealed blob bytes live (issue 29): the database, a folder, or an S3-compatible bucket.
+"""Where sealed blob bytes live: the database, a folder, or an S3-compatible bucket.
 
 An object store holds opaque sealed bytes under a key; it knows nothing of data keys or rows.
 `write` makes an object visible whole or not at all; `read` streams a byte range; `delete`

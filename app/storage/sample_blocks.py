@@ -1,7 +1,7 @@
-"""Samples sealed a block at a time (issue 55, goal 6): a registration seals BLOCK_ROWS rows'
+"""Samples sealed a block at a time: a registration seals BLOCK_ROWS rows'
 records (label, raw ids, float32 features) together under one data key, the block's key,
 where it made, wrapped, sealed and stored a key for every row (a third of its time at a
-million rows, `bench/registration_stages.py`).
+million rows).
 
 A block is its key: `sample_blocks.key_id` is the block's primary key and each of its rows'
 `samples.key_id`, so every reader that joins a sample to its key finds the block's, and
@@ -84,7 +84,7 @@ def pack_columns(
     subject, then the ids, the subjects and the features (`features`: the rows' float32
     features, row after row), each a run of its own. A few joins a block, where packing it
     by record (a record's parts and a view of its features a row) was 1.5 s of a million-row
-    registration's sealing thread (issue 55, goal 6). `unpack` reads both layouts."""
+    registration's sealing thread. `unpack` reads both layouts."""
     given = [b"" if s is None else s for s in subjects]
     return b"".join(
         [
@@ -120,7 +120,7 @@ class Columns:
     """A block packed by column, read as arrays (views into its plaintext, which the caller
     zeroes after copying out what it needs): a worker opening a million rows copies each
     block's features and labels out in one operation, where making a record for every row
-    and copying its features twice was most of reading a model's rows (issue 55: 34.6 s of
+    and copying its features twice was most of reading a model's rows (34.6 s of
     a million-row session's 46 s warm-up)."""
 
     labels: np.ndarray  # (count,) int64
@@ -281,7 +281,7 @@ def opened_blocks(
                 wipe(plain)
 
 
-# built once (issue 28: building a statement cost more than running it); no parameter is
+# built once (building a statement cost more than running it); no parameter is
 # named after a column of the table it updates (SQLAlchemy would add it to the SET)
 _READ_BLOCKS = select(_BLOCKS.c.key_id, _BLOCKS.c.dataset_id, _BLOCKS.c.data).where(
     _BLOCKS.c.key_id.in_(bindparam("keys", expanding=True))

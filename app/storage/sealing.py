@@ -1,4 +1,4 @@
-"""Chunked sealing of a blob (issue 29): AES-256-GCM per chunk under the blob's data key.
+"""Chunked sealing of a blob: AES-256-GCM per chunk under the blob's data key.
 
 A sealed blob is a 16-byte header, then chunks: nonce (12) ‖ ciphertext ‖ tag (16). Every chunk
 but the last holds exactly `chunk_size` plaintext bytes, so plaintext offset o lies in chunk

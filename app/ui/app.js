@@ -53,7 +53,7 @@ function niceStep(span, count) {
 }
 
 // The y axis: the data's range padded (never narrower than `minSpan`, never past `bounds`),
-// widened to whole steps, with a tick at each step (issue 32: a 0.3-point change no longer
+// widened to whole steps, with a tick at each step (a 0.3-point change no longer
 // fills the chart).
 function yAxis(values, { min = null, minSpan = 0, bounds = [-Infinity, Infinity] }) {
   let lo = min ?? Math.min(...values), hi = Math.max(...values);
@@ -108,7 +108,7 @@ function lineChart(id, points, { yLabel, xLabel = "version", yMin = null, percen
   }
   svg.append(el("line", { class: "axis", x1: L, y1: H - B, x2: W - R, y2: H - B }));
   svg.append(el("line", { class: "axis", x1: L, y1: T, x2: L, y2: H - B }));
-  if (typeof budget === "number") {  // the lineage's ε budget (issue 57)
+  if (typeof budget === "number") {  // the lineage's ε budget
     svg.append(el("line", { class: "budget", id: `${id}-budget`, x1: L, y1: sy(budget),
                             x2: W - R, y2: sy(budget), "data-y": budget }));
     svg.append(el("text", { class: "tick budget", x: W - R - 4, y: sy(budget) - 4,
@@ -165,7 +165,7 @@ function timeline(id, requests) {
                             "data-status": r.status },
                   el("title", {}, `request ${r.id}: ${r.status}`)));
   });
-  // a time axis (issue 57): clock times at whole steps of the span shown
+  // a time axis: clock times at whole steps of the span shown
   const axisY = H - 18;
   svg.append(el("line", { class: "axis", x1: L, y1: axisY, x2: W - R, y2: axisY }));
   const span = Math.max(t1 - t0, 1);
@@ -213,7 +213,7 @@ function setupForms() {
     ["digits", "breast_cancer", "synthetic"].map(b => el("option", { value: b }, b)));
   const file = el("input", { id: "ds-file", type: "file",
                              accept: ".npz,.csv,text/csv,.parquet" });
-  // the column mapping of a CSV or Parquet upload (issue 55): empty fields are not sent
+  // the column mapping of a CSV or Parquet upload: empty fields are not sent
   const mapping = [["label_column", "label column", "label"], ["id_column", "id column", ""],
                    ["subject_column", "subject column", ""], ["split_column", "split column", ""],
                    ["feature_columns", "feature columns (comma-separated)", ""]]
@@ -222,7 +222,7 @@ function setupForms() {
   const onErased = el("select", { id: "ds-on-erased" },
     el("option", { value: "refuse" }, "refuse the upload"),
     el("option", { value: "skip" }, "leave those rows out"));
-  // appends (issue 55): the file's rows join a ready dataset, and its models learn them
+  // appends: the file's rows join a ready dataset, and its models learn them
   const appendTo = el("input", { id: "ds-append-to", type: "number", min: 1, placeholder: "—",
                                  list: "dataset-choices" });
   const dataset = el("form", { id: "new-dataset", class: "card action" },
@@ -293,7 +293,7 @@ function setupForms() {
   const epsilon = el("input", { id: "m-epsilon", type: "number", min: 0.01, step: "any",
                                 value: "1" });
   const choices = el("div", { id: "m-methods" });
-  // the architecture (issue 57): a logistic regression, an MLP with its hidden widths, or
+  // the architecture: a logistic regression, an MLP with its hidden widths, or
   // random features of a width; and the method's own options as JSON
   const architecture = el("select", { id: "m-architecture" },
     el("option", { value: "logreg" }, "logistic regression"),
@@ -572,7 +572,7 @@ async function modelPage(id) {
     for (const c of certificates.body.items) {
       if (typeof c.cumulative_epsilon === "number") byVersion.set(c.to_version, c.cumulative_epsilon);
     }
-    // v1 is the trained model: nothing removed, nothing spent (issue 57: the chart began at v2)
+    // v1 is the trained model: nothing removed, nothing spent (the chart began at v2)
     const first = vs.length ? Math.min(...vs.map(v => v.number)) : null;
     if (first !== null && !byVersion.has(first)) byVersion.set(first, 0);
     const eps = [...byVersion.entries()].map(([x, y]) => ({ x, y })).sort((a, b) => a.x - b.x);
@@ -625,7 +625,7 @@ async function modelPage(id) {
   return { live: training || audits.live, nodes };
 }
 
-// Where a version's copy is in MLflow (issue 58): its state, MLflow's version and why it waits.
+// Where a version's copy is in MLflow: its state, MLflow's version and why it waits.
 function mlflowCopy(copy) {
   if (!copy) return "—";
   const version = copy.version ? ` as ${copy.registered_model} v${copy.version}` : "";
@@ -634,7 +634,7 @@ function mlflowCopy(copy) {
   return [status(copy.status), version + retry];
 }
 
-// Privacy audits (issue 31): each audit's lower bounds beside what the certificate implies.
+// Privacy audits: each audit's lower bounds beside what the certificate implies.
 async function auditSection(id) {
   const audits = await api(`/v1/models/${id}/audits`);
   const out = [el("h2", {}, "Privacy audits")];
@@ -674,7 +674,7 @@ async function auditSection(id) {
       el("td", {}, fmt(r(a).implied_epsilon)),
       el("td", {}, fmt(r(a).one_run && r(a).one_run.epsilon)),
       el("td", {}, fmt(r(a).auc)), el("td", {}, a.certificate_id ? `#${a.certificate_id}` : "—")))));
-  for (const a of items.filter(a => r(a).noise)) {  // σ measured on the rows (issue 56)
+  for (const a of items.filter(a => r(a).noise)) {  // σ measured on the rows
     const n = r(a).noise;
     out.push(el("p", { class: "audit-noise" }, `Audit ${a.id}: σ ${fmt(n.sigma)} calibrated on `
       + `${n.calibrated_on}; on the shadow with its canaries it would be ${fmt(n.sigma_on_the_shadow)}.`));
@@ -688,7 +688,7 @@ async function auditSection(id) {
   return { live: items.some(a => a.status === "queued" || a.status === "running"), nodes: out };
 }
 
-// σ in context (issue 57): the noise vector's expected norm σ√d against the norm of the
+// σ in context: the noise vector's expected norm σ√d against the norm of the
 // released weights (public: anyone may download them), when the version says both.
 function noiseContext(sigma, noiseNorm, weightsNorm) {
   if (typeof sigma !== "number" || sigma <= 0) return "";
@@ -789,7 +789,7 @@ async function downloadReceipt(requestId, certificateId, button) {
   link.click();
 }
 
-// Each certificate links to its model's page, where its row is (issue 57: ids were plain text).
+// Each certificate links to its model's page, where its row is (ids were plain text).
 function certificateLinks(r) {
   const links = r.models.filter(m => m.certificate_id !== null)
     .map(m => el("a", { href: `#/models/${m.model_id}`, "data-certificate": m.certificate_id,
@@ -798,7 +798,7 @@ function certificateLinks(r) {
 }
 
 // A certificate's sentence: its first sentence (at most about 160 characters, cut at a word),
-// the whole text one click away (issue 57: a 150-word wall in every row).
+// the whole text one click away (a 150-word wall in every row).
 function sentence(text) {
   const end = text.indexOf(". ");
   let head = end > 0 && end < 200 ? text.slice(0, end + 1) : text;
@@ -877,7 +877,7 @@ async function auditPage() {
     el("p", { class: "notice" }, "Check an export offline with scripts/verify_audit.py.")];
 }
 
-// ---- webhooks (issue 58): endpoints, their deliveries, replay ----------------------------------
+// ---- webhooks: endpoints, their deliveries, replay ----------------------------------
 
 const EVENT_TYPES = ["deletion.completed", "version.published", "audit.completed",
                      "dataset.ready", "model.withdrawn"];

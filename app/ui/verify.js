@@ -297,7 +297,7 @@ function start() {
   vkeyPromise.catch(() => {});
   const input = document.getElementById("receipt");
   input.addEventListener("change", () => { if (input.files.length) checkFile(input.files[0], vkeyPromise); });
-  // or pasted (issue 57): the text of the .tlog-proof file
+  // or pasted: the text of the .tlog-proof file
   const pasted = document.getElementById("pasted");
   document.getElementById("check-pasted").addEventListener("click", () => {
     const text = pasted.value.replace(/\r\n/g, "\n");

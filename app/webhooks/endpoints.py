@@ -1,4 +1,4 @@
-"""Webhook endpoints as an admin manages them (issue 58): made with a fresh `whsec_` secret
+"""Webhook endpoints as an admin manages them: made with a fresh `whsec_` secret
 (shown once; stored wrapped under the master key), listed, deleted, their secret rotated (the
 previous one keeps signing beside the new one for a grace period, so a receiver can switch
 without losing a message), re-enabled, and their deliveries listed and replayed."""

@@ -1,4 +1,4 @@
-"""The events Lethe announces (issue 58) and the outbox they go through: `emit` adds, in the
+"""The events Lethe announces and the outbox they go through: `emit` adds, in the
 caller's transaction, one delivery row per enabled endpoint that wants the event, its body the
 CloudEvents 1.0 structured JSON. No event without its commit, no commit without its event: the
 rows commit or roll back with the change they announce. Payloads carry ids of requests,

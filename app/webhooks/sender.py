@@ -1,4 +1,4 @@
-"""The webhook sender (issue 58): one daemon thread in each API process sends the outbox's due
+"""The webhook sender: one daemon thread in each API process sends the outbox's due
 deliveries, each signed per Standard Webhooks (`webhook-id`, `webhook-timestamp`,
 `webhook-signature`: HMAC-SHA256 over `id.timestamp.body`, by the `standardwebhooks` package),
 with the CloudEvent as the body. At least once: a delivery is claimed for one attempt (its next
@@ -171,7 +171,7 @@ class Outcome:
 
 def record(db: Database, settings: Settings, outcomes: list[Outcome]) -> None:
     """Commit a pass's outcomes in one transaction (one per delivery took the write lock
-    from the API's group commits 20 times a pass: issue 58's request-path overhead)."""
+    from the API's group commits at every delivery)."""
     if not outcomes:
         return
     # not durable: an outcome lost in a crash only means the delivery is sent again

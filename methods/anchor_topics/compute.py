@@ -45,7 +45,7 @@ ORIGINAL = "topics.original_documents"  # m at training: the bound's m
 REMOVED = "topics.removed_documents"  # m_U: removed since training
 ANCHORS = "topics.anchors"
 # a, p, γ, q estimated on the model as trained, published with it: what `estimated` calibration
-# uses ever after, so σ and the capacity are no function of the rows later removed (issue 52)
+# uses ever after, so σ and the capacity are no function of the rows later removed
 TRAINED_ESTIMATES = "topics.trained_estimates"
 NOISE = True  # tests switch the Gaussian mechanism off to compare with the noise-free solve
 
@@ -80,7 +80,7 @@ class AnchorTopics(UnlearningMethod):
             TRAINED_ESTIMATES: tp.estimates_tensor(tp.estimates(topics)),
         }
         # No request exists yet: the training release is calibrated for the policy's target,
-        # the same one every later release (and the preview) uses by default (issue 25).
+        # the same one every later release (and the preview) uses by default.
         weights, calibration = self._release(topics, extra, m, 0, self.model.target)
         metrics = {
             "train_seconds": time.perf_counter() - start,
@@ -105,7 +105,7 @@ class AnchorTopics(UnlearningMethod):
         limit = self._capacity(topics, state, m_original, target)
         if m_u > limit["documents"]:
             # with declared constants the capacity is a function of counts and options, so
-            # the retrain it leads to is public; estimated constants are the data's (issue 52)
+            # the retrain it leads to is public; estimated constants are the data's
             raise self._infeasible(state)(
                 f"the cumulative {m_u} removed documents exceed the deletion capacity "
                 f"{limit['documents']:.4g} (Theorem 5: noise term {limit['noise_term']:.4g}, "

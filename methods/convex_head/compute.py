@@ -49,7 +49,7 @@ class ShiftOverBudget(TargetInfeasible):
 
     def __init__(self, shift: float, beta: float) -> None:
         # The value of s is a function of the removed rows: the reason, which the public
-        # certificate carries, says only what the decision needs (issue 25).
+        # certificate carries, says only what the decision needs.
         super().__init__(f"the measured shift s exceeds the budget β = {beta:g}")
         self.shift = shift
 
@@ -65,7 +65,7 @@ def to_state(theta: torch.Tensor) -> ModelState:
 @register
 class ConvexHead(UnlearningMethod):
     spec = SPEC
-    learns = True  # appended rows join the resident Hessian and gradient (issue 55)
+    learns = True  # appended rows join the resident Hessian and gradient
 
     @property
     def options(self) -> ConvexHeadOptions:
@@ -120,7 +120,7 @@ class ConvexHead(UnlearningMethod):
 
     def through_mechanism(self, inputs: UpdateInputs, exact: Release) -> Release:
         """The exact optimum on the retained rows released through the same Gaussian
-        mechanism, with the same certificate (issue 52): this is the very reference the
+        mechanism, with the same certificate: this is the very reference the
         certificate compares with, so its claim holds with room to spare, and the published
         output does not say that the measured bound ran over β. Its noise-free state starts
         the next update; the bound's constants (auditors only) are the retrain's measured
@@ -238,14 +238,14 @@ class ConvexHead(UnlearningMethod):
 
     def _removal(self, inputs: UpdateInputs) -> tuple[removal.Resident, Work]:
         """The state after the removal and its bound: the resident state downdated (O(k·d²))
-        or anchored afresh (one Hessian pass); then Newton steps, measuring the gradient (one
-        pass) when the carried bound exceeds λβ and re-anchoring when the anchor's drift is
-        what keeps it there and measured steps would not reach λβ with a step to spare (a
-        Hessian pass costs some 25 gradient passes at a million rows). Damped
-        (issue 52): a measured step that made the bound grow is rejected, and the next try
-        re-anchors at the current point (a stale anchor's step can overshoot) or halves the
-        step; the loop stops once a measurement's rounding floor alone exceeds λβ, which no
-        step can go below."""
+         or anchored afresh (one Hessian pass); then Newton steps, measuring the gradient (one
+         pass) when the carried bound exceeds λβ and re-anchoring when the anchor's drift is
+         what keeps it there and measured steps would not reach λβ with a step to spare (a
+         Hessian pass costs some 25 gradient passes at a million rows). Damped
+        : a measured step that made the bound grow is rejected, and the next try
+         re-anchors at the current point (a stale anchor's step can overshoot) or halves the
+         step; the loop stops once a measurement's rounding floor alone exceeds λβ, which no
+         step can go below."""
         o = self.options
         budget = o.lam * o.beta
         n = len(inputs.retained)
@@ -308,7 +308,7 @@ class ConvexHead(UnlearningMethod):
     def _learned(
         self, state: removal.Resident, added: RetainedData, theta: torch.Tensor
     ) -> removal.Resident:
-        """The resident state with the appended rows added (issue 55, goal 5): the gradient,
+        """The resident state with the appended rows added: the gradient,
         the anchor's Hessians and S updated exactly (O(k·d²) per class), the kept float64
         rows extended while they still fit."""
         joined = self.problem_of(added.X.to(theta.device), added.y.to(theta.device))
@@ -408,7 +408,7 @@ class ConvexHead(UnlearningMethod):
 
     def retrain(self, inputs: UpdateInputs) -> tuple[Trained, str]:
         """The exact retrain, solved from a cold start (zeros), as training solves: a function
-        of the retained rows alone, bit for bit (issue 52: warm-started from the noise-free
+        of the retained rows alone, bit for bit (warm-started from the noise-free
         state, two worlds with the same retained rows differed by 1e-10 while the certificate
         said ε = δ = 0)."""
         start = time.perf_counter()

@@ -1,4 +1,4 @@
-"""convex_head's removal without a pass over the retained rows (issue 28): a resident float64
+"""convex_head's removal without a pass over the retained rows: a resident float64
 Hessian at an anchor, downdated exactly as rows leave, and a rigorous bound on the gradient
 after each Newton step, carried from one request to the next against λβ.
 
@@ -57,7 +57,7 @@ class Anchor:
     column_abs: torch.Tensor  # (d,)
     S_norm: float  # ≥ ‖S‖₂ for the exact S: S̃'s trace with its rounding, plus e_S
     # ≥ max ‖z_i‖ over the retained rows, measured (≤ R): rows only leave, so it stays an
-    # upper bound; the bounds use it where R was (issue 52: R = 1000 against rows of norm 6
+    # upper bound; the bounds use it where R was (R = 1000 against rows of norm 6
     # made every allowance 160× too wide)
     rho: float = math.inf
 
@@ -81,7 +81,7 @@ class Rows:
     """The retained rows' float64 (Z, T) and their sample ids, kept with the resident state
     when they fit ROWS_BYTES (100,000 × 257 is 206 MB; a million rows of 256 features stream
     instead): a pass reads them instead of rebuilding each block from the float32 rows, which
-    made a pass twice as long at 100,000 × 256 (issue 28, goal 4). Rows that leave are
+    made a pass twice as long at 100,000 × 256. Rows that leave are
     overwritten in place (`without`, O(k) with the id → row index `at`): the removed rows'
     features do not stay in the worker's memory."""
 
@@ -111,7 +111,7 @@ class Rows:
             yield self.Z[start : start + size], self.T[start : start + size]
 
     def with_rows(self, Z: torch.Tensor, T: torch.Tensor, ids: torch.Tensor) -> Rows:
-        """These rows joined after the others (issue 55): new buffers and a new index."""
+        """These rows joined after the others: new buffers and a new index."""
         return Rows.of(
             torch.cat([self.Z, Z.to(self.Z)]),
             torch.cat([self.T, T.to(self.T)]),
@@ -243,7 +243,7 @@ _ANCHOR_SCALARS = ("e_H", "e_S", "S_norm", "rho")
 def exported(resident: Resident) -> dict[str, torch.Tensor]:
     """The resident state as named float64 tensors (the kept rows left out: a successor reads
     its own), for the process that replaces this one after an erasure (workers/recycle.py):
-    rebuilding the anchor there was a Hessian pass, 11–13 s at a million rows (issue 55)."""
+    rebuilding the anchor there was a Hessian pass, 11–13 s at a million rows."""
     A = resident.anchor
     scalar = lambda value: torch.tensor(float(value), dtype=torch.float64)  # noqa: E731
     return {
@@ -289,7 +289,7 @@ def imported(tensors: dict[str, torch.Tensor], device: torch.device) -> Resident
 def measured(resident: Resident, blocks: Blocks) -> Resident:
     """The gradient at Θ₀ measured over all retained rows in one float64 pass; b becomes its
     rounding bound, maths/convex.rounding_bound's γ_m·‖(|C| + ¼|Z||Θ|ᵀ)ᵀ|Z|/n + λ|Θ|‖ taken
-    per class from what the pass measures (issue 52): ‖Σ_i |c_ia||z_i|‖ ≤ Σ_i |c_ia|‖z_i‖
+    per class from what the pass measures: ‖Σ_i |c_ia||z_i|‖ ≤ Σ_i |c_ia|‖z_i‖
     (and ≤ ‖Σ_i |z_i|‖, as |c| ≤ 1), |z_i|·|θ_a| ≤ ρ‖θ_a‖ with ρ the rows' largest norm, and
     Σ|z_i| at most the anchor's (no second product over the rows)."""
     theta, lam = resident.theta, resident.lam
@@ -322,7 +322,7 @@ def without(resident: Resident, Z: torch.Tensor, T: torch.Tensor) -> Resident:
 
 
 def with_rows(resident: Resident, Z: torch.Tensor, T: torch.Tensor) -> Resident:
-    """The resident state once the rows (Z, T) join (issue 55): the same exact algebra with
+    """The resident state once the rows (Z, T) join: the same exact algebra with
     the other sign (m' = m + k), and the same rounding bounds, which sum magnitudes whatever
     the sign; ρ, the rows' largest norm, grows to cover the new rows."""
     return _moved(resident, Z, T, +1)
@@ -355,7 +355,7 @@ def _moved(resident: Resident, Z: torch.Tensor, T: torch.Tensor, sign: int) -> R
     # scale·(H_A − λI) ∓ Σ_j w_ja z_j z_jᵀ/m' + λI, class by class into H itself through one
     # (k, d) buffer: the einsum materialised a (classes, k, d) product first (205 MB for
     # 10,000 rows of 257 and 10 classes), which took longer than the products themselves
-    # (issue 55: 0.27 → 0.10 s). An entry is w/m' and two products (three roundings) summed
+    # (0.27 → 0.10 s). An entry is w/m' and two products (three roundings) summed
     # with H's own entry over k + 1 terms: within the γ_{k+8} of e_H below.
     data_part = A.H - eye
     H = data_part * scale
@@ -367,7 +367,7 @@ def _moved(resident: Resident, Z: torch.Tensor, T: torch.Tensor, sign: int) -> R
     weight_error = LOGISTIC_THIRD * gamma(d) * (Z_abs @ A.theta.abs().T) + 8 * U
     # ‖scale·|H_A − λI| + Σ_j w_ja |z_j||z_j|ᵀ/m'‖_F ≤ scale·‖H_A − λI‖_F + Σ_j w_ja‖z_j‖²/m'
     # per class (|·| keeps a Frobenius norm; ‖|z||z|ᵀ‖_F = ‖z‖²): O(k) where the matrix
-    # of magnitudes was a second O(k·d²) product per class (issue 55: half of learning 10,000
+    # of magnitudes was a second O(k·d²) product per class (half of learning 10,000
     # rows)
     row_squares = (Z * Z).sum(dim=1)
     abs_bound = torch.linalg.matrix_norm(data_part) * scale + (w.T @ row_squares) / m2
@@ -411,7 +411,7 @@ def stale_steps_suffice(before: float, after: float, budget: float, steps_left: 
     `after` to ≤ `budget` with a step to spare of the `steps_left`, at the rate the last
     measured step showed (after/before): a stale anchor's steps converge linearly, each for
     one gradient pass, where a fresh anchor is a Hessian pass, O(m·d²) per class (15 s
-    against 0.6 s for a gradient pass at a million rows of 256 features on 2 cores, issue 55).
+    against 0.6 s for a gradient pass at a million rows of 256 features on 2 cores).
     The spare step is the one a re-anchoring needs after it, should the rate slow down. Only
     a choice of work: every step's bound is measured or rigorous whichever way it goes."""
     if after <= budget:

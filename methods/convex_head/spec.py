@@ -30,7 +30,7 @@ class ConvexHeadOptions(MethodOptions):
 
     lam: float = Field(
         1e-3,
-        ge=1e-10,  # below this s = ‖∇F‖/λ overflows and training fails (issue 26: 5e-324)
+        ge=1e-10,  # below this s = ‖∇F‖/λ overflows and training fails (5e-324)
         le=1e3,
         description="L2 regularisation λ (strong convexity); it penalises the bias too, "
         "unlike scikit-learn's LogisticRegression",
@@ -54,7 +54,7 @@ class ConvexHeadOptions(MethodOptions):
         50_000,
         ge=100,
         le=10_000_000,
-        description="unused since issue 28 (removals use the exact float64 Hessian over every "
+        description="unused (removals use the exact float64 Hessian over every "
         "retained row, kept resident); still accepted so that stored models load",
     )
 
@@ -113,7 +113,7 @@ def shift_view(o: ConvexHeadOptions, facts: PreviewFacts) -> JsonObject:
     return {
         "shift": {
             "expected_noise_norm": facts.sigma * math.sqrt(d),
-            # the noise-free ‖w‖ is a function of the removed rows (issue 52): auditors only
+            # the noise-free ‖w‖ is a function of the removed rows: auditors only
             "weight_norm": facts.version_metrics.get("weight_norm") if facts.disclose else None,
             "parameters": d,
             "recent": recent if facts.disclose else None,

@@ -41,7 +41,7 @@ ROWS = "minnorm.sample_ids"  # the sample id of each row and column of K⁻¹
 @register
 class MinNorm(UnlearningMethod):
     spec = SPEC
-    learns = True  # appended rows: a rank-k update of the Gram inverse (issue 55)
+    learns = True  # appended rows: a rank-k update of the Gram inverse
 
     @property
     def options(self) -> MinNormOptions:
@@ -105,7 +105,7 @@ class MinNorm(UnlearningMethod):
         """The minimum-norm solve on the retained labels: with K_r⁻¹ downdated from the stored
         K⁻¹ when the rows are independent (then it equals P_{S_r} θ, Theorem 4.1), else a fresh
         least-squares solve. Either way it is what `train` returns on the retained data; never
-        a projection of θ, which differs from the retrain when rows are dependent (issue 25)."""
+        a projection of θ, which differs from the retrain when rows are dependent."""
         start = time.perf_counter()
         o = self.options
         retained = inputs.retained

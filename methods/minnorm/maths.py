@@ -81,7 +81,7 @@ def downdate(inverse: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
 
 def extend(inverse: torch.Tensor, old: torch.Tensor, new: torch.Tensor) -> torch.Tensor | None:
     """(K')⁻¹ of the rows [old; new] from K⁻¹ of `old`, a rank-k update by the Schur complement
-    S = ΦₙΦₙᵀ − BᵀK⁻¹B, B = ΦₒΦₙᵀ (issue 55): O(n²k + nkp). None when S is not positive
+    S = ΦₙΦₙᵀ − BᵀK⁻¹B, B = ΦₒΦₙᵀ: O(n²k + nkp). None when S is not positive
     definite in float64 (the new rows depend on the others: a fresh solve is needed)."""
     B = old @ new.T
     KB = inverse @ B

@@ -41,7 +41,7 @@ from methods.noise import check_relative_noise, draw_gaussian, secure_generator
 
 @dataclass(frozen=True)
 class NoisePlan:
-    """What the release's noise is, from the options, the target and d alone (issue 52)."""
+    """What the release's noise is, from the options, the target and d alone."""
 
     lams: tuple[float, ...]  # the λ the divergence guard may use, in order
     rho: float
@@ -130,7 +130,7 @@ class Newton(UnlearningMethod):
         return self._released(model, w_tilde, plan, n_u, measured, start, list(removed.sample_ids))
 
     def through_mechanism(self, inputs: UpdateInputs, exact: Release) -> Release:
-        """The projected retrain with the same noise and certificate (issue 52): exactly what
+        """The projected retrain with the same noise and certificate: exactly what
         the certificate compares with (seed 004 Definition 2.1), so the release does not say
         that the Newton step could not be certified."""
         start = time.perf_counter()

@@ -2,7 +2,7 @@
 Proposition 4.1, Eq. 11) in its corrected form (with the condition number (λ + L)/(λ + λ_min)
 in the LiSSA term), and the pre-correction form only to reproduce the paper's Table 3. Feed Δ
 to `app.privacy.gaussian.sigma_for` (the analytic Gaussian). The method's own accountant
-(issue 54: theorem-specific bounds live with their method; app/privacy keeps the mechanisms).
+(theorem-specific bounds live with their method; app/privacy keeps the mechanisms).
 """
 
 from __future__ import annotations

@@ -84,7 +84,7 @@ class NoisyFinetune(UnlearningMethod):
     def through_mechanism(self, inputs: UpdateInputs, exact: Release) -> Release:
         """The same noisy fine-tuning from the model retrained without the removed samples:
         the procedure the certificate compares with (seed 002, Definition 2.1), so neither
-        the release nor its certificate says the method's own run failed (issue 52)."""
+        the release nor its certificate says the method's own run failed."""
         return self.unlearn(replace(inputs, state=exact.next_state, resident=None))
 
     def noisy_phase(

@@ -88,7 +88,7 @@ class OutputPerturbation(UnlearningMethod):
                     global_norm(base.values()),
                     "measured",
                     "‖Π_C0(x)‖ of the noise-free state",
-                    "auditors",  # a noise-free function of the data (issue 52)
+                    "auditors",  # a noise-free function of the data
                     f"≤ C0 = {o.C0:g}",
                 ),
             },
@@ -107,5 +107,5 @@ class OutputPerturbation(UnlearningMethod):
     def through_mechanism(self, inputs: UpdateInputs, exact: Release) -> Release:
         """The same procedure on the model retrained without the removed samples: exactly
         what the certificate compares with (seed 002, Definition 2.1), so the release and its
-        certificate do not say that the method's own update failed (issue 52)."""
+        certificate do not say that the method's own update failed."""
         return self.unlearn(replace(inputs, state=exact.next_state, resident=None))

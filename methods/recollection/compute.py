@@ -1,7 +1,7 @@
 """Hessian-free recollection (seed 003): w_det ← w_det + Σ_{u∈U} a_u, released with Gaussian
 noise calibrated by the analytic Gaussian mechanism on the Theorem 2 bound (note 003 §5,
 unfolded sum) for the worst m training samples, m the count removed since the vectors were
-recorded: σ is a function of the record and the count, not of which samples left (issue 52).
+recorded: σ is a function of the record and the count, not of which samples left.
 An update that fails for a reason that depends on the rows releases the coupled retrain with
 the same noise, the very reference the certificate compares with.
 
@@ -231,7 +231,7 @@ class Recollection(UnlearningMethod):
         flat = self._flat()
         w_det = flat.vector(inputs.state).double()
         w_det = w_det + self._sum_vectors(inputs.removed, record)
-        if record.trained_norm is None:  # a record from before issue 52: the guard is private
+        if record.trained_norm is None:  # a record from before the guard is private
             check_relative_noise(
                 plan.sigma,
                 plan.sensitivity,
@@ -244,7 +244,7 @@ class Recollection(UnlearningMethod):
 
     def through_mechanism(self, inputs: UpdateInputs, exact: Release) -> Release:
         """The coupled retrain (the certificate's reference, note 003 §1.1) with the same
-        noise and certificate (issue 52); the exact retrain's freshly recorded vectors and
+        noise and certificate; the exact retrain's freshly recorded vectors and
         state start the next update."""
         start = time.perf_counter()
         replay = self._replay(inputs)

@@ -38,8 +38,8 @@ from app.jsontypes import JsonObject
 from app.specs import ArchitectureSpec, LogRegSpec, MLPSpec, architecture_of
 from maths.nets import FlatModel
 
-# Vectors per call, measured (bench/precompute.py's sweep on 2 CPU cores; an H100 for cuda, where
-# larger chunks amortise kernel launches): the generic path, the logreg closed form, and the
+# Vectors per call, from a sweep on CPU and on a GPU (where larger chunks amortise kernel
+# launches): the generic path, the logreg closed form, and the
 # MLP R-operator's chunk·|B|·width floats per intermediate (256 vectors at |B| = width = 64).
 FUNC_CHUNK = 2048
 LOGREG_CHUNK = {"cpu": 1024, "cuda": 8192}

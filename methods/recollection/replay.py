@@ -1,4 +1,4 @@
-"""What recollection keeps resident between updates (issue 28, goals 1 and 2): its training
+"""What recollection keeps resident between updates: its training
 record validated once, and for every training sample the steps at which it was in a batch.
 
 Theorem 2's bound (seed 003, unfolded sum, note 003 §5.2) needs the steps of each removed
@@ -82,7 +82,7 @@ class Replay:
         )
 
     def worst_case(self, m: int) -> float:
-        """Theorem 2 for the worst m training samples (issue 52): what σ is calibrated on, a
+        """Theorem 2 for the worst m training samples: what σ is calibrated on, a
         function of the record and the count alone. The table is made once: O(n · epochs)."""
         if not self._worst:
             r = self.record

@@ -2,7 +2,7 @@
 (seed 003, Theorem 2 / App. Eq. 20), in the un-folded sum of note 003 §5.2: the proof's two
 terms added, not the paper's folded (2η²C/(1−q))·ζ whose second term carries a spurious
 prefactor. Feed Δ to `app.privacy.gaussian.sigma_for` (the analytic Gaussian), never to the
-classical √(2 ln(1.25/δ))/ε formula the paper prints. The method's own accountant (issue 54:
+classical √(2 ln(1.25/δ))/ε formula the paper prints. The method's own accountant (
 theorem-specific bounds live with their method; app/privacy keeps the mechanisms).
 """
 
@@ -114,7 +114,7 @@ def recollection_worst_cases(
     """Theorem 2 (unfolded) for the worst m of the n training samples, for every m = 0..n:
     the first term plus the m largest per-sample sums of the second. A function of the record
     (schedule, ρ, C) and the count m alone, so a σ calibrated on it does not say which samples
-    were removed (issue 52); entry m bounds `recollection_sensitivity_schedule` for every set
+    were removed; entry m bounds `recollection_sensitivity_schedule` for every set
     of m samples. `schedule[e, p]` is the step of epoch e whose batch held position p."""
     eta = np.asarray(etas, dtype=float)
     T = eta.size

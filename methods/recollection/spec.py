@@ -53,7 +53,7 @@ class RecollectionRecord(BaseModel):
     rows: int
     subject_groups: dict[str, list[int]] = {}  # representative id -> the subject's samples
     # ‖w‖ of the model as trained, published with it: the public reference of the noise
-    # guard (issue 52); None in records made before it was kept
+    # guard; None in records made before it was kept
     trained_norm: float | None = None
 
 

@@ -34,7 +34,7 @@ class Retrain(UnlearningMethod):
         own = method_for(self.model.method.name, self.model)
         if inputs.state:
             trained, how = own.retrain(inputs)
-        else:  # the previous state could not be read back (issue 53): from scratch
+        else:  # the previous state could not be read back: from scratch
             trained, how = own.train(retained), "trained from scratch (no previous state)"
         n = len(inputs.removed.sample_ids)
         sentence = (

@@ -36,7 +36,7 @@ from methods.sharded_retrain.spec import SPEC, ShardedOptions
 @register
 class ShardedRetrain(UnlearningMethod):
     spec = SPEC
-    learns = True  # appended rows: their shards retrained from the stage they join (issue 55)
+    learns = True  # appended rows: their shards retrained from the stage they join
 
     @property
     def options(self) -> ShardedOptions:
@@ -60,7 +60,7 @@ class ShardedRetrain(UnlearningMethod):
 
     def _assignment(self, inputs: UpdateInputs) -> tuple[sh.Assignment, sh.Assignment | None]:
         """The recorded assignment with the appended rows placed by the same seeded hash of
-        their keys as training draws (issue 55), and the appended rows' own (None: none)."""
+        their keys as training draws, and the appended rows' own (None: none)."""
         recorded = sh.Assignment.from_state(inputs.state)
         added = inputs.added
         if added is None or not len(added):

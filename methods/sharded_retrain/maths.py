@@ -39,7 +39,7 @@ def assignment_keys(
     subjects: Sequence[str | None],
     external_ids: Sequence[str],
 ) -> list[str]:
-    """What the data says of each sample, never a database id (issue 25), so that anyone
+    """What the data says of each sample, never a database id, so that anyone
     holding the data can redraw the assignment: its subject (a subject's samples share one
     shard and one slice), else its external id (the upload's `ids`, or its row number in the
     file), else a hash of its features and label."""
@@ -65,7 +65,7 @@ def content_hash(x: torch.Tensor, label: int) -> str:
 class Assignment:
     """Which shard and slice (both 0-based) each sample belongs to, in `sample_ids` order, as
     int64 CPU tensors: an update looks samples up and restricts the assignment with index
-    arrays, never a Python loop over the n samples (issue 28, goal 2)."""
+    arrays, never a Python loop over the n samples."""
 
     sample_ids: torch.Tensor
     shard: torch.Tensor

@@ -43,7 +43,7 @@ STATISTIC = "head.cooccurrence_sum"
 DOCUMENTS = "head.documents"
 ORIGINAL = "head.original_documents"
 # a, p, γ, q estimated on the base as trained, published with it: what `estimated` calibration
-# uses ever after, so σ and the capacity are no function of the rows later removed (issue 52)
+# uses ever after, so σ and the capacity are no function of the rows later removed
 TRAINED_ESTIMATES = "head.trained_estimates"
 REMOVED = "head.removed_documents"
 ANCHORS = "head.anchors"
@@ -136,7 +136,7 @@ class TopicHead(UnlearningMethod):
         )
         if m_u > limit["documents"]:
             # with declared constants the capacity is a function of counts and options, so
-            # the retrain it leads to is public; estimated constants are the data's (issue 52)
+            # the retrain it leads to is public; estimated constants are the data's
             raise self._infeasible(state)(
                 f"the cumulative {m_u} removed documents exceed the head's deletion capacity "
                 f"{limit['documents']:.4g} (Theorem 7: noise term {limit['noise_term']:.4g}, "

@@ -1,4 +1,4 @@
-"""Crypto-shredding (issue 11): data keys, sealed payloads, statistics and blobs, id tokens.
+"""Crypto-shredding: data keys, sealed payloads, statistics and blobs, id tokens.
 
 Existing rows are sealed in place: each sample and blob gets a data key wrapped by the master
 key, raw sample and subject ids become keyed tokens (also in requests' selectors), and the

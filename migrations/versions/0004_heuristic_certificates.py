@@ -1,5 +1,5 @@
 """certificates: ε, δ and the cumulative spend may be NULL, for a heuristic method's
-certificate (guarantee `none`), which makes no privacy claim (issue 14, seed 001 §B.6).
+certificate (guarantee `none`), which makes no privacy claim (seed 001 §B.6).
 
 Revision ID: 0004
 Revises: 0003

@@ -1,4 +1,4 @@
-"""datasets.text: a corpus's fixed vocabulary and counts (issue 15, seed 000).
+"""datasets.text: a corpus's fixed vocabulary and counts (seed 000).
 
 Revision ID: 0005
 Revises: 0004

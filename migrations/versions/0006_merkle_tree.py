@@ -1,4 +1,4 @@
-"""merkle_nodes and tree_heads: a Merkle tree over the certificates with signed heads (issue 17).
+"""merkle_nodes and tree_heads: a Merkle tree over the certificates with signed heads.
 
 The tree of certificates that exist already is built by the first append after the upgrade
 (app/transparency.py catches up before it adds leaves).

@@ -1,7 +1,7 @@
 """deletion_requests.commitment_key_id: the requester's opening of the certificates'
 commitment to the removed ids, kept as a data key until the request is finished; and
 certificates.restricted: measured constants that are functions of the removed data, shown to
-auditors only (issue 25).
+auditors only.
 
 Revision ID: 0007
 Revises: 0006

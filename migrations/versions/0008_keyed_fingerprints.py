@@ -1,4 +1,4 @@
-"""Request fingerprints over keyed tokens, and no raw Idempotency-Key kept (issue 26).
+"""Request fingerprints over keyed tokens, and no raw Idempotency-Key kept.
 
 `deletion_requests.fingerprint` was sha256 of the request body with its raw ids: anyone with
 the database could recover erased ids by hashing candidate bodies. It becomes sha256 of the

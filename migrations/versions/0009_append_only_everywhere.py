@@ -1,5 +1,5 @@
 """Append-only triggers on certificates, merkle_nodes and tree_heads, on PostgreSQL and
-SQLite (issue 26: only PostgreSQL's certificates had one).
+SQLite (only PostgreSQL's certificates had one).
 
 Revision ID: 0009
 Revises: 0008

@@ -1,6 +1,6 @@
 """Samples indexed by (dataset, split, status): a warm update checks that its resident test
 split is unchanged by counting the active test rows, which this index answers without reading
-the rows (issue 28). It replaces the (dataset, split) index, a prefix of it.
+the rows. It replaces the (dataset, split) index, a prefix of it.
 
 Revision ID: 0010
 Revises: 0009

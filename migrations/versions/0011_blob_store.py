@@ -1,4 +1,4 @@
-"""Blobs out of the database (issue 29): each blob row says where its sealed bytes are
+"""Blobs out of the database: each blob row says where its sealed bytes are
 (`location`) and in which format (`chunk_size`, null for a blob sealed whole); the database
 backend keeps its objects in `blob_chunks`. Existing blobs stay readable where they are (format
 1, in `blobs.data`); `lethe storage migrate` (run by `lethe serve` and `lethe migrate`) moves

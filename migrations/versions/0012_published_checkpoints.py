@@ -1,4 +1,4 @@
-"""Published checkpoints (issue 30): the log's signed C2SP checkpoints with the witness
+"""Published checkpoints: the log's signed C2SP checkpoints with the witness
 cosignatures each gathered; `/log/checkpoint` serves the newest. Append-only, like the tree.
 
 Revision ID: 0012

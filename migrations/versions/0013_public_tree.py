@@ -1,4 +1,4 @@
-"""The public log's own tree (issue 30): `public_nodes`, whose leaf i is the hash of
+"""The public log's own tree: `public_nodes`, whose leaf i is the hash of
 SHA-256(certificate i + 1's body), built here from the certificates already logged; served as
 C2SP tiles under /log/. Append-only, like the certificates' tree.
 

@@ -1,4 +1,4 @@
-"""Privacy audits (issue 31): one row per audit of a model's certificates, with its options,
+"""Privacy audits: one row per audit of a model's certificates, with its options,
 stage and aggregate result; its entry in the audit log is a certificate row.
 
 Revision ID: 0014

@@ -1,5 +1,5 @@
 """datasets.status and datasets.progress_at: a dataset is registered a chunk of samples per
-commit (issue 28: one transaction for a million rows held SQLite's write lock for minutes);
+commit (one transaction for a million rows held SQLite's write lock for minutes);
 existing datasets are ready.
 
 Revision ID: 0015

@@ -1,7 +1,7 @@
 """PostgreSQL: data_keys becomes a table hash-partitioned on its id into 128 partitions, so that
 compacting after an erasure rewrites only the partitions whose keys were destroyed
 (`VACUUM FULL data_keys_p017`, a few milliseconds at a million keys) instead of the whole
-table (about 100 ms per erasure at 100,000 keys, O(n): issue 28). SQLite is unchanged (its
+table (about 100 ms per erasure at 100,000 keys, O(n)). SQLite is unchanged (its
 compaction is a WAL checkpoint; freed cells are zeroed by secure_delete).
 
 Revision ID: 0016

@@ -1,6 +1,6 @@
 """model_versions indexed by model where their bytes are kept (erased_at IS NULL): each commit
 purges the model's older versions, and found them by scanning every version the model ever
-had, a cost that grew with each deletion (issue 28).
+had, a cost that grew with each deletion.
 
 Revision ID: 0017
 Revises: 0016

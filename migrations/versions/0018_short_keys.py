@@ -2,7 +2,7 @@
 data_keys into a small table of their own. Each dies with its version or its request; among
 the samples' keys in data_keys' 128 partitions, a single-sample deletion's two purged blobs'
 keys and its request's opening made the compaction after it rewrite up to three more
-partitions (issue 28). Here it rewrites the one small table.
+partitions. Here it rewrites the one small table.
 
 On PostgreSQL the moved rows' bytes are then compacted out of data_keys (VACUUM FULL, outside
 the migration's transaction): a blob key destroyed later must not survive there.

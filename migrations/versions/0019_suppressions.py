@@ -1,5 +1,5 @@
 """suppressions: the keyed tokens of erased subjects and samples, so that an erased person's
-rows never flow back in unasked (issue 55); datasets.skipped_erased counts the rows a
+rows never flow back in unasked; datasets.skipped_erased counts the rows a
 registration left out for that reason, datasets.ids_given says whether its sample ids are the
 client's (only those go on the list; row numbers do not name anyone).
 

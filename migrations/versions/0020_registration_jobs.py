@@ -1,4 +1,4 @@
-"""datasets.rows_done and datasets.error: registration is a job (issue 55): its progress is
+"""datasets.rows_done and datasets.error: registration is a job: its progress is
 the rows committed so far, and a registration that failed after its client was answered
 keeps its error on the row (status `failed`; its rows and keys are gone).
 

@@ -1,4 +1,4 @@
-"""Appends (issue 55, goals 3 and 5): `dataset_appends` (one append of rows to a ready
+"""Appends: `dataset_appends` (one append of rows to a ready
 dataset, a job like a registration), `samples.append_id` (the append a row came with; its
 rows are `pending` until the append finishes), `datasets.test_fraction` (the split rule an
 append's rows follow when they carry no split: a keyed hash of the id against it) and

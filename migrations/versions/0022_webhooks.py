@@ -1,4 +1,4 @@
-"""Webhooks (issue 58): `webhook_endpoints` (a receiver, its event filter and its wrapped
+"""Webhooks: `webhook_endpoints` (a receiver, its event filter and its wrapped
 signing secrets) and `webhook_deliveries` (the outbox: one event for one endpoint, written in
 the commit that made the event, and its delivery attempts).
 

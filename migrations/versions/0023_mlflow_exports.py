@@ -1,4 +1,4 @@
-"""MLflow (issue 58): `mlflow_exports`, one row per model version copied to MLflow: the MLflow
+"""MLflow: `mlflow_exports`, one row per model version copied to MLflow: the MLflow
 model version and run that hold it, and whether its artifact was deleted after Lethe purged the
 version.
 

@@ -1,4 +1,4 @@
-"""Traces (issue 58): `deletion_requests.trace_context`, the W3C `traceparent` of the POST
+"""Traces: `deletion_requests.trace_context`, the W3C `traceparent` of the POST
 that made the request, so that the worker that applies it continues the same trace.
 
 Revision ID: 0024

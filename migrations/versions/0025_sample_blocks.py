@@ -1,4 +1,4 @@
-"""Samples sealed a block at a time (issue 55, goal 6): `sample_blocks` (a block of rows'
+"""Samples sealed a block at a time: `sample_blocks` (a block of rows'
 records sealed under one data key, which is the block's key), `samples.block_row` (a row's
 place in its block) and an index of `samples.key_id` (an erasure moves a block's other rows
 to its new key). Rows registered before stay sealed one by one.

@@ -1,4 +1,4 @@
-"""Samples' id tokens in a table of their own (issue 55, goal 6): `sample_tokens`
+"""Samples' id tokens in a table of their own: `sample_tokens`
 (dataset, token) → sample, the lookup from a client's id, in place of the unique index on
 `samples` (dataset_id, external_id), whose random keys made every inserted row write a random
 page. `samples.external_id` keeps the token; a registration writes its tokens last, sorted.

@@ -1,4 +1,4 @@
-"""Samples' subject tokens in a table of their own (issue 55, goal 6): `subject_tokens`
+"""Samples' subject tokens in a table of their own: `subject_tokens`
 (dataset, token, sample), the lookup from a client's subject to its rows, in place of the
 index on `samples` (dataset_id, subject_id), whose random keys made every inserted row write
 a random page (a million-row registration with two rows a person: 26 s, 15 s without the

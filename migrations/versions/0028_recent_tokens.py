@@ -1,5 +1,5 @@
 """Appended rows' tokens in small tables of their own until a merge moves them into the main
-indexes (issue 55, goal 6): `sample_tokens_recent` and `subject_tokens_recent`, each with its
+indexes: `sample_tokens_recent` and `subject_tokens_recent`, each with its
 main table's columns and key. An append's random tokens rewrote most pages of a million-row
 `sample_tokens` (~50 MB through the WAL for 10,000 rows); in a small table they touch few.
 

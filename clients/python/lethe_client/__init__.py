@@ -1,4 +1,4 @@
-"""Lethe's typed Python client (issue 57): `Client` and `AsyncClient` on httpx, the API's
+"""Lethe's typed Python client: `Client` and `AsyncClient` on httpx, the API's
 answers as pydantic models (`lethe_client.wire`), errors as `LetheError` subclasses. Needs
 httpx and pydantic only; the server uses the same wire models."""
 

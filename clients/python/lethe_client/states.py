@@ -34,7 +34,7 @@ class RequestStatus(StrEnum):
 
 
 class AuditStatus(StrEnum):
-    """A privacy audit (issue 31): queued, running its shadow experiment, then done (or
+    """A privacy audit: queued, running its shadow experiment, then done (or
     failed)."""
 
     queued = "queued"
@@ -69,7 +69,7 @@ class VersionKind(StrEnum):
     imported = "imported"
     unlearned = "unlearned"
     retrained = "retrained"
-    learned = "learned"  # appended rows learned (issue 55)
+    learned = "learned"  # appended rows learned
 
 
 class Stage(StrEnum):
@@ -79,7 +79,7 @@ class Stage(StrEnum):
     loading = "loading data"
     importing = "importing"
     training = "training"
-    preparing = "preparing updates"  # the method's resident state (issue 28), before ready
+    preparing = "preparing updates"  # the method's resident state, before ready
     ready = "ready"
     failed = "failed"
     withdrawn = "withdrawn"  # failed for good: `workers.commit.withdraw_model`
@@ -108,7 +108,7 @@ def append_settled(status: str, learning: Iterable[str]) -> bool:
 
 
 class DeliveryStatus(StrEnum):
-    """A webhook delivery (issue 58): waiting for its next attempt, delivered (a 2xx), or
+    """A webhook delivery: waiting for its next attempt, delivered (a 2xx), or
     given up after the retry window."""
 
     pending = "pending"
@@ -117,7 +117,7 @@ class DeliveryStatus(StrEnum):
 
 
 class ExportStatus(StrEnum):
-    """A version's copy in MLflow (issue 58): claimed and being registered (or waiting to be
+    """A version's copy in MLflow: claimed and being registered (or waiting to be
     retried), registered (weights uploaded, the model version made), purged (Lethe purged the
     version and its artifact was deleted from MLflow), or skipped (purged before it was ever
     exported: nothing of it reached MLflow)."""

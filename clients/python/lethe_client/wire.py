@@ -1,6 +1,6 @@
 """The API's answers as light pydantic models (no torch, scipy or dp-accounting): the server's
 response models and what the client (`lethe_client.client`) parses; the server (`app.wire`) uses the
-same models, so the two cannot drift (issue 57: the client ships without the server).
+same models, so the two cannot drift (the client ships without the server).
 
 The open-ended documents (a certificate, the preview, the chain check) are typed on the keys
 every one of them has and keep the rest (`extra="allow"`): a method adds its own constants
@@ -43,7 +43,7 @@ class HealthOut(BaseModel):
 
 
 class RegistrationProgress(Out):
-    """How far a registration has come (issue 55: registration is a job)."""
+    """How far a registration has come (registration is a job)."""
 
     rows_done: int
     """rows sealed and committed"""
@@ -110,7 +110,7 @@ class Learning(Out):
 
 
 class AppendOut(Out):
-    """Rows appended to a dataset (issue 55): a job like a registration, then each of the
+    """Rows appended to a dataset: a job like a registration, then each of the
     dataset's models learns them."""
 
     id: int
@@ -195,7 +195,7 @@ class SamplePage(Out):
 
 
 class MlflowCopyOut(Out):
-    """Where a version went in MLflow (issue 58; when Lethe is configured with a tracking
+    """Where a version went in MLflow (when Lethe is configured with a tracking
     server)."""
 
     status: ExportStatus
@@ -227,7 +227,7 @@ class VersionOut(Out):
     parent: int | None
     """the version it replaced"""
     kind: VersionKind
-    """trained, unlearned, retrained, imported or learned (rows appended, issue 55)"""
+    """trained, unlearned, retrained, imported or learned (rows appended)"""
     weights_sha256: str
     """sha256 of the released safetensors bytes"""
     weights_size: int
@@ -356,7 +356,7 @@ class DeletionOut(Out):
 
 
 class AuditOut(Out):
-    """A privacy audit of a model's certificates (issue 31) and, once done, its result."""
+    """A privacy audit of a model's certificates and, once done, its result."""
 
     id: int
     """the audit's id"""
@@ -637,7 +637,7 @@ class PreviewOut(Document):
     deletion_cost: DeletionCost | None = None
     """one deletion's expected cost, per method this model could use"""
     learned_versions: int = 0
-    """versions that learned appended rows (issue 55); a noisy one counts in the lineage as
+    """versions that learned appended rows; a noisy one counts in the lineage as
     any release does"""
 
 
@@ -670,7 +670,7 @@ class ChainCheck(BaseModel):
 
 
 class WebhookOut(Out):
-    """A webhook endpoint (issue 58); its `whsec_` secret only in the answers that made it."""
+    """A webhook endpoint; its `whsec_` secret only in the answers that made it."""
 
     id: int
     """the endpoint"""
