@@ -437,11 +437,11 @@ def sealed_blocks(
     status: SampleStatus | None = None,
 ) -> SealedChunk:
     """The rows at `positions` (a chunk's, in order) as blocks of BLOCK_ROWS records, each
-    sealed under a key of its own (app/storage/sample_blocks.py): one key, one seal and one
-    stored key per block, where a key per row was a third of a registration's time
-   . With `append_id`, that append's rows, `pending` unless
-    `status` says otherwise; with `tokens`, the id tokens of all of `parsed`'s rows,
-    computed already (an append's)."""
+     sealed under a key of its own (app/storage/sample_blocks.py): one key, one seal and one
+     stored key per block, where a key per row was a third of a registration's time
+    . With `append_id`, that append's rows, `pending` unless
+     `status` says otherwise; with `tokens`, the id tokens of all of `parsed`'s rows,
+     computed already (an append's)."""
     firsts = range(0, len(positions), BLOCK_ROWS)
     keys = new_keys(ring, len(firsts))
     features = np.ascontiguousarray(_features(parsed, positions)).data.cast("B")
