@@ -5,8 +5,8 @@ goes on. So a deletion never waits behind a queue of background jobs, and waits 
 one epoch or stage of the running one.
 
 One thread runs every job, as before: the jobs' torch work stays in the thread that always ran
-it (a second job thread made a logistic retrain 1.5× slower, 55 → 96 ms, through
-torch's per-thread OpenMP teams). One signal per (job, model) waits (app/signals.py, through
+it (a second job thread made a logistic retrain slower through torch's per-thread
+OpenMP teams). One signal per (job, model) waits (app/signals.py, through
 `on_taken`). The distributed mode's equivalent is RQ's queue order: a `lethe worker` listens
 on the deletions queue first (app/dispatch.py, workers/worker.py).
 """

@@ -3,18 +3,18 @@ that follows it.
 
 An upload's child writes its rows with automatic checkpoints put off (`wal_autocheckpoint`,
 app/services/registration.py), so the first commit after it, from any connection, ran the
-automatic checkpoint of the whole upload: 30 MB of WAL for a 10,000-row append, 64-100 ms
-of the learning's lease write, on the path from the POST to the learned version.
+automatic checkpoint of the whole upload, in the learning's lease write, on the path from
+the POST to the learned version.
 Started as soon as the child is done, this checkpoint holds SQLite's checkpointer lock while
 it copies the frames, so the commits that come meanwhile skip their own (an automatic
 checkpoint gives way when another one runs) and wait for nothing. PASSIVE: it waits for no
 reader or writer, and what it cannot copy yet the next checkpoint copies.
 
-A large upload also leaves the WAL file as large as its writes between checkpoints (404-416
-MiB after a million-row registration): SQLite reuses the file and does not shrink it. The first
-erasure's compaction truncated it (`wal_checkpoint(TRUNCATE)`, app/storage/erasure.py),
-0.15 s of freeing its pages with new writers held off, right after the first deletion was
-announced: the first append after it answered 0.3-1.1 s later than the next ones.
+A large upload also leaves the WAL file as large as its writes between checkpoints (hundreds
+of MiB after a million-row registration): SQLite reuses the file and does not shrink it. The
+first erasure's compaction truncated it (`wal_checkpoint(TRUNCATE)`, app/storage/erasure.py),
+freeing its pages with new writers held off, right after the first deletion was announced,
+which the first append after it waited for.
 So a WAL file left larger than `WAL_KEPT_BYTES` is truncated here, by a TRUNCATE that waits
 for no one (busy timeout 0): if a reader or writer is in the way, the next one does it."""
 

@@ -21,10 +21,9 @@ T = TypeVar("T")
 
 
 # A new SQLite database's page size: a million-row registration writes 1 GB of sealed
-# blocks (64 KB each) and a million rows, and with 16 KB pages its inserting thread took
-# 6.6-7.2 s where 4 KB pages (SQLite's default) took 8.4-9.2 (fewer overflow pages per block,
-# fewer WAL frames and checkpoint writes; 64 KB pages took 14 s). A small
-# commit writes larger WAL frames: a warm deletion may cost a few ms more (README).
+# blocks (64 KB each) and a million rows, and 16 KB pages make fewer overflow pages per block,
+# fewer WAL frames and checkpoint writes than SQLite's default 4 KB (64 KB pages were slower).
+# A small commit writes larger WAL frames: a warm deletion may cost a little more.
 SQLITE_PAGE_BYTES = 16384
 
 SQLITE_BUSY_MS = 30_000  # how long a SQLite statement waits for a lock held elsewhere

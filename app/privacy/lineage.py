@@ -276,8 +276,7 @@ def admit(
 def prepare_next(budget: LineageBudget, history: Sequence[LineageEvent]) -> None:
     """Compose the lineage with one more release like its newest, so that the next admission
     (most often that same release again: the same target gives the same noise multiplier)
-    finds its ε cached; a worker does it between updates. Its solve took 1.5–4 ms
-    through dp-accounting; app/privacy/gaussian.py's takes ~0.05 ms, so this head start is now
-    small."""
+    finds its ε cached; a worker does it between updates (with app/privacy/gaussian.py's
+    solve the head start is small)."""
     if history:
         compose_events([*history, history[-1]], budget.delta)

@@ -58,9 +58,8 @@ log = logging.getLogger("lethe.appends")
 LEARNERS = (ModelStatus.queued, ModelStatus.training, ModelStatus.ready)
 # An append's rows commit in chunks of this many (a registration's are CHUNK), so one that
 # answers inline (at most INLINE_ROWS rows) commits in one. Each chunk's tokens land
-# all over the dataset's random-keyed token index and rewrite most of its pages: a 10,000-row
-# append in two chunks of 5,000 wrote a million-row index twice (its writes took 0.39-0.51 s,
-# and 0.35-0.36 s in one chunk with APPEND_CACHE_KIB; /tmp script). Since migration
+# all over the dataset's random-keyed token index and rewrite most of its pages, so two chunks
+# wrote a million-row index twice. Since migration
 # 0028 they go to the recent token table, which a merge empties off the request path.
 APPEND_CHUNK = INLINE_ROWS
 
@@ -191,8 +190,8 @@ class Rows:
 def _at_once(runtime: Runtime, rows: Rows, screening: Screened, phases: Phases) -> list[int]:
     """Rows that fit in one chunk (an append answered inline): sealed, then written active
     with the append's end in one commit. Committing them `pending` first and turning them
-    active in a second commit was 0.1-0.2 s of a 10,000-row append's POST: the
-    UPDATE of every row and its index entries, and a second commit."""
+    active in a second commit cost the UPDATE of every row and its index entries, and a
+    second commit."""
     db, ring, n = runtime.db, runtime.keyring, len(rows.parsed.y)
     subjects = SubjectTokens(ring, rows.dataset_id)
     chunk = sealed_blocks(
@@ -231,7 +230,7 @@ def _in_chunks(runtime: Runtime, rows: Rows, screening: Screened, phases: Phases
         for start in range(0, len(parsed.y), APPEND_CHUNK):
             stop = min(start + APPEND_CHUNK, len(parsed.y))
             # a block of rows under each key, as a registration seals them (a key and a
-            # seal per row made a 10,000-row append's POST 0.8 s)
+            # seal per row were most of an append's POST)
             chunk = sealed_blocks(
                 ring, dataset_id, parsed, range(start, stop), subjects, append_id, rows.tokens
             )

@@ -44,11 +44,11 @@ _PRELOAD = [
     "app.services.dataset_files",
     "app.services.parquet_files",
     # the seeded split of an upload with no split column (`seeded_split`): every such parse
-    # imported it in its child, 0.7 s of a registration's POST, and held it in its memory
+    # imported it in its child, on a registration's POST, and held it in its memory
     "sklearn.model_selection",
     # not scikit-learn's dataset loaders: preloaded, they were 6 MiB of every child's memory,
     # which a million-row registration needs under its bound; a builtin's
-    # child imports them itself (0.14 s)
+    # child imports them itself
 ]
 _BYTES_DATA = bytes.__basicsize__ - 1  # where a bytes object's data starts (CPython)
 

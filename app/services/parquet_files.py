@@ -91,8 +91,8 @@ def parse_parquet(
     written_subjects: dict[int, str] = {}
     # the named columns only: the features are read once, a batch at a time as they are
     # registered (`ParquetRows`), and a malformed value is refused then (the job fails and
-    # is discarded). Reading them here as well read a million × 256 twice, 13 s before a
-    # POST could answer 202
+    # is discarded). Reading them here as well read the features twice, before a POST could
+    # answer 202
     for start, table in batches(table_file, columns.named(), width, NAMED_BATCH_ROWS):
         stop = start + table.num_rows
         y[start:stop] = _numbers(table.column(columns.label), columns.label, start)

@@ -52,10 +52,8 @@ from app.storage.keystore import destroy_keys, new_keys, store_keys
 from app.storage.sample_blocks import BLOCK_ROWS, block_aad, destroy_blocks, pack_columns, wipe
 from app.webhooks import events
 
-# Samples per commit: the longest a deletion POST waits behind a registration. Measured at a
-# million × 256 (embedded, 2 cores): 66.8 s alone against 48.4 s as one transaction, deletion
-# POSTs meanwhile accepted within 0.25 s; 20,000 per commit took 52.9 s but made them wait
-# up to 0.72 s.
+# Samples per commit: the longest a deletion POST waits behind a registration (more per commit
+# is faster, and makes deletions wait longer; one transaction held every other writer back).
 CHUNK = 5000
 INLINE_ROWS = 10_000  # a registration or append of more rows answers 202 and goes on as a job
 # How far before its dataset row a registration looks for suppressions it may have missed: a

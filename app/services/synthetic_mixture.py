@@ -118,8 +118,7 @@ class Mixture:
         float32), features in scikit-learn's order. A float32 value is the cast scikit-learn's
         float64 would get, so each entry is the same float32. BLAS runs on one thread while
         they are drawn: a block's product is small, and OpenBLAS's second thread, spinning
-        between calls, took a registration's sealing threads' core (23.4 s instead of 20.7 s
-        for a million rows)."""
+        between calls, took the core a registration's sealing threads need."""
         from threadpoolctl import threadpool_limits
 
         informative = np.random.RandomState()

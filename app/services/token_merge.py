@@ -2,8 +2,8 @@
 request path.
 
 Keyed tokens are random: 10,000 of an append's inserted straight into a million-row
-`sample_tokens` touched most of its pages (48 MB through SQLite's WAL, 0.33 s of an append's
-POST), against 0.5-3 MB and 0.05 s into the recent table. A
+`sample_tokens` touched most of its pages (tens of MB through SQLite's WAL, on the append's
+POST), against a few MB into the recent table. A
 merge pays that once for many appends, when no append, registration or learning runs.
 
 A batch moves in one transaction: its rows deleted from the recent table (RETURNING them)
@@ -41,8 +41,8 @@ PAIRS: tuple[tuple[Table, Table], ...] = (
 )
 COLUMNS = ("dataset_id", "token", "sample_id")
 # Keys a transaction moves: consecutive in token order, so their main-table pages are near
-# one another, and the write lock is held briefly (50,000 tokens into a million in 25
-# transactions took 0.99 s, the longest 0.11 s with a WAL checkpoint).
+# one another, and the write lock is held briefly (a transaction's wait is what a deletion
+# arriving then can wait).
 BATCH = 2_000
 HARD_FACTOR = 4  # at this many times the threshold a merge no longer waits for quiet
 

@@ -83,7 +83,7 @@ def pack_columns(
     row count), the labels, the ends of the ids and of the subjects, which rows have a
     subject, then the ids, the subjects and the features (`features`: the rows' float32
     features, row after row), each a run of its own. A few joins a block, where packing it
-    by record (a record's parts and a view of its features a row) was 1.5 s of a million-row
+    by record (a record's parts and a view of its features a row) was a large share of a
     registration's sealing thread. `unpack` reads both layouts."""
     given = [b"" if s is None else s for s in subjects]
     return b"".join(
@@ -120,8 +120,8 @@ class Columns:
     """A block packed by column, read as arrays (views into its plaintext, which the caller
     zeroes after copying out what it needs): a worker opening a million rows copies each
     block's features and labels out in one operation, where making a record for every row
-    and copying its features twice was most of reading a model's rows (34.6 s of
-    a million-row session's 46 s warm-up)."""
+    and copying its features twice was most of reading a model's rows (a million-row
+    session's warm-up)."""
 
     labels: np.ndarray  # (count,) int64
     features: np.ndarray  # (count, width) float32
