@@ -1,5 +1,5 @@
 """Waking long polls when a worker finishes requests, instead of polling the database on a
-growing timer (a certificate committed 1 ms after a poll was seen up to 20 ms late).
+growing timer (a certificate committed just after a poll was seen a whole step late).
 
 The database stays the record: a wake-up only says "look again", so a lost one costs a
 fallback poll, never a wrong answer. Embedded, the worker wakes the API's waiters directly

@@ -62,7 +62,7 @@ def seeded_net(
     """Initialised on CPU from `seed` (the same weights on every device), then moved.
 
     Seeds the CPU generator itself: `torch.manual_seed` also queues a lazy CUDA seeding that
-    records a stack trace, 3 ms per call even without a GPU (a sharded update seeds a net per
+    records a stack trace on every call, even without a GPU (a sharded update seeds a net per
     stage it retrains). Where CUDA is present it is seeded too, as before."""
     torch.random.default_generator.manual_seed(seed)
     if torch.cuda.is_available():

@@ -1,12 +1,11 @@
 """The worker's garbage collection, kept out of the update path. A resident session holds
-a few hundred thousand Python objects; a full collection walks them all (70–130 ms at 50,000
-rows) and CPython starts one whenever enough allocations have piled up, so it landed inside a
-random update: the first deletion after a test-row erasure took ~300 ms instead of ~60 ms
-. After each job what survived it is frozen
+a few hundred thousand Python objects; a full collection walks them all and CPython starts
+one whenever enough allocations have piled up, so it landed inside a random update, several
+times its usual length. After each job what survived it is frozen
 (`gc.freeze`: later collections skip it), and the full collection runs once the worker has
 been idle for a moment, where it delays nobody, unless a job is expected soon: an append's
-POST took 0.4-0.7 s, so the collection (0.36 s with a million-row session) began during it
-and the learning it signalled waited for the end of it."""
+POST is long enough for the collection to begin during it, and the learning it signalled
+waited for the end of it."""
 
 from __future__ import annotations
 

@@ -3,8 +3,8 @@
 
 The successor warms the sessions its predecessor held (workers/load.warm_session): it reads
 the retained rows itself, and with a handed-over state it skips the method's `prepare`
-(convex_head's anchored Hessians: a Hessian pass, 11–13 s of a million-row session's 46 s
-warm-up on 2 cores, during which the next deletion waited). What travels is the
+(convex_head's anchored Hessians: a Hessian pass, a quarter of a million-row session's
+warm-up, during which the next deletion waited). What travels is the
 method's own aggregate (the Hessians, the second moment, the gradient and its bound, at the
 current version), as one safetensors buffer: through the pipe to the API process and the
 spawn arguments (embedded mode), or through an anonymous memory file across the re-execution

@@ -171,9 +171,9 @@ def _prepare_resident(
 ) -> _Prepared | None:
     """The method's resident state (convex_head's anchored float64 Hessians: a pass over the
     rows), computed before the version commits, so a model is `ready` only once its first
-    deletion can run warm (at a million rows the first deletion waited 40 s for it
-    after `ready`). It is made on the device of `rows`, the worker's, where the updates that
-    use it compute (made on the CPU, a GPU worker's first update failed on it and retrained).
+    deletion can run warm (else the first deletion waited for it after `ready`). It is made on
+    the device of `rows`, the worker's, where the updates that use it compute (made on the CPU, a
+    GPU worker's first update failed on it and retrained).
     None when this worker keeps no sessions."""
     if ctx.resident_sessions().capacity <= 0:
         return None
@@ -211,7 +211,7 @@ def _seed_session(
     try:
         first = ModelSession.of(model_id, version_id, rows, prepared.state, inputs.test, device)
         # a trained version has released no noise yet; the split is dated by training's read,
-        # so the first update does not read it again (at a million rows that was 4 s)
+        # so the first update does not read it again
         first = replace(first, history=(), test_left=inputs.test_left)
         if prepared.method_state is not None:
             first = replace(first, method_state=prepared.method_state)

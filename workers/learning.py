@@ -156,7 +156,7 @@ def _opened(session: Session, ctx: JobContext, model_id: int, due: list[tuple[in
         select(Dataset).join(Model, Model.dataset_id == Dataset.id).where(Model.id == model_id)
     ).one()
     # the model's own row of each sample, by its primary key: NOT IN the model's rows built
-    # an index of all of them first (0.15 s at a million rows, against 9 ms)
+    # an index of all of them first
     held = select(ModelSample.sample_id).where(
         ModelSample.model_id == model_id, ModelSample.sample_id == Sample.id
     )
@@ -194,7 +194,7 @@ def _opened(session: Session, ctx: JobContext, model_id: int, due: list[tuple[in
 def _with_rows(test: RetainedData, extra: Arrays, device: torch.device) -> RetainedData:
     """The test split with the appends' test rows after it, deferred: a release's metrics
     read only its head (workers/updates.py, ACCURACY_ROWS), and copying the whole split was
-    0.08-0.12 s of a learned version at a million rows."""
+    a share of a learned version's time."""
     if not len(extra):
         return test
     return joined(test, _retained(extra, device))
@@ -242,7 +242,7 @@ def commit_learned(
             [certificate_id],
         )
         # tuples in a few statements (COPY on PostgreSQL): the ORM's insert of dicts was
-        # 0.11 s of a 10,000-row append's commit
+        # most of an append's commit
         rows = [(batch.model_id, s) for s in learn.added.sample_ids]
         insert_rows(session.connection(), MODEL_SAMPLES, ("model_id", "sample_id"), rows)
         also = supersede(session, ctx, batch, outcome, version)

@@ -71,8 +71,8 @@ class Linger:
         busy, so the next update runs here, on the warm session. The API pushes to the
         model's due list after committing a deletion: the worker blocks on it and, when woken,
         goes straight to its claim; it looks at the database itself every
-        STICKY_POLL_SECONDS, for a push lost with Redis (a 20 ms sleep between looks cost a
-        deletion 10 ms on average). The caller has just looked."""
+        STICKY_POLL_SECONDS, for a push lost with Redis (a fixed sleep between looks cost a
+        deletion half of it on average). The caller has just looked."""
         if self.ctx.due is None:
             return False
         deadline = time.monotonic() + self.ctx.settings.sticky_seconds

@@ -296,8 +296,8 @@ def test_rows_left(session: Session, dataset_id: int) -> int:
     split (statements of a read do not share a snapshot on PostgreSQL), it dates the split for
     `_with_current_test`. One count per status, each an equality on all three columns of
     ix_samples_dataset_split_status, so only the rows that left are visited: with
-    `status IN (...)` PostgreSQL filtered every test row of the dataset (10 ms at 20,000,
-    before the table was first analysed)."""
+    `status IN (...)` PostgreSQL filtered every test row of the dataset (before the
+    table was first analysed)."""
     params = {
         "dataset_id": dataset_id,
         "erasing": SampleStatus.erasing,

@@ -2,8 +2,7 @@
 session's connection.
 
 Building a statement and running it through the ORM session cost more of a worker's CPU
-than PostgreSQL spent executing it (the commit 25 → 16 ms of Python per deletion,
-the claim 6 → 4 --mode distributed --gil`). These are Core statements
+than PostgreSQL spent executing it. These are Core statements
 with bound (expanding where a list) parameters, so each is compiled once per process and
 cached, run executemany where there is a row each.
 """
@@ -220,7 +219,7 @@ HELD = select(MODEL_SAMPLES.c.sample_id).where(
 )
 # The requests' commitment openings, wrapped: joined to `short_keys`, which is not
 # partitioned. (When they lived in the hash-partitioned `data_keys`, a join made PostgreSQL
-# plan against all 128 partitions, 6.9 ms per deletion, so they were read by id; migration
+# plan against all 128 partitions on every deletion, so they were read by id; migration
 # 0018 moved them, and the join is a round trip less per load.)
 OPENINGS = (
     select(REQUESTS.c.id, SHORT_KEYS.c.wrapped)

@@ -104,8 +104,8 @@ def store_blobs(
         _, stream = tensorfile.encode(next_state)
         return store.write(f"model-{model_id}/state", stream, digest=False)
 
-    # the two are written at once: each ends in an fsync of its file and of its folder (about
-    # 4 ms a deletion for the four on the development machine), which release the GIL. One
+    # the two are written at once: each ends in an fsync of its file and of its folder, which
+    # release the GIL. One
     # that fails leaves the other unreferenced: the sweeper removes it.
     writing = _WRITER.submit(state)
     _, stream = tensorfile.encode(weights, metadata)

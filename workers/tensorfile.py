@@ -80,7 +80,7 @@ def encode(
 
 # Tensors under this many bytes are copied into a shared piece: a sealed blob pays Python per
 # piece (hashing, sealing, writing), and a sharded state is ~160 tensors of a few hundred
-# bytes (16 shards × 4 checkpoints), 2 ms of every sharded deletion's store.
+# bytes (16 shards × 4 checkpoints), on every sharded deletion's store.
 SMALL = 64 * 1024
 PIECE = 1024 * 1024  # the largest shared piece: a stream never holds much more than this
 

@@ -68,8 +68,8 @@ def compute_storing(
 ) -> tuple[Outcome, T]:
     """`compute_on`, with `store(release)` (the release on CPU) run in a thread while the
     release's metrics are measured: the blobs' sealing and writes and the accuracies' tensor
-    work overlap, both mostly outside the interpreter lock (each was 1–3 ms of a
-    warm deletion at 100,000 samples). What `store` returned is discarded if measuring fails."""
+    work overlap, both mostly outside the interpreter lock (each a share of a warm
+    deletion). What `store` returned is discarded if measuring fails."""
     moved = inputs_to(inputs, device)
     decision, seconds = _decided(moved)
     released = replace(decision, release=release_to_cpu(decision.release))

@@ -154,7 +154,7 @@ async def reject(send: Send, status: int, code: str, message: str, details: obje
 async def read_upload(upload: UploadFile, limit: int) -> bytes:
     """An uploaded file's bytes, at most `limit` + 1 of them (more than `limit` is the
     caller's 413). The read asks for the spooled file's size, not for `limit` + 1: under the
-    allocator that fills what it hands out (app/allocator.py) a 64 MB buffer for a
-    10 MB upload took 40 ms to fill, on every registration's and append's request path."""
+    allocator that fills what it hands out (app/allocator.py) a buffer of the upload
+    limit is filled in full, on every registration's and append's request path."""
     size = upload.size if upload.size is not None else limit
     return await upload.read(min(size, limit) + 1)

@@ -241,9 +241,9 @@ class RecentSampleToken(Base):
 class SubjectToken(Base):
     """A sample's subject token (a person owns several rows): the lookup from a client's
     subject to its rows, apart from `samples` for the reason `sample_tokens` is (an
-    index of the random tokens on `samples` took a million-row registration with subjects
-    from 15 to 26 s); a registration writes them last, sorted. Whoever deletes a sample
-    deletes its subject token (`app/services/subject_tokens.py`)."""
+    index of the random tokens on `samples` nearly doubled a registration with subjects); a
+    registration writes them last, sorted. Whoever deletes a sample deletes its subject token
+    (`app/services/subject_tokens.py`)."""
 
     __tablename__ = "subject_tokens"
     __table_args__ = {"sqlite_with_rowid": False}
@@ -695,5 +695,5 @@ class MlflowExport(Base):
 # Mappers configured now rather than on the first query: every process that imports the tables
 # queries them, and an upload's child, forked from a fork server that imported this module
 # (app/services/isolated.py), inherits them configured instead of configuring them again on its
-# first query (16-18 ms of each registration's and append's child, timed in a forked process).
+# first query (on every registration's and append's path).
 configure_mappers()

@@ -14,8 +14,8 @@ A method's own theorem (its sensitivity Δ or Rényi slope) lives with the metho
 (seed 003, Thm 2), `methods/newton/sensitivity.py` (seed 004, Prop 4.1); it feeds the
 mechanisms here.
 
-dp-accounting is imported where it is first used: it imports scipy.stats and scipy.signal (1.2 s
-of CPU), which every process importing the method specs paid, among them each service's fork
+dp-accounting is imported where it is first used: it imports scipy.stats and scipy.signal (over a
+second of CPU), which every process importing the method specs paid, among them each service's fork
 server that parses uploads and computes no ε.
 """
 

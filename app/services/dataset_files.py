@@ -115,7 +115,7 @@ class MaybeTexts(Sequence[str | None]):
 
 def texts_at(values: Sequence[T], positions: Sequence[int]) -> list[T]:
     """The values (strings, or None) at `positions`: a run of rows sliced at once (`Texts`
-    decoded together; one at a time, a million Parquet ids cost 0.5 s of a registration)."""
+    decoded together, not one at a time)."""
     if isinstance(positions, range) and positions.step == 1:
         part = values[positions.start : positions.stop]
         return part.values.tolist() if isinstance(part, Texts | MaybeTexts) else list(part)
@@ -197,8 +197,8 @@ def seeded_split(y: np.ndarray, test_fraction: float, seed: int | None) -> list[
 
     Tiny datasets keep at least one training sample (a single sample is all train). With no
     seed, every row `train` and no split made: the caller gives each row its split (an
-    append's rule, a keyed hash of its id); the split it would replace was ~24 ms of a
-    10,000-row append's child in py-spy's samples (stop 76).
+    append's rule, a keyed hash of its id); the split it would replace was wasted work
+    in an append's child.
     """
     if seed is None:
         return ["train"] * len(y)

@@ -328,8 +328,8 @@ def _exit_with(api_pid: int) -> None:
 
 def zero(buffer: memoryview) -> None:
     """Zero a writable buffer in place with one memset: assigning it a zeroed bytes of its size
-    allocated and copied that too (7.7-9.8 ms against 1.1-5.8 ms for a 10 MB upload, on the
-    path of the POST's answer and the learning's signal; /tmp script)."""
+    allocated and copied that too, on the path of the POST's answer and the learning's
+    signal."""
     if not len(buffer):
         return
     view = ctypes.c_char.from_buffer(buffer)

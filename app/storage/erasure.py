@@ -197,9 +197,8 @@ def compact_soon(db: Database, interval: float) -> None:
     """Compact in a background thread, one per database, at most once per `interval` seconds
     (LETHE_COMPACTION_INTERVAL_SECONDS): the first erasure after a quiet spell is compacted at
     once; those that come within an interval of a run's start wait until that interval has
-    passed and go in one run. VACUUM FULL costs about 5 ms of fixed work per partition (a
-    new file, its fsync, the index rebuilt) and 5–50 ms of PostgreSQL's CPU for an update's
-    four keys: rewriting after every update took that from every next one."""
+    passed and go in one run. VACUUM FULL has fixed work per partition (a new file, its
+    fsync, the index rebuilt): rewriting after every update took that from every next one."""
     if not has_destroyed(db):
         return
     state = db.own(_Compactor)  # one per database
@@ -315,7 +314,7 @@ def compact(db: Database, everything: bool = False) -> Compaction:
 
 # The key tables' leaves (data_keys' partitions, short_keys) that have any page, in their heap
 # or TOAST: a relation with none holds no byte of a destroyed key, so rewriting it does
-# nothing (an empty database's 128 partitions took 0.45 s at each start).
+# nothing (an empty database's 128 partitions at each start).
 _WITH_PAGES = text(
     "SELECT c.oid::regclass::text FROM pg_class c "
     "WHERE (c.oid IN (SELECT relid FROM pg_partition_tree('data_keys') WHERE isleaf) "

@@ -127,8 +127,8 @@ def _unprepared(conn: Connection, statement: str, *key_ids: list[UUID]) -> list[
     """Run a statement on the key table that PostgreSQL plans with these ids (a list per
     parameter), pruned to their partitions: never prepared. Every compaction's VACUUM FULL
     rewrites partitions, which invalidates a prepared statement's plans, and PostgreSQL then
-    rebuilt a generic plan over all 128 partitions to compare it with the custom one (6.4 ms
-    of planning per deletion for the deletion of keys alone)."""
+    rebuilt a generic plan over all 128 partitions to compare it with the custom one (most of
+    the deletion of keys' time went to planning)."""
     raw = cast("psycopg.Connection[Any]", conn.connection.dbapi_connection)
     threshold, raw.prepare_threshold = raw.prepare_threshold, None  # this statement only
     try:  # through SQLAlchemy: its errors, retries and disconnect handling apply as usual

@@ -243,7 +243,7 @@ _ANCHOR_SCALARS = ("e_H", "e_S", "S_norm", "rho")
 def exported(resident: Resident) -> dict[str, torch.Tensor]:
     """The resident state as named float64 tensors (the kept rows left out: a successor reads
     its own), for the process that replaces this one after an erasure (workers/recycle.py):
-    rebuilding the anchor there was a Hessian pass, 11–13 s at a million rows."""
+    rebuilding the anchor there was a Hessian pass, the longest step of its warm-up."""
     A = resident.anchor
     scalar = lambda value: torch.tensor(float(value), dtype=torch.float64)  # noqa: E731
     return {
@@ -353,10 +353,10 @@ def _moved(resident: Resident, Z: torch.Tensor, T: torch.Tensor, sign: int) -> R
     w = torch.sigmoid(u) * torch.sigmoid(-u)
     eye = lam * torch.eye(d, dtype=torch.float64, device=Z.device)
     # scale·(H_A − λI) ∓ Σ_j w_ja z_j z_jᵀ/m' + λI, class by class into H itself through one
-    # (k, d) buffer: the einsum materialised a (classes, k, d) product first (205 MB for
-    # 10,000 rows of 257 and 10 classes), which took longer than the products themselves
-    # (0.27 → 0.10 s). An entry is w/m' and two products (three roundings) summed
-    # with H's own entry over k + 1 terms: within the γ_{k+8} of e_H below.
+    # (k, d) buffer: the einsum materialised a (classes, k, d) product first (hundreds of MB for
+    # 10,000 rows), which took longer than the products themselves. An entry is w/m' and two
+    # products (three roundings) summed with H's own entry over k + 1 terms: within the γ_{k+8} of
+    # e_H below.
     data_part = A.H - eye
     H = data_part * scale
     weighted = torch.empty_like(Z)
@@ -410,8 +410,8 @@ def stale_steps_suffice(before: float, after: float, budget: float, steps_left: 
     """Whether measured Newton steps with the anchor as it is should bring the bound from
     `after` to ≤ `budget` with a step to spare of the `steps_left`, at the rate the last
     measured step showed (after/before): a stale anchor's steps converge linearly, each for
-    one gradient pass, where a fresh anchor is a Hessian pass, O(m·d²) per class (15 s
-    against 0.6 s for a gradient pass at a million rows of 256 features on 2 cores).
+    one gradient pass, where a fresh anchor is a Hessian pass, O(m·d²) per class (some
+    twenty gradient passes' worth at 256 features).
     The spare step is the one a re-anchoring needs after it, should the rate slow down. Only
     a choice of work: every step's bound is measured or rigorous whichever way it goes."""
     if after <= budget:

@@ -85,7 +85,7 @@ def _check_gc(C0: float, C1: float, lam: float, gamma: float) -> None:
 
 @lru_cache(maxsize=256)
 def _budget(epsilon: float, delta: float) -> float:
-    """slope_budget is an 80-step bisection (~0.3 s): cache it per (ε, δ)."""
+    """slope_budget is an 80-step bisection: cache it per (ε, δ)."""
     return slope_budget(epsilon, delta)
 
 

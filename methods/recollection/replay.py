@@ -2,8 +2,8 @@
 record validated once, and for every training sample the steps at which it was in a batch.
 
 Theorem 2's bound (seed 003, unfolded sum, note 003 §5.2) needs the steps of each removed
-sample. Replaying the batch schedule for them walked all n samples of every epoch in Python
-(14–22 ms per update at n = 100,000); with the table made once, an update reads its k
+sample. Replaying the batch schedule for them walked all n samples of every epoch in Python on
+every update; with the table made once, an update reads its k
 samples' rows: O(k · epochs).
 """
 

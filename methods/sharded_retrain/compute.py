@@ -248,7 +248,7 @@ def _earliest_stages(removed: sh.Assignment) -> dict[int, int]:
 def _parts(state: ModelState) -> dict[str, ModelState]:
     """The state's tensors by prefix (a shard's released weights `shard{k}.`, a checkpoint's
     `sisa.checkpoint.s{k}.r{j}.`), in one pass: looking each prefix up across the whole state
-    took S·R passes, 2 ms of a warm update at 16 × 4."""
+    took S·R passes, a share of a warm update."""
     parts: dict[str, ModelState] = {}
     for name, value in state.items():
         if name.startswith(sh.CHECKPOINTS):  # up to the dot after its stage

@@ -1,7 +1,6 @@
 """PostgreSQL: data_keys becomes a table hash-partitioned on its id into 128 partitions, so that
 compacting after an erasure rewrites only the partitions whose keys were destroyed
-(`VACUUM FULL data_keys_p017`, a few milliseconds at a million keys) instead of the whole
-table (about 100 ms per erasure at 100,000 keys, O(n)). SQLite is unchanged (its
+(`VACUUM FULL data_keys_p017`) instead of the whole table (O(n) per erasure). SQLite is unchanged (its
 compaction is a WAL checkpoint; freed cells are zeroed by secure_delete).
 
 Revision ID: 0016

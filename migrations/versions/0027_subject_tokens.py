@@ -1,7 +1,7 @@
 """Samples' subject tokens in a table of their own: `subject_tokens`
 (dataset, token, sample), the lookup from a client's subject to its rows, in place of the
 index on `samples` (dataset_id, subject_id), whose random keys made every inserted row write
-a random page (a million-row registration with two rows a person: 26 s, 15 s without the
+a random page (a registration with subjects took nearly twice as long as without the
 index). `samples.subject_id` keeps the token; a registration writes its subject tokens last,
 sorted, as it writes its id tokens (0026).
 
