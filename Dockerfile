@@ -10,11 +10,12 @@ ARG TORCH_INDEX=https://download.pytorch.org/whl/cpu
 ARG PIP_CERT=/etc/ssl/certs/ca-certificates.crt
 ENV PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 PIP_NO_CACHE_DIR=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1 OMP_WAIT_POLICY=PASSIVE LETHE_DATA_DIR=/var/lib/lethe \
+    LETHE_JOURNAL_DIR=/var/lib/lethe-journal \
     PATH=/opt/lethe/bin:$PATH
 WORKDIR /srv/lethe
 RUN python3 -m venv /opt/lethe \
  && useradd --system --uid 10001 --home-dir /var/lib/lethe --create-home lethe \
- && install -d -o lethe -m 700 /var/lib/lethe/journal
+ && install -d -o lethe -m 700 /var/lib/lethe-journal
 
 # Dependencies first, in layers that change only with pyproject.toml.
 RUN if ls /wheels/torch-2.13.0+cpu-*.whl >/dev/null 2>&1; then \
