@@ -73,3 +73,16 @@ def test_a_result_renders_with_its_machine(name: str) -> None:
 
     table = docs_hooks.results(name)
     assert "cores" in table.splitlines()[0] and "| `" in table
+
+
+def test_every_docs_page_the_product_names_exists() -> None:
+    listed = subprocess.run(
+        ["git", "ls-files", *PRODUCT, "scripts"], cwd=ROOT, capture_output=True, text=True
+    ).stdout.split()
+    named = {
+        m.group(0)
+        for name in listed
+        if name.endswith(".py")
+        for m in re.finditer(r"docs/[a-z0-9/_-]+\.md", (ROOT / name).read_text())
+    }
+    assert named and not [n for n in named if not (ROOT / n).is_file()]

@@ -1,6 +1,6 @@
 """The suppression list: erased people and samples stay erased (GDPR practice keeps such a
 list). A deletion request records the keyed tokens of the subjects it named and of every
-sample id it erased, a person's rows matched by subject included (docs/design/suppression.md);
+sample id it erased, a person's rows matched by subject included (docs/concepts/ids.md);
 a registration screens its rows against the list and refuses them
 (`on_erased: refuse`, the default) or leaves them out (`skip`); an admin lifts one with a
 reason (re-consent), which the row keeps. Only tokens are stored: an HMAC under the master
