@@ -235,32 +235,67 @@ def listed_now(session: Session) -> dict[str, bool] | None:
 Probe = tuple[str, bool]  # a token to look for, and whether it counts only when `any_case`
 
 
+@dataclass(frozen=True)
+class Probes:
+    """The tokens that find some ids on the list, in columns: each id's exact token, its
+    any-case token, and (`others`, by position) the token of the id as Lethe wrote it before
+    canonical ids. In a dataset whose ids ignore case the any-case token counts whatever
+    erasure put it there; elsewhere only where that erasure ignored case."""
+
+    exact: list[str]
+    folded: list[str]
+    others: dict[int, str]
+    insensitive: bool
+
+    def tokens(self) -> list[str]:
+        return [*self.exact, *self.folded, *self.others.values()]
+
+    def of(self, k: int) -> tuple[Probe, ...]:
+        """Id `k`'s probes."""
+        e, f = self.exact[k], self.folded[k]
+        probes = ((f, False), (e, False)) if self.insensitive else ((e, False), (f, True))
+        other = self.others.get(k)
+        return probes if other is None else (*probes, (other, False))
+
+    def hits(self, listed: dict[str, bool]) -> set[int]:
+        """The positions of the ids on the list (none looked at when nothing is)."""
+        if not listed:
+            return set()
+        suspects = {k for k, t in enumerate(self.exact) if t in listed}
+        suspects |= {k for k, t in enumerate(self.folded) if t in listed}
+        suspects |= {k for k, t in self.others.items() if t in listed}
+        return {k for k in suspects if _hit(self.of(k), listed)}
+
+    def marks(self) -> np.ndarray:
+        """Each id's 64-bit mark: 16 bits of each of its tokens (`late` narrows rows by it)."""
+        marks = _fragments(self.exact) | (_fragments(self.folded) << np.uint64(16))
+        if self.others:
+            at = np.fromiter(self.others, dtype=np.int64, count=len(self.others))
+            marks[at] |= _fragments(list(self.others.values())) << np.uint64(32)
+        return marks
+
+
 class Prober:
-    """The tokens that find one kind of id on the list, for a dataset's rules: its canonical
-    text's, its any-case token's (which counts where the erasure ignored case, or where this
-    dataset does), and the token of the id as Lethe wrote it before canonical ids, where
-    that differs (a suppression made then holds it)."""
+    """The probes of one kind of id, for a dataset's rules (`Probes`)."""
 
     def __init__(self, ring: Keyring, kind: str, rules: DatasetIds) -> None:
         self.ring, self.kind, self.rules = ring, kind, rules
 
-    def of(self, texts: Sequence[str], others: Sequence[str | None]) -> list[tuple[Probe, ...]]:
-        """Each text's probes (`others`: its former writing, or None)."""
+    def of(self, texts: Sequence[str], others: Sequence[str | None]) -> Probes:
+        """The probes of these ids (`others`: each one's former writing, or None)."""
         ring, kind, rules = self.ring, self.kind, self.rules
         if rules.legacy:  # kept as written then: probed by their canonical text too
             canon = [_canonical_or_none(t) for t in texts]
             others = [t if c != t else None for t, c in zip(texts, canon, strict=True)]
             texts = [c if c is not None else t for t, c in zip(texts, canon, strict=True)]
-        exact = suppression_tokens(ring, kind, texts)
-        folded = folded_tokens(ring, kind, texts)
-        former = [o for o in others if o is not None]
-        before = iter(suppression_tokens(ring, kind, former))
-        insensitive = rules.case == "insensitive" and not rules.legacy
-        out: list[tuple[Probe, ...]] = []
-        for e, f, o in zip(exact, folded, others, strict=True):
-            probes = ((f, False), (e, False)) if insensitive else ((e, False), (f, True))
-            out.append(probes if o is None else (*probes, (next(before), False)))
-        return out
+        former = {k: o for k, o in enumerate(others) if o is not None}
+        made = suppression_tokens(ring, kind, list(former.values()))
+        return Probes(
+            suppression_tokens(ring, kind, texts),
+            folded_tokens(ring, kind, texts),
+            dict(zip(former, made, strict=True)),
+            rules.case == "insensitive" and not rules.legacy,
+        )
 
 
 def _hit(probes: tuple[Probe, ...], listed: dict[str, bool]) -> bool:
@@ -292,8 +327,8 @@ class Screener:
         self.written_subjects = written_subjects or {}
         self.sample_marks = np.zeros(len(ids), dtype=np.uint64)  # 0: not checked, or a hit
         self.subject_marks = np.zeros(len(ids), dtype=np.uint64)
-        # each subject's probes, at most REMEMBERED_SUBJECTS (a subject owns many rows)
-        self._subject_probes: dict[str, tuple[Probe, ...]] = {}
+        # each subject's mark, at most REMEMBERED_SUBJECTS (a subject owns many rows)
+        self._subject_marks: dict[str, int] = {}
         self._erased: set[str] = set()  # subjects found on the list
         self.rows: list[int] = []  # the hits so far, in order
         self._held: dict[str, bool] | None = None  # the list, where it is short
@@ -303,49 +338,45 @@ class Screener:
         """The rows `start:stop` on the list (a few keyed tokens per id: microseconds a row);
         the others' marks kept."""
         subjects = texts_at(self.subjects, range(start, stop))
-        known, new = self._subjects(subjects, start)
+        new, probes = self._new_subjects(subjects, start)
         samples = self._samples(start, stop)
-        wanted = [t for p in samples for t, _ in p] + [t for s in new for t, _ in known[s]]
+        wanted = (samples.tokens() if samples else []) + probes.tokens()
         listed = self._on_list(session, wanted)
-        found: list[int] = []
-        for k, i in enumerate(range(start, stop)):
-            subject = subjects[k]
-            # a subject met in an earlier chunk and clean then is found later by `late`
-            hit = subject is not None and (
-                subject in self._erased or (subject in new and _hit(known[subject], listed))
-            )
-            if hit:
-                self._erased.add(subject)  # type: ignore[arg-type]
-            if hit or (samples and _hit(samples[k], listed)):
-                found.append(i)
-                continue
-            if samples:
-                self.sample_marks[i] = _mark(samples[k])
-            if subject is not None:
-                self.subject_marks[i] = _mark(known[subject])
+        self._erased |= {new[k] for k in probes.hits(listed)}
+        found = sorted(
+            {start + k for k in (samples.hits(listed) if samples else ())}
+            | {start + k for k, s in enumerate(subjects) if s is not None and s in self._erased}
+        )
+        if samples:
+            self.sample_marks[start:stop] = samples.marks()
+        marks = self._subject_marks
+        self.subject_marks[start:stop] = [0 if s is None else marks[s] for s in subjects]
+        self.sample_marks[found] = 0  # a hit is not a clean row: `late` passes it by
+        self.subject_marks[found] = 0
         self.rows += found
         return found
 
-    def _samples(self, start: int, stop: int) -> list[tuple[Probe, ...]]:
+    def _samples(self, start: int, stop: int) -> Probes | None:
         if not self.samples:
-            return []
+            return None
         texts = texts_at(self.ids, range(start, stop))
         others = [self.written_ids.get(i) for i in range(start, stop)]
         return self.sample_probes.of(texts, others)
 
-    def _subjects(
-        self, subjects: list[str | None], start: int
-    ) -> tuple[dict[str, tuple[Probe, ...]], set[str]]:
-        """The probes of a chunk's subjects, those not remembered (`new`) made together."""
-        seen = self._subject_probes
-        if len(seen) > REMEMBERED_SUBJECTS:
-            seen.clear()
+    def _new_subjects(self, subjects: list[str | None], start: int) -> tuple[list[str], Probes]:
+        """A chunk's subjects not met before, and their probes (their marks kept): a subject
+        met in an earlier chunk and clean then is found later by `late`."""
+        marks = self._subject_marks
+        if len(marks) > REMEMBERED_SUBJECTS:
+            marks.clear()
         new: dict[str, str | None] = {}
         for k, s in enumerate(subjects):
-            if s is not None and s not in seen and s not in new:
+            if s is not None and s not in marks and s not in new:
                 new[s] = self.written_subjects.get(start + k)
-        seen.update(zip(new, self.subject_probes.of(list(new), list(new.values())), strict=True))
-        return {s: seen[s] for s in subjects if s is not None}, set(new)
+        names = list(new)
+        probes = self.subject_probes.of(names, list(new.values()))
+        marks.update(zip(names, probes.marks().tolist(), strict=True))
+        return names, probes
 
     def _on_list(self, session: Session, tokens: list[str]) -> dict[str, bool]:
         """Those of `tokens` on the list: in the list held, else looked up."""
@@ -386,12 +417,12 @@ class Screener:
             subject = self.subjects[i]
             if subject is not None:
                 other = self.written_subjects.get(i)
-                if _hit(self.subject_probes.of([subject], [other])[0], fresh):
+                if _hit(self.subject_probes.of([subject], [other]).of(0), fresh):
                     erased.add(subject)
                     found.append(i)
                     continue
             if self.samples:
-                probes = self.sample_probes.of([self.ids[i]], [self.written_ids.get(i)])[0]
+                probes = self.sample_probes.of([self.ids[i]], [self.written_ids.get(i)]).of(0)
                 if _hit(probes, fresh):
                     found.append(i)
         return Screening(found, [self.ids[i] for i in found], len(erased))
@@ -399,17 +430,17 @@ class Screener:
 
 def _fragment(token: str) -> int:
     """16 bits of a token's MAC, never 0 (0 marks an empty slot)."""
-    raw = base64.urlsafe_b64decode(token[-32:])
-    return int.from_bytes(raw[:2], "little") | 1
+    return int(_fragments([token])[0])
 
 
-def _mark(probes: tuple[Probe, ...]) -> int:
-    """A row's mark: its probes' fragments, 16 bits each (at most SLOTS: more than SLOTS
-    probes never occur, `Prober.of` makes at most three)."""
-    mark = 0
-    for slot, (token, _) in enumerate(probes[:SLOTS]):
-        mark |= _fragment(token) << (16 * slot)
-    return mark
+def _fragments(tokens: list[str]) -> np.ndarray:
+    """`_fragment` of each token, decoded together (a token's last 32 characters are the
+    base64 of its 24 bytes)."""
+    if not tokens:
+        return np.zeros(0, dtype=np.uint64)
+    raw = base64.urlsafe_b64decode("".join(t[-32:] for t in tokens))
+    first = np.frombuffer(raw, dtype="<u2").reshape(len(tokens), 12)[:, 0]
+    return first.astype(np.uint64) | np.uint64(1)
 
 
 def _near(marks: np.ndarray, parts: np.ndarray) -> np.ndarray:
