@@ -107,13 +107,16 @@ def canonical(value: object, numeric: bool = False, fold: bool = False) -> str:
             raise BadId("an id must be UTF-8 text") from None
     if not isinstance(value, str):
         value = str(value)  # numpy scalars and the like: their text
-    text = "".join(c for c in unicodedata.normalize("NFKC", value) if not _format(c)).strip()
-    if any(unicodedata.category(c) == "Cc" for c in text):
-        raise BadId("an id must not hold control characters")
+    if value.isascii() and value.isprintable():  # most ids: NFKC leaves ASCII as it is
+        text = value.strip()
+    else:
+        text = "".join(c for c in unicodedata.normalize("NFKC", value) if not _format(c)).strip()
+        if any(unicodedata.category(c) == "Cc" for c in text):
+            raise BadId("an id must not hold control characters")
     if numeric:
         text = _numeric_text(text)
     if fold:
-        text = unicodedata.normalize("NFKC", text.casefold())
+        text = folded(text)
     if not text:
         raise BadId("an id must not be empty (after trimming spaces and invisible characters)")
     if len(text) > MAX_ID_CHARS:
@@ -148,6 +151,8 @@ def _numeric_text(text: str) -> str:
 
 def folded(text: str) -> str:
     """A canonical text with its case folded: the suppression list's any-case token."""
+    if text.isascii():
+        return text.lower()  # ASCII's case folding, and NFKC leaves it as it is
     return unicodedata.normalize("NFKC", text.casefold())
 
 

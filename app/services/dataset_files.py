@@ -587,17 +587,23 @@ def canonical_ids(
 def canonical_subjects(
     values: Sequence[object], what: str, start: int = 0
 ) -> tuple[list[str | None], dict[int, str]]:
-    """`canonical_ids` of a subject column, where a missing or empty cell names nobody."""
-    out: list[str | None] = []
-    written: dict[int, str] = {}
-    for i, value in enumerate(values):
-        if value is None or value == "" or value == b"":
-            out.append(None)
-            continue
-        texts, before = canonical_ids([value], what, start + i)
-        out.append(texts[0])
-        written |= before
-    return out, written
+    """`canonical_ids` of a subject column, where a missing or empty cell names nobody (a
+    person's many rows read once: each distinct value made canonical once)."""
+    distinct = list(dict.fromkeys(v for v in values if v is not None and v != "" and v != b""))
+    try:
+        texts, _ = canonical_ids(distinct, what)
+    except APIError:  # name the row, not the distinct value's place
+        for i, value in enumerate(values):
+            if value is not None and value != "" and value != b"":
+                canonical_ids([value], what, start + i)
+        raise
+    text_of: dict[object, str | None] = dict(zip(distinct, texts, strict=True))
+    changed = {v: w for v, t in text_of.items() if (w := identity.written(v)) != t}
+    text_of |= {None: None, "": None, b"": None}
+    out = [text_of[v] for v in values]
+    if not changed:
+        return out, {}
+    return out, {start + i: changed[v] for i, v in enumerate(values) if v in changed}
 
 
 def split_of(
