@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import math
 import unicodedata
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from dataclasses import dataclass
 from decimal import Decimal, InvalidOperation
 from typing import Any, Literal
@@ -154,16 +154,3 @@ def folded(text: str) -> str:
     if text.isascii():
         return text.lower()  # ASCII's case folding, and NFKC leaves it as it is
     return unicodedata.normalize("NFKC", text.casefold())
-
-
-def differing(raw: Sequence[Any], texts: Sequence[str]) -> dict[int, str]:
-    """The rows whose id as formerly written differs from its canonical text: a suppression
-    made before canonical ids holds the token of that writing."""
-    out = {}
-    for i, (value, text) in enumerate(zip(raw, texts, strict=True)):
-        if value is None:
-            continue
-        before = written(value)
-        if before != text:
-            out[i] = before
-    return out
