@@ -9,7 +9,8 @@
 #                API and 2 workers) with podman-compose, from locally built images
 #   make compose-down  stop it (scripts/compose-down --volumes drops its data)
 #   make unit    the fast layer: no PostgreSQL, no Redis, no worker processes
-#   make lint    ruff (lint + format check), mypy, and the docs site built strictly
+#   make lint    ruff (lint + format check), mypy, the layers' import contracts
+#                (.importlinter) and the docs site built strictly
 #   make docs    the docs site into site/ (make docs-serve: with live reload)
 PYTHON ?= python3
 VENV ?= .venv
@@ -114,6 +115,7 @@ lint: install-test
 	$(BIN)/ruff check $(SOURCES)
 	$(BIN)/ruff format --check $(SOURCES)
 	$(BIN)/mypy
+	$(BIN)/lint-imports --no-cache
 	@site=$$(mktemp -d); NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --quiet \
 	  --site-dir $$site; built=$$?; rm -rf $$site; exit $$built
 
