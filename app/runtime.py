@@ -1,5 +1,5 @@
-"""The resources one Lethe service works with, built once where it starts and passed in (issue
-54): `create_app` builds one for the API, each worker (the embedded one, `lethe worker`) one
+"""The resources one Lethe service works with, built once where it starts and passed in:
+`create_app` builds one for the API, each worker (the embedded one, `lethe worker`) one
 for its jobs. Nothing below them reads a process-wide configuration, so two services in one
 process (tests, the embedded worker as a thread) share nothing but what their settings share
 (one database URL: one engine pool; one configuration: one blob store)."""

@@ -13,7 +13,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 PRODUCT = ("app", "workers", "methods", "maths", "architectures", "lethe", "clients", "migrations")
-TRACKER = re.compile(r"\b[Ii]ssues? \d+")
+TRACKER = re.compile(r"\b[Ii]ssues?\s+(?:#\s*)?\d+")  # across a line break too
 
 
 def test_the_readme_is_short_and_starts_the_user_on_its_first_screen() -> None:

@@ -187,8 +187,8 @@ class Recollection(UnlearningMethod):
 
     def _calibrated(self, inputs: UpdateInputs, replay: Replay) -> tuple[list[int], float, float]:
         """Everything removed so far, Theorem 2's sensitivity for that many and σ: on
-        `inputs.noise_record` when given (an audit's reference without the canaries, issue
-        56), else on the model's own record."""
+        `inputs.noise_record` when given (an audit's reference without the canaries),
+        else on the model's own record."""
         removed, target = inputs.removed, inputs.target
         removed_total = sorted(set(removed.previously_removed) | set(removed.sample_ids))
         if inputs.noise_record is not None:
