@@ -7,8 +7,10 @@ process (tests, the embedded worker as a thread) share nothing but what their se
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 
 from app.db.session import Database, database
+from app.ledger.journal import Journal
 from app.ledger.publish import Publisher
 from app.services.isolated import UploadPool
 from app.settings import Settings
@@ -39,3 +41,9 @@ class Runtime:
             publisher=Publisher(db, settings),
             uploads=UploadPool(),  # started on the API's first upload (or its warm-up)
         )
+
+    @cached_property
+    def journal(self) -> Journal:
+        """This service's restore journal, found once (the database's identity is read, its
+        journal's checked): the request path writes to it on every deletion."""
+        return Journal.of(self.settings.resolved_journal_dir, self.db)

@@ -292,3 +292,30 @@ def test_the_lift_schema_says_exactly_one_id(api: Api) -> None:
     lift = schemas["LiftIn"]
     assert lift["oneOf"] == [{"required": ["subject_id"]}, {"required": ["sample_id"]}]
     assert lift["properties"]["subject_id"]["type"] == "string"
+
+
+@pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)
+def test_rows_accepted_for_erasure_before_are_listed_once(api: Api) -> None:
+    """An erasure accepted before subject erasures listed sample ids (its rows `erasing`,
+    their records still open): the backfill lists them, once per database."""
+    from sqlalchemy import update
+
+    from app.db.tables import Deployment
+    from app.services.deletions import backfill_suppressions
+    from app.states import SampleStatus
+
+    first = register(api, people_csv())
+    assert first.status_code == 201, first.text
+    db = database(api.url)
+    with db.write() as session:  # as an older version left them: accepted, not yet erased
+        session.execute(
+            update(Sample).where(Sample.id.in_([3, 4])).values(status=SampleStatus.erasing)
+        )
+        session.execute(update(Deployment).values(suppressions_backfilled=False))
+    ring = api.runtime.keyring
+    assert backfill_suppressions(db, ring) == 2
+    assert backfill_suppressions(db, ring) == 0  # done: the table is not read again
+    assert api.get("/v1/suppressions", role="auditor").json()["sample_active"] == 2
+    refused = register(api, people_csv())
+    assert refused.status_code == 409
+    assert sorted(refused.json()["error"]["details"]["sample_ids"]) == ["row-0002", "row-0003"]

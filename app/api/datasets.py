@@ -26,7 +26,6 @@ from app.dispatch import DELETE
 from app.errors import APIError, unprocessable
 from app.identity import DatasetIds
 from app.jsontypes import JsonObject
-from app.ledger.journal import Journal
 from app.runtime import Runtime
 from app.schemas import (
     AppendOut,
@@ -234,7 +233,7 @@ def _begin(
     with db.write() as session:
         dataset_id = begin(session, name, source, rows, rules)
     # journaled before the client hears it: a restore never gives this id again
-    Journal.of(runtime.settings.resolved_journal_dir, db).record_ids(datasets=dataset_id)
+    runtime.journal.record_ids(datasets=dataset_id)
     return dataset_id
 
 
@@ -353,15 +352,9 @@ def _upload_parameters(
 def _rules_of(fields: dict[str, str]) -> DatasetIds:
     """A form's `id_case` and `numeric_ids` (comma-separated: sample, subject)."""
     numeric = [v.strip() for v in fields.get("numeric_ids", "").split(",") if v.strip()]
-    try:
-        given = {"id_case": fields.get("id_case", "sensitive"), "numeric_ids": numeric}
-        return IdRulesIn.model_validate(given).rules()
-    except ValidationError as exc:
-        raise unprocessable(
-            "invalid_request",
-            "id_case is sensitive or insensitive; numeric_ids lists sample and/or subject",
-            [{"loc": list(e["loc"]), "msg": e["msg"]} for e in exc.errors()],
-        ) from exc
+    given = {"id_case": fields.get("id_case", "sensitive"), "numeric_ids": numeric}
+    what = "id_case is sensitive or insensitive; numeric_ids lists sample and/or subject"
+    return _validated(IdRulesIn, json.dumps(given).encode(), what).rules()
 
 
 @router.get("", response_model=DatasetPage)
@@ -534,8 +527,7 @@ def _settled(view: JsonObject) -> bool:
 def _begin_append(db: Database, runtime: Runtime, dataset_id: int, source: str) -> int:
     with db.write() as session:
         append_id = appends.begin(session, dataset_id, source)
-    journal = Journal.of(runtime.settings.resolved_journal_dir, db)
-    journal.record_ids(appends=append_id, append_dataset=dataset_id)
+    runtime.journal.record_ids(appends=append_id, append_dataset=dataset_id)
     return append_id
 
 

@@ -30,7 +30,6 @@ from app.db.tables import Dataset
 from app.dispatch import DELETE
 from app.identity import DatasetIds
 from app.jsontypes import JsonObject
-from app.ledger.journal import Journal
 from app.schemas import DeletionCreate, DeletionOut, DeletionPage
 from app.security import Role
 from app.services.deletions import (
@@ -157,7 +156,7 @@ async def create(
         # commit's own write included (the two spans tile the path, app/tracing.py)
         tracing.record("deletion.group_commit", submitted, None if replayed else view.created_at)
         if not replayed:  # durable apart from the database before it is acknowledged
-            journal = Journal.of(runtime.settings.resolved_journal_dir, db.url)
+            journal = runtime.journal
             with tracing.span("deletion.journal"):
                 journal.record_request(
                     view.id,

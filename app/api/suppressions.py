@@ -13,7 +13,6 @@ from pydantic import ConfigDict, Field, model_validator
 from app.api.deps import Admin, Auditor, DbDep, RuntimeDep
 from app.api.responses import COMMON, errors
 from app.jsontypes import JsonObject
-from app.ledger.journal import Journal
 from app.schemas import In
 from app.services import suppression
 
@@ -87,9 +86,8 @@ async def lift(
         with db.write() as session:
             done = suppression.lift(session, runtime.keyring, body.kind, raw, body.reason, key.id)
         # a restore keeps them lifted (app/services/restore.py)
-        journal = Journal.of(runtime.settings.resolved_journal_dir, db)
         for token in done["tokens"]:
-            journal.record_lift(token)
+            runtime.journal.record_lift(token)
         return {**done, "lifted_at": done["lifted_at"].isoformat(), "reason": body.reason}
 
     return await run_in_threadpool(unit)

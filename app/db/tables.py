@@ -445,6 +445,9 @@ class Deployment(Base):
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
     deployment_id: Mapped[str] = mapped_column(String(36))
     journal_id: Mapped[str | None] = mapped_column(String(36))
+    # whether rows accepted for erasure before subject erasures listed their sample ids were
+    # put on the suppression list (app/services/deletions.py, once)
+    suppressions_backfilled: Mapped[bool] = mapped_column(default=False, server_default=false())
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
 
 

@@ -121,10 +121,14 @@ def write_identity(folder: Path, identity: Identity) -> None:
     path = folder / IDENTITY
     if path.exists():
         return
-    data = json.dumps(
-        {"deployment_id": identity.deployment_id, "journal_id": identity.journal_id}
-    ).encode()
-    tmp = folder / f".{IDENTITY}.{os.getpid()}"
+    data = {"deployment_id": identity.deployment_id, "journal_id": identity.journal_id}
+    write_atomically(path, json.dumps(data).encode())
+
+
+def write_atomically(path: Path, data: bytes) -> None:
+    """`data` as the whole of `path`, fsynced, in place at once (a temporary file of this
+    process renamed over it): a reader finds the old file or the new, never a part."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     try:
         os.write(fd, data)

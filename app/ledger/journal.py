@@ -101,7 +101,7 @@ class Journal:
             marks = self.id_marks()
             merged = {k: max(v, marks.get(k, 0)) for k, v in given.items()}
             if any(marks.get(k, 0) < v for k, v in merged.items()):
-                _write_atomically(self.folder / IDS, json.dumps(marks | merged).encode())
+                deployment.write_atomically(self.folder / IDS, json.dumps(marks | merged).encode())
 
     def id_marks(self) -> dict[str, int]:
         try:
@@ -135,7 +135,7 @@ class Journal:
             for line in fresh:
                 marks[line["type"]] = max(marks[line["type"]], line[MARKED[line["type"]]])
             if fresh:
-                _write_atomically(self.folder / LAST, json.dumps(marks).encode())
+                deployment.write_atomically(self.folder / LAST, json.dumps(marks).encode())
 
     @contextmanager
     def _locked(self) -> Iterator[None]:
@@ -190,17 +190,6 @@ def sync_log(db: Database, journal: Journal) -> None:
         lines += [checkpoint_line(c) for c in checkpoints]
     if lines:
         journal.append_log(lines)
-
-
-def _write_atomically(path: Path, data: bytes) -> None:
-    tmp = path.with_suffix(".tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    try:
-        os.write(fd, data)
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    os.replace(tmp, path)
 
 
 def certificate_line(row: Any) -> dict[str, Any]:

@@ -869,7 +869,7 @@ def _refined(form: identity.IdForm, values: list[T], written: dict[int, str], wh
             out.append(None)
             continue
         try:
-            text_ = identity.canonical(value, numeric=form.numeric, fold=form.case == "insensitive")
+            text_ = form.text(value)
         except identity.BadId as exc:
             raise unprocessable(
                 "bad_ids", f"{what}, row {i}: {exc}", {"column": what, "row": i}

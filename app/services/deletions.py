@@ -33,6 +33,7 @@ from app.db.tables import (
     Certificate,
     DeletionRequest,
     DeletionTask,
+    Deployment,
     ModelSample,
     ModelVersion,
     utcnow,
@@ -658,9 +659,13 @@ def backfill_suppressions(db: Database, ring: Keyring) -> int:
     """The sample ids of rows accepted for erasure and not yet erased, on the suppression
     list (a subject's erasure before its sample ids went there too): their records still
     open. Rows erased already cannot be: their ids are gone with their keys, and a token of
-    the list cannot be made without the id. A lifted token stays lifted. Returns how many
-    rows were read."""
+    the list cannot be made without the id. A lifted token stays lifted. Once per database
+    (marked on its deployment row): erasures accepted since list their rows themselves, and
+    the look for such rows reads the whole samples table. Returns how many rows were read."""
     with db.write() as session:
+        deployment = session.get(Deployment, 1)
+        if deployment is not None and deployment.suppressions_backfilled:
+            return 0
         pending = session.execute(
             select(SAMPLES.c.id, SAMPLES.c.dataset_id)
             .join(DATASETS, DATASETS.c.id == SAMPLES.c.dataset_id)
@@ -675,4 +680,6 @@ def backfill_suppressions(db: Database, ring: Keyring) -> int:
             )
             texts = sample_ids_of(session, ring, ids)
             put_tokens(session, entries(ring, "sample", texts, rules), None, relist=False)
+        if deployment is not None:
+            deployment.suppressions_backfilled = True
     return len(pending)

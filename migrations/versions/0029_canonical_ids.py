@@ -51,6 +51,9 @@ def upgrade() -> None:
         sa.Column("id", sa.Integer(), primary_key=True),
         sa.Column("deployment_id", sa.String(36), nullable=False),
         sa.Column("journal_id", sa.String(36), nullable=True),
+        sa.Column(
+            "suppressions_backfilled", sa.Boolean(), nullable=False, server_default=sa.false()
+        ),
         sa.Column("created_at", app.db.tables.UTCDateTime(timezone=True), nullable=False),
     )
 
