@@ -1,2 +1,2 @@
-"""Lethe: certified machine unlearning as a service. The HTTP layer (`app/api`) and the
-torch-free domain it and the workers share: services, the ledger, storage, privacy."""
+"""Lethe: certified machine unlearning as a service. The HTTP edge (`app/api`, `app/main.py`,
+`app/cli.py`) over the core (`app/core`), with the privacy accountant (`app/privacy`) beneath."""

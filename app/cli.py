@@ -19,9 +19,9 @@ from rich.table import Table
 from sqlalchemy.exc import OperationalError, ProgrammingError
 
 from app.client import Client, LetheError
-from app.jsontypes import JsonObject, as_object, optional_object
-from app.states import FINISHED_TASK, append_settled
-from app.wire import DeletionOut, ModelOut
+from app.core.jsontypes import JsonObject, as_object, optional_object
+from app.core.states import FINISHED_TASK, append_settled
+from app.core.wire import DeletionOut, ModelOut
 
 
 class CliError(RuntimeError):
@@ -50,13 +50,13 @@ def _show(data: Any) -> None:
 @app.command()
 def serve(host: str = "127.0.0.1", port: int = 8000) -> None:
     """Start the API (embedded mode: SQLite file and a worker process of its own)."""
-    from app.allocator import restart_scrubbing
+    from app.core.allocator import restart_scrubbing
 
     restart_scrubbing()  # every freed block overwritten: no erased id in free memory
     import uvicorn
 
+    from app.core.settings import get_settings
     from app.main import create_app
-    from app.settings import get_settings
 
     settings = get_settings()
     mode = (
@@ -76,8 +76,8 @@ def serve(host: str = "127.0.0.1", port: int = 8000) -> None:
 @app.command()
 def migrate() -> None:
     """Bring the database (LETHE_DATABASE_URL) to the newest schema."""
-    from app.db.migrate import upgrade_to_head
-    from app.settings import get_settings
+    from app.core.db.migrate import upgrade_to_head
+    from app.core.settings import get_settings
 
     url = get_settings().resolved_database_url
     upgrade_to_head(url)
@@ -86,8 +86,8 @@ def migrate() -> None:
 
 
 def _move_blobs() -> None:
-    from app.settings import get_settings
-    from app.storage.blobs import blobs
+    from app.core.settings import get_settings
+    from app.core.storage.blobs import blobs
 
     store = blobs(get_settings())
     moved = store.migrate()
@@ -99,9 +99,9 @@ def create_key_cmd(
     role: Annotated[str, typer.Option(help="admin|requester|auditor|reader")], name: str = "cli key"
 ) -> None:
     """Create an API key directly in the database; prints the secret once."""
-    from app.db.session import database
-    from app.security import Role, create_key
-    from app.settings import get_settings
+    from app.core.db.session import database
+    from app.core.security import Role, create_key
+    from app.core.settings import get_settings
 
     try:
         role_value = Role(role)
@@ -139,9 +139,9 @@ def _first_line(exc: BaseException) -> str:
 @app.command()
 def worker(burst: bool = typer.Option(False, help="Exit when the queue is empty")) -> None:
     """Start one RQ worker (distributed mode; needs LETHE_REDIS_URL)."""
-    from app.db.session import database
-    from app.services.restore import journal_of, verdict
-    from app.settings import get_settings
+    from app.core.db.session import database
+    from app.core.services.restore import journal_of, verdict
+    from app.core.settings import get_settings
 
     settings = get_settings()
     found = verdict(database(settings.resolved_database_url), journal_of(settings))
@@ -171,13 +171,13 @@ def restore(
     published (nothing re-signed), re-apply every erasure the backup predates and continue
     every id past the highest given. Run it with the service stopped, then start the
     service; it is ready once the erasures are done."""
-    from app.db.migrate import upgrade_to_head
-    from app.db.session import database
-    from app.services.restore import adopt_journal, journal_of
-    from app.services.restore import new_deployment as renew
-    from app.services.restore import restore as run_restore
-    from app.settings import get_settings
-    from app.storage.crypto import keyring
+    from app.core.db.migrate import upgrade_to_head
+    from app.core.db.session import database
+    from app.core.services.restore import adopt_journal, journal_of
+    from app.core.services.restore import new_deployment as renew
+    from app.core.services.restore import restore as run_restore
+    from app.core.settings import get_settings
+    from app.core.storage.crypto import keyring
 
     settings = get_settings()
     url = settings.resolved_database_url
@@ -227,8 +227,8 @@ def storage_sweep(
     ] = None,
 ) -> None:
     """Delete objects no blob row references (a crash between a write and its commit)."""
-    from app.settings import get_settings
-    from app.storage.blobs import blobs
+    from app.core.settings import get_settings
+    from app.core.storage.blobs import blobs
 
     settings = get_settings()
     grace = settings.blob_orphan_grace_seconds if grace_seconds is None else grace_seconds
@@ -647,7 +647,7 @@ def audit_verify_receipt(
     certificate's inclusion. A JSON receipt: the head's signature, the inclusion, and (with
     --head and --consistency) that a newer head extends it. With --opening and --id: that
     the certificate removed exactly these ids."""
-    from app.ledger.certificates import commitment_holds
+    from app.core.ledger.certificates import commitment_holds
 
     if (opening is None) != (not sample_id):
         raise CliError("--opening and --id go together")
@@ -665,8 +665,8 @@ def audit_verify_receipt(
 
 
 def _verify_tlog_proof(text: str, policy: Path | None) -> str:
-    from app.ledger.notes import NoteError
-    from app.ledger.tiles import ProofPolicy, verify_tlog_proof
+    from app.core.ledger.notes import NoteError
+    from app.core.ledger.tiles import ProofPolicy, verify_tlog_proof
 
     if policy is None:
         raise CliError("a .tlog-proof is checked against a --policy file (log and witnesses)")
@@ -685,7 +685,7 @@ def _verify_tlog_proof(text: str, policy: Path | None) -> str:
 def _verify_json_receipt(
     text: str, keys: Path | None, head: Path | None, consistency: Path | None
 ) -> str:
-    from app.ledger.receipts import ReceiptError, verify_extension, verify_receipt
+    from app.core.ledger.receipts import ReceiptError, verify_extension, verify_receipt
 
     if keys is None:
         raise CliError("a JSON receipt is checked against --keys (GET /v1/audit/public-key)")
@@ -722,8 +722,8 @@ def audit_monitor(
     must carry the policy's signatures and extend the last one checked (a consistency proof
     computed from the public tiles). Exits 1 on an inconsistency."""
 
-    from app.ledger import notes
-    from app.ledger.tiles import ProofPolicy, check_extension
+    from app.core.ledger import notes
+    from app.core.ledger.tiles import ProofPolicy, check_extension
 
     trust = ProofPolicy.parse(policy.read_text())
     base = url.rstrip("/")
@@ -775,8 +775,8 @@ def witness(
     import uvicorn
     from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-    from app.ledger.notes import witness_verifier
-    from app.storage.crypto import secret_at
+    from app.core.ledger.notes import witness_verifier
+    from app.core.storage.crypto import secret_at
     from app.witness import create_witness_app
 
     key = Ed25519PrivateKey.from_private_bytes(secret_at(key_file))
@@ -792,7 +792,7 @@ def witness(
 def _log_verifier(vkey: str) -> Any:
     """A --log value as a verifier key, or a CliError that says what to pass (an
     empty LETHE_LOG_VKEY in compose crash-looped on a NoteError traceback)."""
-    from app.ledger.notes import NoteError, Verifier
+    from app.core.ledger.notes import NoteError, Verifier
 
     if not vkey.strip():
         raise CliError(
@@ -809,9 +809,9 @@ def _log_verifier(vkey: str) -> Any:
 def audit_vkey() -> None:
     """Print the log's verifier key (as GET /log/vkey serves it) from this machine's settings
     (LETHE_AUDIT_SIGNING_KEY or its file, LETHE_LOG_ORIGIN): what witnesses and policies pin."""
-    from app.ledger.notes import log_verifier
-    from app.ledger.transparency import signing_key
-    from app.settings import get_settings
+    from app.core.ledger.notes import log_verifier
+    from app.core.ledger.transparency import signing_key
+    from app.core.settings import get_settings
 
     settings = get_settings()
     print(log_verifier(settings.log_origin, signing_key(settings).public_key()).vkey)
@@ -821,8 +821,8 @@ def audit_vkey() -> None:
 def audit_rotate_key() -> None:
     """Retire the audit signing key (its public key stays listed) and create a new one; then
     restart the API and the workers."""
-    from app.ledger.transparency import rotate
-    from app.settings import get_settings
+    from app.core.ledger.transparency import rotate
+    from app.core.settings import get_settings
 
     old, new = rotate(get_settings())
     console.print(f"retired {old}; new signing key {new}")

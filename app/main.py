@@ -12,7 +12,7 @@ from functools import partial
 from fastapi import FastAPI
 from sqlalchemy.exc import DBAPIError
 
-from app import accesslog, tracing
+from app import accesslog
 from app.api import (
     audit,
     audits,
@@ -33,23 +33,24 @@ from app.api.keycache import KeyCache
 from app.api.limits import IngressLimitMiddleware
 from app.api.restore_gate import RestoreGate, RestoreGateMiddleware
 from app.api.scrub import ScrubMiddleware
-from app.db.group_commit import GroupCommitter
-from app.db.migrate import upgrade_to_head
-from app.db.session import database
-from app.dispatch import InlineDispatcher, make_dispatcher
-from app.maintenance import Maintenance, maintenance_tasks
+from app.core import tracing
+from app.core.db.group_commit import GroupCommitter
+from app.core.db.migrate import upgrade_to_head
+from app.core.db.session import database
+from app.core.dispatch import InlineDispatcher, make_dispatcher
+from app.core.maintenance import Maintenance, maintenance_tasks
+from app.core.mlflow_export.sync import Syncer
+from app.core.runtime import Runtime
+from app.core.security import Role, create_key, has_any_key
+from app.core.services.deletions import backfill_suppressions
+from app.core.services.isolated import UploadPool, scrub_freed
+from app.core.services.weights_cache import WeightsCache
+from app.core.settings import Settings, get_settings
+from app.core.storage.erasure import compact_at_start, finish_compacting
+from app.core.wakeups import FINISHED, Listener
+from app.core.webhooks.sender import Sender, report_here
+from app.core.worker_process import ProcessDispatcher
 from app.metrics import MetricsMiddleware, pipeline_registry
-from app.mlflow_export.sync import Syncer
-from app.runtime import Runtime
-from app.security import Role, create_key, has_any_key
-from app.services.deletions import backfill_suppressions
-from app.services.isolated import scrub_freed
-from app.services.weights_cache import WeightsCache
-from app.settings import Settings, get_settings
-from app.storage.erasure import compact_at_start, finish_compacting
-from app.wakeups import FINISHED, Listener
-from app.webhooks.sender import Sender, report_here
-from app.worker_process import ProcessDispatcher
 
 log = logging.getLogger("lethe")
 
@@ -81,7 +82,7 @@ async def _lifespan(runtime: Runtime, app: FastAPI) -> AsyncIterator[None]:
             file=sys.stderr,
             flush=True,
         )
-    runtime.uploads.warm_up()  # the fork server uploads are parsed from (app/services/isolated.py)
+    app.state.uploads.warm_up()  # the fork server uploads are parsed from (services/isolated.py)
     scrub_freed()  # freed request buffers overwritten
     dispatcher = app.state.dispatcher
     maintenance, listener = None, None
@@ -135,7 +136,7 @@ async def _lifespan(runtime: Runtime, app: FastAPI) -> AsyncIterator[None]:
     if embedded and not behind:
         dispatcher.stop()
     runtime.publisher.finish()
-    runtime.uploads.shut_down()  # the pool's idle workers, and with them the fork server
+    app.state.uploads.shut_down()  # the pool's idle workers, and with them the fork server
     finish_compacting(runtime.db)
     runtime.db.dispose()  # the last SQLite connection to close removes the WAL
 
@@ -167,6 +168,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.state.weights_cache = WeightsCache(settings.weights_cache_bytes)
     app.state.dispatcher = make_dispatcher(runtime)
     app.state.pipeline_registry = pipeline_registry(url, app.state.dispatcher.depth)
+    app.state.uploads = UploadPool()  # started on the first upload (or its warm-up)
     app.state.restore_gate = RestoreGate(app.state.db, settings.resolved_journal_dir)
     install_error_handlers(app)
 

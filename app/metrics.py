@@ -12,9 +12,9 @@ from prometheus_client.core import GaugeMetricFamily
 from sqlalchemy import select
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from app.db.session import database
-from app.db.tables import WorkerHeartbeat
-from app.services.queue import queue_stats
+from app.core.db.session import database
+from app.core.db.tables import WorkerHeartbeat
+from app.core.services.queue import queue_stats
 
 HTTP_REQUESTS = Counter("lethe_http_requests_total", "HTTP requests", ["method", "route", "status"])
 HTTP_LATENCY = Histogram(

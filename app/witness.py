@@ -21,8 +21,8 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from fastapi import FastAPI, Request
 from fastapi.responses import PlainTextResponse, Response
 
-from app.ledger import merkle, notes
-from app.ledger.notes import Checkpoint, NoteError, Verifier
+from app.core.ledger import merkle, notes
+from app.core.ledger.notes import Checkpoint, NoteError, Verifier
 
 MAX_BODY = 64 * 1024
 MAX_PROOF = 63

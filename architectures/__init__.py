@@ -1,10 +1,10 @@
 """The architectures: one package each, `architectures/<name>/spec.py` (torch-free hooks, an
 `ArchitectureKind`) beside `architectures/<name>/net.py` (torch: build, and where the generic
-way does not fit, score and load). Their typed options are in app/specs.py, one class each
+way does not fit, score and load). Their typed options are in app/core/specs.py, one class each
 in the `ArchitectureSpec` union.
 
 This module is the registry of the torch-free halves. To add an architecture: its options
-class in app/specs.py, a folder with both halves, one line below (README, "Adding an
+class in app/core/specs.py, a folder with both halves, one line below (README, "Adding an
 architecture")."""
 
 from __future__ import annotations

@@ -25,7 +25,7 @@ class ArchitectureKind:
     `activation_widths` are the layer widths one batch's activations take; `feature_width`
     the width of the features a method's own statistics see (the bias coordinate included);
     `memory_terms` replaces the network terms of the job's memory estimate for an
-    architecture that is not a network (app/services/memory.py); `dataset_kind` the one
+    architecture that is not a network (app/core/services/memory.py); `dataset_kind` the one
     kind of dataset it learns from, if it is restricted to one."""
 
     name: str

@@ -207,8 +207,8 @@ def through_service(n: int, k: int, appends: int = 1) -> dict[str, Any]:
     the deletion that warms the session (as a single run always was), then alternately after
     5 s idle and right after one more deletion. The top-level fields are the first's."""
     from app.client import Client
-    from app.schemas import BuiltinDatasetIn
-    from app.services.dataset_files import load_builtin
+    from app.core.schemas import BuiltinDatasetIn
+    from app.core.services.dataset_files import load_builtin
     from bench.cluster import Cluster
     from bench.common import ready
 
@@ -295,7 +295,7 @@ def _one_append(c: Any, log: Path, dataset_id: int, model_id: int, upload: bytes
         # blobs and metrics), commit; the rest of POST -> learned version after the POST's
         # answer is the worker's wake-up (after the job before it) and the long poll's answer
         "worker_phases_s": phases,
-        # the POST's child's own account (app/services/appends.py, its log line)
+        # the POST's child's own account (app/core/services/appends.py, its log line)
         "append_child_phases_s": child,
         "append_child_s": sum(child.values()),
         "unaccounted_s": post_to_learned - posted - sum(phases.values()),
@@ -315,7 +315,7 @@ def _one_append(c: Any, log: Path, dataset_id: int, model_id: int, upload: bytes
 
 def worker_phases(log: Path) -> dict[str, float]:
     """The phases of the last learned version, from the worker's log line
-    (workers/learning.py, `app.phases.Phases`)."""
+    (workers/learning.py, `app.core.phases.Phases`)."""
     lines = [line for line in log.read_text().splitlines() if " rows of appends " in line]
     if not lines:
         return {}
@@ -324,7 +324,7 @@ def worker_phases(log: Path) -> dict[str, float]:
 
 
 def append_phases(log: Path, append_id: int) -> dict[str, float]:
-    """The phases of the append's child, from its log line (app/services/appends.py)."""
+    """The phases of the append's child, from its log line (app/core/services/appends.py)."""
     lines = [line for line in log.read_text().splitlines() if f"append {append_id}: " in line]
     if not lines:
         return {}

@@ -34,9 +34,9 @@ from typing import Any
 
 import torch
 
-from app.schemas import BuiltinDatasetIn
-from app.services.dataset_files import load_builtin
-from app.specs import PrivacyPolicy
+from app.core.schemas import BuiltinDatasetIn
+from app.core.services.dataset_files import load_builtin
+from app.core.specs import PrivacyPolicy
 from bench.common import model_spec, write_result
 from methods.compute import RetainedData, fit
 from workers.privacy_audit import AuditOptions, run

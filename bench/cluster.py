@@ -20,8 +20,8 @@ from pathlib import Path
 
 import httpx
 
-from app.settings import Settings
-from app.storage.crypto import Keyring, keyring
+from app.core.settings import Settings
+from app.core.storage.crypto import Keyring, keyring
 
 LETHE = [sys.executable, "-m", "app.launch"]  # `lethe`
 

@@ -27,8 +27,8 @@ import torch
 from sklearn import datasets as skd
 from sklearn.model_selection import train_test_split
 
+from app.core.specs import PrivacyPolicy
 from app.privacy.lineage import LineageBudget, admit
-from app.specs import PrivacyPolicy
 from bench.common import RESULTS, model_spec, ready, write_result
 from maths import convex
 from maths.training import accuracy

@@ -19,14 +19,14 @@ import numpy as np
 import sqlalchemy as sa
 from sqlalchemy import insert, select
 
-from app.db.migrate import upgrade_to_head
-from app.db.session import engine_for
-from app.db.tables import Dataset, Sample
-from app.runtime import Runtime
-from app.services.dataset_files import ParsedDataset
-from app.services.registration import register
-from app.settings import Settings
-from app.storage.erasure import compact, erase_payloads
+from app.core.db.migrate import upgrade_to_head
+from app.core.db.session import engine_for
+from app.core.db.tables import Dataset, Sample
+from app.core.runtime import Runtime
+from app.core.services.dataset_files import ParsedDataset
+from app.core.services.registration import register
+from app.core.settings import Settings
+from app.core.storage.erasure import compact, erase_payloads
 from bench.common import scratch_database, write_result
 from workers.data import _decode, sealed_samples
 

@@ -23,8 +23,8 @@ from pathlib import Path
 
 from sqlalchemy import func, select
 
-from app.db.session import database
-from app.db.tables import DeletionRequest, ModelVersion
+from app.core.db.session import database
+from app.core.db.tables import DeletionRequest, ModelVersion
 from bench.cluster import Cluster
 from bench.common import REDIS, percentiles, scratch_database, write_result
 

@@ -24,9 +24,9 @@ from sklearn.datasets import load_digits
 from sqlalchemy import select
 
 from app.client import Client
-from app.db.tables import Model, ModelVersion, Sample
-from app.runtime import Runtime
-from app.settings import Settings
+from app.core.db.tables import Model, ModelVersion, Sample
+from app.core.runtime import Runtime
+from app.core.settings import Settings
 from bench.common import RESULTS, embedded_server, percentiles, write_result
 from maths.evaluation import membership_auc, per_sample_losses
 from maths.nets import FlatModel, build_net

@@ -87,7 +87,7 @@ def descendants(pid: int) -> list[int]:
 
 def is_upload_child(pid: int) -> bool:
     """Whether `pid` is one of the upload pool's children: its parent is multiprocessing's
-    fork server (app/services/isolated.py), told by its command line."""
+    fork server (app/core/services/isolated.py), told by its command line."""
     try:
         parent = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
         return b"forkserver" in Path(f"/proc/{parent}/cmdline").read_bytes()
@@ -216,8 +216,8 @@ def main() -> None:
                 max_dataset_samples=n,
                 **s3,
             )
-            from app.services.object_sources import s3_client
-            from app.settings import Settings
+            from app.core.services.object_sources import s3_client
+            from app.core.settings import Settings
 
             client = s3_client(Settings(data_dir=Path(tmp), **s3))  # type: ignore[arg-type]
             client.create_bucket(Bucket=BUCKET)

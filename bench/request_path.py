@@ -34,7 +34,7 @@ from pathlib import Path
 
 import httpx
 
-from app.db.migrate import upgrade_to_head
+from app.core.db.migrate import upgrade_to_head
 from bench.cluster import Cluster, free_port
 from bench.common import children_cpu_seconds, cpu_seconds, ready, scratch_database, write_result
 

@@ -81,8 +81,8 @@ def digits() -> tuple[torch.Tensor, ...]:
 
 def synthetic() -> tuple[torch.Tensor, ...]:
     """The service's `synthetic` builtin at 125,000 samples: 100,000 train, 25,000 test."""
-    from app.schemas import BuiltinDatasetIn
-    from app.services.dataset_files import load_builtin
+    from app.core.schemas import BuiltinDatasetIn
+    from app.core.services.dataset_files import load_builtin
 
     spec = BuiltinDatasetIn.model_validate(
         {"builtin": "synthetic", "n_samples": 125_000, "n_features": 40, "n_classes": 10}

@@ -1,5 +1,5 @@
 """Seed 000 (issue 15): the anchor-word topic model and its unlearning, on the paper's own
-generative model (app/text.py: vocabulary 2,000, 20 topics, 50,000 documents of 100 words,
+generative model (app/core/text.py: vocabulary 2,000, 20 topics, 50,000 documents of 100 words,
 separability p = 0.05).
 
 Measured with the compute halves (no service): learning time; one removal (1 and 10
@@ -24,8 +24,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from app.core.text import synthetic_corpus
 from app.privacy.gaussian import sigma_for
-from app.text import synthetic_corpus
 from bench.common import RESULTS, model_spec, update_inputs, write_result
 from maths import topics as tp
 from methods.anchor_topics import compute as anchor_topics

@@ -2,7 +2,7 @@
 and its signed head, on SQLite and PostgreSQL; proof generation time against tree size; and
 proof sizes at 10^6 certificates (computed).
 
-Appends go through `app.ledger.certificates.append_certificates` exactly as a deletion update
+Appends go through `app.core.ledger.certificates.append_certificates` exactly as a deletion update
 does, in batches of 1 (one request per update) and 100 (a coalesced update), into a fresh
 database; "without" replaces `transparency.append` by a no-op for the same run.
 
@@ -21,11 +21,11 @@ from typing import Any
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from app.db.migrate import upgrade_to_head
-from app.db.session import database
-from app.jsontypes import JsonObject
-from app.ledger import certificates as audit
-from app.ledger import merkle, transparency
+from app.core.db.migrate import upgrade_to_head
+from app.core.db.session import database
+from app.core.jsontypes import JsonObject
+from app.core.ledger import certificates as audit
+from app.core.ledger import merkle, transparency
 from bench.common import scratch_database, write_result
 
 

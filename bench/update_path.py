@@ -31,9 +31,9 @@ from redis import Redis
 from sqlalchemy import func, select
 
 from app.client import Client
-from app.db.migrate import upgrade_to_head
-from app.db.session import database
-from app.db.tables import DeletionRequest, ModelVersion
+from app.core.db.migrate import upgrade_to_head
+from app.core.db.session import database
+from app.core.db.tables import DeletionRequest, ModelVersion
 from bench.cluster import Cluster
 from bench.common import REDIS, percentiles, ready, scratch_database, write_result
 

@@ -14,7 +14,7 @@ import torch
 from safetensors.torch import load as st_load
 from torch import nn
 
-from app.specs import architecture_of
+from app.core.specs import architecture_of
 from architectures.nets import net_of
 from maths.ensemble import ensemble_of
 from maths.nets import build_net, parameters_of

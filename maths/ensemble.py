@@ -9,9 +9,9 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 
 import torch
+from lethe_client.specs import ArchitectureSpec, LogRegSpec
 from torch import nn
 
-from app.specs import ArchitectureSpec, LogRegSpec
 from maths.nets import ClipFeatures, build_net, parameters_of
 
 ModelState = dict[str, torch.Tensor]

@@ -9,13 +9,13 @@ from __future__ import annotations
 
 import numpy as np
 import torch
+from lethe_client.jsontypes import JsonObject
+from lethe_client.specs import ArchitectureSpec
 from sklearn.linear_model import LogisticRegression
 from sklearn.metrics import roc_auc_score
 from sklearn.model_selection import StratifiedKFold, cross_val_predict
 from torch import nn
 
-from app.jsontypes import JsonObject
-from app.specs import ArchitectureSpec
 from maths.nets import flat
 from maths.training import accuracy, logits
 

@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import torch
+from lethe_client.jsontypes import JsonObject
+from lethe_client.specs import ArchitectureSpec, architecture_of
 from torch import nn
 from torch.func import functional_call
 
-from app.jsontypes import JsonObject
-from app.specs import ArchitectureSpec, architecture_of
 from architectures import kind_of
 from architectures.nets import net_of
 

@@ -6,11 +6,10 @@ from collections.abc import Callable
 
 import numpy as np
 import torch
+from lethe_client.jsontypes import JsonObject
+from lethe_client.specs import ArchitectureSpec, TrainingConfig, architecture_of, training_of
 from torch import nn
 
-from app import shutdown
-from app.jsontypes import JsonObject
-from app.specs import ArchitectureSpec, TrainingConfig, architecture_of, training_of
 from architectures import kind_of
 from architectures.nets import net_of
 from maths.ensemble import count_shards, ensemble_of
@@ -80,12 +79,14 @@ def train(
     progress: ProgressFn | None = None,
     init_state: dict[str, torch.Tensor] | None = None,
     project_radius: float | None = None,
+    interrupt: Callable[[], None] | None = None,
 ) -> dict[str, torch.Tensor]:
     """SGD with weight decay over seeded shuffles; returns the final parameters.
 
     From a seeded initialisation, or from `init_state` (fine-tuning with a fresh optimizer);
     with `project_radius`, projected SGD onto the ball ‖w‖ ≤ C after every step. Runs on the
     device of X; the shuffles come from a seeded CPU generator (the same batches everywhere).
+    `interrupt` runs before each epoch: a worker's check that raises when it is stopping.
     """
     cfg = training_of(config)
     n_features = int(np.prod(X.shape[1:]))
@@ -102,7 +103,8 @@ def train(
     epochs, batch = cfg.epochs, cfg.batch_size
     net.train()
     for epoch in range(epochs):
-        shutdown.check()  # SIGTERM stops training between epochs (app/shutdown.py)
+        if interrupt is not None:
+            interrupt()
         order = torch.randperm(len(y), generator=gen, device=gen.device).to(X.device)
         # the epoch's loss, summed on the device in float64 (no host sync per step)
         total = torch.zeros((), dtype=torch.float64, device=X.device)
@@ -130,6 +132,7 @@ def finetune(
     y: torch.Tensor,
     epochs: int,
     learning_rate: float,
+    interrupt: Callable[[], None] | None = None,
 ) -> dict[str, torch.Tensor]:
     """Noiseless SGD on retained data from `state` with a fresh optimizer (seed 002: post-
     processing of a noisy release, so the certificate still holds)."""
@@ -138,7 +141,7 @@ def finetune(
     tuned = config.model_copy(
         update={"epochs": epochs, "learning_rate": learning_rate, "momentum": 0.0}
     )
-    return train(architecture, tuned, X, y, n_classes, init_state=state)
+    return train(architecture, tuned, X, y, n_classes, init_state=state, interrupt=interrupt)
 
 
 def is_classifier(architecture: ArchitectureSpec | JsonObject) -> bool:

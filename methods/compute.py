@@ -12,10 +12,11 @@ from typing import Any, ClassVar, Literal, Protocol, TypeVar
 
 import torch
 
-from app.jsontypes import JsonMap, JsonObject
+from app.core import shutdown
+from app.core.jsontypes import JsonMap, JsonObject
+from app.core.specs import ArchitectureSpec, PrivacyPolicy, TrainingConfig
+from app.core.states import Guarantee, VersionKind
 from app.privacy.lineage import LineageEvent
-from app.specs import ArchitectureSpec, PrivacyPolicy, TrainingConfig
-from app.states import Guarantee, VersionKind
 from maths.training import ProgressFn, train
 from methods.spec import MethodChoice, MethodSpec
 
@@ -441,6 +442,7 @@ class UnlearningMethod:
             m.n_classes,
             progress,
             project_radius=radius,
+            interrupt=shutdown.check,
         )
         metrics: JsonObject = {
             "train_seconds": time.perf_counter() - start,
@@ -459,7 +461,15 @@ class UnlearningMethod:
         """The retrained model an evaluation compares the release with: seeded retraining
         on the retained data."""
         m = self.model
-        return train(m.architecture, m.training, inputs.retained.X, inputs.retained.y, m.n_classes)
+        retained = inputs.retained
+        return train(
+            m.architecture,
+            m.training,
+            retained.X,
+            retained.y,
+            m.n_classes,
+            interrupt=shutdown.check,
+        )
 
 
 M = TypeVar("M", bound=type[UnlearningMethod])

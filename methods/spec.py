@@ -13,10 +13,10 @@ from typing import Any, Generic, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from app.jsontypes import JsonMap, JsonObject
+from app.core.jsontypes import JsonMap, JsonObject
+from app.core.specs import ArchitectureSpec, StoredMethod
+from app.core.states import Guarantee
 from app.privacy.plans import ReleasePlan, data_dependent_plan
-from app.specs import ArchitectureSpec, StoredMethod
-from app.states import Guarantee
 
 
 class MethodOptions(BaseModel):
@@ -103,7 +103,7 @@ class MethodSpec(Generic[OptionsT]):
     own_cost: Callable[[OptionsT, JsonMap], CostEntry] | None = None
     # the method offered, estimated, to a model of another method with this architecture
     offered_to: Callable[[ArchitectureSpec], list[CostEntry]] | None = None
-    # bytes the method holds beyond one network's training (app/services/memory.py)
+    # bytes the method holds beyond one network's training (app/core/services/memory.py)
     memory_terms: Callable[[OptionsT, MemoryFacts], dict[str, int]] | None = None
     # the training record the method keeps with a version (what its update reads back)
     record: type[BaseModel] | None = None

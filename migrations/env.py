@@ -2,9 +2,9 @@
 
 from alembic import context
 
-from app.db.session import make_engine
-from app.db.tables import Base
-from app.settings import get_settings
+from app.core.db.session import make_engine
+from app.core.db.tables import Base
+from app.core.settings import get_settings
 
 config = context.config
 url = config.get_main_option("sqlalchemy.url") or get_settings().resolved_database_url

@@ -116,8 +116,8 @@ def api_reference() -> str:
     """Every route of the OpenAPI document: method, path, summary, and the answers it gives."""
     import tempfile
 
+    from app.core.settings import Settings
     from app.main import create_app
-    from app.settings import Settings
 
     with tempfile.TemporaryDirectory() as scratch:
         spec = create_app(Settings(data_dir=Path(scratch), bootstrap_admin_key=False)).openapi()

@@ -22,13 +22,13 @@ from typing import Any
 import pytest
 from fastapi.testclient import TestClient
 
-from app.db.migrate import upgrade_to_head
-from app.db.session import database, engine_for
-from app.db.tables import Base
+from app.core.db.migrate import upgrade_to_head
+from app.core.db.session import database, engine_for
+from app.core.db.tables import Base
+from app.core.runtime import Runtime
+from app.core.security import Role, create_key
+from app.core.settings import Settings
 from app.main import create_app
-from app.runtime import Runtime
-from app.security import Role, create_key
-from app.settings import Settings
 from tests.databases import finish_drops, own_database
 from tests.servers import S3_ACCESS_KEY, S3_SECRET_KEY, RedisServer, SeaweedServer
 
@@ -143,7 +143,7 @@ class Api:
 
     @property
     def runtime(self) -> Runtime:
-        """The app's resources (app/runtime.py)."""
+        """The app's resources (app/core/runtime.py)."""
         return self.client.app.state.runtime  # type: ignore[attr-defined,no-any-return]
 
     def worker(self) -> Any:
@@ -210,7 +210,7 @@ def api(settings: Settings) -> Iterator[Api]:
 
 @contextlib.contextmanager
 def paused_app(settings: Settings, tmp_path: Path, *points: str) -> Iterator[tuple[Api, Path]]:
-    """The app with these pause points switched on (app/pause.py), and their folder: a test
+    """The app with these pause points switched on (app/core/pause.py), and their folder: a test
     touches `<point>-<id>.go` there to let one go on."""
     pause = tmp_path / "pause"
     pause.mkdir()

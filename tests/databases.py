@@ -19,8 +19,8 @@ from contextlib import contextmanager
 
 import sqlalchemy as sa
 
-from app.db.migrate import upgrade_to_head
-from app.db.session import engine_for
+from app.core.db.migrate import upgrade_to_head
+from app.core.db.session import engine_for
 
 PG_ADMIN_URL = os.environ.get(
     "LETHE_TEST_PG_ADMIN", "postgresql+psycopg://postgres@127.0.0.1:5432/postgres"

@@ -12,12 +12,12 @@ import torch
 from sqlalchemy import Table, func, select
 from sqlalchemy.orm import Session
 
-from app.db.session import database
-from app.db.tables import Dataset, Sample
+from app.core.db.session import database
+from app.core.db.tables import Dataset, Sample
+from app.core.specs import PrivacyPolicy, TrainingConfig, architecture_of, training_of
+from app.core.storage.blobs import Blobs
+from app.core.storage.crypto import Keyring
 from app.privacy.lineage import LineageEvent
-from app.specs import PrivacyPolicy, TrainingConfig, architecture_of, training_of
-from app.storage.blobs import Blobs
-from app.storage.crypto import Keyring
 from methods import method_of
 from methods.compute import (
     ModelSpec,

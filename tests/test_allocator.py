@@ -1,4 +1,4 @@
-"""`lethe serve`'s allocator settings (app/allocator.py): added once, others kept."""
+"""`lethe serve`'s allocator settings (app/core/allocator.py): added once, others kept."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from app.allocator import NO_THREAD_CACHE, children_environment, scrubbing_environment
+from app.core.allocator import NO_THREAD_CACHE, children_environment, scrubbing_environment
 from bench.cluster import LETHE, free_port, wait_for
 
 

@@ -14,10 +14,10 @@ import numpy as np
 import pytest
 from sqlalchemy import func, select
 
-from app.db.session import database
-from app.db.tables import DatasetAppend, Sample
-from app.services.appends import APPEND_CHUNK, split_by_hash
-from app.storage.crypto import keyring
+from app.core.db.session import database
+from app.core.db.tables import DatasetAppend, Sample
+from app.core.services.appends import APPEND_CHUNK, split_by_hash
+from app.core.storage.crypto import keyring
 from tests.conftest import Api
 
 
@@ -251,7 +251,7 @@ def test_a_person_erased_while_an_append_runs_is_taken_out_of_its_blocks(
     commit takes their rows out of the block they were sealed in (the block sealed again
     under a new key without them, the old key destroyed), and the other rows of that block
     stay."""
-    from app.db.tables import DataKey
+    from app.core.db.tables import DataKey
     from tests.conftest import paused_app
     from tests.test_registration import wait_file
 
@@ -333,7 +333,7 @@ def test_an_append_is_an_upload_limited_as_uploads_are(settings) -> None:
 def test_an_append_s_parse_makes_no_seeded_split() -> None:
     """With no seed (an append's parse) every row is `train` until the dataset's rule or the
     split column gives its split; a registration's parse (a seed) still splits."""
-    from app.services.dataset_files import seeded_split, split_of
+    from app.core.services.dataset_files import seeded_split, split_of
 
     y = np.arange(50) % 2
     assert seeded_split(y, 0.2, None) == ["train"] * 50

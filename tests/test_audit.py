@@ -12,10 +12,10 @@ import sqlalchemy as sa
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from sqlalchemy.exc import DBAPIError
 
-from app.db import append_only
-from app.db.session import database, engine_for
-from app.db.tables import PublishedCheckpoint
-from app.ledger.certificates import (
+from app.core.db import append_only
+from app.core.db.session import database, engine_for
+from app.core.db.tables import PublishedCheckpoint
+from app.core.ledger.certificates import (
     GENESIS,
     append_certificate,
     append_certificates,

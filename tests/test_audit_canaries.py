@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 import torch
 
+from app.core.specs import PrivacyPolicy
 from app.privacy.audit_bounds import auc_p_value, joint_bound
-from app.specs import PrivacyPolicy
 from methods.compute import RemovedSamples, RetainedData, UpdateInputs, fit
 from methods.recollection.compute import Recollection
 from methods.recollection.replay import Replay

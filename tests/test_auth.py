@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from app.db.session import database
-from app.security import Role, create_key, hash_key, lookup_key
+from app.core.db.session import database
+from app.core.security import Role, create_key, hash_key, lookup_key
 from tests.conftest import Api
 
 

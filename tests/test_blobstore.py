@@ -15,15 +15,15 @@ from pathlib import Path
 import pytest
 from sqlalchemy import func, select, text
 
-from app.db.migrate import upgrade_to_head
-from app.db.session import database
-from app.db.tables import Blob, ShortKey
-from app.settings import Settings
-from app.storage.blobs import Blobs, object_store
-from app.storage.crypto import Keyring, SealError, blob_aad, seal
-from app.storage.keystore import KeyTable, create_keys
-from app.storage.objects import BlobMissing
-from app.storage.sealing import HEADER, OVERHEAD, Layout, open_chunks, seal_stream
+from app.core.db.migrate import upgrade_to_head
+from app.core.db.session import database
+from app.core.db.tables import Blob, ShortKey
+from app.core.settings import Settings
+from app.core.storage.blobs import Blobs, object_store
+from app.core.storage.crypto import Keyring, SealError, blob_aad, seal
+from app.core.storage.keystore import KeyTable, create_keys
+from app.core.storage.objects import BlobMissing
+from app.core.storage.sealing import HEADER, OVERHEAD, Layout, open_chunks, seal_stream
 
 CHUNK = 4096
 SIZES = [0, 1, CHUNK - 1, CHUNK, CHUNK + 1, 3 * CHUNK + 123]
@@ -187,11 +187,11 @@ def test_blobs_of_an_older_database_move_out_under_new_keys(tmp_path: Path) -> N
 
 ROUND_TRIP = """
 import json, os, resource, sys, torch
-from app.db.migrate import upgrade_to_head
-from app.db.session import database
-from app.settings import Settings
-from app.storage.blobs import Blobs, object_store
-from app.storage.crypto import Keyring
+from app.core.db.migrate import upgrade_to_head
+from app.core.db.session import database
+from app.core.settings import Settings
+from app.core.storage.blobs import Blobs, object_store
+from app.core.storage.crypto import Keyring
 from workers import tensorfile
 
 folder, size = sys.argv[1], int(sys.argv[2])

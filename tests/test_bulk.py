@@ -1,4 +1,4 @@
-"""Bulk inserts through the driver (app/db/bulk.py): what they write reads back through the
+"""Bulk inserts through the driver (app/core/db/bulk.py): what they write reads back through the
 ORM's own types on both backends, so registration's fast path stores what the slow one did."""
 
 from __future__ import annotations
@@ -10,18 +10,18 @@ from sqlalchemy import select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
-from app.db.bulk import (
+from app.core.db.bulk import (
     SQLITE_PARAMETERS,
     SQLITE_STATEMENT_ROWS,
     driver_uuid,
     insert_rows,
     sqlite_parameters,
 )
-from app.db.session import database
-from app.db.tables import Base, DataKey, Dataset, Sample
-from app.states import SampleStatus
-from app.storage.crypto import Keyring
-from app.storage.keystore import create_keys, load_keys
+from app.core.db.session import database
+from app.core.db.tables import Base, DataKey, Dataset, Sample
+from app.core.states import SampleStatus
+from app.core.storage.crypto import Keyring
+from app.core.storage.keystore import create_keys, load_keys
 
 
 def test_keys_stored_in_bulk_load_back_on_both_backends(db_url: str) -> None:

@@ -1,4 +1,4 @@
-"""Erased stays erased under every spelling of an id (app/identity.py): a person erased by
+"""Erased stays erased under every spelling of an id (app/core/identity.py): a person erased by
 subject stays out under their own sample ids, and near-variants of an erased id or subject
 (Unicode forms, case, invisible characters, full-width digits, spaces, numbers typed or
 written with zeros) are the same id wherever the dataset's rules say so."""
@@ -12,7 +12,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from app.identity import BadId, canonical
+from app.core.identity import BadId, canonical
 from tests.conftest import Api
 
 SUBJECT = "Zoë-Müller-7731"  # NFC

@@ -1,4 +1,4 @@
-"""The WAL checkpoint after an upload (app/db/checkpoint.py): it copies what the upload left in
+"""The WAL checkpoint after an upload (app/core/db/checkpoint.py): it copies what the upload left in
 SQLite's WAL, so the next commit (the learning's lease) does not run that checkpoint itself."""
 
 from __future__ import annotations
@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from app.db import checkpoint
-from app.db.checkpoint import checkpoint_behind
-from app.db.session import SQLITE_BUSY_MS, database
+from app.core.db import checkpoint
+from app.core.db.checkpoint import checkpoint_behind
+from app.core.db.session import SQLITE_BUSY_MS, database
 
 
 def test_an_upload_s_wal_is_checkpointed_behind_it(tmp_path: Path) -> None:

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from app.client import AsyncClient, Client, Forbidden, Gone, Invalid, NotFound, Unauthorized
-from app.wire import (
+from app.core.wire import (
     AppendOut,
     AuditOut,
     CertificateOut,

@@ -14,12 +14,12 @@ import pytest
 import sqlalchemy as sa
 from alembic import command
 
-from app.db.migrate import alembic_config
-from app.db.session import Database, database, engine_for
-from app.storage import erasure
-from app.storage.crypto import Keyring
-from app.storage.erasure import compact
-from app.storage.keystore import (
+from app.core.db.migrate import alembic_config
+from app.core.db.session import Database, database, engine_for
+from app.core.storage import erasure
+from app.core.storage.crypto import Keyring
+from app.core.storage.erasure import compact
+from app.core.storage.keystore import (
     KeyTable,
     create_keys,
     destroy_both,

@@ -8,9 +8,9 @@ import math
 import pytest
 import torch
 
+from app.core.specs import PrivacyPolicy, TrainingConfig, architecture_of
+from app.core.states import Guarantee, VersionKind
 from app.privacy.lineage import GaussianRelease, SlopeRelease, gaussian_event
-from app.specs import PrivacyPolicy, TrainingConfig, architecture_of
-from app.states import Guarantee, VersionKind
 from maths.norms import global_norm
 from methods import method_of
 from methods.compute import (

@@ -15,9 +15,9 @@ from scipy.optimize import brentq
 from scipy.stats import norm
 from sqlalchemy import select
 
-from app.db.session import database
-from app.db.tables import Dataset, Model, ModelVersion
-from app.ledger.certificates import constant_commitment
+from app.core.db.session import database
+from app.core.db.tables import Dataset, Model, ModelVersion
+from app.core.ledger.certificates import constant_commitment
 from app.privacy.lineage import compose_events, gaussian_event
 from maths import convex
 from methods.convex_head.compute import to_theta

@@ -18,9 +18,9 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from playwright.sync_api import Browser, Page, Route, sync_playwright
 
 from app.api.ui import CSP
-from app.ledger import notes
-from app.ledger.notes import Checkpoint
-from app.ledger.tiles import ProofPolicy, verify_tlog_proof
+from app.core.ledger import notes
+from app.core.ledger.notes import Checkpoint
+from app.core.ledger.tiles import ProofPolicy, verify_tlog_proof
 from bench.cluster import Cluster, free_port
 
 pytestmark = pytest.mark.integration

@@ -10,12 +10,12 @@ import numpy as np
 import pytest
 from sqlalchemy import func, select
 
-from app.db.session import database
-from app.db.tables import Dataset, Sample, SampleBlock
-from app.services import isolated
-from app.storage.crypto import SampleRecord, SealError, open_sealed
-from app.storage.keystore import load_keys
-from app.storage.sample_blocks import BLOCK_ROWS, block_aad, open_block, unpack
+from app.core.db.session import database
+from app.core.db.tables import Dataset, Sample, SampleBlock
+from app.core.services import isolated
+from app.core.storage.crypto import SampleRecord, SealError, open_sealed
+from app.core.storage.keystore import load_keys
+from app.core.storage.sample_blocks import BLOCK_ROWS, block_aad, open_block, unpack
 from tests.conftest import Api
 
 
@@ -87,7 +87,7 @@ def test_npz_upload_with_ids_subjects_and_split(api: Api) -> None:
 
 @pytest.mark.parametrize("shared_memory", [True, False])
 def test_csv_upload(api: Api, monkeypatch: pytest.MonkeyPatch, shared_memory: bool) -> None:
-    """Parsed in a child process (app/services/isolated.py): the upload crosses in shared
+    """Parsed in a child process (app/core/services/isolated.py): the upload crosses in shared
     memory, or through the pipe where /dev/shm is too small for it."""
     monkeypatch.setattr(isolated, "_fits_in_shared_memory", lambda size: shared_memory)
     rows = ["id,f1,f2,label,person"] + [f"r{i},{i * 0.1},{-i},{i % 2},u{i % 5}" for i in range(20)]
@@ -254,9 +254,9 @@ def test_the_synthetic_mixture_is_scikit_learns_for_the_seed(
     `make_classification(..., random_state=seed)`'s, so a seed names the same dataset."""
     from sklearn import datasets as skd
 
-    from app.schemas import BuiltinDatasetIn
-    from app.services import synthetic_mixture
-    from app.services.dataset_files import load_builtin
+    from app.core.schemas import BuiltinDatasetIn
+    from app.core.services import synthetic_mixture
+    from app.core.services.dataset_files import load_builtin
 
     shapes = [(500, 12, 3, 7, 8_192), (500, 12, 3, 7, 37), (300, 6, 3, 1, 64), (999, 2, 2, 5, 100)]
     shapes += [(10, 64, 50, 3, 4)]  # fewer rows than classes: clusters with no rows
@@ -280,10 +280,10 @@ def test_the_streamed_mixture_gives_every_row_what_the_whole_one_does(
     drawn, a block at a time, each under the id (scikit-learn's row number) whose features,
     label, split and subject the whole array gives it, as registration reads them (slices
     across blocks, single rows after a skip, a mask of the rows kept)."""
-    from app.schemas import BuiltinDatasetIn
-    from app.services import synthetic_mixture
-    from app.services.dataset_files import load_builtin, streamed_builtin
-    from app.services.registration import _features
+    from app.core.schemas import BuiltinDatasetIn
+    from app.core.services import synthetic_mixture
+    from app.core.services.dataset_files import load_builtin, streamed_builtin
+    from app.core.services.registration import _features
 
     monkeypatch.setattr(synthetic_mixture, "GENERATION_BLOCK", 37)
     spec = BuiltinDatasetIn(
@@ -316,8 +316,8 @@ def test_the_synthetic_mixture_is_generated_in_its_float32_array() -> None:
     with its float32 cast would be 3 × (measured: 4.0 × before, 1.74 × now)."""
     script = (
         "import resource\n"
-        "from app.schemas import BuiltinDatasetIn\n"
-        "from app.services.dataset_files import load_builtin\n"
+        "from app.core.schemas import BuiltinDatasetIn\n"
+        "from app.core.services.dataset_files import load_builtin\n"
         "before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss\n"
         "spec = BuiltinDatasetIn(builtin='synthetic', n_samples=200000, n_features=128,"
         " n_classes=10)\n"
@@ -335,9 +335,9 @@ def streamed_growth(n: int, p: int, read: str, before: str = "") -> tuple[int, f
     `parsed`); (rows read, peak RSS grown / the rows' float32 bytes)."""
     script = (
         "import resource\n"
-        "from app.schemas import BuiltinDatasetIn\n"
-        "from app.services.dataset_files import streamed_builtin\n"
-        "from app.services.registration import _features\n"
+        "from app.core.schemas import BuiltinDatasetIn\n"
+        "from app.core.services.dataset_files import streamed_builtin\n"
+        "from app.core.services.registration import _features\n"
         f"{before}\n"
         "before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss\n"
         f"spec = BuiltinDatasetIn(builtin='synthetic', n_samples={n}, n_features={p},"

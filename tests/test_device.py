@@ -17,9 +17,9 @@ import pytest
 import torch
 from pydantic import ValidationError
 
-import app.settings as app_settings
+import app.core.settings as app_settings
+from app.core.specs import PrivacyPolicy, architecture_of
 from app.privacy.lineage import gaussian_event
-from app.specs import PrivacyPolicy, architecture_of
 from methods import method_of, noise
 from methods.compute import (
     ModelSpec,

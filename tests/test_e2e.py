@@ -20,8 +20,8 @@ import pytest
 from fastapi.testclient import TestClient
 from redis import Redis
 
+from app.core.settings import Settings
 from app.main import create_app
-from app.settings import Settings
 from bench.cluster import Cluster, free_port
 from tests.conftest import SMALL_TRAINING, Api, make_keys, truncate_all
 

@@ -23,14 +23,14 @@ from fastapi.testclient import TestClient
 from sqlalchemy import select
 
 from app.accesslog import DropQueryString
-from app.db.migrate import upgrade_to_head
-from app.db.session import database, dispose_engines, engine_for
-from app.db.tables import Blob, DataKey, ModelVersion, Sample, ShortKey
+from app.core.db.migrate import upgrade_to_head
+from app.core.db.session import database, dispose_engines, engine_for
+from app.core.db.tables import Blob, DataKey, ModelVersion, Sample, ShortKey
+from app.core.settings import Settings
+from app.core.storage.blobs import blobs
+from app.core.storage.crypto import Keyring, SealError, open_sealed, seal
+from app.core.storage.objects import S3Objects
 from app.main import create_app
-from app.settings import Settings
-from app.storage.blobs import blobs
-from app.storage.crypto import Keyring, SealError, open_sealed, seal
-from app.storage.objects import S3Objects
 from tests.conftest import Api, make_keys
 from workers.statistics import read_vectors
 

@@ -25,9 +25,9 @@ import sqlalchemy as sa
 from redis import Redis
 from sqlalchemy import func, select
 
-from app.db.migrate import upgrade_to_head
-from app.db.session import database, engine_for
-from app.db.tables import Certificate, DeletionRequest, DeletionTask
+from app.core.db.migrate import upgrade_to_head
+from app.core.db.session import database, engine_for
+from app.core.db.tables import Certificate, DeletionRequest, DeletionTask
 from bench.cluster import Cluster
 from tests.conftest import truncate_all
 from tests.servers import RedisServer, free_port

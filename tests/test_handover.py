@@ -16,8 +16,8 @@ import pytest
 import torch
 from redis import Redis
 
-from app.db.session import database
-from app.db.tables import Model
+from app.core.db.session import database
+from app.core.db.tables import Model
 from bench.cluster import Cluster
 from methods.compute import PrivacyTarget
 from methods.convex_head import removal

@@ -17,12 +17,12 @@ from fastapi.testclient import TestClient
 from pydantic import SecretStr, ValidationError
 from redis.exceptions import ConnectionError as RedisConnectionError
 
-from app.db.migrate import upgrade_to_head
-from app.db.session import database, engine_for
-from app.errors import RETRY_AFTER_SECONDS
+from app.core.db.migrate import upgrade_to_head
+from app.core.db.session import database, engine_for
+from app.core.errors import RETRY_AFTER_SECONDS
+from app.core.security import lookup_key
+from app.core.settings import Settings
 from app.main import create_app
-from app.security import lookup_key
-from app.settings import Settings
 from tests.conftest import Api, make_keys
 from tests.databases import PG_ADMIN_URL, own_database
 from tests.servers import free_port
@@ -100,7 +100,7 @@ def test_a_pooled_connection_is_pinged_only_after_sitting_idle(
     PING_AFTER_IDLE_SECONDS (a ping per checkout was a round trip per transaction); one that
     died while idle fails its ping and the pool hands out a fresh one, so the caller's
     statement runs."""
-    from app.db import session as db_session
+    from app.core.db import session as db_session
 
     engine = db_session.make_engine(own_pg_database)
     pings: list[int] = []
@@ -152,7 +152,7 @@ def test_only_bookkeeping_commits_skip_the_wait_for_the_disk(own_pg_database: st
     """`write(durable=False)` (claims, leases) commits with synchronous_commit off, set once
     per connection rather than by a `SET LOCAL` round trip per transaction; `write()` and
     `read()` keep PostgreSQL's default, so what a client is told is committed is on disk."""
-    from app.db.session import dispose_engines
+    from app.core.db.session import dispose_engines
 
     db = database(own_pg_database)
     show = sa.text("SHOW synchronous_commit")
@@ -185,7 +185,7 @@ def test_reads_and_single_statements_send_no_begin_or_commit(
     around its statements, and what `single()` wrote is committed when it returns."""
     from psycopg import pq
 
-    from app.db.session import dispose_engines
+    from app.core.db.session import dispose_engines
 
     db = database(own_pg_database)
     select_one = sa.text("SELECT 1")
@@ -230,8 +230,8 @@ def test_statements_on_the_key_table_are_never_prepared(own_pg_database: str) ->
     compaction rewrites key partitions, invalidating a prepared plan, and PostgreSQL then
     re-planned over all 128 partitions), while the connection's other statements are still
     prepared, and errors still come through SQLAlchemy."""
-    from app.storage.crypto import Keyring
-    from app.storage.keystore import create_keys, destroy_keys, load_keys
+    from app.core.storage.crypto import Keyring
+    from app.core.storage.keystore import create_keys, destroy_keys, load_keys
 
     db, ring = database(own_pg_database), Keyring(b"k" * 32)
     other = sa.select(sa.literal_column("count(*)")).select_from(sa.table("models"))
@@ -266,7 +266,7 @@ def test_a_commit_finds_the_live_versions_without_reading_the_erased_ones(
     """Each commit purges the model's older versions; with migration 0017's partial index
     it reads only the versions whose bytes are kept, not every version the model ever had
     (a cost that grew with each deletion)."""
-    from app.db.tables import ModelVersion
+    from app.core.db.tables import ModelVersion
     from workers import statements
 
     engine = sa.create_engine(own_pg_database)

@@ -20,9 +20,9 @@ import numpy as np
 import pytest
 from numpy.lib import format as npy_format
 
-from app.errors import APIError
-from app.services.dataset_files import Limits, parse_csv, parse_npz
-from app.settings import Settings
+from app.core.errors import APIError
+from app.core.services.dataset_files import Limits, parse_csv, parse_npz
+from app.core.settings import Settings
 from bench.cluster import Cluster
 from tests.conftest import Api
 

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import torch
 
-from app.states import Guarantee, VersionKind
+from app.core.states import Guarantee, VersionKind
 from maths import convex
 from methods.compute import PrivacyTarget, RemovedSamples, RetainedData, fit, joined, method_for
 from methods.convex_head import removal

@@ -14,8 +14,8 @@ import numpy as np
 import torch
 from sqlalchemy import func, select
 
-from app.db.session import database
-from app.db.tables import Certificate
+from app.core.db.session import database
+from app.core.db.tables import Certificate
 from tests.conftest import Api
 from tests.factories import forget
 from tests.test_convex_head import LAM, R

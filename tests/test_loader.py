@@ -7,8 +7,8 @@ import json
 
 import torch
 
-from app.db.session import database
-from app.db.tables import Dataset
+from app.core.db.session import database
+from app.core.db.tables import Dataset
 from lethe import load_model, read_metadata
 from tests.conftest import SMALL_TRAINING, Api
 from workers import data as worker_data

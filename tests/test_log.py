@@ -18,12 +18,12 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from fastapi.testclient import TestClient
 from sqlalchemy.orm import Session
 
-from app.db import append_only
-from app.db.session import database, engine_for
-from app.ledger import merkle, notes, tiles, transparency
-from app.ledger.notes import Checkpoint, NoteError
-from app.ledger.tiles import ProofPolicy, check_extension, verify_tlog_proof
-from app.settings import Settings
+from app.core.db import append_only
+from app.core.db.session import database, engine_for
+from app.core.ledger import merkle, notes, tiles, transparency
+from app.core.ledger.notes import Checkpoint, NoteError
+from app.core.ledger.tiles import ProofPolicy, check_extension, verify_tlog_proof
+from app.core.settings import Settings
 from app.witness import create_witness_app
 from bench.cluster import LETHE, Cluster, wait_for
 from tests.servers import free_port
@@ -410,9 +410,9 @@ def test_the_public_tree_is_built_for_certificates_logged_before_it(tmp_path: Pa
     from alembic import command
     from sqlalchemy import select
 
-    from app.db.migrate import alembic_config, upgrade_to_head
-    from app.db.tables import Certificate, PublicNode
-    from app.ledger.transparency import StoredNodes
+    from app.core.db.migrate import alembic_config, upgrade_to_head
+    from app.core.db.tables import Certificate, PublicNode
+    from app.core.ledger.transparency import StoredNodes
     from tests.test_audit import write_chain
 
     url = f"sqlite:///{tmp_path / 'lethe.db'}"
@@ -435,7 +435,7 @@ def test_the_public_tree_is_built_for_certificates_logged_before_it(tmp_path: Pa
 def test_full_tiles_are_served_and_kept(tmp_path: Path) -> None:
     """300 certificates: one full level-0 tile and bundle (256), a partial one (44); a full
     tile served twice is the same bytes, and it is the public tree's."""
-    from app.db.migrate import upgrade_to_head
+    from app.core.db.migrate import upgrade_to_head
     from app.main import create_app
     from tests.test_audit import write_chain
 

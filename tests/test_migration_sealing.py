@@ -9,12 +9,12 @@ import sqlalchemy as sa
 import torch
 from alembic import command
 
-from app.db.migrate import alembic_config
-from app.db.session import database, engine_for
-from app.db.tables import Dataset
-from app.settings import Settings
-from app.storage.blobs import blobs
-from app.storage.crypto import keyring
+from app.core.db.migrate import alembic_config
+from app.core.db.session import database, engine_for
+from app.core.db.tables import Dataset
+from app.core.settings import Settings
+from app.core.storage.blobs import blobs
+from app.core.storage.crypto import keyring
 from tests.factories import arrays_for, stored_bytes
 from workers.statistics import read_vectors
 

@@ -9,8 +9,8 @@ import torch
 from safetensors.torch import load as st_load
 from sqlalchemy import func, select
 
-from app.db.session import database
-from app.db.tables import Dataset, Model, ModelVersion
+from app.core.db.session import database
+from app.core.db.tables import Dataset, Model, ModelVersion
 from maths.nets import build_net
 from methods.minnorm import maths as mn
 from methods.minnorm.compute import GRAM, ROWS

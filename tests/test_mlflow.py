@@ -18,7 +18,7 @@ import pytest
 from mlflow.tracking import MlflowClient
 from playwright.sync_api import sync_playwright
 
-from app.mlflow_export.registry import ALIAS, MlflowRegistry, VersionCopy
+from app.core.mlflow_export.registry import ALIAS, MlflowRegistry, VersionCopy
 from bench.cluster import Cluster
 from tests.servers import MlflowServer
 from tests.test_dashboard import CHROMIUM, sign_in

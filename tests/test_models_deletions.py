@@ -14,10 +14,10 @@ from fastapi.testclient import TestClient
 from safetensors.torch import load as st_load
 from sqlalchemy import func, select
 
-from app.db.session import database
-from app.db.tables import Blob, DeletionRequest, ModelSample, ModelVersion, Sample
+from app.core.db.session import database
+from app.core.db.tables import Blob, DeletionRequest, ModelSample, ModelVersion, Sample
+from app.core.settings import Settings
 from app.main import create_app
-from app.settings import Settings
 from tests.conftest import SMALL_TRAINING, Api, make_keys, train_ids
 from workers import jobs
 
@@ -165,7 +165,7 @@ def test_a_commit_is_refused_when_the_lease_the_version_or_a_task_moved(
     """The commit's one read of the model's lease, its version and the batch's tasks refuses
     (LeaseLost, nothing written) when another worker took the model, moved it on, or
     reclaimed a task; then, all restored, the same commit goes through."""
-    from app.db.tables import DeletionTask, Model
+    from app.core.db.tables import DeletionTask, Model
     from workers import commit
     from workers.lease import LeaseLost
 
@@ -211,7 +211,7 @@ def test_a_claim_is_one_statement_on_postgresql(
     rows it returns are the ones it marked."""
     import sqlalchemy as sa
 
-    from app.db.tables import DeletionTask
+    from app.core.db.tables import DeletionTask
     from workers import claim
 
     real, seen = claim.claim_tasks, list[tuple[int, list[int], set[str], set[str]]]()

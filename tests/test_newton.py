@@ -11,8 +11,8 @@ import torch
 from safetensors.torch import load as st_load
 from sklearn.datasets import make_classification
 
-from app.db.session import database
-from app.db.tables import Dataset, Model, ModelVersion
+from app.core.db.session import database
+from app.core.db.tables import Dataset, Model, ModelVersion
 from maths.nets import FlatModel, build_net
 from maths.training import train
 from methods.newton.maths import lissa, objective

@@ -12,10 +12,10 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from fastapi.testclient import TestClient
 
-from app.db.migrate import upgrade_to_head
+from app.core.db.migrate import upgrade_to_head
+from app.core.services.object_sources import open_object
+from app.core.settings import Settings
 from app.main import create_app
-from app.services.object_sources import open_object
-from app.settings import Settings
 from tests.conftest import Api, make_keys
 
 BUCKET = "lethe-sources"
@@ -35,7 +35,7 @@ def settings_for(tmp_path: Path, s3: dict) -> Settings:
 
 
 def put(settings: Settings, key: str, data: bytes) -> None:
-    from app.services.object_sources import s3_client
+    from app.core.services.object_sources import s3_client
 
     client = s3_client(settings)
     buckets = {b["Name"] for b in client.list_buckets().get("Buckets", [])}

@@ -8,8 +8,8 @@ from typing import Any
 
 import pytest
 
+from app.core.settings import Settings
 from app.main import create_app
-from app.settings import Settings
 
 
 @pytest.fixture(scope="module")

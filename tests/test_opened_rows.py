@@ -10,11 +10,11 @@ import pytest
 import torch
 from sqlalchemy import delete, select
 
-from app.db.session import database
-from app.db.tables import DataKey, Dataset, Sample
-from app.services.dataset_files import ParsedDataset
-from app.services.registration import SubjectTokens, insert_sealed, sealed_row
-from app.storage.keystore import new_keys
+from app.core.db.session import database
+from app.core.db.tables import DataKey, Dataset, Sample
+from app.core.services.dataset_files import ParsedDataset
+from app.core.services.registration import SubjectTokens, insert_sealed, sealed_row
+from app.core.storage.keystore import new_keys
 from tests.conftest import Api
 from tests.factories import arrays_for, forget
 from workers import data as worker_data

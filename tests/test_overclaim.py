@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 import torch
 
-from app.specs import TrainingConfig, architecture_of
-from app.states import Guarantee
+from app.core.specs import TrainingConfig, architecture_of
+from app.core.states import Guarantee
 from maths.training import Diverged, check_converged
 from methods import method_of
 from methods.compute import (

@@ -13,9 +13,9 @@ import torch
 from safetensors.torch import load as st_load
 from sqlalchemy import select, update
 
-from app.db.session import database
-from app.db.tables import DeletionRequest, Model, ModelVersion, Sample
-from app.ledger.certificates import commitment_holds
+from app.core.db.session import database
+from app.core.db.tables import DeletionRequest, Model, ModelVersion, Sample
+from app.core.ledger.certificates import commitment_holds
 from tests.conftest import SMALL_TRAINING, Api, train_ids
 
 # The database adds nothing to these checks: SQLite only, to keep the suite's time.

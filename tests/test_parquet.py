@@ -12,12 +12,12 @@ import pyarrow.parquet as pq
 import pytest
 from sqlalchemy import func, select
 
-from app.db.session import database
-from app.db.tables import DataKey, Sample, SampleBlock
-from app.errors import APIError
-from app.services import parquet_files
-from app.services.dataset_files import Limits
-from app.services.parquet_files import Columns, parse_parquet
+from app.core.db.session import database
+from app.core.db.tables import DataKey, Sample, SampleBlock
+from app.core.errors import APIError
+from app.core.services import parquet_files
+from app.core.services.dataset_files import Limits
+from app.core.services.parquet_files import Columns, parse_parquet
 from tests.conftest import Api
 
 N, D = 50, 6

@@ -21,8 +21,8 @@ from rq import Queue
 from rq.registry import FailedJobRegistry
 from sqlalchemy import func, select
 
-from app.db.session import database, engine_for
-from app.db.tables import (
+from app.core.db.session import database, engine_for
+from app.core.db.tables import (
     Blob,
     Certificate,
     DeletionRequest,
@@ -32,11 +32,11 @@ from app.db.tables import (
     Sample,
     SampleBlock,
 )
-from app.dispatch import deletions_queue
+from app.core.dispatch import deletions_queue
+from app.core.settings import Settings
+from app.core.storage.blobs import Blobs, object_store
+from app.core.storage.crypto import Keyring
 from app.main import create_app
-from app.settings import Settings
-from app.storage.blobs import Blobs, object_store
-from app.storage.crypto import Keyring
 from bench.cluster import Cluster
 from tests.conftest import SMALL_TRAINING, truncate_all
 from tests.servers import free_port

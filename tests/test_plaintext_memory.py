@@ -2,7 +2,7 @@
 and erases one person; within the plaintext TTL the worker process that held the rows has
 given way to a fresh one, and a scan of every Lethe process's memory (/proc/<pid>/mem) finds
 none of the erased rows' feature bytes (float32 or float64) and none of their ids or the
-subject's. The API process parses no upload itself (app/services/isolated.py), zeroes the
+subject's. The API process parses no upload itself (app/core/services/isolated.py), zeroes the
 bodies it saw and has glibc overwrite what it frees (app/api/scrub.py)."""
 
 from __future__ import annotations
@@ -85,7 +85,7 @@ def test_no_process_keeps_an_erased_persons_rows(tmp_path: Path) -> None:
         assert cluster.api is not None
         api = cluster.api.pid
         # `lethe serve` started again on an allocator that overwrites each freed block
-        # (app/allocator.py): on a loaded machine the ids stayed in Python's pools without it
+        # (app/core/allocator.py): on a loaded machine the ids stayed in Python's pools without it
         environment = Path(f"/proc/{api}/environ").read_bytes().split(b"\0")
         assert b"PYTHONMALLOC=malloc" in environment, environment
         dataset = register_and_train(c, body)

@@ -12,7 +12,7 @@ import pytest
 import torch
 from sklearn.datasets import load_digits
 
-from app.specs import PrivacyPolicy
+from app.core.specs import PrivacyPolicy
 from methods import compute as registry
 from methods.compute import CertificateFields, Release, RetainedData, UpdateInputs
 from methods.output_perturbation.compute import OutputPerturbation

@@ -15,13 +15,13 @@ import sqlalchemy as sa
 from alembic import command
 from sqlalchemy import LargeBinary, String, Text, select
 
-from app.db.migrate import alembic_config
-from app.db.session import database, engine_for
-from app.db.tables import Base
-from app.ledger.certificates import RESTRICTED, canonical_json, constant_commitment
-from app.schemas import DeletionCreate
-from app.services.deletions import request_fingerprint
-from app.states import Guarantee
+from app.core.db.migrate import alembic_config
+from app.core.db.session import database, engine_for
+from app.core.db.tables import Base
+from app.core.ledger.certificates import RESTRICTED, canonical_json, constant_commitment
+from app.core.schemas import DeletionCreate
+from app.core.services.deletions import request_fingerprint
+from app.core.states import Guarantee
 from tests.conftest import Api, train_ids
 
 
@@ -114,7 +114,7 @@ def test_migration_0008_rewrites_stored_fingerprints_over_tokens(tmp_path: Path)
 def test_a_receipt_carries_no_other_request() -> None:
     """Issue 26 item 4: the logged body (a requester's receipt) commits to the coalesced
     requests and the batch size; the values go to auditors only, and they open."""
-    from app.specs import PrivacyPolicy
+    from app.core.specs import PrivacyPolicy
     from methods.compute import CertificateFields, PrivacyTarget, Release
     from workers.certify import CertificateContext, certificate_fields
     from workers.values import Released
@@ -237,8 +237,8 @@ def test_the_dashboard_page_is_served_only_at_ui_with_its_policy(api: Api) -> No
 
 
 def test_the_issues_two_oversize_models_are_estimated_over_12_gib() -> None:
-    from app.services import memory
-    from app.specs import TrainingConfig, architecture_of
+    from app.core.services import memory
+    from app.core.specs import TrainingConfig, architecture_of
     from methods import method_of
 
     topics = memory.estimate(
@@ -295,7 +295,7 @@ def test_shutdown_stops_training_cleanly_and_the_next_start_resumes_it(settings)
 
     from fastapi.testclient import TestClient
 
-    from app.db.tables import Model
+    from app.core.db.tables import Model
     from app.main import create_app
     from tests.conftest import make_keys
 

@@ -11,8 +11,8 @@ import torch
 from sklearn.datasets import make_classification
 from sqlalchemy import func, select
 
-from app.db.session import database
-from app.db.tables import Model, ModelVersion, Sample, SampleStatistic
+from app.core.db.session import database
+from app.core.db.tables import Model, ModelVersion, Sample, SampleStatistic
 from maths.nets import FlatModel, build_net
 from methods.recollection.maths import train_recollection
 from tests.conftest import Api

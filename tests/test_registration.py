@@ -17,11 +17,11 @@ import httpx
 import pytest
 import sqlalchemy as sa
 
-from app.db.session import database
-from app.db.tables import DataKey, Sample, SampleToken
-from app.schemas import BuiltinDatasetIn
-from app.services import dataset_files, registration
-from app.settings import Settings
+from app.core.db.session import database
+from app.core.db.tables import DataKey, Sample, SampleToken
+from app.core.schemas import BuiltinDatasetIn
+from app.core.services import dataset_files, registration
+from app.core.settings import Settings
 from bench.cluster import Cluster
 from tests.conftest import SMALL_TRAINING, Api, paused_app
 
@@ -154,7 +154,7 @@ class FailsSecondCall:
 
 
 def register_big_failing(api: Api) -> int:
-    """Register BIG as the registration child runs it (app/services/isolated.py), here in
+    """Register BIG as the registration child runs it (app/core/services/isolated.py), here in
     the test's process where a patch applies, expecting "disk full"; the dataset's id."""
     parsed = dataset_files.streamed_builtin(BuiltinDatasetIn.model_validate(BIG))
     with database(api.url).write() as session:

@@ -10,8 +10,8 @@ from typing import get_args
 
 import pytest
 
-from app.architectures import parameter_shapes
-from app.specs import ArchitectureSpec, TrainingConfig, architecture_of
+from app.core.architectures import parameter_shapes
+from app.core.specs import ArchitectureSpec, TrainingConfig, architecture_of
 from maths.nets import build_net
 from methods import get_method, method_names, method_of
 from methods.compute import ModelSpec, compute_class, method_for
@@ -106,7 +106,7 @@ def test_the_api_process_imports_no_torch() -> None:
     ],
 )
 def test_parameter_layout_matches_the_built_network(arch: dict) -> None:
-    """app/architectures.py mirrors maths/nets.py without torch; this pins them together."""
+    """app/core/architectures.py mirrors maths/nets.py without torch; this pins them together."""
     net = build_net(arch, 6, 4)
     built = {k: list(v.shape) for k, v in net.state_dict().items()}
     assert built == parameter_shapes(arch, 6, 4)
@@ -117,7 +117,7 @@ def test_every_architecture_spec_has_a_registered_package() -> None:
     (`build` for a network; a `load` for one that is not): no generic module names one."""
     import typing
 
-    from app.specs import ArchitectureSpec
+    from app.core.specs import ArchitectureSpec
     from architectures import KINDS
     from architectures.nets import net_of
 

@@ -22,8 +22,8 @@ import torch
 from fastapi.testclient import TestClient
 from safetensors.torch import load
 
+from app.core.settings import Settings
 from app.main import create_app
-from app.settings import Settings
 from tests.conftest import Api, make_keys
 from tests.factories import forget
 from tests.test_convex_head import convex_model

@@ -19,14 +19,14 @@ from sqlalchemy import func, select, text
 from sqlalchemy.orm import Session
 
 import app.api.models
-import app.ledger.publish as publication
-from app.db.group_commit import GroupCommitter
-from app.db.migrate import upgrade_to_head
-from app.db.session import database
-from app.db.tables import ApiKey
-from app.dispatch import DELETE, RQDispatcher, deletions_queue, signal_key
-from app.errors import APIError
-from app.settings import Settings
+import app.core.ledger.publish as publication
+from app.core.db.group_commit import GroupCommitter
+from app.core.db.migrate import upgrade_to_head
+from app.core.db.session import database
+from app.core.db.tables import ApiKey
+from app.core.dispatch import DELETE, RQDispatcher, deletions_queue, signal_key
+from app.core.errors import APIError
+from app.core.settings import Settings
 from tests.conftest import Api
 from tests.servers import RedisServer
 
@@ -196,7 +196,7 @@ def test_sqlite_writers_of_two_processes_queue_on_the_lock_file(sqlite_url: str)
             sys.executable,
             "-c",
             "import sys, time\n"
-            "from app.db.session import WriteLock\n"
+            "from app.core.db.session import WriteLock\n"
             "with WriteLock(sys.argv[1]):\n"
             "    print('held', flush=True)\n"
             "    time.sleep(0.6)\n",
@@ -263,7 +263,7 @@ def test_one_pending_signal_per_model(redis_server: RedisServer, tmp_path: Path)
     # A job taking its signal clears the mark: the next request signals again.
     queue = Queue(deletions_queue("dedup"), connection=redis)  # deletions' own
     queue.empty()
-    queue.enqueue("app.dispatch.take_signal", DELETE, 7)
+    queue.enqueue("app.core.dispatch.take_signal", DELETE, 7)
     worker = SimpleWorker([queue], connection=redis)
     # no command channel: its pubsub thread's join at teardown waited out a read timeout
     # now and then (a minute), past the signal's TTL
@@ -298,7 +298,7 @@ def test_opened_samples_are_cached_and_erased_ones_dropped(
     """A worker opens each sample once; after an erasure the next load forgets its plaintext;
     blocks are per database and dataset."""
     import workers.data as data
-    from app.db.tables import Dataset
+    from app.core.db.tables import Dataset
 
     opened: list[int] = []
     real = data._decode

@@ -13,11 +13,11 @@ import torch
 from safetensors.torch import load as st_load
 from sqlalchemy import select
 
-from app.db.session import database
-from app.db.tables import Model, Sample
-from app.ledger.certificates import lineage_history
-from app.settings import Settings
-from app.states import SampleStatus
+from app.core.db.session import database
+from app.core.db.tables import Model, Sample
+from app.core.ledger.certificates import lineage_history
+from app.core.settings import Settings
+from app.core.states import SampleStatus
 from tests.conftest import SMALL_TRAINING, Api, train_ids
 from tests.factories import forget
 from workers import jobs

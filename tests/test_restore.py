@@ -25,13 +25,13 @@ from sqlalchemy import make_url
 from typer.testing import CliRunner
 
 from app.cli import app as cli
-from app.db.migrate import upgrade_to_head
-from app.db.session import database
-from app.ledger import merkle, notes
-from app.ledger.journal import Journal
+from app.core.db.migrate import upgrade_to_head
+from app.core.db.session import database
+from app.core.ledger import merkle, notes
+from app.core.ledger.journal import Journal
+from app.core.services.restore import verdict
+from app.core.settings import Settings
 from app.main import create_app
-from app.services.restore import verdict
-from app.settings import Settings
 from bench.cluster import LETHE, wait_for
 from tests.conftest import Api, make_keys
 from tests.databases import PG_ADMIN_URL, own_database

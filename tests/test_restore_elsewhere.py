@@ -1,4 +1,4 @@
-"""The database and its restore journal know each other (app/ledger/deployment.py): a backup
+"""The database and its restore journal know each other (app/core/ledger/deployment.py): a backup
 restored into another folder, or a whole data folder put back, is not ready until `lethe
 restore`, and then the log does not fork and no request, dataset, append or version number is
 given twice."""
@@ -13,7 +13,7 @@ from pathlib import Path
 from typer.testing import CliRunner
 
 from app.cli import app as cli
-from app.settings import Settings
+from app.core.settings import Settings
 from tests.test_restore import (
     PERSON,
     csv_rows,

@@ -10,8 +10,8 @@ from pathlib import Path
 
 from fastapi.testclient import TestClient
 
+from app.core.settings import Settings
 from app.main import create_app
-from app.settings import Settings
 from tests.conftest import SMALL_TRAINING, Api, make_keys
 
 

@@ -1,4 +1,4 @@
-"""Rows sealed a block at a time (app/storage/sample_blocks.py, issue 55 goal 6): an erasure
+"""Rows sealed a block at a time (app/core/storage/sample_blocks.py, issue 55 goal 6): an erasure
 rewrites the block under a new key, keeps every other row and its statistics readable, and
 leaves the erased row's record in no block any key opens; on both databases."""
 
@@ -12,13 +12,13 @@ import pytest
 import torch
 from sqlalchemy import select
 
-from app.db.session import database
-from app.db.tables import DataKey, Dataset, Sample, SampleBlock
-from app.storage import sample_blocks
-from app.storage.crypto import SampleRecord
-from app.storage.erasure import erase_payloads
-from app.storage.keystore import load_keys
-from app.storage.sample_blocks import (
+from app.core.db.session import database
+from app.core.db.tables import DataKey, Dataset, Sample, SampleBlock
+from app.core.storage import sample_blocks
+from app.core.storage.crypto import SampleRecord
+from app.core.storage.erasure import erase_payloads
+from app.core.storage.keystore import load_keys
+from app.core.storage.sample_blocks import (
     BLOCK_ROWS,
     block_records,
     open_block,

@@ -16,16 +16,16 @@ from alembic import command
 from sqlalchemy import func, select
 from sqlalchemy.exc import IntegrityError
 
-from app.db.bulk import insert_rows
-from app.db.migrate import alembic_config
-from app.db.session import database
-from app.db.tables import Sample
-from app.schemas import BuiltinDatasetIn
-from app.services import dataset_files, sample_tokens
-from app.services.registration import SubjectTokens, insert_sealed, sealed_row
-from app.services.sample_tokens import TOKEN_CHARS
-from app.storage.crypto import TOKEN_PREFIX, Keyring
-from app.storage.keystore import new_keys
+from app.core.db.bulk import insert_rows
+from app.core.db.migrate import alembic_config
+from app.core.db.session import database
+from app.core.db.tables import Sample
+from app.core.schemas import BuiltinDatasetIn
+from app.core.services import dataset_files, sample_tokens
+from app.core.services.registration import SubjectTokens, insert_sealed, sealed_row
+from app.core.services.sample_tokens import TOKEN_CHARS
+from app.core.storage.crypto import TOKEN_PREFIX, Keyring
+from app.core.storage.keystore import new_keys
 from tests import factories
 from tests.conftest import Api
 from tests.test_registration import BIG, FailsSecondCall, register_big_failing

@@ -10,9 +10,9 @@ import pytest
 import torch
 from safetensors.torch import save as st_save
 
-from app.errors import APIError
-from app.specs import LogRegSpec, TrainingConfig, architecture_of
-from app.states import Guarantee
+from app.core.errors import APIError
+from app.core.specs import LogRegSpec, TrainingConfig, architecture_of
+from app.core.states import Guarantee
 from lethe.loader import load_model
 from maths.ensemble import Ensemble, count_shards, linear_scorer, shard_prefix, shard_states
 from maths.training import logits

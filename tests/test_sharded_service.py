@@ -12,8 +12,8 @@ import torch
 from safetensors.torch import load as st_load
 from sqlalchemy import select
 
-from app.db.session import database
-from app.db.tables import Blob, Dataset, Model, ModelVersion, ShortKey
+from app.core.db.session import database
+from app.core.db.tables import Blob, Dataset, Model, ModelVersion, ShortKey
 from lethe.loader import load_model
 from maths.ensemble import Ensemble, shard_states
 from methods.compute import RetainedData, fit

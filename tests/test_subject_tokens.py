@@ -15,10 +15,10 @@ import pytest
 from alembic import command
 from sqlalchemy import func, select
 
-from app.db.migrate import alembic_config
-from app.db.session import database
-from app.db.tables import Sample
-from app.services import subject_tokens
+from app.core.db.migrate import alembic_config
+from app.core.db.session import database
+from app.core.db.tables import Sample
+from app.core.services import subject_tokens
 from tests import factories
 from tests.conftest import Api
 from tests.test_registration import BIG, FailsSecondCall, register_big_failing

@@ -13,10 +13,10 @@ import numpy as np
 import pytest
 from sqlalchemy import func, select
 
-from app.db.session import database
-from app.db.tables import Dataset, Sample, Suppression
-from app.services import suppression
-from app.services.suppression import (
+from app.core.db.session import database
+from app.core.db.tables import Dataset, Sample, Suppression
+from app.core.services import suppression
+from app.core.services.suppression import (
     HELD_MOST,
     Entry,
     Screener,
@@ -24,7 +24,7 @@ from app.services.suppression import (
     put_tokens,
     suppression_token,
 )
-from app.storage.crypto import Keyring
+from app.core.storage.crypto import Keyring
 from tests.conftest import Api
 from tests.test_registration import wait_file
 
@@ -233,8 +233,8 @@ def test_the_screener_finds_a_person_in_every_chunk_and_late_finds_only_new_entr
 def test_a_person_erased_again_after_a_lift_is_found_by_the_late_check(db_url: str) -> None:
     """A lifted suppression put back (the person erased again) is on the list from then: an
     upload that screened the person while lifted finds their rows in its late check."""
-    from app.db.tables import utcnow
-    from app.services.suppression import lift_token
+    from app.core.db.tables import utcnow
+    from app.core.services.suppression import lift_token
 
     ring = Keyring(b"r" * 32)
     token = suppression_token(ring, "subject", "again")
@@ -261,9 +261,9 @@ def test_an_append_s_late_check_names_the_rows_it_kept(db_url: str) -> None:
     from types import SimpleNamespace
     from typing import Any, cast
 
-    from app.db.tables import utcnow
-    from app.services.dataset_files import finish
-    from app.services.registration import screened
+    from app.core.db.tables import utcnow
+    from app.core.services.dataset_files import finish
+    from app.core.services.registration import screened
 
     ring = Keyring(b"k" * 32)
     db = database(db_url)
@@ -300,9 +300,9 @@ def test_rows_accepted_for_erasure_before_are_listed_once(api: Api) -> None:
     their records still open): the backfill lists them, once per database."""
     from sqlalchemy import update
 
-    from app.db.tables import Deployment
-    from app.services.deletions import backfill_suppressions
-    from app.states import SampleStatus
+    from app.core.db.tables import Deployment
+    from app.core.services.deletions import backfill_suppressions
+    from app.core.states import SampleStatus
 
     first = register(api, people_csv())
     assert first.status_code == 201, first.text

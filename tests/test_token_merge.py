@@ -1,5 +1,5 @@
 """Appended rows' tokens wait in the recent tables and a merge moves them into the main ones
-(issue 55, goal 6; app/services/token_merge.py, migration 0028): every reader finds a token
+(issue 55, goal 6; app/core/services/token_merge.py, migration 0028): every reader finds a token
 in either table (a deletion by id or subject, the duplicate check, a listing by subject); a
 merge moves every token once, leaves a dataset with an append under way, gives way to other
 work below four times its threshold; the maintenance thread runs it; the migration's
@@ -17,12 +17,12 @@ from fastapi.testclient import TestClient
 from sqlalchemy import Table, func, select
 from sqlalchemy.exc import IntegrityError
 
-from app.db.migrate import alembic_config
-from app.db.session import database
+from app.core.db.migrate import alembic_config
+from app.core.db.session import database
+from app.core.services import appends, sample_tokens, subject_tokens, token_merge
+from app.core.settings import Settings
+from app.core.states import DatasetStatus
 from app.main import create_app
-from app.services import appends, sample_tokens, subject_tokens, token_merge
-from app.settings import Settings
-from app.states import DatasetStatus
 from tests.conftest import Api, make_keys
 from tests.test_appends import append, register, table_csv
 

@@ -11,9 +11,9 @@ import scipy.sparse
 import torch
 from safetensors.torch import load as st_load
 
-from app.db.session import database
-from app.db.tables import Dataset, Model, ModelVersion, Sample
-from app.text import count_documents, synthetic_corpus
+from app.core.db.session import database
+from app.core.db.tables import Dataset, Model, ModelVersion, Sample
+from app.core.text import count_documents, synthetic_corpus
 from maths import convex
 from maths import topics as tp
 from methods.anchor_topics import compute as anchor_topics

@@ -13,11 +13,11 @@ import sqlalchemy as sa
 from sqlalchemy.orm import Session
 
 from app.cli import CliError, audit_verify_receipt
-from app.db import append_only
-from app.db.session import database, engine_for
-from app.ledger import merkle, transparency
-from app.ledger.receipts import ReceiptError, verify_extension, verify_head, verify_receipt
-from app.settings import Settings
+from app.core.db import append_only
+from app.core.db.session import database, engine_for
+from app.core.ledger import merkle, transparency
+from app.core.ledger.receipts import ReceiptError, verify_extension, verify_head, verify_receipt
+from app.core.settings import Settings
 from tests.conftest import Api
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -226,8 +226,8 @@ def test_appends_read_no_node_with_the_kept_frontier_and_sign_a_fresh_trees_root
     back append leaves nothing stale behind."""
     from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-    from app.db.migrate import upgrade_to_head
-    from app.ledger.certificates import append_certificates
+    from app.core.db.migrate import upgrade_to_head
+    from app.core.ledger.certificates import append_certificates
 
     url = f"sqlite:///{tmp_path / 'tree.db'}"
     upgrade_to_head(url)
@@ -308,8 +308,8 @@ def test_receipts_reuse_the_nodes_earlier_proofs_read_and_drop_them_when_they_do
     under the process) is noticed by that check, dropped, and the proof read again."""
     from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-    from app.db.migrate import upgrade_to_head
-    from app.ledger.certificates import append_certificates
+    from app.core.db.migrate import upgrade_to_head
+    from app.core.ledger.certificates import append_certificates
 
     url = f"sqlite:///{tmp_path / 'receipts.db'}"
     upgrade_to_head(url)

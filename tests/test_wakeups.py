@@ -1,4 +1,4 @@
-"""Long polls are woken by the worker's commit (app/wakeups.py): in-process when embedded,
+"""Long polls are woken by the worker's commit (app/core/wakeups.py): in-process when embedded,
 through a Redis channel when distributed; a wait with no wake-up ends at its timeout."""
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ import uuid
 import pytest
 from redis import Redis
 
-from app import wakeups
-from app.wakeups import FINISHED, Announcer, Listener
+from app.core import wakeups
+from app.core.wakeups import FINISHED, Announcer, Listener
 
 REDIS = "redis://127.0.0.1:6379/0"
 
@@ -99,8 +99,8 @@ def test_a_lingering_worker_is_woken_by_the_apis_push_not_its_fallback_look() ->
     """The API's signal for a deletion pushes to the model's due list (with a TTL, so a push
     nobody pops goes by itself); a worker lingering on the lease blocks on that list and wakes
     as soon as the push comes, then empties it (real Redis; the queue is this test's own)."""
-    from app.dispatch import DELETE, DUE_TTL_SECONDS, DueList, RQDispatcher, due_key
-    from app.settings import Settings
+    from app.core.dispatch import DELETE, DUE_TTL_SECONDS, DueList, RQDispatcher, due_key
+    from app.core.settings import Settings
 
     queue = f"lethe-test-{uuid.uuid4().hex[:8]}"
     settings = Settings(redis_url=REDIS, queue_name=queue)

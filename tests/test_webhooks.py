@@ -20,8 +20,8 @@ from redis import Redis
 from sqlalchemy import select
 from standardwebhooks.webhooks import Webhook
 
-from app.db.session import database
-from app.db.tables import WebhookDelivery, utcnow
+from app.core.db.session import database
+from app.core.db.tables import WebhookDelivery, utcnow
 from bench.cluster import Cluster, free_port
 from tests.conftest import Api, train_ids, truncate_all
 
@@ -70,14 +70,14 @@ def test_admins_manage_endpoints_and_private_urls_are_refused(api: Api) -> None:
 def test_a_rotated_endpoint_signs_with_both_secrets(api: Api) -> None:
     """During the grace period every message carries a signature by the old secret and one by
     the new: a receiver holding either verifies it."""
-    from app.webhooks.endpoints import secrets_of
-    from app.webhooks.sender import signed_headers
+    from app.core.webhooks.endpoints import secrets_of
+    from app.core.webhooks.sender import signed_headers
 
     made = api.post(
         "/v1/webhooks", json={"url": "http://127.0.0.1:9/h", "allow_private": True}
     ).json()
     new = api.post(f"/v1/webhooks/{made['id']}/rotate").json()["secret"]
-    from app.db.tables import WebhookEndpoint
+    from app.core.db.tables import WebhookEndpoint
 
     with database(api.url).read() as session:
         endpoint = session.get(WebhookEndpoint, made["id"])

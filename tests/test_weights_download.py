@@ -8,9 +8,9 @@ import hashlib
 import pytest
 from sqlalchemy import select
 
-from app.db.session import database
-from app.db.tables import ModelVersion
-from app.settings import Settings
+from app.core.db.session import database
+from app.core.db.tables import ModelVersion
+from app.core.settings import Settings
 from tests.conftest import SMALL_TRAINING, Api
 
 

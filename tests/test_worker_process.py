@@ -16,12 +16,12 @@ import httpx
 import pytest
 from sqlalchemy import select
 
-from app import worker_process
-from app.db.session import database
-from app.db.tables import Model
-from app.settings import Settings
-from app.wakeups import FINISHED, wait
-from app.worker_process import ProcessDispatcher
+from app.core import worker_process
+from app.core.db.session import database
+from app.core.db.tables import Model
+from app.core.settings import Settings
+from app.core.wakeups import FINISHED, wait
+from app.core.worker_process import ProcessDispatcher
 from bench.cluster import Cluster
 from bench.common import worker_processes
 from tests.test_faults import wait_until

@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 import logging
 
-from app.jsontypes import JsonMap, json_object
+from app.core.jsontypes import JsonMap, json_object
 from app.privacy.lineage import LineageBudget, history_after, prepare_next
 from workers.certify import lineage_fields
 from workers.resident import Sessions

@@ -17,16 +17,16 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from sqlalchemy import ColumnElement, update
 from sqlalchemy.orm import Session
 
-from app import shutdown
-from app.db.session import Database
-from app.db.tables import Dataset, Model, ModelVersion, PrivacyAudit, utcnow
-from app.dispatch import AUDIT, take_signal
-from app.jsontypes import JsonObject
-from app.ledger.certificates import append_certificate
-from app.ledger.transparency import signing_key
-from app.specs import PrivacyPolicy
-from app.states import AuditStatus, ModelStatus
-from app.webhooks import events
+from app.core import shutdown
+from app.core.db.session import Database
+from app.core.db.tables import Dataset, Model, ModelVersion, PrivacyAudit, utcnow
+from app.core.dispatch import AUDIT, take_signal
+from app.core.jsontypes import JsonObject
+from app.core.ledger.certificates import append_certificate
+from app.core.ledger.transparency import signing_key
+from app.core.specs import PrivacyPolicy
+from app.core.states import AuditStatus, ModelStatus
+from app.core.webhooks import events
 from methods.compute import ModelSpec, RetainedData
 from workers import load
 from workers.context import JobContext

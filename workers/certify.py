@@ -1,7 +1,7 @@
 """The one place that turns an update's decision into a request's certificate fields (DESIGN
 §6–7): `certificate_for` (the commitment and the certificate's place), `certificate_fields`
 (the guarantee, ε, δ and every constant); the log chains and signs them
-(app/ledger/certificates.py)."""
+(app/core/ledger/certificates.py)."""
 
 from __future__ import annotations
 
@@ -14,17 +14,17 @@ from typing import Any
 # its first deletion does not wait for it
 import dp_accounting  # noqa: F401
 
-from app.jsontypes import JsonObject
-from app.ledger.certificates import (
+from app.core.jsontypes import JsonObject
+from app.core.ledger.certificates import (
     COMMITMENT_SCHEME,
     RESTRICTED,
     constant_commitment,
     removed_ids_commitment,
 )
+from app.core.specs import PrivacyPolicy
+from app.core.states import Guarantee
 from app.privacy import DP_ACCOUNTING_VERSION
 from app.privacy.lineage import event_to_json
-from app.specs import PrivacyPolicy
-from app.states import Guarantee
 from methods.compute import CertificateFields, Constant, PrivacyTarget
 from workers.values import Batch, ClaimedTask, Decision, Fallback, Outcome, Released
 

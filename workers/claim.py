@@ -9,12 +9,12 @@ from datetime import datetime, timedelta
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from app.db.tables import (
+from app.core.db.tables import (
     DeletionTask,
     Model,
     utcnow,
 )
-from app.states import ModelStatus, RequestStatus, TaskStatus
+from app.core.states import ModelStatus, RequestStatus, TaskStatus
 from workers import statements as sql
 from workers.lease import WORKER_ID, LeaseLost
 from workers.values import ClaimedTask
@@ -57,8 +57,8 @@ def release_tasks(
     session: Session, task_ids: list[int], delay_seconds: float = 0, why: str | None = None
 ) -> None:
     """Put claimed tasks back to queued, due after `delay_seconds`, their attempt not counted:
-    the job was interrupted by a shutdown (app/shutdown.py) or a storage fault
-    (app/storage/faults.py), not failed; `why` is what the request shows meanwhile."""
+    the job was interrupted by a shutdown (app/core/shutdown.py) or a storage fault
+    (app/core/storage/faults.py), not failed; `why` is what the request shows meanwhile."""
     due = utcnow() + timedelta(seconds=delay_seconds) if delay_seconds else None
     for task in session.scalars(select(DeletionTask).where(DeletionTask.id.in_(task_ids))):
         if task.status == TaskStatus.running and task.lease_owner == WORKER_ID:

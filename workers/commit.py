@@ -16,9 +16,9 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from sqlalchemy import Row, delete, select
 from sqlalchemy.orm import Session
 
-from app.db.bulk import insert_together
-from app.db.chunks import chunked
-from app.db.tables import (
+from app.core.db.bulk import insert_together
+from app.core.db.chunks import chunked
+from app.core.db.tables import (
     Certificate,
     DeletionRequest,
     DeletionTask,
@@ -27,15 +27,15 @@ from app.db.tables import (
     SampleStatistic,
     utcnow,
 )
-from app.jsontypes import json_object
-from app.ledger.certificates import append_certificates
-from app.states import ModelStatus, RequestStatus, Stage, TaskStatus, VersionKind
-from app.storage.blobs import Blobs
-from app.storage.crypto import Keyring
-from app.storage.erasure import erase_payloads
-from app.storage.keystore import KeyTable, destroy_keys
-from app.webhooks import events
-from app.wire import Progress
+from app.core.jsontypes import json_object
+from app.core.ledger.certificates import append_certificates
+from app.core.states import ModelStatus, RequestStatus, Stage, TaskStatus, VersionKind
+from app.core.storage.blobs import Blobs
+from app.core.storage.crypto import Keyring
+from app.core.storage.erasure import erase_payloads
+from app.core.storage.keystore import KeyTable, destroy_keys
+from app.core.webhooks import events
+from app.core.wire import Progress
 from workers import statements as sql
 from workers.certify import certificate_for
 from workers.context import JobContext
@@ -109,7 +109,7 @@ def commit_update(
 
     The rows are written with Core statements built once (workers/statements.py), each
     executed where it stands; the certificates, the trees' nodes and the signed head by
-    app/ledger's own Core INSERTs: through the ORM, most of the worker's Python per deletion
+    app/core/ledger's own Core INSERTs: through the ORM, most of the worker's Python per deletion
     went to its flushes."""
     session.autoflush = False  # the commit's own session (db.run makes one per attempt)
     _check_lease_at(session, batch)

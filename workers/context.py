@@ -11,13 +11,13 @@ from dataclasses import dataclass
 
 import torch
 
-from app.db.session import Database
-from app.dispatch import DueList
-from app.runtime import Runtime
-from app.settings import Settings
-from app.storage.blobs import Blobs
-from app.storage.crypto import Keyring
-from app.wakeups import Announcer
+from app.core.db.session import Database
+from app.core.dispatch import DueList
+from app.core.runtime import Runtime
+from app.core.settings import Settings
+from app.core.storage.blobs import Blobs
+from app.core.storage.crypto import Keyring
+from app.core.wakeups import Announcer
 from workers.data import OpenedSamples
 from workers.device import worker_device
 from workers.resident import Sessions

@@ -1,5 +1,5 @@
 """Loading a model's training set and a dataset's test split from the database into tensors,
-opening each sample's sealed payload with its data key (app/storage/crypto.py)."""
+opening each sample's sealed payload with its data key (app/core/storage/crypto.py)."""
 
 from __future__ import annotations
 
@@ -15,11 +15,11 @@ import torch
 from sqlalchemy import Engine, Select, String, case, cast, select
 from sqlalchemy.orm import Session
 
-from app.db.chunks import chunked
-from app.db.tables import DataKey, Dataset, ModelSample, Sample
-from app.states import SampleStatus
-from app.storage.crypto import Keyring, SampleRecord, open_sealed, sample_aad
-from app.storage.sample_blocks import block_records, columns, open_records, opened_blocks
+from app.core.db.chunks import chunked
+from app.core.db.tables import DataKey, Dataset, ModelSample, Sample
+from app.core.states import SampleStatus
+from app.core.storage.crypto import Keyring, SampleRecord, open_sealed, sample_aad
+from app.core.storage.sample_blocks import block_records, columns, open_records, opened_blocks
 from workers import collector
 
 
@@ -37,7 +37,7 @@ class Arrays:
 
 def _open_rows(session: Session, ring: Keyring, rows: Sequence[Any]) -> dict[int, SampleRecord]:
     """Open the records of rows selected with `sealed_samples()` (each row carries its wrapped
-    key): a payload of its own, or its place in a block (app/storage/sample_blocks.py); a row
+    key): a payload of its own, or its place in a block (app/core/storage/sample_blocks.py); a row
     whose key is destroyed is left out."""
     out: dict[int, SampleRecord] = {}
     for r in rows:
@@ -57,7 +57,7 @@ def _decode(
 ) -> Arrays:
     """Rows selected with `stored_samples()` opened into arrays, in their order: a row sealed
     on its own decoded alone; a block's rows copied out of its columns together, the block
-    opened once (app/storage/sample_blocks.py). The rows are taken apart by column and a
+    opened once (app/core/storage/sample_blocks.py). The rows are taken apart by column and a
     block's rows by runs (a block's rows have consecutive ids), its ids and subjects decoded
     together: the key id per row as a UUID, a Row's attributes, a dict entry and two calls
     per row were most of reading a million rows. `into`: the (rows × features)

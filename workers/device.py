@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from app.settings import Settings
+from app.core.settings import Settings
 from methods.compute import (
     ModelState,
     Release,

@@ -3,7 +3,7 @@
 `lethe serve` without Redis spawns this process so that the worker's Python work (a retrain's
 SGD loop, an update's bookkeeping) no longer takes the API's interpreter lock from the request
 path. It runs the same job functions as the inline thread and as RQ. One pipe joins it to the
-API process (app/worker_process.py): signals come in; "taken", wake-ups of the API's long
+API process (app/core/worker_process.py): signals come in; "taken", wake-ups of the API's long
 polls and this process's worker metrics go out. It dies with the API process.
 """
 
@@ -21,13 +21,13 @@ from multiprocessing.connection import Connection
 
 from prometheus_client import generate_latest
 
-from app import tracing
-from app.dispatch import DELETE, WARM, run_job
-from app.lanes import Lanes
-from app.settings import Settings
-from app.storage.erasure import compact_at_start, finish_compacting
-from app.wakeups import FINISHED
-from app.webhooks.sender import SENDER_METRICS, Sender
+from app.core import tracing
+from app.core.dispatch import DELETE, WARM, run_job
+from app.core.lanes import Lanes
+from app.core.settings import Settings
+from app.core.storage.erasure import compact_at_start, finish_compacting
+from app.core.wakeups import FINISHED
+from app.core.webhooks.sender import SENDER_METRICS, Sender
 from workers import handover, metrics
 from workers.collector import Collector
 from workers.context import JobContext
@@ -51,7 +51,7 @@ class _Link:
             self.conn.send(message)
 
     def wake(self) -> None:
-        """Relay of app/wakeups.FINISHED: the API process wakes its long polls."""
+        """Relay of app/core/wakeups.FINISHED: the API process wakes its long polls."""
         with contextlib.suppress(OSError):  # the API process is gone; this one will be too
             self.send(("wake",))
 
@@ -70,7 +70,7 @@ class _WorkerMetrics:
             metrics.RESIDENT_STATES_HANDED_OVER,
             metrics.ROWS_LEARNED,
             metrics.VERSIONS_LEARNED,
-            *SENDER_METRICS,  # the webhook sender runs here (app/webhooks/sender.py)
+            *SENDER_METRICS,  # the webhook sender runs here (app/core/webhooks/sender.py)
         ):
             yield from metric.collect()
 
@@ -141,7 +141,7 @@ def main(
     def taken(item: tuple[str, tuple[int, ...]]) -> None:
         link.send(("taken", item[0], item[1]))  # a new signal for it may now be sent
 
-    # deletions first (app/lanes.py): taken before queued training and audits, and run at a
+    # deletions first (app/core/lanes.py): taken before queued training and audits, and run at a
     # running one's next check; every job runs here, in the main thread, as it always did
     collector = Collector()  # full collections while idle, not inside an update
     jobs = Lanes(stopping, collector.around(partial(run_job, ctx)), taken, frozenset({DELETE}))

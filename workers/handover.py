@@ -24,7 +24,7 @@ from collections.abc import MutableMapping
 import torch
 from sqlalchemy import select
 
-from app.db.tables import Dataset, Model
+from app.core.db.tables import Dataset, Model
 from methods.compute import method_for
 from workers import tensorfile
 from workers.context import JobContext

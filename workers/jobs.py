@@ -2,7 +2,7 @@
 each takes the worker's JobContext (workers/context.py) first.
 
 An update is claim → load → compute → store → commit → publish, a module each
-(workers/claim.py, load.py, updates.py, store.py, commit.py, app/ledger/publish.py): one short
+(workers/claim.py, load.py, updates.py, store.py, commit.py, app/core/ledger/publish.py): one short
 read loads what the computation needs, the computation runs with no transaction open, one
 write commits the result (DESIGN §6). The load is on CPU; the computation runs on the worker's
 device (LETHE_DEVICE, workers/device.py) and its results come back to CPU before the commit.
@@ -22,19 +22,19 @@ from safetensors.torch import load as st_load
 from sqlalchemy import update
 from sqlalchemy.orm import Session
 
-from app import pause, shutdown, tracing
-from app.db.session import Database
-from app.db.tables import Dataset, Model
-from app.dispatch import DELETE, TRAIN, take_signal
-from app.jsontypes import JsonObject, json_object
-from app.ledger.transparency import signing_key
-from app.settings import Settings
-from app.specs import ImportedWeights
-from app.states import ModelStatus, Stage, VersionKind
-from app.storage.erasure import compact_after_erasure
-from app.storage.faults import fault_text, is_fault
-from app.webhooks import events
-from app.wire import Progress
+from app.core import pause, shutdown, tracing
+from app.core.db.session import Database
+from app.core.db.tables import Dataset, Model
+from app.core.dispatch import DELETE, TRAIN, take_signal
+from app.core.jsontypes import JsonObject, json_object
+from app.core.ledger.transparency import signing_key
+from app.core.settings import Settings
+from app.core.specs import ImportedWeights
+from app.core.states import ModelStatus, Stage, VersionKind
+from app.core.storage.erasure import compact_after_erasure
+from app.core.storage.faults import fault_text, is_fault
+from app.core.webhooks import events
+from app.core.wire import Progress
 from maths.nets import build_net
 from maths.training import Diverged, ProgressFn, accuracy, check_converged
 from methods.compute import (
@@ -470,7 +470,9 @@ def _run_batch(
     started, db, settings = time.perf_counter(), ctx.db, ctx.settings
     sessions, where = ctx.resident_sessions(), database_key(db.engine)
     try:
-        traced = traces.of_requests(db, tasks)  # nothing read when not tracing (app/tracing.py)
+        traced = traces.of_requests(
+            db, tasks
+        )  # nothing read when not tracing (app/core/tracing.py)
         with tracing.batch_trace(traced, {"lethe.model_id": model_id}):
             try:
                 with tracing.span("deletion.load"), db.read() as session:  # no transaction

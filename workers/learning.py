@@ -24,17 +24,17 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 
-from app import pause, shutdown
-from app.db.bulk import insert_rows
-from app.db.chunks import chunked
-from app.db.tables import Base, Dataset, LearnTask, Model, ModelSample, Sample, utcnow
-from app.jsontypes import JsonObject, JsonValue
-from app.ledger.certificates import append_certificates, removed_ids_commitment
-from app.ledger.transparency import signing_key
-from app.phases import Phases
-from app.states import ModelStatus, SampleStatus, TaskStatus
-from app.storage.faults import is_fault
-from app.webhooks import events
+from app.core import pause, shutdown
+from app.core.db.bulk import insert_rows
+from app.core.db.chunks import chunked
+from app.core.db.tables import Base, Dataset, LearnTask, Model, ModelSample, Sample, utcnow
+from app.core.jsontypes import JsonObject, JsonValue
+from app.core.ledger.certificates import append_certificates, removed_ids_commitment
+from app.core.ledger.transparency import signing_key
+from app.core.phases import Phases
+from app.core.states import ModelStatus, SampleStatus, TaskStatus
+from app.core.storage.faults import is_fault
+from app.core.webhooks import events
 from methods.compute import RetainedData, joined
 from workers import load
 from workers import store as blobs_of

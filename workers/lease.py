@@ -19,9 +19,9 @@ from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.orm import Session
 
-from app.db.session import database, rowcount
-from app.db.tables import DeletionTask, Model, WorkerHeartbeat, utcnow
-from app.states import TaskStatus
+from app.core.db.session import database, rowcount
+from app.core.db.tables import DeletionTask, Model, WorkerHeartbeat, utcnow
+from app.core.states import TaskStatus
 
 WORKER_ID = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
 

@@ -1,7 +1,7 @@
 """One model's deletion work under its lease: claiming its next batch,
 asking whether more is due, and, in distributed mode, lingering on the lease after the last
 batch so that the next deletion runs here, on the warm session. The due lists' Redis keys are
-`app.dispatch.DueList`'s; the lease is the truth: if this worker dies, the lease expires and
+`app.core.dispatch.DueList`'s; the lease is the truth: if this worker dies, the lease expires and
 any worker takes over."""
 
 from __future__ import annotations
@@ -11,9 +11,9 @@ import time
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from app import shutdown
-from app.db.tables import DeletionTask, task_is_due, utcnow
-from app.states import TaskStatus
+from app.core import shutdown
+from app.core.db.tables import DeletionTask, task_is_due, utcnow
+from app.core.states import TaskStatus
 from workers import claim
 from workers.context import JobContext
 from workers.lease import ModelLease

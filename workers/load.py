@@ -14,19 +14,19 @@ import torch
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from app.db.chunks import chunked
-from app.db.tables import (
+from app.core.db.chunks import chunked
+from app.core.db.tables import (
     Dataset,
     Model,
     ModelSample,
     ModelVersion,
 )
-from app.ledger.certificates import lineage_history
-from app.phases import Phases
-from app.specs import architecture_of, training_of
-from app.states import ModelStatus, SampleStatus, VersionKind
-from app.storage.blobs import BlobMissing, Blobs
-from app.storage.crypto import Keyring, SealError
+from app.core.ledger.certificates import lineage_history
+from app.core.phases import Phases
+from app.core.specs import architecture_of, training_of
+from app.core.states import ModelStatus, SampleStatus, VersionKind
+from app.core.storage.blobs import BlobMissing, Blobs
+from app.core.storage.crypto import Keyring, SealError
 from methods import get_method, method_of
 from methods.compute import (
     ModelSpec,

@@ -28,7 +28,9 @@ from typing import Literal
 import numpy as np
 import torch
 
-from app.jsontypes import JsonObject, JsonValue
+from app.core.jsontypes import JsonObject, JsonValue
+from app.core.specs import PrivacyPolicy
+from app.core.states import Guarantee
 from app.privacy.audit_bounds import (
     AuditBounds,
     Bound,
@@ -36,8 +38,6 @@ from app.privacy.audit_bounds import (
     audit_scores,
     implied_per_canary,
 )
-from app.specs import PrivacyPolicy
-from app.states import Guarantee
 from maths.ensemble import count_shards
 from maths.nets import build_net, parameters_of
 from maths.training import logits

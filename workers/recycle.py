@@ -18,10 +18,10 @@ from datetime import UTC
 
 from sqlalchemy import func, select
 
-from app.db.session import Database
-from app.db.tables import DeletionRequest, utcnow
-from app.states import RequestStatus
-from app.storage.erasure import erasures_here
+from app.core.db.session import Database
+from app.core.db.tables import DeletionRequest, utcnow
+from app.core.states import RequestStatus
+from app.core.storage.erasure import erasures_here
 
 log = logging.getLogger("lethe.recycle")
 

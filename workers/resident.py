@@ -32,7 +32,7 @@ from functools import cached_property
 import numpy as np
 import torch
 
-from app.jsontypes import JsonMap
+from app.core.jsontypes import JsonMap
 from app.privacy.lineage import LineageEvent
 from methods.compute import ModelState, RemovedSamples, RetainedData, Rows
 from workers.data import Arrays, object_array

@@ -22,7 +22,7 @@ from sqlalchemy import (
     update,
 )
 
-from app.db.tables import Base, task_is_due
+from app.core.db.tables import Base, task_is_due
 
 MODELS, VERSIONS, TASKS, REQUESTS, MODEL_SAMPLES, SAMPLES, SHORT_KEYS, BLOBS = (
     Base.metadata.tables[t]

@@ -1,6 +1,6 @@
 """Reading and writing per-sample statistics (`sample_statistics` rows) as tensors.
 
-Each vector is sealed with its sample's data key (app/storage/crypto.py; a block's key for a row
+Each vector is sealed with its sample's data key (core/storage/crypto.py; a block's key for a row
 sealed in one, which an erasure in the block moves to a new key with it): erasing the sample
 destroys the key, so a statistic's bytes left in free space, WAL or backups can never be opened."""
 
@@ -13,10 +13,10 @@ import torch
 from sqlalchemy import bindparam, delete, insert, select
 from sqlalchemy.orm import Session
 
-from app.db.chunks import chunked
-from app.db.tables import Base, Sample, SampleStatistic
-from app.storage.crypto import Keyring, open_sealed, seal, statistic_aad
-from app.storage.keystore import load_keys
+from app.core.db.chunks import chunked
+from app.core.db.tables import Base, Sample, SampleStatistic
+from app.core.storage.crypto import Keyring, open_sealed, seal, statistic_aad
+from app.core.storage.keystore import load_keys
 from methods.compute import StatisticsBlock
 
 DTYPES = {"float32": np.float32, "float16": np.float16}

@@ -11,14 +11,14 @@ from dataclasses import dataclass
 import numpy as np
 from sqlalchemy.orm import Session
 
-from app.db.session import Database
-from app.db.tables import (
+from app.core.db.session import Database
+from app.core.db.tables import (
     Dataset,
     Model,
     ModelVersion,
 )
-from app.states import VersionKind
-from app.storage.blobs import Blobs, WrittenBlob
+from app.core.states import VersionKind
+from app.core.storage.blobs import Blobs, WrittenBlob
 from methods import method_of
 from methods.compute import (
     ModelState,

@@ -1,4 +1,4 @@
-"""What a batch's trace continues (app/tracing.py): each request's `traceparent`,
+"""What a batch's trace continues (app/core/tracing.py): each request's `traceparent`,
 written by the POST that made it, and when it was committed (the queue wait starts there)."""
 
 from __future__ import annotations
@@ -7,10 +7,10 @@ from datetime import datetime
 
 from sqlalchemy import select
 
-from app import tracing
-from app.db.chunks import chunked
-from app.db.session import Database
-from app.db.tables import DeletionRequest
+from app.core import tracing
+from app.core.db.chunks import chunked
+from app.core.db.session import Database
+from app.core.db.tables import DeletionRequest
 from workers.values import ClaimedTask
 
 

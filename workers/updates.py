@@ -20,10 +20,10 @@ from typing import TypeVar
 
 import torch
 
-from app import shutdown
-from app.jsontypes import JsonObject
+from app.core import shutdown
+from app.core.jsontypes import JsonObject
+from app.core.states import Guarantee, VersionKind
 from app.privacy.lineage import LineageBudget, admit
-from app.states import Guarantee, VersionKind
 from maths.evaluation import evaluate
 from maths.nets import weights_norm
 from maths.training import (
@@ -112,7 +112,7 @@ def measure(inputs: UpdateInputs, decision: Decision, seconds: float) -> JsonObj
         "n_removed": len(inputs.removed.y),
         **({"n_added": inputs.n_added} if inputs.n_added else {}),  # a learned version's
         "method": decision.method,
-        # auditors only (app/services/models.PUBLIC_METRICS): the public fallback's reason is
+        # auditors only (app/core/services/models.PUBLIC_METRICS): the public fallback's reason is
         # in its certificate; a hidden branch's is a function of the removed rows
         "fallback_reason": decision.reason if isinstance(decision, Fallback) else decision.branch,
     }

@@ -6,9 +6,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from app.jsontypes import JsonObject
+from app.core.jsontypes import JsonObject
+from app.core.specs import ImportedWeights, PrivacyPolicy
 from app.privacy.lineage import Admission
-from app.specs import ImportedWeights, PrivacyPolicy
 from methods.compute import ModelSpec, PrivacyTarget, Release
 from workers.data import Arrays
 from workers.resident import ModelSession

@@ -1,5 +1,5 @@
 """`lethe worker`: an RQ SimpleWorker (no fork, so CUDA works), the maintenance tasks
-(app/maintenance.py: reconcile, publish, sweep) and the
+(app/core/maintenance.py: reconcile, publish, sweep) and the
 worker's Prometheus metrics on LETHE_WORKER_METRICS_PORT. Imports no web framework.
 
 Redis may go away at any moment (it carries only signals; the database is the record). RQ's
@@ -23,12 +23,12 @@ from collections.abc import Callable
 from types import FrameType
 from typing import Any
 
-from app import tracing
-from app.dispatch import RQDispatcher, deletions_queue, run_job
-from app.maintenance import Maintenance, maintenance_tasks, reconcile_and_signal
-from app.settings import Settings, get_settings
-from app.storage.erasure import compact_at_start, finish_compacting
-from app.webhooks.sender import Sender
+from app.core import tracing
+from app.core.dispatch import RQDispatcher, deletions_queue, run_job
+from app.core.maintenance import Maintenance, maintenance_tasks, reconcile_and_signal
+from app.core.settings import Settings, get_settings
+from app.core.storage.erasure import compact_at_start, finish_compacting
+from app.core.webhooks.sender import Sender
 from workers import metrics
 from workers.device import DeviceUnavailable, worker_device
 from workers.lease import WORKER_ID, beat
@@ -39,7 +39,7 @@ _CONTEXT: list[Any] = []  # this process's JobContext, made by `run` (one worker
 
 
 def run_signalled(job: str, *args: int) -> None:
-    """What RQ runs for a signal (`app.dispatch.RQ_ENTRY`): the job, with the context this
+    """What RQ runs for a signal (`app.core.dispatch.RQ_ENTRY`): the job, with the context this
     `lethe worker` built at start as its first argument."""
     (context,) = _CONTEXT
     run_job(context, job, *args)
@@ -118,7 +118,7 @@ def run(burst: bool = False, settings: Settings | None = None) -> None:
         if fd is not None:
             env[handover.FD_ENV] = str(fd)
         # the command line as it was given (`python -m app.launch worker` too: argv's
-        # app/launch.py as a script put app/ first on the path, where app/architectures.py
+        # app/launch.py as a script put app/ first on the path, where app/core/architectures.py
         # hid the architectures package, and the re-executed worker died importing it)
         os.execve(sys.executable, sys.orig_argv, env)
 

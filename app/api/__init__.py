@@ -1,1 +1,1 @@
-"""HTTP routers, one per resource. They validate and delegate to app.services."""
+"""HTTP routers, one per resource. They validate and delegate to app.core.services."""

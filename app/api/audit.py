@@ -14,16 +14,16 @@ from sqlalchemy import select
 from app.api.deps import AnyRole, Auditor, DbDep, RuntimeDep, SettingsDep
 from app.api.params import PathId, QueryId
 from app.api.responses import COMMON, errors
-from app.db.tables import Certificate, Dataset, DeletionRequest
-from app.errors import not_found
-from app.identity import BadId, DatasetIds
-from app.jsontypes import JsonObject, JsonValue
-from app.ledger import transparency
-from app.ledger.certificates import certificate_document, export_lines, verify_chain
-from app.schemas import MAX_ID, Text
-from app.services import subject_tokens
-from app.storage.crypto import Keyring
-from app.wire import CertificateOut, CertificatePage, ChainCheck
+from app.core.db.tables import Certificate, Dataset, DeletionRequest
+from app.core.errors import not_found
+from app.core.identity import BadId, DatasetIds
+from app.core.jsontypes import JsonObject, JsonValue
+from app.core.ledger import transparency
+from app.core.ledger.certificates import certificate_document, export_lines, verify_chain
+from app.core.schemas import MAX_ID, Text
+from app.core.services import subject_tokens
+from app.core.storage.crypto import Keyring
+from app.core.wire import CertificateOut, CertificatePage, ChainCheck
 
 router = APIRouter(prefix="/v1/audit", tags=["audit"], responses=COMMON)
 

@@ -10,11 +10,11 @@ from fastapi import APIRouter, Body
 from app.api.deps import AnyRole, Auditor, DbDep, DispatcherDep
 from app.api.params import PathId
 from app.api.responses import COMMON, errors
-from app.dispatch import AUDIT
-from app.jsontypes import JsonObject
-from app.schemas import AuditCreate
-from app.services.audits import audit_view, create_audit, get_audit, list_audits
-from app.wire import AuditOut
+from app.core.dispatch import AUDIT
+from app.core.jsontypes import JsonObject
+from app.core.schemas import AuditCreate
+from app.core.services.audits import audit_view, create_audit, get_audit, list_audits
+from app.core.wire import AuditOut
 
 router = APIRouter(tags=["audits"], responses=COMMON)
 

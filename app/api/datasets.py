@@ -14,20 +14,28 @@ from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ValidationError
 
-from app import wakeups
-from app.api.deps import Admin, AnyRole, DbDep, DispatcherDep, RuntimeDep, SettingsDep
+from app.api.deps import (
+    Admin,
+    AnyRole,
+    DbDep,
+    DispatcherDep,
+    RuntimeDep,
+    SettingsDep,
+    UploadsDep,
+)
 from app.api.limits import read_upload
 from app.api.long_poll import long_poll, wait_query
 from app.api.params import PathId
 from app.api.responses import COMMON, errors
-from app.db.checkpoint import checkpoint_behind
-from app.db.session import Database
-from app.dispatch import DELETE
-from app.errors import APIError, unprocessable
-from app.identity import DatasetIds
-from app.jsontypes import JsonObject
-from app.runtime import Runtime
-from app.schemas import (
+from app.core import wakeups
+from app.core.db.checkpoint import checkpoint_behind
+from app.core.db.session import Database
+from app.core.dispatch import DELETE
+from app.core.errors import APIError, unprocessable
+from app.core.identity import DatasetIds
+from app.core.jsontypes import JsonObject
+from app.core.runtime import Runtime
+from app.core.schemas import (
     AppendOut,
     AppendPage,
     BuiltinDatasetIn,
@@ -39,13 +47,13 @@ from app.schemas import (
     SamplePage,
     Text,
 )
-from app.security import Role
-from app.services import appends, dataset_files
-from app.services.datasets import dataset_view, get_dataset, list_datasets, list_samples
-from app.services.isolated import Registration, outcome, start_isolated, wipe, wipe_upload
-from app.services.registration import INLINE_ROWS, begin, forget_failed, rows_total
-from app.settings import Settings
-from app.states import append_settled
+from app.core.security import Role
+from app.core.services import appends, dataset_files
+from app.core.services.datasets import dataset_view, get_dataset, list_datasets, list_samples
+from app.core.services.isolated import Registration, outcome, start_isolated, wipe, wipe_upload
+from app.core.services.registration import INLINE_ROWS, begin, forget_failed, rows_total
+from app.core.settings import Settings
+from app.core.states import append_settled
 
 router = APIRouter(prefix="/v1/datasets", tags=["datasets"], responses=COMMON)
 
@@ -124,7 +132,12 @@ UPLOAD_DOC = {
     openapi_extra=UPLOAD_DOC,
 )
 async def register_dataset(
-    request: Request, _: Admin, db: DbDep, settings: SettingsDep, runtime: RuntimeDep
+    request: Request,
+    _: Admin,
+    db: DbDep,
+    settings: SettingsDep,
+    runtime: RuntimeDep,
+    uploads: UploadsDep,
 ) -> JSONResponse:
     """Register a builtin (JSON `{"builtin": "digits"}`) or upload an .npz / CSV / Parquet
     file: 201 when done, or 202 with `status: registering` and `progress` once the file
@@ -132,7 +145,7 @@ async def register_dataset(
     name, source, job, data, rows, rules = await _job_of(request, settings)
     dataset_id = await run_in_threadpool(_begin, db, runtime, name, source, rows, rules)
     # parsed and sealed in a process of its own, which ends with the plaintext
-    running = start_isolated(runtime.uploads, job(dataset_id=dataset_id), data)
+    running = start_isolated(uploads, job(dataset_id=dataset_id), data)
     running.add_done_callback(lambda _: checkpoint_behind(db))  # its WAL, off the next commit
     inline = await _finished_inline(
         running, partial(_total, db, dataset_id), partial(_forget, db, dataset_id)
@@ -431,6 +444,7 @@ async def append_samples(
     db: DbDep,
     settings: SettingsDep,
     runtime: RuntimeDep,
+    uploads: UploadsDep,
     dispatcher: DispatcherDep,
 ) -> JSONResponse:
     """Append rows to a ready dataset, from the same sources as a registration:
@@ -442,7 +456,7 @@ async def append_samples(
     dataset_id = int(dataset_id)
     _name, source, job, data, _rows, _rules = await _job_of(request, settings)
     append_id = await run_in_threadpool(_begin_append, db, runtime, dataset_id, source)
-    running = start_isolated(runtime.uploads, job(dataset_id=dataset_id, append_id=append_id), data)
+    running = start_isolated(uploads, job(dataset_id=dataset_id, append_id=append_id), data)
     dispatcher.expect()  # its models' learning follows: the worker holds off its collection
 
     def signal(_: object = None) -> None:  # the models learn as soon as the rows are in
@@ -505,7 +519,7 @@ async def read_append(
 ) -> JsonObject:
     """One append: its progress (while it runs), its error (once failed) and its models'
     learning (a `learned` version each). With `wait`, the answer comes when the append is
-    settled: a worker's commit wakes the wait (app/wakeups.py), so a client learns of the
+    settled: a worker's commit wakes the wait (app/core/wakeups.py), so a client learns of the
     learned versions without polling."""
 
     def view() -> JsonObject:

@@ -12,7 +12,6 @@ from fastapi.responses import JSONResponse, Response
 from sqlalchemy.orm import Session
 from starlette.concurrency import run_in_threadpool
 
-from app import tracing, wakeups
 from app.api.deps import (
     CommitterDep,
     DbDep,
@@ -25,14 +24,15 @@ from app.api.deps import (
 from app.api.long_poll import MAX_WAIT_SECONDS, long_poll, wait_query
 from app.api.params import PathId
 from app.api.responses import COMMON, errors
-from app.db.session import Database
-from app.db.tables import Dataset
-from app.dispatch import DELETE
-from app.identity import DatasetIds
-from app.jsontypes import JsonObject
-from app.schemas import DeletionCreate, DeletionOut, DeletionPage
-from app.security import Role
-from app.services.deletions import (
+from app.core import tracing, wakeups
+from app.core.db.session import Database
+from app.core.db.tables import Dataset
+from app.core.dispatch import DELETE
+from app.core.identity import DatasetIds
+from app.core.jsontypes import JsonObject
+from app.core.schemas import DeletionCreate, DeletionOut, DeletionPage
+from app.core.security import Role
+from app.core.services.deletions import (
     Names,
     create_deletion,
     deletion_view,
@@ -40,8 +40,8 @@ from app.services.deletions import (
     list_deletions,
     tlog_proof_of,
 )
-from app.states import FINISHED_REQUEST
-from app.storage.erasure import compact_after_erasure
+from app.core.states import FINISHED_REQUEST
+from app.core.storage.erasure import compact_after_erasure
 
 log = logging.getLogger("lethe.api")
 
@@ -113,11 +113,11 @@ async def create(
 
     def accept() -> tuple[DeletionOut, bool, Names]:
         # from the request's arrival: its routing, key check and schema validation, then the
-        # keyed tokens (once, outside the transaction); the steps tile the path (app/tracing.py)
+        # keyed tokens (once, outside the transaction); the steps tile the path (core/tracing.py)
         arrived = tracing.request_started_ns()
         names = Names.of(body, runtime.keyring, _rules(db, body.dataset_id))
         tracing.record("deletion.validate", arrived, None)
-        traceparent = tracing.carrier()  # the worker continues this trace (app/tracing.py)
+        traceparent = tracing.carrier()  # the worker continues this trace (app/core/tracing.py)
 
         def unit(session: Session) -> Accepting:
             accepted = create_deletion(
@@ -153,7 +153,7 @@ async def create(
         submitted = time.time_ns()
         view, _, replayed, samples, suppressed = committer.submit(unit, after=signal)
         # until its group's transaction wrote it: the worker's queue wait starts there, the
-        # commit's own write included (the two spans tile the path, app/tracing.py)
+        # commit's own write included (the two spans tile the path, app/core/tracing.py)
         tracing.record("deletion.group_commit", submitted, None if replayed else view.created_at)
         if not replayed:  # durable apart from the database before it is acknowledged
             journal = runtime.journal
@@ -235,7 +235,7 @@ async def read(
     wait: Annotated[float, wait_query("the request is done or failed")] = 0,
 ) -> JsonObject:
     """A requester sees only its own requests; auditors and admins see all. With `wait`, the
-    answer comes when the request finishes: a worker's commit wakes the wait (app/wakeups.py),
+    answer comes when the request finishes: a worker's commit wakes the wait (app/core/wakeups.py),
     and a look every 50–250 ms (250 ms while wake-ups are dependable) covers a lost wake-up,
     so a client learns of its certificate without polling."""
 

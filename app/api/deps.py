@@ -14,19 +14,25 @@ from fastapi import Depends, Request, Security
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
 from app.api.limits import VERIFIED_KEY
-from app.db.group_commit import GroupCommitter
-from app.db.session import Database
-from app.db.tables import ApiKey
-from app.dispatch import Dispatcher
-from app.errors import APIError
-from app.runtime import Runtime
-from app.security import Role
-from app.settings import Settings
+from app.core.db.group_commit import GroupCommitter
+from app.core.db.session import Database
+from app.core.db.tables import ApiKey
+from app.core.dispatch import Dispatcher
+from app.core.errors import APIError
+from app.core.runtime import Runtime
+from app.core.services.isolated import UploadPool
+from app.core.security import Role
+from app.core.settings import Settings
 
 
 async def get_runtime(request: Request) -> Runtime:
-    """The service's resources, built once by `create_app` (app/runtime.py)."""
+    """The service's resources, built once by `create_app` (app/core/runtime.py)."""
     return request.app.state.runtime
+
+
+async def get_uploads(request: Request) -> UploadPool:
+    """The API's pool of processes that parse uploads (app/core/services/isolated.py)."""
+    return request.app.state.uploads
 
 
 async def get_settings_dep(request: Request) -> Settings:
@@ -48,6 +54,7 @@ async def get_dispatcher(request: Request) -> Dispatcher:
 
 
 RuntimeDep = Annotated[Runtime, Depends(get_runtime)]
+UploadsDep = Annotated[UploadPool, Depends(get_uploads)]
 SettingsDep = Annotated[Settings, Depends(get_settings_dep)]
 DbDep = Annotated[Database, Depends(get_db)]
 CommitterDep = Annotated[GroupCommitter, Depends(get_committer)]

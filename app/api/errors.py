@@ -22,9 +22,9 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import Match
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from app.errors import RETRY_AFTER_SECONDS, APIError, error_body
-from app.storage.crypto import SealError
-from app.storage.objects import BlobMissing, BlobStoreUnavailable
+from app.core.errors import RETRY_AFTER_SECONDS, APIError, error_body
+from app.core.storage.crypto import SealError
+from app.core.storage.objects import BlobMissing, BlobStoreUnavailable
 
 log = logging.getLogger("lethe.errors")
 

@@ -13,10 +13,10 @@ from starlette.concurrency import run_in_threadpool
 
 from app.api.deps import DbDep, DispatcherDep, SettingsDep, require
 from app.api.responses import errors
-from app.dispatch import Dispatcher
-from app.errors import APIError
-from app.security import Role
-from app.wire import HealthOut
+from app.core.dispatch import Dispatcher
+from app.core.errors import APIError
+from app.core.security import Role
+from app.core.wire import HealthOut
 
 router = APIRouter(tags=["health"])
 

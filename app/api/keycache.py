@@ -13,9 +13,9 @@ import time
 
 from starlette.concurrency import run_in_threadpool
 
-from app.db.session import Database
-from app.db.tables import ApiKey
-from app.security import hash_key, lookup_key
+from app.core.db.session import Database
+from app.core.db.tables import ApiKey
+from app.core.security import hash_key, lookup_key
 
 MAX_ENTRIES = 10_000
 

@@ -13,10 +13,10 @@ from sqlalchemy import select
 from app.api.deps import Admin, AnyRole, DbDep
 from app.api.params import PathId
 from app.api.responses import COMMON, errors
-from app.db.tables import ApiKey, utcnow
-from app.errors import conflict, not_found
-from app.schemas import KeyCreate, KeyOut
-from app.security import Role, create_key
+from app.core.db.tables import ApiKey, utcnow
+from app.core.errors import conflict, not_found
+from app.core.schemas import KeyCreate, KeyOut
+from app.core.security import Role, create_key
 
 router = APIRouter(prefix="/v1/keys", tags=["keys"], responses=COMMON)
 

@@ -27,7 +27,7 @@ from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from app.api.keycache import KeyCache
-from app.errors import error_body
+from app.core.errors import error_body
 
 BODYLESS_METHODS = frozenset({"GET", "HEAD", "OPTIONS", "TRACE"})
 UPLOAD_ROUTES = frozenset({"/v1/datasets", "/v1/models/import"})
@@ -154,7 +154,7 @@ async def reject(send: Send, status: int, code: str, message: str, details: obje
 async def read_upload(upload: UploadFile, limit: int) -> bytes:
     """An uploaded file's bytes, at most `limit` + 1 of them (more than `limit` is the
     caller's 413). The read asks for the spooled file's size, not for `limit` + 1: under the
-    allocator that fills what it hands out (app/allocator.py) a buffer of the upload
+    allocator that fills what it hands out (app/core/allocator.py) a buffer of the upload
     limit is filled in full, on every registration's and append's request path."""
     size = upload.size if upload.size is not None else limit
     return await upload.read(min(size, limit) + 1)

@@ -15,11 +15,11 @@ from fastapi.responses import Response
 
 from app.api.deps import DbDep, SettingsDep
 from app.api.responses import errors
-from app.errors import APIError
-from app.ledger import tiles
-from app.ledger.notes import log_verifier
-from app.ledger.publish import current_checkpoint
-from app.ledger.transparency import leaf_count, signing_key
+from app.core.errors import APIError
+from app.core.ledger import tiles
+from app.core.ledger.notes import log_verifier
+from app.core.ledger.publish import current_checkpoint
+from app.core.ledger.transparency import leaf_count, signing_key
 
 router = APIRouter(prefix="/log", tags=["log"], responses=errors(404, 422, 503))
 

@@ -1,5 +1,5 @@
 """A long poll: a view read again each time a worker's commit wakes this process
-(app/wakeups.py), answered once it is settled or the wait is over. Deletion requests wait for
+(app/core/wakeups.py), answered once it is settled or the wait is over. Deletion requests wait for
 their certificates with it, appends for their models' learned versions."""
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ from typing import Any
 from fastapi import Query, Request
 from starlette.concurrency import run_in_threadpool
 
-from app import wakeups
-from app.jsontypes import JsonObject
+from app.core import wakeups
+from app.core.jsontypes import JsonObject
 
 MAX_WAIT_SECONDS = 30.0
 

@@ -26,14 +26,14 @@ from app.api.deps import (
 from app.api.limits import read_upload
 from app.api.params import PathId
 from app.api.responses import COMMON, errors
-from app.db.tables import Model
-from app.dispatch import TRAIN
-from app.errors import APIError, unprocessable
-from app.jsontypes import JsonObject, JsonValue
-from app.runtime import Runtime
-from app.schemas import MAX_ID, ModelCreate, ModelOut, VersionOut
-from app.security import sees_forget_set
-from app.services.models import (
+from app.core.db.tables import Model
+from app.core.dispatch import TRAIN
+from app.core.errors import APIError, unprocessable
+from app.core.jsontypes import JsonObject, JsonValue
+from app.core.runtime import Runtime
+from app.core.schemas import MAX_ID, ModelCreate, ModelOut, VersionOut
+from app.core.security import sees_forget_set
+from app.core.services.models import (
     create_model,
     get_model,
     get_version,
@@ -42,7 +42,7 @@ from app.services.models import (
     model_view,
     released_weights,
 )
-from app.services.weights_cache import WeightsCache
+from app.core.services.weights_cache import WeightsCache
 from methods import get_method, method_names
 
 router = APIRouter(prefix="/v1/models", tags=["models"], responses=COMMON)

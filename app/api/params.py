@@ -7,7 +7,7 @@ from typing import Annotated
 
 from fastapi import Path, Query
 
-from app.schemas import MAX_ID
+from app.core.schemas import MAX_ID
 
 PathId = Annotated[int, Path(ge=1, le=MAX_ID)]
 QueryId = Annotated[int | None, Query(ge=1, le=MAX_ID)]

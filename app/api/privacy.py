@@ -9,11 +9,11 @@ from fastapi import APIRouter, Query
 
 from app.api.deps import AnyRole, DbDep
 from app.api.responses import COMMON, errors
-from app.schemas import MAX_ID
-from app.security import Role
-from app.services.method_choice import method_choices
-from app.services.privacy import preview as preview_release
-from app.wire import MethodChoices, PreviewOut
+from app.core.schemas import MAX_ID
+from app.core.security import Role
+from app.core.services.method_choice import method_choices
+from app.core.services.privacy import preview as preview_release
+from app.core.wire import MethodChoices, PreviewOut
 
 router = APIRouter(prefix="/v1/privacy", tags=["privacy"], responses=COMMON)
 

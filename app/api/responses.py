@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from app.errors import RETRY_AFTER_SECONDS
+from app.core.errors import RETRY_AFTER_SECONDS
 
 ERROR_SCHEMA: dict[str, Any] = {
     "title": "Error",

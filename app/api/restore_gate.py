@@ -1,7 +1,7 @@
 """The service stays shut while its database is behind the restore journal: a
 restored backup serves nothing of a person erased after it was taken.
 
-`RestoreGate` holds the verdict (app/services/restore.py), checked at start and, while it is
+`RestoreGate` holds the verdict (app/core/services/restore.py), checked at start and, while it is
 not `ok`, again at most every `RECHECK_SECONDS`. Its middleware answers 503 `restore_required`
 to everything but health, readiness and metrics, and `restoring` to everything but those and
 reading deletion requests (the restore's own, which an operator follows).
@@ -18,9 +18,9 @@ from sqlalchemy.exc import DBAPIError
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from app.api.errors import unavailable_response
-from app.db.session import Database
-from app.ledger.journal import Journal
-from app.services.restore import Verdict, still_restoring, verdict
+from app.core.db.session import Database
+from app.core.ledger.journal import Journal
+from app.core.services.restore import Verdict, still_restoring, verdict
 
 log = logging.getLogger("lethe.restore")
 RECHECK_SECONDS = 2.0

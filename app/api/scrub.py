@@ -4,7 +4,7 @@ pages back to the kernel.
 
 Python frees a request's bytes without zeroing them, so an API process that parsed uploads
 kept erased people's ids in free memory. Parsing now happens in a child process
-(app/services/isolated.py); what this process still saw (the raw body) is wiped here once
+(app/core/services/isolated.py); what this process still saw (the raw body) is wiped here once
 the response is sent (a chunk something else still holds is left alone), and after an upload
 `malloc_trim`, on a thread, returns the freed pages, which the kernel zeroes.
 """
@@ -16,7 +16,7 @@ import sys
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from app.services.isolated import trim, wipe
+from app.core.services.isolated import trim, wipe
 
 TRIM_AFTER_SECONDS = 0.5
 SCRUBBED = (("POST", "/v1/datasets"), ("POST", "/v1/deletions"))

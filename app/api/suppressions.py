@@ -1,6 +1,6 @@
 """The suppression list over HTTP: how many erased subjects and samples it keeps
 out (admins and auditors), and lifting one with a reason (admins: re-consent). Validates and
-delegates to app/services/suppression.py."""
+delegates to app/core/services/suppression.py."""
 
 from __future__ import annotations
 
@@ -12,9 +12,9 @@ from pydantic import ConfigDict, Field, model_validator
 
 from app.api.deps import Admin, Auditor, DbDep, RuntimeDep
 from app.api.responses import COMMON, errors
-from app.jsontypes import JsonObject
-from app.schemas import In
-from app.services import suppression
+from app.core.jsontypes import JsonObject
+from app.core.schemas import In
+from app.core.services import suppression
 
 router = APIRouter(prefix="/v1/suppressions", tags=["suppressions"], responses=COMMON)
 
@@ -85,7 +85,7 @@ async def lift(
     def unit() -> JsonObject:
         with db.write() as session:
             done = suppression.lift(session, runtime.keyring, body.kind, raw, body.reason, key.id)
-        # a restore keeps them lifted (app/services/restore.py)
+        # a restore keeps them lifted (app/core/services/restore.py)
         for token in done["tokens"]:
             runtime.journal.record_lift(token)
         return {**done, "lifted_at": done["lifted_at"].isoformat(), "reason": body.reason}

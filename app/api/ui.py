@@ -18,8 +18,8 @@ from starlette.responses import Response
 from starlette.types import Scope
 
 from app.api.deps import SettingsDep
-from app.ledger.notes import log_verifier
-from app.ledger.transparency import signing_key
+from app.core.ledger.notes import log_verifier
+from app.core.ledger.transparency import signing_key
 
 UI = Path(__file__).resolve().parent.parent / "ui"
 # Scripts, styles and requests from this origin only; nothing inline, no frames.

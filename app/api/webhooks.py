@@ -1,6 +1,6 @@
 """Webhook endpoints: make one (its secret shown once), list, read,
 delete, rotate its secret, re-enable it, list its deliveries and replay one. The HTTP layer
-validates and delegates to app/webhooks/endpoints.py."""
+validates and delegates to app/core/webhooks/endpoints.py."""
 
 from __future__ import annotations
 
@@ -11,10 +11,10 @@ from fastapi import APIRouter, Body, Query, Response
 from app.api.deps import Admin, DbDep, RuntimeDep
 from app.api.params import PathId
 from app.api.responses import COMMON, errors
-from app.db.tables import WebhookEndpoint
-from app.schemas import WebhookCreate
-from app.webhooks import endpoints
-from app.wire import DeliveryOut, DeliveryPage, WebhookOut
+from app.core.db.tables import WebhookEndpoint
+from app.core.schemas import WebhookCreate
+from app.core.webhooks import endpoints
+from app.core.wire import DeliveryOut, DeliveryPage, WebhookOut
 
 router = APIRouter(prefix="/v1/webhooks", tags=["webhooks"], responses=COMMON)
 EXAMPLES = {

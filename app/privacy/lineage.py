@@ -16,7 +16,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from app.jsontypes import JsonObject
+from lethe_client.jsontypes import JsonObject
+
 from app.privacy import DP_ACCOUNTING_VERSION
 from app.privacy.gaussian import epsilon_of_multiplier
 from app.privacy.rdp import epsilon_from_slope

@@ -1,6 +1,6 @@
 // Verifying a deletion receipt (a C2SP tlog-proof@v1 file) in the browser, with no key and no
 // third-party code: SHA-256 and Ed25519 come from WebCrypto (`el` from dom.js). The checks mirror
-// app/ledger/tiles.py (verify_tlog_proof, TileHashes, check_extension):
+// app/core/ledger/tiles.py (verify_tlog_proof, TileHashes, check_extension):
 //   1. the certificate (the `extra` line) hashes to the public entry, SHA-256(body), whose
 //      leaf hash is SHA-256(0x00 ‖ entry) (RFC 9162 §2.1.1);
 //   2. the inclusion proof leads from that leaf at `index` to the checkpoint's root

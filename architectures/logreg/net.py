@@ -8,7 +8,7 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
-from app.specs import LogRegSpec
+from app.core.specs import LogRegSpec
 from maths.ensemble import count_shards, linear_scorer
 from maths.nets import ClipFeatures
 

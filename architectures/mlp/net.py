@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from torch import nn
 
-from app.specs import MLPSpec
+from app.core.specs import MLPSpec
 
 ACTIVATIONS = {"relu": nn.ReLU, "tanh": nn.Tanh, "gelu": nn.GELU, "sigmoid": nn.Sigmoid}
 

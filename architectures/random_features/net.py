@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from app.specs import RandomFeaturesSpec
+from app.core.specs import RandomFeaturesSpec
 
 
 def build(spec: RandomFeaturesSpec, n_features: int, n_classes: int) -> nn.Module:

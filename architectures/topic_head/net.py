@@ -7,7 +7,7 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
-from app.specs import TopicHeadSpec
+from app.core.specs import TopicHeadSpec
 
 
 class TopicHead(nn.Module):

@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from app.specs import TopicModelSpec
+from app.core.specs import TopicModelSpec
 
 
 class TopicModel(nn.Module):

@@ -15,11 +15,11 @@ from typing import Any, Literal
 
 import torch
 
-from app.jsontypes import JsonObject
+from app.core.jsontypes import JsonObject
+from app.core.specs import TopicModelSpec
+from app.core.states import Guarantee
 from app.privacy.gaussian import epsilon_for, sigma_for
 from app.privacy.lineage import gaussian_event
-from app.specs import TopicModelSpec
-from app.states import Guarantee
 from maths import topics as tp
 from maths.training import ProgressFn
 from methods.anchor_topics.spec import SPEC, AnchorTopicsOptions, capacity, sensitivity

@@ -23,13 +23,13 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from app.errors import unprocessable
-from app.jsontypes import JsonMap
+from app.core.errors import unprocessable
+from app.core.jsontypes import JsonMap
+from app.core.specs import ArchitectureSpec, TopicModelSpec
+from app.core.states import Guarantee
 from app.privacy.gaussian import epsilon_for, sigma_for
 from app.privacy.lineage import gaussian_event
 from app.privacy.plans import ReleasePlan
-from app.specs import ArchitectureSpec, TopicModelSpec
-from app.states import Guarantee
 from methods.spec import MethodOptions, MethodSpec, register
 
 

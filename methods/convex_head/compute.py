@@ -17,10 +17,10 @@ from dataclasses import dataclass, replace
 
 import torch
 
+from app.core.states import Guarantee
 from app.privacy.gaussian import epsilon_for
 from app.privacy.lineage import gaussian_event
 from app.privacy.plans import ReleasePlan
-from app.states import Guarantee
 from maths import convex
 from maths.training import ProgressFn
 from methods.compute import (
@@ -156,7 +156,7 @@ class ConvexHead(UnlearningMethod):
     ) -> Release:
         """Θ + N(0, σ²I) with σ = β·z(ε, δ), and its certificate: the same public fields
         whichever branch made Θ (the metrics that depend on the rows are auditors' only:
-        app/services/models.PUBLIC_METRICS)."""
+        app/core/services/models.PUBLIC_METRICS)."""
         o, target = self.options, inputs.target
         plan = self._plan(inputs)
         noise_free = to_state(theta)

@@ -15,12 +15,12 @@ import math
 from pydantic import Field
 from pydantic_core import PydanticCustomError
 
-from app.jsontypes import JsonObject, JsonValue
+from app.core.jsontypes import JsonObject, JsonValue
+from app.core.specs import ArchitectureSpec, LogRegSpec
+from app.core.states import Guarantee
 from app.privacy.gaussian import sigma_for
 from app.privacy.lineage import gaussian_event
 from app.privacy.plans import MIN_NOISE_MULTIPLIER, ReleasePlan, declared
-from app.specs import ArchitectureSpec, LogRegSpec
-from app.states import Guarantee
 from methods.spec import MemoryFacts, MethodOptions, MethodSpec, PreviewFacts, register
 
 

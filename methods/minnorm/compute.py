@@ -15,8 +15,8 @@ import time
 import torch
 from torch import nn
 
-from app.jsontypes import JsonObject
-from app.states import Guarantee
+from app.core.jsontypes import JsonObject
+from app.core.states import Guarantee
 from maths.nets import state_of
 from maths.training import ProgressFn, seeded_net
 from methods.compute import (

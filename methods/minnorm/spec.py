@@ -11,10 +11,10 @@ from __future__ import annotations
 
 from pydantic import Field
 
-from app.errors import unprocessable
+from app.core.errors import unprocessable
+from app.core.specs import ArchitectureSpec, LogRegSpec, RandomFeaturesSpec
+from app.core.states import Guarantee
 from app.privacy.plans import ReleasePlan, exact_plan
-from app.specs import ArchitectureSpec, LogRegSpec, RandomFeaturesSpec
-from app.states import Guarantee
 from methods.spec import MemoryFacts, MethodOptions, MethodSpec, register
 
 

@@ -19,7 +19,7 @@ import torch
 from torch import nn
 from torch.func import grad, vmap
 
-from app.states import Guarantee
+from app.core.states import Guarantee
 from maths.nets import FlatModel, build_net
 from methods.compute import (
     CertificateFields,

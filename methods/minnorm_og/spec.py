@@ -14,9 +14,9 @@ from __future__ import annotations
 
 from pydantic import Field, model_validator
 
+from app.core.states import Guarantee
 from app.privacy.plans import ReleasePlan, declared
 from app.privacy.validate import check_delta, check_epsilon
-from app.states import Guarantee
 from methods.spec import MemoryFacts, MethodOptions, MethodSpec, register
 
 

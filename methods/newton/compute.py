@@ -15,10 +15,10 @@ from typing import Any
 
 import torch
 
+from app.core.states import Guarantee
 from app.privacy.gaussian import epsilon_for, sigma_for
 from app.privacy.lineage import gaussian_event
 from app.privacy.validate import PrivacyParameterError
-from app.states import Guarantee
 from maths.nets import FlatModel, build_net
 from maths.norms import clip_vector
 from methods.compute import (

@@ -16,9 +16,10 @@ import torch
 from torch import nn
 from torch.func import grad
 
+from app.core import shutdown
+from app.core.states import Guarantee
 from app.privacy.lineage import SlopeRelease
 from app.privacy.plans import ReleasePlan
-from app.states import Guarantee
 from maths.nets import FlatModel, build_net
 from maths.norms import clip_vector
 from maths.training import finetune
@@ -65,6 +66,7 @@ class NoisyFinetune(UnlearningMethod):
             data.y,
             self.o.finetune_epochs,
             self.o.finetune_learning_rate,
+            interrupt=shutdown.check,
         )
         return Release(
             next_state=weights,

@@ -6,10 +6,10 @@ from typing import Literal
 
 from pydantic import Field, model_validator
 
+from app.core.states import Guarantee
 from app.privacy.lineage import approx_event, slope_event
 from app.privacy.plans import ReleasePlan, declared
 from app.privacy.validate import check_delta, check_epsilon
-from app.states import Guarantee
 from methods.noisy_finetune.accountant import plan_gradient_clipping, plan_model_clipping
 from methods.spec import MethodOptions, MethodSpec, register
 

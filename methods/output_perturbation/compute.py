@@ -12,9 +12,10 @@ from __future__ import annotations
 import time
 from dataclasses import replace
 
+from app.core import shutdown
+from app.core.states import Guarantee
 from app.privacy.gaussian import epsilon_for
 from app.privacy.lineage import gaussian_event
-from app.states import Guarantee
 from maths.norms import clip_to_ball, global_norm
 from maths.training import finetune
 from methods.compute import (
@@ -55,6 +56,7 @@ class OutputPerturbation(UnlearningMethod):
                 data.y,
                 o.finetune_epochs,
                 o.finetune_learning_rate,
+                interrupt=shutdown.check,
             )
             if o.finetune_epochs
             else noisy

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from pydantic import Field
 
+from app.core.states import Guarantee
 from app.privacy.gaussian import sigma_for
 from app.privacy.lineage import gaussian_event
 from app.privacy.plans import MIN_NOISE_MULTIPLIER, ReleasePlan, declared
 from app.privacy.validate import check_delta, check_epsilon
-from app.states import Guarantee
 from methods.spec import MethodOptions, MethodSpec, register
 
 

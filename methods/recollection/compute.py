@@ -18,9 +18,9 @@ from dataclasses import dataclass, replace
 
 import torch
 
+from app.core.states import Guarantee
 from app.privacy.gaussian import epsilon_for, sigma_for
 from app.privacy.lineage import gaussian_event
-from app.states import Guarantee
 from maths.nets import FlatModel, build_net
 from maths.training import ProgressFn
 from methods.compute import (

@@ -34,8 +34,8 @@ import torch
 from torch import nn
 from torch.func import grad, jvp, vmap
 
-from app.jsontypes import JsonObject
-from app.specs import ArchitectureSpec, LogRegSpec, MLPSpec, architecture_of
+from app.core.jsontypes import JsonObject
+from app.core.specs import ArchitectureSpec, LogRegSpec, MLPSpec, architecture_of
 from maths.nets import FlatModel
 
 # Vectors per call, from a sweep on CPU and on a GPU (where larger chunks amortise kernel

@@ -34,8 +34,8 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from app.jsontypes import JsonObject
-from app.specs import ArchitectureSpec, TrainingConfig, training_of
+from app.core.jsontypes import JsonObject
+from app.core.specs import ArchitectureSpec, TrainingConfig, training_of
 from maths.linalg import extreme_eigenvalues
 from maths.nets import FlatModel
 from maths.norms import clip_vector

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from app.jsontypes import JsonMap
+from app.core.jsontypes import JsonMap
 from methods.recollection.maths import batch_schedule
 from methods.recollection.sensitivity import (
     recollection_sensitivity_schedule,

@@ -6,7 +6,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from app.states import Guarantee
+from app.core.states import Guarantee
 from methods.spec import MemoryFacts, MethodOptions, MethodSpec, register
 
 

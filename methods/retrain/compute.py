@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import time
 
-from app.states import Guarantee, VersionKind
+from app.core.states import Guarantee, VersionKind
 from methods.compute import (
     CertificateFields,
     ModelState,

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+from app.core.states import Guarantee
 from app.privacy.plans import ReleasePlan, exact_plan
-from app.states import Guarantee
 from methods.spec import MethodOptions, MethodSpec, register
 
 

@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from app.states import Guarantee, VersionKind
+from app.core.states import Guarantee, VersionKind
 from maths.ensemble import shard_prefix
 from maths.training import ProgressFn
 from methods.compute import (

@@ -19,7 +19,8 @@ from functools import cached_property
 
 import torch
 
-from app.specs import ArchitectureSpec, TrainingConfig
+from app.core import shutdown
+from app.core.specs import ArchitectureSpec, TrainingConfig
 from maths.training import train
 
 ModelState = dict[str, torch.Tensor]
@@ -248,6 +249,7 @@ def train_shard(
             setup.n_classes,
             progress=record if on_stage else None,
             init_state=state,
+            interrupt=shutdown.check,
         )
         states.append(state)
         if on_stage is not None:

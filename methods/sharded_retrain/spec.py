@@ -13,11 +13,11 @@ from typing import Literal
 
 from pydantic import Field
 
-from app.errors import unprocessable
-from app.jsontypes import JsonMap, as_number, as_object
+from app.core.errors import unprocessable
+from app.core.jsontypes import JsonMap, as_number, as_object
+from app.core.specs import ArchitectureSpec, TopicHeadSpec, TopicModelSpec
+from app.core.states import Guarantee
 from app.privacy.plans import ReleasePlan, exact_plan
-from app.specs import ArchitectureSpec, TopicHeadSpec, TopicModelSpec
-from app.states import Guarantee
 from methods.spec import CostEntry, MemoryFacts, MethodOptions, MethodSpec, register
 
 

@@ -15,11 +15,11 @@ from typing import Any
 
 import torch
 
-from app.jsontypes import JsonObject, JsonValue, json_object
+from app.core.jsontypes import JsonObject, JsonValue, json_object
+from app.core.specs import TopicHeadSpec
+from app.core.states import Guarantee
 from app.privacy.gaussian import epsilon_for, sigma_for
 from app.privacy.lineage import gaussian_event
-from app.specs import TopicHeadSpec
-from app.states import Guarantee
 from maths import convex
 from maths import topics as tp
 from maths.training import ProgressFn

@@ -21,11 +21,11 @@ from typing import Literal
 
 from pydantic import Field
 
-from app.errors import unprocessable
-from app.jsontypes import JsonMap
+from app.core.errors import unprocessable
+from app.core.jsontypes import JsonMap
+from app.core.specs import ArchitectureSpec, TopicHeadSpec
+from app.core.states import Guarantee
 from app.privacy.plans import ReleasePlan
-from app.specs import ArchitectureSpec, TopicHeadSpec
-from app.states import Guarantee
 from methods.anchor_topics.spec import PlanInputs, plan_within_capacity, with_stability_bounds
 from methods.spec import MethodOptions, MethodSpec, register
 

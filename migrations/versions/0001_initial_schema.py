@@ -7,7 +7,7 @@ Revises:
 import sqlalchemy as sa
 from alembic import op
 
-import app.db.tables
+import app.core.db.tables
 
 APPEND_ONLY = """
 CREATE OR REPLACE FUNCTION lethe_certificates_append_only() RETURNS trigger AS $$
@@ -35,8 +35,8 @@ def upgrade() -> None:
         sa.Column("role", sa.String(length=12), nullable=False),
         sa.Column("key_hash", sa.String(length=64), nullable=False),
         sa.Column("prefix", sa.String(length=16), nullable=False),
-        sa.Column("created_at", app.db.tables.UTCDateTime(timezone=True), nullable=False),
-        sa.Column("revoked_at", app.db.tables.UTCDateTime(timezone=True), nullable=True),
+        sa.Column("created_at", app.core.db.tables.UTCDateTime(timezone=True), nullable=False),
+        sa.Column("revoked_at", app.core.db.tables.UTCDateTime(timezone=True), nullable=True),
         sa.PrimaryKeyConstraint("id", name=op.f("pk_api_keys")),
         sa.UniqueConstraint("key_hash", name=op.f("uq_api_keys_key_hash")),
     )
@@ -46,7 +46,7 @@ def upgrade() -> None:
         sa.Column("data", sa.LargeBinary(), nullable=False),
         sa.Column("size", sa.BigInteger(), nullable=False),
         sa.Column("sha256", sa.String(length=64), nullable=False),
-        sa.Column("created_at", app.db.tables.UTCDateTime(timezone=True), nullable=False),
+        sa.Column("created_at", app.core.db.tables.UTCDateTime(timezone=True), nullable=False),
         sa.PrimaryKeyConstraint("key", name=op.f("pk_blobs")),
     )
     op.create_table(
@@ -65,7 +65,7 @@ def upgrade() -> None:
         sa.Column("cumulative_delta", sa.Float(), nullable=False),
         sa.Column("n_removed", sa.Integer(), nullable=False),
         sa.Column("body", sa.Text(), nullable=False),
-        sa.Column("created_at", app.db.tables.UTCDateTime(timezone=True), nullable=False),
+        sa.Column("created_at", app.core.db.tables.UTCDateTime(timezone=True), nullable=False),
         sa.Column("prev_hash", sa.String(length=64), nullable=False),
         sa.Column("entry_hash", sa.String(length=64), nullable=False),
         sa.PrimaryKeyConstraint("id", name=op.f("pk_certificates")),
@@ -88,7 +88,7 @@ def upgrade() -> None:
         sa.Column("feature_shape", sa.JSON(), nullable=False),
         sa.Column("n_classes", sa.Integer(), nullable=False),
         sa.Column("n_samples", sa.Integer(), nullable=False),
-        sa.Column("created_at", app.db.tables.UTCDateTime(timezone=True), nullable=False),
+        sa.Column("created_at", app.core.db.tables.UTCDateTime(timezone=True), nullable=False),
         sa.PrimaryKeyConstraint("id", name=op.f("pk_datasets")),
     )
     op.create_table(
@@ -97,8 +97,8 @@ def upgrade() -> None:
         sa.Column("hostname", sa.String(length=200), nullable=False),
         sa.Column("pid", sa.Integer(), nullable=False),
         sa.Column("mode", sa.String(length=12), nullable=False),
-        sa.Column("started_at", app.db.tables.UTCDateTime(timezone=True), nullable=False),
-        sa.Column("heartbeat_at", app.db.tables.UTCDateTime(timezone=True), nullable=False),
+        sa.Column("started_at", app.core.db.tables.UTCDateTime(timezone=True), nullable=False),
+        sa.Column("heartbeat_at", app.core.db.tables.UTCDateTime(timezone=True), nullable=False),
         sa.PrimaryKeyConstraint("id", name=op.f("pk_workers")),
     )
     op.create_table(
@@ -116,9 +116,9 @@ def upgrade() -> None:
         sa.Column("delta", sa.Float(), nullable=True),
         sa.Column("status", sa.String(length=10), nullable=False),
         sa.Column("error", sa.Text(), nullable=True),
-        sa.Column("created_at", app.db.tables.UTCDateTime(timezone=True), nullable=False),
-        sa.Column("updated_at", app.db.tables.UTCDateTime(timezone=True), nullable=False),
-        sa.Column("finished_at", app.db.tables.UTCDateTime(timezone=True), nullable=True),
+        sa.Column("created_at", app.core.db.tables.UTCDateTime(timezone=True), nullable=False),
+        sa.Column("updated_at", app.core.db.tables.UTCDateTime(timezone=True), nullable=False),
+        sa.Column("finished_at", app.core.db.tables.UTCDateTime(timezone=True), nullable=True),
         sa.ForeignKeyConstraint(
             ["dataset_id"], ["datasets.id"], name=op.f("fk_deletion_requests_dataset_id_datasets")
         ),
@@ -139,9 +139,9 @@ def upgrade() -> None:
         sa.Column("error", sa.Text(), nullable=True),
         sa.Column("current_version_id", sa.Integer(), nullable=True),
         sa.Column("lease_owner", sa.String(length=100), nullable=True),
-        sa.Column("lease_expires_at", app.db.tables.UTCDateTime(timezone=True), nullable=True),
-        sa.Column("created_at", app.db.tables.UTCDateTime(timezone=True), nullable=False),
-        sa.Column("updated_at", app.db.tables.UTCDateTime(timezone=True), nullable=False),
+        sa.Column("lease_expires_at", app.core.db.tables.UTCDateTime(timezone=True), nullable=True),
+        sa.Column("created_at", app.core.db.tables.UTCDateTime(timezone=True), nullable=False),
+        sa.Column("updated_at", app.core.db.tables.UTCDateTime(timezone=True), nullable=False),
         sa.ForeignKeyConstraint(
             ["dataset_id"], ["datasets.id"], name=op.f("fk_models_dataset_id_datasets")
         ),
@@ -157,7 +157,7 @@ def upgrade() -> None:
         sa.Column("payload", sa.LargeBinary(), nullable=True),
         sa.Column("label", sa.Integer(), nullable=True),
         sa.Column("status", sa.String(length=10), nullable=False),
-        sa.Column("erased_at", app.db.tables.UTCDateTime(timezone=True), nullable=True),
+        sa.Column("erased_at", app.core.db.tables.UTCDateTime(timezone=True), nullable=True),
         sa.ForeignKeyConstraint(
             ["dataset_id"],
             ["datasets.id"],
@@ -181,13 +181,13 @@ def upgrade() -> None:
         sa.Column("status", sa.String(length=10), nullable=False),
         sa.Column("attempts", sa.Integer(), nullable=False),
         sa.Column("lease_owner", sa.String(length=100), nullable=True),
-        sa.Column("lease_expires_at", app.db.tables.UTCDateTime(timezone=True), nullable=True),
+        sa.Column("lease_expires_at", app.core.db.tables.UTCDateTime(timezone=True), nullable=True),
         sa.Column("version_id", sa.Integer(), nullable=True),
         sa.Column("certificate_id", sa.Integer(), nullable=True),
         sa.Column("n_removed", sa.Integer(), nullable=False),
         sa.Column("error", sa.Text(), nullable=True),
-        sa.Column("created_at", app.db.tables.UTCDateTime(timezone=True), nullable=False),
-        sa.Column("updated_at", app.db.tables.UTCDateTime(timezone=True), nullable=False),
+        sa.Column("created_at", app.core.db.tables.UTCDateTime(timezone=True), nullable=False),
+        sa.Column("updated_at", app.core.db.tables.UTCDateTime(timezone=True), nullable=False),
         sa.ForeignKeyConstraint(
             ["model_id"],
             ["models.id"],
@@ -246,8 +246,8 @@ def upgrade() -> None:
         sa.Column("state_key", sa.String(length=100), nullable=True),
         sa.Column("metrics", sa.JSON(), nullable=False),
         sa.Column("n_train", sa.Integer(), nullable=False),
-        sa.Column("created_at", app.db.tables.UTCDateTime(timezone=True), nullable=False),
-        sa.Column("erased_at", app.db.tables.UTCDateTime(timezone=True), nullable=True),
+        sa.Column("created_at", app.core.db.tables.UTCDateTime(timezone=True), nullable=False),
+        sa.Column("erased_at", app.core.db.tables.UTCDateTime(timezone=True), nullable=True),
         sa.ForeignKeyConstraint(
             ["model_id"],
             ["models.id"],

@@ -9,7 +9,7 @@ from __future__ import annotations
 import sqlalchemy as sa
 from alembic import op
 
-import app.db.tables
+import app.core.db.tables
 
 revision = "0002"
 down_revision = "0001"
@@ -20,7 +20,7 @@ depends_on = None
 def upgrade() -> None:
     with op.batch_alter_table("deletion_tasks") as batch:
         batch.add_column(
-            sa.Column("not_before", app.db.tables.UTCDateTime(timezone=True), nullable=True)
+            sa.Column("not_before", app.core.db.tables.UTCDateTime(timezone=True), nullable=True)
         )
 
 

@@ -16,8 +16,8 @@ from typing import Any
 import sqlalchemy as sa
 from alembic import op
 
-from app.settings import get_settings
-from app.storage.crypto import SampleRecord, blob_aad, keyring, sample_aad, seal, statistic_aad
+from app.core.settings import get_settings
+from app.core.storage.crypto import SampleRecord, blob_aad, keyring, sample_aad, seal, statistic_aad
 
 revision = "0003"
 down_revision = "0002"

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from alembic import op
 
-from app.db import append_only
+from app.core.db import append_only
 
 revision = "0009"
 down_revision = "0008"

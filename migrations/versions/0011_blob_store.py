@@ -13,7 +13,7 @@ from __future__ import annotations
 import sqlalchemy as sa
 from alembic import op
 
-import app.db.tables
+import app.core.db.tables
 
 revision = "0011"
 down_revision = "0010"
@@ -33,7 +33,7 @@ def upgrade() -> None:
         sa.Column("key", sa.String(length=100), nullable=False),
         sa.Column("idx", sa.Integer(), nullable=False),
         sa.Column("data", sa.LargeBinary(), nullable=False),
-        sa.Column("created_at", app.db.tables.UTCDateTime(timezone=True), nullable=False),
+        sa.Column("created_at", app.core.db.tables.UTCDateTime(timezone=True), nullable=False),
         sa.PrimaryKeyConstraint("key", "idx", name=op.f("pk_blob_chunks")),
     )
 

@@ -10,8 +10,8 @@ from __future__ import annotations
 import sqlalchemy as sa
 from alembic import op
 
-import app.db.tables
-from app.db import append_only
+import app.core.db.tables
+from app.core.db import append_only
 
 revision = "0012"
 down_revision = "0011"
@@ -27,7 +27,7 @@ def upgrade() -> None:
         ),
         sa.Column("note", sa.Text(), nullable=False),
         sa.Column("cosigners", sa.Integer(), nullable=False),
-        sa.Column("created_at", app.db.tables.UTCDateTime(timezone=True), nullable=False),
+        sa.Column("created_at", app.core.db.tables.UTCDateTime(timezone=True), nullable=False),
         sa.PrimaryKeyConstraint("tree_size", name=op.f("pk_checkpoints")),
     )
     append_only.install(op.get_bind(), append_only.CHECKPOINTS)

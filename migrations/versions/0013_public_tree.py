@@ -13,7 +13,7 @@ import hashlib
 import sqlalchemy as sa
 from alembic import op
 
-from app.db import append_only
+from app.core.db import append_only
 
 revision = "0013"
 down_revision = "0012"

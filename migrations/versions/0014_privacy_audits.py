@@ -10,7 +10,7 @@ from __future__ import annotations
 import sqlalchemy as sa
 from alembic import op
 
-import app.db.tables
+import app.core.db.tables
 
 revision = "0014"
 down_revision = "0013"
@@ -31,9 +31,9 @@ def upgrade() -> None:
         sa.Column("result", sa.JSON(), nullable=True),
         sa.Column("error", sa.Text(), nullable=True),
         sa.Column("certificate_id", sa.Integer(), nullable=True),
-        sa.Column("created_at", app.db.tables.UTCDateTime(timezone=True), nullable=False),
-        sa.Column("started_at", app.db.tables.UTCDateTime(timezone=True), nullable=True),
-        sa.Column("finished_at", app.db.tables.UTCDateTime(timezone=True), nullable=True),
+        sa.Column("created_at", app.core.db.tables.UTCDateTime(timezone=True), nullable=False),
+        sa.Column("started_at", app.core.db.tables.UTCDateTime(timezone=True), nullable=True),
+        sa.Column("finished_at", app.core.db.tables.UTCDateTime(timezone=True), nullable=True),
         sa.ForeignKeyConstraint(
             ["model_id"],
             ["models.id"],

@@ -11,7 +11,7 @@ from __future__ import annotations
 import sqlalchemy as sa
 from alembic import op
 
-import app.db.tables
+import app.core.db.tables
 
 revision = "0015"
 down_revision = "0014"
@@ -25,7 +25,7 @@ def upgrade() -> None:
             sa.Column("status", sa.String(length=12), nullable=False, server_default="ready")
         )
         batch.add_column(
-            sa.Column("progress_at", app.db.tables.UTCDateTime(timezone=True), nullable=True)
+            sa.Column("progress_at", app.core.db.tables.UTCDateTime(timezone=True), nullable=True)
         )
 
 

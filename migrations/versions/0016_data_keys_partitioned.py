@@ -16,7 +16,7 @@ down_revision = "0015"
 branch_labels = None
 depends_on = None
 
-PARTITIONS = 128  # app/storage/keystore.py names them data_keys_pNNN
+PARTITIONS = 128  # app/core/storage/keystore.py names them data_keys_pNNN
 COLUMNS = (
     "id UUID NOT NULL, wrapped BYTEA NOT NULL, kek_id VARCHAR(16) NOT NULL, "
     "CONSTRAINT pk_data_keys PRIMARY KEY (id)"

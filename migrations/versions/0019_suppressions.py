@@ -12,7 +12,7 @@ from __future__ import annotations
 import sqlalchemy as sa
 from alembic import op
 
-import app.db.tables
+import app.core.db.tables
 
 revision = "0019"
 down_revision = "0018"
@@ -26,8 +26,8 @@ def upgrade() -> None:
         sa.Column("token", sa.String(length=64), nullable=False),
         sa.Column("kind", sa.String(length=16), nullable=False),
         sa.Column("request_id", sa.Integer(), nullable=True),
-        sa.Column("created_at", app.db.tables.UTCDateTime(timezone=True), nullable=False),
-        sa.Column("lifted_at", app.db.tables.UTCDateTime(timezone=True), nullable=True),
+        sa.Column("created_at", app.core.db.tables.UTCDateTime(timezone=True), nullable=False),
+        sa.Column("lifted_at", app.core.db.tables.UTCDateTime(timezone=True), nullable=True),
         sa.Column("lift_reason", sa.Text(), nullable=True),
         sa.Column("lifted_by_key_id", sa.Integer(), nullable=True),
         sa.PrimaryKeyConstraint("token", name=op.f("pk_suppressions")),

@@ -13,7 +13,7 @@ from __future__ import annotations
 import sqlalchemy as sa
 from alembic import op
 
-import app.db.tables
+import app.core.db.tables
 
 revision = "0021"
 down_revision = "0020"
@@ -43,9 +43,9 @@ def upgrade() -> None:
         sa.Column("rows_done", sa.Integer(), nullable=False, server_default="0"),
         sa.Column("skipped_erased", sa.Integer(), nullable=False, server_default="0"),
         sa.Column("error", sa.JSON(), nullable=True),
-        sa.Column("created_at", app.db.tables.UTCDateTime(timezone=True), nullable=False),
-        sa.Column("progress_at", app.db.tables.UTCDateTime(timezone=True), nullable=True),
-        sa.Column("finished_at", app.db.tables.UTCDateTime(timezone=True), nullable=True),
+        sa.Column("created_at", app.core.db.tables.UTCDateTime(timezone=True), nullable=False),
+        sa.Column("progress_at", app.core.db.tables.UTCDateTime(timezone=True), nullable=True),
+        sa.Column("finished_at", app.core.db.tables.UTCDateTime(timezone=True), nullable=True),
     )
     op.create_index("ix_dataset_appends_dataset_id", "dataset_appends", ["dataset_id"])
     with op.batch_alter_table("samples") as batch:
@@ -75,8 +75,8 @@ def upgrade() -> None:
         sa.Column("certificate_id", sa.Integer(), nullable=True),
         sa.Column("n_added", sa.Integer(), nullable=False, server_default="0"),
         sa.Column("error", sa.Text(), nullable=True),
-        sa.Column("created_at", app.db.tables.UTCDateTime(timezone=True), nullable=False),
-        sa.Column("finished_at", app.db.tables.UTCDateTime(timezone=True), nullable=True),
+        sa.Column("created_at", app.core.db.tables.UTCDateTime(timezone=True), nullable=False),
+        sa.Column("finished_at", app.core.db.tables.UTCDateTime(timezone=True), nullable=True),
         sa.UniqueConstraint("append_id", "model_id", name="uq_learn_tasks_pair"),
     )
     op.create_index("ix_learn_tasks_model_status", "learn_tasks", ["model_id", "status"])

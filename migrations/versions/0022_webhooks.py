@@ -11,7 +11,7 @@ from __future__ import annotations
 import sqlalchemy as sa
 from alembic import op
 
-import app.db.tables
+import app.core.db.tables
 
 revision = "0022"
 down_revision = "0021"
@@ -20,7 +20,7 @@ depends_on = None
 
 
 def upgrade() -> None:
-    when = app.db.tables.UTCDateTime(timezone=True)
+    when = app.core.db.tables.UTCDateTime(timezone=True)
     op.create_table(
         "webhook_endpoints",
         sa.Column("id", sa.Integer(), primary_key=True),

@@ -20,7 +20,7 @@ from __future__ import annotations
 import sqlalchemy as sa
 from alembic import op
 
-import app.db.tables
+import app.core.db.tables
 
 revision = "0029"
 down_revision = "0028"
@@ -54,7 +54,7 @@ def upgrade() -> None:
         sa.Column(
             "suppressions_backfilled", sa.Boolean(), nullable=False, server_default=sa.false()
         ),
-        sa.Column("created_at", app.db.tables.UTCDateTime(timezone=True), nullable=False),
+        sa.Column("created_at", app.core.db.tables.UTCDateTime(timezone=True), nullable=False),
     )
 
 

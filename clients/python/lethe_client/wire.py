@@ -1,5 +1,5 @@
 """The API's answers as light pydantic models (no torch, scipy or dp-accounting): the server's
-response models and what the client (`lethe_client.client`) parses; the server (`app.wire`) uses the
+response models and what the client (`lethe_client.client`) parses; the server (`app.core.wire`) uses the
 same models, so the two cannot drift (the client ships without the server).
 
 The open-ended documents (a certificate, the preview, the chain check) are typed on the keys
