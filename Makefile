@@ -8,7 +8,8 @@
 #   make compose-up  the distributed deployment (PostgreSQL, Redis, SeaweedFS, a witness, the
 #                API and 2 workers) with podman-compose, from locally built images
 #   make compose-down  stop it (scripts/compose-down --volumes drops its data)
-#   make unit    the fast layer: no PostgreSQL, no Redis, no worker processes
+#   make unit    the fast loop between edits: tests/unit (no server, no database, no process)
+#   make service tests/unit and tests/service: one process on SQLite and PostgreSQL
 #   make lint    ruff (lint + format check), mypy, the layers' import contracts
 #                (.importlinter) and the docs site built strictly
 #   make docs    the docs site into site/ (make docs-serve: with live reload)
@@ -18,7 +19,7 @@ BIN := $(VENV)/bin
 HOST ?= 127.0.0.1
 PORT ?= 8000
 
-.PHONY: install install-test prerequisites serve test test-image compose-up compose-down unit lint docs docs-serve
+.PHONY: install install-test prerequisites serve test test-image compose-up compose-down unit service lint docs docs-serve
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -46,7 +47,7 @@ $(VENV)/.installed-test: $(VENV)/.installed
 	$(BIN)/pip install -q -e ".[test]"
 	touch $@
 
-# The MLflow tracking server tests/test_mlflow.py starts: the full `mlflow` package,
+# The MLflow tracking server tests/integration/test_mlflow.py starts: the full `mlflow` package,
 # in an environment of its own; Lethe itself needs only the `mlflow` extra's mlflow-skinny.
 MLFLOW_VENV ?= .venv-mlflow
 MLFLOW_VERSION := 3.17.2
@@ -94,7 +95,7 @@ test: prerequisites install-test
 	echo "--- make lint (run beside the tests): exit $$linted"; cat $$lint_log; rm -f $$lint_log; \
 	test $$tests -eq 0 && test $$linted -eq 0
 
-# The container image built with podman from Debian's packages and run (tests/test_image.py).
+# The container image built with podman from Debian's packages and run (tests/image/test_image.py).
 test-image: install-test
 	scripts/test-prerequisites --image
 	$(BIN)/python -m pytest -q -m image
@@ -106,8 +107,13 @@ compose-up: install-test
 compose-down:
 	PODMAN_COMPOSE=$(BIN)/podman-compose scripts/compose-down
 
+# The tiers (tests/README.md): unit, service (one process on both databases), integration
+# (servers and worker processes), image (make test-image).
 unit: install-test
-	$(BIN)/python -m pytest -q -m "not postgres and not integration and not image"
+	OMP_NUM_THREADS=1 $(BIN)/python -m pytest -q tests/unit
+
+service: install-test
+	OMP_NUM_THREADS=1 $(BIN)/python -m pytest -q -n 2 tests/unit tests/service
 
 SOURCES = app workers methods architectures maths lethe clients migrations tests bench scripts
 

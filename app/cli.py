@@ -255,6 +255,24 @@ def datasets_list(
     console.print(f"{len(page.items)} of {page.total} (offset {page.offset})")
 
 
+def _options(pairs: list[str]) -> dict[str, str]:
+    """`--option KEY=VALUE` pairs as form fields."""
+    bad = [p for p in pairs if "=" not in p]
+    if bad:
+        raise typer.BadParameter(f"options are KEY=VALUE, got {bad[0]!r}")
+    return dict(p.split("=", 1) for p in pairs)
+
+
+@datasets.command("formats")
+def datasets_formats(url: Url = None, key: Key = None) -> None:
+    """The data formats the server reads, with their suffixes and options (GET /v1/formats)."""
+    for f in _client(url, key).get("/v1/formats"):
+        suffixes = ", ".join(f["suffixes"]) or "by --format"
+        options = ", ".join(f["options"].get("properties", {}))
+        console.print(f"[bold]{f['name']}[/bold] ({suffixes}): {f['summary']}")
+        console.print(f"  options: {options}")
+
+
 @datasets.command("add")
 def datasets_add(
     builtin: str | None = None,
@@ -265,6 +283,12 @@ def datasets_add(
     subject_column: str | None = None,
     split_column: str | None = None,
     feature_columns: str | None = typer.Option(None, help="comma-separated (csv, parquet)"),
+    file_format: str | None = typer.Option(
+        None, "--format", help="a format `lethe datasets formats` lists (default: the suffix's)"
+    ),
+    option: list[str] = typer.Option(
+        [], "--option", "-o", help="a format's option as KEY=VALUE (GET /v1/formats lists them)"
+    ),
     on_erased: str = typer.Option("refuse", help="rows of erased people: refuse or skip"),
     id_case: str = typer.Option("sensitive", help="sensitive, or insensitive: ids of any case"),
     numeric_ids: str | None = typer.Option(
@@ -290,7 +314,9 @@ def datasets_add(
         }
         form = {"name": name or file.stem, "label_column": label_column, "on_erased": on_erased}
         form |= {"id_case": id_case, "numeric_ids": ",".join(numbers)}
-        form |= {k: v for k, v in mapping.items() if v}
+        form |= {k: v for k, v in mapping.items() if v} | _options(option)
+        if file_format:
+            form["format"] = file_format
         with file.open("rb") as fh:
             _show(
                 _registered(c, c.post("/v1/datasets", files={"file": (file.name, fh)}, data=form))

@@ -19,6 +19,7 @@ from app.api import (
     datasets,
     deletions,
     docs,
+    formats,
     health,
     keys,
     models,
@@ -186,6 +187,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     for router in (
         health.router,
         datasets.router,
+        formats.router,
         models.router,
         deletions.router,
         audit.router,

@@ -21,7 +21,7 @@ def _no_parameters(spec: Any, n_features: int, n_classes: int) -> Shapes:
 @dataclass(frozen=True)
 class ArchitectureKind:
     """One architecture's torch-free hooks. `parameter_shapes` mirrors the names and shapes
-    of the module `net.py` builds (tests/test_registry.py pins them together);
+    of the module `net.py` builds (tests/integration/test_registry.py pins them together);
     `activation_widths` are the layer widths one batch's activations take; `feature_width`
     the width of the features a method's own statistics see (the bias coordinate included);
     `memory_terms` replaces the network terms of the job's memory estimate for an

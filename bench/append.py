@@ -49,7 +49,7 @@ from maths import convex
 from maths.training import accuracy
 from methods.compute import RetainedData, UpdateInputs, joined
 from methods.convex_head.compute import ConvexHead, to_state, to_theta
-from tests.factories import update_inputs
+from tests.support.factories import update_inputs
 from workers.device import synchronize
 from workers.resident import ModelSession
 
@@ -207,10 +207,10 @@ def through_service(n: int, k: int, appends: int = 1) -> dict[str, Any]:
     the deletion that warms the session (as a single run always was), then alternately after
     5 s idle and right after one more deletion. The top-level fields are the first's."""
     from app.client import Client
+    from app.core.formats.dataset_files import load_builtin
     from app.core.schemas import BuiltinDatasetIn
-    from app.core.services.dataset_files import load_builtin
-    from bench.cluster import Cluster
     from bench.common import ready
+    from tests.support.cluster import Cluster
 
     spec = {"builtin": "synthetic", "n_samples": n, "n_features": 256, "n_classes": 10}
     parsed = load_builtin(BuiltinDatasetIn.model_validate(spec))

@@ -34,8 +34,8 @@ from typing import Any
 
 import torch
 
+from app.core.formats.dataset_files import load_builtin
 from app.core.schemas import BuiltinDatasetIn
-from app.core.services.dataset_files import load_builtin
 from app.core.specs import PrivacyPolicy
 from bench.common import model_spec, write_result
 from methods.compute import RetainedData, fit

@@ -14,7 +14,8 @@ from typing import Any
 
 import numpy as np
 
-from bench.cluster import Cluster
+from tests.support.cluster import Cluster
+from tests.support.processes import children, worker_processes
 
 RESULTS = Path(__file__).resolve().parent / "results"
 REDIS = "redis://127.0.0.1:6379/0"  # the local server; each Cluster uses a queue of its own
@@ -24,7 +25,7 @@ REDIS = "redis://127.0.0.1:6379/0"  # the local server; each Cluster uses a queu
 def scratch_database(prefix: str = "lethe_bench", migrate: bool = True) -> Iterator[str]:
     """A PostgreSQL database of the bench's own on the local server (migrated to head unless
     `migrate` is False), dropped afterwards; yields its URL."""
-    from tests.databases import own_database
+    from tests.support.databases import own_database
 
     with own_database(prefix, migrate) as url:
         yield url
@@ -34,27 +35,6 @@ def cpu_seconds(pid: int) -> float:
     """User + system CPU of one process so far, all its threads (/proc/PID/stat)."""
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
-def children(pid: int) -> list[int]:
-    """The live child processes of `pid` (/proc/PID/task/*/children): `lethe serve`'s
-    embedded worker process, and multiprocessing's resource tracker."""
-    found: list[int] = []
-    for task in Path(f"/proc/{pid}/task").iterdir():
-        with contextlib.suppress(FileNotFoundError):  # a thread that ended meanwhile
-            found += [int(c) for c in (task / "children").read_text().split()]
-    return found
-
-
-def worker_processes(api: int) -> list[int]:
-    """The pids of `lethe serve`'s embedded worker processes (one while it runs; none with
-    the worker a thread), told from multiprocessing's resource tracker by their command line."""
-    found = []
-    for child in children(api):
-        with contextlib.suppress(FileNotFoundError):
-            if b"spawn_main" in Path(f"/proc/{child}/cmdline").read_bytes():
-                found.append(child)
-    return found
 
 
 def embedded_worker(api: int) -> int | None:
@@ -183,14 +163,14 @@ def device_info(device: str) -> dict[str, Any]:
 
 
 def model_spec(arch: dict, training: dict, method: dict, n_features: int, n_classes: int):
-    """A typed ModelSpec from the JSON a bench writes down (tests/factories.py)."""
-    from tests.factories import model_spec as build
+    """A typed ModelSpec from the JSON a bench writes down (tests/support/factories.py)."""
+    from tests.support.factories import model_spec as build
 
     return build(arch, method, n_features, n_classes, training)
 
 
 def update_inputs(spec, state, removed, retained, target, test=None):
     """UpdateInputs for a bench that calls a method directly (no service, empty lineage)."""
-    from tests.factories import update_inputs as build
+    from tests.support.factories import update_inputs as build
 
     return build(spec, state, removed, retained, target=target, test=test or retained, model_id=0)

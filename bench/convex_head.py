@@ -34,7 +34,7 @@ from maths import convex
 from maths.training import accuracy
 from methods.compute import PrivacyTarget, RemovedSamples, RetainedData
 from methods.convex_head.compute import ConvexHead, ShiftOverBudget, to_state, to_theta
-from tests.factories import update_inputs
+from tests.support.factories import update_inputs
 
 TARGET = PrivacyTarget(1.0, 1e-5)
 CHECKPOINTS = (1, 10, 100)

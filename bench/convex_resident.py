@@ -36,7 +36,7 @@ from bench.common import device_info, model_spec, write_result
 from maths.training import accuracy
 from methods.compute import PrivacyTarget, RetainedData, UpdateInputs
 from methods.convex_head.compute import ConvexHead, ShiftOverBudget
-from tests.factories import update_inputs
+from tests.support.factories import update_inputs
 from workers.data import Arrays
 from workers.device import synchronize
 from workers.resident import ModelSession

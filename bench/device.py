@@ -33,8 +33,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from app.core.formats.dataset_files import load_builtin
 from app.core.schemas import BuiltinDatasetIn
-from app.core.services.dataset_files import load_builtin
 from bench.common import device_info, model_spec, percentiles, update_inputs, write_result
 from maths.training import accuracy
 from methods import get_method
@@ -63,7 +63,7 @@ CONVEX = {  # bench/convex_head.py's options per dataset
 
 
 def datasets(small: bool) -> dict[str, tuple[Any, int]]:
-    """The service's builtin datasets (app/core/services/dataset_files.py), as it builds them."""
+    """The service's builtin datasets (app/core/formats/dataset_files.py), as it builds them."""
     n = 5_000 if small else 50_000
     synthetic = BuiltinDatasetIn(builtin="synthetic", n_samples=n, n_features=256, n_classes=10)
     return {

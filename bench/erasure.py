@@ -22,8 +22,8 @@ from sqlalchemy import insert, select
 from app.core.db.migrate import upgrade_to_head
 from app.core.db.session import engine_for
 from app.core.db.tables import Dataset, Sample
+from app.core.formats.dataset_files import ParsedDataset
 from app.core.runtime import Runtime
-from app.core.services.dataset_files import ParsedDataset
 from app.core.services.registration import register
 from app.core.settings import Settings
 from app.core.storage.erasure import compact, erase_payloads

@@ -33,9 +33,9 @@ from pathlib import Path
 from typing import Any
 
 from app.client import Client
-from bench.cluster import Cluster
 from bench.common import device_info, embedded_worker, ready, write_result
 from bench.profile_request import busy_shares
+from tests.support.cluster import Cluster
 
 METHOD = {"name": "convex_head", "lam": 1e-3, "R": 20.0, "beta": 1e-3}
 SUBJECT_SIZE = 10_000

@@ -27,8 +27,8 @@ import numpy as np
 import torch
 from safetensors.torch import save as st_save
 
+from app.core.formats.dataset_files import load_builtin
 from app.core.schemas import BuiltinDatasetIn
-from app.core.services.dataset_files import load_builtin
 from bench.common import RESULTS, model_spec, update_inputs, write_result
 from maths.training import accuracy, train
 from methods.compute import PrivacyTarget, RemovedSamples, RetainedData

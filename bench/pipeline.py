@@ -25,8 +25,8 @@ from sqlalchemy import func, select
 
 from app.core.db.session import database
 from app.core.db.tables import DeletionRequest, ModelVersion
-from bench.cluster import Cluster
 from bench.common import REDIS, percentiles, scratch_database, write_result
+from tests.support.cluster import Cluster
 
 
 def run(cluster: Cluster, db_url: str, n_requests: int, n_clients: int) -> dict:

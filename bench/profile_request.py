@@ -24,9 +24,9 @@ import tempfile
 import time
 from pathlib import Path
 
-from bench.cluster import Cluster
 from bench.common import REDIS, embedded_worker, scratch_database, write_result
 from bench.request_path import prepare, wrk
+from tests.support.cluster import Cluster
 
 IDLE_LEAVES = re.compile(
     r"^(wait|get|select|poll|epoll|accept|recv|read|sleep|acquire|_worker|run_forever)\b"

@@ -32,7 +32,7 @@ from maths.evaluation import membership_auc, per_sample_losses
 from maths.nets import FlatModel, build_net
 from maths.training import accuracy, train
 from methods.recollection.maths import train_recollection
-from tests.factories import stored_bytes
+from tests.support.factories import stored_bytes
 from workers.statistics import read_vectors
 
 ARCHS = {

@@ -32,9 +32,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from app.client import Client
-from bench.cluster import Cluster
 from bench.common import children, write_result
-from tests.servers import S3_ACCESS_KEY, S3_SECRET_KEY, SeaweedServer
+from tests.support.cluster import Cluster
+from tests.support.servers import S3_ACCESS_KEY, S3_SECRET_KEY, SeaweedServer
 
 BUCKET = "bench-sources"
 RUNS = ["builtin_generator", "parquet_from_s3", "parquet_with_subjects_from_s3"]
@@ -216,7 +216,7 @@ def main() -> None:
                 max_dataset_samples=n,
                 **s3,
             )
-            from app.core.services.object_sources import s3_client
+            from app.core.formats.s3 import s3_client
             from app.core.settings import Settings
 
             client = s3_client(Settings(data_dir=Path(tmp), **s3))  # type: ignore[arg-type]

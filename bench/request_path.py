@@ -35,8 +35,8 @@ from pathlib import Path
 import httpx
 
 from app.core.db.migrate import upgrade_to_head
-from bench.cluster import Cluster, free_port
 from bench.common import children_cpu_seconds, cpu_seconds, ready, scratch_database, write_result
+from tests.support.cluster import Cluster, free_port
 
 REDIS = "redis://127.0.0.1:6379/0"
 WRK = Path(__file__).resolve().parent / "wrk"

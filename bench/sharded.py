@@ -81,8 +81,8 @@ def digits() -> tuple[torch.Tensor, ...]:
 
 def synthetic() -> tuple[torch.Tensor, ...]:
     """The service's `synthetic` builtin at 125,000 samples: 100,000 train, 25,000 test."""
+    from app.core.formats.dataset_files import load_builtin
     from app.core.schemas import BuiltinDatasetIn
-    from app.core.services.dataset_files import load_builtin
 
     spec = BuiltinDatasetIn.model_validate(
         {"builtin": "synthetic", "n_samples": 125_000, "n_features": 40, "n_classes": 10}
@@ -176,7 +176,7 @@ def service(deletions: int, burst: int) -> dict[str, Any]:
     """POST→certificate of single-sample deletions, sharded against `retrain`, per task; the
     coalesced burst on the sharded digits model."""
     from app.client import Client
-    from bench.cluster import Cluster
+    from tests.support.cluster import Cluster
 
     out: dict[str, Any] = {}
     with tempfile.TemporaryDirectory() as tmp, Cluster(Path(tmp), None, None) as cluster:

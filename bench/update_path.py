@@ -34,8 +34,8 @@ from app.client import Client
 from app.core.db.migrate import upgrade_to_head
 from app.core.db.session import database
 from app.core.db.tables import DeletionRequest, ModelVersion
-from bench.cluster import Cluster
 from bench.common import REDIS, percentiles, ready, scratch_database, write_result
+from tests.support.cluster import Cluster
 
 BUDGET = {"epsilon": 1.0, "delta": 1e-5, "lineage_epsilon": 1000.0, "lineage_delta": 1e-3}
 METHODS: dict[str, dict[str, Any]] = {

@@ -1,6 +1,6 @@
 """The torch-free half of a method: its options, its guarantee, what it needs, its plan.
 
-The compute half lives beside it, in methods/<name>/compute.py; `tests/test_registry.py`
+The compute half lives beside it, in methods/<name>/compute.py; `tests/integration/test_registry.py`
 fails if either half is missing. Modelled on Opacus' accountant registry: a plug-in by name;
 the compute half is imported by its folder's name only when a worker needs it.
 """

@@ -29,12 +29,13 @@ from app.core.runtime import Runtime
 from app.core.security import Role, create_key
 from app.core.settings import Settings
 from app.main import create_app
-from tests.databases import finish_drops, own_database
-from tests.servers import S3_ACCESS_KEY, S3_SECRET_KEY, RedisServer, SeaweedServer
+from tests.support.databases import finish_drops, own_database
+from tests.support.servers import S3_ACCESS_KEY, S3_SECRET_KEY, RedisServer, SeaweedServer
 
 # Apps made in the test process run their embedded worker as a thread, so that tests may patch
-# a job in-process; every `lethe serve` a test starts (bench/cluster.py, tests/test_e2e.py)
-# gets the product's default, a worker process (tests/test_worker_process.py).
+# a job in-process; every `lethe serve` a test starts (tests/support/cluster.py,
+# tests/integration/test_e2e.py) gets the product's default, a worker process
+# (tests/integration/test_worker_process.py).
 os.environ.setdefault("LETHE_EMBEDDED_WORKER", "thread")
 # MLflow's client reports usage from a thread and keeps a session id in os.environ, which a
 # test that restores the environment removes (test_mlflow then failed with a KeyError on it);

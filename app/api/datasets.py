@@ -6,6 +6,7 @@ import asyncio
 import json
 from collections.abc import Callable
 from concurrent.futures import Future
+from dataclasses import dataclass
 from functools import partial
 from typing import Annotated, Any, TypeVar
 
@@ -27,11 +28,12 @@ from app.api.limits import read_upload
 from app.api.long_poll import long_poll, wait_query
 from app.api.params import PathId
 from app.api.responses import COMMON, errors
-from app.core import wakeups
+from app.core import formats, wakeups
 from app.core.db.checkpoint import checkpoint_behind
 from app.core.db.session import Database
 from app.core.dispatch import DELETE
 from app.core.errors import APIError, unprocessable
+from app.core.formats import dataset_files
 from app.core.identity import DatasetIds
 from app.core.jsontypes import JsonObject
 from app.core.runtime import Runtime
@@ -48,7 +50,7 @@ from app.core.schemas import (
     Text,
 )
 from app.core.security import Role
-from app.core.services import appends, dataset_files
+from app.core.services import appends
 from app.core.services.datasets import dataset_view, get_dataset, list_datasets, list_samples
 from app.core.services.isolated import Registration, outcome, start_isolated, wipe, wipe_upload
 from app.core.services.registration import INLINE_ROWS, begin, forget_failed, rows_total
@@ -142,10 +144,12 @@ async def register_dataset(
     """Register a builtin (JSON `{"builtin": "digits"}`) or upload an .npz / CSV / Parquet
     file: 201 when done, or 202 with `status: registering` and `progress` once the file
     turns out to hold more than 10,000 rows (a job: poll `GET /v1/datasets/{id}`)."""
-    name, source, job, data, rows, rules = await _job_of(request, settings)
-    dataset_id = await run_in_threadpool(_begin, db, runtime, name, source, rows, rules)
+    got = await _incoming(request, settings)
+    dataset_id = await run_in_threadpool(
+        _begin, db, runtime, got.name, got.source, got.rows, got.rules
+    )
     # parsed and sealed in a process of its own, which ends with the plaintext
-    running = start_isolated(uploads, job(dataset_id=dataset_id), data)
+    running = start_isolated(uploads, got.job(dataset_id=dataset_id), got.data)
     running.add_done_callback(lambda _: checkpoint_behind(db))  # its WAL, off the next commit
     inline = await _finished_inline(
         running, partial(_total, db, dataset_id), partial(_forget, db, dataset_id)
@@ -162,45 +166,53 @@ async def register_dataset(
     return JSONResponse(body, status_code=202, headers=headers)
 
 
-async def _job_of(
-    request: Request, settings: Settings
-) -> tuple[str, str, Callable[..., Registration], bytes, int, DatasetIds]:
-    """What a registration or an append reads, from its request: a name, the source, the
-    child's job (its dataset or append id still to give), the upload's bytes and the rows it
-    holds where that is known before the parse (a synthetic builtin's; else 0)."""
-    rows = 0
+@dataclass(frozen=True)
+class Incoming:
+    """What a registration or an append reads from its request: a name, the source, the
+    child's job (its dataset or append id still to give), the upload's bytes, the id rules
+    and the rows it holds where that is known before the parse (a synthetic builtin's)."""
+
+    name: str
+    source: str
+    job: Callable[..., Registration]
+    rules: DatasetIds
+    data: bytes = b""
+    rows: int = 0
+
+
+async def _incoming(request: Request, settings: Settings) -> Incoming:
+    """An upload (multipart), an object in S3 or a builtin (JSON), by the content type."""
     ctype = request.headers.get("content-type", "")
     limits = dataset_files.Limits.from_settings(settings)
+    job = partial(Registration, settings, limits=limits)
     if ctype.startswith("multipart/form-data"):
-        name, fmt, params, data = await _from_upload(request, settings.max_upload_bytes)
-        on_erased = params.pop("on_erased")
-        rules = params.pop("rules")
-        source = fmt
-        job = partial(Registration, settings, name=name, fmt=fmt, limits=limits, params=params,
-                      on_erased=on_erased)  # fmt: skip
-    elif ctype.startswith("application/json"):
-        raw = await request.body()
-        if _names_a_source(raw):  # an object in S3, read by the registration's child
-            where = _validated(ObjectDatasetIn, raw, "invalid object source")
-            name, fmt, data = where.name or where.source.s3.key[-200:], where.resolved_format(), b""
-            source, rules = f"s3:{fmt}", where.rules()
-            job = partial(Registration, settings, name=name, fmt=fmt, limits=limits,
-                          params=_object_parameters(where), on_erased=where.on_erased)  # fmt: skip
-        else:
-            spec = _validated(BuiltinDatasetIn, raw, "invalid builtin dataset spec")
-            dataset_files.check_builtin(spec, limits)
-            name, source, data = spec.name or spec.builtin, f"builtin:{spec.builtin}", b""
-            rules = spec.rules()
-            rows = dataset_files.builtin_rows(spec)
-            job = partial(Registration, settings, name=name, fmt="builtin", limits=limits,
-                          builtin=spec, on_erased=spec.on_erased)  # fmt: skip
-    else:
+        name, fmt, form, data = await _from_upload(request, settings.max_upload_bytes)
+        job = partial(job, name=name, fmt=fmt, options=form.options, on_erased=form.on_erased)
+        return Incoming(name, fmt, job, form.rules, data)
+    if not ctype.startswith("application/json"):
         raise APIError(
             415,
             "unsupported_media_type",
             "send application/json for a builtin or multipart/form-data with a file",
         )
-    return name, source, job, data, rows, rules
+    raw = await request.body()
+    if _names_a_source(raw):  # an object in S3, read by the registration's child
+        where = _validated(ObjectDatasetIn, raw, "invalid object source")
+        fmt = formats.format_named(where.format or formats.guess(where.source.s3.key))
+        options = fmt.options.model_validate(
+            where.model_dump(include=set(fmt.options.model_fields))
+        )
+        name = where.name or where.source.s3.key[-200:]
+        job = partial(job, name=name, fmt=fmt.name, options=options, source=where.source)
+        return Incoming(
+            name, f"s3:{fmt.name}", partial(job, on_erased=where.on_erased), where.rules()
+        )
+    spec = _validated(BuiltinDatasetIn, raw, "invalid builtin dataset spec")
+    dataset_files.check_builtin(spec, limits)
+    name = spec.name or spec.builtin
+    job = partial(job, name=name, fmt="builtin", builtin=spec, on_erased=spec.on_erased)
+    rows = dataset_files.builtin_rows(spec)
+    return Incoming(name, f"builtin:{spec.builtin}", job, spec.rules(), rows=rows)
 
 
 M = TypeVar("M", bound=BaseModel)
@@ -224,20 +236,6 @@ def _names_a_source(raw: bytes) -> bool:
     except (ValueError, RecursionError):
         return False  # the builtin's validation says what is wrong
     return isinstance(found, dict) and "source" in found
-
-
-def _object_parameters(spec: ObjectDatasetIn) -> dict[str, Any]:
-    """What the child needs to read an object source: where, and the column mapping."""
-    return {
-        "object": {"bucket": spec.source.s3.bucket, "key": spec.source.s3.key},
-        "label_column": spec.label_column,
-        "id_column": spec.id_column,
-        "subject_column": spec.subject_column,
-        "split_column": spec.split_column,
-        "feature_columns": list(spec.feature_columns),
-        "seed": spec.seed,
-        "test_fraction": spec.test_fraction,
-    }
 
 
 def _begin(
@@ -287,8 +285,17 @@ def _forget(db: Database, dataset_id: int) -> None:
         forget_failed(session, dataset_id)
 
 
-async def _from_upload(request: Request, limit: int) -> tuple[str, str, dict[str, Any], bytes]:
-    """The upload's name, format, parse parameters (checked here) and bytes."""
+@dataclass(frozen=True)
+class UploadForm:
+    """A multipart upload's fields, checked: its format's options and what every upload says."""
+
+    options: formats.Options
+    on_erased: str
+    rules: DatasetIds
+
+
+async def _from_upload(request: Request, limit: int) -> tuple[str, str, UploadForm, bytes]:
+    """The upload's name, format, checked fields and bytes."""
     form = await request.form(max_files=1, max_fields=20)
     upload = form.get("file")
     if upload is None or isinstance(upload, str):
@@ -300,66 +307,26 @@ async def _from_upload(request: Request, limit: int) -> tuple[str, str, dict[str
         raise APIError(413, "payload_too_large", f"uploads are limited to {limit} bytes")
     fields = {k: v for k, v in form.items() if isinstance(v, str)}
     try:
-        return _upload_parameters(upload.filename, fields) + (data,)
+        fmt = formats.format_named(fields.get("format") or formats.guess(upload.filename))
+        name = fields.get("name") or upload.filename or "upload"
+        return name, fmt.name, _upload_form(fmt, fields), data
     except APIError:
         wipe(data)
         raise
 
 
-def _upload_parameters(
-    filename: str | None, fields: dict[str, str]
-) -> tuple[str, str, dict[str, Any]]:
-    try:
-        seed = int(fields.get("seed", 0))
-        test_fraction = float(fields.get("test_fraction", 0.2))
-    except ValueError as exc:
-        raise unprocessable("invalid_request", "seed and test_fraction must be numbers") from exc
-    if not 0.0 < test_fraction < 1.0 or not 0 <= seed < 2**31:
-        raise unprocessable("invalid_request", "test_fraction in (0, 1), seed in [0, 2^31)")
+def _upload_form(fmt: formats.Format, fields: dict[str, str]) -> UploadForm:
+    """The form's fields, checked: the format's options (app/core/formats), `on_erased` and
+    the id rules."""
     on_erased = fields.get("on_erased", "refuse")
     if on_erased not in ("refuse", "skip"):
         raise unprocessable("invalid_request", "on_erased is refuse or skip")
-    lower = (filename or "").lower()
-    guessed = (
-        "csv" if lower.endswith(".csv") else "parquet" if lower.endswith(".parquet") else "npz"
-    )
-    fmt = fields.get("format") or guessed
-    name = fields.get("name") or filename or "upload"
-    params: dict[str, Any] = {
-        "seed": seed,
-        "test_fraction": test_fraction,
-        "on_erased": on_erased,
-        "rules": _rules_of(fields),
-    }
-    columns = ("id_column", "subject_column", "split_column")
-    if fmt in ("npz", "sparse_npz"):
-        return name, fmt, params
-    if fmt == "text_csv":
-        try:
-            min_count = int(fields.get("min_count", 1))
-        except ValueError as exc:
-            raise unprocessable("invalid_request", "min_count must be an integer") from exc
-        if not 1 <= min_count <= 1_000_000:
-            raise unprocessable("invalid_request", "min_count in [1, 1000000]")
-        params |= {c: fields.get(c) for c in (*columns, "label_column")}
-        return (
-            name,
-            fmt,
-            params | {"text_column": fields.get("text_column", "text"), "min_count": min_count},
-        )
-    if fmt in ("csv", "parquet"):  # the column mapping
-        params |= {c: fields.get(c) or None for c in columns}
-        mapped = [c.strip() for c in fields.get("feature_columns", "").split(",") if c.strip()]
-        return (
-            name,
-            fmt,
-            params
-            | {"label_column": fields.get("label_column") or "label", "feature_columns": mapped},
-        )
-    raise unprocessable(
-        "unknown_format",
-        f"format must be npz, csv, parquet, text_csv or sparse_npz, got {fmt!r}",
-    )
+    try:
+        options = fmt.options_from_form(fields)
+    except ValidationError as exc:
+        where = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())
+        raise unprocessable("invalid_request", f"invalid {fmt.name} options: {where}") from exc
+    return UploadForm(options, on_erased, _rules_of(fields))
 
 
 def _rules_of(fields: dict[str, str]) -> DatasetIds:
@@ -454,9 +421,9 @@ async def append_samples(
     more than 10,000 rows. Every model of the dataset then learns the rows: a `learned`
     version each (the append's `learning`)."""
     dataset_id = int(dataset_id)
-    _name, source, job, data, _rows, _rules = await _job_of(request, settings)
-    append_id = await run_in_threadpool(_begin_append, db, runtime, dataset_id, source)
-    running = start_isolated(uploads, job(dataset_id=dataset_id, append_id=append_id), data)
+    got = await _incoming(request, settings)
+    append_id = await run_in_threadpool(_begin_append, db, runtime, dataset_id, got.source)
+    running = start_isolated(uploads, got.job(dataset_id=dataset_id, append_id=append_id), got.data)
     dispatcher.expect()  # its models' learning follows: the worker holds off its collection
 
     def signal(_: object = None) -> None:  # the models learn as soon as the rows are in

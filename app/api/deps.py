@@ -20,8 +20,8 @@ from app.core.db.tables import ApiKey
 from app.core.dispatch import Dispatcher
 from app.core.errors import APIError
 from app.core.runtime import Runtime
-from app.core.services.isolated import UploadPool
 from app.core.security import Role
+from app.core.services.isolated import UploadPool
 from app.core.settings import Settings
 
 

@@ -149,7 +149,7 @@ class ObjectDatasetIn(IdRulesIn):
     source: ObjectSource
     """where the rows are"""
     format: Literal["parquet", "csv", "npz"] | None = None
-    """parquet, csv or npz (default: from the key's suffix)"""
+    """parquet, csv or npz (default: from the key's suffix; app/core/formats)"""
     name: str | None = Field(None, max_length=200)
     """a display name (default: the key)"""
     label_column: str = Field("label", min_length=1, max_length=200)
@@ -170,12 +170,6 @@ class ObjectDatasetIn(IdRulesIn):
     """share of samples put in the test split"""
     on_erased: Literal["refuse", "skip"] = "refuse"
     """rows of samples or people erased earlier: refuse (409), or leave them out"""
-
-    def resolved_format(self) -> str:
-        key = self.source.s3.key.lower()
-        return self.format or (
-            "parquet" if key.endswith(".parquet") else "csv" if key.endswith(".csv") else "npz"
-        )
 
 
 class BuiltinDatasetIn(IdRulesIn):

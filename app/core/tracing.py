@@ -73,8 +73,8 @@ def configure(service: str, sql: bool = True) -> bool:
     provider = TracerProvider(resource=Resource.create({"service.name": name}))
     provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter()))
     trace.set_tracer_provider(provider)
-    # it declares SQLAlchemy < 2.1; its engine events are the same in 2.1 (tests/test_tracing.py
-    # sees its spans), so its version check is skipped
+    # it declares SQLAlchemy < 2.1; its engine events are the same in 2.1
+    # (tests/integration/test_tracing.py sees its spans), so its version check is skipped
     if sql:
         SQLAlchemyInstrumentor().instrument(tracer_provider=provider, skip_dep_check=True)
     atexit.register(provider.shutdown)  # what is still batched leaves at a clean exit

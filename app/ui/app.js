@@ -211,8 +211,11 @@ function setupForms() {
   const dsDone = el("p", { class: "notice", id: "ds-done" });
   const builtin = el("select", { id: "ds-builtin" },
     ["digits", "breast_cancer", "synthetic"].map(b => el("option", { value: b }, b)));
-  const file = el("input", { id: "ds-file", type: "file",
-                             accept: ".npz,.csv,text/csv,.parquet" });
+  // the file picker offers the suffixes of the server's formats (GET /v1/formats)
+  const file = el("input", { id: "ds-file", type: "file", accept: ".npz,.csv,.parquet" });
+  api("/v1/formats").then(r => {
+    if (r.ok) file.accept = r.body.flatMap(f => f.suffixes).join(",");
+  });
   // the column mapping of a CSV or Parquet upload: empty fields are not sent
   const mapping = [["label_column", "label column", "label"], ["id_column", "id column", ""],
                    ["subject_column", "subject column", ""], ["split_column", "split column", ""],

@@ -30,11 +30,11 @@ from app.core import pause
 from app.core.db.session import rowcount
 from app.core.db.tables import Dataset, DatasetAppend, LearnTask, Model, Sample, utcnow
 from app.core.errors import APIError, unprocessable
+from app.core.formats.dataset_files import ParsedDataset, in_form
 from app.core.identity import DatasetIds
 from app.core.phases import Phases
 from app.core.runtime import Runtime
 from app.core.services import sample_tokens
-from app.core.services.dataset_files import ParsedDataset, in_form
 from app.core.services.registration import (
     INLINE_ROWS,
     LATE_MARGIN,

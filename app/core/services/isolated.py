@@ -20,7 +20,6 @@ import os
 import select
 import threading
 import time
-import zipfile
 from concurrent.futures import Future, ProcessPoolExecutor
 from dataclasses import dataclass, field, replace
 from multiprocessing import forkserver, shared_memory
@@ -28,21 +27,21 @@ from typing import Any
 
 import pyarrow as pa
 
-from app.core import pause
+from app.core import formats, pause
 from app.core.errors import APIError
+from app.core.formats import dataset_files
+from app.core.formats.s3 import open_object, read_whole
 from app.core.phases import Phases
-from app.core.schemas import BuiltinDatasetIn
-from app.core.services import dataset_files
-from app.core.services.object_sources import open_object, read_whole
-from app.core.services.parquet_files import Columns, parse_parquet
+from app.core.schemas import BuiltinDatasetIn, ObjectSource
 from app.core.settings import Settings
 
 _PRELOAD = [
     "app.core.services.isolated",
     "app.core.services.registration",
     "app.core.services.appends",
-    "app.core.services.dataset_files",
-    "app.core.services.parquet_files",
+    "app.core.formats",
+    "app.core.formats.dataset_files",
+    "app.core.formats.parquet_files",
     # the seeded split of an upload with no split column (`seeded_split`): every such parse
     # imported it in its child, on a registration's POST, and held it in its memory
     "sklearn.model_selection",
@@ -55,15 +54,17 @@ _BYTES_DATA = bytes.__basicsize__ - 1  # where a bytes object's data starts (CPy
 
 @dataclass(frozen=True)
 class Registration:
-    """What the child needs: the settings (its keys and database), the upload's name and
-    format and the checked parameters, or a builtin spec."""
+    """What the child needs: the settings (its keys and database), the upload's name, its
+    format and that format's checked options (and the object it is read from, if any), or a
+    builtin spec."""
 
     settings: Settings
     dataset_id: int  # the row `registration.begin` made
     name: str
-    fmt: str  # npz, sparse_npz, csv, parquet, text_csv, or builtin
+    fmt: str  # a name of app/core/formats, or builtin
     limits: dataset_files.Limits
-    params: dict[str, Any] = field(default_factory=dict)
+    options: formats.Options = field(default_factory=formats.Options)
+    source: ObjectSource | None = None  # read from object storage (else the upload's bytes)
     builtin: BuiltinDatasetIn | None = None
     on_erased: str = "refuse"  # rows of erased samples or people: refuse, or skip them
     append_id: int | None = None  # rows appended to `dataset_id` by this append
@@ -145,7 +146,7 @@ def _register(job: Registration, name: str | None, payload: bytes | int) -> tupl
         if len(parsed.y) > job.settings.max_dataset_samples:
             limit = job.settings.max_dataset_samples
             raise APIError(413, "too_many_samples", f"at most {limit}")
-        fraction = job.builtin.test_fraction if job.builtin else job.params.get("test_fraction")
+        fraction = job.builtin.test_fraction if job.builtin else job.options.test_fraction
         dataset_id = registration.register(
             runtime, job.dataset_id, parsed, job.on_erased, fraction or 0.2
         )
@@ -165,11 +166,11 @@ def _append(runtime: Any, job: Registration, data: bytes, phases: Phases) -> tup
     assert job.append_id is not None
     try:
         # no seeded split: a row's split is its column's or the dataset's rule (`append`)
-        parsed = _parse(replace(job, params={**job.params, "seed": None}), data)
+        parsed = _parse(replace(job, options=job.options.model_copy(update={"seed": None})), data)
         if len(parsed.y) > job.settings.max_dataset_samples:
             limit = job.settings.max_dataset_samples
             raise APIError(413, "too_many_samples", f"at most {limit}")
-        split_given = bool(job.params.get("split_column")) or _npz_has_split(job, data)
+        split_given = job.options.split_given(data)
         phases.mark("parse")
         appends.append(runtime, job.append_id, parsed, job.on_erased, split_given, phases)
         return ("ok", job.append_id)
@@ -181,17 +182,6 @@ def _append(runtime: Any, job: Registration, data: bytes, phases: Phases) -> tup
         raise
 
 
-def _npz_has_split(job: Registration, data: bytes) -> bool:
-    """Whether an uploaded npz carries its own `split` array (its member names only)."""
-    if job.fmt != "npz" or not data:
-        return False
-    try:
-        with zipfile.ZipFile(io.BytesIO(data)) as archive:
-            return "split.npy" in archive.namelist()
-    except zipfile.BadZipFile:
-        return False
-
-
 def _buffer(memory: shared_memory.SharedMemory) -> memoryview:
     buffer = memory.buf
     assert buffer is not None, "an open segment has a buffer"
@@ -199,56 +189,16 @@ def _buffer(memory: shared_memory.SharedMemory) -> memoryview:
 
 
 def _parse(job: Registration, data: bytes) -> dataset_files.ParsedDataset:
-    p, limits = job.params, job.limits
+    """The rows, by the job's format (app/core/formats), from the upload or the object."""
     if job.builtin is not None:
         return dataset_files.streamed_builtin(job.builtin)
-    if "object" in p:  # in object storage: Parquet by ranged GETs, the rest read whole
-        found = open_object(job.settings, p["object"]["bucket"], p["object"]["key"])
-        if job.fmt == "parquet":
-            return _parse_parquet(job, found)
-        data = read_whole(found, limits.max_npz_bytes)
-    if job.fmt == "npz":
-        return dataset_files.parse_npz(data, p["seed"], p["test_fraction"], limits)
-    if job.fmt == "sparse_npz":
-        return dataset_files.parse_sparse_npz(data, p["seed"], p["test_fraction"], limits)
-    if job.fmt == "text_csv":
-        return dataset_files.parse_text_csv(
-            data,
-            p["text_column"],
-            p["label_column"],
-            p["id_column"],
-            p["subject_column"],
-            p["split_column"],
-            p["seed"],
-            p["test_fraction"],
-            p["min_count"],
-            limits,
-        )
-    if job.fmt == "parquet":
-        return _parse_parquet(job, data)
-    return dataset_files.parse_csv(
-        data,
-        p["label_column"],
-        p["id_column"],
-        p["subject_column"],
-        p["split_column"],
-        p["seed"],
-        p["test_fraction"],
-        limits,
-        p["feature_columns"],
-    )
-
-
-def _parse_parquet(job: Registration, data: bytes | io.IOBase) -> dataset_files.ParsedDataset:
-    p = job.params
-    columns = Columns(
-        label=p["label_column"],
-        id=p["id_column"],
-        subject=p["subject_column"],
-        split=p["split_column"],
-        features=tuple(p["feature_columns"]),
-    )
-    return parse_parquet(data, columns, p["seed"], p["test_fraction"], job.limits)
+    fmt = formats.format_named(job.fmt)
+    if job.source is None:
+        return fmt.parse(data, job.options, job.limits)
+    found = open_object(job.settings, job.source.s3.bucket, job.source.s3.key)
+    if fmt.ranged:  # a part at a time, by ranged GETs
+        return fmt.parse(found, job.options, job.limits)
+    return fmt.parse(read_whole(found, job.limits.max_npz_bytes), job.options, job.limits)
 
 
 class UploadPool:

@@ -33,11 +33,11 @@ from app.core.db.bulk import driver_uuids, insert_rows
 from app.core.db.session import Database, rowcount
 from app.core.db.tables import Base, Dataset, Sample, utcnow
 from app.core.errors import APIError
+from app.core.formats.dataset_files import ParsedDataset, in_form, texts_at
+from app.core.formats.row_stream import release_rows
 from app.core.identity import DatasetIds
 from app.core.runtime import Runtime
 from app.core.services import sample_tokens, subject_tokens
-from app.core.services.dataset_files import ParsedDataset, in_form, texts_at
-from app.core.services.row_stream import release_rows
 from app.core.services.suppression import Screener
 from app.core.states import DatasetStatus, SampleStatus
 from app.core.storage.crypto import (

@@ -39,8 +39,8 @@ from app.core import identity
 from app.core.db.chunks import CHUNK, chunked
 from app.core.db.tables import Suppression, utcnow
 from app.core.errors import APIError, unprocessable
+from app.core.formats.dataset_files import texts_at
 from app.core.identity import DatasetIds
-from app.core.services.dataset_files import texts_at
 from app.core.storage.crypto import Keyring
 
 log = logging.getLogger("lethe.suppression")

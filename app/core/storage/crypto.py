@@ -60,7 +60,7 @@ class Keyring:
         # HMAC's two keyed hashes (RFC 2104; the 32-byte key padded to the block), keyed once:
         # each token copies them, about twice as fast as copying an `hmac` object (a million-row
         # registration makes two million;
-        # tests/test_sample_tokens.py checks them against `hmac`)
+        # tests/service/test_sample_tokens.py checks them against `hmac`)
         block = self._pepper.ljust(hashlib.sha256().block_size, b"\0")
         self._inner = hashlib.sha256(bytes(b ^ 0x36 for b in block))
         self._outer = hashlib.sha256(bytes(b ^ 0x5C for b in block))

@@ -1,0 +1,186 @@
+"""MLflow (issue 58, goal 2): with `LETHE_MLFLOW_TRACKING_URI` set, every version Lethe
+publishes appears as a version of an MLflow registered model, its weights the artifact and its
+certificate in its tags, the alias `current` on Lethe's current version; a version Lethe purges
+loses its artifact in MLflow too. Against a real `mlflow server` (SQLite backend, artifacts
+served through it) started by the test."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from mlflow.tracking import MlflowClient
+from playwright.sync_api import sync_playwright
+
+from app.core.mlflow_export.registry import ALIAS, MlflowRegistry, VersionCopy
+from tests.integration.test_dashboard import CHROMIUM, sign_in
+from tests.integration.test_walkthrough import readme_block
+from tests.support.cluster import Cluster
+from tests.support.servers import MlflowServer
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture
+def mlflow_server(tmp_path: Path) -> Iterator[MlflowServer]:
+    server = MlflowServer(tmp_path / "mlflow")
+    server.start()
+    try:
+        yield server
+    finally:
+        server.kill()
+
+
+def wait_for(what: str, check, timeout: float = 180.0):  # noqa: ANN001, ANN201
+    """`check()` until it returns something truthy: the syncer's copy is an event this test
+    cannot subscribe to; the limit only stops a test that would otherwise hang."""
+    deadline = time.monotonic() + timeout
+    while True:
+        got = check()
+        if got:
+            return got
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.2)
+
+
+def files_under(folder: Path) -> dict[str, bytes]:
+    return {str(p): p.read_bytes() for p in folder.rglob("*") if p.is_file()}
+
+
+def run_readme_block(url: str, key: str, mlflow: str) -> str:
+    """The docs' MLflow block, as written, against this service and tracking server."""
+    block = readme_block("# MLflow", "docs/integrations/mlflow.md")
+    env = {**os.environ, "KEY": key, "L": url, "MLFLOW": mlflow}
+    done = subprocess.run(
+        ["bash", "-c", block], env=env, capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 0, f"{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
+    return done.stdout
+
+
+def dashboard_mlflow_cells(url: str, key: str, model: int) -> list[tuple[str, str]]:
+    """The MLflow column of the model page's version chain, in Chromium: (status, text)."""
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
+        page = browser.new_page()
+        sign_in(page, url, key)
+        page.goto(f"{url}/ui#/models/{model}")
+        page.wait_for_selector("#versions td.mlflow")
+        cells = [
+            (c.get_attribute("data-status") or "", c.inner_text().strip())
+            for c in page.locator("#versions td.mlflow").all()
+        ]
+        browser.close()
+    return cells
+
+
+@pytest.mark.long
+def test_every_version_reaches_mlflow_and_a_purged_one_leaves_it(
+    mlflow_server: MlflowServer, tmp_path: Path
+) -> None:
+    settings = {"mlflow_tracking_uri": mlflow_server.url, "mlflow_poll_seconds": 0.2}
+    mlflow = MlflowClient(tracking_uri=mlflow_server.url, registry_uri=mlflow_server.url)
+    with Cluster(tmp_path / "data", None, None, **settings) as cluster:
+        url = cluster.start_api()
+        with cluster.client() as c:
+            dataset = c.post("/v1/datasets", json={"builtin": "digits"}).json()["id"]
+            model = c.post(
+                "/v1/models",
+                json={"name": "digits", "dataset_id": dataset, "training": {"epochs": 2}},
+            ).json()["id"]
+            name = f"lethe-model-{model}"
+
+            def current() -> object:
+                try:
+                    return mlflow.get_model_version_by_alias(name, ALIAS)
+                except Exception:  # not registered yet
+                    return None
+
+            v1 = wait_for("version 1 in MLflow", current)
+            assert v1.tags["lethe.version"] == "1" and v1.tags["lethe.guarantee"] == "trained"
+            ids = [
+                s["external_id"]
+                for s in c.get(
+                    f"/v1/datasets/{dataset}/samples", params={"split": "train", "limit": 2}
+                ).json()["items"]
+            ]
+            request = c.post(
+                "/v1/deletions",
+                json={"dataset_id": dataset, "sample_ids": ids},
+                headers={"Prefer": "wait=120"},
+            ).json()
+            assert request["status"] == "done", request
+            ours = {v["number"]: v for v in c.get(f"/v1/models/{model}/versions").json()}
+            certificate = c.get(f"/v1/audit/certificates/{request['models'][0]['certificate_id']}")
+            assert certificate.status_code == 200, certificate.text
+            cert = certificate.json()
+
+            def moved() -> object:
+                got = current()
+                return got if got is not None and got.tags["lethe.version"] == "2" else None
+
+            v2 = wait_for("version 2 as MLflow's current", moved)
+
+            def v1_purged() -> object:
+                got = mlflow.get_model_version(name, v1.version)
+                return got if "lethe.purged" in got.tags else None
+
+            wait_for("version 1's artifact deleted from MLflow", v1_purged)
+
+            def both_shown() -> object:
+                listed = c.get(f"/v1/models/{model}/versions").json()
+                statuses = [(v["mlflow"] or {}).get("status") for v in listed]
+                return listed if statuses == ["purged", "registered"] else None
+
+            shown = wait_for("Lethe to show both copies", both_shown)
+            weights = c.get(f"/v1/models/{model}/versions/2/weights").content
+            cells = dashboard_mlflow_cells(url, cluster.admin_key, model)
+        walked = run_readme_block(url, cluster.admin_key, mlflow_server.url)
+
+    # the copy: the released bytes, tagged with what the certificate states
+    assert v2.tags["lethe.weights_sha256"] == ours[2]["weights_sha256"]
+    assert v2.tags["lethe.certificate_ids"] == str(cert["id"])
+    assert v2.tags["lethe.guarantee"] == cert["guarantee"]
+    assert float(v2.tags["lethe.epsilon"]) == cert["epsilon"]
+    assert v2.tags["lethe.parent_version"] == "1" and v2.tags["lethe.rows_removed"] == "2"
+    got = mlflow.download_artifacts(v2.run_id, "weights/model.safetensors", str(tmp_path))
+    assert hashlib.sha256(Path(got).read_bytes()).hexdigest() == ours[2]["weights_sha256"]
+    assert Path(got).read_bytes() == weights
+    assert shown[1]["mlflow"]["version"] == v2.version
+    # the dashboard's version chain shows each copy as the API does
+    assert cells == [("purged", f"purged as {name} v{v1.version}"),
+                     ("registered", f"registered as {name} v{v2.version}")]  # fmt: skip
+    # the README's block: the second model's version 2 is MLflow's current, tagged as certified
+    lines = walked.splitlines()
+    assert json.loads(lines[0])["status"] == "done"
+    assert [json.loads(line) for line in lines[1:3]] == [
+        {"number": 1, "kind": "trained", "mlflow": "purged"},
+        {"number": 2, "kind": "retrained", "mlflow": "registered"},  # digits' default: exact
+    ]
+    current = json.loads(lines[3])
+    assert current["name"] == f"lethe-model-{model + 1}" and current["version"] == "2"
+    tags = current["lethe"]
+    assert tags["lethe.version"] == "2" and tags["lethe.rows_removed"] == "2"
+    assert tags["lethe.guarantee"] == "exact" and float(tags["lethe.epsilon"]) == 0
+    # the purge: nothing of version 1's weights is left in MLflow's artifact store
+    assert mlflow.list_artifacts(v1.run_id, "weights") == []
+    stored = files_under(mlflow_server.artifacts)
+    assert all(hashlib.sha256(b).hexdigest() != ours[1]["weights_sha256"] for b in stored.values())
+    assert any(hashlib.sha256(b).hexdigest() == ours[2]["weights_sha256"] for b in stored.values())
+    # the erased ids are in no tag
+    for version in (v1, v2):
+        assert not any(i in value for value in version.tags.values() for i in ids if len(i) > 2)
+
+    # registering again (a crash between MLflow's change and Lethe's commit) makes nothing new
+    registry = MlflowRegistry(mlflow_server.url, "lethe", "lethe-model-")
+    again = registry.register(
+        VersionCopy(int(v2.tags["lethe.version_id"]), model, "digits", 2, weights, {}, True)
+    )
+    assert again.mlflow_version == v2.version
+    assert len(mlflow.search_model_versions(f"name='{name}'")) == 2
