@@ -15,6 +15,7 @@ from typing import Any
 import dp_accounting  # noqa: F401
 
 from app.core.jsontypes import JsonObject
+from app.core.ledger.certificate_body import SCHEMA_VERSION, DeletionCertificate
 from app.core.ledger.certificates import (
     COMMITMENT_SCHEME,
     RESTRICTED,
@@ -113,45 +114,47 @@ def certificate_fields(
         # release of such a method, the value ("method", or the retrain's reason) to auditors
         others["branch"] = decision.branch or "method"
     hidden = {name: _sealed(value) for name, value in others.items()}
-    return {
-        RESTRICTED: {
-            "constants": restricted,
-            "fields": {name: opened for name, (_, opened) in hidden.items()},
-        },
+    body = DeletionCertificate(
+        schema_version=SCHEMA_VERSION,
         **{name: shown for name, (shown, _) in hidden.items()},
-        "request_id": ctx.request_id,
-        "model_id": ctx.model_id,
-        "from_version": ctx.from_version,
-        "to_version": ctx.to_version,
-        "method": decision.method,
-        "epsilon": _claim(cert.epsilon),
-        "delta": _claim(cert.delta),
-        "sigma": _finite(cert.sigma),
-        "sensitivity": _finite(cert.sensitivity),
-        "accountant": cert.accountant,
-        "accountant_versions": {
+        request_id=ctx.request_id,
+        model_id=ctx.model_id,
+        from_version=ctx.from_version,
+        to_version=ctx.to_version,
+        method=decision.method,
+        epsilon=_claim(cert.epsilon),
+        delta=_claim(cert.delta),
+        sigma=_finite(cert.sigma),
+        sensitivity=_finite(cert.sensitivity),
+        accountant=cert.accountant,
+        accountant_versions={
             "dp-accounting": DP_ACCOUNTING_VERSION,
             "lineage": spend.accountant if spend is not None else None,
         },
-        "constants": constants,
-        "cumulative_epsilon": _cumulative(cert, spend.epsilon if spend and noisy else 0.0),
-        "cumulative_delta": _cumulative(cert, spend.delta if spend and noisy else 0.0),
-        "lineage": {
+        constants=constants,
+        cumulative_epsilon=_cumulative(cert, spend.epsilon if spend and noisy else 0.0),
+        cumulative_delta=_cumulative(cert, spend.delta if spend and noisy else 0.0),
+        lineage={
             "releases_since_reset": spend.releases if spend is not None else 0,
             "budget_epsilon": policy.lineage_epsilon,
             "budget_delta": policy.lineage_delta,
         },
         **lineage_fields(decision),
-        "fallback_reason": fallback_reason,
-        "target": {"epsilon": target.epsilon, "delta": target.delta},
-        "n_removed": ctx.n_removed,
-        "removed_ids_commitment": ctx.removed_ids_commitment,
-        "commitment_scheme": COMMITMENT_SCHEME,
-        "release_sha256": ctx.release_sha256,
-        "compares": cert.compares,
-        "sentence": sentence,
+        fallback_reason=fallback_reason,
+        target={"epsilon": target.epsilon, "delta": target.delta},
+        n_removed=ctx.n_removed,
+        removed_ids_commitment=ctx.removed_ids_commitment,
+        commitment_scheme=COMMITMENT_SCHEME,
+        release_sha256=ctx.release_sha256,
+        compares=cert.compares,
+        sentence=sentence,
         **(cert.details or {}),
+    )
+    sealed: JsonObject = {
+        "constants": restricted,
+        "fields": {name: opened for name, (_, opened) in hidden.items()},
     }
+    return {RESTRICTED: sealed, **body.body()}
 
 
 def _constants(

@@ -198,14 +198,14 @@ async def _incoming(request: Request, settings: Settings) -> Incoming:
     raw = await request.body()
     if _names_a_source(raw):  # an object in S3, read by the registration's child
         where = _validated(ObjectDatasetIn, raw, "invalid object source")
-        fmt = formats.format_named(where.format or formats.guess(where.source.s3.key))
-        options = fmt.options.model_validate(
-            where.model_dump(include=set(fmt.options.model_fields))
+        read_as = formats.format_named(where.format or formats.guess(where.source.s3.key))
+        options = read_as.options.model_validate(
+            where.model_dump(include=set(read_as.options.model_fields))
         )
         name = where.name or where.source.s3.key[-200:]
-        job = partial(job, name=name, fmt=fmt.name, options=options, source=where.source)
+        job = partial(job, name=name, fmt=read_as.name, options=options, source=where.source)
         return Incoming(
-            name, f"s3:{fmt.name}", partial(job, on_erased=where.on_erased), where.rules()
+            name, f"s3:{read_as.name}", partial(job, on_erased=where.on_erased), where.rules()
         )
     spec = _validated(BuiltinDatasetIn, raw, "invalid builtin dataset spec")
     dataset_files.check_builtin(spec, limits)
