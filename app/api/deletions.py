@@ -4,12 +4,10 @@ from __future__ import annotations
 
 import logging
 import re
-import time
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Body, Header, Query, Request
 from fastapi.responses import JSONResponse, Response
-from sqlalchemy.orm import Session
 from starlette.concurrency import run_in_threadpool
 
 from app.api.deps import (
@@ -24,24 +22,17 @@ from app.api.deps import (
 from app.api.long_poll import MAX_WAIT_SECONDS, long_poll, wait_query
 from app.api.params import PathId
 from app.api.responses import COMMON, errors
-from app.core import tracing, wakeups
-from app.core.db.session import Database
-from app.core.db.tables import Dataset
-from app.core.dispatch import DELETE
-from app.core.identity import DatasetIds
+from app.core import wakeups
 from app.core.jsontypes import JsonObject
 from app.core.schemas import DeletionCreate, DeletionOut, DeletionPage
-from app.core.security import Role
+from app.core.services.acceptance import accept
 from app.core.services.deletions import (
-    Names,
-    create_deletion,
     deletion_view,
     get_deletion,
     list_deletions,
     tlog_proof_of,
 )
 from app.core.states import FINISHED_REQUEST
-from app.core.storage.erasure import compact_after_erasure
 
 log = logging.getLogger("lethe.api")
 
@@ -62,19 +53,6 @@ DELETION_EXAMPLES: JsonObject = {
         "value": {"dataset_id": 1, "sample_ids": ["17"], "epsilon": 0.5, "method": "retrain"},
     },
 }
-
-
-def _rules(db: Database, dataset_id: int) -> DatasetIds:
-    """The dataset's rules for ids (the defaults for an unknown one, which answers 404): read
-    by its key before the tokens are made, outside the request's transaction."""
-    with db.read() as session:
-        found = session.get(Dataset, dataset_id)
-        return DatasetIds() if found is None else DatasetIds.of(found)
-
-
-# what a request's acceptance hands on: the answer, the models to signal, whether it was a
-# replay, the samples it marked and the suppression tokens it wrote (for the journal)
-Accepting = tuple[DeletionOut, list[int], bool, list[int], list[dict[str, str]]]
 
 
 @router.post(
@@ -110,73 +88,16 @@ async def create(
 
     wait = preferred_wait(prefer)
     woken = wakeups.FINISHED.register() if wait else None  # before the commit: none is lost
-
-    def accept() -> tuple[DeletionOut, bool, Names]:
-        # from the request's arrival: its routing, key check and schema validation, then the
-        # keyed tokens (once, outside the transaction); the steps tile the path (core/tracing.py)
-        arrived = tracing.request_started_ns()
-        names = Names.of(body, runtime.keyring, _rules(db, body.dataset_id))
-        tracing.record("deletion.validate", arrived, None)
-        traceparent = tracing.carrier()  # the worker continues this trace (app/core/tracing.py)
-
-        def unit(session: Session) -> Accepting:
-            accepted = create_deletion(
-                session,
-                runtime.keyring,
-                body,
-                names,
-                key.id,
-                idempotency_key,
-                key.role == Role.admin,
-                trace_context=traceparent,
-            )
-            view = deletion_view(
-                session,
-                accepted.request,
-                names,
-                new_tasks=accepted.tasks,
-                opening=accepted.opening,
-            )
-            samples = list(accepted.request.sample_ids)
-            return (
-                DeletionOut.model_validate(view),
-                accepted.models,
-                accepted.replayed,
-                samples,
-                accepted.suppressed,
-            )
-
-        def signal(accepted: Accepting) -> None:
-            for model_id in accepted[1]:
-                dispatcher.enqueue(DELETE, model_id)
-
-        submitted = time.time_ns()
-        view, _, replayed, samples, suppressed = committer.submit(unit, after=signal)
-        # until its group's transaction wrote it: the worker's queue wait starts there, the
-        # commit's own write included (the two spans tile the path, app/core/tracing.py)
-        tracing.record("deletion.group_commit", submitted, None if replayed else view.created_at)
-        if not replayed:  # durable apart from the database before it is acknowledged
-            journal = runtime.journal
-            with tracing.span("deletion.journal"):
-                journal.record_request(
-                    view.id,
-                    body.dataset_id,
-                    samples,
-                    list(names.samples),
-                    list(names.subjects),
-                    suppressed,
-                )
-        if view.status == "done" and not replayed:  # nothing held them: erased on acceptance
-            compact_after_erasure(db, runtime.settings)
-        return view, replayed, names
-
-    try:
-        view, replayed, names = await run_in_threadpool(accept)  # as a sync route runs
+    try:  # in the thread pool, as a sync route runs
+        done = await run_in_threadpool(
+            accept, runtime, committer, dispatcher, body, key, idempotency_key
+        )
     except BaseException:
         if woken is not None:
             wakeups.FINISHED.forget(woken)
         raise
-    headers = {"Idempotent-Replayed": "true"} if replayed else {}
+    view, names = done.view, done.names
+    headers = {"Idempotent-Replayed": "true"} if done.replayed else {}
     if woken is None:
         return JSONResponse(view.model_dump(mode="json"), status_code=202, headers=headers)
     opening = bytes.fromhex(view.opening) if view.opening else None

@@ -257,7 +257,7 @@ def test_an_acceptance_writes_in_one_statement_on_postgresql(
 
     import sqlalchemy as sa
 
-    from app.api import deletions as route
+    from app.core.services import acceptance as route
 
     real, seen = route.create_deletion, list[list[str]]()
 
