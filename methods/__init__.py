@@ -17,6 +17,7 @@ from methods.recollection import spec as recollection
 from methods.retrain import spec as retrain
 from methods.sharded_retrain import spec as sharded_retrain
 from methods.spec import (
+    RETRAIN,
     MethodChoice,
     MethodOptions,
     MethodSpec,
@@ -27,6 +28,7 @@ from methods.spec import (
 from methods.topic_head import spec as topic_head
 
 __all__ = [
+    "RETRAIN",
     "MethodChoice",
     "MethodOptions",
     "MethodSpec",

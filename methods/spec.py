@@ -18,6 +18,9 @@ from app.core.specs import ArchitectureSpec, StoredMethod
 from app.core.states import Guarantee
 from app.privacy.plans import ReleasePlan, data_dependent_plan
 
+# the exact retrain: a method of its own, and every other method's fallback
+RETRAIN = "retrain"
+
 
 class MethodOptions(BaseModel):
     """Base of every method's options: unknown keys, non-finite numbers and values of the
@@ -191,5 +194,5 @@ def method_of(raw: JsonMap | StoredMethod) -> MethodChoice:
     """Parse a stored or requested `{"name": ..., **options}` into a typed choice."""
     if isinstance(raw, StoredMethod):
         raw = raw.model_dump(mode="json")
-    spec = get_method(str(raw.get("name", "retrain")))
+    spec = get_method(str(raw.get("name", RETRAIN)))
     return MethodChoice(spec, spec.parse(raw))

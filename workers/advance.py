@@ -1,5 +1,5 @@
 """Moving a worker's resident session to the version an update just committed:
-the same step after a deletion batch (workers/jobs.py) and after a learned version
+the same step after a deletion batch (workers/deletions.py) and after a learned version
 (workers/learning.py)."""
 
 from __future__ import annotations

@@ -21,6 +21,7 @@ from sqlalchemy.orm import Session
 
 from app.core.db.session import database, rowcount
 from app.core.db.tables import DeletionTask, Model, WorkerHeartbeat, utcnow
+from app.core.settings import Settings
 from app.core.states import TaskStatus
 
 WORKER_ID = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
@@ -135,3 +136,19 @@ class ModelLease:
                     return  # lost: the commit's own check will refuse our result
             except Exception:  # database briefly unreachable: try again next beat
                 continue
+
+
+def lease_for(
+    settings: Settings,
+    model_id: int,
+    on_take: Callable[[Session, ModelLease], object] | None = None,
+) -> ModelLease:
+    """The model's lease as the settings configure it (its database, its terms)."""
+    return ModelLease(
+        settings.resolved_database_url,
+        model_id,
+        settings.lease_seconds,
+        settings.heartbeat_seconds,
+        "embedded" if settings.embedded else "rq",
+        on_take,
+    )

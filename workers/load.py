@@ -27,7 +27,7 @@ from app.core.specs import architecture_of, training_of
 from app.core.states import ModelStatus, SampleStatus, VersionKind
 from app.core.storage.blobs import BlobMissing, Blobs
 from app.core.storage.crypto import Keyring, SealError
-from methods import get_method, method_of
+from methods import RETRAIN, get_method, method_of
 from methods.compute import (
     ModelSpec,
     PrivacyTarget,
@@ -125,8 +125,8 @@ def load_batch(
         removed_by_task[t.task_id] = mine
     requested = {t.method for t in tasks if t.method}
     if not warm.state:  # the state could not be read back (_parent_state): retrain exactly
-        requested.add("retrain")
-    method = method_of({"name": "retrain"}) if "retrain" in requested else spec.method
+        requested.add(RETRAIN)
+    method = method_of({"name": RETRAIN}) if RETRAIN in requested else spec.method
     record, previously_removed = None, []  # only a method that records training has a record
     if spec.method.spec.records_training:
         if warm.record is None:  # read once per session, then kept by each commit

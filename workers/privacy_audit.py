@@ -41,6 +41,7 @@ from app.privacy.audit_bounds import (
 from maths.ensemble import count_shards
 from maths.nets import build_net, parameters_of
 from maths.training import logits
+from methods import RETRAIN
 from methods.compute import (
     ModelSpec,
     ModelState,
@@ -227,7 +228,7 @@ class AuditRun:
     def audited(self) -> str:
         """What made the release the audit scored, in words: a fallback's is the exact retrain
         (the audit then says nothing of the configured method's own update)."""
-        if self.method == "retrain" and self.fallback_reason:
+        if self.method == RETRAIN and self.fallback_reason:
             return f"the exact retrain (the method fell back: {self.fallback_reason})"
         if self.fallback_reason:  # the retrain released through the method's mechanism
             return f"{self.method}, its exact retrain released through its mechanism"

@@ -34,6 +34,7 @@ from maths.training import (
     is_classifier,
     scorer,
 )
+from methods import RETRAIN
 from methods.compute import (
     PublicInfeasible,
     Release,
@@ -141,11 +142,11 @@ def _decide(inputs: UpdateInputs) -> Decision:
     auditors only. A reason that is a function of public values (`PublicInfeasible`, the
     lineage budget) leads to the public, noise-free exact retrain."""
     name = inputs.method.name
-    if name == "retrain":
+    if name == RETRAIN:
         return Released(exact_retrain(inputs), name, None)
     method = method_for(name, inputs.spec)
     if inputs.n_added and not method.learns:  # public: rows were appended
-        return Released(exact_retrain(inputs), "retrain", None)
+        return Released(exact_retrain(inputs), RETRAIN, None)
     hides = hides_branch(method)
     attempt = _attempt(method, inputs)
     exact: Release | None = None
@@ -227,7 +228,7 @@ def _through_mechanism(
 
 def exact_retrain(inputs: UpdateInputs) -> Release:
     """The exact retrain on the retained data, checked: Unrecoverable when it diverges."""
-    release = method_for("retrain", inputs.spec).unlearn(inputs)
+    release = method_for(RETRAIN, inputs.spec).unlearn(inputs)
     spec, retained = inputs.spec, inputs.retained
     try:
         check_converged(

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from app.core.jsontypes import JsonObject
 from app.core.specs import ImportedWeights, PrivacyPolicy
 from app.privacy.lineage import Admission
+from methods import RETRAIN
 from methods.compute import ModelSpec, PrivacyTarget, Release
 from workers.data import Arrays
 from workers.resident import ModelSession
@@ -53,7 +54,7 @@ class Fallback:
     release: Release
     requested: str
     reason: str
-    method: str = "retrain"
+    method: str = RETRAIN
     admission: Admission | None = None
 
 

@@ -42,7 +42,7 @@ from app.core.wire import (  # noqa: F401 - the response models, re-exported
     SamplePage,
     VersionOut,
 )
-from methods import get_method, method_names, method_of
+from methods import RETRAIN, get_method, method_names, method_of
 
 
 def unstorable_text(value: object, path: str = "") -> str | None:
@@ -229,7 +229,7 @@ def _method_variants(schema: JsonObject) -> None:
             "properties": {"name": {"const": name}, **options.get("properties", {})},
             "additionalProperties": False,
         }
-        if name != "retrain":
+        if name != RETRAIN:
             variant["required"] = ["name"]
         variants.append(variant)
     description = schema.get("description", "")
@@ -243,7 +243,7 @@ class MethodConfig(BaseModel):
     model_config = ConfigDict(
         extra="allow", allow_inf_nan=False, strict=True, json_schema_extra=_method_variants
     )
-    name: str = "retrain"
+    name: str = RETRAIN
 
     @field_validator("name")
     @classmethod

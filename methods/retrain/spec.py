@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from app.core.states import Guarantee
 from app.privacy.plans import ReleasePlan, exact_plan
-from methods.spec import MethodOptions, MethodSpec, register
+from methods.spec import RETRAIN, MethodOptions, MethodSpec, register
 
 
 class RetrainOptions(MethodOptions):
@@ -12,12 +12,12 @@ class RetrainOptions(MethodOptions):
 
 
 def _plan(_: RetrainOptions, epsilon: float, delta: float) -> ReleasePlan:
-    return exact_plan("retrain", epsilon, delta)
+    return exact_plan(RETRAIN, epsilon, delta)
 
 
 SPEC = register(
     MethodSpec(
-        name="retrain",
+        name=RETRAIN,
         guarantee=Guarantee.exact,
         options=RetrainOptions,
         summary="retrain from scratch on the retained data with the same seed",

@@ -36,7 +36,7 @@ from methods.output_perturbation import compute as output_perturbation
 from methods.recollection import compute as recollection_method
 from tests.unit.test_compute import TRAINING, K, N, P, data, inputs_for
 from workers import device as dev
-from workers import jobs, updates, values, worker
+from workers import training, updates, values, worker
 from workers.context import JobContext
 from workers.data import Arrays
 from workers.resident import Sessions
@@ -368,7 +368,7 @@ def test_training_jobs_train_on_the_device_and_return_cpu_states(
     losses: list[float] = []
     device = dev.worker_device(cpu_settings)
     with torch.device("meta"):
-        trained, metrics = jobs._train(inputs, lambda e, E, loss: losses.append(loss), device)
+        trained, metrics = training._train(inputs, lambda e, E, loss: losses.append(loss), device)
     expected = fit(spec, RetainedData(ids, X, y))
     assert trained.state.keys() == expected.state.keys()
     for key, tensor in trained.state.items():
@@ -392,7 +392,7 @@ def test_recollection_training_returns_cpu_statistics(
     )
     arrays = Arrays(ids, [str(i) for i in ids], X, y, [None] * N)
     inputs = values.TrainingInputs(spec, arrays, arrays, None, None)
-    trained, _ = jobs._train(inputs, lambda *_: None, dev.worker_device(cpu_settings))
+    trained, _ = training._train(inputs, lambda *_: None, dev.worker_device(cpu_settings))
     assert trained.statistics is not None
     assert trained.statistics.vectors.device == CPU
     assert trained.statistics.vectors.shape == (N, (P + 1) * K)
@@ -417,7 +417,7 @@ def test_the_resident_state_is_prepared_where_the_updates_compute(
     )
     arrays = Arrays(ids, [str(i) for i in ids], X, y, [None] * N)
     inputs = values.TrainingInputs(spec, arrays, arrays, None, None)
-    trained, _ = jobs._train(inputs, lambda *_: None, CPU)
+    trained, _ = training._train(inputs, lambda *_: None, CPU)
     seen: dict[str, Any] = {}
 
     class Recording:
@@ -430,11 +430,11 @@ def test_the_resident_state_is_prepared_where_the_updates_compute(
         def write(self, durable: bool = True) -> Iterator[Any]:
             yield SimpleNamespace(execute=lambda *args, **kwargs: None)
 
-    monkeypatch.setattr(jobs, "method_for", lambda name, spec: Recording())
+    monkeypatch.setattr(training, "method_for", lambda name, spec: Recording())
     meta = torch.device("meta")
     rows = dev.arrays_to(arrays, meta)
     ctx = SimpleNamespace(db=Writes(), resident_sessions=lambda: Sessions(2))
-    prepared = jobs._prepare_resident(ctx, 1, inputs, rows, trained)  # type: ignore[arg-type]
+    prepared = training._prepare_resident(ctx, 1, inputs, rows, trained)  # type: ignore[arg-type]
     assert seen == {"rows": meta, "state": {meta}}
     assert prepared is not None and prepared.method_state == "resident"
     assert all(v.device == CPU for v in prepared.state.values())  # the session's state: CPU

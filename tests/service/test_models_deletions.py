@@ -19,7 +19,7 @@ from app.core.db.tables import Blob, DeletionRequest, ModelSample, ModelVersion,
 from app.core.settings import Settings
 from app.main import create_app
 from tests.conftest import SMALL_TRAINING, Api, make_keys, train_ids
-from workers import jobs
+from workers import deletions
 
 
 def delete(api: Api, body: dict, **headers: str) -> dict:
@@ -126,7 +126,7 @@ def test_prefer_wait_answers_the_post_with_the_finished_request(
         assert plain.status_code == 202 and "preference-applied" not in plain.headers
         api.wait(f"/v1/deletions/{plain.json()['id']}", ("done",))
 
-    real = jobs.compute_storing
+    real = deletions.compute_storing
     from app.api.deletions import get_deletion as real_get
 
     release = threading.Event()
@@ -135,7 +135,7 @@ def test_prefer_wait_answers_the_post_with_the_finished_request(
         release.wait(120)  # the update cannot finish before the answer came
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(jobs, "compute_storing", slow)
+    monkeypatch.setattr(deletions, "compute_storing", slow)
     body = {"dataset_id": digits["id"], "sample_ids": ids[2:3]}
     started = time.monotonic()
     late = api.post("/v1/deletions", role="requester", json=body, headers={"Prefer": "wait=1"})

@@ -20,7 +20,7 @@ from app.core.settings import Settings
 from app.core.states import SampleStatus
 from tests.conftest import SMALL_TRAINING, Api, train_ids
 from tests.support.factories import forget
-from workers import jobs
+from workers import training
 from workers.context import JobContext
 from workers.data import Arrays, database_key
 from workers.resident import ModelSession, Sessions
@@ -392,11 +392,11 @@ def test_accuracies_are_taken_on_a_fixed_head_of_the_test_split(
     api: Api, digits: dict, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The test accuracy of a trained and of an unlearned version is on the same first
-    ACCURACY_ROWS test rows: an update's metrics do not grow with the test split (issue 28)."""
+    ACCURACY_ROWS test rows: an update's metrics do not grow with the test split ."""
     from workers import updates
 
     monkeypatch.setattr(updates, "ACCURACY_ROWS", 50)
-    monkeypatch.setattr(jobs, "ACCURACY_ROWS", 50)
+    monkeypatch.setattr(training, "ACCURACY_ROWS", 50)
     model = create(api, digits["id"], "head")
     forget(api, digits["id"], train_ids(api, digits["id"], 1))
     versions = api.get(f"/v1/models/{model['id']}/versions").json()

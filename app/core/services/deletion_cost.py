@@ -15,7 +15,7 @@ from app.core.jsontypes import JsonObject
 from app.core.specs import architecture_of
 from app.core.states import VersionKind
 from app.core.wire import CostRow, DeletionCost, MeasuredUpdates
-from methods import get_method, method_names, method_of
+from methods import RETRAIN, get_method, method_names, method_of
 
 TRAINING_KINDS = (VersionKind.trained, VersionKind.retrained)
 
@@ -35,7 +35,7 @@ def deletion_cost(session: Session, model: Model, disclose: bool = False) -> Del
     full = float(trainings[-1]["train_seconds"])
     own = method_of(model.method)
     current = rows[-1][2] if rows else {}
-    entries = [_entry("retrain", {}, full, 1.0, "measured: the model's latest full training")]
+    entries = [_entry(RETRAIN, {}, full, 1.0, "measured: the model's latest full training")]
     if own.spec.own_cost is not None:  # the method knows its share from the model's shape
         cost = own.spec.own_cost(own.options, current)
         measured = _measured_updates(rows, own.name) if disclose else None
@@ -44,7 +44,7 @@ def deletion_cost(session: Session, model: Model, disclose: bool = False) -> Del
                 own.name, cost.options, full * cost.fraction, cost.fraction, cost.basis, measured
             )
         )
-    elif own.name != "retrain":
+    elif own.name != RETRAIN:
         updates = _measured_updates(rows, own.name) if disclose else []
         seconds = median(updates) if updates else None
         basis = (

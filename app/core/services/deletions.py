@@ -52,7 +52,7 @@ from app.core.storage.crypto import Keyring
 from app.core.storage.erasure import erase_payloads
 from app.core.storage.keystore import KeyTable, load_keys, new_keys, store_keys
 from app.core.webhooks import events
-from methods import method_names
+from methods import RETRAIN, method_names
 
 # The request path's tables: Core statements on them skip the ORM's compile, load
 # and unit-of-work steps, which were most of a POST's CPU.
@@ -494,7 +494,7 @@ def _check_models(models: list[ModelRef], body: DeletionCreate) -> None:
     if body.method is not None and body.method not in method_names():
         raise unprocessable("unknown_method", f"unknown method {body.method!r}")
     for m in models:
-        if body.method not in (None, "retrain", m.method.name):
+        if body.method not in (None, RETRAIN, m.method.name):
             raise unprocessable(
                 "method_not_configured",
                 f"model {m.id} is configured for {m.method.name!r}",

@@ -18,7 +18,7 @@ from app.core.schemas import ModelCreate
 from app.core.services.datasets import ready_dataset
 from app.core.states import SampleStatus, VersionKind
 from app.core.wire import MethodChoice, MethodChoices, Target
-from methods import get_method, method_names, method_of
+from methods import RETRAIN, get_method, method_names, method_of
 
 NEWEST_TRAININGS = 50  # of the dataset's models, the trainings looked at for a measured time
 
@@ -124,7 +124,7 @@ def _row(
 def _share(name: str, body: ModelCreate) -> tuple[float | None, str]:
     """A method's share of a full retrain per single-sample deletion, as the model's own
     deletion-cost table would estimate it before anything is measured."""
-    if name == "retrain":
+    if name == RETRAIN:
         return 1.0, "a full retrain"
     offered = get_method(name).offered_to
     defaults = method_of({"name": name}).options.model_dump()
