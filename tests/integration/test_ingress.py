@@ -194,13 +194,12 @@ def test_a_json_body_is_stopped_at_the_limit_while_it_streams(server: Cluster) -
 def test_a_chunked_upload_is_stopped_at_the_upload_limit(server: Cluster) -> None:
     body, ctype = multipart(total=256 * MiB)
     headers = {"Authorization": f"Bearer {server.admin_key}", "Content-Type": ctype}
-    response, seconds, grew_kb = post_streaming(server, "/v1/datasets", body, headers)
+    response, _, grew_kb = post_streaming(server, "/v1/datasets", body, headers)
     assert response.status_code == 413, response.text
     error = response.json()["error"]
     assert error["code"] == "payload_too_large"
     assert f"{SERVER_UPLOAD_LIMIT} bytes" in error["message"]
-    assert not body.exhausted and body.sent < 64 * MiB, body.sent
-    assert seconds < 30
+    assert not body.exhausted and body.sent < 64 * MiB, body.sent  # stopped early, by bytes
     assert grew_kb < 100 * 1024, f"server peak RSS grew {grew_kb} kB"
 
 

@@ -28,6 +28,7 @@ from app.core.storage.keystore import (
     has_destroyed,
     load_keys,
 )
+from tests.support.clock import ManualClock
 from tests.support.databases import PG_ADMIN_URL, own_database
 
 
@@ -260,27 +261,35 @@ def test_erasures_are_compacted_at_most_once_per_interval(
     """The first erasure after a quiet spell is compacted at once; those that come within
     LETHE_COMPACTION_INTERVAL_SECONDS of a run's start (while it works, or after it ended: a
     stream of sequential deletions) wait until the interval has passed and go in one run; a
-    clean stop (`finish_compacting`) runs the waiting one at once."""
+    clean stop (`finish_compacting`) runs the waiting one at once. On a manual clock: the
+    runs' times are the clock's, whatever the machine's load."""
+    clock = ManualClock()
     runs: list[float] = []
     noted = [False]  # keys destroyed and not yet compacted (keystore's notes)
+    began, finish = threading.Event(), threading.Event()
 
-    def slow_compact(db: object, everything: bool = False) -> erasure.Compaction:
+    def held_compact(db: object, everything: bool = False) -> erasure.Compaction:
         noted[0] = False
-        runs.append(time.monotonic())
-        time.sleep(0.05)
+        runs.append(clock.now())
+        began.set()
+        assert finish.wait(30), "the test never let the run end"
         return erasure.Compaction.clean
 
     def erased(interval: float) -> None:  # an update destroys keys, then asks for compaction
         noted[0] = True
-        erasure.compact_soon(db, interval=interval)  # type: ignore[arg-type]
+        erasure.compact_soon(db, interval, clock)  # type: ignore[arg-type]
+
+    def run_started() -> None:
+        assert began.wait(30), "no run started"
+        began.clear()
 
     def finished() -> None:
         running = erasure.compaction_thread(db)  # type: ignore[arg-type]
-        assert running is not None
-        running.join(timeout=2.0)  # left to itself: it waits out the interval
-        assert not running.is_alive()
+        if running is not None:
+            running.join(timeout=30)
+            assert not running.is_alive()
 
-    monkeypatch.setattr(erasure, "compact", slow_compact)
+    monkeypatch.setattr(erasure, "compact", held_compact)
     monkeypatch.setattr(erasure, "has_destroyed", lambda where: noted[0])
     url = f"postgresql+psycopg://nowhere/{uuid.uuid4().hex}"
     owned: dict[type, object] = {}  # what the fake database holds (`Database.own`)
@@ -290,30 +299,33 @@ def test_erasures_are_compacted_at_most_once_per_interval(
         own=lambda kind: owned.setdefault(kind, kind()),
     )
 
-    start = time.monotonic()
     erased(0.4)
-    while not runs:
-        time.sleep(0.001)
+    run_started()  # at once
     for _ in range(3):  # three more updates erase while the first run works
         erased(0.4)
+    finish.set()
+    clock.advance(0.3)
+    assert not began.wait(0.05)  # within the interval: no run
+    clock.advance(0.1)
+    run_started()  # the interval has passed: one run for the three
     finished()
-    assert len(runs) == 2  # one at once, one for the three together
-    assert runs[0] - start < 0.3 and runs[1] - runs[0] >= 0.35  # at once; after the interval
+    assert runs == [0.0, 0.4]
     erased(0.4)  # the next deletion, just after that run ended: it waits its turn too
+    clock.advance(0.4)
+    run_started()
     finished()
-    assert len(runs) == 3 and runs[2] - runs[1] >= 0.35
-    time.sleep(0.45)
-    quiet = time.monotonic()
+    clock.advance(1.0)
     erased(0.4)  # after a quiet interval: at once
+    run_started()
     finished()
-    assert len(runs) == 4 and runs[3] - quiet < 0.2
+    assert runs == [0.0, 0.4, 0.8, 1.8]
 
     runs.clear()
     erased(30.0)
     erased(30.0)
-    began = time.monotonic()
-    erasure.finish_compacting(db)  # type: ignore[arg-type]  # a clean stop does not wait 30 s
-    assert len(runs) == 1 and time.monotonic() - began < 1.0
+    assert not began.wait(0.05)  # within 30 s of the last run, on a clock that does not move
+    erasure.finish_compacting(db)  # type: ignore[arg-type]  # a clean stop runs it now
+    assert runs == [1.8]
 
 
 def older_transaction(url: str, kind: str) -> sa.Connection:

@@ -28,6 +28,7 @@ from uuid import UUID
 from sqlalchemy import BindParameter, Connection, bindparam, null, select, text, update
 from sqlalchemy.orm import Session
 
+from app.core.clock import SYSTEM, Clock
 from app.core.db.chunks import chunked
 from app.core.db.session import Database
 from app.core.db.tables import Base, utcnow
@@ -180,8 +181,9 @@ class _Compactor:
 
     thread: threading.Thread | None = None
     again: bool = False
-    last_began: float | None = None  # time.monotonic()
+    last_began: float | None = None  # on `clock`
     hurry: threading.Event = field(default_factory=threading.Event)
+    clock: Clock = SYSTEM
 
 
 _SCHEDULING = threading.Lock()  # guards every _Compactor's thread and again
@@ -193,7 +195,7 @@ def compaction_thread(db: Database) -> threading.Thread | None:
         return db.own(_Compactor).thread
 
 
-def compact_soon(db: Database, interval: float) -> None:
+def compact_soon(db: Database, interval: float, clock: Clock = SYSTEM) -> None:
     """Compact in a background thread, one per database, at most once per `interval` seconds
     (LETHE_COMPACTION_INTERVAL_SECONDS): the first erasure after a quiet spell is compacted at
     once; those that come within an interval of a run's start wait until that interval has
@@ -203,6 +205,7 @@ def compact_soon(db: Database, interval: float) -> None:
         return
     state = db.own(_Compactor)  # one per database
     with _SCHEDULING:
+        state.clock = clock
         if state.thread is not None and state.thread.is_alive():
             state.again = True
             return
@@ -226,10 +229,10 @@ def _compacting(db: Database, interval: float, state: _Compactor) -> None:
     while True:
         wait = min(interval * 2 ** min(kept_runs, 10), BACKOFF_SECONDS)
         began = state.last_began if state.last_began is not None else -wait
-        state.hurry.wait(max(0.0, began + wait - time.monotonic()))
+        state.clock.wait(state.hurry, began + wait - state.clock.now())
         with _SCHEDULING:
             state.again = False  # a key destroyed from here on asks for one more run
-        state.last_began = time.monotonic()
+        state.last_began = state.clock.now()
         outcome = _compact_logged(db)
         left = has_destroyed(db)
         kept_runs = kept_runs + 1 if outcome is Compaction.kept else 0
