@@ -1,11 +1,12 @@
 """Worker compute per device (issue 13, goal 3): for each method, the time of training and of
 one single-sample deletion's compute, on CPU or on a GPU, with no database, Redis or service.
 
-Both are timed as the jobs run them (workers/training.py, workers/deletions.py): the training set is moved from CPU to
-the device, the method trains (`fit`) or computes the update (`workers.updates.compute_on`:
-the decision, the release, the accuracies), and the results come back to CPU, ready to be
-committed. On cuda every timing ends with torch.cuda.synchronize(). Each figure is the p50 of
-`--repeats` runs (the first run, CUDA start-up and kernel loading included, is one of them).
+Both are timed as the jobs run them (workers/training.py, workers/deletions.py): the training
+set is moved from CPU to the device, the method trains (`fit`) or computes the update
+(`workers.updates.compute_on`: the decision, the release, the accuracies), and the results come
+back to CPU, ready to be committed. On cuda every timing ends with torch.cuda.synchronize().
+Each figure is the p50 of `--repeats` runs (the first run, CUDA start-up and kernel loading
+included, is one of them).
 
 Datasets: digits (the service's builtin, 8×8 images) and the service's builtin "synthetic"
 Gaussian mixture, 50,000 × 256, 10 classes (`--small`: 5,000 × 256), both split 80/20 as the

@@ -23,6 +23,7 @@ import secrets
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
+from functools import partial
 from typing import Literal
 
 import numpy as np
@@ -43,17 +44,20 @@ from maths.nets import build_net, parameters_of
 from maths.training import logits
 from methods import RETRAIN
 from methods.compute import (
+    CertificateFields,
     ModelSpec,
     ModelState,
     PrivacyTarget,
     RemovedSamples,
     RetainedData,
     Trained,
+    UnlearningMethod,
     UpdateInputs,
     fit,
     method_for,
 )
 from workers.updates import decide
+from workers.values import Decision
 
 CanaryKind = Literal["random", "mislabelled", "leverage"]
 ScoreKind = Literal["loss", "margin", "weights"]
@@ -313,27 +317,10 @@ def run(
     inc = torch.from_numpy(np.flatnonzero(canaries.included))
     first = max(retained.sample_ids, default=0) + 1
     ids = list(range(first, first + len(inc)))
-    shadow_data = RetainedData(
-        [*retained.sample_ids, *ids],
-        torch.cat([retained.X, canaries.X[inc]]),
-        torch.cat([retained.y, canaries.y[inc]]),
-        [*retained.subjects, *([None] * len(ids))] if retained.subjects else [],
-        [*retained.external_ids, *(f"canary-{i}" for i in ids)] if retained.external_ids else [],
-    )
+    shadow_data = _with_canaries(retained, canaries, inc, ids)
     method = method_for(spec.method.name, spec)
-    reference: Trained | None = None
-    if options.score == "weights" or method.noise_from_rows:
-        say("training the reference without canaries")
-        t0 = time.perf_counter()
-        reference = fit(spec, retained)  # sees no canary: one and the same whatever the bits
-        clock["reference"] = time.perf_counter() - t0
-
-    def scored(state: ModelState) -> np.ndarray:
-        if options.score == "weights":
-            assert reference is not None
-            return weight_scores(spec, state, reference.state, canaries)
-        return scores(spec, state, canaries, options.score)
-
+    reference = _reference(spec, retained, options, method, say, clock)
+    scored = partial(_score, spec, options, canaries, reference)
     say("training the shadow")
     t0 = time.perf_counter()
     trained = fit(spec, shadow_data)
@@ -341,63 +328,95 @@ def run(
     control = scored(trained.state) if options.control else None
     say("removing the canaries")
     t0 = time.perf_counter()
-    stats = trained.statistics
-    vectors = {s: stats.vectors[i] for i, s in enumerate(stats.sample_ids)} if stats else {}
-    state = trained.next_state
-    target = PrivacyTarget(policy.epsilon, policy.delta)
-    inputs = UpdateInputs(
+    removed = RemovedSamples(ids, canaries.X[inc], canaries.y[inc], _vectors(trained, ids))
+    resident = method.prepare(shadow_data, trained.next_state)
+    inputs = _removal(spec, policy, trained, removed, retained, test, resident)
+    noise: JsonObject | None = None
+    if method.noise_from_rows and reference is not None:
+        inputs, noise = _calibrated_on_reference(method, inputs, reference)
+    decision = decide(inputs)
+    clock["unlearn"] = time.perf_counter() - t0
+    say("scoring the canaries")
+    cert = decision.release.certificate
+    bounds = _audited(cert, policy, options, canaries, scored(decision.release.weights), rng)
+    control_bounds = (
+        None if control is None else _audited(cert, policy, options, canaries, control, rng)
+    )
+    clock["total"] = time.perf_counter() - started
+    return _result(decision, policy, bounds, control_bounds, canaries, clock, noise)
+
+
+def _reference(
+    spec: ModelSpec,
+    retained: RetainedData,
+    options: AuditOptions,
+    method: UnlearningMethod,
+    say: Stage,
+    clock: dict[str, JsonValue],
+) -> Trained | None:
+    """The model trained without any canary, where the scores or the noise need one: one and
+    the same whatever the canaries' bits."""
+    if options.score != "weights" and not method.noise_from_rows:
+        return None
+    say("training the reference without canaries")
+    t0 = time.perf_counter()
+    reference = fit(spec, retained)
+    clock["reference"] = time.perf_counter() - t0
+    return reference
+
+
+def _score(
+    spec: ModelSpec,
+    options: AuditOptions,
+    canaries: Canaries,
+    reference: Trained | None,
+    state: ModelState,
+) -> np.ndarray:
+    """The canaries' scores on `state`: higher means more likely included."""
+    if options.score == "weights":
+        assert reference is not None
+        return weight_scores(spec, state, reference.state, canaries)
+    return scores(spec, state, canaries, options.score)
+
+
+def _removal(
+    spec: ModelSpec,
+    policy: PrivacyPolicy,
+    trained: Trained,
+    removed: RemovedSamples,
+    retained: RetainedData,
+    test: RetainedData,
+    resident: object,
+) -> UpdateInputs:
+    """The update that removes the included canaries from the shadow, as a deletion's is."""
+    return UpdateInputs(
         model_id=0,
         spec=spec,
         method=spec.method,
         policy=policy,
-        target=target,
-        state=state,
-        removed=RemovedSamples(
-            ids, canaries.X[inc], canaries.y[inc], {s: vectors[s] for s in ids if s in vectors}
-        ),
+        target=PrivacyTarget(policy.epsilon, policy.delta),
+        state=trained.next_state,
+        removed=removed,
         retained=retained,
         test=test,
         history=[],
         record=trained.record,
-        resident=method.prepare(shadow_data, state),
+        resident=resident,
     )
-    noise: JsonObject | None = None
-    if method.noise_from_rows and reference is not None:
-        # σ calibrated on the reference's measured constants: a function of the count of
-        # included canaries alone, which the joint test's nulls allow (audit_bounds)
-        calibrated = replace(inputs, noise_record=reference.record)
-        noise = {
-            "calibrated_on": "the retained rows without canaries (the certificate's reference)",
-            "sigma": method.calibrated_sigma(calibrated),
-            "sigma_on_the_shadow": method.calibrated_sigma(inputs),
-        }
-        inputs = calibrated
-    decision = decide(inputs)
-    clock["unlearn"] = time.perf_counter() - t0
-    say("scoring the canaries")
-    release = decision.release
-    found = scored(release.weights)
-    cert = release.certificate
+
+
+def _result(
+    decision: Decision,
+    policy: PrivacyPolicy,
+    bounds: AuditBounds,
+    control: AuditBounds | None,
+    canaries: Canaries,
+    clock: dict[str, JsonValue],
+    noise: JsonObject | None,
+) -> AuditRun:
+    cert = decision.release.certificate
     exact = cert.guarantee == Guarantee.exact
-    implied = (
-        (0.0, 0.0)
-        if exact
-        else None
-        if cert.epsilon is None or cert.delta is None
-        else implied_per_canary(cert.epsilon, cert.delta)
-    )
-    # δ = 0 (exact) is tested at the policy's δ: rejecting (0, δ) rejects (0, 0) too
-    delta = implied[1] if implied is not None and implied[1] > 0 else policy.delta
-    # the joint test is of the certificate's own δ (0 for an exact release); the per-canary
-    # bounds of δ′
-    claimed_delta = 0.0 if exact else (cert.delta if cert.delta is not None else policy.delta)
-    bounds = audit_scores(found, canaries.included, delta, options.confidence, claimed_delta, rng)
-    control_bounds = (
-        audit_scores(control, canaries.included, delta, options.confidence, claimed_delta, rng)
-        if control is not None
-        else None
-    )
-    clock["total"] = time.perf_counter() - started
+    implied = _implied(cert)
     return AuditRun(
         method=decision.method,
         fallback_reason=getattr(decision, "reason", None) or getattr(decision, "branch", None),
@@ -406,10 +425,76 @@ def run(
         certified_delta=0.0 if exact else cert.delta,
         implied_epsilon=None if implied is None else implied[0],
         implied_delta=None if implied is None else implied[1],
-        audit_delta=delta,
+        audit_delta=_audit_delta(cert, policy),
         bounds=bounds,
-        control=control_bounds,
+        control=control,
         included=int(canaries.included.sum()),
         seconds=clock,
         noise=noise,
     )
+
+
+def _with_canaries(
+    retained: RetainedData, canaries: Canaries, inc: torch.Tensor, ids: list[int]
+) -> RetainedData:
+    """The shadow's training rows: the retained ones and the included canaries."""
+    return RetainedData(
+        [*retained.sample_ids, *ids],
+        torch.cat([retained.X, canaries.X[inc]]),
+        torch.cat([retained.y, canaries.y[inc]]),
+        [*retained.subjects, *([None] * len(ids))] if retained.subjects else [],
+        [*retained.external_ids, *(f"canary-{i}" for i in ids)] if retained.external_ids else [],
+    )
+
+
+def _vectors(trained: Trained, ids: list[int]) -> dict[int, torch.Tensor]:
+    """The per-sample statistics the shadow's training recorded for the canaries `ids`."""
+    stats = trained.statistics
+    vectors = {s: stats.vectors[i] for i, s in enumerate(stats.sample_ids)} if stats else {}
+    return {s: vectors[s] for s in ids if s in vectors}
+
+
+def _calibrated_on_reference(
+    method: UnlearningMethod, inputs: UpdateInputs, reference: Trained
+) -> tuple[UpdateInputs, JsonObject]:
+    """σ calibrated on the reference's measured constants: a function of the count of
+    included canaries alone, which the joint test's nulls allow (audit_bounds)."""
+    calibrated = replace(inputs, noise_record=reference.record)
+    noise: JsonObject = {
+        "calibrated_on": "the retained rows without canaries (the certificate's reference)",
+        "sigma": method.calibrated_sigma(calibrated),
+        "sigma_on_the_shadow": method.calibrated_sigma(inputs),
+    }
+    return calibrated, noise
+
+
+def _implied(cert: CertificateFields) -> tuple[float, float] | None:
+    """The (ε′, δ′) the certificate implies per canary (None: a heuristic claims none)."""
+    if cert.guarantee == Guarantee.exact:
+        return (0.0, 0.0)
+    if cert.epsilon is None or cert.delta is None:
+        return None
+    return implied_per_canary(cert.epsilon, cert.delta)
+
+
+def _audit_delta(cert: CertificateFields, policy: PrivacyPolicy) -> float:
+    """The δ the per-canary bounds are at: δ = 0 (exact) is tested at the policy's δ
+    (rejecting (0, δ) rejects (0, 0) too)."""
+    implied = _implied(cert)
+    return implied[1] if implied is not None and implied[1] > 0 else policy.delta
+
+
+def _audited(
+    cert: CertificateFields,
+    policy: PrivacyPolicy,
+    options: AuditOptions,
+    canaries: Canaries,
+    found: np.ndarray,
+    rng: np.random.Generator,
+) -> AuditBounds:
+    """The bounds of one set of scores; the joint test is of the certificate's own δ (0 for
+    an exact release)."""
+    exact = cert.guarantee == Guarantee.exact
+    claimed_delta = 0.0 if exact else (cert.delta if cert.delta is not None else policy.delta)
+    delta = _audit_delta(cert, policy)
+    return audit_scores(found, canaries.included, delta, options.confidence, claimed_delta, rng)

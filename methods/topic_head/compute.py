@@ -27,6 +27,7 @@ from methods.compute import (
     CertificateFields,
     Constant,
     ModelState,
+    PrivacyTarget,
     PublicInfeasible,
     Release,
     RetainedData,
@@ -121,81 +122,25 @@ class TopicHead(UnlearningMethod):
         updated = tp.recover_topics(S, m, anchors)  # Ā, not released
         constants = self._constants(updated, state)
         n, r = A_S.shape
+        c = constants
         limit = head_capacity(
-            o.c,
-            constants["a"],
-            constants["gamma"],
-            constants["p"],
-            o.eps0,
-            constants["q"],
-            n,
-            r,
-            m_original,
-            target.epsilon,
-            target.delta,
+            o.c, c["a"], c["gamma"], c["p"], o.eps0, c["q"], n, r, m_original, *_target_of(target)
         )
-        if m_u > limit["documents"]:
-            # with declared constants the capacity is a function of counts and options, so
-            # the retrain it leads to is public; estimated constants are the data's
-            raise self._infeasible(state)(
-                f"the cumulative {m_u} removed documents exceed the head's deletion capacity "
-                f"{limit['documents']:.4g} (Theorem 7: noise term {limit['noise_term']:.4g}, "
-                f"bias term {limit['bias_term']:.4g}; anchor stability "
-                f"{limit['anchor_stability']:.4g})"
-            )
-        retained = inputs.retained
-        problem = self._problem(retained.X, retained.y, updated.A)
-        H = convex.hessians(problem, w_S)
-        w_bar, _ = convex.newton_steps(problem, w_S, H, 1)  # one Newton step from w_S on Ā
-        v_bar = torch.linalg.pinv(A_S) @ updated.A @ w_bar[:, :-1].T  # r × classes, old base
-        bias = w_bar[:, -1]
+        self._check_capacity(state, limit, m_u)
+        v_bar, bias = self._head_step(inputs.retained, updated, A_S, w_S)
         delta_v = head_sensitivity(
-            o.c,
-            constants["a"],
-            constants["gamma"],
-            constants["p"],
-            o.eps0,
-            o.B,
-            constants["q"],
-            n,
-            r,
-            m_original,
-            m_u,
+            o.c, c["a"], c["gamma"], c["p"], o.eps0, o.B, c["q"], n, r, m_original, m_u
         )
         sigma = sigma_for(delta_v, target.epsilon, target.delta)
-        if NOISE:
-            gen = secure_generator()
-            v_bar = v_bar + sigma * draw_gaussian(v_bar.shape, gen, v_bar.dtype, v_bar.device)
-            bias = bias + sigma * draw_gaussian(bias.shape, gen, bias.dtype, bias.device)
-        weights = _served(A_S, v_bar, bias)
+        weights = _served(A_S, *_noised(sigma, v_bar, bias))
         epsilon = epsilon_for(delta_v, sigma, target.delta) if delta_v > 0 else 0.0
+        w_norm = float(torch.linalg.norm(w_S))
         cert = self._certificate(
-            constants,
-            limit,
-            m_original,
-            m_u,
-            sigma,
-            delta_v,
-            epsilon,
-            target.delta,
-            float(torch.linalg.norm(w_S)),
+            constants, limit, m_original, m_u, sigma, delta_v, epsilon, target.delta, w_norm
         )
+        counts = {DOCUMENTS: m, ORIGINAL: m_original, REMOVED: m_u}
         return Release(
-            next_state={
-                **weights,
-                STATISTIC: S,
-                DOCUMENTS: torch.tensor(m),
-                ORIGINAL: torch.tensor(m_original),
-                REMOVED: torch.tensor(m_u),
-                ANCHORS: state[ANCHORS],
-                BASE: A_S,
-                HEAD: w_S,
-                **(
-                    {TRAINED_ESTIMATES: state[TRAINED_ESTIMATES]}
-                    if TRAINED_ESTIMATES in state
-                    else {}
-                ),
-            },
+            next_state=_next_state(state, weights, S, counts, A_S, w_S),
             weights=weights,
             certificate=cert,
             event=gaussian_event(sigma, delta_v, epsilon, target.delta) if sigma > 0 else None,
@@ -211,6 +156,29 @@ class TopicHead(UnlearningMethod):
                 "plan_inputs": self._plan_inputs(constants, A_S.shape, m_original, m_u),
             },
         )
+
+    def _check_capacity(self, state: ModelState, limit: dict[str, float], m_u: int) -> None:
+        """Past the head's deletion capacity (Theorem 7) the exact retrain is released: with
+        declared constants the capacity is a function of counts and options, so the retrain
+        it leads to is public; estimated constants are the data's."""
+        if m_u > limit["documents"]:
+            raise self._infeasible(state)(
+                f"the cumulative {m_u} removed documents exceed the head's deletion capacity "
+                f"{limit['documents']:.4g} (Theorem 7: noise term {limit['noise_term']:.4g}, "
+                f"bias term {limit['bias_term']:.4g}; anchor stability "
+                f"{limit['anchor_stability']:.4g})"
+            )
+
+    def _head_step(
+        self, retained: RetainedData, updated: tp.Topics, A_S: torch.Tensor, w_S: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """One Newton step from w_S on the updated topics Ā, mapped back to the old base:
+        the head (r × classes) and its bias, before noise."""
+        problem = self._problem(retained.X, retained.y, updated.A)
+        H = convex.hessians(problem, w_S)
+        w_bar, _ = convex.newton_steps(problem, w_S, H, 1)
+        v_bar = torch.linalg.pinv(A_S) @ updated.A @ w_bar[:, :-1].T
+        return v_bar, w_bar[:, -1]
 
     def reference(self, inputs: UpdateInputs, release: Release) -> ModelState:
         """The head retrained from scratch on the retained documents (Algorithm 6)."""
@@ -299,3 +267,33 @@ def _served(A_S: torch.Tensor, v: torch.Tensor, bias: torch.Tensor) -> ModelStat
 
 def _source(o: TopicHeadOptions) -> Any:
     return "declared" if o.calibrate_with == "declared" else "measured"
+
+
+def _target_of(target: PrivacyTarget) -> tuple[float, float]:
+    return target.epsilon, target.delta
+
+
+def _noised(
+    sigma: float, v_bar: torch.Tensor, bias: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The head and its bias with Gaussian noise of `sigma` (none where NOISE is off)."""
+    if not NOISE:
+        return v_bar, bias
+    gen = secure_generator()
+    v_bar = v_bar + sigma * draw_gaussian(v_bar.shape, gen, v_bar.dtype, v_bar.device)
+    return v_bar, bias + sigma * draw_gaussian(bias.shape, gen, bias.dtype, bias.device)
+
+
+def _next_state(
+    state: ModelState,
+    weights: ModelState,
+    S: torch.Tensor,
+    counts: dict[str, int],
+    A_S: torch.Tensor,
+    w_S: torch.Tensor,
+) -> ModelState:
+    """What the next update starts from: the served weights, the updated statistic and
+    counts, and the trained base and head (the certified shift is measured from them)."""
+    kept = {k: state[k] for k in (ANCHORS, TRAINED_ESTIMATES) if k in state}
+    counted = {k: torch.tensor(v) for k, v in counts.items()}
+    return {**weights, STATISTIC: S, **counted, BASE: A_S, HEAD: w_S, **kept}

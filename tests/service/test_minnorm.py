@@ -15,8 +15,8 @@ from maths.nets import build_net
 from methods.minnorm import maths as mn
 from methods.minnorm.compute import GRAM, ROWS
 from methods.minnorm_og.compute import orthonormal_basis, project_step
-from tests import factories
 from tests.conftest import Api, train_ids
+from tests.support import factories
 from tests.support.factories import forget
 from workers.data import training_arrays
 

@@ -27,9 +27,9 @@ from app.core.services.registration import SubjectTokens, insert_sealed, sealed_
 from app.core.services.sample_tokens import TOKEN_CHARS
 from app.core.storage.crypto import TOKEN_PREFIX, Keyring
 from app.core.storage.keystore import new_keys
-from tests import factories
 from tests.conftest import Api
 from tests.integration.test_registration import BIG, FailsSecondCall, register_big_failing
+from tests.support import factories
 
 
 def token_counts(url: str, dataset_id: int) -> tuple[int, int]:

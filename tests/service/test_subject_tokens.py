@@ -19,9 +19,9 @@ from app.core.db.migrate import alembic_config
 from app.core.db.session import database
 from app.core.db.tables import Sample
 from app.core.services import subject_tokens
-from tests import factories
 from tests.conftest import Api
 from tests.integration.test_registration import BIG, FailsSecondCall, register_big_failing
+from tests.support import factories
 
 WITH_SUBJECTS = {**BIG, "subject_size": 3}  # 12,000 rows: a job, three rows a person
 
