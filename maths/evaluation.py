@@ -103,17 +103,29 @@ def evaluate(
         "original": {"forget_accuracy": acc(original, forget), "mia_auc": auc(original)},
     }
     if reference is not None:
-        gap = distance(original, reference)
         out["reference"] = {
             "test_accuracy": acc(reference, test),
             "forget_accuracy": acc(reference, forget),
             "retain_accuracy": acc(reference, retain),
             "mia_auc": auc(reference),
-            "distance_release": distance(release, reference),
-            "distance_noise_free": distance(noise_free, reference),
-            "distance_original": gap,
-            "relative_distance_noise_free": distance(noise_free, reference) / gap
-            if gap > 0
-            else None,
+            **_distances(reference, release, noise_free, original),
         }
     return out
+
+
+def _distances(
+    reference: dict[str, torch.Tensor],
+    release: dict[str, torch.Tensor],
+    noise_free: dict[str, torch.Tensor],
+    original: dict[str, torch.Tensor],
+) -> JsonObject:
+    """How far the release, its noise-free state and the original model are from the
+    retrained reference (the noise-free one relative to the original's)."""
+    gap = distance(original, reference)
+    to_noise_free = distance(noise_free, reference)
+    return {
+        "distance_release": distance(release, reference),
+        "distance_noise_free": to_noise_free,
+        "distance_original": gap,
+        "relative_distance_noise_free": to_noise_free / gap if gap > 0 else None,
+    }

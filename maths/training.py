@@ -89,12 +89,7 @@ def train(
     `interrupt` runs before each epoch: a worker's check that raises when it is stopping.
     """
     cfg = training_of(config)
-    n_features = int(np.prod(X.shape[1:]))
-    net = seeded_net(architecture, n_features, n_classes, cfg.seed, X.device)
-    if init_state is not None:
-        net.load_state_dict(init_state)
-    if project_radius is not None:
-        project_parameters_(net, project_radius)
+    net = _starting_net(architecture, cfg, X, n_classes, init_state, project_radius)
     opt = torch.optim.SGD(
         net.parameters(), lr=cfg.learning_rate, momentum=cfg.momentum, weight_decay=cfg.weight_decay
     )
@@ -121,6 +116,24 @@ def train(
         if progress is not None:
             progress(epoch + 1, epochs, float(total) / max(len(y), 1))
     return state_of(net)
+
+
+def _starting_net(
+    architecture: ArchitectureSpec | JsonObject,
+    cfg: TrainingConfig,
+    X: torch.Tensor,
+    n_classes: int,
+    init_state: dict[str, torch.Tensor] | None,
+    project_radius: float | None,
+) -> nn.Module:
+    """The net training starts from: seeded, or `init_state`; projected onto the ball."""
+    n_features = int(np.prod(X.shape[1:]))
+    net = seeded_net(architecture, n_features, n_classes, cfg.seed, X.device)
+    if init_state is not None:
+        net.load_state_dict(init_state)
+    if project_radius is not None:
+        project_parameters_(net, project_radius)
+    return net
 
 
 def finetune(

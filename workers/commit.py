@@ -8,7 +8,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 from uuid import UUID
 
@@ -374,12 +374,7 @@ def finish_requests(
     now, openings, changed, erased = utcnow(), [], [], set[int]()
     finished: list[int] = []
     for request in found.values():
-        seen = statuses[request.id]
-        status, finished_at = request.status, request.finished_at
-        if seen <= {TaskStatus.done}:
-            status, finished_at = RequestStatus.done, now
-        elif TaskStatus.failed in seen and not seen & {TaskStatus.queued, TaskStatus.running}:
-            status, finished_at = RequestStatus.failed, now
+        status, finished_at = _settled(request, statuses[request.id], now)
         key = request.commitment_key_id
         if finished_at is not None and key is not None:
             # the opening now lives with the requester alone: destroy the server's copy
@@ -406,6 +401,16 @@ def finish_requests(
     # one DELETE of data keys for the payloads' and the openings' (statements are
     # most of a warm update's commit)
     erase_payloads(session, ring, sorted(erased), also=[*openings, *also])
+
+
+def _settled(request: Any, seen: set[str], now: datetime) -> tuple[str, datetime | None]:
+    """A request's status and finish time by its tasks': done when all are, failed when one
+    failed and none is left to run, else as it was."""
+    if seen <= {TaskStatus.done}:
+        return RequestStatus.done, now
+    if TaskStatus.failed in seen and not seen & {TaskStatus.queued, TaskStatus.running}:
+        return RequestStatus.failed, now
+    return request.status, request.finished_at
 
 
 def fail_tasks(

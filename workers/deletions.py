@@ -111,72 +111,97 @@ def _run_batch(
 ) -> bool:
     """Load, compute, commit one batch. Returns False when it failed and was put back (or
     failed for good: then the exception propagates, so RQ records the job as failed)."""
-    started, db, settings = time.perf_counter(), ctx.db, ctx.settings
-    sessions, where = ctx.resident_sessions(), database_key(db.engine)
+    started = time.perf_counter()
     try:
-        traced = traces.of_requests(
-            db, tasks
-        )  # nothing read when not tracing (app/core/tracing.py)
-        with tracing.batch_trace(traced, {"lethe.model_id": model_id}):
-            try:
-                with tracing.span("deletion.load"), db.read() as session:  # no transaction
-                    batch, inputs = load.load_batch(session, ctx, model_id, tasks, device)
-                with tracing.span("deletion.compute"):  # while computing: none open
-                    outcome, stored = _compute(ctx, batch, inputs, device)
-                pause.point(settings, "before-commit", model_id)  # (a crash: orphans, swept)
-                try:
-                    with tracing.span("deletion.commit"):  # the log entry's key read, then it
-                        signer = signing_key(settings)
-                        version_id = db.run(
-                            lambda session: commit.commit_update(
-                                session, ctx, batch, outcome, stored, signer
-                            ),
-                            retry_integrity=True,
-                        )
-                except LeaseLost:  # refused before its commit: nothing references them
-                    if stored is not None:
-                        ctx.blobs.discard(stored.both)
-                    raise
-            except BaseException:
-                sessions.drop(where, model_id)  # it may no longer be at the current version
-                raise
-            with tracing.span("deletion.publication"):
-                _count(outcome, len(tasks))  # before the wake-up: seen done, seen counted
-                ctx.announcer.announce()  # the long polls of these requests look again now
-        keep_resident(sessions, where, batch, outcome, version_id)
-    except shutdown.Interrupted:  # back to queued, unpenalised: the next start applies them
-        ids = [t.task_id for t in tasks]
-        db.run(lambda session: claim.release_tasks(session, ids))
-        return False
-    except Unrecoverable as exc:  # the retrain itself diverged: retrying cannot help
-        _withdraw(ctx, model_id, str(exc))
-        ctx.announcer.announce()
-        log.error("model %s withdrawn: %s", model_id, exc)
-        compact_after_erasure(db, settings)
-        return False
+        outcome = _apply_batch(ctx, model_id, tasks, device)
     except Exception as exc:
-        if is_fault(exc):  # a full disk, an I/O error, a store outage: not the update's
-            # fault, so unpenalised and retried with back-off (ENOSPC withdrew)
-            STORAGE_FAULTS.labels("process_deletions").inc()
-            log.warning("model %s: %s; its deletions wait for storage", model_id, exc)
-            ids, wait = [t.task_id for t in tasks], (settings.retry_backoff_seconds or [5])[0]
-            why = fault_text(exc)
-            db.run(lambda session: claim.release_tasks(session, ids, wait, why))
-            return False
-        final = _fail(ctx, tasks, exc)
-        ctx.announcer.announce()
-        log.exception("deletion batch for model %s failed (final=%s)", model_id, final)
-        if final:  # the model was withdrawn and the data erased: compact, then let RQ see it
-            compact_after_erasure(db, settings)
-            raise
-        return False
+        return _failed(ctx, model_id, tasks, exc)
     compacting = time.perf_counter()
-    compact_after_erasure(db, settings)  # destroyed keys (samples, purged versions) go
+    compact_after_erasure(ctx.db, ctx.settings)  # destroyed keys (samples, purged versions) go
     if outcome is not None:  # new certificates: a checkpoint for the witnesses to cosign
         ctx.runtime.publisher.soon()
     JOB_DURATION.labels("erasure_compaction").observe(time.perf_counter() - compacting)
     JOB_DURATION.labels("process_deletions").observe(time.perf_counter() - started)
     return True
+
+
+def _apply_batch(
+    ctx: JobContext, model_id: int, tasks: list[ClaimedTask], device: torch.device
+) -> Outcome | None:
+    """The batch's update: one short read, the computation with no transaction open, one
+    commit; its requests' waiters told. A failure leaves the resident session behind (it may
+    no longer be at the current version)."""
+    db, settings = ctx.db, ctx.settings
+    sessions, where = ctx.resident_sessions(), database_key(db.engine)
+    traced = traces.of_requests(db, tasks)  # nothing read when not tracing (core/tracing.py)
+    with tracing.batch_trace(traced, {"lethe.model_id": model_id}):
+        try:
+            with tracing.span("deletion.load"), db.read() as session:  # no transaction
+                batch, inputs = load.load_batch(session, ctx, model_id, tasks, device)
+            with tracing.span("deletion.compute"):  # while computing: none open
+                outcome, stored = _compute(ctx, batch, inputs, device)
+            pause.point(settings, "before-commit", model_id)  # (a crash: orphans, swept)
+            version_id = _commit(ctx, batch, outcome, stored)
+        except BaseException:
+            sessions.drop(where, model_id)
+            raise
+        with tracing.span("deletion.publication"):
+            _count(outcome, len(tasks))  # before the wake-up: seen done, seen counted
+            ctx.announcer.announce()  # the long polls of these requests look again now
+    keep_resident(sessions, where, batch, outcome, version_id)
+    return outcome
+
+
+def _commit(
+    ctx: JobContext,
+    batch: Batch,
+    outcome: Outcome | None,
+    stored: store.VersionBlobs | None,
+) -> int | None:
+    """The update's commit (the log's key read just before it); a lease lost before it
+    leaves the stored blobs referenced by nothing, so they go at once."""
+    try:
+        with tracing.span("deletion.commit"):
+            signer = signing_key(ctx.settings)
+            return ctx.db.run(
+                lambda session: commit.commit_update(session, ctx, batch, outcome, stored, signer),
+                retry_integrity=True,
+            )
+    except LeaseLost:
+        if stored is not None:
+            ctx.blobs.discard(stored.both)
+        raise
+
+
+def _failed(ctx: JobContext, model_id: int, tasks: list[ClaimedTask], exc: Exception) -> bool:
+    """A batch's one error policy, by what failed: the worker stopping puts its tasks back,
+    unpenalised; the exact retrain diverging (`Unrecoverable`) withdraws the model; storage
+    not answering puts them back after a back-off, unpenalised; anything else counts an
+    attempt, and after the last withdraws the model and raises (RQ records the job failed).
+    The data is erased whichever way the update goes."""
+    db, settings, ids = ctx.db, ctx.settings, [t.task_id for t in tasks]
+    if isinstance(exc, shutdown.Interrupted):  # the next start applies them
+        db.run(lambda session: claim.release_tasks(session, ids))
+        return False
+    if isinstance(exc, Unrecoverable):  # retrying cannot help
+        _withdraw(ctx, model_id, str(exc))
+        ctx.announcer.announce()
+        log.error("model %s withdrawn: %s", model_id, exc)
+        compact_after_erasure(db, settings)
+        return False
+    if is_fault(exc):  # a full disk, an I/O error, a store outage: not the update's fault
+        STORAGE_FAULTS.labels("process_deletions").inc()
+        log.warning("model %s: %s; its deletions wait for storage", model_id, exc)
+        wait, why = (settings.retry_backoff_seconds or [5])[0], fault_text(exc)
+        db.run(lambda session: claim.release_tasks(session, ids, wait, why))
+        return False
+    final = _fail(ctx, tasks, exc)
+    ctx.announcer.announce()
+    log.exception("deletion batch for model %s failed (final=%s)", model_id, final)
+    if final:  # the model was withdrawn and the data erased: compact, then let RQ see it
+        compact_after_erasure(db, settings)
+        raise exc
+    return False
 
 
 def _count(outcome: Outcome | None, tasks: int) -> None:

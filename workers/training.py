@@ -90,18 +90,23 @@ def train_model(ctx: JobContext, model_id: int) -> str:
             if not isinstance(exc, shutdown.Interrupted) and not is_fault(exc):
                 _training_failed(db, model_id, exc)
                 raise
-            if is_fault(exc):  # back to the queue: trained again once storage answers
-                STORAGE_FAULTS.labels("train_model").inc()
-                log.warning("model %s: %s; training goes back to the queue", model_id, exc)
-            with db.write() as session:
-                session.execute(
-                    update(Model)
-                    .where(Model.id == model_id, Model.lease_owner == WORKER_ID)
-                    .values(status=ModelStatus.queued, progress=Progress(stage=Stage.queued))
-                )
+            _back_to_queue(db, model_id, exc)
             return "interrupted"
     JOB_DURATION.labels("train_model").observe(time.perf_counter() - started)
     return "trained"
+
+
+def _back_to_queue(db: Database, model_id: int, exc: Exception) -> None:
+    """An interrupted training (a stop, or storage that did not answer) is queued again."""
+    if is_fault(exc):  # trained again once storage answers
+        STORAGE_FAULTS.labels("train_model").inc()
+        log.warning("model %s: %s; training goes back to the queue", model_id, exc)
+    with db.write() as session:
+        session.execute(
+            update(Model)
+            .where(Model.id == model_id, Model.lease_owner == WORKER_ID)
+            .values(status=ModelStatus.queued, progress=Progress(stage=Stage.queued))
+        )
 
 
 @dataclass(frozen=True)

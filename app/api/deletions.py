@@ -55,6 +55,15 @@ DELETION_EXAMPLES: JsonObject = {
 }
 
 
+PreferHeader = Annotated[
+    str | None,
+    Header(
+        description="RFC 7240: `wait=N` answers when the request is done or failed, or "
+        f"after N seconds (at most {MAX_WAIT_SECONDS:.0f}) with its status then.",
+    ),
+]
+
+
 @router.post(
     "",
     status_code=202,
@@ -73,13 +82,7 @@ async def create(
     dispatcher: DispatcherDep,
     request: Request,
     idempotency_key: Annotated[str | None, Header(min_length=1, max_length=180)] = None,
-    prefer: Annotated[
-        str | None,
-        Header(
-            description="RFC 7240: `wait=N` answers when the request is done or failed, or "
-            f"after N seconds (at most {MAX_WAIT_SECONDS:.0f}) with its status then.",
-        ),
-    ] = None,
+    prefer: PreferHeader = None,
 ) -> Any:
     """Commit the request (in the next group commit), then signal each affected model's
     worker; 202 with the request. With `Prefer: wait=N` the answer waits, as a long poll of

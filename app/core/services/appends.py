@@ -27,7 +27,7 @@ from sqlalchemy import delete, func, select, update
 from sqlalchemy.orm import Session
 
 from app.core import pause
-from app.core.db.session import rowcount
+from app.core.db.session import Database, rowcount
 from app.core.db.tables import Dataset, DatasetAppend, LearnTask, Model, Sample, utcnow
 from app.core.errors import APIError, unprocessable
 from app.core.formats.dataset_files import ParsedDataset, in_form
@@ -135,18 +135,7 @@ def append(
     raised. Where its time went is logged (`phases`, begun by the caller at the parse)."""
     db, ring, phases = runtime.db, runtime.keyring, phases or Phases()
     try:
-        with db.read() as session:
-            dataset = session.execute(
-                select(Dataset)
-                .join(DatasetAppend, DatasetAppend.dataset_id == Dataset.id)
-                .where(DatasetAppend.id == append_id)
-            ).scalar_one()
-            dataset_id, fraction = dataset.id, dataset.test_fraction
-            rules = DatasetIds.of(dataset)
-            _check_fits(dataset, parsed)
-            begun = session.scalar(
-                select(DatasetAppend.created_at).where(DatasetAppend.id == append_id)
-            )
+        dataset_id, fraction, rules, begun = _target(db, append_id, parsed)
         parsed = in_form(parsed, rules)
         phases.mark("check")
         if not split_given:
@@ -173,6 +162,24 @@ def append(
     except BaseException as exc:
         discard(runtime, append_id, failure(exc))
         raise
+
+
+def _target(
+    db: Database, append_id: int, parsed: ParsedDataset
+) -> tuple[int, float, DatasetIds, datetime | None]:
+    """The append's dataset (its id, test fraction and id rules; the rows checked to fit
+    it) and when the append began."""
+    with db.read() as session:
+        dataset = session.execute(
+            select(Dataset)
+            .join(DatasetAppend, DatasetAppend.dataset_id == Dataset.id)
+            .where(DatasetAppend.id == append_id)
+        ).scalar_one()
+        _check_fits(dataset, parsed)
+        begun = session.scalar(
+            select(DatasetAppend.created_at).where(DatasetAppend.id == append_id)
+        )
+    return dataset.id, dataset.test_fraction, DatasetIds.of(dataset), begun
 
 
 @dataclass(frozen=True)

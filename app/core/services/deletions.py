@@ -6,7 +6,9 @@ import hashlib
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
+from uuid import UUID
 
 from sqlalchemy import (
     BindParameter,
@@ -140,35 +142,21 @@ def create_deletion(
 ) -> Accepted:
     """The request (new, or the one this Idempotency-Key created before); nothing is written
     on any error. A sample erased by another key's request is answered as unknown (404) unless
-    `sees_all_erasures` (admins): erased and never-existed look alike. What it
-    found goes on the suppression list unless not `suppressing` (a restore re-applying
-        journaled erasures by token puts the journal's suppressions back itself). `trace_context`:
-    the POST's traceparent, which the worker's spans continue (app/core/tracing.py)."""
+    `sees_all_erasures` (admins): erased and never-existed look alike. What it found goes on
+    the suppression list unless not `suppressing` (a restore re-applying journaled erasures by
+    token puts the journal's suppressions back itself). `trace_context`: the POST's
+    traceparent, which the worker's spans continue (app/core/tracing.py)."""
     if idempotency_key:
         # Scoped to the API key that sent it (another client's never collides), and keyed.
         idempotency_key = keyed_idempotency_key(ring, requester_key_id, idempotency_key)
-        existing = session.scalar(
-            select(DeletionRequest).where(DeletionRequest.idempotency_key == idempotency_key)
-        )
-        if existing is not None:
-            if existing.fingerprint != fingerprint(body, names):
-                raise unprocessable(
-                    "idempotency_key_reused",
-                    "this Idempotency-Key was used with a different body",
-                    {"request_id": existing.id},
-                )
-            opening = _opening(session, ring, existing)
-            return Accepted(existing, None, replayed=True, opening=opening)
+        replay = _replay(session, ring, body, names, idempotency_key)
+        if replay is not None:
+            return replay
     if not body.sample_ids and not body.subject_ids:
         ready_dataset(session, body.dataset_id)  # 404 or 409 before this 422
         raise unprocessable("empty_selector", "give sample_ids or subject_ids")
     samples = _resolve(session, body, names, None if sees_all_erasures else requester_key_id or 0)
-    order = {token: i for i, token in enumerate(names.samples)}  # report in the body's order
-    erased = sorted(
-        (s for s in samples if s.status == SampleStatus.erased),
-        key=lambda s: (order.get(s.external_id, len(order)), s.id),
-    )
-    pending = [s for s in samples if s.status != SampleStatus.erased]
+    erased, pending = _erased_and_pending(samples, names)
     affected = _affected_models(session, [s.id for s in pending])
     _check_models(affected, body)
 
@@ -176,21 +164,11 @@ def create_deletion(
     postgres = session.get_bind().dialect.name == "postgresql"
     opening, commitment_key_id, key = None, None, None
     if pending and affected:  # certificates will be written: they commit under this key
-        ((commitment_key_id, opening, wrapped),) = fresh = new_keys(ring, 1)
-        key = {"id": commitment_key_id, "wrapped": wrapped, "kek_id": ring.kek_id}
-        if not postgres:
-            store_keys(session.connection(), ring, fresh, KeyTable.short)
+        opening, commitment_key_id, key = _commitment_key(session, ring, postgres)
     row: dict[str, Any] = {
-        "dataset_id": body.dataset_id,
-        "idempotency_key": idempotency_key,
-        "fingerprint": fingerprint(body, names),
-        "requester_key_id": requester_key_id,
-        "selector": names.selector(),
+        **_asked(body, names, idempotency_key, requester_key_id),
         "sample_ids": sorted(s.id for s in pending),
         "already_erased": _erased_report(session, erased),
-        "method": body.method,
-        "epsilon": body.epsilon,
-        "delta": body.delta,
         "status": RequestStatus.queued if affected else RequestStatus.done,
         "error": None,
         "commitment_key_id": commitment_key_id,
@@ -204,25 +182,92 @@ def create_deletion(
     task = {"status": TaskStatus.queued, "attempts": 0, "n_removed": 0}
     task |= {"created_at": now, "updated_at": now}
     models, marked = [m.id for m in affected], [s.id for s in pending]
-    if postgres:  # one statement
-        request_id = _accept_at_once(session, key, row, task, models, marked)
-    else:
-        request_id = session.execute(INSERT_REQUEST, row).scalar_one()
-        if models:
-            session.execute(insert(TASKS), _task_rows(task, request_id, models))
-        for chunk in chunked(marked):
-            session.execute(MARK_ERASING, {"ids": chunk})
-    request = DeletionRequest(id=request_id, **row)
-    suppressed = (
-        _suppress_matched(session, ring, names, body.dataset_id, samples, request_id)
-        if suppressing
-        else []
+    accept = (
+        partial(_accept_at_once, session, key) if postgres else partial(_accept_in_steps, session)
     )
+    request_id = accept(row, task, models, marked)
+    request = DeletionRequest(id=request_id, **row)
+    matched = partial(_suppress_matched, session, ring, names, body.dataset_id, samples)
+    suppressed = matched(request_id) if suppressing else []
     if not affected:
         erase_payloads(session, ring, [s.id for s in pending])
         events.deletion_completed(session, [request_id])  # done as accepted
     tasks = [DeletionTask(**t) for t in _task_rows(task, request_id, models)]
     return Accepted(request, tasks, replayed=False, opening=opening, suppressed=suppressed)
+
+
+def _asked(
+    body: DeletionCreate, names: Names, idempotency_key: str | None, requester_key_id: int | None
+) -> dict[str, Any]:
+    """The request row's record of what was asked, and by whom (tokens, never raw ids)."""
+    return {
+        "dataset_id": body.dataset_id,
+        "idempotency_key": idempotency_key,
+        "fingerprint": fingerprint(body, names),
+        "requester_key_id": requester_key_id,
+        "selector": names.selector(),
+        "method": body.method,
+        "epsilon": body.epsilon,
+        "delta": body.delta,
+    }
+
+
+def _erased_and_pending(
+    samples: list[SampleRef], names: Names
+) -> tuple[list[SampleRef], list[SampleRef]]:
+    """The samples erased before (in the body's order, for the report) and those to erase."""
+    order = {token: i for i, token in enumerate(names.samples)}
+    erased = sorted(
+        (s for s in samples if s.status == SampleStatus.erased),
+        key=lambda s: (order.get(s.external_id, len(order)), s.id),
+    )
+    return erased, [s for s in samples if s.status != SampleStatus.erased]
+
+
+def _replay(
+    session: Session, ring: Keyring, body: DeletionCreate, names: Names, idempotency_key: str
+) -> Accepted | None:
+    """The request this (keyed) Idempotency-Key made before, if any: the same body replays
+    it; another is 422 `idempotency_key_reused`."""
+    existing = session.scalar(
+        select(DeletionRequest).where(DeletionRequest.idempotency_key == idempotency_key)
+    )
+    if existing is None:
+        return None
+    if existing.fingerprint != fingerprint(body, names):
+        raise unprocessable(
+            "idempotency_key_reused",
+            "this Idempotency-Key was used with a different body",
+            {"request_id": existing.id},
+        )
+    return Accepted(existing, None, replayed=True, opening=_opening(session, ring, existing))
+
+
+def _commitment_key(
+    session: Session, ring: Keyring, postgres: bool
+) -> tuple[bytes, UUID, dict[str, Any]]:
+    """A fresh key the request's certificates commit to its removed ids under: its opening,
+    its id and its wrapped row (PostgreSQL inserts it with the request, in one statement)."""
+    ((key_id, opening, wrapped),) = fresh = new_keys(ring, 1)
+    if not postgres:
+        store_keys(session.connection(), ring, fresh, KeyTable.short)
+    return opening, key_id, {"id": key_id, "wrapped": wrapped, "kek_id": ring.kek_id}
+
+
+def _accept_in_steps(
+    session: Session,
+    row: dict[str, Any],
+    task: dict[str, Any],
+    models: list[int],
+    marked: list[int],
+) -> int:
+    """The request, its tasks and its samples marked erasing, a statement each (SQLite)."""
+    request_id: int = session.execute(INSERT_REQUEST, row).scalar_one()
+    if models:
+        session.execute(insert(TASKS), _task_rows(task, request_id, models))
+    for chunk in chunked(marked):
+        session.execute(MARK_ERASING, {"ids": chunk})
+    return request_id
 
 
 def _task_rows(task: dict[str, Any], request_id: int, models: list[int]) -> list[dict[str, Any]]:

@@ -46,27 +46,7 @@ def create_model(session: Session, spec: ModelCreate, memory_limit: int | None =
         raise unprocessable("no_training_data", "the dataset has no active training samples")
     if isinstance(spec.architecture, TopicHeadSpec):
         spec = spec.model_copy(update={"architecture": _head_on_base(session, spec, ds)})
-    needs = kind_of(spec.architecture).dataset_kind
-    if needs is not None and ds.kind != needs:
-        raise unprocessable(
-            "topic_model_needs_text",
-            f"a {spec.architecture.type} learns from a {needs} dataset; dataset {ds.id} is "
-            f"{ds.kind}",
-        )
-    method = method_of(spec.method.model_dump())
-    method.check_model(spec.architecture, n_train, math.prod(ds.feature_shape))
-    if memory_limit is not None:
-        memory.check(
-            memory.estimate(
-                spec.architecture,
-                spec.training,
-                method,
-                n_train,
-                math.prod(ds.feature_shape),
-                ds.n_classes,
-            ),
-            memory_limit,
-        )
+    _check_fits(spec, ds, n_train, memory_limit)
     model = Model(
         name=spec.name,
         dataset_id=ds.id,
@@ -82,6 +62,26 @@ def create_model(session: Session, spec: ModelCreate, memory_limit: int | None =
     members = select(literal(model.id), Sample.id).where(*active_train)
     session.execute(insert(ModelSample).from_select(["model_id", "sample_id"], members))
     return model
+
+
+def _check_fits(spec: ModelCreate, ds: Dataset, n_train: int, memory_limit: int | None) -> None:
+    """422 where the architecture needs another kind of dataset, the method refuses the
+    model, or the memory budget would not hold it."""
+    needs = kind_of(spec.architecture).dataset_kind
+    if needs is not None and ds.kind != needs:
+        raise unprocessable(
+            "topic_model_needs_text",
+            f"a {spec.architecture.type} learns from a {needs} dataset; dataset {ds.id} is "
+            f"{ds.kind}",
+        )
+    method = method_of(spec.method.model_dump())
+    features = math.prod(ds.feature_shape)
+    method.check_model(spec.architecture, n_train, features)
+    if memory_limit is not None:
+        needed = memory.estimate(
+            spec.architecture, spec.training, method, n_train, features, ds.n_classes
+        )
+        memory.check(needed, memory_limit)
 
 
 def _head_on_base(session: Session, spec: ModelCreate, ds: Dataset) -> TopicHeadSpec:

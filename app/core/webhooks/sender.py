@@ -87,11 +87,9 @@ def signed_headers(
     }
 
 
-def claim(db: Database, ring: Keyring, lease: timedelta, now: datetime) -> list[Claimed]:
-    """Up to BATCH due deliveries of enabled endpoints, each claimed by moving its next
-    attempt `lease` ahead (a delivery another sender claimed first is skipped)."""
-    out: list[Claimed] = []
-    with db.read() as session:  # most passes find nothing: no write lock for those
+def _any_due(db: Database, now: datetime) -> bool:
+    """Whether a delivery is due: most passes find none, and take no write lock for that."""
+    with db.read() as session:
         due = session.scalar(
             select(WebhookDelivery.id)
             .where(
@@ -100,7 +98,14 @@ def claim(db: Database, ring: Keyring, lease: timedelta, now: datetime) -> list[
             )
             .limit(1)
         )
-    if due is None:
+    return due is not None
+
+
+def claim(db: Database, ring: Keyring, lease: timedelta, now: datetime) -> list[Claimed]:
+    """Up to BATCH due deliveries of enabled endpoints, each claimed by moving its next
+    attempt `lease` ahead (a delivery another sender claimed first is skipped)."""
+    out: list[Claimed] = []
+    if not _any_due(db, now):
         return out
     # not durable: a claim lost in a crash only means the delivery is sent again (at least once)
     with db.write(durable=False) as session:
