@@ -67,24 +67,16 @@ prerequisites:
 	scripts/test-prerequisites
 
 # Four pytest processes (pytest-xdist), each with its own PostgreSQL database, Redis and
-# SeaweedFS (session fixtures): most of a test's time is waiting on servers and worker processes
-# (984 tests: 697 and 776 s in two runs with four here; six took longer, and two
-# load-sensitive tests failed; at 1,057 tests six again took 1,112 s against four's 917 s,
-# and showed a race in a test, fixed since).
+# SeaweedFS (session fixtures): most of a test's time is waiting on servers and worker processes.
 TEST_PROCESSES ?= 4
-# One compute thread in each of them and in every server a test starts (they inherit it):
-# with OpenMP's default of a thread per core, four processes on two cores each ran two
-# threads whose waiting spun on cores the others needed (the newton and canary tests in two
-# processes: 74 s of CPU and 39 s, against 50 s and 27 s with one thread each).
+# One compute thread in each of them and in every server a test starts (they inherit it): with
+# OpenMP's default of a thread per core, their waiting spun on cores the others needed.
 TEST_THREADS ?= 1
 
-# The project's bytecode compiled first: where PYTHONDONTWRITEBYTECODE is set (this machine sets
-# it) every process the suite starts (some two hundred servers and workers) compiled the
-# modules it imported again, 0.15-0.25 s of CPU each.
-#
-# The lint runs beside the suite, its output printed after it and its failure failing the
-# target: mypy took 29 s of a cold run alone, and the suite leaves about a third of the two
-# cores idle (its servers and workers wait on each other).
+# The project's bytecode compiled first: where PYTHONDONTWRITEBYTECODE is set, every process the
+# suite starts (hundreds of servers and workers) would compile what it imports again.
+# The lint runs beside the suite (its output printed after it, its failure failing the target):
+# the suite leaves part of the cores idle while its servers and workers wait on each other.
 test: prerequisites install-test
 	$(BIN)/python -m compileall -q $(SOURCES) > /dev/null
 	@lint_log=$$(mktemp); \

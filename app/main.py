@@ -71,32 +71,14 @@ async def _lifespan(runtime: Runtime, app: FastAPI) -> AsyncIterator[None]:
     """Start: migrations and the first compaction (embedded), the first admin key, the fork
     server, the worker and the maintenance tasks (none while a restore is due); stop: all of
     it in reverse, the last checkpoint published and every connection closed."""
-    settings, url = runtime.settings, runtime.settings.resolved_database_url
-    if settings.embedded:
-        upgrade_to_head(url, settings)
-        compact_at_start(runtime.db, settings)  # keys a stopped process destroyed
-        moved = runtime.blobs.migrate()  # blobs of an older database leave it
-        if moved:
-            log.info("moved %d blobs into the %s store", moved, settings.blob_store)
-    if settings.bootstrap_admin_key and (raw := bootstrap_admin_key(url)):
-        print(
-            f"\n  Lethe admin API key (shown once, store it now):\n\n    {raw}\n",
-            file=sys.stderr,
-            flush=True,
-        )
+    settings = runtime.settings
+    _prepare(runtime)
     app.state.uploads.warm_up()  # the fork server uploads are parsed from (services/isolated.py)
     scrub_freed()  # freed request buffers overwritten
     dispatcher = app.state.dispatcher
     maintenance, listener = None, None
     # no worker while behind: it would sign a second tree at a published size
     behind = _restored_from_backup(app.state.restore_gate)
-    if settings.journal_in_data_dir:
-        log.warning(
-            "the restore journal (%s) is inside the data folder: a backup of the folder "
-            "restores it with the database, and a rollback goes unnoticed; set "
-            "LETHE_JOURNAL_DIR elsewhere (docs/operations/backups.md)",
-            settings.resolved_journal_dir,
-        )
     if not behind:
         _backfill(runtime)
     embedded = isinstance(dispatcher, InlineDispatcher | ProcessDispatcher)
@@ -115,15 +97,7 @@ async def _lifespan(runtime: Runtime, app: FastAPI) -> AsyncIterator[None]:
     report_here(sends_here or behind)
     if sender is not None:
         sender.start()
-    syncer = None  # every published version copied to MLflow
-    if settings.mlflow_tracking_uri and importlib.util.find_spec("mlflow") is None:
-        raise RuntimeError(
-            "LETHE_MLFLOW_TRACKING_URI is set but MLflow's client is not installed: "
-            "pip install 'lethe-unlearning[mlflow]' (mlflow-skinny)"
-        )
-    if settings.mlflow_tracking_uri and not behind:
-        syncer = Syncer(runtime.db, runtime.blobs, settings)
-        syncer.start()
+    syncer = _mlflow_syncer(runtime, start=not behind)  # published versions to MLflow
     yield
     if syncer is not None:
         syncer.stop()
@@ -173,7 +147,36 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.state.uploads = UploadPool()  # started on the first upload (or its warm-up)
     app.state.restore_gate = RestoreGate(app.state.db, settings.resolved_journal_dir)
     install_error_handlers(app)
+    _install_middleware(app, settings)
+    for router in ROUTERS:
+        app.include_router(router)
+    app.mount("/ui/static", ui.static_files(), name="ui-static")
+    app.mount("/docs/static", docs.static_files(), name="docs-static")
+    return app
 
+
+ROUTERS = (
+    health.router,
+    datasets.router,
+    formats.router,
+    models.router,
+    deletions.router,
+    audit.router,
+    audits.router,
+    public_log.router,
+    keys.router,
+    privacy.router,
+    schemas.router,
+    suppressions.router,
+    webhooks.router,
+    ui.router,
+    docs.router,
+)
+
+
+def _install_middleware(app: FastAPI, settings: Settings) -> None:
+    """The middleware, innermost first: ingress limits, scrubbing, the restore gate, the
+    dependency guard, metrics, and the tracing that wraps them all."""
     # Inside the metrics middleware (its 401s and 413s are counted), outside the routes.
     app.add_middleware(
         IngressLimitMiddleware,
@@ -185,27 +188,50 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.add_middleware(DependencyGuard)  # 503, not 500, when the ingress check finds no database
     app.add_middleware(MetricsMiddleware)
     tracing.instrument_app(app)  # outermost: a request's server span covers all of it
-    for router in (
-        health.router,
-        datasets.router,
-        formats.router,
-        models.router,
-        deletions.router,
-        audit.router,
-        audits.router,
-        public_log.router,
-        keys.router,
-        privacy.router,
-        schemas.router,
-        suppressions.router,
-        webhooks.router,
-        ui.router,
-        docs.router,
-    ):
-        app.include_router(router)
-    app.mount("/ui/static", ui.static_files(), name="ui-static")
-    app.mount("/docs/static", docs.static_files(), name="docs-static")
-    return app
+
+
+def _prepare(runtime: Runtime) -> None:
+    """Before anything runs: an embedded database migrated, compacted and its blobs moved to
+    the configured store; the first admin key printed once; a warning where the restore
+    journal would be backed up with the database."""
+    settings, url = runtime.settings, runtime.settings.resolved_database_url
+    if settings.embedded:
+        upgrade_to_head(url, settings)
+        compact_at_start(runtime.db, settings)  # keys a stopped process destroyed
+        moved = runtime.blobs.migrate()  # blobs of an older database leave it
+        if moved:
+            log.info("moved %d blobs into the %s store", moved, settings.blob_store)
+    if settings.bootstrap_admin_key and (raw := bootstrap_admin_key(url)):
+        print(
+            f"\n  Lethe admin API key (shown once, store it now):\n\n    {raw}\n",
+            file=sys.stderr,
+            flush=True,
+        )
+    if settings.journal_in_data_dir:
+        log.warning(
+            "the restore journal (%s) is inside the data folder: a backup of the folder "
+            "restores it with the database, and a rollback goes unnoticed; set "
+            "LETHE_JOURNAL_DIR elsewhere (docs/operations/backups.md)",
+            settings.resolved_journal_dir,
+        )
+
+
+def _mlflow_syncer(runtime: Runtime, start: bool) -> Syncer | None:
+    """The thread that copies every published version to MLflow, where one is configured
+    (its client checked whether or not it starts now)."""
+    settings = runtime.settings
+    if not settings.mlflow_tracking_uri:
+        return None
+    if importlib.util.find_spec("mlflow") is None:
+        raise RuntimeError(
+            "LETHE_MLFLOW_TRACKING_URI is set but MLflow's client is not installed: "
+            "pip install 'lethe-unlearning[mlflow]' (mlflow-skinny)"
+        )
+    if not start:
+        return None
+    syncer = Syncer(runtime.db, runtime.blobs, settings)
+    syncer.start()
+    return syncer
 
 
 def _backfill(runtime: Runtime) -> None:

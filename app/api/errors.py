@@ -122,74 +122,92 @@ def allowed_methods(request: Request) -> list[str]:
     return allowed
 
 
-def install_error_handlers(app: FastAPI) -> None:
-    @app.exception_handler(APIError)
-    async def _api_error(_: Request, exc: APIError) -> JSONResponse:
-        body = error_body(exc.code, exc.message, exc.details)
-        return ErrorResponse(body, exc.status, headers=exc.headers)
+async def _api_error(_: Request, exc: APIError) -> JSONResponse:
+    body = error_body(exc.code, exc.message, exc.details)
+    return ErrorResponse(body, exc.status, headers=exc.headers)
 
-    @app.exception_handler(BlobMissing)
-    async def _blob_missing(_: Request, exc: BlobMissing) -> JSONResponse:
-        log.error("a committed blob is missing: %s", exc)
-        message = "the stored bytes of this blob are missing from the object store"
-        retry = {"Retry-After": str(RETRY_AFTER_SECONDS)}
-        return ErrorResponse(error_body("blob_missing", message), 503, headers=retry)
 
-    @app.exception_handler(BlobStoreUnavailable)
-    async def _blob_store(_: Request, exc: BlobStoreUnavailable) -> JSONResponse:
-        log.warning("object store unavailable: %s", exc)
-        body = error_body("blob_store_unavailable", "the object store is unavailable; retry")
-        return ErrorResponse(body, 503, headers={"Retry-After": str(RETRY_AFTER_SECONDS)})
+async def _blob_missing(_: Request, exc: BlobMissing) -> JSONResponse:
+    log.error("a committed blob is missing: %s", exc)
+    message = "the stored bytes of this blob are missing from the object store"
+    retry = {"Retry-After": str(RETRY_AFTER_SECONDS)}
+    return ErrorResponse(error_body("blob_missing", message), 503, headers=retry)
 
-    @app.exception_handler(SealError)
-    async def _blob_corrupt(_: Request, exc: SealError) -> JSONResponse:
-        log.error("sealed bytes do not open: %s", exc)
-        message = "stored bytes failed their integrity check; nothing was served"
-        return ErrorResponse(error_body("blob_corrupt", message), 500)
 
-    @app.exception_handler(RequestValidationError)
-    async def _validation(_: Request, exc: RequestValidationError) -> JSONResponse:
-        details = [
-            {"loc": list(e.get("loc", ())), "msg": e.get("msg"), "type": e.get("type")}
-            for e in exc.errors()
-        ]
-        return ErrorResponse(
-            error_body("invalid_request", "request validation failed", details), 422
-        )
+async def _blob_store(_: Request, exc: BlobStoreUnavailable) -> JSONResponse:
+    log.warning("object store unavailable: %s", exc)
+    body = error_body("blob_store_unavailable", "the object store is unavailable; retry")
+    return ErrorResponse(body, 503, headers={"Retry-After": str(RETRY_AFTER_SECONDS)})
 
-    @app.exception_handler(StarletteHTTPException)
-    async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
-        code = _STATUS_CODES.get(exc.status_code, "http_error")
-        headers = dict(getattr(exc, "headers", None) or {})
-        if exc.status_code == 405 and (methods := allowed_methods(request)):
-            headers["Allow"] = ", ".join(methods)
-        return ErrorResponse(
-            error_body(code, str(exc.detail)), exc.status_code, headers=headers or None
-        )
 
-    @app.exception_handler(DataError)
-    async def _data(_: Request, exc: DataError) -> JSONResponse:
-        # The database refused a client value (e.g. an integer beyond BIGINT): bad input.
-        return ErrorResponse(
-            error_body("value_out_of_range", "a value is out of range for storage"), 422
-        )
+async def _blob_corrupt(_: Request, exc: SealError) -> JSONResponse:
+    log.error("sealed bytes do not open: %s", exc)
+    message = "stored bytes failed their integrity check; nothing was served"
+    return ErrorResponse(error_body("blob_corrupt", message), 500)
 
-    @app.exception_handler(OverflowError)
-    async def _overflow(_: Request, exc: OverflowError) -> JSONResponse:
-        return ErrorResponse(error_body("value_out_of_range", "a number is too large"), 422)
 
-    async def _dependency(_: Request, exc: Exception) -> JSONResponse:
-        found = unavailable(exc)
-        if found is None:
-            log.exception("unhandled error", exc_info=exc)
-            return ErrorResponse(error_body("internal", "internal error"), 500)
-        _log_unavailable(found[0], exc)
-        return unavailable_response(*found)
+async def _validation(_: Request, exc: RequestValidationError) -> JSONResponse:
+    details = [
+        {"loc": list(e.get("loc", ())), "msg": e.get("msg"), "type": e.get("type")}
+        for e in exc.errors()
+    ]
+    return ErrorResponse(error_body("invalid_request", "request validation failed", details), 422)
 
-    for cls in (DBAPIError, PoolTimeoutError, RedisConnectionError, RedisTimeoutError):
-        app.add_exception_handler(cls, _dependency)
 
-    @app.exception_handler(Exception)
-    async def _unexpected(_: Request, exc: Exception) -> JSONResponse:
+async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+    code = _STATUS_CODES.get(exc.status_code, "http_error")
+    headers = dict(getattr(exc, "headers", None) or {})
+    if exc.status_code == 405 and (methods := allowed_methods(request)):
+        headers["Allow"] = ", ".join(methods)
+    return ErrorResponse(
+        error_body(code, str(exc.detail)), exc.status_code, headers=headers or None
+    )
+
+
+async def _data(_: Request, exc: DataError) -> JSONResponse:
+    # The database refused a client value (e.g. an integer beyond BIGINT): bad input.
+    return ErrorResponse(
+        error_body("value_out_of_range", "a value is out of range for storage"), 422
+    )
+
+
+async def _overflow(_: Request, exc: OverflowError) -> JSONResponse:
+    return ErrorResponse(error_body("value_out_of_range", "a number is too large"), 422)
+
+
+async def _dependency(_: Request, exc: Exception) -> JSONResponse:
+    found = unavailable(exc)
+    if found is None:
         log.exception("unhandled error", exc_info=exc)
         return ErrorResponse(error_body("internal", "internal error"), 500)
+    _log_unavailable(found[0], exc)
+    return unavailable_response(*found)
+
+
+async def _unexpected(_: Request, exc: Exception) -> JSONResponse:
+    log.exception("unhandled error", exc_info=exc)
+    return ErrorResponse(error_body("internal", "internal error"), 500)
+
+
+# Each error a request can meet and its answer; what is left is a 500 with nothing of it shown.
+HANDLERS: tuple[tuple[type[Exception], Any], ...] = (
+    (APIError, _api_error),
+    (BlobMissing, _blob_missing),
+    (BlobStoreUnavailable, _blob_store),
+    (SealError, _blob_corrupt),
+    (RequestValidationError, _validation),
+    (StarletteHTTPException, _http),
+    (DataError, _data),
+    (OverflowError, _overflow),
+    (DBAPIError, _dependency),
+    (PoolTimeoutError, _dependency),
+    (RedisConnectionError, _dependency),
+    (RedisTimeoutError, _dependency),
+    (Exception, _unexpected),
+)
+
+
+def install_error_handlers(app: FastAPI) -> None:
+    """Every error as the API's JSON error body, with its status (docs/reference/api.md)."""
+    for cls, handler in HANDLERS:
+        app.exception_handler(cls)(handler)
