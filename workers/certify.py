@@ -92,27 +92,10 @@ def certificate_fields(
     admission = decision.admission
     spend = admission.after if admission is not None else None
     noisy = spend is not None and spend.releases > 0
-    sentence = cert.sentence
-    if spend is not None and noisy:
-        sentence += (
-            f" Since its last exact retrain this model has made {spend.releases} "
-            f"noisy release(s), together (ε={spend.epsilon:.4g}, δ={spend.delta:.3g}) "
-            f"of its lineage budget ε={policy.lineage_epsilon:g}."
-        )
     fallback_reason = decision.reason if isinstance(decision, Fallback) else None
-    if fallback_reason:
-        sentence += f" Exact retraining was used because {fallback_reason}."
+    sentence = _sentence(cert.sentence, spend if noisy else None, policy, fallback_reason)
     constants, restricted = _constants(cert.constants)
-    # Other requests' ids and the batch's size concern other requesters: a receipt (the
-    # logged body) carries commitments to them, auditors the values.
-    others: dict[str, Any] = {
-        "coalesced_requests": ctx.coalesced_requests,
-        "n_removed_in_update": ctx.n_removed_in_update,
-    }
-    if isinstance(decision, Released) and decision.hides_branch:
-        # which branch ran depends on the removed rows: a commitment in every
-        # release of such a method, the value ("method", or the retrain's reason) to auditors
-        others["branch"] = decision.branch or "method"
+    others = _others_business(decision, ctx)
     hidden = {name: _sealed(value) for name, value in others.items()}
     body = DeletionCertificate(
         schema_version=SCHEMA_VERSION,
@@ -127,18 +110,8 @@ def certificate_fields(
         sigma=_finite(cert.sigma),
         sensitivity=_finite(cert.sensitivity),
         accountant=cert.accountant,
-        accountant_versions={
-            "dp-accounting": DP_ACCOUNTING_VERSION,
-            "lineage": spend.accountant if spend is not None else None,
-        },
         constants=constants,
-        cumulative_epsilon=_cumulative(cert, spend.epsilon if spend and noisy else 0.0),
-        cumulative_delta=_cumulative(cert, spend.delta if spend and noisy else 0.0),
-        lineage={
-            "releases_since_reset": spend.releases if spend is not None else 0,
-            "budget_epsilon": policy.lineage_epsilon,
-            "budget_delta": policy.lineage_delta,
-        },
+        **_spent(cert, spend, noisy, policy),
         **lineage_fields(decision),
         fallback_reason=fallback_reason,
         target={"epsilon": target.epsilon, "delta": target.delta},
@@ -155,6 +128,51 @@ def certificate_fields(
         "fields": {name: opened for name, (_, opened) in hidden.items()},
     }
     return {RESTRICTED: sealed, **body.body()}
+
+
+def _spent(cert: CertificateFields, spend: Any, noisy: bool, policy: PrivacyPolicy) -> JsonObject:
+    """The lineage after this release: what its noisy releases spend together, against the
+    model's budget, and the accountants that composed them."""
+    return {
+        "accountant_versions": {
+            "dp-accounting": DP_ACCOUNTING_VERSION,
+            "lineage": spend.accountant if spend is not None else None,
+        },
+        "cumulative_epsilon": _cumulative(cert, spend.epsilon if spend and noisy else 0.0),
+        "cumulative_delta": _cumulative(cert, spend.delta if spend and noisy else 0.0),
+        "lineage": {
+            "releases_since_reset": spend.releases if spend is not None else 0,
+            "budget_epsilon": policy.lineage_epsilon,
+            "budget_delta": policy.lineage_delta,
+        },
+    }
+
+
+def _sentence(said: str, spend: Any, policy: PrivacyPolicy, fallback_reason: str | None) -> str:
+    """The method's sentence, with the lineage's noisy releases (`spend`, where any) and the
+    reason the exact retrain was used."""
+    if spend is not None:
+        said += (
+            f" Since its last exact retrain this model has made {spend.releases} "
+            f"noisy release(s), together (ε={spend.epsilon:.4g}, δ={spend.delta:.3g}) "
+            f"of its lineage budget ε={policy.lineage_epsilon:g}."
+        )
+    if fallback_reason:
+        said += f" Exact retraining was used because {fallback_reason}."
+    return said
+
+
+def _others_business(decision: Decision, ctx: CertificateContext) -> dict[str, Any]:
+    """What concerns other requesters (their ids, the batch's size) and, where it depends on
+    the removed rows, which branch ran: a receipt (the logged body) carries commitments to
+    them, auditors the values."""
+    others: dict[str, Any] = {
+        "coalesced_requests": ctx.coalesced_requests,
+        "n_removed_in_update": ctx.n_removed_in_update,
+    }
+    if isinstance(decision, Released) and decision.hides_branch:
+        others["branch"] = decision.branch or "method"  # or the retrain's reason
+    return others
 
 
 def _constants(

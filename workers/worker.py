@@ -21,7 +21,7 @@ import threading
 import time
 from collections.abc import Callable
 from types import FrameType
-from typing import Any
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from app.core import tracing
 from app.core.dispatch import RQDispatcher, deletions_queue, run_job
@@ -44,6 +44,9 @@ def run_signalled(job: str, *args: int) -> None:
     (context,) = _CONTEXT
     run_job(context, job, *args)
 
+
+if TYPE_CHECKING:  # imported where the device has been checked
+    from workers.context import JobContext
 
 log = logging.getLogger("lethe.worker")
 
@@ -68,9 +71,7 @@ def run(burst: bool = False, settings: Settings | None = None) -> None:
     dispatcher = RQDispatcher(settings)
     from workers.context import JobContext  # after the device is checked
 
-    tracing.configure(
-        "lethe-worker", settings.trace_sql
-    )  # before the engines: their statements become spans
+    tracing.configure("lethe-worker", settings.trace_sql)  # before the engines: SQL spans too
     ctx = JobContext.build(settings)
     # Neither the database nor Redis has to be up yet: the threads below retry both.
     _logged(lambda: beat(url, "rq"), "first heartbeat")
@@ -90,14 +91,7 @@ def run(burst: bool = False, settings: Settings | None = None) -> None:
     log.info(
         "worker %s listening on queue %r, computing on %s", WORKER_ID, settings.queue_name, device
     )
-    from workers import handover
-    from workers.data import database_key
-    from workers.jobs import warm_model  # after the device is set up
-
-    where = database_key(ctx.db.engine)  # the states the process this one replaced held
-    ctx.resident_sessions().hand_in(where, handover.parsed(handover.from_memory_file(os.environ)))
-    for model_id in [int(m) for m in os.environ.pop(WARM_ENV, "").split(",") if m]:
-        warm_model(ctx, model_id)  # the sessions the process this one replaced held
+    where = _take_over(ctx)
     recycle = Recycle(ctx.db, settings.plaintext_ttl_seconds)
     _CONTEXT[:] = [ctx]  # the context RQ's jobs run with (`run_signalled`)
     try:
@@ -109,18 +103,40 @@ def run(burst: bool = False, settings: Settings | None = None) -> None:
         ctx.runtime.publisher.finish()  # the last update's checkpoint, before the process exits
         finish_compacting(ctx.db)  # and the compaction under way
     if gave_way:  # the same command in a fresh process image, none of this memory
-        held = ctx.resident_sessions().models(where)
-        states = handover.exported_or_none(ctx)
-        fd = handover.to_memory_file(states) if states else None
-        log.info("worker %s gives way after an erasure: re-executing", WORKER_ID)
-        logging.shutdown()
-        env = {**os.environ, WARM_ENV: ",".join(str(m) for m in held)}
-        if fd is not None:
-            env[handover.FD_ENV] = str(fd)
-        # the command line as it was given (`python -m app.launch worker` too: argv's
-        # app/launch.py as a script put app/ first on the path, where app/core/architectures.py
-        # hid the architectures package, and the re-executed worker died importing it)
-        os.execve(sys.executable, sys.orig_argv, env)
+        _give_way(ctx, where)
+
+
+def _take_over(ctx: JobContext) -> str:
+    """The resident states and sessions the process this one replaced held, taken in; the
+    database's key they are held under."""
+    from workers import handover
+    from workers.data import database_key
+    from workers.jobs import warm_model  # after the device is set up
+
+    where = database_key(ctx.db.engine)
+    ctx.resident_sessions().hand_in(where, handover.parsed(handover.from_memory_file(os.environ)))
+    for model_id in [int(m) for m in os.environ.pop(WARM_ENV, "").split(",") if m]:
+        warm_model(ctx, model_id)
+    return where
+
+
+def _give_way(ctx: JobContext, where: str) -> NoReturn:
+    """Re-execute this worker after an erasure: the same command in a fresh process image,
+    handed the resident states it held (a memory file) and the models to warm."""
+    from workers import handover
+
+    held = ctx.resident_sessions().models(where)
+    states = handover.exported_or_none(ctx)
+    fd = handover.to_memory_file(states) if states else None
+    log.info("worker %s gives way after an erasure: re-executing", WORKER_ID)
+    logging.shutdown()
+    env = {**os.environ, WARM_ENV: ",".join(str(m) for m in held)}
+    if fd is not None:
+        env[handover.FD_ENV] = str(fd)
+    # the command line as it was given (`python -m app.launch worker` too: run as a script,
+    # app/launch.py would put app/ first on the path, where a module of app/ could hide a
+    # top-level package of the same name)
+    os.execve(sys.executable, sys.orig_argv, env)
 
 
 def _logged(step: Callable[[], object], what: str) -> None:

@@ -108,38 +108,11 @@ class IngressLimitMiddleware:
             await reject(send, 413, "payload_too_large", message, {"limit_bytes": limit})
             return
 
-        received = 0
-        started = False  # the application has started its response
-        answered = False  # we answered 413 in the middle of the body
-
-        async def limited_receive() -> Message:
-            nonlocal received, answered
-            if answered:
-                return {"type": "http.disconnect"}
-            message_in = await receive()
-            if message_in["type"] == "http.request":
-                received += len(message_in.get("body", b""))
-                if received > limit:
-                    if not started:
-                        answered = True
-                        await reject(
-                            send, 413, "payload_too_large", message, {"limit_bytes": limit}
-                        )
-                    return {"type": "http.disconnect"}
-            return message_in
-
-        async def guarded_send(message_out: Message) -> None:
-            nonlocal started
-            if answered:  # the application's own answer to the disconnect goes nowhere
-                return
-            if message_out["type"] == "http.response.start":
-                started = True
-            await send(message_out)
-
+        metered = _Metered(receive, send, limit, message)
         try:
-            await self.app(scope, limited_receive, guarded_send)
+            await self.app(scope, metered.receive, metered.send)
         except Exception:
-            if not answered:  # after our 413 the application's ClientDisconnect is expected
+            if not metered.answered:  # after our 413 the app's ClientDisconnect is expected
                 raise
 
 
@@ -158,3 +131,35 @@ async def read_upload(upload: UploadFile, limit: int) -> bytes:
     limit is filled in full, on every registration's and append's request path."""
     size = upload.size if upload.size is not None else limit
     return await upload.read(min(size, limit) + 1)
+
+
+class _Metered:
+    """One request's body, counted as it arrives: past `limit` bytes a 413 is answered (where
+    the application has not started its own answer) and the application sees a disconnect."""
+
+    def __init__(self, receive: Receive, send: Send, limit: int, message: str) -> None:
+        self._receive, self._send, self.limit, self.message = receive, send, limit, message
+        self.received = 0
+        self.started = False  # the application has started its response
+        self.answered = False  # a 413 was answered in the middle of the body
+
+    async def receive(self) -> Message:
+        if self.answered:
+            return {"type": "http.disconnect"}
+        message_in = await self._receive()
+        if message_in["type"] == "http.request":
+            self.received += len(message_in.get("body", b""))
+            if self.received > self.limit:
+                if not self.started:
+                    self.answered = True
+                    details = {"limit_bytes": self.limit}
+                    await reject(self._send, 413, "payload_too_large", self.message, details)
+                return {"type": "http.disconnect"}
+        return message_in
+
+    async def send(self, message_out: Message) -> None:
+        if self.answered:  # the application's own answer to the disconnect goes nowhere
+            return
+        if message_out["type"] == "http.response.start":
+            self.started = True
+        await self._send(message_out)

@@ -110,18 +110,10 @@ class Recollection(UnlearningMethod):
             subject_groups=groups,
             trained_norm=float(self._flat().vector(run.state).norm()),
         )
-        metrics = {
-            "train_seconds": run.seconds,
-            "n_train": len(data.y),
-            "statistics_rows": len(block.sample_ids),
-            "statistics_bytes": len(block.sample_ids) * d * (2 if block.dtype == "float16" else 4),
-        }
-        return Trained(
-            state=run.state,
-            statistics=block,
-            record=record.model_dump(mode="json"),
-            metrics=metrics,
-        )
+        rows, width = len(block.sample_ids), 2 if block.dtype == "float16" else 4
+        metrics = {"train_seconds": run.seconds, "n_train": len(data.y), "statistics_rows": rows}
+        metrics["statistics_bytes"] = rows * d * width
+        return Trained(run.state, block, record.model_dump(mode="json"), metrics)
 
     def _block(
         self, vectors: torch.Tensor, data: RetainedData
