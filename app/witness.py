@@ -131,20 +131,32 @@ def create_witness_app(
         if old > checkpoint.size:
             return PlainTextResponse("old size exceeds the checkpoint size\n", 400)
         with state.lock:
-            size, root = state.held(checkpoint.origin)
-            if old != size:
-                return Response(f"{size}\n", 409, media_type="text/x.tlog.size")
-            if old == checkpoint.size:
-                if root != checkpoint.root:
-                    return PlainTextResponse("same size, another root: a fork\n", 409)
-            elif old > 0 and not merkle.verify_consistency(
-                old, checkpoint.size, proof, root, checkpoint.root
-            ):
-                return PlainTextResponse("the consistency proof does not verify\n", 422)
-            elif old == 0 and proof:
-                return PlainTextResponse("the proof from size 0 must be empty\n", 422)
+            refused = _refused(state, checkpoint, old, proof)
+            if refused is not None:
+                return refused
             state.record(checkpoint, note)
         line = notes.cosign(text, name, key, int(time.time()))
         return PlainTextResponse(line)
 
     return app
+
+
+def _refused(
+    state: WitnessState, checkpoint: Checkpoint, old: int, proof: list[bytes]
+) -> Response | None:
+    """Why a checkpoint is not cosigned, against the one held for its log (C2SP
+    tlog-witness): another old size (409 with the held size), a fork, a proof that fails."""
+    size, root = state.held(checkpoint.origin)
+    if old != size:
+        return Response(f"{size}\n", 409, media_type="text/x.tlog.size")
+    if old == checkpoint.size:
+        if root != checkpoint.root:
+            return PlainTextResponse("same size, another root: a fork\n", 409)
+        return None
+    if old > 0 and not merkle.verify_consistency(
+        old, checkpoint.size, proof, root, checkpoint.root
+    ):
+        return PlainTextResponse("the consistency proof does not verify\n", 422)
+    if old == 0 and proof:
+        return PlainTextResponse("the proof from size 0 must be empty\n", 422)
+    return None

@@ -5,10 +5,11 @@ from __future__ import annotations
 
 from fastapi import APIRouter, Request
 
+from app.api.responses import COMMON
 from app.core.jsontypes import JsonObject
 from app.core.ledger.certificate_body import SCHEMA_PATH, certificate_schema
 
-router = APIRouter(tags=["audit"])
+router = APIRouter(tags=["audit"], responses=COMMON)  # as every router declares
 
 
 @router.get(SCHEMA_PATH)

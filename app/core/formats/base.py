@@ -1,5 +1,5 @@
 """What a data format is: a name, the file suffixes it answers to, a pydantic model of its
-options, and a parse from bytes (or a ranged object) to rows. docs/concepts/datasets.md
+options, and a parse from bytes (or a ranged object) to rows. docs/datasets.md
 lists the formats; adding one is a module here and a line in `app/core/formats/__init__.py`."""
 
 from __future__ import annotations
