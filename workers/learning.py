@@ -247,6 +247,15 @@ def commit_learned(
         insert_rows(session.connection(), MODEL_SAMPLES, ("model_id", "sample_id"), rows)
         also = supersede(session, ctx, batch, outcome, version)
         finish_requests(session, ctx.keyring, set(), also=also)
+    version_id = version.id if version is not None else None
+    _tasks_done(session, learn, version_id, certificate_id)
+    return version_id
+
+
+def _tasks_done(
+    session: Session, learn: Learn, version_id: int | None, certificate_id: int | None
+) -> None:
+    """The learning tasks finished, each with the rows it added and the version made."""
     now = utcnow()
     for task_id, append_id in _tasks_of(session, learn.task_ids):
         session.execute(
@@ -254,13 +263,12 @@ def commit_learned(
             .where(LearnTask.id == task_id, LearnTask.status == TaskStatus.queued)
             .values(
                 status=TaskStatus.done,
-                version_id=version.id if version is not None else None,
+                version_id=version_id,
                 certificate_id=certificate_id,
                 n_added=learn.per_append.get(append_id, 0),
                 finished_at=now,
             )
         )
-    return version.id if version is not None else None
 
 
 def learned_fields(batch: Batch, learn: Learn, outcome: Outcome, version: VersionRow) -> JsonObject:

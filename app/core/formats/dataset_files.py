@@ -720,14 +720,7 @@ def parse_text_csv(
         lambda docs, words: check_size(docs, words, size_limits),
     )
     labels = column(label_column) if label_column and label_column in header else None
-    try:
-        y = (
-            label_array(np.array([float(v) for v in labels]), n)
-            if labels
-            else np.zeros(n, np.int64)
-        )
-    except ValueError as exc:
-        raise unprocessable("malformed_csv", f"non-numeric label: {exc}") from exc
+    y = _corpus_labels(labels, n)
     ids, written_ids = canonical_ids(column(id_column) or [str(i) for i in range(n)], "ids")
     subjects, written_subjects = _subject_column(column(subject_column), n)
     split_values = column(split_column)
@@ -735,6 +728,16 @@ def parse_text_csv(
     parsed = finish(corpus.counts, y, ids, subjects, split, "text")
     parsed = replace(parsed, written_ids=written_ids, written_subjects=written_subjects)
     return _with_text(parsed, corpus.meta(min_count))
+
+
+def _corpus_labels(labels: list[str] | None, n: int) -> np.ndarray:
+    """A corpus's labels (a topic head's targets), or zeros where it has none."""
+    if not labels:
+        return np.zeros(n, np.int64)
+    try:
+        return label_array(np.array([float(v) for v in labels]), n)
+    except ValueError as exc:
+        raise unprocessable("malformed_csv", f"non-numeric label: {exc}") from exc
 
 
 SPARSE_MEMBERS = {"data", "indices", "indptr", "shape", "format"}

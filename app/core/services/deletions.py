@@ -612,19 +612,6 @@ def deletion_view(
     query less on the request path. `receipts` adds the Merkle receipts of a
     finished request (the single-request read; lists leave them out: O(log² n) each)."""
     name = names.name if names is not None else (lambda token: token)
-    rows: list[tuple[DeletionTask, int | None]]
-    if new_tasks is not None:
-        rows = [(t, None) for t in sorted(new_tasks, key=lambda t: t.model_id)]
-    else:
-        rows = [
-            (t, number)
-            for t, number in session.execute(
-                select(DeletionTask, ModelVersion.number)
-                .outerjoin(ModelVersion, ModelVersion.id == DeletionTask.version_id)
-                .where(DeletionTask.request_id == request.id)
-                .order_by(DeletionTask.model_id)
-            )
-        ]
     models = [
         {
             "model_id": t.model_id,
@@ -634,7 +621,7 @@ def deletion_view(
             "n_removed": t.n_removed,
             "error": t.error,
         }
-        for t, number in rows
+        for t, number in _tasks_with_versions(session, request, new_tasks)
     ]
     return {
         "id": request.id,
@@ -655,6 +642,21 @@ def deletion_view(
         "created_at": request.created_at,
         "finished_at": request.finished_at,
     }
+
+
+def _tasks_with_versions(
+    session: Session, request: DeletionRequest, new_tasks: list[DeletionTask] | None
+) -> list[tuple[DeletionTask, int | None]]:
+    """The request's tasks by model, each with the number of the version it made."""
+    if new_tasks is not None:  # made in this session: no version yet, no query
+        return [(t, None) for t in sorted(new_tasks, key=lambda t: t.model_id)]
+    found = session.execute(
+        select(DeletionTask, ModelVersion.number)
+        .outerjoin(ModelVersion, ModelVersion.id == DeletionTask.version_id)
+        .where(DeletionTask.request_id == request.id)
+        .order_by(DeletionTask.model_id)
+    )
+    return [(t, number) for t, number in found]
 
 
 def _receipts(

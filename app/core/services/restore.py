@@ -253,22 +253,7 @@ def _restore_log(session: Session, entries: list[dict[str, Any]]) -> tuple[int, 
         }.values()
     )
     if certificates:
-        rows = [
-            {
-                **{k: v for k, v in e.items() if k != "type"},
-                "created_at": datetime.fromisoformat(e["created_at"]),
-                "restricted": None,  # the auditors' openings are not journaled
-            }
-            for e in certificates
-        ]
-        session.execute(insert(Certificate), rows)
-        nodes, public = StoredNodes(session), StoredNodes(session, PublicNode)
-        for e in certificates:
-            nodes.add_leaf(e["seq"] - 1, e["body"].encode())
-            public.add_leaf(e["seq"] - 1, public_entry(e["body"]))
-        nodes.write()
-        public.write()
-        _advance_sequences(session)
+        _restore_certificates(session, certificates)
     if heads:
         session.execute(
             insert(TreeHead), [{k: v for k, v in e.items() if k != "type"} for e in heads]
@@ -285,6 +270,27 @@ def _restore_log(session: Session, entries: list[dict[str, Any]]) -> tuple[int, 
             ],
         )
     return len(certificates), len(heads), len(checkpoints)
+
+
+def _restore_certificates(session: Session, certificates: list[dict[str, Any]]) -> None:
+    """The journal's certificates inserted (the auditors' openings are not journaled) and the
+    log's tree nodes, private and public, that their leaves complete."""
+    rows = [
+        {
+            **{k: v for k, v in e.items() if k != "type"},
+            "created_at": datetime.fromisoformat(e["created_at"]),
+            "restricted": None,
+        }
+        for e in certificates
+    ]
+    session.execute(insert(Certificate), rows)
+    nodes, public = StoredNodes(session), StoredNodes(session, PublicNode)
+    for e in certificates:
+        nodes.add_leaf(e["seq"] - 1, e["body"].encode())
+        public.add_leaf(e["seq"] - 1, public_entry(e["body"]))
+    nodes.write()
+    public.write()
+    _advance_sequences(session)
 
 
 def _present_requests(session: Session, ids: list[int]) -> set[int]:
