@@ -1,6 +1,7 @@
 """The API's answers as light pydantic models (no torch, scipy or dp-accounting): the server's
-response models and what the client (`lethe_client.client`) parses; the server (`app.core.wire`) uses the
-same models, so the two cannot drift (the client ships without the server).
+response models and what the client (`lethe_client.client`) parses; the server
+(`app.core.wire`) uses the same models, so the two cannot drift (the client ships without the
+server).
 
 The open-ended documents (a certificate, the preview, the chain check) are typed on the keys
 every one of them has and keep the rest (`extra="allow"`): a method adds its own constants
