@@ -80,6 +80,7 @@ def train(
     init_state: dict[str, torch.Tensor] | None = None,
     project_radius: float | None = None,
     interrupt: Callable[[], None] | None = None,
+    row_order: torch.Tensor | None = None,
 ) -> dict[str, torch.Tensor]:
     """SGD with weight decay over seeded shuffles; returns the final parameters.
 
@@ -87,6 +88,8 @@ def train(
     with `project_radius`, projected SGD onto the ball ‖w‖ ≤ C after every step. Runs on the
     device of X; the shuffles come from a seeded CPU generator (the same batches everywhere).
     `interrupt` runs before each epoch: a worker's check that raises when it is stopping.
+    `row_order`: the rows' canonical order (row k of it is the k-th row the shuffles see), so
+    that the same set of rows trains to the same bits in whatever order it is held.
     """
     cfg = training_of(config)
     net = _starting_net(architecture, cfg, X, n_classes, init_state, project_radius)
@@ -100,7 +103,10 @@ def train(
     for epoch in range(epochs):
         if interrupt is not None:
             interrupt()
-        order = torch.randperm(len(y), generator=gen, device=gen.device).to(X.device)
+        order = torch.randperm(len(y), generator=gen, device=gen.device)
+        if row_order is not None:
+            order = row_order[order]
+        order = order.to(X.device)
         # the epoch's loss, summed on the device in float64 (no host sync per step)
         total = torch.zeros((), dtype=torch.float64, device=X.device)
         for start in range(0, len(y), batch):

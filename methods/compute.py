@@ -443,6 +443,7 @@ class UnlearningMethod:
             progress,
             project_radius=radius,
             interrupt=shutdown.check,
+            row_order=canonical_order(data),
         )
         metrics: JsonObject = {
             "train_seconds": time.perf_counter() - start,
@@ -469,7 +470,19 @@ class UnlearningMethod:
             retained.y,
             m.n_classes,
             interrupt=shutdown.check,
+            row_order=canonical_order(retained),
         )
+
+
+def canonical_order(data: RetainedData) -> torch.Tensor | None:
+    """The rows' positions sorted by their external ids: one order for one set of rows,
+    whatever order they arrived in (sample ids follow arrival: registrations, appends and
+    deletions reorder them), so that an exact retrain is the same bits for the same rows.
+    None where the ids are not known for every row (the order as given)."""
+    ids = data.external_ids
+    if len(ids) != len(data) or not all(ids):
+        return None
+    return torch.tensor(sorted(range(len(ids)), key=ids.__getitem__), dtype=torch.int64)
 
 
 M = TypeVar("M", bound=type[UnlearningMethod])
