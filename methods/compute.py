@@ -482,7 +482,8 @@ def canonical_order(data: RetainedData) -> torch.Tensor | None:
     ids = data.external_ids
     if len(ids) != len(data) or not all(ids):
         return None
-    return torch.tensor(sorted(range(len(ids)), key=ids.__getitem__), dtype=torch.int64)
+    order = sorted(range(len(ids)), key=ids.__getitem__)
+    return torch.tensor(order, dtype=torch.int64, device="cpu")  # the shuffles are on the CPU
 
 
 M = TypeVar("M", bound=type[UnlearningMethod])

@@ -369,7 +369,7 @@ def test_training_jobs_train_on_the_device_and_return_cpu_states(
     device = dev.worker_device(cpu_settings)
     with torch.device("meta"):
         trained, metrics = training._train(inputs, lambda e, E, loss: losses.append(loss), device)
-    expected = fit(spec, RetainedData(ids, X, y))
+    expected = fit(spec, RetainedData(ids, X, y, None, arrays.external_ids))  # their order
     assert trained.state.keys() == expected.state.keys()
     for key, tensor in trained.state.items():
         assert tensor.device == CPU and torch.equal(tensor, expected.state[key]), key
