@@ -19,7 +19,7 @@ class Options(BaseModel):
     """What every format takes: the seeded split (`seed` None: no split is drawn, as an
     append's rows take their column's or the dataset's rule)."""
 
-    model_config = ConfigDict(extra="ignore", frozen=True)
+    model_config = ConfigDict(extra="ignore", frozen=True, use_attribute_docstrings=True)
 
     seed: int | None = Field(0, ge=0, le=2**31 - 1)
     """seeds the train/test split"""

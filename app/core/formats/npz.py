@@ -10,6 +10,8 @@ from app.core.formats.base import Format, Options
 
 
 class NpzOptions(Options):
+    """An archive's options: the seeded split, unless it holds a `split` array."""
+
     def split_given(self, data: bytes) -> bool:
         """Whether the archive holds a `split` array (its member names only are read)."""
         try:

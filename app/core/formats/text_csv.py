@@ -9,6 +9,8 @@ from app.core.formats.base import Column, ColumnOptions, Format
 
 
 class TextOptions(ColumnOptions):
+    """A corpus's columns and its vocabulary's threshold."""
+
     text_column: Column = "text"
     """the document column"""
     label_column: Column | None = None
