@@ -272,6 +272,9 @@ class UpdateInputs:
     # (`noise_from_rows`): a privacy audit's reference trained without the canaries.
     # None: the model's own record.
     noise_record: JsonMap | None = None
+    # The norm of the model's last noise-free version's weights (trained, imported or an exact
+    # release), which anyone may download: the utility floor's scale. None: not known.
+    public_norm: float | None = None
 
     @property
     def n_added(self) -> int:

@@ -174,8 +174,24 @@ def load_batch(
         history=list(warm.history or ()),
         record=record,
         resident=resident if method.name == spec.method.name else None,
+        public_norm=public_norm(session, model_id),
     )
     return batch, inputs
+
+
+def public_norm(session: Session, model_id: int) -> float | None:
+    """The norm of the model's newest noise-free version (its metrics keep it), newest first:
+    the utility floor's scale (workers/updates.py `utility_floor`). None: none recorded."""
+    found = session.execute(
+        select(ModelVersion.metrics)
+        .where(ModelVersion.model_id == model_id)
+        .order_by(ModelVersion.number.desc())
+    ).scalars()
+    for metrics in found:
+        norm = (metrics or {}).get("noise_free_norm")
+        if isinstance(norm, int | float):
+            return float(norm)
+    return None
 
 
 def warm_session(ctx: JobContext, model_id: int, device: torch.device) -> bool:

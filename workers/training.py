@@ -24,7 +24,7 @@ from app.core.states import ModelStatus, Stage, VersionKind
 from app.core.storage.faults import is_fault
 from app.core.webhooks import events
 from app.core.wire import Progress
-from maths.nets import build_net
+from maths.nets import build_net, weights_norm
 from maths.training import Diverged, ProgressFn, accuracy, check_converged
 from methods.compute import (
     ModelSpec,
@@ -259,6 +259,7 @@ def _train(
             spec.aggregation,
         ),
         "test_accuracy_rows": min(len(test.y), ACCURACY_ROWS),
+        "noise_free_norm": weights_norm(trained.state),  # the utility floor's scale
     }
     return trained_to_cpu(trained), metrics
 

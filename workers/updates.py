@@ -117,6 +117,8 @@ def measure(inputs: UpdateInputs, decision: Decision, seconds: float) -> JsonObj
         # in its certificate; a hidden branch's is a function of the removed rows
         "fallback_reason": decision.reason if isinstance(decision, Fallback) else decision.branch,
     }
+    if release.event is None:  # noise-free and public: the next updates' utility scale
+        metrics["noise_free_norm"] = metrics.get("weights_norm") or weights_norm(release.weights)
     if inputs.method.options.evaluate and is_classifier(inputs.spec.architecture):
         metrics["evaluation"] = _evaluate(inputs, decision)
     return metrics
@@ -163,11 +165,41 @@ def _decide(inputs: UpdateInputs) -> Decision:
         release = attempt
     if method.spec.guarantee == Guarantee.exact or release.event is None:
         return Released(release, name, None, hides, branch)
+    below = utility_floor(inputs, release)
+    if below is not None:  # a function of public values: the plan's σ and public norms
+        return _fallback(inputs, below, exact)
     budget = LineageBudget(inputs.policy.lineage_epsilon, inputs.policy.lineage_delta)
     admission = admit(budget, inputs.history, release.event)
     if not admission.admitted:  # a function of the public history and the planned event
         return _fallback(inputs, admission.reason, exact)
     return Released(release, name, admission, hides, branch)
+
+
+def utility_floor(inputs: UpdateInputs, release: Release) -> str | None:
+    """Why a noisy release would be noise rather than a model, where it would: its planned
+    noise (σ of the method's data-free plan, over the d parameters it noises: σ·√d) exceeds
+    the policy's `max_relative_noise` of the model's last noise-free version's norm. Every
+    term is public (a method whose σ is measured on the rows has no data-free plan and its
+    own guard), so the exact retrain it leads to reveals nothing of which rows left."""
+    share, scale = inputs.policy.max_relative_noise, inputs.public_norm
+    if share is None or not scale:
+        return None
+    plan = inputs.method.plan(inputs.target.epsilon, inputs.target.delta)
+    if plan.feasible is None or plan.sigma <= 0:
+        return None
+    noised = sum(
+        int(torch.count_nonzero(w != release.next_state[k]))
+        for k, w in release.weights.items()
+        if k in release.next_state and release.next_state[k].shape == w.shape
+    )
+    expected = plan.sigma * math.sqrt(noised)
+    if expected <= share * scale:
+        return None
+    return (
+        f"its noise (σ = {plan.sigma:.3g} on {noised} parameters, norm about {expected:.3g}) "
+        f"would exceed max_relative_noise = {share:g} of the norm of the model's last "
+        f"noise-free version ({scale:.3g}): a release that noisy is not a usable model"
+    )
 
 
 def hides_branch(method: UnlearningMethod) -> bool:

@@ -26,6 +26,7 @@ from tests.support.factories import certificate_of, forget, stored_state
 from workers.data import training_arrays
 
 LAM, R = 1e-2, 8.0
+NO_FLOOR = {"max_relative_noise": None}  # no utility floor: every release is the method's
 
 
 def convex_model(api: Api, dataset_id: int, **options: object) -> dict:
@@ -36,6 +37,7 @@ def convex_model(api: Api, dataset_id: int, **options: object) -> dict:
             "dataset_id": dataset_id,
             "architecture": {"type": "logreg"},
             "method": {"name": "convex_head", "lam": LAM, "R": R, **options},
+            "privacy": NO_FLOOR,  # the mechanism itself, however noisy its release
         },
     )
     assert created.status_code == 202, created.text

@@ -12,7 +12,14 @@ from app.privacy.gaussian import sigma_for
 from app.privacy.lineage import compose
 from tests.conftest import SMALL_TRAINING, Api
 
-POLICY = {"epsilon": 1.0, "delta": 1e-5, "lineage_epsilon": 1.8, "lineage_delta": 1e-5}
+# the mechanism and the lineage, with no utility floor
+POLICY = {
+    "epsilon": 1.0,
+    "delta": 1e-5,
+    "lineage_epsilon": 1.8,
+    "lineage_delta": 1e-5,
+    "max_relative_noise": None,
+}
 
 
 @pytest.fixture

@@ -165,6 +165,10 @@ class PrivacyPolicy(Strict):
     """δ budget of all noisy releases since the last exact retrain"""
     allow_heuristic: bool = False
     """let a method without a guarantee (minnorm_og) run"""
+    max_relative_noise: float | None = Field(0.5, gt=0.0, le=1000.0)
+    """the utility floor: a noisy release whose planned noise (σ·√d over its d noised
+    parameters) exceeds this share of the norm of the model's last noise-free version is
+    replaced by the exact retrain, for a public reason (null: no floor)"""
 
 
 def architecture_of(spec: ArchitectureSpec | JsonObject) -> ArchitectureSpec:

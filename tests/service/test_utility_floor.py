@@ -1,0 +1,65 @@
+"""A noisy release that would be noise rather than a model is not published: past the policy's
+`max_relative_noise` of the model's last noise-free norm, the exact retrain is released, for a
+reason made of public values only (workers/updates.py `utility_floor`)."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.conftest import Api, train_ids
+from tests.service.test_convex_head import LAM, R
+
+pytestmark = pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)
+
+
+def head(api: Api, dataset_id: int, floor: float | None) -> int:
+    spec = {"name": "head", "dataset_id": dataset_id, "architecture": {"type": "logreg"},
+            "method": {"name": "convex_head", "lam": LAM, "R": R},
+            "privacy": {"max_relative_noise": floor}}  # fmt: skip
+    created = api.post("/v1/models", json=spec)
+    assert created.status_code == 202, created.text
+    model = api.wait(f"/v1/models/{created.json()['id']}", ("ready", "failed"))
+    assert model["status"] == "ready", model
+    return model["id"]
+
+
+def erased_at(api: Api, dataset_id: int, ids: list[str], epsilon: float) -> dict[int, dict]:
+    """The rows erased at a target of `epsilon`; each model's certificate for it."""
+    body = {"dataset_id": dataset_id, "sample_ids": ids, "epsilon": epsilon}
+    asked = api.post("/v1/deletions", role="requester", json=body)
+    assert asked.status_code == 202, asked.text
+    done = api.wait(f"/v1/deletions/{asked.json()['id']}", ("done", "failed"))
+    assert done["status"] == "done", done
+    path = "/v1/audit/certificates/{}"
+    return {
+        m["model_id"]: api.get(path.format(m["certificate_id"]), role="auditor").json()
+        for m in done["models"]
+    }
+
+
+def test_a_release_that_would_be_noise_is_the_exact_retrain_instead(api: Api, digits: dict) -> None:
+    guarded, unguarded = head(api, digits["id"], 0.5), head(api, digits["id"], None)
+    ids = train_ids(api, digits["id"], 4)
+    reasons = []
+    for one in ids[:2]:  # two worlds, two different rows removed: the same public decision
+        certs = erased_at(api, digits["id"], [one], 1e-4)
+        cert = certs[guarded]
+        assert cert["guarantee"] == "exact" and cert["method"] == "retrain", cert
+        assert "max_relative_noise" in cert["fallback_reason"]
+        reasons.append(cert["fallback_reason"])
+    assert reasons[0] == reasons[1]  # σ, the count of parameters and a public norm: no row
+    served = api.get(f"/v1/models/{guarded}").json()["current_version"]
+    assert served["kind"] == "retrained"
+    assert served["metrics"]["test_accuracy"] > 0.9  # a model, not noise
+
+    noisy = api.get(f"/v1/models/{unguarded}").json()["current_version"]  # no floor: noise
+    assert noisy["kind"] == "unlearned" and noisy["metrics"]["test_accuracy"] < 0.5
+    assert certs[unguarded]["method"] == "convex_head"
+    assert certs[unguarded]["guarantee"] == "rigorous"
+
+
+def test_a_release_within_the_floor_is_the_method_s(api: Api, digits: dict) -> None:
+    model = head(api, digits["id"], 1000.0)  # a floor that a release at ε = 1 stays under
+    cert = erased_at(api, digits["id"], train_ids(api, digits["id"], 1), 1.0)[model]
+    assert cert["method"] == "convex_head" and cert["fallback_reason"] is None
+    assert api.get(f"/v1/models/{model}").json()["current_version"]["kind"] == "unlearned"
