@@ -1,6 +1,6 @@
 """A worker reads rows in bulk (issue 55): a dense run of ids as one range, a sparse set by
 `IN`, blocks copied out by column. Whichever way, the rows and arrays are the ones read
-record by record (tests/factories.arrays_for, the per-row path), and an erased row refuses
+record by record (tests/support/factories.arrays_for, the per-row path), and an erased row refuses
 to open."""
 
 from __future__ import annotations
