@@ -23,11 +23,11 @@ from app.core.db.tables import (
 )
 from app.core.ledger.certificates import lineage_history
 from app.core.phases import Phases
-from app.core.specs import architecture_of, training_of
-from app.core.states import ModelStatus, SampleStatus, VersionKind
+from app.core.specs import PrivacyPolicy, architecture_of, training_of
+from app.core.states import Guarantee, ModelStatus, SampleStatus, VersionKind
 from app.core.storage.blobs import BlobMissing, Blobs
 from app.core.storage.crypto import Keyring, SealError
-from methods import RETRAIN, get_method, method_of
+from methods import RETRAIN, MethodChoice, get_method, method_of
 from methods.compute import (
     ModelSpec,
     PrivacyTarget,
@@ -174,24 +174,36 @@ def load_batch(
         history=list(warm.history or ()),
         record=record,
         resident=resident if method.name == spec.method.name else None,
-        public_norm=public_norm(session, model_id),
+        public_norm=_floor_scale(session, model_id, method, batch.policy),
     )
     return batch, inputs
 
 
+def _floor_scale(
+    session: Session, model_id: int, method: MethodChoice, policy: PrivacyPolicy
+) -> float | None:
+    """The utility floor's scale, read only where the floor can apply: a floor is set and
+    the method's releases are noisy."""
+    if policy.max_relative_noise is None or method.spec.guarantee == Guarantee.exact:
+        return None
+    return public_norm(session, model_id)
+
+
 def public_norm(session: Session, model_id: int) -> float | None:
-    """The norm of the model's newest noise-free version (its metrics keep it), newest first:
-    the utility floor's scale (workers/updates.py `utility_floor`). None: none recorded."""
-    found = session.execute(
+    """The norm of the model's newest noise-free version (trained, imported or retrained;
+    its metrics keep it): the utility floor's scale (workers/updates.py `utility_floor`).
+    None: none recorded (a version made before the floor existed)."""
+    metrics = session.scalar(
         select(ModelVersion.metrics)
-        .where(ModelVersion.model_id == model_id)
+        .where(ModelVersion.model_id == model_id, ModelVersion.kind.in_(NOISE_FREE_KINDS))
         .order_by(ModelVersion.number.desc())
-    ).scalars()
-    for metrics in found:
-        norm = (metrics or {}).get("noise_free_norm")
-        if isinstance(norm, int | float):
-            return float(norm)
-    return None
+        .limit(1)
+    )
+    norm = (metrics or {}).get("noise_free_norm")
+    return float(norm) if isinstance(norm, int | float) else None
+
+
+NOISE_FREE_KINDS = (VersionKind.trained, VersionKind.imported, VersionKind.retrained)
 
 
 def warm_session(ctx: JobContext, model_id: int, device: torch.device) -> bool:

@@ -118,7 +118,7 @@ def measure(inputs: UpdateInputs, decision: Decision, seconds: float) -> JsonObj
         "fallback_reason": decision.reason if isinstance(decision, Fallback) else decision.branch,
     }
     if release.event is None:  # noise-free and public: the next updates' utility scale
-        metrics["noise_free_norm"] = metrics.get("weights_norm") or weights_norm(release.weights)
+        metrics["noise_free_norm"] = weights_norm(release.weights)
     if inputs.method.options.evaluate and is_classifier(inputs.spec.architecture):
         metrics["evaluation"] = _evaluate(inputs, decision)
     return metrics

@@ -182,10 +182,10 @@ def create_deletion(
     task = {"status": TaskStatus.queued, "attempts": 0, "n_removed": 0}
     task |= {"created_at": now, "updated_at": now}
     models, marked = [m.id for m in affected], [s.id for s in pending]
-    accept = (
-        partial(_accept_at_once, session, key) if postgres else partial(_accept_in_steps, session)
-    )
-    request_id = accept(row, task, models, marked)
+    if postgres:  # one statement
+        request_id = _accept_at_once(session, key, row, task, models, marked)
+    else:
+        request_id = _accept_in_steps(session, row, task, models, marked)
     request = DeletionRequest(id=request_id, **row)
     matched = partial(_suppress_matched, session, ring, names, body.dataset_id, samples)
     suppressed = matched(request_id) if suppressing else []
