@@ -489,6 +489,16 @@ def canonical_order(data: RetainedData) -> torch.Tensor | None:
     return torch.tensor(order, dtype=torch.int64, device="cpu")  # the shuffles are on the CPU
 
 
+def canonical_rank(data: RetainedData) -> torch.Tensor | None:
+    """Each row's place in `canonical_order` (its inverse), None where that is None."""
+    order = canonical_order(data)
+    if order is None:
+        return None
+    rank = torch.empty_like(order)
+    rank[order] = torch.arange(len(order), dtype=order.dtype)
+    return rank
+
+
 M = TypeVar("M", bound=type[UnlearningMethod])
 
 _COMPUTE: dict[str, type[UnlearningMethod]] = {}

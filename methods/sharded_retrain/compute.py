@@ -27,6 +27,7 @@ from methods.compute import (
     Trained,
     UnlearningMethod,
     UpdateInputs,
+    canonical_rank,
     register,
 )
 from methods.sharded_retrain import maths as sh
@@ -102,8 +103,9 @@ class ShardedRetrain(UnlearningMethod):
 
         weights: ModelState = {}
         checkpoints: ModelState = {}
+        rank = canonical_rank(data)
         for k in range(setup.shards):
-            states = sh.train_shard(setup, k, data.take, assignment, None, 1, on_stage)
+            states = sh.train_shard(setup, k, data.take, assignment, None, 1, on_stage, rank)
             _store(weights, checkpoints, k, 1, states)
         metrics: dict[str, Any] = {
             "train_seconds": time.perf_counter() - start,
@@ -134,6 +136,7 @@ class ShardedRetrain(UnlearningMethod):
         parts = _parts(inputs.state)
         weights: ModelState = {}
         checkpoints: ModelState = {}
+        rank = canonical_rank(inputs.retained)
         for k in range(setup.shards):
             if k not in first:  # untouched: the same tensors, bit for bit
                 weights.update(parts.get(shard_prefix(k), {}))
@@ -142,7 +145,9 @@ class ShardedRetrain(UnlearningMethod):
             r = first[k]
             _copy_checkpoints(parts, checkpoints, k, range(1, r))
             start_state = _checkpoint(parts, k, r - 1) if r > 1 else None
-            states = sh.train_shard(setup, k, inputs.retained.take, retained, start_state, r)
+            states = sh.train_shard(
+                setup, k, inputs.retained.take, retained, start_state, r, rank=rank
+            )
             _store(weights, checkpoints, k, r, states)
         sizes = sh.stage_sizes(retained, setup.shards, setup.slices)
         details = _work_done(setup, sizes, first, removed, added)

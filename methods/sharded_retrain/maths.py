@@ -191,11 +191,16 @@ class ShardedSetup:
         return self.training.model_copy(update={"epochs": epochs, "seed": seed})
 
 
-def stage_rows(assignment: Assignment, shard: int, stage: int) -> torch.Tensor:
-    """Row indices (into the assignment's order) of shard k's slices 1..j, by sample id."""
+def stage_rows(
+    assignment: Assignment, shard: int, stage: int, rank: torch.Tensor | None = None
+) -> torch.Tensor:
+    """Row indices (into the assignment's order) of shard k's slices 1..j, in canonical order
+    (`rank`, each row's place among the rows sorted by external id: the same rows in the same
+    order however they arrived), else by sample id."""
     ids, shards, slices = assignment.sample_ids, assignment.shard, assignment.slice
     rows = ((shards == shard) & (slices < stage)).nonzero().flatten()
-    return rows[torch.argsort(ids[rows], stable=True)]
+    key = ids[rows] if rank is None else rank.to(CPU)[rows]
+    return rows[torch.argsort(key, stable=True)]
 
 
 def slice_counts(assignment: Assignment, shards: int, slices: int) -> torch.Tensor:
@@ -228,14 +233,16 @@ def train_shard(
     start: ModelState | None,
     from_stage: int,
     on_stage: StageFn | None = None,
+    rank: torch.Tensor | None = None,
 ) -> list[ModelState]:
     """Stages from_stage..R of one shard from `start` (the checkpoint after stage
     from_stage − 1; None: the seeded initialisation of stage 1). Returns their states, the
-    last being the constituent. `take` draws a stage's rows (only the shard's are copied)."""
+    last being the constituent. `take` draws a stage's rows (only the shard's are copied);
+    `rank` orders them (`stage_rows`)."""
     states: list[ModelState] = []
     state = start
     for stage in range(from_stage, setup.slices + 1):
-        X, y = take(stage_rows(assignment, shard, stage))
+        X, y = take(stage_rows(assignment, shard, stage, rank))
         losses: list[float] = []  # the stage's per-epoch mean losses
 
         def record(_epoch: int, _epochs: int, loss: float, into: list[float] = losses) -> None:

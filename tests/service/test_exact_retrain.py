@@ -1,6 +1,7 @@
 """An exact retrain is the same bits for the same rows, whatever their history: registered in
 another order, half of them appended later, or left after a deletion of others (the rows train
-in the order of their ids: methods/compute.py `canonical_order`)."""
+in the order of their ids: methods/compute.py `canonical_order`); for the retrain and for SISA's
+shards, each of which sees its rows in that order."""
 
 from __future__ import annotations
 
@@ -44,9 +45,15 @@ def registered(api: Api, ids: list[str]) -> int:
     return answer.json()["id"]
 
 
-def retrained_model(api: Api, dataset_id: int) -> int:
+EXACT = [
+    {"name": "retrain"},
+    {"name": "sharded_retrain", "shards": 3, "slices": 2},
+]
+
+
+def retrained_model(api: Api, dataset_id: int, method: dict[str, object]) -> int:
     spec = {"name": "exact", "dataset_id": dataset_id, "architecture": {"type": "logreg"},
-            "training": SMALL_TRAINING, "method": {"name": "retrain"}}  # fmt: skip
+            "training": SMALL_TRAINING, "method": method}  # fmt: skip
     created = api.post("/v1/models", json=spec)
     assert created.status_code == 202, created.text
     ready = api.wait(f"/v1/models/{created.json()['id']}", ("ready", "failed"))
@@ -60,19 +67,23 @@ def weights(api: Api, model_id: int, number: int) -> dict[str, torch.Tensor]:
     return st_load(answer.content)
 
 
-def test_the_same_retained_rows_give_the_same_bits_whatever_came_before(api: Api) -> None:
+@pytest.mark.parametrize("method", EXACT, ids=[m["name"] for m in EXACT])
+def test_the_same_retained_rows_give_the_same_bits_whatever_came_before(
+    api: Api, method: dict[str, object]
+) -> None:
     shuffled = [KEPT[i] for i in np.random.default_rng(1).permutation(len(KEPT))]
 
     erased = registered(api, KEPT + EXTRA)  # every row, then the extra ones erased
-    after_erasure = retrained_model(api, erased)
+    after_erasure = retrained_model(api, erased, method)
     forget(api, erased, EXTRA)
     first = weights(api, after_erasure, 2)
 
-    fresh = retrained_model(api, registered(api, shuffled))  # the kept rows, in another order
+    # the kept rows, in another order
+    fresh = retrained_model(api, registered(api, shuffled), method)
     second = weights(api, fresh, 1)
 
     half = registered(api, shuffled[:120])  # half of them, the rest appended
-    grown = retrained_model(api, half)
+    grown = retrained_model(api, half, method)
     appended = api.post(
         f"/v1/datasets/{half}/samples", files={"file": ("more.npz", table(shuffled[120:]))}
     )

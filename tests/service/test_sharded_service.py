@@ -85,7 +85,9 @@ def from_scratch(api: Api, model_id: int):
         dataset = session.get(Dataset, model.dataset_id)
         spec = load.model_spec(model, dataset)
         data = training_arrays(session, api.opened(), model_id, dataset)
-    return fit(spec, RetainedData(data.sample_ids, data.X, data.y, data.subjects))
+    return fit(
+        spec, RetainedData(data.sample_ids, data.X, data.y, data.subjects, data.external_ids)
+    )
 
 
 def test_a_subject_deletion_retrains_one_shard_exactly_and_erases_its_checkpoints(
