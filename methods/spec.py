@@ -106,6 +106,9 @@ class MethodSpec(Generic[OptionsT]):
     own_cost: Callable[[OptionsT, JsonMap], CostEntry] | None = None
     # the method offered, estimated, to a model of another method with this architecture
     offered_to: Callable[[ArchitectureSpec], list[CostEntry]] | None = None
+    # a data-free bound on the noise-free model's norm (options, architecture, features,
+    # classes): the utility floor checks a policy against it at creation (methods/floor.py)
+    norm_bound: Callable[[OptionsT, ArchitectureSpec, int, int], float | None] | None = None
     # bytes the method holds beyond one network's training (app/core/services/memory.py)
     memory_terms: Callable[[OptionsT, MemoryFacts], dict[str, int]] | None = None
     # the training record the method keeps with a version (what its update reads back)
@@ -115,8 +118,11 @@ class MethodSpec(Generic[OptionsT]):
     examples: dict[str, JsonObject] = field(default_factory=dict)
 
     def parse(self, raw: JsonMap) -> OptionsT:
-        """The options from a model's stored `method` JSON (its `name` key is ignored)."""
-        return self.options.model_validate({k: v for k, v in raw.items() if k != "name"})
+        """The options from a model's stored `method` JSON (its `name`, and `chosen_by` where
+        `auto` chose it, are not options)."""
+        return self.options.model_validate(
+            {k: v for k, v in raw.items() if k not in ("name", "chosen_by")}
+        )
 
     def plan(self, options: OptionsT, epsilon: float, delta: float) -> ReleasePlan:
         """σ, Δ and the lineage event of the next release at (ε, δ), or, for a method whose

@@ -43,6 +43,7 @@ class CertificateContext:
     n_removed_in_update: int
     coalesced_requests: list[int]
     removed_ids_commitment: str
+    chosen_by: str | None = None
 
 
 def lineage_fields(decision: Decision) -> JsonObject:
@@ -80,6 +81,7 @@ def certificate_for(
         n_removed_in_update=len(batch.removed),
         coalesced_requests=sorted({t.request_id for t in batch.tasks}),
         removed_ids_commitment=commitment,
+        chosen_by=batch.chosen_by,
     )
     return certificate_fields(outcome.decision, batch.policy, batch.target(), ctx)
 
@@ -105,6 +107,7 @@ def certificate_fields(
         from_version=ctx.from_version,
         to_version=ctx.to_version,
         method=decision.method,
+        **({"method_chosen_by": ctx.chosen_by} if ctx.chosen_by else {}),
         epsilon=_claim(cert.epsilon),
         delta=_claim(cert.delta),
         sigma=_finite(cert.sigma),

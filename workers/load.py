@@ -23,6 +23,7 @@ from app.core.db.tables import (
 )
 from app.core.ledger.certificates import lineage_history
 from app.core.phases import Phases
+from app.core.services.utility_floor import public_norm
 from app.core.specs import PrivacyPolicy, architecture_of, training_of
 from app.core.states import Guarantee, ModelStatus, SampleStatus, VersionKind
 from app.core.storage.blobs import BlobMissing, Blobs
@@ -153,6 +154,7 @@ def load_batch(
         openings=_openings(session, ctx.keyring, {t.request_id for t in tasks}),
         session=warm,
         rows_loaded=rows_loaded,
+        chosen_by=model.method.chosen_by,
         weights_metadata=release_metadata(
             model,
             dataset,
@@ -187,23 +189,6 @@ def _floor_scale(
     if policy.max_relative_noise is None or method.spec.guarantee == Guarantee.exact:
         return None
     return public_norm(session, model_id)
-
-
-def public_norm(session: Session, model_id: int) -> float | None:
-    """The norm of the model's newest noise-free version (trained, imported or retrained;
-    its metrics keep it): the utility floor's scale (workers/updates.py `utility_floor`).
-    None: none recorded (a version made before the floor existed)."""
-    metrics = session.scalar(
-        select(ModelVersion.metrics)
-        .where(ModelVersion.model_id == model_id, ModelVersion.kind.in_(NOISE_FREE_KINDS))
-        .order_by(ModelVersion.number.desc())
-        .limit(1)
-    )
-    norm = (metrics or {}).get("noise_free_norm")
-    return float(norm) if isinstance(norm, int | float) else None
-
-
-NOISE_FREE_KINDS = (VersionKind.trained, VersionKind.imported, VersionKind.retrained)
 
 
 def warm_session(ctx: JobContext, model_id: int, device: torch.device) -> bool:

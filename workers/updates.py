@@ -43,6 +43,7 @@ from methods.compute import (
     UpdateInputs,
     method_for,
 )
+from methods.floor import FloorCheck
 from workers.device import inputs_to, outcome_to_cpu, release_to_cpu
 from workers.values import Decision, Fallback, Outcome, Released, Unrecoverable
 
@@ -192,14 +193,10 @@ def utility_floor(inputs: UpdateInputs, release: Release) -> str | None:
         for k, w in release.weights.items()
         if k in release.next_state and release.next_state[k].shape == w.shape
     )
-    expected = plan.sigma * math.sqrt(noised)
-    if expected <= share * scale:
-        return None
-    return (
-        f"its noise (σ = {plan.sigma:.3g} on {noised} parameters, norm about {expected:.3g}) "
-        f"would exceed max_relative_noise = {share:g} of the norm of the model's last "
-        f"noise-free version ({scale:.3g}): a release that noisy is not a usable model"
+    check = FloorCheck(
+        plan.sigma, noised, share, scale, "the norm of the model's last noise-free version"
     )
+    return check.reason() if check.below else None
 
 
 def hides_branch(method: UnlearningMethod) -> bool:

@@ -103,6 +103,7 @@ class Batch:
     session: ModelSession | None = None  # the resident session the inputs came from
     rows_loaded: int = 0  # training rows read from the database (0: the session was warm)
     weights_metadata: dict[str, str] = field(default_factory=dict)  # the release's, but its kind
+    chosen_by: str | None = None  # why the model has its method, where auto chose it
 
     @property
     def removed(self) -> list[int]:

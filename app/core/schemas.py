@@ -43,6 +43,7 @@ from app.core.wire import (  # noqa: F401 - the response models, re-exported
     VersionOut,
 )
 from methods import RETRAIN, get_method, method_names, method_of
+from methods.auto import AUTO, AutoOptions
 
 
 def unstorable_text(value: object, path: str = "") -> str | None:
@@ -221,8 +222,9 @@ def _method_variants(schema: JsonObject) -> None:
     """In OpenAPI, one variant per method: its `name` and exactly its options (`name` may
     be left out for the default, retrain)."""
     variants: list[JsonValue] = []
-    for name in method_names():
-        options = get_method(name).options.model_json_schema()
+    for name in [AUTO, *method_names()]:
+        chooser = AutoOptions if name == AUTO else get_method(name).options
+        options = chooser.model_json_schema()
         variant: JsonObject = {
             "type": "object",
             "title": name,
@@ -248,13 +250,24 @@ class MethodConfig(BaseModel):
     @field_validator("name")
     @classmethod
     def _known(cls, value: str) -> str:
-        if value not in method_names():
-            raise ValueError(f"unknown method {value!r}; available: {method_names()}")
+        if value != AUTO and value not in method_names():
+            raise ValueError(f"unknown method {value!r}; available: {[AUTO, *method_names()]}")
         return value
+
+    @property
+    def auto(self) -> bool:
+        """Lethe chooses the method at creation (methods/auto.py)."""
+        return self.name == AUTO
 
     @model_validator(mode="after")
     def _options(self) -> MethodConfig:
-        options = method_of({"name": self.name, **(self.model_extra or {})}).options
+        extra = self.model_extra or {}
+        if "chosen_by" in extra:
+            raise ValueError("chosen_by is Lethe's to set, where it chose the method (auto)")
+        if self.auto:
+            options: BaseModel = AutoOptions.model_validate(extra)
+        else:
+            options = method_of({"name": self.name, **extra}).options
         for key, value in options.model_dump().items():
             setattr(self, key, value)
         return self
@@ -300,7 +313,7 @@ class ModelCreate(In):
         names that method (its spec's `exclusive_to`)."""
         for name in method_names():
             exclusive = get_method(name).exclusive_to
-            if exclusive is None or name == self.method.name:
+            if exclusive is None or name == self.method.name or self.method.auto:
                 continue
             kind, code, message = exclusive
             if isinstance(self.architecture, kind):
@@ -311,6 +324,8 @@ class ModelCreate(In):
     def _heuristic_only_when_allowed(self) -> ModelCreate:
         """A method without a guarantee runs only where the policy says so (it is never a
         fallback either: Lethe falls back to exact retraining)."""
+        if self.method.auto:
+            return self  # auto never chooses a heuristic
         if get_method(self.method.name).guarantee == Guarantee.none and not (
             self.privacy.allow_heuristic
         ):
@@ -325,6 +340,8 @@ class ModelCreate(In):
     @model_validator(mode="after")
     def _architecture_as_the_method_needs_it(self) -> ModelCreate:
         """The method's `fit_architecture` hook (convex_head clips inputs to ‖(x, 1)‖ ≤ R)."""
+        if self.method.auto:
+            return self  # applied to the method auto chooses
         choice = method_of(self.method.model_dump())
         if choice.spec.fit_architecture is not None:
             self.architecture = choice.spec.fit_architecture(choice.options, self.architecture)

@@ -347,7 +347,9 @@ function setupForms() {
       method: { ...extra, name: method.value },
       privacy: { epsilon: Number(epsilon.value) || 1 } });
     if (!result.ok) { mError.textContent = errorText(result); return; }
-    mDone.textContent = `Model #${result.body.id} created; training runs as a job.`;
+    const chosen = result.body.method.chosen_by ? ` (${result.body.method.chosen_by})` : "";
+    mDone.textContent = `Model #${result.body.id} created with ${result.body.method.name}` +
+      `${chosen}; training runs as a job.`;
     model.reset();
     widthLabel.hidden = true;
     choices.replaceChildren();
@@ -410,10 +412,10 @@ async function methodChoices(box, select, datasetId, epsilon, choose) {
   }
   const body = result.body;
   const available = body.methods.filter(c => c.available).map(c => c.method);
-  const before = select.value;  // kept if this dataset allows it, else the exact retrain
-  select.replaceChildren(...available.map(m => el("option", { value: m }, m)));
-  if (available.includes(before)) select.value = before;
-  else if (available.includes("retrain")) select.value = "retrain";
+  const before = select.value;  // kept if this dataset allows it, else auto
+  select.replaceChildren(el("option", { value: "auto" }, "auto: Lethe chooses"),
+                         ...available.map(m => el("option", { value: m }, m)));
+  select.value = available.includes(before) ? before : "auto";
   box.replaceChildren(
     el("p", {}, `${body.n_train} training samples · one deletion's cost is a share of a full ` +
                 `retrain (${body.full_retrain_seconds === null ? "none measured yet"

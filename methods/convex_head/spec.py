@@ -122,6 +122,14 @@ def shift_view(o: ConvexHeadOptions, facts: PreviewFacts) -> JsonObject:
     }
 
 
+def norm_bound(
+    o: ConvexHeadOptions, _architecture: ArchitectureSpec, _features: int, n_classes: int
+) -> float:
+    """‖θ*‖ ≤ √k·R/λ: at each class's optimum λθ_a = −(1/n) Σ ℓ'·t_i·z_i with |ℓ'| ≤ 1 and
+    ‖z_i‖ ≤ R (Guo et al. 2020, §3: the loss is 1-Lipschitz in the margin)."""
+    return math.sqrt(n_classes) * o.R / o.lam
+
+
 def _memory(o: ConvexHeadOptions, f: MemoryFacts) -> dict[str, int]:
     """Z in float64, its clipped copy and the margins' pass; the class Hessians."""
     d = f.n_features + 1
@@ -150,5 +158,6 @@ SPEC = register(
         fit_architecture=clipped_logreg,
         preview_extras=shift_view,
         memory_terms=_memory,
+        norm_bound=norm_bound,
     )
 )

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pydantic import Field
 
+from app.core.specs import ArchitectureSpec
 from app.core.states import Guarantee
 from app.privacy.gaussian import sigma_for
 from app.privacy.lineage import gaussian_event
@@ -38,6 +39,14 @@ def output_perturbation_plan(c0: float, epsilon: float, delta: float) -> Release
     )
 
 
+def norm_bound(
+    o: OutputPerturbationOptions, _architecture: ArchitectureSpec, _features: int, _classes: int
+) -> float | None:
+    """The release before its noise lies in the C0 ball; fine-tuning after the noise
+    (post-processing) moves it, so no bound holds for what is released then."""
+    return o.C0 if o.finetune_epochs == 0 else None
+
+
 def _plan(o: OutputPerturbationOptions, epsilon: float, delta: float) -> ReleasePlan:
     return output_perturbation_plan(o.C0, epsilon, delta)
 
@@ -60,5 +69,6 @@ SPEC = register(
             }
         },
         planner=_plan,
+        norm_bound=norm_bound,
     )
 )

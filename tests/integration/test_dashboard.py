@@ -556,8 +556,10 @@ def test_an_admin_registers_a_dataset_and_creates_a_model(
         else:  # the API's refusal, as it came, less pydantic's prefix
             assert cells.nth(6).inner_text().startswith(row["refusal"].replace("Value error, ", ""))
     options = page.locator("#m-method option").all_inner_texts()
-    assert options == [r["method"] for r in table["methods"] if r["available"]]
-    assert page.input_value("#m-method") == "retrain"  # the form's default, still allowed
+    assert options == ["auto: Lethe chooses"] + [
+        r["method"] for r in table["methods"] if r["available"]
+    ]
+    assert page.input_value("#m-method") == "auto"  # the form's default
     refused = [r for r in table["methods"] if not r["available"]]
     for row in refused:  # the API's refusal without pydantic's "Value error, " prefix
         text = page.locator(f'#method-choices tr[data-method="{row["method"]}"] td').nth(6)

@@ -171,8 +171,12 @@ def test_the_method_table_for_a_new_model_plans_checks_and_costs_each_method(
     assert body["full_retrain_seconds"] > 0
     assert f"model {ready_model['id']}" in body["full_retrain_basis"]
     # the planned σ is the preview's: a model of that method at the same target plans it so
+    # output_perturbation's noise dwarfs its C0 ball: under the default floor it is refused
     op = rows["output_perturbation"]
-    assert op["available"] and op["guarantee"] == "rigorous" and op["sigma"] > 0
+    assert not op["available"] and op["guarantee"] == "rigorous" and op["sigma"] > 0
+    floor = op["below_floor"]
+    assert floor["expected_noise_norm"] > floor["max_relative_noise"] * floor["scale"]
+    assert floor["scale"] == 1.0 and "max_relative_noise" in op["refusal"]
     sharded = rows["sharded_retrain"]
     assert sharded["available"] and 0 < sharded["fraction_of_full_retrain"] < 1
     assert sharded["expected_compute_seconds"] == pytest.approx(
@@ -188,17 +192,21 @@ def test_the_method_table_for_a_new_model_plans_checks_and_costs_each_method(
     )
     assert refused.status_code == 422
     assert not rows["anchor_topics"]["available"]
-    # an available method's row is what creating it gives: its preview has the same σ
-    created = api.post(
-        "/v1/models",
-        json={
-            "name": "chosen",
-            "dataset_id": dataset,
-            "training": SMALL_TRAINING,
-            "method": {"name": "output_perturbation"},
-            "privacy": {"epsilon": 0.5, "delta": 1e-6},
-        },
-    )
+    # a row is what creating it gives: refused with the same figures, and without the floor
+    # (the admin says so) created, its preview planning the same σ
+    spec = {
+        "name": "chosen",
+        "dataset_id": dataset,
+        "training": SMALL_TRAINING,
+        "method": {"name": "output_perturbation"},
+        "privacy": {"epsilon": 0.5, "delta": 1e-6},
+    }
+    below = api.post("/v1/models", json=spec)
+    assert below.status_code == 422, below.text
+    assert below.json()["error"]["code"] == "below_utility_floor"
+    assert below.json()["error"]["details"] == floor
+    spec["privacy"]["max_relative_noise"] = None
+    created = api.post("/v1/models", json=spec)
     assert created.status_code == 202, created.text
     model = api.wait(f"/v1/models/{created.json()['id']}", ("ready", "failed"))
     preview = api.get("/v1/privacy/preview", params={"model": model["id"]}).json()

@@ -40,6 +40,15 @@ def erased_at(api: Api, dataset_id: int, ids: list[str], epsilon: float) -> dict
 def test_a_release_that_would_be_noise_is_the_exact_retrain_instead(api: Api, digits: dict) -> None:
     guarded, unguarded = head(api, digits["id"], 0.5), head(api, digits["id"], None)
     ids = train_ids(api, digits["id"], 4)
+    preview = api.get("/v1/privacy/preview", params={"model": guarded, "epsilon": 1e-4}).json()
+    floor = preview["utility_floor"]  # the preview says so before any request
+    assert floor["below"] and preview["would_retrain_exactly"], preview
+    assert floor["expected_noise_norm"] > floor["max_relative_noise"] * floor["scale"]
+    assert floor["sigma"] == pytest.approx(preview["sigma"])
+    loose = api.get("/v1/privacy/preview", params={"model": guarded}).json()
+    assert not loose["utility_floor"]["below"] and not loose["would_retrain_exactly"]
+    unset = api.get("/v1/privacy/preview", params={"model": unguarded, "epsilon": 1e-4}).json()
+    assert unset["utility_floor"] is None
     reasons = []
     for one in ids[:2]:  # two worlds, two different rows removed: the same public decision
         certs = erased_at(api, digits["id"], [one], 1e-4)

@@ -86,6 +86,8 @@ class DeletionCertificate(BaseModel):
     """the version released without them"""
     method: str
     """the method that made the release (retrain where it fell back)"""
+    method_chosen_by: str | None = None
+    """why the model has its method, where Lethe chose it (`auto`)"""
     guarantee: Literal["exact", "rigorous", "conditional", "none"]
     """exact (ε = δ = 0), rigorous, conditional (on declared constants) or none (a heuristic)"""
     epsilon: float | None

@@ -19,6 +19,7 @@ from app.core.services.datasets import ready_dataset
 from app.core.states import SampleStatus, VersionKind
 from app.core.wire import MethodChoice, MethodChoices, Target
 from methods import RETRAIN, get_method, method_names, method_of
+from methods.floor import at_creation
 
 NEWEST_TRAININGS = 50  # of the dataset's models, the trainings looked at for a measured time
 
@@ -59,7 +60,7 @@ def method_choices(
         else (None, "measured trainings are disclosed to auditors and admins")
     )
     rows = [
-        _row(name, ds.id, architecture, n_train, n_features, epsilon, delta, full)
+        _row(name, ds.id, architecture, n_train, n_features, ds.n_classes, epsilon, delta, full)
         for name in method_names()
     ]
     return MethodChoices(
@@ -79,6 +80,7 @@ def _row(
     architecture: dict[str, Any],
     n_train: int,
     n_features: int,
+    n_classes: int,
     epsilon: float,
     delta: float,
     full: float | None,
@@ -98,6 +100,15 @@ def _row(
         choice = method_of(body.method.model_dump())
         choice.check_model(body.architecture, n_train, n_features)
         plan = choice.plan(epsilon, delta)
+        floor = at_creation(
+            choice,
+            body.architecture,
+            n_features,
+            n_classes,
+            body.privacy.max_relative_noise,
+            epsilon,
+            delta,
+        )
         fraction, basis = _share(name, body)
     except ValidationError as exc:
         refusal = _messages(exc)
@@ -106,6 +117,16 @@ def _row(
     if refusal is not None:
         return MethodChoice(
             method=name, summary=spec.summary, guarantee=str(spec.guarantee), refusal=refusal
+        )
+    if floor is not None and floor.below:  # POST /v1/models refuses it (below_utility_floor)
+        return MethodChoice(
+            method=name,
+            summary=spec.summary,
+            guarantee=str(plan.guarantee),
+            sigma=plan.sigma,
+            feasible=plan.feasible,
+            refusal=f"every release would be the exact retrain: {floor.reason()}"[:500],
+            below_floor=floor.figures(),
         )
     return MethodChoice(
         method=name,

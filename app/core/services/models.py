@@ -16,6 +16,7 @@ from app.core.jsontypes import JsonObject
 from app.core.mlflow_export.views import export_view
 from app.core.schemas import ModelCreate
 from app.core.services import memory
+from app.core.services.auto_method import choose
 from app.core.services.datasets import ready_dataset
 from app.core.specs import (
     ImportedWeights,
@@ -29,6 +30,7 @@ from app.core.storage.blobs import Blobs, OpenBlob, WrittenBlob
 from app.core.wire import Progress
 from architectures import kind_of
 from methods import get_method, method_names, method_of
+from methods.floor import at_creation
 
 
 def create_model(session: Session, spec: ModelCreate, memory_limit: int | None = None) -> Model:
@@ -46,13 +48,16 @@ def create_model(session: Session, spec: ModelCreate, memory_limit: int | None =
         raise unprocessable("no_training_data", "the dataset has no active training samples")
     if isinstance(spec.architecture, TopicHeadSpec):
         spec = spec.model_copy(update={"architecture": _head_on_base(session, spec, ds)})
+    chosen_by = None
+    if spec.method.auto:
+        spec, chosen_by = choose(spec, ds, n_train)
     _check_fits(spec, ds, n_train, memory_limit)
     model = Model(
         name=spec.name,
         dataset_id=ds.id,
         architecture=spec.architecture,
         training=StoredTraining.model_validate(spec.training.model_dump()),
-        method=StoredMethod.model_validate(spec.method.model_dump()),
+        method=StoredMethod.model_validate({**spec.method.model_dump(), "chosen_by": chosen_by}),
         privacy=spec.privacy,
         status=ModelStatus.queued,
         progress=Progress(stage=Stage.queued),
@@ -77,6 +82,25 @@ def _check_fits(spec: ModelCreate, ds: Dataset, n_train: int, memory_limit: int 
     method = method_of(spec.method.model_dump())
     features = math.prod(ds.feature_shape)
     method.check_model(spec.architecture, n_train, features)
+    policy = spec.privacy
+    floor = at_creation(
+        method,
+        spec.architecture,
+        features,
+        ds.n_classes,
+        policy.max_relative_noise,
+        policy.epsilon,
+        policy.delta,
+    )
+    if floor is not None and floor.below:
+        raise unprocessable(
+            "below_utility_floor",
+            f"every release of {method.name} under this policy would be noise: "
+            f"{floor.reason()}, so each deletion would retrain exactly. Raise ε, change the "
+            "method's options, or choose an exact method (or set max_relative_noise: null to "
+            "release such noise)",
+            floor.figures(),
+        )
     if memory_limit is not None:
         needed = memory.estimate(
             spec.architecture, spec.training, method, n_train, features, ds.n_classes
@@ -306,6 +330,12 @@ def _import_model(
     """A model trained elsewhere: its weights (`stored` already, sealed, before this
     transaction) are checked against the architecture now and loaded by the worker (status
     queued → ready). Only methods that need nothing recorded during training can serve it."""
+    if spec.method.auto:
+        raise unprocessable(
+            "auto_needs_training",
+            "auto chooses a method for a model Lethe trains; an imported model names its "
+            "method: " + ", ".join(n for n in method_names() if not get_method(n).records_training),
+        )
     if get_method(spec.method.name).records_training:
         usable = [n for n in method_names() if not get_method(n).records_training]
         raise unprocessable(

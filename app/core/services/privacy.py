@@ -13,6 +13,7 @@ from app.core.jsontypes import JsonObject
 from app.core.ledger.certificates import lineage_history, recent_certificate_documents
 from app.core.services.deletion_cost import deletion_cost
 from app.core.services.models import get_model
+from app.core.services.utility_floor import floor_view
 from app.core.states import VersionKind
 from app.core.wire import LineagePreview, PreviewOut, Target
 from app.privacy.lineage import LineageBudget, admit
@@ -56,6 +57,9 @@ def preview(
     budget = LineageBudget(policy.lineage_epsilon, policy.lineage_delta)
     admission = admit(budget, history, plan.event)
     after = admission.after if plan.event is not None else admission.spent
+    dataset = session.get(Dataset, model.dataset_id)
+    assert dataset is not None
+    floor = floor_view(session, model, plan, prod(dataset.feature_shape), dataset.n_classes)
     return PreviewOut(
         model_id=model_id,
         method=plan.method,
@@ -76,7 +80,10 @@ def preview(
             budget_used_by_release=after.epsilon - admission.spent.epsilon,
             accountant=after.accountant,
         ),
-        would_retrain_exactly=plan.feasible is False or not admission.admitted,
+        would_retrain_exactly=(
+            plan.feasible is False or not admission.admitted or (floor is not None and floor.below)
+        ),
+        utility_floor=floor,
         deletion_capacity=_capacity_view(plan, current),
         # timings of trainings and updates, each a function of rows since removed
         deletion_cost=deletion_cost(session, model, disclose) if disclose else None,

@@ -152,6 +152,8 @@ class StoredMethod(BaseModel):
 
     name: str = "retrain"
     """the method"""
+    chosen_by: str | None = None
+    """why Lethe chose this method, where the model asked for `auto`"""
 
 
 class PrivacyPolicy(Strict):

@@ -582,6 +582,9 @@ class MethodChoice(BaseModel):
     """that share of the dataset's measured training (null: nothing measured)"""
     cost_basis: str = ""
     """where the share comes from"""
+    below_floor: JsonObject | None = None
+    """the utility floor's figures where every release at this target would be noise (the
+    API refuses such a model: `below_utility_floor`); null: not known to fall below"""
 
 
 class MethodChoices(BaseModel):
@@ -603,6 +606,29 @@ class MethodChoices(BaseModel):
     """which"""
     methods: list[MethodChoice]
     """one row per method"""
+
+
+class UtilityFloorView(BaseModel):
+    """The utility floor against the next release's planned noise: every figure public."""
+
+    model_config = ConfigDict(use_attribute_docstrings=True)
+
+    sigma: float
+    """the planned σ"""
+    noised_parameters: int
+    """d, the parameters the noise is added to"""
+    expected_noise_norm: float
+    """σ·√d"""
+    max_relative_noise: float
+    """the policy's floor, a share of the scale"""
+    scale: float
+    """the public norm the noise is compared with"""
+    scale_basis: str
+    """what the scale is the norm of"""
+    below: bool
+    """whether the noise exceeds the floor (then the exact retrain is released)"""
+    then: str
+    """what the next release would be, in words"""
 
 
 class PreviewOut(Document):
@@ -633,6 +659,9 @@ class PreviewOut(Document):
     """what the release would spend of the lineage budget"""
     would_retrain_exactly: bool
     """true when the next request would fall back to the exact retrain"""
+    utility_floor: UtilityFloorView | None = None
+    """the policy's utility floor against the planned noise (null: no floor applies, or no
+    noise-free version to scale from yet)"""
     deletion_capacity: JsonObject | None = None
     """for a method with a capacity: how many removals remain before a retrain"""
     deletion_cost: DeletionCost | None = None
