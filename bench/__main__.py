@@ -93,6 +93,11 @@ SUITES = {
         "bench.device",
         "a GPU for --device cuda",
     ),
+    "publication-timing": Suite(
+        "Does a requester's clock tell which branch ran, with and without constant-time "
+        "publication?",
+        "bench.publication",
+    ),
     "log": Suite(
         "What does the Merkle tree cost per certificate, and how large are its proofs?",
         "bench.transparency",

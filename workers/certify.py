@@ -46,6 +46,12 @@ class CertificateContext:
     chosen_by: str | None = None
 
 
+def _publication(policy: PrivacyPolicy) -> JsonObject:
+    """The policy's constant-time publication, where it sets one."""
+    after = policy.publish_after_seconds
+    return {} if after is None else {"publish_after_seconds": after}
+
+
 def lineage_fields(decision: Decision) -> JsonObject:
     """The fields of a release's certificates that its lineage reads (`app/privacy/lineage`):
     the guarantee, whether it resets the lineage, and the noisy release it counts."""
@@ -117,6 +123,7 @@ def certificate_fields(
         **_spent(cert, spend, noisy, policy),
         **lineage_fields(decision),
         fallback_reason=fallback_reason,
+        **_publication(policy),
         target={"epsilon": target.epsilon, "delta": target.delta},
         n_removed=ctx.n_removed,
         removed_ids_commitment=ctx.removed_ids_commitment,
@@ -162,6 +169,12 @@ def _sentence(said: str, spend: Any, policy: PrivacyPolicy, fallback_reason: str
         )
     if fallback_reason:
         said += f" Exact retraining was used because {fallback_reason}."
+    if policy.publish_after_seconds is not None:
+        said += (
+            f" It was published no earlier than {policy.publish_after_seconds:g} s after the "
+            "newest request it serves was accepted, so the time to publication does not tell "
+            "which branch ran unless the update took longer."
+        )
     return said
 
 

@@ -14,6 +14,7 @@ import torch
 from sqlalchemy.orm import Session
 
 from app.core import pause, shutdown, tracing
+from app.core.db.tables import utcnow
 from app.core.dispatch import DELETE, take_signal
 from app.core.ledger.transparency import signing_key
 from app.core.storage.erasure import compact_after_erasure
@@ -29,6 +30,7 @@ from workers.data import database_key
 from workers.lease import LeaseLost, ModelLease, lease_for
 from workers.linger import Linger
 from workers.metrics import (
+    DEADLINES_MISSED,
     DELETIONS_PROCESSED,
     FALLBACKS,
     JOB_DURATION,
@@ -140,6 +142,7 @@ def _apply_batch(
                 batch, inputs = load.load_batch(session, ctx, model_id, tasks, device)
             with tracing.span("deletion.compute"):  # while computing: none open
                 outcome, stored = _compute(ctx, batch, inputs, device)
+            _hold_until(batch)
             pause.point(settings, "before-commit", model_id)  # (a crash: orphans, swept)
             version_id = _commit(ctx, batch, outcome, stored)
         except BaseException:
@@ -150,6 +153,20 @@ def _apply_batch(
             ctx.announcer.announce()  # the long polls of these requests look again now
     keep_resident(sessions, where, batch, outcome, version_id)
     return outcome
+
+
+def _hold_until(batch: Batch) -> None:
+    """Constant-time publication: no commit before the batch's public deadline, so the time
+    from a request to its certificate does not tell which branch ran. An update that ends
+    past it is published at once, and counted (`lethe_publication_deadline_missed_total`,
+    for admins: whether it missed depends on the branch)."""
+    if batch.publish_at is None:
+        return
+    left = (batch.publish_at - utcnow()).total_seconds()
+    if left < 0:
+        DEADLINES_MISSED.inc()
+        return
+    shutdown.sleep(left)
 
 
 def _commit(

@@ -7,16 +7,18 @@ from __future__ import annotations
 
 import logging
 from dataclasses import replace
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import numpy as np
 import torch
-from sqlalchemy import select
+from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from app.core.db.chunks import chunked
 from app.core.db.tables import (
     Dataset,
+    DeletionRequest,
     Model,
     ModelSample,
     ModelVersion,
@@ -155,6 +157,7 @@ def load_batch(
         session=warm,
         rows_loaded=rows_loaded,
         chosen_by=model.method.chosen_by,
+        publish_at=_publish_at(session, model.privacy, tasks),
         weights_metadata=release_metadata(
             model,
             dataset,
@@ -179,6 +182,25 @@ def load_batch(
         public_norm=_floor_scale(session, model_id, method, batch.policy),
     )
     return batch, inputs
+
+
+def _publish_at(
+    session: Session, policy: PrivacyPolicy, tasks: list[ClaimedTask]
+) -> datetime | None:
+    """Constant-time publication's deadline: the newest request's acceptance plus the
+    policy's `publish_after_seconds` (public values only); None where the policy sets none."""
+    if policy.publish_after_seconds is None:
+        return None
+    accepted = session.scalar(
+        select(func.max(DeletionRequest.created_at)).where(
+            DeletionRequest.id.in_({t.request_id for t in tasks})
+        )
+    )
+    if accepted is None:
+        return None
+    if accepted.tzinfo is None:  # an aggregate SQLite hands back without its offset
+        accepted = accepted.replace(tzinfo=UTC)
+    return accepted + timedelta(seconds=policy.publish_after_seconds)
 
 
 def _floor_scale(

@@ -20,6 +20,12 @@ FALLBACKS = Counter(
     ["method"],
 )
 
+DEADLINES_MISSED = Counter(
+    "lethe_publication_deadline_missed_total",
+    "Updates published after their constant-time deadline (publish_after_seconds): their "
+    "time to publication may tell which branch ran",
+)
+
 ROWS_LEARNED = Counter(
     "lethe_rows_learned_total",
     "Appended rows models learned, by the method that released the learned version",

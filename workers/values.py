@@ -5,6 +5,7 @@ so the pipeline, the update, the certificate and the device placement form no im
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from datetime import datetime
 
 from app.core.jsontypes import JsonObject
 from app.core.specs import ImportedWeights, PrivacyPolicy
@@ -104,6 +105,9 @@ class Batch:
     rows_loaded: int = 0  # training rows read from the database (0: the session was warm)
     weights_metadata: dict[str, str] = field(default_factory=dict)  # the release's, but its kind
     chosen_by: str | None = None  # why the model has its method, where auto chose it
+    # constant-time publication: not committed before this (the policy's
+    # publish_after_seconds past the newest request's acceptance); None: at once
+    publish_at: datetime | None = None
 
     @property
     def removed(self) -> list[int]:

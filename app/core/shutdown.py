@@ -49,6 +49,18 @@ def check() -> None:
         raise Interrupted("the service is shutting down; the job resumes on the next start")
 
 
+def sleep(seconds: float) -> None:
+    """Wait `seconds`, or raise Interrupted as soon as this thread's worker is shutting down
+    (a thread without one just waits)."""
+    if seconds <= 0:
+        return
+    stopping: threading.Event | None = getattr(_local, "stopping", None)
+    if stopping is None:
+        threading.Event().wait(seconds)
+    elif stopping.wait(seconds):
+        raise Interrupted("the service is shutting down; the job resumes on the next start")
+
+
 def run_waiting_deletions() -> None:
     """In a background job, run the deletions that wait now, here, then return; elsewhere
     return at once. For a job's points between stages that must not raise (an audit's)."""

@@ -110,6 +110,9 @@ class DeletionCertificate(BaseModel):
     """the noisy release as the lineage counts it"""
     fallback_reason: str | None
     """why the exact retrain was used instead of the method"""
+    publish_after_seconds: float | None = None
+    """constant-time publication: the release was published no earlier than this many
+    seconds after the newest request it serves was accepted (absent: as soon as ready)"""
     target: Target
     n_removed: int
     """rows this request removed"""

@@ -171,6 +171,10 @@ class PrivacyPolicy(Strict):
     """the utility floor: a noisy release whose planned noise (σ·√d over its d noised
     parameters) exceeds this share of the norm of the model's last noise-free version is
     replaced by the exact retrain, for a public reason (null: no floor)"""
+    publish_after_seconds: float | None = Field(None, gt=0.0, le=86_400.0)
+    """constant-time publication: an update is published no earlier than this many seconds
+    after the newest request it serves was accepted, so a requester's clock does not tell
+    which branch ran (null: published as soon as it is ready)"""
 
 
 def architecture_of(spec: ArchitectureSpec | JsonObject) -> ArchitectureSpec:
