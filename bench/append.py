@@ -1,4 +1,4 @@
-"""Learning appended rows (issue 55, goal 6), side by side in one run.
+"""Learning appended rows, side by side in one run.
 
 In process (the maths, as a worker's resident session holds it): n synthetic rows × 256
 features × 10 classes (bench/convex_resident.py's data and convex_head settings: λ = 1e-3,

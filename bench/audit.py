@@ -1,4 +1,4 @@
-"""Privacy audits of every method with canaries (issue 31), side by side in one run.
+"""Privacy audits of every method with canaries, side by side in one run.
 
 For each method on a dataset where it applies (digits and the synthetic features data; the MLP,
 the logistic head, random features for minnorm): the certified ε and the ε' it implies per
@@ -204,7 +204,7 @@ def simulated_null_rate(m: int, confidence: float, runs: int = 1000) -> dict[str
     return {"runs": runs, "above_0": above, "rate": rate, "p_none_of_20": (1 - rate) ** 20}
 
 
-# newton with its constants declared false on purpose (issue 56): almost no unlearning step
+# newton with its constants declared false on purpose: almost no unlearning step
 # and almost no noise, certified (ε, δ) all the same
 FALSE_NEWTON = {"name": "newton", "L": 0.0, "M": 0.0, "C": 1000.0, "depth": 1, "H_sc": 1e9}
 
@@ -247,7 +247,7 @@ def overclaims(options: AuditOptions) -> None:
     write_result("audit_overclaims", {"canaries": options.canaries, "rows": rows})
 
 
-# issue 56, goal 4: every canary kind beside every score on the table's cases
+# every canary kind beside every score on the table's cases
 COMBINATIONS = [("random", "loss"), ("random", "weights"), ("leverage", "loss"),
                 ("leverage", "weights")]  # fmt: skip
 

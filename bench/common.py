@@ -61,7 +61,7 @@ def embedded_server(data_dir: Path) -> Iterator[tuple[str, str]]:
 
 def ready(client: Any, answer: Any) -> dict[str, Any]:
     """A registered dataset once it is ready: a registration of more than 10,000 rows is a
-    job (202, issue 55), followed here until its status is ready. `client` is Lethe's Client
+    job (202), followed here until its status is ready. `client` is Lethe's Client
     or an httpx.Client, `answer` what its POST returned."""
     found = answer.json() if hasattr(answer, "json") and not isinstance(answer, dict) else answer
     while found.get("status") == "registering":

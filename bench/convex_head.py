@@ -1,4 +1,4 @@
-"""convex_head (issue 12): speed, accuracy and the measured shift over a sequence of requests.
+"""convex_head: speed, accuracy and the measured shift over a sequence of requests.
 
 For each dataset (synthetic n=100,000 p=256 10 classes; digits; breast_cancer features), at
 (ε, δ) = (1, 1e-5): train the head, then run 100 sequential single-sample removals through the

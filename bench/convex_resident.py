@@ -1,4 +1,4 @@
-"""convex_head's removal with its resident state (issue 28, goal 4), against the same code's
+"""convex_head's removal with its resident state, against the same code's
 exact warm retrain, both on rows already in memory (a worker's resident session).
 
 For n = 100,000 and 1,000,000 synthetic rows × 256 features × 10 classes at (ε, δ) = (1, 1e-5),

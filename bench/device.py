@@ -1,4 +1,4 @@
-"""Worker compute per device (issue 13, goal 3): for each method, the time of training and of
+"""Worker compute per device: for each method, the time of training and of
 one single-sample deletion's compute, on CPU or on a GPU, with no database, Redis or service.
 
 Both are timed as the jobs run them (workers/training.py, workers/deletions.py): the training

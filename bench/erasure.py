@@ -1,4 +1,4 @@
-"""The cost of crypto-shredding (issue 11) on SQLite and PostgreSQL.
+"""The cost of crypto-shredding on SQLite and PostgreSQL.
 
 For n samples of d float32 features: registering a dataset sealed (one data key per sample,
 AES-256-GCM) against inserting the same features in plaintext as before; opening every

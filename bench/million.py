@@ -1,4 +1,4 @@
-"""One million samples on this machine, embedded (issue 28, goal 6).
+"""One million samples on this machine, embedded.
 
 A fresh embedded `lethe serve` (SQLite, its worker process) with the dataset limits raised to fit
 (LETHE_MAX_DATASET_CELLS; the defaults refuse 256 M values): register

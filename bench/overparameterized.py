@@ -1,4 +1,4 @@
-"""Seed 001 (issue 14): the exact min-norm projection against a from-scratch solve, and
+"""Seed 001: the exact min-norm projection against a from-scratch solve, and
 MinNorm-OG against retraining and doing nothing.
 
 Exact path: synthetic data (make_classification, the service's builtin), n = 5,000 training

@@ -1,4 +1,4 @@
-"""Where the API's time goes under load (issue 13): py-spy samples `lethe serve` (embedded)
+"""Where the API's time goes under load: py-spy samples `lethe serve` (embedded)
 while wrk POSTs single-sample deletions with 16 connections, and the busy samples (threads
 waiting on a queue, a condition or a socket left out) are summed per function, inclusive.
 

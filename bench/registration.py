@@ -1,4 +1,4 @@
-"""Registering a large dataset, side by side in one run (issue 55, goal 6): the builtin
+"""Registering a large dataset, side by side in one run: the builtin
 generator (`{"builtin": "synthetic", ...}`) against a Parquet object of the same shape read
 from object storage (SeaweedFS, `{"source": {"s3": ...}}`), each POST→ready as a client sees
 it (the POST answers 202 past 10,000 rows; the bench polls until ready), the rate, and the

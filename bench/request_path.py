@@ -1,4 +1,4 @@
-"""The request path (issue 13, goal 1): accepted POST /v1/deletions per second with 16 clients
+"""The request path: accepted POST /v1/deletions per second with 16 clients
 on one API process, while the worker applies updates, beside a minimal FastAPI + SQLAlchemy
 endpoint doing the same inserts and commit (bench/minimal_app.py), on the same load generator
 (wrk, a C program, so the client costs the 2 cores little), in the same run. `GET …/weights`

@@ -1,4 +1,4 @@
-"""SISA (`sharded_retrain`, issue 18): accuracy against the cost of a deletion.
+"""SISA (`sharded_retrain`): accuracy against the cost of a deletion.
 
 Part 1, the compute halves (no service), on the digits MLP 64-64 (the split and training of
 bench/noisy_finetune.py) and on a synthetic 100,000-sample task (the `synthetic` builtin,

@@ -1,4 +1,4 @@
-"""Seed 000 (issue 15): the anchor-word topic model and its unlearning, on the paper's own
+"""Seed 000: the anchor-word topic model and its unlearning, on the paper's own
 generative model (app/core/text.py: vocabulary 2,000, 20 topics, 50,000 documents of 100 words,
 separability p = 0.05).
 

@@ -1,4 +1,4 @@
-"""The Merkle tree's cost (issue 17): certificate append latency with and without the tree
+"""The Merkle tree's cost: certificate append latency with and without the tree
 and its signed head, on SQLite and PostgreSQL; proof generation time against tree size; and
 proof sizes at 10^6 certificates (computed).
 

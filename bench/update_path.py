@@ -1,4 +1,4 @@
-"""The update path (issue 13, goal 2).
+"""The update path.
 
 Latency: embedded `lethe serve` (SQLite + inline worker), digits logreg, sequential single-
 sample deletions: POST→certificate (the client long-polls `GET /v1/deletions/{id}?wait=`), for

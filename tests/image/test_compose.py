@@ -1,4 +1,4 @@
-"""The distributed deployment from one command (issue 57, item 5): `scripts/compose-up` builds
+"""The distributed deployment from one command: `scripts/compose-up` builds
 the images from Debian's packages, brings PostgreSQL, Redis, SeaweedFS, the witness, the API and
 two workers up with podman-compose, each healthy; the README's walkthrough runs against it; a
 worker killed with SIGKILL mid-flight loses nothing: the next deletion is still certified.

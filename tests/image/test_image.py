@@ -1,4 +1,4 @@
-"""The container image, built and run (issue 32): `scripts/build-image` makes it with podman
+"""The container image, built and run: `scripts/build-image` makes it with podman
 from Debian's packages alone (no registry is reachable here), the image's healthcheck passes
 once the service is up, and the README's curl walkthrough runs against the container as
 written. Marked `image`: `make test-image` runs it (CI too); the suite (`make test`) does not,

@@ -1,4 +1,4 @@
-"""Appends (issue 55, goal 3): rows appended to a ready dataset from the same sources as a
+"""Appends: rows appended to a ready dataset from the same sources as a
 registration, with the split their column says or the dataset's rule (a keyed hash of the id,
 so a row's split never depends on when it arrives), refused when their ids are already there
 (409, listed) or their person was erased (the suppression list), 422 when they are not the

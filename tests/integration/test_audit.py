@@ -150,8 +150,8 @@ def test_verify_names_first_bad_certificate(db_url: str, sql: str, reason: str) 
 
 
 def test_the_log_tables_refuse_update_and_delete(db_url: str) -> None:
-    """On PostgreSQL and SQLite alike (issue 26): the chain, the tree and the heads; and the
-    public log's tree and published checkpoints (issue 30)."""
+    """On PostgreSQL and SQLite alike: the chain, the tree and the heads; and the
+    public log's tree and published checkpoints."""
     write_chain(db_url, 1)
     with database(db_url).write() as session:
         session.add(PublishedCheckpoint(tree_size=1, note="a signed note", cosigners=0))

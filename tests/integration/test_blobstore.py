@@ -1,4 +1,4 @@
-"""The sealed, streaming blob store (issue 29) on each backend: the database, a folder, and a
+"""The sealed, streaming blob store on each backend: the database, a folder, and a
 real S3 server (SeaweedFS)."""
 
 from __future__ import annotations

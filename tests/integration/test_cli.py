@@ -1,5 +1,5 @@
 """The CLI's routine errors: one clear line on stderr and exit 1, a traceback only with
---debug (issue 16, part 4); `create-key` finds the database the settings name."""
+--debug; `create-key` finds the database the settings name."""
 
 from __future__ import annotations
 
@@ -50,7 +50,7 @@ def test_an_unreachable_service_is_one_line_unless_debug() -> None:
 
 
 def test_a_witness_refuses_an_empty_or_malformed_log_key(tmp_path: Path) -> None:
-    """Issue 53: compose with an empty LETHE_LOG_VKEY passed `--log ""`, and the witness
+    """compose with an empty LETHE_LOG_VKEY passed `--log ""`, and the witness
     crash-looped on a NoteError traceback; it refuses with one line that says what to set."""
     base = ["witness", "--name", "w.example/1", "--key-file", str(tmp_path / "w.key")]
     one_line_failure(lethe(*base, "--log", ""), "set LETHE_LOG_VKEY")
@@ -86,7 +86,7 @@ def test_method_options_parse_as_json_else_text() -> None:
     }
     with pytest.raises(typer.BadParameter, match="KEY=VALUE"):
         method_options(["shards"])
-    with pytest.raises(typer.BadParameter, match="finite"):  # issue 26: was a traceback
+    with pytest.raises(typer.BadParameter, match="finite"):  # was a traceback
         method_options(["shards=1e999"])
 
 
@@ -99,7 +99,7 @@ def test_a_sharded_model_from_the_cli_and_its_deletion_cost(
     env = {"LETHE_URL": url, "LETHE_API_KEY": admin, "COLUMNS": "200"}  # no wrapped rows
     added = lethe("datasets", "add", "--builtin", "digits", **env)
     assert added.returncode == 0, added.stderr
-    listed = lethe("datasets", "list", **env)  # issue 55: the list, newest first
+    listed = lethe("datasets", "list", **env)  # the list, newest first
     assert listed.returncode == 0, listed.stderr
     assert "digits" in listed.stdout and "builtin:digits" in listed.stdout
     assert "ready" in listed.stdout and "1 of 1" in listed.stdout
@@ -127,7 +127,7 @@ def test_a_sharded_model_from_the_cli_and_its_deletion_cost(
 def test_a_parquet_file_with_a_mapping_registers_as_a_job_from_the_cli(
     served: tuple[str, str, Path], tmp_path: Path
 ) -> None:
-    """Issue 55: `lethe datasets add --file x.parquet` with a column mapping; past 10,000
+    """`lethe datasets add --file x.parquet` with a column mapping; past 10,000
     rows the API answers 202 and the command follows the job to its end."""
     import numpy as np
     import pyarrow as pa
@@ -159,7 +159,7 @@ def test_a_parquet_file_with_a_mapping_registers_as_a_job_from_the_cli(
     )
     assert created.returncode == 0, created.stderr
     model_id = created.stdout.split('"id": ')[1].split(",")[0]
-    # 15,000 more rows as a job (202), then every model learns them (issue 55, goals 3, 5)
+    # 15,000 more rows as a job (202), then every model learns them
     more = tmp_path / "more.parquet"
     Y = np.random.default_rng(3).standard_normal((15_000, 3))
     pq.write_table(

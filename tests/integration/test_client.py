@@ -1,5 +1,5 @@
 """The Python client against a real `lethe serve`: typed answers for every endpoint, typed
-errors with the API's code, wait helpers with progress, sync and async (issue 16, part 3)."""
+errors with the API's code, wait helpers with progress, sync and async."""
 
 from __future__ import annotations
 

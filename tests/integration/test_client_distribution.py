@@ -1,4 +1,4 @@
-"""The client as its own distribution (issue 57, item 6): `clients/python` builds a wheel that
+"""The client as its own distribution: `clients/python` builds a wheel that
 depends on httpx and pydantic only; installed into a fresh virtual environment without torch
 it files a deletion against a real `lethe serve`, waits for its certificate and reads it."""
 

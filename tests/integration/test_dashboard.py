@@ -141,7 +141,7 @@ def test_each_page_shows_what_the_api_returns(
     certificates = api.get("/v1/audit/certificates", params={"model": model_id}).json()["items"]
     assert len(certificates) == 2
     cumulative = sorted({(c["to_version"], c["cumulative_epsilon"]) for c in certificates})
-    # issue 57: the ε chart starts at v1 (nothing spent), like accuracy, under a budget line
+    # the ε chart starts at v1 (nothing spent), like accuracy, under a budget line
     assert same(points(page, "plot-epsilon"), [(1, 0.0), *cumulative])
     budget = page.locator("#plot-epsilon-budget")
     assert float(budget.get_attribute("data-y") or "nan") == preview["lineage"]["budget_epsilon"]
@@ -165,7 +165,7 @@ def test_each_page_shows_what_the_api_returns(
     requests = api.get("/v1/deletions").json()["items"]
     assert page.locator("#deletions tr[data-request]").count() == len(requests) == 2
     assert page.locator("#timeline rect.span").count() == 2
-    assert page.locator("#timeline text.tick.time").count() >= 2  # a time axis (issue 57)
+    assert page.locator("#timeline text.tick.time").count() >= 2  # a time axis
     assert page.locator("#deletions .status.done").count() >= 2
     dataset_id = models[0]["dataset_id"]
     assert page.locator("#deletions td.dataset").all_inner_texts() == [f"#{dataset_id}"] * 2
@@ -200,7 +200,7 @@ def test_a_reader_sees_only_what_it_may(
     page = browser.new_page(viewport={"width": 1280, "height": 900})
     page.goto(f"{url}/ui")
     page.wait_for_selector("#key")
-    assert "null" not in page.inner_text("#main")  # issue 57: a literal "null" under the form
+    assert "null" not in page.inner_text("#main")  # a literal "null" under the form
     icon = httpx.get(f"{url}/favicon.ico")
     assert icon.status_code == 200 and icon.headers["content-type"].startswith("image/svg+xml")
     page.fill("#key", "lethe_not_a_key")
@@ -241,7 +241,7 @@ def test_training_updates_without_a_reload(
     # ... then refreshed by itself until the training finishes.
     page.wait_for_selector(f'tr[data-model="{model["id"]}"] .status.ready', timeout=120_000)
     assert page.evaluate("() => window.reloaded") is False  # the same document throughout
-    # A one-version model's chart: one point at its one tick, no line (issue 32).
+    # A one-version model's chart: one point at its one tick, no line.
     page.click(f'a[href="#/models/{model["id"]}"]')
     page.wait_for_selector("#plot-accuracy circle.point")
     assert page.locator("#plot-accuracy text.tick.x").all_text_contents() == ["v1"]
@@ -259,7 +259,7 @@ def test_docs_work_offline_with_an_authorize_button(
     assert "/docs/static/swagger-ui-bundle.js" in html and "cdn" not in html.lower()
     schemes = httpx.get(f"{url}/openapi.json").json()["components"]["securitySchemes"]
     assert schemes["APIKey"] == {**schemes["APIKey"], "type": "http", "scheme": "bearer"}
-    for path in ("/docs", "/redoc"):  # issue 53: a policy, and no frame may hold them
+    for path in ("/docs", "/redoc"):  # a policy, and no frame may hold them
         policy = httpx.get(f"{url}{path}").headers["content-security-policy"]
         assert (
             "frame-ancestors 'none'" in policy
@@ -284,7 +284,7 @@ def test_docs_work_offline_with_an_authorize_button(
 def test_an_auditor_runs_a_privacy_audit_from_the_model_page(
     browser: Browser, service: tuple[str, dict[str, str]], tmp_path: Path
 ) -> None:
-    """Issue 31: the model page runs an audit with the signed-in key and shows its figures
+    """the model page runs an audit with the signed-in key and shows its figures
     beside the certificates; a reader's click shows the API's refusal."""
     url, keys = service
     reader = browser.new_page(viewport={"width": 1280, "height": 900})
@@ -408,7 +408,7 @@ def test_a_receipt_verifies_in_the_browser_with_no_key(
     (tmp_path / "forged.tlog-proof").write_text(forged)
     kind, sentence = verdict(page, url, tmp_path / "forged.tlog-proof")
     assert kind == "refused" and "inclusion proof does not lead" in sentence, sentence
-    assert "download it again" in page.inner_text("#next")  # what to do next (issue 57)
+    assert "download it again" in page.inner_text("#next")  # what to do next
     page.fill("#pasted", text)  # the receipt pasted instead of chosen as a file
     page.click("#check-pasted")
     page.wait_for_selector("#result [data-verdict='verified']")
@@ -438,7 +438,7 @@ def test_a_receipt_verifies_in_the_browser_with_no_key(
 def test_a_requester_files_a_deletion_and_downloads_its_receipt(
     browser: Browser, service: tuple[str, dict[str, str]], tmp_path: Path
 ) -> None:
-    """Issue 32: the deletions page files a request with the signed-in key (after a
+    """the deletions page files a request with the signed-in key (after a
     confirmation, with an idempotency key), follows it to its certificate, and hands over the
     receipt, which verifies offline; the API's refusal is shown as it comes; a reader gets no
     form."""
@@ -502,7 +502,7 @@ def test_a_requester_files_a_deletion_and_downloads_its_receipt(
 def test_an_admin_registers_a_dataset_and_creates_a_model(
     browser: Browser, service: tuple[str, dict[str, str]], tmp_path: Path
 ) -> None:
-    """Issue 32: the models page registers an uploaded CSV (multipart, with the signed-in key)
+    """the models page registers an uploaded CSV (multipart, with the signed-in key)
     and creates a model on it, which then trains in the list; the API's refusal of a bad file
     is shown as it comes; a requester's models page has neither form."""
     url, keys = service
@@ -571,7 +571,7 @@ def test_an_admin_registers_a_dataset_and_creates_a_model(
     )
     page.screenshot(path=str(tmp_path / "models-method-table.png"), full_page=True)
     page.fill("#m-name", "from-the-dashboard")
-    # issue 57: the architecture and the method's options are the form's too
+    # the architecture and the method's options are the form's too
     page.select_option("#m-architecture", "mlp")
     page.fill("#m-widths", "32, 16")
     page.fill("#m-options", "not json")
@@ -599,7 +599,7 @@ def test_an_admin_registers_a_dataset_and_creates_a_model(
 def test_an_admin_registers_a_parquet_file_with_a_column_mapping(
     browser: Browser, service: tuple[str, dict[str, str]], tmp_path: Path
 ) -> None:
-    """Issue 55: the register form takes a Parquet file and its column mapping (label, id,
+    """the register form takes a Parquet file and its column mapping (label, id,
     subject; the features a list column), and the datasets table lists what it made."""
     import numpy as np
     import pyarrow as pa
@@ -634,7 +634,7 @@ def test_an_admin_registers_a_parquet_file_with_a_column_mapping(
     admin = httpx.Client(base_url=url, headers={"Authorization": f"Bearer {keys['admin']}"})
     who = admin.get(f"/v1/datasets/{dataset_id}/samples", params={"subject": "person-2"}).json()
     assert {s["external_id"] for s in who["items"]} == {f"row-{i}" for i in range(8, 12)}
-    # Appends (issue 55): "append rows" on the dataset's row, a new file, the same mapping
+    # Appends: "append rows" on the dataset's row, a new file, the same mapping
     more = pa.table(
         {
             "key": [f"row-{i}" for i in range(40, 60)],
@@ -669,7 +669,7 @@ def test_an_admin_registers_a_parquet_file_with_a_column_mapping(
 def test_sigma_is_shown_against_the_released_weights_norm(
     browser: Browser, service: tuple[str, dict[str, str]]
 ) -> None:
-    """Issue 57: σ alone says little; the model page puts the noise vector's expected norm
+    """σ alone says little; the model page puts the noise vector's expected norm
     σ√d beside the released weights' norm (both public metrics of the current version)."""
     url, keys = service
     with httpx.Client(base_url=url, headers={"Authorization": f"Bearer {keys['admin']}"}) as c:

@@ -1,4 +1,4 @@
-"""Erased means gone (issue 11): a byte search of the database files after a deletion.
+"""Erased means gone: a byte search of the database files after a deletion.
 
 The search reads what an attacker with file access reads: SQLite's main file, WAL and shm;
 PostgreSQL's heap, index and TOAST pages of Lethe's tables (pageinspect). Payloads, statistics
@@ -258,7 +258,7 @@ def byte_search_scenario(api: Api, stored_bytes: Callable[[], bytes]) -> None:
 
 def test_byte_search_with_the_worker_process(tmp_path: Path) -> None:
     """`lethe serve`'s default: the update, the erasure and its compaction run in the API's
-    worker process (issue 28, goal 5); the database files and blobs keep nothing either."""
+    worker process; the database files and blobs keep nothing either."""
     settings = Settings(
         data_dir=tmp_path,
         database_url=f"sqlite:///{tmp_path / 'lethe.db'}",

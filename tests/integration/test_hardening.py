@@ -181,7 +181,7 @@ def test_reads_and_single_statements_send_no_begin_or_commit(
     own_pg_database: str, tmp_path: Path
 ) -> None:
     """On PostgreSQL a read and `single()` send their statements alone, in autocommit: no
-    BEGIN and no COMMIT, two round trips fewer each (issue 28); `write()` still sends both
+    BEGIN and no COMMIT, two round trips fewer each; `write()` still sends both
     around its statements, and what `single()` wrote is committed when it returns."""
     from psycopg import pq
 

@@ -279,7 +279,7 @@ def test_a_malformed_sparse_npz_is_422_and_the_server_lives(server: Cluster, arr
 def test_a_text_csv_of_a_million_distinct_words_is_refused_in_bounded_memory(
     server: Cluster,
 ) -> None:
-    """Issue 26: the vocabulary is counted and the size checked before the documents ×
+    """the vocabulary is counted and the size checked before the documents ×
     vocabulary matrix exists (an 8 MB file used to cost +3.5 GB before its 413)."""
     words = (f"w{i:x}".translate(str.maketrans("0123456789", "ghijklmnop")) for i in range(10**6))
     lines = ["text"] + [" ".join(next(words) for _ in range(10)) for _ in range(10**5)]

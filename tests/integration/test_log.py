@@ -1,4 +1,4 @@
-"""A log the world can watch (issue 30): C2SP checkpoints, tiles, tlog-proof receipts and
+"""A log the world can watch: C2SP checkpoints, tiles, tlog-proof receipts and
 witnesses; checked with Go's reference packages and against a rewrite."""
 
 from __future__ import annotations
@@ -41,7 +41,7 @@ def test_tile_paths_and_widths_are_the_specifications() -> None:
     assert tiles.tile_path(None, 2) == "tile/entries/002"
     assert tiles.parse_tile_path("0/x001/x234/067.p/3") == tiles.TilePath(0, 1234067, 3)
     assert tiles.parse_tile_path("entries/002") == tiles.TilePath(None, 2, None)
-    long_index = "/".join(["x123"] * 1500 + ["456"])  # 4,503 digits (issue 53)
+    long_index = "/".join(["x123"] * 1500 + ["456"])  # 4,503 digits
     for bad in ["0/5", "00/005", "0/x001", "0/001/002", "0/005.p/0", "0/005.p/256", "64/000",
                 f"0/{long_index}", "9" * 4500 + "/000", "0/005.p/" + "1" * 4500]:  # fmt: skip
         with pytest.raises(ValueError) as refused:
@@ -82,7 +82,7 @@ def test_notes_verify_by_known_keys_only() -> None:
         notes.Verifier.parse(verifier.vkey.replace("+", "+0", 1))  # the key id must match
     root = base64.b64encode(bytes(32)).decode()
     assert Checkpoint.parse(f"o\n{2**64 - 1}\n{root}\n").size == 2**64 - 1
-    for size in (str(2**64), "9" * 4500, "-1", "07", "٣"):  # issue 53: a uint64, in ASCII
+    for size in (str(2**64), "9" * 4500, "-1", "07", "٣"):  # a uint64, in ASCII
         with pytest.raises(NoteError, match="below 2\\^64"):
             Checkpoint.parse(f"o\n{size}\n{root}\n")
 

@@ -1,4 +1,4 @@
-"""MLflow (issue 58, goal 2): with `LETHE_MLFLOW_TRACKING_URI` set, every version Lethe
+"""MLflow: with `LETHE_MLFLOW_TRACKING_URI` set, every version Lethe
 publishes appears as a version of an MLflow registered model, its weights the artifact and its
 certificate in its tags, the alias `current` on Lethe's current version; a version Lethe purges
 loses its artifact in MLflow too. Against a real `mlflow server` (SQLite backend, artifacts

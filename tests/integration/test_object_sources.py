@@ -1,4 +1,4 @@
-"""Datasets read from object storage (issue 55, goal 2), against a real S3 server
+"""Datasets read from object storage, against a real S3 server
 (SeaweedFS): `{"source": {"s3": {"bucket", "key"}}}` with the column mapping, read by the
 registration's child through Lethe's own S3 settings; Parquet by ranged GETs."""
 

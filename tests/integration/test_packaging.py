@@ -1,5 +1,5 @@
 """The image and the compose file (no Docker engine runs here, so they are checked as files),
-and the package a non-editable install builds (issue 16, part 8)."""
+and the package a non-editable install builds."""
 
 from __future__ import annotations
 
@@ -83,13 +83,13 @@ def test_a_built_wheel_carries_the_dashboard_and_the_loader(tmp_path: Path) -> N
         check=True,
         timeout=300,
     )
-    wheel = next(tmp_path.glob("lethe_unlearning-*.whl"))  # the distribution's name (issue 32)
+    wheel = next(tmp_path.glob("lethe_unlearning-*.whl"))  # the distribution's name
     names = set(zipfile.ZipFile(wheel).namelist())
     assert {"app/ui/index.html", "app/ui/app.js", "app/ui/app.css"} <= names
     assert "lethe/loader.py" in names
     # Alembic's scripts ship in the wheel: an installed Lethe migrates its database (the
-    # image's first start failed on a path outside site-packages before, issue 32); a
-    # top-level folder of the source tree again (issue 54)
+    # image's first start failed on a path outside site-packages before); a
+    # top-level folder of the source tree again
     assert {
         "migrations/__init__.py",
         "migrations/env.py",

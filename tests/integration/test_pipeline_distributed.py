@@ -364,7 +364,7 @@ def test_final_failure_withdraws_the_model_erases_and_lands_in_rq_failed_registr
     assert failed["models"][0]["status"] == "done"
     assert withdrawn["status"] == "failed" and withdrawn["error"].startswith("withdrawn: ")
     deletions = Queue(deletions_queue(cluster.queue), connection=Redis.from_url(redis_url))
-    registry = FailedJobRegistry(queue=deletions)  # deletions have their own queue (issue 53)
+    registry = FailedJobRegistry(queue=deletions)  # deletions have their own queue
     wait_until(lambda: registry.count >= 1, timeout=30)
     with database(pg_url).write() as session:
         assert session.scalar(select(func.count()).select_from(Certificate)) == 0
@@ -446,7 +446,7 @@ def test_worker_metrics_reach_prometheus(make_cluster) -> None:
 def test_a_models_next_update_stays_on_the_worker_holding_its_session(
     make_cluster, pg_url: str
 ) -> None:
-    """Issue 28: with two workers, a worker keeps a model's lease for `sticky_seconds` after
+    """with two workers, a worker keeps a model's lease for `sticky_seconds` after
     its last batch, so sequential deletions land on the warm session (no training row read)
     instead of alternating between the workers (Redis hands a job to the longest-waiting
     worker, which is the other one)."""
@@ -475,7 +475,7 @@ def test_a_models_next_update_stays_on_the_worker_holding_its_session(
 def test_kill_9_mid_learning_with_a_deletion_between_learns_exactly_once(
     make_cluster, pg_url: str, tmp_path: Path
 ) -> None:
-    """Issue 55: an append's learning killed between its compute and its commit, a deletion
+    """an append's learning killed between its compute and its commit, a deletion
     filed meanwhile: the other worker applies the deletion first, then learns the rows once;
     one chain, one log entry per release, the tree holds them all."""
     pauses = tmp_path / "pauses"

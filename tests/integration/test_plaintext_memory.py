@@ -1,4 +1,4 @@
-"""Erased plaintext leaves memory (issue 53): `lethe serve` registers a CSV, trains two models
+"""Erased plaintext leaves memory: `lethe serve` registers a CSV, trains two models
 and erases one person; within the plaintext TTL the worker process that held the rows has
 given way to a fresh one, and a scan of every Lethe process's memory (/proc/<pid>/mem) finds
 none of the erased rows' feature bytes (float32 or float64) and none of their ids or the

@@ -1,4 +1,4 @@
-"""`make test`'s set-up step on a machine that lacks what the suite needs (issue 32):
+"""`make test`'s set-up step on a machine that lacks what the suite needs:
 scripts/test-prerequisites, run where chromium and Go are missing, installs them with apt and
 reports their versions; run again with everything present, it installs nothing. apt-get is a
 stand-in that records what it is asked for and installs stand-ins, and PostgreSQL and Redis

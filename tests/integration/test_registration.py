@@ -1,4 +1,4 @@
-"""Registering a dataset a chunk per commit (issue 28): other writers proceed between chunks,
+"""Registering a dataset a chunk per commit: other writers proceed between chunks,
 nothing may use a registering dataset, and a registration that fails or whose process dies
 leaves nothing behind."""
 
@@ -77,7 +77,7 @@ def test_other_writers_proceed_between_chunks_and_a_registering_dataset_is_refus
 
     seen = api.get("/v1/datasets/2").json()
     assert seen["status"] == "registering" and seen["n_samples"] == 12_000
-    assert seen["progress"]["rows_done"] == registration.CHUNK  # issue 55: its progress
+    assert seen["progress"]["rows_done"] == registration.CHUNK  # its progress
     assert seen["progress"]["rows_total"] == 12_000 and seen["progress"]["rows_per_second"] > 0
     listed = api.get("/v1/datasets", params={"status": "registering"}).json()["items"]
     assert [d["id"] for d in listed] == [2] and listed[0]["progress"]["rows_done"] > 0
@@ -124,7 +124,7 @@ def test_other_writers_proceed_between_chunks_and_a_registering_dataset_is_refus
 def test_a_large_synthetic_registration_answers_before_a_row_is_drawn(
     settings: Settings, tmp_path: Path
 ) -> None:
-    """Issue 55, goal 1: a synthetic builtin's rows are known from its spec, so its POST
+    """a synthetic builtin's rows are known from its spec, so its POST
     answers 202 with the total while the child is held before drawing a row, where the answer
     waited for the mixture's draws (26 s at a million × 256, bench.registration)."""
     with paused_app(settings, tmp_path, "registration-parse") as (api, pause):

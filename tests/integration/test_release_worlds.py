@@ -1,4 +1,4 @@
-"""What a release publishes besides its weights (issue 52), tested with two worlds: two
+"""What a release publishes besides its weights, tested with two worlds: two
 services whose datasets hold the same retained rows and differ in the one row that is then
 removed. World A removes an ordinary row, which convex_head releases with its own update;
 world B removes an outlier at the clipping radius with the wrong label, whose measured bound

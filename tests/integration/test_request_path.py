@@ -188,7 +188,7 @@ def test_sqlite_writers_of_one_process_queue_in_process(sqlite_url: str) -> None
 
 
 def test_sqlite_writers_of_two_processes_queue_on_the_lock_file(sqlite_url: str) -> None:
-    """The API and its embedded worker process (issue 28) queue for SQLite's write lock on
+    """The API and its embedded worker process queue for SQLite's write lock on
     `<file>.lock` too: another process holding it holds this process's writes back."""
     db = database(sqlite_url)
     held = subprocess.Popen(
@@ -337,7 +337,7 @@ def test_opened_samples_are_cached_and_erased_ones_dropped(
 def test_a_clean_stop_runs_the_scheduled_publication_and_joins_it(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
-    """Checkpoints are published at most once per interval in a timer thread (issue 28); a
+    """Checkpoints are published at most once per interval in a timer thread; a
     clean stop publishes the head still waiting and leaves no timer holding a connection."""
     published: list[float] = []
     monkeypatch.setattr(publication, "publish", lambda db, settings: published.append(time.time()))

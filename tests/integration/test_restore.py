@@ -1,4 +1,4 @@
-"""Restore drills (issue 53): back up a service's database and blobs, erase a person, stop,
+"""Restore drills: back up a service's database and blobs, erase a person, stop,
 restore the backup, start. The service must notice (not ready, nothing served but health and
 deletions), `lethe restore` must put the log back as published and re-apply the erasure, and
 then nothing of the person is served, no id is given twice and the log never forks: the tree

@@ -1,4 +1,4 @@
-"""Two Lethe services in one process share nothing (issue 54): each `create_app` builds its
+"""Two Lethe services in one process share nothing: each `create_app` builds its
 own Runtime (settings, database, keyring, blob store) and its thread-mode worker its own
 JobContext, so nothing a request or a job does reads another service's configuration. Before,
 the second app's `use_settings` made every `get_settings()` and `keyring()` of the first one

@@ -1,4 +1,4 @@
-"""Faults are faults, not verdicts (issue 53): a full blob disk makes deletions wait and
+"""Faults are faults, not verdicts: a full blob disk makes deletions wait and
 retry, with a clear status and a metric, instead of withdrawing the model; a corrupt state of
 a model is answered by the exact retrain from the retained rows."""
 

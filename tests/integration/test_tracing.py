@@ -1,4 +1,4 @@
-"""Traces (issue 58, goal 3): with an OTLP endpoint configured, one deletion is one trace from
+"""Traces: with an OTLP endpoint configured, one deletion is one trace from
 its POST to its certificate, across the API process, the queue and the worker, whether the
 worker is the embedded one's child process or a distributed `lethe worker`; its steps'
 durations add up to the POST→certificate time; no span carries a sample's or a subject's id.

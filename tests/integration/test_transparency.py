@@ -1,4 +1,4 @@
-"""The audit log's Merkle tree, signed heads, proofs and receipts (issue 17)."""
+"""The audit log's Merkle tree, signed heads, proofs and receipts."""
 
 from __future__ import annotations
 
@@ -221,7 +221,7 @@ def test_frontier_lists_the_complete_subtrees_that_tile_a_tree() -> None:
 def test_appends_read_no_node_with_the_kept_frontier_and_sign_a_fresh_trees_root(
     tmp_path: Path,
 ) -> None:
-    """The worker keeps both trees' frontiers between appends (issue 28): an append then reads
+    """The worker keeps both trees' frontiers between appends: an append then reads
     no stored node, and every head it signs is the root of a tree built from scratch; a rolled
     back append leaves nothing stale behind."""
     from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey

@@ -1,4 +1,4 @@
-"""Webhooks (issue 58, goal 1): admins manage endpoints (SSRF refused unless allowed, secrets
+"""Webhooks: admins manage endpoints (SSRF refused unless allowed, secrets
 shown once and rotated with a grace period); events are written to the outbox in the commit
 that makes them and never carry a sample's id; a real receiver process verifies every
 signature with the `standardwebhooks` package; when it is down the events wait and arrive

@@ -1,4 +1,4 @@
-"""The embedded worker as a process of its own (issue 28, goal 5): `lethe serve`'s default.
+"""The embedded worker as a process of its own: `lethe serve`'s default.
 
 The dispatcher's side is driven directly with a test job run in the real child process
 (wake-ups reach the API process; a dead child is replaced and its signal sent again; stop
@@ -160,7 +160,7 @@ def test_lethe_serve_updates_in_its_worker_process_and_takes_it_down_with_it(
             headers={"Prefer": "wait=60"},
         )
         # the replacement worker imports torch before it takes the job: on a busy machine
-        # that outlasts the 60 s the answer waits (issue 57), so wait for the request itself
+        # that outlasts the 60 s the answer waits, so wait for the request itself
         assert second.status_code in (200, 202), second.text
         path = f"/v1/deletions/{second.json()['id']}"
         finished = ("done", "failed")
@@ -220,7 +220,7 @@ def test_sigterm_stops_training_in_the_worker_process_and_puts_the_model_back(
 
 @pytest.mark.integration
 def test_a_deletion_is_not_queued_behind_a_long_training(tmp_path: Path) -> None:
-    """Issue 53, deletions first: while the worker process trains a long model, a deletion on
+    """while the worker process trains a long model, a deletion on
     another dataset's model certifies (the training runs it at its next epoch's check), and
     the training is still running when the deletion is done. First in first out, the
     deletion waited for all 1,000 epochs."""

@@ -76,7 +76,7 @@ def test_keys_are_looked_up_once_then_remembered_until_revoked(
     api: Api, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The ingress gate's lookup is handed to the route's role check, and a verified key is
-    remembered (issue 13); revoking it forgets it at once."""
+    remembered; revoking it forgets it at once."""
     import app.api.keycache
 
     calls: list[str] = []

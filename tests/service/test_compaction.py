@@ -1,6 +1,6 @@
 """Compaction after an erasure on PostgreSQL rewrites only the key table's partitions in which
 keys were destroyed (migration 0016), not the whole table: its cost does not grow with the
-number of keys (issue 28)."""
+number of keys."""
 
 from __future__ import annotations
 
@@ -231,7 +231,7 @@ def test_short_and_sample_keys_are_destroyed_together(db_url: str) -> None:
 @pytest.mark.postgres
 def test_a_short_key_destroyed_rewrites_its_small_table_not_a_partition(pg_url: str) -> None:
     """Blobs' keys and openings die in short_keys: compaction rewrites that one small table
-    and no partition of the samples' keys (issue 28)."""
+    and no partition of the samples' keys."""
     db, ring = database(pg_url), Keyring(b"k" * 32)
     with db.write() as session:
         made = [k for k, _ in create_keys(session, ring, 3, KeyTable.short)]

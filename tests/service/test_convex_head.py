@@ -1,4 +1,4 @@
-"""convex_head (issue 12): the measured shift bounds the distance to the exact optimum, a
+"""convex_head: the measured shift bounds the distance to the exact optimum, a
 shift over β retrains, ε is the analytic Gaussian's, and inputs are clipped everywhere."""
 
 from __future__ import annotations
@@ -90,7 +90,7 @@ def test_measured_shift_bounds_the_distance_to_the_retrained_optimum(api: Api) -
 
 def test_a_shift_over_the_budget_releases_the_retrain_through_the_mechanism(api: Api) -> None:
     """s > β: the exact optimum (a cold solve) is released with the same noise and the same
-    certificate; which branch ran is for auditors only (issue 52)."""
+    certificate; which branch ran is for auditors only."""
     ds = api.post("/v1/datasets", json={"builtin": "breast_cancer"}).json()
     model = convex_model(api, ds["id"], beta=1e-14, newton_steps=1)
     done = forget(api, ds["id"], train_ids(api, ds["id"], 3))
@@ -195,7 +195,7 @@ def test_preview_shows_sigma_noise_norm_and_recent_shifts(api: Api) -> None:
 
 @pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)  # a view question
 def test_measured_values_of_the_removed_rows_go_to_auditors_only(api: Api) -> None:
-    """Issue 25: s and the gradient norms are functions of the removed rows. The log's body
+    """s and the gradient norms are functions of the removed rows. The log's body
     (which receipts carry) holds a salted commitment and "≤ β"; auditors and admins get the
     values, which open the commitments; a requester's preview shows no recent s."""
     ds = api.post("/v1/datasets", json={"builtin": "breast_cancer"}).json()
@@ -222,7 +222,7 @@ def test_measured_values_of_the_removed_rows_go_to_auditors_only(api: Api) -> No
 
 
 def test_a_vanishing_lambda_is_refused_at_creation(api: Api) -> None:
-    """Issue 26: λ = 5e-324 was accepted and training failed later."""
+    """λ = 5e-324 was accepted and training failed later."""
     ds = api.post("/v1/datasets", json={"builtin": "breast_cancer"}).json()
     response = api.post(
         "/v1/models",

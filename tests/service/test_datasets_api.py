@@ -51,7 +51,7 @@ def test_builtin_breast_cancer(api: Api) -> None:
 
 @pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)
 def test_synthetic_subjects_group_consecutive_rows(api: Api) -> None:
-    """Issue 28: a synthetic dataset with subjects, for subject deletions at scale."""
+    """a synthetic dataset with subjects, for subject deletions at scale."""
     body = {"builtin": "synthetic", "n_samples": 200, "subject_size": 50}
     ds = api.post("/v1/datasets", json=body).json()
     page = api.get(f"/v1/datasets/{ds['id']}/samples", params={"subject": "subject-1"}).json()
@@ -250,7 +250,7 @@ def test_extreme_split_and_out_of_range_numbers_are_not_server_errors(api: Api) 
 def test_the_synthetic_mixture_is_scikit_learns_for_the_seed(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """Issue 28: generated in float32 with less memory, the values are still exactly
+    """generated in float32 with less memory, the values are still exactly
     `make_classification(..., random_state=seed)`'s, so a seed names the same dataset."""
     from sklearn import datasets as skd
 
@@ -276,7 +276,7 @@ def test_the_synthetic_mixture_is_scikit_learns_for_the_seed(
 def test_the_streamed_mixture_gives_every_row_what_the_whole_one_does(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """Issue 55, goal 6: registration reads the synthetic mixture's rows in the order they are
+    """registration reads the synthetic mixture's rows in the order they are
     drawn, a block at a time, each under the id (scikit-learn's row number) whose features,
     label, split and subject the whole array gives it, as registration reads them (slices
     across blocks, single rows after a skip, a mask of the rows kept)."""
@@ -311,7 +311,7 @@ def test_the_streamed_mixture_gives_every_row_what_the_whole_one_does(
 
 
 def test_the_synthetic_mixture_is_generated_in_its_float32_array() -> None:
-    """Issue 28, goal 6: 200,000 × 128 (97.7 MiB of float32) grows the peak RSS (scikit-learn's
+    """200,000 × 128 (97.7 MiB of float32) grows the peak RSS (scikit-learn's
     import included) by less than 2.5 × the float32 array: `make_classification`'s float64
     with its float32 cast would be 3 × (measured: 4.0 × before, 1.74 × now)."""
     script = (
@@ -353,7 +353,7 @@ def streamed_growth(n: int, p: int, read: str, before: str = "") -> tuple[int, f
 
 
 def test_the_streamed_mixture_is_never_whole_in_memory() -> None:
-    """Issue 55, goal 6: registration's reading of 100,000 × 512 synthetic rows (195 MiB of
+    """registration's reading of 100,000 × 512 synthetic rows (195 MiB of
     float32), a 5,000-row chunk at a time as it seals them, grows the peak RSS (scikit-learn's
     import included) by less than 0.75 × the array (measured: 0.55 ×; the whole array, 1.46 ×):
     one generation block and its scratch, not the rows."""
@@ -363,7 +363,7 @@ def test_the_streamed_mixture_is_never_whole_in_memory() -> None:
 
 
 def test_the_streamed_mixture_holds_no_informative_draw() -> None:
-    """Issue 55, goal 6: a mixture of informative columns only (400,000 × 20, 30.5 MiB of
+    """a mixture of informative columns only (400,000 × 20, 30.5 MiB of
     float32), made and read a block at a time, grows the peak RSS by less than 3 × its float32
     array: scikit-learn's zeroed float64 array of centroids (2 ×) and the rows' names, not its
     informative draw (measured: 4.0 × when it drew them whole and kept them, 2.47 × now)."""
@@ -373,7 +373,7 @@ def test_the_streamed_mixture_holds_no_informative_draw() -> None:
 
 
 def test_the_datasets_are_listed_newest_first_paged_and_by_status(api: Api) -> None:
-    """Issue 55, goal 1: GET /v1/datasets (was 405) lists them for every role, newest first,
+    """GET /v1/datasets (was 405) lists them for every role, newest first,
     a page at a time, filtered by status; a dataset still registering is listed as such."""
     made = [upload(api, npz_bytes(X=np.eye(4, dtype=np.float32), y=np.arange(4) % 2)).json()["id"]]
     made += [api.post("/v1/datasets", json={"builtin": "breast_cancer"}).json()["id"]]
@@ -401,7 +401,7 @@ def test_the_datasets_are_listed_newest_first_paged_and_by_status(api: Api) -> N
 
 @pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)  # not a dialect's behaviour
 def test_a_registration_of_more_than_ten_thousand_rows_is_a_job(api: Api) -> None:
-    """Issue 55, goal 1: once the parse finds more than 10,000 rows the POST answers 202
+    """once the parse finds more than 10,000 rows the POST answers 202
     (status registering, its progress, a Location to poll) and the registration goes on;
     smaller ones answer 201 as before."""
     small = api.post("/v1/datasets", json={"builtin": "synthetic", "n_samples": 10_000})

@@ -1,4 +1,4 @@
-"""Appended rows learned through the service (issue 55, goals 3 and 5): every model of the
+"""Appended rows learned through the service: every model of the
 dataset gets a `learned` version with its entry in the log; convex_head's stays within its
 certified shift of the exact optimum on the rows it now holds, appended rows included; a later
 deletion of an appended row is certified against that; the chain verifies and the tree holds

@@ -1,5 +1,5 @@
 """Released weights people can load: the safetensors metadata names the architecture and the
-chain, and `lethe.load_model` rebuilds the module in one call (issue 16, part 6)."""
+chain, and `lethe.load_model` rebuilds the module in one call."""
 
 from __future__ import annotations
 

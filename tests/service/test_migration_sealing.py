@@ -1,4 +1,4 @@
-"""Migration 0003 seals a database written before crypto-shredding (issue 11)."""
+"""Migration 0003 seals a database written before crypto-shredding."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""minnorm and minnorm_og (issue 14, seed 001): the projection is the minimum-norm retrain, the
+"""minnorm and minnorm_og: the projection is the minimum-norm retrain, the
 stored Gram inverse depends on the retained samples only, the refusals, and the heuristic's
 `none` certificate."""
 
@@ -108,7 +108,7 @@ def test_projection_is_the_min_norm_retrain_and_keeps_retained_outputs(
     version = api.get(f"/v1/models/{mid}", role="auditor").json()["current_version"]
     assert version["metrics"]["route"].startswith("Gram-inverse downdate")
     public = api.get(f"/v1/models/{mid}", role="reader").json()["current_version"]
-    assert "route" not in public["metrics"]  # which path ran is auditors' (issue 52)
+    assert "route" not in public["metrics"]  # which path ran is auditors'
     with database(api.url).read() as session:  # earlier states (and their inverses) purged
         live = session.scalar(
             select(func.count())

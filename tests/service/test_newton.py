@@ -151,7 +151,7 @@ def test_newton_step_lands_near_the_convex_retrained_optimum(api: Api) -> None:
 
 
 def test_a_diverging_lissa_releases_the_retrain_through_the_same_noise(api: Api) -> None:
-    """LiSSA's divergence depends on the rows (issue 52): the projected retrain is released
+    """LiSSA's divergence depends on the rows: the projected retrain is released
     with the same σ and certificate, and only auditors learn which branch ran."""
     ds = synthetic(api)
     model = newton_model(

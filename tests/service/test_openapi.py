@@ -1,4 +1,4 @@
-"""The OpenAPI document tells a client everything (issue 16, part 5): a description on every
+"""The OpenAPI document tells a client everything: a description on every
 schema and field, examples on every request body, the Bearer scheme, and the error shape."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""A worker reads rows in bulk (issue 55): a dense run of ids as one range, a sparse set by
+"""A worker reads rows in bulk: a dense run of ids as one range, a sparse set by
 `IN`, blocks copied out by column. Whichever way, the rows and arrays are the ones read
 record by record (tests/support/factories.arrays_for, the per-row path), and an erased row refuses
 to open."""

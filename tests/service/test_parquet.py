@@ -1,4 +1,4 @@
-"""Parquet uploads (issue 55, goal 2): a column mapping, features as a list column or named
+"""Parquet uploads: a column mapping, features as a list column or named
 columns, read a row group at a time; every malformed file a 422 naming column and row (a
 feature's when its rows are read: the POST's own, or past INLINE_ROWS the failed job's)."""
 

@@ -1,4 +1,4 @@
-"""Empirical privacy audits with canaries (issue 31): the experiment on its own (its power, an
+"""Empirical privacy audits with canaries: the experiment on its own (its power, an
 exact method found consistent, a broken method found violated) and through the service (the
 job, its log entry, roles and errors)."""
 
@@ -104,7 +104,7 @@ def test_mislabelled_canaries_come_from_the_test_split_then_training_rows() -> N
     spec = model_spec(MLP, {"name": "retrain"}, 64, 10, training={"epochs": 5})
     options = AuditOptions(canaries=500, kind="mislabelled")
     canaries = make_canaries(options, retained, test, 10, np.random.default_rng(0))
-    assert len(test) < 500 and len(canaries.y) == 500  # issue 56: beyond the test split
+    assert len(test) < 500 and len(canaries.y) == 500  # beyond the test split
     rows = {tuple(x.flatten().tolist()): i for i, x in enumerate(test.X)}
     from_test = [rows.get(tuple(x.flatten().tolist())) for x in canaries.X[: len(test)]]
     assert all(i is not None for i in from_test)
@@ -154,7 +154,7 @@ def test_an_audit_through_the_service(api: Api, mlp_model: dict) -> None:
     assert bad.status_code == 422 and bad.json()["error"]["code"] == "invalid_request"
     few = api.post(path, role="auditor", json={"canaries": 1000, "kind": "mislabelled"})
     assert few.status_code == 422 and few.json()["error"]["code"] == "too_few_test_rows"
-    linear = api.post(path, role="auditor", json={"kind": "leverage"})  # an MLP (issue 56)
+    linear = api.post(path, role="auditor", json={"kind": "leverage"})  # an MLP
     assert linear.status_code == 422 and linear.json()["error"]["code"] == "not_linear"
     assert api.post("/v1/models/999/audits", json={}).status_code == 404
 

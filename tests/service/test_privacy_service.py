@@ -157,7 +157,7 @@ def test_preview_unknown_model_and_bad_method_options(api: Api) -> None:
 def test_the_method_table_for_a_new_model_plans_checks_and_costs_each_method(
     api: Api, ready_model: dict
 ) -> None:
-    """GET /v1/privacy/methods (the model form's table, issue 32): every method, refused with
+    """GET /v1/privacy/methods (the model form's table): every method, refused with
     the API's own message where POST /v1/models would refuse it, planned at the target, with
     the share of a full retrain scaled by the dataset's measured training."""
     dataset = ready_model["dataset_id"]

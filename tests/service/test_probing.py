@@ -289,7 +289,7 @@ def test_a_model_over_the_memory_budget_is_refused_at_creation(api: Api, digits:
 
 @pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)
 def test_shutdown_stops_training_cleanly_and_the_next_start_resumes_it(settings) -> None:
-    """Issue 26: the app's shutdown (what SIGTERM runs) stops a training job between epochs;
+    """the app's shutdown (what SIGTERM runs) stops a training job between epochs;
     the model goes back to `queued`, not `failed`, and the next start trains it again."""
     import time
 

@@ -239,7 +239,7 @@ def test_float16_storage_and_subject_vectors(api: Api) -> None:
     assert cert["guarantee"] == "conditional" and cert["n_removed"] == 4
     partial = forget(api, ds["id"], ["20"])  # one of p5's four samples
     cert = api.get(f"/v1/audit/certificates/{partial['certificate_ids'][0]}", role="auditor").json()
-    # whether the row's subject is retained depends on the rows (issue 52): the coupled
+    # whether the row's subject is retained depends on the rows: the coupled
     # retrain goes out through the same noise, and only auditors read why
     assert cert["guarantee"] == "conditional" and "part of its subject" in cert["branch"]
     kinds = [v["kind"] for v in api.get(f"/v1/models/{model['id']}/versions").json()]

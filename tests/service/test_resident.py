@@ -1,4 +1,4 @@
-"""Resident model sessions (issue 28, workers/resident.py): an update reuses what the previous
+"""Resident model sessions: an update reuses what the previous
 one left in the worker's memory, reads only what its requests name, rebuilds when another
 worker moved the model on, and drops the removed rows with the commit."""
 

@@ -1,4 +1,4 @@
-"""Samples' id tokens in `sample_tokens` (issue 55, goal 6; migration 0026): a registration
+"""Samples' id tokens in `sample_tokens`: a registration
 writes its rows first and its tokens last, sorted; every row has exactly its token; an id is
 held once per dataset; a failed registration leaves no token; the migration moves the tokens
 of a database that had them on `samples` and loses no row that refers to a sample."""

@@ -1,4 +1,4 @@
-"""sharded_retrain through the service (issue 18; SQLite and PostgreSQL): a subject deletion
+"""sharded_retrain through the service (SQLite and PostgreSQL): a subject deletion
 retrains one shard, the released ensemble is bit for bit the one training from scratch on the
 retained data gives, the checkpoints that saw the subject are gone, and a user can read the
 cost of a deletion before choosing."""

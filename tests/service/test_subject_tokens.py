@@ -1,4 +1,4 @@
-"""Samples' subject tokens in `subject_tokens` (issue 55, goal 6; migration 0027): a
+"""Samples' subject tokens in `subject_tokens`: a
 registration writes its rows first and its subject tokens last, sorted, as it writes its id
 tokens; every row that names a subject has exactly its token there and an append's rows have
 theirs; a subject's rows are found through them (listing, deletion); a registration that fails

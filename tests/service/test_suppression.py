@@ -1,4 +1,4 @@
-"""Erased people stay erased (issue 55, goal 4): a deletion puts the keyed tokens of the
+"""Erased people stay erased: a deletion puts the keyed tokens of the
 subjects and client sample ids it matched on the suppression list; a later registration
 refuses their rows (409, nothing written) or leaves them out (on_erased=skip); an admin lifts
 one with a reason; only tokens are stored."""

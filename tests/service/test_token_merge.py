@@ -1,5 +1,5 @@
 """Appended rows' tokens wait in the recent tables and a merge moves them into the main ones
-(issue 55, goal 6; app/core/services/token_merge.py, migration 0028): every reader finds a token
+: every reader finds a token
 in either table (a deletion by id or subject, the duplicate check, a listing by subject); a
 merge moves every token once, leaves a dataset with an append under way, gives way to other
 work below four times its threshold; the maintenance thread runs it; the migration's

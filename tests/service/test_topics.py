@@ -1,4 +1,4 @@
-"""Topic models (issue 15, seed 000): text corpora, the anchor-word algorithm, and unlearning
+"""Topic models: text corpora, the anchor-word algorithm, and unlearning
 by subtracting documents from the stored co-occurrence sum."""
 
 from __future__ import annotations
@@ -354,7 +354,7 @@ def test_a_head_needs_its_base_on_the_same_corpus(api: Api) -> None:
 
 @pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)
 def test_the_preview_is_what_the_next_request_does_at_the_policy_target(api: Api) -> None:
-    """Issue 25: training is calibrated at the policy's target, not a fixed (1, 1e-5); the
+    """training is calibrated at the policy's target, not a fixed (1, 1e-5); the
     preview's capacity and σ are those the next request uses (declared constants: exact)."""
     ds = corpus(api)
     policy = {"epsilon": 0.02, "delta": 1e-6}  # small enough that the noise term binds
@@ -404,7 +404,7 @@ def anchor_capacity(k: dict, epsilon: float, delta: float) -> float:
 
 @pytest.mark.parametrize("calibrate_with", ["declared", "estimated"])
 def test_sigma_is_the_same_whichever_documents_left(calibrate_with: str) -> None:
-    """Issue 52: with estimated constants σ and the capacity come from the model as trained,
+    """with estimated constants σ and the capacity come from the model as trained,
     so two removals of as many documents from the same model publish the same σ, or the
     same reason to retrain (before, the capacities in the reasons differed: 2.9e-07 against
     2.896e-07)."""

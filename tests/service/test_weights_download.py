@@ -1,4 +1,4 @@
-"""Weights downloads stream from the blob store (issue 29): ETag/304, one byte range (206,
+"""Weights downloads stream from the blob store: ETag/304, one byte range (206,
 416), and a missing or corrupt object is a JSON error with a code, never wrong bytes."""
 
 from __future__ import annotations

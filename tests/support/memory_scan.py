@@ -1,4 +1,4 @@
-"""Reading a process's memory for given byte strings (issue 53): /proc/<pid>/maps names the
+"""Reading a process's memory for given byte strings: /proc/<pid>/maps names the
 mapped regions, /proc/<pid>/mem holds their bytes. Only writable regions are read (heap,
 stacks, anonymous maps): read-only maps are the program's files, never a request's data."""
 

@@ -1,4 +1,4 @@
-"""An OTLP/HTTP trace receiver for the tests (issue 58): what a collector would get from
+"""An OTLP/HTTP trace receiver for the tests: what a collector would get from
 Lethe's exporters, decoded with OpenTelemetry's own protobuf classes."""
 
 from __future__ import annotations

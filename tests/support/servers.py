@@ -170,7 +170,7 @@ class SeaweedServer:
         self.proc = None
 
 
-# The MLflow tracking server the tests start (issue 58): the full `mlflow` package in a virtual
+# The MLflow tracking server the tests start: the full `mlflow` package in a virtual
 # environment of its own (`make install-test` makes it: .venv-mlflow), the counterpart Lethe
 # talks to with the optional extra's `mlflow-skinny` client.
 MLFLOW = Path(__file__).resolve().parents[2] / ".venv-mlflow" / "bin" / "mlflow"

@@ -1,4 +1,4 @@
-"""A webhook receiver for the tests (issue 58), run as its own process: it verifies each POST's
+"""A webhook receiver for the tests, run as its own process: it verifies each POST's
 Standard Webhooks signature with the `standardwebhooks` package against the secrets given in
 LETHE_TEST_WEBHOOK_SECRETS (space-separated; any one may match), answers 204 to a valid one
 and 401 to anything else, and appends one JSON line per request to the file given:

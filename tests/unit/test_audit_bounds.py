@@ -1,4 +1,4 @@
-"""The one-run lower bound on ε (issue 31, first part; Steinke, Nasr & Jagielski 2023)."""
+"""The one-run lower bound on ε."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Stronger canaries and a noise σ measured on the rows (issue 56, goals 4 and 5): high-leverage
+"""Stronger canaries and a noise σ measured on the rows: high-leverage
 canaries for linear models, the white-box weights score, the AUC's permutation null when the
 release depends on the bits through their count, and recollection's σ calibrated on a
 reference trained without canaries."""

@@ -1,4 +1,4 @@
-"""The joint test of a certificate's own claim (issue 56): every release R(b) is (ε, δ)-close
+"""The joint test of a certificate's own claim: every release R(b) is (ε, δ)-close
 to one release R₀ that does not depend on the canaries' bits b, so for a statistic fixed in
 advance P[T ≥ t] ≤ e^ε·P₀[T ≥ t] + δ, and ln((α/K − δ)/p₀) lower-bounds ε. Checked here: the
 exact binomial tail, soundness on mechanisms whose joint ε is known (a tilted randomized

@@ -57,7 +57,7 @@ def test_a_job_that_raises_still_freezes() -> None:
 
 def test_an_expected_job_holds_the_idle_collection_off_until_it_has_run() -> None:
     """An append's POST announces its learning (`expect`): the idle collection (0.36 s with a
-    million-row session) waits, so the learning does not wait for it (issue 55). Once a job
+    million-row session) waits, so the learning does not wait for it. Once a job
     has run, or the hold has passed, the idle spell collects as before."""
     collector = Collector(idle_seconds=0.5, expect_seconds=60.0)
     held = {"node": _cycle()}

@@ -118,7 +118,7 @@ def test_recollection_adds_the_vectors_and_certifies_conditionally() -> None:
     ],
 )
 def test_sigma_does_not_depend_on_which_rows_left(method: dict) -> None:
-    """Issue 52: the same count removed from the same model, other rows: the same σ and Δ
+    """the same count removed from the same model, other rows: the same σ and Δ
     (public), whatever the rows' own bound or gradient."""
     first = inputs_for(method)
     X, y = data()

@@ -1,4 +1,4 @@
-"""convex_head's removal without a pass over the retained rows (issue 28): the downdated
+"""convex_head's removal without a pass over the retained rows: the downdated
 gradient, Hessian and second moment stay within their carried bounds, and the carried bound on
 ‖∇F‖ after each Newton step holds against an independent exact solve at 1, 10 and 100
 removals."""
@@ -244,7 +244,7 @@ def test_a_downdate_and_a_newton_step_each_read_back_from_the_device_once(
 
 
 def test_the_removal_steps_never_let_the_bound_grow_from_a_far_start() -> None:
-    """Issue 52, goal 4: from a state far from the retained optimum (where the loss is flat and
+    """from a state far from the retained optimum (where the loss is flat and
     a full Newton step overshoots), undamped steps took the bound on ‖∇F‖ from 2.2e-3 to 1.41;
     damped, a measured step that made it grow is rejected and the bound only goes down."""
     import importlib

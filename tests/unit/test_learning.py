@@ -1,4 +1,4 @@
-"""Models learn appended rows (issue 55, goal 5), each method class against an independent
+"""Models learn appended rows, each method class against an independent
 computation on the union: convex_head's Hessian update and Newton steps stay within their
 certified shift of the exact optimum on the current rows (appends and removals interleaved);
 SISA's learned ensemble is training from scratch with the same shards and slices, bit for

@@ -124,7 +124,7 @@ def small_data() -> RetainedData:
 
 def test_a_method_whose_update_fails_releases_the_retrain_through_its_mechanism() -> None:
     """The failure depends on the data, so the exact retrain goes out through the method's
-    own mechanism and certificate, the branch to auditors only (issue 52)."""
+    own mechanism and certificate, the branch to auditors only."""
     data = small_data()
     spec = ModelSpec(
         architecture_of({"type": "mlp", "hidden": [8]}),

@@ -216,7 +216,7 @@ def test_recollection_bad_inputs(call) -> None:
 
 
 def test_the_worst_case_bound_covers_every_set_of_m_samples_and_is_reached() -> None:
-    """Issue 52: σ is calibrated on the worst m samples of the schedule, so it bounds the
+    """σ is calibrated on the worst m samples of the schedule, so it bounds the
     Theorem 2 sum of any m samples and equals it for the worst ones."""
     rng = np.random.default_rng(3)
     epochs, n, batch = 3, 50, 10

@@ -174,7 +174,7 @@ def test_recorded_vectors_equal_the_generic_path(arch: dict, C: float) -> None:
 def test_the_replay_gives_the_schedules_steps_and_bound(
     n: int, epochs: int, batch_size: int
 ) -> None:
-    """The resident replay (issue 28) gives each sample the steps the batch schedule puts it
+    """The resident replay gives each sample the steps the batch schedule puts it
     in, and Theorem 2's bound as replaying the schedule sample by sample gives it."""
     from methods.recollection.maths import batch_schedule
     from methods.recollection.replay import Replay

@@ -1,4 +1,4 @@
-"""sharded_retrain (issue 18, SISA) on in-memory inputs: the seeded, stable assignment; an
+"""sharded_retrain on in-memory inputs: the seeded, stable assignment; an
 update equals training from scratch on the retained data bit for bit; only the affected
 shards and checkpoints change; the ensemble's aggregation; the loader; the refusals."""
 
