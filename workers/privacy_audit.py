@@ -48,6 +48,7 @@ from methods.compute import (
     ModelSpec,
     ModelState,
     PrivacyTarget,
+    Release,
     RemovedSamples,
     RetainedData,
     Trained,
@@ -156,11 +157,121 @@ def weight_scores(
     ratio of "Θ moved toward this canary" against "Θ is the reference" under the noise
     model; when the removal was exact every canary's score is the same N(0, σ²) whatever
     the bits. Needs one network (not an ensemble)."""
+    base, directions = _directions_of_fit(spec, release, reference, canaries)
+    offset = {k: release[k].detach().double() - v for k, v in base.items()}
+    found = [
+        torch.stack([(u * offset[k]).flatten(1).sum(1) for k, u in chunk.items()]).sum(0)
+        for chunk in directions
+    ]
+    return torch.cat(found).numpy()
+
+
+HESSIAN_PARAMETERS = 4096  # up to this many noised parameters the directions use H⁻¹
+
+
+def joint_shift(
+    spec: ModelSpec,
+    release: ModelState,
+    noise_free: ModelState,
+    reference: ModelState,
+    canaries: Canaries,
+    sigma: float,
+    retained: RetainedData,
+    scored: ModelState | None = None,
+) -> float | None:
+    """The joint-shift statistic z = ⟨Θ̃ − Θ_ref, v⟩ / (σ‖v‖), v = Σ_i b_i·d_i the summed
+    influence of the included canaries at the reference, d_i = −(H + λI)⁻¹∇ℓ_i (H the
+    reference's Hessian on the retained rows, where the noised parameters are at most
+    HESSIAN_PARAMETERS; else −∇ℓ_i), on the coordinates the release noised: the direction an
+    update that leaves their pull behind moves Θ̃ in, together, which no single canary's
+    score shows (Neyman–Pearson's for a mean shift of Σ b_i·d_i in Gaussian noise). Under the
+    certificate's reference (Θ_ref + N(0, σ²I)) z is exactly N(0, 1) whatever the bits: v is
+    fixed by Θ_ref, the retained rows and the bits. `scored`: the state to test (the
+    control's), else the release. None where σ is 0, nothing was noised or v vanishes."""
+    if sigma <= 0 or count_shards(release):
+        return None
+    net = build_net(spec.architecture, spec.n_features, spec.n_classes).double()
+    base = {k: v.detach().double() for k, v in parameters_of(net, reference).items()}
+    noised = {
+        k: release[k] != noise_free[k]
+        for k in base
+        if k in release and k in noise_free and noise_free[k].shape == release[k].shape
+    }
+    keys = [k for k in base if k in noised and bool(noised[k].any())]
+    if not keys:
+        return None
+    mask = torch.cat([noised[k].reshape(-1) for k in keys])
+    grads = _flat_gradients(net, base, keys, canaries.X.double(), canaries.y)[:, mask]
+    if int(mask.sum()) <= HESSIAN_PARAMETERS:
+        hessian = _flat_hessian(net, base, keys, retained)[mask][:, mask]
+        damping = 1e-3 * float(hessian.diagonal().mean().clamp_min(1e-12))
+        hessian += (damping + spec.training.weight_decay) * torch.eye(
+            len(hessian), dtype=hessian.dtype
+        )
+        grads = torch.linalg.solve(hessian, grads.T).T
+    included = torch.from_numpy(canaries.included.astype(np.float64))
+    v = -(included @ grads)
+    state = release if scored is None else scored
+    offset = torch.cat([(state[k].double() - base[k]).reshape(-1) for k in keys])[mask]
+    norm = float(torch.linalg.vector_norm(v))
+    return None if norm == 0 else float(offset @ v) / (sigma * norm)
+
+
+def _flat_gradients(
+    net: torch.nn.Module,
+    base: dict[str, torch.Tensor],
+    keys: list[str],
+    X: torch.Tensor,
+    y: torch.Tensor,
+) -> torch.Tensor:
+    """Each row's loss gradient at `base`, flattened over `keys` (m × p, float64)."""
+    fixed = {k: v for k, v in base.items() if k not in keys}
+
+    def loss(params: dict[str, torch.Tensor], x: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+        out = torch.func.functional_call(net, {**fixed, **params}, (x.unsqueeze(0),))
+        return torch.nn.functional.cross_entropy(out, t.unsqueeze(0))
+
+    gradient = torch.func.vmap(torch.func.grad(loss), in_dims=(None, 0, 0))
+    own = {k: base[k] for k in keys}
+    rows = []
+    for start in range(0, len(X), 256):
+        g = gradient(own, X[start : start + 256], y[start : start + 256])
+        rows.append(torch.cat([g[k].flatten(1) for k in keys], dim=1))
+    return torch.cat(rows)
+
+
+def _flat_hessian(
+    net: torch.nn.Module, base: dict[str, torch.Tensor], keys: list[str], data: RetainedData
+) -> torch.Tensor:
+    """The mean training loss's Hessian at `base` over `keys` on the retained rows (p × p)."""
+    fixed = {k: v for k, v in base.items() if k not in keys}
+    shapes = [(k, base[k].shape, base[k].numel()) for k in keys]
+    X, y = data.X.double(), data.y
+
+    def loss(theta: torch.Tensor) -> torch.Tensor:
+        params, at = {}, 0
+        for k, shape, size in shapes:
+            params[k] = theta[at : at + size].reshape(shape)
+            at += size
+        out = torch.func.functional_call(net, {**fixed, **params}, (X,))
+        return torch.nn.functional.cross_entropy(out, y)
+
+    theta = torch.cat([base[k].reshape(-1) for k in keys])
+    return torch.func.hessian(loss)(theta)
+
+
+def _directions_of_fit(
+    spec: ModelSpec,
+    release: ModelState,
+    reference: ModelState,
+    canaries: Canaries,
+) -> tuple[dict[str, torch.Tensor], list[dict[str, torch.Tensor]]]:
+    """The reference's parameters (float64) and, 256 canaries at a time, each canary's unit
+    direction of fit −∇ℓ/‖∇ℓ‖ at the reference."""
     if count_shards(release):
         raise ValueError("the weights score needs one network, not an ensemble")
     net = build_net(spec.architecture, spec.n_features, spec.n_classes)
     base = {k: v.detach().double() for k, v in parameters_of(net, reference).items()}
-    offset = {k: release[k].detach().double() - v for k, v in base.items()}
     net = net.double()
 
     def loss(params: dict[str, torch.Tensor], x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
@@ -168,14 +279,14 @@ def weight_scores(
         return torch.nn.functional.cross_entropy(out, y.unsqueeze(0))
 
     gradients = torch.func.vmap(torch.func.grad(loss), in_dims=(None, 0, 0))
-    found = []
+    chunks = []
     X = canaries.X.double()
     for start in range(0, len(X), 256):
         grads = gradients(base, X[start : start + 256], canaries.y[start : start + 256])
-        along = sum((-g * offset[k]).flatten(1).sum(1) for k, g in grads.items())
         norm = torch.sqrt(sum((g * g).flatten(1).sum(1) for g in grads.values()))
-        found.append(along / norm.clamp_min(1e-300))
-    return torch.cat(found).numpy()
+        scale = norm.clamp_min(1e-300)
+        chunks.append({k: -g / scale.reshape(-1, *([1] * (g.dim() - 1))) for k, g in grads.items()})
+    return base, chunks
 
 
 @torch.no_grad()
@@ -337,13 +448,41 @@ def run(
     decision = decide(inputs)
     clock["unlearn"] = time.perf_counter() - t0
     say("scoring the canaries")
-    cert = decision.release.certificate
-    bounds = _audited(cert, policy, options, canaries, scored(decision.release.weights), rng)
+    release, cert = decision.release, decision.release.certificate
+    shift = partial(_shift, spec, release, reference, canaries, cert.sigma, retained)
+    bounds = _audited(cert, policy, options, canaries, scored(release.weights), rng, shift())
     control_bounds = (
-        None if control is None else _audited(cert, policy, options, canaries, control, rng)
+        None
+        if control is None
+        else _audited(cert, policy, options, canaries, control, rng, shift(trained.state))
     )
     clock["total"] = time.perf_counter() - started
     return _result(decision, policy, bounds, control_bounds, canaries, clock, noise)
+
+
+def _shift(
+    spec: ModelSpec,
+    release: Release,
+    reference: Trained | None,
+    canaries: Canaries,
+    sigma: float,
+    retained: RetainedData,
+    scored: ModelState | None = None,
+) -> float | None:
+    """The joint-shift z of the release (or of `scored`, the control), where it applies: a
+    noisy release of one network, a reference trained without canaries."""
+    if reference is None or not math.isfinite(sigma) or sigma <= 0:
+        return None
+    return joint_shift(
+        spec,
+        release.weights,
+        release.next_state,
+        reference.state,
+        canaries,
+        sigma,
+        retained,
+        scored,
+    )
 
 
 def _reference(
@@ -354,9 +493,11 @@ def _reference(
     say: Stage,
     clock: dict[str, JsonValue],
 ) -> Trained | None:
-    """The model trained without any canary, where the scores or the noise need one: one and
-    the same whatever the canaries' bits."""
-    if options.score != "weights" and not method.noise_from_rows:
+    """The model trained without any canary, where the scores, the noise or the joint shift
+    (a noisy method's release of one network) need one: one and the same whatever the bits."""
+    noisy = method.spec.guarantee in (Guarantee.rigorous, Guarantee.conditional)
+    one_network = spec.method.spec.aggregation is None
+    if options.score != "weights" and not method.noise_from_rows and not (noisy and one_network):
         return None
     say("training the reference without canaries")
     t0 = time.perf_counter()
@@ -491,10 +632,21 @@ def _audited(
     canaries: Canaries,
     found: np.ndarray,
     rng: np.random.Generator,
+    shift: float | None = None,
 ) -> AuditBounds:
-    """The bounds of one set of scores; the joint test is of the certificate's own δ (0 for
-    an exact release)."""
+    """The bounds of one set of scores (and the joint shift, where it applies); the joint
+    test is of the certificate's own δ (0 for an exact release)."""
+    bad = int((~np.isfinite(found)).sum())
+    if bad:
+        raise ValueError(
+            f"{bad} of {len(found)} canary scores are not finite: the release's weights "
+            f"overflow the {options.score} score (its σ = {cert.sigma:.3g}, a release drowned "
+            "in noise; the policy's max_relative_noise replaces such a release by the exact "
+            "retrain)"
+        )
     exact = cert.guarantee == Guarantee.exact
     claimed_delta = 0.0 if exact else (cert.delta if cert.delta is not None else policy.delta)
     delta = _audit_delta(cert, policy)
-    return audit_scores(found, canaries.included, delta, options.confidence, claimed_delta, rng)
+    return audit_scores(
+        found, canaries.included, delta, options.confidence, claimed_delta, rng, shift
+    )

@@ -14,10 +14,16 @@ import pytest
 from scipy import stats
 
 from app.privacy.audit_bounds import (
+    SHIFT_SHARE,
+    auc,
+    auc_ceiling,
+    auc_log_p_value,
+    auc_log_tail,
     auc_p_value,
     audit_scores,
     guess_rules,
     joint_bound,
+    joint_shift_log_p,
     log_binomial_tail,
 )
 from app.privacy.gaussian import sigma_for
@@ -155,3 +161,52 @@ def test_a_delta_above_the_level_rejects_nothing() -> None:
     bits = rng.random(100) < 0.5
     found = joint_bound(bits + 0.0, bits, 0.01, rng=rng)
     assert found.epsilon == 0.0 and found.ceiling == 0.0
+
+
+def test_the_auc_is_no_longer_capped_by_its_permutations() -> None:
+    """The AUC's p-value was at least 1/(N + 1), so it could never prove more than ≈ 4.27;
+    with Serfling's tail beside the Monte Carlo one a strong ranking proves far more, and
+    the ceiling with 1,000 canaries is about 118."""
+    rng = np.random.default_rng(12)
+    m = 1000
+    bits = rng.random(m) < 0.5
+    strong = bits + 0.3 * rng.standard_normal(m)
+    log_p = auc_log_p_value(strong, bits, rng, 999)
+    assert log_p < math.log(1 / 1000) - 20  # far below the Monte Carlo floor
+    assert log_p <= math.log(2) + auc_log_tail(strong, bits) + 1e-12
+    assert 118 < auc_ceiling(m, 1e-5) < 119
+
+
+def test_serfling_s_tail_bounds_the_permutation_tail() -> None:
+    """Over random permutations of the bits the AUC exceeds its observed value no more often
+    than the bound says (checked where the Monte Carlo can see it)."""
+    rng = np.random.default_rng(13)
+    m = 200
+    for shift in (0.1, 0.2, 0.3):
+        bits = rng.random(m) < 0.5
+        scores = bits * shift + rng.standard_normal(m)
+        observed = auc(scores, bits)
+        permuted = [auc(scores, rng.permutation(bits)) for _ in range(4000)]
+        tail = (1 + sum(a >= observed for a in permuted)) / 4001
+        assert tail <= math.exp(auc_log_tail(scores, bits)) + 3 * math.sqrt(tail / 4001)
+
+
+def test_the_joint_shift_is_sound_and_finds_a_pull_left_behind() -> None:
+    """Under the certificate's reference z is N(0, 1): over 2,000 audits the bound with the
+    joint shift exceeds ε = 1 in at most α of them; a release that kept its canaries' pull
+    (z about 4) is found above ε = 1 (the joint shift gets half of α)."""
+    rng = np.random.default_rng(14)
+    m, above = 200, 0
+    for _ in range(2000):
+        bits = rng.random(m) < 0.5
+        found = joint_bound(rng.standard_normal(m), bits, 1e-5, rng=rng, permutations=50,
+                            shift=float(rng.standard_normal()))  # fmt: skip
+        above += found.epsilon > 1.0
+    assert above <= ALPHA * 2000, above
+    bits = rng.random(m) < 0.5
+    pulled = joint_bound(rng.standard_normal(m), bits, 1e-5, rng=rng, shift=4.0)
+    assert pulled.statistic.startswith("joint shift") and pulled.epsilon > 1.0
+    assert pulled.statistics == len(guess_rules(m)) + 2
+    assert pulled.epsilon == pytest.approx(
+        math.log(ALPHA * SHIFT_SHARE - 1e-5) - joint_shift_log_p(4.0)
+    )

@@ -42,18 +42,19 @@ def create_audit(
             "releases several: use score 'loss' or 'margin'",
         )
     if spec.kind == "mislabelled":
-        test_rows = session.scalar(
+        rows = session.scalar(
             select(func.count()).where(
                 Sample.dataset_id == model.dataset_id,
-                Sample.split == "test",
+                Sample.split.in_(("test", "train")),
                 Sample.status == SampleStatus.active,
             )
         )
-        if (test_rows or 0) < spec.canaries:
+        if (rows or 0) < spec.canaries:
             raise unprocessable(
-                "too_few_test_rows",
-                f"mislabelled canaries come from the test split, which has {test_rows} rows; "
-                f"ask for at most that many canaries or use kind 'random'",
+                "too_few_rows",
+                f"mislabelled canaries are test-split rows, then training rows, each given a "
+                f"wrong label; the dataset has {rows} rows: ask for at most that many canaries "
+                "or use kind 'random'",
             )
     busy = session.scalar(
         select(PrivacyAudit.id).where(
