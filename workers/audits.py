@@ -123,6 +123,7 @@ def _load(session: Session, opened: OpenedSamples, audit_id: int, attempt: int) 
             score=o["score"],
             confidence=float(o["confidence"]),
             control=bool(o["control"]),
+            sequence=int(o.get("sequence", 1)),  # audits recorded before it: one release
         ),
         retained=RetainedData(rows.sample_ids, rows.X, rows.y, rows.subjects, rows.external_ids),
         test=RetainedData(test.sample_ids, test.X, test.y),

@@ -22,7 +22,7 @@ import math
 import secrets
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from functools import partial
 from typing import Literal
 
@@ -39,6 +39,7 @@ from app.privacy.audit_bounds import (
     audit_scores,
     implied_per_canary,
 )
+from app.privacy.lineage import LineageEvent, compose_events
 from maths.ensemble import count_shards
 from maths.nets import build_net, parameters_of
 from maths.training import logits
@@ -72,6 +73,7 @@ class AuditOptions:
     score: ScoreKind = "loss"
     confidence: float = 0.95
     control: bool = True
+    sequence: int = 1  # k: the canaries' removal, then k − 1 deletions of single rows
 
 
 @dataclass(frozen=True)
@@ -320,6 +322,10 @@ class AuditRun:
     seconds: dict[str, JsonValue]
     # how σ was calibrated when the method measures it on the rows
     noise: JsonObject | None = None
+    # a lineage audit's releases in order (one: the canaries' removal alone)
+    releases: list[JsonObject] = field(default_factory=list)
+    # the control's joint bound under each score the model allows
+    power: dict[str, float] = field(default_factory=dict)
 
     @property
     def verdict(self) -> str:
@@ -378,6 +384,10 @@ class AuditRun:
                 "auc": self.control.auc,
             },
             "canaries_included": self.included,
+            "control_power": dict(self.power),
+            "strongest_score": max(self.power, key=self.power.__getitem__) if self.power else None,
+            "sequence": max(1, len(self.releases)),
+            "releases": list(self.releases),
             "noise": self.noise,
             "seconds": dict(self.seconds),
         }
@@ -445,19 +455,159 @@ def run(
     noise: JsonObject | None = None
     if method.noise_from_rows and reference is not None:
         inputs, noise = _calibrated_on_reference(method, inputs, reference)
-    decision = decide(inputs)
+    decisions = [decide(inputs)]
+    if options.sequence > 1:
+        say(f"{options.sequence - 1} more deletions in sequence")
+        later = _LaterDeletions(spec, policy, method, trained, reference, test, ids)
+        decisions += later.run(decisions[0], retained, options.sequence - 1, rng)
     clock["unlearn"] = time.perf_counter() - t0
     say("scoring the canaries")
-    release, cert = decision.release, decision.release.certificate
-    shift = partial(_shift, spec, release, reference, canaries, cert.sigma, retained)
-    bounds = _audited(cert, policy, options, canaries, scored(release.weights), rng, shift())
+    opening, cert = decisions[0].release, _sequence_certificate(decisions, policy)
+    shift = partial(_shift, spec, opening, reference, canaries, cert.sigma, retained)
+    # the sequence's scores: each canary's mean over its releases
+    found = np.mean([scored(d.release.weights) for d in decisions], axis=0)
+    bounds = _audited(cert, policy, options, canaries, found, rng, shift())
     control_bounds = (
         None
         if control is None
         else _audited(cert, policy, options, canaries, control, rng, shift(trained.state))
     )
+    power = (
+        _control_power(spec, cert, policy, options, canaries, trained, reference, rng)
+        if options.control
+        else {}
+    )
     clock["total"] = time.perf_counter() - started
-    return _result(decision, policy, bounds, control_bounds, canaries, clock, noise)
+    result = _result(decisions[-1], policy, bounds, control_bounds, canaries, clock, noise, cert)
+    return replace(result, releases=[_release_view(d) for d in decisions], power=power)
+
+
+def _control_power(
+    spec: ModelSpec,
+    cert: CertificateFields,
+    policy: PrivacyPolicy,
+    options: AuditOptions,
+    canaries: Canaries,
+    trained: Trained,
+    reference: Trained | None,
+    rng: np.random.Generator,
+) -> dict[str, float]:
+    """The control's joint bound under every score this model allows (weights: one network
+    with a reference): which attack can see inclusion here at all, to choose the score by
+    power rather than by name."""
+    found: dict[str, float] = {}
+    kinds: list[ScoreKind] = ["loss", "margin"]
+    if reference is not None and not count_shards(trained.state):
+        kinds.append("weights")
+    for kind in kinds:
+        chosen = replace(options, score=kind)
+        control = _score(spec, chosen, canaries, reference, trained.state)
+        joint = _audited(cert, policy, chosen, canaries, control, rng).joint
+        found[kind] = joint.epsilon if joint is not None else 0.0
+    return found
+
+
+@dataclass(frozen=True)
+class _LaterDeletions:
+    """A lineage's later requests after the canaries' removal, each of one retained row drawn
+    independently of the bits: every release's reference (the retrain without all canaries
+    and the rows dropped so far) is then one and the same whatever the bits, so the whole
+    sequence is tested against the composition of its releases (`_sequence_certificate`)."""
+
+    spec: ModelSpec
+    policy: PrivacyPolicy
+    method: UnlearningMethod
+    trained: Trained
+    reference: Trained | None
+    test: RetainedData
+    canary_ids: list[int]
+
+    def run(
+        self, first: Decision, retained: RetainedData, count: int, rng: np.random.Generator
+    ) -> list[Decision]:
+        decisions, history, kept = [first], _history_after([], first), retained
+        removed_so_far = list(self.canary_ids)
+        for _ in range(count):
+            at = int(rng.integers(len(kept)))
+            drop = kept.sample_ids[at]
+            removed = RemovedSamples(
+                [drop],
+                kept.X[at : at + 1],
+                kept.y[at : at + 1],
+                _vectors(self.trained, [drop]),
+                previously_removed=list(removed_so_far),
+            )
+            remaining = _without(kept, at)
+            state = decisions[-1].release.next_state
+            resident = self.method.prepare(kept, state)
+            inputs = replace(
+                _removal(self.spec, self.policy, self.trained, removed, remaining, self.test,
+                         resident),
+                state=state,
+                history=history,
+            )  # fmt: skip
+            if self.method.noise_from_rows and self.reference is not None:
+                inputs = _calibrated_on_reference(self.method, inputs, self.reference)[0]
+            decision = decide(inputs)
+            decisions.append(decision)
+            history = _history_after(history, decision)
+            kept, removed_so_far = remaining, [*removed_so_far, drop]
+        return decisions[1:]
+
+
+def _history_after(history: list[LineageEvent], decision: Decision) -> list[LineageEvent]:
+    """The lineage once `decision` is released: reset by an exact release."""
+    release = decision.release
+    if release.event is None or release.certificate.resets_lineage:
+        return []
+    return [*history, release.event]
+
+
+def _without(data: RetainedData, at: int) -> RetainedData:
+    """`data` less its row `at`."""
+    keep = [i for i in range(len(data)) if i != at]
+    rows = torch.tensor(keep, dtype=torch.int64)
+    pick = lambda values: [values[i] for i in keep] if values else []  # noqa: E731
+    return RetainedData(
+        pick(data.sample_ids), data.X[rows], data.y[rows], pick(data.subjects),
+        pick(data.external_ids),
+    )  # fmt: skip
+
+
+def _sequence_certificate(decisions: list[Decision], policy: PrivacyPolicy) -> CertificateFields:
+    """What a sequence of releases claims together: one release's own certificate; for
+    several, the composition of their noisy releases at the lineage's δ
+    (`app/privacy/lineage.compose_events`), with the weakest of their guarantees."""
+    last = decisions[-1].release.certificate
+    if len(decisions) == 1:
+        return last
+    events = [d.release.event for d in decisions if d.release.event is not None]
+    if not events:
+        return replace(last, guarantee=Guarantee.exact, epsilon=0.0, delta=0.0)
+    spent = compose_events(events, policy.lineage_delta)
+    guarantees = {d.release.certificate.guarantee for d in decisions}
+    weakest = next(
+        g for g in (Guarantee.none, Guarantee.conditional, Guarantee.rigorous) if g in guarantees
+    )
+    claim = None if weakest == Guarantee.none else spent
+    return replace(
+        decisions[0].release.certificate,
+        guarantee=weakest,
+        epsilon=None if claim is None else claim.epsilon,
+        delta=None if claim is None else claim.delta,
+        accountant=spent.accountant,
+    )
+
+
+def _release_view(decision: Decision) -> JsonObject:
+    """One release of the audited sequence, as the result lists it."""
+    cert = decision.release.certificate
+    return {
+        "method": decision.method,
+        "guarantee": str(cert.guarantee),
+        "epsilon": cert.epsilon,
+        "delta": cert.delta,
+    }
 
 
 def _shift(
@@ -554,8 +704,8 @@ def _result(
     canaries: Canaries,
     clock: dict[str, JsonValue],
     noise: JsonObject | None,
+    cert: CertificateFields,
 ) -> AuditRun:
-    cert = decision.release.certificate
     exact = cert.guarantee == Guarantee.exact
     implied = _implied(cert)
     return AuditRun(

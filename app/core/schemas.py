@@ -410,6 +410,13 @@ class AuditCreate(In):
     control: bool = Field(
         True, description="also bound the shadow before the removal (canaries never unlearned)"
     )
+    sequence: int = Field(
+        1,
+        ge=1,
+        le=10,
+        description="a lineage audit: the canaries' removal, then this many − 1 deletions of "
+        "single rows, the whole sequence tested against its releases' composed (ε, δ)",
+    )
     seed: int | None = Field(
         None,
         ge=0,

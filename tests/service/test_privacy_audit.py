@@ -76,7 +76,8 @@ def test_a_method_that_claims_epsilon_1_without_noise_is_found_violated(
     assert document["verdict"] == "violated"
     # aggregate figures only: no canary, score or bit is in what gets published
     assert len(json.dumps(document)) < 3000
-    assert not any(isinstance(v, list) for v in document.values())
+    assert not any(isinstance(v, list) for k, v in document.items() if k != "releases")
+    assert [r["method"] for r in document["releases"]] == ["output_perturbation"]
 
 
 def test_the_honest_method_with_huge_noise_is_consistent(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -185,3 +186,24 @@ def test_an_audit_through_the_service(api: Api, mlp_model: dict) -> None:
     assert api.get(f"/v1/models/{mlp_model['id']}").json()["current_version"]["number"] == 1
     preview = api.get("/v1/privacy/preview", params={"model": mlp_model["id"]})
     assert preview.status_code == 200
+
+
+def test_a_lineage_audit_tests_the_sequence_against_its_composed_epsilon() -> None:
+    """sequence = 3: the canaries' removal, then two deletions of single rows; the scores are
+    each canary's mean over the three releases, tested against the composition of their
+    noisy releases (more than one release's ε), and every release is listed."""
+    retained, test = digits_split()
+    spec = model_spec({"type": "logreg"}, {"name": "convex_head", "lam": 1e-2, "R": 8.0},
+                      64, 10)  # fmt: skip
+    policy = PrivacyPolicy(max_relative_noise=None)
+    one = run(spec, policy, retained, test, AuditOptions(canaries=200), seed=3)
+    three = run(spec, policy, retained, test, AuditOptions(canaries=200, sequence=3), seed=3)
+    doc = three.document()
+    assert doc["sequence"] == 3 and len(doc["releases"]) == 3
+    assert all(r["method"] == "convex_head" for r in doc["releases"])
+    assert three.certified_epsilon is not None and one.certified_epsilon is not None
+    assert three.certified_epsilon > one.certified_epsilon
+    assert three.verdict in ("consistent", "inconclusive"), doc
+    # the control under every score this model allows: which attack has power here
+    assert set(doc["control_power"]) == {"loss", "margin", "weights"}
+    assert doc["strongest_score"] == max(doc["control_power"], key=doc["control_power"].get)
