@@ -270,7 +270,8 @@ function refused(message) {
     el("p", { class: "sentence notice", id: "next" }, "What to do: check that this is the " +
       "receipt file exactly as you received it (a copy that was edited, re-encoded or cut " +
       "short does not verify), or download it again from the service (the dashboard's " +
-      "Deletions page, or GET /v1/deletions/{id}/receipt). If a receipt that the service " +
+      "Deletions page, or GET /v1/deletions/{request}/tlog-proofs/{certificate} with the key " +
+      "that asked for the deletion). If a receipt that the service " +
       "gives you still does not verify, report it to the service's operator and keep the " +
       "file: it is evidence."));
 }

@@ -12,7 +12,17 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from app.client import AsyncClient, Client, Forbidden, Gone, Invalid, NotFound, Unauthorized
+from app.client import (
+    AsyncClient,
+    Client,
+    Forbidden,
+    Gone,
+    Invalid,
+    LetheError,
+    NotFound,
+    Unauthorized,
+    Unreachable,
+)
 from app.core.wire import (
     AppendOut,
     AuditOut,
@@ -25,7 +35,7 @@ from app.core.wire import (
     PreviewOut,
     VersionOut,
 )
-from tests.support.cluster import Cluster
+from tests.support.cluster import Cluster, free_port
 
 pytestmark = pytest.mark.integration
 TRAINING = {"epochs": 3, "batch_size": 64, "learning_rate": 0.1, "seed": 0}
@@ -68,6 +78,10 @@ def test_the_sync_client_covers_the_api_with_types(served: tuple[str, str], tmp_
             with pytest.raises(Forbidden) as denied:
                 r.verify()
             assert denied.value.code == "forbidden"
+            with pytest.raises(Forbidden):  # a requester key reads no certificate
+                r.certificate(done.certificate_ids[0])
+            receipt = r.receipt(req.id, done.certificate_ids[0])  # but its receipt, yes
+            assert receipt.startswith(b"c2sp.org/tlog-proof@v1\n")
         assert c.deletion(req.id).certificate_ids == done.certificate_ids
         certificate = c.certificate(done.certificate_ids[0])
         assert isinstance(certificate, CertificateOut) and certificate.guarantee == "exact"
@@ -86,8 +100,9 @@ def test_the_sync_client_covers_the_api_with_types(served: tuple[str, str], tmp_
         with pytest.raises(NotFound) as missing:
             c.model(999)
         assert missing.value.code == "model_not_found" and missing.value.status == 404
-        with pytest.raises(Invalid):
+        with pytest.raises(Invalid) as invalid:
             c.delete(ds.id, [sample], epsilon=-1.0)
+        assert "epsilon: " in str(invalid.value)  # the field and its message, not just a code
         c.revoke_key(requester.id)
 
         rows = tmp_path / "more.npz"
@@ -104,6 +119,23 @@ def test_the_sync_client_covers_the_api_with_types(served: tuple[str, str], tmp_
         assert settled.learning[0].version_id is not None
     with Client(url, "lethe_wrong") as bad, pytest.raises(Unauthorized):
         bad.models()
+
+
+def test_a_server_that_is_down_raises_a_lethe_error() -> None:
+    """Nothing listens on the port: `Unreachable`, a LetheError naming the URL, from the
+    sync and the async client alike (not the transport's raw exception)."""
+    url = f"http://127.0.0.1:{free_port()}"
+    with Client(url, "lethe_any") as c, pytest.raises(Unreachable) as down:
+        c.models()
+    assert isinstance(down.value, LetheError) and down.value.status == 0
+    assert down.value.code == "unreachable" and url in str(down.value)
+
+    async def async_models() -> None:
+        async with AsyncClient(url, "lethe_any") as c:
+            await c.models()
+
+    with pytest.raises(Unreachable):
+        asyncio.run(async_models())
 
 
 def test_the_client_imports_neither_torch_nor_the_server_maths() -> None:

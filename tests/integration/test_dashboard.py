@@ -370,14 +370,12 @@ def test_a_receipt_verifies_in_the_browser_with_no_key(
             f"/v1/datasets/{dataset}/samples", params={"split": "train", "offset": 20, "limit": 1}
         ).json()["items"][0]["external_id"]
         filed = c.post("/v1/deletions", json={"dataset_id": dataset, "sample_ids": [more]})
-        status = "queued"
+        found: dict = {"status": "queued"}
         for _ in range(10):  # long polls until it ends (one of 30 s ran out on a busy machine)
-            status = c.get(f"/v1/deletions/{filed.json()['id']}", params={"wait": 30}).json()[
-                "status"
-            ]
-            if status in ("done", "failed"):
+            found = c.get(f"/v1/deletions/{filed.json()['id']}", params={"wait": 30}).json()
+            if found["status"] in ("done", "failed"):
                 break
-        assert status == "done"
+        assert found["status"] == "done"
     latest = Checkpoint.parse(notes.split(httpx.get(f"{url}/log/checkpoint").text)[0])
     assert latest.size > Checkpoint.parse(notes.split(note)[0]).size
 
@@ -408,7 +406,12 @@ def test_a_receipt_verifies_in_the_browser_with_no_key(
     (tmp_path / "forged.tlog-proof").write_text(forged)
     kind, sentence = verdict(page, url, tmp_path / "forged.tlog-proof")
     assert kind == "refused" and "inclusion proof does not lead" in sentence, sentence
-    assert "download it again" in page.inner_text("#next")  # what to do next
+    advice = page.inner_text("#next")  # what to do next, and where it leads
+    assert "download it again" in advice
+    route = re.search(r"GET (/v1/deletions/\{request\}/tlog-proofs/\{certificate\})", advice)
+    assert route is not None, advice
+    again = route.group(1).format(request=found["id"], certificate=found["certificate_ids"][0])
+    assert httpx.get(f"{url}{again}", headers=admin).status_code == 200
     page.fill("#pasted", text)  # the receipt pasted instead of chosen as a file
     page.click("#check-pasted")
     page.wait_for_selector("#result [data-verdict='verified']")

@@ -86,6 +86,12 @@ def test_models_learn_an_append_and_later_certificates_count_its_rows(api: Api) 
         entries = api.get(
             "/v1/audit/certificates", params={"model": model_id}, role="auditor"
         ).json()["items"]
+        # version 1 was superseded, not trained on erased data: the 410 says which
+        gone = api.get(f"/v1/models/{model_id}/versions/1/weights")
+        assert gone.status_code == 410, gone.text
+        error = gone.json()["error"]
+        assert error["code"] == "weights_superseded" and error["details"]["superseded_by"] == 2
+        assert "erased" not in error["message"] and "appended rows" in error["message"]
         entry = entries[-1]
         assert entry["kind"] == "learned" and entry["request_id"] == 0
         assert entry["n_added"] == added and entry["to_version"] == 2

@@ -25,7 +25,7 @@ from app.core.specs import (
     TopicHeadSpec,
     TopicModelSpec,
 )
-from app.core.states import ModelStatus, SampleStatus, Stage
+from app.core.states import ModelStatus, SampleStatus, Stage, VersionKind
 from app.core.storage.blobs import Blobs, OpenBlob, WrittenBlob
 from app.core.wire import Progress
 from architectures import kind_of
@@ -294,14 +294,37 @@ def get_version(session: Session, model_id: int, number: int | None) -> ModelVer
 
 
 def released_weights(session: Session, store: Blobs, version: ModelVersion) -> OpenBlob:
-    """The safetensors blob users may download; 410 once the version was purged."""
+    """The safetensors blob users may download; 410 once the version was purged: by a
+    deletion (trained on erased data) or, where its successor learned appended rows, because
+    Lethe keeps the current version's weights only."""
     if version.erased_at is not None or version.weights_key is None:
+        successor = session.scalar(
+            select(ModelVersion).where(
+                ModelVersion.model_id == version.model_id,
+                ModelVersion.parent_id == version.id,
+            )
+        )
+        details = {"erased_at": version.erased_at, "sha256": version.weights_sha256}
+        superseded = (
+            successor is not None
+            and successor.kind == VersionKind.learned
+            and not (successor.metrics or {}).get("n_removed")  # nothing removed with them
+        )
+        if superseded and successor is not None:
+            raise APIError(
+                410,
+                "weights_superseded",
+                f"version {version.number} was superseded by version {successor.number}, "
+                "which learned appended rows; Lethe keeps the current version's weights only "
+                "(metadata and hashes stay for the audit)",
+                {**details, "superseded_by": successor.number},
+            )
         raise APIError(
             410,
             "weights_erased",
             f"version {version.number} was trained on erased data; its weights "
             "are purged (metadata and hashes stay for the audit)",
-            {"erased_at": version.erased_at, "sha256": version.weights_sha256},
+            details,
         )
     handle = store.open(session, version.weights_key)
     if handle is None:

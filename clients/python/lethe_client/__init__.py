@@ -14,6 +14,7 @@ from lethe_client.client import (
     TooLarge,
     Unauthorized,
     Unavailable,
+    Unreachable,
     UnsupportedMediaType,
 )
 
@@ -29,5 +30,6 @@ __all__ = [
     "TooLarge",
     "Unauthorized",
     "Unavailable",
+    "Unreachable",
     "UnsupportedMediaType",
 ]

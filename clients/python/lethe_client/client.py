@@ -64,7 +64,20 @@ class LetheError(RuntimeError):
         self.code: str = err.get("code", "") if isinstance(err, dict) else ""
         self.message: str = err.get("message", str(body)) if isinstance(err, dict) else str(body)
         self.details: Any = err.get("details") if isinstance(err, dict) else None
-        super().__init__(f"{status} {self.code}: {self.message}")
+        super().__init__(f"{status} {self.code}: {self.message}{_fields(self.details)}")
+
+
+def _fields(details: Any) -> str:
+    """A validation error's fields and messages, as `str(error)` shows them:
+    " (epsilon: Input should be greater than 0)"."""
+    if not isinstance(details, list):
+        return ""
+    said = []
+    for item in details[:5]:
+        if isinstance(item, dict) and "msg" in item:
+            loc = [str(p) for p in item.get("loc", []) if p not in ("body", "query", "path")]
+            said.append(f"{'.'.join(loc) or 'request'}: {item['msg']}")
+    return f" ({'; '.join(said)})" if said else ""
 
 
 class Unauthorized(LetheError):
@@ -84,7 +97,7 @@ class Conflict(LetheError):
 
 
 class Gone(LetheError):
-    """410: erased (purged weights)."""
+    """410: purged weights (trained on erased data, or superseded: see `code`)."""
 
 
 class TooLarge(LetheError):
@@ -101,6 +114,16 @@ class Invalid(LetheError):
 
 class Unavailable(LetheError):
     """503: the database or the queue is down; retry after `retry_after` seconds."""
+
+
+class Unreachable(LetheError):
+    """No answer at all: the server is down, the URL is wrong, or the network failed (status 0;
+    the transport's own exception is the `__cause__`)."""
+
+    def __init__(self, url: str, exc: Exception) -> None:
+        reason = str(exc) or type(exc).__name__
+        body = {"error": {"code": "unreachable", "message": f"no answer from {url}: {reason}"}}
+        super().__init__(0, body)
 
 
 ERRORS: dict[int, type[LetheError]] = {
@@ -321,6 +344,14 @@ def _deletion(request_id: int, wait: float = 0) -> Call[DeletionOut]:
     return Call("GET", f"/v1/deletions/{request_id}", _model(DeletionOut), {"params": params})
 
 
+def _receipt(request_id: int, certificate_id: int) -> Call[bytes]:
+    """A deletion's receipt for one certificate: a C2SP tlog-proof file that /verify (or any
+    tlog client) checks against the public log; the key that asked for the deletion may read
+    it."""
+    path = f"/v1/deletions/{request_id}/tlog-proofs/{certificate_id}"
+    return Call("GET", path, _bytes, {})
+
+
 def _deletions(offset: int = 0, limit: int = 100) -> Call[DeletionPage]:
     params = {"offset": offset, "limit": limit}
     return Call("GET", "/v1/deletions", _model(DeletionPage), {"params": params})
@@ -404,6 +435,7 @@ class Endpoints:
     delete = endpoint(_delete)
     deletion = endpoint(_deletion)
     deletions = endpoint(_deletions)
+    receipt = endpoint(_receipt)
     certificates = endpoint(_certificates)
     certificate = endpoint(_certificate)
     verify = endpoint(_verify)
@@ -501,7 +533,10 @@ class Client(Endpoints):
 
     # Untyped access to any path (JSON in, JSON out), for scripts and the benches.
     def request(self, method: str, path: str, **kw: Any) -> httpx.Response:
-        response = self.http.request(method, path, **kw)
+        try:
+            response = self.http.request(method, path, **kw)
+        except httpx.TransportError as exc:  # refused, unresolvable, timed out, cut off
+            raise Unreachable(str(self.http.base_url), exc) from exc
         if response.status_code >= 400:
             raise error_for(response)
         return response
@@ -611,7 +646,10 @@ class AsyncClient(Endpoints):
         await self.http.aclose()
 
     async def send(self, call: Call[T]) -> T:
-        response = await self.http.request(call.method, call.path, **call.kwargs)
+        try:
+            response = await self.http.request(call.method, call.path, **call.kwargs)
+        except httpx.TransportError as exc:
+            raise Unreachable(str(self.http.base_url), exc) from exc
         if response.status_code >= 400:
             raise error_for(response)
         return call.parse(response)
