@@ -3,6 +3,7 @@ and the package a non-editable install builds."""
 
 from __future__ import annotations
 
+import os
 import re
 import shutil
 import subprocess
@@ -10,6 +11,7 @@ import sys
 import zipfile
 from pathlib import Path
 
+import pytest
 import yaml
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -40,6 +42,8 @@ def test_compose_services_restart_and_report_health() -> None:
     assert services["s3"]["command"] == ["s3"]  # deploy/services/entry.sh: SeaweedFS's S3
     for name in ("postgres", "redis", "s3"):  # built from Debian's packages, not pulled
         assert services[name]["build"]["context"] == "deploy/services", name
+    # the API on loopback unless LETHE_BIND says otherwise (scripts/compose-up)
+    assert services["api"]["ports"] == ["${LETHE_BIND:-127.0.0.1}:${LETHE_PORT:-8000}:8000"]
     witnesses = services["api"]["environment"]["LETHE_LOG_WITNESSES"]  # the log asks its witness
     assert (
         witnesses.startswith('["http://witness:8100 ')
@@ -67,22 +71,12 @@ def test_a_built_wheel_carries_the_dashboard_and_the_loader(tmp_path: Path) -> N
         shutil.copytree(ROOT / name, source / name, ignore=shutil.ignore_patterns("__pycache__"))
     for name in ("pyproject.toml", "README.md"):
         shutil.copy(ROOT / name, source / name)
-    subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "pip",
-            "wheel",
-            "--no-deps",
-            "--no-build-isolation",
-            "-q",
-            "-w",
-            str(tmp_path),
-            str(source),
-        ],
-        check=True,
-        timeout=300,
-    )
+    built = subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-v",
+         "-w", str(tmp_path), str(source)],
+        check=True, timeout=300, capture_output=True, text=True,
+    )  # fmt: skip
+    assert "would be ignored" not in built.stdout + built.stderr  # no packaging warning
     wheel = next(tmp_path.glob("lethe_unlearning-*.whl"))  # the distribution's name
     names = set(zipfile.ZipFile(wheel).namelist())
     assert {"app/ui/index.html", "app/ui/app.js", "app/ui/app.css"} <= names
@@ -96,3 +90,21 @@ def test_a_built_wheel_carries_the_dashboard_and_the_loader(tmp_path: Path) -> N
         "migrations/script.py.mako",
         "migrations/versions/0001_initial_schema.py",
     } <= names
+
+
+@pytest.mark.parametrize(
+    ("env", "shown"),
+    [
+        ({}, "http://127.0.0.1:8000"),
+        ({"LETHE_PORT": "18410"}, "http://127.0.0.1:18410"),
+        ({"LETHE_PORT": "127.0.0.1:18410"}, "http://127.0.0.1:18410"),  # was 127.0.0.1:127…
+        ({"LETHE_BIND": "0.0.0.0"}, "http://127.0.0.1:8000 (and every interface of this host)"),
+    ],
+)
+def test_compose_up_says_where_the_api_listens(env: dict[str, str], shown: str) -> None:
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("LETHE_")}
+    said = subprocess.run(
+        ["bash", str(ROOT / "scripts" / "compose-address")],
+        env={**clean, **env}, capture_output=True, text=True, check=True,
+    )  # fmt: skip
+    assert said.stdout.strip() == shown
