@@ -15,6 +15,7 @@ import importlib
 import logging
 import multiprocessing
 import os
+import signal
 import threading
 from multiprocessing.connection import Connection
 from multiprocessing.process import BaseProcess
@@ -32,7 +33,10 @@ METRICS_SECONDS = 2.0  # how long a scrape waits for the child's counters
 
 
 def _run(entry: str, *args: object) -> None:
-    """The child's first call: import its entry point there, by dotted path."""
+    """The child's first call: import its entry point there, by dotted path. A terminal's
+    Ctrl-C reaches the whole process group: the child ignores it from its first line (the API
+    stops it), so it prints no traceback (`_spawn` starts it with SIGINT ignored already)."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     module, name = entry.rsplit(".", 1)
     getattr(importlib.import_module(module), name)(*args)
 
@@ -142,7 +146,16 @@ class ProcessDispatcher:
             name="lethe-worker",
         )
         process.daemon = True
-        process.start()
+        # an ignored signal stays ignored across the child's exec, and Python then installs no
+        # KeyboardInterrupt of its own: a Ctrl-C while the child boots does not reach it
+        # (only the main thread may set a handler: a restart by the supervisor relies on _run)
+        main = threading.current_thread() is threading.main_thread()
+        previous = signal.signal(signal.SIGINT, signal.SIG_IGN) if main else None
+        try:
+            process.start()
+        finally:
+            if main:
+                signal.signal(signal.SIGINT, previous)
         theirs.close()  # the child holds its end: its death is our end-of-file
         with self._send_lock:
             self._conn, self._process = ours, process

@@ -7,8 +7,10 @@ ends it); the whole service is driven through a real `lethe serve`."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import signal
+import subprocess
 import time
 from pathlib import Path
 
@@ -23,7 +25,7 @@ from app.core.settings import Settings
 from app.core.wakeups import FINISHED, wait
 from app.core.worker_process import ProcessDispatcher
 from tests.integration.test_faults import wait_until
-from tests.support.cluster import Cluster
+from tests.support.cluster import LETHE, Cluster, free_port
 from tests.support.processes import worker_processes
 
 MARK = "LETHE_TEST_WORKER_MARK"
@@ -90,6 +92,28 @@ def test_the_child_runs_jobs_wakes_the_api_and_is_replaced_when_it_dies(
     finally:
         dispatcher.stop()
     assert not dispatcher.ping() and third is not None and not alive(third)
+
+
+def test_ctrl_c_reaches_the_child_and_leaves_it_running(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A terminal's Ctrl-C is SIGINT to the whole process group: the child, still importing
+    torch, printed a KeyboardInterrupt traceback and died, and the API started another while
+    it shut down. The child ignores SIGINT from its first line: the same child runs the
+    next job."""
+    path = tmp_path / "marks"
+    monkeypatch.setenv(MARK, str(path))
+    dispatcher = ProcessDispatcher(Settings(data_dir=tmp_path, redis_url=None))
+    dispatcher.start()
+    try:
+        child = dispatcher.pid
+        assert child is not None
+        os.kill(child, signal.SIGINT)  # at once: while it imports
+        dispatcher.enqueue(f"{__name__}.mark_and_wake", 1)
+        wait_until(lambda: len(marks(path)) == 1, what="the child ran the job")
+        assert marks(path) == [(1, child)] and dispatcher.starts == 1
+    finally:
+        dispatcher.stop()
 
 
 def still_starting(*_: object) -> None:
@@ -250,3 +274,28 @@ def test_a_deletion_is_not_queued_behind_a_long_training(tmp_path: Path) -> None
         training = c.get(f"/v1/models/{slow['id']}").json()
         assert training["status"] == "training", training  # it waited; the deletion did not
         assert training["progress"]["epoch"] < 1000
+
+
+@pytest.mark.integration
+def test_ctrl_c_stops_lethe_serve_without_a_traceback(tmp_path: Path) -> None:
+    """Ctrl-C in a terminal is SIGINT to `lethe serve`'s whole process group, its worker and
+    its upload parsers' fork server included: each of those printed a KeyboardInterrupt
+    traceback while importing. Now the server alone takes it, stops them, and exits 0."""
+    log = tmp_path / "serve.log"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("LETHE_")}
+    env["LETHE_DATA_DIR"] = str(tmp_path / "data")
+    with log.open("w") as out:
+        server = subprocess.Popen(
+            [*LETHE, "serve", "--port", str(free_port())],
+            stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True,
+        )  # fmt: skip
+    try:
+        wait_until(lambda: "startup complete" in log.read_text(), what="the server started")
+        os.killpg(server.pid, signal.SIGINT)  # at once: its children are still importing
+        assert server.wait(timeout=60) == 0
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(server.pid, signal.SIGKILL)
+    said = log.read_text()
+    assert "Traceback" not in said and "KeyboardInterrupt" not in said, said
+    assert "starting another" not in said  # no worker restarted while it stopped

@@ -18,6 +18,7 @@ import logging
 import multiprocessing
 import os
 import select
+import signal
 import threading
 import time
 from concurrent.futures import Future, ProcessPoolExecutor
@@ -36,6 +37,7 @@ from app.core.schemas import BuiltinDatasetIn, ObjectSource
 from app.core.settings import Settings
 
 _PRELOAD = [
+    "app.core.no_interrupt",  # first: a Ctrl-C while the rest import does not reach it
     "app.core.services.isolated",
     "app.core.services.registration",
     "app.core.services.appends",
@@ -224,15 +226,19 @@ class UploadPool:
             return self._executor
 
     def warm_up(self) -> None:
-        """Start the fork server (it imports the parsing modules once) on a thread, so the
-        first upload does not wait for it."""
-
-        def start() -> None:
-            self.executor()
+        """Start the fork server now (it imports the parsing modules once, in its own
+        process), so the first upload does not wait for it. Started with SIGINT ignored, which
+        it keeps across its exec: a terminal's Ctrl-C reaches the whole process group, and
+        the server stops it itself (only the main thread may set a handler)."""
+        self.executor()
+        main = threading.current_thread() is threading.main_thread()
+        previous = signal.signal(signal.SIGINT, signal.SIG_IGN) if main else None
+        try:
             with contextlib.suppress(Exception):
                 forkserver.ensure_running()
-
-        threading.Thread(target=start, name="lethe-forkserver", daemon=True).start()
+        finally:
+            if main:
+                signal.signal(signal.SIGINT, previous)
 
     def shut_down(self) -> None:
         """At a clean stop: the pool's idle workers leave now, and with them the fork
