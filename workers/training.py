@@ -284,14 +284,16 @@ def _load_imported(
 
 
 def _progress_writer(db: Database, model_id: int) -> ProgressFn:
-    """Record 'epoch k of E' at most twice a second (and at the last epoch)."""
-    last = [0.0]
+    """Record 'epoch k of E', the loss and the time left at the pace so far, at most twice a
+    second (and at the last epoch)."""
+    last, started = [0.0], time.perf_counter()
 
     def progress(epoch: int, epochs: int, loss: float) -> None:
         now = time.perf_counter()
         if epoch < epochs and now - last[0] < 0.5:
             return
         last[0] = now
+        eta = (now - started) / epoch * (epochs - epoch) if epoch > 0 else None
         with db.write() as session:
             session.execute(
                 update(Model)
@@ -303,6 +305,7 @@ def _progress_writer(db: Database, model_id: int) -> ProgressFn:
                         epochs=epochs,
                         # JSON has no NaN (PostgreSQL refuses it): a diverged loss is null
                         loss=round(loss, 6) if math.isfinite(loss) else None,
+                        eta_seconds=round(eta, 1) if eta is not None else None,
                     )
                 )
             )

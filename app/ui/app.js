@@ -40,9 +40,26 @@ function fmt(x, digits = 3) {
 }
 
 function asSeconds(s) { return typeof s === "number" ? `${s.toPrecision(3)} s` : "—"; }
+// A duration in words: "42.0 s", "5 min 58 s", "2 h 03 min".
+function duration(s) {
+  if (typeof s !== "number" || !isFinite(s)) return "—";
+  if (s < 60) return `${s.toFixed(1)} s`;
+  if (s < 3600) return `${Math.floor(s / 60)} min ${String(Math.round(s % 60)).padStart(2, "0")} s`;
+  return `${Math.floor(s / 3600)} h ${String(Math.floor((s % 3600) / 60)).padStart(2, "0")} min`;
+}
+// A time of day, 24-hour, as the timeline's axis writes it.
+function hms(at) { return new Date(at).toLocaleTimeString([], { hour12: false }); }
 function asPercent(f) { return typeof f === "number" ? `${(100 * f).toPrecision(3)}%` : "—"; }
 
 function status(s) { return el("span", { class: `status ${s}` }, s); }
+
+// What a certificate answers: a deletion request, an append its model learned, or an audit
+// (the last two have no request: their request_id is 0).
+function answers(c) {
+  if (c.kind === "learned") return "append";
+  if (c.kind === "privacy_audit") return "audit";
+  return c.request_id ? `request ${c.request_id}` : "—";
+}
 
 // ---- charts ---------------------------------------------------------------------------------
 
@@ -142,8 +159,8 @@ function lineChart(id, points, { yLabel, xLabel = "version", yMin = null, percen
 // A clock time, with milliseconds when the axis' step is under a second.
 function clock(ms, step) {
   const d = new Date(ms);
-  const hms = d.toLocaleTimeString([], { hour12: false });
-  return step < 1000 ? `${hms}.${String(d.getMilliseconds()).padStart(3, "0")}` : hms;
+  const time = hms(ms);
+  return step < 1000 ? `${time}.${String(d.getMilliseconds()).padStart(3, "0")}` : time;
 }
 
 function timeline(id, requests) {
@@ -176,8 +193,8 @@ function timeline(id, requests) {
     svg.append(el("text", { class: "tick x time", x: sx(v), y: axisY + 15,
                             "text-anchor": "middle" }, clock(v, step)));
   }
-  svg.append(el("text", { class: "tick", x: 4, y: axisY + 15 },
-                `${(span / 1000).toFixed(1)} s`));
+  svg.append(el("text", { class: "tick span", x: 4, y: axisY + 15 },
+                `over ${duration(span / 1000)}`));
   return svg;
 }
 
@@ -261,7 +278,14 @@ function setupForms() {
         body: JSON.stringify({ builtin: builtin.value, on_erased: onErased.value }) });
     }
     const result = await answer(response);
-    if (!result.ok) { dsError.textContent = errorText(result); return; }
+    if (!result.ok) {
+      const code = result.body && result.body.error && result.body.error.code;
+      dsError.textContent = code === "erased_rows_present"
+        ? `${result.body.error.message.split(";")[0]}. To register the rest, choose "leave ` +
+          `those rows out" beside "rows of people erased earlier" and send the form again.`
+        : errorText(result);
+      return;
+    }
     const body = result.body;
     if (body.dataset_id !== undefined) {  // an append: its models learn the rows next
       dsDone.textContent = appendText(body);
@@ -543,6 +567,23 @@ async function datasetsTable() {
     shown, choices] };
 }
 
+// A model in training: its stage, epoch k of E with a bar, the last loss and the time left at
+// the pace so far (the page refreshes itself while it trains).
+function trainingCard(p) {
+  const card = el("div", { class: "card", id: "training", "data-stage": p.stage });
+  if (!p.epochs) {
+    card.append(el("p", {}, `Training: ${p.stage.replace("_", " ")}…`));
+    return card;
+  }
+  card.append(
+    el("p", { id: "training-epoch" }, `Training: epoch ${p.epoch} of ${p.epochs}`,
+       p.loss !== null && p.loss !== undefined ? ` · loss ${fmt(p.loss, 4)}` : "",
+       p.eta_seconds !== null && p.eta_seconds !== undefined
+         ? ` · about ${duration(p.eta_seconds)} left` : ""),
+    el("progress", { id: "training-bar", max: p.epochs, value: p.epoch }));
+  return card;
+}
+
 async function modelPage(id) {
   const [model, versions, preview] = await Promise.all([
     api(`/v1/models/${id}`), api(`/v1/models/${id}/versions`),
@@ -552,6 +593,8 @@ async function modelPage(id) {
   const nodes = [el("h1", {}, `Model ${m.id}: ${m.name} `, status(m.status))];
   nodes.push(el("p", {}, `${m.architecture.type} · method ${m.method.name} · dataset ${m.dataset_id}`
                  + ` · ${m.n_train} training samples`));
+  if (m.method.chosen_by) nodes.push(el("p", { class: "notice", id: "chosen-by" }, m.method.chosen_by));
+  if (m.status === "queued" || m.status === "training") nodes.push(trainingCard(m.progress));
   const vs = versions.ok ? versions.body : [];
   const mlflow = vs.some(v => v.mlflow);  // a column only where Lethe copies to MLflow
   nodes.push(el("h2", {}, "Version chain"));
@@ -588,7 +631,7 @@ async function modelPage(id) {
       el("tr", {}, ...["id", "request", "versions", "guarantee", "ε", "δ", "sentence"]
                        .map(h => el("th", {}, h))),
       certificates.body.items.map(c => el("tr", { "data-certificate": c.id },
-        el("td", {}, c.id), el("td", {}, c.request_id),
+        el("td", {}, c.id), el("td", { class: "request" }, answers(c)),
         el("td", {}, `v${c.from_version} → v${c.to_version}`), el("td", {}, c.guarantee),
         el("td", {}, fmt(c.epsilon)), el("td", {}, fmt(c.delta)),
         el("td", { class: "sentence" }, sentence(c.sentence))))));
@@ -843,8 +886,8 @@ async function deletionsPage() {
                                             m.version ? ` → v${m.version}` : ""))),
         el("td", { class: "certificates" }, certificateLinks(r)),
         el("td", {}, receipts(r)),
-        el("td", {}, new Date(r.created_at).toLocaleTimeString()),
-        el("td", {}, r.finished_at ? new Date(r.finished_at).toLocaleTimeString() : "—"))))] };
+        el("td", {}, hms(r.created_at)),
+        el("td", {}, r.finished_at ? hms(r.finished_at) : "—"))))] };
 }
 
 async function auditPage() {
@@ -879,7 +922,56 @@ async function auditPage() {
       v.head ? el("p", {}, "Head: ", el("code", {}, v.head)) : null),
     signed,
     download,
-    el("p", { class: "notice" }, "Check an export offline with scripts/verify_audit.py.")];
+    el("p", { class: "notice" }, "Check an export offline with scripts/verify_audit.py."),
+    ...await certificateList(v.checked)];
+}
+
+const LISTED = 1000;  // the newest certificates the Audit page lists (the export has them all)
+
+// The newest certificates, newest first, with a search over what each row shows (the text
+// filter) and, asked of the API, a data subject's.
+async function certificateList(total) {
+  const offset = Math.max(0, total - LISTED);
+  const found = await api(`/v1/audit/certificates?offset=${offset}&limit=${LISTED}`);
+  if (!found.ok) return [el("p", { class: "notice" }, errorText(found))];
+  const search = el("input", { id: "certificate-search", type: "search",
+                               placeholder: "model, method, guarantee, request, words…" });
+  const subject = el("input", { id: "certificate-subject", placeholder: "a data subject's id" });
+  const count = el("p", { class: "notice", id: "certificate-count" });
+  const table = el("table", { id: "audit-certificates" });
+  const show = items => {
+    const words = search.value.trim().toLowerCase().split(/\s+/).filter(w => w);
+    const rows = items.slice().reverse().filter(c => {
+      const text = [`#${c.id}`, `model ${c.model_id}`, answers(c), c.method, c.guarantee,
+                    c.sentence].join(" ").toLowerCase();
+      return words.every(w => text.includes(w));
+    });
+    count.textContent = `${rows.length} of ${items.length} certificates shown` +
+      (total > LISTED ? ` (the newest ${LISTED} of ${total})` : "");
+    table.replaceChildren(
+      el("tr", {}, ...["id", "model", "answers", "versions", "method", "guarantee", "ε",
+                       "created"].map(h => el("th", {}, h))),
+      ...rows.map(c => el("tr", { "data-certificate": c.id },
+        el("td", {}, `#${c.id}`),
+        el("td", {}, el("a", { href: `#/models/${c.model_id}` }, `model ${c.model_id}`)),
+        el("td", {}, answers(c)), el("td", {}, `v${c.from_version} → v${c.to_version}`),
+        el("td", {}, c.method || "—"), el("td", {}, c.guarantee), el("td", {}, fmt(c.epsilon)),
+        el("td", {}, when(c.created_at)))));
+  };
+  let items = found.body.items;
+  search.addEventListener("input", () => show(items));
+  subject.addEventListener("change", async () => {
+    const who = subject.value.trim();
+    const path = who ? `/v1/audit/certificates?subject=${encodeURIComponent(who)}&limit=${LISTED}`
+                     : `/v1/audit/certificates?offset=${offset}&limit=${LISTED}`;
+    const again = await api(path);
+    items = again.ok ? again.body.items : [];
+    show(items);
+  });
+  show(items);
+  return [el("h2", {}, "Certificates"),
+          el("div", { class: "card action" }, el("label", {}, "search ", search),
+             el("label", {}, "data subject ", subject), count), table];
 }
 
 // ---- webhooks: endpoints, their deliveries, replay ----------------------------------
@@ -893,7 +985,7 @@ async function remove(path) {
     headers: { Authorization: `Bearer ${sessionStorage.getItem(KEY) || ""}` } }));
 }
 
-function when(at) { return at ? new Date(at).toLocaleTimeString() : "—"; }
+function when(at) { return at ? hms(at) : "—"; }
 
 // A secret (`whsec_…`) is answered once, when made or rotated: shown in the form's notice.
 function showSecret(what, hook) {

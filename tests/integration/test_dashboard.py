@@ -817,3 +817,48 @@ def test_an_admin_adds_a_webhook_follows_its_deliveries_replays_rotates_and_dele
     page.wait_for_selector(f'#webhooks tr[data-webhook="{hook_id}"]', state="detached")
     assert admin.get("/v1/webhooks").json() == []
     assert admin.get(f"/v1/webhooks/{hook_id}").status_code == 404
+
+
+def test_a_training_model_s_page_shows_its_progress_and_the_audit_page_finds_certificates(
+    browser: Browser, service: tuple[str, dict[str, str]], tmp_path: Path
+) -> None:
+    """The model page of a model in training shows "epoch k of E", its loss and the time left,
+    live, until it is ready; the Audit page lists the certificates newest first, says what
+    each answers (a request, never "request 0") and filters them as one types; times are
+    24-hour."""
+    url, keys = service
+    admin = httpx.Client(base_url=url, headers={"Authorization": f"Bearer {keys['admin']}"})
+    dataset = admin.get("/v1/models").json()[0]["dataset_id"]
+    slow = {"epochs": 400, "batch_size": 16, "learning_rate": 0.05, "seed": 0}
+    spec = {"name": "slow", "dataset_id": dataset, "training": slow,
+            "architecture": {"type": "mlp", "hidden": [64]}}  # fmt: skip
+    model = admin.post("/v1/models", json=spec).json()
+    page = browser.new_page(viewport={"width": 1280, "height": 900})
+    errors: list[str] = []
+    page.on("pageerror", lambda exc: errors.append(str(exc)))
+    sign_in(page, url, keys["admin"])
+    page.goto(f"{url}/ui#/models/{model['id']}")
+    page.wait_for_selector("#training-epoch:has-text('left')", timeout=120_000)
+    said = page.inner_text("#training-epoch")
+    assert re.search(r"epoch \d+ of 400 · loss [\d.]+ · about .+ left", said), said
+    assert page.get_attribute("#training-bar", "max") == "400"
+    page.screenshot(path=str(tmp_path / "model-training.png"), full_page=True)
+    page.wait_for_selector("h1 .status.ready", timeout=300_000)  # live, to the end
+    assert page.locator("#training").count() == 0
+
+    page.goto(f"{url}/ui#/audit")
+    page.wait_for_selector("#audit-certificates tr[data-certificate]")
+    listed = admin.get("/v1/audit/certificates", params={"limit": 1000}).json()["items"]
+    rows = page.locator("#audit-certificates tr[data-certificate]")
+    assert rows.count() == len(listed)
+    assert rows.first.get_attribute("data-certificate") == str(listed[-1]["id"])  # newest first
+    answered = page.locator("#audit-certificates td:nth-child(3)").all_inner_texts()
+    assert "request 0" not in answered and any(a.startswith("request ") for a in answered)
+    page.fill("#certificate-search", f"#{listed[-1]['id']}")  # the highest id: no prefix
+    assert rows.count() == 1 and "1 of" in page.inner_text("#certificate-count")
+    page.fill("#certificate-search", "")
+    assert rows.count() == len(listed)
+    created = page.locator("#audit-certificates td:nth-child(8)").first.inner_text()
+    assert re.fullmatch(r"\d{2}:\d{2}:\d{2}", created), created  # 24-hour, as the timeline
+    page.screenshot(path=str(tmp_path / "audit-certificates.png"), full_page=True)
+    assert errors == []

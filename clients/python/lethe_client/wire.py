@@ -260,6 +260,8 @@ class Progress(BaseModel):
     """epochs in all (null before training)"""
     loss: float | None = None
     """the last epoch's mean loss (null when it was not finite: JSON has no NaN)"""
+    eta_seconds: float | None = None
+    """seconds of training left, from the pace of the epochs done (null before the first)"""
 
 
 class ModelOut(Out):
