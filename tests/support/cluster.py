@@ -30,10 +30,22 @@ _CHOOSER = random.SystemRandom()  # not the seeded `random`: each test process p
 
 
 def free_port() -> int:
-    """A TCP port free on loopback now, below the kernel's ephemeral range. The kernel gives
-    ports in that range to outgoing connections, so a server stopped and started again on its
-    ports could find one taken by any client's connection meanwhile (a SeaweedFS restarted in
-    the suite did); below it only another such choice can take one."""
+    """A TCP port free on loopback now: in LETHE_TEST_PORTS ("20000-20999") where set, so
+    a machine can confine the suite's servers, else below the kernel's ephemeral range. The
+    kernel gives ports in that range to outgoing connections, so a server stopped and started
+    again on its ports could find one taken by any client's connection meanwhile (a SeaweedFS
+    restarted in the suite did); below it only another such choice can take one."""
+    confined = confined_ports()
+    if confined is not None:
+        for _ in range(200):
+            port = _CHOOSER.randrange(confined[0], confined[1] + 1)
+            with socket.socket() as s:
+                try:
+                    s.bind(("127.0.0.1", port))
+                except OSError:
+                    continue
+                return port
+        raise RuntimeError(f"no free port in LETHE_TEST_PORTS={os.environ['LETHE_TEST_PORTS']}")
     low = _ephemeral_low()
     if low - 1024 >= 4096:
         for _ in range(100):
@@ -47,6 +59,18 @@ def free_port() -> int:
     with socket.socket() as s:  # no room below the range: the kernel's choice
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+def confined_ports() -> tuple[int, int] | None:
+    """LETHE_TEST_PORTS as (first, last), or None where unset; ValueError if malformed."""
+    given = os.environ.get("LETHE_TEST_PORTS", "").strip()
+    if not given:
+        return None
+    first, _, last = given.partition("-")
+    low, high = int(first), int(last or first)
+    if not 1024 <= low <= high <= 65535:
+        raise ValueError(f"LETHE_TEST_PORTS={given!r}: want FIRST-LAST within 1024-65535")
+    return low, high
 
 
 def _ephemeral_low() -> int:
