@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.support.cluster import free_port, confined_ports
+from tests.support.cluster import confined_ports, free_port
 
 
 def test_ports_come_from_the_range_given(monkeypatch: pytest.MonkeyPatch) -> None:
