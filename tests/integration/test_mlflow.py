@@ -9,6 +9,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import subprocess
 import time
 from collections.abc import Iterator
@@ -184,3 +185,39 @@ def test_every_version_reaches_mlflow_and_a_purged_one_leaves_it(
     )
     assert again.mlflow_version == v2.version
     assert len(mlflow.search_model_versions(f"name='{name}'")) == 2
+
+
+def test_an_mlflow_outage_shows_as_counted_attempts_and_heals(
+    mlflow_server: MlflowServer, tmp_path: Path
+) -> None:
+    """MLflow is down when the first version is published: the copy shows its failed
+    attempts and the last error at once (MLflow's client no longer retries inside one call
+    for a minute), `/metrics` counts the failures, and once MLflow answers the copy is
+    registered."""
+    mlflow_server.kill()  # not started yet: its port refuses
+    settings = {"mlflow_tracking_uri": mlflow_server.url, "mlflow_poll_seconds": 0.2}
+    with Cluster(tmp_path / "data", None, None, **settings) as cluster:
+        cluster.start_api()
+        with cluster.client() as c:
+            dataset = c.post("/v1/datasets", json={"builtin": "digits"}).json()["id"]
+            model = c.post(
+                "/v1/models",
+                json={"name": "digits", "dataset_id": dataset, "training": {"epochs": 2}},
+            ).json()["id"]
+
+            def copy() -> dict:
+                versions = c.get(f"/v1/models/{model}/versions").json()
+                return (versions[0]["mlflow"] or {}) if versions else {}
+
+            wait_for("version 1", lambda: c.get(f"/v1/models/{model}/versions").json())
+            # MLflow's own retries of one call took over two minutes before the first failure
+            # could be counted; now each refused call counts at once (the bound: a guard)
+            failing = wait_for("a failed attempt, shown", lambda: copy().get("attempts"), 90)
+            shown = copy()
+            assert shown["status"] == "pending" and failing >= 1
+            assert shown["last_error"] and "onnect" in shown["last_error"]  # Connection…
+            metrics = c.get("/metrics").text
+            assert re.search(r'lethe_mlflow_exports_total\{outcome="failed"\} [1-9]', metrics)
+            mlflow_server.start()
+            done = wait_for("the copy registered", lambda: copy().get("status") == "registered")
+            assert done and copy()["version"] == "1"

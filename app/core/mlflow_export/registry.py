@@ -12,12 +12,14 @@ MLflow is imported only here and only when configured (the optional `mlflow` ext
 
 from __future__ import annotations
 
+import os
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 ARTIFACT_DIR = "weights"
+REQUEST_SECONDS = 30  # one HTTP call to MLflow (an artifact upload included) at most
 ARTIFACT_FILE = "model.safetensors"
 ALIAS = "current"
 VERSION_TAG = "lethe.version_id"
@@ -51,6 +53,12 @@ class MlflowRegistry:
     """A client of one MLflow tracking server and registry (the same URI)."""
 
     def __init__(self, tracking_uri: str, experiment: str, prefix: str) -> None:
+        # MLflow's client retries a refused call 7 times with back-off inside one call (about
+        # a minute, 120 s per request): an outage then looked like a pending copy with no
+        # attempt and no error. Lethe retries itself, counted, with its own back-off
+        # (sync.failed); an operator's own settings of these win.
+        os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
+        os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", str(REQUEST_SECONDS))
         from mlflow.tracking import MlflowClient  # the optional extra, imported when used
 
         self.uri, self.experiment, self.prefix = tracking_uri, experiment, prefix
