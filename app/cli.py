@@ -18,7 +18,7 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 from sqlalchemy.exc import OperationalError, ProgrammingError
 
-from app.client import Client, LetheError
+from app.client import Client, LetheError, Unreachable
 from app.core.jsontypes import JsonObject, as_object, optional_object
 from app.core.states import FINISHED_TASK, append_settled
 from app.core.wire import DeletionOut, ModelOut
@@ -912,7 +912,7 @@ def _demo(c: Client, epochs: int) -> None:
     cert = c.certificate(req.certificate_ids[0])
     console.print(f"[green]{getattr(cert, 'sentence', '')}[/green]")
     console.print(
-        f"ε={cert.epsilon} δ={cert.delta} guarantee={cert.guarantee} "
+        f"ε={_number(cert.epsilon)} δ={_number(cert.delta)} guarantee={cert.guarantee} "
         f"v{cert.from_version} → v{cert.to_version}"
     )
     _step(7, "version 1 was trained on erased data: its weights are gone")
@@ -943,16 +943,25 @@ def main() -> None:
         raise SystemExit(1) from None
 
 
+def _number(x: float | None) -> str:
+    """A certificate's ε or δ as a reader wants it: 6 significant figures (a composed ε
+    comes out as 1.000000000001)."""
+    return "—" if x is None else f"{x:.6g}"
+
+
 def _routine(exc: BaseException) -> str | None:
     """One line for the failures a user meets in routine use, else None."""
     if isinstance(exc, CliError):
         return str(exc)
+    cause = exc.__cause__ if isinstance(exc, Unreachable) else exc  # the transport's failure
+    if isinstance(cause, httpx.ConnectError | httpx.ConnectTimeout):
+        return f"cannot reach the service ({cause}); is `lethe serve` running? (LETHE_URL)"
+    if isinstance(cause, httpx.TimeoutException):
+        return f"the service did not answer in time ({cause})"
+    if isinstance(exc, Unreachable):
+        return f"cannot reach the service ({exc.message})"
     if isinstance(exc, LetheError):
         return f"the service answered {exc}"
-    if isinstance(exc, httpx.ConnectError | httpx.ConnectTimeout):
-        return f"cannot reach the service ({exc}); is `lethe serve` running? (LETHE_URL)"
-    if isinstance(exc, httpx.TimeoutException):
-        return f"the service did not answer in time ({exc})"
     if isinstance(exc, FileNotFoundError | IsADirectoryError | PermissionError):
         return str(exc)
     if isinstance(exc, OperationalError):

@@ -215,7 +215,9 @@ function describe(body) {
     const c = JSON.parse(new TextDecoder().decode(body));
     const parts = [`model ${c.model_id}`, `version ${c.from_version} → ${c.to_version}`];
     if (c.guarantee) parts.push(`guarantee ${c.guarantee}`);
-    if (c.epsilon !== undefined) parts.push(`ε = ${c.epsilon}`, `δ = ${c.delta}`);
+    // 6 significant figures (a composed ε comes out as 1.000000000001); the file has them all
+  const figure = x => typeof x === "number" ? String(Number(x.toPrecision(6))) : String(x);
+  if (c.epsilon !== undefined) parts.push(`ε = ${figure(c.epsilon)}`, `δ = ${figure(c.delta)}`);
     return { certificate: c, summary: parts.join(", ") };
   } catch (_) {
     return { certificate: null, summary: "a certificate that is not JSON" };
