@@ -206,19 +206,25 @@ def read(model_id: PathId, key: AnyRole, db: DbDep) -> JsonObject:
 
 
 @router.get("/{model_id:int}/versions", response_model=list[VersionOut], responses=errors(404))
-def versions(model_id: PathId, key: AnyRole, db: DbDep) -> list[JsonObject]:
+def versions(model_id: PathId, key: AnyRole, db: DbDep, settings: SettingsDep) -> list[JsonObject]:
     """Every version; forget-set metrics only for admins and auditors."""
     with db.read() as session:
-        return list_versions(session, model_id, sees_forget_set(key))
+        return list_versions(
+            session, model_id, sees_forget_set(key), settings.mlflow_tracking_uri is not None
+        )
 
 
 @router.get(
     "/{model_id:int}/versions/{number:int}", response_model=VersionOut, responses=errors(404)
 )
-def version(model_id: PathId, number: PathId, key: AnyRole, db: DbDep) -> JsonObject:
+def version(
+    model_id: PathId, number: PathId, key: AnyRole, db: DbDep, settings: SettingsDep
+) -> JsonObject:
     with db.read() as session:
         get_version(session, model_id, number)  # 404 for an unknown model or version
-        views = list_versions(session, model_id, sees_forget_set(key))
+        views = list_versions(
+            session, model_id, sees_forget_set(key), settings.mlflow_tracking_uri is not None
+        )
         return next(v for v in views if v["number"] == number)
 
 

@@ -209,7 +209,11 @@ def test_an_mlflow_outage_shows_as_counted_attempts_and_heals(
                 versions = c.get(f"/v1/models/{model}/versions").json()
                 return (versions[0]["mlflow"] or {}) if versions else {}
 
+            seen = copy()  # from its first read on: never null (before the syncer: pending)
+            assert seen == {} or seen["status"] == "pending"
+
             wait_for("version 1", lambda: c.get(f"/v1/models/{model}/versions").json())
+            assert copy()["status"] == "pending"  # a documented value, not null
             # MLflow's own retries of one call took over two minutes before the first failure
             # could be counted; now each refused call counts at once (the bound: a guard)
             failing = wait_for("a failed attempt, shown", lambda: copy().get("attempts"), 90)

@@ -179,6 +179,7 @@ def version_view(
     parent_number: int | None,
     forget_metrics: bool = False,
     mlflow: MlflowExport | None = None,
+    mlflow_on: bool = False,
 ) -> dict[str, Any]:
     """A version; `forget_metrics` (admins, auditors) keeps every metric, else only the
     public ones of a version still served (a purged version's were measured on rows that
@@ -196,13 +197,25 @@ def version_view(
         "n_train": version.n_train,
         "created_at": version.created_at,
         "erased_at": version.erased_at,
-        "mlflow": export_view(mlflow),
+        "mlflow": export_view(mlflow) if mlflow is not None or not mlflow_on else _not_yet(version),
     }
 
 
+def _not_yet(version: ModelVersion) -> dict[str, Any]:
+    """The MLflow copy of a version the syncer has not reached (its row is made on the first
+    attempt): pending, or skipped where Lethe purged it first (it never will be copied)."""
+    return {
+        "status": "pending" if version.erased_at is None else "skipped",
+        "registered_model": None, "version": None, "run_id": None, "attempts": 0,
+        "seconds": None, "last_error": None, "registered_at": None, "purged_at": None,
+    }  # fmt: skip
+
+
 def list_versions(
-    session: Session, model_id: int, forget_metrics: bool = False
+    session: Session, model_id: int, forget_metrics: bool = False, mlflow_on: bool = False
 ) -> list[dict[str, Any]]:
+    """Every version of the model; with MLflow configured (`mlflow_on`), a version the
+    syncer has not reached yet shows its copy `pending` with no attempt, not null."""
     get_model(session, model_id)
     versions = session.scalars(
         select(ModelVersion).where(ModelVersion.model_id == model_id).order_by(ModelVersion.number)
@@ -218,6 +231,7 @@ def list_versions(
             numbers[v.parent_id] if v.parent_id is not None else None,
             forget_metrics,
             copies.get(v.id),
+            mlflow_on,
         )
         for v in versions
     ]
