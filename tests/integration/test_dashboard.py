@@ -862,3 +862,47 @@ def test_a_training_model_s_page_shows_its_progress_and_the_audit_page_finds_cer
     assert re.fullmatch(r"\d{2}:\d{2}:\d{2}", created), created  # 24-hour, as the timeline
     page.screenshot(path=str(tmp_path / "audit-certificates.png"), full_page=True)
     assert errors == []
+
+
+def test_an_append_with_an_erased_row_says_which_choice_of_the_form_takes_it(
+    browser: Browser, service: tuple[str, dict[str, str]], tmp_path: Path
+) -> None:
+    """Appending rows of a person erased earlier: the 409 `erased_rows_present` told a
+    dashboard user to "send on_erased=skip"; the form names its own choice, and with it the
+    rest is appended."""
+    import numpy as np
+
+    url, keys = service
+    admin = httpx.Client(base_url=url, headers={"Authorization": f"Bearer {keys['admin']}"})
+    rng = np.random.default_rng(1)
+
+    def people(path: Path, ids: list[str], who: list[str]) -> Path:
+        np.savez(path, X=rng.normal(size=(len(ids), 4)).astype(np.float32),
+                 y=np.arange(len(ids)) % 2, ids=np.array(ids), subjects=np.array(who))  # fmt: skip
+        return path
+
+    base = people(tmp_path / "base.npz", [f"b{i}" for i in range(12)], ["ann", "bob"] * 6)
+    dataset = admin.post("/v1/datasets", files={"file": ("base.npz", base.read_bytes())})
+    assert dataset.status_code == 201, dataset.text
+    dataset_id = dataset.json()["id"]
+    erased = admin.post(
+        "/v1/deletions",
+        json={"dataset_id": dataset_id, "subject_ids": ["ann"]},
+        headers={"Prefer": "wait=60"},
+    )
+    assert erased.json()["status"] == "done", erased.text
+    more = people(tmp_path / "more.npz", ["n1", "n2", "n3"], ["ann", "bob", "cy"])
+    page = browser.new_page(viewport={"width": 1280, "height": 1200})
+    sign_in(page, url, keys["admin"])
+    page.wait_for_selector("#new-dataset")
+    page.fill("#ds-append-to", str(dataset_id))
+    page.set_input_files("#ds-file", str(more))
+    page.click("#ds-submit")
+    page.wait_for_selector("#ds-error:not(:empty)")
+    said = page.inner_text("#ds-error")
+    assert 'choose "leave those rows out"' in said and "on_erased" not in said, said
+    page.select_option("#ds-on-erased", "skip")
+    page.set_input_files("#ds-file", str(more))
+    page.click("#ds-submit")
+    page.wait_for_selector("#ds-done:not(:empty)")
+    assert "1 rows of erased people left out" in page.inner_text("#ds-done")
