@@ -567,11 +567,14 @@ def _without(data: RetainedData, at: int) -> RetainedData:
     """`data` less its row `at`."""
     keep = [i for i in range(len(data)) if i != at]
     rows = torch.tensor(keep, dtype=torch.int64)
-    pick = lambda values: [values[i] for i in keep] if values else []  # noqa: E731
+    subjects, external = data.subjects, data.external_ids
     return RetainedData(
-        pick(data.sample_ids), data.X[rows], data.y[rows], pick(data.subjects),
-        pick(data.external_ids),
-    )  # fmt: skip
+        [data.sample_ids[i] for i in keep],
+        data.X[rows],
+        data.y[rows],
+        [subjects[i] for i in keep] if subjects else [],
+        [external[i] for i in keep] if external else [],
+    )
 
 
 def _sequence_certificate(decisions: list[Decision], policy: PrivacyPolicy) -> CertificateFields:
