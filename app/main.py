@@ -22,6 +22,7 @@ from app.api import (
     formats,
     health,
     keys,
+    mlflow,
     models,
     privacy,
     schemas,
@@ -169,6 +170,7 @@ ROUTERS = (
     schemas.router,
     suppressions.router,
     webhooks.router,
+    mlflow.router,
     ui.router,
     docs.router,
 )

@@ -1072,7 +1072,39 @@ async function webhooksPage() {
     el("table", { id: "webhooks" },
       el("tr", {}, ...["endpoint", "URL", "events", "label", "state", "failures in a row",
                        "secrets", ""].map(h => el("th", {}, h))),
-      list.body.map(h => webhookRow(h, message)))];
+      list.body.map(h => webhookRow(h, message))),
+    ...await mlflowSection()];
+}
+
+// Every version's MLflow copy (GET /v1/mlflow/copies): its status, failed attempts, last
+// error and next attempt; a pending one can be tried now rather than after its back-off.
+async function mlflowSection() {
+  const found = await api("/v1/mlflow/copies?limit=200");
+  const heading = el("h2", {}, "MLflow copies");
+  if (!found.ok) return [heading, el("p", { class: "notice" }, errorText(found))];
+  if (!found.body.configured) {
+    return [heading, el("p", { class: "notice", id: "mlflow-off" },
+      "Lethe copies no version to MLflow: LETHE_MLFLOW_TRACKING_URI is not set.")];
+  }
+  const message = el("p", { class: "error", id: "mlflow-message" });
+  const retry = c => el("button", { type: "button", class: "retry", onclick: async () => {
+    const result = await api(`/v1/mlflow/copies/${c.version_id}/retry`, {});
+    message.textContent = result.ok ? `Version ${c.number} of model ${c.model_id}: tried now.`
+                                    : errorText(result);
+    render();
+  } }, "retry now");
+  return [heading, message,
+    el("table", { id: "mlflow-copies" },
+      el("tr", {}, ...["model", "version", "status", "failed attempts", "last error",
+                       "next attempt", "in MLflow", ""].map(h => el("th", {}, h))),
+      found.body.items.map(c => el("tr", { "data-version-id": c.version_id, "data-status": c.status },
+        el("td", {}, el("a", { href: `#/models/${c.model_id}` }, `model ${c.model_id}`)),
+        el("td", {}, `v${c.number}`), el("td", {}, status(c.status)),
+        el("td", { class: "attempts" }, c.attempts),
+        el("td", { class: "sentence" }, c.last_error || "—"),
+        el("td", {}, c.next_attempt_at ? when(c.next_attempt_at) : "—"),
+        el("td", {}, c.registered_model ? `${c.registered_model} v${c.version}` : "—"),
+        el("td", {}, c.status === "pending" ? retry(c) : ""))))];
 }
 
 async function webhookPage(id) {

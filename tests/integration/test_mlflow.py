@@ -81,6 +81,22 @@ def dashboard_mlflow_cells(url: str, key: str, model: int) -> list[tuple[str, st
     return cells
 
 
+def mlflow_copy_cells(url: str, key: str, version_id: int) -> list[str]:
+    """The integrations page's row of one MLflow copy, in Chromium: status, failed attempts,
+    last error."""
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
+        page = browser.new_page()
+        sign_in(page, url, key)
+        page.goto(f"{url}/ui#/webhooks")
+        row = page.locator(f'#mlflow-copies tr[data-version-id="{version_id}"]')
+        row.wait_for()
+        cells = row.locator("td").all_inner_texts()
+        assert row.locator("button.retry").count() == 1  # a pending copy can be tried now
+        browser.close()
+    return [cells[2], cells[3], cells[4]]
+
+
 @pytest.mark.long
 def test_every_version_reaches_mlflow_and_a_purged_one_leaves_it(
     mlflow_server: MlflowServer, tmp_path: Path
@@ -197,7 +213,7 @@ def test_an_mlflow_outage_shows_as_counted_attempts_and_heals(
     mlflow_server.kill()  # not started yet: its port refuses
     settings = {"mlflow_tracking_uri": mlflow_server.url, "mlflow_poll_seconds": 0.2}
     with Cluster(tmp_path / "data", None, None, **settings) as cluster:
-        cluster.start_api()
+        url = cluster.start_api()
         with cluster.client() as c:
             dataset = c.post("/v1/datasets", json={"builtin": "digits"}).json()["id"]
             model = c.post(
@@ -222,6 +238,17 @@ def test_an_mlflow_outage_shows_as_counted_attempts_and_heals(
             assert shown["last_error"] and "onnect" in shown["last_error"]  # Connection…
             metrics = c.get("/metrics").text
             assert re.search(r'lethe_mlflow_exports_total\{outcome="failed"\} [1-9]', metrics)
+            listed = c.get("/v1/mlflow/copies").json()  # every copy, for the integrations page
+            assert listed["configured"] and listed["items"][0]["status"] == "pending"
+            version_id = listed["items"][0]["version_id"]
+            assert listed["items"][0]["attempts"] >= 1 and listed["items"][0]["next_attempt_at"]
+            cells = mlflow_copy_cells(url, cluster.admin_key, version_id)
+            assert cells[0] == "pending" and int(cells[1]) >= 1 and "onnect" in cells[2], cells
             mlflow_server.start()
+            retried = c.post(f"/v1/mlflow/copies/{version_id}/retry")  # not after its back-off
+            assert retried.status_code == 200, retried.text
             done = wait_for("the copy registered", lambda: copy().get("status") == "registered")
             assert done and copy()["version"] == "1"
+            again = c.post(f"/v1/mlflow/copies/{version_id}/retry")
+            assert again.status_code == 409 and again.json()["error"]["code"] == "not_pending"
+            assert c.post("/v1/mlflow/copies/999999/retry").status_code == 404

@@ -610,6 +610,30 @@ class MethodChoices(BaseModel):
     """one row per method"""
 
 
+class MlflowCopyRow(MlflowCopyOut):
+    """One version's MLflow copy on the integrations page."""
+
+    version_id: int
+    """the version's id (what a retry names)"""
+    model_id: int
+    """its model"""
+    number: int
+    """its number in the model's chain"""
+    next_attempt_at: datetime | None
+    """when a pending copy is tried next (after its back-off)"""
+
+
+class MlflowCopies(BaseModel):
+    """The newest MLflow copies, and whether Lethe copies to MLflow at all."""
+
+    model_config = ConfigDict(use_attribute_docstrings=True)
+
+    configured: bool
+    """whether a tracking server is configured (LETHE_MLFLOW_TRACKING_URI)"""
+    items: list[MlflowCopyRow]
+    """newest first"""
+
+
 class UtilityFloorView(BaseModel):
     """The utility floor against the next release's planned noise: every figure public."""
 
