@@ -8,7 +8,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from app.core.specs import ArchitectureSpec
+from app.core.specs import ArchitectureSpec, PrivacyPolicy
 from architectures import kind_of
 from methods.spec import MethodChoice
 
@@ -56,19 +56,17 @@ def at_creation(
     architecture: ArchitectureSpec,
     n_features: int,
     n_classes: int,
-    share: float | None,
-    epsilon: float,
-    delta: float,
+    policy: PrivacyPolicy,
 ) -> FloorCheck | None:
-    """The floor against the method's data-free bound on the trained model's norm: noise
-    above the share of that bound is above the share of the model's norm, whatever the data,
-    so every release of such a policy would be the exact retrain. None: no floor, no bound,
-    or no data-free σ."""
-    bound_of = choice.spec.norm_bound
+    """The floor against the method's data-free bound on the trained model's norm, at the
+    policy's (ε, δ): noise above `max_relative_noise` of that bound is above it of the
+    model's norm, whatever the data, so every release of such a policy would be the exact
+    retrain. None: no floor, no bound, or no data-free σ."""
+    share, bound_of = policy.max_relative_noise, choice.spec.norm_bound
     if share is None or bound_of is None or not kind_of(architecture).network:
         return None
     bound = bound_of(choice.options, architecture, n_features, n_classes)
-    plan = choice.plan(epsilon, delta)
+    plan = choice.plan(policy.epsilon, policy.delta)
     if bound is None or plan.feasible is None or plan.sigma <= 0:
         return None
     noised = kind_of(architecture).parameters(architecture, n_features, n_classes)

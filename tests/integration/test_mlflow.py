@@ -15,6 +15,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import httpx
 import pytest
 from mlflow.tracking import MlflowClient
 from playwright.sync_api import sync_playwright
@@ -81,6 +82,13 @@ def dashboard_mlflow_cells(url: str, key: str, model: int) -> list[tuple[str, st
     return cells
 
 
+def digits_model(c: httpx.Client) -> tuple[int, int]:
+    """The digits dataset and a model trained on it, queued: (dataset id, model id)."""
+    dataset = c.post("/v1/datasets", json={"builtin": "digits"}).json()["id"]
+    spec = {"name": "digits", "dataset_id": dataset, "training": {"epochs": 2}}
+    return dataset, c.post("/v1/models", json=spec).json()["id"]
+
+
 def mlflow_copy_cells(url: str, key: str, version_id: int) -> list[str]:
     """The integrations page's row of one MLflow copy, in Chromium: status, failed attempts,
     last error."""
@@ -106,11 +114,7 @@ def test_every_version_reaches_mlflow_and_a_purged_one_leaves_it(
     with Cluster(tmp_path / "data", None, None, **settings) as cluster:
         url = cluster.start_api()
         with cluster.client() as c:
-            dataset = c.post("/v1/datasets", json={"builtin": "digits"}).json()["id"]
-            model = c.post(
-                "/v1/models",
-                json={"name": "digits", "dataset_id": dataset, "training": {"epochs": 2}},
-            ).json()["id"]
+            dataset, model = digits_model(c)
             name = f"lethe-model-{model}"
 
             def current() -> object:
@@ -215,11 +219,7 @@ def test_an_mlflow_outage_shows_as_counted_attempts_and_heals(
     with Cluster(tmp_path / "data", None, None, **settings) as cluster:
         url = cluster.start_api()
         with cluster.client() as c:
-            dataset = c.post("/v1/datasets", json={"builtin": "digits"}).json()["id"]
-            model = c.post(
-                "/v1/models",
-                json={"name": "digits", "dataset_id": dataset, "training": {"epochs": 2}},
-            ).json()["id"]
+            _, model = digits_model(c)
 
             def copy() -> dict:
                 versions = c.get(f"/v1/models/{model}/versions").json()

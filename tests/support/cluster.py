@@ -37,28 +37,31 @@ def free_port() -> int:
     restarted in the suite did); below it only another such choice can take one."""
     confined = confined_ports()
     if confined is not None:
-        for _ in range(200):
-            port = _CHOOSER.randrange(confined[0], confined[1] + 1)
-            with socket.socket() as s:
-                try:
-                    s.bind(("127.0.0.1", port))
-                except OSError:
-                    continue
-                return port
-        raise RuntimeError(f"no free port in LETHE_TEST_PORTS={os.environ['LETHE_TEST_PORTS']}")
+        port = _free_in(confined[0], confined[1] + 1, 200)
+        if port is None:
+            raise RuntimeError(f"no free port in LETHE_TEST_PORTS={os.environ['LETHE_TEST_PORTS']}")
+        return port
     low = _ephemeral_low()
     if low - 1024 >= 4096:
-        for _ in range(100):
-            port = _CHOOSER.randrange(max(1024, low - 16384), low)
-            with socket.socket() as s:
-                try:
-                    s.bind(("127.0.0.1", port))
-                except OSError:
-                    continue
-                return port
+        port = _free_in(max(1024, low - 16384), low, 100)
+        if port is not None:
+            return port
     with socket.socket() as s:  # no room below the range: the kernel's choice
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+def _free_in(low: int, high: int, tries: int) -> int | None:
+    """A port in [low, high) that binds on loopback now, drawn at random (None: none found)."""
+    for _ in range(tries):
+        port = _CHOOSER.randrange(low, high)
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    return None
 
 
 def confined_ports() -> tuple[int, int] | None:

@@ -60,15 +60,7 @@ def _skip(
     plan = choice.plan(policy.epsilon, policy.delta)
     if plan.feasible is False:
         return plan.reason or "it cannot meet the policy's (ε, δ)"
-    floor = at_creation(
-        choice,
-        candidate.architecture,
-        features,
-        ds.n_classes,
-        policy.max_relative_noise,
-        policy.epsilon,
-        policy.delta,
-    )
+    floor = at_creation(choice, candidate.architecture, features, ds.n_classes, policy)
     if floor is not None and floor.below:
         return floor.reason()
     if step.only_above_work:

@@ -100,15 +100,8 @@ def _row(
         choice = method_of(body.method.model_dump())
         choice.check_model(body.architecture, n_train, n_features)
         plan = choice.plan(epsilon, delta)
-        floor = at_creation(
-            choice,
-            body.architecture,
-            n_features,
-            n_classes,
-            body.privacy.max_relative_noise,
-            epsilon,
-            delta,
-        )
+        # the body's policy is the table's target (ε, δ) with the default floor
+        floor = at_creation(choice, body.architecture, n_features, n_classes, body.privacy)
         fraction, basis = _share(name, body)
     except ValidationError as exc:
         refusal = _messages(exc)

@@ -82,16 +82,7 @@ def _check_fits(spec: ModelCreate, ds: Dataset, n_train: int, memory_limit: int 
     method = method_of(spec.method.model_dump())
     features = math.prod(ds.feature_shape)
     method.check_model(spec.architecture, n_train, features)
-    policy = spec.privacy
-    floor = at_creation(
-        method,
-        spec.architecture,
-        features,
-        ds.n_classes,
-        policy.max_relative_noise,
-        policy.epsilon,
-        policy.delta,
-    )
+    floor = at_creation(method, spec.architecture, features, ds.n_classes, spec.privacy)
     if floor is not None and floor.below:
         raise unprocessable(
             "below_utility_floor",
