@@ -5,9 +5,11 @@ from __future__ import annotations
 import hashlib
 import importlib
 import json
+import signal
 import sys
 import time
 from pathlib import Path
+from types import FrameType
 from typing import Annotated, Any
 
 import httpx
@@ -132,6 +134,10 @@ def _database_description(settings: Any) -> str:
     return url.split("@")[-1]
 
 
+def _stop_while_starting(signum: int, frame: FrameType | None) -> None:
+    raise SystemExit(0)
+
+
 def _first_line(exc: BaseException) -> str:
     return str(getattr(exc, "orig", exc)).strip().splitlines()[0]
 
@@ -139,6 +145,10 @@ def _first_line(exc: BaseException) -> str:
 @app.command()
 def worker(burst: bool = typer.Option(False, help="Exit when the queue is empty")) -> None:
     """Start one RQ worker (distributed mode; needs LETHE_REDIS_URL)."""
+    # Until the RQ loop takes SIGTERM over, a stop ends the start-up at once (it holds no job).
+    # In a container this process is PID 1, for which an unhandled SIGTERM is ignored: a
+    # worker stopped while still starting waited out the engine's grace period.
+    signal.signal(signal.SIGTERM, _stop_while_starting)
     from app.core.db.session import database
     from app.core.services.restore import journal_of, verdict
     from app.core.settings import get_settings

@@ -6,11 +6,14 @@ from __future__ import annotations
 
 import json
 import logging
+from dataclasses import replace
 
+from app.core import shutdown
 from app.core.jsontypes import JsonMap, json_object
 from app.privacy.lineage import LineageBudget, history_after, prepare_next
+from methods.compute import UnlearningMethod
 from workers.certify import lineage_fields
-from workers.resident import Sessions
+from workers.resident import ModelSession, Sessions
 from workers.values import Batch, Outcome
 
 log = logging.getLogger("lethe.jobs")
@@ -22,11 +25,14 @@ def keep_resident(
     batch: Batch,
     outcome: Outcome | None,
     version_id: int | None,
+    method: UnlearningMethod | None = None,
 ) -> None:
     """Move the batch's session to the version just committed, its removed rows gone (their
     plaintext leaves this worker's memory with the commit); unchanged when nothing was
     removed (no new version). A learned version's session comes grown by its rows
-    (`ModelSession.grown`) in `batch.session`."""
+    (`ModelSession.grown`) in `batch.session`. A release that left no resident state (an
+    exact retrain) has `method` prepare one now, after the commit, so the next request does
+    not pay for it (convex_head's anchored Hessian: a pass over every row)."""
     if batch.session is None:
         return
     if outcome is None or version_id is None:
@@ -42,16 +48,38 @@ def keep_resident(
     )
     kept = batch.session.record
     record = kept.after(batch.removed, as_stored(release.record)) if kept is not None else None
-    sessions.put(
-        where,
-        batch.session.advance(version_id, batch.removed, state, release.resident, history, record),
+    advanced = batch.session.advance(
+        version_id, batch.removed, state, release.resident, history, record
     )
+    sessions.put(where, advanced)
+    if release.resident is None and method is not None:
+        _prepare(sessions, where, advanced, method)
     if history and release.event is not None:  # the next noisy release's ε, solved now
         try:
             policy = batch.policy
             prepare_next(LineageBudget(policy.lineage_epsilon, policy.lineage_delta), history)
         except Exception:  # noqa: BLE001 - only a head start: the admission solves it anyway
             log.debug("could not prepare the next admission of model %s", batch.model_id)
+
+
+def _prepare(
+    sessions: Sessions, where: str, session: ModelSession, method: UnlearningMethod
+) -> None:
+    """`method`'s resident state for `session`'s version, put with it; the session stays as it
+    was when preparing fails (the next update anchors itself)."""
+    try:
+        _, retained = session.split([], {}, [])
+        prepared = method.prepare(retained, dict(session.state))
+    except shutdown.Interrupted:
+        return
+    except Exception:  # noqa: BLE001 - only a head start for the next update
+        log.warning(
+            "model %s: preparing the resident state failed", session.model_id, exc_info=True
+        )
+        return
+    if prepared is not None:
+        sessions.put(where, replace(session, method_state=prepared))
+        log.info("model %s: resident state prepared after an exact retrain", session.model_id)
 
 
 def as_stored(record: JsonMap | None) -> JsonMap | None:

@@ -19,10 +19,7 @@ from app.core.dispatch import DELETE, take_signal
 from app.core.ledger.transparency import signing_key
 from app.core.storage.erasure import compact_after_erasure
 from app.core.storage.faults import fault_text, is_fault
-from methods.compute import (
-    Release,
-    UpdateInputs,
-)
+from methods.compute import Release, UpdateInputs, method_for
 from workers import claim, commit, learning, load, store, traces
 from workers.advance import keep_resident
 from workers.context import JobContext
@@ -151,7 +148,8 @@ def _apply_batch(
         with tracing.span("deletion.publication"):
             _count(outcome, len(tasks))  # before the wake-up: seen done, seen counted
             ctx.announcer.announce()  # the long polls of these requests look again now
-    keep_resident(sessions, where, batch, outcome, version_id)
+    method = method_for(inputs.spec.method.name, inputs.spec)
+    keep_resident(sessions, where, batch, outcome, version_id, method)
     return outcome
 
 

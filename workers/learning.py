@@ -35,7 +35,7 @@ from app.core.phases import Phases
 from app.core.states import ModelStatus, SampleStatus, TaskStatus
 from app.core.storage.faults import is_fault
 from app.core.webhooks import events
-from methods.compute import RetainedData, joined
+from methods.compute import RetainedData, UnlearningMethod, joined, method_for
 from workers import load
 from workers import store as blobs_of
 from workers.advance import keep_resident
@@ -127,7 +127,8 @@ def learn_due(ctx: JobContext, model_id: int, device: torch.device) -> tuple[int
     # the appends' long polls look again now, before the resident session's copy of its
     # arrays (not on the path to the new version; the debug line says how long it took)
     ctx.announcer.announce()
-    _keep_resident(ctx, batch, learn, outcome, version_id)
+    method = method_for(inputs.spec.method.name, inputs.spec)
+    _keep_resident(ctx, batch, learn, outcome, version_id, method)
     phases.mark("resident")
     log.debug("model %s: resident session grown in %.3f s", model_id, phases.took["resident"])
     JOB_DURATION.labels("learn").observe(time.perf_counter() - started)
@@ -319,11 +320,18 @@ def _failed(session: Session, task_ids: list[int], exc: Exception) -> None:
 
 
 def _keep_resident(
-    ctx: JobContext, batch: Batch, learn: Learn, outcome: Outcome | None, version_id: int | None
+    ctx: JobContext,
+    batch: Batch,
+    learn: Learn,
+    outcome: Outcome | None,
+    version_id: int | None,
+    method: UnlearningMethod,
 ) -> None:
     """The session at the learned version, its rows and test split grown by the appends'
     (a copy of the arrays, after the commit: not on the path to the new version)."""
     if batch.session is None:
         return
     grown = replace(batch, session=batch.session.grown(learn.added, learn.test))
-    keep_resident(ctx.resident_sessions(), database_key(ctx.db.engine), grown, outcome, version_id)
+    keep_resident(
+        ctx.resident_sessions(), database_key(ctx.db.engine), grown, outcome, version_id, method
+    )

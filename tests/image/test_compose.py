@@ -153,3 +153,9 @@ def test_compose_up_brings_every_service_up_healthy_and_a_killed_worker_loses_no
             break
         assert time.monotonic() < deadline, states
         time.sleep(1)
+    # A worker stopped while it starts again (importing torch, reconciling) exits on SIGTERM
+    # itself; as the container's PID 1 with no handler yet it ignored it, and the engine
+    # killed it at the end of its grace period (exit 137).
+    sh("podman", "stop", "--time", "120", workers[0], env=env, timeout=180)
+    code = sh("podman", "inspect", "-f", "{{.State.ExitCode}}", workers[0], env=env).strip()
+    assert code == "0", f"the worker did not stop on SIGTERM (exit {code})"

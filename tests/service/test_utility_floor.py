@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from tests.conftest import Api, train_ids
-from tests.service.test_convex_head import LAM, R
+from tests.service.test_convex_head import LAM, R, current_metrics
 
 pytestmark = pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)
 
@@ -72,3 +72,18 @@ def test_a_release_within_the_floor_is_the_method_s(api: Api, digits: dict) -> N
     cert = erased_at(api, digits["id"], train_ids(api, digits["id"], 1), 1.0)[model]
     assert cert["method"] == "convex_head" and cert["fallback_reason"] is None
     assert api.get(f"/v1/models/{model}").json()["current_version"]["kind"] == "unlearned"
+
+
+def test_the_update_after_an_exact_retrain_finds_its_anchor_ready(api: Api, digits: dict) -> None:
+    """An exact retrain leaves no anchored Hessian; the worker prepares one after the
+    commit, so the next update reads no row and makes no Hessian pass (no cliff)."""
+    model = head(api, digits["id"], 1.0)
+    for epsilon, below in ((1e-4, True), (1.0, False)):
+        preview = api.get("/v1/privacy/preview", params={"model": model, "epsilon": epsilon})
+        assert preview.json()["utility_floor"]["below"] is below, preview.json()
+    first, second = train_ids(api, digits["id"], 2)
+    assert erased_at(api, digits["id"], [first], 1e-4)[model]["method"] == "retrain"
+    cert = erased_at(api, digits["id"], [second], 1.0)[model]
+    assert cert["method"] == "convex_head" and cert["fallback_reason"] is None, cert
+    metrics = current_metrics(api, model)
+    assert metrics["hessian_passes"] == 0 and metrics["rows_loaded"] == 0, metrics
