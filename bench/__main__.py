@@ -38,8 +38,10 @@ SUITES = {
         "bench.append",
     ),
     "scale": Suite(
-        "What does a million rows cost: registration, training, deletions, memory?",
-        "bench.million",
+        "What do N rows cost on one machine: registration against the disk, training, "
+        "appends, deletions, the update after an exact retrain, and every process's memory?",
+        "bench.scale",
+        "SeaweedFS",
     ),
     "request-path": Suite(
         "How many requests a second does the API take under load, against a minimal endpoint?",

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 
 import numpy as np
 import torch
@@ -42,13 +42,33 @@ def check_converged(
 ) -> None:
     """Raise Diverged when `check_finite` does, or, for a classifier, when its mean
     cross-entropy on (X, y) is not finite."""
+    check_converged_on(architecture, state, [(X, y)], n_classes, aggregation)
+
+
+def check_converged_on(
+    architecture: ArchitectureSpec | JsonObject,
+    state: dict[str, torch.Tensor],
+    blocks: Iterable[tuple[torch.Tensor, torch.Tensor]],
+    n_classes: int,
+    aggregation: str = "probabilities",
+) -> None:
+    """`check_converged` over rows given in blocks: the loss summed a block at a time, so
+    rows held by a resident session are not copied whole."""
     check_finite(state)
-    if len(y) and is_classifier(architecture):
-        with torch.no_grad():
+    if not is_classifier(architecture):
+        return
+    total, count = 0.0, 0
+    with torch.no_grad():
+        for X, y in blocks:
+            if not len(y):
+                continue
             scores = logits(architecture, state, X, n_classes, aggregation).double()
-            loss = float(nn.functional.cross_entropy(scores, y.to(scores.device)))
-        if not np.isfinite(loss):
-            raise Diverged(f"the training loss is {loss}")
+            target = y.to(scores.device)
+            total += float(nn.functional.cross_entropy(scores, target, reduction="sum"))
+            count += len(y)
+    loss = total / count if count else 0.0
+    if not np.isfinite(loss):
+        raise Diverged(f"the training loss is {loss}")
 
 
 def seeded_net(

@@ -118,6 +118,8 @@ class RetainedData:
 
     @property
     def sample_ids(self) -> list[int]:
+        if self._rows is None and self._source is not None:  # the ids only, not the rows
+            return self._source.ids().tolist()
         return self._all()[0]
 
     @property

@@ -271,13 +271,19 @@ class OpenedSamples:
             self._blocks.clear()
 
 
+SPARE_SHARE = 8  # opened rows keep room for 1/8 more after them: a session's appends go there
+
+
 def _open_new(session: Session, ring: Keyring, dataset: Dataset, new: list[int]) -> Arrays:
     """These samples (ids ascending) opened a chunk at a time into one preallocated array: the
     sealed bytes of one chunk are held at once, not of all of them (1.1 GB of
     ciphertext and 1 GB of plaintext records at a million rows)."""
     shape = dataset.feature_shape
     n_feat = int(np.prod(shape)) if shape else 1
-    X = np.empty((len(new), n_feat), dtype=np.float32)
+    # room after the rows for a resident session's appends (workers/resident.extended): the
+    # OS maps its pages only once an append writes them
+    room = np.empty((len(new) + len(new) // SPARE_SHARE, n_feat), dtype=np.float32)
+    X = room[: len(new)]
     y = np.empty(len(new), dtype=np.int64)
     sample_ids: list[int] = []
     external_ids: list[str] = []
@@ -293,7 +299,7 @@ def _open_new(session: Session, ring: Keyring, dataset: Dataset, new: list[int])
         at += m
     if at != len(new):
         raise RuntimeError("samples are erased but were asked for")
-    features = torch.from_numpy(X.reshape(len(new), *shape))
+    features = torch.from_numpy(room.reshape(len(room), *shape))[: len(new)]
     return Arrays(sample_ids, external_ids, features, torch.from_numpy(y), subjects)
 
 

@@ -28,7 +28,7 @@ from maths.evaluation import evaluate
 from maths.nets import weights_norm
 from maths.training import (
     Diverged,
-    check_converged,
+    check_converged_on,
     check_finite,
     hits,
     is_classifier,
@@ -54,6 +54,7 @@ T = TypeVar("T")
 # split and of the retained set: fixed samples, so the metrics of an update do not grow with n
 # (at a million rows the whole 200,000-row test split was half of a warm deletion).
 ACCURACY_ROWS = 20_000
+CONVERGENCE_BLOCK_ROWS = 65_536  # rows a block of the exact retrain's convergence check
 
 
 def compute_on(inputs: UpdateInputs, device: torch.device) -> Outcome:
@@ -260,11 +261,10 @@ def exact_retrain(inputs: UpdateInputs) -> Release:
     release = method_for(RETRAIN, inputs.spec).unlearn(inputs)
     spec, retained = inputs.spec, inputs.retained
     try:
-        check_converged(
+        check_converged_on(  # a block at a time: the retained rows are not copied whole
             spec.architecture,
             release.weights,
-            retained.X,
-            retained.y,
+            retained.blocks(CONVERGENCE_BLOCK_ROWS),
             spec.n_classes,
             spec.aggregation,
         )

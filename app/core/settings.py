@@ -7,6 +7,14 @@ from typing import Literal
 from pydantic import Field, SecretStr, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+# The service's memory bound for one dataset's rows: every process of the service together
+# peaks within MEMORY_PER_DATA_BYTE × the rows' float32 bytes + MEMORY_RESERVE_BYTES (the
+# interpreters, torch, the database's caches); the default size limits derive from it.
+MEMORY_PER_DATA_BYTE = 1.5
+MEMORY_RESERVE_BYTES = 2**30
+FLOAT32_BYTES = 4
+ROW_BYTES = 200  # a row's ids, tokens and label held beside its features (declared)
+
 
 class Settings(BaseSettings):
     """All knobs of a Lethe deployment. No Redis URL means embedded mode (SQLite, one worker)."""
@@ -26,7 +34,12 @@ class Settings(BaseSettings):
         "process (one process; tests that patch jobs in-process use it).",
     )
     max_upload_bytes: int = Field(64 * 1024 * 1024, description="Largest accepted upload.")
-    max_dataset_samples: int = 2_000_000
+    max_dataset_samples: int | None = Field(
+        None,
+        ge=1,
+        description="Most samples in one dataset. Default: what this machine's memory holds "
+        "at the service's bound (`dataset_sample_limit`).",
+    )
     max_json_bytes: int = Field(
         8 * 1024 * 1024,
         description="Largest request body on every route but the uploads, counted while it "
@@ -35,10 +48,12 @@ class Settings(BaseSettings):
     max_features_per_sample: int = Field(
         65_536, description="Most features per sample (the product of X.shape[1:])."
     )
-    max_dataset_cells: int = Field(
-        100_000_000,
-        description="Most samples x features in one dataset (npz, CSV, synthetic); bounds "
-        "the memory a dataset costs to parse.",
+    max_dataset_cells: int | None = Field(
+        None,
+        ge=1,
+        description="Most samples x features in one dataset (npz, CSV, Parquet, synthetic). "
+        "Default: what this machine's memory holds at the service's bound "
+        "(`dataset_cell_limit`).",
     )
     max_npz_bytes: int = Field(
         1024 * 1024 * 1024,
@@ -305,11 +320,37 @@ class Settings(BaseSettings):
         """`max_job_memory_bytes`, or half the physical memory when it is not set."""
         if self.max_job_memory_bytes is not None:
             return self.max_job_memory_bytes
-        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // 2
+        return physical_memory() // 2
+
+    @property
+    def dataset_cell_limit(self) -> int:
+        """`max_dataset_cells`, or the most float32 values whose dataset stays within the
+        service's memory bound on this machine: every process together peaks at
+        MEMORY_PER_DATA_BYTE × the data + MEMORY_RESERVE_BYTES (docs/operations/capacity.md)."""
+        if self.max_dataset_cells is not None:
+            return self.max_dataset_cells
+        return int(_memory_for_data() / (MEMORY_PER_DATA_BYTE * FLOAT32_BYTES))
+
+    @property
+    def dataset_sample_limit(self) -> int:
+        """`max_dataset_samples`, or the most rows of one feature within that bound, each
+        with its ids and label beside its features (ROW_BYTES)."""
+        if self.max_dataset_samples is not None:
+            return self.max_dataset_samples
+        return int(_memory_for_data() / (MEMORY_PER_DATA_BYTE * (FLOAT32_BYTES + ROW_BYTES)))
 
     @property
     def embedded(self) -> bool:
         return not self.redis_url
+
+
+def physical_memory() -> int:
+    """This machine's physical memory in bytes."""
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
+def _memory_for_data() -> int:
+    return max(0, physical_memory() - MEMORY_RESERVE_BYTES)
 
 
 def get_settings() -> Settings:

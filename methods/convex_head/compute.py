@@ -88,7 +88,7 @@ class ConvexHead(UnlearningMethod):
             progress(1, 1, float(solution.gradient_norm))
         metrics = {
             "train_seconds": time.perf_counter() - start,
-            "n_train": len(data.y),
+            "n_train": len(data),
             "gradient_norm": solution.gradient_norm,
             "lbfgs_iterations": solution.iterations,
             "newton_polish_steps": solution.newton_steps,
@@ -416,7 +416,7 @@ class ConvexHead(UnlearningMethod):
         solution = convex.solve(self.problem(inputs.retained), o.tolerance, o.max_iterations)
         metrics = {
             "train_seconds": time.perf_counter() - start,
-            "n_train": len(inputs.retained.y),
+            "n_train": len(inputs.retained),  # a count: .y would copy every row
             "gradient_norm": solution.gradient_norm,
             "lbfgs_iterations": solution.iterations,
             "warm_start": False,

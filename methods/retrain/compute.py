@@ -38,7 +38,7 @@ class Retrain(UnlearningMethod):
             trained, how = own.train(retained), "trained from scratch (no previous state)"
         n = len(inputs.removed.sample_ids)
         sentence = (
-            f"Exact: {how} on the {len(retained.sample_ids)} retained "
+            f"Exact: {how} on the {len(retained)} retained "
             f"samples with the same configuration and seed, so the model is "
             f"(ε=0, δ=0)-indistinguishable from retraining without {these_samples(n)}."
         )

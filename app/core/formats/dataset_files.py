@@ -122,6 +122,9 @@ def texts_at(values: Sequence[T], positions: Sequence[int]) -> list[T]:
     return [values[i] for i in positions]
 
 
+DERIVED = "by default what this machine's memory holds"
+
+
 @dataclass(frozen=True)
 class Limits:
     """How large a dataset may be parsed; checked before the arrays are built."""
@@ -134,9 +137,9 @@ class Limits:
     @classmethod
     def from_settings(cls, settings: Settings) -> Limits:
         return cls(
-            max_samples=settings.max_dataset_samples,
+            max_samples=settings.dataset_sample_limit,
             max_features=settings.max_features_per_sample,
-            max_cells=settings.max_dataset_cells,
+            max_cells=settings.dataset_cell_limit,
             max_npz_bytes=settings.max_npz_bytes,
         )
 
@@ -145,22 +148,31 @@ def check_size(n: int, features: int, limits: Limits) -> None:
     """413 when n samples of `features` features exceed the limits."""
     if n > limits.max_samples:
         raise APIError(
-            413, "too_many_samples", f"{n} samples; at most {limits.max_samples}", {"n": n}
+            413,
+            "too_many_samples",
+            f"{n} samples; at most {limits.max_samples} (LETHE_MAX_DATASET_SAMPLES; {DERIVED})",
+            {"n": n, "max_samples": limits.max_samples, "setting": "LETHE_MAX_DATASET_SAMPLES"},
         )
     if features > limits.max_features:
         raise APIError(
             413,
             "too_many_features",
-            f"{features} features per sample; at most {limits.max_features}",
-            {"features": features},
+            f"{features} features per sample; at most {limits.max_features} "
+            "(LETHE_MAX_FEATURES_PER_SAMPLE)",
+            {"features": features, "setting": "LETHE_MAX_FEATURES_PER_SAMPLE"},
         )
     if n * features > limits.max_cells:
         raise APIError(
             413,
             "dataset_too_large",
             f"{n} samples x {features} features = {n * features} values; "
-            f"at most {limits.max_cells}",
-            {"n": n, "features": features, "max_cells": limits.max_cells},
+            f"at most {limits.max_cells} (LETHE_MAX_DATASET_CELLS; {DERIVED})",
+            {
+                "n": n,
+                "features": features,
+                "max_cells": limits.max_cells,
+                "setting": "LETHE_MAX_DATASET_CELLS",
+            },
         )
 
 
@@ -181,7 +193,8 @@ def check_builtin(spec: BuiltinDatasetIn, limits: Limits) -> None:
             "invalid_request",
             f"synthetic dataset of {spec.n_samples} x {spec.n_features} = {cells} values "
             f"exceeds the limits ({limits.max_samples} samples, {limits.max_features} "
-            f"features, {limits.max_cells} values)",
+            f"features, {limits.max_cells} values: LETHE_MAX_DATASET_SAMPLES, "
+            f"LETHE_MAX_FEATURES_PER_SAMPLE, LETHE_MAX_DATASET_CELLS; {DERIVED})",
             {
                 "n_samples": spec.n_samples,
                 "n_features": spec.n_features,

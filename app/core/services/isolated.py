@@ -145,9 +145,7 @@ def _register(job: Registration, name: str | None, payload: bytes | int) -> tupl
     try:
         pause.point(job.settings, "registration-parse", job.dataset_id)  # tests: before a row
         parsed = _parse(job, data)
-        if len(parsed.y) > job.settings.max_dataset_samples:
-            limit = job.settings.max_dataset_samples
-            raise APIError(413, "too_many_samples", f"at most {limit}")
+        dataset_files.check_size(len(parsed.y), 1, dataset_files.Limits.from_settings(job.settings))
         fraction = job.builtin.test_fraction if job.builtin else job.options.test_fraction
         dataset_id = registration.register(
             runtime, job.dataset_id, parsed, job.on_erased, fraction or 0.2
@@ -169,9 +167,7 @@ def _append(runtime: Any, job: Registration, data: bytes, phases: Phases) -> tup
     try:
         # no seeded split: a row's split is its column's or the dataset's rule (`append`)
         parsed = _parse(replace(job, options=job.options.model_copy(update={"seed": None})), data)
-        if len(parsed.y) > job.settings.max_dataset_samples:
-            limit = job.settings.max_dataset_samples
-            raise APIError(413, "too_many_samples", f"at most {limit}")
+        dataset_files.check_size(len(parsed.y), 1, dataset_files.Limits.from_settings(job.settings))
         split_given = job.options.split_given(data)
         phases.mark("parse")
         appends.append(runtime, job.append_id, parsed, job.on_erased, split_given, phases)
