@@ -18,13 +18,9 @@ from dataclasses import dataclass
 import torch
 from torch.nn.functional import logsigmoid
 
+from maths.blocks import BLOCK, CPU_BLOCK
+
 UNIT_ROUNDOFF = 2.0**-53
-BLOCK = 16_384  # rows per block of every pass on a GPU: bounds the float64 scratch of one pass
-# (34 MB at 257 parameters per class; 65,536 used four times the memory and ran slower)
-# On a CPU a 2,048 × 257 float64 block (4 MB) stays in cache between a pass's two products, so
-# the rows come from memory once (a gradient pass about a third faster than with larger
-# blocks).
-CPU_BLOCK = 2_048
 
 
 def block_rows(device: torch.device) -> int:

@@ -270,6 +270,13 @@ class OpenedSamples:
         with self._lock:
             self._blocks.clear()
 
+    def forget(self, where: str, dataset_id: int, part: str) -> None:
+        """Drop a dataset's opened `part` (a resident session grew its own copy of it: the
+        cache's would be a second one; a later reader opens it again)."""
+        with self._lock:
+            for key in [k for k in self._blocks if k[:2] == (where, dataset_id) and k[3] == part]:
+                del self._blocks[key]
+
 
 SPARE_SHARE = 8  # opened rows keep room for 1/8 more after them: a session's appends go there
 

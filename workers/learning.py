@@ -63,6 +63,7 @@ class Learn:
     added: Arrays  # training rows the model does not hold yet, ids ascending
     test: Arrays  # the appends' test rows (they join the split the metrics read)
     per_append: dict[int, int]  # append id -> its rows among `added`
+    dataset_id: int
 
 
 def learn_due(ctx: JobContext, model_id: int, device: torch.device) -> tuple[int, bool]:
@@ -189,6 +190,7 @@ def _opened(session: Session, ctx: JobContext, model_id: int, due: list[tuple[in
         added=added,
         test=test,
         per_append=per_append,
+        dataset_id=dataset.id,
     )
 
 
@@ -332,6 +334,7 @@ def _keep_resident(
     if batch.session is None:
         return
     grown = replace(batch, session=batch.session.grown(learn.added, learn.test))
-    keep_resident(
-        ctx.resident_sessions(), database_key(ctx.db.engine), grown, outcome, version_id, method
-    )
+    where = database_key(ctx.db.engine)
+    if len(learn.test):  # the session's test split is a copy of its own now
+        ctx.opened.forget(where, learn.dataset_id, "test")
+    keep_resident(ctx.resident_sessions(), where, grown, outcome, version_id, method)

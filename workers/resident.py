@@ -60,8 +60,6 @@ class TrainingRecord:
         return TrainingRecord(self.record, np.union1d(self.removed_since, removed))
 
 
-
-
 def extended(rows: torch.Tensor, more: torch.Tensor) -> torch.Tensor:
     """`rows` then `more`, written into the spare room of `rows`'s storage where it has room
     (rows are a view of the start of a larger buffer); else into a new buffer with room for

@@ -31,6 +31,7 @@ from dataclasses import dataclass, replace
 import torch
 
 from maths import convex
+from maths.blocks import ROWS_BYTES
 
 LOGISTIC_THIRD = 1.0 / (6.0 * math.sqrt(3.0))  # max |ℓ'''| of ℓ(u) = log(1 + e^{−u})
 U = convex.UNIT_ROUNDOFF
@@ -71,9 +72,6 @@ class Step:
     anchor_mismatch: float  # e_H‖δ‖ + rounding of r
     remainder: float  # the Lipschitz remainder, Σ over classes in quadrature
     drift: float  # its part due to θ₀ ≠ θ_A
-
-
-ROWS_BYTES = 256 * 2**20  # the largest float64 (Z, T) of the retained rows kept resident
 
 
 @dataclass(frozen=True)

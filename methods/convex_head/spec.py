@@ -21,6 +21,7 @@ from app.core.states import Guarantee
 from app.privacy.gaussian import sigma_for
 from app.privacy.lineage import gaussian_event
 from app.privacy.plans import MIN_NOISE_MULTIPLIER, ReleasePlan, declared
+from maths.blocks import CPU_BLOCK, ROWS_BYTES
 from methods.spec import MemoryFacts, MethodOptions, MethodSpec, PreviewFacts, register
 
 
@@ -131,9 +132,16 @@ def norm_bound(
 
 
 def _memory(o: ConvexHeadOptions, f: MemoryFacts) -> dict[str, int]:
-    """Z in float64, its clipped copy and the margins' pass; the class Hessians."""
-    d = f.n_features + 1
-    return {"problem": 3 * f.n_train * d * 8, "hessians": 2 * f.n_classes * d * d * 8}
+    """A pass's float64 blocks (Z, its clipped copy, the margins: every pass streams the
+    rows), the retained rows kept in float64 where they fit (removal.ROWS_BYTES), a
+    block's copy of rows that are not consecutive, and the class Hessians with S."""
+    d, k = f.n_features + 1, f.n_classes
+    block = CPU_BLOCK
+    return {
+        "blocks": 3 * block * d * 8 + block * f.n_features * 4,
+        "kept_rows": min(f.n_train * (d + k) * 8, ROWS_BYTES),
+        "hessians": 2 * (k + 1) * d * d * 8,
+    }
 
 
 SPEC = register(

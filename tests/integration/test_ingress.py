@@ -28,6 +28,7 @@ from tests.support.cluster import Cluster
 
 MiB = 1024 * 1024
 SERVER_JSON_LIMIT = 64 * 1024
+SERVER_CELLS_LIMIT = 100_000_000  # given, not derived: the refusals below do not move with RAM
 SERVER_UPLOAD_LIMIT = 16_000_000  # room for issue 26's 8 MB text corpus
 
 
@@ -119,6 +120,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
         None,
         max_json_bytes=SERVER_JSON_LIMIT,
         max_upload_bytes=SERVER_UPLOAD_LIMIT,
+        max_dataset_cells=SERVER_CELLS_LIMIT,
     ) as cluster:
         cluster.start_api()
         # uvicorn logs "startup complete" before it listens: wait for the socket

@@ -13,6 +13,7 @@ from sqlalchemy import func, select
 from app.core.db.session import database
 from app.core.db.tables import Dataset, Sample, SampleBlock
 from app.core.services import isolated
+from app.core.settings import Settings
 from app.core.storage.crypto import SampleRecord, SealError, open_sealed
 from app.core.storage.keystore import load_keys
 from app.core.storage.sample_blocks import BLOCK_ROWS, block_aad, open_block, unpack
@@ -50,8 +51,9 @@ def test_builtin_breast_cancer(api: Api) -> None:
 
 
 @pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)
-def test_synthetic_subjects_group_consecutive_rows(api: Api) -> None:
-    """a synthetic dataset with subjects, for subject deletions at scale."""
+def test_synthetic_subjects_group_consecutive_rows(api: Api, settings: Settings) -> None:
+    """a synthetic dataset with subjects, for subject deletions at scale; one over the
+    machine's derived cells limit is refused before it is built."""
     body = {"builtin": "synthetic", "n_samples": 200, "subject_size": 50}
     ds = api.post("/v1/datasets", json=body).json()
     page = api.get(f"/v1/datasets/{ds['id']}/samples", params={"subject": "subject-1"}).json()
@@ -60,9 +62,13 @@ def test_synthetic_subjects_group_consecutive_rows(api: Api) -> None:
     plain = api.post("/v1/datasets", json={"builtin": "synthetic", "n_samples": 20}).json()
     listed = api.get(f"/v1/datasets/{plain['id']}/samples").json()["items"]
     assert all(s["subject_id"] is None for s in listed)
-    too_big = {"builtin": "synthetic", "n_samples": 1_000_000, "n_features": 256}
-    refused = api.post("/v1/datasets", json=too_big)  # the default cells limit: 100 M
+    if settings.dataset_cell_limit >= 4096 * 10_000_000:  # over ~240 GB: no request is over it
+        settings.max_dataset_cells = 10**9
+    n = settings.dataset_cell_limit // 4096 + 1
+    too_big = {"builtin": "synthetic", "n_samples": n, "n_features": 4096}
+    refused = api.post("/v1/datasets", json=too_big)
     assert refused.status_code == 422 and "exceeds the limits" in refused.text
+    assert "LETHE_MAX_DATASET_CELLS" in refused.json()["error"]["message"]
 
 
 def test_npz_upload_with_ids_subjects_and_split(api: Api) -> None:

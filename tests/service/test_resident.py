@@ -197,7 +197,10 @@ def test_one_removal_marks_and_overwrites_its_row_and_copies_nothing_else() -> N
     first = retained.head(2)[0]
     assert torch.equal(first, s.X[[0, 1]])
     blocks = list(retained.blocks(5))
-    assert [len(b[1]) for b in blocks] == [4, 5, 2]  # the dead row is left out of its block
+    assert [len(b[1]) for b in blocks] == [5, 5, 1]  # cut as the retained set's own arrays
+    assert torch.equal(torch.cat([b[0] for b in blocks]), retained.X)  # the dead row left out
+    assert blocks[1][0].data_ptr() != s.X[5:10].data_ptr()  # it spans the dead row: a copy
+    assert blocks[2][0].data_ptr() == s.X[11:12].data_ptr()  # consecutive rows: a view
     kept_before = retained.X.clone()
     after = s.advance(8, [14], {"w": torch.zeros(3)})
     assert after.X.data_ptr() == s.X.data_ptr()  # no copy below a quarter of dead rows

@@ -26,9 +26,13 @@ def estimate(
     n_train: int,
     n_features: int,
     n_classes: int,
+    n_rows: int | None = None,
 ) -> dict[str, Any]:
-    """{"bytes": total, "terms": {what: bytes}} for training (and updating) this model."""
-    terms: dict[str, int] = {"data": 2 * n_train * n_features * FLOAT32}  # samples, a copy
+    """{"bytes": total, "terms": {what: bytes}} for training (and updating) this model;
+    `n_rows`: every row the worker holds (the test split too), n_train where not given."""
+    # the rows, held once with room for an eighth more (a session's appends go there)
+    held = max(n_rows or 0, n_train)
+    terms: dict[str, int] = {"data": held * n_features * FLOAT32 * 9 // 8}
     kind = kind_of(architecture)
     if kind.memory_terms is not None:  # not a network: the architecture's own arrays
         return _total(terms | kind.memory_terms(architecture, n_features))

@@ -94,7 +94,7 @@ def _check_fits(spec: ModelCreate, ds: Dataset, n_train: int, memory_limit: int 
         )
     if memory_limit is not None:
         needed = memory.estimate(
-            spec.architecture, spec.training, method, n_train, features, ds.n_classes
+            spec.architecture, spec.training, method, n_train, features, ds.n_classes, ds.n_samples
         )
         memory.check(needed, memory_limit)
 
