@@ -149,6 +149,9 @@ def worker(burst: bool = typer.Option(False, help="Exit when the queue is empty"
     # In a container this process is PID 1, for which an unhandled SIGTERM is ignored: a
     # worker stopped while still starting waited out the engine's grace period.
     signal.signal(signal.SIGTERM, _stop_while_starting)
+    # a process that re-executed itself to give way kept SIGTERM blocked (workers/worker.py):
+    # one sent meanwhile is taken now
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})
     from app.core.db.session import database
     from app.core.services.restore import journal_of, verdict
     from app.core.settings import get_settings

@@ -21,9 +21,9 @@ import threading
 import time
 from collections.abc import Callable
 from types import FrameType
-from typing import TYPE_CHECKING, Any, NoReturn
+from typing import TYPE_CHECKING, Any
 
-from app.core import tracing
+from app.core import pause, tracing
 from app.core.dispatch import RQDispatcher, deletions_queue, run_job
 from app.core.maintenance import Maintenance, maintenance_tasks, reconcile_and_signal
 from app.core.settings import Settings, get_settings
@@ -94,8 +94,11 @@ def run(burst: bool = False, settings: Settings | None = None) -> None:
     where = _take_over(ctx)
     recycle = Recycle(ctx.db, settings.plaintext_ttl_seconds)
     _CONTEXT[:] = [ctx]  # the context RQ's jobs run with (`run_signalled`)
+    stopping = Stopping()
     try:
-        gave_way = serve(settings.redis_url, settings.queue_name, burst=burst, recycle=recycle)
+        gave_way = serve(
+            settings.redis_url, settings.queue_name, burst, recycle=recycle, stopping=stopping
+        )
     finally:
         stop.set()
         if not burst:
@@ -103,7 +106,7 @@ def run(burst: bool = False, settings: Settings | None = None) -> None:
         ctx.runtime.publisher.finish()  # the last update's checkpoint, before the process exits
         finish_compacting(ctx.db)  # and the compaction under way
     if gave_way:  # the same command in a fresh process image, none of this memory
-        _give_way(ctx, where)
+        _give_way(ctx, where, stopping)
 
 
 def _take_over(ctx: JobContext) -> str:
@@ -120,15 +123,19 @@ def _take_over(ctx: JobContext) -> str:
     return where
 
 
-def _give_way(ctx: JobContext, where: str) -> NoReturn:
+def _give_way(ctx: JobContext, where: str, stopping: Stopping) -> None:
     """Re-execute this worker after an erasure: the same command in a fresh process image,
-    handed the resident states it held (a memory file) and the models to warm."""
+    handed the resident states it held (a memory file) and the models to warm. A stop
+    that came meanwhile ends the process instead; one that comes during the re-execution
+    stays pending (SIGTERM blocked across it) and `lethe worker` takes it as its first act:
+    a lost one left a container's PID 1 deaf to it until the engine killed it."""
     from workers import handover
 
     held = ctx.resident_sessions().models(where)
     states = handover.exported_or_none(ctx)
     fd = handover.to_memory_file(states) if states else None
     log.info("worker %s gives way after an erasure: re-executing", WORKER_ID)
+    pause.point(ctx.settings, "give-way", 0)
     logging.shutdown()
     env = {**os.environ, WARM_ENV: ",".join(str(m) for m in held)}
     if fd is not None:
@@ -136,6 +143,10 @@ def _give_way(ctx: JobContext, where: str) -> NoReturn:
     # the command line as it was given (`python -m app.launch worker` too: run as a script,
     # app/launch.py would put app/ first on the path, where a module of app/ could hide a
     # top-level package of the same name)
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
+    if stopping.requested:
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})
+        return
     os.execve(sys.executable, sys.orig_argv, env)
 
 
@@ -234,7 +245,11 @@ def _worker_class() -> type:
 
 
 def serve(
-    redis_url: str, queue_name: str, burst: bool = False, recycle: Recycle | None = None
+    redis_url: str,
+    queue_name: str,
+    burst: bool = False,
+    recycle: Recycle | None = None,
+    stopping: Stopping | None = None,
 ) -> bool:
     """Run RQ SimpleWorkers on `queue_name` one after another until a stop request (or, in
     burst mode, an empty queue): a loop that ends for any other reason (Redis went away) is
@@ -251,7 +266,7 @@ def serve(
     probe = Redis.from_url(redis_url, socket_timeout=5, socket_connect_timeout=5)
 
     worker_class = _worker_class()
-    stopping = Stopping()
+    stopping = stopping or Stopping()
     base = WORKER_ID.replace(":", "-")
     suffix = 0
     delay = RECONNECT_FIRST_SECONDS
@@ -285,13 +300,13 @@ def serve(
         finally:
             if worker is not None:
                 _discard(worker)
-        if worker is not None and worker.gave_way:
-            return True
-        if burst or stopping.requested:
+        if burst or stopping.requested:  # a stop wins over giving way
             return False
+        if worker is not None and worker.gave_way:
+            return _giving_way(stopping)
         if worker is not None and worker.idled:  # max_idle_time: no outage
             if recycle is not None and recycle.due(recycle.idle_seconds):
-                return True
+                return _giving_way(stopping)
             continue
         delay = RECONNECT_FIRST_SECONDS if time.monotonic() - started > HEALTHY_SECONDS else delay
         log.warning(
@@ -302,6 +317,13 @@ def serve(
         if stopping.wait(delay):
             return False
         delay = min(delay * 2, RECONNECT_MAX_SECONDS)
+
+
+def _giving_way(stopping: Stopping) -> bool:
+    """True to give way. From here a stop is only noted (RQ's handler, still installed,
+    raised in the middle of the hand-over), and `_give_way` ends the process instead."""
+    stopping.install()
+    return not stopping.requested
 
 
 def _wait_for_redis(connection: Any, stopping: Stopping) -> bool:

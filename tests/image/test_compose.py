@@ -158,4 +158,7 @@ def test_compose_up_brings_every_service_up_healthy_and_a_killed_worker_loses_no
     # killed it at the end of its grace period (exit 137).
     sh("podman", "stop", "--time", "120", workers[0], env=env, timeout=180)
     code = sh("podman", "inspect", "-f", "{{.State.ExitCode}}", workers[0], env=env).strip()
-    assert code == "0", f"the worker did not stop on SIGTERM (exit {code})"
+    if code != "0":
+        log = subprocess.run(["podman", "logs", "--tail", "60", workers[0]], capture_output=True,
+                             text=True, env=env).stdout  # fmt: skip
+        raise AssertionError(f"the worker did not stop on SIGTERM (exit {code}):\n{log}")

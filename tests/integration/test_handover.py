@@ -6,6 +6,7 @@ predecessor would have made; anything that does not parse is ignored."""
 from __future__ import annotations
 
 import os
+import signal
 from dataclasses import fields, replace
 from pathlib import Path
 from typing import Any
@@ -176,6 +177,41 @@ def test_lethe_worker_hands_its_states_across_its_re_execution(
             wait_until(handed)
             assert worker.poll() is None  # the same process, re-executed
             assert "handed over" in log.read_text()
+    finally:
+        cluster.stop()
+        Redis.from_url(redis_url).delete(f"rq:queue:{cluster.queue}")
+
+
+@pytest.mark.integration
+def test_lethe_worker_stopped_while_it_gives_way_exits(
+    pg_url: str, redis_url: str, tmp_path: Path
+) -> None:
+    """A SIGTERM that comes while `lethe worker` hands over (its re-execution under way) is
+    kept pending across it and taken by the new image: the worker exits 0. It used to be
+    spent on the old image's handler, and a container's PID 1 then ran on, deaf to it."""
+    truncate_all(pg_url)
+    pauses = tmp_path / "pauses"
+    pauses.mkdir()
+    cluster = Cluster(tmp_path / "c", pg_url, redis_url, **FAST, plaintext_ttl_seconds=4,
+                      pause_dir=pauses, pause_at=["give-way"])  # fmt: skip
+    cluster.start_api()
+    try:
+        with cluster.client() as c:
+            worker = cluster.start_worker()
+            ds, _ = ready_model(c)
+            (sample,) = train_ids(c, ds["id"], 1)
+            answer = c.post(
+                "/v1/deletions",
+                json={"dataset_id": ds["id"], "sample_ids": [sample]},
+                headers={"Prefer": "wait=60"},
+            )
+            assert answer.json()["status"] == "done", answer.text
+            wait_until(lambda: (pauses / "give-way-0.reached").exists())
+            os.kill(worker.pid, signal.SIGTERM)  # the worker alone, not its group
+            (pauses / "give-way-0.go").touch()
+            assert worker.wait(timeout=120) == 0
+            log = (cluster.data_dir / "worker-0.log").read_text()
+            assert log.count("gives way after an erasure") == 1
     finally:
         cluster.stop()
         Redis.from_url(redis_url).delete(f"rq:queue:{cluster.queue}")
