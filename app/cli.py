@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import importlib
 import json
+import logging
 import signal
 import sys
 import time
@@ -72,7 +74,40 @@ def serve(host: str = "127.0.0.1", port: int = 8000) -> None:
     )
     # asyncio's loop, not uvloop: uvloop reads every socket into one long-lived 256 KiB buffer,
     # which kept the last upload's and deletion's bytes (ids) after the erasure
-    uvicorn.run(create_app(settings), host=host, port=port, log_level="info", loop="asyncio")
+    config = uvicorn.Config(
+        create_app(settings), host=host, port=port, log_level="info", loop="asyncio"
+    )
+    server = _one_stop_server()(config)
+    # uvicorn restores these once stopped and raises the signals it took again: the stop is
+    # done by then, so the process ends 0 (not killed by its own signal, nor a traceback)
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, _stopped_already)
+    with contextlib.suppress(KeyboardInterrupt):  # as uvicorn.run
+        server.run()
+    if not server.started:
+        raise SystemExit(3)  # uvicorn's code for a failed start-up
+
+
+def _stopped_already(signum: int, frame: FrameType | None) -> None:
+    """A stop signal after uvicorn's own stop (its shutdown ran): nothing left to do."""
+
+
+def _one_stop_server() -> type:
+    import uvicorn
+
+    class OneStop(uvicorn.Server):
+        """A second Ctrl-C or SIGTERM while stopping is noted, not obeyed: uvicorn's "force
+        quit" skipped the app's own shutdown (the worker's stop, the last checkpoint's
+        publication), and the worker it left was restarted while the server exited. The
+        stop is bounded: a worker puts its job back within STOP_SECONDS."""
+
+        def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+            if self.should_exit:
+                logging.getLogger("uvicorn.error").info("stopping already (the worker first)")
+                return
+            super().handle_exit(sig, frame)
+
+    return OneStop
 
 
 @app.command()
