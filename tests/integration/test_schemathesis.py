@@ -11,6 +11,7 @@ To reproduce by hand: start `lethe serve`, then
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import time
@@ -24,6 +25,7 @@ from tests.support.cluster import Cluster
 pytestmark = pytest.mark.integration
 
 CONFIG = Path(__file__).with_name("schemathesis.toml")
+ROOT = Path(__file__).resolve().parents[2]
 SEED = 1
 MAX_EXAMPLES = 10  # per operation and phase: about a minute on two cores
 
@@ -66,6 +68,7 @@ def test_api_conforms_to_its_openapi_document(tmp_path: Path, part: str) -> None
         command = [
             sys.executable,
             "-m",
+            "tests.support.serial_ast",  # its two workers' threads parse at once (see there)
             "schemathesis.cli",
             "--config-file",
             str(CONFIG),
@@ -95,7 +98,10 @@ def test_api_conforms_to_its_openapi_document(tmp_path: Path, part: str) -> None
         ]
         # cwd: Schemathesis keeps a crash cache (.schemathesis/) in the working directory;
         # the timeout guards a hang (240 s ran out on a slow machine under the full suite)
-        result = subprocess.run(command, cwd=tmp_path, capture_output=True, text=True, timeout=600)
+        env = {**os.environ, "PYTHONPATH": str(ROOT)}  # tests.support from the run's folder
+        result = subprocess.run(
+            command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600
+        )
     report = result.stdout[-30_000:] + result.stderr[-5_000:]
     assert result.returncode == 0, report
     assert "passed" in result.stdout and " failed" not in result.stdout, report
