@@ -323,7 +323,8 @@ def _with_current_test(
     left = test_rows_left(session, dataset.id)
     if left == warm.test_left:
         return warm
-    return replace(warm, test=test_arrays(session, opened, dataset), test_left=left)
+    fresh = test_arrays(session, opened, dataset)  # the cache's own arrays: not grown in place
+    return replace(warm, test=fresh, test_left=left, test_owned=False)
 
 
 def test_rows_left(session: Session, dataset_id: int) -> int:

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import torch
 
-from workers.resident import SPARE_SHARE, extended
+from workers.data import Arrays
+from workers.resident import SPARE_SHARE, ModelSession, extended
 
 
 def test_rows_go_into_the_room_after_the_first_growth() -> None:
@@ -26,3 +27,32 @@ def test_labels_grow_the_same_way() -> None:
     y = torch.arange(100)
     grown = extended(extended(y, torch.tensor([5, 6])), torch.tensor([9]))
     assert grown.tolist() == [*range(100), 5, 6, 9]
+
+
+def test_a_shared_test_split_is_copied_once_then_grows_in_its_own_room() -> None:
+    """Sessions of one dataset read the opened cache's test split: the first append copies
+    it (with room) and leaves the cache's buffer, room included, untouched; the next ones
+    write into the session's own room (a copy of the whole split each time held the worker
+    for 0.7 s after every append at ten million rows)."""
+    ids = list(range(0, 40, 2))
+    rows = Arrays(ids, [f"e{i}" for i in ids], torch.zeros(20, 3), torch.zeros(20).long(),
+                  [None] * 20)  # fmt: skip
+    test_ids = list(range(1, 33, 2))
+    cache = torch.zeros(24, 3)  # the cache's buffer: 16 rows and room after them
+    test = Arrays(test_ids, [f"t{i}" for i in test_ids], cache[:16], torch.zeros(16).long(),
+                  [None] * 16)  # fmt: skip
+    session = ModelSession.of(1, 7, rows, {"w": torch.ones(3)}, test)
+    assert not session.test_owned
+
+    def appended(at: int) -> tuple[Arrays, Arrays]:
+        train = Arrays([100 + at], [f"a{at}"], torch.ones(1, 3), torch.ones(1).long(), [None])
+        held = Arrays([101 + at], [f"b{at}"], torch.full((1, 3), float(at)), torch.ones(1).long(),
+                      [None])  # fmt: skip
+        return train, held
+
+    once = session.grown(*appended(1))
+    assert once.test_owned and once.test.X.data_ptr() != cache.data_ptr()
+    assert not cache.any()  # the cache's room was not written
+    twice = once.grown(*appended(2))
+    assert twice.test.X.untyped_storage().data_ptr() == once.test.X.untyped_storage().data_ptr()
+    assert twice.test.X[:, 0].tolist() == [0] * 16 + [1, 2] and twice.test.sample_ids[-1] == 103
