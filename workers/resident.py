@@ -87,6 +87,28 @@ def extended(rows: torch.Tensor, more: torch.Tensor, owned: bool = True) -> torc
     return buffer[: n + k]
 
 
+def appended(values: np.ndarray, more: np.ndarray) -> np.ndarray:
+    """`extended` for a session's numpy arrays (ids, marks, subjects, external ids): into the
+    room of the buffer `values` starts, where it has room, else a new buffer with room.
+    Concatenating them copied ten million ids and object references at every append."""
+    n, k = len(values), len(more)
+    base = values.base
+    if (
+        isinstance(base, np.ndarray)
+        and base.ndim == 1
+        and base.dtype == values.dtype
+        and values.strides == base.strides
+        and values.__array_interface__["data"][0] == base.__array_interface__["data"][0]
+        and len(base) >= n + k
+    ):
+        out = base[: n + k]
+        out[n:] = more
+        return out
+    buffer = np.empty(n + k + (n + k) // SPARE_SHARE, dtype=values.dtype)
+    buffer[:n], buffer[n : n + k] = values, more
+    return buffer[: n + k]
+
+
 @dataclass(frozen=True)
 class ModelSession:
     """One model's retained rows and noise-free state at one version.
@@ -237,15 +259,13 @@ class ModelSession:
             n = len(rows)
             grown = replace(
                 grown,
-                sample_ids=np.concatenate(
-                    [self.sample_ids, np.asarray(rows.sample_ids, dtype=np.int64)]
-                ),
-                alive=np.concatenate([self.alive, np.ones(n, dtype=bool)]),
+                sample_ids=appended(self.sample_ids, np.asarray(rows.sample_ids, dtype=np.int64)),
+                alive=appended(self.alive, np.ones(n, dtype=bool)),
                 count=self.count + n,
                 X=extended(self.X, rows.X.to(device, self.X.dtype)),
                 y=extended(self.y, rows.y.to(device, self.y.dtype)),
-                subjects=np.concatenate([self.subjects, object_array(rows.subjects)]),
-                external_ids=np.concatenate([self.external_ids, object_array(rows.external_ids)]),
+                subjects=appended(self.subjects, object_array(rows.subjects)),
+                external_ids=appended(self.external_ids, object_array(rows.external_ids)),
             )
         if len(test):
             t = self.test

@@ -3,10 +3,11 @@ its buffer keeps after them (`workers.resident.extended`)."""
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 from workers.data import Arrays
-from workers.resident import SPARE_SHARE, ModelSession, extended
+from workers.resident import SPARE_SHARE, ModelSession, appended, extended
 
 
 def test_rows_go_into_the_room_after_the_first_growth() -> None:
@@ -56,3 +57,13 @@ def test_a_shared_test_split_is_copied_once_then_grows_in_its_own_room() -> None
     twice = once.grown(*appended(2))
     assert twice.test.X.untyped_storage().data_ptr() == once.test.X.untyped_storage().data_ptr()
     assert twice.test.X[:, 0].tolist() == [0] * 16 + [1, 2] and twice.test.sample_ids[-1] == 103
+
+
+def test_ids_and_marks_grow_in_their_room_too() -> None:
+    ids = appended(np.arange(80, dtype=np.int64), np.array([100], dtype=np.int64))
+    again = appended(ids, np.array([101, 102], dtype=np.int64))  # room of 81 // 8 = 10
+    assert again.tolist() == [*range(80), 100, 101, 102]
+    assert again.__array_interface__["data"][0] == ids.__array_interface__["data"][0]
+    names = appended(appended(np.array(["a"], dtype=object), np.array(["b"], dtype=object)),
+                     np.array(["c"], dtype=object))  # fmt: skip
+    assert names.tolist() == ["a", "b", "c"]
