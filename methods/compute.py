@@ -18,6 +18,7 @@ from app.core.specs import ArchitectureSpec, PrivacyPolicy, TrainingConfig
 from app.core.states import Guarantee, VersionKind
 from app.privacy.lineage import LineageEvent
 from maths.training import ProgressFn, train
+from methods.shards import IN_PROCESS, ShardRunner
 from methods.spec import MethodChoice, MethodSpec
 
 ModelState = dict[str, torch.Tensor]
@@ -277,6 +278,9 @@ class UpdateInputs:
     # The norm of the model's last noise-free version's weights (trained, imported or an exact
     # release), which anyone may download: the utility floor's scale. None: not known.
     public_norm: float | None = None
+    # Where a sharded method runs its shards: across the worker pool in distributed mode
+    # (workers/shards.py); None: here.
+    shards: ShardRunner | None = None
 
     @property
     def n_added(self) -> int:
@@ -391,8 +395,9 @@ class UnlearningMethod:
     # (`UpdateInputs.noise_record`), as the certificate's reference would.
     noise_from_rows: ClassVar[bool] = False
 
-    def __init__(self, model: ModelSpec) -> None:
+    def __init__(self, model: ModelSpec, shards: ShardRunner | None = None) -> None:
         self.model = model
+        self.shards: ShardRunner = shards or IN_PROCESS  # where a sharded method's shards run
 
     def unlearn(self, inputs: UpdateInputs) -> Release:
         raise NotImplementedError
@@ -523,11 +528,17 @@ def compute_class(name: str) -> type[UnlearningMethod]:
     return _COMPUTE[name]
 
 
-def method_for(name: str, model: ModelSpec) -> UnlearningMethod:
-    """The named method's compute half, bound to a model."""
-    return compute_class(name)(model)
+def method_for(name: str, model: ModelSpec, shards: ShardRunner | None = None) -> UnlearningMethod:
+    """The named method's compute half, bound to a model (`shards`: where a sharded method
+    runs its shards; None: here)."""
+    return compute_class(name)(model, shards)
 
 
-def fit(model: ModelSpec, data: RetainedData, progress: ProgressFn | None = None) -> Trained:
+def fit(
+    model: ModelSpec,
+    data: RetainedData,
+    progress: ProgressFn | None = None,
+    shards: ShardRunner | None = None,
+) -> Trained:
     """Train as the model's method requires (recording or constraining where it must)."""
-    return method_for(model.method.name, model).train(data, progress)
+    return method_for(model.method.name, model, shards).train(data, progress)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import time
+from dataclasses import replace
 from typing import cast
 
 import torch
@@ -33,6 +34,7 @@ from workers.metrics import (
     JOB_DURATION,
     STORAGE_FAULTS,
 )
+from workers.shards import shard_runner
 from workers.updates import compute_storing
 from workers.values import Batch, ClaimedTask, Fallback, Outcome, Unrecoverable
 
@@ -243,6 +245,7 @@ def _compute(
         with tracing.attached(here), tracing.span("deletion.store"):
             return store.store_release(ctx.blobs, batch, release)
 
+    inputs = replace(inputs, shards=shard_runner(ctx, batch.model_id))
     return compute_storing(inputs, device, stored, lambda done: ctx.blobs.discard(done.both))
 
 

@@ -46,6 +46,7 @@ from workers.context import JobContext
 from workers.data import Arrays, database_key, split_rows, stored_samples
 from workers.lease import LeaseLost
 from workers.metrics import JOB_DURATION, ROWS_LEARNED, VERSIONS_LEARNED
+from workers.shards import shard_runner
 from workers.updates import compute_storing
 from workers.values import Batch, Outcome
 
@@ -86,7 +87,11 @@ def learn_due(ctx: JobContext, model_id: int, device: torch.device) -> tuple[int
         outcome, stored = None, None
         if len(added):
             inputs = replace(
-                inputs, retained=joined(inputs.retained, added), added=added, test=test
+                inputs,
+                retained=joined(inputs.retained, added),
+                added=added,
+                test=test,
+                shards=shard_runner(ctx, model_id),
             )
             outcome, stored = compute_storing(
                 inputs,

@@ -56,3 +56,11 @@ RESIDENT_STATES_HANDED_OVER = Counter(
 def serve(port: int, host: str = "127.0.0.1") -> None:
     """Expose this process's metrics on http://host:port/metrics (a daemon thread)."""
     start_http_server(port, addr=host)
+
+
+SHARD_TASKS = Counter(
+    "lethe_shard_tasks_total",
+    "A sharded model's shard tasks computed, by where: the update's own worker (here) or a "
+    "helper job on another (helper)",
+    ["where"],
+)

@@ -33,6 +33,7 @@ from methods.compute import (
     fit,
     method_for,
 )
+from methods.shards import ShardRunner
 from workers import claim, commit, load, store
 from workers.context import JobContext
 from workers.data import Arrays, database_key, test_arrays, training_arrays
@@ -44,6 +45,7 @@ from workers.metrics import (
     STORAGE_FAULTS,
 )
 from workers.resident import ModelSession
+from workers.shards import shard_runner
 from workers.statistics import write_block
 from workers.updates import ACCURACY_ROWS
 from workers.values import TrainingInputs
@@ -69,7 +71,9 @@ def train_model(ctx: JobContext, model_id: int) -> str:
             with db.read() as session:
                 keeps = ctx.resident_sessions().capacity > 0
                 inputs = _load_training(session, ctx, model_id, hand_over=keeps)
-            trained, metrics = _train(inputs, _progress_writer(db, model_id), device)
+            trained, metrics = _train(
+                inputs, _progress_writer(db, model_id), device, shard_runner(ctx, model_id)
+            )
             rows = arrays_to(inputs.data, device)  # the session's rows, where it computes
             prepared = _prepare_resident(ctx, model_id, inputs, rows, trained)
             kind = VersionKind.imported if inputs.imported else VersionKind.trained
@@ -223,16 +227,17 @@ def _load_training(
 
 
 def _train(
-    inputs: TrainingInputs, progress: ProgressFn, device: torch.device
+    inputs: TrainingInputs, progress: ProgressFn, device: torch.device, shards: ShardRunner
 ) -> tuple[Trained, JsonObject]:
-    """Train on `device`; the state and statistics come back on CPU."""
+    """Train on `device` (a sharded method's shards where `shards` runs them); the state and
+    statistics come back on CPU."""
     inputs = training_inputs_to(inputs, device)
     spec, data, test = inputs.spec, inputs.data, inputs.test
     if inputs.imported is not None:
         trained = _load_imported(spec, inputs.imported, inputs.imported_bytes)
     else:
         retained = RetainedData(data.sample_ids, data.X, data.y, data.subjects, data.external_ids)
-        trained = fit(spec, retained, progress)
+        trained = fit(spec, retained, progress, shards)
         try:
             check_converged(
                 spec.architecture, trained.state, data.X, data.y, spec.n_classes, spec.aggregation

@@ -148,7 +148,7 @@ def _decide(inputs: UpdateInputs) -> Decision:
     name = inputs.method.name
     if name == RETRAIN:
         return Released(exact_retrain(inputs), name, None)
-    method = method_for(name, inputs.spec)
+    method = method_for(name, inputs.spec, inputs.shards)
     if inputs.n_added and not method.learns:  # public: rows were appended
         return Released(exact_retrain(inputs), RETRAIN, None)
     hides = hides_branch(method)
@@ -258,7 +258,7 @@ def _through_mechanism(
 
 def exact_retrain(inputs: UpdateInputs) -> Release:
     """The exact retrain on the retained data, checked: Unrecoverable when it diverges."""
-    release = method_for(RETRAIN, inputs.spec).unlearn(inputs)
+    release = method_for(RETRAIN, inputs.spec, inputs.shards).unlearn(inputs)
     spec, retained = inputs.spec, inputs.retained
     try:
         check_converged_on(  # a block at a time: the retained rows are not copied whole

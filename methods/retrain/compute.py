@@ -31,7 +31,7 @@ class Retrain(UnlearningMethod):
     def unlearn(self, inputs: UpdateInputs) -> Release:
         start = time.perf_counter()
         retained = inputs.retained
-        own = method_for(self.model.method.name, self.model)
+        own = method_for(self.model.method.name, self.model, self.shards)
         if inputs.state:
             trained, how = own.retrain(inputs)
         else:  # the previous state could not be read back: from scratch

@@ -32,6 +32,7 @@ from methods.compute import (
 )
 from methods.sharded_retrain import maths as sh
 from methods.sharded_retrain.spec import SPEC, ShardedOptions
+from methods.shards import ShardTask
 
 
 @register
@@ -104,9 +105,9 @@ class ShardedRetrain(UnlearningMethod):
         weights: ModelState = {}
         checkpoints: ModelState = {}
         rank = canonical_rank(data)
-        for k in range(setup.shards):
-            states = sh.train_shard(setup, k, data.take, assignment, None, 1, on_stage, rank)
-            _store(weights, checkpoints, k, 1, states)
+        tasks = [sh.shard_task(setup, assignment, k, 1, None, rank) for k in range(setup.shards)]
+        for task, states in self._run(tasks, data, on_stage):
+            _store(weights, checkpoints, task.shard, 1, states)
         metrics: dict[str, Any] = {
             "train_seconds": time.perf_counter() - start,
             "n_train": len(data.y),
@@ -137,6 +138,7 @@ class ShardedRetrain(UnlearningMethod):
         weights: ModelState = {}
         checkpoints: ModelState = {}
         rank = canonical_rank(inputs.retained)
+        tasks = []
         for k in range(setup.shards):
             if k not in first:  # untouched: the same tensors, bit for bit
                 weights.update(parts.get(shard_prefix(k), {}))
@@ -145,10 +147,9 @@ class ShardedRetrain(UnlearningMethod):
             r = first[k]
             _copy_checkpoints(parts, checkpoints, k, range(1, r))
             start_state = _checkpoint(parts, k, r - 1) if r > 1 else None
-            states = sh.train_shard(
-                setup, k, inputs.retained.take, retained, start_state, r, rank=rank
-            )
-            _store(weights, checkpoints, k, r, states)
+            tasks.append(sh.shard_task(setup, retained, k, r, start_state, rank))
+        for task, states in self._run(tasks, inputs.retained):
+            _store(weights, checkpoints, task.shard, task.from_stage, states)
         sizes = sh.stage_sizes(retained, setup.shards, setup.slices)
         details = _work_done(setup, sizes, first, removed, added)
         return Release(
@@ -163,6 +164,18 @@ class ShardedRetrain(UnlearningMethod):
                 "sisa": {**_summary(setup, retained, sizes), **details},
             },
         )
+
+    def _run(
+        self, tasks: list[ShardTask], data: RetainedData, on_stage: sh.StageFn | None = None
+    ) -> list[tuple[ShardTask, list[ModelState]]]:
+        """The shard tasks through the method's runner (here, or across the worker pool),
+        each with its stage states."""
+        setup = self.setup
+
+        def local(task: ShardTask) -> list[ModelState]:
+            return sh.run_task(setup, task, data.take, on_stage)
+
+        return list(zip(tasks, self.shards.run(tasks, local), strict=True))
 
     def _certificate(self, inputs: UpdateInputs, details: dict[str, Any]) -> CertificateFields:
         parts = ", ".join(

@@ -22,6 +22,7 @@ import torch
 from app.core import shutdown
 from app.core.specs import ArchitectureSpec, TrainingConfig
 from maths.training import train
+from methods.shards import ShardTask
 
 ModelState = dict[str, torch.Tensor]
 CPU = torch.device("cpu")  # the assignment is host bookkeeping, whatever the worker's device
@@ -225,24 +226,33 @@ TakeFn = Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
 """(X, y) of the rows at these positions, in the assignment's row order."""
 
 
-def train_shard(
+def shard_task(
     setup: ShardedSetup,
-    shard: int,
-    take: TakeFn,
     assignment: Assignment,
-    start: ModelState | None,
+    shard: int,
     from_stage: int,
-    on_stage: StageFn | None = None,
+    start: ModelState | None,
     rank: torch.Tensor | None = None,
-) -> list[ModelState]:
+) -> ShardTask:
     """Stages from_stage..R of one shard from `start` (the checkpoint after stage
-    from_stage − 1; None: the seeded initialisation of stage 1). Returns their states, the
-    last being the constituent. `take` draws a stage's rows (only the shard's are copied);
-    `rank` orders them (`stage_rows`)."""
+    from_stage − 1; None: the seeded initialisation of stage 1), with the shard's rows in
+    training order (`stage_rows` of its last stage: a stage trains on those of them with a
+    lower slice, in the same order)."""
+    rows = stage_rows(assignment, shard, setup.slices, rank)
+    return ShardTask(
+        shard, from_stage, start, assignment.sample_ids[rows], assignment.slice[rows], rows
+    )
+
+
+def run_task(
+    setup: ShardedSetup, task: ShardTask, take: TakeFn, on_stage: StageFn | None = None
+) -> list[ModelState]:
+    """A task's stages, one after the other: their states, the last being the constituent.
+    `take` draws a stage's rows (only the shard's are copied)."""
     states: list[ModelState] = []
-    state = start
-    for stage in range(from_stage, setup.slices + 1):
-        X, y = take(stage_rows(assignment, shard, stage, rank))
+    state = task.start
+    for stage in range(task.from_stage, setup.slices + 1):
+        X, y = take(task.rows[task.slices < stage])
         losses: list[float] = []  # the stage's per-epoch mean losses
 
         def record(_epoch: int, _epochs: int, loss: float, into: list[float] = losses) -> None:
@@ -250,7 +260,7 @@ def train_shard(
 
         state = train(
             setup.architecture,
-            setup.stage_config(shard, stage),
+            setup.stage_config(task.shard, stage),
             X,
             y,
             setup.n_classes,
@@ -260,5 +270,5 @@ def train_shard(
         )
         states.append(state)
         if on_stage is not None:
-            on_stage(shard, stage, losses[-1] if losses else 0.0)
+            on_stage(task.shard, stage, losses[-1] if losses else 0.0)
     return states

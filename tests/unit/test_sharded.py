@@ -26,6 +26,7 @@ from methods.compute import (
 )
 from methods.sharded_retrain import maths as sh
 from methods.sharded_retrain.spec import expected_work_fraction
+from methods.shards import ShardTask, decode_states, encode_states
 from tests.support.factories import split_off, update_inputs
 from workers.updates import compute
 
@@ -351,3 +352,42 @@ def test_an_update_finds_each_shards_weights_and_checkpoints_by_prefix() -> None
     for prefix, tensors in parts.items():
         assert tensors and all(name.startswith(prefix) for name in tensors)
     assert sum(len(t) for t in parts.values()) == len(state) - 3
+
+
+# ---- shard tasks run elsewhere ----------------------------------------------------------------
+
+
+class Elsewhere:
+    """A `ShardRunner` that runs each task as another worker does (workers/shards.py): from its
+    encoded form, on rows taken by sample id, its states read back from their encoding."""
+
+    def __init__(self, model: ModelSpec) -> None:
+        self.setup = method_for("sharded_retrain", model).setup  # type: ignore[attr-defined]
+        X, y = data()
+        self.rows = {s: (X[i], y[i]) for i, s in enumerate(IDS)}
+        self.tasks = 0
+
+    def run(self, tasks, local):
+        out = []
+        for task in tasks:
+            copy = ShardTask.decode(task.encode())
+            assert copy.shard == task.shard and copy.from_stage == task.from_stage
+            assert torch.equal(copy.sample_ids, task.sample_ids)
+            X = torch.stack([self.rows[int(s)][0] for s in copy.sample_ids])
+            y = torch.stack([self.rows[int(s)][1] for s in copy.sample_ids])
+            states = sh.run_task(self.setup, copy, lambda at, X=X, y=y: (X[at], y[at]))
+            out.append(decode_states(encode_states(states)))
+            self.tasks += 1
+        return out
+
+
+def test_shards_run_elsewhere_from_their_encoded_tasks_give_the_same_bits(trained) -> None:
+    model, here = trained
+    elsewhere = Elsewhere(model)
+    there = fit(model, subset(IDS), shards=elsewhere)
+    assert elsewhere.tasks == 4 and identical(here.next_state, there.next_state)
+    gone = [IDS[3], IDS[50], IDS[101], IDS[200]]  # several shards, some from a checkpoint
+    local = method_for("sharded_retrain", model).unlearn(removal(model, here.next_state, gone))
+    inputs = replace(removal(model, here.next_state, gone), shards=elsewhere)
+    remote = method_for("sharded_retrain", model, elsewhere).unlearn(inputs)
+    assert elsewhere.tasks > 5 and identical(local.next_state, remote.next_state)

@@ -1,0 +1,261 @@
+"""A sharded model's shard tasks across the worker pool (distributed mode).
+
+The worker running an update or a training (the parent) puts its shard tasks in Redis and
+queues a helper job for each task but its first; then it claims and computes tasks itself,
+and waits for the others' results. A claim is a key that expires unless its holder renews it:
+a task whose worker dies mid-shard is claimed again (by the parent when it runs out of its own)
+and computed again, to the same bits (SISA's stages are functions of their checkpoint, rows and
+seed). The parent commits once; a result computed twice is read once. With one worker, the
+parent computes every task and its helper jobs find the round over.
+
+Redis holds a task's sample ids and start checkpoint and a result's stage states, never rows,
+for at most `ROUND_TTL_SECONDS`, and the parent deletes them when it has every result.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import secrets
+import threading
+from collections.abc import Iterator, Sequence
+
+import numpy as np
+import torch
+from redis import Redis
+from rq import Queue
+from sqlalchemy.orm import Session
+
+from app.core import pause, shutdown
+from app.core.db.tables import Dataset, Model
+from app.core.dispatch import RQ_ENTRY, deletions_queue
+from methods.compute import method_for
+from methods.sharded_retrain.compute import ShardedRetrain
+from methods.sharded_retrain.maths import run_task
+from methods.shards import (
+    IN_PROCESS,
+    LocalFn,
+    ModelState,
+    ShardRunner,
+    ShardTask,
+    decode_states,
+    encode_states,
+)
+from workers.context import JobContext
+from workers.load import model_spec
+from workers.metrics import SHARD_TASKS
+
+log = logging.getLogger("lethe.shards")
+
+HELP = "workers.shards.help_shards"
+ROUND_TTL_SECONDS = 6 * 3600  # a round's keys outlive any update; the parent deletes them
+
+
+def shard_runner(ctx: JobContext, model_id: int) -> ShardRunner:
+    """Across the worker pool in distributed mode; here in embedded mode."""
+    if ctx.settings.embedded or not ctx.settings.redis_url:
+        return IN_PROCESS
+    return PoolShards(ctx, model_id)
+
+
+class _Keys:
+    """The Redis keys of one round of shard tasks."""
+
+    def __init__(self, queue: str, round_id: int) -> None:
+        self.base = f"{queue}:shards:{round_id}"
+
+    def task(self, i: int) -> str:
+        return f"{self.base}:task:{i}"
+
+    def claim(self, i: int) -> str:
+        return f"{self.base}:claim:{i}"
+
+    def result(self, i: int) -> str:
+        return f"{self.base}:result:{i}"
+
+    @property
+    def count(self) -> str:
+        return f"{self.base}:count"
+
+    @property
+    def done(self) -> str:
+        return f"{self.base}:done"  # a list: each finished task's index, for the parent's wait
+
+    def all(self, n: int) -> list[str]:
+        per_task = [k for i in range(n) for k in (self.task(i), self.claim(i), self.result(i))]
+        return [*per_task, self.count, self.done]
+
+
+class PoolShards:
+    """`ShardRunner` over RQ and Redis: the parent computes tasks too, so a round never waits
+    on a worker that is not there."""
+
+    def __init__(self, ctx: JobContext, model_id: int) -> None:
+        self.ctx, self.model_id = ctx, model_id
+
+    def run(self, tasks: Sequence[ShardTask], local: LocalFn) -> list[list[ModelState]]:
+        if len(tasks) < 2:
+            return IN_PROCESS.run(tasks, local)
+        settings = self.ctx.settings
+        redis = _redis(self.ctx)
+        round_id = secrets.randbits(62)
+        keys = _Keys(settings.queue_name, round_id)
+        try:
+            _publish(redis, keys, tasks)
+            helpers = Queue(deletions_queue(settings.queue_name), connection=redis)
+            for _ in tasks[1:]:
+                helpers.enqueue(
+                    RQ_ENTRY,
+                    HELP,
+                    self.model_id,
+                    round_id,
+                    job_timeout=settings.job_timeout_seconds,
+                    result_ttl=60,
+                    failure_ttl=24 * 3600,
+                )
+            pause.point(settings, "shards-published", self.model_id)
+            return _gather(self.ctx, redis, keys, tasks, local)
+        finally:
+            redis.delete(*keys.all(len(tasks)))
+
+
+def _redis(ctx: JobContext) -> Redis:
+    """Blocking reads wait up to a lease: the socket's own timeout is longer."""
+    url = ctx.settings.redis_url
+    assert url, "distributed mode"
+    return Redis.from_url(url, socket_timeout=ctx.settings.lease_seconds + 30)
+
+
+def _publish(redis: Redis, keys: _Keys, tasks: Sequence[ShardTask]) -> None:
+    batch = redis.pipeline(transaction=False)
+    for i, task in enumerate(tasks):
+        batch.set(keys.task(i), task.encode(), ex=ROUND_TTL_SECONDS)
+    batch.set(keys.count, len(tasks), ex=ROUND_TTL_SECONDS)  # last: a helper reads it first
+    batch.execute()
+
+
+def _gather(
+    ctx: JobContext,
+    redis: Redis,
+    keys: _Keys,
+    tasks: Sequence[ShardTask],
+    local: LocalFn,
+) -> list[list[ModelState]]:
+    """Claim and compute tasks here while any is free; then wait for the helpers' results,
+    taking over a task whose claim lapsed (its worker died)."""
+    results: dict[int, list[ModelState]] = {}
+    lease = ctx.settings.lease_seconds
+    while len(results) < len(tasks):
+        shutdown.check()
+        free = next((i for i in range(len(tasks)) if _free(redis, keys, i, results, lease)), None)
+        if free is not None:
+            with _renewing(redis, keys.claim(free), ctx.settings.heartbeat_seconds, lease):
+                results[free] = local(tasks[free])
+            SHARD_TASKS.labels("here").inc()
+            redis.set(keys.result(free), b"", ex=ROUND_TTL_SECONDS)  # taken: nobody redoes it
+            continue
+        popped = redis.blpop([keys.done], timeout=max(1, int(lease)))
+        if popped is None:
+            continue  # no result within a lease: look for a lapsed claim
+        i = int(popped[1])
+        stored = _get(redis, keys.result(i))
+        if i not in results and stored:
+            results[i] = decode_states(stored)
+    return [results[i] for i in range(len(tasks))]
+
+
+def _get(redis: Redis, key: str) -> bytes | None:
+    """A key's bytes (this client does not decode responses)."""
+    value = redis.get(key)
+    assert value is None or isinstance(value, bytes)
+    return value
+
+
+def _free(
+    redis: Redis, keys: _Keys, i: int, results: dict[int, list[ModelState]], lease: float
+) -> bool:
+    """Whether the parent claimed task i just now (not one it has, nor one claimed or done)."""
+    return i not in results and _claim(redis, keys, i, lease)
+
+
+def _claim(redis: Redis, keys: _Keys, i: int, lease: float) -> bool:
+    """Claim task i unless it is claimed or has its result."""
+    if redis.exists(keys.result(i)):
+        return False
+    return bool(redis.set(keys.claim(i), 1, nx=True, ex=max(1, int(lease))))
+
+
+@contextlib.contextmanager
+def _renewing(redis: Redis, key: str, every: float, lease: float) -> Iterator[None]:
+    """Keep a claim alive while its task computes (a dead worker stops renewing it)."""
+    stop = threading.Event()
+
+    def renew() -> None:
+        while not stop.wait(every):
+            with contextlib.suppress(Exception):  # Redis away a moment: the next try renews
+                redis.set(key, 1, xx=True, ex=max(1, int(lease)))
+
+    thread = threading.Thread(target=renew, name="lethe-shard-claim", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join()
+
+
+def help_shards(ctx: JobContext, model_id: int, round_id: int) -> str:
+    """A helper job: claim the round's free tasks one at a time and compute each on rows this
+    worker opens itself; nothing to do once the round is over."""
+    settings = ctx.settings
+    redis = _redis(ctx)
+    keys = _Keys(settings.queue_name, round_id)
+    count = redis.get(keys.count)
+    if count is None:
+        return "round over"
+    done = 0
+    for i in range(int(count)):
+        if not _claim(redis, keys, i, settings.lease_seconds):
+            continue
+        with _renewing(redis, keys.claim(i), settings.heartbeat_seconds, settings.lease_seconds):
+            encoded = _get(redis, keys.task(i))
+            if encoded is None:
+                return f"round over after {done}"
+            pause.point(settings, "shard-task", model_id)  # (a test kills the helper here)
+            states = _compute(ctx, model_id, ShardTask.decode(encoded))
+        batch = redis.pipeline(transaction=False)
+        batch.set(keys.result(i), encode_states(states), ex=ROUND_TTL_SECONDS)
+        batch.rpush(keys.done, i)
+        batch.expire(keys.done, ROUND_TTL_SECONDS)
+        batch.execute()
+        SHARD_TASKS.labels("helper").inc()
+        log.info("computed shard task %d of model %d's round %d", i, model_id, round_id)
+        done += 1
+    return f"computed {done} shard tasks"
+
+
+def _compute(ctx: JobContext, model_id: int, task: ShardTask) -> list[ModelState]:
+    """A task's stages on the rows it names, opened here (one short read), on this worker's
+    device."""
+    device = ctx.device()
+    with ctx.db.read() as session:
+        method, X, y = _opened(session, ctx, model_id, task.sample_ids)
+    X, y = X.to(device), y.to(device)
+    return run_task(method.setup, task, lambda at: (X[at], y[at]))
+
+
+def _opened(
+    session: Session, ctx: JobContext, model_id: int, ids: torch.Tensor
+) -> tuple[ShardedRetrain, torch.Tensor, torch.Tensor]:
+    """The model's sharded method and the rows `ids` in their given order."""
+    model = session.get(Model, model_id)
+    dataset = session.get(Dataset, model.dataset_id) if model is not None else None
+    if model is None or dataset is None:
+        raise LookupError(f"model {model_id} is gone")
+    spec = model_spec(model, dataset)
+    method = method_for(spec.method.name, spec)
+    assert isinstance(method, ShardedRetrain), "only a sharded method has shard tasks"
+    order = np.argsort(ids.numpy(), kind="stable")
+    arrays = ctx.opened.arrays(session, dataset, ids.numpy()[order].tolist(), "shards")
+    back = torch.from_numpy(np.argsort(order, kind="stable"))
+    return method, arrays.X[back], arrays.y[back]
