@@ -9,7 +9,9 @@ seed). The parent commits once; a result computed twice is read once. With one w
 parent computes every task and its helper jobs find the round over.
 
 Redis holds a task's sample ids and start checkpoint and a result's stage states, never rows,
-for at most `ROUND_TTL_SECONDS`, and the parent deletes them when it has every result.
+sealed with the round's own data key (wrapped by the master key, as a blob's is), until the
+parent deletes the round; a helper writes a result only while its round exists, and a round
+whose parent died expires with the longest a job may run.
 """
 
 from __future__ import annotations
@@ -23,12 +25,14 @@ from collections.abc import Iterator, Sequence
 import numpy as np
 import torch
 from redis import Redis
+from redis.exceptions import WatchError
 from rq import Queue
 from sqlalchemy.orm import Session
 
 from app.core import pause, shutdown
 from app.core.db.tables import Dataset, Model
 from app.core.dispatch import RQ_ENTRY, deletions_queue
+from app.core.storage.crypto import open_sealed, seal
 from methods.compute import method_for
 from methods.sharded_retrain.compute import ShardedRetrain
 from methods.sharded_retrain.maths import run_task
@@ -48,7 +52,6 @@ from workers.metrics import SHARD_TASKS
 log = logging.getLogger("lethe.shards")
 
 HELP = "workers.shards.help_shards"
-ROUND_TTL_SECONDS = 6 * 3600  # a round's keys outlive any update; the parent deletes them
 
 
 def shard_runner(ctx: JobContext, model_id: int) -> ShardRunner:
@@ -78,12 +81,16 @@ class _Keys:
         return f"{self.base}:count"
 
     @property
+    def key(self) -> str:
+        return f"{self.base}:key"  # the round's data key, wrapped
+
+    @property
     def done(self) -> str:
         return f"{self.base}:done"  # a list: each finished task's index, for the parent's wait
 
     def all(self, n: int) -> list[str]:
         per_task = [k for i in range(n) for k in (self.task(i), self.claim(i), self.result(i))]
-        return [*per_task, self.count, self.done]
+        return [*per_task, self.count, self.key, self.done]
 
 
 class PoolShards:
@@ -100,8 +107,10 @@ class PoolShards:
         redis = _redis(self.ctx)
         round_id = secrets.randbits(62)
         keys = _Keys(settings.queue_name, round_id)
+        raw, wrapped = self.ctx.keyring.new_data_key()
+        round_ = _Round(redis, keys, raw, settings.job_timeout_seconds)
         try:
-            _publish(redis, keys, tasks)
+            round_.publish(wrapped, tasks)
             helpers = Queue(deletions_queue(settings.queue_name), connection=redis)
             for _ in tasks[1:]:
                 helpers.enqueue(
@@ -114,9 +123,58 @@ class PoolShards:
                     failure_ttl=24 * 3600,
                 )
             pause.point(settings, "shards-published", self.model_id)
-            return _gather(self.ctx, redis, keys, tasks, local)
+            return _gather(self.ctx, round_, tasks, local)
         finally:
             redis.delete(*keys.all(len(tasks)))
+
+
+class _Round:
+    """One round's keys, read and written sealed with its data key."""
+
+    def __init__(self, redis: Redis, keys: _Keys, raw: bytes, ttl: int) -> None:
+        self.redis, self.keys, self.raw, self.ttl = redis, keys, raw, ttl
+
+    def publish(self, wrapped: bytes, tasks: Sequence[ShardTask]) -> None:
+        batch = self.redis.pipeline(transaction=False)
+        batch.set(self.keys.key, wrapped, ex=self.ttl)
+        for i, task in enumerate(tasks):
+            name = self.keys.task(i)
+            batch.set(name, seal(self.raw, task.encode(), name), ex=self.ttl)
+        batch.set(self.keys.count, len(tasks), ex=self.ttl)  # last: a helper reads it first
+        batch.execute()
+
+    def read(self, name: str) -> bytes | None:
+        value = self.redis.get(name)
+        assert value is None or isinstance(value, bytes)  # this client does not decode
+        return open_sealed(self.raw, value, name) if value else None
+
+    def put_result(self, i: int, states: list[ModelState]) -> bool:
+        """Write task i's result and announce it, unless the round is over (its parent
+        deleted it): nothing of a round outlives it. False: over."""
+        name = self.keys.result(i)
+        sealed = seal(self.raw, encode_states(states), name)
+        with self.redis.pipeline() as pipe:
+            try:
+                pipe.watch(self.keys.count)
+                if not pipe.exists(self.keys.count):
+                    return False
+                pipe.multi()
+                pipe.set(name, sealed, ex=self.ttl)
+                pipe.rpush(self.keys.done, i)
+                pipe.expire(self.keys.done, self.ttl)
+                pipe.execute()
+            except WatchError:  # deleted meanwhile
+                return False
+        return True
+
+    @staticmethod
+    def joined(ctx: JobContext, redis: Redis, keys: _Keys) -> _Round | None:
+        """A helper's view of a round (None: over)."""
+        wrapped = redis.get(keys.key)
+        if not isinstance(wrapped, bytes):
+            return None
+        raw = ctx.keyring.unwrap(wrapped)
+        return _Round(redis, keys, raw, ctx.settings.job_timeout_seconds)
 
 
 def _redis(ctx: JobContext) -> Redis:
@@ -126,25 +184,14 @@ def _redis(ctx: JobContext) -> Redis:
     return Redis.from_url(url, socket_timeout=ctx.settings.lease_seconds + 30)
 
 
-def _publish(redis: Redis, keys: _Keys, tasks: Sequence[ShardTask]) -> None:
-    batch = redis.pipeline(transaction=False)
-    for i, task in enumerate(tasks):
-        batch.set(keys.task(i), task.encode(), ex=ROUND_TTL_SECONDS)
-    batch.set(keys.count, len(tasks), ex=ROUND_TTL_SECONDS)  # last: a helper reads it first
-    batch.execute()
-
-
 def _gather(
-    ctx: JobContext,
-    redis: Redis,
-    keys: _Keys,
-    tasks: Sequence[ShardTask],
-    local: LocalFn,
+    ctx: JobContext, round_: _Round, tasks: Sequence[ShardTask], local: LocalFn
 ) -> list[list[ModelState]]:
     """Claim and compute tasks here while any is free; then wait for the helpers' results,
     taking over a task whose claim lapsed (its worker died)."""
     results: dict[int, list[ModelState]] = {}
     lease = ctx.settings.lease_seconds
+    redis, keys = round_.redis, round_.keys
     while len(results) < len(tasks):
         shutdown.check()
         free = next((i for i in range(len(tasks)) if _free(redis, keys, i, results, lease)), None)
@@ -152,23 +199,16 @@ def _gather(
             with _renewing(redis, keys.claim(free), ctx.settings.heartbeat_seconds, lease):
                 results[free] = local(tasks[free])
             SHARD_TASKS.labels("here").inc()
-            redis.set(keys.result(free), b"", ex=ROUND_TTL_SECONDS)  # taken: nobody redoes it
+            redis.set(keys.result(free), b"", ex=round_.ttl)  # taken: nobody redoes it
             continue
         popped = redis.blpop([keys.done], timeout=max(1, int(lease)))
         if popped is None:
             continue  # no result within a lease: look for a lapsed claim
         i = int(popped[1])
-        stored = _get(redis, keys.result(i))
+        stored = round_.read(keys.result(i))
         if i not in results and stored:
             results[i] = decode_states(stored)
     return [results[i] for i in range(len(tasks))]
-
-
-def _get(redis: Redis, key: str) -> bytes | None:
-    """A key's bytes (this client does not decode responses)."""
-    value = redis.get(key)
-    assert value is None or isinstance(value, bytes)
-    return value
 
 
 def _free(
@@ -210,24 +250,21 @@ def help_shards(ctx: JobContext, model_id: int, round_id: int) -> str:
     settings = ctx.settings
     redis = _redis(ctx)
     keys = _Keys(settings.queue_name, round_id)
-    count = redis.get(keys.count)
-    if count is None:
+    count, round_ = redis.get(keys.count), _Round.joined(ctx, redis, keys)
+    if count is None or round_ is None:
         return "round over"
     done = 0
     for i in range(int(count)):
         if not _claim(redis, keys, i, settings.lease_seconds):
             continue
         with _renewing(redis, keys.claim(i), settings.heartbeat_seconds, settings.lease_seconds):
-            encoded = _get(redis, keys.task(i))
+            encoded = round_.read(keys.task(i))
             if encoded is None:
-                return f"round over after {done}"
+                break
             pause.point(settings, "shard-task", model_id)  # (a test kills the helper here)
             states = _compute(ctx, model_id, ShardTask.decode(encoded))
-        batch = redis.pipeline(transaction=False)
-        batch.set(keys.result(i), encode_states(states), ex=ROUND_TTL_SECONDS)
-        batch.rpush(keys.done, i)
-        batch.expire(keys.done, ROUND_TTL_SECONDS)
-        batch.execute()
+        if not round_.put_result(i, states):
+            break
         SHARD_TASKS.labels("helper").inc()
         log.info("computed shard task %d of model %d's round %d", i, model_id, round_id)
         done += 1
