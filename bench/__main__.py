@@ -28,6 +28,11 @@ SUITES = {
         "bench.pipeline",
         "PostgreSQL and Redis",
     ),
+    "shard-pool": Suite(
+        "How much faster does a sharded model's deletion run with 2 workers than with 1?",
+        "bench.shard_pool",
+        "PostgreSQL and Redis",
+    ),
     "registration": Suite(
         "How fast is a million-row upload registered, and in how much memory?",
         "bench.registration",
