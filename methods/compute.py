@@ -18,7 +18,7 @@ from app.core.specs import ArchitectureSpec, PrivacyPolicy, TrainingConfig
 from app.core.states import Guarantee, VersionKind
 from app.privacy.lineage import LineageEvent
 from maths.training import ProgressFn, train
-from methods.shards import IN_PROCESS, ShardRunner
+from methods.shards import IN_PROCESS, ShardRunner, ShardTask, TakeFn
 from methods.spec import MethodChoice, MethodSpec
 
 ModelState = dict[str, torch.Tensor]
@@ -433,6 +433,11 @@ class UnlearningMethod:
         """`export_resident`'s tensors as the resident state of `state` on `data`, or None
         when they describe another state (the successor then prepares anew)."""
         return None
+
+    def run_shard_task(self, task: ShardTask, take: TakeFn) -> list[ModelState]:
+        """A shard task of this method's, on the rows `take` draws (a helper worker runs one
+        another worker's update handed it: workers/shards.py). Only a sharded method has them."""
+        raise NotImplementedError(f"{self.spec.name} has no shard tasks")
 
     def projection_radius(self) -> float | None:
         """The ball ‖w‖ ≤ C that training projects onto after every step (None: none)."""

@@ -19,6 +19,8 @@ from safetensors.torch import save as save_tensors
 
 ModelState = dict[str, torch.Tensor]
 LocalFn = Callable[["ShardTask"], list[ModelState]]
+TakeFn = Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
+"""(X, y) of the rows at these positions."""
 
 
 @dataclass(frozen=True)

@@ -33,9 +33,7 @@ from app.core import pause, shutdown
 from app.core.db.tables import Dataset, Model
 from app.core.dispatch import RQ_ENTRY, deletions_queue
 from app.core.storage.crypto import open_sealed, seal
-from methods.compute import method_for
-from methods.sharded_retrain.compute import ShardedRetrain
-from methods.sharded_retrain.maths import run_task
+from methods.compute import UnlearningMethod, method_for
 from methods.shards import (
     IN_PROCESS,
     LocalFn,
@@ -278,20 +276,19 @@ def _compute(ctx: JobContext, model_id: int, task: ShardTask) -> list[ModelState
     with ctx.db.read() as session:
         method, X, y = _opened(session, ctx, model_id, task.sample_ids)
     X, y = X.to(device), y.to(device)
-    return run_task(method.setup, task, lambda at: (X[at], y[at]))
+    return method.run_shard_task(task, lambda at: (X[at], y[at]))
 
 
 def _opened(
     session: Session, ctx: JobContext, model_id: int, ids: torch.Tensor
-) -> tuple[ShardedRetrain, torch.Tensor, torch.Tensor]:
-    """The model's sharded method and the rows `ids` in their given order."""
+) -> tuple[UnlearningMethod, torch.Tensor, torch.Tensor]:
+    """The model's method and the rows `ids` in their given order."""
     model = session.get(Model, model_id)
     dataset = session.get(Dataset, model.dataset_id) if model is not None else None
     if model is None or dataset is None:
         raise LookupError(f"model {model_id} is gone")
     spec = model_spec(model, dataset)
     method = method_for(spec.method.name, spec)
-    assert isinstance(method, ShardedRetrain), "only a sharded method has shard tasks"
     order = np.argsort(ids.numpy(), kind="stable")
     arrays = ctx.opened.arrays(session, dataset, ids.numpy()[order].tolist(), "shards")
     back = torch.from_numpy(np.argsort(order, kind="stable"))

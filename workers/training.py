@@ -227,10 +227,13 @@ def _load_training(
 
 
 def _train(
-    inputs: TrainingInputs, progress: ProgressFn, device: torch.device, shards: ShardRunner
+    inputs: TrainingInputs,
+    progress: ProgressFn,
+    device: torch.device,
+    shards: ShardRunner | None = None,
 ) -> tuple[Trained, JsonObject]:
-    """Train on `device` (a sharded method's shards where `shards` runs them); the state and
-    statistics come back on CPU."""
+    """Train on `device` (a sharded method's shards where `shards` runs them; None: here);
+    the state and statistics come back on CPU."""
     inputs = training_inputs_to(inputs, device)
     spec, data, test = inputs.spec, inputs.data, inputs.test
     if inputs.imported is not None:

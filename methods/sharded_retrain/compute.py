@@ -32,7 +32,7 @@ from methods.compute import (
 )
 from methods.sharded_retrain import maths as sh
 from methods.sharded_retrain.spec import SPEC, ShardedOptions
-from methods.shards import ShardTask
+from methods.shards import ShardTask, TakeFn
 
 
 @register
@@ -176,6 +176,9 @@ class ShardedRetrain(UnlearningMethod):
             return sh.run_task(setup, task, data.take, on_stage)
 
         return list(zip(tasks, self.shards.run(tasks, local), strict=True))
+
+    def run_shard_task(self, task: ShardTask, take: TakeFn) -> list[ModelState]:
+        return sh.run_task(self.setup, task, take)
 
     def _certificate(self, inputs: UpdateInputs, details: dict[str, Any]) -> CertificateFields:
         parts = ", ".join(

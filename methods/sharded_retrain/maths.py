@@ -22,7 +22,7 @@ import torch
 from app.core import shutdown
 from app.core.specs import ArchitectureSpec, TrainingConfig
 from maths.training import train
-from methods.shards import ShardTask
+from methods.shards import ShardTask, TakeFn
 
 ModelState = dict[str, torch.Tensor]
 CPU = torch.device("cpu")  # the assignment is host bookkeeping, whatever the worker's device
@@ -220,10 +220,6 @@ def stage_sizes(assignment: Assignment, shards: int, slices: int) -> list[list[i
 def work(sizes: list[list[int]], epochs_per_stage: int, shard: int, from_stage: int) -> int:
     """Sample-gradient passes to train shard k's stages from_stage..R."""
     return epochs_per_stage * sum(sizes[shard][from_stage - 1 :])
-
-
-TakeFn = Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
-"""(X, y) of the rows at these positions, in the assignment's row order."""
 
 
 def shard_task(
