@@ -7,7 +7,7 @@ each deletion removes rows from every shard, so it retrains all S of them: with 
 the parent and a helper each take shards (workers/shards.py). A third run gives the single
 worker two threads, the other way to spend the second core.
 
-    .venv/bin/python -m bench.shard_pool [--samples 60000] [--shards 2] [--deletions 5]
+    .venv/bin/python -m bench.shard_pool [--samples 100000] [--shards 2] [--deletions 8]
 
 Writes bench/results/shard_pool.json: training and POST → done per deletion, per setting.
 """
@@ -94,9 +94,9 @@ def run(cluster: Cluster, samples: int, shards: int, deletions: int) -> dict[str
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--samples", type=int, default=60_000)
+    parser.add_argument("--samples", type=int, default=100_000)
     parser.add_argument("--shards", type=int, default=2)
-    parser.add_argument("--deletions", type=int, default=5)
+    parser.add_argument("--deletions", type=int, default=8)
     args = parser.parse_args()
     results: dict[str, Any] = {
         "task": f"synthetic {args.samples} × 40, 10 classes; {ARCHITECTURE}; {TRAINING}",

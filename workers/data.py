@@ -310,15 +310,19 @@ def _open_new(session: Session, ring: Keyring, dataset: Dataset, new: list[int])
     return Arrays(sample_ids, external_ids, features, torch.from_numpy(y), subjects)
 
 
+SPARSE = 4  # ids spread over more than this many times their count are read by `IN`
+
+
 def _sealed_rows(session: Session, ids: list[int]) -> list[Any]:
-    """The rows of these ids (ascending) as `stored_samples()` selects them, in id order: a
-    dense run read as one range, a sparse one by `IN`; through the session's connection, with
-    no ORM processing of each row (compiling 5,000-id `IN` lists and the ORM's
-    per-row work were most of reading a million-row model's rows)."""
+    """The rows of these ids (ascending) as `stored_samples()` selects them, in id order: ids
+    that fill at least a quarter of their range (a shard's rows, a model's among the test
+    split's) read as one range and filtered, sparser ones by `IN`; through the session's
+    connection, with no ORM processing of each row (compiling 5,000-id `IN` lists and the
+    ORM's per-row work were most of reading a million-row model's rows)."""
     if not ids:
         return []
     query, run = stored_samples().order_by(Sample.id), ids[-1] - ids[0] + 1
-    if run > 2 * len(ids):
+    if run > SPARSE * len(ids):
         return list(session.connection().execute(query.where(Sample.id.in_(ids))).all())
     found = session.connection().execute(query.where(Sample.id.between(ids[0], ids[-1]))).all()
     if run == len(ids):  # every id of the range asked for
