@@ -32,6 +32,7 @@ from sqlalchemy.orm import Session
 from app.core import pause, shutdown
 from app.core.db.tables import Dataset, Model
 from app.core.dispatch import RQ_ENTRY, deletions_queue
+from app.core.settings import Settings
 from app.core.storage.crypto import open_sealed, seal
 from methods.compute import UnlearningMethod, method_for
 from methods.shards import (
@@ -50,6 +51,7 @@ from workers.metrics import SHARD_TASKS
 log = logging.getLogger("lethe.shards")
 
 HELP = "workers.shards.help_shards"
+GAVE_UP = -1  # pushed to a round's `done` list by a helper that let its task go
 
 
 def shard_runner(ctx: JobContext, model_id: int) -> ShardRunner:
@@ -121,7 +123,7 @@ class PoolShards:
                     failure_ttl=24 * 3600,
                 )
             pause.point(settings, "shards-published", self.model_id)
-            return _gather(self.ctx, round_, tasks, local)
+            return _gather(settings, round_, tasks, local)
         finally:
             redis.delete(*keys.all(len(tasks)))
 
@@ -183,18 +185,18 @@ def _redis(ctx: JobContext) -> Redis:
 
 
 def _gather(
-    ctx: JobContext, round_: _Round, tasks: Sequence[ShardTask], local: LocalFn
+    settings: Settings, round_: _Round, tasks: Sequence[ShardTask], local: LocalFn
 ) -> list[list[ModelState]]:
     """Claim and compute tasks here while any is free; then wait for the helpers' results,
     taking over a task whose claim lapsed (its worker died)."""
     results: dict[int, list[ModelState]] = {}
-    lease = ctx.settings.lease_seconds
+    lease = settings.lease_seconds
     redis, keys = round_.redis, round_.keys
     while len(results) < len(tasks):
         shutdown.check()
         free = next((i for i in range(len(tasks)) if _free(redis, keys, i, results, lease)), None)
         if free is not None:
-            with _renewing(redis, keys.claim(free), ctx.settings.heartbeat_seconds, lease):
+            with _renewing(redis, keys.claim(free), settings.heartbeat_seconds, lease):
                 results[free] = local(tasks[free])
             SHARD_TASKS.labels("here").inc()
             redis.set(keys.result(free), b"", ex=round_.ttl)  # taken: nobody redoes it
@@ -203,6 +205,8 @@ def _gather(
         if popped is None:
             continue  # no result within a lease: look for a lapsed claim
         i = int(popped[1])
+        if i == GAVE_UP:
+            continue  # a helper let its task go: claim it
         stored = round_.read(keys.result(i))
         if i not in results and stored:
             results[i] = decode_states(stored)
@@ -214,6 +218,16 @@ def _free(
 ) -> bool:
     """Whether the parent claimed task i just now (not one it has, nor one claimed or done)."""
     return i not in results and _claim(redis, keys, i, lease)
+
+
+def _give_up(redis: Redis, keys: _Keys, i: int, ttl: int) -> None:
+    """Let task i go and wake the parent to claim it (without waiting out the lease)."""
+    with contextlib.suppress(Exception):  # Redis away: the claim lapses on its own
+        batch = redis.pipeline(transaction=False)
+        batch.delete(keys.claim(i))
+        batch.rpush(keys.done, GAVE_UP)
+        batch.expire(keys.done, ttl)  # the round may be over: nothing of it stays
+        batch.execute()
 
 
 def _claim(redis: Redis, keys: _Keys, i: int, lease: float) -> bool:
@@ -260,7 +274,11 @@ def help_shards(ctx: JobContext, model_id: int, round_id: int) -> str:
             if encoded is None:
                 break
             pause.point(settings, "shard-task", model_id)  # (a test kills the helper here)
-            states = _compute(ctx, model_id, ShardTask.decode(encoded))
+            try:
+                states = _compute(ctx, model_id, ShardTask.decode(encoded))
+            except BaseException:  # failed or stopped: the parent takes the task at once
+                _give_up(redis, keys, i, round_.ttl)
+                raise
         if not round_.put_result(i, states):
             break
         SHARD_TASKS.labels("helper").inc()
