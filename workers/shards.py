@@ -126,6 +126,7 @@ class PoolShards:
             return _gather(settings, round_, tasks, local)
         finally:
             redis.delete(*keys.all(len(tasks)))
+            redis.close()
 
 
 class _Round:
@@ -259,8 +260,15 @@ def _renewing(redis: Redis, key: str, every: float, lease: float) -> Iterator[No
 def help_shards(ctx: JobContext, model_id: int, round_id: int) -> str:
     """A helper job: claim the round's free tasks one at a time and compute each on rows this
     worker opens itself; nothing to do once the round is over."""
-    settings = ctx.settings
     redis = _redis(ctx)
+    try:
+        return _help(ctx, redis, model_id, round_id)
+    finally:
+        redis.close()
+
+
+def _help(ctx: JobContext, redis: Redis, model_id: int, round_id: int) -> str:
+    settings = ctx.settings
     keys = _Keys(settings.queue_name, round_id)
     count, round_ = redis.get(keys.count), _Round.joined(ctx, redis, keys)
     if count is None or round_ is None:
