@@ -70,6 +70,16 @@ def helped(cluster: Cluster, model_id: int) -> int:
     return logs.count(f"of model {model_id}'s round")
 
 
+def helper_jobs(cluster: Cluster, model_id: int) -> list[int]:
+    """Helper jobs each worker has started for the model, by its log (RQ logs each start)."""
+    job = f"help_shards', {model_id}, "
+    logs = sorted(cluster.data_dir.glob("worker-*.log"))
+    return [
+        sum(job in line and "Successfully" not in line for line in p.read_text().splitlines())
+        for p in logs
+    ]
+
+
 @pytest.mark.long
 def test_a_helper_killed_mid_shard_costs_a_lease_and_the_ensemble_is_the_same_bits(
     pg_url: str, redis_url: str, tmp_path: Path, s3_settings: dict[str, object]
@@ -105,11 +115,17 @@ def _kill_a_helper(cluster: Cluster, pauses: Path, pg_url: str) -> None:
             (pauses / f"{name}-{a['id']}.go").unlink()
             (pauses / f"{name}-{a['id']}.reached").unlink(missing_ok=True)
         gone = train_ids(c, ds_a["id"], 40)  # every shard, all but surely: a helper for each
-        before = helped(cluster, a["id"])
+        before, started = helped(cluster, a["id"]), helper_jobs(cluster, a["id"])
         req = c.post("/v1/deletions", json={"dataset_id": ds_a["id"], "sample_ids": gone}).json()
         parent = pauses / f"shards-published-{a['id']}.reached"
         helper = pauses / f"shard-task-{a['id']}.reached"
+
+        def two_helpers_claiming() -> bool:  # both other workers took a helper job
+            now = helper_jobs(cluster, a["id"])
+            return sum(n > b for n, b in zip(now, started, strict=True)) == 2
+
         wait_until(lambda: parent.exists() and helper.exists(), every=0.02)
+        wait_until(two_helpers_claiming, every=0.02)
         helper_pid = int(helper.read_text())
         assert helper_pid != int(parent.read_text())  # the task is on another worker
         cluster.kill(cluster.worker_by_pid(helper_pid))  # kill -9 with its task claimed
