@@ -15,7 +15,6 @@ Writes bench/results/shard_pool.json: training and POST → done per deletion, p
 from __future__ import annotations
 
 import argparse
-import statistics
 import tempfile
 import time
 from pathlib import Path
@@ -23,7 +22,7 @@ from typing import Any
 
 import httpx
 
-from bench.common import REDIS, machine, percentiles, scratch_database, write_result
+from bench.common import REDIS, machine, percentiles, ready, scratch_database, write_result
 from tests.support.cluster import Cluster
 
 SETTINGS = (
@@ -55,9 +54,7 @@ def wait_done(c: httpx.Client, request_id: str) -> dict[str, Any]:
 def run(cluster: Cluster, samples: int, shards: int, deletions: int) -> dict[str, Any]:
     with cluster.client(timeout=900) as c:
         dataset = {"builtin": "synthetic", "n_samples": samples, "n_features": 40, "n_classes": 10}
-        ds = c.post("/v1/datasets", json=dataset).json()
-        while c.get(f"/v1/datasets/{ds['id']}").json()["status"] != "ready":
-            time.sleep(0.2)
+        ds = ready(c, c.post("/v1/datasets", json=dataset))
         method = {"name": "sharded_retrain", "shards": shards, "slices": 1}
         body = {
             "name": "b",
@@ -86,7 +83,6 @@ def run(cluster: Cluster, samples: int, shards: int, deletions: int) -> dict[str
     return {
         "train_seconds": train_seconds,
         "post_to_done_seconds": percentiles(seconds),
-        "post_to_done_median": statistics.median(seconds),
         "each": seconds,
         "shards_retrained": retrained,
     }
@@ -118,10 +114,10 @@ def main() -> None:
                 "threads": threads,
                 **run(cluster, args.samples, args.shards, args.deletions),
             }
-            print(name, results["settings"][name]["post_to_done_median"], flush=True)
+            print(name, results["settings"][name]["post_to_done_seconds"]["p50"], flush=True)
     one, two = (results["settings"][n[0]] for n in SETTINGS[:2])
     results["speedup_2_workers"] = {
-        "deletion": one["post_to_done_median"] / two["post_to_done_median"],
+        "deletion": one["post_to_done_seconds"]["p50"] / two["post_to_done_seconds"]["p50"],
         "training": one["train_seconds"] / two["train_seconds"],
     }
     print(f"wrote {write_result('shard_pool', results)}: {results['speedup_2_workers']}")

@@ -56,7 +56,7 @@ GAVE_UP = -1  # pushed to a round's `done` list by a helper that let its task go
 
 def shard_runner(ctx: JobContext, model_id: int) -> ShardRunner:
     """Across the worker pool in distributed mode; here in embedded mode."""
-    if ctx.settings.embedded or not ctx.settings.redis_url:
+    if ctx.settings.embedded:
         return IN_PROCESS
     return PoolShards(ctx, model_id)
 
