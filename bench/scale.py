@@ -210,9 +210,9 @@ def main() -> None:
     parser.add_argument("--one-retrain", action="store_true", help="one exact retrain, not two")
     args = parser.parse_args()
     n = args.n
-    # a tree from before the anchor was prepared after an exact retrain never says so
+    # a tree whose worker never says the resident state is ready after an exact retrain
     tree = args.tree or Path(__file__).resolve().parents[1]
-    prepares = PREPARED in (tree / "workers" / "advance.py").read_text()
+    prepares = PREPARED in (tree / "workers" / "updates.py").read_text()
     if args.tree:  # the service runs from there (`python -m` puts its folder first)
         os.environ["PYTHONPATH"] = str(args.tree.resolve())
         os.chdir(args.tree)
@@ -277,7 +277,7 @@ def main() -> None:
     print(write_result(args.out, result))
 
 
-PREPARED = "resident state prepared after an exact retrain"
+PREPARED = "resident state ready after an exact retrain"
 
 
 def prepared(log: Path, count: int) -> Any:
@@ -353,7 +353,7 @@ def run_steps(
     if prepares:
         steps["anchor_prepared_after"] = timed(memory, "anchor prepared", prepared(log, 1))
     steps["append_100_after_exact"] = timed(memory, "append 100 after", append(100, 3))
-    if twice:  # the update right after, before the anchor is ready: it waits for it
+    if twice:  # the update sent at once: whatever the anchor's readiness, it waits for it
         steps["exact_retrain_again"] = timed(memory, "exact retrain", delete(1, epsilon=1e-4))
         steps["delete_1_after_exact"] = timed(memory, "delete 1 after", delete(1))
     for name, make in (

@@ -339,6 +339,10 @@ class TargetInfeasible(RuntimeError):
     a `PublicInfeasible`, the reason is taken to depend on the removed rows: a method that
     can (`through_mechanism`) then releases the retrain through its own mechanism."""
 
+    # the resident state the method had moved to the retained rows when it gave up, which
+    # the exact retrain's resident state is carried from (`UnlearningMethod.carried`)
+    resident: object | None = None
+
 
 class PublicInfeasible(TargetInfeasible):
     """The target cannot be met for a reason that is a function of public values only (the
@@ -420,6 +424,15 @@ class UnlearningMethod:
     def prepare(self, data: RetainedData, state: ModelState) -> object | None:
         """What the method keeps resident for the model's first update, made after training
         and before the version commits (UpdateInputs.resident); None: nothing (the default)."""
+        return None
+
+    def carried(
+        self, inputs: UpdateInputs, state: ModelState, moved: object | None
+    ) -> object | None:
+        """The resident state of `state`, an exact retrain on `inputs`' retained rows, made
+        with less work than `prepare` from `moved` (what this method's own attempt at the
+        update left on those rows, if it got that far) or else `inputs.resident`; None: not
+        possible (the default: the worker prepares one after the commit)."""
         return None
 
     def export_resident(self, resident: object) -> dict[str, torch.Tensor] | None:

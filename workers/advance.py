@@ -14,6 +14,7 @@ from app.privacy.lineage import LineageBudget, history_after, prepare_next
 from methods.compute import UnlearningMethod
 from workers.certify import lineage_fields
 from workers.resident import ModelSession, Sessions
+from workers.updates import RESIDENT_READY
 from workers.values import Batch, Outcome
 
 log = logging.getLogger("lethe.jobs")
@@ -79,7 +80,7 @@ def _prepare(
         return
     if prepared is not None:
         sessions.put(where, replace(session, method_state=prepared))
-        log.info("model %s: resident state prepared after an exact retrain", session.model_id)
+        log.info("model %s: %s (prepared)", session.model_id, RESIDENT_READY)
 
 
 def as_stored(record: JsonMap | None) -> JsonMap | None:

@@ -10,7 +10,7 @@ from torch import nn
 
 from app.core.specs import LogRegSpec
 from maths.ensemble import count_shards, linear_scorer
-from maths.nets import ClipFeatures
+from maths.nets import ClipFeatures, clipped_linear
 
 
 def _first(spec: LogRegSpec) -> nn.Module:
@@ -34,5 +34,7 @@ def scorer(
     if count_shards(state):
         return linear_scorer(spec, state, aggregation, device)
     W, b = (state[f"1.{name}"].to(device, torch.float32) for name in ("weight", "bias"))
-    first = _first(spec)
-    return lambda x: nn.functional.linear(first(x), W, b)
+    if spec.feature_norm is None:
+        return lambda x: nn.functional.linear(x.flatten(1), W, b)
+    radius = ClipFeatures(spec.feature_norm).radius
+    return lambda x: clipped_linear(x.flatten(1), W, b, radius)

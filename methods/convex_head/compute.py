@@ -47,11 +47,11 @@ WEIGHT, BIAS = "1.weight", "1.bias"
 class ShiftOverBudget(TargetInfeasible):
     """The measured shift exceeds β: the pipeline retrains exactly."""
 
-    def __init__(self, shift: float, beta: float) -> None:
+    def __init__(self, shift: float, beta: float, resident: removal.Resident) -> None:
         # The value of s is a function of the removed rows: the reason, which the public
         # certificate carries, says only what the decision needs.
         super().__init__(f"the measured shift s exceeds the budget β = {beta:g}")
-        self.shift = shift
+        self.shift, self.resident = shift, resident
 
 
 def to_theta(state: ModelState) -> torch.Tensor:
@@ -107,7 +107,7 @@ class ConvexHead(UnlearningMethod):
         resident, work = self._removal(inputs)
         shift = resident.bound / o.lam
         if shift > o.beta:
-            raise ShiftOverBudget(shift, o.beta)
+            raise ShiftOverBudget(shift, o.beta, resident)
         facts = Bound(
             n_removed=len(inputs.removed.sample_ids),
             n_added=inputs.n_added,
@@ -249,21 +249,11 @@ class ConvexHead(UnlearningMethod):
         o = self.options
         budget = o.lam * o.beta
         n = len(inputs.retained)
-        removed = self.problem_of(inputs.removed.X, inputs.removed.y)
         theta = to_theta(inputs.state)
         work = Work()
-        previous = inputs.resident
-        if isinstance(previous, removal.Resident) and previous.describes(
-            theta, n + removed.n - inputs.n_added, o.R, o.lam
-        ):
-            state = previous
-            if removed.n:
-                state = removal.without(previous, removed.Z.to(theta), removed.T.to(theta))
-                if previous.rows is not None:  # the removed rows leave the kept ones too
-                    gone = torch.as_tensor(inputs.removed.sample_ids, dtype=torch.int64)
-                    state = replace(state, rows=previous.rows.without(gone))
-            if inputs.added is not None and inputs.n_added:
-                state = self._learned(state, inputs.added, theta)
+        moved = self._moved(inputs)
+        if moved is not None:
+            state = moved
         else:
             state = self._anchored(inputs.retained, theta)
             work.hessian_passes += 1
@@ -304,6 +294,45 @@ class ConvexHead(UnlearningMethod):
             if tried.b > budget:  # the measurement's rounding floor alone is over λβ
                 break
         return state, work
+
+    def _moved(self, inputs: UpdateInputs) -> removal.Resident | None:
+        """The last update's resident state moved to `inputs`' retained rows: the removed rows
+        taken out and the added ones put in, O(k·d²) a row, at the same Θ₀ and anchor; None
+        when the worker holds none for the current state and rows."""
+        o = self.options
+        previous = inputs.resident
+        removed = self.problem_of(inputs.removed.X, inputs.removed.y)
+        theta = to_theta(inputs.state)
+        before = len(inputs.retained) + removed.n - inputs.n_added
+        if not isinstance(previous, removal.Resident) or not previous.describes(
+            theta, before, o.R, o.lam
+        ):
+            return None
+        state = previous
+        if removed.n:
+            state = removal.without(previous, removed.Z.to(theta), removed.T.to(theta))
+            if previous.rows is not None:  # the removed rows leave the kept ones too
+                gone = torch.as_tensor(inputs.removed.sample_ids, dtype=torch.int64)
+                state = replace(state, rows=previous.rows.without(gone))
+        if inputs.added is not None and inputs.n_added:
+            state = self._learned(state, inputs.added, theta)
+        return state
+
+    def carried(
+        self, inputs: UpdateInputs, state: ModelState, moved: object | None
+    ) -> removal.Resident | None:
+        """An exact retrain's resident state with no Hessian pass: the attempt's anchor on
+        the retained rows (`moved`), else the last one moved there, at the retrain's Θ₀ with
+        its gradient measured (one pass). The anchor is then stale (θ_A ≠ Θ₀), which the
+        Newton steps' bound allows for (removal.newton_step's drift), so the request after an
+        exact retrain costs what the others cost instead of waiting for a Hessian pass."""
+        base = moved if isinstance(moved, removal.Resident) else self._moved(inputs)
+        if base is None or base.m != len(inputs.retained):
+            return None
+        theta = to_theta(state).to(base.theta)
+        rows = base.rows
+        blocks = rows.blocks if rows is not None else self._blocks(inputs.retained, theta)
+        return removal.measured(replace(base, theta=theta), blocks)
 
     def _learned(
         self, state: removal.Resident, added: RetainedData, theta: torch.Tensor

@@ -4,10 +4,13 @@ reason made of public values only (workers/updates.py `utility_floor`)."""
 
 from __future__ import annotations
 
+import logging
+
 import pytest
 
 from tests.conftest import Api, train_ids
 from tests.service.test_convex_head import LAM, R, current_metrics
+from workers.updates import RESIDENT_READY
 
 pytestmark = pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)
 
@@ -74,9 +77,13 @@ def test_a_release_within_the_floor_is_the_method_s(api: Api, digits: dict) -> N
     assert api.get(f"/v1/models/{model}").json()["current_version"]["kind"] == "unlearned"
 
 
-def test_the_update_after_an_exact_retrain_finds_its_anchor_ready(api: Api, digits: dict) -> None:
-    """An exact retrain leaves no anchored Hessian; the worker prepares one after the
-    commit, so the next update reads no row and makes no Hessian pass (no cliff)."""
+def test_the_update_after_an_exact_retrain_finds_its_anchor_ready(
+    api: Api, digits: dict, caplog: pytest.LogCaptureFixture
+) -> None:
+    """An exact retrain comes with the anchor its attempt left, carried to the retrained
+    state before the commit (no Hessian pass after it for the next request to wait on), so
+    the next update reads no row and makes no Hessian pass (no cliff)."""
+    caplog.set_level(logging.INFO, "lethe")
     model = head(api, digits["id"], 1.0)
     for epsilon, below in ((1e-4, True), (1.0, False)):
         preview = api.get("/v1/privacy/preview", params={"model": model, "epsilon": epsilon})
@@ -87,3 +94,5 @@ def test_the_update_after_an_exact_retrain_finds_its_anchor_ready(api: Api, digi
     assert cert["method"] == "convex_head" and cert["fallback_reason"] is None, cert
     metrics = current_metrics(api, model)
     assert metrics["hessian_passes"] == 0 and metrics["rows_loaded"] == 0, metrics
+    ready = [r.getMessage() for r in caplog.records if RESIDENT_READY in r.getMessage()]
+    assert ready == [f"model {model}: {RESIDENT_READY} (carried over)"], ready

@@ -278,3 +278,85 @@ def test_stale_steps_are_kept_only_while_their_measured_rate_reaches_the_budget_
     assert not removal.stale_steps_suffice(1e-3, 1e-3, 1e-5, 5)
     assert not removal.stale_steps_suffice(1e-2, 1e-3, 1e-5, 0)
     assert removal.stale_steps_suffice(1e-2, 1e-6, 1e-5, 0)  # already within the budget
+
+
+@pytest.mark.parametrize("keep_rows", [True, False])
+def test_an_exact_retrain_carries_the_resident_state_and_the_next_removal_makes_no_hessian_pass(
+    keep_rows: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A deletion below the utility floor is answered by the exact retrain; the decision
+    comes with a resident state carried from the method's attempt (workers/updates._carried): it
+    describes the retrained state on the retained rows, its gradient bound holds and its
+    anchor's Hessians are within e_H of the exact ones at θ_A. The next removal then reads no
+    Hessian pass and stays within its certified shift; without a resident state before, none
+    is carried by the method (the worker prepares one after the commit)."""
+    from dataclasses import replace
+
+    from app.core.specs import PrivacyPolicy
+    from methods.compute import PrivacyTarget
+    from methods.convex_head.compute import ConvexHead, to_theta
+    from tests.support.factories import model_spec, update_inputs
+    from workers.data import Arrays
+    from workers.resident import ModelSession
+    from workers.updates import decide
+    from workers.values import Fallback
+
+    if not keep_rows:
+        monkeypatch.setattr(removal, "ROWS_BYTES", 0)
+    X, y = data()
+    n = len(y)
+    ids = list(range(n))
+    spec = model_spec(
+        {"type": "logreg", "feature_norm": R},
+        {"name": "convex_head", "lam": LAM, "R": R, "beta": 0.05},
+        X.shape[1],
+        CLASSES,
+    )
+    head = ConvexHead(spec)
+    arrays = Arrays(ids, [str(i) for i in ids], X, y, [None] * n)
+    _, whole = ModelSession.of(0, 1, arrays, {}, arrays).split([], {}, [])
+    session = ModelSession.of(0, 1, arrays, dict(head.train(whole).state), arrays)
+    target = PrivacyTarget(1.0, 1e-5)
+    removed, retained = session.split([3, 7], {}, [])
+    first = head.unlearn(update_inputs(spec, dict(session.state), removed, retained, target=target))
+    session = session.advance(2, [3, 7], dict(first.next_state), first.resident)
+
+    removed, retained = session.split([11], {}, [])
+    floor = PrivacyPolicy(epsilon=1.0, delta=1e-5, max_relative_noise=1e-9)  # every σ is over it
+    inputs = replace(
+        update_inputs(spec, dict(session.state), removed, retained, policy=floor, target=target),
+        resident=first.resident,
+        public_norm=1.0,
+    )
+    decision = decide(inputs)
+    assert isinstance(decision, Fallback)
+    carried = decision.release.resident
+    assert isinstance(carried, removal.Resident)
+    theta = to_theta(decision.release.next_state)
+    assert carried.describes(theta, n - 3, R, LAM)
+    assert not torch.equal(carried.anchor.theta, carried.theta)  # the old anchor, stale
+    kept = torch.ones(n, dtype=torch.bool)
+    kept[[3, 7, 11]] = False
+    problem = convex.Problem.of(X[kept], y[kept], CLASSES, R, LAM)
+    truth = convex.gradient(problem, theta)
+    assert float(torch.linalg.norm(carried.g - truth)) <= carried.b
+    H = exact_hessians(problem, carried.anchor.theta)
+    assert float(torch.linalg.matrix_norm(carried.anchor.H - H, ord=2).max()) <= carried.anchor.e_H
+    assert (carried.rows is not None) is keep_rows
+    alone = replace(inputs, resident=None)  # nothing to carry: the worker prepares one later
+    assert head.carried(alone, dict(decision.release.next_state), None) is None
+
+    session = session.advance(3, [11], dict(decision.release.next_state), carried)
+    removed, retained = session.split([20], {}, [])
+    nxt = replace(
+        update_inputs(spec, dict(session.state), removed, retained, target=target),
+        resident=carried,
+    )
+    release = head.unlearn(nxt)
+    assert release.metrics["hessian_passes"] == 0
+    kept[20] = False
+    after = convex.Problem.of(X[kept], y[kept], CLASSES, R, LAM)
+    released = to_theta(release.next_state)
+    optimum = convex.solve(after, 1e-13, 5000, start=released)
+    shift = release.certificate.constants["s"].value
+    assert float(torch.linalg.norm(released - optimum.theta)) <= shift + optimum.gradient_norm / LAM
