@@ -7,7 +7,9 @@ the plaintext TTL (no recycling mid-run); then, each timed as a client sees it:
 1. register the Parquet from S3 (POST → ready), beside writing the same bytes to this disk
    with fsync (the floor);
 2. train convex_head (λ = 1e-3, R = 20, β = 1e-3; `max_relative_noise` 1.0);
-3. delete 1 row, then 100 rows (POST → certificate, and the update's own compute);
+3. delete 1 row, then 100 rows (POST → certificate, and the update's own compute): the POST
+   asks to wait for its certificate (`Prefer: wait`, one round trip; a longer update is then
+   long-polled);
 4. append 100 rows, then 10,000 rows (POST → learned version);
 5. one deletion at ε = 1e-4, below the utility floor: the exact retrain;
 6. the first append (100 rows) and the first deletion (1 row) after it: no cliff when they
@@ -15,7 +17,8 @@ the plaintext TTL (no recycling mid-run); then, each timed as a client sees it:
    second at once);
 7. `--repeats` single-row deletions and 100-row appends: the p50 of POST → certificate
    (learned version) beside the update's compute, and how many were within 1.5× the
-   compute + 30 ms.
+   compute + 30 ms; the deletions also as a POST answered 202 and then long-polled
+   (`delete_1_polled`, two round trips).
 
 All the while, the proportional set size (PSS: shared pages counted once) of every process
 of the service together, sampled every 0.25 s: its peak in each step and overall, against the
@@ -44,6 +47,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
+from lethe_client.states import FINISHED_REQUEST
 
 from app.client import Client
 from bench.common import write_result
@@ -53,6 +57,7 @@ from tests.support.servers import S3_ACCESS_KEY, S3_SECRET_KEY, SeaweedServer
 
 D, K, BUCKET = 256, 10, "bench-scale"
 METHOD = {"name": "convex_head", "lam": 1e-3, "R": 20.0, "beta": 1e-3}
+WAIT = 30  # seconds a deletion's POST may wait for its certificate (the most it may ask)
 ROW_GROUP = 65_536
 
 
@@ -323,11 +328,15 @@ def run_steps(
     page = c.get(f"/v1/datasets/{dataset_id}/samples", params={"split": "train", "limit": 500})
     rows = iter([item["external_id"] for item in page["items"]])
 
-    def delete(count: int, epsilon: float | None = None) -> Any:
+    def delete(count: int, epsilon: float | None = None, polled: bool = False) -> Any:
+        """One round trip (`Prefer: wait`: the POST answers with the certificate), or with
+        `polled` the POST's 202 and then a long poll of the request."""
+
         def run() -> dict[str, Any]:
             ids = [next(rows) for _ in range(count)]
-            asked = c.delete(dataset_id, ids, epsilon=epsilon)
-            c.wait_deletion(asked.id)
+            asked = c.delete(dataset_id, ids, epsilon=epsilon, wait=0 if polled else WAIT)
+            if asked.status not in FINISHED_REQUEST:
+                c.wait_deletion(asked.id)
             done = time.perf_counter()
             return {"_done": done, **version_facts(c, model_id)}
 
@@ -358,6 +367,7 @@ def run_steps(
         steps["delete_1_after_exact"] = timed(memory, "delete 1 after", delete(1))
     for name, make in (
         ("delete_1", lambda i: delete(1)),
+        ("delete_1_polled", lambda i: delete(1, polled=True)),
         ("append_100", lambda i: append(100, 10 + i)),
     ):
         runs = [timed(memory, f"{name} #{i}", make(i)) for i in range(repeats)]

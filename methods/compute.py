@@ -383,6 +383,9 @@ class Release:
     # What the method keeps in the worker for the model's next update: valid for
     # `next_state` on the retained rows; kept only once the release commits.
     resident: object | None = None
+    # Whether `resident` was carried over an exact retrain (`UnlearningMethod.carried`):
+    # valid but made for other weights, so the worker prepares a fresh one in the background.
+    resident_carried: bool = False
 
 
 class UnlearningMethod:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import logging
+import threading
 from dataclasses import replace
 
 from app.core import shutdown
@@ -27,18 +28,21 @@ def keep_resident(
     outcome: Outcome | None,
     version_id: int | None,
     method: UnlearningMethod | None = None,
-) -> None:
+) -> threading.Thread | None:
     """Move the batch's session to the version just committed, its removed rows gone (their
     plaintext leaves this worker's memory with the commit); unchanged when nothing was
     removed (no new version). A learned version's session comes grown by its rows
     (`ModelSession.grown`) in `batch.session`. A release that left no resident state (an
     exact retrain) has `method` prepare one now, after the commit, so the next request does
-    not pay for it (convex_head's anchored Hessian: a pass over every row)."""
+    not pay for it (convex_head's anchored Hessian: a pass over every row). One whose state
+    was carried over an exact retrain is served as it is while `method` prepares a fresh one
+    on a thread (returned): convex_head's carried anchor was made for the weights before the
+    retrain, and its drift costs later updates a gradient pass each."""
     if batch.session is None:
-        return
+        return None
     if outcome is None or version_id is None:
         sessions.put(where, batch.session)
-        return
+        return None
     release = outcome.decision.release
     state = {k: v.detach().cpu() for k, v in release.next_state.items()}
     before = batch.session.history
@@ -53,21 +57,37 @@ def keep_resident(
         version_id, batch.removed, state, release.resident, history, record
     )
     sessions.put(where, advanced)
+    prepared: threading.Thread | None = None
     if release.resident is None and method is not None:
         _prepare(sessions, where, advanced, method)
+    elif release.resident_carried and method is not None:
+        prepared = threading.Thread(
+            target=_prepare,
+            args=(sessions, where, advanced, method, True),
+            name="lethe-resident",
+            daemon=True,
+        )
+        prepared.start()
     if history and release.event is not None:  # the next noisy release's ε, solved now
         try:
             policy = batch.policy
             prepare_next(LineageBudget(policy.lineage_epsilon, policy.lineage_delta), history)
         except Exception:  # noqa: BLE001 - only a head start: the admission solves it anyway
             log.debug("could not prepare the next admission of model %s", batch.model_id)
+    return prepared
 
 
 def _prepare(
-    sessions: Sessions, where: str, session: ModelSession, method: UnlearningMethod
+    sessions: Sessions,
+    where: str,
+    session: ModelSession,
+    method: UnlearningMethod,
+    beside: bool = False,
 ) -> None:
     """`method`'s resident state for `session`'s version, put with it; the session stays as it
-    was when preparing fails (the next update anchors itself)."""
+    was when preparing fails (the next update anchors itself). `beside` updates running
+    meanwhile (a thread): put only if no update moved the session on; one that did may have
+    overwritten rows this read, and what it made is dropped."""
     try:
         _, retained = session.split([], {}, [])
         prepared = method.prepare(retained, dict(session.state))
@@ -78,9 +98,18 @@ def _prepare(
             "model %s: preparing the resident state failed", session.model_id, exc_info=True
         )
         return
-    if prepared is not None:
-        sessions.put(where, replace(session, method_state=prepared))
+    if prepared is None:
+        return
+    fresh = replace(session, method_state=prepared)
+    if not beside:
+        sessions.put(where, fresh)
         log.info("model %s: %s (prepared)", session.model_id, RESIDENT_READY)
+    elif sessions.replace_if_held(where, session, fresh):
+        log.info("model %s: resident state prepared afresh after an exact retrain", fresh.model_id)
+    else:
+        log.info(
+            "model %s: resident state prepared too late (an update came first)", fresh.model_id
+        )
 
 
 def as_stored(record: JsonMap | None) -> JsonMap | None:

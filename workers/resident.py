@@ -418,6 +418,16 @@ class Sessions:
             while len(self._held) > self.capacity:
                 self._held.popitem(last=False)
 
+    def replace_if_held(self, database: str, held: ModelSession, session: ModelSession) -> bool:
+        """Put `session` in place of `held` if `held` is still the model's session (no update
+        moved it on meanwhile); whether it was."""
+        key = (database, session.model_id)
+        with self._lock:
+            if self._held.get(key) is not held:
+                return False
+            self._held[key] = session
+            return True
+
     def drop(self, database: str, model_id: int) -> None:
         with self._lock:
             self._held.pop((database, model_id), None)

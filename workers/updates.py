@@ -318,7 +318,7 @@ def _carried(
     if resident is None:
         return release
     log.info("model %s: %s (carried over)", inputs.model_id, RESIDENT_READY)
-    return replace(release, resident=resident)
+    return replace(release, resident=resident, resident_carried=True)
 
 
 # what the worker logs once the resident state after an exact retrain is ready (bench/scale.py)

@@ -5,6 +5,8 @@ removals."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass, replace
+
 import numpy as np
 import pytest
 import torch
@@ -280,29 +282,27 @@ def test_stale_steps_are_kept_only_while_their_measured_rate_reaches_the_budget_
     assert removal.stale_steps_suffice(1e-2, 1e-6, 1e-5, 0)  # already within the budget
 
 
-@pytest.mark.parametrize("keep_rows", [True, False])
-def test_an_exact_retrain_carries_the_resident_state_and_the_next_removal_makes_no_hessian_pass(
-    keep_rows: bool, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """A deletion below the utility floor is answered by the exact retrain; the decision
-    comes with a resident state carried from the method's attempt (workers/updates._carried): it
-    describes the retrained state on the retained rows, its gradient bound holds and its
-    anchor's Hessians are within e_H of the exact ones at θ_A. The next removal then reads no
-    Hessian pass and stays within its certified shift; without a resident state before, none
-    is carried by the method (the worker prepares one after the commit)."""
-    from dataclasses import replace
+@dataclass(frozen=True)
+class Retrained:
+    """A convex_head model whose deletion of row 11 fell below the utility floor: the exact
+    retrain's decision, from the session it was computed on (rows 3 and 7 gone before)."""
 
+    head: object
+    spec: object
+    session: object  # the ModelSession the decision's inputs came from
+    inputs: object  # its UpdateInputs
+    decision: object  # workers.values.Fallback
+
+
+def retrained() -> Retrained:
     from app.core.specs import PrivacyPolicy
     from methods.compute import PrivacyTarget
-    from methods.convex_head.compute import ConvexHead, to_theta
+    from methods.convex_head.compute import ConvexHead
     from tests.support.factories import model_spec, update_inputs
     from workers.data import Arrays
     from workers.resident import ModelSession
     from workers.updates import decide
-    from workers.values import Fallback
 
-    if not keep_rows:
-        monkeypatch.setattr(removal, "ROWS_BYTES", 0)
     X, y = data()
     n = len(y)
     ids = list(range(n))
@@ -320,7 +320,6 @@ def test_an_exact_retrain_carries_the_resident_state_and_the_next_removal_makes_
     removed, retained = session.split([3, 7], {}, [])
     first = head.unlearn(update_inputs(spec, dict(session.state), removed, retained, target=target))
     session = session.advance(2, [3, 7], dict(first.next_state), first.resident)
-
     removed, retained = session.split([11], {}, [])
     floor = PrivacyPolicy(epsilon=1.0, delta=1e-5, max_relative_noise=1e-9)  # every σ is over it
     inputs = replace(
@@ -328,10 +327,33 @@ def test_an_exact_retrain_carries_the_resident_state_and_the_next_removal_makes_
         resident=first.resident,
         public_norm=1.0,
     )
-    decision = decide(inputs)
+    return Retrained(head, spec, session, inputs, decide(inputs))
+
+
+@pytest.mark.parametrize("keep_rows", [True, False])
+def test_an_exact_retrain_carries_the_resident_state_and_the_next_removal_makes_no_hessian_pass(
+    keep_rows: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A deletion below the utility floor is answered by the exact retrain; the decision
+    comes with a resident state carried from the method's attempt (workers/updates._carried):
+    it describes the retrained state on the retained rows, its gradient bound holds and its
+    anchor's Hessians are within e_H of the exact ones at θ_A. The next removal then reads no
+    Hessian pass and stays within its certified shift; without a resident state before, none
+    is carried by the method (the worker prepares one after the commit)."""
+    from methods.compute import PrivacyTarget
+    from methods.convex_head.compute import to_theta
+    from tests.support.factories import update_inputs
+    from workers.values import Fallback
+
+    if not keep_rows:
+        monkeypatch.setattr(removal, "ROWS_BYTES", 0)
+    case = retrained()
+    X, y = data()
+    n = len(y)
+    decision, head, inputs = case.decision, case.head, case.inputs
     assert isinstance(decision, Fallback)
     carried = decision.release.resident
-    assert isinstance(carried, removal.Resident)
+    assert isinstance(carried, removal.Resident) and decision.release.resident_carried
     theta = to_theta(decision.release.next_state)
     assert carried.describes(theta, n - 3, R, LAM)
     assert not torch.equal(carried.anchor.theta, carried.theta)  # the old anchor, stale
@@ -346,10 +368,11 @@ def test_an_exact_retrain_carries_the_resident_state_and_the_next_removal_makes_
     alone = replace(inputs, resident=None)  # nothing to carry: the worker prepares one later
     assert head.carried(alone, dict(decision.release.next_state), None) is None
 
-    session = session.advance(3, [11], dict(decision.release.next_state), carried)
+    session = case.session.advance(3, [11], dict(decision.release.next_state), carried)
     removed, retained = session.split([20], {}, [])
+    target = PrivacyTarget(1.0, 1e-5)
     nxt = replace(
-        update_inputs(spec, dict(session.state), removed, retained, target=target),
+        update_inputs(case.spec, dict(session.state), removed, retained, target=target),
         resident=carried,
     )
     release = head.unlearn(nxt)
@@ -360,3 +383,48 @@ def test_an_exact_retrain_carries_the_resident_state_and_the_next_removal_makes_
     optimum = convex.solve(after, 1e-13, 5000, start=released)
     shift = release.certificate.constants["s"].value
     assert float(torch.linalg.norm(released - optimum.theta)) <= shift + optimum.gradient_norm / LAM
+
+
+@pytest.mark.parametrize("moved_on", [False, True])
+def test_a_carried_anchor_is_prepared_afresh_beside_the_updates(moved_on: bool) -> None:
+    """After the commit, the worker serves the carried state at once and prepares a fresh
+    anchor at the retrained weights on a thread (workers/advance.keep_resident): it replaces
+    the carried one when no update moved the session on meanwhile, and is dropped when one
+    did (it read rows that update may have overwritten)."""
+    import threading
+
+    from methods.convex_head.compute import ConvexHead, to_theta
+    from workers.advance import keep_resident
+    from workers.resident import Sessions
+    from workers.values import Batch, Outcome
+
+    case = retrained()
+    gate = threading.Event()
+
+    class Gated(ConvexHead):
+        def prepare(self, data, state):  # type: ignore[no-untyped-def]
+            gate.wait()
+            return super().prepare(data, state)
+
+    sessions = Sessions(2)
+    model_id = case.session.model_id
+    batch = Batch(model_id, case.inputs.policy, 2, 2, [], 3, {1: [11]}, session=case.session)
+    thread = keep_resident(sessions, "db", batch, Outcome(case.decision, {}), 3, Gated(case.spec))
+    assert thread is not None
+    served = sessions.peek("db", model_id)
+    assert served is not None and served.version_id == 3
+    assert served.method_state is case.decision.release.resident  # served before any pass
+    if moved_on:
+        later = replace(served, version_id=4)
+        sessions.put("db", later)
+    gate.set()
+    thread.join()
+    held = sessions.peek("db", model_id)
+    assert held is not None
+    if moved_on:
+        assert held is later and held.method_state is case.decision.release.resident
+        return
+    fresh = held.method_state
+    assert isinstance(fresh, removal.Resident) and held.version_id == 3
+    theta = to_theta(case.decision.release.next_state)
+    assert torch.equal(fresh.anchor.theta, fresh.theta) and torch.equal(fresh.theta, theta)
