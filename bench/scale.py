@@ -14,7 +14,8 @@ the plaintext TTL (no recycling mid-run); then, each timed as a client sees it:
 5. one deletion at ε = 1e-4, below the utility floor: the exact retrain;
 6. the first append (100 rows) and the first deletion (1 row) after it: no cliff when they
    cost what 3. and 4. cost (the first after the worker says the anchor is ready, the
-   second at once);
+   second at once); then the wait until the fresh anchor, prepared beside the updates,
+   is in place (`anchor_prepared_afresh_after`);
 7. `--repeats` single-row deletions and 100-row appends: the p50 of POST → certificate
    (learned version) beside the update's compute, and how many were within 1.5× the
    compute + 30 ms; the deletions also as a POST answered 202 and then long-polled
@@ -218,6 +219,7 @@ def main() -> None:
     # a tree whose worker never says the resident state is ready after an exact retrain
     tree = args.tree or Path(__file__).resolve().parents[1]
     prepares = PREPARED in (tree / "workers" / "updates.py").read_text()
+    afresh = AFRESH in (tree / "workers" / "advance.py").read_text()
     if args.tree:  # the service runs from there (`python -m` puts its folder first)
         os.environ["PYTHONPATH"] = str(args.tree.resolve())
         os.chdir(args.tree)
@@ -254,7 +256,7 @@ def main() -> None:
                 with Memory(cluster.api.pid) as memory:
                     log = cluster.data_dir / "api.log"
                     twice = not args.one_retrain
-                    steps = run_steps(c, memory, log, args.repeats, twice, prepares)
+                    steps = run_steps(c, memory, log, args.repeats, twice, prepares, afresh)
                     overall = memory.overall
                 if args.log:
                     args.log.write_bytes((cluster.data_dir / "api.log").read_bytes())
@@ -283,14 +285,17 @@ def main() -> None:
 
 
 PREPARED = "resident state ready after an exact retrain"
+AFRESH = "resident state prepared afresh after an exact retrain"
 
 
-def prepared(log: Path, count: int) -> Any:
-    """Wait for the worker's `count`-th line saying it prepared the resident state after an
-    exact retrain (workers/advance.py), the event the next request no longer waits for."""
+def prepared(log: Path, count: int, line: str = PREPARED) -> Any:
+    """Wait for the worker's `count`-th `line`: that the resident state after an exact
+    retrain is ready (workers/updates.py; the event the next request no longer waits for),
+    or that its fresh anchor, prepared beside the updates, replaced the carried one
+    (workers/advance.py)."""
 
     def run() -> dict[str, Any]:
-        while log.read_text().count(PREPARED) < count:
+        while log.read_text().count(line) < count:
             time.sleep(0.1)
         return {}
 
@@ -298,7 +303,13 @@ def prepared(log: Path, count: int) -> Any:
 
 
 def run_steps(
-    c: Client, memory: Memory, log: Path, repeats: int, twice: bool = True, prepares: bool = True
+    c: Client,
+    memory: Memory,
+    log: Path,
+    repeats: int,
+    twice: bool = True,
+    prepares: bool = True,
+    afresh: bool = True,
 ) -> dict[str, dict[str, Any]]:
     steps: dict[str, dict[str, Any]] = {}
     source = {"source": {"s3": {"bucket": BUCKET, "key": "people.parquet"}},
@@ -365,6 +376,11 @@ def run_steps(
     if twice:  # the update sent at once: whatever the anchor's readiness, it waits for it
         steps["exact_retrain_again"] = timed(memory, "exact retrain", delete(1, epsilon=1e-4))
         steps["delete_1_after_exact"] = timed(memory, "delete 1 after", delete(1))
+    if afresh:
+        # from the last exact retrain's certificate until its fresh anchor is in place
+        retrains = 2 if twice else 1
+        waited = timed(memory, "anchor prepared afresh", prepared(log, retrains, AFRESH))
+        steps["anchor_prepared_afresh_after"] = waited
     for name, make in (
         ("delete_1", lambda i: delete(1)),
         ("delete_1_polled", lambda i: delete(1, polled=True)),

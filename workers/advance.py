@@ -62,8 +62,8 @@ def keep_resident(
         _prepare(sessions, where, advanced, method)
     elif release.resident_carried and method is not None:
         prepared = threading.Thread(
-            target=_prepare,
-            args=(sessions, where, advanced, method, True),
+            target=_refresh,
+            args=(sessions, where, advanced, method),
             name="lethe-resident",
             daemon=True,
         )
@@ -78,38 +78,57 @@ def keep_resident(
 
 
 def _prepare(
-    sessions: Sessions,
-    where: str,
-    session: ModelSession,
-    method: UnlearningMethod,
-    beside: bool = False,
+    sessions: Sessions, where: str, session: ModelSession, method: UnlearningMethod
 ) -> None:
     """`method`'s resident state for `session`'s version, put with it; the session stays as it
-    was when preparing fails (the next update anchors itself). `beside` updates running
-    meanwhile (a thread): put only if no update moved the session on; one that did may have
-    overwritten rows this read, and what it made is dropped."""
+    was when preparing fails (the next update anchors itself)."""
+    fresh = _prepared(session, method)
+    if fresh is not None:
+        sessions.put(where, fresh)
+        log.info("model %s: %s (prepared)", session.model_id, RESIDENT_READY)
+
+
+# Tries of a preparation beside the updates: an update that moves the session on meanwhile
+# has the preparation start again on its version (until then it is served as it is).
+REFRESH_TRIES = 3
+
+
+def _refresh(
+    sessions: Sessions, where: str, session: ModelSession, method: UnlearningMethod
+) -> None:
+    """`_prepare` on a thread, beside the updates: what it made is put only if the session
+    is still the one it read (an update that moved it on may have overwritten rows it read);
+    else it starts again on the newer session, at most REFRESH_TRIES times."""
+    for _ in range(REFRESH_TRIES):
+        fresh = _prepared(session, method)
+        if fresh is None:
+            return
+        if sessions.replace_if_held(where, session, fresh):
+            log.info("model %s: resident state prepared afresh after an exact retrain",
+                     session.model_id)  # fmt: skip
+            return
+        newer = sessions.peek(where, session.model_id)
+        if newer is None or newer.version_id <= session.version_id:
+            return  # dropped, or replaced by a process that prepares its own
+        session = newer
+    log.info("model %s: updates kept moving the session on; its resident state is served as it "
+             "is", session.model_id)  # fmt: skip
+
+
+def _prepared(session: ModelSession, method: UnlearningMethod) -> ModelSession | None:
+    """`session` with `method`'s resident state prepared for it; None when the method keeps
+    none or preparing failed (logged)."""
     try:
         _, retained = session.split([], {}, [])
         prepared = method.prepare(retained, dict(session.state))
     except shutdown.Interrupted:
-        return
+        return None
     except Exception:  # noqa: BLE001 - only a head start for the next update
         log.warning(
             "model %s: preparing the resident state failed", session.model_id, exc_info=True
         )
-        return
-    if prepared is None:
-        return
-    fresh = replace(session, method_state=prepared)
-    if not beside:
-        sessions.put(where, fresh)
-        log.info("model %s: %s (prepared)", session.model_id, RESIDENT_READY)
-    elif sessions.replace_if_held(where, session, fresh):
-        log.info("model %s: resident state prepared afresh after an exact retrain", fresh.model_id)
-    else:
-        log.info(
-            "model %s: resident state prepared too late (an update came first)", fresh.model_id
-        )
+        return None
+    return None if prepared is None else replace(session, method_state=prepared)
 
 
 def as_stored(record: JsonMap | None) -> JsonMap | None:

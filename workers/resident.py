@@ -405,7 +405,8 @@ class Sessions:
             return held
 
     def peek(self, database: str, model_id: int) -> ModelSession | None:
-        """The model's session at whatever version, left in place (for tests)."""
+        """The model's session at whatever version, left in place (a preparation beside
+        the updates looks at it; tests too)."""
         with self._lock:
             return self._held.get((database, model_id))
 

@@ -389,8 +389,9 @@ def test_an_exact_retrain_carries_the_resident_state_and_the_next_removal_makes_
 def test_a_carried_anchor_is_prepared_afresh_beside_the_updates(moved_on: bool) -> None:
     """After the commit, the worker serves the carried state at once and prepares a fresh
     anchor at the retrained weights on a thread (workers/advance.keep_resident): it replaces
-    the carried one when no update moved the session on meanwhile, and is dropped when one
-    did (it read rows that update may have overwritten)."""
+    the carried one when no update moved the session on meanwhile; when one did, what it
+    made is dropped (it read rows that update may have overwritten) and it prepares again on
+    the newer session."""
     import threading
 
     from methods.convex_head.compute import ConvexHead, to_theta
@@ -401,9 +402,13 @@ def test_a_carried_anchor_is_prepared_afresh_beside_the_updates(moved_on: bool) 
     case = retrained()
     gate = threading.Event()
 
+    versions: list[int] = []
+
     class Gated(ConvexHead):
         def prepare(self, data, state):  # type: ignore[no-untyped-def]
             gate.wait()
+            held = sessions.peek("db", model_id)
+            versions.append(held.version_id if held is not None else -1)
             return super().prepare(data, state)
 
     sessions = Sessions(2)
@@ -421,10 +426,9 @@ def test_a_carried_anchor_is_prepared_afresh_beside_the_updates(moved_on: bool) 
     thread.join()
     held = sessions.peek("db", model_id)
     assert held is not None
-    if moved_on:
-        assert held is later and held.method_state is case.decision.release.resident
-        return
+    assert versions == ([4, 4] if moved_on else [3])  # once more, on the newer session
+    assert held.version_id == (4 if moved_on else 3)
     fresh = held.method_state
-    assert isinstance(fresh, removal.Resident) and held.version_id == 3
+    assert isinstance(fresh, removal.Resident) and fresh is not case.decision.release.resident
     theta = to_theta(case.decision.release.next_state)
     assert torch.equal(fresh.anchor.theta, fresh.theta) and torch.equal(fresh.theta, theta)
