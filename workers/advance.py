@@ -4,8 +4,10 @@ the same step after a deletion batch (workers/deletions.py) and after a learned 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
+import os
 import threading
 from dataclasses import replace
 
@@ -98,7 +100,9 @@ def _refresh(
 ) -> None:
     """`_prepare` on a thread, beside the updates: what it made is put only if the session
     is still the one it read (an update that moved it on may have overwritten rows it read);
-    else it starts again on the newer session, at most REFRESH_TRIES times."""
+    else it starts again on the newer session, at most REFRESH_TRIES times. It runs at the
+    lowest CPU priority, so the updates beside it keep the cores."""
+    _lowest_priority()
     for _ in range(REFRESH_TRIES):
         fresh = _prepared(session, method)
         if fresh is None:
@@ -113,6 +117,13 @@ def _refresh(
         session = newer
     log.info("model %s: updates kept moving the session on; its resident state is served as it "
              "is", session.model_id)  # fmt: skip
+
+
+def _lowest_priority() -> None:
+    """This thread at nice 19; the threads its tensor operations start inherit it (Linux
+    keeps a nice value per thread). Where that cannot be set, it runs as it is."""
+    with contextlib.suppress(OSError, AttributeError):
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
 
 
 def _prepared(session: ModelSession, method: UnlearningMethod) -> ModelSession | None:
