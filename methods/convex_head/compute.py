@@ -325,7 +325,7 @@ class ConvexHead(UnlearningMethod):
         the retained rows (`moved`), else the last one moved there, at the retrain's Θ₀ with
         its gradient measured (one pass). The anchor is then stale (θ_A ≠ Θ₀), which the
         Newton steps' bound allows for (removal.newton_step's drift), so the request after an
-        exact retrain costs what the others cost instead of waiting for a Hessian pass."""
+        exact retrain does not wait for a Hessian pass (the drift may cost it a gradient pass)."""
         base = moved if isinstance(moved, removal.Resident) else self._moved(inputs)
         if base is None or base.m != len(inputs.retained):
             return None
