@@ -6,6 +6,7 @@ removals."""
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from typing import Any
 
 import numpy as np
 import pytest
@@ -149,24 +150,14 @@ def test_kept_rows_lose_exactly_the_removed_rows_and_hold_nothing_of_them() -> N
     assert all(int(rows.at[int(i) - rows.base]) == r for r, i in enumerate(rows.ids))
 
 
-@pytest.mark.parametrize("keep_rows", [True, False])
-def test_sequential_removals_through_the_method_stay_within_their_certified_shift(
-    keep_rows: bool, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """ConvexHead.unlearn with its resident state carried from request to request, as the
-    job does (a session split, then advanced): with the rows kept in float64 and with them
-    streamed from float32 (ROWS_BYTES = 0), every release's noise-free state lies within its
-    certified shift s of the exact optimum on what is left."""
-    from dataclasses import replace
-
-    from methods.compute import PrivacyTarget
-    from methods.convex_head.compute import ConvexHead, to_theta
-    from tests.support.factories import model_spec, update_inputs
+def trained_head() -> tuple[Any, Any, Any]:
+    """convex_head trained on `data()` (β = 0.05): its spec, the method and the session of
+    version 1, every row held, as the job keeps them."""
+    from methods.convex_head.compute import ConvexHead
+    from tests.support.factories import model_spec
     from workers.data import Arrays
     from workers.resident import ModelSession
 
-    if not keep_rows:
-        monkeypatch.setattr(removal, "ROWS_BYTES", 0)
     X, y = data()
     n = len(y)
     ids = list(range(n))
@@ -179,7 +170,26 @@ def test_sequential_removals_through_the_method_stay_within_their_certified_shif
     head = ConvexHead(spec)
     arrays = Arrays(ids, [str(i) for i in ids], X, y, [None] * n)
     _, whole = ModelSession.of(0, 1, arrays, {}, arrays).split([], {}, [])
-    session = ModelSession.of(0, 1, arrays, dict(head.train(whole).state), arrays)
+    return spec, head, ModelSession.of(0, 1, arrays, dict(head.train(whole).state), arrays)
+
+
+@pytest.mark.parametrize("keep_rows", [True, False])
+def test_sequential_removals_through_the_method_stay_within_their_certified_shift(
+    keep_rows: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """ConvexHead.unlearn with its resident state carried from request to request, as the
+    job does (a session split, then advanced): with the rows kept in float64 and with them
+    streamed from float32 (ROWS_BYTES = 0), every release's noise-free state lies within its
+    certified shift s of the exact optimum on what is left."""
+    from methods.compute import PrivacyTarget
+    from methods.convex_head.compute import to_theta
+    from tests.support.factories import update_inputs
+
+    if not keep_rows:
+        monkeypatch.setattr(removal, "ROWS_BYTES", 0)
+    X, y = data()
+    n = len(y)
+    spec, head, session = trained_head()
     resident: object | None = None
     gone: list[int] = []
     for version, out in enumerate([[3], [10], [2999], list(range(100, 150))], start=2):
@@ -297,25 +307,10 @@ class Retrained:
 def retrained() -> Retrained:
     from app.core.specs import PrivacyPolicy
     from methods.compute import PrivacyTarget
-    from methods.convex_head.compute import ConvexHead
-    from tests.support.factories import model_spec, update_inputs
-    from workers.data import Arrays
-    from workers.resident import ModelSession
+    from tests.support.factories import update_inputs
     from workers.updates import decide
 
-    X, y = data()
-    n = len(y)
-    ids = list(range(n))
-    spec = model_spec(
-        {"type": "logreg", "feature_norm": R},
-        {"name": "convex_head", "lam": LAM, "R": R, "beta": 0.05},
-        X.shape[1],
-        CLASSES,
-    )
-    head = ConvexHead(spec)
-    arrays = Arrays(ids, [str(i) for i in ids], X, y, [None] * n)
-    _, whole = ModelSession.of(0, 1, arrays, {}, arrays).split([], {}, [])
-    session = ModelSession.of(0, 1, arrays, dict(head.train(whole).state), arrays)
+    spec, head, session = trained_head()
     target = PrivacyTarget(1.0, 1e-5)
     removed, retained = session.split([3, 7], {}, [])
     first = head.unlearn(update_inputs(spec, dict(session.state), removed, retained, target=target))
