@@ -14,8 +14,8 @@ the plaintext TTL (no recycling mid-run); then, each timed as a client sees it:
 5. one deletion at ε = 1e-4, below the utility floor: the exact retrain;
 6. the first append (100 rows) and the first deletion (1 row) after it: no cliff when they
    cost what 3. and 4. cost (the first after the worker says the anchor is ready, the
-   second at once); then the wait until the fresh anchor, prepared beside the updates,
-   is in place (`anchor_prepared_afresh_after`);
+   second at once); for a tree that prepares a fresh anchor beside the updates, the wait
+   until it is in place (`anchor_prepared_afresh_after`);
 7. `--repeats` single-row deletions and 100-row appends: the p50 of POST → certificate
    (learned version) beside the update's compute, and how many were within 1.5× the
    compute + 30 ms; the deletions also as a POST answered 202 and then long-polled
@@ -291,8 +291,7 @@ AFRESH = "resident state prepared afresh after an exact retrain"
 def prepared(log: Path, count: int, line: str = PREPARED) -> Any:
     """Wait for the worker's `count`-th `line`: that the resident state after an exact
     retrain is ready (workers/updates.py; the event the next request no longer waits for),
-    or that its fresh anchor, prepared beside the updates, replaced the carried one
-    (workers/advance.py)."""
+    or, in a tree that carried a stale anchor over, that a fresh one replaced it."""
 
     def run() -> dict[str, Any]:
         while log.read_text().count(line) < count:

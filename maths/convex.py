@@ -232,20 +232,26 @@ class Solution:
     newton_steps: int
 
 
+Curvature = Callable[[torch.Tensor], torch.Tensor]
+"""Θ ↦ the (k, d, d) class Hessians the Newton polish preconditions with."""
+
+
 def solve(
     problem: Objective,
     tolerance: float,
     max_iterations: int,
     start: torch.Tensor | None = None,
     polish_steps: int = 4,
+    curvature: Curvature | None = None,
 ) -> Solution:
     """Full-batch L-BFGS (strong Wolfe) from `start` (zeros by default), then Newton steps
     with the Hessian on all samples until ‖∇F‖ ≤ tolerance. A warm start tries the Newton
-    steps first: near the optimum they converge quadratically where L-BFGS crawls."""
+    steps first: near the optimum they converge quadratically where L-BFGS crawls.
+    `curvature` makes the polish's Hessian (default: `hessians`, in float32); a caller that
+    needs a certified Hessian near the optimum anyway makes it here, in place of this one."""
+    curvature = curvature or (lambda theta: hessians(problem, theta))
     if start is not None:
-        theta, steps = newton_steps(
-            problem, start, hessians(problem, start), polish_steps, tolerance
-        )
+        theta, steps = newton_steps(problem, start, curvature(start), polish_steps, tolerance)
         norm = float(torch.linalg.norm(gradient(problem, theta)))
         if norm <= tolerance:
             return Solution(theta, norm, 0, steps)
@@ -270,8 +276,6 @@ def solve(
     optimizer.step(closure)
     iterations = int(optimizer.state[optimizer._params[0]].get("n_iter", 0))
     result = theta.detach().clone()
-    result, polished = newton_steps(
-        problem, result, hessians(problem, result), polish_steps, tolerance
-    )
+    result, polished = newton_steps(problem, result, curvature(result), polish_steps, tolerance)
     norm = float(torch.linalg.norm(gradient(problem, result)))
     return Solution(result, norm, iterations, polished)

@@ -315,6 +315,9 @@ class Trained:
     # Method state kept beside the parameters in the noise-free state (never downloadable,
     # purged with its version): minnorm's Gram inverse. Keys never collide with a layer's.
     extra_state: ModelState = field(default_factory=dict)
+    # The method's resident state for `state` on the rows trained on, where solving made it
+    # on the way (convex_head's anchor: its Newton polish needs one); None: `prepare` makes it.
+    resident: object | None = None
 
     @property
     def next_state(self) -> ModelState:
@@ -338,10 +341,6 @@ class TargetInfeasible(RuntimeError):
     """The method cannot meet the target; the pipeline retrains exactly instead. Unless it is
     a `PublicInfeasible`, the reason is taken to depend on the removed rows: a method that
     can (`through_mechanism`) then releases the retrain through its own mechanism."""
-
-    # the resident state the method had moved to the retained rows when it gave up, which
-    # the exact retrain's resident state is carried from (`UnlearningMethod.carried`)
-    resident: object | None = None
 
 
 class PublicInfeasible(TargetInfeasible):
@@ -383,9 +382,6 @@ class Release:
     # What the method keeps in the worker for the model's next update: valid for
     # `next_state` on the retained rows; kept only once the release commits.
     resident: object | None = None
-    # Whether `resident` was carried over an exact retrain (`UnlearningMethod.carried`):
-    # valid but made for other weights, so the worker prepares a fresh one in the background.
-    resident_carried: bool = False
 
 
 class UnlearningMethod:
@@ -427,15 +423,6 @@ class UnlearningMethod:
     def prepare(self, data: RetainedData, state: ModelState) -> object | None:
         """What the method keeps resident for the model's first update, made after training
         and before the version commits (UpdateInputs.resident); None: nothing (the default)."""
-        return None
-
-    def carried(
-        self, inputs: UpdateInputs, state: ModelState, moved: object | None
-    ) -> object | None:
-        """The resident state of `state`, an exact retrain on `inputs`' retained rows, made
-        with less work than `prepare` from `moved` (what this method's own attempt at the
-        update left on those rows, if it got that far) or else `inputs.resident`; None: not
-        possible (the default: the worker prepares one after the commit)."""
         return None
 
     def export_resident(self, resident: object) -> dict[str, torch.Tensor] | None:

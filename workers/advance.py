@@ -4,11 +4,8 @@ the same step after a deletion batch (workers/deletions.py) and after a learned 
 
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
-import os
-import threading
 from dataclasses import replace
 
 from app.core import shutdown
@@ -30,21 +27,18 @@ def keep_resident(
     outcome: Outcome | None,
     version_id: int | None,
     method: UnlearningMethod | None = None,
-) -> threading.Thread | None:
+) -> None:
     """Move the batch's session to the version just committed, its removed rows gone (their
     plaintext leaves this worker's memory with the commit); unchanged when nothing was
     removed (no new version). A learned version's session comes grown by its rows
-    (`ModelSession.grown`) in `batch.session`. A release that left no resident state (an
-    exact retrain) has `method` prepare one now, after the commit, so the next request does
-    not pay for it (convex_head's anchored Hessian: a pass over every row). One whose state
-    was carried over an exact retrain is served as it is while `method` prepares a fresh one
-    on a thread (returned): convex_head's carried anchor was made for the weights before the
-    retrain, and its drift costs later updates a gradient pass each."""
+    (`ModelSession.grown`) in `batch.session`. A release that left no resident state has
+    `method` prepare one now, after the commit, so the next request does not pay for it
+    (convex_head's anchored Hessian: a pass over every row; its exact retrain leaves one)."""
     if batch.session is None:
-        return None
+        return
     if outcome is None or version_id is None:
         sessions.put(where, batch.session)
-        return None
+        return
     release = outcome.decision.release
     state = {k: v.detach().cpu() for k, v in release.next_state.items()}
     before = batch.session.history
@@ -59,24 +53,14 @@ def keep_resident(
         version_id, batch.removed, state, release.resident, history, record
     )
     sessions.put(where, advanced)
-    prepared: threading.Thread | None = None
     if release.resident is None and method is not None:
         _prepare(sessions, where, advanced, method)
-    elif release.resident_carried and method is not None:
-        prepared = threading.Thread(
-            target=_refresh,
-            args=(sessions, where, advanced, method),
-            name="lethe-resident",
-            daemon=True,
-        )
-        prepared.start()
     if history and release.event is not None:  # the next noisy release's ε, solved now
         try:
             policy = batch.policy
             prepare_next(LineageBudget(policy.lineage_epsilon, policy.lineage_delta), history)
         except Exception:  # noqa: BLE001 - only a head start: the admission solves it anyway
             log.debug("could not prepare the next admission of model %s", batch.model_id)
-    return prepared
 
 
 def _prepare(
@@ -88,42 +72,6 @@ def _prepare(
     if fresh is not None:
         sessions.put(where, fresh)
         log.info("model %s: %s (prepared)", session.model_id, RESIDENT_READY)
-
-
-# Tries of a preparation beside the updates: an update that moves the session on meanwhile
-# has the preparation start again on its version (until then it is served as it is).
-REFRESH_TRIES = 3
-
-
-def _refresh(
-    sessions: Sessions, where: str, session: ModelSession, method: UnlearningMethod
-) -> None:
-    """`_prepare` on a thread, beside the updates: what it made is put only if the session
-    is still the one it read (an update that moved it on may have overwritten rows it read);
-    else it starts again on the newer session, at most REFRESH_TRIES times. It runs at the
-    lowest CPU priority, so the updates beside it keep the cores."""
-    _lowest_priority()
-    for _ in range(REFRESH_TRIES):
-        fresh = _prepared(session, method)
-        if fresh is None:
-            return
-        if sessions.replace_if_held(where, session, fresh):
-            log.info("model %s: resident state prepared afresh after an exact retrain",
-                     session.model_id)  # fmt: skip
-            return
-        newer = sessions.peek(where, session.model_id)
-        if newer is None or newer.version_id <= session.version_id:
-            return  # dropped, or replaced by a process that prepares its own
-        session = newer
-    log.info("model %s: updates kept moving the session on; its resident state is served as it "
-             "is", session.model_id)  # fmt: skip
-
-
-def _lowest_priority() -> None:
-    """This thread at nice 19; the threads its tensor operations start inherit it (Linux
-    keeps a nice value per thread). Where that cannot be set, it runs as it is."""
-    with contextlib.suppress(OSError, AttributeError):
-        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
 
 
 def _prepared(session: ModelSession, method: UnlearningMethod) -> ModelSession | None:

@@ -405,8 +405,8 @@ class Sessions:
             return held
 
     def peek(self, database: str, model_id: int) -> ModelSession | None:
-        """The model's session at whatever version, left in place (a preparation beside
-        the updates looks at it; tests too)."""
+        """The model's session at whatever version, left in place (a hand-over reads it;
+        tests too)."""
         with self._lock:
             return self._held.get((database, model_id))
 
@@ -418,16 +418,6 @@ class Sessions:
             self._held.move_to_end((database, session.model_id))
             while len(self._held) > self.capacity:
                 self._held.popitem(last=False)
-
-    def replace_if_held(self, database: str, held: ModelSession, session: ModelSession) -> bool:
-        """Put `session` in place of `held` if `held` is still the model's session (no update
-        moved it on meanwhile); whether it was."""
-        key = (database, session.model_id)
-        with self._lock:
-            if self._held.get(key) is not held:
-                return False
-            self._held[key] = session
-            return True
 
     def drop(self, database: str, model_id: int) -> None:
         with self._lock:

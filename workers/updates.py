@@ -144,17 +144,14 @@ def _decide(inputs: UpdateInputs) -> Decision:
     method that can (`hides_branch`), answered by the exact retrain released through the
     method's own mechanism, with the certificate its releases carry; the branch goes to
     auditors only. A reason that is a function of public values (`PublicInfeasible`, the
-    lineage budget) leads to the public, noise-free exact retrain. An exact retrain comes
-    with the method's resident state where the method can carry it over (`_carried`)."""
+    lineage budget) leads to the public, noise-free exact retrain."""
     name = inputs.method.name
     if name == RETRAIN:
         return Released(exact_retrain(inputs), name, None)
     method = method_for(name, inputs.spec, inputs.shards)
     if inputs.n_added and not method.learns:  # public: rows were appended
         return Released(exact_retrain(inputs), RETRAIN, None)
-    attempt = _attempt(method, inputs)
-    decision = _answer(method, inputs, attempt)
-    return replace(decision, release=_carried(method, inputs, decision.release, attempt.resident))
+    return _answer(method, inputs, _attempt(method, inputs))
 
 
 def _answer(
@@ -219,12 +216,10 @@ def hides_branch(method: UnlearningMethod) -> bool:
 
 @dataclass(frozen=True)
 class _Failure:
-    """Why the method's own update cannot be released; `public`: a function of public values;
-    `resident`: the state the method had moved to the retained rows (`TargetInfeasible`)."""
+    """Why the method's own update cannot be released; `public`: a function of public values."""
 
     reason: str
     public: bool
-    resident: object | None = None
 
 
 def _attempt(method: UnlearningMethod, inputs: UpdateInputs) -> Release | _Failure:
@@ -236,9 +231,9 @@ def _attempt(method: UnlearningMethod, inputs: UpdateInputs) -> Release | _Failu
         check_finite(release.weights)
         check_finite(release.next_state)
     except PublicInfeasible as exc:
-        return _Failure(f"{cannot}: {exc}", True, exc.resident)
+        return _Failure(f"{cannot}: {exc}", True)
     except TargetInfeasible as exc:
-        return _Failure(f"{cannot}: {exc}", False, exc.resident)
+        return _Failure(f"{cannot}: {exc}", False)
     except shutdown.Interrupted:
         raise  # not a failure of the method: the job stops and resumes on the next start
     except Exception as exc:  # noqa: BLE001 - any failure of the update: retrain exactly
@@ -284,6 +279,8 @@ def exact_retrain(inputs: UpdateInputs) -> Release:
         check_finite(release.next_state)
     except Diverged as exc:
         raise Unrecoverable(f"the exact retrain diverged: {exc}") from exc
+    if release.resident is not None:  # the next request makes no Hessian pass
+        log.info("model %s: %s (made by the retrain)", inputs.model_id, RESIDENT_READY)
     return release
 
 
@@ -295,30 +292,6 @@ def _described(exc: Exception) -> str:
         return str(exc)
     log.warning("update failed; retraining exactly", exc_info=exc)
     return f"{type(exc).__name__} (see the worker's log)"
-
-
-def _carried(
-    method: UnlearningMethod, inputs: UpdateInputs, release: Release, moved: object | None
-) -> Release:
-    """`release` with the method's resident state where it left none (an exact retrain) and
-    the method carries one over from its attempt's (`moved`) or the last one
-    (`UnlearningMethod.carried`): else the worker prepares one after the commit, and a
-    request arriving meanwhile waits for it. Only a head start: a failure leaves the
-    release as it was."""
-    if release.resident is not None or (moved is None and inputs.resident is None):
-        return release
-    try:
-        resident = method.carried(inputs, release.next_state, moved)
-    except shutdown.Interrupted:
-        raise
-    except Exception:  # noqa: BLE001 - the worker prepares the resident state after the commit
-        log.warning("model %s: carrying the resident state over failed", inputs.model_id,
-                    exc_info=True)  # fmt: skip
-        return release
-    if resident is None:
-        return release
-    log.info("model %s: %s (carried over)", inputs.model_id, RESIDENT_READY)
-    return replace(release, resident=resident, resident_carried=True)
 
 
 # what the worker logs once the resident state after an exact retrain is ready (bench/scale.py)

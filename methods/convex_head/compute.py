@@ -47,11 +47,11 @@ WEIGHT, BIAS = "1.weight", "1.bias"
 class ShiftOverBudget(TargetInfeasible):
     """The measured shift exceeds β: the pipeline retrains exactly."""
 
-    def __init__(self, shift: float, beta: float, resident: removal.Resident) -> None:
+    def __init__(self, shift: float, beta: float) -> None:
         # The value of s is a function of the removed rows: the reason, which the public
         # certificate carries, says only what the decision needs.
         super().__init__(f"the measured shift s exceeds the budget β = {beta:g}")
-        self.shift, self.resident = shift, resident
+        self.shift = shift
 
 
 def to_theta(state: ModelState) -> torch.Tensor:
@@ -107,7 +107,7 @@ class ConvexHead(UnlearningMethod):
         resident, work = self._removal(inputs)
         shift = resident.bound / o.lam
         if shift > o.beta:
-            raise ShiftOverBudget(shift, o.beta, resident)
+            raise ShiftOverBudget(shift, o.beta)
         facts = Bound(
             n_removed=len(inputs.removed.sample_ids),
             n_added=inputs.n_added,
@@ -124,13 +124,22 @@ class ConvexHead(UnlearningMethod):
         certificate compares with, so its claim holds with room to spare, and the published
         output does not say that the measured bound ran over β. Its noise-free state starts
         the next update; the bound's constants (auditors only) are the retrain's measured
-        gradient and its float64 rounding."""
+        gradient and its float64 rounding (read from the resident state the retrain left,
+        else measured here)."""
         start = time.perf_counter()
         o = self.options
         theta = to_theta(exact.next_state)
-        problem = self.problem(inputs.retained)
-        measured = float(torch.linalg.norm(convex.gradient(problem, theta)))
-        slack = convex.rounding_bound(problem, theta)
+        resident = exact.resident
+        work = Work()
+        if isinstance(resident, removal.Resident) and resident.describes(
+            theta, len(inputs.retained), o.R, o.lam
+        ):
+            measured, slack = resident.known, resident.b
+        else:
+            problem = self.problem(inputs.retained)
+            measured = float(torch.linalg.norm(convex.gradient(problem, theta)))
+            slack = convex.rounding_bound(problem, theta)
+            resident, work.gradient_passes = None, 2
         facts = Bound(
             n_removed=len(inputs.removed.sample_ids),
             n_added=inputs.n_added,
@@ -139,7 +148,7 @@ class ConvexHead(UnlearningMethod):
             slack=slack,
             before=measured + slack,
         )
-        return self._released(inputs, theta, facts, Work(gradient_passes=2), start, None)
+        return self._released(inputs, theta, facts, work, start, resident)
 
     def _plan(self, inputs: UpdateInputs) -> ReleasePlan:
         target = inputs.target
@@ -318,22 +327,6 @@ class ConvexHead(UnlearningMethod):
             state = self._learned(state, inputs.added, theta)
         return state
 
-    def carried(
-        self, inputs: UpdateInputs, state: ModelState, moved: object | None
-    ) -> removal.Resident | None:
-        """An exact retrain's resident state with no Hessian pass: the attempt's anchor on
-        the retained rows (`moved`), else the last one moved there, at the retrain's Θ₀ with
-        its gradient measured (one pass). The anchor is then stale (θ_A ≠ Θ₀), which the
-        Newton steps' bound allows for (removal.newton_step's drift), so the request after an
-        exact retrain does not wait for a Hessian pass (the drift may cost it a gradient pass)."""
-        base = moved if isinstance(moved, removal.Resident) else self._moved(inputs)
-        if base is None or base.m != len(inputs.retained):
-            return None
-        theta = to_theta(state).to(base.theta)
-        rows = base.rows
-        blocks = rows.blocks if rows is not None else self._blocks(inputs.retained, theta)
-        return removal.measured(replace(base, theta=theta), blocks)
-
     def _learned(
         self, state: removal.Resident, added: RetainedData, theta: torch.Tensor
     ) -> removal.Resident:
@@ -439,10 +432,21 @@ class ConvexHead(UnlearningMethod):
         """The exact retrain, solved from a cold start (zeros), as training solves: a function
         of the retained rows alone, bit for bit (warm-started from the noise-free
         state, two worlds with the same retained rows differed by 1e-10 while the certificate
-        said ε = δ = 0)."""
+        said ε = δ = 0). Its Newton polish preconditions with the float64 anchor the next
+        update needs (removal.anchor_at, in the rows' own order), so the retrain leaves the
+        resident state ready: the request after it makes no Hessian pass, and none runs
+        beside it."""
         start = time.perf_counter()
-        o = self.options
-        solution = convex.solve(self.problem(inputs.retained), o.tolerance, o.max_iterations)
+        o, data = self.options, inputs.retained
+        problem = self.problem(data)
+        anchors: list[removal.Anchor] = []
+
+        def curvature(theta: torch.Tensor) -> torch.Tensor:
+            anchors.append(removal.anchor_at(problem.blocks, len(data), theta, o.R, o.lam))
+            return anchors[-1].H
+
+        solution = convex.solve(problem, o.tolerance, o.max_iterations, curvature=curvature)
+        resident = self._resident(data, solution.theta, anchors[-1]) if anchors else None
         metrics = {
             "train_seconds": time.perf_counter() - start,
             "n_train": len(inputs.retained),  # a count: .y would copy every row
@@ -457,7 +461,17 @@ class ConvexHead(UnlearningMethod):
             f"unique, and this is within ‖∇F‖/λ = "
             f"{solution.gradient_norm / o.lam:.3g})"
         )
-        return Trained(to_state(solution.theta), None, {}, metrics), how
+        return Trained(to_state(solution.theta), None, {}, metrics, resident=resident), how
+
+    def _resident(
+        self, data: RetainedData, theta: torch.Tensor, anchor: removal.Anchor
+    ) -> removal.Resident:
+        """The resident state at Θ on `data`'s rows with `anchor` (made near Θ): one gradient
+        pass, the rows kept in float64 when they fit."""
+        o = self.options
+        rows = self._rows(data, theta)
+        blocks = rows.blocks if rows is not None else self._blocks(data, theta)
+        return replace(removal.at(anchor, blocks, len(data), theta, o.R, o.lam), rows=rows)
 
     def reference(self, inputs: UpdateInputs, release: Release) -> ModelState:
         """The exact retrained optimum on the retained data."""

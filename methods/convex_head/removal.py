@@ -193,6 +193,21 @@ Blocks = Callable[[], Iterable[tuple[torch.Tensor, torch.Tensor]]]
 def anchored(blocks: Blocks, m: int, theta: torch.Tensor, R: float, lam: float) -> Resident:
     """The resident state at Θ on the m retained rows: one Hessian pass (O(m·d²) per class)
     and one gradient pass, both float64, with their rounding bounds."""
+    return at(anchor_at(blocks, m, theta, R, lam), blocks, m, theta, R, lam)
+
+
+def at(
+    anchor: Anchor, blocks: Blocks, m: int, theta: torch.Tensor, R: float, lam: float
+) -> Resident:
+    """The resident state at Θ with `anchor` (made at θ_A, possibly ≠ Θ: the Newton steps'
+    bound pays for the drift): the gradient measured in one pass."""
+    start = Resident(m, theta.clone(), torch.zeros_like(theta), math.inf, anchor, R, lam)
+    return measured(start, blocks)
+
+
+def anchor_at(blocks: Blocks, m: int, theta: torch.Tensor, R: float, lam: float) -> Anchor:
+    """The float64 class Hessians and second moment at θ_A = Θ on the m rows, with their
+    rounding bounds e_H and e_S: one pass, O(m·d²) per class."""
     k, d = theta.shape
     H = torch.zeros(k, d, d, dtype=torch.float64, device=theta.device)
     S = torch.zeros(d, d, dtype=torch.float64, device=theta.device)
@@ -227,11 +242,7 @@ def anchored(blocks: Blocks, m: int, theta: torch.Tensor, R: float, lam: float) 
     e_H = gamma(m + 3) * (0.25 + weight_error_max) * r2 + weight_error_max * r2 + gamma(2) * lam
     e_S = gamma(m + 3) * r2
     column_abs *= 1 + gamma(m)
-    anchor = Anchor(
-        theta.clone(), H, factor, S, e_H, e_S, column_abs, _s_norm(read[1], d, e_S), rho
-    )
-    start = Resident(m, theta.clone(), torch.zeros_like(theta), math.inf, anchor, R, lam)
-    return measured(start, blocks)
+    return Anchor(theta.clone(), H, factor, S, e_H, e_S, column_abs, _s_norm(read[1], d, e_S), rho)
 
 
 _SCALARS = ("b", "R", "lam", "g_norm")

@@ -62,6 +62,7 @@ class Retrain(UnlearningMethod):
             metrics={**trained.metrics, "unlearn_seconds": time.perf_counter() - start},
             replace_statistics=trained.statistics,
             record=trained.record or None,
+            resident=trained.resident,
         )
 
     def reference(self, inputs: UpdateInputs, release: Release) -> ModelState:

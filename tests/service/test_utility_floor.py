@@ -80,9 +80,9 @@ def test_a_release_within_the_floor_is_the_method_s(api: Api, digits: dict) -> N
 def test_the_update_after_an_exact_retrain_finds_its_anchor_ready(
     api: Api, digits: dict, caplog: pytest.LogCaptureFixture
 ) -> None:
-    """An exact retrain comes with the anchor its attempt left, carried to the retrained
-    state before the commit (no Hessian pass after it for the next request to wait on), so
-    the next update reads no row and makes no Hessian pass (no cliff)."""
+    """An exact retrain comes with the anchor its Newton polish made (no Hessian pass after
+    it for the next request to wait on), so the next update reads no row and makes no
+    Hessian pass (no cliff)."""
     caplog.set_level(logging.INFO, "lethe")
     model = head(api, digits["id"], 1.0)
     for epsilon, below in ((1e-4, True), (1.0, False)):
@@ -95,4 +95,4 @@ def test_the_update_after_an_exact_retrain_finds_its_anchor_ready(
     metrics = current_metrics(api, model)
     assert metrics["hessian_passes"] == 0 and metrics["rows_loaded"] == 0, metrics
     ready = [r.getMessage() for r in caplog.records if RESIDENT_READY in r.getMessage()]
-    assert ready == [f"model {model}: {RESIDENT_READY} (carried over)"], ready
+    assert ready == [f"model {model}: {RESIDENT_READY} (made by the retrain)"], ready

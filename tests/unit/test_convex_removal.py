@@ -326,15 +326,15 @@ def retrained() -> Retrained:
 
 
 @pytest.mark.parametrize("keep_rows", [True, False])
-def test_an_exact_retrain_carries_the_resident_state_and_the_next_removal_makes_no_hessian_pass(
+def test_an_exact_retrain_leaves_its_resident_state_and_the_next_removal_costs_what_others_do(
     keep_rows: bool, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A deletion below the utility floor is answered by the exact retrain; the decision
-    comes with a resident state carried from the method's attempt (workers/updates._carried):
-    it describes the retrained state on the retained rows, its gradient bound holds and its
-    anchor's Hessians are within e_H of the exact ones at θ_A. The next removal then reads no
-    Hessian pass and stays within its certified shift; without a resident state before, none
-    is carried by the method (the worker prepares one after the commit)."""
+    """A deletion below the utility floor is answered by the exact retrain, whose Newton
+    polish preconditioned with the float64 anchor: the decision comes with that resident
+    state. It describes the retrained state on the retained rows, its gradient bound holds,
+    its anchor's Hessians are within e_H of the exact ones at θ_A, and the rows are kept when
+    they fit. The next removal then makes no Hessian pass and the same passes as from a
+    freshly prepared anchor (no cliff), within its certified shift."""
     from methods.compute import PrivacyTarget
     from methods.convex_head.compute import to_theta
     from tests.support.factories import update_inputs
@@ -345,85 +345,62 @@ def test_an_exact_retrain_carries_the_resident_state_and_the_next_removal_makes_
     case = retrained()
     X, y = data()
     n = len(y)
-    decision, head, inputs = case.decision, case.head, case.inputs
+    decision, head = case.decision, case.head
     assert isinstance(decision, Fallback)
-    carried = decision.release.resident
-    assert isinstance(carried, removal.Resident) and decision.release.resident_carried
+    left = decision.release.resident
+    assert isinstance(left, removal.Resident)
     theta = to_theta(decision.release.next_state)
-    assert carried.describes(theta, n - 3, R, LAM)
-    assert not torch.equal(carried.anchor.theta, carried.theta)  # the old anchor, stale
+    assert left.describes(theta, n - 3, R, LAM)
     kept = torch.ones(n, dtype=torch.bool)
     kept[[3, 7, 11]] = False
     problem = convex.Problem.of(X[kept], y[kept], CLASSES, R, LAM)
     truth = convex.gradient(problem, theta)
-    assert float(torch.linalg.norm(carried.g - truth)) <= carried.b
-    H = exact_hessians(problem, carried.anchor.theta)
-    assert float(torch.linalg.matrix_norm(carried.anchor.H - H, ord=2).max()) <= carried.anchor.e_H
-    assert (carried.rows is not None) is keep_rows
-    alone = replace(inputs, resident=None)  # nothing to carry: the worker prepares one later
-    assert head.carried(alone, dict(decision.release.next_state), None) is None
+    assert float(torch.linalg.norm(left.g - truth)) <= left.b
+    H = exact_hessians(problem, left.anchor.theta)
+    assert float(torch.linalg.matrix_norm(left.anchor.H - H, ord=2).max()) <= left.anchor.e_H
+    assert float(torch.linalg.norm(left.anchor.theta - theta)) < 1e-3  # made near Θ₀
+    assert (left.rows is not None) is keep_rows
 
-    session = case.session.advance(3, [11], dict(decision.release.next_state), carried)
+    session = case.session.advance(3, [11], dict(decision.release.next_state), left)
     removed, retained = session.split([20], {}, [])
     target = PrivacyTarget(1.0, 1e-5)
-    nxt = replace(
-        update_inputs(case.spec, dict(session.state), removed, retained, target=target),
-        resident=carried,
-    )
-    release = head.unlearn(nxt)
-    assert release.metrics["hessian_passes"] == 0
+    nxt = update_inputs(case.spec, dict(session.state), removed, retained, target=target)
+    _, before = session.split([], {}, [])
+    fresh = head.prepare(before, dict(session.state))  # a fresh anchor at Θ₀
+    releases = [head.unlearn(replace(nxt, resident=r)) for r in (left, fresh)]
+    assert releases[0].metrics["hessian_passes"] == 0
+    work = ("hessian_passes", "gradient_passes")
+    assert [releases[0].metrics[k] for k in work] == [releases[1].metrics[k] for k in work]
     kept[20] = False
     after = convex.Problem.of(X[kept], y[kept], CLASSES, R, LAM)
-    released = to_theta(release.next_state)
+    released = to_theta(releases[0].next_state)
     optimum = convex.solve(after, 1e-13, 5000, start=released)
-    shift = release.certificate.constants["s"].value
+    shift = releases[0].certificate.constants["s"].value
     assert float(torch.linalg.norm(released - optimum.theta)) <= shift + optimum.gradient_norm / LAM
 
 
-@pytest.mark.parametrize("moved_on", [False, True])
-def test_a_carried_anchor_is_prepared_afresh_beside_the_updates(moved_on: bool) -> None:
-    """After the commit, the worker serves the carried state at once and prepares a fresh
-    anchor at the retrained weights on a thread (workers/advance.keep_resident): it replaces
-    the carried one when no update moved the session on meanwhile; when one did, what it
-    made is dropped (it read rows that update may have overwritten) and it prepares again on
-    the newer session."""
-    import threading
-
-    from methods.convex_head.compute import ConvexHead, to_theta
+def test_the_retrain_s_resident_state_is_served_and_nothing_is_prepared_after_it() -> None:
+    """After the commit, the worker keeps the state the retrain left as the session's own
+    (workers/advance.keep_resident): no Hessian pass runs after an exact retrain, in the
+    request's way or beside the next one."""
+    from methods.convex_head.compute import ConvexHead
     from workers.advance import keep_resident
     from workers.resident import Sessions
     from workers.values import Batch, Outcome
 
     case = retrained()
-    gate = threading.Event()
+    prepared: list[int] = []
 
-    versions: list[int] = []
-
-    class Gated(ConvexHead):
+    class Counted(ConvexHead):
         def prepare(self, data, state):  # type: ignore[no-untyped-def]
-            gate.wait()
-            held = sessions.peek("db", model_id)
-            versions.append(held.version_id if held is not None else -1)
+            prepared.append(len(data))
             return super().prepare(data, state)
 
     sessions = Sessions(2)
     model_id = case.session.model_id
     batch = Batch(model_id, case.inputs.policy, 2, 2, [], 3, {1: [11]}, session=case.session)
-    thread = keep_resident(sessions, "db", batch, Outcome(case.decision, {}), 3, Gated(case.spec))
-    assert thread is not None
+    keep_resident(sessions, "db", batch, Outcome(case.decision, {}), 3, Counted(case.spec))
     served = sessions.peek("db", model_id)
     assert served is not None and served.version_id == 3
-    assert served.method_state is case.decision.release.resident  # served before any pass
-    if moved_on:
-        later = replace(served, version_id=4)
-        sessions.put("db", later)
-    gate.set()
-    thread.join()
-    held = sessions.peek("db", model_id)
-    assert held is not None
-    assert versions == ([4, 4] if moved_on else [3])  # once more, on the newer session
-    assert held.version_id == (4 if moved_on else 3)
-    fresh = held.method_state
-    assert isinstance(fresh, removal.Resident) and fresh is not case.decision.release.resident
-    theta = to_theta(case.decision.release.next_state)
-    assert torch.equal(fresh.anchor.theta, fresh.theta) and torch.equal(fresh.theta, theta)
+    assert served.method_state is case.decision.release.resident
+    assert prepared == []
