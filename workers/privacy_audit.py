@@ -450,7 +450,9 @@ def run(
     say("removing the canaries")
     t0 = time.perf_counter()
     removed = RemovedSamples(ids, canaries.X[inc], canaries.y[inc], _vectors(trained, ids))
-    resident = method.prepare(shadow_data, trained.next_state)
+    resident = trained.resident
+    if resident is None:  # not made while training
+        resident = method.prepare(shadow_data, trained.next_state)
     inputs = _removal(spec, policy, trained, removed, retained, test, resident)
     noise: JsonObject | None = None
     if method.noise_from_rows and reference is not None:

@@ -143,8 +143,9 @@ def _prepare_resident(
     rows: Arrays,
     trained: Trained,
 ) -> _Prepared | None:
-    """The method's resident state (convex_head's anchored float64 Hessians: a pass over the
-    rows), computed before the version commits, so a model is `ready` only once its first
+    """The method's resident state (convex_head's anchored float64 Hessians, made while
+    solving; else `prepare`, a pass over the rows), in place before the version commits,
+    so a model is `ready` only once its first
     deletion can run warm (else the first deletion waited for it after `ready`). It is made on
     the device of `rows`, the worker's, where the updates that use it compute (made on the CPU, a
     GPU worker's first update failed on it and retrained).
@@ -161,7 +162,9 @@ def _prepare_resident(
     data = RetainedData(rows.sample_ids, rows.X, rows.y)
     on_device = {k: v.to(rows.X.device) for k, v in state.items()}
     try:
-        prepared = method_for(inputs.spec.method.name, inputs.spec).prepare(data, on_device)
+        prepared = trained.resident  # made while solving, where the method does
+        if prepared is None:
+            prepared = method_for(inputs.spec.method.name, inputs.spec).prepare(data, on_device)
     except Exception:  # not the version's fault: the first update prepares it again
         log.warning("model %s: could not prepare its resident state", model_id, exc_info=True)
         prepared = None

@@ -80,10 +80,10 @@ class ConvexHead(UnlearningMethod):
         return convex.Streamed(data.blocks, len(data), features, classes, o.R, o.lam, X.device)
 
     def train(self, data: RetainedData, progress: ProgressFn | None = None) -> Trained:
-        """Full-batch L-BFGS then Newton polish, in float64, to ‖∇F_D(w)‖ ≤ tolerance."""
+        """Full-batch L-BFGS then Newton polish, in float64, to ‖∇F_D(w)‖ ≤ tolerance; the
+        resident state the first removal needs comes with it (`_solved`)."""
         start = time.perf_counter()
-        o = self.options
-        solution = convex.solve(self.problem(data), o.tolerance, o.max_iterations)
+        solution, resident = self._solved(data)
         if progress is not None:
             progress(1, 1, float(solution.gradient_norm))
         metrics = {
@@ -94,7 +94,27 @@ class ConvexHead(UnlearningMethod):
             "newton_polish_steps": solution.newton_steps,
             "weight_norm": float(torch.linalg.norm(solution.theta)),
         }
-        return Trained(state=to_state(solution.theta), statistics=None, record={}, metrics=metrics)
+        state = to_state(solution.theta)
+        return Trained(state, statistics=None, record={}, metrics=metrics, resident=resident)
+
+    def _solved(self, data: RetainedData) -> tuple[convex.Solution, removal.Resident | None]:
+        """The objective over `data`'s rows solved from a cold start (maths/convex.solve), its
+        Newton polish preconditioned with the float64 anchor a removal needs
+        (removal.anchor_at, in place of the float32 Hessian; the rows in their own order, so
+        the solution is a function of the rows alone, in training and in the exact retrain
+        alike), and the resident state at the solution with that anchor: no Hessian pass
+        after training or an exact retrain."""
+        o = self.options
+        problem = self.problem(data)
+        anchors: list[removal.Anchor] = []
+
+        def curvature(theta: torch.Tensor) -> torch.Tensor:
+            anchors.append(removal.anchor_at(problem.blocks, len(data), theta, o.R, o.lam))
+            return anchors[-1].H
+
+        solution = convex.solve(problem, o.tolerance, o.max_iterations, curvature=curvature)
+        resident = self._resident(data, solution.theta, anchors[-1]) if anchors else None
+        return solution, resident
 
     def unlearn(self, inputs: UpdateInputs) -> Release:
         """Newton steps on the retained objective from the noise-free state, each bounded
@@ -432,21 +452,11 @@ class ConvexHead(UnlearningMethod):
         """The exact retrain, solved from a cold start (zeros), as training solves: a function
         of the retained rows alone, bit for bit (warm-started from the noise-free
         state, two worlds with the same retained rows differed by 1e-10 while the certificate
-        said ε = δ = 0). Its Newton polish preconditions with the float64 anchor the next
-        update needs (removal.anchor_at, in the rows' own order), so the retrain leaves the
-        resident state ready: the request after it makes no Hessian pass, and none runs
-        beside it."""
+        said ε = δ = 0). It leaves the resident state ready (`_solved`): the request after
+        it makes no Hessian pass, and none runs beside it."""
         start = time.perf_counter()
-        o, data = self.options, inputs.retained
-        problem = self.problem(data)
-        anchors: list[removal.Anchor] = []
-
-        def curvature(theta: torch.Tensor) -> torch.Tensor:
-            anchors.append(removal.anchor_at(problem.blocks, len(data), theta, o.R, o.lam))
-            return anchors[-1].H
-
-        solution = convex.solve(problem, o.tolerance, o.max_iterations, curvature=curvature)
-        resident = self._resident(data, solution.theta, anchors[-1]) if anchors else None
+        o = self.options
+        solution, resident = self._solved(inputs.retained)
         metrics = {
             "train_seconds": time.perf_counter() - start,
             "n_train": len(inputs.retained),  # a count: .y would copy every row

@@ -404,3 +404,22 @@ def test_the_retrain_s_resident_state_is_served_and_nothing_is_prepared_after_it
     assert served is not None and served.version_id == 3
     assert served.method_state is case.decision.release.resident
     assert prepared == []
+
+
+def test_training_solves_as_the_exact_retrain_does_and_leaves_the_resident_state() -> None:
+    """Training and the exact retrain are one solve (the same bits on the same rows), and
+    training's resident state describes what it trained, its anchor near the optimum: the
+    first removal makes no Hessian pass."""
+    from methods.convex_head.compute import to_theta
+
+    case = retrained()
+    trained = case.head.train(case.inputs.retained)
+    released = case.decision.release.next_state
+    assert trained.state.keys() == released.keys()
+    assert all(torch.equal(trained.state[k], released[k]) for k in trained.state)
+    resident = trained.resident
+    assert isinstance(resident, removal.Resident)
+    theta = to_theta(trained.state)
+    assert resident.describes(theta, len(case.inputs.retained), R, LAM)
+    assert float(torch.linalg.norm(resident.anchor.theta - theta)) < 1e-3
+    assert resident.bound <= LAM * 0.05  # within λβ before any row leaves
