@@ -32,6 +32,7 @@ from methods.compute import (
     Trained,
     fit,
     method_for,
+    same_device,
 )
 from methods.shards import ShardRunner
 from workers import claim, commit, load, store
@@ -75,7 +76,7 @@ def train_model(ctx: JobContext, model_id: int) -> str:
                 inputs, _progress_writer(db, model_id), device, shard_runner(ctx, model_id)
             )
             rows = arrays_to(inputs.data, device)  # the session's rows, where it computes
-            prepared = _prepare_resident(ctx, model_id, inputs, rows, trained)
+            prepared = _prepare_resident(ctx, model_id, inputs, rows, trained, device)
             kind = VersionKind.imported if inputs.imported else VersionKind.trained
             stored = store.store_version_blobs(
                 db, ctx.blobs, model_id, 1, None, kind, trained.state, trained.next_state
@@ -142,6 +143,7 @@ def _prepare_resident(
     inputs: TrainingInputs,
     rows: Arrays,
     trained: Trained,
+    trained_on: torch.device | None = None,
 ) -> _Prepared | None:
     """The method's resident state (convex_head's anchored float64 Hessians, made while
     solving; else `prepare`, a pass over the rows), in place before the version commits,
@@ -149,7 +151,8 @@ def _prepare_resident(
     deletion can run warm (else the first deletion waited for it after `ready`). It is made on
     the device of `rows`, the worker's, where the updates that use it compute (made on the CPU, a
     GPU worker's first update failed on it and retrained).
-    None when this worker keeps no sessions."""
+    The state training made is used only where it was made on the rows' device
+    (`trained_on`). None when this worker keeps no sessions."""
     if ctx.resident_sessions().capacity <= 0:
         return None
     with ctx.db.write(durable=False) as session:
@@ -162,7 +165,8 @@ def _prepare_resident(
     data = RetainedData(rows.sample_ids, rows.X, rows.y)
     on_device = {k: v.to(rows.X.device) for k, v in state.items()}
     try:
-        prepared = trained.resident  # made while solving, where the method does
+        made_here = trained_on is not None and same_device(trained_on, rows.X.device)
+        prepared = trained.resident if made_here else None  # made while solving
         if prepared is None:
             prepared = method_for(inputs.spec.method.name, inputs.spec).prepare(data, on_device)
     except Exception:  # not the version's fault: the first update prepares it again

@@ -438,3 +438,8 @@ def test_the_resident_state_is_prepared_where_the_updates_compute(
     assert seen == {"rows": meta, "state": {meta}}
     assert prepared is not None and prepared.method_state == "resident"
     assert all(v.device == CPU for v in prepared.state.values())  # the session's state: CPU
+    # trained where the rows are: the state its solve made is kept, nothing prepared again
+    seen.clear()
+    here = training._prepare_resident(ctx, 1, inputs, arrays, trained, CPU)  # type: ignore[arg-type]
+    assert seen == {} and here is not None and here.method_state is trained.resident
+    assert trained.resident is not None
