@@ -481,7 +481,7 @@ class ConvexHead(UnlearningMethod):
         o = self.options
         rows = self._rows(data, theta)
         blocks = rows.blocks if rows is not None else self._blocks(data, theta)
-        return replace(removal.at(anchor, blocks, len(data), theta, o.R, o.lam), rows=rows)
+        return replace(removal.resident_at(anchor, blocks, len(data), theta, o.R, o.lam), rows=rows)
 
     def reference(self, inputs: UpdateInputs, release: Release) -> ModelState:
         """The exact retrained optimum on the retained data."""

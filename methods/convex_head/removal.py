@@ -193,10 +193,10 @@ Blocks = Callable[[], Iterable[tuple[torch.Tensor, torch.Tensor]]]
 def anchored(blocks: Blocks, m: int, theta: torch.Tensor, R: float, lam: float) -> Resident:
     """The resident state at Θ on the m retained rows: one Hessian pass (O(m·d²) per class)
     and one gradient pass, both float64, with their rounding bounds."""
-    return at(anchor_at(blocks, m, theta, R, lam), blocks, m, theta, R, lam)
+    return resident_at(anchor_at(blocks, m, theta, R, lam), blocks, m, theta, R, lam)
 
 
-def at(
+def resident_at(
     anchor: Anchor, blocks: Blocks, m: int, theta: torch.Tensor, R: float, lam: float
 ) -> Resident:
     """The resident state at Θ with `anchor` (made at θ_A, possibly ≠ Θ: the Newton steps'
