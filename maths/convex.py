@@ -215,13 +215,26 @@ def newton_steps(
 ) -> tuple[torch.Tensor, int]:
     """Θ ← Θ − H⁻¹∇F(Θ) with one Cholesky factor of H reused; stops early below
     `tolerance`. Returns (Θ, steps taken)."""
+    theta, taken, _ = _polish(lambda at: gradient(problem, at), theta, H, steps, tolerance)
+    return theta, taken
+
+
+Measure = Callable[[torch.Tensor], torch.Tensor]
+"""Θ ↦ ∇F(Θ), one pass over the rows."""
+
+
+def _polish(
+    measure: Measure, theta: torch.Tensor, H: torch.Tensor, steps: int, tolerance: float
+) -> tuple[torch.Tensor, int, torch.Tensor | None]:
+    """`newton_steps` with the gradient from `measure`; also the gradient at the Θ returned
+    when it was measured there (an early stop), so the caller does not measure it again."""
     factor = torch.linalg.cholesky(H)
     for taken in range(steps):
-        g = gradient(problem, theta)
+        g = measure(theta)
         if float(torch.linalg.norm(g)) <= tolerance:
-            return theta, taken
+            return theta, taken, g
         theta = theta - torch.cholesky_solve(g.unsqueeze(-1), factor).squeeze(-1)
-    return theta, steps
+    return theta, steps, None
 
 
 @dataclass(frozen=True)
@@ -243,16 +256,20 @@ def solve(
     start: torch.Tensor | None = None,
     polish_steps: int = 4,
     curvature: Curvature | None = None,
+    measure: Measure | None = None,
 ) -> Solution:
     """Full-batch L-BFGS (strong Wolfe) from `start` (zeros by default), then Newton steps
     with the Hessian on all samples until ‖∇F‖ ≤ tolerance. A warm start tries the Newton
     steps first: near the optimum they converge quadratically where L-BFGS crawls.
-    `curvature` makes the polish's Hessian (default: `hessians`, in float32); a caller that
-    needs a certified Hessian near the optimum anyway makes it here, in place of this one."""
+    `curvature` makes the polish's Hessian (default: `hessians`, in float32) and `measure`
+    its gradients (default: `gradient`): a caller that needs a certified Hessian, or the
+    gradient's magnitudes, at the optimum anyway makes them here, in place of these. The
+    last gradient measured is always at the solution."""
     curvature = curvature or (lambda theta: hessians(problem, theta))
+    measure = measure or (lambda theta: gradient(problem, theta))
     if start is not None:
-        theta, steps = newton_steps(problem, start, curvature(start), polish_steps, tolerance)
-        norm = float(torch.linalg.norm(gradient(problem, theta)))
+        theta, steps, g = _polish(measure, start, curvature(start), polish_steps, tolerance)
+        norm = float(torch.linalg.norm(g if g is not None else measure(theta)))
         if norm <= tolerance:
             return Solution(theta, norm, 0, steps)
     k, d = problem.shape
@@ -276,6 +293,6 @@ def solve(
     optimizer.step(closure)
     iterations = int(optimizer.state[optimizer._params[0]].get("n_iter", 0))
     result = theta.detach().clone()
-    result, polished = newton_steps(problem, result, curvature(result), polish_steps, tolerance)
-    norm = float(torch.linalg.norm(gradient(problem, result)))
+    result, polished, g = _polish(measure, result, curvature(result), polish_steps, tolerance)
+    norm = float(torch.linalg.norm(g if g is not None else measure(result)))
     return Solution(result, norm, iterations, polished)

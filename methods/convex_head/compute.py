@@ -102,19 +102,30 @@ class ConvexHead(UnlearningMethod):
         Newton polish preconditioned with the float64 anchor a removal needs
         (removal.anchor_at, in place of the float32 Hessian; the rows in their own order, so
         the solution is a function of the rows alone, in training and in the exact retrain
-        alike), and the resident state at the solution with that anchor: no Hessian pass
-        after training or an exact retrain."""
+        alike) and its gradients measured as the resident state measures them: the state
+        at the solution comes with it, with no Hessian or gradient pass after training or an
+        exact retrain."""
         o = self.options
         problem = self.problem(data)
         anchors: list[removal.Anchor] = []
+        residents: list[removal.Resident] = []
 
         def curvature(theta: torch.Tensor) -> torch.Tensor:
             anchors.append(removal.anchor_at(problem.blocks, len(data), theta, o.R, o.lam))
             return anchors[-1].H
 
-        solution = convex.solve(problem, o.tolerance, o.max_iterations, curvature=curvature)
-        resident = self._resident(data, solution.theta, anchors[-1]) if anchors else None
-        return solution, resident
+        def measure(theta: torch.Tensor) -> torch.Tensor:
+            at = removal.resident_at(anchors[-1], problem.blocks, len(data), theta, o.R, o.lam)
+            residents.append(at)
+            return at.g
+
+        solution = convex.solve(
+            problem, o.tolerance, o.max_iterations, curvature=curvature, measure=measure
+        )
+        if not residents:
+            return solution, None
+        resident = residents[-1]  # measured at the solution (convex.solve's last measure)
+        return solution, replace(resident, rows=self._rows(data, resident.theta))
 
     def unlearn(self, inputs: UpdateInputs) -> Release:
         """Newton steps on the retained objective from the noise-free state, each bounded
@@ -472,16 +483,6 @@ class ConvexHead(UnlearningMethod):
             f"{solution.gradient_norm / o.lam:.3g})"
         )
         return Trained(to_state(solution.theta), None, {}, metrics, resident=resident), how
-
-    def _resident(
-        self, data: RetainedData, theta: torch.Tensor, anchor: removal.Anchor
-    ) -> removal.Resident:
-        """The resident state at Θ on `data`'s rows with `anchor` (made near Θ): one gradient
-        pass, the rows kept in float64 when they fit."""
-        o = self.options
-        rows = self._rows(data, theta)
-        blocks = rows.blocks if rows is not None else self._blocks(data, theta)
-        return replace(removal.resident_at(anchor, blocks, len(data), theta, o.R, o.lam), rows=rows)
 
     def reference(self, inputs: UpdateInputs, release: Release) -> ModelState:
         """The exact retrained optimum on the retained data."""

@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 from fastapi.testclient import TestClient
 from safetensors.torch import load as st_load
-from sqlalchemy import func, select
+from sqlalchemy import event, func, select
+from sqlalchemy.engine import Engine
 
 from app.core.db.session import database
 from app.core.db.tables import Blob, DeletionRequest, ModelSample, ModelVersion, Sample
@@ -34,6 +35,30 @@ def test_training_produces_version_one(api: Api, ready_model: dict) -> None:
     assert v1["number"] == 1 and v1["kind"] == "trained" and v1["n_train"] == 1437
     assert 0.8 < v1["metrics"]["test_accuracy"] <= 1.0
     assert ready_model["progress"]["epoch"] == SMALL_TRAINING["epochs"]
+
+
+def test_a_model_before_its_first_version_reports_its_size_without_counting(
+    api: Api, digits: dict
+) -> None:
+    """A model that has not trained yet reports the rows it enrolled, read from the model:
+    counting its `model_samples` on every read cost a core while ten million rows trained."""
+    statements: list[str] = []
+
+    def seen(conn: object, cursor: object, statement: str, *args: object) -> None:
+        statements.append(statement.lower())
+
+    event.listen(Engine, "before_cursor_execute", seen)
+    try:
+        response = api.post(
+            "/v1/models",
+            json={"name": "m", "dataset_id": digits["id"], "architecture": {"type": "logreg"}},
+        )
+    finally:
+        event.remove(Engine, "before_cursor_execute", seen)
+    assert response.status_code == 202, response.text
+    assert response.json()["current_version"] is None and response.json()["n_train"] == 1437
+    counted = [s for s in statements if "count(" in s and "model_samples" in s]
+    assert not counted
 
 
 def test_weights_download_with_etag(api: Api, ready_model: dict) -> None:

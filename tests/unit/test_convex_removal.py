@@ -423,3 +423,23 @@ def test_training_solves_as_the_exact_retrain_does_and_leaves_the_resident_state
     assert resident.describes(theta, len(case.inputs.retained), R, LAM)
     assert float(torch.linalg.norm(resident.anchor.theta - theta)) < 1e-3
     assert resident.bound <= LAM * 0.05  # within λβ before any row leaves
+    # the state's gradient is the solve's last measurement, not a pass made after it
+    assert float(torch.linalg.norm(resident.g)) == trained.metrics["gradient_norm"]
+
+
+def test_the_solve_measures_the_gradient_at_its_solution_once() -> None:
+    """Each polish step measures the gradient once, and the early stop's measurement is the
+    solution's: no pass over the rows repeats it."""
+    X, y = data()
+    problem = convex.Problem.of(X, y, CLASSES, R, LAM)
+    at: list[torch.Tensor] = []
+
+    def measure(theta: torch.Tensor) -> torch.Tensor:
+        at.append(theta.clone())
+        return convex.gradient(problem, theta)
+
+    solution = convex.solve(problem, 1e-12, 2000, measure=measure)
+    assert solution.gradient_norm <= 1e-12
+    assert len(at) == solution.newton_steps + 1
+    assert torch.equal(at[-1], solution.theta)
+    assert sum(torch.equal(theta, solution.theta) for theta in at) == 1

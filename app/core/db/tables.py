@@ -289,6 +289,8 @@ class Model(Base):
     # a restore's floor for the next version number: numbers the log published are not
     # given again (app/core/services/restore.py)
     version_floor: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    # the training set's size at creation: a model with no version reports it in O(1)
+    n_enrolled: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
     lease_owner: Mapped[str | None] = mapped_column(String(100))
     lease_expires_at: Mapped[datetime | None]
     created_at: Mapped[datetime] = mapped_column(default=utcnow)

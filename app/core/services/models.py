@@ -61,6 +61,7 @@ def create_model(session: Session, spec: ModelCreate, memory_limit: int | None =
         privacy=spec.privacy,
         status=ModelStatus.queued,
         progress=Progress(stage=Stage.queued),
+        n_enrolled=n_train,
     )
     session.add(model)
     session.flush()
@@ -233,16 +234,8 @@ def model_view(session: Session, model: Model, forget_metrics: bool = False) -> 
         session.get(ModelVersion, model.current_version_id) if model.current_version_id else None
     )
     parent = session.get(ModelVersion, current.parent_id) if current and current.parent_id else None
-    n_train = (  # the current version's count: counting the model's rows was O(n) per read
-        current.n_train
-        if current is not None
-        else session.scalar(
-            select(func.count()).where(
-                ModelSample.model_id == model.id, ModelSample.removed_version_id.is_(None)
-            )
-        )
-        or 0
-    )
+    # before its first version a model trains on what it enrolled (removals need a version)
+    n_train = current.n_train if current is not None else model.n_enrolled
     fields = (
         "id",
         "name",
