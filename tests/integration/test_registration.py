@@ -81,7 +81,7 @@ def test_other_writers_proceed_between_chunks_and_a_registering_dataset_is_refus
     assert seen["progress"]["rows_total"] == 12_000 and seen["progress"]["rows_per_second"] > 0
     listed = api.get("/v1/datasets", params={"status": "registering"}).json()["items"]
     assert [d["id"] for d in listed] == [2] and listed[0]["progress"]["rows_done"] > 0
-    assert sum(seen["counts"][s] for s in ("train", "test")) == registration.CHUNK
+    assert seen["counts"] is None  # not counted on every poll: the progress says it
     one = api.get("/v1/datasets/2/samples", params={"limit": 1}).json()["items"][0]
     refused = [
         api.post(

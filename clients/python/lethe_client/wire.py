@@ -84,8 +84,9 @@ class DatasetSummary(Out):
 class DatasetOut(DatasetSummary):
     """A registered dataset: what the list shows, and its sample counts."""
 
-    counts: dict[str, int] = {}
-    """samples per split and per status (active, erased)"""
+    counts: dict[str, int] | None = None
+    """samples per split and per status (active, erased); null while it registers (its
+    `progress` says how many rows are in)"""
     skipped_erased: int = 0
     """rows left out at registration: their sample or person had been erased (on_erased=skip)"""
     error: JsonObject | None = None
