@@ -234,7 +234,7 @@ def model_view(session: Session, model: Model, forget_metrics: bool = False) -> 
         session.get(ModelVersion, model.current_version_id) if model.current_version_id else None
     )
     parent = session.get(ModelVersion, current.parent_id) if current and current.parent_id else None
-    # before its first version a model trains on what it enrolled (removals need a version)
+    # before its first version a model reports the rows it enrolled, read in O(1)
     n_train = current.n_train if current is not None else model.n_enrolled
     fields = (
         "id",
