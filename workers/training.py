@@ -143,7 +143,7 @@ def _prepare_resident(
     inputs: TrainingInputs,
     rows: Arrays,
     trained: Trained,
-    trained_on: torch.device | None = None,
+    trained_on: torch.device,
 ) -> _Prepared | None:
     """The method's resident state (convex_head's anchored float64 Hessians, made while
     solving; else `prepare`, a pass over the rows), in place before the version commits,
@@ -165,7 +165,7 @@ def _prepare_resident(
     data = RetainedData(rows.sample_ids, rows.X, rows.y)
     on_device = {k: v.to(rows.X.device) for k, v in state.items()}
     try:
-        made_here = trained_on is not None and same_device(trained_on, rows.X.device)
+        made_here = same_device(trained_on, rows.X.device)
         prepared = trained.resident if made_here else None  # made while solving
         if prepared is None:
             prepared = method_for(inputs.spec.method.name, inputs.spec).prepare(data, on_device)

@@ -108,7 +108,7 @@ class ConvexHead(UnlearningMethod):
         o = self.options
         problem = self.problem(data)
         anchors: list[removal.Anchor] = []
-        residents: list[removal.Resident] = []
+        last: list[removal.Resident] = []  # the state at the latest Θ measured
 
         def curvature(theta: torch.Tensor) -> torch.Tensor:
             anchors.append(removal.anchor_at(problem.blocks, len(data), theta, o.R, o.lam))
@@ -116,15 +116,15 @@ class ConvexHead(UnlearningMethod):
 
         def measure(theta: torch.Tensor) -> torch.Tensor:
             at = removal.resident_at(anchors[-1], problem.blocks, len(data), theta, o.R, o.lam)
-            residents.append(at)
+            last[:] = [at]
             return at.g
 
         solution = convex.solve(
             problem, o.tolerance, o.max_iterations, curvature=curvature, measure=measure
         )
-        if not residents:
+        if not last:
             return solution, None
-        resident = residents[-1]  # measured at the solution (convex.solve's last measure)
+        resident = last[0]  # measured at the solution (convex.solve's last measure)
         return solution, replace(resident, rows=self._rows(data, resident.theta))
 
     def unlearn(self, inputs: UpdateInputs) -> Release:

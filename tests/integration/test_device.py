@@ -434,7 +434,7 @@ def test_the_resident_state_is_prepared_where_the_updates_compute(
     meta = torch.device("meta")
     rows = dev.arrays_to(arrays, meta)
     ctx = SimpleNamespace(db=Writes(), resident_sessions=lambda: Sessions(2))
-    prepared = training._prepare_resident(ctx, 1, inputs, rows, trained)  # type: ignore[arg-type]
+    prepared = training._prepare_resident(ctx, 1, inputs, rows, trained, CPU)  # type: ignore[arg-type]
     assert seen == {"rows": meta, "state": {meta}}
     assert prepared is not None and prepared.method_state == "resident"
     assert all(v.device == CPU for v in prepared.state.values())  # the session's state: CPU
